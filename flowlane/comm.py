@@ -1,0 +1,245 @@
+"""Recorded communication: thin wrappers over torch.distributed.
+
+Every byte flowlane moves goes through these functions, and each call appends one :class:`CommOp` (kind, op, group,
+peers, bytes, start, end, optional scheduling key) to the process-wide :class:`CommRecorder`. This is the one place
+where bytes are counted: benchmarks and summaries read the recorder, never wall-clock guesses.
+
+Asynchronous calls return a :class:`RecordedWork`; the op's ``end`` is stamped when it is waited on (or, for the
+common case of ``batch_isend_irecv``, when the last request completes).
+
+``kind`` is the traffic category a summary groups by: "dp", "pp", "tp", "ep", "cp", "p2p", "graph", ...
+``key`` is an optional scheduling key (e.g. a Hermod ``CoflowKey``); it is stored, not interpreted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_clock = time.perf_counter
+
+
+@dataclass
+class CommOp:
+    kind: str
+    op: str
+    group_ranks: tuple[int, ...]
+    peers: tuple[int, ...]
+    nbytes: int
+    start: float
+    end: float | None = None
+    key: Any = None
+    rank: int = -1
+
+    @property
+    def duration(self) -> float:
+        return (self.end - self.start) if self.end is not None else 0.0
+
+
+@dataclass
+class ComputeSpan:
+    name: str
+    start: float
+    end: float
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+class CommRecorder:
+    """Append-only, thread-safe log of communication ops and compute spans for this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ops: list[CommOp] = []
+        self.spans: list[ComputeSpan] = []
+        self.enabled = True
+
+    def add(self, op: CommOp) -> CommOp:
+        if self.enabled:
+            with self._lock:
+                self.ops.append(op)
+        return op
+
+    def add_span(self, span: ComputeSpan) -> None:
+        if self.enabled:
+            with self._lock:
+                self.spans.append(span)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.ops.clear()
+            self.spans.clear()
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Bytes this rank sent (or contributed, for collectives), grouped by kind."""
+        out: dict[str, int] = defaultdict(int)
+        for op in self.ops:
+            if op.op not in ("recv", "irecv"):
+                out[op.kind] += op.nbytes
+        return dict(out)
+
+    def count_by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for op in self.ops:
+            out[op.kind] += 1
+        return dict(out)
+
+
+_recorder = CommRecorder()
+
+
+def get_recorder() -> CommRecorder:
+    return _recorder
+
+
+@contextmanager
+def recording(recorder: CommRecorder | None = None) -> Iterator[CommRecorder]:
+    """Temporarily record into a fresh (or the given) recorder."""
+    global _recorder
+    previous, _recorder = _recorder, recorder or CommRecorder()
+    try:
+        yield _recorder
+    finally:
+        _recorder = previous
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _group_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
+    if group is None or group is dist.GroupMember.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def _start(kind: str, op: str, group: dist.ProcessGroup | None, peers: Sequence[int], nbytes: int,
+           key: Any) -> CommOp:
+    return _recorder.add(CommOp(kind, op, _group_ranks(group), tuple(peers), nbytes, _clock(), None, key,
+                                dist.get_rank()))
+
+
+class RecordedWork:
+    """Wraps a torch.distributed Work: waiting stamps the op's end time."""
+
+    def __init__(self, work: Any, ops: Sequence[CommOp]) -> None:
+        self._work = work
+        self._ops = list(ops)
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._work is not None:
+            if isinstance(self._work, list):
+                for w in self._work:
+                    w.wait()
+            elif timeout is None:
+                self._work.wait()
+            else:
+                self._work.wait(timeout)
+        now = _clock()
+        for op in self._ops:
+            if op.end is None:
+                op.end = now
+        return True
+
+    def is_completed(self) -> bool:
+        works = self._work if isinstance(self._work, list) else [self._work]
+        return all(w is None or w.is_completed() for w in works)
+
+
+def _finish(work: Any, ops: Sequence[CommOp], async_op: bool) -> RecordedWork | None:
+    rw = RecordedWork(work, ops)
+    if async_op:
+        return rw
+    rw.wait()
+    return None
+
+
+# -- point to point ------------------------------------------------------------------------------------------------
+def send(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
+         key: Any = None) -> None:
+    op = _start(kind, "send", group, [dst], _nbytes(tensor), key)
+    dist.send(tensor, dst, group=group)
+    op.end = _clock()
+
+
+def recv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
+         key: Any = None) -> None:
+    op = _start(kind, "recv", group, [src], _nbytes(tensor), key)
+    dist.recv(tensor, src, group=group)
+    op.end = _clock()
+
+
+def isend(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
+          key: Any = None) -> RecordedWork:
+    op = _start(kind, "isend", group, [dst], _nbytes(tensor), key)
+    return RecordedWork(dist.isend(tensor, dst, group=group), [op])
+
+
+def irecv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
+          key: Any = None) -> RecordedWork:
+    op = _start(kind, "irecv", group, [src], _nbytes(tensor), key)
+    return RecordedWork(dist.irecv(tensor, src, group=group), [op])
+
+
+def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any = None) -> list[RecordedWork]:
+    """Like ``dist.batch_isend_irecv``; one CommOp per P2POp. Global peer ranks, as torch expects."""
+    if not p2p_ops:
+        return []
+    recs = []
+    for p in p2p_ops:
+        name = "isend" if p.op in (dist.isend, getattr(dist, "send", None)) else "irecv"
+        recs.append(_start(kind, name, p.group, [p.peer], _nbytes(p.tensor), key))
+    works = dist.batch_isend_irecv(list(p2p_ops))
+    return [RecordedWork(w, [r]) for w, r in zip(works, recs, strict=True)]
+
+
+# -- collectives ---------------------------------------------------------------------------------------------------
+def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+               group: dist.ProcessGroup | None = None, kind: str = "dp", key: Any = None,
+               async_op: bool = False) -> RecordedWork | None:
+    rec = _start(kind, "all_reduce", group, (), _nbytes(tensor), key)
+    return _finish(dist.all_reduce(tensor, op=op, group=group, async_op=async_op), [rec], async_op)
+
+
+def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None,
+                           kind: str = "dp", key: Any = None, async_op: bool = False) -> RecordedWork | None:
+    rec = _start(kind, "all_gather", group, (), _nbytes(input), key)
+    return _finish(dist.all_gather_into_tensor(output, input, group=group, async_op=async_op), [rec], async_op)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
+                          op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None,
+                          kind: str = "dp", key: Any = None, async_op: bool = False) -> RecordedWork | None:
+    rec = _start(kind, "reduce_scatter", group, (), _nbytes(input), key)
+    return _finish(dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op), [rec],
+                   async_op)
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group: dist.ProcessGroup | None = None,
+                      kind: str = "ep", key: Any = None, async_op: bool = False) -> RecordedWork | None:
+    rec = _start(kind, "all_to_all", group, (), _nbytes(input), key)
+    work = dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
+                                  async_op=async_op)
+    return _finish(work, [rec], async_op)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
+              key: Any = None, async_op: bool = False) -> RecordedWork | None:
+    nbytes = _nbytes(tensor) if dist.get_rank() == src else 0
+    rec = _start(kind, "broadcast", group, [src], nbytes, key)
+    return _finish(dist.broadcast(tensor, src, group=group, async_op=async_op), [rec], async_op)
+
+
+def all_gather_object(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Control-plane gather (not counted as traffic)."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out

@@ -1,0 +1,130 @@
+"""`flowlane doctor`: what this machine can use."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _package(name: str, dist: str, import_name: str | None = None) -> Check:
+    v = _version(dist)
+    if v is None:
+        return Check(name, False, "not installed")
+    try:
+        importlib.import_module(import_name or dist)
+    except Exception as e:  # noqa: BLE001 - report any import failure
+        return Check(name, False, f"{v} installed but import fails: {type(e).__name__}: {str(e)[:120]}")
+    return Check(name, True, v)
+
+
+def _torch_checks() -> list[Check]:
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # noqa: BLE001
+        return [Check("torch", False, f"import fails: {e}")]
+    out = [Check("torch", True, torch.__version__),
+           Check("gloo", dist.is_available() and dist.is_gloo_available(), "torch.distributed gloo backend")]
+    cuda = torch.cuda.is_available()
+    out.append(Check("CUDA", cuda, f"{torch.cuda.device_count()} device(s)" if cuda else "no GPU / driver"))
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        out.append(Check("NCCL", cuda, f"{nccl} ({'usable' if cuda else 'library only: needs a GPU'})"))
+    except Exception as e:  # noqa: BLE001
+        out.append(Check("NCCL", False, f"unavailable: {e}"))
+    return out
+
+
+def _kvikio() -> Check:
+    for dist_name in ("kvikio-cu13", "kvikio-cu12"):
+        v = _version(dist_name)
+        if v:
+            break
+    else:
+        return Check("kvikio/GDS", False, "not installed (llm lane only)")
+    try:
+        import kvikio
+        import kvikio.defaults
+
+        # kvikio >= 25 exposes settings through defaults.get(); older releases had compat_mode()
+        getter = getattr(kvikio.defaults, "get", None)
+        compat = getter("compat_mode") if getter else kvikio.defaults.compat_mode()
+        gds = os.path.exists("/run/udev") and shutil.which("gdscheck") is not None
+        return Check("kvikio/GDS", True, f"{v}; compat mode {compat}; GDS tools {'found' if gds else 'absent'}"
+                     f"{'' if _has_libcuda() else '; no libcuda: file I/O unavailable, posix backend is used'}")
+    except Exception as e:  # noqa: BLE001
+        return Check("kvikio/GDS", False, f"{v} import fails: {e}")
+
+
+def _has_libcuda() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def _netns() -> Check:
+    ip, tc = shutil.which("ip"), shutil.which("tc")
+    if not ip or not tc:
+        return Check("netns+tc", False, f"missing: {'ip ' if not ip else ''}{'tc' if not tc else ''}".strip())
+    if os.geteuid() != 0:
+        return Check("netns+tc", False, "ip and tc present, but not root: link emulation needs root")
+    name = f"flowlane-doctor-{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode:
+        return Check("netns+tc", False, f"ip netns add failed: {r.stderr.strip()}")
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return Check("netns+tc", True, "root; network namespaces + tc available for link emulation")
+
+
+def checks() -> list[Check]:
+    out = _torch_checks()
+    out += [_package("megatron-core", "megatron-core", "megatron.core"),
+            _package("deepspeed", "deepspeed"),
+            _package("DGL", "dgl"),
+            _kvikio(), _netns()]
+    so = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nccl_net_plugin", "build",
+                      "libnccl-net-flowlane.so")
+    out.append(Check("NCCL net plugin", os.path.exists(so), so if os.path.exists(so) else "not built (make -C nccl_net_plugin)"))
+    return out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("doctor", help="show what this machine can use")
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="flowlane doctor")
+    table.add_column("component")
+    table.add_column("usable")
+    table.add_column("detail")
+    for c in checks():
+        table.add_row(c.name, "[green]yes[/]" if c.ok else "[yellow]no[/]", c.detail)
+    Console().print(table)
+    return 0
