@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 DEVICE_KINDS = ("gpu", "cpu", "pcie_switch", "nic", "switch", "host")
@@ -99,6 +99,9 @@ class Topology:
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
     _out: dict[str, list[Link]] = field(default_factory=dict, repr=False)
     _route_cache: dict[tuple[str, str], tuple[Route, ...]] = field(default_factory=dict, repr=False)
+    # Optional analytic router for regular fabrics (same answer as Dijkstra, without a graph search per pair);
+    # returns None for pairs it does not handle. Presets set it; add_link() clears it (the fabric changed).
+    _router: Callable[[Topology, str, str], tuple[Route, ...] | None] | None = field(default=None, repr=False)
 
     # -- construction -------------------------------------------------------------------------------------------
     def add_device(self, name: str, kind: str, server: int = 0) -> Device:
@@ -137,6 +140,7 @@ class Topology:
             self.links[(a, b)] = link
             self._out[a].append(link)
         self._route_cache.clear()
+        self._router = None
 
     # -- queries ------------------------------------------------------------------------------------------------
     @property
@@ -170,7 +174,8 @@ class Topology:
             raise TopologyError(f"route from {src!r} to itself is not defined")
         key = (src, dst)
         if key not in self._route_cache:
-            self._route_cache[key] = self._equal_cost_paths(src, dst)
+            rs = self._router(self, src, dst) if self._router is not None else None
+            self._route_cache[key] = rs if rs is not None else self._equal_cost_paths(src, dst)
         return self._route_cache[key]
 
     def route(self, src: str, dst: str, flow_hash: int = 0) -> Route:
@@ -329,7 +334,43 @@ def leaf_spine(servers: int, gpus_per_server: int = 8, nic_bw: float = NIC_100G,
     for leaf in range(nleaf):
         for sp in range(nspine):
             t.add_link(f"leaf{leaf}", f"spine{sp}", down / oversubscription / nspine, latency, "eth")
+    t._router = _leaf_spine_router(servers_per_leaf, nspine)
     return t
+
+
+def _leaf_spine_router(servers_per_leaf: int, nspine: int) -> Callable[[Topology, str, str], tuple[Route, ...] | None]:
+    """Analytic ECMP routes between GPUs of :func:`leaf_spine` (equal to the Dijkstra answer, which is too slow for
+    thousands of GPUs): candidate path families are costed with :meth:`Topology._cost` and the cheapest kept."""
+
+    def parse(name: str) -> tuple[int, int] | None:
+        sv, _, g = name.partition("/gpu")
+        if not sv.startswith("s") or not g.isdigit() or not sv[1:].isdigit():
+            return None
+        return int(sv[1:]), int(g)
+
+    def router(t: Topology, src: str, dst: str) -> tuple[Route, ...] | None:
+        a, b = parse(src), parse(dst)
+        if a is None or b is None:
+            return None
+        (sa, ga), (sb, gb) = a, b
+        la, lb = sa // servers_per_leaf, sb // servers_per_leaf
+        lk = t.links
+        up = [lk[(src, f"s{sa}/nic{ga}")], lk[(f"s{sa}/nic{ga}", f"leaf{la}")]]
+        down = [lk[(f"leaf{lb}", f"s{sb}/nic{gb}")], lk[(f"s{sb}/nic{gb}", dst)]]
+        cands: list[tuple[Link, ...]] = []
+        if sa == sb:
+            cands.append((lk[(src, f"s{sa}/nvsw")], lk[(f"s{sa}/nvsw", dst)]))
+        if la == lb:
+            cands.append((*up, *down))
+        else:
+            cands += [(*up, lk[(f"leaf{la}", f"spine{p}")], lk[(f"spine{p}", f"leaf{lb}")], *down)
+                      for p in range(nspine)]
+        costs = [sum(t._cost(x) for x in c) for c in cands]
+        best = min(costs)
+        keep = [c for c, k in zip(cands, costs, strict=True) if abs(k - best) <= 1e-12 * max(1.0, best)]
+        return tuple(Route(p) for p in sorted(keep, key=lambda p: tuple(x.name for x in p)))
+
+    return router
 
 
 def star(access_bandwidths: Iterable[float], latency: float = 5e-6, names: Sequence[str] | None = None) -> Topology:

@@ -1,0 +1,431 @@
+"""Event-driven flow-level simulator (seed 000 §5.5.1 uses FlexFlow's task graph + htsim; this is a fluid,
+flow-level stand-in: no packets, rates recomputed whenever the set of active flows changes).
+
+Semantics:
+* A node starts when all its dependencies have completed. Compute tasks run one at a time per executor (in the
+  order they become ready, ties by node id). Coflows on the same ``stream`` run one at a time; the next one is the
+  ready coflow with the smallest ``policy.order(meta)`` (FIFO: issue order).
+* A started coflow's flows all become active at once. Rates: :func:`flowlane.sim.network.allocate` with the
+  policy's priority keys ranked into strict classes. Events at the same instant are processed together and rates
+  are recomputed once per instant.
+* A flow completes when its last byte has drained plus ``steps`` x its route latency (+ ``launch_overhead`` per
+  coflow); a coflow completes when all its flows have.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flowlane.policy import FifoPolicy, SchedulingPolicy
+from flowlane.sim.graph import Coflow, ComputeTask, SimSpecError, Workload
+from flowlane.sim.network import SHARING, IncastModel, allocate
+from flowlane.topology import Topology, TopologyError
+
+ROUTING = ("ecmp", "spray", "first")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulator knobs. ``routing``: ecmp (hash each flow onto one of the equal-cost routes), spray (split every
+    flow evenly over all of them) or first (always the first route). ``sharing``: strict or weighted priority
+    across classes. ``compute_jitter``: relative std-dev of compute durations (seeded, 0 = deterministic)."""
+
+    routing: str = "ecmp"
+    sharing: str = "strict"
+    weight_ratio: float = 0.5
+    incast: IncastModel | None = None
+    launch_overhead: float = 0.0
+    compute_jitter: float = 0.0
+    seed: int = 0
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTING:
+            raise SimSpecError(f"SimConfig.routing {self.routing!r} is not one of {ROUTING}")
+        if self.sharing not in SHARING:
+            raise SimSpecError(f"SimConfig.sharing {self.sharing!r} is not one of {SHARING}")
+        if not (0 < self.weight_ratio <= 1):
+            raise SimSpecError(f"SimConfig.weight_ratio must be in (0, 1], got {self.weight_ratio!r}")
+        if not (self.launch_overhead >= 0 and math.isfinite(self.launch_overhead)):
+            raise SimSpecError(f"SimConfig.launch_overhead must be a finite number >= 0 s, got {self.launch_overhead!r}")
+        if not (0 <= self.compute_jitter < 1):
+            raise SimSpecError(f"SimConfig.compute_jitter must be in [0, 1), got {self.compute_jitter!r}")
+
+
+@dataclass
+class SimResult:
+    workload: str
+    policy: str
+    makespan: float
+    iteration_ends: list[float]
+    coflow_nodes: np.ndarray
+    coflow_ready: np.ndarray
+    coflow_start: np.ndarray
+    coflow_end: np.ndarray
+    coflow_bytes: np.ndarray
+    compute_nodes: np.ndarray
+    compute_start: np.ndarray
+    compute_end: np.ndarray
+    link_names: list[str]
+    link_capacity: np.ndarray
+    link_bytes: np.ndarray
+    num_flows: int
+    events: int
+    rate_updates: int
+    wall_s: float
+    workload_ref: Workload = field(repr=False)
+
+    @property
+    def iteration_time(self) -> float:
+        """Steady-state iteration time: the gap between the last two iteration ends (one iteration: makespan)."""
+        e = self.iteration_ends
+        return e[-1] - e[-2] if len(e) >= 2 else (e[-1] if e else self.makespan)
+
+    @property
+    def link_utilisation(self) -> np.ndarray:
+        """Mean utilisation of each link over the makespan (bytes carried / (capacity * makespan))."""
+        return self.link_bytes / (self.link_capacity * max(self.makespan, 1e-30))
+
+    def cct_by_ctype(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        nodes = self.workload_ref.nodes
+        ct = np.array([nodes[i].meta.ctype for i in self.coflow_nodes]) if len(self.coflow_nodes) else np.array([])
+        cct = self.coflow_end - self.coflow_start
+        for c in sorted(set(ct.tolist())):
+            sel = cct[ct == c]
+            out[c] = {"count": int(sel.size), "mean_s": float(sel.mean()), "max_s": float(sel.max()),
+                      "total_bytes": float(self.coflow_bytes[ct == c].sum())}
+        return out
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a deterministic hash for ECMP (independent of PYTHONHASHSEED)."""
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return x
+
+
+class Simulator:
+    """Runs a :class:`Workload` over a :class:`Topology` under a :class:`SchedulingPolicy`."""
+
+    def __init__(self, topology: Topology, config: SimConfig | None = None) -> None:
+        self.topo = topology
+        self.cfg = config or SimConfig()
+        self.link_keys = list(topology.links)
+        self.link_index = {k: i for i, k in enumerate(self.link_keys)}
+        self.capacity = np.array([topology.links[k].bandwidth for k in self.link_keys])
+        self.latency = np.array([topology.links[k].latency for k in self.link_keys])
+        inc = self.cfg.incast
+        self.incast_links = None
+        if inc is not None:
+            self.incast_links = np.array([
+                topology.links[k].kind in inc.kinds and topology.devices[k[0]].kind == "switch"
+                for k in self.link_keys], dtype=np.int64)
+
+    # -- routes ---------------------------------------------------------------------------------------------
+    def _route_table(self, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """Unique (src, dst) pairs -> rows of a padded link-index matrix (all ECMP routes of each pair)."""
+        nd = len(w.devices)
+        codes = [c.src * nd + c.dst for c in w.nodes if isinstance(c, Coflow) and len(c.src)]
+        pairs = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
+        rows: list[list[int]] = []
+        lat: list[float] = []
+        first = np.zeros(len(pairs), np.int64)
+        count = np.zeros(len(pairs), np.int64)
+        for k, code in enumerate(pairs.tolist()):
+            s, d = w.devices[code // nd], w.devices[code % nd]
+            try:
+                rs = self.topo.routes(s, d)
+            except TopologyError as e:
+                raise SimSpecError(f"cannot route flow {s!r} -> {d!r}: {e}") from None
+            first[k] = len(rows)
+            count[k] = len(rs)
+            for r in rs:
+                rows.append([self.link_index[(lk.src, lk.dst)] for lk in r.links])
+                lat.append(r.latency)
+        hmax = max((len(r) for r in rows), default=1)
+        pad = len(self.link_keys)
+        table = np.full((max(len(rows), 1), hmax), pad, dtype=np.intp)
+        for i, r in enumerate(rows):
+            table[i, : len(r)] = r
+        return pairs, first, count, table, np.array(lat + [0.0]), hmax
+
+    def _path_row(self, path: tuple[str, ...], hmax: int) -> tuple[np.ndarray, float]:
+        if len(path) < 2 or len(path) - 1 > hmax:
+            raise SimSpecError(f"explicit path {path!r} must have 2..{hmax + 1} devices")
+        idx = []
+        for a, b in zip(path[:-1], path[1:], strict=True):
+            if (a, b) not in self.link_index:
+                raise SimSpecError(f"explicit path {path!r}: no link {a}->{b}")
+            idx.append(self.link_index[(a, b)])
+        row = np.full(hmax, len(self.link_keys), dtype=np.intp)
+        row[: len(idx)] = idx
+        return row, float(self.latency[idx].sum())
+
+    # -- main loop ------------------------------------------------------------------------------------------
+    def run(self, w: Workload, policy: SchedulingPolicy | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+        policy = policy or FifoPolicy()
+        t_wall = time.perf_counter()
+        cfg = self.cfg
+        for d in w.devices:
+            if d not in self.topo.devices:
+                raise SimSpecError(f"workload device {d!r} is not in topology {self.topo.name!r}")
+        nodes = w.nodes
+        n = len(nodes)
+        pairs, rfirst, rcount, table, rlat, hmax = self._route_table(w)
+        nd = len(w.devices)
+        pad = len(self.link_keys)
+
+        # static per-node data
+        succ: list[list[int]] = [[] for _ in range(n)]
+        indeg = np.zeros(n, np.int64)
+        for i, ds in enumerate(w.deps):
+            indeg[i] = len(ds)
+            for d in ds:
+                succ[d].append(i)
+        indeg_l = indeg.tolist()
+        cof_ids = [i for i, x in enumerate(nodes) if isinstance(x, Coflow)]
+        # policy keys -> dense ranks (class for the network, order for the streams), computed once: the DAG is fixed
+        prio = {i: policy.priority(nodes[i].meta) for i in cof_ids}
+        order = {i: policy.order(nodes[i].meta) for i in cof_ids}
+        try:
+            cls_rank = {k: r for r, k in enumerate(sorted(set(prio.values())))}
+            ord_sorted = sorted(cof_ids, key=lambda i: order[i])
+        except TypeError as e:
+            raise SimSpecError(f"policy {policy.name!r} returned keys that cannot be compared: {e}") from None
+        node_cls = {i: cls_rank[prio[i]] for i in cof_ids}
+        node_ord = {i: r for r, i in enumerate(ord_sorted)}
+        durations = {}
+        rng = np.random.default_rng(cfg.seed)
+        comp_ids = [i for i, x in enumerate(nodes) if isinstance(x, ComputeTask)]
+        jit = (1 + cfg.compute_jitter * rng.standard_normal(len(comp_ids))) if cfg.compute_jitter else None
+        for k, i in enumerate(comp_ids):
+            durations[i] = nodes[i].duration * (max(0.0, jit[k]) if jit is not None else 1.0)
+
+        start_t = np.full(n, np.nan)
+        end_t = np.full(n, np.nan)
+        ready_t = np.full(n, np.nan)
+        heap: list[tuple[float, int]] = []  # (time, node) completions of compute tasks and coflows
+        exec_busy: dict[str, bool] = defaultdict(bool)
+        exec_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        stream_busy: dict[str, bool] = defaultdict(bool)
+        stream_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        pending = np.zeros(n, np.int64)
+        last_arrival = np.zeros(n)
+        link_bytes = np.zeros(pad + 1)
+
+        # active flows (structure of arrays)
+        a_h = np.zeros((0, hmax), np.intp)
+        a_rem = np.zeros(0)
+        a_rate = np.zeros(0)
+        a_cls = np.zeros(0, np.int64)
+        a_cof = np.zeros(0, np.int64)
+        a_lat = np.zeros(0)
+        new_h: list[np.ndarray] = []
+        new_rem: list[np.ndarray] = []
+        new_cls: list[np.ndarray] = []
+        new_cof: list[np.ndarray] = []
+        new_lat: list[np.ndarray] = []
+        counters = {"events": 0, "rates": 0, "flows": 0}
+        t = 0.0
+        done = 0
+
+        def start_coflow(i: int, now: float) -> None:
+            c: Coflow = nodes[i]
+            start_t[i] = now
+            if len(c.src) == 0:
+                heapq.heappush(heap, (now + cfg.launch_overhead, i))
+                return
+            code = c.src * nd + c.dst
+            p = np.searchsorted(pairs, code)
+            cnt = rcount[p]
+            if cfg.routing == "spray" and not c.paths:
+                rep = cnt
+                base = np.repeat(rfirst[p], rep)
+                off = np.arange(rep.sum()) - np.repeat(np.cumsum(rep) - rep, rep)
+                rows = base + off
+                nb = np.repeat(c.nbytes / rep, rep)
+            else:
+                if cfg.routing != "first":
+                    hsh = _mix(np.uint64(i) * np.uint64(1_000_003) + np.arange(len(code), dtype=np.uint64) * np.uint64(7919)
+                               + np.uint64(cfg.seed) * np.uint64(104_729) + code.astype(np.uint64))
+                    sel = (hsh % cnt.astype(np.uint64)).astype(np.int64)
+                else:
+                    sel = np.zeros(len(code), np.int64)
+                rows = rfirst[p] + sel
+                nb = c.nbytes
+            h = table[rows]
+            lat = rlat[rows] * c.steps + cfg.launch_overhead
+            if c.paths:
+                # explicit multi-path: replace the listed flows by sub-flows on the given device paths
+                keep = np.ones(len(nb), bool)
+                xs_h, xs_nb, xs_lat = [], [], []
+                for fi, splits in c.paths.items():
+                    if not 0 <= fi < len(c.src):
+                        raise SimSpecError(f"coflow {c.name!r}: paths refers to flow {fi}, which does not exist")
+                    tot = sum(f for _, f in splits)
+                    if not splits or tot <= 0:
+                        raise SimSpecError(f"coflow {c.name!r}: flow {fi} path fractions must sum to > 0")
+                    keep[fi] = False
+                    for path, frac in splits:
+                        if path[0] != w.devices[c.src[fi]] or path[-1] != w.devices[c.dst[fi]]:
+                            raise SimSpecError(f"coflow {c.name!r}: path {path!r} does not join the ends of flow {fi}")
+                        row, plat = self._path_row(tuple(path), hmax)
+                        xs_h.append(row)
+                        xs_nb.append(c.nbytes[fi] * frac / tot)
+                        xs_lat.append(plat * c.steps + cfg.launch_overhead)
+                h = np.concatenate([h[keep], np.array(xs_h, np.intp).reshape(-1, hmax)])
+                nb = np.concatenate([nb[keep], xs_nb])
+                lat = np.concatenate([lat[keep], xs_lat])
+            pending[i] = len(nb)
+            last_arrival[i] = now
+            np.add.at(link_bytes, h.ravel(), np.repeat(nb, hmax))
+            new_h.append(h)
+            new_rem.append(np.asarray(nb, np.float64))
+            new_cls.append(np.full(len(nb), node_cls[i], np.int64))
+            new_cof.append(np.full(len(nb), i, np.int64))
+            new_lat.append(lat)
+            counters["flows"] += len(nb)
+
+        def start_compute(i: int, now: float) -> None:
+            start_t[i] = now
+            exec_busy[nodes[i].executor] = True
+            heapq.heappush(heap, (now + durations[i], i))
+
+        def release(i: int, now: float, work: list[int]) -> None:
+            x = nodes[i]
+            ready_t[i] = now
+            if x is None:
+                start_t[i] = now
+                work.append(i)
+            elif isinstance(x, ComputeTask):
+                if exec_busy[x.executor]:
+                    heapq.heappush(exec_q[x.executor], (i, i))
+                else:
+                    start_compute(i, now)
+            else:
+                if x.stream is None:
+                    start_coflow(i, now)
+                elif stream_busy[x.stream]:
+                    heapq.heappush(stream_q[x.stream], (node_ord[i], i))
+                else:
+                    stream_busy[x.stream] = True
+                    start_coflow(i, now)
+
+        def complete(i: int, now: float) -> None:
+            nonlocal done
+            work = [i]
+            while work:
+                j = work.pop()
+                end_t[j] = now
+                done += 1
+                counters["events"] += 1
+                x = nodes[j]
+                if isinstance(x, ComputeTask):
+                    q = exec_q[x.executor]
+                    if q:
+                        start_compute(heapq.heappop(q)[1], now)
+                    else:
+                        exec_busy[x.executor] = False
+                elif isinstance(x, Coflow) and x.stream is not None:
+                    q = stream_q[x.stream]
+                    if q:
+                        start_coflow(heapq.heappop(q)[1], now)
+                    else:
+                        stream_busy[x.stream] = False
+                for s in succ[j]:
+                    indeg_l[s] -= 1
+                    if indeg_l[s] == 0:
+                        release(s, now, work)
+
+        roots: list[int] = []
+        for i in range(n):
+            if indeg_l[i] == 0:
+                release(i, 0.0, roots)
+        for r in roots:
+            complete(r, 0.0)
+
+        tick = 0
+        flows_left_changed = False
+        while True:
+            # admit newly started flows and recompute rates once for this instant
+            changed = False
+            if new_h:
+                a_h = np.concatenate([a_h, *new_h])
+                a_rem = np.concatenate([a_rem, *new_rem])
+                a_cls = np.concatenate([a_cls, *new_cls])
+                a_cof = np.concatenate([a_cof, *new_cof])
+                a_lat = np.concatenate([a_lat, *new_lat])
+                for lst in (new_h, new_rem, new_cls, new_cof, new_lat):
+                    lst.clear()
+                changed = True
+            if changed or flows_left_changed:
+                a_rate = allocate(a_h, a_cls, self.capacity, cfg.sharing, cfg.weight_ratio, cfg.incast,
+                                  self.incast_links)
+                counters["rates"] += 1
+            flows_left_changed = False
+            tf = math.inf
+            if a_rem.size:
+                pos = a_rate > 0
+                if pos.any():
+                    tf = t + float((a_rem[pos] / a_rate[pos]).min())
+            th = heap[0][0] if heap else math.inf
+            t_next = min(tf, th)
+            if t_next == math.inf:
+                break
+            dt = t_next - t
+            t = t_next
+            eps_t = 1e-9 * max(t, 1e-6)
+            if a_rem.size:
+                a_rem = a_rem - a_rate * dt
+                fin = a_rem <= a_rate * eps_t + 1e-6
+                if fin.any():
+                    cof_f = a_cof[fin]
+                    arr = t + a_lat[fin]
+                    u, inv, cnt = np.unique(cof_f, return_inverse=True, return_counts=True)
+                    mx = np.full(len(u), -np.inf)
+                    np.maximum.at(mx, inv, arr)
+                    counters["events"] += int(fin.sum())
+                    for c, k, m in zip(u.tolist(), cnt.tolist(), mx.tolist(), strict=True):
+                        pending[c] -= k
+                        if m > last_arrival[c]:
+                            last_arrival[c] = m
+                        if pending[c] == 0:
+                            heapq.heappush(heap, (last_arrival[c], c))
+                    keep = ~fin
+                    a_h, a_rem, a_cls, a_cof, a_lat = a_h[keep], a_rem[keep], a_cls[keep], a_cof[keep], a_lat[keep]
+                    flows_left_changed = True
+            while heap and heap[0][0] <= t + eps_t:
+                _, i = heapq.heappop(heap)
+                complete(i, t)
+            tick += 1
+            if on_progress is not None and tick % 200 == 0:
+                on_progress(done, n)
+        if on_progress is not None:
+            on_progress(done, n)
+        if done < n:
+            stuck = [i for i in range(n) if np.isnan(end_t[i])][:5]
+            raise SimSpecError(f"simulation stalled with {n - done} unfinished nodes, e.g. {stuck}: "
+                               f"a flow has no bandwidth or a dependency is never met")
+        cof = np.array(cof_ids, np.int64)
+        comp = np.array(comp_ids, np.int64)
+        ends = [float(end_t[i]) for i in w.info.get("iteration_end", [])]
+        return SimResult(
+            workload=w.name, policy=policy.name, makespan=float(np.nanmax(end_t)) if n else 0.0,
+            iteration_ends=ends, coflow_nodes=cof, coflow_ready=ready_t[cof], coflow_start=start_t[cof],
+            coflow_end=end_t[cof], coflow_bytes=np.array([nodes[i].total_bytes for i in cof_ids]),
+            compute_nodes=comp, compute_start=start_t[comp], compute_end=end_t[comp],
+            link_names=[f"{a}->{b}" for a, b in self.link_keys], link_capacity=self.capacity,
+            link_bytes=link_bytes[:-1].copy(), num_flows=counters["flows"], events=counters["events"],
+            rate_updates=counters["rates"], wall_s=time.perf_counter() - t_wall, workload_ref=w)
