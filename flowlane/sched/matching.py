@@ -1,0 +1,214 @@
+"""Intra-coflow scheduling for imbalanced all-to-all: incast-free phases (seed 000 §5.3.2).
+
+A token matrix ``T[i][j]`` (units sent from EP rank i to EP rank j, e.g. tokens; diagonal = local, ignored) is split
+into phases; in each phase the senders and receivers form a (partial) matching, so no receiver has two senders
+(no incast) and every flow runs at line rate. With unit port rate the coflow cannot finish before the bottleneck
+``L = max(max row sum, max column sum)`` (the Varys bound).
+
+* :func:`bvn_phases` (default): Birkhoff-von Neumann on the matrix padded with idle "dummy" traffic until every row
+  and column sums to L; every phase is a perfect matching on the support, weight = its smallest entry. Total phase
+  time = L exactly (digest A2.6 [check]); each phase zeroes at least one entry, so at most n^2 phases.
+* :func:`algorithm3_phases`: the seed's Algorithm 3 (repeated max-weight matching, weight = min matched positive
+  entry -- the digest's reading of lines 9-10). Not optimal: 1.5 L on ``[[0,5,0],[5,0,0],[5,5,0]]`` (digest A2.6).
+
+Both are pure-integer and deterministic (fixed iteration order, no floating point, no library tie-breaking), so every
+rank computes the identical plan from the identical matrix -- no synchronisation needed (digest A6.1 #11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Matrix = list[list[int]]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One incast-free sub-phase: ``sends[i] = (j, amount)`` means rank i sends ``amount`` units to rank j.
+    ``weight`` is the phase duration in units (>= every amount; dummy padding is idle time)."""
+
+    weight: int
+    sends: tuple[tuple[int, int, int], ...]  # (src, dst, amount), amount > 0
+
+    def partner_of(self, rank: int) -> tuple[int | None, int, int | None, int]:
+        """(dst, amount_sent, src, amount_received) for ``rank`` in this phase (None = idle)."""
+        dst = src = None
+        a_out = a_in = 0
+        for s, d, a in self.sends:
+            if s == rank:
+                dst, a_out = d, a
+            if d == rank:
+                src, a_in = s, a
+        return dst, a_out, src, a_in
+
+
+def _check(T: Sequence[Sequence[int]]) -> Matrix:
+    n = len(T)
+    out: Matrix = []
+    for i, row in enumerate(T):
+        if len(row) != n:
+            raise ValueError(f"token matrix must be square: row {i} has {len(row)} entries, expected {n}")
+        r = []
+        for j, v in enumerate(row):
+            iv = int(v)
+            if iv != v or iv < 0:
+                raise ValueError(f"token matrix entries must be integers >= 0, got T[{i}][{j}] = {v!r}")
+            r.append(0 if i == j else iv)  # diagonal is a local copy (digest A2.6 [rec])
+        out.append(r)
+    return out
+
+
+def lower_bound(T: Sequence[Sequence[int]]) -> int:
+    """CCT lower bound with unit port rate: max row / column sum, diagonal excluded."""
+    M = _check(T)
+    n = len(M)
+    if n == 0:
+        return 0
+    return max(max(sum(r) for r in M), max(sum(M[i][j] for i in range(n)) for j in range(n)))
+
+
+def _perfect_matching(support: list[list[bool]]) -> list[int]:
+    """Deterministic perfect matching (Kuhn's augmenting paths, rows and columns in index order).
+    Returns match[row] = col. Raises if none exists (cannot happen for a BvN-padded matrix)."""
+    n = len(support)
+    col_of_row = [-1] * n
+    row_of_col = [-1] * n
+
+    def augment(i: int, seen: list[bool]) -> bool:
+        for j in range(n):
+            if support[i][j] and not seen[j]:
+                seen[j] = True
+                if row_of_col[j] < 0 or augment(row_of_col[j], seen):
+                    row_of_col[j] = i
+                    col_of_row[i] = j
+                    return True
+        return False
+
+    for i in range(n):
+        if not augment(i, [False] * n):
+            raise RuntimeError("no perfect matching on the support (matrix is not balanced)")
+    return col_of_row
+
+
+def bvn_phases(T: Sequence[Sequence[int]]) -> list[Phase]:
+    """Birkhoff-von Neumann decomposition of the padded matrix; sum of weights == :func:`lower_bound`."""
+    real = _check(T)
+    n = len(real)
+    L = lower_bound(real)
+    if L == 0:
+        return []
+    rows = [sum(r) for r in real]
+    cols = [sum(real[i][j] for i in range(n)) for j in range(n)]
+    dummy = [[0] * n for _ in range(n)]
+    for i in range(n):  # greedy padding: row and column deficits are equal in total, so this fills all of them
+        for j in range(n):
+            add = min(L - rows[i], L - cols[j])
+            if add > 0:
+                dummy[i][j] += add
+                rows[i] += add
+                cols[j] += add
+    phases: list[Phase] = []
+    while True:
+        tot = [[real[i][j] + dummy[i][j] for j in range(n)] for i in range(n)]
+        if not any(v for r in tot for v in r):
+            break
+        match = _perfect_matching([[v > 0 for v in r] for r in tot])
+        w = min(tot[i][match[i]] for i in range(n))
+        sends = []
+        for i in range(n):
+            j = match[i]
+            a = min(w, real[i][j])  # real traffic first; the rest of the slot is dummy (idle)
+            real[i][j] -= a
+            dummy[i][j] -= w - a
+            if a > 0:
+                sends.append((i, j, a))
+        phases.append(Phase(w, tuple(sends)))
+    return phases
+
+
+def _max_weight_assignment(W: Matrix) -> list[int]:
+    """Hungarian algorithm (Kuhn-Munkres, O(n^3), integer, deterministic): match[row] = col maximising sum W."""
+    n = len(W)
+    INF = float("inf")
+    cost = [[-W[i][j] for j in range(n)] for i in range(n)]
+    u = [0] * (n + 1)
+    v = [0] * (n + 1)
+    p = [0] * (n + 1)  # p[col] = row (1-based)
+    way = [0] * (n + 1)
+    for i in range(1, n + 1):
+        p[0] = i
+        j0 = 0
+        minv = [INF] * (n + 1)
+        used = [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = p[j0], INF, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[p[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if p[j0] == 0:
+                break
+        while True:
+            j1 = way[j0]
+            p[j0] = p[j1]
+            j0 = j1
+            if j0 == 0:
+                break
+    match = [0] * n
+    for j in range(1, n + 1):
+        match[p[j] - 1] = j - 1
+    return match
+
+
+def algorithm3_phases(T: Sequence[Sequence[int]]) -> list[Phase]:
+    """Seed 000 Algorithm 3: repeatedly take a maximum-weight matching of the residual matrix and send
+    w = min over its matched positive entries on every matched pair (digest A2.6 "matched-min" reading)."""
+    M = _check(T)
+    n = len(M)
+    phases: list[Phase] = []
+    while any(v for r in M for v in r):
+        match = _max_weight_assignment(M)
+        w = min(M[i][match[i]] for i in range(n) if M[i][match[i]] > 0)
+        sends = []
+        for i in range(n):
+            j = match[i]
+            a = min(w, M[i][j])
+            if a > 0:
+                M[i][j] -= a
+                sends.append((i, j, a))
+        phases.append(Phase(w, tuple(sends)))
+    return phases
+
+
+def phases_total(phases: Sequence[Phase]) -> int:
+    return sum(p.weight for p in phases)
+
+
+def check_phases(T: Sequence[Sequence[int]], phases: Sequence[Phase]) -> None:
+    """Raise if the phases do not deliver exactly T (off-diagonal) or if any phase has incast / multi-send."""
+    M = _check(T)
+    n = len(M)
+    got = [[0] * n for _ in range(n)]
+    for k, ph in enumerate(phases):
+        srcs = [s for s, _, _ in ph.sends]
+        dsts = [d for _, d, _ in ph.sends]
+        if len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+            raise AssertionError(f"phase {k} is not a matching (incast or multi-send): {ph.sends}")
+        for s, d, a in ph.sends:
+            if a > ph.weight:
+                raise AssertionError(f"phase {k}: amount {a} exceeds the phase weight {ph.weight}")
+            got[s][d] += a
+    if got != M:
+        raise AssertionError(f"phases deliver {got}, expected {M}")

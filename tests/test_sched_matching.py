@@ -1,0 +1,54 @@
+"""Matching-based all-to-all planning: BvN phases are incast-free and reach the lower bound; the seed's
+Algorithm 3 is kept for comparison and is not optimal (seed 000 §5.3.2, Algorithm 3; digest A2.6)."""
+
+import random
+
+import pytest
+
+from flowlane.sched.matching import algorithm3_phases, bvn_phases, check_phases, lower_bound, phases_total
+
+
+def _random_matrix(r: random.Random) -> list[list[int]]:
+    n = r.randint(2, 7)
+    skew = r.random() * 2
+    return [[int(r.paretovariate(1 + skew) * 5) if r.random() < 0.8 else 0 for _ in range(n)] for _ in range(n)]
+
+
+def test_bvn_phases_are_incast_free_deliver_everything_and_reach_the_lower_bound():
+    r = random.Random(0)
+    for _ in range(400):
+        T = _random_matrix(r)
+        ph = bvn_phases(T)
+        check_phases(T, ph)
+        assert phases_total(ph) == lower_bound(T)
+        assert len(ph) <= len(T) ** 2
+
+
+def test_algorithm3_is_valid_but_not_optimal_on_the_digest_example():
+    T = [[0, 5, 0], [5, 0, 0], [5, 5, 0]]
+    a3 = algorithm3_phases(T)
+    check_phases(T, a3)
+    assert lower_bound(T) == 10
+    assert phases_total(a3) == 15  # 1.5 x the bound (digest A2.6 [check])
+    assert phases_total(bvn_phases(T)) == 10
+    r = random.Random(1)
+    for _ in range(200):
+        T = _random_matrix(r)
+        a3 = algorithm3_phases(T)
+        check_phases(T, a3)
+        assert phases_total(a3) >= lower_bound(T)
+
+
+def test_plans_are_deterministic_and_ignore_the_diagonal():
+    T = [[9, 3, 1, 0], [2, 9, 0, 4], [0, 6, 9, 1], [5, 0, 2, 9]]
+    assert bvn_phases(T) == bvn_phases([row[:] for row in T])
+    assert algorithm3_phases(T) == algorithm3_phases(T)
+    T0 = [[0 if i == j else v for j, v in enumerate(row)] for i, row in enumerate(T)]
+    assert bvn_phases(T) == bvn_phases(T0)
+
+
+def test_bad_matrices_are_rejected_with_the_offending_entry():
+    with pytest.raises(ValueError, match="square"):
+        bvn_phases([[0, 1], [1]])
+    with pytest.raises(ValueError, match=r"T\[0\]\[1\] = -1"):
+        bvn_phases([[0, -1], [1, 0]])
