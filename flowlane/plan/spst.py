@@ -1,0 +1,300 @@
+"""SPST communication planning (DGCL seed 001 §5.2) and the peer-to-peer baseline.
+
+Per vertex ``u`` (vertices in a seeded random order, §5.2 "randomly shuffled"), a tree rooted at the owner ``s_u`` is
+grown one destination at a time: a multi-source shortest path from every rank already holding ``u`` to the nearest
+uncovered destination, with edge weights equal to the *marginal* increase of the staged cost model (Algorithm 2,
+evaluated on demand). Choices where the seed is silent (digest §5):
+
+- item 5: Dijkstra runs over layered states (rank, depth) because an edge's weight depends on its stage; a path may
+  not revisit a rank (without this, zero-cost edges form cycles) nor enter a rank already in the tree;
+- item 6: ties broken by the key (cost, hops, uncontended link time, rank, depth), so plans are deterministic and
+  short; item 7: loop until every destination is covered (a path may pass through several);
+- item 8: stages are capped at ``max_depth`` (default ``num_ranks - 1``, the paper's bound), optional latency ``alpha``;
+- item 12: ``method="auto"`` also evaluates the peer-to-peer plan under the same model and keeps the cheaper one.
+
+Two implementations with identical results: a C kernel (``_spst.c``, compiled on first use with the system C compiler
+and loaded with ctypes) and the pure-Python reference below, used when no compiler is available or when
+``FLOWLANE_SPST=python``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import heapq
+import os
+import subprocess
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .cost import LinkModel, evaluate, stage_hop_loads
+from .relation import CommRelation, PlanError
+
+METHODS = ("spst", "p2p", "auto")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A communication plan: transfer ``i`` sends vertex ``u[i]`` from rank ``src[i]`` to ``dst[i]`` in ``stage[i]``.
+
+    The union of one tree per vertex (DGCL's ``S = ∪_u T_u``). ``cost`` is ``t(S)`` under the model in seconds per byte
+    of embedding; ``info`` records the method, seed, the baseline cost and the planning time.
+    """
+
+    u: np.ndarray
+    stage: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    num_ranks: int
+    cost: float
+    method: str
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_stages(self) -> int:
+        return int(self.stage.max()) if self.stage.size else 0
+
+    @property
+    def num_transfers(self) -> int:
+        return int(self.u.size)
+
+    def digest(self) -> str:
+        """Hash of the transfers; equal on every rank that planned the same relation with the same seed."""
+        h = hashlib.sha256()
+        for a in (self.u, self.stage, self.src, self.dst):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+
+def p2p_plan(rel: CommRelation, lm: LinkModel | None = None) -> Plan:
+    """Peer-to-peer baseline: every (``s_u``, ``d ∈ D_u``) on the direct link in stage 1 (digest §5 item 20)."""
+    verts, ptr, dests = rel.destinations()
+    u = np.repeat(verts, np.diff(ptr))
+    owner = np.asarray(rel.owner)
+    src = owner[u].astype(np.int32)
+    cost = evaluate(np.ones(u.size, np.int32), src, dests.astype(np.int32), lm) if lm is not None else float("nan")
+    return Plan(u.astype(np.int64), np.ones(u.size, np.int32), src, dests.astype(np.int32), rel.num_ranks, cost,
+                "p2p")
+
+
+def build_plan(rel: CommRelation, lm: LinkModel, method: str = "auto", seed: int = 0, max_depth: int | None = None,
+               alpha: float = 0.0, unit_bytes: float = 1.0, impl: str | None = None) -> Plan:
+    """Plan the embedding exchange of ``rel`` over ``lm``.
+
+    ``method``: "spst", "p2p", or "auto" (SPST, falling back to P2P where P2P is cheaper under the model).
+    ``alpha``/``unit_bytes``: optional per-stage latency (s) and embedding size (bytes) that make costs seconds.
+    ``impl``: "c" or "python" (default: C when it builds, else Python; env ``FLOWLANE_SPST`` overrides).
+    """
+    if method not in METHODS:
+        raise PlanError(f"method must be one of {METHODS}, got {method!r}")
+    if lm.num_ranks != rel.num_ranks:
+        raise PlanError(f"the link model has {lm.num_ranks} ranks but the relation has {rel.num_ranks}")
+    if not (alpha >= 0 and np.isfinite(alpha)):
+        raise PlanError(f"alpha must be a finite number >= 0 seconds, got {alpha!r}")
+    if not (unit_bytes > 0 and np.isfinite(unit_bytes)):
+        raise PlanError(f"unit_bytes must be > 0, got {unit_bytes!r}")
+    R = rel.num_ranks
+    S = R - 1 if max_depth is None else int(max_depth)
+    if not 1 <= S <= max(R - 1, 1):
+        raise PlanError(f"max_depth must be in [1, {max(R - 1, 1)}] for {R} ranks, got {max_depth!r}")
+    base = p2p_plan(rel, lm)
+    base = Plan(base.u, base.stage, base.src, base.dst, R,
+                evaluate(base.stage, base.src, base.dst, lm, unit_bytes, alpha), "p2p")
+    if method == "p2p":
+        return Plan(base.u, base.stage, base.src, base.dst, R, base.cost, "p2p",
+                    {"p2p_cost": base.cost, "seed": seed, "plan_seconds": 0.0})
+    t0 = time.perf_counter()
+    # plan in per-byte units (alpha rescaled): the plan is then exactly independent of the embedding size, as the
+    # dimension-invariance property (§5.1) says it should be, not only up to floating-point rounding of ties
+    u, st, a, b, impl_used = _spst(rel, lm, S, seed, alpha / unit_bytes, 1.0, impl)
+    secs = time.perf_counter() - t0
+    cost = evaluate(st, a, b, lm, unit_bytes, alpha)
+    info = {"p2p_cost": base.cost, "spst_cost": cost, "seed": seed, "plan_seconds": secs, "impl": impl_used,
+            "max_depth": S, "pairs": rel.num_pairs}
+    if method == "auto" and base.cost < cost:
+        return Plan(base.u, base.stage, base.src, base.dst, R, base.cost, "p2p", {**info, "fallback": True})
+    return Plan(u, st, a, b, R, cost, "spst", {**info, "fallback": False})
+
+
+# -- implementations ----------------------------------------------------------------------------------------------
+def _inputs(rel: CommRelation, lm: LinkModel, seed: int, unit_bytes: float):
+    verts, ptr, dests = rel.destinations()
+    srcs = np.asarray(rel.owner)[verts].astype(np.int32)
+    order = np.random.default_rng(seed).permutation(verts.size).astype(np.int64)
+    inv = (unit_bytes * lm.hop_inv_bw).astype(np.float64)
+    raw = lm.link_raw() * unit_bytes
+    raw[~np.isfinite(raw)] = 0.0
+    return verts.astype(np.int64), ptr.astype(np.int64), dests.astype(np.int32), srcs, order, inv, raw
+
+
+def _spst(rel, lm, S, seed, alpha, unit_bytes, impl):
+    impl = impl or os.environ.get("FLOWLANE_SPST") or "auto"
+    if impl not in ("auto", "c", "python"):
+        raise PlanError(f"impl must be 'c', 'python' or unset, got {impl!r}")
+    args = _inputs(rel, lm, seed, unit_bytes)
+    if impl in ("auto", "c") and rel.num_ranks <= 64:
+        lib = _load_c()
+        if lib is not None:
+            return (*_spst_c(lib, lm, S, alpha, *args), "c")
+        if impl == "c":
+            raise PlanError("impl='c' requested but the C SPST kernel could not be built (no C compiler?)")
+    return (*_spst_python(lm, S, alpha, *args), "python")
+
+
+def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, order, inv, raw):
+    R = lm.num_ranks
+    H = inv.size
+    inv_l = inv.tolist()
+    raw_l = raw.ravel().tolist()
+    lh = [[int(h) for h in lm.link_hops[a, b] if h >= 0] for a in range(R) for b in range(R)]
+    load = [[0.0] * H for _ in range(S + 1)]          # row k = stage k (row 0 unused)
+    T = [0.0] * (S + 1)
+    used = [False] * (S + 1)
+    out_u, out_k, out_a, out_b = [], [], [], []
+    verts_l, ptr_l, dests_l, srcs_l = verts.tolist(), ptr.tolist(), dests.tolist(), srcs.tolist()
+    for i in order.tolist():
+        u = verts_l[i]
+        D = set(dests_l[ptr_l[i]:ptr_l[i + 1]])
+        depth = {srcs_l[i]: 0}
+        remaining = len(D)
+        while remaining:
+            best: dict = {}
+            pred: dict = {}
+            fin: set = set()
+            heap: list = []
+            for g, dg in depth.items():
+                best[(g, dg)] = (0.0, 0, 0.0)
+                pred[(g, dg)] = None
+                heapq.heappush(heap, (0.0, 0, 0.0, g, dg))
+            target = None
+            while heap:
+                c, h, rw, g, dl = heapq.heappop(heap)
+                st = (g, dl)
+                if st in fin or best[st] != (c, h, rw):
+                    continue
+                fin.add(st)
+                if g in D and g not in depth:
+                    target = st
+                    break
+                k = dl + 1
+                if k > S:
+                    continue
+                onpath = set()
+                p = st
+                while p is not None:
+                    onpath.add(p[0])
+                    p = pred[p]
+                lk, Tk = load[k], T[k]
+                for g2 in range(R):
+                    if g2 in depth or g2 in onpath:
+                        continue
+                    hops = lh[g * R + g2]
+                    if not hops:
+                        continue
+                    m = max((lk[x] + 1.0) * inv_l[x] for x in hops) - Tk
+                    if m < 0:
+                        m = 0.0
+                    if alpha != 0.0 and not used[k]:
+                        m += alpha
+                    nk = (c + m, h + 1, rw + raw_l[g * R + g2])
+                    s2 = (g2, k)
+                    if s2 in fin:
+                        continue
+                    ob = best.get(s2)
+                    if ob is None or nk < ob:
+                        best[s2] = nk
+                        pred[s2] = st
+                        heapq.heappush(heap, (nk[0], nk[1], nk[2], g2, k))
+            if target is None:
+                raise PlanError(f"vertex {u}: no path from the ranks holding it {sorted(depth)} to "
+                                f"{sorted(D - set(depth))} within max_depth={S}")
+            chain = []
+            p = target
+            while p is not None:
+                chain.append(p)
+                p = pred[p]
+            for q in range(len(chain) - 1, 0, -1):
+                (ga, _), (gb, k) = chain[q], chain[q - 1]
+                lk = load[k]
+                for x in lh[ga * R + gb]:
+                    lk[x] += 1.0
+                    v = lk[x] * inv_l[x]
+                    if v > T[k]:
+                        T[k] = v
+                used[k] = True
+                depth[gb] = k
+                out_u.append(u)
+                out_k.append(k)
+                out_a.append(ga)
+                out_b.append(gb)
+                if gb in D:
+                    remaining -= 1
+    return (np.array(out_u, np.int64), np.array(out_k, np.int32), np.array(out_a, np.int32),
+            np.array(out_b, np.int32))
+
+
+_LIB: ctypes.CDLL | None | bool = False   # False: not tried yet; None: unavailable
+
+
+def _load_c() -> ctypes.CDLL | None:
+    global _LIB
+    if _LIB is not False:
+        return _LIB  # type: ignore[return-value]
+    _LIB = None
+    src = Path(__file__).with_name("_spst.c")
+    code = src.read_bytes()
+    tag = hashlib.sha256(code).hexdigest()[:12]
+    cache = Path(os.environ.get("FLOWLANE_CACHE", Path.home() / ".cache" / "flowlane"))
+    so = cache / f"spst_{tag}.so"
+    try:
+        if not so.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            cc = os.environ.get("CC", "cc")
+            with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
+                tmp_path = tmp.name
+            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp_path, str(src)], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(tmp_path, so)
+        lib = ctypes.CDLL(str(so))
+    except (OSError, subprocess.SubprocessError) as e:
+        warnings.warn(f"flowlane.plan: C SPST kernel unavailable ({e}); using the pure-Python planner", stacklevel=3)
+        return None
+    P = ctypes.c_void_p
+    lib.flowlane_spst.restype = ctypes.c_long
+    lib.flowlane_spst.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, P, P, P, ctypes.c_double,
+                                  ctypes.c_long, P, P, P, P, P, P, P, P, P, ctypes.c_long, P]
+    _LIB = lib
+    return lib
+
+
+def _spst_c(lib, lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, order, inv, raw):
+    R = lm.num_ranks
+    H = inv.size
+    lh = np.ascontiguousarray(lm.link_hops, dtype=np.int32)
+    maxh = lh.shape[2]
+    raw = np.ascontiguousarray(raw, dtype=np.float64)
+    cap = max(1, verts.size * max(R - 1, 1))
+    out_u = np.empty(cap, np.int64)
+    out_k, out_a, out_b = (np.empty(cap, np.int32) for _ in range(3))
+    load = np.zeros((S + 1, H), np.float64)
+    p = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    n = lib.flowlane_spst(R, S, H, maxh, p(inv), p(lh), p(raw), float(alpha), verts.size, p(order), p(verts),
+                          p(srcs), p(ptr), p(dests), p(out_u), p(out_k), p(out_a), p(out_b), cap, p(load))
+    if n == -1:
+        raise PlanError(f"some destination is unreachable within max_depth={S} (check the topology's links)")
+    if n < 0:
+        raise PlanError(f"C SPST kernel failed with code {n}")
+    return out_u[:n].copy(), out_k[:n].copy(), out_a[:n].copy(), out_b[:n].copy()
+
+
+def link_class_breakdown(plan: Plan, lm: LinkModel, unit_bytes: float = 1.0) -> dict[str, float]:
+    """Per link class (slowest-hop kind): Σ_k max over that class's hops of load/bandwidth (Table 7 analogue)."""
+    load = stage_hop_loads(plan.stage, plan.src, plan.dst, lm)
+    t = load * (unit_bytes * lm.hop_inv_bw)[None, :]
+    kinds = np.array(lm.hop_kinds)
+    return {k: float(t[:, kinds == k].max(axis=1).sum()) for k in sorted(set(lm.hop_kinds))}
