@@ -1,0 +1,108 @@
+"""``flowlane sim``: simulate a workload under several scheduling policies, print a table, write JSON/trace/plot."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flowlane.policy import make_policy, policy_names
+from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
+from flowlane.sim.graph import SimSpecError
+from flowlane.sim.models import SCHEDULES
+from flowlane.sim.network import SHARING, IncastModel
+from flowlane.sim.output import chrome_trace, plot, summary, write_json
+from flowlane.sim.workloads import WORKLOADS, build_workload
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("sim", help="flow-level training simulator (simulated times)",
+                              description="Simulate one training workload under several scheduling policies.")
+    p.add_argument("--workload", default="gpt3-13b", help=f"one of {', '.join(WORKLOADS)}")
+    p.add_argument("--gpus", type=int, default=32, help="number of GPUs (DP degree follows for LLM presets)")
+    p.add_argument("--bandwidth", type=float, default=100.0, help="NIC bandwidth in Gbps")
+    p.add_argument("--policy", default="fifo,priority",
+                   help="comma-separated scheduling policies; the first is the speedup baseline")
+    p.add_argument("--routing", default="ecmp", choices=ROUTING)
+    p.add_argument("--sharing", default="strict", choices=SHARING)
+    p.add_argument("--incast-alpha", type=float, default=0.0, help="incast penalty alpha (0 = off)")
+    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
+    p.add_argument("--microbatches", type=int, help="microbatches per iteration (LLM presets)")
+    p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results/sim/cli", help="output folder for sim.json, trace and plot")
+    p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
+    p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    pols = [x.strip() for x in args.policy.split(",") if x.strip()]
+    try:
+        policies = [make_policy(x) for x in pols]
+    except ValueError as e:
+        con.print(f"[red]error:[/red] {e}")
+        return 2
+    over = {}
+    if args.schedule:
+        over["schedule"] = args.schedule
+    if args.microbatches:
+        over["num_microbatches"] = args.microbatches
+    if args.iterations:
+        over["iterations"] = args.iterations
+    try:
+        if over and args.workload not in WORKLOADS[:6]:
+            raise SimSpecError(f"--schedule/--microbatches/--iterations apply to LLM presets, not {args.workload!r}")
+        topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over)
+        cfg = SimConfig(routing=args.routing, sharing=args.sharing, seed=args.seed,
+                        incast=IncastModel(alpha=args.incast_alpha) if args.incast_alpha > 0 else None)
+    except (SimSpecError, ValueError) as e:
+        con.print(f"[red]error:[/red] {e}")
+        return 2
+    con.print(f"[bold]{wl.name}[/bold]: {len(wl.nodes)} nodes, {len(wl.coflows)} coflows, {wl.num_flows} flows "
+              f"on {topo.name} ({args.bandwidth:g} Gbps) — simulated")
+    results: dict[str, SimResult] = {}
+    from rich.progress import Progress
+
+    with Progress(console=con, transient=True) as prog:
+        for pol in policies:
+            task = prog.add_task(f"simulating {pol.name}", total=len(wl.nodes))
+            results[pol.name] = Simulator(topo, cfg).run(
+                wl, pol, on_progress=lambda d, n, t=task: prog.update(t, completed=d))
+    base = next(iter(results.values())).iteration_time
+    ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
+    tab = Table(title=f"{wl.name} — simulated iteration time")
+    for col in ["policy", "iteration (s)", "speedup", *[f"{c} CCT (ms)" for c in ctypes], "events/s", "wall (s)"]:
+        tab.add_column(col, justify="right")
+    for name, r in results.items():
+        cc = r.cct_by_ctype()
+        tab.add_row(name, f"{r.iteration_time:.4f}", f"{base / r.iteration_time:.3f}x",
+                    *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
+                    f"{r.events / max(r.wall_s, 1e-9):,.0f}", f"{r.wall_s:.2f}")
+    con.print(tab)
+    out = Path(args.out)
+    doc = {"simulated": True, "workload": args.workload, "gpus": args.gpus, "bandwidth_gbps": args.bandwidth,
+           "config": {"routing": args.routing, "sharing": args.sharing, "seed": args.seed, **over},
+           "baseline": pols[0],
+           "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()}}
+    write_json(out / "sim.json", doc)
+    if args.trace:
+        for n, r in results.items():
+            chrome_trace(r, out / f"trace_{n}.json")
+    if not args.no_plot:
+        plot(results, out / "sim.png", f"{wl.name}, {args.bandwidth:g} Gbps (simulated)")
+    con.print(f"wrote {out / 'sim.json'}" + ("" if args.no_plot else f" and {out / 'sim.png'}"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="flowlane")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    return run(ap.parse_args(argv))
+
+
+__all__ = ["add_parser", "run", "policy_names"]
