@@ -1,0 +1,1150 @@
+/*
+ * fl_driver.c - loads libnccl-net-flowlane.so with dlopen and runs the call
+ * sequences NCCL's proxy uses (listen, out-of-band handle exchange,
+ * connect/accept polling, regMr, isend/irecv retried on NULL request, test
+ * polling, close) through the v8 or v11 table. Sender and receiver run as
+ * forked processes, optionally each inside a network namespace
+ * (--send-ns/--recv-ns, entered with setns) so paths cross veth links.
+ *
+ *   fl_driver --plugin PATH [--api v8|v11] SCENARIO [options]
+ * Scenarios: props integrity manycomms multirecv peerdeath stall badsecret
+ *            cudareject all | bench-stream bench-pingpong
+ * Exit status 0 = every check passed; failures print "FAIL: ...".
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flowlane_net.h"
+#include "flowlane_net_abi.h"
+
+/* ------------------------------------------------------------ options */
+
+static struct {
+  const char* plugin;
+  int api; /* 8 or 11 */
+  const char* send_ns;
+  const char* recv_ns;
+  const char* send_ifname;
+  const char* recv_ifname;
+  uint64_t max_bytes;
+  uint64_t bytes;
+  int iters;
+  int window;
+  int comms;
+  int ping_class, bulk_class;
+  int bulk;
+  int timeout_s;
+  int ping_size;
+} O = {.api = 11, .max_bytes = 256ull << 20, .bytes = 64ull << 20, .iters = 16, .window = 4, .comms = 16,
+       .ping_class = FL_CLASS_CRITICAL, .bulk_class = FL_CLASS_BULK, .timeout_s = 60, .ping_size = 1024};
+
+static int g_warns_refused, g_warns_host_only, g_warns_total;
+static const char* g_role = "driver";
+
+static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (level == NCCL_LOG_WARN) {
+    g_warns_total++;
+    if (strstr(msg, "refused")) g_warns_refused++;
+    if (strstr(msg, "host memory only")) g_warns_host_only++;
+    fprintf(stderr, "[%s] WARN %s:%d %s\n", g_role, file, line, msg);
+  } else if (getenv("FLOWLANE_NET_DEBUG")) {
+    fprintf(stderr, "[%s] INFO %s\n", g_role, msg);
+  }
+}
+
+#define FAILF(...)                                   \
+  do {                                               \
+    fprintf(stderr, "[%s] FAIL: ", g_role);          \
+    fprintf(stderr, __VA_ARGS__);                    \
+    fputc('\n', stderr);                             \
+    exit(1);                                         \
+  } while (0)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------ the API-version facade */
+
+struct net {
+  const ncclNet_v8_t* v8;
+  const ncclNet_v11_t* v11;
+  void* ctx[FL_NUM_CLASSES + 1]; /* v11: one per-communicator context per class */
+};
+static struct net N;
+
+static void net_load(void) {
+  void* h = dlopen(O.plugin, RTLD_NOW | RTLD_LOCAL);
+  if (!h) FAILF("dlopen %s: %s", O.plugin, dlerror());
+  if (O.api == 8) {
+    N.v8 = dlsym(h, "ncclNetPlugin_v8");
+    if (!N.v8) FAILF("symbol ncclNetPlugin_v8 missing");
+    if (N.v8->init(logger) != ncclSuccess) FAILF("v8 init failed");
+  } else {
+    N.v11 = dlsym(h, "ncclNetPlugin_v11");
+    if (!N.v11) FAILF("symbol ncclNetPlugin_v11 missing");
+    for (int c = 0; c <= FL_NUM_CLASSES; c++) {
+      ncclNetCommConfig_v11_t cfg = {.trafficClass = c == FL_NUM_CLASSES ? NCCL_NET_TRAFFIC_CLASS_UNDEF : c};
+      if (N.v11->init(&N.ctx[c], 1000 + (uint64_t)c, &cfg, logger, NULL) != ncclSuccess) FAILF("v11 init failed");
+    }
+  }
+  int ndev = 0;
+  if ((N.v8 ? N.v8->devices(&ndev) : N.v11->devices(&ndev)) != ncclSuccess || ndev < 1) FAILF("no devices");
+}
+
+static void net_finalize(void) {
+  if (N.v11)
+    for (int c = 0; c <= FL_NUM_CLASSES; c++) N.v11->finalize(N.ctx[c]);
+}
+
+/* tc < 0: NCCL gave no class (v8 always). */
+static void* ctx_for(int tc) { return N.ctx[tc < 0 ? FL_NUM_CLASSES : tc]; }
+
+static void net_listen(int tc, uint8_t* handle, void** lc) {
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  ncclResult_t rc = N.v8 ? N.v8->listen(0, handle, lc) : N.v11->listen(ctx_for(tc), 0, handle, lc);
+  if (rc != ncclSuccess || !*lc) FAILF("listen failed (%d)", rc);
+}
+
+static ncclResult_t net_connect_once(int tc, uint8_t* handle, void** sc) {
+  ncclNetDeviceHandle_v8_t* dev = NULL;
+  return N.v8 ? N.v8->connect(0, handle, sc, &dev) : N.v11->connect(ctx_for(tc), 0, handle, sc, &dev);
+}
+
+static ncclResult_t net_accept_once(void* lc, void** rc) {
+  ncclNetDeviceHandle_v8_t* dev = NULL;
+  return N.v8 ? N.v8->accept(lc, rc, &dev) : N.v11->accept(lc, rc, &dev);
+}
+
+static void* net_regmr(void* comm, void* buf, size_t size) {
+  void* mh = NULL;
+  ncclResult_t rc = N.v8 ? N.v8->regMr(comm, buf, size, NCCL_PTR_HOST, &mh)
+                         : N.v11->regMr(comm, buf, size, NCCL_PTR_HOST, &mh);
+  if (rc != ncclSuccess) FAILF("regMr failed (%d)", rc);
+  return mh;
+}
+
+static void net_deregmr(void* comm, void* mh) {
+  if (N.v8) N.v8->deregMr(comm, mh);
+  else N.v11->deregMr(comm, mh);
+}
+
+static ncclResult_t net_isend(void* sc, void* buf, size_t size, int tag, void* mh, void** req) {
+  if (N.v8) return N.v8->isend(sc, buf, (int)size, tag, mh, req);
+  return N.v11->isend(sc, buf, size, tag, mh, NULL, req);
+}
+
+static ncclResult_t net_irecv(void* rcomm, int n, void** bufs, size_t* sizes, int* tags, void** mhs, void** req) {
+  if (N.v8) {
+    int isz[FL_MAX_RECVS];
+    for (int i = 0; i < n; i++) isz[i] = (int)sizes[i];
+    return N.v8->irecv(rcomm, n, bufs, isz, tags, mhs, req);
+  }
+  void* ph[FL_MAX_RECVS] = {0};
+  return N.v11->irecv(rcomm, n, bufs, sizes, tags, mhs, ph, req);
+}
+
+/* Yield when a request is not done, as NCCL's proxy thread does when idle:
+ * on a 2-core box a pure spin starves ksoftirqd, which carries loopback and
+ * veth traffic, and throughput collapses. */
+static ncclResult_t net_test(void* req, int* done, int* sizes) {
+  ncclResult_t rc = N.v8 ? N.v8->test(req, done, sizes) : N.v11->test(req, done, sizes);
+  if (rc == ncclSuccess && !*done) sched_yield();
+  return rc;
+}
+
+static void net_close_send(void* c) { N.v8 ? N.v8->closeSend(c) : N.v11->closeSend(c); }
+static void net_close_recv(void* c) { N.v8 ? N.v8->closeRecv(c) : N.v11->closeRecv(c); }
+static void net_close_listen(void* c) { N.v8 ? N.v8->closeListen(c) : N.v11->closeListen(c); }
+
+/* Blocking helpers with a deadline, the way NCCL's proxy loops. */
+static void* connect_blocking(int tc, uint8_t* handle) {
+  void* sc = NULL;
+  double end = now_s() + O.timeout_s;
+  while (!sc) {
+    if (net_connect_once(tc, handle, &sc) != ncclSuccess) FAILF("connect failed");
+    if (now_s() > end) FAILF("connect timed out");
+  }
+  return sc;
+}
+
+static void* accept_blocking(void* lc) {
+  void* rc = NULL;
+  double end = now_s() + O.timeout_s;
+  while (!rc) {
+    if (net_accept_once(lc, &rc) != ncclSuccess) FAILF("accept failed");
+    if (now_s() > end) FAILF("accept timed out");
+  }
+  return rc;
+}
+
+static void* isend_blocking(void* sc, void* buf, size_t size, int tag, void* mh) {
+  void* req = NULL;
+  double end = now_s() + O.timeout_s;
+  while (!req) {
+    ncclResult_t rc = net_isend(sc, buf, size, tag, mh, &req);
+    if (rc != ncclSuccess) FAILF("isend(%zu B, tag %d) failed (%d)", size, tag, rc);
+    if (now_s() > end) FAILF("isend could not start within %d s", O.timeout_s);
+  }
+  return req;
+}
+
+static void wait_req(void* req, int* sizes) {
+  int done = 0;
+  double end = now_s() + O.timeout_s;
+  while (!done) {
+    if (net_test(req, &done, sizes) != ncclSuccess) FAILF("test() returned an error");
+    if (now_s() > end) FAILF("request did not complete within %d s", O.timeout_s);
+  }
+}
+
+/* --------------------------------------------------- processes, netns */
+
+static void enter_netns(const char* name) {
+  if (!name || !*name) return;
+  char path[256];
+  snprintf(path, sizeof(path), "/var/run/netns/%s", name);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) FAILF("cannot enter network namespace %s: %s", name, strerror(errno));
+  close(fd);
+}
+
+static void write_all(int fd, const void* buf, size_t len) {
+  const uint8_t* p = buf;
+  while (len) {
+    ssize_t w = write(fd, p, len);
+    if (w <= 0) FAILF("pipe write failed");
+    p += w;
+    len -= (size_t)w;
+  }
+}
+
+static void read_all(int fd, void* buf, size_t len) {
+  uint8_t* p = buf;
+  while (len) {
+    ssize_t r = read(fd, p, len);
+    if (r <= 0) FAILF("pipe read failed (peer process exited?)");
+    p += r;
+    len -= (size_t)r;
+  }
+}
+
+static int victim_is_sender(void) {
+  const char* v = getenv("FL_DRIVER_VICTIM");
+  return !v || strcmp(v, "recv") != 0;
+}
+static int fault_is_stop(void) {
+  const char* v = getenv("FL_DRIVER_FAULT");
+  return v && strcmp(v, "stop") == 0;
+}
+
+typedef void (*role_fn)(int to_peer, int from_peer);
+
+/* Fork receiver and sender; each gets a pipe to the other (the out-of-band
+ * channel NCCL's bootstrap provides). Returns the exit codes. */
+static void run_pair(role_fn recv_role, role_fn send_role, int* recv_status, int* send_status, pid_t* send_pid_out) {
+  int r2s[2], s2r[2];
+  if (pipe(r2s) || pipe(s2r)) FAILF("pipe");
+  fflush(NULL);
+  pid_t rp = fork();
+  if (rp == 0) {
+    g_role = "recv";
+    close(r2s[0]);
+    close(s2r[1]);
+    enter_netns(O.recv_ns);
+    if (O.recv_ifname) setenv(FL_ENV_SOCKET_IFNAME, O.recv_ifname, 1);
+    net_load();
+    recv_role(r2s[1], s2r[0]);
+    fflush(NULL);
+    _exit(0);
+  }
+  pid_t sp = fork();
+  if (sp == 0) {
+    g_role = "send";
+    close(r2s[1]);
+    close(s2r[0]);
+    enter_netns(O.send_ns);
+    if (O.send_ifname) setenv(FL_ENV_SOCKET_IFNAME, O.send_ifname, 1);
+    net_load();
+    send_role(s2r[1], r2s[0]);
+    fflush(NULL);
+    _exit(0);
+  }
+  if (send_pid_out) *send_pid_out = sp;
+  close(r2s[0]), close(r2s[1]), close(s2r[0]), close(s2r[1]);
+  double end = now_s() + O.timeout_s + 30;
+  int rs = -1, ss = -1, left = 2;
+  while (left > 0) {
+    int st;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p == rp) rs = st, left--;
+    else if (p == sp) ss = st, left--;
+    else if (p == 0) {
+      if (now_s() > end) {
+        fprintf(stderr, "[driver] FAIL: scenario exceeded its time bound; killing both sides\n");
+        kill(rp, SIGKILL);
+        kill(sp, SIGKILL);
+        end = now_s() + 1e9;
+      }
+      /* a stopped sender (stall scenario) is killed once the receiver finished */
+      /* fault scenarios: once the survivor is done, reap a stopped victim */
+      if (getenv("FL_DRIVER_FAULT") && victim_is_sender() && rs != -1 && ss == -1) kill(sp, SIGKILL);
+      if (getenv("FL_DRIVER_FAULT") && !victim_is_sender() && ss != -1 && rs == -1) kill(rp, SIGKILL);
+      usleep(2000);
+    } else if (p < 0) {
+      break;
+    }
+  }
+  *recv_status = rs;
+  *send_status = ss;
+}
+
+static int exited_ok(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+
+/* ---------------------------------------------------------- data pattern */
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  return x ^ (x >> 33);
+}
+
+static void fill(uint8_t* buf, size_t len, uint64_t seed) {
+  uint64_t s = mix(seed + 1);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    memcpy(buf + i, &s, 8);
+  }
+  s = s * 6364136223846793005ull + 1442695040888963407ull;
+  for (; i < len; i++) buf[i] = (uint8_t)(s >> (8 * (i & 7)));
+}
+
+static int verify(const uint8_t* buf, size_t len, uint64_t seed, uint8_t* scratch) {
+  fill(scratch, len, seed);
+  return memcmp(buf, scratch, len) == 0;
+}
+
+static uint8_t* big_alloc(size_t len) {
+  void* p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) FAILF("mmap %zu bytes failed", len);
+  return p;
+}
+
+/* ------------------------------------------------------------- scenarios */
+
+static const uint64_t kLadder[] = {0, 1, 7, 4096, 65537, 1u << 20, (1u << 20) + 3, (16u << 20) + 5, 64u << 20,
+                                   256u << 20};
+#define NLADDER (sizeof(kLadder) / sizeof(kLadder[0]))
+#define NSMALL 256
+
+/* integrity: 256 small messages with 32 in flight, then 0 B..max_bytes. */
+static void integrity_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  /* phase 1: many outstanding small receives */
+  enum { INFL = NCCL_NET_MAX_REQUESTS };
+  static uint8_t small[INFL][4096 + 64];
+  uint8_t scratch[4096 + 64];
+  void* mh[INFL];
+  void* req[INFL] = {0};
+  int msg_of[INFL];
+  for (int i = 0; i < INFL; i++) mh[i] = net_regmr(rc, small[i], sizeof(small[i]));
+  int posted = 0, completed = 0;
+  double end = now_s() + O.timeout_s;
+  while (completed < NSMALL) {
+    for (int i = 0; i < INFL && posted < NSMALL; i++) {
+      if (req[i]) continue;
+      void* b = small[i];
+      size_t sz = sizeof(small[i]);
+      int tag = 0;
+      if (net_irecv(rc, 1, &b, &sz, &tag, &mh[i], &req[i]) != ncclSuccess) FAILF("irecv failed");
+      if (req[i]) msg_of[i] = posted++;
+    }
+    for (int i = 0; i < INFL; i++) {
+      if (!req[i]) continue;
+      int done = 0, size = -1;
+      if (net_test(req[i], &done, &size) != ncclSuccess) FAILF("test failed (small phase)");
+      if (!done) continue;
+      size_t expect = (size_t)(mix((uint64_t)msg_of[i]) % 4097);
+      if ((size_t)size != expect) FAILF("small message %d: got %d bytes, expected %zu", msg_of[i], size, expect);
+      if (!verify(small[i], expect, 7000 + (uint64_t)msg_of[i], scratch)) FAILF("small message %d corrupted", msg_of[i]);
+      req[i] = NULL;
+      completed++;
+    }
+    if (now_s() > end) FAILF("small-message phase timed out at %d/%d", completed, NSMALL);
+  }
+  for (int i = 0; i < INFL; i++) net_deregmr(rc, mh[i]);
+  /* phase 2: size ladder, receive buffers larger than the message */
+  uint64_t maxb = 0;
+  for (size_t k = 0; k < NLADDER; k++)
+    if (kLadder[k] <= O.max_bytes && kLadder[k] > maxb) maxb = kLadder[k];
+  uint8_t* buf = big_alloc(maxb + 64);
+  uint8_t* scr = big_alloc(maxb + 64);
+  void* bmh = net_regmr(rc, buf, maxb + 64);
+  for (size_t k = 0; k < NLADDER; k++) {
+    if (kLadder[k] > O.max_bytes) continue;
+    void* b = buf;
+    size_t sz = kLadder[k] + 64;
+    int tag = 1, got = -1;
+    void* r = NULL;
+    while (!r)
+      if (net_irecv(rc, 1, &b, &sz, &tag, &bmh, &r) != ncclSuccess) FAILF("irecv failed");
+    double t0 = now_s();
+    wait_req(r, &got);
+    double dt = now_s() - t0;
+    if ((uint64_t)got != kLadder[k]) FAILF("ladder: got %d bytes, expected %llu", got, (unsigned long long)kLadder[k]);
+    if (!verify(buf, kLadder[k], 9000 + k, scr)) FAILF("ladder message of %llu bytes corrupted", (unsigned long long)kLadder[k]);
+    printf("[recv] %llu bytes ok (%.1f MB/s)\n", (unsigned long long)kLadder[k], dt > 0 ? kLadder[k] / dt / 1e6 : 0);
+  }
+  net_deregmr(rc, bmh);
+  net_close_recv(rc);
+  net_close_listen(lc);
+  net_finalize();
+  (void)from;
+}
+
+static void integrity_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  void* sc = connect_blocking(-1, handle);
+  enum { INFL = NCCL_NET_MAX_REQUESTS };
+  static uint8_t small[INFL][4096];
+  void* mh[INFL];
+  void* req[INFL] = {0};
+  for (int i = 0; i < INFL; i++) mh[i] = net_regmr(sc, small[i], sizeof(small[i]));
+  int sent = 0, completed = 0;
+  double end = now_s() + O.timeout_s;
+  while (completed < NSMALL) {
+    for (int i = 0; i < INFL && sent < NSMALL; i++) {
+      if (req[i]) continue;
+      size_t sz = (size_t)(mix((uint64_t)sent) % 4097);
+      fill(small[i], sz, 7000 + (uint64_t)sent);
+      if (net_isend(sc, small[i], sz, 0, mh[i], &req[i]) != ncclSuccess) FAILF("isend failed");
+      if (req[i]) sent++;
+      else break; /* would block: keep send order, retry later */
+    }
+    for (int i = 0; i < INFL; i++) {
+      if (!req[i]) continue;
+      int done = 0;
+      if (net_test(req[i], &done, NULL) != ncclSuccess) FAILF("test failed (small phase)");
+      if (done) req[i] = NULL, completed++;
+    }
+    if (now_s() > end) FAILF("small-message phase timed out at %d/%d", completed, NSMALL);
+  }
+  for (int i = 0; i < INFL; i++) net_deregmr(sc, mh[i]);
+  uint64_t maxb = 0;
+  for (size_t k = 0; k < NLADDER; k++)
+    if (kLadder[k] <= O.max_bytes && kLadder[k] > maxb) maxb = kLadder[k];
+  uint8_t* buf = big_alloc(maxb);
+  void* bmh = net_regmr(sc, buf, maxb);
+  for (size_t k = 0; k < NLADDER; k++) {
+    if (kLadder[k] > O.max_bytes) continue;
+    fill(buf, kLadder[k], 9000 + k);
+    void* r = isend_blocking(sc, buf, kLadder[k], 1, bmh);
+    int got = -1;
+    wait_req(r, &got);
+    if ((uint64_t)got != kLadder[k]) FAILF("send size reported %d", got);
+  }
+  net_deregmr(sc, bmh);
+  net_close_send(sc);
+  net_finalize();
+  (void)to;
+}
+
+/* multirecv: groups of n=8 tagged receives; sends arrive in a shuffled tag order. */
+#define MR_GROUPS 24
+static const size_t kMrSizes[FL_MAX_RECVS] = {0, 1, 100, 4096, 65536, 1u << 20, 3, 777};
+
+static void multirecv_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  static uint8_t bufs[FL_MAX_RECVS][(1u << 20) + 16];
+  static uint8_t scratch[(1u << 20) + 16];
+  void* mh[FL_MAX_RECVS];
+  void* ptrs[FL_MAX_RECVS];
+  for (int i = 0; i < FL_MAX_RECVS; i++) ptrs[i] = bufs[i], mh[i] = net_regmr(rc, bufs[i], sizeof(bufs[i]));
+  for (int g = 0; g < MR_GROUPS; g++) {
+    size_t sizes[FL_MAX_RECVS];
+    int tags[FL_MAX_RECVS], got[FL_MAX_RECVS];
+    for (int i = 0; i < FL_MAX_RECVS; i++) sizes[i] = sizeof(bufs[i]), tags[i] = 100 + i;
+    void* r = NULL;
+    while (!r)
+      if (net_irecv(rc, FL_MAX_RECVS, ptrs, sizes, tags, mh, &r) != ncclSuccess) FAILF("irecv(n=8) failed");
+    wait_req(r, got);
+    for (int i = 0; i < FL_MAX_RECVS; i++) {
+      size_t expect = kMrSizes[(i + g) % FL_MAX_RECVS];
+      if ((size_t)got[i] != expect) FAILF("group %d tag %d: %d bytes, expected %zu", g, tags[i], got[i], expect);
+      if (!verify(bufs[i], expect, (uint64_t)g * 100 + (uint64_t)tags[i], scratch))
+        FAILF("group %d tag %d: data landed in the wrong buffer or is corrupted", g, tags[i]);
+    }
+  }
+  printf("[recv] %d multi-receive groups of %d ok\n", MR_GROUPS, FL_MAX_RECVS);
+  net_close_recv(rc);
+  net_close_listen(lc);
+  net_finalize();
+  (void)from;
+}
+
+static void multirecv_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  void* sc = connect_blocking(-1, handle);
+  static uint8_t bufs[FL_MAX_RECVS][1u << 20];
+  void* mh[FL_MAX_RECVS];
+  for (int i = 0; i < FL_MAX_RECVS; i++) mh[i] = net_regmr(sc, bufs[i], sizeof(bufs[i]));
+  for (int g = 0; g < MR_GROUPS; g++) {
+    void* req[FL_MAX_RECVS];
+    for (int k = 0; k < FL_MAX_RECVS; k++) {
+      int i = (int)((k * 5 + g) % FL_MAX_RECVS); /* shuffled tag order */
+      size_t sz = kMrSizes[(i + g) % FL_MAX_RECVS];
+      fill(bufs[i], sz, (uint64_t)g * 100 + 100 + (uint64_t)i);
+      req[k] = isend_blocking(sc, bufs[i], sz, 100 + i, mh[i]);
+    }
+    for (int k = 0; k < FL_MAX_RECVS; k++) wait_req(req[k], NULL);
+  }
+  net_close_send(sc);
+  net_finalize();
+  (void)to;
+}
+
+/* manycomms: O.comms connections at once, progressed round-robin. */
+#define MC_MSGS 24
+static void manycomms_recv(int to, int from) {
+  int K = O.comms;
+  void** lcs = calloc((size_t)K, sizeof(void*));
+  void** rcs = calloc((size_t)K, sizeof(void*));
+  for (int k = 0; k < K; k++) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    net_listen(k % FL_NUM_CLASSES, handle, &lcs[k]);
+    write_all(to, handle, sizeof(handle));
+  }
+  int accepted = 0;
+  double end = now_s() + O.timeout_s;
+  while (accepted < K) { /* accept all in parallel, like NCCL's proxy */
+    for (int k = 0; k < K; k++)
+      if (!rcs[k]) {
+        if (net_accept_once(lcs[k], &rcs[k]) != ncclSuccess) FAILF("accept failed");
+        if (rcs[k]) accepted++;
+      }
+    if (now_s() > end) FAILF("accepted only %d/%d comms", accepted, K);
+  }
+  uint8_t** bufs = calloc((size_t)K, sizeof(uint8_t*));
+  void** reqs = calloc((size_t)K, sizeof(void*));
+  void** mhs = calloc((size_t)K, sizeof(void*));
+  int* count = calloc((size_t)K, sizeof(int));
+  uint8_t* scratch = malloc(1u << 20);
+  for (int k = 0; k < K; k++) bufs[k] = malloc(1u << 20), mhs[k] = net_regmr(rcs[k], bufs[k], 1u << 20);
+  int finished = 0;
+  while (finished < K) {
+    for (int k = 0; k < K; k++) {
+      if (count[k] == MC_MSGS) continue;
+      if (!reqs[k]) {
+        void* b = bufs[k];
+        size_t sz = 1u << 20;
+        int tag = k;
+        if (net_irecv(rcs[k], 1, &b, &sz, &tag, &mhs[k], &reqs[k]) != ncclSuccess) FAILF("irecv failed");
+        continue;
+      }
+      int done = 0, got = -1;
+      if (net_test(reqs[k], &done, &got) != ncclSuccess) FAILF("test failed on comm %d", k);
+      if (!done) continue;
+      size_t expect = (size_t)(mix((uint64_t)(k * 1000 + count[k])) % (1u << 20));
+      if ((size_t)got != expect || !verify(bufs[k], expect, (uint64_t)(k * 1000 + count[k]), scratch))
+        FAILF("comm %d message %d: wrong size (%d) or data", k, count[k], got);
+      reqs[k] = NULL;
+      if (++count[k] == MC_MSGS) finished++;
+    }
+    if (now_s() > end) FAILF("many-comms traffic timed out (%d/%d comms finished)", finished, K);
+  }
+  printf("[recv] %d concurrent comms x %d messages ok\n", K, MC_MSGS);
+  for (int k = 0; k < K; k++) net_close_recv(rcs[k]), net_close_listen(lcs[k]);
+  net_finalize();
+  (void)from;
+}
+
+static void manycomms_send(int to, int from) {
+  int K = O.comms;
+  uint8_t(*handles)[NCCL_NET_HANDLE_MAXSIZE] = calloc((size_t)K, NCCL_NET_HANDLE_MAXSIZE);
+  void** scs = calloc((size_t)K, sizeof(void*));
+  for (int k = 0; k < K; k++) read_all(from, handles[k], NCCL_NET_HANDLE_MAXSIZE);
+  int connected = 0;
+  double end = now_s() + O.timeout_s;
+  while (connected < K) {
+    for (int k = 0; k < K; k++)
+      if (!scs[k]) {
+        if (net_connect_once(k % FL_NUM_CLASSES, handles[k], &scs[k]) != ncclSuccess) FAILF("connect failed");
+        if (scs[k]) connected++;
+      }
+    if (now_s() > end) FAILF("connected only %d/%d comms", connected, K);
+  }
+  uint8_t** bufs = calloc((size_t)K, sizeof(uint8_t*));
+  void** reqs = calloc((size_t)K, sizeof(void*));
+  void** mhs = calloc((size_t)K, sizeof(void*));
+  int* count = calloc((size_t)K, sizeof(int));
+  for (int k = 0; k < K; k++) bufs[k] = malloc(1u << 20), mhs[k] = net_regmr(scs[k], bufs[k], 1u << 20);
+  int finished = 0;
+  while (finished < K) {
+    for (int k = 0; k < K; k++) {
+      if (count[k] == MC_MSGS) continue;
+      size_t sz = (size_t)(mix((uint64_t)(k * 1000 + count[k])) % (1u << 20));
+      if (!reqs[k]) {
+        fill(bufs[k], sz, (uint64_t)(k * 1000 + count[k]));
+        if (net_isend(scs[k], bufs[k], sz, k, mhs[k], &reqs[k]) != ncclSuccess) FAILF("isend failed");
+        continue;
+      }
+      int done = 0;
+      if (net_test(reqs[k], &done, NULL) != ncclSuccess) FAILF("test failed on comm %d", k);
+      if (!done) continue;
+      reqs[k] = NULL;
+      if (++count[k] == MC_MSGS) finished++;
+    }
+    if (now_s() > end) FAILF("many-comms traffic timed out");
+  }
+  for (int k = 0; k < K; k++) net_close_send(scs[k]);
+  net_finalize();
+  (void)to;
+}
+
+/* peerdeath / stall: one side disappears or freezes mid-message; the other
+ * side's test() must return an error (never hang). Which side fails is
+ * chosen by FL_DRIVER_VICTIM=send|recv; mode by FL_DRIVER_FAULT=kill|stop. */
+static void survivor_wait_error(void* req, const char* what) {
+  int done = 0;
+  double t0 = now_s();
+  while (!done) {
+    ncclResult_t rc = net_test(req, &done, NULL);
+    if (rc != ncclSuccess) {
+      printf("[%s] test() reported error %d after %.2f s (%s) - ok\n", g_role, rc, now_s() - t0, what);
+      return;
+    }
+    if (now_s() - t0 > O.timeout_s) FAILF("%s: test() neither failed nor completed within %d s", what, O.timeout_s);
+  }
+  FAILF("%s: request completed although the peer failed mid-message", what);
+}
+
+#define FAULT_BYTES (256u << 20)
+static void fault_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  uint8_t* buf = big_alloc(FAULT_BYTES);
+  void* mh = net_regmr(rc, buf, FAULT_BYTES);
+  void* b = buf;
+  size_t sz = FAULT_BYTES;
+  int tag = 0;
+  void* r = NULL;
+  while (!r)
+    if (net_irecv(rc, 1, &b, &sz, &tag, &mh, &r) != ncclSuccess) FAILF("irecv failed");
+  if (!victim_is_sender()) {
+    /* receive a little, then die or freeze */
+    double t0 = now_s();
+    int done = 0;
+    while (now_s() - t0 < 0.2) net_test(r, &done, NULL);
+    if (fault_is_stop()) raise(SIGSTOP);
+    else raise(SIGKILL);
+  }
+  survivor_wait_error(r, fault_is_stop() ? "sender stalled" : "sender died");
+  (void)from;
+  _exit(0);
+}
+
+static void fault_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  void* sc = connect_blocking(-1, handle);
+  uint8_t* buf = big_alloc(FAULT_BYTES);
+  void* mh = net_regmr(sc, buf, FAULT_BYTES);
+  void* r = isend_blocking(sc, buf, FAULT_BYTES, 0, mh);
+  if (victim_is_sender()) {
+    double t0 = now_s();
+    int done = 0;
+    while (now_s() - t0 < 0.2 && !done) net_test(r, &done, NULL);
+    if (done) FAILF("256 MiB send finished before the fault could be injected");
+    if (fault_is_stop()) raise(SIGSTOP);
+    else raise(SIGKILL);
+  }
+  survivor_wait_error(r, fault_is_stop() ? "receiver stalled" : "receiver died");
+  (void)to;
+  _exit(0);
+}
+
+/* badsecret: a connection presenting a wrong secret is refused and logged;
+ * the genuine one is still accepted. */
+static void badsecret_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  if (g_warns_refused < 1) FAILF("the wrong-secret connection was not refused with a log line");
+  uint8_t buf[64];
+  void* mh = net_regmr(rc, buf, sizeof(buf));
+  void* b = buf;
+  size_t sz = sizeof(buf);
+  int tag = 5, got = -1;
+  void* r = NULL;
+  while (!r)
+    if (net_irecv(rc, 1, &b, &sz, &tag, &mh, &r) != ncclSuccess) FAILF("irecv failed");
+  wait_req(r, &got);
+  if (got != 11 || memcmp(buf, "genuine msg", 11) != 0) FAILF("genuine connection delivered wrong data");
+  printf("[recv] refused %d impostor connection(s); genuine peer ok\n", g_warns_refused);
+  net_close_recv(rc);
+  net_close_listen(lc);
+  net_finalize();
+  (void)from;
+}
+
+static void badsecret_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE], forged[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  memcpy(forged, handle, sizeof(handle));
+  forged[8] ^= 0x5a; /* the secret starts at byte 8 of flowlane's handle */
+  void* bad = connect_blocking(-1, forged);
+  /* The impostor's comm must fail (listener closes it), not hang. */
+  char msg[16] = "impostor";
+  void* mh = net_regmr(bad, msg, sizeof(msg));
+  void* r = NULL;
+  double t0 = now_s();
+  ncclResult_t rc = ncclSuccess;
+  while (!r && rc == ncclSuccess && now_s() - t0 < O.timeout_s) rc = net_isend(bad, msg, 8, 5, mh, &r);
+  if (rc == ncclSuccess) FAILF("impostor connection was able to send (refusal not enforced)");
+  net_close_send(bad);
+  void* sc = connect_blocking(-1, handle);
+  char good[16] = "genuine msg";
+  void* gmh = net_regmr(sc, good, sizeof(good));
+  void* req = isend_blocking(sc, good, 11, 5, gmh);
+  wait_req(req, NULL);
+  net_close_send(sc);
+  net_finalize();
+  (void)to;
+}
+
+static int scenario_props(void) {
+  void* h = dlopen(O.plugin, RTLD_NOW | RTLD_LOCAL);
+  if (!h) FAILF("dlopen %s: %s", O.plugin, dlerror());
+  const char* names[] = {"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11"};
+  for (int i = 0; i < 4; i++) {
+    const char* const* name = dlsym(h, names[i]);
+    if (!name || strcmp(*name, FL_NET_PLUGIN_NAME) != 0) FAILF("%s missing or misnamed", names[i]);
+  }
+  const ncclNet_v8_t* v8 = dlsym(h, "ncclNetPlugin_v8");
+  const ncclNet_v9_t* v9 = dlsym(h, "ncclNetPlugin_v9");
+  const ncclNet_v10_t* v10 = dlsym(h, "ncclNetPlugin_v10");
+  const ncclNet_v11_t* v11 = dlsym(h, "ncclNetPlugin_v11");
+  ncclNetProperties_v8_t p8;
+  ncclNetProperties_v9_t p9;
+  ncclNetProperties_v11_t p11;
+  void* ctx = NULL;
+  ncclNetCommConfig_v11_t cfg = {.trafficClass = 0};
+  if (v8->init(logger) || v8->getProperties(0, &p8)) FAILF("v8 getProperties failed");
+  if (v9->init(logger) || v9->getProperties(0, &p9)) FAILF("v9 getProperties failed");
+  if (v10->init(logger, NULL) || v10->getProperties(0, &p9)) FAILF("v10 getProperties failed");
+  if (v11->init(&ctx, 1, &cfg, logger, NULL) || v11->getProperties(0, &p11)) FAILF("v11 getProperties failed");
+  if (p8.ptrSupport != NCCL_PTR_HOST || p9.ptrSupport != NCCL_PTR_HOST || p11.ptrSupport != NCCL_PTR_HOST)
+    FAILF("ptrSupport must be NCCL_PTR_HOST only");
+  if (p8.maxRecvs != FL_MAX_RECVS || p11.maxRecvs != FL_MAX_RECVS) FAILF("maxRecvs wrong");
+  if (p9.maxP2pBytes != p11.maxP2pBytes || p8.speed != p11.speed) FAILF("property conversion mismatch");
+  if (v8->getProperties(3, &p8) == ncclSuccess) FAILF("getProperties accepted a bad device index");
+  /* CUDA memory must be refused with a clear message. */
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = NULL;
+  if (v11->listen(ctx, 0, handle, &lc) != ncclSuccess) FAILF("listen failed");
+  void* sc = NULL;
+  double end = now_s() + 10;
+  void* rc = NULL;
+  ncclNetDeviceHandle_v11_t* dh = NULL;
+  while ((!sc || !rc) && now_s() < end) {
+    if (!sc && v11->connect(ctx, 0, handle, &sc, &dh) != ncclSuccess) FAILF("connect failed");
+    if (!rc && v11->accept(lc, &rc, &dh) != ncclSuccess) FAILF("accept failed");
+  }
+  if (!sc || !rc) FAILF("in-process loopback connection failed");
+  void* mh = NULL;
+  int warns = g_warns_host_only;
+  if (v11->regMr(sc, (void*)0x1000, 4096, NCCL_PTR_CUDA, &mh) == ncclSuccess) FAILF("regMr accepted NCCL_PTR_CUDA");
+  if (g_warns_host_only <= warns) FAILF("CUDA rejection did not log a 'host memory only' message");
+  v11->closeSend(sc);
+  v11->closeRecv(rc);
+  v11->closeListen(lc);
+  v11->finalize(ctx);
+  printf("[driver] v8..v11 tables present; properties consistent; CUDA memory rejected\n");
+  return 0;
+}
+
+/* ------------------------------------------------------------ benchmarks */
+
+/* bench-stream: O.iters messages of O.bytes, O.window in flight. */
+static double g_bench_seconds;
+static void stream_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(O.bulk_class, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  int W = O.window;
+  uint8_t** bufs = calloc((size_t)W, sizeof(uint8_t*));
+  void** mhs = calloc((size_t)W, sizeof(void*));
+  void** reqs = calloc((size_t)W, sizeof(void*));
+  for (int i = 0; i < W; i++) bufs[i] = big_alloc(O.bytes), mhs[i] = net_regmr(rc, bufs[i], O.bytes), memset(bufs[i], 1, O.bytes);
+  int posted = 0, done_n = 0;
+  double t0 = 0;
+  while (done_n < O.iters) {
+    for (int i = 0; i < W; i++) {
+      if (!reqs[i] && posted < O.iters) {
+        void* b = bufs[i];
+        size_t sz = O.bytes;
+        int tag = 0;
+        if (net_irecv(rc, 1, &b, &sz, &tag, &mhs[i], &reqs[i]) != ncclSuccess) FAILF("irecv failed");
+        if (reqs[i]) posted++;
+      }
+      if (reqs[i]) {
+        int done = 0, got;
+        if (net_test(reqs[i], &done, &got) != ncclSuccess) FAILF("test failed");
+        if (done) {
+          if (done_n == 0) t0 = now_s(); /* first message = warm-up, timing starts after it */
+          reqs[i] = NULL;
+          done_n++;
+        }
+      }
+    }
+  }
+  g_bench_seconds = now_s() - t0;
+  double bytes = (double)O.bytes * (O.iters - 1);
+  printf("{\"bytes\": %.0f, \"seconds\": %.6f, \"gbytes_per_s\": %.4f}\n", bytes, g_bench_seconds,
+         bytes / g_bench_seconds / 1e9);
+  net_close_recv(rc);
+  net_close_listen(lc);
+  net_finalize();
+  (void)from;
+}
+
+static void stream_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  void* sc = connect_blocking(O.bulk_class, handle);
+  int W = O.window;
+  uint8_t** bufs = calloc((size_t)W, sizeof(uint8_t*));
+  void** mhs = calloc((size_t)W, sizeof(void*));
+  void** reqs = calloc((size_t)W, sizeof(void*));
+  for (int i = 0; i < W; i++) bufs[i] = big_alloc(O.bytes), mhs[i] = net_regmr(sc, bufs[i], O.bytes), memset(bufs[i], 2, O.bytes);
+  int sent = 0, done_n = 0;
+  double end = now_s() + O.timeout_s;
+  while (done_n < O.iters) {
+    for (int i = 0; i < W; i++) {
+      if (!reqs[i] && sent < O.iters) {
+        if (net_isend(sc, bufs[i], O.bytes, 0, mhs[i], &reqs[i]) != ncclSuccess) FAILF("isend failed");
+        if (reqs[i]) sent++;
+      }
+      if (reqs[i]) {
+        int done = 0;
+        if (net_test(reqs[i], &done, NULL) != ncclSuccess) FAILF("test failed");
+        if (done) reqs[i] = NULL, done_n++;
+      }
+    }
+    if (now_s() > end) FAILF("stream timed out");
+  }
+  net_close_send(sc);
+  net_finalize();
+  (void)to;
+}
+
+/* bench-pingpong: A (sender side) pings B with O.ping_size bytes in class
+ * O.ping_class, B answers; optionally A also streams 4 MiB bulk messages of
+ * class O.bulk_class to B. Prints RTT percentiles measured at A. */
+#define PP_BULK_BYTES (4u << 20)
+#define PP_BULK_WINDOW 4
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+static void pp_side_b(int to, int from) { /* "recv" process */
+  uint8_t h_ping[NCCL_NET_HANDLE_MAXSIZE], h_bulk[NCCL_NET_HANDLE_MAXSIZE], h_pong[NCCL_NET_HANDLE_MAXSIZE];
+  void *lc_ping, *lc_bulk = NULL;
+  net_listen(O.ping_class, h_ping, &lc_ping);
+  net_listen(O.bulk_class, h_bulk, &lc_bulk);
+  write_all(to, h_ping, sizeof(h_ping));
+  write_all(to, h_bulk, sizeof(h_bulk));
+  read_all(from, h_pong, sizeof(h_pong));
+  void *rc_ping = NULL, *rc_bulk = NULL, *sc_pong = NULL;
+  double end = now_s() + O.timeout_s;
+  while (!rc_ping || !rc_bulk || !sc_pong) {
+    if (!rc_ping && net_accept_once(lc_ping, &rc_ping)) FAILF("accept");
+    if (!rc_bulk && net_accept_once(lc_bulk, &rc_bulk)) FAILF("accept");
+    if (!sc_pong && net_connect_once(O.ping_class, h_pong, &sc_pong)) FAILF("connect");
+    if (now_s() > end) FAILF("setup timed out");
+  }
+  uint8_t* pbuf = malloc((size_t)O.ping_size);
+  void* pmh_r = net_regmr(rc_ping, pbuf, (size_t)O.ping_size);
+  void* pmh_s = net_regmr(sc_pong, pbuf, (size_t)O.ping_size);
+  uint8_t* bbuf[PP_BULK_WINDOW];
+  void* bmh[PP_BULK_WINDOW];
+  void* breq[PP_BULK_WINDOW] = {0};
+  for (int i = 0; i < PP_BULK_WINDOW; i++) bbuf[i] = big_alloc(PP_BULK_BYTES), bmh[i] = net_regmr(rc_bulk, bbuf[i], PP_BULK_BYTES);
+  void* ping_req = NULL;
+  void* pong_req = NULL;
+  int pongs = 0;
+  uint64_t bulk_bytes = 0;
+  double t0 = now_s();
+  while (pongs < O.iters + 10) {
+    if (O.bulk)
+      for (int i = 0; i < PP_BULK_WINDOW; i++) {
+        if (!breq[i]) {
+          void* b = bbuf[i];
+          size_t sz = PP_BULK_BYTES;
+          int tag = 0;
+          if (net_irecv(rc_bulk, 1, &b, &sz, &tag, &bmh[i], &breq[i])) FAILF("bulk irecv");
+        } else {
+          int done = 0, got = 0;
+          if (net_test(breq[i], &done, &got)) FAILF("bulk test");
+          if (done) breq[i] = NULL, bulk_bytes += (uint64_t)got;
+        }
+      }
+    if (!ping_req && !pong_req) {
+      void* b = pbuf;
+      size_t sz = (size_t)O.ping_size;
+      int tag = 1;
+      if (net_irecv(rc_ping, 1, &b, &sz, &tag, &pmh_r, &ping_req)) FAILF("ping irecv");
+    } else if (ping_req) {
+      int done = 0;
+      if (net_test(ping_req, &done, NULL)) FAILF("ping test");
+      if (done) {
+        ping_req = NULL;
+        while (!pong_req)
+          if (net_isend(sc_pong, pbuf, (size_t)O.ping_size, 1, pmh_s, &pong_req)) FAILF("pong isend");
+      }
+    } else {
+      int done = 0;
+      if (net_test(pong_req, &done, NULL)) FAILF("pong test");
+      if (done) pong_req = NULL, pongs++;
+    }
+    if (now_s() - t0 > O.timeout_s) FAILF("ping-pong timed out after %d pongs", pongs);
+  }
+  double dt = now_s() - t0;
+  fprintf(stderr, "[recv] bulk goodput during ping-pong: %.2f MB/s\n", bulk_bytes / dt / 1e6);
+  printf("{\"bulk_mbytes_per_s\": %.3f}\n", bulk_bytes / dt / 1e6);
+  _exit(0); /* bulk may still be in flight; the sender side exits on its own */
+}
+
+static void pp_side_a(int to, int from) { /* "send" process */
+  uint8_t h_ping[NCCL_NET_HANDLE_MAXSIZE], h_bulk[NCCL_NET_HANDLE_MAXSIZE], h_pong[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc_pong;
+  net_listen(O.ping_class, h_pong, &lc_pong);
+  write_all(to, h_pong, sizeof(h_pong));
+  read_all(from, h_ping, sizeof(h_ping));
+  read_all(from, h_bulk, sizeof(h_bulk));
+  void *sc_ping = NULL, *sc_bulk = NULL, *rc_pong = NULL;
+  double end = now_s() + O.timeout_s;
+  while (!sc_ping || !sc_bulk || !rc_pong) {
+    if (!sc_ping && net_connect_once(O.ping_class, h_ping, &sc_ping)) FAILF("connect");
+    if (!sc_bulk && net_connect_once(O.bulk_class, h_bulk, &sc_bulk)) FAILF("connect");
+    if (!rc_pong && net_accept_once(lc_pong, &rc_pong)) FAILF("accept");
+    if (now_s() > end) FAILF("setup timed out");
+  }
+  uint8_t* pbuf = malloc((size_t)O.ping_size);
+  memset(pbuf, 3, (size_t)O.ping_size);
+  void* pmh_s = net_regmr(sc_ping, pbuf, (size_t)O.ping_size);
+  void* pmh_r = net_regmr(rc_pong, pbuf, (size_t)O.ping_size);
+  uint8_t* bbuf = big_alloc(PP_BULK_BYTES);
+  void* bmh = net_regmr(sc_bulk, bbuf, PP_BULK_BYTES);
+  void* breq[PP_BULK_WINDOW] = {0};
+  int total = O.iters + 10; /* first 10 are warm-up */
+  double* rtt = calloc((size_t)total, sizeof(double));
+  int n = 0;
+  void *ping_req = NULL, *pong_req = NULL;
+  double t_ping = 0, next_ping = now_s() + (O.bulk ? 0.5 : 0.05); /* let the bulk stream fill the link */
+  int state = 0; /* 0 idle, 1 ping in flight, 2 waiting pong */
+  while (n < total) {
+    if (O.bulk)
+      for (int i = 0; i < PP_BULK_WINDOW; i++) {
+        if (!breq[i]) {
+          if (net_isend(sc_bulk, bbuf, PP_BULK_BYTES, 0, bmh, &breq[i])) FAILF("bulk isend");
+        } else {
+          int done = 0;
+          if (net_test(breq[i], &done, NULL)) FAILF("bulk test");
+          if (done) breq[i] = NULL;
+        }
+      }
+    double t = now_s();
+    if (state == 0 && t >= next_ping) {
+      void* b = pbuf;
+      size_t sz = (size_t)O.ping_size;
+      int tag = 1;
+      if (net_irecv(rc_pong, 1, &b, &sz, &tag, &pmh_r, &pong_req)) FAILF("pong irecv");
+      t_ping = now_s();
+      while (!ping_req)
+        if (net_isend(sc_ping, pbuf, (size_t)O.ping_size, 1, pmh_s, &ping_req)) FAILF("ping isend");
+      state = 1;
+    } else if (state == 1) {
+      int done = 0;
+      if (net_test(ping_req, &done, NULL)) FAILF("ping test");
+      if (done) ping_req = NULL, state = 2;
+    } else if (state == 2) {
+      int done = 0;
+      if (net_test(pong_req, &done, NULL)) FAILF("pong test");
+      if (done) {
+        rtt[n++] = now_s() - t_ping;
+        pong_req = NULL;
+        state = 0;
+        next_ping = now_s() + 0.002;
+      }
+    }
+    if (now_s() > end + 120) FAILF("ping-pong timed out");
+  }
+  int m = total - 10;
+  qsort(rtt + 10, (size_t)m, sizeof(double), cmp_double);
+  double* s = rtt + 10;
+  printf("{\"rtt_us_p50\": %.2f, \"rtt_us_p90\": %.2f, \"rtt_us_p99\": %.2f, \"rtt_us_max\": %.2f, \"samples\": %d}\n",
+         s[m / 2] * 1e6, s[(m * 9) / 10] * 1e6, s[(m * 99) / 100] * 1e6, s[m - 1] * 1e6, m);
+  fflush(stdout);
+  _exit(0);
+}
+
+/* ------------------------------------------------------------------ main */
+
+struct scenario {
+  const char* name;
+  role_fn recv, send;
+};
+static const struct scenario kScenarios[] = {
+    {"integrity", integrity_recv, integrity_send},
+    {"multirecv", multirecv_recv, multirecv_send},
+    {"manycomms", manycomms_recv, manycomms_send},
+    {"badsecret", badsecret_recv, badsecret_send},
+    {"peerdeath", fault_recv, fault_send},
+    {"stall", fault_recv, fault_send},
+    {"bench-stream", stream_recv, stream_send},
+    {"bench-pingpong", pp_side_b, pp_side_a},
+};
+
+static int run_scenario(const char* name) {
+  if (!strcmp(name, "props") || !strcmp(name, "cudareject")) {
+    /* in a child, so the plugin's process-wide state never leaks into later scenarios */
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) _exit(scenario_props());
+    int st = 0;
+    waitpid(p, &st, 0);
+    return exited_ok(st) ? 0 : 1;
+  }
+  for (size_t i = 0; i < sizeof(kScenarios) / sizeof(kScenarios[0]); i++) {
+    const struct scenario* s = &kScenarios[i];
+    if (strcmp(s->name, name) != 0) continue;
+    int own_timeout = !strcmp(name, "stall") && !getenv(FL_ENV_TIMEOUT_MS);
+    if (own_timeout) setenv(FL_ENV_TIMEOUT_MS, "1500", 1); /* stall detection bound for this scenario */
+    if (!strcmp(name, "stall")) setenv("FL_DRIVER_FAULT", "stop", 1);
+    if (!strcmp(name, "peerdeath")) setenv("FL_DRIVER_FAULT", "kill", 1);
+    int fault = !strcmp(name, "stall") || !strcmp(name, "peerdeath");
+    int rs, ss;
+    pid_t sp;
+    double t0 = now_s();
+    run_pair(s->recv, s->send, &rs, &ss, &sp);
+    if (own_timeout) unsetenv(FL_ENV_TIMEOUT_MS);
+    unsetenv("FL_DRIVER_FAULT");
+    int ok;
+    if (fault) {
+      int survivor = victim_is_sender() ? rs : ss;
+      ok = exited_ok(survivor);
+    } else {
+      ok = exited_ok(rs) && exited_ok(ss);
+    }
+    printf("[driver] %s (api v%d%s%s): %s in %.2f s\n", name, O.api, fault ? ", victim " : "",
+           fault ? (victim_is_sender() ? "sender" : "receiver") : "", ok ? "PASS" : "FAIL", now_s() - t0);
+    fflush(stdout);
+    return ok ? 0 : 1;
+  }
+  fprintf(stderr, "unknown scenario \"%s\"\n", name);
+  return 2;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: fl_driver --plugin PATH [--api v8|v11] [--send-ns NS --recv-ns NS] [--send-ifname S --recv-ifname S]\n"
+          "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
+          "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
+          "scenarios: props integrity multirecv manycomms badsecret peerdeath stall all bench-stream bench-pingpong\n");
+  exit(2);
+}
+
+int main(int argc, char** argv) {
+  const char* scen[16];
+  int nscen = 0;
+  signal(SIGPIPE, SIG_IGN);
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE() (v ? (i++, v) : (usage(), ""))
+    if (!strcmp(a, "--plugin")) O.plugin = TAKE();
+    else if (!strcmp(a, "--api")) {
+      const char* x = TAKE();
+      O.api = !strcmp(x, "v8") ? 8 : !strcmp(x, "v11") ? 11 : 0;
+      if (!O.api) usage();
+    } else if (!strcmp(a, "--send-ns")) O.send_ns = TAKE();
+    else if (!strcmp(a, "--recv-ns")) O.recv_ns = TAKE();
+    else if (!strcmp(a, "--send-ifname")) O.send_ifname = TAKE();
+    else if (!strcmp(a, "--recv-ifname")) O.recv_ifname = TAKE();
+    else if (!strcmp(a, "--max-bytes")) O.max_bytes = strtoull(TAKE(), NULL, 0);
+    else if (!strcmp(a, "--bytes")) O.bytes = strtoull(TAKE(), NULL, 0);
+    else if (!strcmp(a, "--iters")) O.iters = atoi(TAKE());
+    else if (!strcmp(a, "--window")) O.window = atoi(TAKE());
+    else if (!strcmp(a, "--comms")) O.comms = atoi(TAKE());
+    else if (!strcmp(a, "--timeout")) O.timeout_s = atoi(TAKE());
+    else if (!strcmp(a, "--ping-class")) O.ping_class = atoi(TAKE());
+    else if (!strcmp(a, "--bulk-class")) O.bulk_class = atoi(TAKE());
+    else if (!strcmp(a, "--ping-size")) O.ping_size = atoi(TAKE());
+    else if (!strcmp(a, "--bulk")) O.bulk = 1;
+    else if (a[0] == '-') usage();
+    else if (nscen < 16) scen[nscen++] = a;
+  }
+  if (!O.plugin || nscen == 0 || O.iters < 2 || O.window < 1 || O.window > 32 || O.comms < 1 || O.comms > 256)
+    usage();
+  int fails = 0;
+  for (int k = 0; k < nscen; k++) {
+    if (!strcmp(scen[k], "all")) {
+      const char* list[] = {"props", "integrity", "multirecv", "manycomms", "badsecret", "peerdeath", "stall"};
+      int apis[] = {8, 11};
+      for (int a = 0; a < 2; a++) {
+        O.api = apis[a];
+        for (size_t j = 0; j < sizeof(list) / sizeof(list[0]); j++) {
+          fails += run_scenario(list[j]) != 0;
+        }
+      }
+    } else {
+      fails += run_scenario(scen[k]) != 0;
+    }
+  }
+  return fails ? 1 : 0;
+}

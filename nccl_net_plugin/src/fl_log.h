@@ -1,0 +1,16 @@
+/* fl_log.h - logging through NCCL's logger (prefix "NET/flowlane"). */
+#ifndef FL_LOG_H
+#define FL_LOG_H
+
+#include "flowlane_net_abi.h"
+
+extern ncclDebugLogger_t fl_logger;
+void fl_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+#define FL_WARN(fmt, ...) \
+  (fl_logger ? fl_logger : fl_log_stderr)(NCCL_LOG_WARN, NCCL_ALL, __FILE__, __LINE__, "NET/flowlane : " fmt, ##__VA_ARGS__)
+#define FL_INFO(fmt, ...) \
+  (fl_logger ? fl_logger : fl_log_stderr)(NCCL_LOG_INFO, NCCL_NET, __FILE__, __LINE__, "NET/flowlane : " fmt, ##__VA_ARGS__)
+
+#endif
