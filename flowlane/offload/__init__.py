@@ -1,0 +1,34 @@
+"""SSDTrain activation offloading (seed 003 ch. 5): a tensor cache on saved-tensor hooks with pluggable I/O backends.
+
+Public API::
+
+    from flowlane.offload import OffloadConfig, TensorCache, install
+    cache = install(model, OffloadConfig(dirs=("/nvme0", "/nvme1")), scope_classes=["Block"])
+    loss = model(x).sum(); loss.backward()      # activations of all but the last block go to disk and come back
+    print(cache.stats_snapshot()); cache.close()
+
+Framework adapters (megatron_plugin.ssd_offload, deepspeed_plugin.ssd_offload) add scope classes and schedule hints.
+"""
+
+from flowlane.offload.adaptive import ProfileResult, choose_last_offloaded, keep_last_k_from_profile
+from flowlane.offload.backends import (
+    BackendUnavailableError,
+    IOBackend,
+    KvikioBackend,
+    NullBackend,
+    PinnedCpuBackend,
+    PosixBackend,
+    cleanup_stale,
+    kvikio_usable,
+    make_backend,
+)
+from flowlane.offload.cache import OffloadStats, SavedHandle, TensorCache, install
+from flowlane.offload.config import OffloadConfig
+from flowlane.offload.residency import Residency, track_saved_tensors
+
+__all__ = [
+    "BackendUnavailableError", "IOBackend", "KvikioBackend", "NullBackend", "OffloadConfig", "OffloadStats",
+    "PinnedCpuBackend", "PosixBackend", "ProfileResult", "Residency", "SavedHandle", "TensorCache",
+    "choose_last_offloaded", "cleanup_stale", "install", "keep_last_k_from_profile", "kvikio_usable", "make_backend",
+    "track_saved_tensors",
+]
