@@ -75,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
     base = next(iter(results.values())).iteration_time
     ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
     tab = Table(title=f"{wl.name} — simulated iteration time")
-    for col in ["policy", "iteration (s)", "speedup", *[f"{c} CCT (ms)" for c in ctypes], "events/s", "wall (s)"]:
+    for col in ["policy", "iteration (s)", "speedup", *[f"{c} CCT (ms)" for c in ctypes], "events/cpu-s", "cpu (s)"]:
         tab.add_column(col, justify="right")
     for name, r in results.items():
         cc = r.cct_by_ctype()
         tab.add_row(name, f"{r.iteration_time:.4f}", f"{base / r.iteration_time:.3f}x",
                     *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
-                    f"{r.events / max(r.wall_s, 1e-9):,.0f}", f"{r.wall_s:.2f}")
+                    f"{r.events / max(r.cpu_s, 1e-9):,.0f}", f"{r.cpu_s:.2f}")
     con.print(tab)
     out = Path(args.out)
     doc = {"simulated": True, "workload": args.workload, "gpus": args.gpus, "bandwidth_gbps": args.bandwidth,

@@ -30,7 +30,8 @@ def summary(res: SimResult, top_links: int = 5) -> dict:
         "events": res.events,
         "rate_updates": res.rate_updates,
         "wall_s": res.wall_s,
-        "events_per_s": res.events / max(res.wall_s, 1e-9),
+        "cpu_s": res.cpu_s,
+        "events_per_cpu_s": res.events / max(res.cpu_s, 1e-9),
         "cct_by_ctype": res.cct_by_ctype(),
         "link_utilisation": {
             "mean_over_used_links": float(util[busy].mean()) if busy.any() else 0.0,
