@@ -679,6 +679,7 @@ static void fault_recv(int to, int from) {
   }
   survivor_wait_error(r, fault_is_stop() ? "sender stalled" : "sender died");
   (void)from;
+  fflush(NULL);
   _exit(0);
 }
 
@@ -699,6 +700,7 @@ static void fault_send(int to, int from) {
   }
   survivor_wait_error(r, fault_is_stop() ? "receiver stalled" : "receiver died");
   (void)to;
+  fflush(NULL);
   _exit(0);
 }
 
@@ -956,6 +958,7 @@ static void pp_side_b(int to, int from) { /* "recv" process */
   double dt = now_s() - t0;
   fprintf(stderr, "[recv] bulk goodput during ping-pong: %.2f MB/s\n", bulk_bytes / dt / 1e6);
   printf("{\"bulk_mbytes_per_s\": %.3f}\n", bulk_bytes / dt / 1e6);
+  fflush(NULL);
   _exit(0); /* bulk may still be in flight; the sender side exits on its own */
 }
 

@@ -55,32 +55,38 @@ int fl_selector_choose(struct fl_selector* s, uint64_t bytes) {
 void fl_selector_on_sent(struct fl_selector* s, int path, uint64_t bytes, uint64_t now_ns) {
   struct fl_path_stats* st = &s->st[path];
   if (st->inflight == 0) st->last_event_ns = now_ns;
+  else if (st->inflight < 64) st->queued_bits |= 1ull << st->inflight;
   st->inflight++;
   st->chunks_sent++;
   st->bytes_sent += bytes;
   if (s->kind == FL_SELECTOR_ROUND_ROBIN && path == s->rr_next) s->rr_next = (s->rr_next + 1) % s->npaths;
 }
 
+/* A chunk sent behind another one is served back to back, so the time since
+ * the previous ACK is its pure service time: a bandwidth sample. A chunk sent
+ * to an idle path measures latency + size/BW: a latency sample. Keeping the
+ * two apart stops small messages (latency-bound) from posing as a slow path. */
 void fl_selector_on_acked(struct fl_selector* s, int path, uint64_t bytes, uint64_t start_ns, uint64_t now_ns) {
   struct fl_path_stats* st = &s->st[path];
   double busy = now_ns > st->last_event_ns ? (double)(now_ns - st->last_event_ns) : 1.0;
+  int backlogged = (int)(st->queued_bits & 1);
+  st->queued_bits >>= 1;
   st->last_event_ns = now_ns;
   if (st->inflight > 0) st->inflight--;
-  /* Bandwidth = bytes delivered per busy nanosecond, exponentially decayed;
-   * averaging over busy time is robust to ACK compression. */
-  st->acc_bytes = st->acc_bytes * FL_DECAY + (double)bytes;
-  st->acc_busy_ns = st->acc_busy_ns * FL_DECAY + busy;
   double jct = now_ns > start_ns ? (double)(now_ns - start_ns) : 0.0;
-  double bw = st->acc_bytes / st->acc_busy_ns;
-  double lat_sample = jct - (double)bytes / bw;
-  if (lat_sample < 0) lat_sample = 0;
-  if (!st->have_sample) {
-    st->have_sample = 1;
-    st->lat_ns = lat_sample;
-  } else {
-    /* min filter that slowly forgets, so a path whose latency rises is re-learnt */
-    st->lat_ns = fmin(st->lat_ns * 1.001 + 1.0, lat_sample);
+  double bw = fl_path_bw(st);
+  if (backlogged || bw <= 0) {
+    st->acc_bytes = st->acc_bytes * FL_DECAY + (double)bytes;
+    st->acc_busy_ns = st->acc_busy_ns * FL_DECAY + busy;
   }
+  if (!backlogged) {
+    bw = st->acc_busy_ns > 0 ? st->acc_bytes / st->acc_busy_ns : 0;
+    double lat_sample = bw > 0 ? jct - (double)bytes / bw : jct;
+    if (lat_sample < 0) lat_sample = 0;
+    /* min filter that slowly forgets, so a path whose latency rises is re-learnt */
+    st->lat_ns = st->have_sample ? fmin(st->lat_ns * 1.001 + 1.0, lat_sample) : lat_sample;
+  }
+  st->have_sample = 1;
   st->last_jct_ns = jct;
   if (jct > base_time(st, bytes) * (1.0 + FL_KHAT_EPS) + FL_KHAT_DELTA_NS) {
     if (st->khat < FL_KHAT_MAX) st->khat++;

@@ -28,7 +28,8 @@ struct fl_path_stats {
   double acc_busy_ns;     /* decayed busy time */
   double lat_ns;          /* base latency estimate (min-filtered) */
   double last_jct_ns;     /* greedy: completion time of the previous chunk */
-  uint64_t last_event_ns; /* start of the current busy interval accounting */
+  uint64_t last_event_ns; /* previous ACK, or the send time of a chunk sent to an idle path */
+  uint64_t queued_bits;   /* FIFO of "sent behind another chunk" flags, one bit per chunk in flight */
   uint64_t chunks_sent;
   uint64_t bytes_sent;
 };

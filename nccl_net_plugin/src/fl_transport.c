@@ -25,6 +25,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1227,8 +1228,26 @@ ncclResult_t fl_test(void* request, int* done, int* sizes) {
 static ncclResult_t close_comm(struct fl_comm* c) {
   if (!c) return ncclSuccess;
   pthread_mutex_lock(&E.lock);
+  if (c->is_send)
+    for (int pi = 0; pi < c->npaths; pi++) {
+      const struct fl_path_stats* st = &c->sel.st[pi];
+      FL_INFO("send comm %llu path %d: %llu chunks, %llu bytes, est. %.1f MB/s, selector %s",
+              (unsigned long long)c->id, pi, (unsigned long long)st->chunks_sent, (unsigned long long)st->bytes_sent,
+              fl_path_bw(st) * 1e3, fl_selector_name(c->sel.kind));
+    }
   comm_unlink(c);
   pthread_mutex_unlock(&E.lock);
+  if (c->is_send) {
+    /* Completed isends only mean "copied to the kernel". Wait (bounded) until
+     * the receiver acknowledged every sub-chunk: closing with its unread ACKs
+     * queued would make the kernel send RST and drop data still in flight. */
+    uint64_t deadline = now_ns() + (uint64_t)(E.params.timeout_ms < 5000 ? E.params.timeout_ms : 5000) * 1000000ull;
+    while (!c->failed && comm_waits_on_peer(c) && now_ns() < deadline) {
+      progress_comm(c, NULL, 0, 0);
+      sched_yield();
+    }
+    for (int pi = 0; pi < c->npaths; pi++) shutdown(c->paths[pi].fd, SHUT_WR);
+  }
   comm_free(c);
   return ncclSuccess;
 }

@@ -1,0 +1,70 @@
+"""Traffic-class contract between Python and the NCCL net plugin (nccl_net_plugin/include/flowlane_net.h).
+
+The plugin (``libnccl-net-flowlane.so``) reads a communicator's class from ``ncclConfig_t.trafficClass`` (NCCL net
+API v10 ``connect`` config, v11 per-communicator ``init`` config). Smaller class = higher priority, as in Hermod's
+strict order (seed 000 §5.3.1, digest A2.4). Each class selects a priority lane; a lane marks its sockets with
+``SO_PRIORITY`` (host qdisc band) and ``IP_TOS = DSCP << 2`` (switches), and the plugin's sender serves lanes in strict
+priority with a small in-flight cap for lanes below an active one (digest A6.2 option 3).
+
+The C header is the source of truth for the numbers; ``tests/test_nccl_net_plugin.py`` parses it and pins every
+constant here to it. Pure Python: imports nothing from torch or the plugins.
+"""
+
+from __future__ import annotations
+
+#: plugin traffic classes (the values NCCL passes as ``trafficClass``)
+CLASS_CRITICAL = 0  # EP/PP of the oldest in-flight microbatch
+CLASS_HIGH = 1  # other EP/PP traffic
+CLASS_DEFAULT = 2  # untagged traffic (used when NCCL gives NCCL_NET_TRAFFIC_CLASS_UNDEF = -1)
+CLASS_BULK = 3  # DP gradient / parameter traffic
+NUM_CLASSES = 4
+TRAFFIC_CLASS_UNDEF = -1
+
+#: class -> DSCP (standard DiffServ code points: EF, AF41, best effort, CS1)
+CLASS_DSCP: tuple[int, ...] = (46, 34, 0, 8)
+#: class -> SO_PRIORITY (default pfifo_fast/prio priomap puts them in bands 0, 1, 1, 2)
+CLASS_SO_PRIORITY: tuple[int, ...] = (6, 4, 0, 2)
+
+#: Hermod class (flowlane.coflow: 0 critical, 1 pipeline, 2 bulk) -> plugin ``trafficClass``. flowlane.coflow's
+#: :func:`nccl_traffic_class` treats this table as authoritative.
+HERMOD_TRAFFIC_CLASSES: tuple[int, ...] = (CLASS_CRITICAL, CLASS_HIGH, CLASS_BULK)
+
+#: path selectors for multi-path connections (LEO, seed 000 §6.2.2)
+SELECTOR_LEO = 0
+SELECTOR_ROUND_ROBIN = 1
+SELECTOR_GREEDY = 2
+SELECTOR_NAMES: dict[str, int] = {"leo": SELECTOR_LEO, "rr": SELECTOR_ROUND_ROBIN, "greedy": SELECTOR_GREEDY}
+
+#: environment variables read by the plugin at init (all optional)
+ENV_SOCKET_IFNAME = "FLOWLANE_SOCKET_IFNAME"  # like NCCL_SOCKET_IFNAME: prefixes, "^" excludes, "=" exact
+ENV_LANES = "FLOWLANE_NET_LANES"  # 1..4 priority lanes; 1 = priorities off
+ENV_TRAFFIC_CLASS = "FLOWLANE_NET_TRAFFIC_CLASS"  # class when NCCL gives none (net API v8/v9)
+ENV_PATHS = "FLOWLANE_NET_PATHS"  # sockets per connection (default: one per selected interface)
+ENV_PATH_SELECTOR = "FLOWLANE_NET_PATH_SELECTOR"  # leo | rr | greedy
+ENV_CHUNK_BYTES = "FLOWLANE_NET_CHUNK_BYTES"  # sub-chunk size
+ENV_LANE_CAP_BYTES = "FLOWLANE_NET_LANE_CAP_BYTES"  # in-flight cap of a lane below an active lane
+ENV_TIMEOUT_MS = "FLOWLANE_NET_TIMEOUT_MS"  # stalled-peer timeout
+
+DEFAULT_LANES = 4
+DEFAULT_TRAFFIC_CLASS = CLASS_DEFAULT
+DEFAULT_CHUNK_BYTES = 512 * 1024
+DEFAULT_LANE_CAP_BYTES = 64 * 1024
+DEFAULT_TIMEOUT_MS = 30000
+MAX_PATHS = 4
+MAX_RECVS = 8
+
+
+def tos_byte(traffic_class: int) -> int:
+    """IP TOS byte the plugin sets for a class (DSCP << 2)."""
+    if not 0 <= traffic_class < NUM_CLASSES:
+        raise ValueError(f"traffic_class must be in [0, {NUM_CLASSES}), got {traffic_class!r}")
+    return CLASS_DSCP[traffic_class] << 2
+
+
+def lane_of_class(traffic_class: int, lanes: int = DEFAULT_LANES) -> int:
+    """Lane a class uses when the plugin runs with ``lanes`` lanes (the low classes share the last lane)."""
+    if not 1 <= lanes <= NUM_CLASSES:
+        raise ValueError(f"lanes must be in [1, {NUM_CLASSES}], got {lanes!r}")
+    if not 0 <= traffic_class < NUM_CLASSES:
+        raise ValueError(f"traffic_class must be in [0, {NUM_CLASSES}), got {traffic_class!r}")
+    return 0 if lanes == 1 else min(traffic_class, lanes - 1)

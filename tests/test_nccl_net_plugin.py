@@ -1,0 +1,250 @@
+"""The flowlane NCCL net plugin (nccl_net_plugin/), driven through its NCCL-like driver program.
+
+Every scenario runs sender and receiver as separate processes that talk only through the plugin's function table
+(v8 and v11), over loopback or over veth paths inside network namespaces this file creates and always deletes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from flowlane import wire_classes as wc
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = ROOT / "nccl_net_plugin"
+BUILD = PLUGIN_DIR / "build"
+SO = BUILD / "libnccl-net-flowlane.so"
+DRIVER = BUILD / "fl_driver"
+NETNS = PLUGIN_DIR / "scripts" / "netns.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
+                                reason="needs make and gcc to build the plugin")
+
+
+def _make(*targets: str) -> None:
+    subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR), *targets], check=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def built() -> None:
+    _make("all")
+
+
+def _driver(*args: str, env: dict[str, str] | None = None, timeout: int = 60, driver: Path = DRIVER,
+            plugin: Path = SO) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "FLOWLANE_SOCKET_IFNAME": "lo", **(env or {})}
+    return subprocess.run([str(driver), "--plugin", str(plugin), *args], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _assert_pass(res: subprocess.CompletedProcess[str], scenario: str) -> None:
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "PASS" in out and "FAIL" not in out, f"{scenario} failed:\n{out[-4000:]}"
+
+
+# -- contract with the Python side ---------------------------------------------------------------------------------
+
+def _c_defines() -> dict[str, str]:
+    text = (PLUGIN_DIR / "include" / "flowlane_net.h").read_text()
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^#define\s+(\w+)\s+(.+?)\s*(?:/\*.*)?$", text, re.M)}
+
+
+def _c_int(defs: dict[str, str], name: str) -> int:
+    expr = defs[name]
+    for other, val in defs.items():  # resolve references such as FL_CLASS_DEFAULT
+        expr = re.sub(rf"\b{other}\b", f"({val})", expr)
+    assert re.fullmatch(r"[\d\s()*+<>-]+", expr), f"{name} = {defs[name]!r} is not a plain integer expression"
+    return int(eval(expr))  # noqa: S307 - digits and operators only, checked above
+
+
+def _c_str(defs: dict[str, str], name: str) -> str:
+    return defs[name].strip('"')
+
+
+def test_python_class_constants_match_the_c_header() -> None:
+    d = _c_defines()
+    assert (_c_int(d, "FL_CLASS_CRITICAL"), _c_int(d, "FL_CLASS_HIGH"), _c_int(d, "FL_CLASS_DEFAULT"),
+            _c_int(d, "FL_CLASS_BULK")) == (wc.CLASS_CRITICAL, wc.CLASS_HIGH, wc.CLASS_DEFAULT, wc.CLASS_BULK)
+    assert _c_int(d, "FL_NUM_CLASSES") == wc.NUM_CLASSES
+    assert tuple(_c_int(d, f"FL_DSCP_CLASS{i}") for i in range(wc.NUM_CLASSES)) == wc.CLASS_DSCP
+    assert tuple(_c_int(d, f"FL_SOPRIO_CLASS{i}") for i in range(wc.NUM_CLASSES)) == wc.CLASS_SO_PRIORITY
+    assert (_c_int(d, "FL_SELECTOR_LEO"), _c_int(d, "FL_SELECTOR_ROUND_ROBIN"),
+            _c_int(d, "FL_SELECTOR_GREEDY")) == (wc.SELECTOR_LEO, wc.SELECTOR_ROUND_ROBIN, wc.SELECTOR_GREEDY)
+    for c_name, py in [("FL_ENV_SOCKET_IFNAME", wc.ENV_SOCKET_IFNAME), ("FL_ENV_LANES", wc.ENV_LANES),
+                       ("FL_ENV_TRAFFIC_CLASS", wc.ENV_TRAFFIC_CLASS), ("FL_ENV_PATHS", wc.ENV_PATHS),
+                       ("FL_ENV_PATH_SELECTOR", wc.ENV_PATH_SELECTOR), ("FL_ENV_CHUNK_BYTES", wc.ENV_CHUNK_BYTES),
+                       ("FL_ENV_LANE_CAP_BYTES", wc.ENV_LANE_CAP_BYTES), ("FL_ENV_TIMEOUT_MS", wc.ENV_TIMEOUT_MS)]:
+        assert _c_str(d, c_name) == py, c_name
+    assert _c_int(d, "FL_DEFAULT_LANES") == wc.DEFAULT_LANES
+    assert _c_int(d, "FL_DEFAULT_TRAFFIC_CLASS") == wc.DEFAULT_TRAFFIC_CLASS
+    assert _c_int(d, "FL_DEFAULT_CHUNK_BYTES") == wc.DEFAULT_CHUNK_BYTES
+    assert _c_int(d, "FL_DEFAULT_LANE_CAP_BYTES") == wc.DEFAULT_LANE_CAP_BYTES
+    assert _c_int(d, "FL_DEFAULT_TIMEOUT_MS") == wc.DEFAULT_TIMEOUT_MS
+    assert _c_int(d, "FL_MAX_PATHS") == wc.MAX_PATHS and _c_int(d, "FL_MAX_RECVS") == wc.MAX_RECVS
+
+
+def test_hermod_classes_map_onto_plugin_classes_in_priority_order() -> None:
+    assert list(wc.HERMOD_TRAFFIC_CLASSES) == sorted(wc.HERMOD_TRAFFIC_CLASSES)
+    assert all(0 <= c < wc.NUM_CLASSES for c in wc.HERMOD_TRAFFIC_CLASSES)
+    assert wc.tos_byte(wc.CLASS_CRITICAL) == 46 << 2
+    assert wc.lane_of_class(wc.CLASS_BULK, lanes=1) == 0 and wc.lane_of_class(wc.CLASS_BULK, lanes=2) == 1
+    with pytest.raises(ValueError, match="traffic_class"):
+        wc.tos_byte(7)
+
+
+# -- build and ABI ---------------------------------------------------------------------------------------------------
+
+def test_library_exports_exactly_the_v8_to_v11_tables(built: None) -> None:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(SO)], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split()[-2] in "DdRr"}
+    assert {"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11"} <= exported
+    assert not any(s.startswith("fl_") for s in exported), "internal symbols leak out of the plugin"
+
+
+def test_properties_are_consistent_across_versions_and_cuda_memory_is_rejected(built: None) -> None:
+    res = _driver("props")
+    assert res.returncode == 0, res.stderr
+    assert "host memory only" in res.stderr
+
+
+# -- loopback scenarios, both API versions ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", ["v8", "v11"])
+def test_loopback_data_integrity_from_0_bytes_to_256_mib(built: None, api: str) -> None:
+    res = _driver("--api", api, "integrity")
+    _assert_pass(res, "integrity")
+    assert "268435456 bytes ok" in res.stdout and "0 bytes ok" in res.stdout
+
+
+@pytest.mark.parametrize("api", ["v8", "v11"])
+def test_multi_receive_delivers_each_tag_into_its_own_buffer(built: None, api: str) -> None:
+    _assert_pass(_driver("--api", api, "multirecv"), "multirecv")
+
+
+@pytest.mark.parametrize("api", ["v8", "v11"])
+def test_many_concurrent_communicators_across_classes(built: None, api: str) -> None:
+    _assert_pass(_driver("--api", api, "--comms", "24", "manycomms"), "manycomms")
+
+
+@pytest.mark.parametrize("api", ["v8", "v11"])
+def test_connection_without_the_handle_secret_is_refused_and_logged(built: None, api: str) -> None:
+    res = _driver("--api", api, "badsecret")
+    _assert_pass(res, "badsecret")
+    assert "refused connection from" in res.stderr and "did not present the secret" in res.stderr
+
+
+@pytest.mark.parametrize("victim", ["send", "recv"])
+def test_dead_peer_makes_test_return_an_error(built: None, victim: str) -> None:
+    res = _driver("peerdeath", env={"FL_DRIVER_VICTIM": victim})
+    _assert_pass(res, "peerdeath")
+    assert "test() reported error" in res.stdout
+
+
+@pytest.mark.parametrize("victim", ["send", "recv"])
+def test_stalled_peer_makes_test_return_an_error_after_the_timeout(built: None, victim: str) -> None:
+    res = _driver("stall", env={"FL_DRIVER_VICTIM": victim, "FLOWLANE_NET_TIMEOUT_MS": "1000"})
+    _assert_pass(res, "stall")
+    assert "made no progress" in res.stderr
+
+
+def test_invalid_env_value_fails_init_with_a_message_naming_it(built: None) -> None:
+    res = _driver("props", env={"FLOWLANE_NET_PATH_SELECTOR": "fastest"})
+    assert res.returncode != 0
+    assert 'FLOWLANE_NET_PATH_SELECTOR="fastest" is invalid' in res.stderr
+
+
+# -- sanitizers and fuzzing ------------------------------------------------------------------------------------------
+
+def test_all_scenarios_are_asan_and_ubsan_clean(built: None) -> None:
+    _make("asan")
+    res = _driver("--max-bytes", str(16 << 20), "all", driver=BUILD / "asan" / "fl_driver",
+                  plugin=BUILD / "asan" / "libnccl-net-flowlane.so", timeout=150,
+                  env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0", "UBSAN_OPTIONS": "print_stacktrace=1"})
+    out = res.stdout + res.stderr
+    assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-4000:]
+    assert res.returncode == 0 and out.count("PASS") == 12, out[-4000:]
+
+
+def test_parsers_survive_a_bounded_fuzz_run(built: None) -> None:
+    _make("fuzz")
+    fuzz = BUILD / "fuzz_wire"
+    res = subprocess.run([str(fuzz), "--seconds", "10"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no crash" in res.stdout
+
+
+# -- network namespaces (root) ---------------------------------------------------------------------------------------
+
+def _netns_usable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    name = f"flprobe{uuid.uuid4().hex[:6]}"
+    try:
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=10)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        return f"'ip netns add' does not work here: {e}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+    return None
+
+
+_NETNS_SKIP = _netns_usable()
+
+
+@pytest.fixture
+def two_paths() -> str:
+    """Two unshaped veth paths between fresh namespaces <prefix>a (sender) and <prefix>b (receiver)."""
+    if _NETNS_SKIP:
+        pytest.skip(_NETNS_SKIP)
+    prefix = f"fl{uuid.uuid4().hex[:6]}"
+    try:
+        subprocess.run(["sh", str(NETNS), "up", prefix, "0,0"], check=True, capture_output=True, timeout=30)
+        yield prefix
+    finally:
+        subprocess.run(["sh", str(NETNS), "down", prefix], capture_output=True, timeout=30)
+
+
+def _ns_args(prefix: str) -> list[str]:
+    return ["--send-ns", f"{prefix}a", "--recv-ns", f"{prefix}b", "--send-ifname", f"{prefix}v",
+            "--recv-ifname", f"{prefix}v"]
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("api", ["v8", "v11"])
+def test_multipath_over_two_veth_paths_keeps_data_intact_and_uses_both(built: None, two_paths: str,
+                                                                       api: str) -> None:
+    res = _driver("--api", api, *_ns_args(two_paths), "--max-bytes", str(64 << 20), "integrity", timeout=90,
+                  env={"FLOWLANE_NET_DEBUG": "1", "FLOWLANE_NET_PATH_SELECTOR": "rr"})
+    _assert_pass(res, "integrity over netns")
+    chunks = [int(m) for m in re.findall(r"path \d: (\d+) chunks", res.stderr)]
+    assert len(chunks) >= 2 and min(chunks) > 0, f"expected traffic on both paths, got {chunks}"
+
+
+@pytest.mark.netns
+def test_leo_selector_over_netns_multirecv_and_peer_death(built: None, two_paths: str) -> None:
+    _assert_pass(_driver(*_ns_args(two_paths), "multirecv", env={"FLOWLANE_NET_PATH_SELECTOR": "leo"}),
+                 "multirecv over netns")
+    _assert_pass(_driver(*_ns_args(two_paths), "peerdeath", env={"FL_DRIVER_VICTIM": "send"}),
+                 "peerdeath over netns")
+
+
+@pytest.mark.netns
+def test_namespaces_are_deleted_after_use(built: None, two_paths: str) -> None:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert f"{two_paths}a" in listed  # created by the fixture; its finally deletes it (checked below)
+
+
+def test_no_namespace_of_this_file_is_left_behind() -> None:
+    if _NETNS_SKIP:
+        pytest.skip(_NETNS_SKIP)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not re.search(r"^fl[0-9a-f]{6}[ab]\b", listed, re.M), listed
