@@ -197,6 +197,7 @@ class TensorCache:
         self._resident = Residency()
         self._resident_all = Residency()
         self._closed = False
+        self._outstanding: set[Future] = set()
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -310,7 +311,7 @@ class TensorCache:
     def wait_io(self) -> None:
         """Join the outstanding store and load jobs (Alg. 5.1 line 15)."""
         with self._lock:
-            futs = [f for rec in self._records.values() for f in rec.futures]
+            futs = list(self._outstanding)
         for f in futs:
             f.exception()
         self._raise_pending_error()
@@ -650,7 +651,7 @@ class TensorCache:
         st.weak = weakref.ref(storage)
         self.stats.storages_offloaded += 1
         fut = self._store_pool.submit(self._store_job, rec, st, base)
-        rec.futures.append(fut)
+        self._track(rec, fut)
 
     def _store_job(self, rec: _Record, st: _Stored, base: torch.Tensor) -> None:
         with self._lock:
@@ -718,8 +719,13 @@ class TensorCache:
     def _submit_load(self, rec: _Record, st: _Stored) -> Future:
         fut = self._load_pool.submit(self._load_job, rec, st)
         st.load_fut = fut
-        rec.futures.append(fut)
+        self._track(rec, fut)
         return fut
+
+    def _track(self, rec: _Record, fut: Future) -> None:
+        rec.futures.append(fut)
+        self._outstanding.add(fut)
+        fut.add_done_callback(self._outstanding.discard)
 
     def _load_job(self, rec: _Record, st: _Stored) -> None:
         with self._lock:
