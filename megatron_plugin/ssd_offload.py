@@ -1,0 +1,222 @@
+"""SSDTrain activation offloading for Megatron-core (seed 003 §5.3; flowlane.offload holds the algorithm).
+
+Launch flags (through ``megatron_plugin.args.add_flowlane_args``)::
+
+    --ssd-offload --ssd-offload-dirs /nvme0 /nvme1 --ssd-offload-backend posix --ssd-offload-min-bytes 2097152
+    --ssd-offload-keep-last-k 1 | --ssd-offload-adaptive
+
+API::
+
+    handle = install(model, OffloadConfig(...))          # model: a module or Megatron's list of model chunks
+    ... forward_backward_func(...) ...                      # schedules get micro-batch hints automatically
+    handle.close()
+
+Scopes are ``TransformerLayer`` (the prefetch/keep group) and its ``SelfAttention`` and ``MLP`` submodules (digest
+A7). Schedule hints (Alg. 5.1, "the Megatron scheduler is patched similarly"): ``schedules.forward_step`` and
+``schedules.backward_step`` are wrapped (digest A13); all three schedules (no pipelining, 1F1B, interleaved) call them
+through the module globals. Each forward gets its own record keyed by (model chunk, sequence number); a backward is
+matched to its forward through the output tensor it receives. Kept layers stay in memory only when the same
+micro-batch's backward comes next (the last stage in 1F1B steady state, every micro-batch without pipelining);
+otherwise the next forward or backward of another micro-batch stores them (thesis Fig. 5.5, digest §2.2.10). The
+last layer of a micro-batch is prefetched when its backward step begins (Alg. 5.1 lines 12-13).
+Megatron's ``deallocate_output_tensor`` swaps a stage output's ``.data``; the cache holds whole storages, so an
+offloaded view of that output still reloads correctly (digest A14).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from flowlane.offload import OffloadConfig, OffloadStats, TensorCache
+
+DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron extra-args provider for SSD offloading."""
+    d = OffloadConfig()
+    g = parser.add_argument_group("flowlane SSD activation offloading (SSDTrain)")
+    g.add_argument("--ssd-offload", action="store_true", help="offload saved activations to SSD (or another tier)")
+    g.add_argument("--ssd-offload-dirs", nargs="+", default=[], help="target directories, used round-robin")
+    g.add_argument("--ssd-offload-backend", choices=["posix", "kvikio", "pinned_cpu", "null", "auto"],
+                   default=d.backend)
+    g.add_argument("--ssd-offload-min-bytes", type=int, default=d.min_bytes,
+                   help="saved tensors smaller than this stay in memory")
+    g.add_argument("--ssd-offload-keep-last-k", type=int, default=d.keep_last_k,
+                   help="trailing transformer layers kept in memory")
+    g.add_argument("--ssd-offload-adaptive", action="store_true",
+                   help="choose keep-last-k from a profiled micro-batch (thesis §5.3.5)")
+    g.add_argument("--ssd-offload-profile-step", type=int, default=d.profile_step)
+    g.add_argument("--ssd-offload-store-workers", type=int, default=d.store_workers)
+    g.add_argument("--ssd-offload-load-workers", type=int, default=d.load_workers)
+    g.add_argument("--ssd-offload-on-io-error", choices=["keep", "raise"], default=d.on_io_error)
+    g.add_argument("--ssd-offload-o-direct", choices=["auto", "on", "off"], default=d.o_direct)
+    g.add_argument("--ssd-offload-cpu-tensors", action="store_true", help="also offload CPU tensors (CPU runs)")
+
+
+def config_from_args(args: argparse.Namespace) -> OffloadConfig:
+    """The OffloadConfig described by the ``--ssd-offload*`` flags."""
+    return OffloadConfig(
+        enabled=bool(args.ssd_offload), backend=args.ssd_offload_backend, dirs=tuple(args.ssd_offload_dirs),
+        min_bytes=args.ssd_offload_min_bytes, keep_last_k=args.ssd_offload_keep_last_k,
+        adaptive=bool(args.ssd_offload_adaptive), profile_step=args.ssd_offload_profile_step,
+        store_workers=args.ssd_offload_store_workers, load_workers=args.ssd_offload_load_workers,
+        on_io_error=args.ssd_offload_on_io_error, o_direct=args.ssd_offload_o_direct,
+        offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors))
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            t = _first_tensor(o)
+            if t is not None:
+                return t
+    return None
+
+
+class _ScheduleHints:
+    """Wraps ``schedules.forward_step``/``backward_step`` to give the cache micro-batch hints (Alg. 5.1)."""
+
+    def __init__(self, cache: TensorCache) -> None:
+        from megatron.core.pipeline_parallel import schedules  # noqa: PLC0415 - plugin-only dependency
+
+        self.cache = cache
+        self.schedules = schedules
+        self.orig_forward = schedules.forward_step
+        self.orig_backward = schedules.backward_step
+        self.seq = itertools.count()
+        self.by_output: dict[int, Any] = {}
+        self.fifo: deque[Any] = deque()
+        schedules.forward_step = self.forward_step
+        schedules.backward_step = self.backward_step
+
+    def forward_step(self, *args: Any, **kwargs: Any) -> Any:
+        chunk = kwargs.get("vp_stage")
+        key = (0 if chunk is None else int(chunk), next(self.seq))
+        grad_on = torch.is_grad_enabled()
+        if grad_on:
+            self.cache.forward_begin(key)
+        out = self.orig_forward(*args, **kwargs)
+        if grad_on:
+            self.cache.forward_end(key)
+            t = _first_tensor(out[0] if isinstance(out, tuple) else out)
+            if t is not None:
+                self.by_output[id(t)] = key
+            self.fifo.append(key)
+        return out
+
+    def backward_step(self, input_tensor: Any, output_tensor: Any, output_tensor_grad: Any, *rest: Any,
+                      **kw: Any) -> Any:
+        t = _first_tensor(output_tensor)
+        key = self.by_output.pop(id(t), None) if t is not None else None
+        if key is None and self.fifo:
+            key = self.fifo[0]
+        if key is not None:
+            try:
+                self.fifo.remove(key)
+            except ValueError:
+                pass
+            self.cache.prefetch_last_module(key)
+            self.cache.backward_begin(key)
+        try:
+            return self.orig_backward(input_tensor, output_tensor, output_tensor_grad, *rest, **kw)
+        finally:
+            if key is not None:
+                self.cache.backward_end(key)
+
+    def remove(self) -> None:
+        if self.schedules.forward_step == self.forward_step:
+            self.schedules.forward_step = self.orig_forward
+        if self.schedules.backward_step == self.backward_step:
+            self.schedules.backward_step = self.orig_backward
+
+
+class SSDOffload:
+    """Handle returned by :func:`install`; a context manager. ``stats`` gives the cache's counters."""
+
+    def __init__(self, cache: TensorCache | None, hints: _ScheduleHints | None) -> None:
+        self.cache = cache
+        self._hints = hints
+
+    @property
+    def enabled(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def stats(self) -> OffloadStats:
+        return self.cache.stats_snapshot() if self.cache is not None else OffloadStats()
+
+    def wait_io(self) -> None:
+        if self.cache is not None:
+            self.cache.wait_io()
+
+    def close(self) -> None:
+        if self._hints is not None:
+            self._hints.remove()
+            self._hints = None
+        if self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> SSDOffload:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _chunks(model: torch.nn.Module | Iterable[torch.nn.Module]) -> list[torch.nn.Module]:
+    return [model] if isinstance(model, torch.nn.Module) else list(model)
+
+
+def install(model: torch.nn.Module | Iterable[torch.nn.Module], config: OffloadConfig,
+            scope_classes: Iterable[str] = DEFAULT_SCOPES, schedule_hints: bool = True,
+            rank: int | None = None) -> SSDOffload:
+    """Offload ``model``'s activations (configure_tensor_cache, Alg. 5.1 lines 1-5).
+
+    Registers parameters, makes every ``TransformerLayer``/``SelfAttention``/``MLP`` a scope, wraps Megatron's
+    schedule steps for micro-batch hints, and installs the saved-tensor hooks in the calling thread (the thread that
+    runs forward). With ``config.enabled`` False nothing is installed.
+    """
+    if not config.enabled:
+        return SSDOffload(None, None)
+    if rank is None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    names = set(scope_classes)
+    cache = TensorCache(config, rank=rank)
+    found = 0
+    for chunk in _chunks(model):
+        cache.register_parameters(chunk.parameters())
+        for mod in chunk.modules():
+            if type(mod).__name__ in names:
+                cache.add_scope(mod)
+                found += 1
+    if found == 0:
+        cache.close()
+        raise ValueError(f"--ssd-offload: no module of class {sorted(names)} in the model; nothing to offload")
+    hints = _ScheduleHints(cache) if schedule_hints else None
+    cache.activate()
+    return SSDOffload(cache, hints)
+
+
+def install_from_config(cfg: Mapping[str, Any] | None, model: torch.nn.Module | Iterable[torch.nn.Module]
+                        ) -> SSDOffload:
+    """Entry point for the recipe (``offload=ssd`` / ``offload=none``).
+
+    ``cfg`` is the Hydra ``offload`` group as a plain dict (``OmegaConf.to_container(cfg.offload)``): the
+    :class:`OffloadConfig` fields, plus optional ``scope_classes`` (list of class names). ``None`` or
+    ``enabled: false`` gives a disabled handle. Call it after building the model and before the first forward, in
+    the thread that runs forward; close the returned handle (or use it as a context manager) when training ends.
+    """
+    if cfg is None:
+        return SSDOffload(None, None)
+    d = dict(cfg)
+    scopes = tuple(d.pop("scope_classes", None) or DEFAULT_SCOPES)
+    return install(model, OffloadConfig.from_dict(d), scope_classes=scopes)

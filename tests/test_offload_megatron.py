@@ -1,0 +1,139 @@
+"""SSD offload on a tiny Megatron-core GPT (CPU, gloo, one rank) driven by Megatron's own schedule."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("megatron.core")
+
+from flowlane.offload.estimate import LayerShape, activation_bytes_per_layer  # noqa: E402
+
+L, HID, HEADS, SEQ, MB, VOCAB = 6, 64, 4, 32, 2, 128
+MIN_BYTES = 4096  # below: LN mean/rstd; above: every per-layer activation of this size
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def megatron_env():
+    import torch.distributed as dist
+
+    from megatron_plugin import cpu_shim  # tests only; the plugin never imports it
+
+    cpu_shim.apply()
+    from megatron.core import parallel_state
+
+    own = not dist.is_initialized()
+    if own:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(_port())
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
+    if own:
+        dist.destroy_process_group()
+
+
+def _gpt(recompute: bool = False):
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    torch.manual_seed(0)
+    model_parallel_cuda_manual_seed(0)
+    extra = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
+    cfg = TransformerConfig(num_layers=L, hidden_size=HID, num_attention_heads=HEADS, use_cpu_initialization=True,
+                            attention_dropout=0.0, hidden_dropout=0.0, bias_activation_fusion=False,
+                            masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
+                            gradient_accumulation_fusion=False, apply_rope_fusion=False, **extra)
+    return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                    max_sequence_length=SEQ)
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(1)
+    pos = torch.arange(SEQ).unsqueeze(0).expand(MB, SEQ)
+    mask = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).logical_not().view(1, 1, SEQ, SEQ)
+    return [(torch.randint(0, VOCAB, (MB, SEQ), generator=g), pos, mask) for _ in range(n)]
+
+
+def _step(model, n_micro: int = 2) -> list[torch.Tensor]:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step_func(data_iterator, m):
+        tok, pos, mask = next(data_iterator)
+        out = m(tok, pos, mask, labels=tok)
+        return out, lambda o: (o.float().mean(), {"loss": o.detach().float().mean()})
+
+    model.zero_grad()
+    get_forward_backward_func()(forward_step_func=forward_step_func, data_iterator=iter(_batches(n_micro)),
+                                model=[model], num_microbatches=n_micro, seq_length=SEQ, micro_batch_size=MB,
+                                forward_only=False)
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_path: Path) -> None:
+    from megatron_plugin.ssd_offload import install_from_config
+
+    model = _gpt()
+    ref = _step(model)
+    cfg = {"enabled": True, "backend": "posix", "dirs": [str(tmp_path)], "min_bytes": MIN_BYTES,
+           "keep_last_k": 1, "offload_cpu_tensors": True}
+    with install_from_config(cfg, model) as h:
+        for _ in range(2):
+            before = h.stats
+            got = _step(model)
+            after = h.stats
+            assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+            per_layer = activation_bytes_per_layer(LayerShape(SEQ, MB, HID, HEADS, dropout=False, elem_bytes=4))
+            # two micro-batches; each keeps its last layer because its backward follows its forward
+            assert after.bytes_written - before.bytes_written == 2 * (L - 1) * per_layer
+            assert after.records - before.records == 2
+            # per layer: k and v share q's QKV storage (2), softmax output saved by softmax and bmm (1)
+            assert after.dedup_hits - before.dedup_hits == 2 * 3 * L
+            assert after.sync_loads == 0
+    assert not list(tmp_path.iterdir())
+
+
+def test_megatron_recompute_baseline_runs_with_same_grads(megatron_env) -> None:
+    """The benchmark's third column: Megatron full activation recomputation gives the same gradients."""
+    ref = _step(_gpt())
+    got = _step(_gpt(recompute=True))
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(ref, got, strict=True))
+
+
+def test_megatron_flags_build_the_config() -> None:
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.ssd_offload import config_from_args
+
+    p = add_flowlane_args(argparse.ArgumentParser())
+    a = p.parse_args(["--ssd-offload", "--ssd-offload-dirs", "/a", "/b", "--ssd-offload-keep-last-k", "2",
+                      "--ssd-offload-adaptive", "--ssd-offload-min-bytes", "1024"])
+    c = config_from_args(a)
+    assert c.enabled and c.dirs == ("/a", "/b") and c.keep_last_k == 2 and c.adaptive and c.min_bytes == 1024
+    with pytest.raises(SystemExit):
+        p.parse_args(["--ssd-offload-backend", "gds"])
+
+
+def test_install_from_config_disabled_is_a_noop(megatron_env) -> None:
+    from megatron_plugin.ssd_offload import install_from_config
+
+    model = _gpt()
+    for cfg in (None, {"enabled": False}):
+        with install_from_config(cfg, model) as h:
+            assert not h.enabled
+    with pytest.raises(ValueError, match="keep_lastk"):
+        install_from_config({"keep_lastk": 1}, model)
