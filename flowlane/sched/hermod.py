@@ -21,10 +21,10 @@ class HermodPolicy(SchedulingPolicy):
     name = "hermod"
 
     def __init__(self, config: HermodOrderConfig | None = None) -> None:
-        self.order = HermodOrder(config)
+        self.hermod_order = HermodOrder(config)
 
     def priority(self, meta: CoflowMeta) -> Key:
-        return self.order.sort_key(CoflowKey.from_meta(meta))
+        return self.hermod_order.sort_key(CoflowKey.from_meta(meta))
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ class QuantisedHermodPolicy(SchedulingPolicy):
     """Hermod with the key quantised to a wire class (ties inside a class share fairly)."""
 
     def __init__(self, config: HermodOrderConfig | None = None, quant: QuantisationConfig | None = None) -> None:
-        self.order = HermodOrder(config)
+        self.hermod_order = HermodOrder(config)
         self.quant = quant or QuantisationConfig()
-        sched = self.order.config.schedule
-        self.encoder = WireEncoder(self.order, WireConfig(
+        sched = self.hermod_order.config.schedule
+        self.encoder = WireEncoder(self.hermod_order, WireConfig(
             ctype_bits=2 if sched == "interleaved" else 1, lid_bits=1 if sched == "interleaved" else 2,
             layers_per_stage=self.quant.layers_per_stage))
         self.name = f"hermod-{self.quant.target}"

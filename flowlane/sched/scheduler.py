@@ -78,6 +78,8 @@ class LogEntry:
     meta: CoflowMeta
     chunk: int
     t: float
+    window: int = -1
+    """The sealed window a deferred chunk belonged to (-1: critical, or fifo mode)."""
 
 
 def _wait(work: Any) -> None:
@@ -96,6 +98,7 @@ class _Chunk:
     index: int
     launch: Launch
     seq_no: int = -1
+    window: int = -1
 
 
 @dataclass
@@ -143,6 +146,7 @@ class CommScheduler:
         self._live: dict[int, _Deferred] = {}
         self._seq: deque[_Chunk] = deque()
         self._next_seq_no = 0
+        self._windows = 0
         self._urgent_upto = -1
         self._critical = 0
         self._gate_closed_since: float | None = None
@@ -250,8 +254,8 @@ class CommScheduler:
         return self._critical
 
     # -- internals --------------------------------------------------------------------------------------------------
-    def _log(self, event: str, meta: CoflowMeta, chunk: int) -> None:
-        self.log.append(LogEntry(event, meta, chunk, time.perf_counter()))
+    def _log(self, event: str, meta: CoflowMeta, chunk: int, window: int = -1) -> None:
+        self.log.append(LogEntry(event, meta, chunk, time.perf_counter(), window))
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -260,8 +264,10 @@ class CommScheduler:
     def _seal_locked(self) -> None:
         if not self._open:
             return
+        self._windows += 1
         for op in sorted(self._open, key=lambda o: self.policy.order(o.meta)):
             for c in op.chunks:
+                c.window = self._windows
                 c.seq_no = self._next_seq_no
                 self._next_seq_no += 1
                 self._seq.append(c)
@@ -326,7 +332,7 @@ class CommScheduler:
                             break
                         self._cond.wait(timeout=until)
                 if launch is not None:
-                    self._log("chunk", launch.op.meta, launch.index)
+                    self._log("chunk", launch.op.meta, launch.index, launch.window)
                     inflight.append((launch, launch.launch()))
                     continue
                 chunk, work = inflight.popleft()  # wait for the oldest chunk on the wire
