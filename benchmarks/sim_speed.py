@@ -1,0 +1,97 @@
+"""Simulator speed: one iteration of GPT-3 175B (table 5.5 strategy: TP 8, PP 8, mbs 8; DP grows with the GPU count)
+on Hermod's simulated fabric (100 Gbps, full bisection). Reports CPU seconds (single-threaded; robust to other load
+on the machine), events per CPU second, and how time grows with the number of flows. Writes
+results/sim/speed.json and speed.png. Goals (issue 3): 1,024 GPUs <= 10 s, 8,192 GPUs <= 120 s on one core.
+
+    .venv-llm/bin/python benchmarks/sim_speed.py [--sizes 256,512,1024,2048,4096,8192] [--quantum 1e-4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from flowlane.policy import make_policy
+from flowlane.sim import SimConfig, Simulator
+from flowlane.sim.workloads import build_workload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="256,512,1024,2048,4096,8192")
+    ap.add_argument("--quantum", type=float, default=1e-4, help="event batching window (s) for the scaled runs")
+    ap.add_argument("--exact-up-to", type=int, default=1024, help="also run exact (quantum 0) up to this size")
+    ap.add_argument("--out", default="results/sim")
+    a = ap.parse_args()
+    rows = []
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for g in [int(x) for x in a.sizes.split(",")]:
+        c0, w0 = time.process_time(), time.perf_counter()
+        topo, wl = build_workload("gpt3-175b", g)
+        build_cpu = time.process_time() - c0
+        for q in ([0.0] if g <= a.exact_up_to else []) + [a.quantum]:
+            c1 = time.process_time()
+            r = Simulator(topo, SimConfig(time_quantum=q)).run(wl, make_policy("fifo"))
+            sim_cpu = time.process_time() - c1
+            row = {"gpus": g, "quantum_s": q, "flows": r.num_flows, "coflows": len(r.coflow_nodes),
+                   "nodes": len(wl.nodes), "events": r.events, "rate_updates": r.rate_updates,
+                   "build_cpu_s": build_cpu, "sim_cpu_s": sim_cpu, "total_cpu_s": build_cpu + sim_cpu,
+                   "sim_wall_s": r.wall_s, "events_per_cpu_s": r.events / sim_cpu,
+                   "iteration_time_s_simulated": r.iteration_time}
+            rows.append(row)
+            con.print(row)
+        del topo, wl
+    goals = {}
+    for g, lim in ((1024, 10.0), (8192, 120.0)):
+        rs = [r for r in rows if r["gpus"] == g]
+        if rs:
+            best = min(rs, key=lambda r: r["total_cpu_s"])
+            goals[str(g)] = {"limit_s": lim, "total_cpu_s": best["total_cpu_s"], "quantum_s": best["quantum_s"],
+                             "met": best["total_cpu_s"] <= lim}
+    exact_err = {}
+    for g in {r["gpus"] for r in rows}:
+        e = [r for r in rows if r["gpus"] == g and r["quantum_s"] == 0]
+        q = [r for r in rows if r["gpus"] == g and r["quantum_s"] > 0]
+        if e and q:
+            exact_err[str(g)] = abs(q[0]["iteration_time_s_simulated"] / e[0]["iteration_time_s_simulated"] - 1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "sim_speed", "workload": "gpt3-175b (TP8 PP8 mbs8, 16 microbatches, ZeRO, 100 Gbps)",
+           "note": "iteration times are simulated; CPU seconds measured on this machine, single-threaded",
+           "rows": rows, "goals": goals, "quantum_relative_error": exact_err}
+    (out / "speed.json").write_text(json.dumps(doc, indent=1))
+    tab = Table(title="flowlane.sim speed (GPT-3 175B, one iteration)")
+    for c in ("GPUs", "quantum", "flows", "events", "rate updates", "build cpu s", "sim cpu s", "events/cpu-s"):
+        tab.add_column(c, justify="right")
+    for r in rows:
+        tab.add_row(str(r["gpus"]), f"{r['quantum_s']:g}", f"{r['flows']:,}", f"{r['events']:,}",
+                    f"{r['rate_updates']:,}", f"{r['build_cpu_s']:.1f}", f"{r['sim_cpu_s']:.1f}",
+                    f"{r['events_per_cpu_s']:,.0f}")
+    con.print(tab)
+    con.print({"goals": goals, "quantum_relative_error": exact_err})
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for q in sorted({r["quantum_s"] for r in rows}):
+        rs = [r for r in rows if r["quantum_s"] == q]
+        ax.loglog([r["flows"] for r in rs], [r["total_cpu_s"] for r in rs], "o-", label=f"quantum {q:g} s")
+        for r in rs:
+            ax.annotate(f"{r['gpus']}", (r["flows"], r["total_cpu_s"]), fontsize=7)
+    ax.set_xlabel("flows per iteration")
+    ax.set_ylabel("CPU seconds (build + simulate)")
+    ax.set_title("flowlane.sim speed, GPT-3 175B iteration (simulated workload)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "speed.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
