@@ -959,6 +959,8 @@ static void pp_side_b(int to, int from) { /* "recv" process */
   fprintf(stderr, "[recv] bulk goodput during ping-pong: %.2f MB/s\n", bulk_bytes / dt / 1e6);
   printf("{\"bulk_mbytes_per_s\": %.3f}\n", bulk_bytes / dt / 1e6);
   fflush(NULL);
+  char fin;
+  read_all(from, &fin, 1); /* stay connected until A has its last pong */
   _exit(0); /* bulk may still be in flight; the sender side exits on its own */
 }
 
@@ -1033,6 +1035,7 @@ static void pp_side_a(int to, int from) { /* "send" process */
   printf("{\"rtt_us_p50\": %.2f, \"rtt_us_p90\": %.2f, \"rtt_us_p99\": %.2f, \"rtt_us_max\": %.2f, \"samples\": %d}\n",
          s[m / 2] * 1e6, s[(m * 9) / 10] * 1e6, s[(m * 99) / 100] * 1e6, s[m - 1] * 1e6, m);
   fflush(stdout);
+  write_all(to, "x", 1);
   _exit(0);
 }
 

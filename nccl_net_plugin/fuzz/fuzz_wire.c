@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t t = 1000;
   for (size_t i = 2; i + 3 < size; i += 4) {
     uint64_t bytes = (uint64_t)data[i] << (data[i + 1] % 24);
-    int p = fl_selector_choose(&s, bytes);
+    int p = fl_selector_choose(&s, bytes, data[i + 1] >> 4);
     if (p >= s.npaths) abort();
     t += (uint64_t)data[i + 2] * 1000;
     if (p >= 0) fl_selector_on_sent(&s, p, bytes, t);

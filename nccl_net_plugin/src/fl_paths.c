@@ -32,17 +32,17 @@ double fl_leo_cost(const struct fl_path_stats* p, uint64_t bytes) {
   return (double)p->khat * toll + base_time(p, bytes);
 }
 
-int fl_selector_choose(struct fl_selector* s, uint64_t bytes) {
+int fl_selector_choose(struct fl_selector* s, uint64_t bytes, unsigned ready) {
   if (s->npaths == 1) return 0;
   if (s->kind == FL_SELECTOR_ROUND_ROBIN) return s->rr_next;
   /* No offline profile: an idle path without a measurement is probed first. */
   for (int p = 0; p < s->npaths; p++)
-    if (!s->st[p].have_sample && s->st[p].inflight == 0) return p;
+    if (!s->st[p].have_sample && s->st[p].inflight == 0 && (ready & (1u << p))) return p;
   int best = -1;
   double best_cost = INFINITY;
   for (int p = 0; p < s->npaths; p++) {
     const struct fl_path_stats* st = &s->st[p];
-    if (!st->have_sample) continue; /* being probed */
+    if (!st->have_sample || !(ready & (1u << p))) continue; /* being probed, or full */
     double cost = s->kind == FL_SELECTOR_GREEDY ? st->last_jct_ns : fl_leo_cost(st, bytes);
     if (cost < best_cost) { /* ties keep the lower index (the prio-list order) */
       best_cost = cost;

@@ -43,8 +43,11 @@ struct fl_selector {
 
 void fl_selector_init(struct fl_selector* s, int kind, int npaths);
 /* Path for the next chunk of `bytes`, or -1 to wait for a completion first.
- * The caller still checks that the chosen path has window room. */
-int fl_selector_choose(struct fl_selector* s, uint64_t bytes);
+ * `ready` has bit p set when path p can take a chunk now. LEO and greedy
+ * choose among ready paths (a full path's queue is what their cost already
+ * prices); round-robin keeps its strict rotation and may return a busy path,
+ * i.e. it splits data evenly like striping across QPs. */
+int fl_selector_choose(struct fl_selector* s, uint64_t bytes, unsigned ready);
 void fl_selector_on_sent(struct fl_selector* s, int path, uint64_t bytes, uint64_t now_ns);
 void fl_selector_on_acked(struct fl_selector* s, int path, uint64_t bytes, uint64_t start_ns, uint64_t now_ns);
 /* T_total of eq. 6.5 for one path (exposed for tests and logs). */

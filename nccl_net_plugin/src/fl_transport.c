@@ -984,7 +984,10 @@ static void carve(struct fl_comm* c, int gated, int capped) {
     if (capped && chunk > E.params.lane_cap_bytes) chunk = E.params.lane_cap_bytes;
     if (left < chunk) chunk = left;
     if (capped && c->unacked_bytes > 0 && c->unacked_bytes + chunk > E.params.lane_cap_bytes) return;
-    int pi = fl_selector_choose(&c->sel, chunk);
+    unsigned ready = 0;
+    for (int q = 0; q < c->npaths; q++)
+      if (!c->paths[q].out_active && c->paths[q].ring_count < FL_PATH_WINDOW) ready |= 1u << q;
+    int pi = fl_selector_choose(&c->sel, chunk, ready);
     if (pi < 0) return;
     struct fl_path* p = &c->paths[pi];
     if (p->out_active || p->ring_count == FL_PATH_WINDOW) return; /* the chosen path is busy: wait for it */
