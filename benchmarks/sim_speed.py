@@ -31,7 +31,7 @@ def main() -> None:
 
     con = Console()
     for g in [int(x) for x in a.sizes.split(",")]:
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0 = time.process_time()
         topo, wl = build_workload("gpt3-175b", g)
         build_cpu = time.process_time() - c0
         for q in ([0.0] if g <= a.exact_up_to else []) + [a.quantum]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowlane.policy import CoflowMeta, CtypeFirstPolicy, FifoPolicy, make_policy
-from flowlane.sim import IncastModel, SimConfig, Simulator, SimSpecError, Workload, allocate, waterfill
+from flowlane.sim import IncastModel, SimConfig, SimSpecError, Simulator, Workload, allocate, waterfill
 from flowlane.sim import collectives as C
 from flowlane.topology import Topology, gBps, leaf_spine, star
 

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from flowlane.policy import (CTYPES, CoflowMeta, FifoPolicy, PriorityByKeyPolicy, SchedulingPolicy, make_policy,
-                             register_policy)
-from flowlane.sim import SimConfig, Simulator, SimSpecError, Workload
+from flowlane.policy import (
+    CTYPES,
+    CoflowMeta,
+    FifoPolicy,
+    PriorityByKeyPolicy,
+    SchedulingPolicy,
+    make_policy,
+    register_policy,
+)
+from flowlane.sim import SimConfig, SimSpecError, Simulator, Workload
 from flowlane.sim import cli as sim_cli
 from flowlane.sim.models import MODELS, STRATEGIES, LLMJob, ModelConfig, ParallelConfig, preset
-from flowlane.topology import leaf_spine
 from flowlane.sim.workloads import _pipeline_order, build_dlrm, build_dp, build_llm, build_workload, cluster
+from flowlane.topology import leaf_spine
 
 
 def test_table_5_5_presets_have_the_seed_degrees() -> None:

@@ -286,7 +286,7 @@ class _LLMBuilder:
         cur = {x: list(deps[x]) for x in self.execs}
         cpn = self.emit_cp(s, vs, mb, fwd, deps)
         layers = list(self.layers_of(vs)) if fwd else list(reversed(self.layers_of(vs)))
-        for li, layer in enumerate(layers):
+        for layer in layers:
             mats = [self.token_matrix() for _ in groups]
             a_nodes = {}
             if fwd:
@@ -382,7 +382,7 @@ class _LLMBuilder:
         return np.array([[self.rank(s, d, c, k) for d in range(p.dp)] for c in range(p.cp) for k in range(p.tp)])
 
     def dp_phase(self) -> int:
-        p, w, m = self.p, self.w, self.m
+        p, w = self.p, self.w
         M1 = self.M - 1
         reduce_nodes: dict[int, list[int]] = defaultdict(list)
         bucket_info = {}
@@ -514,7 +514,7 @@ def build_dlrm(cfg: DLRMConfig | None = None, gpus: int = 16, bandwidth_gbps: fl
     prev: dict[int, int | None] = {r: None for r in range(gpus)}
     ends = []
     for it in range(iterations):
-        mk = lambda op, layer=0: CoflowMeta("ep", it, 0, layer, 0, op)  # noqa: E731
+        mk = lambda op, layer=0, it=it: CoflowMeta("ep", it, 0, layer, 0, op)  # noqa: E731
         prep = C.all_to_all(w, ranks, full * B / gpus * tables_per * cfg.pooling * 8, mk("all_to_all"),
                             [prev[r] for r in ranks], name="a2a-data-prep")
         femb = [w.compute(f"g{r}", lookup, [prep], "fwd-emb", "fwd") for r in ranks]
