@@ -106,6 +106,7 @@ def plot(results: Mapping[str, SimResult], path: str | os.PathLike, title: str =
     base = times[0] if times else 1.0
     for i, t in enumerate(times):
         ax[0].text(i, t, f"{t:.3g}s\n{base / t:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax[0].set_ylim(0, max(times, default=1.0) * 1.18)
     ax[0].set_ylabel("iteration time (s)")
     ax[0].set_title("iteration time (simulated)")
     ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
