@@ -1,0 +1,215 @@
+"""SSDTrain activation offloading for DeepSpeed: PipelineEngine and the plain engine (seed 003 §5.3, Alg. 5.1).
+
+Enabled by the ``"flowlane": {"offload": {...}}`` section of the DeepSpeed config; the keys are the fields of
+:class:`flowlane.offload.OffloadConfig` plus ``scope_classes`` (class names of the layers to offload)::
+
+    "flowlane": {"offload": {"backend": "posix", "dirs": ["/nvme0", "/nvme1"], "keep_last_k": 1,
+                             "min_bytes": 2097152, "scope_classes": ["ParallelTransformerLayerPipe"]}}
+
+    engine, *_ = deepspeed.initialize(model=..., config=ds_config)
+    handle = install(engine, ds_config)          # None section or "enabled": false -> a disabled handle
+
+PipelineEngine: ``_exec_schedule`` is replaced on the engine instance by Alg. 5.1's loop: before each command the
+cache learns the stage and micro-batch (``buffer_id``), a RecvGrad followed by a BackwardPass prefetches that
+micro-batch's last module (lines 12-13), and a forward whose next compute command is not its own backward stores its
+kept layers (Fig. 5.5). Plain engine: ``engine.forward``/``engine.backward`` are wrapped as hints.
+Only the ``offload`` subsection of ``flowlane`` is read here; other subsections belong to other features.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import MethodType
+from typing import Any
+
+import torch
+
+from flowlane.offload import OffloadConfig, OffloadStats, TensorCache
+
+
+def parse_offload_section(ds_config: Mapping[str, Any] | str | Path | None
+                          ) -> tuple[OffloadConfig, tuple[str, ...]] | None:
+    """(config, scope class names) from ``ds_config["flowlane"]["offload"]``; None when absent or disabled.
+
+    ``ds_config`` may be the dict given to ``deepspeed.initialize`` or a path to its JSON file.
+    """
+    if ds_config is None:
+        return None
+    if isinstance(ds_config, (str, Path)):
+        ds_config = json.loads(Path(ds_config).read_text())
+    section = ds_config.get("flowlane")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError(f'DeepSpeed config "flowlane" must be an object, got {type(section).__name__}')
+    off = section.get("offload")
+    if off is None:
+        return None
+    if not isinstance(off, Mapping):
+        raise ValueError(f'DeepSpeed config "flowlane.offload" must be an object, got {type(off).__name__}')
+    d = dict(off)
+    scopes = d.pop("scope_classes", None)
+    if scopes is not None and (isinstance(scopes, str) or not all(isinstance(s, str) for s in scopes)):
+        raise ValueError(f'"flowlane.offload.scope_classes" must be a list of class names, got {scopes!r}')
+    cfg = OffloadConfig.from_dict(d)
+    if not cfg.enabled:
+        return None
+    return cfg, tuple(scopes or ())
+
+
+def _is_pipeline_engine(engine: Any) -> bool:
+    try:
+        from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415 - plugin-only dependency
+    except ImportError:
+        return False
+    return isinstance(engine, PipelineEngine)
+
+
+def _scope_modules(module: torch.nn.Module, scope_classes: tuple[str, ...], pipeline: bool) -> list[torch.nn.Module]:
+    if scope_classes:
+        return [m for m in module.modules() if type(m).__name__ in scope_classes]
+    if pipeline:  # a PipelineModule's own layers (built from LayerSpecs)
+        return [f for f in getattr(module, "forward_funcs", []) if isinstance(f, torch.nn.Module)]
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+class DSOffload:
+    """Handle returned by :func:`install` (context manager); undoes the patches on close."""
+
+    def __init__(self, engine: Any, cache: TensorCache | None) -> None:
+        self.engine = engine
+        self.cache = cache
+        self._undo: list[Any] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def stats(self) -> OffloadStats:
+        return self.cache.stats_snapshot() if self.cache is not None else OffloadStats()
+
+    def close(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        if self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> DSOffload:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
+    from deepspeed.runtime.pipe import schedule as S  # noqa: PLC0415
+
+    def exec_schedule(self: Any, pipe_schedule: Any) -> None:
+        # Alg. 5.1 (deepspeed_exec_schedule); lines 6-8 and 14 are DeepSpeed's own loop
+        self._reserve_pipe_buffers(pipe_schedule.num_pipe_buffers())
+        self.fwd_outputs = []
+        cmds = [cmd for step_cmds in pipe_schedule for cmd in step_cmds]
+        train = torch.is_grad_enabled()
+        for i, cmd in enumerate(cmds):
+            if type(cmd) not in self._INSTRUCTION_MAP:
+                raise RuntimeError(f"{self.__class__.__name__} does not understand instruction {cmd!r}")
+            nxt = cmds[i + 1] if i + 1 < len(cmds) else None
+            if train:
+                if isinstance(cmd, S.ForwardPass):  # set_stage
+                    cache.forward_begin(("pipe", cmd.buffer_id))
+                elif isinstance(cmd, S.BackwardPass):
+                    cache.backward_begin(("pipe", cmd.buffer_id))
+                elif isinstance(cmd, S.RecvGrad) and isinstance(nxt, S.BackwardPass):
+                    cache.prefetch_last_module(("pipe", nxt.buffer_id))  # lines 12-13
+            self._exec_instr = MethodType(self._INSTRUCTION_MAP[type(cmd)], self)
+            self._exec_instr(**cmd.kwargs)
+            if not train:
+                continue
+            if isinstance(cmd, S.ForwardPass):  # set_next_stage: keep only if our own backward is next
+                nxt_compute = next((c for c in cmds[i + 1:] if isinstance(c, (S.ForwardPass, S.BackwardPass))),
+                                   None)
+                own = isinstance(nxt_compute, S.BackwardPass) and nxt_compute.buffer_id == cmd.buffer_id
+                cache.forward_end(("pipe", cmd.buffer_id), next_is_own_backward=own)
+            elif isinstance(cmd, S.BackwardPass):
+                cache.backward_end(("pipe", cmd.buffer_id))  # line 15: this micro-batch's I/O is done
+
+    engine._exec_schedule = MethodType(exec_schedule, engine)
+    handle._undo.append(lambda: engine.__dict__.pop("_exec_schedule", None))
+
+
+def _patch_plain(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
+    counter = itertools.count()
+    state: dict[str, Any] = {"key": None}
+    orig_forward, orig_backward = engine.forward, engine.backward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return orig_forward(*args, **kwargs)
+        key = ("engine", next(counter))
+        cache.forward_begin(key)
+        try:
+            return orig_forward(*args, **kwargs)
+        finally:
+            cache.forward_end(key)
+            state["key"] = key
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        key = state["key"]
+        if key is not None:
+            cache.backward_begin(key)
+        try:
+            return orig_backward(*args, **kwargs)
+        finally:
+            if key is not None:
+                cache.backward_end(key)
+                state["key"] = None
+
+    engine.forward = forward
+    engine.backward = backward
+
+    def undo() -> None:
+        engine.__dict__.pop("forward", None)
+        engine.__dict__.pop("backward", None)
+
+    handle._undo.append(undo)
+
+
+def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None = None,
+            config: OffloadConfig | None = None, scope_classes: Iterable[str] = ()) -> DSOffload:
+    """Offload ``engine``'s activations as configured by ``ds_config["flowlane"]["offload"]`` (or ``config``).
+
+    Call after ``deepspeed.initialize`` and before training, in the thread that runs forward.
+    """
+    scopes = tuple(scope_classes)
+    if config is None:
+        parsed = parse_offload_section(ds_config if ds_config is not None else getattr(engine, "_config", None)
+                                       and getattr(engine._config, "_param_dict", None))
+        if parsed is None:
+            return DSOffload(engine, None)
+        config, scopes = parsed[0], scopes or parsed[1]
+    if not config.enabled:
+        return DSOffload(engine, None)
+    pipeline = _is_pipeline_engine(engine)
+    module = engine.module
+    mods = _scope_modules(module, scopes, pipeline)
+    if not mods:
+        raise ValueError(f'flowlane.offload: no scope modules found (scope_classes={list(scopes)}); set '
+                         '"scope_classes" to the class names of the transformer layers')
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    cache = TensorCache(config, rank=rank)
+    cache.register_parameters(module.parameters())
+    for m in mods:
+        cache.add_scope(m)
+    handle = DSOffload(engine, cache)
+    if pipeline:
+        _patch_pipeline(engine, cache, handle)
+    else:
+        _patch_plain(engine, cache, handle)
+    cache.activate()
+    return handle
