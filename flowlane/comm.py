@@ -188,14 +188,18 @@ def irecv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None
     return RecordedWork(dist.irecv(tensor, src, group=group), [op])
 
 
-def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any = None) -> list[RecordedWork]:
-    """Like ``dist.batch_isend_irecv``; one CommOp per P2POp. Global peer ranks, as torch expects."""
+def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any = None,
+                      keys: Sequence[Any] | None = None) -> list[RecordedWork]:
+    """Like ``dist.batch_isend_irecv``; one CommOp per P2POp (with ``keys[i]``, or ``key`` for all).
+    Global peer ranks, as torch expects."""
     if not p2p_ops:
         return []
+    if keys is not None and len(keys) != len(p2p_ops):
+        raise ValueError(f"keys has {len(keys)} entries for {len(p2p_ops)} ops")
     recs = []
-    for p in p2p_ops:
-        name = "isend" if p.op in (dist.isend, getattr(dist, "send", None)) else "irecv"
-        recs.append(_start(kind, name, p.group, [p.peer], _nbytes(p.tensor), key))
+    for i, p in enumerate(p2p_ops):
+        name = "isend" if p.op in (dist.isend, dist.send) else "irecv"
+        recs.append(_start(kind, name, p.group, [p.peer], _nbytes(p.tensor), keys[i] if keys is not None else key))
     works = dist.batch_isend_irecv(list(p2p_ops))
     return [RecordedWork(w, [r]) for w, r in zip(works, recs, strict=True)]
 

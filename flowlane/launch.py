@@ -58,12 +58,10 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
         if backend is not None:
             dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=timeout))
-        try:
-            out = fn(rank, world, *args)
-        finally:
-            if backend is not None and dist.is_initialized():
-                dist.destroy_process_group()
-        results.put(("ok", rank, out))
+        out = fn(rank, world, *args)
+        results.put(("ok", rank, out))  # report before teardown: a peer's teardown must not delay this result
+        if backend is not None and dist.is_initialized():
+            dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - everything must reach the parent
         results.put(("err", rank, traceback.format_exc()))
 

@@ -6,12 +6,14 @@ those, and nothing in megatron_plugin depends on it: on a GPU machine the plugin
 Patched (megatron-core 0.14-0.16):
 - ``torch.cuda.current_device/synchronize/get_rng_state/manual_seed`` (p2p buffers, DDP buffers, RNG tracker);
 - ``tensor_parallel.random._get/_set_cuda_rng_state`` (``CudaRNGStatesTracker``);
-- the literal ``device="cuda"`` in ``pipeline_parallel.schedules`` / ``p2p_communication`` (a torch proxy that
-  maps CUDA devices to CPU for ``zeros/empty/tensor``).
+- ``torch.cuda.Stream/Event/stream/current_stream`` and ``Tensor.record_stream`` (MoE token dispatcher);
+- the literal ``device="cuda"`` in ``pipeline_parallel.schedules`` / ``p2p_communication`` and the MoE router /
+  utils (a torch proxy that maps CUDA devices to CPU for ``zeros/empty/tensor``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Any
 
@@ -25,6 +27,35 @@ def _cpu_device(kwargs: dict[str, Any]) -> dict[str, Any]:
     if dev is not None and (str(dev).startswith("cuda") or isinstance(dev, int)):
         kwargs["device"] = "cpu"
     return kwargs
+
+
+class _CpuStream:
+    """Stands in for ``torch.cuda.Stream``/``Event`` (the MoE token dispatcher's D2H side stream): CPU work is
+    synchronous, so every wait is a no-op."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _CpuStream:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
 
 
 class _TorchOnCpu(types.ModuleType):
@@ -57,8 +88,17 @@ def apply() -> None:
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()  # type: ignore[assignment]
     torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)  # type: ignore[assignment]
+    torch.cuda.Stream = _CpuStream  # type: ignore[assignment,misc]
+    torch.cuda.Event = _CpuStream  # type: ignore[assignment,misc]
+    _default_stream = _CpuStream()
+    torch.cuda.current_stream = lambda *a, **k: _default_stream  # type: ignore[assignment]
+    torch.cuda.default_stream = lambda *a, **k: _default_stream  # type: ignore[assignment]
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
+    torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign]
 
     import megatron.core.pipeline_parallel.p2p_communication as p2p
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.router as moe_router
     import megatron.core.pipeline_parallel.schedules as schedules
     import megatron.core.tensor_parallel.random as mrandom
 
@@ -67,4 +107,19 @@ def apply() -> None:
     proxy = _TorchOnCpu("torch_on_cpu")
     schedules.torch = proxy
     p2p.torch = proxy
+    moe_utils.torch = proxy
+    # the all-to-all dispatcher turns split sizes into numpy only for CUDA tensors; on CPU they stayed tensors
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+
+    def move_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.cpu().numpy()
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = move_to_cpu
+    dispatcher.maybe_move_tensor_to_cpu = move_to_cpu
+    # without Transformer Engine, megatron-core 0.16's router GEMM references an undefined te_general_gemm
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    moe_router.torch = proxy
     _APPLIED = True

@@ -1,0 +1,24 @@
+# flowlane: two commands for a fresh machine (python3, gcc, make).
+#   make train   the main job: default recipe (installs the llm lane on first use)
+#   make test    every test: both lanes + the NCCL net plugin (installs both lanes on first use)
+.PHONY: train test lanes plugin lint clean
+
+train:
+	scripts/train.sh $(ARGS)
+
+test:
+	scripts/test.sh $(ARGS)
+
+lanes:
+	scripts/bootstrap.sh llm
+	scripts/bootstrap.sh gnn
+
+plugin:
+	$(MAKE) -C nccl_net_plugin
+
+lint: lanes
+	.venv-llm/bin/ruff check flowlane megatron_plugin deepspeed_plugin dgl_plugin recipes benchmarks tests
+
+clean:
+	rm -rf .venv-llm .venv-gnn .tools results outputs
+	[ ! -f nccl_net_plugin/Makefile ] || $(MAKE) -C nccl_net_plugin clean

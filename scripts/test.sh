@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every test: the llm lane (core + Megatron + DeepSpeed + NCCL net plugin), then the gnn lane (core + DGL).
+# Extra arguments go to both pytest runs (e.g. -k sim, -x).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh llm || exit 1
+scripts/bootstrap.sh gnn || exit 1
+mkdir -p results/test-reports
+export DS_ACCELERATOR=cpu PYTHONDONTWRITEBYTECODE=1
+status=0
+run_lane() {  # lane, marker expression
+  echo "=== lane $1: pytest -m \"$2\" ==="
+  ".venv-$1/bin/python" -m pytest -m "$2" --junitxml="results/test-reports/$1.xml" -p no:cacheprovider "${@:3}"
+  local rc=$?
+  if [ $rc -eq 5 ]; then echo "lane $1: pytest collected no tests (exit 5) - treated as a failure" >&2; status=1
+  elif [ $rc -ne 0 ]; then status=1; fi
+}
+run_lane llm "not gnn" "$@"
+run_lane gnn "not llm and not wire" "$@"
+.venv-llm/bin/python scripts/test_totals.py results/test-reports/llm.xml results/test-reports/gnn.xml || status=1
+exit $status

@@ -1,0 +1,47 @@
+"""Module-level worker functions for tests that spawn ranks (spawned processes must import them)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from flowlane import comm, trace
+
+
+def comm_roundtrip(rank: int, world: int) -> dict:
+    with comm.recording() as rec:
+        t = torch.full((256,), float(rank))
+        comm.all_reduce(t, kind="dp", key=("it", 0))
+        out = torch.empty(world * 4)
+        comm.all_gather_into_tensor(out, torch.full((4,), float(rank)), kind="dp")
+        a2a_out = torch.empty(world * 2)
+        comm.all_to_all_single(a2a_out, torch.arange(world * 2, dtype=torch.float32) + 100 * rank, kind="ep")
+        peer = rank ^ 1
+        buf = torch.empty(1000)
+        with trace.span("p2p", rank=rank):
+            works = comm.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(1000) * rank, peer),
+                                            dist.P2POp(dist.irecv, buf, peer)], kind="pp", keys=["s", "r"])
+            for w in works:
+                w.wait()
+        events = trace.rank_events(rank)
+        return {"sum": t[0].item(), "gathered": out.tolist(), "a2a": a2a_out.tolist(), "recv": buf[0].item(),
+                "bytes": rec.bytes_by_kind(), "ops": [(o.kind, o.op, o.nbytes, o.key, o.end is not None)
+                                                     for o in rec.ops], "events": events}
+
+
+def raise_on_rank_one(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("boom from rank one")
+    dist.barrier()  # the other ranks wait for rank 1, which never arrives
+
+
+def hang_on_rank_two(rank: int, world: int) -> None:
+    if rank == 2:
+        time.sleep(600)
+
+
+def die_on_rank_zero(rank: int, world: int) -> None:
+    if rank == 0:
+        os._exit(3)
+    time.sleep(600)

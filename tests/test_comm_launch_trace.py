@@ -1,0 +1,51 @@
+import json
+
+import pytest
+
+from flowlane import launch as L
+from flowlane.trace import write_chrome_trace
+from tests import dist_workers as W
+
+
+def test_recorded_ops_move_the_right_data_and_count_bytes_on_four_ranks(tmp_path):
+    res = L.launch(W.comm_roundtrip, 4, timeout=120)
+    for rank, r in enumerate(res):
+        assert r["sum"] == sum(range(4))
+        assert r["gathered"] == [float(i) for i in range(4) for _ in range(4)]
+        assert r["a2a"] == [100.0 * src + rank * 2 + j for src in range(4) for j in range(2)]
+        assert r["recv"] == float(rank ^ 1)
+        # bytes: all_reduce 256 fp32, all_gather input 4 fp32, a2a input 8 fp32, one 1000-fp32 send (recv not counted)
+        assert r["bytes"] == {"dp": 256 * 4 + 4 * 4, "ep": 8 * 4, "pp": 1000 * 4}
+        assert ("dp", "all_reduce", 1024, ("it", 0), True) in r["ops"]
+        assert ("pp", "isend", 4000, "s", True) in r["ops"] and ("pp", "irecv", 4000, "r", True) in r["ops"]
+    events = [e for r in res for e in r["events"]]
+    path = write_chrome_trace(tmp_path / "t.json", events)
+    doc = json.loads(path.read_text())
+    names = {(e["pid"], e["name"]) for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert {(r, "all_reduce") for r in range(4)} <= names and (0, "p2p") in names
+    assert not (tmp_path / "t.json.tmp").exists()
+
+
+def test_a_failing_rank_is_reported_by_number_with_its_traceback():
+    with pytest.raises(L.RankFailedError, match="rank 1 failed") as e:
+        L.launch(W.raise_on_rank_one, 3, timeout=60)
+    assert "boom from rank one" in str(e.value)
+
+
+def test_a_stuck_rank_becomes_a_timeout_error_naming_it_and_its_stack():
+    with pytest.raises(L.RankTimeoutError) as e:
+        L.launch(W.hang_on_rank_two, 3, timeout=45)
+    assert e.value.ranks == [2]
+    assert "hang_on_rank_two" in str(e.value)
+
+
+def test_a_rank_that_dies_without_a_result_is_an_error_not_a_hang():
+    with pytest.raises(L.RankFailedError, match="rank 0 failed:\nprocess exited with code 3"):
+        L.launch(W.die_on_rank_zero, 2, timeout=60)
+
+
+@pytest.mark.parametrize("kw, match", [({"nprocs": 0}, "nprocs must be an integer >= 1, got 0"),
+                                       ({"nprocs": 2, "timeout": -1}, "timeout must be > 0 seconds, got -1")])
+def test_launch_rejects_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        L.launch(W.hang_on_rank_two, **kw)
