@@ -12,6 +12,7 @@ where it was.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import multiprocessing as mp
@@ -106,10 +107,11 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeou
                         # a process that died without reporting (segfault, os._exit, OOM kill)
                         if r not in out and not p.is_alive() and p.exitcode not in (0, None):
                             _drain_errors(results, out)
-                            raise RankFailedError(r, f"process exited with code {p.exitcode} without a result")
+                            raise RankFailedError(r, f"process exited with code {p.exitcode} without a result") \
+                                from None
                     if time.monotonic() > deadline:
                         stuck = [r for r in range(nprocs) if r not in out]
-                        raise RankTimeoutError(stuck, timeout, _dump_stacks(procs, stuck, store_dir))
+                        raise RankTimeoutError(stuck, timeout, _dump_stacks(procs, stuck, store_dir)) from None
                     continue
                 if status == "err":
                     raise RankFailedError(rank, payload)
@@ -135,10 +137,8 @@ def _drain_errors(results: mp.Queue, out: dict[int, Any]) -> None:
 def _dump_stacks(procs: Sequence[mp.Process], ranks: Sequence[int], store_dir: str) -> dict[int, str]:
     for r in ranks:
         if procs[r].is_alive() and procs[r].pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(procs[r].pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
     time.sleep(0.5)
     stacks = {}
     for r in ranks:

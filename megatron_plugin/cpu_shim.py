@@ -97,10 +97,10 @@ def apply() -> None:
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign]
 
     import megatron.core.pipeline_parallel.p2p_communication as p2p
-    import megatron.core.transformer.moe.moe_utils as moe_utils
-    import megatron.core.transformer.moe.router as moe_router
     import megatron.core.pipeline_parallel.schedules as schedules
     import megatron.core.tensor_parallel.random as mrandom
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.router as moe_router
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
