@@ -22,7 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="256,512,1024,2048,4096,8192")
     ap.add_argument("--quantum", type=float, default=1e-4, help="event batching window (s) for the scaled runs")
-    ap.add_argument("--exact-up-to", type=int, default=1024, help="also run exact (quantum 0) up to this size")
+    ap.add_argument("--exact-up-to", type=int, default=8192, help="also run exact (quantum 0) up to this size")
     ap.add_argument("--out", default="results/sim")
     a = ap.parse_args()
     rows = []
