@@ -17,6 +17,6 @@ __all__ = [
     "stage_hop_loads",
 ]
 
-from .executor import GraphExchange, graph_allgather  # noqa: E402 - torch-dependent part last
+from .executor import GraphExchange, PendingExchange, attach, graph_allgather  # noqa: E402 - torch-dependent part last
 
-__all__ += ["GraphExchange", "graph_allgather"]
+__all__ += ["GraphExchange", "PendingExchange", "attach", "graph_allgather"]

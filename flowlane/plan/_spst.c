@@ -53,8 +53,15 @@ long flowlane_spst(int R, int S, int H, int maxh, const double *inv, const int32
   long hcap = NS * (R + 1) + 16;
   key_t_ *hp = malloc(hcap * sizeof(key_t_));
   int depth[64];
+  /* marginal-cost cache: C(k, l) of Algorithm 2 stays valid until stage k changes (version stamp) */
+  long NL = (long)R * R;
+  double *cval = malloc((S + 1) * NL * sizeof(double));
+  long *cver = malloc((S + 1) * NL * sizeof(long));
+  long *sver = calloc(S + 1, sizeof(long));
+  if (cver) for (long z = 0; z < (S + 1) * NL; z++) cver[z] = -1;
   long nout = 0, rc = 0;
-  if (!T || !used || !bc || !brw || !bh || !pred || !has || !fin || !hp) { rc = -2; goto done; }
+  if (!T || !used || !bc || !brw || !bh || !pred || !has || !fin || !hp || !cval || !cver || !sver) {
+    rc = -2; goto done; }
   for (long oi = 0; oi < NV; oi++) {
     long i = order[oi];
     int64_t u = verts[i];
@@ -89,13 +96,20 @@ long flowlane_spst(int R, int S, int H, int maxh, const double *inv, const int32
           if (((intree | onpath) >> g2) & 1) continue;
           const int32_t *hops = lh + ((long)k.g * R + g2) * maxh;
           if (hops[0] < 0) continue;
-          double mx = 0.0; int first = 1;
-          for (int q = 0; q < maxh && hops[q] >= 0; q++) {
-            double v = (load[(long)kk * H + hops[q]] + 1.0) * inv[hops[q]];
-            if (first || v > mx) { mx = v; first = 0; }
+          long ci = (long)kk * NL + (long)k.g * R + g2;
+          double m;
+          if (cver[ci] == sver[kk]) {
+            m = cval[ci];
+          } else {
+            double mx = 0.0; int first = 1;
+            for (int q = 0; q < maxh && hops[q] >= 0; q++) {
+              double v = (load[(long)kk * H + hops[q]] + 1.0) * inv[hops[q]];
+              if (first || v > mx) { mx = v; first = 0; }
+            }
+            m = mx - T[kk];
+            if (m < 0) m = 0.0;
+            cval[ci] = m; cver[ci] = sver[kk];
           }
-          double m = mx - T[kk];
-          if (m < 0) m = 0.0;
           if (alpha != 0.0 && !used[kk]) m += alpha;
           double nc = k.c + m; int nh = k.h + 1; double nrw = k.rw + raw[(long)k.g * R + g2];
           long s2 = (long)g2 * (S + 1) + kk;
@@ -129,6 +143,7 @@ long flowlane_spst(int R, int S, int H, int maxh, const double *inv, const int32
           if (v > T[kk]) T[kk] = v;
         }
         used[kk] = 1;
+        sver[kk]++;
         depth[gb] = kk; intree |= (uint64_t)1 << gb;
         if (nout >= cap) { rc = -2; goto done; }
         out_u[nout] = u; out_k[nout] = kk; out_a[nout] = ga; out_b[nout] = gb; nout++;
@@ -138,6 +153,7 @@ long flowlane_spst(int R, int S, int H, int maxh, const double *inv, const int32
   }
   rc = nout;
 done:
+  free(cval); free(cver); free(sver);
   free(T); free(used); free(bc); free(brw); free(bh); free(pred); free(has); free(fin); free(hp);
   return rc;
 }

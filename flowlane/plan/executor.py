@@ -18,6 +18,7 @@ the device of the input; index tables are moved there once).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -31,10 +32,16 @@ from .tables import RankTables
 class GraphExchange:
     """Executor of one rank's tables. ``group``: process group whose ranks are the plan's ranks (default world)."""
 
-    def __init__(self, tables: RankTables, group: dist.ProcessGroup | None = None, kind: str = "graph") -> None:
+    def __init__(self, tables: RankTables, group: dist.ProcessGroup | None = None, kind: str = "graph",
+                 emulate_bandwidth: float | None = None) -> None:
+        """``emulate_bandwidth`` (bytes/s, benchmarks only): after each stage, sleep as long as the largest message
+        to or from one peer would take on a dedicated link of that speed (an *emulated* link, labelled as such)."""
+        if emulate_bandwidth is not None and not emulate_bandwidth > 0:
+            raise ValueError(f"emulate_bandwidth must be > 0 bytes/s or None, got {emulate_bandwidth!r}")
         self.tables = tables
         self.group = group
         self.kind = kind
+        self.emulate_bandwidth = emulate_bandwidth
         self._idx: dict[torch.device, list[tuple[list, list]]] = {}
 
     @property
@@ -72,6 +79,7 @@ class GraphExchange:
             works += [comm.isend(buf.index_select(0, ix), p, kind=self.kind, key=key) for p, ix in sends]
             for w in works:
                 w.wait()
+            self._emulate(sends, recvs, buf)
             for ix, g in got:
                 buf.index_copy_(0, ix, g)
         return buf[:self.num_out]
@@ -89,9 +97,17 @@ class GraphExchange:
             works += [comm.isend(buf.index_select(0, ix), p, kind=self.kind, key=key) for p, ix in recvs]
             for w in works:
                 w.wait()
+            self._emulate(sends, recvs, buf)
             for ix, g in got:
                 buf.index_add_(0, ix, g)
         return buf[:t.num_local].contiguous()
+
+    def _emulate(self, sends: list, recvs: list, buf: torch.Tensor) -> None:
+        if self.emulate_bandwidth is None:
+            return
+        row = buf[0].numel() * buf.element_size() if buf.shape[0] else 0
+        biggest = max((ix.numel() for _, ix in (*sends, *recvs)), default=0) * row
+        time.sleep(biggest / self.emulate_bandwidth)
 
     def start(self, local: torch.Tensor, key: Any = None) -> PendingExchange:
         """Run the forward exchange in a helper thread (used by pipelined runtimes); ``.wait()`` returns the rows."""
@@ -129,6 +145,28 @@ class _GraphAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
         return ctx.ex.backward_raw(grad.contiguous(), ctx.key), None, None
+
+
+class _Attach(torch.autograd.Function):
+    """Differentiable ``[local | remote]`` from rows an asynchronous exchange already delivered."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, full: torch.Tensor, ex: GraphExchange) -> torch.Tensor:  # type: ignore[override]
+        ctx.ex = ex
+        return torch.cat([local.detach(), full[local.shape[0]:]])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        return ctx.ex.backward_raw(grad.contiguous()), None, None
+
+
+def attach(local: torch.Tensor, pending: PendingExchange, exchange: GraphExchange) -> torch.Tensor:
+    """Wait for ``pending`` (started with ``exchange.start`` on rows whose *sent* rows equal ``local``'s) and return
+    ``[local | remote]`` with the same backward as :func:`graph_allgather`."""
+    full = pending.wait()
+    if local.requires_grad:
+        return _Attach.apply(local, full, exchange)
+    return torch.cat([local, full[local.shape[0]:]])
 
 
 def graph_allgather(local_embeddings: torch.Tensor, exchange: GraphExchange, key: Any = None) -> torch.Tensor:
