@@ -1,0 +1,358 @@
+"""Hermod coflow scheduling for Megatron-core / Megatron-LM (seed 000 ch.5).
+
+Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_plugin.args`)::
+
+    --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
+    --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
+    --hermod-ep-algorithm {bvn,alg3,plain}  --hermod-ep-quantum N
+
+megatron-core API::
+
+    h = Hermod(HermodConfig(), num_microbatches=M, layers_per_stage=L, stage=pp_rank, dp_group=dp_group)
+    h.attach_p2p(p2p_communicator)            # pipeline p2p: critical ops, keys with microbatch ids
+    config.finalize_model_grads_func = h.grad_sync(model, bucket_bytes)   # DDP-style bucket sync, deferred
+    h.patch_moe_dispatcher()                  # MoE token-dispatcher all-to-all -> matched all-to-all
+    ... train ...
+    h.close()
+
+Hooks and what they do:
+* **schedules (microbatch ids)**: the 1F1B schedule calls the p2p communicator in microbatch order; Hermod counts
+  forward/backward sends and receives per iteration, which gives each PP coflow its MID (no schedule patching).
+* **pipeline p2p**: every ``_communicate`` is a *critical* op (launched immediately, gate closed for DP while it
+  runs) whose recorded ops carry a :class:`~flowlane.policy.CoflowMeta` key.
+* **DDP bucket grad sync**: gradients are bucketed exactly as :class:`megatron_plugin.comm_hooks.DataParallelGradSync`
+  (same math: SUM then / dp), but each bucket is launched as soon as its last gradient of the last microbatch is
+  accumulated (Megatron's ``overlap_grad_reduce`` semantics), as *deferred* chunks on a cloned DP communicator,
+  in Hermod order (MID M-1, CType DP, LID = highest layer in the bucket).
+* **param gather** (distributed optimizer): :meth:`Hermod.defer_param_gather` keys a gather with the consuming
+  iteration and the bucket's lowest layer (digest A6.1 #6); the tiny-GPT recipe uses plain Adam, so it is API only.
+* **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
+  matched (incast-free BvN) all-to-all with the same autograd semantics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from flowlane import comm
+from flowlane.coflow import HermodOrderConfig
+from flowlane.policy import CoflowMeta
+from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
+from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all
+
+
+@dataclass
+class HermodConfig:
+    """``scheduler`` config group (recipes/conf/scheduler/{none,hermod}.yaml mirror these fields)."""
+
+    name: Literal["none", "hermod"] = "hermod"
+    """``none`` leaves Megatron's default order untouched."""
+    schedule: Literal["1f1b", "interleaved"] = "1f1b"
+    """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1)."""
+    dp_mid: Literal["last", "consumer"] = "last"
+    """MID of DP coflows (digest A2.4 / A6.1 #1)."""
+    chunk_bytes: int = 256 << 10
+    """DP buckets are sent in chunks of this size so PP/EP traffic can pass between them."""
+    max_inflight_chunks: int = 1
+    gate_timeout_s: float = 0.05
+    """Longest a DP chunk is held back while a PP/EP op is outstanding."""
+    ep_algorithm: Literal["bvn", "alg3", "plain"] = "bvn"
+    """MoE all-to-all: BvN matching (optimal), the seed's Algorithm 3, or plain all_to_all_single."""
+    ep_quantum: int = 1
+    """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in ("none", "hermod"):
+            raise ValueError(f"scheduler name {self.name!r} is not one of ['hermod', 'none']")
+        if self.ep_algorithm not in ("bvn", "alg3", "plain"):
+            raise ValueError(f"ep_algorithm {self.ep_algorithm!r} is not one of ['alg3', 'bvn', 'plain']")
+        if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
+            raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
+        HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
+        self.scheduler_config()  # validates chunk / inflight / gate
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(mode="hermod", chunk_bytes=self.chunk_bytes,
+                               max_inflight_chunks=self.max_inflight_chunks, gate_timeout_s=self.gate_timeout_s)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HermodConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown scheduler config key(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+# -- launch flags ------------------------------------------------------------------------------------------------------
+def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    d = HermodConfig()
+    g = parser.add_argument_group("flowlane hermod", "Hermod coflow scheduling (seed 000 ch.5)")
+    g.add_argument("--coflow-scheduler", choices=["none", "hermod"], default="none",
+                   help="cluster-wide coflow priority (MID > CType > LID) + matched all-to-all")
+    g.add_argument("--hermod-schedule", choices=["1f1b", "interleaved"], default=d.schedule)
+    g.add_argument("--hermod-dp-mid", choices=["last", "consumer"], default=d.dp_mid)
+    g.add_argument("--hermod-chunk-bytes", type=int, default=d.chunk_bytes)
+    g.add_argument("--hermod-max-inflight-chunks", type=int, default=d.max_inflight_chunks)
+    g.add_argument("--hermod-gate-timeout-s", type=float, default=d.gate_timeout_s)
+    g.add_argument("--hermod-ep-algorithm", choices=["bvn", "alg3", "plain"], default=d.ep_algorithm)
+    g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> HermodConfig:
+    return HermodConfig(name=args.coflow_scheduler, schedule=args.hermod_schedule, dp_mid=args.hermod_dp_mid,
+                        chunk_bytes=args.hermod_chunk_bytes, max_inflight_chunks=args.hermod_max_inflight_chunks,
+                        gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
+                        ep_quantum=args.hermod_ep_quantum)
+
+
+# -- the runtime object ------------------------------------------------------------------------------------------------
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _flat_buckets(params: Sequence[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
+    from megatron_plugin.comm_hooks import _flat_buckets as lead_buckets
+
+    return lead_buckets(params, bucket_bytes)  # identical bucketing = identical math
+
+
+class Hermod:
+    """Per-rank Hermod state for one Megatron model chunk (1F1B, non-interleaved)."""
+
+    def __init__(self, config: HermodConfig, *, num_microbatches: int, layers_per_stage: int, stage: int,
+                 dp_group: dist.ProcessGroup | None, num_stages: int = 1) -> None:
+        if num_microbatches < 1 or layers_per_stage < 1 or stage < 0:
+            raise ValueError(f"need num_microbatches >= 1, layers_per_stage >= 1, stage >= 0; got "
+                             f"{num_microbatches}, {layers_per_stage}, {stage}")
+        self.config, self.M, self.L, self.stage, self.num_stages = (config, num_microbatches, layers_per_stage,
+                                                                    stage, num_stages)
+        self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
+        self.sched = CommScheduler(self.policy, config.scheduler_config())
+        self.dp_group = dp_group
+        ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))
+        self.classes = build_class_groups([ranks])  # collective: every rank constructs its Hermod together
+        self.bulk_group = self.classes.get(dp_group, 2)
+        self.iteration = 0
+        self._counts = {"send_next": 0, "recv_prev": 0, "send_prev": 0, "recv_next": 0}
+        self._keys: dict[str, CoflowMeta] = {}
+        self._fwd_mb = 0
+        self._restore: list[Callable[[], None]] = []
+
+    # keys ---------------------------------------------------------------------------------------------------------
+    def meta(self, ctype: str, mb: int, layer: int, op: str, iteration: int | None = None) -> CoflowMeta:
+        return CoflowMeta(ctype, iteration=self.iteration if iteration is None else iteration,
+                          microbatch=min(mb, self.M - 1), layer=max(layer, 0), stage=self.stage, op=op,
+                          seq=self.sched.next_seq())
+
+    def _pp_meta(self, direction: str) -> CoflowMeta:
+        mb = self._counts[direction]
+        self._counts[direction] += 1
+        # LID = the stage-boundary layer: last layer before the boundary the data crosses (digest A6.1 #6)
+        boundary = (self.stage + 1) * self.L - 1 if direction in ("send_next", "recv_next") else self.stage * self.L - 1
+        return self.meta("pp", mb, boundary, direction)
+
+    def key_provider(self, kind: str, info: dict[str, Any]) -> Any:
+        """For :mod:`megatron_plugin.comm_hooks`: the key of the op being recorded."""
+        if kind == "pp":
+            return self._keys.get(info.get("direction", ""))
+        return None
+
+    def end_iteration(self) -> None:
+        self.iteration += 1
+        self._counts = dict.fromkeys(self._counts, 0)
+        self._fwd_mb = 0
+
+    # hooks --------------------------------------------------------------------------------------------------------
+    def attach_p2p(self, p2p: Any) -> Any:
+        """Make every pipeline p2p step a critical, keyed op (works on any P2PCommunicator with ``_communicate``)."""
+        original = p2p._communicate
+
+        def communicate(*, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
+                        **kw: Any) -> Any:
+            present = {"send_prev": tensor_send_prev is not None, "recv_prev": bool(recv_prev),
+                       "send_next": tensor_send_next is not None, "recv_next": bool(recv_next)}
+            self._keys = {d: self._pp_meta(d) for d, on in present.items() if on}
+            if self._keys.get("send_next") is not None or self._keys.get("recv_prev") is not None:
+                self._fwd_mb = max(self._fwd_mb, min(m.microbatch for d, m in self._keys.items()
+                                                     if d in ("send_next", "recv_prev")))
+            if not self._keys:
+                return original(tensor_send_next=tensor_send_next, tensor_send_prev=tensor_send_prev,
+                                recv_prev=recv_prev, recv_next=recv_next, **kw)
+            first = min(self._keys.values(), key=self.policy.order)
+            with self.sched.critical_section(first):
+                return original(tensor_send_next=tensor_send_next, tensor_send_prev=tensor_send_prev,
+                                recv_prev=recv_prev, recv_next=recv_next, **kw)
+
+        p2p._communicate = communicate
+        if hasattr(p2p, "key_provider"):
+            p2p.key_provider = self.key_provider
+        self._restore.append(lambda: setattr(p2p, "_communicate", original))
+        return p2p
+
+    def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int) -> HermodGradSync:
+        return HermodGradSync(self, model, bucket_bytes)
+
+    def defer_param_gather(self, output: torch.Tensor, input: torch.Tensor, layer_lo: int,
+                           group: dist.ProcessGroup | None = None) -> Any:
+        """ZeRO parameter all-gather for the next iteration, deferred in Hermod order (Case III)."""
+        meta = self.meta("dp", 0, layer_lo, "all_gather", iteration=self.iteration + 1)
+        grp = self.classes.get(group if group is not None else self.dp_group, 2)
+        return self.sched.defer(meta, [lambda: comm.all_gather_into_tensor(output, input, group=grp, kind="dp",
+                                                                           key=meta, async_op=True)])
+
+    def all_to_all(self, group: dist.ProcessGroup, input_: torch.Tensor, output_split_sizes: Any = None,
+                   input_split_sizes: Any = None) -> torch.Tensor:
+        """Drop-in for ``megatron.core.tensor_parallel.all_to_all`` (autograd-aware, matched phases)."""
+        return _MatchedAllToAll.apply(self, group, input_, output_split_sizes, input_split_sizes)
+
+    def patch_moe_dispatcher(self) -> None:
+        import megatron.core.transformer.moe.token_dispatcher as td
+
+        original = td.all_to_all
+        td.all_to_all = self.all_to_all
+        self._restore.append(lambda: setattr(td, "all_to_all", original))
+
+    def close(self) -> None:
+        self.sched.close()
+        for undo in reversed(self._restore):
+            undo()
+        self._restore.clear()
+
+
+class _MatchedAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, h: Hermod, group: Any, input_: torch.Tensor, out_splits: Any, in_splits: Any) -> Any:
+        ctx.h, ctx.group, ctx.splits = h, group, (out_splits, in_splits)
+        return _run_a2a(h, group, input_, out_splits, in_splits, "dispatch")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        out_splits, in_splits = ctx.splits
+        return None, None, _run_a2a(ctx.h, ctx.group, grad.contiguous(), in_splits, out_splits, "combine"), None, None
+
+
+def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits: Any, op: str) -> torch.Tensor:
+    n = dist.get_world_size(group)
+    x = x.contiguous()
+    if in_splits is None:
+        in_splits = [x.shape[0] // n] * n
+    if out_splits is None:
+        out_splits = [x.shape[0] // n] * n
+    in_splits, out_splits = [int(v) for v in in_splits], [int(v) for v in out_splits]
+    out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    meta = h.meta("ep", h._fwd_mb, h.stage * h.L, op)
+    with h.sched.critical_section(meta):
+        if h.config.ep_algorithm == "plain":
+            comm.all_to_all_single(out, x, out_splits, in_splits, group=group, kind="ep", key=meta)
+        else:
+            matrix = gather_split_matrix(in_splits, group)
+            matched_all_to_all(out, x, out_splits, in_splits, matrix, group=group, quantum=h.config.ep_quantum,
+                               algorithm=h.config.ep_algorithm, key=meta)
+    return out
+
+
+class HermodGradSync:
+    """``finalize_model_grads_func`` with per-bucket deferred all-reduce started during the last backward."""
+
+    def __init__(self, h: Hermod, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int) -> None:
+        self.h = h
+        models = list(model) if isinstance(model, list | tuple) else [model]
+        named = [(n, p) for m in models for n, p in m.named_parameters()]
+        self.world = dist.get_world_size(h.dp_group)
+        self.buckets = _flat_buckets([p for _, p in named], bucket_bytes)
+        layer_of = {id(p): self._layer(n) for n, p in named}
+        self.bucket_layer = [max(layer_of[id(p)] for p in b) for b in self.buckets]
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._counts: dict[int, int] = {}
+        self._ready: list[int] = [0] * len(self.buckets)
+        self._handles: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for b in self.buckets for p in b]
+
+    def _layer(self, name: str) -> int:
+        m = _LAYER_RE.search(name)
+        if m:
+            return self.h.stage * self.h.L + int(m.group(1))
+        return self.h.stage * self.h.L + (self.h.L - 1 if ("output" in name or "final" in name) else 0)
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        n = self._counts.get(id(p), 0) + 1
+        self._counts[id(p)] = n
+        if n == self.h.M:  # this parameter's gradient is final (last microbatch)
+            b = self.bucket_of[id(p)]
+            self._ready[b] += 1
+            if self._ready[b] == len(self.buckets[b]):
+                self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        if b in self._handles or self.world == 1:
+            return
+        bucket = self.buckets[b]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        meta = self.h.meta("dp", self.h.M - 1, self.bucket_layer[b], "all_reduce")
+        grp = self.h.bulk_group
+        launches = []
+        for a, e in self.h.sched.chunk_bounds(flat.numel(), flat.element_size()):
+            launches.append(lambda a=a, e=e: comm.all_reduce(flat[a:e], group=grp, kind="dp", key=meta,
+                                                             async_op=True))
+        self._handles[b] = (self.h.sched.defer(meta, launches), flat)
+
+    def __call__(self, model: Any, *args: Any, **kwargs: Any) -> None:
+        for b in range(len(self.buckets)):  # buckets whose params got no gradient in some microbatch
+            self._launch(b)
+        self.h.sched.seal()
+        for b, bucket in enumerate(self.buckets):
+            if self.world == 1:
+                continue
+            handle, flat = self._handles[b]
+            handle.wait()
+            flat.div_(self.world)
+            offset = 0
+            for p in bucket:
+                k = p.numel()
+                p.grad = flat[offset:offset + k].view_as(p).clone()
+                offset += k
+        self._counts.clear()
+        self._ready = [0] * len(self.buckets)
+        self._handles.clear()
+        self.h.end_iteration()
+
+    def remove(self) -> None:
+        for hk in self._hooks:
+            hk.remove()
+
+
+# -- recipe entry point ------------------------------------------------------------------------------------------------
+def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
+    """Called by the train loop on every rank, after the model, p2p communicator and grad sync are built and
+    before the first iteration. ``ctx`` needs: ``recipe`` (num_microbatches, num_layers, pipeline_parallel,
+    dp_bucket_bytes), ``model``, ``config`` (Megatron TransformerConfig), ``p2p_communicator``. Replaces
+    ``ctx.config.finalize_model_grads_func`` and ``ctx.grad_sync``; returns the :class:`Hermod` (call ``close()``
+    at the end) or None for ``name: none``. Collective: every rank must call it (it creates communicators)."""
+    hc = HermodConfig.from_dict(dict(cfg))
+    if hc.name == "none":
+        return None
+    from megatron.core import parallel_state as ps
+
+    r = ctx.recipe
+    h = Hermod(hc, num_microbatches=r.num_microbatches, layers_per_stage=r.num_layers // r.pipeline_parallel,
+               stage=ps.get_pipeline_model_parallel_rank(), num_stages=r.pipeline_parallel,
+               dp_group=ps.get_data_parallel_group())
+    h.attach_p2p(ctx.p2p_communicator)
+    sync = h.grad_sync(ctx.model, r.dp_bucket_bytes)
+    ctx.config.finalize_model_grads_func = sync
+    ctx.grad_sync = sync
+    if getattr(r, "num_experts", None):
+        h.patch_moe_dispatcher()
+    return h
+
+
+def describe(cfg: HermodConfig) -> dict[str, Any]:
+    return asdict(cfg)
