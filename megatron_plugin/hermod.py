@@ -349,7 +349,7 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
     sync = h.grad_sync(ctx.model, r.dp_bucket_bytes)
     ctx.config.finalize_model_grads_func = sync
     ctx.grad_sync = sync
-    if getattr(r, "num_experts", None):
+    if getattr(r, "num_moe_experts", None):
         h.patch_moe_dispatcher()
     return h
 
