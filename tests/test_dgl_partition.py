@@ -1,0 +1,78 @@
+"""G3 partitioner (METIS + Algorithm 2) and the synthetic generator (gnn lane)."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gnn
+pytest.importorskip("dgl")
+
+from dgl_plugin.g3_partition import PartitionError, _Tracker, g3_partition, remote_counts, symmetric_csr  # noqa: E402
+from dgl_plugin.synthetic import SyntheticSpec, synthetic_arrays  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return synthetic_arrays(SyntheticSpec(num_nodes=6000, avg_degree=10, seed=3))
+
+
+@pytest.mark.parametrize("parts", [4, 8])
+def test_partition_balance_within_gamma_and_sizes_kept(graph, parts):
+    part, st = g3_partition(graph["src"], graph["dst"], 6000, parts, gamma=0.005)
+    d = st.as_dict()
+    assert d["stop_reason"] == "gamma" and d["remote_spread"] <= 0.005
+    assert d["stage1_remote_spread"] > 0.005                   # METIS alone was not balanced
+    indptr, indices = symmetric_csr(graph["src"], graph["dst"], 6000)
+    assert remote_counts(indptr, indices, part, parts) == d["remote"]
+    ref, _ = g3_partition(graph["src"], graph["dst"], 6000, parts, refine_stage2=False)
+    assert d["size_imbalance"] < 1.1                           # swaps are one for one: METIS sizes kept
+
+
+def test_incremental_tracking_equals_full_recount(graph):
+    indptr, indices = symmetric_csr(graph["src"], graph["dst"], 6000)
+    part = np.random.default_rng(0).integers(0, 4, 6000)
+    tr = _Tracker(indptr, indices, part, 4)
+    rng = np.random.default_rng(1)
+    for v in rng.choice(6000, 200, replace=False).tolist():
+        t = int((part[v] + rng.integers(1, 4)) % 4)
+        tr.move(v, int(part[v]), t)
+    assert remote_counts(indptr, indices, part, 4) == tr.R
+    rows = np.repeat(np.arange(6000), np.diff(indptr))
+    rem = np.bincount(rows[part[rows] != part[indices]], minlength=6000)
+    assert np.array_equal(tr.rem, rem)
+
+
+def test_literal_algorithm2_stops_on_cycles(graph):
+    _, st = g3_partition(graph["src"], graph["dst"], 6000, 8, lock_moved=False, stage1_method="pymetis")
+    assert st.stop_reason in ("cycle", "gamma")
+
+
+def test_synthetic_graph_is_power_law_homophilous_and_symmetric():
+    a = synthetic_arrays(SyntheticSpec(num_nodes=20000, avg_degree=10, seed=0))
+    deg = np.bincount(a["src"], minlength=20000)
+    assert deg.max() > 20 * np.median(deg)                      # heavy tail
+    same = (a["label"][a["src"]] == a["label"][a["dst"]]).mean()
+    assert same > 0.5                                           # 8 classes: random would be ~0.125
+    key = set(zip(a["src"].tolist(), a["dst"].tolist(), strict=True))
+    assert all((d, s) in key for s, d in list(key)[:500]) and not (a["src"] == a["dst"]).any()
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(num_parts=0), "num_parts must be"),
+    (dict(gamma=2.0), "gamma must be"),
+    (dict(objtype="edges"), "objtype must be"),
+    (dict(stage1_method="spectral"), "stage-1 method must be"),
+    (dict(num_parts=7000), "cannot split 6000 nodes"),
+])
+def test_bad_partition_options_rejected(graph, kw, match):
+    args = dict(num_parts=4) | kw
+    with pytest.raises(PartitionError, match=match):
+        g3_partition(graph["src"], graph["dst"], 6000, **args)
+
+
+def test_bad_synthetic_specs_rejected():
+    with pytest.raises(ValueError, match="bad p_in=1.5"):
+        synthetic_arrays(SyntheticSpec(p_in=1.5))
+    with pytest.raises(ValueError, match="bad num_communities=2"):
+        synthetic_arrays(SyntheticSpec(num_classes=4, num_communities=2))
+    with pytest.raises(PartitionError, match="edge endpoints"):
+        symmetric_csr(np.array([0, 9]), np.array([1, 2]), 5)
