@@ -137,3 +137,64 @@ def test_install_from_config_disabled_is_a_noop(megatron_env) -> None:
             assert not h.enabled
     with pytest.raises(ValueError, match="keep_lastk"):
         install_from_config({"keep_lastk": 1}, model)
+
+
+def _pp_rank(rank: int, world: int, tmp: str) -> dict:
+    """One rank of a PP=2 Megatron GPT driven by the 1F1B schedule, with and without offload."""
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_plugin.ssd_offload import install_from_config
+
+    parallel_state.initialize_model_parallel(1, 2)
+    first, last = parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
+
+    def build():
+        torch.manual_seed(0)
+        model_parallel_cuda_manual_seed(0)
+        cfg = TransformerConfig(num_layers=4, hidden_size=HID, num_attention_heads=HEADS, use_cpu_initialization=True,
+                                attention_dropout=0.0, hidden_dropout=0.0, bias_activation_fusion=False,
+                                masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
+                                gradient_accumulation_fusion=False, apply_rope_fusion=False,
+                                pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
+        return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                        max_sequence_length=SEQ, pre_process=first, post_process=last)
+
+    def run(model):
+        def fsf(it, m):
+            tok, pos, mask = next(it)
+            return m(tok, pos, mask, labels=tok), lambda o: (o.float().mean(), {"l": o.detach().float().mean()})
+
+        model.zero_grad()
+        get_forward_backward_func()(forward_step_func=fsf, data_iterator=iter(_batches(4)), model=[model],
+                                    num_microbatches=4, seq_length=SEQ, micro_batch_size=MB, forward_only=False)
+        return [p.grad.clone() for p in model.parameters()]
+
+    model = build()
+    ref = run(model)
+    cfg = {"dirs": [tmp], "min_bytes": MIN_BYTES, "keep_last_k": 1, "offload_cpu_tensors": True}
+    with install_from_config(cfg, model) as h:
+        got = run(model)
+        stats = h.stats.as_dict()
+    parallel_state.destroy_model_parallel()
+    return {"equal": all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)), "last": last,
+            "written": stats["bytes_written"], "records": stats["records"], "sync_loads": stats["sync_loads"]}
+
+
+def test_megatron_1f1b_pp2_records_per_microbatch(tmp_path: Path) -> None:
+    from flowlane.launch import launch
+
+    res = launch(_pp_rank, 2, args=(str(tmp_path),), timeout=300)
+    per_layer = activation_bytes_per_layer(LayerShape(SEQ, MB, HID, HEADS, dropout=False, elem_bytes=4))
+    for r in res:
+        assert r["equal"] and r["records"] == 4 and r["sync_loads"] == 0
+        # 1F1B with 2 stages and 4 micro-batches: the first stage runs F F B F B F B B, so no forward is followed
+        # by its own backward (all 2 layers written); the last stage runs F B F B ...: its last layer is kept
+        assert r["written"] == 4 * (1 if r["last"] else 2) * per_layer

@@ -131,6 +131,7 @@ class _Record:
         self.store_bytes = 0
         self.callback_queued = False
         self.futures: list[Future] = []
+        self.released: dict[int, str] = {}  # sid -> why (diagnostics)
 
 
 class SavedHandle:
@@ -411,7 +412,9 @@ class TensorCache:
         self._stack.append((rec, sid))
         hook = self._end_hook(rec, sid)
         for t in _tensors((args, kwargs)):
-            if t.requires_grad:
+            # only graph-local tensors: a hook on a leaf (a parameter passed in or returned, like Megatron's
+            # skip-bias-add biases) would fire in every later backward and outlive this micro-batch
+            if t.requires_grad and t.grad_fn is not None:
                 t.register_hook(hook)
 
     def _scope_post(self, out: Any) -> None:
@@ -426,12 +429,9 @@ class TensorCache:
                 continue
             # a node pre-hook runs after the tensor hooks of the same node, i.e. after the *end* hook that the next
             # layer put on this tensor: the next layer is released before this one prefetches its predecessor
-            if t.grad_fn is not None:
-                if id(t.grad_fn) not in seen:
-                    seen.add(id(t.grad_fn))
-                    t.grad_fn.register_prehook(lambda grad_outputs, _h=hook: _h(None))
-            else:
-                t.register_hook(hook)
+            if t.grad_fn is not None and id(t.grad_fn) not in seen:
+                seen.add(id(t.grad_fn))
+                t.grad_fn.register_prehook(lambda grad_outputs, _h=hook: _h(None))
         sc = rec.scopes[sid]
         if sc.parent is None:
             rec.group_time[sc.group] = _clock() - rec.group_t0[sc.group]
@@ -482,6 +482,7 @@ class TensorCache:
                     continue
                 st.scopes.discard(sid)
                 if not st.scopes:
+                    rec.released[s] = f" after the backward of {sc.name}#{sid}"
                     self._release(rec, st)
 
     def _on_group_start(self, rec: _Record, group: int) -> None:
@@ -571,8 +572,9 @@ class TensorCache:
             st = rec.storages.get(h.sid)
             if st is None:
                 raise RuntimeError(
-                    "flowlane offload: a saved activation was already released (was backward run twice over an "
-                    "offloaded graph? retain_graph=True is not supported with activation offloading)")
+                    f"flowlane offload: a saved activation {h.shape} {h.dtype} of micro-batch {rec.key!r} (phase "
+                    f"{rec.phase}) was already released{rec.released.get(h.sid, '')} (was backward run twice over "
+                    "an offloaded graph? retain_graph=True is not supported with activation offloading)")
             if h.watch >= 0:
                 self._check_watch(rec, h.watch)
             if st.dirty is not None:
