@@ -1,0 +1,152 @@
+"""Hermod coflow scheduling for DeepSpeed's PipelineEngine (seed 000 ch.5), through instruction hooks.
+
+Enabled by the ``"flowlane": {"hermod": {...}}`` section of the DeepSpeed config (keys = the fields of
+:class:`HermodDSConfig`)::
+
+    "flowlane": {"hermod": {"enabled": true, "schedule": "1f1b", "dp_mid": "last", "gate_timeout_s": 0.05}}
+
+    engine, *_ = deepspeed.initialize(model=pipe_module, config=ds_config)
+    h = install(engine, ds_config)        # None when the section is absent or "enabled": false
+    engine.train_batch(...); ...; h.close()
+
+Hooks (the engine's per-instance ``_INSTRUCTION_MAP``; DeepSpeed itself is not patched):
+* ``SendActivation`` / ``RecvActivation`` / ``SendGrad`` / ``RecvGrad``: critical ops with keys carrying the
+  microbatch id (counted per instruction type per ``train_batch``) and the stage-boundary layer; the gate for
+  deferred traffic is closed while they run.
+* ``ReduceGrads``: keyed DP coflow (MID M-1, CType DP); the window of deferred ops is sealed first. DeepSpeed's own
+  gradient all-reduce runs unchanged (same math). DeepSpeed's pipe p2p is synchronous (DeepSpeed #4738), so on this
+  engine Hermod's effect is ordering and gating, not overlap.
+Only the ``hermod`` subsection of ``flowlane`` is read here; ``offload`` belongs to deepspeed_plugin.ssd_offload.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+import time
+from types import MethodType
+from typing import Any, Literal
+
+from flowlane.coflow import HermodOrderConfig
+from flowlane.policy import CoflowMeta
+from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig
+from flowlane.sched.scheduler import LogEntry
+
+
+@dataclass
+class HermodDSConfig:
+    """The ``flowlane.hermod`` section."""
+
+    enabled: bool = True
+    schedule: Literal["1f1b", "interleaved"] = "1f1b"
+    dp_mid: Literal["last", "consumer"] = "last"
+    gate_timeout_s: float = 0.05
+    layers_per_stage: int = 1
+    """Used for the stage-boundary LID of PP keys."""
+
+    def __post_init__(self) -> None:
+        HermodOrderConfig(1, self.schedule, self.dp_mid)
+        SchedulerConfig(gate_timeout_s=self.gate_timeout_s)
+        if not isinstance(self.layers_per_stage, int) or self.layers_per_stage < 1:
+            raise ValueError(f"flowlane.hermod.layers_per_stage must be an integer >= 1, got {self.layers_per_stage!r}")
+
+
+def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> HermodDSConfig | None:
+    """``ds_config["flowlane"]["hermod"]`` -> config; None when absent or disabled."""
+    if ds_config is None:
+        return None
+    if isinstance(ds_config, str | Path):
+        ds_config = json.loads(Path(ds_config).read_text())
+    section = ds_config.get("flowlane")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError(f'DeepSpeed config "flowlane" must be an object, got {type(section).__name__}')
+    sub = section.get("hermod")
+    if sub is None:
+        return None
+    if not isinstance(sub, Mapping):
+        raise ValueError(f'DeepSpeed config "flowlane.hermod" must be an object, got {type(sub).__name__}')
+    known = {f.name for f in fields(HermodDSConfig)}
+    bad = sorted(set(sub) - known)
+    if bad:
+        raise ValueError(f'unknown key(s) {bad} in DeepSpeed config "flowlane.hermod"; known: {sorted(known)}')
+    cfg = HermodDSConfig(**sub)
+    return cfg if cfg.enabled else None
+
+
+_P2P = {"SendActivation": ("send_fwd", True), "RecvActivation": ("recv_fwd", True),
+        "SendGrad": ("send_bwd", False), "RecvGrad": ("recv_bwd", False)}
+
+
+class DeepSpeedHermod:
+    """Installed instruction hooks of one PipelineEngine."""
+
+    def __init__(self, engine: Any, cfg: HermodDSConfig) -> None:
+        self.engine, self.cfg = engine, cfg
+        self.M = int(engine.micro_batches)
+        self.stage = int(engine.stage_id)
+        self.policy = HermodPolicy(HermodOrderConfig(self.M, cfg.schedule, cfg.dp_mid))
+        self.sched = CommScheduler(self.policy, SchedulerConfig(gate_timeout_s=cfg.gate_timeout_s))
+        self.iteration = 0
+        self._counts: dict[str, int] = {}
+        original = dict(type(engine)._INSTRUCTION_MAP)
+        hooked = dict(original)
+        for instr, fn in original.items():
+            name = instr.__name__
+            if name in _P2P:
+                hooked[instr] = self._p2p_hook(name, fn)
+            elif name == "ReduceGrads":
+                hooked[instr] = self._reduce_hook(fn)
+            elif name == "OptimizerStep":
+                hooked[instr] = self._step_hook(fn)
+        engine._INSTRUCTION_MAP = hooked  # instance attribute shadows the class map
+
+    def meta(self, ctype: str, mb: int, layer: int, op: str) -> CoflowMeta:
+        return CoflowMeta(ctype, iteration=self.iteration, microbatch=min(mb, self.M - 1), layer=max(layer, 0),
+                          stage=self.stage, op=op, seq=self.sched.next_seq())
+
+    def _p2p_hook(self, name: str, fn: Any) -> Any:
+        op, forward = _P2P[name]
+        L = self.cfg.layers_per_stage
+
+        def hook(engine: Any, **kw: Any) -> Any:
+            mb = self._counts.get(name, 0)
+            self._counts[name] = mb + 1
+            boundary = (self.stage + 1) * L - 1 if op in ("send_fwd", "recv_bwd") else self.stage * L - 1
+            with self.sched.critical_section(self.meta("pp", mb, boundary, op)):
+                return MethodType(fn, engine)(**kw)
+        return hook
+
+    def _reduce_hook(self, fn: Any) -> Any:
+        def hook(engine: Any, **kw: Any) -> Any:
+            self.sched.seal()
+            meta = self.meta("dp", self.M - 1, self.stage * self.cfg.layers_per_stage, "all_reduce")
+            self.sched.log.append(LogEntry("dp", meta, 0, time.perf_counter()))
+            return MethodType(fn, engine)(**kw)
+        return hook
+
+    def _step_hook(self, fn: Any) -> Any:
+        def hook(engine: Any, **kw: Any) -> Any:
+            out = MethodType(fn, engine)(**kw)
+            self.iteration += 1
+            self._counts.clear()
+            return out
+        return hook
+
+    def close(self) -> None:
+        self.sched.close()
+        if "_INSTRUCTION_MAP" in vars(self.engine):
+            del self.engine._INSTRUCTION_MAP
+
+
+def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None) -> DeepSpeedHermod | None:
+    """Hook a PipelineEngine when ``flowlane.hermod`` is present and enabled; otherwise None."""
+    cfg = parse_hermod_section(ds_config)
+    if cfg is None:
+        return None
+    if not hasattr(type(engine), "_INSTRUCTION_MAP"):
+        raise TypeError(f"flowlane.hermod needs a DeepSpeed PipelineEngine, got {type(engine).__name__}")
+    return DeepSpeedHermod(engine, cfg)
