@@ -22,10 +22,10 @@ Only the ``hermod`` subsection of ``flowlane`` is read here; ``offload`` belongs
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-import time
 from types import MethodType
 from typing import Any, Literal
 

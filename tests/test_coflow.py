@@ -97,7 +97,7 @@ def test_dscp_layout_matches_the_seed_golden_table():
     assert enc.dscp(CoflowKey(0, 0, "dp", 9)) == 0b111_1_00  # DP: MID M-1 (clamped), ctype bit, local layer 1
     # below the MID clamp the encoding never inverts the exact order (it only merges keys) ...
     order = enc.order
-    keys = [CoflowKey(0, m, c, l) for m in range(7) for c in ("ep", "pp") for l in range(8)]
+    keys = [CoflowKey(0, m, c, lid) for m in range(7) for c in ("ep", "pp") for lid in range(8)]
     for a, b in itertools.combinations(keys, 2):
         if order.before(a, b):
             assert enc.dscp(a) <= enc.dscp(b), (a, b)

@@ -4,8 +4,6 @@ delays do not deadlock."""
 
 from dataclasses import asdict
 
-
-
 from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig
 from flowlane.launch import launch
 from flowlane.sched.workload import WorkloadConfig, run_rank
