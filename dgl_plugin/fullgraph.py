@@ -443,6 +443,7 @@ class FullGraphRuntime:
         return {"rank": self.rank, "n_local": self.n_local, "n_remote": self.n_remote, "n_relay": self.tables.num_relay,
                 "n_boundary": self.n_boundary, "bins": {k: len(v) for k, v in self.bins.items()},
                 "bin_limit": self._bin_limit, "plan_method": self.plan.method, "plan_stages": self.plan.num_stages,
+                "plan_transfers": self.plan.num_transfers,
                 "plan_cost": self.plan.cost, "p2p_cost": self.plan.info.get("p2p_cost"),
                 "config": asdict(self.cfg), "partition": self.part_stats}
 

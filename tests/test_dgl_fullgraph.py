@@ -83,9 +83,13 @@ def test_spst_plan_uses_relays_and_bins_respect_limit(results):
         results[0][0]["summary"]["partition"]["stop_reason"] != "gamma"
 
 
-def test_cached_halo_inputs_send_fewer_bytes(results):
-    # case 2 caches layer-0 halo features: only one forward exchange of width hidden, plus backward of layer 2
-    assert results[0][2]["summary"]["config"]["cache_halo_inputs"] is True
+@pytest.mark.parametrize("case", [1, 2])
+def test_halo_bytes_are_one_transfer_per_plan_edge_and_no_feature_backward(results, case):
+    # per epoch: layer-0 features (6 wide, forward only: inputs need no gradient, digest §5 item 21) + hidden
+    # layer (8 wide) forward + backward, fp64; case 2 caches layer-0 halo features at setup (sent once, B6 #4)
+    t = results[0][case]["summary"]["plan_transfers"]
+    total = sum(results[r][case]["graph_bytes"] for r in range(RANKS))
+    assert total == t * (6 + 8 + 8) * 8
 
 
 @pytest.mark.parametrize("bad,match", [
