@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         offload_cpu_tensors=True), schedule_hints=False)
     cache = handle.cache
     cache.deactivate()
+    backend_info = cache.backend.describe()
 
     g = torch.Generator().manual_seed(1)
     tok = torch.randint(0, a.vocab, (a.micro_batch, a.seq), generator=g).to(a.device)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "measured_on": f"{a.device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores); "
                        "peak = logical residency of saved-activation storages (digest A6), not allocator peak",
         "load_average_1m": os.getloadavg()[0],
-        "config": vars(a) | {"backend_info": None},
+        "config": vars(a) | {"backend_info": backend_info},
         "step_time_s_median": med,
         "step_time_s_min": best,
         "step_time_s_all": times,

@@ -25,6 +25,7 @@ import tempfile
 import threading
 import weakref
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,8 @@ class PosixBackend(IOBackend):
         self._rr = itertools.cycle(range(len(self.run_dirs)))
         self._rr_lock = threading.Lock()
         self._bounce = _Bounce()
+        # unlinking a file whose pages sit in the page cache costs milliseconds: keep it off the backward path
+        self._janitor = ThreadPoolExecutor(1, thread_name_prefix="flowlane-unlink")
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "o_direct": list(self.o_direct)}
@@ -310,14 +313,19 @@ class PosixBackend(IOBackend):
         return _to_device(host, device)
 
     def delete(self, handle: PosixHandle) -> None:
-        try:
-            os.unlink(handle.path)
-        except FileNotFoundError:
-            pass
+        self._janitor.submit(_unlink, handle.path)
 
     def close(self) -> None:
+        self._janitor.shutdown(wait=True)
         for d in self.run_dirs:
             remove_run_dir(d)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _full_pwrite(fd: int, mv: memoryview, offset: int) -> None:
@@ -362,6 +370,7 @@ class KvikioBackend(IOBackend):
         self.run_dirs = [make_run_dir(t) for t in targets]
         self._rr = itertools.cycle(range(len(self.run_dirs)))
         self._rr_lock = threading.Lock()
+        self._janitor = ThreadPoolExecutor(1, thread_name_prefix="flowlane-unlink")
 
     def describe(self) -> dict[str, Any]:
         compat = None
@@ -405,12 +414,10 @@ class KvikioBackend(IOBackend):
         return out
 
     def delete(self, handle: KvikioHandle) -> None:
-        try:
-            os.unlink(handle.path)
-        except FileNotFoundError:
-            pass
+        self._janitor.submit(_unlink, handle.path)
 
     def close(self) -> None:
+        self._janitor.shutdown(wait=True)
         for d in self.run_dirs:
             remove_run_dir(d)
 
