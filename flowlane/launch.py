@@ -17,6 +17,7 @@ import datetime
 import faulthandler
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import tempfile
@@ -59,7 +60,9 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
         if backend is not None:
             dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=timeout))
-        out = fn(rank, world, *args)
+        # plain pickle (not the multiprocessing reducer): tensors are copied into the message instead of being
+        # shared through file descriptors that vanish when this process exits
+        out = pickle.dumps(fn(rank, world, *args))
         results.put(("ok", rank, out))  # report before teardown: a peer's teardown must not delay this result
         if backend is not None and dist.is_initialized():
             dist.destroy_process_group()
@@ -115,7 +118,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeou
                     continue
                 if status == "err":
                     raise RankFailedError(rank, payload)
-                out[rank] = payload
+                out[rank] = pickle.loads(payload)
         finally:
             _stop(procs, graceful=len(out) == nprocs)
             results.close()
@@ -129,7 +132,7 @@ def _drain_errors(results: mp.Queue, out: dict[int, Any]) -> None:
             status, rank, payload = results.get(timeout=0.5)
             if status == "err":
                 raise RankFailedError(rank, payload)
-            out[rank] = payload
+            out[rank] = pickle.loads(payload)
     except queue.Empty:
         return
 

@@ -45,3 +45,7 @@ def die_on_rank_zero(rank: int, world: int) -> None:
     if rank == 0:
         os._exit(3)
     time.sleep(600)
+
+
+def return_tensors(rank: int, world: int) -> dict:
+    return {"t": torch.arange(1000, dtype=torch.float32) * rank, "rank": rank}

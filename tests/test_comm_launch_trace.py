@@ -49,3 +49,8 @@ def test_a_rank_that_dies_without_a_result_is_an_error_not_a_hang():
 def test_launch_rejects_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
         L.launch(W.hang_on_rank_two, **kw)
+
+
+def test_ranks_may_return_tensors():
+    res = L.launch(W.return_tensors, 2, timeout=120)
+    assert [r["t"][10].item() for r in res] == [0.0, 10.0]
