@@ -26,6 +26,7 @@ offloaded view of that output still reloads correctly (digest A14).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -120,10 +121,8 @@ class _ScheduleHints:
         if key is None and self.fifo:
             key = self.fifo[0]
         if key is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 self.fifo.remove(key)
-            except ValueError:
-                pass
             self.cache.prefetch_last_module(key)
             self.cache.backward_begin(key)
         try:

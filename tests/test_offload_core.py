@@ -205,21 +205,22 @@ def _with_backend(m, cfg, backend):
 def test_disk_full_injected_falls_back_to_memory_with_exact_gradients(tmp_path: Path) -> None:
     m, idx = _model()
     ref = _reference(m, idx)
-    with pytest.warns(RuntimeWarning, match="keeping activations in memory"):
-        with _with_backend(m, _cfg(tmp_path, keep_last_k=0), _FullDisk((str(tmp_path),), 2 * A)) as cache:
-            m(idx).backward()
-            s = cache.stats_snapshot()
+    full = _FullDisk((str(tmp_path),), 2 * A)
+    with pytest.warns(RuntimeWarning, match="keeping activations in memory"), \
+            _with_backend(m, _cfg(tmp_path, keep_last_k=0), full) as cache:
+        m(idx).backward()
+        s = cache.stats_snapshot()
     assert s.fallbacks > 0 and s.bytes_written <= 2 * A
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
 
 
 def test_disk_full_injected_raises_clear_error(tmp_path: Path) -> None:
     m, idx = _model()
-    with _with_backend(m, _cfg(tmp_path, keep_last_k=0, on_io_error="raise"),
-                       _FullDisk((str(tmp_path),), 2 * A)) as cache:
-        with pytest.raises(RuntimeError, match="No space left on device.*on_io_error='keep'"):
-            m(idx).backward()
-            cache.wait_io()
+    full = _FullDisk((str(tmp_path),), 2 * A)
+    with _with_backend(m, _cfg(tmp_path, keep_last_k=0, on_io_error="raise"), full) as cache, \
+            pytest.raises(RuntimeError, match="No space left on device.*on_io_error='keep'"):
+        m(idx).backward()
+        cache.wait_io()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -232,10 +233,9 @@ def test_real_tmpfs_full_falls_back_and_gradients_stay_exact(tmp_path: Path) -> 
     try:
         m, idx = _model()
         ref = _reference(m, idx)
-        with pytest.warns(RuntimeWarning):
-            with install(m, _cfg(mnt, keep_last_k=0), ["Block"]) as cache:
-                m(idx).backward()
-                s = cache.stats_snapshot()
+        with pytest.warns(RuntimeWarning), install(m, _cfg(mnt, keep_last_k=0), ["Block"]) as cache:
+            m(idx).backward()
+            s = cache.stats_snapshot()
         assert s.fallbacks > 0 and s.bytes_written > 0
         assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
         assert not list(mnt.iterdir())  # run directory removed
@@ -295,10 +295,9 @@ def test_pinned_pool_exhaustion_behaves_like_disk_full(tmp_path: Path) -> None:
     m, idx = _model()
     ref = _reference(m, idx)
     cfg = _cfg(tmp_path, backend="pinned_cpu", pinned_pool_bytes=A, keep_last_k=0)
-    with pytest.warns(RuntimeWarning):
-        with install(m, cfg, ["Block"]) as cache:
-            m(idx).backward()
-            assert cache.stats.fallbacks > 0
+    with pytest.warns(RuntimeWarning), install(m, cfg, ["Block"]) as cache:
+        m(idx).backward()
+        assert cache.stats.fallbacks > 0
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
 
 
@@ -388,6 +387,16 @@ def test_config_errors_name_the_bad_value() -> None:
         OffloadConfig(store_workers=0)
     with pytest.raises(ValueError, match=r"unknown offload option\(s\) \['keep_last'\]"):
         OffloadConfig.from_dict({"keep_last": 2})
+
+
+def test_ssd_estimate_cli_prints_thesis_check(capsys: pytest.CaptureFixture[str]) -> None:
+    from flowlane.cli import main
+
+    assert main(["ssd-estimate", "--thesis", "--json"]) == 0
+    assert '"lifespan_years": 3.42' in capsys.readouterr().out
+    assert main(["ssd-estimate", "--hidden", "8192", "--layers", "4", "--tp", "2", "--flash-attention",
+                 "--step-time", "1.15"]) == 0
+    assert "required_write_GBps" in capsys.readouterr().out
 
 
 def test_baseline_tracker_counts_all_layers() -> None:

@@ -12,6 +12,7 @@ full disk or an exhausted pinned pool); the cache turns that into an in-memory f
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import itertools
 import mmap
@@ -158,7 +159,7 @@ class IOBackend(ABC):
     def delete(self, handle: Any) -> None:
         """Forget a stored object (remove its file)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for memory backends
         """Release every resource (run directories)."""
 
     def describe(self) -> dict[str, Any]:
@@ -202,10 +203,8 @@ def _probe_o_direct(d: Path) -> bool:
     finally:
         os.close(fd)
         buf.close()
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(p)
-        except OSError:
-            pass
 
 
 @dataclass(frozen=True)
@@ -276,10 +275,8 @@ class PosixBackend(IOBackend):
                 _full_pwrite(fd, memoryview(host.numpy()), 0)
         except BaseException:
             os.close(fd)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
             raise
         os.close(fd)
         return PosixHandle(str(path), n, direct)
@@ -322,10 +319,8 @@ class PosixBackend(IOBackend):
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _full_pwrite(fd: int, mv: memoryview, offset: int) -> None:
@@ -374,10 +369,8 @@ class KvikioBackend(IOBackend):
 
     def describe(self) -> dict[str, Any]:
         compat = None
-        try:
+        with contextlib.suppress(Exception):  # informational only; the API differs across kvikio versions
             compat = bool(self._kvikio.defaults.compat_mode())
-        except Exception:  # noqa: BLE001 - informational only; API differs across kvikio versions
-            pass
         return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "compat_mode": compat}
 
     def write(self, key: str, data: torch.Tensor) -> KvikioHandle:
@@ -395,10 +388,8 @@ class KvikioBackend(IOBackend):
             if n != data.numel():
                 raise OSError(errno.EIO, f"kvikio wrote {n} of {data.numel()} bytes to {path}")
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
             raise
         return KvikioHandle(str(path), data.numel())
 

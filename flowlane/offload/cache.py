@@ -20,6 +20,7 @@ Design choices where the thesis is silent or wrong (digest §2.6):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -34,7 +35,7 @@ import torch
 from flowlane.offload.adaptive import keep_last_k_from_profile
 from flowlane.offload.backends import IOBackend, make_backend
 from flowlane.offload.config import OffloadConfig
-from flowlane.offload.residency import Residency, eligible, mark_parameters, storage_uid
+from flowlane.offload.residency import Residency, mark_parameters, storage_uid
 
 _clock = time.perf_counter
 
@@ -240,10 +241,8 @@ class TensorCache:
         for h in self._module_handles:
             h.remove()
         self._module_handles.clear()
-        try:
+        with contextlib.suppress(RuntimeError, OSError):  # closing must not fail on an I/O error already reported
             self.wait_io()
-        except BaseException:  # noqa: BLE001 - closing must not fail on an I/O error already reported
-            pass
         self._store_pool.shutdown(wait=True)
         self._load_pool.shutdown(wait=True)
         with self._lock:
