@@ -24,12 +24,11 @@ def _ds_config(hermod: bool) -> dict:
 def _train(rank: int, world: int) -> dict:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
+    import deepspeed.comm.torch as ds_torch
     import torch
     from deepspeed.pipe import LayerSpec, PipelineModule
 
     from deepspeed_plugin.hermod import install
-
-    import deepspeed.comm.torch as ds_torch
 
     # test-only: skip DeepSpeed's JIT-built shared-memory allreduce (a CPU fast path; torch.distributed is used
     # instead). Its build cache is shared and rebuilt by concurrent sessions, which blocks on a file lock here.
