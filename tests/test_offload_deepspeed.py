@@ -136,6 +136,7 @@ def _equal(a: list, b: list) -> bool:
         len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y, strict=True)) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.slow  # 2 ranks x 4 DeepSpeed engines: ~60 s on a 2-core machine
 def test_deepspeed_pipeline_and_engine_offload_bitwise_grads() -> None:
     from flowlane.launch import launch
 

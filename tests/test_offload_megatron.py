@@ -188,6 +188,7 @@ def _pp_rank(rank: int, world: int, tmp: str) -> dict:
             "written": stats["bytes_written"], "records": stats["records"], "sync_loads": stats["sync_loads"]}
 
 
+@pytest.mark.slow  # 2 spawned ranks importing Megatron: ~30 s on a 2-core machine
 def test_megatron_1f1b_pp2_records_per_microbatch(tmp_path: Path) -> None:
     from flowlane.launch import launch
 
