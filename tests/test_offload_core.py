@@ -97,7 +97,9 @@ def test_offload_gradients_bitwise_equal_and_bytes_match_formula(tmp_path: Path)
         for _ in range(2):  # first step: keep decided late; second: layer count known
             before = cache.stats_snapshot()
             m.zero_grad()
-            m(idx).backward()
+            loss = m(idx)
+            cache.wait_io()  # all stores finish: nothing is forwarded, however loaded the machine is
+            loss.backward()
             s = cache.stats_snapshot()
             assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
             written = s.bytes_written - before.bytes_written
@@ -306,7 +308,8 @@ def test_null_backend_counts_bytes_and_keeps_gradients(tmp_path: Path) -> None:
     ref = _reference(m, idx)
     with install(m, _cfg(tmp_path, backend="null", keep_last_k=1), ["Block"]) as cache:
         m(idx).backward()
-        assert cache.stats.bytes_written == 5 * A
+        cache.wait_io()
+        assert cache.stats.bytes_written + cache.stats.bytes_cancelled == 5 * A
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
 
 
@@ -343,7 +346,7 @@ def test_microbatch_records_keep_only_when_own_backward_follows(tmp_path: Path) 
         l1.backward()
         cache.backward_end(1)
         s = cache.stats_snapshot()
-    assert s.bytes_written == 3 * A + 2 * A
+    assert s.bytes_written + s.bytes_cancelled == 3 * A + 2 * A  # a store still queued may be forwarded
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
 
 

@@ -116,6 +116,7 @@ def _both(rank: int, world: int, tmp: str) -> dict:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the launcher's process group
+    tmp = os.path.join(tmp, f"rank{rank}")  # one target per rank: a peer's live run dir is not a leftover
     off = {"backend": "posix", "dirs": [tmp], "min_bytes": 4096, "keep_last_k": 1, "offload_cpu_tensors": True}
     # the plain engine first: a PipelineEngine leaves DeepSpeed's global model-parallel groups behind
     off_plain = dict(off, scope_classes=["Block"])
@@ -147,12 +148,14 @@ def test_deepspeed_pipeline_and_engine_offload_bitwise_grads() -> None:
         assert r["pipe_equal"] and r["plain_equal"]
         assert r["left"] == []
         # the plain engine: every micro-batch's backward follows its forward -> 3 of 4 blocks written
-        assert r["plain_stats"]["bytes_written"] == GAS * 3 * A
+        ps = r["plain_stats"]
+        assert ps["bytes_written"] + ps["bytes_cancelled"] == GAS * 3 * A
     by_stage = {r["stage"]: r["pipe_stats"] for r in res}
     # 2 train_batch calls x GAS micro-batches. Stage 0 runs F0 F1 B0 B1: no forward is followed by its own
     # backward, so both of its blocks are written. The last stage runs F B F B: its last block is kept.
-    assert by_stage[0]["bytes_written"] == 2 * GAS * 2 * A
-    assert by_stage[1]["bytes_written"] == 2 * GAS * 1 * A
+    stored = {k: v["bytes_written"] + v["bytes_cancelled"] for k, v in by_stage.items()}
+    assert stored[0] == 2 * GAS * 2 * A
+    assert stored[1] == 2 * GAS * 1 * A
     assert by_stage[0]["dedup_hits"] == 2 * GAS * 2 * 3
 
 

@@ -55,6 +55,8 @@ class OffloadStats:
     storages_offloaded: int = 0
     storages_kept: int = 0
     bytes_written: int = 0
+    bytes_cancelled: int = 0
+    """bytes whose store was cancelled because the tensor was forwarded (needed again) before its write began"""
     bytes_read: int = 0
     forwards: int = 0
     cancellations: int = 0
@@ -658,6 +660,7 @@ class TensorCache:
         with self._lock:
             if st.released or st.ref is not None:
                 self.stats.cancellations += 1  # forwarded or released before the write began (thesis §5.3.5)
+                self.stats.bytes_cancelled += st.nbytes
                 if st.state == "storing":
                     st.state = "loaded" if st.ref is not None else "stored"
                 return
