@@ -4,12 +4,11 @@ This is the default recipe's job. One readable train loop (torchtitan style): bu
 pipeline stage, wire flowlane's communication hooks into Megatron's documented extension points, run Megatron's own
 1F1B schedule, and report iteration time, bytes per communication kind, metrics JSON and a Chrome trace.
 
-Feature hooks (Hermod scheduling, SSD offload) plug in through ``FEATURE_INSTALLERS`` by their config group.
+Feature hooks (Hermod scheduling, SSD offload) plug in through ``install_features`` by their config group.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -82,11 +81,6 @@ class GPTRecipe:
         return self.num_ranks // (self.pipeline_parallel * self.tensor_parallel)
 
 
-# config group -> module with install_from_config(cfg: dict, ctx: TrainContext) -> object | None
-FEATURE_INSTALLERS: dict[str, str] = {
-    "scheduler": "megatron_plugin.hermod",
-    "offload": "megatron_plugin.ssd_offload",
-}
 
 
 @dataclass
@@ -100,6 +94,21 @@ class TrainContext:
     grad_sync: Any
     rank: int
     iteration: int = 0
+
+
+def install_features(features: dict[str, dict[str, Any]], ctx: TrainContext) -> list[Any]:
+    """Install the recipe's feature groups on this rank; each plugin decides from its group whether it is on.
+    Returns the handles to close at the end (disabled features return None or a handle with enabled=False)."""
+    handles: list[Any] = []
+    if features.get("scheduler"):
+        from megatron_plugin import hermod
+
+        handles.append(hermod.install_from_config(features["scheduler"], ctx))
+    if features.get("offload"):
+        from megatron_plugin import ssd_offload
+
+        handles.append(ssd_offload.install_from_config(features["offload"], ctx.model))
+    return [h for h in handles if h is not None and getattr(h, "enabled", True)]
 
 
 def synthetic_batches(recipe: GPTRecipe, dp_rank: int, iteration: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -189,8 +198,7 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
             expert_dp_group=ps.get_expert_data_parallel_group() if recipe.num_moe_experts else None)
         config.finalize_model_grads_func = grad_sync
         ctx = TrainContext(recipe, model, config, p2p, grad_sync, rank)
-        handles = [importlib.import_module(FEATURE_INSTALLERS[g]).install_from_config(c, ctx)
-                   for g, c in recipe.features.items() if c and c.get("name", "none") != "none"]
+        handles = install_features(recipe.features, ctx)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
         fwd_bwd = get_forward_backward_func()
         # a custom p2p_communicator must come with the full process-group collection (megatron-core >= 0.15)
