@@ -9,6 +9,7 @@ Feature hooks (Hermod scheduling, SSD offload) plug in through ``install_feature
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -226,14 +227,18 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
                 losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
             progress(it, losses[-1] if losses else None)
         rec = comm.get_recorder()
+        feature_stats = {}
         for h in handles:
+            stats = getattr(h, "stats", None)
+            if dataclasses.is_dataclass(stats):
+                feature_stats[type(h).__name__] = dataclasses.asdict(stats)
             if hasattr(h, "close"):
                 h.close()
         grads_digest = float(sum(p.detach().double().sum() for p in model.parameters()))
         return {"rank": rank, "pp_stage": ps.get_pipeline_model_parallel_rank(), "dp_rank": dp_rank,
                 "losses": losses, "iteration_times": iter_times, "bytes_by_kind": rec.bytes_by_kind(),
                 "ops_by_kind": rec.count_by_kind(), "param_digest": grads_digest,
-                "num_params": sum(p.numel() for p in model.parameters()),
+                "num_params": sum(p.numel() for p in model.parameters()), "feature_stats": feature_stats,
                 "trace": trace.rank_events(rank, t_start), "wall": time.perf_counter() - t_start}
     finally:
         ps.destroy_model_parallel()
@@ -297,6 +302,10 @@ def _print_summary(metrics: dict[str, Any], out_dir: Path) -> None:
     t.add_row("loss first -> last", f"{metrics['loss'][0]:.4f} -> {metrics['loss'][-1]:.4f}")
     for kind, b in sorted(metrics["bytes_by_kind"].items()):
         t.add_row(f"bytes sent, {kind} (all ranks, steady iterations)", f"{b:,}")
+    offload = [r["feature_stats"]["SSDOffload"] for r in metrics["per_rank"] if "SSDOffload" in r["feature_stats"]]
+    if offload:
+        t.add_row("activations offloaded (all ranks, all iterations)",
+                  f"{sum(o['bytes_written'] for o in offload):,} B written, {sum(o['bytes_read'] for o in offload):,} B read")
     t.add_row("metrics", str(out_dir / "metrics.json"))
     t.add_row("trace (open in ui.perfetto.dev)", metrics["trace"])
     Console().print(t)

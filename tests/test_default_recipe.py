@@ -38,13 +38,17 @@ def test_bad_recipe_values_are_rejected_with_the_value_named():
         run_job({"job": "bert"})
 
 
-def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(tmp_path):
+def _train(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, dict]:
     exe = Path(sys.executable).parent / "flowlane-train"
-    r = subprocess.run([str(exe), "iterations=3", f"output_dir={tmp_path}", "progress=false",
-                        f"hydra.run.dir={tmp_path}/hydra"], capture_output=True, text=True, timeout=400)
+    r = subprocess.run([str(exe), "iterations=3", f"output_dir={out}", "progress=false", f"hydra.run.dir={out}/hydra",
+                        *overrides], capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
+    return r, json.loads((out / "metrics.json").read_text())
+
+
+def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(tmp_path):
+    r, m = _train(tmp_path)
     assert "flowlane-train summary" in r.stdout
-    m = json.loads((tmp_path / "metrics.json").read_text())
     rec = GPTRecipe()
     steady = 3 - 1
     # pipeline p2p: per microbatch, stage 0 sends activations and stage 1 sends their gradients back (fp32)
@@ -63,3 +67,12 @@ def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(tmp_path):
     trace = json.loads(Path(m["trace"]).read_text())
     pids = {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert pids == {0, 1, 2, 3}
+
+
+def test_hermod_and_ssd_offload_recipe_options_do_not_change_the_math(tmp_path):
+    _, base = _train(tmp_path / "base")
+    r, both = _train(tmp_path / "both", "scheduler=hermod", "offload=ssd", "offload.min_bytes=16384")
+    assert both["loss"] == base["loss"]  # bitwise: same float values
+    assert [x["param_digest"] for x in both["per_rank"]] == [x["param_digest"] for x in base["per_rank"]]
+    assert all(x["feature_stats"]["SSDOffload"]["bytes_written"] > 0 for x in both["per_rank"])
+    assert "activations offloaded" in r.stdout
