@@ -219,7 +219,14 @@ class FullGraphRuntime:
             if len(set(digests)) != 1:
                 raise RuntimeError(f"ranks planned different exchanges: {digests}")
         self.tables = compile_tables(self.plan, rel, local_ids)[self.rank]
-        self.exchange = GraphExchange(self.tables, group=group, emulate_bandwidth=cfg.emulate_bandwidth)
+        # The halo exchange gets its own process group: its p2p ops run on a helper thread (pipelined schedule)
+        # while layer all-reduces are in flight, and gloo only orders ops within one group, so sharing a group
+        # lets the two streams interleave differently on different ranks (a timing-dependent hang).
+        xgroup = None
+        if self.world > 1:
+            ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+            xgroup = dist.new_group(ranks)
+        self.exchange = GraphExchange(self.tables, group=xgroup, emulate_bandwidth=cfg.emulate_bandwidth)
         self.local_ids = local_ids[self.rank]
         self.n_local, self.n_remote = self.tables.num_local, self.tables.num_remote
         self.n_boundary = int(boundary[self.local_ids].sum())
