@@ -118,17 +118,27 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _flat_buckets(params: Sequence[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
-    from megatron_plugin.comm_hooks import _flat_buckets as lead_buckets
+def _grad_buckets(params: Sequence[torch.nn.Parameter], bucket_bytes: int, dp_group: dist.ProcessGroup | None,
+                  expert_dp_group: dist.ProcessGroup | None) -> list[Any]:
+    """The buckets of :class:`megatron_plugin.comm_hooks.DataParallelGradSync`, built by the same code: dense
+    parameters over the DP group, then expert parameters (Megatron marks them ``allreduce=False``) over the
+    expert-data-parallel group -- identical bucketing and groups = identical math."""
+    from megatron_plugin.comm_hooks import GradBucket, _flat_buckets
 
-    return lead_buckets(params, bucket_bytes)  # identical bucketing = identical math
+    expert = [p for p in params if getattr(p, "allreduce", True) is False]
+    if expert and expert_dp_group is None:
+        raise ValueError(f"{len(expert)} expert parameters (allreduce=False) but no expert_dp_group was given")
+    dense = [p for p in params if getattr(p, "allreduce", True) is not False]
+    return ([GradBucket(b, dp_group, False) for b in _flat_buckets(dense, bucket_bytes)]
+            + [GradBucket(b, expert_dp_group, True) for b in _flat_buckets(expert, bucket_bytes)])
 
 
 class Hermod:
     """Per-rank Hermod state for one Megatron model chunk (1F1B, non-interleaved)."""
 
     def __init__(self, config: HermodConfig, *, num_microbatches: int, layers_per_stage: int, stage: int,
-                 dp_group: dist.ProcessGroup | None, num_stages: int = 1) -> None:
+                 dp_group: dist.ProcessGroup | None, num_stages: int = 1,
+                 expert_dp_group: dist.ProcessGroup | None = None) -> None:
         if num_microbatches < 1 or layers_per_stage < 1 or stage < 0:
             raise ValueError(f"need num_microbatches >= 1, layers_per_stage >= 1, stage >= 0; got "
                              f"{num_microbatches}, {layers_per_stage}, {stage}")
@@ -137,8 +147,12 @@ class Hermod:
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config())
         self.dp_group = dp_group
+        self.expert_dp_group = expert_dp_group
         ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))
-        self.classes = build_class_groups([ranks])  # collective: every rank constructs its Hermod together
+        mine = [ranks]
+        if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
+            mine.append(dist.get_process_group_ranks(expert_dp_group))
+        self.classes = build_class_groups(mine)  # collective: every rank constructs its Hermod together
         self.bulk_group = self.classes.get(dp_group, 2)
         self.iteration = 0
         self._counts = {"send_next": 0, "recv_prev": 0, "send_prev": 0, "recv_next": 0}
@@ -197,8 +211,10 @@ class Hermod:
         self._restore.append(lambda: setattr(p2p, "_communicate", original))
         return p2p
 
-    def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int) -> HermodGradSync:
-        return HermodGradSync(self, model, bucket_bytes)
+    def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
+                  expert_dp_group: dist.ProcessGroup | None = None) -> HermodGradSync:
+        """Bucketed DP grad sync (expert parameters over ``expert_dp_group``, default: the Hermod's)."""
+        return HermodGradSync(self, model, bucket_bytes, expert_dp_group)
 
     def defer_param_gather(self, output: torch.Tensor, input: torch.Tensor, layer_lo: int,
                            group: dist.ProcessGroup | None = None) -> Any:
@@ -260,21 +276,40 @@ def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits:
 
 
 class HermodGradSync:
-    """``finalize_model_grads_func`` with per-bucket deferred all-reduce started during the last backward."""
+    """``finalize_model_grads_func`` with per-bucket deferred all-reduce started during the last backward.
 
-    def __init__(self, h: Hermod, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int) -> None:
+    Buckets and groups are those of :class:`megatron_plugin.comm_hooks.DataParallelGradSync` (dense parameters over
+    the DP group, expert parameters over the expert-DP group; SUM then / group size; ``None`` gradients count as
+    zeros and every parameter gets a gradient back), so the math is identical; only *when* and in what order the
+    buckets go out differs.
+
+    Determinism (every rank of a group must issue the same deferred ops in the same program order):
+    * a **dense** bucket is launched from the post-accumulate-grad hook of its last parameter in the last
+      microbatch (``overlap_grad_reduce``). Dense parameters are in every rank's graph alike (SPMD), so the hook
+      fires at the same program point on every rank of the DP group.
+    * an **expert** bucket is launched only in ``__call__``: whether an expert gets tokens (and so a gradient and a
+      hook) in a microbatch depends on the rank's data, so a hook-driven launch could differ between ranks.
+    * ``__call__`` then launches every bucket not launched yet, in bucket order, on every rank (dense buckets whose
+      parameters got no gradient in some microbatch included), seals, and waits for all of them in bucket order.
+    """
+
+    def __init__(self, h: Hermod, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
+                 expert_dp_group: dist.ProcessGroup | None = None) -> None:
         self.h = h
         models = list(model) if isinstance(model, list | tuple) else [model]
         named = [(n, p) for m in models for n, p in m.named_parameters()]
-        self.world = dist.get_world_size(h.dp_group)
-        self.buckets = _flat_buckets([p for _, p in named], bucket_bytes)
+        egroup = expert_dp_group if expert_dp_group is not None else h.expert_dp_group
+        self.buckets = _grad_buckets([p for _, p in named], bucket_bytes, h.dp_group, egroup)
+        self.worlds = [dist.get_world_size(b.group) for b in self.buckets]
+        self.groups = [h.classes.get(b.group, 2) for b in self.buckets]  # deferred traffic on cloned groups
         layer_of = {id(p): self._layer(n) for n, p in named}
-        self.bucket_layer = [max(layer_of[id(p)] for p in b) for b in self.buckets]
-        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.bucket_layer = [max(layer_of[id(p)] for p in b.params) for b in self.buckets]
+        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
         self._counts: dict[int, int] = {}
         self._ready: list[int] = [0] * len(self.buckets)
         self._handles: dict[int, tuple[Any, torch.Tensor]] = {}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for b in self.buckets for p in b]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
+                       for b in self.buckets if not b.expert for p in b.params]
 
     def _layer(self, name: str) -> int:
         m = _LAYER_RE.search(name)
@@ -288,16 +323,19 @@ class HermodGradSync:
         if n == self.h.M:  # this parameter's gradient is final (last microbatch)
             b = self.bucket_of[id(p)]
             self._ready[b] += 1
-            if self._ready[b] == len(self.buckets[b]):
+            if self._ready[b] == len(self.buckets[b].params):
                 self._launch(b)
 
     def _launch(self, b: int) -> None:
-        if b in self._handles or self.world == 1:
+        if b in self._handles:
             return
         bucket = self.buckets[b]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket.params])
+        if self.worlds[b] == 1:  # nothing to reduce; the gradient is written back as DataParallelGradSync does
+            self._handles[b] = (None, flat)
+            return
         meta = self.h.meta("dp", self.h.M - 1, self.bucket_layer[b], "all_reduce")
-        grp = self.h.bulk_group
+        grp = self.groups[b]
         launches = []
         for a, e in self.h.sched.chunk_bounds(flat.numel(), flat.element_size()):
             launches.append(lambda a=a, e=e: comm.all_reduce(flat[a:e], group=grp, kind="dp", key=meta,
@@ -305,17 +343,16 @@ class HermodGradSync:
         self._handles[b] = (self.h.sched.defer(meta, launches), flat)
 
     def __call__(self, model: Any, *args: Any, **kwargs: Any) -> None:
-        for b in range(len(self.buckets)):  # buckets whose params got no gradient in some microbatch
+        for b in range(len(self.buckets)):  # expert buckets; buckets whose params got no gradient in a microbatch
             self._launch(b)
         self.h.sched.seal()
         for b, bucket in enumerate(self.buckets):
-            if self.world == 1:
-                continue
             handle, flat = self._handles[b]
-            handle.wait()
-            flat.div_(self.world)
+            if handle is not None:
+                handle.wait()
+                flat.div_(self.worlds[b])
             offset = 0
-            for p in bucket:
+            for p in bucket.params:
                 k = p.numel()
                 p.grad = flat[offset:offset + k].view_as(p).clone()
                 offset += k
@@ -344,7 +381,8 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
     r = ctx.recipe
     h = Hermod(hc, num_microbatches=r.num_microbatches, layers_per_stage=r.num_layers // r.pipeline_parallel,
                stage=ps.get_pipeline_model_parallel_rank(), num_stages=r.pipeline_parallel,
-               dp_group=ps.get_data_parallel_group())
+               dp_group=ps.get_data_parallel_group(),
+               expert_dp_group=ps.get_expert_data_parallel_group() if getattr(r, "num_moe_experts", None) else None)
     h.attach_p2p(ctx.p2p_communicator)
     sync = h.grad_sync(ctx.model, r.dp_bucket_bytes)
     ctx.config.finalize_model_grads_func = sync
