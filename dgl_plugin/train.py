@@ -80,4 +80,28 @@ def run_fullgraph(cfg: Any) -> dict:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "summary.json"), "w") as f:
             json.dump(out, f, indent=1, default=str)
+    _print_summary(out, out_dir)
     return out
+
+
+def _print_summary(out: dict, out_dir: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    hist = out["history"]
+    t = Table(title="flowlane-train gnn_fullgraph summary")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("ranks", str(out["world_size"]))
+    t.add_row("epochs", str(len(hist)))
+    if hist:
+        steady = hist[1:] or hist
+        t.add_row("epoch time (mean, epochs after the first)", f"{sum(h['epoch_s'] for h in steady) / len(steady):.3f} s")
+        t.add_row("loss first -> last", f"{hist[0]['loss']:.4f} -> {hist[-1]['loss']:.4f}")
+        t.add_row("validation accuracy (last)", f"{hist[-1]['val_acc']:.4f}")
+    t.add_row("test accuracy", f"{out['test_acc']:.4f}")
+    t.add_row("halo exchange bytes (all ranks)", f"{out['graph_bytes_total']:,}")
+    t.add_row("gradient all-reduce bytes (all ranks)", f"{out['dp_bytes_total']:,}")
+    if out_dir:
+        t.add_row("summary", os.path.join(out_dir, "summary.json"))
+    Console().print(t)
