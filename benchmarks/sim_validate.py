@@ -1,10 +1,10 @@
 """Validate flowlane.sim against real transfers on emulated links (measured on CPU with emulated links).
 
 Four gloo ranks, each in its own network namespace, joined through a bridge in a fifth "switch" namespace by veth
-pairs shaped with tc tbf (both directions) to the same rate. The same small workload runs for real and in the
-simulator (a star topology with the shaped rate): (1) p2p 0->1, (2) 2-to-1 incast 1,2->0, (3) ring all-reduce.
-Reports per-phase measured vs simulated time and the relative error (goal <= 15 %). Needs root (ip netns, tc);
-every namespace is uniquely named and deleted on exit. Traffic stays inside the namespaces.
+pairs shaped with tc tbf (both directions) to the same rate (built by flowlane.netem.EmulatedNetwork). The same small
+workload runs for real and in the simulator (a star topology with the shaped rate): (1) p2p 0->1, (2) 2-to-1 incast
+1,2->0, (3) ring all-reduce. Reports per-phase measured vs simulated time and the relative error (goal <= 15 %).
+Needs root (ip netns, tc); every namespace is uniquely named and deleted on exit. Traffic stays inside the namespaces.
 
     .venv-llm/bin/python benchmarks/sim_validate.py [--rate-mbit 200] [--mbytes 8] [--reps 3]
 """
@@ -12,7 +12,6 @@ every namespace is uniquely named and deleted on exit. Traffic stays inside the 
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import statistics
@@ -22,11 +21,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flowlane.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
+
 PORT = 29533
-
-
-def sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
 
 
 def worker(rank: int, world: int, master: str, nbytes: int, reps: int) -> None:
@@ -73,41 +72,6 @@ def worker(rank: int, world: int, master: str, nbytes: int, reps: int) -> None:
     dist.destroy_process_group()
 
 
-class Testbed:
-    def __init__(self, n: int, rate_mbit: float, burst_kb: int = 32) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.sw = f"flsw{tag}"
-        self.ns = [f"flh{tag}x{i}" for i in range(n)]
-        self.ips = [f"10.213.0.{i + 1}" for i in range(n)]
-        self.created: list[str] = []
-        atexit.register(self.cleanup)
-        sh("ip", "netns", "add", self.sw)
-        self.created.append(self.sw)
-        sh("ip", "netns", "exec", self.sw, "ip", "link", "add", "br0", "type", "bridge")
-        sh("ip", "netns", "exec", self.sw, "ip", "link", "set", "br0", "up")
-        for i, ns in enumerate(self.ns):
-            sh("ip", "netns", "add", ns)
-            self.created.append(ns)
-            a, b = f"fla{tag}x{i}", f"flb{tag}x{i}"
-            sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-            sh("ip", "link", "set", a, "netns", ns)
-            sh("ip", "link", "set", b, "netns", self.sw)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", a, "name", "eth0")
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.ips[i]}/24", "dev", "eth0")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            sh("ip", "netns", "exec", self.sw, "ip", "link", "set", b, "master", "br0")
-            sh("ip", "netns", "exec", self.sw, "ip", "link", "set", b, "up")
-            for where, dev in ((ns, "eth0"), (self.sw, b)):  # uplink and downlink
-                sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                   f"{rate_mbit}mbit", "burst", f"{burst_kb}kb", "latency", "100ms")
-
-    def cleanup(self) -> None:
-        for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        self.created.clear()
-
-
 def simulate(rate_mbit: float, nbytes: int, n: int) -> dict[str, float]:
     from flowlane.policy import CoflowMeta
     from flowlane.sim import Simulator, Workload
@@ -141,17 +105,19 @@ def main() -> int:
     if a.worker:
         worker(a.worker[0], n, a.master, a.worker[1], a.worker[2])
         return 0
-    if os.geteuid() != 0:
-        print("needs root for ip netns / tc", file=sys.stderr)
+    try:
+        check_available()
+    except NetemError as e:
+        print(e, file=sys.stderr)
         return 2
     nbytes = int(a.mbytes * 2**20) // 4 * 4
-    bed = Testbed(n, a.rate_mbit)
-    try:
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__, "--worker", str(r),
-                                   str(nbytes), str(a.reps), "--master", bed.ips[0]], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r, ns in enumerate(bed.ns)]
+    # the star: every rank's access link shaped with tbf in both directions (flowlane.netem)
+    with EmulatedNetwork(n, rate_mbit=a.rate_mbit, burst_kb=32, tbf_latency_ms=100) as bed:
+        env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        procs = [bed.popen(r, [sys.executable, __file__, "--worker", str(r), str(nbytes), str(a.reps),
+                               "--master", bed.ips[0]], env=bed.env(r, {**os.environ, **env}),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(n)]
         outs = []
         for p in procs:
             try:
@@ -165,8 +131,6 @@ def main() -> int:
                 return 1
             outs.append(o)
         res = json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT "))[7:])
-    finally:
-        bed.cleanup()
     barrier = statistics.median(res.pop("barrier"))
     sim = simulate(a.rate_mbit, nbytes, n)
     rows = {}
