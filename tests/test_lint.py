@@ -1,0 +1,21 @@
+"""The code base stays ruff-clean (configuration in pyproject.toml)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ruff_reports_no_problems():
+    ruff = Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.fail("ruff is not installed in this lane (it is in the dev dependency group)")
+    paths = ["flowlane", "megatron_plugin", "deepspeed_plugin", "dgl_plugin", "recipes", "benchmarks", "tests"]
+    r = subprocess.run([str(ruff), "check", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:]
