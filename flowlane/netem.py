@@ -44,6 +44,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,23 @@ def check_available() -> None:
         raise NetemError(f"link emulation needs iproute2; not found on PATH: {', '.join(missing)}")
     if os.geteuid() != 0:
         raise NetemError("link emulation needs root (ip netns / tc); run as root or skip this benchmark/test")
+
+
+def unavailable_reason() -> str | None:
+    """Why network namespaces cannot be used here (None when they can): root, iproute2, and a working
+    ``ip netns add`` (some sandboxes forbid it even for root). Tests use this to skip with a clear reason."""
+    try:
+        check_available()
+    except NetemError as e:
+        return str(e)
+    name = f"flprobe{uuid.uuid4().hex[:6]}"
+    try:
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=10)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        return f"'ip netns add' does not work here: {e}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+    return None
 
 
 def _per_rank(v: float | Sequence[float] | None, n: int, what: str) -> list[float | None]:

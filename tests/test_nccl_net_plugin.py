@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flowlane import wire_classes as wc
+from flowlane.netem import unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = ROOT / "nccl_net_plugin"
@@ -182,22 +183,7 @@ def test_parsers_survive_a_bounded_fuzz_run(built: None) -> None:
 
 # -- network namespaces (root) ---------------------------------------------------------------------------------------
 
-def _netns_usable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    name = f"flprobe{uuid.uuid4().hex[:6]}"
-    try:
-        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=10)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        return f"'ip netns add' does not work here: {e}"
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
-    return None
-
-
-_NETNS_SKIP = _netns_usable()
+_NETNS_SKIP = unavailable_reason()
 
 
 @pytest.fixture

@@ -6,31 +6,15 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 
 import pytest
 
-from flowlane.netem import EmulatedNetwork, NetemError
+from flowlane.netem import EmulatedNetwork, NetemError, unavailable_reason
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    name = f"flprobe{uuid.uuid4().hex[:6]}"
-    try:
-        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=10)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        return f"'ip netns add' does not work here: {e}"
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
-    return None
-
-
-_SKIP = _skip_reason()
+_SKIP = unavailable_reason()
 
 
 def needs_netns(fn):  # noqa: ANN001, ANN201 - decorator
