@@ -21,7 +21,6 @@ Only the ``hermod`` subsection of ``flowlane`` is read here; ``offload`` belongs
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -29,6 +28,7 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, Literal
 
+from deepspeed_plugin.config import flowlane_subsection
 from flowlane.coflow import HermodOrderConfig
 from flowlane.policy import CoflowMeta
 from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig
@@ -55,20 +55,9 @@ class HermodDSConfig:
 
 def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> HermodDSConfig | None:
     """``ds_config["flowlane"]["hermod"]`` -> config; None when absent or disabled."""
-    if ds_config is None:
-        return None
-    if isinstance(ds_config, str | Path):
-        ds_config = json.loads(Path(ds_config).read_text())
-    section = ds_config.get("flowlane")
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise ValueError(f'DeepSpeed config "flowlane" must be an object, got {type(section).__name__}')
-    sub = section.get("hermod")
+    sub = flowlane_subsection(ds_config, "hermod")
     if sub is None:
         return None
-    if not isinstance(sub, Mapping):
-        raise ValueError(f'DeepSpeed config "flowlane.hermod" must be an object, got {type(sub).__name__}')
     known = {f.name for f in fields(HermodDSConfig)}
     bad = sorted(set(sub) - known)
     if bad:

@@ -19,7 +19,6 @@ Only the ``offload`` subsection of ``flowlane`` is read here; other subsections 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MethodType
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from deepspeed_plugin.config import flowlane_subsection
 from flowlane.offload import OffloadConfig, OffloadStats, TensorCache
 
 
@@ -36,20 +36,9 @@ def parse_offload_section(ds_config: Mapping[str, Any] | str | Path | None
 
     ``ds_config`` may be the dict given to ``deepspeed.initialize`` or a path to its JSON file.
     """
-    if ds_config is None:
-        return None
-    if isinstance(ds_config, (str, Path)):
-        ds_config = json.loads(Path(ds_config).read_text())
-    section = ds_config.get("flowlane")
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise ValueError(f'DeepSpeed config "flowlane" must be an object, got {type(section).__name__}')
-    off = section.get("offload")
+    off = flowlane_subsection(ds_config, "offload")
     if off is None:
         return None
-    if not isinstance(off, Mapping):
-        raise ValueError(f'DeepSpeed config "flowlane.offload" must be an object, got {type(off).__name__}')
     d = dict(off)
     scopes = d.pop("scope_classes", None)
     if scopes is not None and (isinstance(scopes, str) or not all(isinstance(s, str) for s in scopes)):

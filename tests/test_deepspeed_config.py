@@ -1,0 +1,32 @@
+import json
+
+import pytest
+
+from deepspeed_plugin.config import flowlane_subsection
+
+pytestmark = pytest.mark.llm
+
+
+def test_absent_sections_mean_off():
+    assert flowlane_subsection(None, "hermod") is None
+    assert flowlane_subsection({"train_batch_size": 8}, "hermod") is None
+    assert flowlane_subsection({"flowlane": {"offload": {}}}, "hermod") is None
+
+
+def test_subsection_is_read_from_a_dict_or_a_json_file(tmp_path):
+    cfg = {"flowlane": {"hermod": {"enabled": True}, "offload": {"keep_last_k": 2}}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    assert flowlane_subsection(cfg, "offload") == {"keep_last_k": 2}
+    assert flowlane_subsection(path, "hermod") == {"enabled": True}
+
+
+@pytest.mark.parametrize("cfg, name, match", [
+    ({"flowlane": []}, "hermod", 'DeepSpeed config "flowlane" must be an object, got list'),
+    ({"flowlane": {"hermod": 3}}, "hermod", '"flowlane.hermod" must be an object, got int'),
+    ({"flowlane": {"hermes": {}}}, "hermod", r"unknown key\(s\) \['hermes'\]"),
+    ({"flowlane": {}}, "zero", "unknown flowlane sub-section 'zero'"),
+])
+def test_malformed_sections_are_rejected_naming_the_problem(cfg, name, match):
+    with pytest.raises(ValueError, match=match):
+        flowlane_subsection(cfg, name)
