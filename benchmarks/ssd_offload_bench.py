@@ -88,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(ROOT / "results" / "ssd_offload"))
     p.add_argument("--tag", default=None)
+    p.add_argument("--compute-threads", type=int, default=None,
+                   help="torch intra-op threads for the model (default: torch's choice). On a CPU-only machine, "
+                        "leaving a core to the store/load workers is the analogue of a GPU computing while the "
+                        "host does the I/O; all three strategies use the same setting")
     a = p.parse_args(argv)
+    if a.compute_threads is not None:
+        if a.compute_threads < 1:
+            p.error(f"--compute-threads must be >= 1, got {a.compute_threads}")
+        torch.set_num_threads(a.compute_threads)
 
     _setup(a.device)
     from megatron_plugin.ssd_offload import install
@@ -168,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "measured_on": f"{a.device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores); "
                        "peak = logical residency of saved-activation storages (digest A6), not allocator peak",
         "load_average_1m": os.getloadavg()[0],
-        "config": vars(a) | {"backend_info": backend_info},
+        "config": vars(a) | {"backend_info": backend_info, "torch_threads": torch.get_num_threads()},
         "step_time_s_median": med,
         "step_time_s_min": best,
         "step_cpu_time_s_median": cpu,
