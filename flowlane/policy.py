@@ -155,12 +155,43 @@ def register_policy(name: str, factory: Callable[[], SchedulingPolicy]) -> None:
     _REGISTRY[name] = factory
 
 
-def policy_names() -> list[str]:
+def policy_names(load_plugins: bool = False) -> list[str]:
+    if load_plugins:
+        _load_plugins()
     return sorted(_REGISTRY)
 
 
+def _load_plugins() -> None:
+    """Register the Hermod policies (``hermod``, ``hermod-dscp``, ``hermod-nccl``), which live in
+    :mod:`flowlane.sched` and register on import. That package needs torch; without it, load just its policy module
+    (it depends only on :mod:`flowlane.coflow` and this module)."""
+    try:
+        import flowlane.sched  # noqa: F401
+    except ImportError:
+        import importlib.util
+        import sys
+        from pathlib import Path
+
+        path = Path(__file__).with_name("sched") / "hermod.py"
+        name = "flowlane._hermod_policies"
+        if name in sys.modules or not path.exists():
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            return
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except ImportError:
+            del sys.modules[name]
+
+
 def make_policy(name: str) -> SchedulingPolicy:
-    """Build a registered policy by name (``fifo``, ``priority``, ``dp-first``, ``pp-first``, ``ep-first``, ...)."""
+    """Build a registered policy by name (``fifo``, ``priority``, ``dp-first``, ``pp-first``, ``ep-first``, and,
+    loaded on first use, ``hermod``, ``hermod-dscp``, ``hermod-nccl``)."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {policy_names()}")
+        _load_plugins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {policy_names(load_plugins=True)}")
     return _REGISTRY[name]()

@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--incast-alpha", type=float, default=0.0, help="incast penalty alpha (0 = off)")
     p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
     p.add_argument("--microbatches", type=int, help="microbatches per iteration (LLM presets)")
-    p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets)")
+    p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/sim/cli", help="output folder for sim.json, trace and plot")
     p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     con.print(tab)
     out = Path(args.out)
     doc = {"simulated": True, "workload": args.workload, "gpus": args.gpus, "bandwidth_gbps": args.bandwidth,
-           "config": {"routing": args.routing, "sharing": args.sharing, "seed": args.seed, **over},
+           "config": {"routing": args.routing, "sharing": args.sharing, "seed": args.seed, **over,
+                      "iterations": len(wl.info.get("iteration_end", [])) or 1},
            "baseline": pols[0],
            "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()}}
     write_json(out / "sim.json", doc)

@@ -21,6 +21,7 @@ from flowlane.sim.graph import SimSpecError
 SCHEDULES = ("1f1b", "interleaved")
 TP_COMM = ("analytic", "flows")
 DP_ALGOS = ("ring", "tree")
+EP_LAYOUTS = ("auto", "dp", "fold")
 
 
 def _pos_int(obj: object, name: str, v: object, minimum: int = 1) -> None:
@@ -131,8 +132,24 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Hybrid-parallel strategy. ``dp`` is derived from the GPU count when 0. EP is folded into the TP x CP x DP
-    ranks of a stage (Megatron "MoE parallel folding", digest A4.4 [derived]); expert-TP is 1."""
+    """Hybrid-parallel strategy. ``dp`` is derived from the GPU count when 0.
+
+    EP placement (``ep_layout``; the thesis does not state it, digest A4.4/A6.1 #8):
+    * ``dp``: Megatron-core's default process-group order tp-cp-ep-dp-pp -- an EP group is ``ep`` consecutive DP
+      replicas with the same TP and CP rank, experts are tensor-parallel with the dense TP (expert-TP = TP). With
+      TP = 8 GPUs per server every EP peer sits in another server, so the all-to-all crosses the NICs and contends
+      with PP and DP there (seed 000 §5.1.1: "DP, PP, and EP are typically deployed across multiple nodes"; EP-first
+      gains 1.51x in table 5.2, which needs EP on the network). Needs ``dp % ep == 0``.
+    * ``fold``: Megatron "MoE parallel folding" -- EP over ``ep`` consecutive ranks of the stage's TP x CP x DP
+      ranks, expert-TP = 1 (when ``ep <= tp`` the all-to-all stays inside a server, on NVLink).
+    * ``auto`` (default): ``dp`` when ``dp % ep == 0``, else ``fold`` (e.g. Qwen-MoE-24L, EP 32 > DP 16 at 1,024
+      GPUs: EP then spans 4 servers).
+
+    ``iterations`` (default 2): the steady-state iteration time is the gap between the last two iteration ends, so
+    that iteration i's DP parameter all-gathers overlap iteration i+1's forward (seed 000 §5.2.2 Case III).
+    ``overlap_param_gather`` (ZeRO only, default on, Megatron's ``--overlap-param-gather``): the all-gather of a
+    bucket gates only the first forward of its layers in the next iteration; off = every all-gather finishes
+    before the stage's next forward starts (no Case III overlap)."""
 
     tp: int = 1
     pp: int = 1
@@ -150,7 +167,9 @@ class ParallelConfig:
     tp_comm: str = "analytic"
     recompute: bool = False
     moe_skew: float = 0.5  # Zipf exponent of expert popularity (0 = uniform); the seed gives no distribution
-    iterations: int = 1
+    iterations: int = 2
+    ep_layout: str = "auto"
+    overlap_param_gather: bool = True
     bytes_per_elem: int = 2
     grad_bytes: int = 2
 
@@ -166,6 +185,8 @@ class ParallelConfig:
             raise SimSpecError(f"ParallelConfig.tp_comm {self.tp_comm!r} is not one of {TP_COMM}")
         if self.dp_algo not in DP_ALGOS:
             raise SimSpecError(f"ParallelConfig.dp_algo {self.dp_algo!r} is not one of {DP_ALGOS}")
+        if self.ep_layout not in EP_LAYOUTS:
+            raise SimSpecError(f"ParallelConfig.ep_layout {self.ep_layout!r} is not one of {EP_LAYOUTS}")
         if not (self.moe_skew >= 0):
             raise SimSpecError(f"ParallelConfig.moe_skew must be >= 0, got {self.moe_skew!r}")
 
@@ -195,6 +216,10 @@ class ParallelConfig:
                 raise SimSpecError(f"ep={p.ep} must divide tp*cp*dp = {ranks} (EP is folded into a stage's ranks)")
             if model.num_experts % p.ep:
                 raise SimSpecError(f"model {model.name!r}: num_experts={model.num_experts} is not divisible by ep={p.ep}")
+            if p.ep_layout == "dp" and dp % p.ep:
+                raise SimSpecError(f"ep_layout='dp' needs ep={p.ep} to divide dp={dp}; use ep_layout='fold'")
+            if p.ep_layout == "auto":
+                p = replace(p, ep_layout="dp" if dp % p.ep == 0 else "fold")
         elif p.ep != 1:
             raise SimSpecError(f"ep={p.ep} given for dense model {model.name!r}; use ep=1")
         if model.seq_len % p.cp:

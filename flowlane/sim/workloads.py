@@ -8,15 +8,22 @@ LLM DAG (per iteration), Megatron-style:
   seed 000 §5.3.1); each PP coflow = one p2p per TP rank of b*s*h*bytes/tp (scatter-gather) [derived];
 * DP: gradient buckets (Megatron default max(40M, 1M*dp) elements [ext]) filled in backward layer order, launched
   when the last microbatch's backward has produced them ("invoked only after the last microbatch completes its
-  gradient calculation for the layer", §5.2.2); ZeRO: reduce-scatter, a clip-by-norm barrier (digest A6.1 #13),
-  optimizer step, parameter all-gather; else all-reduce then step. DP coflows carry microbatch M-1 (§5.3.1);
+  gradient calculation for the layer", §5.2.2), so they overlap the remaining backward PP/EP traffic (Case II);
+  ZeRO: reduce-scatter, a clip-by-norm barrier (digest A6.1 #13), optimizer step, parameter all-gather; else
+  all-reduce then step. DP coflows carry microbatch M-1 (§5.3.1);
+* iterations: several are chained (default 2); with ZeRO and ``overlap_param_gather`` a bucket's parameter
+  all-gather (keyed with the iteration that consumes it) gates only the first forward of its layers in the next
+  iteration, so it overlaps that forward's PP/EP coflows (Case III, §5.2.2). An iteration ends when its optimizer
+  steps are done; ``SimResult.iteration_time`` is the gap between the last two ends (the steady iteration);
 * EP (MoE): per layer and microbatch, attention -> dispatch all-to-all -> experts -> combine all-to-all, mirrored
-  in backward; token matrices drawn from a Zipf expert popularity (``moe_skew``), dropless;
+  in backward; token matrices drawn from a Zipf expert popularity (``moe_skew``), dropless. EP groups follow
+  ``ParallelConfig.ep_layout`` (default: across DP replicas, Megatron's order, so the all-to-all crosses the NICs);
 * CP: ring-attention KV exchange per stage op, concurrent with that op's compute.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -41,8 +48,15 @@ def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, 
     if not (bandwidth_gbps > 0 and math.isfinite(bandwidth_gbps)):
         raise SimSpecError(f"bandwidth must be a finite number > 0 Gbps, got {bandwidth_gbps!r}")
     gps = min(gpus, gpus_per_server)
-    return leaf_spine(servers=max(1, gpus // gps), gpus_per_server=gps, nic_bw=gbps(bandwidth_gbps),
+    topo = leaf_spine(servers=max(1, gpus // gps), gpus_per_server=gps, nic_bw=gbps(bandwidth_gbps),
                       oversubscription=oversubscription, servers_per_leaf=servers_per_leaf)
+    # the GPU-NIC host link (PCIe Gen4 x16, 25 GB/s = 200 Gb/s in leaf_spine) is sized for the NIC it feeds
+    # (400 Gb/s NICs sit on PCIe Gen5): the thesis' simulator sweeps the network rate alone (§5.5.3, 40-400 Gb/s)
+    nic = gbps(bandwidth_gbps)
+    for k, lk in list(topo.links.items()):
+        if lk.kind == "pcie" and lk.bandwidth < nic:
+            topo.links[k] = dataclasses.replace(lk, bandwidth=nic)
+    return topo
 
 
 def _pipeline_order(p: int, s: int, m: int, v: int, interleaved: bool) -> list[tuple[str, int, int]]:
@@ -139,6 +153,8 @@ class _LLMBuilder:
         self.pend: dict[tuple[int, tuple[int, int]], int | None] = {}
         ends: list[int] = []
         self.param_ready: dict[int, list[int]] = {}  # stage -> nodes the next iteration's first op waits on
+        self.gathers: dict[int, list[int]] = {}  # layer -> previous iteration's param all-gathers (Case III)
+        self.ep_setup()
         for it in range(p.iterations):
             self.it = it
             self.started: set[tuple[int, tuple[int, int]]] = set()
@@ -166,7 +182,8 @@ class _LLMBuilder:
                     raise SimSpecError("pipeline schedule deadlocked while building the DAG")
             ends.append(self.dp_phase())
         w.info.update(iteration_end=ends, gpus=self.gpus, model=self.m.name, parallel=self.p.__dict__,
-                      microbatches=self.M)
+                      microbatches=self.M, ep_layout=self.p.ep_layout if self.m.moe else None,
+                      ep_crosses_servers=self.ep_crosses_servers() if self.m.moe else False)
         return w
 
     def base_deps(self, s: int, x: tuple[int, int]) -> list[int | None]:
@@ -201,6 +218,14 @@ class _LLMBuilder:
                     for layer in reversed(self.layers_of(vs)):
                         node = w.compute(self.ex(s, x), dur / self.Lv, dd, f"B{mb} L{layer}", "bwd")
                         self.grad_ready[layer][x] = node
+                        dd = [node]
+                elif self.gated(fwd, mb):
+                    # first forward after a ZeRO step: layer by layer, each waits for its bucket's all-gather
+                    node = None
+                    dd = deps[x]
+                    for layer in self.layers_of(vs):
+                        node = w.compute(self.ex(s, x), dur / self.Lv, [*dd, *self.gathers.get(layer, [])],
+                                         f"F{mb} L{layer}", "fwd")
                         dd = [node]
                 else:
                     node = w.compute(self.ex(s, x), dur, deps[x], f"{kind}{mb} vs{vs}", "fwd" if fwd else "bwd")
@@ -249,19 +274,48 @@ class _LLMBuilder:
         return out
 
     # MoE -------------------------------------------------------------------------------------------------
-    def ep_groups(self) -> list[list[tuple[int, int]]]:
-        """EP group -> executors (d, c) that own its GPUs; flat stage index f = k + tp*(c + cp*d)."""
+    def gated(self, fwd: bool, mb: int) -> bool:
+        """Is this the first forward of a chunk after a step whose param all-gathers overlap it (Case III)?"""
+        return fwd and mb == 0 and self.it > 0 and bool(self.gathers)
+
+    def ep_setup(self) -> None:
+        """EP groups as stage-local GPUs (d, c, k) and each GPU's (group, position) (ParallelConfig.ep_layout)."""
         p = self.p
+        self.ep_members: list[list[tuple[int, int, int]]] = []
+        if not self.m.moe:
+            return
+        if p.ep_layout == "dp":  # Megatron order tp-cp-ep-dp-pp: ep consecutive DP replicas, same (c, k)
+            for c in range(p.cp):
+                for k in range(p.tp):
+                    for g in range(p.dp // p.ep):
+                        self.ep_members.append([(d, c, k) for d in range(g * p.ep, (g + 1) * p.ep)])
+        else:  # fold: ep consecutive ranks of the flat stage index f = k + tp*(c + cp*d)
+            for g in range(p.tp * p.cp * p.dp // p.ep):
+                grp = []
+                for f in range(g * p.ep, (g + 1) * p.ep):
+                    k, q = f % p.tp, f // p.tp
+                    grp.append((q // p.cp, q % p.cp, k))
+                self.ep_members.append(grp)
+        self.ep_pos = {gpu: (gi, j) for gi, grp in enumerate(self.ep_members) for j, gpu in enumerate(grp)}
+
+    def ep_crosses_servers(self) -> bool:
+        devs = self.w.devices
+        srv = [{devs[self.rank(0, d, c, k)].split("/")[0] for d, c, k in grp} for grp in self.ep_members]
+        return any(len(x) > 1 for x in srv)
+
+    def ep_groups(self) -> list[list[tuple[int, int]]]:
+        """EP group -> executors (d, c) that own its GPUs."""
         groups = []
-        for g in range(p.tp * p.cp * p.dp // p.ep):
-            xs = []
-            for f in range(g * p.ep, (g + 1) * p.ep):
-                q = f // p.tp
-                x = (q // p.cp, q % p.cp)
-                if x not in xs:
-                    xs.append(x)
+        for grp in self.ep_members:
+            xs: list[tuple[int, int]] = []
+            for d, c, _ in grp:
+                if (d, c) not in xs:
+                    xs.append((d, c))
             groups.append(xs)
         return groups
+
+    def ep_ranks(self, s: int, gi: int) -> np.ndarray:
+        return np.array([self.rank(s, d, c, k) for d, c, k in self.ep_members[gi]])
 
     def token_matrix(self) -> np.ndarray:
         p, m = self.p, self.m
@@ -279,7 +333,6 @@ class _LLMBuilder:
         for gi, xs in enumerate(groups):
             for x in xs:
                 of_exec[x].append(gi)
-        stage_base = self.rank(s, 0, 0, 0)
         attn = (self.tokens * (m.attn_flops_per_token(m.seq_len) + m.dense_mlp_flops_per_token()) / p.tp) / self.fl
         bf = 1.0 if fwd else self.bwd_factor()
         tok_bytes = m.hidden * p.bytes_per_elem
@@ -291,8 +344,9 @@ class _LLMBuilder:
             a_nodes = {}
             if fwd:
                 for x in self.execs:
-                    a = w.compute(self.ex(s, x), attn + 2 * self.tp_ar * (p.tp_comm == "analytic"), cur[x],
-                                  f"F{mb} L{layer} attn", "fwd")
+                    gate = self.gathers.get(layer, []) if self.gated(fwd, mb) else []
+                    a = w.compute(self.ex(s, x), attn + 2 * self.tp_ar * (p.tp_comm == "analytic"),
+                                  [*cur[x], *gate], f"F{mb} L{layer} attn", "fwd")
                     a_nodes[x] = self.emit_tp(s, x, vs, mb, fwd, a, 1)
             first_src = a_nodes if fwd else None
             ops = ("dispatch", "combine")
@@ -302,24 +356,26 @@ class _LLMBuilder:
                 T = mats[gi] if fwd else mats[gi].T
                 dd = [first_src[x] for x in xs] if fwd else [y for x in xs for y in cur[x]]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[0] if fwd else ops[1])
-                grp = np.arange(stage_base + gi * p.ep, stage_base + (gi + 1) * p.ep)
+                grp = self.ep_ranks(s, gi)
                 a2a1.append(C.all_to_all(w, grp, T * tok_bytes, meta, dd, stream=f"ep:{s}:{gi}",
                                          name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}"))
             exp = {}
             for x in self.execs:
                 recv = []
                 for k in range(p.tp):
-                    f = k + p.tp * (x[1] + p.cp * x[0])
-                    gi, j = divmod(f, p.ep)
+                    gi, j = self.ep_pos[(x[0], x[1], k)]
                     recv.append(mats[gi][:, j].sum())
-                dur = max(recv) * m.expert_flops_per_token() / self.fl * bf
+                # fold: expert-TP 1, the TP group waits for its busiest GPU; dp: expert-TP = TP, the TP group
+                # all-gathers its EP ranks' tokens (NVLink) and splits the expert GEMMs evenly
+                tok = max(recv) if p.ep_layout == "fold" else sum(recv) / p.tp
+                dur = tok * m.expert_flops_per_token() / self.fl * bf
                 exp[x] = w.compute(self.ex(s, x), dur, [a2a1[gi] for gi in of_exec[x]], f"{'F' if fwd else 'B'}{mb} "
                                    f"L{layer} experts", "fwd" if fwd else "bwd")
             a2a2 = []
             for gi, xs in enumerate(groups):
                 T = mats[gi].T if fwd else mats[gi]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[1] if fwd else ops[0])
-                grp = np.arange(stage_base + gi * p.ep, stage_base + (gi + 1) * p.ep)
+                grp = self.ep_ranks(s, gi)
                 a2a2.append(C.all_to_all(w, grp, T * tok_bytes, meta, [exp[x] for x in xs], stream=f"ep:{s}:{gi}",
                                          name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}"))
             for x in self.execs:
@@ -358,7 +414,7 @@ class _LLMBuilder:
                 acc = 0.0
                 for layer in reversed(self.layers_of(vs)):
                     if expert:
-                        par = m.num_experts // p.ep * m.expert_params()
+                        par = m.num_experts // p.ep * m.expert_params() / (p.tp if p.ep_layout == "dp" else 1)
                     else:
                         par = m.dense_params_per_layer() / p.tp
                         if layer in (0, m.layers - 1):
@@ -375,10 +431,11 @@ class _LLMBuilder:
     def dp_groups(self, s: int, expert: bool) -> np.ndarray:
         """Rows = DP (or expert-DP) groups of stage s, as rank arrays."""
         p = self.p
-        base = self.rank(s, 0, 0, 0)
-        if expert:
-            n = p.tp * p.cp * p.dp // p.ep
-            return base + np.array([[g * p.ep + j for g in range(n)] for j in range(p.ep)])
+        if expert:  # GPUs holding the same expert shard: same position in their EP group (and same TP rank for dp)
+            rows: dict[tuple[int, int], list[int]] = defaultdict(list)
+            for (d, c, k), (_, j) in self.ep_pos.items():
+                rows[(j, k if p.ep_layout == "dp" else 0)].append(self.rank(s, d, c, k))
+            return np.array([sorted(r) for _, r in sorted(rows.items())])
         return np.array([[self.rank(s, d, c, k) for d in range(p.dp)] for c in range(p.cp) for k in range(p.tp)])
 
     def dp_phase(self) -> int:
@@ -394,7 +451,7 @@ class _LLMBuilder:
                 deps = [self.grad_ready[lo][x] for x in self.execs]
                 meta = CoflowMeta("dp", self.it, M1, lo, lo // self.Lv % p.pp)
                 nb = par * p.grad_bytes
-                bucket_info[(s, bi)] = (groups, par, lo, meta)
+                bucket_info[(s, bi)] = (groups, par, lo, meta, layers)
                 if n == 1:
                     continue
                 src, dst, sizes, steps = self._dp_flows(groups, nb, "reduce_scatter" if p.zero else "all_reduce")
@@ -413,6 +470,8 @@ class _LLMBuilder:
         ends = []
         g = self.job.gpu
         self.param_ready = {}
+        overlap = p.zero and p.overlap_param_gather
+        self.gathers = {}
         for s in range(p.pp):
             par_gpu = sum(par for (_, par, _) in self.buckets(s))
             shard = par_gpu / (p.dp if p.zero else 1)
@@ -425,15 +484,25 @@ class _LLMBuilder:
             if p.zero:
                 ag_nodes = []
                 for bi in sorted(range(len(self.buckets(s))), key=lambda b: bucket_info[(s, b)][2]):
-                    groups, par, lo, meta = bucket_info[(s, bi)]
+                    groups, par, lo, meta, layers = bucket_info[(s, bi)]
                     if groups.shape[1] == 1:
                         continue
                     src, dst, sizes, stp = self._dp_flows(groups, par * p.bytes_per_elem, "all_gather")
-                    ag_nodes.append(w.coflow((src, dst, sizes), replace(meta, op="all_gather"), ready,
-                                             f"dp:all_gather st{s} b{bi}", stream=f"dp:{s}", steps=stp))
-                ready = ag_nodes or ready
-            self.param_ready[s] = ready
-            ends += ready
+                    # keyed with the iteration that consumes the parameters (flowlane.coflow.CoflowKey)
+                    ag_meta = replace(meta, op="all_gather", iteration=self.it + 1 if overlap else self.it, seq=0)
+                    node = w.coflow((src, dst, sizes), ag_meta, list(steps.values()), f"dp:all_gather st{s} b{bi}",
+                                    stream=f"dp:{s}", steps=stp)
+                    ag_nodes.append(node)
+                    for layer in layers if overlap else ():
+                        self.gathers.setdefault(layer, []).append(node)
+                if not overlap:
+                    ready = ag_nodes or ready
+            if overlap:  # Case III: the next forward waits per layer (see gated()), the iteration ends at the step
+                self.param_ready[s] = []
+                ends += list(steps.values())
+            else:
+                self.param_ready[s] = ready
+                ends += ready
         return w.join(ends)
 
     def _dp_flows(self, groups: np.ndarray, nb: float, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
