@@ -325,6 +325,9 @@ class HermodGradSync:
             self._ready[b] += 1
             if self._ready[b] == len(self.buckets[b].params):
                 self._launch(b)
+                # seal at this program point (the same on every DP rank): an open window would keep the ready
+                # bucket off the link through the following compute, until the next critical op
+                self.h.sched.seal()
 
     def _launch(self, b: int) -> None:
         if b in self._handles:

@@ -199,6 +199,9 @@ class _Rank:
                 if mb == M - 1:  # Case II: a layer's DP reduction starts after the last microbatch's gradient
                     reductions.append((local, self.deferred_all_reduce(
                         grads[local], self.meta("dp", M - 1, self.layer_id(local), "reduce_scatter"))))
+                    # seal now (a program-order point, so deterministic): an open window would keep the ready
+                    # reduction off the link through the next layer's compute, until the next critical op
+                    self.sched.seal()
             return g
 
         warm = min(self.pp - self.stage - 1, M)
@@ -245,11 +248,12 @@ def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
     policy: SchedulingPolicy = FifoPolicy() if mode == "fifo" else HermodPolicy(
         HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))  # type: ignore[arg-type]
     r = _Rank(rank, world, cfg, policy)
-    times = []
+    times, starts = [], []
     with comm.recording() as rec:
         for _ in range(cfg.iterations):
             dist.barrier()
             t0 = time.perf_counter()
+            starts.append(t0)
             r.iteration()
             times.append(time.perf_counter() - t0)
         r.sched.close()
@@ -257,4 +261,6 @@ def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
     log = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer, e.chunk, e.window)
            for e in r.sched.log]
     return {"rank": rank, "stage": r.stage, "dp_rank": r.dp_rank, "times": times, "digest": digest, "log": log,
-            "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg)}
+            "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg),
+            "iter_starts": starts,
+            "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops]}
