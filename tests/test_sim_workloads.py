@@ -60,7 +60,8 @@ def test_pipeline_bubble_matches_1f1b_closed_form_when_the_network_is_fast() -> 
 
 
 @pytest.mark.parametrize("kw", [{}, {"schedule": "interleaved"}, {"zero": False, "dp_algo": "tree", "dp_chunks": 2},
-                                {"cp": 2, "tp_comm": "flows"}, {"iterations": 2}])
+                                {"cp": 2, "tp_comm": "flows"}, {"iterations": 2},
+                                {"async_p2p": True}])
 def test_llm_builder_variants_run_and_move_the_expected_pp_bytes(kw: dict) -> None:
     job = _tiny(**kw)
     gpus = 32

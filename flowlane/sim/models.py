@@ -169,6 +169,7 @@ class ParallelConfig:
     moe_skew: float = 0.5  # Zipf exponent of expert popularity (0 = uniform); the seed gives no distribution
     iterations: int = 2
     ep_layout: str = "auto"
+    async_p2p: bool = False  # 1F1B sends do not block the sender's next op (thesis Case I, FlexFlow task DAG)
     overlap_param_gather: bool = True
     bytes_per_elem: int = 2
     grad_bytes: int = 2

@@ -244,7 +244,7 @@ class _LLMBuilder:
                              name=f"pp:{kind}{mb} vs{vs}->{target}")
                 self.sends[("f" if fwd else "b", vs, mb, x)] = send
             self.prev[(s, x)] = done[x]
-            self.pend[(s, x)] = send if p.schedule == "1f1b" else None
+            self.pend[(s, x)] = send if p.schedule == "1f1b" and not p.async_p2p else None
 
     def emit_tp(self, s: int, x: tuple[int, int], vs: int, mb: int, fwd: bool, node: int, layers: int = 0) -> int:
         p = self.p
