@@ -12,9 +12,11 @@ evaluated on demand). Choices where the seed is silent (digest §5):
 - item 8: stages are capped at ``max_depth`` (default ``num_ranks - 1``, the paper's bound), optional latency ``alpha``;
 - item 12: ``method="auto"`` also evaluates the peer-to-peer plan under the same model and keeps the cheaper one.
 
-Two implementations with identical results: a C kernel (``_spst.c``, compiled on first use with the system C compiler
-and loaded with ctypes) and the pure-Python reference below, used when no compiler is available or when
-``FLOWLANE_SPST=python``.
+Two implementations with identical results: a C kernel (``_spst.c``, compiled on first use with the system C compiler,
+``-O3`` and no CPU-specific flags, cached in ``~/.cache/flowlane`` under a hash of source + flags, loaded with ctypes;
+single-threaded) and the pure-Python reference below, used when no compiler is available or when
+``FLOWLANE_SPST=python``. ``build_plan`` computes the SPST and peer-to-peer costs from hop loads (the kernel's own load
+matrix, and pair counts for P2P) instead of re-walking every transfer; the result equals ``cost.evaluate`` bit for bit.
 """
 
 from __future__ import annotations
@@ -73,13 +75,38 @@ class Plan:
 
 def p2p_plan(rel: CommRelation, lm: LinkModel | None = None) -> Plan:
     """Peer-to-peer baseline: every (``s_u``, ``d ∈ D_u``) on the direct link in stage 1 (digest §5 item 20)."""
-    verts, ptr, dests = rel.destinations()
-    u = np.repeat(verts, np.diff(ptr))
-    owner = np.asarray(rel.owner)
-    src = owner[u].astype(np.int32)
-    cost = evaluate(np.ones(u.size, np.int32), src, dests.astype(np.int32), lm) if lm is not None else float("nan")
-    return Plan(u.astype(np.int64), np.ones(u.size, np.int32), src, dests.astype(np.int32), rel.num_ranks, cost,
-                "p2p")
+    u, stage, src, dst = _p2p_arrays(rel, rel.destinations())
+    cost = evaluate(stage, src, dst, lm) if lm is not None else float("nan")
+    return Plan(u, stage, src, dst, rel.num_ranks, cost, "p2p")
+
+
+def _p2p_arrays(rel: CommRelation, dest):
+    verts, ptr, dests = dest
+    u = np.repeat(verts, np.diff(ptr)).astype(np.int64)
+    src = np.asarray(rel.owner)[u].astype(np.int32)
+    return u, np.ones(u.size, np.int32), src, dests.astype(np.int32)
+
+
+def _cost_from_loads(load: np.ndarray, lm: LinkModel, unit_bytes: float, alpha: float) -> float:
+    """:func:`flowlane.plan.cost.evaluate` from the loads ``c_h^k`` (rows: stages 1..max used stage) instead of from
+    the transfers, with the same floating-point operations: the result is bit-identical (the loads are exact integer
+    counts either way) and costs O(stages x hops) instead of a pass over every transfer and hop."""
+    if load.shape[0] == 0:
+        load = np.zeros((1, lm.hop_bw.size))
+    per_stage = (load * (unit_bytes * lm.hop_inv_bw)[None, :]).max(axis=1)
+    return float(per_stage.sum() + alpha * np.count_nonzero(load.sum(axis=1)))
+
+
+def _p2p_loads(rel: CommRelation, lm: LinkModel, dest) -> np.ndarray:
+    """Stage-1 hop loads of the peer-to-peer plan from the (owner, destination) pair counts: [1, H]."""
+    verts, ptr, dests = dest
+    R = rel.num_ranks
+    src = np.repeat(np.asarray(rel.owner)[verts], np.diff(ptr))
+    pairs = np.bincount(src * R + dests, minlength=R * R).astype(np.float64)     # exact integer counts
+    lh = lm.link_hops.reshape(R * R, -1)
+    ok = lh >= 0
+    w = np.broadcast_to(pairs[:, None], lh.shape)[ok]
+    return np.bincount(lh[ok], weights=w, minlength=lm.hop_bw.size)[None, :]
 
 
 def build_plan(rel: CommRelation, lm: LinkModel, method: str = "auto", seed: int = 0, max_depth: int | None = None,
@@ -102,28 +129,27 @@ def build_plan(rel: CommRelation, lm: LinkModel, method: str = "auto", seed: int
     S = R - 1 if max_depth is None else int(max_depth)
     if not 1 <= S <= max(R - 1, 1):
         raise PlanError(f"max_depth must be in [1, {max(R - 1, 1)}] for {R} ranks, got {max_depth!r}")
-    base = p2p_plan(rel, lm)
-    base = Plan(base.u, base.stage, base.src, base.dst, R,
-                evaluate(base.stage, base.src, base.dst, lm, unit_bytes, alpha), "p2p")
+    dest = rel.destinations()
+    p2p_cost = _cost_from_loads(_p2p_loads(rel, lm, dest), lm, unit_bytes, alpha)
     if method == "p2p":
-        return Plan(base.u, base.stage, base.src, base.dst, R, base.cost, "p2p",
-                    {"p2p_cost": base.cost, "seed": seed, "plan_seconds": 0.0})
+        return Plan(*_p2p_arrays(rel, dest), R, p2p_cost, "p2p", {"p2p_cost": p2p_cost, "seed": seed,
+                                                                   "plan_seconds": 0.0})
     t0 = time.perf_counter()
     # plan in per-byte units (alpha rescaled): the plan is then exactly independent of the embedding size, as the
     # dimension-invariance property (§5.1) says it should be, not only up to floating-point rounding of ties
-    u, st, a, b, impl_used = _spst(rel, lm, S, seed, alpha / unit_bytes, 1.0, impl)
+    u, st, a, b, load, impl_used = _spst(rel, lm, S, seed, alpha / unit_bytes, 1.0, impl, dest)
     secs = time.perf_counter() - t0
-    cost = evaluate(st, a, b, lm, unit_bytes, alpha)
-    info = {"p2p_cost": base.cost, "spst_cost": cost, "seed": seed, "plan_seconds": secs, "impl": impl_used,
+    cost = _cost_from_loads(load[1:1 + (int(st.max()) if st.size else 0)], lm, unit_bytes, alpha)
+    info = {"p2p_cost": p2p_cost, "spst_cost": cost, "seed": seed, "plan_seconds": secs, "impl": impl_used,
             "max_depth": S, "pairs": rel.num_pairs}
-    if method == "auto" and base.cost < cost:
-        return Plan(base.u, base.stage, base.src, base.dst, R, base.cost, "p2p", {**info, "fallback": True})
+    if method == "auto" and p2p_cost < cost:
+        return Plan(*_p2p_arrays(rel, dest), R, p2p_cost, "p2p", {**info, "fallback": True})
     return Plan(u, st, a, b, R, cost, "spst", {**info, "fallback": False})
 
 
 # -- implementations ----------------------------------------------------------------------------------------------
-def _inputs(rel: CommRelation, lm: LinkModel, seed: int, unit_bytes: float):
-    verts, ptr, dests = rel.destinations()
+def _inputs(rel: CommRelation, lm: LinkModel, seed: int, unit_bytes: float, dest=None):
+    verts, ptr, dests = rel.destinations() if dest is None else dest
     srcs = np.asarray(rel.owner)[verts].astype(np.int32)
     order = np.random.default_rng(seed).permutation(verts.size).astype(np.int64)
     inv = (unit_bytes * lm.hop_inv_bw).astype(np.float64)
@@ -132,11 +158,12 @@ def _inputs(rel: CommRelation, lm: LinkModel, seed: int, unit_bytes: float):
     return verts.astype(np.int64), ptr.astype(np.int64), dests.astype(np.int32), srcs, order, inv, raw
 
 
-def _spst(rel, lm, S, seed, alpha, unit_bytes, impl):
+def _spst(rel, lm, S, seed, alpha, unit_bytes, impl, dest=None):
+    """(u, stage, src, dst, load, impl): the transfers and ``load[k, h] = c_h^k`` (row 0 unused)."""
     impl = impl or os.environ.get("FLOWLANE_SPST") or "auto"
     if impl not in ("auto", "c", "python"):
         raise PlanError(f"impl must be 'c', 'python' or unset, got {impl!r}")
-    args = _inputs(rel, lm, seed, unit_bytes)
+    args = _inputs(rel, lm, seed, unit_bytes, dest)
     if impl in ("auto", "c") and rel.num_ranks <= 64:
         lib = _load_c()
         if lib is not None:
@@ -235,10 +262,12 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
                 if gb in D:
                     remaining -= 1
     return (np.array(out_u, np.int64), np.array(out_k, np.int32), np.array(out_a, np.int32),
-            np.array(out_b, np.int32))
+            np.array(out_b, np.int32), np.array(load, np.float64).reshape(S + 1, H))
 
 
 _LIB: ctypes.CDLL | None | bool = False   # False: not tried yet; None: unavailable
+# portable flags only (no -march=native: the cached .so is keyed by source + flags, not by the CPU it was built on)
+_CFLAGS = ("-O3", "-shared", "-fPIC")
 
 
 def _load_c() -> ctypes.CDLL | None:
@@ -248,7 +277,7 @@ def _load_c() -> ctypes.CDLL | None:
     _LIB = None
     src = Path(__file__).with_name("_spst.c")
     code = src.read_bytes()
-    tag = hashlib.sha256(code).hexdigest()[:12]
+    tag = hashlib.sha256(code + " ".join(_CFLAGS).encode()).hexdigest()[:12]
     cache = Path(os.environ.get("FLOWLANE_CACHE", Path.home() / ".cache" / "flowlane"))
     so = cache / f"spst_{tag}.so"
     try:
@@ -257,7 +286,7 @@ def _load_c() -> ctypes.CDLL | None:
             cc = os.environ.get("CC", "cc")
             with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
                 tmp_path = tmp.name
-            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp_path, str(src)], check=True,
+            subprocess.run([cc, *_CFLAGS, "-o", tmp_path, str(src)], check=True,
                            capture_output=True, timeout=120)
             os.replace(tmp_path, so)
         lib = ctypes.CDLL(str(so))
@@ -289,7 +318,7 @@ def _spst_c(lib, lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
         raise PlanError(f"some destination is unreachable within max_depth={S} (check the topology's links)")
     if n < 0:
         raise PlanError(f"C SPST kernel failed with code {n}")
-    return out_u[:n].copy(), out_k[:n].copy(), out_a[:n].copy(), out_b[:n].copy()
+    return out_u[:n].copy(), out_k[:n].copy(), out_a[:n].copy(), out_b[:n].copy(), load
 
 
 def link_class_breakdown(plan: Plan, lm: LinkModel, unit_bytes: float = 1.0) -> dict[str, float]:
