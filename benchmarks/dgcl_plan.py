@@ -253,8 +253,9 @@ def main() -> None:
                 rs = [r["reduction"] for r in res["quality"] if r["partition"] == part_name and r["topology"] == topo]
                 res.setdefault("mean_reduction", {})[f"{topo}/{part_name}"] = float(np.mean(rs))
     res["planning_time"] = planning_time(args.quick, args.reps)
-    res["notes"] = ("Reddit-like graphs use avg degree 60 instead of 478 (generating 110M edges exceeds this box); "
-                    "with 478 nearly every vertex is needed by every rank, so pairs ~ |V|(R-1) either way. "
+    res["notes"] = ("Reddit-like graphs in this part use avg degree 60 instead of 478 (quick to generate; with 478 "
+                    "nearly every vertex is needed by every rank, so pairs ~ |V|(R-1) either way); "
+                    "plan_fullsize.json uses the full 478. "
                     "Seed Table 8 was measured on a Xeon Platinum 8160, single thread; ours on a shared 2-core VM, "
                     "single thread, median of the repetitions (loadavg_* = 1/5/15-minute load averages). Full-size "
                     "planning times (Table 4 vertex counts and degrees): plan_fullsize.json.")
