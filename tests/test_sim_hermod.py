@@ -129,3 +129,12 @@ def test_cluster_host_link_keeps_up_with_the_nic() -> None:
     topo = cluster(16, bandwidth_gbps=400.0)
     r = topo.route("s0/gpu0", "s1/gpu0")
     assert r.bandwidth == pytest.approx(400e9 / 8)
+
+
+def test_tp_all_reduce_stays_on_nvlink_when_the_nic_is_faster() -> None:
+    job = LLMJob(TINY_DENSE, ParallelConfig(tp=2, pp=4, micro_batch=1, num_microbatches=8))
+    durs = []
+    for bw in (100.0, 1e6):  # 1e6 Gb/s NIC beats NVLink in the shortest-path choice; TP must not follow it
+        _, w = build_llm(job, 32, bw)
+        durs.append([n.duration for n in w.nodes if getattr(n, "cat", "") == "fwd"])
+    assert durs[0] == durs[1]

@@ -112,9 +112,21 @@ class _LLMBuilder:
         # analytic TP all-reduce on the intra-node route
         self.tp_ar = 0.0
         if p.tp > 1:
-            r = self.topo.route(self.w.devices[0], self.w.devices[1])
+            bw, lat = self.intra_server_route()
             s_bytes = self.tokens * m.hidden * p.bytes_per_elem
-            self.tp_ar = 2 * (p.tp - 1) / p.tp * s_bytes / r.bandwidth + 2 * (p.tp - 1) * r.latency
+            self.tp_ar = 2 * (p.tp - 1) / p.tp * s_bytes / bw + 2 * (p.tp - 1) * lat
+
+    def intra_server_route(self) -> tuple[float, float]:
+        """(bandwidth, latency) of the TP group's intra-server fabric (NVLink via the server switch): TP stays on
+        NVLink (seed 000 §5.2.2) even when the NIC is faster than NVLink and would win the shortest-path choice."""
+        a, b = self.w.devices[0], self.w.devices[1]
+        lk = self.topo.links
+        for (x, sw), l1 in lk.items():
+            if x == a and l1.kind == "nvlink" and (sw, b) in lk and lk[(sw, b)].kind == "nvlink":
+                l2 = lk[(sw, b)]
+                return min(l1.bandwidth, l2.bandwidth), l1.latency + l2.latency
+        r = self.topo.route(a, b)
+        return r.bandwidth, r.latency
 
     # ranks -----------------------------------------------------------------------------------------------
     def rank(self, s: int, d: int, c: int, k: int) -> int:
