@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from deepspeed_plugin.config import flowlane_subsection
-from flowlane.offload import OffloadConfig, OffloadStats, TensorCache
+from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
 
 
 def parse_offload_section(ds_config: Mapping[str, Any] | str | Path | None
@@ -66,34 +66,19 @@ def _scope_modules(module: torch.nn.Module, scope_classes: tuple[str, ...], pipe
     return list(max(lists, key=len)) if lists else []
 
 
-class DSOffload:
+class DSOffload(OffloadHandle):
     """Handle returned by :func:`install` (context manager); undoes the patches on close."""
 
     def __init__(self, engine: Any, cache: TensorCache | None) -> None:
+        super().__init__(cache)
         self.engine = engine
-        self.cache = cache
         self._undo: list[Any] = []
-
-    @property
-    def enabled(self) -> bool:
-        return self.cache is not None
-
-    @property
-    def stats(self) -> OffloadStats:
-        return self.cache.stats_snapshot() if self.cache is not None else OffloadStats()
 
     def close(self) -> None:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
-        if self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self) -> DSOffload:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        super().close()
 
 
 def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from flowlane.offload import OffloadConfig, OffloadStats, TensorCache
+from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
 
@@ -138,37 +138,18 @@ class _ScheduleHints:
             self.schedules.backward_step = self.orig_backward
 
 
-class SSDOffload:
+class SSDOffload(OffloadHandle):
     """Handle returned by :func:`install`; a context manager. ``stats`` gives the cache's counters."""
 
     def __init__(self, cache: TensorCache | None, hints: _ScheduleHints | None) -> None:
-        self.cache = cache
+        super().__init__(cache)
         self._hints = hints
-
-    @property
-    def enabled(self) -> bool:
-        return self.cache is not None
-
-    @property
-    def stats(self) -> OffloadStats:
-        return self.cache.stats_snapshot() if self.cache is not None else OffloadStats()
-
-    def wait_io(self) -> None:
-        if self.cache is not None:
-            self.cache.wait_io()
 
     def close(self) -> None:
         if self._hints is not None:
             self._hints.remove()
             self._hints = None
-        if self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self) -> SSDOffload:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        super().close()
 
 
 def _chunks(model: torch.nn.Module | Iterable[torch.nn.Module]) -> list[torch.nn.Module]:

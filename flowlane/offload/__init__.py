@@ -22,12 +22,12 @@ from flowlane.offload.backends import (
     kvikio_usable,
     make_backend,
 )
-from flowlane.offload.cache import OffloadStats, SavedHandle, TensorCache, install
+from flowlane.offload.cache import OffloadHandle, OffloadStats, SavedHandle, TensorCache, install
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.residency import Residency, track_saved_tensors
 
 __all__ = [
-    "BackendUnavailableError", "IOBackend", "KvikioBackend", "NullBackend", "OffloadConfig", "OffloadStats",
+    "BackendUnavailableError", "IOBackend", "KvikioBackend", "NullBackend", "OffloadConfig", "OffloadHandle", "OffloadStats",
     "PinnedCpuBackend", "PosixBackend", "ProfileResult", "Residency", "SavedHandle", "TensorCache",
     "choose_last_offloaded", "cleanup_stale", "install", "keep_last_k_from_profile", "kvikio_usable", "make_backend",
     "track_saved_tensors",

@@ -839,3 +839,33 @@ def install(model: torch.nn.Module | Iterable[torch.nn.Module], config: OffloadC
         raise ValueError(f"no module of class {sorted(spec.class_names)} found in the model; offloading would do "
                          "nothing (set scope classes to the model's layer class names)")
     return cache.activate()
+
+
+class OffloadHandle:
+    """What a framework adapter returns from ``install``: the cache (None when offloading is off), its counters,
+    and a ``close`` that adapters extend to undo their own patches. A context manager."""
+
+    def __init__(self, cache: TensorCache | None) -> None:
+        self.cache = cache
+
+    @property
+    def enabled(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def stats(self) -> OffloadStats:
+        return self.cache.stats_snapshot() if self.cache is not None else OffloadStats()
+
+    def wait_io(self) -> None:
+        if self.cache is not None:
+            self.cache.wait_io()
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> OffloadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
