@@ -20,9 +20,10 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import lru_cache
 from pathlib import Path
+
+from benchmarks._pool import run_points
 
 MOE = ("mixtral-8x22b", "qwen-moe-24l")
 DENSE = ("gpt3-175b",)
@@ -60,7 +61,8 @@ def _workload(model: str, gpus: int, gbps: float, mb: int, iterations: int):
     return build_workload(model, gpus, gbps, num_microbatches=mb, iterations=iterations)
 
 
-def run_point(model: str, gpus: int, gbps: float, policy: str, mb: int, iterations: int, quantum: float) -> dict:
+def run_point(section: str, model: str, gpus: int, gbps: float, policy: str, mb: int, iterations: int,
+              quantum: float) -> dict:
     from flowlane.sim import SimConfig, Simulator
 
     topo, wl = _workload(model, gpus, gbps, mb, iterations)
@@ -70,7 +72,7 @@ def run_point(model: str, gpus: int, gbps: float, policy: str, mb: int, iteratio
     r = Simulator(topo, SimConfig(time_quantum=quantum)).run(wl, pol)
     cct = {k: {"count": v["count"], "mean_ms": v["mean_s"] * 1e3, "total_gb": v["total_bytes"] / 1e9}
            for k, v in r.cct_by_ctype().items()}
-    return {"model": model, "gpus": gpus, "bandwidth_gbps": gbps, "policy": policy,
+    return {"section": section, "model": model, "gpus": gpus, "bandwidth_gbps": gbps, "policy": policy,
             "iteration_time_s": r.iteration_time, "iteration_ends_s": r.iteration_ends, "cct": cct,
             "cpu_s": time.process_time() - t0, "microbatches": m, "ep_layout": wl.info.get("ep_layout"),
             "ep_crosses_servers": wl.info.get("ep_crosses_servers")}
@@ -259,8 +261,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.only:
         keep = set(a.only.split(","))
         tasks = [t for t in tasks if t[0] in keep]
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     t0 = time.time()
     points: list[dict] = []
     skipped: list = []
@@ -272,38 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         skipped = [((k["section"], k["model"], k["gpus"], k["bandwidth_gbps"], k["policy"]), k["why"])
                    for k in old.get("skipped", []) if (k["model"], k["gpus"], k["bandwidth_gbps"], k["policy"])
                    not in redo]
-    with ProcessPoolExecutor(max_workers=a.workers) as ex, Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn()) as prog:
-        bar = prog.add_task("hermod sim (simulated)", total=len(tasks))
-        futs = {}
-        pending = list(tasks)
 
-        def submit() -> None:
-            while pending and len(futs) < a.workers:
-                t = pending.pop(0)
-                if time.time() - t0 > a.budget_s:
-                    skipped.append((t, f"wall budget {a.budget_s:.0f} s spent"))
-                    prog.advance(bar)
-                    continue
-                futs[ex.submit(run_point, t[1], t[2], t[3], t[4], a.microbatches, a.iterations, a.quantum)] = t
+    def save(points: list[dict], skipped: list) -> None:
+        (out / "sim.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
 
-        submit()
-        while futs:
-            f = next(as_completed(futs))
-            t = futs.pop(f)
-            try:
-                p = f.result()
-                p["section"] = t[0]
-                points.append(p)
-                prog.console.print(f"{t[1]:14s} {t[2]:5d} GPUs {t[3]:>9g} Gb/s {t[4]:16s} "
-                                   f"{p['iteration_time_s']:8.4f} s  (cpu {p['cpu_s']:.0f} s)")
-            except Exception as e:  # noqa: BLE001 - record and go on
-                skipped.append((t, f"error: {e}"))
-            prog.advance(bar)
-            submit()
-            res = summarise(points, skipped, a, time.time() - t0)
-            (out / "sim.json").write_text(json.dumps(res, indent=1))
+    run_points(tasks, run_point, (a.microbatches, a.iterations, a.quantum), a.workers, a.budget_s,
+               "hermod sim (simulated)", lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs {t[3]:>9g} Gb/s {t[4]:16s} "
+               f"{p['iteration_time_s']:8.4f} s  (cpu {p['cpu_s']:.0f} s)", save, points, skipped)
     res = summarise(points, skipped, a, time.time() - t0)
     (out / "sim.json").write_text(json.dumps(res, indent=1))
     _plot(res, out / "sim.png")

@@ -5,6 +5,12 @@ S/n, so each ring edge carries 2(n-1)/n * S bytes and the collective takes 2(n-1
 ring of bandwidth B (Patarasuk & Yuan's bandwidth-optimal ring; seed 000 §5.3.2 "a ring of line-rate flows").
 ``chunks > 1`` splits a collective into that many sequential coflows of S/chunks on the same stream, so that a
 priority policy can slip other coflows in between (ByteScheduler/Lina-style tensor partitioning, digest A6.1 #5).
+
+All-to-all comes in three forms (``A2A_MODES``), for Hermod's intra-coflow scheduling (seed 000 §5.3.2):
+``plain`` (every flow at once, as NCCL does), ``phases`` (the incast-free schedule as flowlane's runtime sends it:
+the integer matrix is decomposed by :func:`flowlane.sched.matching.bvn_phases` and each rank steps through the
+phases, see :func:`_a2a_phases`) and ``matched`` (one coflow marked incast-free: a cheaper fluid abstraction of
+``phases`` that counts each receiver's matched senders as one flow; optimistic, since it has no phase boundaries).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from flowlane.policy import CoflowMeta
 from flowlane.sim.graph import SimSpecError, Workload
 
 ALGOS = ("ring", "tree")
+A2A_MODES = ("plain", "matched", "phases")
 
 
 def _group(w: Workload, group: Sequence[int] | np.ndarray, what: str, min_size: int = 1) -> np.ndarray:
@@ -56,7 +63,7 @@ def tree_flows(g: np.ndarray, per_tree: float) -> tuple[np.ndarray, np.ndarray, 
     return np.array(src, np.int64), np.array(dst, np.int64), np.full(len(src), per_tree), max(1, 2 * depth)
 
 
-def _emit(w: Workload, flows, meta: CoflowMeta, deps, name, stream, steps, chunks: int) -> int:
+def _emit(w: Workload, flows, meta: CoflowMeta, deps, name, stream, steps, chunks: int, matched: bool = False) -> int:
     if not isinstance(chunks, int) or chunks < 1:
         raise SimSpecError(f"{name}: chunks must be an integer >= 1, got {chunks!r}")
     src, dst, nb = flows
@@ -64,7 +71,7 @@ def _emit(w: Workload, flows, meta: CoflowMeta, deps, name, stream, steps, chunk
     last = -1
     for c in range(chunks):
         last = w.coflow((src, dst, np.asarray(nb) / chunks), replace(meta, seq=0), prev,
-                        name if chunks == 1 else f"{name}[{c}]", stream, steps)
+                        name if chunks == 1 else f"{name}[{c}]", stream, steps, matched=matched)
         prev = [last]
     return last
 
@@ -116,18 +123,57 @@ def all_gather(w: Workload, group: Sequence[int], nbytes: float, meta: CoflowMet
 
 def all_to_all(w: Workload, group: Sequence[int], matrix: np.ndarray, meta: CoflowMeta,
                deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
-               name: str | None = None) -> int:
-    """All-to-all with ``matrix[i, j]`` bytes from group rank i to rank j (diagonal = local, not sent)."""
+               name: str | None = None, mode: str = "plain", unit_bytes: float = 1.0) -> int:
+    """All-to-all with ``matrix[i, j] * unit_bytes`` bytes from group rank i to rank j (diagonal = local, not sent).
+    ``mode``: one of :data:`A2A_MODES` (module docstring); ``phases`` needs an integer matrix (token counts)."""
     g = _group(w, group, "all_to_all")
     m = np.asarray(matrix, dtype=np.float64)
     n = len(g)
+    if mode not in A2A_MODES:
+        raise SimSpecError(f"all_to_all: mode {mode!r} is not one of {A2A_MODES}")
     if m.shape != (n, n):
         raise SimSpecError(f"all_to_all: matrix shape {m.shape} does not match group size {n}")
     if not np.isfinite(m).all() or (m < 0).any():
         raise SimSpecError("all_to_all: matrix entries must be finite and >= 0 bytes")
-    ii, jj = np.nonzero(~np.eye(n, dtype=bool))
+    if not (np.isfinite(unit_bytes) and unit_bytes > 0):
+        raise SimSpecError(f"all_to_all: unit_bytes must be a finite number > 0, got {unit_bytes!r}")
     meta = replace(meta, op=meta.op if meta.op in ("dispatch", "combine") else "all_to_all")
-    return _emit(w, (g[ii], g[jj], m[ii, jj]), meta, deps, name or f"{meta.ctype}:{meta.op}", stream, 1, chunks)
+    name = name or f"{meta.ctype}:{meta.op}"
+    if mode == "phases":
+        return _a2a_phases(w, g, m, meta, deps, chunks, stream, name, unit_bytes)
+    ii, jj = np.nonzero(~np.eye(n, dtype=bool))
+    return _emit(w, (g[ii], g[jj], m[ii, jj] * unit_bytes), meta, deps, name, stream, 1, chunks,
+                 matched=mode == "matched")
+
+
+def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, deps, chunks: int,
+                stream: str | None, name: str, unit_bytes: float) -> int:
+    """The incast-free schedule as the runtime runs it (flowlane.sched.alltoall.matched_all_to_all): every rank
+    walks the phases in order and posts phase k's send and receive once its own phase k-1 ops have completed; no
+    global barrier. So the flow i -> j of phase k is its own coflow, started when ranks i and j have both finished
+    phase k-1 (a flow that waits on a slow peer is what gives the transient incast of digest A2.6). The phase flows
+    bypass ``stream`` (they are not serialised against each other); the returned join ends the all-to-all."""
+    # Imported here: flowlane.sched pulls in torch for its runtime parts; the simulator needs only the matcher.
+    from flowlane.sched.matching import bvn_phases
+
+    if chunks != 1:
+        raise SimSpecError(f"{name}: mode 'phases' already splits the all-to-all; chunks must be 1, got {chunks}")
+    if (m != np.round(m)).any():
+        raise SimSpecError(f"{name}: mode 'phases' needs an integer matrix (e.g. token counts); got fractions")
+    t = np.round(m).astype(np.int64)
+    np.fill_diagonal(t, 0)  # local traffic never enters the network
+    start = w.join(deps)
+    done: list[list[int]] = [[start] for _ in range(len(g))]  # per group rank: its latest phase's ops
+    for k, ph in enumerate(bvn_phases(t.tolist())):
+        ops: dict[int, list[int]] = {}
+        for a, b, amt in ph.sends:
+            node = w.coflow(([g[a]], [g[b]], [amt * unit_bytes]), replace(meta, seq=0),
+                            [*done[a], *done[b]], f"{name}[phase {k}] {a}->{b}")
+            ops.setdefault(a, []).append(node)
+            ops.setdefault(b, []).append(node)
+        for r, nodes in ops.items():
+            done[r] = nodes
+    return w.join(sorted({x for d in done for x in d}))
 
 
 def p2p(w: Workload, src: Sequence[int] | int, dst: Sequence[int] | int, nbytes: float | Sequence[float],

@@ -237,11 +237,13 @@ class Simulator:
         a_rate = np.zeros(0)
         a_cls = np.zeros(0, np.int64)
         a_cof = np.zeros(0, np.int64)
+        a_grp = np.zeros(0, np.int64)  # matched coflow id or -1, for the incast model
         a_lat = np.zeros(0)
         new_h: list[np.ndarray] = []
         new_rem: list[np.ndarray] = []
         new_cls: list[np.ndarray] = []
         new_cof: list[np.ndarray] = []
+        new_grp: list[np.ndarray] = []
         new_lat: list[np.ndarray] = []
         counters = {"events": 0, "rates": 0, "flows": 0}
         t = 0.0
@@ -301,6 +303,7 @@ class Simulator:
             new_rem.append(np.asarray(nb, np.float64))
             new_cls.append(np.full(len(nb), node_cls[i], np.int64))
             new_cof.append(np.full(len(nb), i, np.int64))
+            new_grp.append(np.full(len(nb), i if c.matched else -1, np.int64))
             new_lat.append(lat)
             counters["flows"] += len(nb)
 
@@ -377,15 +380,16 @@ class Simulator:
                 a_rem = np.concatenate([a_rem, *new_rem])
                 a_cls = np.concatenate([a_cls, *new_cls])
                 a_cof = np.concatenate([a_cof, *new_cof])
+                a_grp = np.concatenate([a_grp, *new_grp])
                 a_lat = np.concatenate([a_lat, *new_lat])
-                for lst in (new_h, new_rem, new_cls, new_cof, new_lat):
+                for lst in (new_h, new_rem, new_cls, new_cof, new_grp, new_lat):
                     lst.clear()
                 changed = True
             if changed or flows_left_changed:
                 moved += load * (t - t_load)  # integrate the previous rates: bytes actually carried per link
                 t_load = t
                 a_rate = allocate(a_h, a_cls, self.capacity, cfg.sharing, cfg.weight_ratio, cfg.incast,
-                                  self.incast_links)
+                                  self.incast_links, a_grp)
                 counters["rates"] += 1
                 load = np.bincount(a_h.ravel(), weights=np.repeat(a_rate, hmax), minlength=pad + 1)
             flows_left_changed = False
@@ -430,6 +434,7 @@ class Simulator:
                             heapq.heappush(heap, (last_arrival[c], c))
                     keep = ~fin
                     a_h, a_rem, a_cls, a_cof, a_lat = a_h[keep], a_rem[keep], a_cls[keep], a_cof[keep], a_lat[keep]
+                    a_grp = a_grp[keep]
                     flows_left_changed = True
             for i in batch:
                 complete(i, t)

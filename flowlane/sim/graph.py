@@ -40,6 +40,7 @@ class Coflow:
     stream: str | None = None
     steps: int = 1  # sequential algorithm steps: each adds one route latency (ring all-reduce: 2(n-1))
     paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = None  # flow index -> [(device path, fraction)]
+    matched: bool = False  # incast-free (Hermod's matching all-to-all): one flow per link for the incast model
 
     @property
     def total_bytes(self) -> float:
@@ -106,6 +107,7 @@ class Workload:
         stream: str | None = None,
         steps: int = 1,
         paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = None,
+        matched: bool = False,
     ) -> int:
         """Add a coflow. ``flows`` = (src indices, dst indices, bytes); use :meth:`dev` to map names."""
         if isinstance(meta, str):
@@ -138,7 +140,7 @@ class Workload:
         if not keep.all():
             src, dst, nb = src[keep], dst[keep], nb[keep]
         d = self._check_deps(deps)
-        self.nodes.append(Coflow(src, dst, nb, meta, nm, stream, steps, paths))
+        self.nodes.append(Coflow(src, dst, nb, meta, nm, stream, steps, paths, matched))
         self.deps.append(d)
         return len(self.nodes) - 1
 

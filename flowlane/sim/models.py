@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from flowlane.sim.collectives import A2A_MODES as EP_A2A
 from flowlane.sim.graph import SimSpecError
 
 SCHEDULES = ("1f1b", "interleaved")
@@ -171,6 +172,7 @@ class ParallelConfig:
     ep_layout: str = "auto"
     async_p2p: bool = False  # 1F1B sends do not block the sender's next op (thesis Case I, FlexFlow task DAG)
     overlap_param_gather: bool = True
+    ep_a2a: str = "plain"  # MoE all-to-all: plain (NCCL), matched / phases (Hermod's incast-free matching, §5.3.2)
     bytes_per_elem: int = 2
     grad_bytes: int = 2
 
@@ -188,6 +190,8 @@ class ParallelConfig:
             raise SimSpecError(f"ParallelConfig.dp_algo {self.dp_algo!r} is not one of {DP_ALGOS}")
         if self.ep_layout not in EP_LAYOUTS:
             raise SimSpecError(f"ParallelConfig.ep_layout {self.ep_layout!r} is not one of {EP_LAYOUTS}")
+        if self.ep_a2a not in EP_A2A:
+            raise SimSpecError(f"ParallelConfig.ep_a2a {self.ep_a2a!r} is not one of {EP_A2A}")
         if not (self.moe_skew >= 0):
             raise SimSpecError(f"ParallelConfig.moe_skew must be >= 0, got {self.moe_skew!r}")
 

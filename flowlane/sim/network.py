@@ -11,6 +11,9 @@ Optional incast penalty (:class:`IncastModel`): the seeds report that many-to-on
 splined all-to-all reduces). A fluid model has no buffers, so we model it phenomenologically: a switch egress port
 (a link whose source device is a switch, of one of ``kinds``) carrying k concurrent flows delivers only
 capacity / (1 + alpha * max(0, k - threshold)). Not from the seeds' numbers; off by default.
+A *matched* coflow (Hermod's incast-free all-to-all, seed 000 §5.3.2: its phases are partial permutations, so each
+receiver hears from at most one of its senders at a time) counts as one flow per link, however many of its flows
+cross the link: ``allocate(..., incast_group=...)`` gives each such flow its coflow id, -1 for ordinary flows.
 """
 
 from __future__ import annotations
@@ -70,11 +73,23 @@ def waterfill(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: floa
     return rates
 
 
+def incast_fan_in(hops: np.ndarray, n_links_padded: int, incast_group: np.ndarray | None = None) -> np.ndarray:
+    """Concurrent flows per link (length ``n_links_padded``); the flows of one matched coflow count once."""
+    if incast_group is None or not (incast_group >= 0).any():
+        return np.bincount(hops.ravel(), minlength=n_links_padded)
+    solo = incast_group < 0
+    k = np.bincount(hops[solo].ravel(), minlength=n_links_padded)
+    h = hops[~solo]
+    pair = np.repeat(incast_group[~solo], h.shape[1]) * n_links_padded + h.ravel()
+    return k + np.bincount(np.unique(pair) % n_links_padded, minlength=n_links_padded)
+
+
 def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: str = "strict",
              weight_ratio: float = 0.5, incast: IncastModel | None = None,
-             incast_links: np.ndarray | None = None) -> np.ndarray:
+             incast_links: np.ndarray | None = None, incast_group: np.ndarray | None = None) -> np.ndarray:
     """Rates for all active flows. ``cls`` = dense class rank per flow (0 = most urgent); ``capacity`` has
-    length n_links (the pad is added here)."""
+    length n_links (the pad is added here). ``incast_group``: per flow, -1 or the id of a matched coflow (counted
+    once per link by the incast model)."""
     n = hops.shape[0]
     if n == 0:
         return np.zeros(0)
@@ -82,7 +97,7 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
     cap[:-1] = capacity
     cap[-1] = np.inf
     if incast is not None and incast_links is not None and incast_links.any():
-        k = np.bincount(hops.ravel(), minlength=cap.shape[0])[:-1]
+        k = incast_fan_in(hops, cap.shape[0], incast_group)[:-1]
         over = np.maximum(0, k - incast.threshold) * incast_links
         cap[:-1] = capacity / (1.0 + incast.alpha * over)
     classes = np.unique(cls)

@@ -369,8 +369,9 @@ class _LLMBuilder:
                 dd = [first_src[x] for x in xs] if fwd else [y for x in xs for y in cur[x]]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[0] if fwd else ops[1])
                 grp = self.ep_ranks(s, gi)
-                a2a1.append(C.all_to_all(w, grp, T * tok_bytes, meta, dd, stream=f"ep:{s}:{gi}",
-                                         name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}"))
+                a2a1.append(C.all_to_all(w, grp, T, meta, dd, stream=f"ep:{s}:{gi}",
+                                         name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
+                                         mode=p.ep_a2a, unit_bytes=tok_bytes))
             exp = {}
             for x in self.execs:
                 recv = []
@@ -388,8 +389,9 @@ class _LLMBuilder:
                 T = mats[gi].T if fwd else mats[gi]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[1] if fwd else ops[0])
                 grp = self.ep_ranks(s, gi)
-                a2a2.append(C.all_to_all(w, grp, T * tok_bytes, meta, [exp[x] for x in xs], stream=f"ep:{s}:{gi}",
-                                         name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}"))
+                a2a2.append(C.all_to_all(w, grp, T, meta, [exp[x] for x in xs], stream=f"ep:{s}:{gi}",
+                                         name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
+                                         mode=p.ep_a2a, unit_bytes=tok_bytes))
             for x in self.execs:
                 after = [a2a2[gi] for gi in of_exec[x]]
                 if fwd:

@@ -1,0 +1,94 @@
+"""flowlane.sim all-to-all modes: plain vs Hermod's incast-free schedule (seed 000 §5.3.2) under the incast model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowlane.policy import CoflowMeta
+from flowlane.sim import IncastModel, SimConfig, SimSpecError, Simulator, Workload
+from flowlane.sim import collectives as C
+from flowlane.sim.models import ParallelConfig
+from flowlane.sim.network import incast_fan_in
+from flowlane.topology import gBps, star
+
+B = gBps(1)
+UNIT = 1e6  # bytes per token-count unit
+INC = IncastModel(threshold=1, alpha=0.25)
+# skewed 4x4 token matrix (row = sender); lower bound L = max(row sum, column sum) = 14 (column 0)
+T = np.array([[0, 2, 1, 3], [6, 0, 2, 1], [5, 1, 0, 2], [3, 4, 1, 0]])
+L = 14
+
+
+def _run(mode: str, incast: IncastModel | None, matrix: np.ndarray = T) -> tuple[float, Workload]:
+    topo = star([B] * len(matrix), latency=0.0)
+    w = Workload(topo.gpus)
+    C.all_to_all(w, range(len(matrix)), matrix, CoflowMeta("ep", op="dispatch"), mode=mode, unit_bytes=UNIT)
+    return Simulator(topo, SimConfig(incast=incast)).run(w).makespan, w
+
+
+def test_all_modes_carry_exactly_the_off_diagonal_bytes() -> None:
+    expect = (T.sum() - np.trace(T)) * UNIT
+    for mode in C.A2A_MODES:
+        _, w = _run(mode, None)
+        assert w.total_bytes() == pytest.approx(expect, rel=1e-12), mode
+
+
+def test_without_incast_plain_fair_sharing_already_reaches_the_lower_bound() -> None:
+    # digest A2.6/R6: in a fluid model the plain all-to-all finishes at L; matching cannot help without incast
+    for mode in ("plain", "matched"):
+        t, _ = _run(mode, None)
+        assert t == pytest.approx(L * UNIT / B, rel=1e-9), mode
+
+
+def test_incast_slows_plain_but_not_the_matched_or_phased_all_to_all() -> None:
+    t_plain, _ = _run("plain", INC)
+    t_matched, _ = _run("matched", INC)
+    t_phases, _ = _run("phases", INC)
+    assert t_plain > 1.2 * L * UNIT / B  # three senders into column 0 -> capacity / (1 + 2 alpha)
+    assert t_matched == pytest.approx(L * UNIT / B, rel=1e-9)
+    # BvN phases: each receiver hears one sender at a time, so no penalty; per-rank phase steps add idle gaps
+    assert L * UNIT / B * (1 - 1e-9) <= t_phases < t_plain
+
+
+def test_phases_mode_sends_each_flow_alone_into_its_receiver() -> None:
+    _, w = _run("phases", None)
+    flows = [n for n in w.coflows if len(n.src)]
+    assert all(len(f.src) == 1 for f in flows)
+    # in each BvN phase no destination (and no source) appears twice
+    by_phase: dict[str, list[tuple[int, int]]] = {}
+    for f in flows:
+        by_phase.setdefault(f.name.split("]")[0], []).append((int(f.src[0]), int(f.dst[0])))
+    for pairs in by_phase.values():
+        assert len({d for _, d in pairs}) == len(pairs)
+        assert len({s for s, _ in pairs}) == len(pairs)
+
+
+def test_fan_in_counts_a_matched_coflow_once_per_link() -> None:
+    hops = np.array([[0, 3], [1, 3], [2, 3], [1, 4]])  # three flows into link 3 (pad index 4)
+    assert incast_fan_in(hops, 5).tolist() == [1, 2, 1, 3, 1]
+    grp = np.array([7, 7, -1, 7])  # flows 0, 1, 3 belong to matched coflow 7
+    assert incast_fan_in(hops, 5, grp)[:4].tolist() == [1, 1, 1, 2]
+
+
+def test_bad_all_to_all_modes_are_rejected_with_the_allowed_values() -> None:
+    w = Workload(["a", "b"])
+    with pytest.raises(SimSpecError, match=r"mode 'bogus' is not one of \('plain', 'matched', 'phases'\)"):
+        C.all_to_all(w, [0, 1], np.ones((2, 2)), CoflowMeta("ep"), mode="bogus")
+    with pytest.raises(SimSpecError, match="needs an integer matrix"):
+        C.all_to_all(w, [0, 1], np.full((2, 2), 0.5), CoflowMeta("ep"), mode="phases")
+    with pytest.raises(SimSpecError, match="unit_bytes must be a finite number > 0"):
+        C.all_to_all(w, [0, 1], np.ones((2, 2)), CoflowMeta("ep"), unit_bytes=0)
+    with pytest.raises(SimSpecError, match="ParallelConfig.ep_a2a 'bvn' is not one of"):
+        ParallelConfig(ep_a2a="bvn")
+
+
+def test_moe_workload_carries_the_same_bytes_in_every_all_to_all_mode() -> None:
+    from flowlane.sim.workloads import build_workload
+
+    totals = {}
+    for mode in C.A2A_MODES:
+        _, w = build_workload("qwen-moe-12l", 32, 100.0, num_microbatches=4, iterations=1, ep_a2a=mode)
+        totals[mode] = w.total_bytes()
+    assert totals["matched"] == totals["plain"]
+    assert totals["phases"] == pytest.approx(totals["plain"], rel=1e-12)
