@@ -67,6 +67,13 @@ def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float,
             "cpu_s": time.process_time() - t0}
 
 
+def _key(p: dict | tuple) -> tuple:
+    """Identity of a point, from a plan tuple or a result dict."""
+    if isinstance(p, tuple):
+        return p[0], p[1], p[2], p[5], p[6]
+    return p["section"], p["model"], p["gpus"], p["variant"], p["incast_alpha"]
+
+
 def plan(alphas: list[float], only: set[str], scale_variants: set[str] | None = None) -> list[tuple]:
     t = []
     if "small" in only:
@@ -129,6 +136,8 @@ def _plot(res: dict, path: Path) -> None:
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(rows))],
                   [f"{r['model']}\n{r['gpus']} GPUs, alpha {r['incast_alpha']:g}" for r in rows], fontsize=7)
     ax.axhline(1.0, color="k", lw=0.5)
+    lo = min(v for r in rows for v in r["speedup_vs_fifo"].values())
+    ax.set_ylim(bottom=min(0.8, lo - 0.05))
     ax.set_ylabel("speedup vs FIFO (plain all-to-all)")
     ax.set_title("Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)", fontsize=9)
     ax.legend(fontsize=7)
@@ -148,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-variants", help=f"comma-separated subset of {list(VARIANTS)} for the scale section")
     ap.add_argument("--out", default="results/hermod")
     ap.add_argument("--name", default="intra", help="output file stem (NAME.json, NAME.png)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the points already in NAME.json and run only the missing ones")
     a = ap.parse_args(argv)
     try:
         alphas = [float(x) for x in a.alphas.split(",") if x]
@@ -164,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     if sv is not None and not sv <= set(VARIANTS):
         ap.error(f"--scale-variants must be among {list(VARIANTS)}, got {a.scale_variants!r}")
     tasks = plan(alphas, only, sv)
+    done: list[dict] = []
+    if a.resume and (out / f"{a.name}.json").exists():
+        done = json.loads((out / f"{a.name}.json").read_text())["points"]
+        have = {_key(p) for p in done}
+        tasks = [t for t in tasks if _key(t) not in have]
+        print(f"resuming: {len(done)} points kept, {len(tasks)} to run")
     t0 = time.time()
 
     def save(points: list[dict], skipped: list) -> None:
@@ -172,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     points, skipped = run_points(
         tasks, run_point, (a.microbatches, a.quantum), a.workers, a.budget_s, "hermod intra (simulated)",
         lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
-                     f"(cpu {p['cpu_s']:.0f} s)", save)
+                     f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
     res = summarise(points, skipped, a, time.time() - t0)
     (out / f"{a.name}.json").write_text(json.dumps(res, indent=1))
     _plot(res, out / f"{a.name}.png")

@@ -92,3 +92,19 @@ def test_moe_workload_carries_the_same_bytes_in_every_all_to_all_mode() -> None:
         totals[mode] = w.total_bytes()
     assert totals["matched"] == totals["plain"]
     assert totals["phases"] == pytest.approx(totals["plain"], rel=1e-12)
+
+
+def test_sim_cli_takes_the_all_to_all_mode_and_records_it(tmp_path) -> None:
+    import json
+
+    from flowlane.sim import cli as sim_cli
+
+    args = ["sim", "--workload", "qwen-moe-12l", "--gpus", "32", "--bandwidth", "10", "--policy", "fifo,hermod",
+            "--microbatches", "2", "--iterations", "1", "--incast-alpha", "0.1", "--no-plot"]
+    rc = sim_cli.main([*args, "--ep-a2a", "matched", "--out", str(tmp_path / "m")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "m" / "sim.json").read_text())
+    assert doc["config"]["ep_a2a"] == "matched"
+    with pytest.raises(SystemExit):  # argparse names the allowed choices
+        sim_cli.main([*args, "--ep-a2a", "bvn", "--out", str(tmp_path / "x")])
+    assert sim_cli.main(["sim", "--workload", "dlrm", "--ep-a2a", "matched", "--out", str(tmp_path / "d")]) == 2

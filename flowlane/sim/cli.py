@@ -8,7 +8,7 @@ from pathlib import Path
 from flowlane.policy import make_policy, policy_names
 from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
 from flowlane.sim.graph import SimSpecError
-from flowlane.sim.models import SCHEDULES
+from flowlane.sim.models import EP_A2A, SCHEDULES
 from flowlane.sim.network import SHARING, IncastModel
 from flowlane.sim.output import chrome_trace, plot, summary, write_json
 from flowlane.sim.workloads import WORKLOADS, build_workload
@@ -28,6 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
     p.add_argument("--microbatches", type=int, help="microbatches per iteration (LLM presets)")
     p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
+    p.add_argument("--ep-a2a", choices=EP_A2A,
+                   help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
+                        "as the runtime sends them; matched = their fluid abstraction (seed 000 §5.3.2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/sim/cli", help="output folder for sim.json, trace and plot")
     p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
@@ -53,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
         over["num_microbatches"] = args.microbatches
     if args.iterations:
         over["iterations"] = args.iterations
+    if args.ep_a2a:
+        over["ep_a2a"] = args.ep_a2a
     try:
         if over and args.workload not in WORKLOADS[:6]:
-            raise SimSpecError(f"--schedule/--microbatches/--iterations apply to LLM presets, not {args.workload!r}")
+            raise SimSpecError(f"--schedule/--microbatches/--iterations/--ep-a2a apply to LLM presets, not {args.workload!r}")
         topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over)
         cfg = SimConfig(routing=args.routing, sharing=args.sharing, seed=args.seed,
                         incast=IncastModel(alpha=args.incast_alpha) if args.incast_alpha > 0 else None)
