@@ -127,7 +127,7 @@ def _plot(res: dict, path: Path) -> None:
     rows = [r for r in res["rows"] if "speedup_vs_fifo" in r]
     if not rows:
         return
-    names = [v for v in VARIANTS if v != "fifo"]
+    names = [v for v in VARIANTS if v != "fifo" and any(v in r["speedup_vs_fifo"] for r in rows)]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
     w = 0.8 / len(names)
     for j, v in enumerate(names):
