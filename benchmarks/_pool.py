@@ -6,10 +6,18 @@ skipped with the reason, so a run cut short still leaves everything it has (``af
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
+
+
+def add_pool_args(ap: argparse.ArgumentParser, budget_s: float) -> None:
+    """The options every pool-driven simulation benchmark takes: --quantum, --workers, --budget-s."""
+    ap.add_argument("--quantum", type=float, default=1e-4, help="simulator time quantum (s)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=budget_s, help="stop starting new points after this (wall s)")
 
 
 def run_points(tasks: Sequence[tuple], fn: Callable[..., dict], extra: tuple, workers: int, budget_s: float,

@@ -23,7 +23,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from benchmarks._pool import run_points
+from benchmarks._pool import add_pool_args, run_points
 
 MOE = ("mixtral-8x22b", "qwen-moe-24l")
 DENSE = ("gpt3-175b",)
@@ -244,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="16 microbatches and MoE scaling up to 8,192 GPUs (slow)")
     ap.add_argument("--microbatches", type=int, help="microbatches per iteration (default 8 quick, 16 full)")
     ap.add_argument("--iterations", type=int, default=2)
-    ap.add_argument("--quantum", type=float, default=1e-4, help="simulator time quantum (s)")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=3000.0, help="stop starting new points after this (wall s)")
+    add_pool_args(ap, budget_s=3000.0)
     ap.add_argument("--only", help="comma-separated sections to run (table_5_2,no_network,bandwidth,scaling)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the points of an existing sim.json that this run does not recompute")
