@@ -1,13 +1,15 @@
 """Hermod in the flow-level simulator (label: simulated). Seed 000 table 5.2 shape, scaling (1,024-8,192 GPUs)
 and bandwidth (40-400 Gb/s) sweeps, Hermod vs FIFO, and the loss from quantising keys to wire classes.
 
-    python -m benchmarks.hermod_sim [--full] [--workers 2] [--budget-s 2400] [--out results/hermod]
+    python -m benchmarks.hermod_sim [--full] [--workers 2] [--budget-s 2400] [--nics-per-server N] [--out results/hermod]
 
-Writes results/hermod/sim.json and sim.png (rewritten after every finished point, so a run cut short by the
+Writes results/hermod/sim.json and sim.png (sim_nicsN.json / .png with --nics-per-server N) (rewritten after every finished point, so a run cut short by the
 budget still leaves what it has; skipped points are listed in the JSON). Every figure is simulated (flowlane.sim:
 max-min fair sharing with strict priority classes); the thesis used FlexFlow + htsim (packet level).
 
-Setup (seed 000 §5.5.1, table 5.5): leaf-spine full-bisection fabric, 8 GPUs per server, one NIC per GPU, 1 us links;
+Setup (seed 000 §5.5.1, table 5.5): leaf-spine full-bisection fabric, 8 GPUs per server, one NIC per GPU (or
+``--nics-per-server``: the seed's "128-server cluster ... full-bisection fat-tree network with 100Gbps links" does not
+say how many links a server has; 1 is the literal reading, see flowlane.sim.workloads.cluster), 1 us links;
 table 5.5 simulation strategies; EP groups across DP replicas (Megatron's order; Qwen at 1,024 GPUs folds EP 32
 over 4 servers); ZeRO-2 with per-bucket reduce-scatter during the last microbatch's backward (Case II) and parameter
 all-gathers overlapping the next forward (Case III); 2 iterations, the second (steady) one reported. Default
@@ -28,8 +30,12 @@ from benchmarks._pool import add_pool_args, run_points
 MOE = ("mixtral-8x22b", "qwen-moe-24l")
 DENSE = ("gpt3-175b",)
 MODELS = (*MOE, *DENSE)
-TABLE_POLICIES = ("fifo", "dp-first", "pp-first", "ep-first", "hermod", "hermod-consumer", "hermod-dscp",
+TABLE_POLICIES = ("fifo", "megatron", "dp-first", "pp-first", "ep-first", "hermod", "hermod-consumer", "hermod-dscp",
                   "hermod-nccl")
+# "megatron" is a baseline, not a policy: FIFO on Megatron-LM's defaults, --overlap-grad-reduce and
+# --overlap-param-gather off (every DP reduction after the stage's backward, every gather before its next forward),
+# the thesis' "vanilla Megatron-LM" (§5.5.1) as far as it is stated. All other names run on the overlapped DAG.
+WORKLOAD_OF = {"megatron": (("overlap_grad_reduce", False), ("overlap_param_gather", False))}
 INF_BW = 1e6  # Gb/s: "no network" reference = compute-only critical path (upper bound of any scheduling gain)
 
 
@@ -38,6 +44,8 @@ def make(name: str, m: int, layers_per_stage: int = 1):
     wire-quantised ones, the layers per stage (LID buckets per stage, digest A6.1 #3)."""
     from flowlane.policy import make_policy
 
+    if name == "megatron":
+        return make_policy("fifo")
     if not name.startswith("hermod"):
         return make_policy(name)
     mod = sys.modules[type(make_policy("hermod")).__module__]  # flowlane.sched.hermod (or its torch-free copy)
@@ -55,17 +63,18 @@ def make(name: str, m: int, layers_per_stage: int = 1):
 
 
 @lru_cache(maxsize=1)
-def _workload(model: str, gpus: int, gbps: float, mb: int, iterations: int):
-    from flowlane.sim.workloads import build_workload
+def _workload(model: str, gpus: int, gbps: float, mb: int, iterations: int, nics: int, overrides: tuple = ()):
+    from flowlane.sim.workloads import build_llm, cluster
 
-    return build_workload(model, gpus, gbps, num_microbatches=mb, iterations=iterations)
+    topo = cluster(gpus, gbps, nics_per_server=nics)
+    return build_llm(model, gpus, gbps, topology=topo, num_microbatches=mb, iterations=iterations, **dict(overrides))
 
 
 def run_point(section: str, model: str, gpus: int, gbps: float, policy: str, mb: int, iterations: int,
-              quantum: float) -> dict:
+              quantum: float, nics: int = 0) -> dict:
     from flowlane.sim import SimConfig, Simulator
 
-    topo, wl = _workload(model, gpus, gbps, mb, iterations)
+    topo, wl = _workload(model, gpus, gbps, mb, iterations, nics, WORKLOAD_OF.get(policy, ()))
     m = wl.info["microbatches"]
     pol = make(policy, m, max(1, len_layers(model) // wl.info["parallel"]["pp"]))
     t0 = time.process_time()
@@ -74,7 +83,8 @@ def run_point(section: str, model: str, gpus: int, gbps: float, policy: str, mb:
            for k, v in r.cct_by_ctype().items()}
     return {"section": section, "model": model, "gpus": gpus, "bandwidth_gbps": gbps, "policy": policy,
             "iteration_time_s": r.iteration_time, "iteration_ends_s": r.iteration_ends, "cct": cct,
-            "cpu_s": time.process_time() - t0, "microbatches": m, "ep_layout": wl.info.get("ep_layout"),
+            "cpu_s": time.process_time() - t0, "microbatches": m, "nics_per_server": nics or 8,
+            "ep_layout": wl.info.get("ep_layout"),
             "ep_crosses_servers": wl.info.get("ep_crosses_servers")}
 
 
@@ -90,16 +100,11 @@ def plan(full: bool) -> list[tuple[str, str, int, float, str]]:
     2,048 GPUs (each 1,024-GPU MoE point costs ~1-2 CPU-minutes, 2,048 twice that)."""
     t: list[tuple[str, str, int, float, str]] = []
     first = ("fifo", "hermod")
-    for pol in first:
+    for pol in (*first, "megatron"):
         for model in MOE:
             t.append(("table_5_2", model, 1024, 100.0, pol))
     for model in MOE:
         t.append(("no_network", model, 1024, INF_BW, "fifo"))
-    for pol in TABLE_POLICIES:
-        if pol not in first:
-            for model in MOE:
-                if full or pol != "hermod-consumer":
-                    t.append(("table_5_2", model, 1024, 100.0, pol))
     for model in DENSE:  # cheap
         for pol in TABLE_POLICIES:
             if pol != "ep-first":  # no EP coflows: identical to FIFO by construction
@@ -111,6 +116,11 @@ def plan(full: bool) -> list[tuple[str, str, int, float, str]]:
         for g in (2048, 4096, 8192):
             for pol in first:
                 t.append(("scaling", model, g, 100.0, pol))
+    for pol in TABLE_POLICIES:
+        if pol not in (*first, "megatron"):
+            for model in MOE:
+                if full or pol != "hermod-consumer":
+                    t.append(("table_5_2", model, 1024, 100.0, pol))
     for bw in ((40.0, 200.0, 400.0) if full else (40.0, 400.0)):
         for model in MOE:
             for pol in first:
@@ -141,6 +151,9 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
         if "fifo" in pols:
             base = pols["fifo"]["iteration_time_s"]
             row["speedup_vs_fifo"] = {n: base / p["iteration_time_s"] for n, p in pols.items()}
+        if "megatron" in pols:
+            row["speedup_vs_megatron"] = {n: pols["megatron"]["iteration_time_s"] / p["iteration_time_s"]
+                                          for n, p in pols.items()}
             nn = by.get((model, 1024, INF_BW), {}).get("fifo")
             if nn and gpus == 1024:
                 row["no_network_iteration_s"] = nn["iteration_time_s"]
@@ -167,11 +180,13 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
     return {
         "benchmark": "hermod_sim", "label": "simulated",
         "note": "flowlane.sim flow-level simulation (max-min fair sharing, strict priority classes), seed 000 table 5.5 "
-                "presets on a 1 us full-bisection leaf-spine, 8 GPUs/server, 1 NIC per GPU (A100 at 50% of peak). "
+                "presets on a 1 us full-bisection leaf-spine, 8 GPUs/server, "
+                f"{f'{args.nics_per_server} NIC(s) per server' if args.nics_per_server else '1 NIC per GPU'} "
+                "(A100 at 50% of peak). "
                 "The seed used FlexFlow + htsim (packet level). Speedup = FIFO iteration time / policy iteration "
                 "time; iteration time = steady (2nd) iteration: iteration i's ZeRO parameter all-gathers overlap "
                 "iteration i+1's forward (Case III), reduce-scatters overlap the last microbatch's backward (Case II).",
-        "config": {"microbatches": args.microbatches, "iterations": args.iterations, "time_quantum_s": args.quantum,
+        "config": {"nics_per_server": args.nics_per_server or 8, "microbatches": args.microbatches, "iterations": args.iterations, "time_quantum_s": args.quantum,
                    "mode": "full" if args.full else "quick: 8 microbatches (= PP) instead of 16; MoE: no hermod-consumer, "
                                                      "bandwidth 40/100/400 Gb/s, scaling 1,024-2,048 GPUs; GPT-3 175B: all points",
                    "budget_s": args.budget_s, "workers": args.workers, "wall_s": round(wall, 1)},
@@ -185,6 +200,10 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
                              "clamped), hermod-nccl = 3 NCCL traffic classes",
         "goal": "hermod >= 1.5x over FIFO on the MoE models at 1,024 GPUs / 100 Gb/s",
         "moe_speedup_at_1024_100g": moe_1024,
+        "moe_speedup_vs_megatron_at_1024_100g": {r["model"]: r["speedup_vs_megatron"]["hermod"] for r in t52
+                                                 if r["model"] in MOE and "hermod" in r.get("speedup_vs_megatron", {})},
+        "megatron_note": "megatron = FIFO on Megatron-LM's defaults (--overlap-grad-reduce and --overlap-param-gather "
+                         "off); every other policy runs on the overlapped DAG (Case II and III overlap)",
         "goal_met": bool(moe_1024) and all(v >= 1.5 for v in moe_1024.values()),
         "skipped": [{"section": s, "model": m, "gpus": g, "bandwidth_gbps": b, "policy": p, "why": why}
                     for (s, m, g, b, p), why in skipped],
@@ -246,8 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=2)
     add_pool_args(ap, budget_s=3000.0)
     ap.add_argument("--only", help="comma-separated sections to run (table_5_2,no_network,bandwidth,scaling)")
+    ap.add_argument("--policies", help="comma-separated policies to run (default: all of the plan's)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the points of an existing sim.json that this run does not recompute")
+    ap.add_argument("--nics-per-server", type=int, default=0, choices=(0, 1, 2, 4, 8),
+                    help="100 Gb/s-class NICs per 8-GPU server (0 = one per GPU); the seed does not say")
     ap.add_argument("--out", default="results/hermod")
     a = ap.parse_args(argv)
     if a.iterations < 2:
@@ -255,15 +277,21 @@ def main(argv: list[str] | None = None) -> int:
     a.microbatches = a.microbatches or (16 if a.full else 8)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    name = f"sim_nics{a.nics_per_server}" if a.nics_per_server else "sim"
     tasks = plan(a.full)
     if a.only:
         keep = set(a.only.split(","))
         tasks = [t for t in tasks if t[0] in keep]
+    if a.policies:
+        bad = set(a.policies.split(",")) - set(TABLE_POLICIES)
+        if bad:
+            ap.error(f"--policies: unknown {sorted(bad)}; choose from {list(TABLE_POLICIES)}")
+        tasks = [t for t in tasks if t[4] in a.policies.split(",")]
     t0 = time.time()
     points: list[dict] = []
     skipped: list = []
-    if a.merge and (out / "sim.json").exists():
-        old = json.loads((out / "sim.json").read_text())
+    if a.merge and (out / f"{name}.json").exists():
+        old = json.loads((out / f"{name}.json").read_text())
         redo = {(t[1], t[2], t[3], t[4]) for t in tasks}
         points = [p for p in old.get("points", [])
                   if (p["model"], p["gpus"], p["bandwidth_gbps"], p["policy"]) not in redo]
@@ -272,15 +300,15 @@ def main(argv: list[str] | None = None) -> int:
                    not in redo]
 
     def save(points: list[dict], skipped: list) -> None:
-        (out / "sim.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
+        (out / f"{name}.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
 
-    run_points(tasks, run_point, (a.microbatches, a.iterations, a.quantum), a.workers, a.budget_s,
+    run_points(tasks, run_point, (a.microbatches, a.iterations, a.quantum, a.nics_per_server), a.workers, a.budget_s,
                "hermod sim (simulated)", lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs {t[3]:>9g} Gb/s {t[4]:16s} "
                f"{p['iteration_time_s']:8.4f} s  (cpu {p['cpu_s']:.0f} s)", save, points, skipped)
     res = summarise(points, skipped, a, time.time() - t0)
-    (out / "sim.json").write_text(json.dumps(res, indent=1))
-    _plot(res, out / "sim.png")
-    print(f"wrote {out / 'sim.json'} and sim.png; goal met: {res['goal_met']} ({res['moe_speedup_at_1024_100g']})")
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    _plot(res, out / f"{name}.png")
+    print(f"wrote {out / name}.json and {name}.png; goal met: {res['goal_met']} ({res['moe_speedup_at_1024_100g']})")
     return 0
 
 

@@ -303,19 +303,25 @@ def pcie_server(num_gpus: int = 8, pcie_bw: float = PCIE3_X16_BW, qpi_bw: float 
 
 
 def leaf_spine(servers: int, gpus_per_server: int = 8, nic_bw: float = NIC_100G, oversubscription: float = 1.0,
-               servers_per_leaf: int = 4, intra_bw: float = gBps(150), latency: float = 1e-6) -> Topology:
-    """Leaf-spine cluster. Each server: GPUs on an intra-server fabric (NVSwitch-like, ``intra_bw`` per GPU) and one
-    NIC per GPU (rail-style, ``nic_bw`` each) to its leaf. Spine count is chosen so that leaf uplink capacity equals
-    downlink capacity / ``oversubscription``."""
+               servers_per_leaf: int = 4, intra_bw: float = gBps(150), latency: float = 1e-6,
+               nics_per_server: int = 0) -> Topology:
+    """Leaf-spine cluster. Each server: GPUs on an intra-server fabric (NVSwitch-like, ``intra_bw`` per GPU) and
+    ``nics_per_server`` NICs (``nic_bw`` each; 0 = one per GPU, rail-style) to its leaf; GPU g sends through NIC
+    ``g * nics_per_server // gpus_per_server`` over its own PCIe link. Spine count is chosen so that leaf uplink
+    capacity equals downlink capacity / ``oversubscription``."""
     for nm, v in (("servers", servers), ("gpus_per_server", gpus_per_server), ("servers_per_leaf", servers_per_leaf)):
         if not isinstance(v, int) or v < 1:
             raise TopologyError(f"leaf_spine: {nm} must be an integer >= 1, got {v!r}")
+    nics = nics_per_server or gpus_per_server
+    if not isinstance(nics, int) or nics < 1 or gpus_per_server % nics:
+        raise TopologyError(f"leaf_spine: nics_per_server must be 0 (one per GPU) or an integer >= 1 dividing "
+                            f"gpus_per_server={gpus_per_server}, got {nics_per_server!r}")
     if not (oversubscription >= 1.0 and math.isfinite(oversubscription)):
         raise TopologyError(f"leaf_spine: oversubscription must be >= 1 (1 = non-blocking), got {oversubscription!r}")
     t = Topology(name=f"leaf_spine_{servers}x{gpus_per_server}")
     nleaf = math.ceil(servers / servers_per_leaf)
-    down = servers_per_leaf * gpus_per_server * nic_bw
-    nspine = max(1, min(8, servers_per_leaf * gpus_per_server // 4)) if nleaf > 1 else 0
+    down = servers_per_leaf * nics * nic_bw
+    nspine = max(1, min(8, servers_per_leaf * nics // 4)) if nleaf > 1 else 0
     for s in range(servers):
         t.add_device(f"s{s}/nvsw", "switch", s)
         for g in range(gpus_per_server):
@@ -327,18 +333,20 @@ def leaf_spine(servers: int, gpus_per_server: int = 8, nic_bw: float = NIC_100G,
         t.add_device(f"spine{sp}", "switch")
     for s in range(servers):
         leaf = s // servers_per_leaf
+        for n in range(nics):
+            t.add_device(f"s{s}/nic{n}", "nic", s)
+            t.add_link(f"s{s}/nic{n}", f"leaf{leaf}", nic_bw, latency, "eth")
         for g in range(gpus_per_server):
-            t.add_device(f"s{s}/nic{g}", "nic", s)
-            t.add_link(f"s{s}/gpu{g}", f"s{s}/nic{g}", gBps(25), latency, "pcie")
-            t.add_link(f"s{s}/nic{g}", f"leaf{leaf}", nic_bw, latency, "eth")
+            t.add_link(f"s{s}/gpu{g}", f"s{s}/nic{g * nics // gpus_per_server}", gBps(25), latency, "pcie")
     for leaf in range(nleaf):
         for sp in range(nspine):
             t.add_link(f"leaf{leaf}", f"spine{sp}", down / oversubscription / nspine, latency, "eth")
-    t._router = _leaf_spine_router(servers_per_leaf, nspine)
+    t._router = _leaf_spine_router(servers_per_leaf, nspine, gpus_per_server // nics)
     return t
 
 
-def _leaf_spine_router(servers_per_leaf: int, nspine: int) -> Callable[[Topology, str, str], tuple[Route, ...] | None]:
+def _leaf_spine_router(servers_per_leaf: int, nspine: int,
+                       gpus_per_nic: int = 1) -> Callable[[Topology, str, str], tuple[Route, ...] | None]:
     """Analytic ECMP routes between GPUs of :func:`leaf_spine` (equal to the Dijkstra answer, which is too slow for
     thousands of GPUs): candidate path families are costed with :meth:`Topology._cost` and the cheapest kept."""
 
@@ -355,8 +363,9 @@ def _leaf_spine_router(servers_per_leaf: int, nspine: int) -> Callable[[Topology
         (sa, ga), (sb, gb) = a, b
         la, lb = sa // servers_per_leaf, sb // servers_per_leaf
         lk = t.links
-        up = [lk[(src, f"s{sa}/nic{ga}")], lk[(f"s{sa}/nic{ga}", f"leaf{la}")]]
-        down = [lk[(f"leaf{lb}", f"s{sb}/nic{gb}")], lk[(f"s{sb}/nic{gb}", dst)]]
+        na, nb = ga // gpus_per_nic, gb // gpus_per_nic
+        up = [lk[(src, f"s{sa}/nic{na}")], lk[(f"s{sa}/nic{na}", f"leaf{la}")]]
+        down = [lk[(f"leaf{lb}", f"s{sb}/nic{nb}")], lk[(f"s{sb}/nic{nb}", dst)]]
         cands: list[tuple[Link, ...]] = []
         if sa == sb:
             cands.append((lk[(src, f"s{sa}/nvsw")], lk[(f"s{sa}/nvsw", dst)]))

@@ -108,3 +108,23 @@ def test_sim_cli_takes_the_all_to_all_mode_and_records_it(tmp_path) -> None:
     with pytest.raises(SystemExit):  # argparse names the allowed choices
         sim_cli.main([*args, "--ep-a2a", "bvn", "--out", str(tmp_path / "x")])
     assert sim_cli.main(["sim", "--workload", "dlrm", "--ep-a2a", "matched", "--out", str(tmp_path / "d")]) == 2
+
+
+def test_sim_cli_shared_nics_and_megatron_defaults_cost_time(tmp_path) -> None:
+    import json
+
+    from flowlane.sim import cli as sim_cli
+
+    args = ["sim", "--workload", "gpt3-13b", "--gpus", "32", "--bandwidth", "10", "--policy", "fifo",
+            "--microbatches", "4", "--no-plot"]
+    times = {}
+    for name, extra in (("rail", []), ("nic1", ["--nics-per-server", "1"]),
+                        ("nic1_megatron", ["--nics-per-server", "1", "--no-overlap"])):
+        assert sim_cli.main([*args, *extra, "--out", str(tmp_path / name)]) == 0
+        doc = json.loads((tmp_path / name / "sim.json").read_text())
+        times[name] = doc["results"]["fifo"]["iteration_time_s"]
+    assert doc["config"]["nics_per_server"] == 1 and doc["config"]["overlap_grad_reduce"] is False
+    # 8 GPUs share one 10 Gb/s NIC: slower than one NIC per GPU; no DP overlap: slower still
+    assert times["rail"] < times["nic1"] < times["nic1_megatron"]
+    assert sim_cli.main(["sim", "--workload", "dlrm", "--nics-per-server", "1", "--out", str(tmp_path / "d")]) == 2
+    assert sim_cli.main([*args, "--nics-per-server", "3", "--out", str(tmp_path / "bad")]) == 2

@@ -95,6 +95,31 @@ def test_reduce_scatters_overlap_the_remaining_backward_case_ii() -> None:
     assert rs_start < last_bwd  # the first bucket is reduced while other stages still run backward
 
 
+def test_without_overlap_grad_reduce_reductions_wait_for_the_stage_backward() -> None:
+    """Megatron-LM's default (--overlap-grad-reduce off): finalize_model_grads reduces after the whole backward."""
+
+    def run(overlap: bool):
+        job = LLMJob(TINY_DENSE, ParallelConfig(tp=2, pp=4, micro_batch=1, num_microbatches=8, bucket_params=1,
+                                                overlap_grad_reduce=overlap))
+        topo, w = build_llm(job, 32, 10.0)
+        r = Simulator(topo).run(w, make_policy("fifo"))
+        nodes = w.nodes
+        last_bwd: dict[int, float] = {}  # stage -> end of its iteration-0 backward
+        for k, i in enumerate(r.compute_nodes):
+            if nodes[i].cat == "bwd" and r.compute_end[k] <= r.iteration_ends[0]:
+                st = int(nodes[i].executor.split(".")[0][2:])
+                last_bwd[st] = max(last_bwd.get(st, 0.0), r.compute_end[k])
+        early = [r.coflow_start[k] < last_bwd[nodes[i].meta.stage] - 1e-12 for k, i in enumerate(r.coflow_nodes)
+                 if nodes[i].meta.op == "reduce_scatter" and nodes[i].meta.iteration == 0]
+        return r.iteration_time, early
+
+    t_off, early_off = run(False)
+    t_on, early_on = run(True)
+    assert early_off and not any(early_off)  # every bucket waits for its stage's last backward
+    assert any(early_on)  # one bucket per layer: the overlapped default starts during the backward
+    assert t_on < t_off
+
+
 def test_steady_iteration_is_reproducible_over_three_iterations() -> None:
     job = LLMJob(TINY_DENSE, ParallelConfig(tp=2, pp=4, micro_batch=1, num_microbatches=8, iterations=3))
     topo, w = build_llm(job, 32, 10.0)

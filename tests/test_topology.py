@@ -39,6 +39,23 @@ def test_leaf_spine_oversubscription_scales_uplinks():
     assert up(over) == pytest.approx(down / 4)
 
 
+def test_leaf_spine_shared_nics_carry_several_gpus_and_keep_full_bisection():
+    t = T.leaf_spine(servers=8, gpus_per_server=8, servers_per_leaf=4, nics_per_server=2)
+    nics = {a for a in t.devices if "/nic" in a}
+    assert len(nics) == 16  # 2 per server
+    # GPUs 0-3 share NIC 0, GPUs 4-7 NIC 1: their off-server routes cross the same NIC uplink
+    first_eth = lambda g: {lk.name for r in t.routes(f"s0/gpu{g}", "s5/gpu0") for lk in r.links if lk.kind == "eth"}  # noqa: E731
+    assert "s0/nic0->leaf0" in first_eth(0) and "s0/nic0->leaf0" in first_eth(3)
+    assert "s0/nic1->leaf0" in first_eth(4) and "s0/nic0->leaf0" not in first_eth(4)
+    up = sum(lk.bandwidth for (a, b), lk in t.links.items() if a == "leaf0" and b.startswith("spine"))
+    down = sum(lk.bandwidth for (a, b), lk in t.links.items() if b == "leaf0" and "/nic" in a)
+    assert down == pytest.approx(4 * 2 * T.NIC_100G) and up == pytest.approx(down)
+    # one NIC per server: 8 GPUs' off-server traffic shares one 100 Gb/s link
+    one = T.leaf_spine(servers=8, gpus_per_server=8, nics_per_server=1)
+    assert one.route("s0/gpu7", "s6/gpu7").bandwidth == pytest.approx(T.NIC_100G)
+    assert [lk.kind for lk in one.route("s0/gpu7", "s0/gpu2").links] == ["nvlink", "nvlink"]
+
+
 def test_star_route_bottleneck_is_the_slower_access_link():
     t = T.star([T.gbps(10), T.gbps(1), T.gbps(40)])
     assert t.route("host0", "host1").bandwidth == pytest.approx(T.gbps(1))
@@ -58,6 +75,7 @@ def test_pcie_server_and_two_servers_are_connected():
         (lambda: T.star([1e9]), "at least 2 hosts"),
         (lambda: T.leaf_spine(servers=0), "servers must be an integer >= 1, got 0"),
         (lambda: T.leaf_spine(servers=2, oversubscription=0.5), "oversubscription must be >= 1"),
+        (lambda: T.leaf_spine(servers=2, nics_per_server=3), "nics_per_server must be 0 .* got 3"),
         (lambda: T.pcie_server(num_gpus=7), "num_gpus=7"),
         (lambda: T.preset("torus"), "unknown topology preset 'torus'"),
     ],

@@ -11,7 +11,7 @@ from flowlane.sim.graph import SimSpecError
 from flowlane.sim.models import EP_A2A, SCHEDULES
 from flowlane.sim.network import SHARING, IncastModel
 from flowlane.sim.output import chrome_trace, plot, summary, write_json
-from flowlane.sim.workloads import WORKLOADS, build_workload
+from flowlane.sim.workloads import WORKLOADS, build_workload, cluster
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,6 +31,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--ep-a2a", choices=EP_A2A,
                    help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
                         "as the runtime sends them; matched = their fluid abstraction (seed 000 §5.3.2)")
+    p.add_argument("--nics-per-server", type=int, default=0,
+                   help="NICs per 8-GPU server (LLM presets; 0 = one per GPU; the seed does not say, 1 is its literal "
+                        "reading)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="Megatron-LM's defaults: DP reductions after the backward, gathers before the next forward "
+                        "(LLM presets; default: both overlapped)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/sim/cli", help="output folder for sim.json, trace and plot")
     p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
@@ -58,10 +64,15 @@ def run(args: argparse.Namespace) -> int:
         over["iterations"] = args.iterations
     if args.ep_a2a:
         over["ep_a2a"] = args.ep_a2a
+    if args.no_overlap:
+        over.update(overlap_grad_reduce=False, overlap_param_gather=False)
     try:
-        if over and args.workload not in WORKLOADS[:6]:
-            raise SimSpecError(f"--schedule/--microbatches/--iterations/--ep-a2a apply to LLM presets, not {args.workload!r}")
-        topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over)
+        if (over or args.nics_per_server) and args.workload not in WORKLOADS[:6]:
+            raise SimSpecError("--schedule/--microbatches/--iterations/--ep-a2a/--nics-per-server/--no-overlap apply "
+                               f"to LLM presets, not {args.workload!r}")
+        topo_kw = {"topology": cluster(args.gpus, args.bandwidth, nics_per_server=args.nics_per_server)} \
+            if args.nics_per_server else {}
+        topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over, **topo_kw)
         cfg = SimConfig(routing=args.routing, sharing=args.sharing, seed=args.seed,
                         incast=IncastModel(alpha=args.incast_alpha) if args.incast_alpha > 0 else None)
     except (SimSpecError, ValueError) as e:
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     doc = {"simulated": True, "workload": args.workload, "gpus": args.gpus, "bandwidth_gbps": args.bandwidth,
            "config": {"routing": args.routing, "sharing": args.sharing, "seed": args.seed, **over,
+                      "nics_per_server": args.nics_per_server or "one per GPU",
                       "iterations": len(wl.info.get("iteration_end", [])) or 1},
            "baseline": pols[0],
            "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()}}

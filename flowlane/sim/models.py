@@ -150,7 +150,10 @@ class ParallelConfig:
     that iteration i's DP parameter all-gathers overlap iteration i+1's forward (seed 000 §5.2.2 Case III).
     ``overlap_param_gather`` (ZeRO only, default on, Megatron's ``--overlap-param-gather``): the all-gather of a
     bucket gates only the first forward of its layers in the next iteration; off = every all-gather finishes
-    before the stage's next forward starts (no Case III overlap)."""
+    before the stage's next forward starts (no Case III overlap). ``overlap_grad_reduce`` (default on, Megatron's
+    ``--overlap-grad-reduce``): a bucket's reduction starts when the last microbatch's backward has produced it
+    (Case II); off = all reductions start after the stage's whole backward. Both off is Megatron-LM's default,
+    the thesis' "vanilla Megatron-LM" baseline (§5.5.1) as far as it is stated."""
 
     tp: int = 1
     pp: int = 1
@@ -172,6 +175,7 @@ class ParallelConfig:
     ep_layout: str = "auto"
     async_p2p: bool = False  # 1F1B sends do not block the sender's next op (thesis Case I, FlexFlow task DAG)
     overlap_param_gather: bool = True
+    overlap_grad_reduce: bool = True
     ep_a2a: str = "plain"  # MoE all-to-all: plain (NCCL), matched / phases (Hermod's incast-free matching, §5.3.2)
     bytes_per_elem: int = 2
     grad_bytes: int = 2

@@ -39,8 +39,13 @@ from flowlane.topology import Topology, gbps, leaf_spine, star
 
 
 def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, servers_per_leaf: int = 4,
-            oversubscription: float = 1.0) -> Topology:
-    """Hermod's simulated fabric (seed 000 §5.5.1): servers of 8 GPUs, full-bisection, 100 Gbps, 1 us links."""
+            oversubscription: float = 1.0, nics_per_server: int = 0) -> Topology:
+    """Hermod's simulated fabric (seed 000 §5.5.1): servers of 8 GPUs, full-bisection, 100 Gbps, 1 us links.
+
+    ``nics_per_server`` (0 = one NIC per GPU, rail-style): the seed's "128-server cluster ... connected via a
+    full-bisection fat-tree network with 100Gbps links" does not say how many links a server has. One per GPU is a
+    modern DGX reading; 1 is the literal one (TopoOpt's methodology models a server as one network node); its
+    testbed had 2 per 8 GPUs (§5.5.1)."""
     if not isinstance(gpus, int) or gpus < 1:
         raise SimSpecError(f"gpus must be an integer >= 1, got {gpus!r}")
     if gpus % gpus_per_server and gpus > gpus_per_server:
@@ -49,7 +54,8 @@ def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, 
         raise SimSpecError(f"bandwidth must be a finite number > 0 Gbps, got {bandwidth_gbps!r}")
     gps = min(gpus, gpus_per_server)
     topo = leaf_spine(servers=max(1, gpus // gps), gpus_per_server=gps, nic_bw=gbps(bandwidth_gbps),
-                      oversubscription=oversubscription, servers_per_leaf=servers_per_leaf)
+                      oversubscription=oversubscription, servers_per_leaf=servers_per_leaf,
+                      nics_per_server=nics_per_server if gps == gpus_per_server else 0)
     # the GPU-NIC host link (PCIe Gen4 x16, 25 GB/s = 200 Gb/s in leaf_spine) is sized for the NIC it feeds
     # (400 Gb/s NICs sit on PCIe Gen5): the thesis' simulator sweeps the network rate alone (§5.5.3, 40-400 Gb/s)
     nic = gbps(bandwidth_gbps)
@@ -462,7 +468,9 @@ class _LLMBuilder:
                 groups = self.dp_groups(s, expert)
                 n = groups.shape[1]
                 lo = min(layers)
-                deps = [self.grad_ready[lo][x] for x in self.execs]
+                # Case II: launched as soon as the bucket's gradients are final; without overlap_grad_reduce only
+                # after the stage's whole backward (Megatron's finalize_model_grads)
+                deps = [self.grad_ready[lo][x] if p.overlap_grad_reduce else self.prev[(s, x)] for x in self.execs]
                 meta = CoflowMeta("dp", self.it, M1, lo, lo // self.Lv % p.pp)
                 nb = par * p.grad_bytes
                 bucket_info[(s, bi)] = (groups, par, lo, meta, layers)
