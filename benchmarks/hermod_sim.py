@@ -229,7 +229,8 @@ def _plot(res: dict, path: Path) -> None:
                    label="thesis table 5.2")
     axs[0].set_xticks(range(len(names)), names, rotation=30, fontsize=7)
     axs[0].axhline(1.0, color="k", lw=0.5)
-    axs[0].set_title("speedup vs FIFO, 1,024 GPUs, 100 Gb/s (simulated)", fontsize=9)
+    nics = res["config"].get("nics_per_server", 8)
+    axs[0].set_title(f"speedup vs FIFO, 1,024 GPUs, 100 Gb/s, {nics} NIC(s)/8-GPU server (simulated)", fontsize=9)
     axs[0].legend(fontsize=7)
     for ax, key, x, lab in ((axs[1], "scaling", "gpus", "GPUs"), (axs[2], "bandwidth", "bandwidth_gbps", "Gb/s")):
         for model in MODELS:
