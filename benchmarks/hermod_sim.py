@@ -3,8 +3,8 @@ and bandwidth (40-400 Gb/s) sweeps, Hermod vs FIFO, and the loss from quantising
 
     python -m benchmarks.hermod_sim [--full] [--workers 2] [--budget-s 2400] [--nics-per-server N] [--out results/hermod]
 
-Writes results/hermod/sim.json and sim.png (sim_nicsN.json / .png with --nics-per-server N) (rewritten after every finished point, so a run cut short by the
-budget still leaves what it has; skipped points are listed in the JSON). Every figure is simulated (flowlane.sim:
+Writes results/hermod/sim.json and sim.png (sim_nicsN.json / .png with --nics-per-server N), rewritten after every
+finished point, so a run cut short by the budget still leaves what it has; skipped points are listed in the JSON. Every figure is simulated (flowlane.sim:
 max-min fair sharing with strict priority classes); the thesis used FlexFlow + htsim (packet level).
 
 Setup (seed 000 §5.5.1, table 5.5): leaf-spine full-bisection fabric, 8 GPUs per server, one NIC per GPU (or
@@ -151,13 +151,13 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
         if "fifo" in pols:
             base = pols["fifo"]["iteration_time_s"]
             row["speedup_vs_fifo"] = {n: base / p["iteration_time_s"] for n, p in pols.items()}
-        if "megatron" in pols:
-            row["speedup_vs_megatron"] = {n: pols["megatron"]["iteration_time_s"] / p["iteration_time_s"]
-                                          for n, p in pols.items()}
             nn = by.get((model, 1024, INF_BW), {}).get("fifo")
             if nn and gpus == 1024:
                 row["no_network_iteration_s"] = nn["iteration_time_s"]
                 row["max_speedup_any_schedule"] = base / nn["iteration_time_s"]
+        if "megatron" in pols:
+            row["speedup_vs_megatron"] = {n: pols["megatron"]["iteration_time_s"] / p["iteration_time_s"]
+                                          for n, p in pols.items()}
         rows.append(row)
     t52 = [r for r in rows if r["gpus"] == 1024 and r["bandwidth_gbps"] == 100.0]
     scal = [r for r in rows if r["bandwidth_gbps"] == 100.0]
@@ -186,7 +186,8 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
                 "The seed used FlexFlow + htsim (packet level). Speedup = FIFO iteration time / policy iteration "
                 "time; iteration time = steady (2nd) iteration: iteration i's ZeRO parameter all-gathers overlap "
                 "iteration i+1's forward (Case III), reduce-scatters overlap the last microbatch's backward (Case II).",
-        "config": {"nics_per_server": args.nics_per_server or 8, "microbatches": args.microbatches, "iterations": args.iterations, "time_quantum_s": args.quantum,
+        "config": {"nics_per_server": args.nics_per_server or 8, "microbatches": args.microbatches,
+                   "iterations": args.iterations, "time_quantum_s": args.quantum,
                    "mode": "full" if args.full else "quick: 8 microbatches (= PP) instead of 16; MoE: no hermod-consumer, "
                                                      "bandwidth 40/100/400 Gb/s, scaling 1,024-2,048 GPUs; GPT-3 175B: all points",
                    "budget_s": args.budget_s, "workers": args.workers, "wall_s": round(wall, 1)},
