@@ -67,6 +67,10 @@ class HermodConfig:
     """MoE all-to-all: BvN matching (optimal), the seed's Algorithm 3, or plain all_to_all_single."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
+    gloo_class_ifnames: str = ""
+    """gloo only: one interface per class ("eth0,eth0,bulk0"), so DP's bulk class leaves from its own address and
+    the fabric can queue it behind PP/EP (flowlane.sched.groups); empty = host-side ordering only. NCCL uses
+    traffic classes instead."""
 
     def __post_init__(self) -> None:
         if self.name not in ("none", "hermod"):
@@ -104,6 +108,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--hermod-gate-timeout-s", type=float, default=d.gate_timeout_s)
     g.add_argument("--hermod-ep-algorithm", choices=["bvn", "alg3", "plain"], default=d.ep_algorithm)
     g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
+    g.add_argument("--hermod-gloo-class-ifnames", default=d.gloo_class_ifnames,
+                   help="gloo: comma-separated interface per class (critical,pipeline,bulk) for wire priority")
     return parser
 
 
@@ -111,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
     return HermodConfig(name=args.coflow_scheduler, schedule=args.hermod_schedule, dp_mid=args.hermod_dp_mid,
                         chunk_bytes=args.hermod_chunk_bytes, max_inflight_chunks=args.hermod_max_inflight_chunks,
                         gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
-                        ep_quantum=args.hermod_ep_quantum)
+                        ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames)
 
 
 # -- the runtime object ------------------------------------------------------------------------------------------------
@@ -152,7 +158,8 @@ class Hermod:
         mine = [ranks]
         if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
             mine.append(dist.get_process_group_ranks(expert_dp_group))
-        self.classes = build_class_groups(mine)  # collective: every rank constructs its Hermod together
+        # collective: every rank constructs its Hermod together
+        self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
         self.bulk_group = self.classes.get(dp_group, 2)
         self.iteration = 0
         self._counts = {"send_next": 0, "recv_prev": 0, "send_prev": 0, "recv_next": 0}

@@ -49,3 +49,18 @@ def die_on_rank_zero(rank: int, world: int) -> None:
 
 def return_tensors(rank: int, world: int) -> dict:
     return {"t": torch.arange(1000, dtype=torch.float32) * rank, "rank": rank}
+
+
+def class_groups_with(rank: int, world: int, ifnames_by_rank: dict) -> dict:
+    """build_class_groups with per-rank gloo class interfaces (None where a rank has none), then an all_reduce of
+    the rank id on every class's clone."""
+    from flowlane.sched.groups import build_class_groups
+
+    cg = build_class_groups([list(range(world))], gloo_class_ifnames=ifnames_by_rank.get(rank))
+    clones = cg.groups[tuple(range(world))]
+    sums = []
+    for c in range(3):
+        t = torch.full((1024,), float(rank))
+        dist.all_reduce(t, group=cg.get(None, c))
+        sums.append(float(t[0]))
+    return {"clones": len(clones), "sums": sums}

@@ -4,7 +4,12 @@
 on its own communicators, so its launch sequence never interleaves with ops the framework issues on the original
 group, and on NCCL each clone carries ``ncclConfig_t.trafficClass`` (NCCL >= 2.24, torch's
 ``ProcessGroupNCCL.Options().config.traffic_class``) so that switches and the project's NCCL net plugin can enforce
-the priority. On gloo there is no wire class: one clone is made (host-side ordering only) and every class maps to it.
+the priority. gloo has no traffic-class field: by default one clone is made (host-side ordering only) and every class
+maps to it. Given one network interface per class (``gloo_class_ifnames`` or ``FLOWLANE_GLOO_CLASS_IFNAMES``), each
+class's clone binds its gloo device to that interface instead (``GLOO_SOCKET_IFNAME`` is read when a gloo group is
+created), so a class's traffic leaves from its own source address and a switch or ``tc`` filter can queue it by class
+-- the gloo stand-in for DSCP marking (seed 000 §5.4: the switch enforces what the host marks). The interfaces are
+the operator's to set up (e.g. a macvlan per class on the NIC); benchmarks/hermod_real.py builds them in netns.
 
 The NCCL path cannot be exercised on a CPU-only machine; it is guarded (clear errors when the torch build lacks the
 field) and untested here.
@@ -12,7 +17,10 @@ field) and untested here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -46,15 +54,64 @@ def _nccl_options(hermod_class: int) -> object:
     return opts
 
 
-def build_class_groups(my_groups: Sequence[Sequence[int]], backend: str | None = None) -> ClassGroups:
+GLOO_CLASS_IFNAMES_ENV = "FLOWLANE_GLOO_CLASS_IFNAMES"
+
+
+def parse_class_ifnames(value: str | Sequence[str] | None) -> list[str] | None:
+    """``"eth0,eth0,bulk0"`` (or a list) -> one interface per Hermod class; fewer than NCCL_NUM_CLASSES names repeat
+    the last one for the remaining classes. Every name must be an interface of this host (network namespace)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n) for n in value]
+    if not 1 <= len(names) <= NCCL_NUM_CLASSES or any(not n for n in names):
+        raise ValueError(f"gloo class interfaces {value!r}: need 1..{NCCL_NUM_CLASSES} non-empty interface names, "
+                         f"one per Hermod class (critical, pipeline, bulk)")
+    known = [n for _, n in socket.if_nameindex()]
+    for n in names:
+        if n not in known:
+            raise ValueError(f"gloo class interface {n!r} does not exist here; interfaces: {known}")
+    return names + [names[-1]] * (NCCL_NUM_CLASSES - len(names))
+
+
+@contextmanager
+def _gloo_interface(ifname: str) -> Iterator[None]:
+    old = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = old
+
+
+def build_class_groups(my_groups: Sequence[Sequence[int]], backend: str | None = None,
+                       gloo_class_ifnames: str | Sequence[str] | None = None) -> ClassGroups:
     """Collective over the world: every rank passes the rank lists of the groups *it* wants cloned; the union is
-    created on every rank in a fixed (sorted) order, as ``new_group`` requires."""
+    created on every rank in a fixed (sorted) order, as ``new_group`` requires. ``gloo_class_ifnames`` (default:
+    ``$FLOWLANE_GLOO_CLASS_IFNAMES``) gives gloo one clone per class, each on its class's interface."""
     backend = backend or dist.get_backend()
+    ifnames, error = None, ""
+    if backend == "gloo":
+        try:
+            ifnames = parse_class_ifnames(gloo_class_ifnames if gloo_class_ifnames is not None
+                                          else os.environ.get(GLOO_CLASS_IFNAMES_ENV))
+        except ValueError as e:  # raised on every rank below, so no peer is left waiting in a collective
+            error = str(e)
     mine = sorted({tuple(sorted(g)) for g in my_groups})
-    everyone: list[list[tuple[int, ...]]] = [[] for _ in range(dist.get_world_size())]
-    dist.all_gather_object(everyone, mine)
-    union = sorted({g for lst in everyone for g in lst})
-    n_classes = NCCL_NUM_CLASSES if backend == "nccl" else 1
+    everyone: list[tuple[list[tuple[int, ...]], bool, str]] = [([], False, "")] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine, bool(ifnames), error))
+    errors = {r: e for r, (_, _, e) in enumerate(everyone) if e}
+    if errors:
+        raise ValueError(f"build_class_groups: {errors}")
+    # every rank must create the same number of groups, or new_group would hang: agree on wire classes first
+    with_classes = [r for r, (_, has, _) in enumerate(everyone) if has]
+    if with_classes and len(with_classes) != len(everyone):
+        raise ValueError(f"gloo class interfaces are set on ranks {with_classes} only; set "
+                         f"{GLOO_CLASS_IFNAMES_ENV} (or gloo_class_ifnames) on every rank or on none")
+    union = sorted({g for lst, _, _ in everyone for g in lst})
+    n_classes = NCCL_NUM_CLASSES if backend == "nccl" or ifnames else 1
     out: dict[tuple[int, ...], list[dist.ProcessGroup]] = {}
     me = dist.get_rank()
     for ranks in union:
@@ -62,6 +119,9 @@ def build_class_groups(my_groups: Sequence[Sequence[int]], backend: str | None =
         for c in range(n_classes):
             if backend == "nccl":
                 pg = dist.new_group(list(ranks), backend="nccl", pg_options=_nccl_options(c))
+            elif ifnames:
+                with _gloo_interface(ifnames[c]):
+                    pg = dist.new_group(list(ranks), backend="gloo")
             else:
                 pg = dist.new_group(list(ranks), backend=backend)
             clones.append(pg)

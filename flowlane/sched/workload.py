@@ -50,6 +50,8 @@ class WorkloadConfig:
     sched: dict[str, Any] = field(default_factory=dict)
     """SchedulerConfig fields; mode "fifo" = default order."""
     dp_mid: str = "last"
+    gloo_class_ifnames: list[str] | None = None
+    """One interface per Hermod class for the DP clones (wire classes on gloo, see flowlane.sched.groups)."""
 
 
 _ROW = 64
@@ -63,8 +65,11 @@ class _Rank:
         self.pp_groups = [dist.new_group([d * self.pp + s for s in range(self.pp)]) for d in range(self.dp)]
         self.dp_groups = [dist.new_group([d * self.pp + s for d in range(self.dp)]) for s in range(self.pp)]
         self.pp_group, self.dp_group = self.pp_groups[self.dp_rank], self.dp_groups[self.stage]
-        self.classes = build_class_groups([dist.get_process_group_ranks(self.dp_group)])
-        self.bulk = self.classes.get(self.dp_group, 2)  # deferred DP traffic runs on its own communicator
+        self.classes = build_class_groups([dist.get_process_group_ranks(self.dp_group)],
+                                          gloo_class_ifnames=cfg.gloo_class_ifnames)
+        # deferred DP traffic runs on its own communicator: Hermod's bulk class; the default order has no classes,
+        # so FIFO's DP stays in the first (highest, i.e. unmarked) class when wire classes exist
+        self.bulk = self.classes.get(self.dp_group, 2 if cfg.sched.get("mode", "hermod") == "hermod" else 0)
         self.sched = CommScheduler(policy, SchedulerConfig(**cfg.sched))
         self.rng = random.Random(cfg.seed * 7919 + rank)
         g = torch.Generator().manual_seed(cfg.seed * 1000 + self.stage)  # same params on every DP replica
