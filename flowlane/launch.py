@@ -64,10 +64,15 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
         # shared through file descriptors that vanish when this process exits
         out = pickle.dumps(fn(rank, world, *args))
         results.put(("ok", rank, out))  # report before teardown: a peer's teardown must not delay this result
+        # put() only hands the message to a feeder thread; flush it now, because a teardown that blocks in C++
+        # without releasing the GIL (seen with gloo on torch 2.2) would starve that thread and lose the result
+        results.close()
+        results.join_thread()
         if backend is not None and dist.is_initialized():
             dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - everything must reach the parent
-        results.put(("err", rank, traceback.format_exc()))
+        with contextlib.suppress(ValueError):  # closed: the result was already sent, a teardown error is moot
+            results.put(("err", rank, traceback.format_exc()))
 
 
 def _free_port() -> int:
