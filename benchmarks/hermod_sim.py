@@ -4,8 +4,9 @@ and bandwidth (40-400 Gb/s) sweeps, Hermod vs FIFO, and the loss from quantising
     python -m benchmarks.hermod_sim [--full] [--workers 2] [--budget-s 2400] [--nics-per-server N] [--out results/hermod]
 
 Writes results/hermod/sim.json and sim.png (sim_nicsN.json / .png with --nics-per-server N), rewritten after every
-finished point, so a run cut short by the budget still leaves what it has; skipped points are listed in the JSON. Every figure is simulated (flowlane.sim:
-max-min fair sharing with strict priority classes); the thesis used FlexFlow + htsim (packet level).
+finished point, so a run cut short by the budget still leaves what it has; skipped points are listed in the JSON.
+Every figure is simulated (flowlane.sim: max-min fair sharing with strict priority classes); the thesis used
+FlexFlow + htsim (packet level).
 
 Setup (seed 000 §5.5.1, table 5.5): leaf-spine full-bisection fabric, 8 GPUs per server, one NIC per GPU (or
 ``--nics-per-server``: the seed's "128-server cluster ... full-bisection fat-tree network with 100Gbps links" does not
