@@ -4,8 +4,9 @@
         [--rounds 4] [--out results/hermod] [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05
         [,dp_mid=consumer][,wire=1] ...]
 
-Network (:class:`EmulatedFabric`, needs root; every name is unique to this run and everything is deleted on exit,
-also on error / SIGTERM; traffic never leaves the namespaces created here): one network namespace per rank.
+Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
+run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
+one network namespace per rank.
 ``per-rank``: each rank's egress is its own shaped link, so a rank's DP chunks contend only with that rank's PP/EP
 sends -- what Hermod's sender-side order and DP chunking can resolve. (An earlier version shaped one loopback
 shared by all 4 ranks and measured 0.96x: one rank's host-side order cannot protect another rank's flow.)
@@ -29,12 +30,8 @@ Label: measured on CPU with emulated links (netns + tc).
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
-import re
-import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +39,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from flowlane.netem import BULK_IFNAME, EmulatedNetwork
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL = "measured on CPU with emulated links (netns + tc)"
@@ -68,7 +67,7 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any]) -> dict[str, Any]
     sched = dict(sched)
     dp_mid = sched.pop("dp_mid", "last")  # Hermod's DP-MID policy knob (digest A6.1 #1)
     # wire classes: Hermod's bulk class on its own source address, which the fabric queues behind everything else
-    ifnames = ["eth0", "eth0", "bulk0"] if sched.pop("wire", 0) else None
+    ifnames = ["eth0", "eth0", BULK_IFNAME] if sched.pop("wire", 0) else None
     r = run_rank(rank, world, asdict(WorkloadConfig(**WORK, sched=sched, dp_mid=dp_mid, gloo_class_ifnames=ifnames)))
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][1]]  # the first iteration warms up
     t_last = r["iter_starts"][-1]
@@ -101,143 +100,28 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
     dist.destroy_process_group()
 
 
-# -- the emulated network (runs as root in the caller's namespace; touches only what it creates) --------------------
+# -- the emulated network ------------------------------------------------------------------------------------------
 FABRICS = ("per-rank", "shared-nic")
-BULK_IF = "bulk0"
 
 
-class EmulatedFabric:
-    """``n`` rank namespaces ``<base>r<i>``, each with ``eth0`` = 10.<s>.0.<i+1>/24 and a macvlan ``bulk0`` on it
-    = 10.<s>.1.<i+1>/24 (the address Hermod's bulk class binds to when wire classes are on; same NIC, own source
-    address). Every shaped port is an HTB tree: the link rate, a default class and a bulk class that gets only what
-    the default class leaves (prio 1, a 1 kbit/s guarantee), selected by a u32 filter on the bulk subnet -- the
-    strict-priority queue a switch gives a DSCP class. Traffic that does not use ``bulk0`` is never reordered.
+def emulated_fabric(rate_mbit: float, fabric: str) -> EmulatedNetwork:
+    """4 rank namespaces with priority classes (flowlane.netem, ``bulk_subnet``: a macvlan ``bulk0`` per rank whose
+    traffic every shaped port queues behind the rest).
 
-    ``per-rank``: every rank has its own link; its ``eth0`` egress is shaped; a private switch bridges them.
-    ``shared-nic``: ranks ``2j, 2j+1`` (a PP group) are one server, bridged in ``<base>h<j>`` behind one NIC whose
-    uplink into the switch is shaped both ways (server egress, and the switch port towards the server: the
-    receive side); PP stays inside the server (unshaped, as NVLink would), DP and EP cross the NIC -- the seed's
-    literal fabric (one 100 Gb/s link per server, §5.5.1) in miniature.
-
-    Context manager; deletes its namespaces on exit, at interpreter exit and on SIGTERM."""
-
-    def __init__(self, n: int, rate_mbit: float, fabric: str = "per-rank", burst_kb: int = 32) -> None:
-        if fabric not in FABRICS:
-            raise ValueError(f"fabric {fabric!r} is not one of {list(FABRICS)}")
-        self.n, self.rate, self.fabric, self.burst_kb = n, rate_mbit, fabric, burst_kb
-        tag = f"{os.getpid() % 100000}{secrets.token_hex(2)}"
-        self.base = f"flh{tag}"
-        self.switch = f"{self.base}s"
-        self.ns = [f"{self.base}r{i}" for i in range(n)]
-        self.servers = [f"{self.base}h{j}" for j in range(n // 2)] if fabric == "shared-nic" else []
-        subnet = 100 + int(secrets.token_hex(1), 16) % 100
-        self.ips = [f"10.{subnet}.0.{i + 1}" for i in range(n)]
-        self.bulk_net = f"10.{subnet}.1.0/24"
-        self.bulk_ips = [f"10.{subnet}.1.{i + 1}" for i in range(n)]
-        self._created: list[str] = []
-
-    @staticmethod
-    def _sh(*cmd: str) -> None:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        if r.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
-
-    def _add_ns(self, name: str) -> None:
-        self._sh("ip", "netns", "add", name)
-        self._created.append(name)
-        self._sh("ip", "-n", name, "link", "set", "lo", "up")
-
-    def _bridge(self, ns: str) -> None:
-        self._sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
-        self._sh("ip", "-n", ns, "link", "set", "br0", "up")
-
-    def _veth(self, ns_a: str, a: str, ns_b: str, b: str) -> None:
-        """veth ``a`` in ``ns_a`` <-> ``b`` in ``ns_b``, ``b`` enslaved to ``ns_b``'s br0, both up."""
-        self._sh("ip", "-n", ns_a, "link", "add", a, "type", "veth", "peer", "name", b, "netns", ns_b)
-        self._sh("ip", "-n", ns_b, "link", "set", b, "master", "br0")
-        self._sh("ip", "-n", ns_b, "link", "set", b, "up")
-        self._sh("ip", "-n", ns_a, "link", "set", a, "up")
-
-    def _shape(self, ns: str, dev: str) -> None:
-        rate, burst = f"{self.rate:g}mbit", f"{self.burst_kb}kb"
-        tc = ("ip", "netns", "exec", ns, "tc")
-        self._sh(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
-        self._sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
-                 "burst", burst, "cburst", burst)
-        self._sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:10", "htb", "rate", rate, "ceil",
-                 rate, "burst", burst, "cburst", burst, "prio", "0")
-        self._sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", "1:30", "htb", "rate", "1kbit", "ceil",
-                 rate, "burst", burst, "cburst", burst, "prio", "1")
-        for field in ("src", "dst"):
-            self._sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
-                     "ip", field, self.bulk_net, "flowid", "1:30")
-
-    def __enter__(self) -> EmulatedFabric:
-        atexit.register(self.cleanup)
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, lambda *_: (self.cleanup(), sys.exit(143)))
-        try:
-            self._add_ns(self.switch)
-            self._bridge(self.switch)
-            for j, host in enumerate(self.servers):
-                self._add_ns(host)
-                self._bridge(host)
-                self._veth(host, "nic", self.switch, f"d{j}")
-                self._sh("ip", "-n", host, "link", "set", "nic", "master", "br0")
-                self._shape(host, "nic")  # the server's NIC, transmit
-                self._shape(self.switch, f"d{j}")  # the switch port towards the server: the NIC's receive side
-            for i, ns in enumerate(self.ns):
-                self._add_ns(ns)
-                self._veth(ns, "eth0", self.servers[i // 2] if self.servers else self.switch, f"p{i}")
-                self._sh("ip", "-n", ns, "addr", "add", f"{self.ips[i]}/24", "dev", "eth0")
-                self._sh("ip", "-n", ns, "link", "add", BULK_IF, "link", "eth0", "type", "macvlan", "mode", "bridge")
-                self._sh("ip", "-n", ns, "addr", "add", f"{self.bulk_ips[i]}/24", "dev", BULK_IF)
-                self._sh("ip", "-n", ns, "link", "set", BULK_IF, "up")
-                if not self.servers:
-                    self._shape(ns, "eth0")  # the rank's own access link (egress)
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.cleanup()
-
-    def class_bytes(self) -> dict[str, dict[str, int]]:
-        """Bytes sent so far by every shaped port's default and bulk classes (evidence the classes carry what the
-        variants put on them)."""
-        ports = [(h, "nic") for h in self.servers] + [(self.switch, f"d{j}") for j in range(len(self.servers))] \
-            if self.servers else [(ns, "eth0") for ns in self.ns]
-        out: dict[str, dict[str, int]] = {}
-        for ns, dev in ports:
-            r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev],
-                               capture_output=True, text=True, timeout=30, check=True)
-            # "class htb 1:30 parent 1:1 ... \n Sent 1234 bytes ..." (this iproute2 has no JSON for classes)
-            by_id = {m[0]: int(m[1]) for m in re.findall(r"class htb (\S+) .*?\n\s*Sent (\d+) bytes", r.stdout)}
-            out[f"{ns.removeprefix(self.base)}:{dev}"] = {"default": by_id.get("1:10", 0), "bulk": by_id.get("1:30", 0)}
-        return out
-
-    def cleanup(self) -> None:
-        while self._created:
-            subprocess.run(["ip", "netns", "del", self._created.pop()], capture_output=True, check=False)
-
-    def describe(self) -> dict[str, Any]:
-        shaped = ("each rank's eth0 egress" if self.fabric == "per-rank" else
-                  "each server NIC both ways (server egress and the switch port towards it); PP intra-server unshaped")
-        return {"fabric": self.fabric,
-                "topology": ("one netns per rank, veth eth0 into a bridge (private switch netns)"
-                             if self.fabric == "per-rank" else
-                             "2 servers of 2 ranks (PP groups {0,1},{2,3}); ranks bridged per server, one NIC per "
-                             "server into a switch bridge"),
-                "shaping": f"tc htb on {shaped}: {self.rate:g} Mbit/s, burst {self.burst_kb} KB; bulk subnet "
-                           f"{self.bulk_net} (macvlan {BULK_IF}) in a class served only when the default class is "
-                           "idle (strict priority); nothing else classified",
-                "rate_mbit": self.rate, "ranks": self.n}
+    ``per-rank``: every rank has its own link; only its ``eth0`` egress is shaped (what a rank's own sender-side order
+    can resolve). ``shared-nic``: ranks ``{0,1}`` and ``{2,3}`` (the PP groups) are two servers behind one NIC each,
+    shaped both ways; PP stays inside the server (unshaped, as NVLink would), DP and EP cross the NIC -- the seed's
+    literal fabric (one 100 Gb/s link per server, §5.5.1) in miniature."""
+    if fabric not in FABRICS:
+        raise ValueError(f"fabric {fabric!r} is not one of {list(FABRICS)}")
+    shared = fabric == "shared-nic"
+    return EmulatedNetwork(4, rate_mbit=rate_mbit, ranks_per_server=2 if shared else 1, shape_downlink=shared,
+                           subnet="10.213.0.0/24", bulk_subnet="10.213.1.0/24", prefix="flh")
 
 
 def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]],
             fabric: str = "per-rank") -> tuple[list[Any], dict[str, Any]]:
-    with EmulatedFabric(4, rate, fabric) as net:
+    with emulated_fabric(rate, fabric) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
         procs = [subprocess.Popen(["ip", "netns", "exec", net.ns[r], sys.executable, "-m", "benchmarks.hermod_real",
                                    "--worker", str(r), "--master", net.ips[0], "--rounds", str(rounds),
@@ -255,7 +139,7 @@ def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]],
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        desc = {**net.describe(), "class_bytes_at_end": net.class_bytes()}
+        desc = {"fabric": fabric, **net.describe(), "class_bytes_at_end": net.class_bytes()}
     line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))
     return json.loads(line[7:]), desc
 
@@ -344,7 +228,7 @@ def main() -> int:
                          "[,wire=1] (repeatable); wire=1 puts the bulk class on its own address, queued by priority")
     ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
                     help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
-                         "NIC each (see EmulatedFabric)")
+                         "NIC each (see emulated_fabric)")
     ap.add_argument("--timeline", action="store_true",
                     help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)

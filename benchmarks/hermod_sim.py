@@ -37,6 +37,7 @@ TABLE_POLICIES = ("fifo", "megatron", "dp-first", "pp-first", "ep-first", "hermo
 # --overlap-param-gather off (every DP reduction after the stage's backward, every gather before its next forward),
 # the thesis' "vanilla Megatron-LM" (§5.5.1) as far as it is stated. All other names run on the overlapped DAG.
 WORKLOAD_OF = {"megatron": (("overlap_grad_reduce", False), ("overlap_param_gather", False))}
+SECTIONS = ("table_5_2", "no_network", "bandwidth", "scaling")
 INF_BW = 1e6  # Gb/s: "no network" reference = compute-only critical path (upper bound of any scheduling gain)
 
 
@@ -84,9 +85,69 @@ def run_point(section: str, model: str, gpus: int, gbps: float, policy: str, mb:
            for k, v in r.cct_by_ctype().items()}
     return {"section": section, "model": model, "gpus": gpus, "bandwidth_gbps": gbps, "policy": policy,
             "iteration_time_s": r.iteration_time, "iteration_ends_s": r.iteration_ends, "cct": cct,
-            "cpu_s": time.process_time() - t0, "microbatches": m, "nics_per_server": nics or 8,
+            "cpu_s": time.process_time() - t0, "microbatches": m, "nics_per_server": _nics_per_server(topo),
             "ep_layout": wl.info.get("ep_layout"),
             "ep_crosses_servers": wl.info.get("ep_crosses_servers")}
+
+
+def _nics_per_server(topo) -> int:  # noqa: ANN001 - a flowlane.topology.Topology
+    return sum(1 for d in topo.devices.values() if d.kind == "nic" and d.server == 0)
+
+
+def isolated_ep_cct_s(model: str, gpus: int, gbps: float, mb: int, iterations: int, nics: int) -> tuple[float, float]:
+    """Mean CCT of the workload's EP all-to-alls without PP/DP traffic, from the workload (no simulation): the max over
+    NICs of the off-server bytes sent or received through the NIC, over the NIC rate (the Varys bottleneck; the
+    leaf-spine is full-bisection, so NICs are the only shared hops). Two readings: each all-to-all alone (a lower
+    bound), and each with its *set*: the all-to-alls of the same (iteration, microbatch, layer, pass, op) in every EP
+    group, which start at about the same time (every DP replica and TP rank does the same step; an upper reading,
+    as skew staggers them). Returns (alone, with set) in seconds."""
+    import numpy as np
+
+    topo, wl = _workload(model, gpus, gbps, mb, iterations, nics)
+    per_nic = _nics_per_server(topo)
+    gpus_per_server = sum(1 for d in topo.devices.values() if d.kind == "gpu" and d.server == 0)
+    dev = [topo.devices[name] for name in wl.devices]
+    server = np.array([d.server for d in dev])
+    nic = np.array([d.server * per_nic + int(d.name.rsplit("gpu", 1)[1]) * per_nic // gpus_per_server for d in dev])
+    alone: list[float] = []
+    sets: dict[tuple, list[np.ndarray]] = {}
+    for c in wl.coflows:
+        if c.meta.ctype != "ep":
+            continue
+        off = server[c.src] != server[c.dst]
+        out = np.bincount(nic[c.src[off]], weights=c.nbytes[off], minlength=nic.max() + 1)
+        into = np.bincount(nic[c.dst[off]], weights=c.nbytes[off], minlength=nic.max() + 1)
+        alone.append(max(out.max(), into.max()))
+        acc = sets.setdefault((c.meta.iteration, c.name), [0, 0])  # name "ep:F3 L5 dispatch": mb, pass, layer, op
+        acc[0], acc[1] = acc[0] + out, acc[1] + into
+    with_set = [max(o.max(), i.max()) for o, i in sets.values()]
+    to_s = 8 / (gbps * 1e9)
+    return (float(np.mean(alone)) * to_s, float(np.mean(with_set)) * to_s) if alone else (0.0, 0.0)
+
+
+def analysis(rows: list[dict], args: argparse.Namespace) -> dict:
+    """Why the MoE gain is small here: how far FIFO's EP all-to-alls are from their isolated CCT (contention an order
+    could remove) and what share of FIFO's iteration is network time at all (FIFO minus the no-network run)."""
+    out: dict = {"network_share_of_fifo_iteration": {}, "ep_a2a_cct_alone_ms": {}, "ep_a2a_cct_with_set_ms": {},
+                 "fifo_ep_a2a_cct_ms": {}}
+    for r in rows:
+        if r["gpus"] != 1024 or r["bandwidth_gbps"] != 100.0 or "fifo" not in r["iteration_time_s"]:
+            continue
+        fifo = r["iteration_time_s"]["fifo"]
+        if "no_network_iteration_s" in r:
+            out["network_share_of_fifo_iteration"][r["model"]] = 1 - r["no_network_iteration_s"] / fifo
+        if r["model"] in MOE and "ep" in r["cct_ms"]["fifo"]:
+            alone, with_set = isolated_ep_cct_s(r["model"], 1024, 100.0, args.microbatches, args.iterations,
+                                                args.nics_per_server)
+            out["ep_a2a_cct_alone_ms"][r["model"]] = alone * 1e3
+            out["ep_a2a_cct_with_set_ms"][r["model"]] = with_set * 1e3
+            out["fifo_ep_a2a_cct_ms"][r["model"]] = r["cct_ms"]["fifo"]["ep"]
+    out["note"] = ("EP all-to-all CCT without PP/DP traffic (max per-NIC off-server bytes / NIC rate, token skew "
+                   "included), each alone (lower bound) and with its set (same microbatch, layer, pass and op in "
+                   "every EP group, if they all start together); FIFO's mean EP CCT above them is the contention "
+                   "with PP/DP a priority order could remove. network share = 1 - no-network / FIFO iteration time "
+                   "(the most any schedule could gain).")
+    return out
 
 
 def len_layers(model: str) -> int:
@@ -133,7 +194,9 @@ def plan(full: bool) -> list[tuple[str, str, int, float, str]]:
     return t
 
 
-def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall: float) -> dict:
+def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall: float,
+              runs: list | None = None, with_analysis: bool = False) -> dict:
+    """The results document. ``runs``: every invocation that contributed points (a --merge run appends itself)."""
     by: dict[tuple, dict] = {}
     for p in points:
         by.setdefault((p["model"], p["gpus"], p["bandwidth_gbps"]), {})[p["policy"]] = p
@@ -187,11 +250,13 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
                 "The seed used FlexFlow + htsim (packet level). Speedup = FIFO iteration time / policy iteration "
                 "time; iteration time = steady (2nd) iteration: iteration i's ZeRO parameter all-gathers overlap "
                 "iteration i+1's forward (Case III), reduce-scatters overlap the last microbatch's backward (Case II).",
-        "config": {"nics_per_server": args.nics_per_server or 8, "microbatches": args.microbatches,
+        "config": {"nics_per_server": args.nics_per_server or "one per GPU", "microbatches": args.microbatches,
                    "iterations": args.iterations, "time_quantum_s": args.quantum,
                    "mode": "full" if args.full else "quick: 8 microbatches (= PP) instead of 16; MoE: no hermod-consumer, "
                                                      "bandwidth 40/100/400 Gb/s, scaling 1,024-2,048 GPUs; GPT-3 175B: all points",
-                   "budget_s": args.budget_s, "workers": args.workers, "wall_s": round(wall, 1)},
+                   "runs": [*(runs or []), {"argv": args.argv, "points_computed": args.points_computed,
+                                             "workers": args.workers, "budget_s": args.budget_s,
+                                             "wall_s": round(wall, 1)}]},
         "table_5_2": t52, "table_5_2_shape": shape,
         "thesis_table_5_2": {"dp-first": 0.81, "pp-first": 1.29, "ep-first": 1.51},
         "scaling": sorted(scal, key=lambda r: (r["model"], r["gpus"])),
@@ -207,6 +272,7 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
         "megatron_note": "megatron = FIFO on Megatron-LM's defaults (--overlap-grad-reduce and --overlap-param-gather "
                          "off); every other policy runs on the overlapped DAG (Case II and III overlap)",
         "goal_met": bool(moe_1024) and all(v >= 1.5 for v in moe_1024.values()),
+        "analysis": analysis(t52, args) if with_analysis else None,
         "skipped": [{"section": s, "model": m, "gpus": g, "bandwidth_gbps": b, "policy": p, "why": why}
                     for (s, m, g, b, p), why in skipped],
         "points": points,
@@ -271,10 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", help="comma-separated policies to run (default: all of the plan's)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the points of an existing sim.json that this run does not recompute")
+    ap.add_argument("--summarise-only", action="store_true",
+                    help="simulate nothing: rewrite the JSON (and plot) from the points an existing one holds")
     ap.add_argument("--nics-per-server", type=int, default=0, choices=(0, 1, 2, 4, 8),
                     help="100 Gb/s-class NICs per 8-GPU server (0 = one per GPU); the seed does not say")
+    ap.add_argument("--no-analysis", dest="analysis", action="store_false",
+                    help="skip the analysis block (it rebuilds the 1,024-GPU MoE workloads, ~1 CPU-minute)")
     ap.add_argument("--out", default="results/hermod")
     a = ap.parse_args(argv)
+    a.argv = "python -m benchmarks.hermod_sim " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.iterations < 2:
         ap.error("--iterations must be >= 2 (the steady iteration is reported)")
     a.microbatches = a.microbatches or (16 if a.full else 8)
@@ -284,17 +355,26 @@ def main(argv: list[str] | None = None) -> int:
     tasks = plan(a.full)
     if a.only:
         keep = set(a.only.split(","))
+        if keep - set(SECTIONS):
+            ap.error(f"--only: unknown {sorted(keep - set(SECTIONS))}; choose from {list(SECTIONS)}")
         tasks = [t for t in tasks if t[0] in keep]
+    if a.summarise_only:
+        if not (out / f"{name}.json").exists():
+            ap.error(f"--summarise-only: {out / name}.json does not exist")
+        tasks, a.merge = [], True
     if a.policies:
         bad = set(a.policies.split(",")) - set(TABLE_POLICIES)
         if bad:
             ap.error(f"--policies: unknown {sorted(bad)}; choose from {list(TABLE_POLICIES)}")
         tasks = [t for t in tasks if t[4] in a.policies.split(",")]
+    a.points_computed = len(tasks)
     t0 = time.time()
     points: list[dict] = []
     skipped: list = []
+    runs: list = []
     if a.merge and (out / f"{name}.json").exists():
         old = json.loads((out / f"{name}.json").read_text())
+        runs = old["config"].get("runs", [])
         redo = {(t[1], t[2], t[3], t[4]) for t in tasks}
         points = [p for p in old.get("points", [])
                   if (p["model"], p["gpus"], p["bandwidth_gbps"], p["policy"]) not in redo]
@@ -303,12 +383,13 @@ def main(argv: list[str] | None = None) -> int:
                    not in redo]
 
     def save(points: list[dict], skipped: list) -> None:
-        (out / f"{name}.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
+        (out / f"{name}.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0, runs),
+                                                     indent=1))
 
     run_points(tasks, run_point, (a.microbatches, a.iterations, a.quantum, a.nics_per_server), a.workers, a.budget_s,
                "hermod sim (simulated)", lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs {t[3]:>9g} Gb/s {t[4]:16s} "
                f"{p['iteration_time_s']:8.4f} s  (cpu {p['cpu_s']:.0f} s)", save, points, skipped)
-    res = summarise(points, skipped, a, time.time() - t0)
+    res = summarise(points, skipped, a, time.time() - t0, runs, with_analysis=a.analysis)
     (out / f"{name}.json").write_text(json.dumps(res, indent=1))
     _plot(res, out / f"{name}.png")
     print(f"wrote {out / name}.json and {name}.png; goal met: {res['goal_met']} ({res['moe_speedup_at_1024_100g']})")

@@ -22,6 +22,22 @@ Shaping (choose with the arguments; figures are Mbit/s, a "link" is one directio
   is not built into every kernel (it is missing here).
 - ``delay_ms`` (scalar or one per rank): one-way delay added on the rank's egress with a **netem** leaf qdisc; raises
   :class:`NetemError` up front when the kernel has no netem (as on this box), instead of silently not delaying.
+- ``shape_downlink=False``: shape only the uplink (the receive side stays unshaped).
+
+Servers and priority classes (what a coflow scheduler's wire priority needs):
+
+- ``ranks_per_server=k`` (> 1): ranks ``k*s .. k*s+k-1`` are one *server*: their ``eth0`` ports are bridged in a
+  server namespace (``...h<s>``, traffic between them is unshaped, as NVLink would be), whose one NIC (``nic``) is the
+  access link into the switch. ``rate_mbit`` is then one value per server and shapes that NIC (transmit, and the
+  switch port towards it: receive), so every rank of a server shares it -- seed 000's one link per server.
+- ``bulk_subnet="10.x.y.0/24"``: every rank also gets a macvlan ``bulk0`` on its ``eth0`` with an address in that
+  subnet (its own source address on the same NIC), and every shaped port becomes an **htb** tree with a default class
+  at the link rate and a *bulk* class (prio 1, 1 kbit/s guaranteed, ceil = the link rate) selected by **u32** filters
+  on the bulk subnet (source or destination): bulk traffic gets only what the default class leaves -- the
+  strict-priority queue a switch gives a low DSCP class. A process that binds a connection to ``bulk0`` (gloo:
+  ``GLOO_SOCKET_IFNAME=bulk0`` while creating its group, see :mod:`flowlane.sched.groups`) is queued behind
+  everything else; nothing else is reordered. :meth:`EmulatedNetwork.class_bytes` reads each class's byte counters.
+  (The kernel here has no ``prio`` qdisc; htb's class priorities give the same strict order.)
 
 Everything created is deleted on ``__exit__`` (also when the block raises), at interpreter exit (``atexit``) and on
 SIGTERM while the network is up (the default SIGTERM action would skip both; the handler is installed only when the
@@ -39,6 +55,7 @@ import atexit
 import contextlib
 import ipaddress
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -48,9 +65,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["EmulatedNetwork", "NetemError", "check_available"]
+__all__ = ["BULK_IFNAME", "EmulatedNetwork", "NetemError", "check_available"]
 
 _UNSHAPED_MBIT = 100_000.0   # the default class of an htb root: effectively a plain veth
+BULK_IFNAME = "bulk0"        # the macvlan carrying the bulk (lowest-priority) class, with bulk_subnet
+_DEFAULT_CLASS, _BULK_CLASS = "1:10", "1:30"   # classes of a priority htb tree (bulk_subnet)
 
 
 class NetemError(RuntimeError):
@@ -90,12 +109,12 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _per_rank(v: float | Sequence[float] | None, n: int, what: str) -> list[float | None]:
+def _per_rank(v: float | Sequence[float] | None, n: int, what: str, unit: str = "rank") -> list[float | None]:
     if v is None:
         return [None] * n
     vals = [float(v)] * n if isinstance(v, int | float) else [float(x) for x in v]
     if len(vals) != n:
-        raise NetemError(f"{what} needs one value per rank ({n}), got {len(vals)}")
+        raise NetemError(f"{what} needs one value per {unit} ({n}), got {len(vals)}")
     return vals
 
 
@@ -115,9 +134,13 @@ class EmulatedNetwork:
                  pair_rate_mbit: Sequence[Sequence[float]] | Any = None,
                  delay_ms: float | Sequence[float] | None = None, subnet: str = "10.213.0.0/24",
                  burst_kb: float = 32.0, tbf_latency_ms: float = 100.0, ifname: str = "eth0",
-                 prefix: str = "flnet") -> None:
+                 prefix: str = "flnet", ranks_per_server: int = 1, bulk_subnet: str | None = None,
+                 shape_downlink: bool = True) -> None:
         if num_ranks < 1:
             raise NetemError(f"num_ranks must be >= 1, got {num_ranks}")
+        if ranks_per_server < 1 or num_ranks % ranks_per_server:
+            raise NetemError(f"ranks_per_server must be >= 1 and divide num_ranks ({num_ranks}), "
+                             f"got {ranks_per_server}")
         net = ipaddress.ip_network(subnet)
         if not net.is_private or net.version != 4:
             raise NetemError(f"subnet must be a private IPv4 range, got {subnet}")
@@ -126,8 +149,11 @@ class EmulatedNetwork:
         if not (1 <= len(ifname) <= 15) or not prefix.isalnum() or len(prefix) > 8:
             raise NetemError(f"bad ifname {ifname!r} or prefix {prefix!r} (alphanumeric prefix, <= 8 chars)")
         self.num_ranks = num_ranks
-        self.rates = _per_rank(rate_mbit, num_ranks, "rate_mbit")
+        self.ranks_per_server = ranks_per_server
+        links = num_ranks // ranks_per_server
+        self.rates = _per_rank(rate_mbit, links, "rate_mbit", "rank" if ranks_per_server == 1 else "server")
         self.delays = _per_rank(delay_ms, num_ranks, "delay_ms")
+        self.shape_downlink = shape_downlink
         self.pair: list[list[float]] | None = None
         if pair_rate_mbit is not None:
             m = [[float(x) for x in row] for row in pair_rate_mbit]
@@ -140,14 +166,29 @@ class EmulatedNetwork:
             raise NetemError(f"rate_mbit must be > 0, got {self.rates}")
         if any(v is not None and not v >= 0 for v in self.delays):
             raise NetemError(f"delay_ms must be >= 0, got {self.delays}")
+        if ranks_per_server > 1 and self.pair is not None:
+            raise NetemError("pair_rate_mbit needs one link per rank; it cannot be combined with ranks_per_server > 1")
+        self.bulk_net: ipaddress.IPv4Network | None = None
+        self.bulk_ips: list[str] = []
+        if bulk_subnet is not None:
+            if self.pair is not None or any(self.delays):
+                raise NetemError("bulk_subnet (priority classes) cannot be combined with pair_rate_mbit or delay_ms")
+            bnet = ipaddress.ip_network(bulk_subnet)
+            if not bnet.is_private or bnet.version != 4 or bnet.overlaps(net) or bnet.num_addresses < num_ranks + 2:
+                raise NetemError(f"bulk_subnet must be a private IPv4 range apart from subnet {subnet} with room for "
+                                 f"{num_ranks} ranks, got {bulk_subnet}")
+            self.bulk_net = bnet  # type: ignore[assignment]
+            bhosts = bnet.hosts()
+            self.bulk_ips = [str(next(bhosts)) for _ in range(num_ranks)]
         self.burst_kb = burst_kb
         self.tbf_latency_ms = tbf_latency_ms
         self.ifname = ifname
         self.prefixlen = net.prefixlen
         hosts = net.hosts()
         self.ips = [str(next(hosts)) for _ in range(num_ranks)]
-        tag = f"{prefix}{os.getpid()}{secrets.token_hex(2)}"
+        tag = self.tag = f"{prefix}{os.getpid()}{secrets.token_hex(2)}"
         self.switch_ns = f"{tag}s"
+        self.server_ns = [f"{tag}h{k}" for k in range(links)] if ranks_per_server > 1 else []
         self.ns = [f"{tag}r{i}" for i in range(num_ranks)]
         self._created: list[str] = []
         self._lock = threading.Lock()
@@ -190,7 +231,7 @@ class EmulatedNetwork:
     @property
     def namespaces(self) -> list[str]:
         """Every namespace this network owns (switch first), whether or not it exists yet."""
-        return [self.switch_ns, *self.ns]
+        return [self.switch_ns, *self.server_ns, *self.ns]
 
     # -- running processes -------------------------------------------------------------------------------------------
     def exec_prefix(self, rank: int) -> list[str]:
@@ -211,12 +252,39 @@ class EmulatedNetwork:
 
     def describe(self) -> dict[str, Any]:
         """The emulated links, for results files."""
-        return {"ranks": self.num_ranks, "ips": self.ips, "access_rate_mbit": self.rates,
-                "pair_rate_mbit": self.pair, "delay_ms": self.delays,
-                "qdiscs": {"access": "tbf (uplink on eth0, downlink on the bridge port)",
+        access = "the server NIC (nic)" if self.server_ns else "eth0"
+        down = ", downlink on the switch port towards it" if self.shape_downlink else "; downlink unshaped"
+        return {"ranks": self.num_ranks, "ips": self.ips, "ranks_per_server": self.ranks_per_server,
+                "access_rate_mbit": self.rates, "pair_rate_mbit": self.pair, "delay_ms": self.delays,
+                "bulk_subnet": str(self.bulk_net) if self.bulk_net else None, "bulk_ips": self.bulk_ips,
+                "qdiscs": {"access": (f"htb: default class + strict-priority bulk class (u32 on {self.bulk_net})"
+                                      if self.bulk_net else "tbf") + f" (uplink on {access}{down})",
                            "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
                            "delay": "netem leaf"},
                 "burst_kb_min": self.burst_kb}
+
+    def shaped_ports(self) -> list[tuple[str, str]]:
+        """``(namespace, device)`` of every shaped access port: uplinks first, then downlinks."""
+        up = [(h, "nic") for h in self.server_ns] or [(ns, self.ifname) for ns in self.ns]
+        down = [(self.switch_ns, f"d{k}") for k in range(len(self.server_ns))] or \
+            [(self.switch_ns, f"p{i}") for i in range(self.num_ranks)]
+        keep = [r is not None for r in self.rates]
+        return [p for p, k in zip(up, keep, strict=True) if k] + \
+            ([p for p, k in zip(down, keep, strict=True) if k] if self.shape_downlink else [])
+
+    def class_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each shaped port's default and bulk classes have sent so far (``bulk_subnet`` networks): evidence
+        that the traffic meant for a class went there. Keys ``<namespace suffix>:<device>``."""
+        if self.bulk_net is None:
+            raise NetemError("class_bytes needs priority classes (bulk_subnet)")
+        out: dict[str, dict[str, int]] = {}
+        for ns, dev in self.shaped_ports():
+            text = _run("ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev).stdout
+            # "class htb 1:30 parent 1:1 ... \n Sent 1234 bytes ..." (this iproute2 prints no JSON for classes)
+            by_id = {m[0]: int(m[1]) for m in re.findall(r"class htb (\S+) .*?\n\s*Sent (\d+) bytes", text)}
+            out[f"{ns.removeprefix(self.tag)}:{dev}"] = {"default": by_id.get(_DEFAULT_CLASS, 0),
+                                                                     "bulk": by_id.get(_BULK_CLASS, 0)}
+        return out
 
     # -- building ----------------------------------------------------------------------------------------------------
     def _add_ns(self, name: str) -> None:
@@ -224,22 +292,63 @@ class EmulatedNetwork:
         self._created.append(name)
         _run("ip", "-n", name, "link", "set", "lo", "up")
 
+    def _bridge(self, ns: str) -> None:
+        _run("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", ns, "link", "set", "br0", "up")
+
+    def _veth(self, ns: str, dev: str, bridge_ns: str, port: str) -> None:
+        """veth ``dev`` in ``ns`` <-> ``port`` on ``bridge_ns``'s br0 (created in place, both ends up)."""
+        _run("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns", bridge_ns)
+        _run("ip", "-n", ns, "link", "set", dev, "up")
+        _run("ip", "-n", bridge_ns, "link", "set", port, "master", "br0")
+        _run("ip", "-n", bridge_ns, "link", "set", port, "up")
+
     def _build(self) -> None:
         sw = self.switch_ns
         self._add_ns(sw)
-        _run("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", sw, "link", "set", "br0", "up")
+        self._bridge(sw)
+        for k, host in enumerate(self.server_ns):   # servers: one NIC into the switch, ranks bridged behind it
+            self._add_ns(host)
+            self._bridge(host)
+            self._veth(host, "nic", sw, f"d{k}")
+            _run("ip", "-n", host, "link", "set", "nic", "master", "br0")
+            if self.rates[k] is not None:
+                self._shape_link(host, "nic", self.rates[k])
+                if self.shape_downlink:   # the switch port towards the server: the NIC's receive side
+                    self._shape_link(sw, f"d{k}", self.rates[k])
         for i, ns in enumerate(self.ns):
             self._add_ns(ns)
             port = f"p{i}"
-            _run("ip", "-n", ns, "link", "add", self.ifname, "type", "veth", "peer", "name", port, "netns", sw)
+            self._veth(ns, self.ifname, self.server_ns[i // self.ranks_per_server] if self.server_ns else sw, port)
             _run("ip", "-n", ns, "addr", "add", f"{self.ips[i]}/{self.prefixlen}", "dev", self.ifname)
-            _run("ip", "-n", ns, "link", "set", self.ifname, "up")
-            _run("ip", "-n", sw, "link", "set", port, "master", "br0")
-            _run("ip", "-n", sw, "link", "set", port, "up")
+            if self.bulk_net is not None:   # same NIC, own source address: what the bulk class filters match
+                _run("ip", "-n", ns, "link", "add", BULK_IFNAME, "link", self.ifname, "type", "macvlan", "mode",
+                     "bridge")
+                _run("ip", "-n", ns, "addr", "add", f"{self.bulk_ips[i]}/{self.bulk_net.prefixlen}", "dev",
+                     BULK_IFNAME)
+                _run("ip", "-n", ns, "link", "set", BULK_IFNAME, "up")
+            if self.server_ns:
+                if self.delays[i]:
+                    self._tc(ns, "qdisc", "add", "dev", self.ifname, "root", "netem", "delay",
+                             f"{self.delays[i]:g}ms", "limit", "100000")
+                continue
             self._shape_egress(i)
-            if self.rates[i] is not None:   # downlink: the bridge port's egress towards rank i
-                self._tbf(sw, port, self.rates[i], None)
+            if self.rates[i] is not None and self.shape_downlink:   # the bridge port's egress towards rank i
+                self._shape_link(sw, port, self.rates[i])
+
+    def _shape_link(self, ns: str, dev: str, rate: float) -> None:
+        """One direction of an access link: tbf, or the priority htb tree when there are classes."""
+        if self.bulk_net is None:
+            self._tbf(ns, dev, rate, None)
+            return
+        # 1:1 = the link; 1:10 default class (prio 0, may use all of it); 1:30 bulk (prio 1: only what 1:10 leaves)
+        self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", _DEFAULT_CLASS[2:])
+        self._htb_class(ns, dev, "1:", "1:1", rate, rate)
+        self._htb_class(ns, dev, "1:1", _DEFAULT_CLASS, rate, rate, prio=0)
+        self._htb_class(ns, dev, "1:1", _BULK_CLASS, 0.001, rate, prio=1)
+        for field in ("src", "dst"):
+            self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+                     "ip", field, str(self.bulk_net), "flowid", _BULK_CLASS)
 
     def _tc(self, ns: str, *args: str) -> None:
         _run("ip", "netns", "exec", ns, "tc", *args)
@@ -254,7 +363,9 @@ class EmulatedNetwork:
     def _shape_egress(self, i: int) -> None:
         ns, dev, rate, delay = self.ns[i], self.ifname, self.rates[i], self.delays[i]
         if self.pair is None:
-            if rate is not None:
+            if rate is not None and self.bulk_net is not None:
+                self._shape_link(ns, dev, rate)
+            elif rate is not None:
                 self._tbf(ns, dev, rate, delay)
             elif delay:
                 self._tc(ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{delay:g}ms", "limit", "100000")
@@ -262,24 +373,26 @@ class EmulatedNetwork:
         # htb: 1:1 = the uplink (access rate or unshaped); 1:2 default (ARP, ...); 1:(10+j) = link i -> j
         up = rate if rate is not None else _UNSHAPED_MBIT
         self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "2", "r2q", "100")
-        self._htb_class(ns, "1:", "1:1", up, up)
-        self._htb_class(ns, "1:1", "1:2", up, up)
+        self._htb_class(ns, dev, "1:", "1:1", up, up)
+        self._htb_class(ns, dev, "1:1", "1:2", up, up)
         for j in range(self.num_ranks):
             if j == i:
                 continue
             r = min(self.pair[i][j], up)
             cid = f"1:{10 + j:x}"
-            self._htb_class(ns, "1:1", cid, r, r)
+            self._htb_class(ns, dev, "1:1", cid, r, r)
             if delay:
                 self._tc(ns, "qdisc", "add", "dev", dev, "parent", cid, "handle", f"{10 + j:x}:", "netem", "delay",
                          f"{delay:g}ms", "limit", "100000")
             self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                      "match", "ip", "dst", f"{self.ips[j]}/32", "flowid", cid)
 
-    def _htb_class(self, ns: str, parent: str, cid: str, rate: float, ceil: float) -> None:
+    def _htb_class(self, ns: str, dev: str, parent: str, cid: str, rate: float, ceil: float,
+                   prio: int | None = None) -> None:
         b = _burst(max(rate, ceil), self.burst_kb)
-        self._tc(ns, "class", "add", "dev", self.ifname, "parent", parent, "classid", cid, "htb", "rate", _mbit(rate),
-                 "ceil", _mbit(ceil), "burst", b, "cburst", b, "quantum", "60000")
+        self._tc(ns, "class", "add", "dev", dev, "parent", parent, "classid", cid, "htb", "rate", _mbit(rate),
+                 "ceil", _mbit(ceil), "burst", b, "cburst", b, "quantum", "60000",
+                 *(("prio", str(prio)) if prio is not None else ()))
 
     def _require_qdisc(self, kind: str, *args: str) -> None:
         probe = f"flprobe{os.getpid()}{secrets.token_hex(2)}"

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,6 +34,16 @@ _CLIENT = """
 import socket, sys, time
 c = socket.create_connection((sys.argv[1], 5099), timeout=10)
 t = time.perf_counter(); c.sendall(b"x" * int(sys.argv[2])); c.shutdown(socket.SHUT_WR)
+n = int(c.recv(64)); print(n, time.perf_counter() - t)
+"""
+
+
+_TIMED_CLIENT = """
+import socket, sys, time
+host, nbytes, src, at = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+c = socket.create_connection((host, 5099), timeout=10, source_address=(src, 0))
+time.sleep(max(0.0, at - time.time()))   # every client starts sending at the same wall-clock time
+t = time.perf_counter(); c.sendall(b"x" * nbytes); c.shutdown(socket.SHUT_WR)
 n = int(c.recv(64)); print(n, time.perf_counter() - t)
 """
 
@@ -93,6 +104,44 @@ def test_failure_while_building_removes_what_was_created() -> None:
     assert not set(net.namespaces) & _existing()
 
 
+@needs_netns
+def test_servers_share_one_nic_and_the_bulk_class_yields_to_the_rest() -> None:
+    """Two servers of two ranks behind one 40 Mbit/s NIC each, with priority classes. Rank 0 -> 2 (default class)
+    and rank 1 -> 3 (bound to bulk0: the bulk class) start together on server 0's NIC: the default flow finishes
+    about as fast as alone, the bulk flow only after it (fair sharing would finish both at ~2x); traffic inside a
+    server does not touch the NIC; the tc counters put each flow's bytes in its class."""
+    nbytes = 3_000_000                                  # 24 Mbit: 0.6 s alone at 40 Mbit/s
+    with EmulatedNetwork(4, rate_mbit=40, ranks_per_server=2, subnet="10.215.0.0/24",
+                         bulk_subnet="10.215.1.0/24") as net:
+        assert len(net.namespaces) == 7 and set(net.namespaces) <= _existing()
+        assert net.bulk_ips == ["10.215.1.1", "10.215.1.2", "10.215.1.3", "10.215.1.4"]
+        inside = _transfer(net, 0, 1, nbytes)           # same server: no NIC
+        assert inside < 0.3, f"intra-server transfer was shaped: {inside:.3f} s"
+        servers = [net.popen(d, [sys.executable, "-c", _SERVER, net.ips[d]], stdout=subprocess.PIPE, text=True)
+                   for d in (2, 3)]
+        try:
+            assert all(s.stdout is not None and s.stdout.readline().strip() == "ready" for s in servers)
+            at = time.time() + 1.0
+            clients = [net.popen(src, [sys.executable, "-c", _TIMED_CLIENT, net.ips[dst], str(nbytes), addr, str(at)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       for src, dst, addr in ((0, 2, net.ips[0]), (1, 3, net.bulk_ips[1]))]
+            outs = [c.communicate(timeout=20) for c in clients]
+        finally:
+            for s in servers:
+                s.kill()
+                s.wait()
+        assert all(c.returncode == 0 for c in clients), [e for _, e in outs]
+        (n_hi, t_hi), (n_lo, t_lo) = [(int(o.split()[0]), float(o.split()[1])) for o, _ in outs]
+        assert n_hi == n_lo == nbytes
+        assert t_hi < 0.6 * 1.35, f"default class slowed by the bulk flow: {t_hi:.3f} s (alone ~0.6 s)"
+        assert t_lo > 1.5 * t_hi, f"bulk flow not behind the default one: bulk {t_lo:.3f} s, default {t_hi:.3f} s"
+        counts = net.class_bytes()
+        assert set(counts) == {"h0:nic", "h1:nic", "s:d0", "s:d1"}
+        assert counts["h0:nic"]["default"] >= nbytes and counts["h0:nic"]["bulk"] >= nbytes
+        assert counts["s:d1"]["default"] >= nbytes and counts["s:d1"]["bulk"] >= nbytes
+    assert not set(net.namespaces) & _existing(), "namespaces left behind"
+
+
 def test_bad_options_are_rejected_with_clear_errors() -> None:
     with pytest.raises(NetemError, match="private"):
         EmulatedNetwork(2, subnet="8.8.8.0/24")
@@ -102,6 +151,18 @@ def test_bad_options_are_rejected_with_clear_errors() -> None:
         EmulatedNetwork(3, rate_mbit=[10, 20])
     with pytest.raises(NetemError, match="> 0"):
         EmulatedNetwork(2, rate_mbit=0)
+    with pytest.raises(NetemError, match="ranks_per_server must be >= 1 and divide num_ranks \\(4\\), got 3"):
+        EmulatedNetwork(4, ranks_per_server=3)
+    with pytest.raises(NetemError, match=r"rate_mbit needs one value per server \(2\), got 4"):
+        EmulatedNetwork(4, ranks_per_server=2, rate_mbit=[1, 2, 3, 4])
+    with pytest.raises(NetemError, match="cannot be combined with ranks_per_server"):
+        EmulatedNetwork(4, ranks_per_server=2, pair_rate_mbit=[[1] * 4] * 4)
+    with pytest.raises(NetemError, match="apart from subnet"):
+        EmulatedNetwork(2, subnet="10.9.0.0/16", bulk_subnet="10.9.1.0/24")
+    with pytest.raises(NetemError, match="cannot be combined with pair_rate_mbit or delay_ms"):
+        EmulatedNetwork(2, bulk_subnet="10.9.1.0/24", delay_ms=1)
+    with pytest.raises(NetemError, match="needs priority classes"):
+        EmulatedNetwork(2).class_bytes()
 
 
 @pytest.mark.skipif(shutil.which("ip") is None or shutil.which("tc") is None, reason="needs iproute2 (ip, tc)")
