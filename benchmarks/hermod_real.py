@@ -61,21 +61,22 @@ def _op_stats(ops: list[Any]) -> dict[str, Any]:
     return out
 
 
-def _run_variant(rank: int, world: int, sched: dict[str, Any]) -> dict[str, Any]:
+def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, Any]) -> dict[str, Any]:
     from flowlane.sched.workload import WorkloadConfig, run_rank
 
     sched = dict(sched)
     dp_mid = sched.pop("dp_mid", "last")  # Hermod's DP-MID policy knob (digest A6.1 #1)
     # wire classes: Hermod's bulk class on its own source address, which the fabric queues behind everything else
     ifnames = ["eth0", "eth0", BULK_IFNAME] if sched.pop("wire", 0) else None
-    r = run_rank(rank, world, asdict(WorkloadConfig(**WORK, sched=sched, dp_mid=dp_mid, gloo_class_ifnames=ifnames)))
+    r = run_rank(rank, world, asdict(WorkloadConfig(**work, sched=sched, dp_mid=dp_mid, gloo_class_ifnames=ifnames)))
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][1]]  # the first iteration warms up
     t_last = r["iter_starts"][-1]
     timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last]
     return {"times": r["times"][1:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline}
 
 
-def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, dict[str, Any]]) -> None:
+def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, dict[str, Any]],
+           work: dict[str, Any]) -> None:
     import datetime
 
     import torch
@@ -88,7 +89,7 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
     out: dict[str, Any] = {m: {"times": [], "ops": [], "digest": None, "timeline": []} for m in variants}
     for _ in range(rounds):
         for mode, sched in variants.items():
-            r = _run_variant(rank, world, sched)
+            r = _run_variant(rank, world, sched, work)
             out[mode]["times"].extend(r["times"])
             out[mode]["ops"].append(r["ops"])
             out[mode]["digest"] = r["digest"]
@@ -119,13 +120,14 @@ def emulated_fabric(rate_mbit: float, fabric: str) -> EmulatedNetwork:
                            subnet="10.213.0.0/24", bulk_subnet="10.213.1.0/24", prefix="flh")
 
 
-def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]],
-            fabric: str = "per-rank") -> tuple[list[Any], dict[str, Any]]:
+def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabric: str = "per-rank",
+            work: dict[str, Any] = WORK) -> tuple[list[Any], dict[str, Any]]:
     with emulated_fabric(rate, fabric) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
         procs = [subprocess.Popen(["ip", "netns", "exec", net.ns[r], sys.executable, "-m", "benchmarks.hermod_real",
                                    "--worker", str(r), "--master", net.ips[0], "--rounds", str(rounds),
-                                   "--variants-json", json.dumps(variants)], cwd=REPO, env=env,
+                                   "--variants-json", json.dumps(variants), "--work-json", json.dumps(work)],
+                                  cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
         outs = []
         try:
@@ -144,7 +146,7 @@ def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]],
     return json.loads(line[7:]), desc
 
 
-def summarise(res: list[Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[str, Any]) -> dict[str, Any]:
     modes = list(variants)
     per_iter = {m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes}
     med = {m: statistics.median(v) for m, v in per_iter.items()}
@@ -153,12 +155,12 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]]) -> dict[str, 
     for m in modes:  # per kind: median op duration and per-iteration op time, per pipeline stage
         ops[m] = {}
         for stage in (0, 1):
-            ranks = [r for i, r in enumerate(res) if i % WORK["pp"] == stage]
+            ranks = [r for i, r in enumerate(res) if i % work["pp"] == stage]
             kinds = sorted({k for r in ranks for run in r[m]["ops"] for k in run})
             row = {}
             for k in kinds:
                 runs = [run[k] for r in ranks for run in r[m]["ops"] if k in run]
-                iters = sum(1 for r in ranks for _ in r[m]["ops"]) * (WORK["iterations"] - 1)
+                iters = sum(1 for r in ranks for _ in r[m]["ops"]) * (work["iterations"] - 1)
                 row[k] = {"median_op_s": statistics.median(x["median_s"] for x in runs),
                           "op_time_per_iter_s": sum(x["sum_s"] for x in runs) / iters,
                           "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters}
@@ -231,12 +233,17 @@ def main() -> int:
                          "NIC each (see emulated_fabric)")
     ap.add_argument("--timeline", action="store_true",
                     help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
+    ap.add_argument("--layers-per-stage", type=int, default=WORK["layers_per_stage"],
+                    help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls")
+    ap.add_argument("--param-elems", type=int, default=WORK["param_elems"],
+                    help="parameters per layer (float32): the size of each layer's DP gather and reduction")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--work-json", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--variants-json", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker is not None:
-        worker(a.worker, 4, a.master, a.rounds, json.loads(a.variants_json))
+        worker(a.worker, 4, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
         return 0
     if os.geteuid() != 0:
         print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
@@ -251,10 +258,14 @@ def main() -> int:
             name += " wire"
         variants[name] = {"mode": "hermod", **v}
     t0 = time.time()
-    res, net = run_all(a.rate_mbit, a.rounds, variants, a.fabric)
-    s = summarise(res, variants)
+    if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
+        ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
+                 f"{a.layers_per_stage} and {a.param_elems}")
+    work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
+    res, net = run_all(a.rate_mbit, a.rounds, variants, a.fabric, work)
+    s = summarise(res, variants, work)
     best = max((m for m in variants if m != "fifo"), key=lambda m: s["speedup"][m])
-    doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload": WORK, "layout":
+    doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload": work, "layout":
            "rank = dp * 2 + stage; PP groups {0,1},{2,3}; DP = EP groups {0,2},{1,3}",
            "rounds": a.rounds, "alternation": "each round runs every variant once, in the order listed",
            "variants": variants, "iteration_time_s": s["per_iter"], "median_iteration_time_s": s["median"],

@@ -163,3 +163,19 @@ def test_tp_all_reduce_stays_on_nvlink_when_the_nic_is_faster() -> None:
         _, w = build_llm(job, 32, bw)
         durs.append([n.duration for n in w.nodes if getattr(n, "cat", "") == "fwd"])
     assert durs[0] == durs[1]
+
+
+def test_hermod_sim_analysis_ep_cct_alone_and_with_its_set() -> None:
+    """benchmarks.hermod_sim's analysis (it backs the README's "FIFO's all-to-alls run 1.5-2.3 % slower than alone"):
+    an all-to-all alone is never slower than with its set; with one NIC per GPU the sets barely share NICs, with one
+    NIC per 8-GPU server the 8 EP groups of a server share it, while each all-to-all alone is unchanged (one GPU per
+    server in each EP group)."""
+    from benchmarks.hermod_sim import isolated_ep_cct_s
+
+    rail = isolated_ep_cct_s("mixtral-8x22b", 512, 100.0, 8, 2, 0)
+    one_nic = isolated_ep_cct_s("mixtral-8x22b", 512, 100.0, 8, 2, 1)
+    assert 0 < rail[0] <= rail[1] < 1.1 * rail[0]
+    assert one_nic[0] == pytest.approx(rail[0])
+    assert one_nic[1] > 4 * one_nic[0]
+    # 100 -> 50 Gb/s doubles every CCT (same bytes)
+    assert isolated_ep_cct_s("mixtral-8x22b", 512, 50.0, 8, 2, 0)[0] == pytest.approx(2 * rail[0])
