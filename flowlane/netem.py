@@ -37,6 +37,8 @@ Servers and priority classes (what a coflow scheduler's wire priority needs):
   strict-priority queue a switch gives a low DSCP class. A process that binds a connection to ``bulk0`` (gloo:
   ``GLOO_SOCKET_IFNAME=bulk0`` while creating its group, see :mod:`flowlane.sched.groups`) is queued behind
   everything else; nothing else is reordered. :meth:`EmulatedNetwork.class_bytes` reads each class's byte counters.
+  ``bulk_lane_mbit``: the bulk class gets its own lane of that rate beside the link instead of the link's leftovers,
+  so bulk traffic no longer competes at all -- an upper bound for what ordering bulk traffic could gain.
   (The kernel here has no ``prio`` qdisc; htb's class priorities give the same strict order.)
 
 Everything created is deleted on ``__exit__`` (also when the block raises), at interpreter exit (``atexit``) and on
@@ -135,7 +137,7 @@ class EmulatedNetwork:
                  delay_ms: float | Sequence[float] | None = None, subnet: str = "10.213.0.0/24",
                  burst_kb: float = 32.0, tbf_latency_ms: float = 100.0, ifname: str = "eth0",
                  prefix: str = "flnet", ranks_per_server: int = 1, bulk_subnet: str | None = None,
-                 shape_downlink: bool = True) -> None:
+                 bulk_lane_mbit: float | None = None, shape_downlink: bool = True) -> None:
         if num_ranks < 1:
             raise NetemError(f"num_ranks must be >= 1, got {num_ranks}")
         if ranks_per_server < 1 or num_ranks % ranks_per_server:
@@ -180,6 +182,9 @@ class EmulatedNetwork:
             self.bulk_net = bnet  # type: ignore[assignment]
             bhosts = bnet.hosts()
             self.bulk_ips = [str(next(bhosts)) for _ in range(num_ranks)]
+        if bulk_lane_mbit is not None and (self.bulk_net is None or not bulk_lane_mbit > 0):
+            raise NetemError(f"bulk_lane_mbit needs bulk_subnet and must be > 0, got {bulk_lane_mbit}")
+        self.bulk_lane = bulk_lane_mbit
         self.burst_kb = burst_kb
         self.tbf_latency_ms = tbf_latency_ms
         self.ifname = ifname
@@ -257,6 +262,7 @@ class EmulatedNetwork:
         return {"ranks": self.num_ranks, "ips": self.ips, "ranks_per_server": self.ranks_per_server,
                 "access_rate_mbit": self.rates, "pair_rate_mbit": self.pair, "delay_ms": self.delays,
                 "bulk_subnet": str(self.bulk_net) if self.bulk_net else None, "bulk_ips": self.bulk_ips,
+                "bulk_lane_mbit": self.bulk_lane,
                 "qdiscs": {"access": (f"htb: default class + strict-priority bulk class (u32 on {self.bulk_net})"
                                       if self.bulk_net else "tbf") + f" (uplink on {access}{down})",
                            "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
@@ -341,11 +347,15 @@ class EmulatedNetwork:
         if self.bulk_net is None:
             self._tbf(ns, dev, rate, None)
             return
-        # 1:1 = the link; 1:10 default class (prio 0, may use all of it); 1:30 bulk (prio 1: only what 1:10 leaves)
+        # 1:1 = the link; 1:10 default class (prio 0, may use all of it); 1:30 bulk (prio 1: only what 1:10 leaves),
+        # or with bulk_lane_mbit a sibling of 1:1 with its own capacity (a separate lane: a bound, not a schedule)
         self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", _DEFAULT_CLASS[2:])
         self._htb_class(ns, dev, "1:", "1:1", rate, rate)
         self._htb_class(ns, dev, "1:1", _DEFAULT_CLASS, rate, rate, prio=0)
-        self._htb_class(ns, dev, "1:1", _BULK_CLASS, 0.001, rate, prio=1)
+        if self.bulk_lane is None:
+            self._htb_class(ns, dev, "1:1", _BULK_CLASS, 0.001, rate, prio=1)
+        else:
+            self._htb_class(ns, dev, "1:", _BULK_CLASS, self.bulk_lane, self.bulk_lane)
         for field in ("src", "dst"):
             self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
                      "ip", field, str(self.bulk_net), "flowid", _BULK_CLASS)

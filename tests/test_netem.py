@@ -104,12 +104,33 @@ def test_failure_while_building_removes_what_was_created() -> None:
     assert not set(net.namespaces) & _existing()
 
 
+def _two_flows_through_server_0(net: EmulatedNetwork, nbytes: int) -> tuple[float, float]:
+    """Rank 0 -> 2 on eth0 (default class) and rank 1 -> 3 from bulk0 (bulk class), started together: both cross
+    server 0's NIC. Returns their durations (default, bulk)."""
+    servers = [net.popen(d, [sys.executable, "-c", _SERVER, net.ips[d]], stdout=subprocess.PIPE, text=True)
+               for d in (2, 3)]
+    try:
+        assert all(s.stdout is not None and s.stdout.readline().strip() == "ready" for s in servers)
+        at = time.time() + 1.0
+        clients = [net.popen(src, [sys.executable, "-c", _TIMED_CLIENT, net.ips[dst], str(nbytes), addr, str(at)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for src, dst, addr in ((0, 2, net.ips[0]), (1, 3, net.bulk_ips[1]))]
+        outs = [c.communicate(timeout=20) for c in clients]
+    finally:
+        for s in servers:
+            s.kill()
+            s.wait()
+    assert all(c.returncode == 0 for c in clients), [e for _, e in outs]
+    assert [int(o.split()[0]) for o, _ in outs] == [nbytes, nbytes]
+    return float(outs[0][0].split()[1]), float(outs[1][0].split()[1])
+
+
 @needs_netns
 def test_servers_share_one_nic_and_the_bulk_class_yields_to_the_rest() -> None:
-    """Two servers of two ranks behind one 40 Mbit/s NIC each, with priority classes. Rank 0 -> 2 (default class)
-    and rank 1 -> 3 (bound to bulk0: the bulk class) start together on server 0's NIC: the default flow finishes
-    about as fast as alone, the bulk flow only after it (fair sharing would finish both at ~2x); traffic inside a
-    server does not touch the NIC; the tc counters put each flow's bytes in its class."""
+    """Two servers of two ranks behind one 40 Mbit/s NIC each, with priority classes. A default-class flow and a
+    bulk-class flow start together on server 0's NIC: the default flow finishes about as fast as alone, the bulk
+    flow only after it (fair sharing would finish both at ~2x); traffic inside a server does not touch the NIC; the
+    tc counters put each flow's bytes in its class."""
     nbytes = 3_000_000                                  # 24 Mbit: 0.6 s alone at 40 Mbit/s
     with EmulatedNetwork(4, rate_mbit=40, ranks_per_server=2, subnet="10.215.0.0/24",
                          bulk_subnet="10.215.1.0/24") as net:
@@ -117,22 +138,7 @@ def test_servers_share_one_nic_and_the_bulk_class_yields_to_the_rest() -> None:
         assert net.bulk_ips == ["10.215.1.1", "10.215.1.2", "10.215.1.3", "10.215.1.4"]
         inside = _transfer(net, 0, 1, nbytes)           # same server: no NIC
         assert inside < 0.3, f"intra-server transfer was shaped: {inside:.3f} s"
-        servers = [net.popen(d, [sys.executable, "-c", _SERVER, net.ips[d]], stdout=subprocess.PIPE, text=True)
-                   for d in (2, 3)]
-        try:
-            assert all(s.stdout is not None and s.stdout.readline().strip() == "ready" for s in servers)
-            at = time.time() + 1.0
-            clients = [net.popen(src, [sys.executable, "-c", _TIMED_CLIENT, net.ips[dst], str(nbytes), addr, str(at)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                       for src, dst, addr in ((0, 2, net.ips[0]), (1, 3, net.bulk_ips[1]))]
-            outs = [c.communicate(timeout=20) for c in clients]
-        finally:
-            for s in servers:
-                s.kill()
-                s.wait()
-        assert all(c.returncode == 0 for c in clients), [e for _, e in outs]
-        (n_hi, t_hi), (n_lo, t_lo) = [(int(o.split()[0]), float(o.split()[1])) for o, _ in outs]
-        assert n_hi == n_lo == nbytes
+        t_hi, t_lo = _two_flows_through_server_0(net, nbytes)
         assert t_hi < 0.6 * 1.35, f"default class slowed by the bulk flow: {t_hi:.3f} s (alone ~0.6 s)"
         assert t_lo > 1.5 * t_hi, f"bulk flow not behind the default one: bulk {t_lo:.3f} s, default {t_hi:.3f} s"
         counts = net.class_bytes()
@@ -140,6 +146,17 @@ def test_servers_share_one_nic_and_the_bulk_class_yields_to_the_rest() -> None:
         assert counts["h0:nic"]["default"] >= nbytes and counts["h0:nic"]["bulk"] >= nbytes
         assert counts["s:d1"]["default"] >= nbytes and counts["s:d1"]["bulk"] >= nbytes
     assert not set(net.namespaces) & _existing(), "namespaces left behind"
+
+
+@needs_netns
+def test_a_bulk_lane_gives_the_bulk_class_its_own_capacity() -> None:
+    """``bulk_lane_mbit``: the bulk class no longer shares the link, so both flows finish about as fast as alone."""
+    nbytes = 3_000_000
+    with EmulatedNetwork(4, rate_mbit=40, ranks_per_server=2, subnet="10.216.0.0/24", bulk_subnet="10.216.1.0/24",
+                         bulk_lane_mbit=40) as net:
+        t_hi, t_lo = _two_flows_through_server_0(net, nbytes)
+        assert max(t_hi, t_lo) < 0.6 * 1.35, f"the lanes are not separate: default {t_hi:.3f} s, bulk {t_lo:.3f} s"
+        assert min(t_hi, t_lo) > 0.6 * 0.8, f"not shaped: default {t_hi:.3f} s, bulk {t_lo:.3f} s"
 
 
 def test_bad_options_are_rejected_with_clear_errors() -> None:
@@ -161,6 +178,8 @@ def test_bad_options_are_rejected_with_clear_errors() -> None:
         EmulatedNetwork(2, subnet="10.9.0.0/16", bulk_subnet="10.9.1.0/24")
     with pytest.raises(NetemError, match="cannot be combined with pair_rate_mbit or delay_ms"):
         EmulatedNetwork(2, bulk_subnet="10.9.1.0/24", delay_ms=1)
+    with pytest.raises(NetemError, match="bulk_lane_mbit needs bulk_subnet and must be > 0, got 5"):
+        EmulatedNetwork(2, bulk_lane_mbit=5)
     with pytest.raises(NetemError, match="needs priority classes"):
         EmulatedNetwork(2).class_bytes()
 
