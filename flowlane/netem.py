@@ -289,7 +289,7 @@ class EmulatedNetwork:
             # "class htb 1:30 parent 1:1 ... \n Sent 1234 bytes ..." (this iproute2 prints no JSON for classes)
             by_id = {m[0]: int(m[1]) for m in re.findall(r"class htb (\S+) .*?\n\s*Sent (\d+) bytes", text)}
             out[f"{ns.removeprefix(self.tag)}:{dev}"] = {"default": by_id.get(_DEFAULT_CLASS, 0),
-                                                                     "bulk": by_id.get(_BULK_CLASS, 0)}
+                                                          "bulk": by_id.get(_BULK_CLASS, 0)}
         return out
 
     # -- building ----------------------------------------------------------------------------------------------------
