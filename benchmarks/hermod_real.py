@@ -1,8 +1,9 @@
 """Hermod vs the default (FIFO) order on 4 real CPU ranks over an emulated, shaped network.
 
     sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic] [--rate-mbit 200]
-        [--rounds 4] [--out results/hermod] [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05
-        [,dp_mid=consumer][,wire=1] ...]
+        [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
+        [--out results/hermod] [--name real]
+        [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer][,wire=1] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
@@ -24,6 +25,8 @@ cannot run 4 ranks' matmuls at once). FIFO and every Hermod variant alternate, r
 processes over the same links; the first iteration of each run is warm-up. Iteration time = max over ranks; the
 summary is the median over all steady iterations. Per-op timings (PP / EP / DP) come from flowlane.comm's recorder;
 the bytes each shaped port's classes carried are read from tc at the end (``network.class_bytes_at_end``).
+``--bulk-lane-mbit R`` turns the wire variants into a bound: their DP runs on its own lane of R Mbit/s beside the
+link, so it never competes with PP/EP (``bound_speedup``; never the best variant).
 Label: measured on CPU with emulated links (netns + tc).
 """
 
