@@ -258,6 +258,12 @@ def main() -> int:
         print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
         return 2
     hv = [_parse_variant(v) for v in a.variant] or [dict(DEFAULT_VARIANT)]
+    if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
+        ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
+                 f"{a.layers_per_stage} and {a.param_elems}")
+    if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
+        ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
+    work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
     variants: dict[str, dict[str, Any]] = {"fifo": {"mode": "fifo"}}
     for v in hv:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
@@ -267,15 +273,10 @@ def main() -> int:
             name += f" wire, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else " wire"
         variants[name] = {"mode": "hermod", **v}
     t0 = time.time()
-    if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
-        ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
-                 f"{a.layers_per_stage} and {a.param_elems}")
-    work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
-    if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
-        ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
     res, net = run_all(a.rate_mbit, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit)
     s = summarise(res, variants, work)
-    bounds = [m for m in variants if m.endswith("(bound)")]  # DP off the link: not a schedule's result
+    # with a bulk lane the wire variants' DP is off the link: a bound, not a schedule's result
+    bounds = [m for m, v in variants.items() if a.bulk_lane_mbit and v.get("wire")]
     scheds = [m for m in variants if m != "fifo" and m not in bounds]
     best = max(scheds, key=lambda m: s["speedup"][m]) if scheds else None
     doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload": work, "layout":

@@ -104,11 +104,11 @@ def isolated_ep_cct_s(model: str, gpus: int, gbps: float, mb: int, iterations: i
     import numpy as np
 
     topo, wl = _workload(model, gpus, gbps, mb, iterations, nics)
-    per_nic = _nics_per_server(topo)
-    gpus_per_server = sum(1 for d in topo.devices.values() if d.kind == "gpu" and d.server == 0)
-    dev = [topo.devices[name] for name in wl.devices]
-    server = np.array([d.server for d in dev])
-    nic = np.array([d.server * per_nic + int(d.name.rsplit("gpu", 1)[1]) * per_nic // gpus_per_server for d in dev])
+    server = np.array([topo.devices[g].server for g in wl.devices])
+    # each GPU's NIC: the device its host (pcie) link leads to
+    nic_of = [next(lk.dst for lk in topo.out_links(g) if lk.kind == "pcie") for g in wl.devices]
+    index = {n: i for i, n in enumerate(sorted(set(nic_of)))}
+    nic = np.array([index[n] for n in nic_of])
     alone: list[float] = []
     sets: dict[tuple, list[np.ndarray]] = {}
     for c in wl.coflows:
