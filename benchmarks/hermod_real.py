@@ -43,7 +43,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from flowlane.netem import BULK_IFNAME, EmulatedNetwork
+from flowlane.netem import BULK_IFNAME, PIPELINE_IFNAME, EmulatedNetwork
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL = "measured on CPU with emulated links (netns + tc)"
@@ -69,9 +69,13 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
 
     sched = dict(sched)
     dp_mid = sched.pop("dp_mid", "last")  # Hermod's DP-MID policy knob (digest A6.1 #1)
-    # wire classes: Hermod's bulk class on its own source address, which the fabric queues behind everything else
-    ifnames = ["eth0", "eth0", BULK_IFNAME] if sched.pop("wire", 0) else None
-    r = run_rank(rank, world, asdict(WorkloadConfig(**work, sched=sched, dp_mid=dp_mid, gloo_class_ifnames=ifnames)))
+    # wire classes: wire=1 puts Hermod's bulk class on its own source address, which the fabric queues behind
+    # everything else; wire=2 also runs each all-to-all on its class's clone, the pipeline class (later
+    # microbatches) on an address the fabric serves after the critical one (the oldest in-flight microbatch)
+    wire = sched.pop("wire", 0)
+    ifnames = {0: None, 1: ["eth0", "eth0", BULK_IFNAME], 2: ["eth0", PIPELINE_IFNAME, BULK_IFNAME]}[wire]
+    r = run_rank(rank, world, asdict(WorkloadConfig(**work, sched=sched, dp_mid=dp_mid, gloo_class_ifnames=ifnames,
+                                                    ep_wire_classes=wire == 2)))
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][1]]  # the first iteration warms up
     t_last = r["iter_starts"][-1]
     timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last]
@@ -122,7 +126,7 @@ def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None 
     shared = fabric == "shared-nic"
     return EmulatedNetwork(4, rate_mbit=rate_mbit, ranks_per_server=2 if shared else 1, shape_downlink=shared,
                            subnet="10.213.0.0/24", bulk_subnet="10.213.1.0/24", bulk_lane_mbit=bulk_lane_mbit,
-                           prefix="flh")
+                           pipeline_subnet="10.213.2.0/24", prefix="flh")
 
 
 def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabric: str = "per-rank",
@@ -221,6 +225,9 @@ def _parse_variant(s: str) -> dict[str, Any]:
         if k not in (*DEFAULT_VARIANT, "dp_mid", "wire"):
             raise ValueError(f"unknown variant key {k!r}; known: {[*DEFAULT_VARIANT, 'dp_mid', 'wire']}")
         out[k] = float(v) if k == "gate_timeout_s" else v if k == "dp_mid" else int(v)
+    if out.get("wire", 0) not in (0, 1, 2):
+        raise ValueError(f"wire={out['wire']} is not one of 0 (host order), 1 (DP in the bulk class), "
+                         "2 (and each all-to-all in its MID class)")
     return out
 
 
@@ -232,7 +239,9 @@ def main() -> int:
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument("--variant", action="append", default=[],
                     help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,wire=1] (repeatable); wire=1 puts the bulk class on its own address, queued by priority")
+                         "[,wire=1|2] (repeatable); wire=1 puts the bulk class on its own address, queued by "
+                         "priority; wire=2 also puts each all-to-all in its class (critical: oldest in-flight "
+                         "microbatch, pipeline: later ones), the pipeline class on a third address")
     ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
                     help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
                          "NIC each (see emulated_fabric)")
@@ -270,7 +279,8 @@ def main() -> int:
         if v.get("dp_mid", "last") != "last":
             name += f" {v['dp_mid']}"
         if v.get("wire"):
-            name += f" wire, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else " wire"
+            w = " wire" if v["wire"] == 1 else " wire+ep"
+            name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w
         variants[name] = {"mode": "hermod", **v}
     t0 = time.time()
     res, net = run_all(a.rate_mbit, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit)

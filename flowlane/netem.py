@@ -39,6 +39,8 @@ Servers and priority classes (what a coflow scheduler's wire priority needs):
   everything else; nothing else is reordered. :meth:`EmulatedNetwork.class_bytes` reads each class's byte counters.
   ``bulk_lane_mbit``: the bulk class gets its own lane of that rate beside the link instead of the link's leftovers,
   so bulk traffic no longer competes at all -- an upper bound for what ordering bulk traffic could gain.
+- ``pipeline_subnet=`` (with ``bulk_subnet``): a third, middle class -- a macvlan ``pipe0`` per rank whose traffic
+  every shaped port serves after the default class and before the bulk class (Hermod's critical / pipeline / bulk).
   (The kernel here has no ``prio`` qdisc; htb's class priorities give the same strict order.)
 
 Everything created is deleted on ``__exit__`` (also when the block raises), at interpreter exit (``atexit``) and on
@@ -71,7 +73,8 @@ __all__ = ["BULK_IFNAME", "EmulatedNetwork", "NetemError", "check_available"]
 
 _UNSHAPED_MBIT = 100_000.0   # the default class of an htb root: effectively a plain veth
 BULK_IFNAME = "bulk0"        # the macvlan carrying the bulk (lowest-priority) class, with bulk_subnet
-_DEFAULT_CLASS, _BULK_CLASS = "1:10", "1:30"   # classes of a priority htb tree (bulk_subnet)
+PIPELINE_IFNAME = "pipe0"    # the macvlan carrying the middle class, with pipeline_subnet
+_DEFAULT_CLASS, _PIPELINE_CLASS, _BULK_CLASS = "1:10", "1:20", "1:30"   # classes of a priority htb tree
 
 
 class NetemError(RuntimeError):
@@ -137,7 +140,8 @@ class EmulatedNetwork:
                  delay_ms: float | Sequence[float] | None = None, subnet: str = "10.213.0.0/24",
                  burst_kb: float = 32.0, tbf_latency_ms: float = 100.0, ifname: str = "eth0",
                  prefix: str = "flnet", ranks_per_server: int = 1, bulk_subnet: str | None = None,
-                 bulk_lane_mbit: float | None = None, shape_downlink: bool = True) -> None:
+                 bulk_lane_mbit: float | None = None, shape_downlink: bool = True,
+                 pipeline_subnet: str | None = None) -> None:
         if num_ranks < 1:
             raise NetemError(f"num_ranks must be >= 1, got {num_ranks}")
         if ranks_per_server < 1 or num_ranks % ranks_per_server:
@@ -182,6 +186,18 @@ class EmulatedNetwork:
             self.bulk_net = bnet  # type: ignore[assignment]
             bhosts = bnet.hosts()
             self.bulk_ips = [str(next(bhosts)) for _ in range(num_ranks)]
+        self.pipe_net: ipaddress.IPv4Network | None = None
+        self.pipe_ips: list[str] = []
+        if pipeline_subnet is not None:
+            pnet = ipaddress.ip_network(pipeline_subnet)
+            if self.bulk_net is None or not pnet.is_private or pnet.version != 4 or pnet.overlaps(net) \
+                    or pnet.overlaps(self.bulk_net) or pnet.num_addresses < num_ranks + 2:
+                raise NetemError(f"pipeline_subnet needs bulk_subnet and must be a private IPv4 range apart from "
+                                 f"subnet {subnet} and bulk_subnet {bulk_subnet} with room for {num_ranks} ranks, "
+                                 f"got {pipeline_subnet}")
+            self.pipe_net = pnet  # type: ignore[assignment]
+            phosts = pnet.hosts()
+            self.pipe_ips = [str(next(phosts)) for _ in range(num_ranks)]
         if bulk_lane_mbit is not None and (self.bulk_net is None or not bulk_lane_mbit > 0):
             raise NetemError(f"bulk_lane_mbit needs bulk_subnet and must be > 0, got {bulk_lane_mbit}")
         self.bulk_lane = bulk_lane_mbit
@@ -263,6 +279,7 @@ class EmulatedNetwork:
                 "access_rate_mbit": self.rates, "pair_rate_mbit": self.pair, "delay_ms": self.delays,
                 "bulk_subnet": str(self.bulk_net) if self.bulk_net else None, "bulk_ips": self.bulk_ips,
                 "bulk_lane_mbit": self.bulk_lane,
+                "pipeline_subnet": str(self.pipe_net) if self.pipe_net else None, "pipeline_ips": self.pipe_ips,
                 "qdiscs": {"access": (f"htb: default class + strict-priority bulk class (u32 on {self.bulk_net})"
                                       if self.bulk_net else "tbf") + f" (uplink on {access}{down})",
                            "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
@@ -289,6 +306,8 @@ class EmulatedNetwork:
             # "class htb 1:30 parent 1:1 ... \n Sent 1234 bytes ..." (this iproute2 prints no JSON for classes)
             by_id = {m[0]: int(m[1]) for m in re.findall(r"class htb (\S+) .*?\n\s*Sent (\d+) bytes", text)}
             out[f"{ns.removeprefix(self.tag)}:{dev}"] = {"default": by_id.get(_DEFAULT_CLASS, 0),
+                                                          **({"pipeline": by_id.get(_PIPELINE_CLASS, 0)}
+                                                             if self.pipe_net else {}),
                                                           "bulk": by_id.get(_BULK_CLASS, 0)}
         return out
 
@@ -327,12 +346,14 @@ class EmulatedNetwork:
             port = f"p{i}"
             self._veth(ns, self.ifname, self.server_ns[i // self.ranks_per_server] if self.server_ns else sw, port)
             _run("ip", "-n", ns, "addr", "add", f"{self.ips[i]}/{self.prefixlen}", "dev", self.ifname)
-            if self.bulk_net is not None:   # same NIC, own source address: what the bulk class filters match
-                _run("ip", "-n", ns, "link", "add", BULK_IFNAME, "link", self.ifname, "type", "macvlan", "mode",
-                     "bridge")
-                _run("ip", "-n", ns, "addr", "add", f"{self.bulk_ips[i]}/{self.bulk_net.prefixlen}", "dev",
-                     BULK_IFNAME)
-                _run("ip", "-n", ns, "link", "set", BULK_IFNAME, "up")
+            for dev, cnet, cips in ((BULK_IFNAME, self.bulk_net, self.bulk_ips),
+                                    (PIPELINE_IFNAME, self.pipe_net, self.pipe_ips)):
+                if cnet is None:
+                    continue
+                # same NIC, own source address: what the class filters match
+                _run("ip", "-n", ns, "link", "add", dev, "link", self.ifname, "type", "macvlan", "mode", "bridge")
+                _run("ip", "-n", ns, "addr", "add", f"{cips[i]}/{cnet.prefixlen}", "dev", dev)
+                _run("ip", "-n", ns, "link", "set", dev, "up")
             if self.server_ns:
                 if self.delays[i]:
                     self._tc(ns, "qdisc", "add", "dev", self.ifname, "root", "netem", "delay",
@@ -347,18 +368,22 @@ class EmulatedNetwork:
         if self.bulk_net is None:
             self._tbf(ns, dev, rate, None)
             return
-        # 1:1 = the link; 1:10 default class (prio 0, may use all of it); 1:30 bulk (prio 1: only what 1:10 leaves),
-        # or with bulk_lane_mbit a sibling of 1:1 with its own capacity (a separate lane: a bound, not a schedule)
+        # 1:1 = the link; 1:10 default class (prio 0, may use all of it); with pipeline_subnet 1:20 (prio 1: what
+        # 1:10 leaves); 1:30 bulk (lowest prio: what the others leave), or with bulk_lane_mbit a sibling of 1:1 with
+        # its own capacity (a separate lane: a bound, not a schedule)
         self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", _DEFAULT_CLASS[2:])
         self._htb_class(ns, dev, "1:", "1:1", rate, rate)
         self._htb_class(ns, dev, "1:1", _DEFAULT_CLASS, rate, rate, prio=0)
+        if self.pipe_net is not None:
+            self._htb_class(ns, dev, "1:1", _PIPELINE_CLASS, 0.001, rate, prio=1)
         if self.bulk_lane is None:
-            self._htb_class(ns, dev, "1:1", _BULK_CLASS, 0.001, rate, prio=1)
+            self._htb_class(ns, dev, "1:1", _BULK_CLASS, 0.001, rate, prio=2 if self.pipe_net else 1)
         else:
             self._htb_class(ns, dev, "1:", _BULK_CLASS, self.bulk_lane, self.bulk_lane)
-        for field in ("src", "dst"):
-            self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
-                     "ip", field, str(self.bulk_net), "flowid", _BULK_CLASS)
+        for cnet, cid in ((self.bulk_net, _BULK_CLASS), (self.pipe_net, _PIPELINE_CLASS)):
+            for field in ("src", "dst") if cnet is not None else ():
+                self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                         "match", "ip", field, str(cnet), "flowid", cid)
 
     def _tc(self, ns: str, *args: str) -> None:
         _run("ip", "netns", "exec", ns, "tc", *args)

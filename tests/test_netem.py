@@ -104,9 +104,10 @@ def test_failure_while_building_removes_what_was_created() -> None:
     assert not set(net.namespaces) & _existing()
 
 
-def _two_flows_through_server_0(net: EmulatedNetwork, nbytes: int) -> tuple[float, float]:
-    """Rank 0 -> 2 on eth0 (default class) and rank 1 -> 3 from bulk0 (bulk class), started together: both cross
-    server 0's NIC. Returns their durations (default, bulk)."""
+def _two_flows_through_server_0(net: EmulatedNetwork, nbytes: int, first: str | None = None,
+                                second: str | None = None) -> tuple[float, float]:
+    """Rank 0 -> 2 from ``first`` (default: eth0, the default class) and rank 1 -> 3 from ``second`` (default: bulk0,
+    the bulk class), started together: both cross server 0's NIC. Returns their durations."""
     servers = [net.popen(d, [sys.executable, "-c", _SERVER, net.ips[d]], stdout=subprocess.PIPE, text=True)
                for d in (2, 3)]
     try:
@@ -114,7 +115,7 @@ def _two_flows_through_server_0(net: EmulatedNetwork, nbytes: int) -> tuple[floa
         at = time.time() + 1.0
         clients = [net.popen(src, [sys.executable, "-c", _TIMED_CLIENT, net.ips[dst], str(nbytes), addr, str(at)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                   for src, dst, addr in ((0, 2, net.ips[0]), (1, 3, net.bulk_ips[1]))]
+                   for src, dst, addr in ((0, 2, first or net.ips[0]), (1, 3, second or net.bulk_ips[1]))]
         outs = [c.communicate(timeout=20) for c in clients]
     finally:
         for s in servers:
@@ -159,6 +160,22 @@ def test_a_bulk_lane_gives_the_bulk_class_its_own_capacity() -> None:
         assert min(t_hi, t_lo) > 0.6 * 0.8, f"not shaped: default {t_hi:.3f} s, bulk {t_lo:.3f} s"
 
 
+@needs_netns
+def test_a_pipeline_class_sits_between_default_and_bulk() -> None:
+    """``pipeline_subnet``: a flow from pipe0 yields to a default-class flow and goes before a bulk-class flow."""
+    nbytes = 3_000_000
+    with EmulatedNetwork(4, rate_mbit=40, ranks_per_server=2, subnet="10.217.0.0/24", bulk_subnet="10.217.1.0/24",
+                         pipeline_subnet="10.217.2.0/24") as net:
+        assert net.pipe_ips[1] == "10.217.2.2"
+        t_default, t_pipe = _two_flows_through_server_0(net, nbytes, second=net.pipe_ips[1])
+        assert t_pipe > 1.5 * t_default, f"pipeline not behind default: {t_pipe:.3f} s vs {t_default:.3f} s"
+        t_pipe, t_bulk = _two_flows_through_server_0(net, nbytes, first=net.pipe_ips[0])
+        assert t_pipe < 0.6 * 1.35, f"pipeline class slowed by the bulk flow: {t_pipe:.3f} s (alone ~0.6 s)"
+        assert t_bulk > 1.5 * t_pipe, f"bulk not behind pipeline: {t_bulk:.3f} s vs {t_pipe:.3f} s"
+        counts = net.class_bytes()["h0:nic"]
+        assert counts["pipeline"] >= 2 * nbytes and counts["bulk"] >= nbytes and counts["default"] >= nbytes
+
+
 def test_bad_options_are_rejected_with_clear_errors() -> None:
     with pytest.raises(NetemError, match="private"):
         EmulatedNetwork(2, subnet="8.8.8.0/24")
@@ -180,6 +197,10 @@ def test_bad_options_are_rejected_with_clear_errors() -> None:
         EmulatedNetwork(2, bulk_subnet="10.9.1.0/24", delay_ms=1)
     with pytest.raises(NetemError, match="bulk_lane_mbit needs bulk_subnet and must be > 0, got 5"):
         EmulatedNetwork(2, bulk_lane_mbit=5)
+    with pytest.raises(NetemError, match="pipeline_subnet needs bulk_subnet .* got 10.9.2.0/24"):
+        EmulatedNetwork(2, pipeline_subnet="10.9.2.0/24")
+    with pytest.raises(NetemError, match="apart from subnet .* and bulk_subnet"):
+        EmulatedNetwork(2, bulk_subnet="10.9.1.0/24", pipeline_subnet="10.9.1.0/25")
     with pytest.raises(NetemError, match="needs priority classes"):
         EmulatedNetwork(2).class_bytes()
 

@@ -15,6 +15,9 @@ RUNS = {
     "fifo1": dict(sched={"mode": "fifo"}, iterations=1, moe=False),
     "delayed": dict(sched={"mode": "hermod", "chunk_bytes": 2048, "gate_timeout_s": 0.01}, iterations=1,
                     moe=False, delay_s=0.01),
+    # EP all-to-alls on their wire class's clone (3 clones on loopback), with injected delays
+    "hermod_ep": dict(sched={"mode": "hermod", "chunk_bytes": 4096}, ep_wire_classes=True,
+                      gloo_class_ifnames=["lo", "lo", "lo"], delay_s=0.003),
 }
 
 
@@ -60,6 +63,25 @@ def test_hermod_and_fifo_give_identical_parameters_and_the_order_respects_priori
     for stage in range(2):
         seqs = [[e[1:7] for e in r["log"] if e[0] == "chunk"] for r in herm if r["stage"] == stage]
         assert all(s == seqs[0] for s in seqs)
+
+
+def test_all_to_alls_on_wire_class_clones_keep_the_math_and_agree_across_the_ep_group():
+    """``ep_wire_classes``: an all-to-all of the oldest in-flight microbatch is critical (0), a later one pipeline
+    (1); in 1F1B that is every a2a of the last stage and every backward one, and the first stage's forwards of
+    microbatches > 0 (they run while an older microbatch awaits its backward). Same choice on every EP-group rank."""
+    res = _results()
+    for r in res:
+        for pf, ph in zip(r["fifo"]["params"], r["hermod_ep"]["params"], strict=True):
+            assert pf == ph
+        assert r["fifo"]["ep_classes"] == []
+        got = r["hermod_ep"]["ep_classes"]
+        assert len(got) == BASE["iterations"] * BASE["microbatches"] * BASE["layers_per_stage"] * 2
+        for _, mb, layer, pass_, c in got:
+            stage = r["hermod_ep"]["stage"]
+            assert c == (1 if stage == 0 and mb > 0 and pass_ == "fwd" else 0), (stage, mb, layer, pass_)
+    for stage in range(2):
+        seqs = [r["hermod_ep"]["ep_classes"] for r in res if r["hermod_ep"]["stage"] == stage]
+        assert seqs[0] and all(s == seqs[0] for s in seqs)
 
 
 def test_injected_delays_do_not_deadlock_and_do_not_change_results():

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from flowlane import comm
-from flowlane.coflow import HermodOrderConfig
+from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireEncoder
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
 from flowlane.sched.alltoall import matched_all_to_all
 from flowlane.sched.groups import build_class_groups
@@ -52,6 +52,10 @@ class WorkloadConfig:
     dp_mid: str = "last"
     gloo_class_ifnames: list[str] | None = None
     """One interface per Hermod class for the DP clones (wire classes on gloo, see flowlane.sched.groups)."""
+    ep_wire_classes: bool = False
+    """Hermod only: each MoE all-to-all runs on its wire class's clone of the EP group (critical: the oldest
+    in-flight microbatch; pipeline: later ones -- :meth:`flowlane.coflow.WireEncoder.nccl_class`), so with
+    ``gloo_class_ifnames`` the fabric serves the older microbatch's all-to-all first (seed 000 §5.3.1: MID first)."""
 
 
 _ROW = 64
@@ -71,6 +75,15 @@ class _Rank:
         # so FIFO's DP stays in the first (highest, i.e. unmarked) class when wire classes exist
         self.bulk = self.classes.get(self.dp_group, 2 if cfg.sched.get("mode", "hermod") == "hermod" else 0)
         self.sched = CommScheduler(policy, SchedulerConfig(**cfg.sched))
+        hermod = cfg.sched.get("mode", "hermod") == "hermod"
+        self.encoder = WireEncoder(HermodOrder(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))) \
+            if cfg.ep_wire_classes and hermod else None  # type: ignore[arg-type]
+        self.oldest_mid = 0  # oldest microbatch forwarded but not yet backwarded on this rank
+        self.ep_classes: list[tuple[int, int, int, str, int]] = []  # (iteration, mb, layer, pass, class) per a2a
+        if self.encoder is not None and dist.get_backend() == "gloo" and not cfg.gloo_class_ifnames:
+            # without interfaces gloo has one clone, shared with the deferred DP traffic: nothing to gain, and an
+            # all-to-all would queue behind DP chunks on the same communicator
+            raise ValueError("ep_wire_classes on gloo needs gloo_class_ifnames (one interface per Hermod class)")
         self.rng = random.Random(cfg.seed * 7919 + rank)
         g = torch.Generator().manual_seed(cfg.seed * 1000 + self.stage)  # same params on every DP replica
         self.params = [torch.randn(cfg.param_elems, generator=g) * 0.1 for _ in range(cfg.layers_per_stage)]
@@ -121,6 +134,17 @@ class _Rank:
         raw[r.randrange(self.dp)] += n_rows - sum(raw)
         return raw
 
+    def ep_group(self, meta: CoflowMeta, backward: bool) -> Any:
+        """The EP group's communicator for this all-to-all: its wire class's clone with ``ep_wire_classes``. Every
+        rank of an EP group (the same stage in every DP replica) runs the same 1F1B program, so it has the same
+        oldest in-flight microbatch here and picks the same clone -- the class is a deterministic function of the
+        program point, never of timing."""
+        if self.encoder is None:
+            return self.dp_group
+        c = self.encoder.nccl_class(CoflowKey.from_meta(meta), self.oldest_mid)
+        self.ep_classes.append((meta.iteration, meta.microbatch, meta.layer, "bwd" if backward else "fwd", c))
+        return self.classes.get(self.dp_group, c)
+
     def moe(self, x: torch.Tensor, mb: int, layer: int, backward: bool) -> torch.Tensor:
         if not self.cfg.moe or self.dp == 1:
             return x
@@ -132,13 +156,14 @@ class _Rank:
         matrix = [t.tolist() for t in allsplits]
         recv_splits = [matrix[i][self.dp_rank] for i in range(self.dp)]
         meta = self.meta("ep", mb, self.layer_id(layer), "dispatch")
+        group = self.ep_group(meta, backward)
         out = torch.empty(sum(recv_splits), _ROW)
         self.jitter()
         with self.sched.critical_section(meta):
             if self.cfg.ep_algorithm == "plain":
-                comm.all_to_all_single(out, rows, recv_splits, splits, group=self.dp_group, key=meta)
+                comm.all_to_all_single(out, rows, recv_splits, splits, group=group, key=meta)
             else:
-                matched_all_to_all(out, rows, recv_splits, splits, matrix, group=self.dp_group,
+                matched_all_to_all(out, rows, recv_splits, splits, matrix, group=group,
                                    algorithm=self.cfg.ep_algorithm, key=meta)
         out = out * (1.0 + 0.01 * (self.dp_rank + 1))  # the "expert"
         back = torch.empty_like(rows)
@@ -146,9 +171,9 @@ class _Rank:
         meta = self.meta("ep", mb, self.layer_id(layer), "combine")
         with self.sched.critical_section(meta):
             if self.cfg.ep_algorithm == "plain":
-                comm.all_to_all_single(back, out, splits, recv_splits, group=self.dp_group, key=meta)
+                comm.all_to_all_single(back, out, splits, recv_splits, group=group, key=meta)
             else:
-                matched_all_to_all(back, out, splits, recv_splits, tmatrix, group=self.dp_group,
+                matched_all_to_all(back, out, splits, recv_splits, tmatrix, group=group,
                                    algorithm=self.cfg.ep_algorithm, key=meta)
         return back.view(-1)
 
@@ -211,7 +236,7 @@ class _Rank:
 
         warm = min(self.pp - self.stage - 1, M)
         rem = M - warm
-        fwd_mb = bwd_mb = 0
+        fwd_mb = bwd_mb = self.oldest_mid = 0
         for _ in range(warm):
             x = self.p2p(None, None, prev_r is not None, prev_r, self.meta("pp", fwd_mb, self.layer_id(0), "recv"))
             y = forward(fwd_mb, x if x is not None else input_for(fwd_mb))
@@ -228,6 +253,7 @@ class _Rank:
                 g = torch.ones_like(y) / (M * y.numel())
             gin = backward(bwd_mb, g)
             bwd_mb += 1
+            self.oldest_mid = bwd_mb
             meta = self.meta("pp", bwd_mb - 1, self.layer_id(0), "send_bwd")
             if i == rem - 1:
                 self.p2p(gin if prev_r is not None else None, prev_r, False, None, meta)
@@ -237,6 +263,7 @@ class _Rank:
             g = self.p2p(None, None, True, next_r, self.meta("pp", bwd_mb, self.layer_id(L - 1), "recv"))
             gin = backward(bwd_mb, g)
             bwd_mb += 1
+            self.oldest_mid = bwd_mb
             self.p2p(gin if prev_r is not None else None, prev_r, False, None,
                      self.meta("pp", bwd_mb - 1, self.layer_id(0), "send_bwd"))
         for local, h in reductions:
@@ -267,5 +294,5 @@ def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
            for e in r.sched.log]
     return {"rank": rank, "stage": r.stage, "dp_rank": r.dp_rank, "times": times, "digest": digest, "log": log,
             "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg),
-            "iter_starts": starts,
+            "iter_starts": starts, "ep_classes": r.ep_classes,
             "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops]}
