@@ -3,7 +3,7 @@
     sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic] [--rate-mbit 200]
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--out results/hermod] [--name real]
-        [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer][,wire=1] ...]
+        [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer][,wire=1|2] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):

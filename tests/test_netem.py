@@ -210,3 +210,15 @@ def test_not_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(NetemError, match="needs root"):
         EmulatedNetwork(2).up()
+
+
+def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() -> None:
+    """benchmarks/hermod_real.py: wire=0/1/2 parse (2 = all-to-alls in their MID class too); anything else is named."""
+    from benchmarks.hermod_real import _parse_variant
+
+    v = _parse_variant("chunk_bytes=65536,wire=2")
+    assert v["chunk_bytes"] == 65536 and v["wire"] == 2 and v["max_inflight_chunks"] == 1
+    with pytest.raises(ValueError, match="wire=3 is not one of 0"):
+        _parse_variant("wire=3")
+    with pytest.raises(ValueError, match="unknown variant key 'lanes'"):
+        _parse_variant("lanes=2")

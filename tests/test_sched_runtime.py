@@ -66,9 +66,10 @@ def test_hermod_and_fifo_give_identical_parameters_and_the_order_respects_priori
 
 
 def test_all_to_alls_on_wire_class_clones_keep_the_math_and_agree_across_the_ep_group():
-    """``ep_wire_classes``: an all-to-all of the oldest in-flight microbatch is critical (0), a later one pipeline
-    (1); in 1F1B that is every a2a of the last stage and every backward one, and the first stage's forwards of
-    microbatches > 0 (they run while an older microbatch awaits its backward). Same choice on every EP-group rank."""
+    """``ep_wire_classes``: an all-to-all of the oldest in-flight microbatch is critical (0), a later one's is
+    pipeline (1). In 1F1B only the first stage's forwards of microbatches > 0 are pipeline (they run while an older
+    microbatch awaits its backward); every backward and every last-stage all-to-all is critical. Every rank of an EP
+    group makes the same choices; the parameters equal FIFO's."""
     res = _results()
     for r in res:
         for pf, ph in zip(r["fifo"]["params"], r["hermod_ep"]["params"], strict=True):
