@@ -253,7 +253,8 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
         "config": {"nics_per_server": args.nics_per_server or "one per GPU", "microbatches": args.microbatches,
                    "iterations": args.iterations, "time_quantum_s": args.quantum,
                    "mode": "full" if args.full else "quick: 8 microbatches (= PP) instead of 16; MoE: no hermod-consumer, "
-                                                     "bandwidth 40/100/400 Gb/s, scaling 1,024-2,048 GPUs; GPT-3 175B: all points",
+                                                     "bandwidth 40/100/400 Gb/s, scaling 1,024-2,048 GPUs (more where --gpus "
+                                                     "asked, see runs); GPT-3 175B: all points",
                    "runs": [*(runs or []), {"argv": args.argv, "points_computed": args.points_computed,
                                              "workers": args.workers, "budget_s": args.budget_s,
                                              "wall_s": round(wall, 1)}]},
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     add_pool_args(ap, budget_s=3000.0)
     ap.add_argument("--only", help="comma-separated sections to run (table_5_2,no_network,bandwidth,scaling)")
     ap.add_argument("--policies", help="comma-separated policies to run (default: all of the plan's)")
+    ap.add_argument("--gpus", help="comma-separated GPU counts to run, taken from the full plan (e.g. --only scaling "
+                                   "--gpus 4096 adds the MoE 4,096-GPU points without --full's 16 microbatches)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the points of an existing sim.json that this run does not recompute")
     ap.add_argument("--summarise-only", action="store_true",
@@ -352,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"sim_nics{a.nics_per_server}" if a.nics_per_server else "sim"
-    tasks = plan(a.full)
+    tasks = plan(a.full or bool(a.gpus))
     if a.only:
         keep = set(a.only.split(","))
         if keep - set(SECTIONS):
@@ -367,6 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             ap.error(f"--policies: unknown {sorted(bad)}; choose from {list(TABLE_POLICIES)}")
         tasks = [t for t in tasks if t[4] in a.policies.split(",")]
+    if a.gpus:
+        try:
+            gpus = {int(g) for g in a.gpus.split(",")}
+        except ValueError:
+            ap.error(f"--gpus: {a.gpus!r} is not a comma-separated list of integers")
+        known = {t[2] for t in plan(True)}
+        if gpus - known:
+            ap.error(f"--gpus: {sorted(gpus - known)} not in the plan; choose from {sorted(known)}")
+        tasks = [t for t in tasks if t[2] in gpus]
     a.points_computed = len(tasks)
     t0 = time.time()
     points: list[dict] = []
