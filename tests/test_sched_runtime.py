@@ -18,6 +18,10 @@ RUNS = {
     # EP all-to-alls on their wire class's clone (3 clones on loopback), with injected delays
     "hermod_ep": dict(sched={"mode": "hermod", "chunk_bytes": 4096}, ep_wire_classes=True,
                       gloo_class_ifnames=["lo", "lo", "lo"], delay_s=0.003),
+    # the thesis' baselines (seed 000 §5.5.1): Megatron-LM's defaults (no DP overlap) and Lina (EP before DP, DP
+    # chunked in issue order)
+    "megatron": dict(sched={"mode": "fifo"}, overlap_dp=False),
+    "lina": dict(sched={"mode": "hermod", "chunk_bytes": 4096, "gate_ctypes": ["ep"]}, order="fifo"),
 }
 
 
@@ -122,3 +126,49 @@ def _a2a_rank(rank: int, world: int) -> dict:
     out["phases_bvn"] = phases_total(plan_all_to_all(matrix, 1, "bvn"))
     out["phases_alg3_total"] = phases_total(plan_all_to_all(matrix, 1, "alg3"))
     return out
+
+
+def _iterations(log: list) -> dict[int, list]:
+    by: dict[int, list] = {}
+    for e in log:
+        by.setdefault(e[3], []).append(e)
+    return by
+
+
+def test_megatron_defaults_gather_before_and_reduce_after_the_schedule_with_the_same_math():
+    """overlap_dp=False: no DP op is launched between an iteration's first and last pipeline/expert op, unlike the
+    overlapped FIFO, where the last microbatch's reductions start during its backward (Case II)."""
+    overlapped_reduces_early = False
+    for r in _results():
+        meg, fifo = r["megatron"], r["fifo"]
+        for pm, pf in zip(meg["params"], fifo["params"], strict=True):
+            assert pm == pf
+        for name, run in (("megatron", meg), ("fifo", fifo)):
+            for it, es in _iterations(run["log"]).items():
+                crit = [i for i, e in enumerate(es) if e[0] == "critical"]
+                inside = [e for e in es[crit[0]:crit[-1]] if e[0] == "chunk"]
+                if name == "megatron":
+                    assert inside == [], (r["rank"], it, inside)
+                    assert [e[2] for e in es if e[0] == "chunk"] == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+                elif inside:
+                    overlapped_reduces_early = True
+    assert overlapped_reduces_early  # the check above can tell the two DAGs apart
+
+
+def test_lina_chunks_dp_in_issue_order_and_keeps_the_math():
+    """Lina: DP split into chunks like Hermod, launched in issue order (FIFO keys), identically on every rank of a
+    DP group; parameters equal FIFO's."""
+    for r in _results():
+        lina, fifo = r["lina"], r["fifo"]
+        for pl, pf in zip(lina["params"], fifo["params"], strict=True):
+            assert pl == pf
+        chunks = [e for e in lina["log"] if e[0] == "chunk"]
+        assert len(chunks) > len([e for e in fifo["log"] if e[0] == "chunk"])
+        ops = [(e[3], e[2], e[5]) for i, e in enumerate(chunks) if i == 0 or chunks[i - 1][2:6] != e[2:6]]
+        # each op's chunks back to back, the ops in issue order: FIFO's sequence (it logs one chunk per op)
+        assert ops == [(e[3], e[2], e[5]) for e in fifo["log"] if e[0] == "chunk"]
+        first_gather = next(e for e in chunks if e[2] == "all_gather")
+        assert first_gather[5] == lina["stage"] * BASE["layers_per_stage"] + 1  # bucket order, not Hermod's
+    for stage in range(2):
+        seqs = [[e[1:7] for e in r["lina"]["log"] if e[0] == "chunk"] for r in _results() if r["lina"]["stage"] == stage]
+        assert all(s == seqs[0] for s in seqs)

@@ -55,6 +55,10 @@ class SchedulerConfig:
     """Longest a ready deferred chunk is held back while critical ops are outstanding (guarantees progress)."""
     wait_timeout_s: float = 300.0
     """A deferred handle's ``wait()`` raises after this long (a stuck peer is an error, never a hang)."""
+    gate_ctypes: tuple[str, ...] | None = None
+    """Coflow types whose critical ops close the gate; None: all of them (Hermod: EP, PP and CP go before DP).
+    ``("ep",)`` is Lina's rule (all-to-all before all-reduce; the thesis' Lina baseline, seed 000 §5.5.1), which
+    lets DP chunks share the link with pipeline sends."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("hermod", "fifo"):
@@ -68,6 +72,11 @@ class SchedulerConfig:
             raise ValueError(f"SchedulerConfig.gate_timeout_s must be >= 0, got {self.gate_timeout_s!r}")
         if not self.wait_timeout_s > 0:
             raise ValueError(f"SchedulerConfig.wait_timeout_s must be > 0, got {self.wait_timeout_s!r}")
+        if self.gate_ctypes is not None:
+            if isinstance(self.gate_ctypes, str) or not all(isinstance(c, str) for c in self.gate_ctypes):
+                raise ValueError(f"SchedulerConfig.gate_ctypes must be a sequence of coflow type names or None, "
+                                 f"got {self.gate_ctypes!r}")
+            self.gate_ctypes = tuple(self.gate_ctypes)
 
 
 @dataclass
@@ -177,21 +186,21 @@ class CommScheduler:
     @contextmanager
     def critical_section(self, meta: CoflowMeta) -> Iterator[None]:
         """Mark a critical op that the caller launches *and waits for* inside the block (e.g. Megatron p2p)."""
-        self._enter_critical(meta)
+        gates = self._enter_critical(meta)
         try:
             yield
         finally:
-            self._leave_critical()
+            self._leave_critical(gates)
 
     def critical(self, meta: CoflowMeta, launch: Launch) -> _CriticalHandle:
         """Launch a critical op now; the gate stays closed until the returned handle is waited on."""
-        self._enter_critical(meta)
+        gates = self._enter_critical(meta)
         try:
             work = launch()
         except BaseException:
-            self._leave_critical()
+            self._leave_critical(gates)
             raise
-        return _CriticalHandle(self, work)
+        return _CriticalHandle(self, work, gates)
 
     def defer(self, meta: CoflowMeta, launches: Sequence[Launch]) -> DeferredHandle:
         """Queue a deferrable op as chunks (each a closure launching one async chunk op)."""
@@ -273,17 +282,23 @@ class CommScheduler:
                 self._seq.append(c)
         self._open.clear()
 
-    def _enter_critical(self, meta: CoflowMeta) -> None:
+    def _enter_critical(self, meta: CoflowMeta) -> bool:
+        """Seal (a program-order point) and close the gate if ``meta``'s type gates; returns whether it did."""
+        gates = self.config.gate_ctypes is None or meta.ctype in self.config.gate_ctypes
         with self._cond:
             self._raise_if_failed()
             self._seal_locked()
-            if self._critical == 0:
-                self._gate_closed_since = time.monotonic()
-            self._critical += 1
             self._log("critical", meta, 0)
-            self._cond.notify_all()
+            if gates:
+                if self._critical == 0:
+                    self._gate_closed_since = time.monotonic()
+                self._critical += 1
+                self._cond.notify_all()
+        return gates
 
-    def _leave_critical(self) -> None:
+    def _leave_critical(self, gates: bool = True) -> None:
+        if not gates:
+            return
         with self._cond:
             self._critical -= 1
             if self._critical == 0:
@@ -352,8 +367,8 @@ class CommScheduler:
 
 
 class _CriticalHandle:
-    def __init__(self, sched: CommScheduler, work: Any) -> None:
-        self._sched, self._work, self._done = sched, work, False
+    def __init__(self, sched: CommScheduler, work: Any, gates: bool = True) -> None:
+        self._sched, self._work, self._done, self._gates = sched, work, False, gates
 
     def wait(self, timeout: Any = None) -> bool:
         if not self._done:
@@ -361,7 +376,7 @@ class _CriticalHandle:
                 _wait(self._work)
             finally:
                 self._done = True
-                self._sched._leave_critical()
+                self._sched._leave_critical(self._gates)
         return True
 
     def is_completed(self) -> bool:

@@ -56,6 +56,15 @@ class WorkloadConfig:
     """Hermod only: each MoE all-to-all runs on its wire class's clone of the EP group (critical: the oldest
     in-flight microbatch; pipeline: later ones -- :meth:`flowlane.coflow.WireEncoder.nccl_class`), so with
     ``gloo_class_ifnames`` the fabric serves the older microbatch's all-to-all first (seed 000 §5.3.1: MID first)."""
+    order: str | None = None
+    """How deferred DP ops are ordered: ``hermod`` (the Hermod key) or ``fifo`` (issue order); None: FIFO in
+    ``sched`` mode "fifo", else Hermod. Lina (seed 000 §5.5.1) = mode "hermod" (chunked, gated) + ``gate_ctypes
+    ("ep",)`` + order "fifo"."""
+    overlap_dp: bool = True
+    """Megatron's ``--overlap-grad-reduce`` / ``--overlap-param-gather``: each layer's reduction starts in the last
+    microbatch's backward (Case II) and the first forward waits only for its own layer's gather (Case III). False is
+    Megatron-LM's default, the thesis' "vanilla Megatron-LM" baseline (seed 000 §5.5.1): every gather completes
+    before the first forward, every reduction starts after the rank's whole backward."""
 
 
 _ROW = 64
@@ -192,6 +201,10 @@ class _Rank:
             full[local] = buf
             gathers[local] = self.deferred_all_reduce(buf, self.meta("dp", 0, self.layer_id(local), "all_gather"))
         self.sched.seal()
+        if not cfg.overlap_dp:  # gathered before the forward starts, as in the optimizer step of Megatron's default
+            for local in reversed(range(L)):
+                gathers.pop(local).wait()
+                self.params[local] = full[local]
         grads = [torch.zeros(cfg.param_elems) for _ in range(L)]
         reductions: list[Any] = []
         acts: dict[int, list[torch.Tensor]] = {}
@@ -226,13 +239,16 @@ class _Rank:
                 grads[local][: cfg.act_elems] += g * saved[local] * 0.01
                 grads[local][cfg.act_elems:] += float(g.mean()) * 1e-3
                 g = g * 0.9
-                if mb == M - 1:  # Case II: a layer's DP reduction starts after the last microbatch's gradient
-                    reductions.append((local, self.deferred_all_reduce(
-                        grads[local], self.meta("dp", M - 1, self.layer_id(local), "reduce_scatter"))))
-                    # seal now (a program-order point, so deterministic): an open window would keep the ready
-                    # reduction off the link through the next layer's compute, until the next critical op
-                    self.sched.seal()
+                if mb == M - 1 and cfg.overlap_dp:  # Case II: a layer's reduction starts after the last microbatch
+                    reduce(local)
             return g
+
+        def reduce(local: int) -> None:
+            reductions.append((local, self.deferred_all_reduce(
+                grads[local], self.meta("dp", M - 1, self.layer_id(local), "reduce_scatter"))))
+            # seal now (a program-order point, so deterministic): an open window would keep the ready reduction
+            # off the link through the next layer's compute, until the next critical op
+            self.sched.seal()
 
         warm = min(self.pp - self.stage - 1, M)
         rem = M - warm
@@ -266,6 +282,9 @@ class _Rank:
             self.oldest_mid = bwd_mb
             self.p2p(gin if prev_r is not None else None, prev_r, False, None,
                      self.meta("pp", bwd_mb - 1, self.layer_id(0), "send_bwd"))
+        if not cfg.overlap_dp:  # Megatron's default: finalize_model_grads after the whole backward, bucket order
+            for local in reversed(range(L)):
+                reduce(local)
         for local, h in reductions:
             h.wait()
             self.params[local] = self.params[local] - 0.1 * grads[local] / self.dp
@@ -276,8 +295,10 @@ class _Rank:
 def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """Entry point for flowlane.launch: run the iterations, return timings, digest and the scheduler log."""
     cfg = WorkloadConfig(**cfg_dict)
-    mode = cfg.sched.get("mode", "hermod")
-    policy: SchedulingPolicy = FifoPolicy() if mode == "fifo" else HermodPolicy(
+    order = cfg.order or ("fifo" if cfg.sched.get("mode", "hermod") == "fifo" else "hermod")
+    if order not in ("fifo", "hermod"):
+        raise ValueError(f"WorkloadConfig.order {order!r} is not one of ['fifo', 'hermod'] (or None)")
+    policy: SchedulingPolicy = FifoPolicy() if order == "fifo" else HermodPolicy(
         HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))  # type: ignore[arg-type]
     r = _Rank(rank, world, cfg, policy)
     times, starts = [], []
