@@ -26,7 +26,6 @@ import hashlib
 import heapq
 import os
 import subprocess
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._cbuild import build_and_load
 from .cost import LinkModel, evaluate, stage_hop_loads
 from .relation import CommRelation, PlanError
 
@@ -275,21 +275,8 @@ def _load_c() -> ctypes.CDLL | None:
     if _LIB is not False:
         return _LIB  # type: ignore[return-value]
     _LIB = None
-    src = Path(__file__).with_name("_spst.c")
-    code = src.read_bytes()
-    tag = hashlib.sha256(code + " ".join(_CFLAGS).encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("FLOWLANE_CACHE", Path.home() / ".cache" / "flowlane"))
-    so = cache / f"spst_{tag}.so"
     try:
-        if not so.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            cc = os.environ.get("CC", "cc")
-            with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
-                tmp_path = tmp.name
-            subprocess.run([cc, *_CFLAGS, "-o", tmp_path, str(src)], check=True,
-                           capture_output=True, timeout=120)
-            os.replace(tmp_path, so)
-        lib = ctypes.CDLL(str(so))
+        lib = build_and_load(Path(__file__).with_name("_spst.c"), "spst", _CFLAGS)
     except (OSError, subprocess.SubprocessError) as e:
         warnings.warn(f"flowlane.plan: C SPST kernel unavailable ({e}); using the pure-Python planner", stacklevel=3)
         return None
