@@ -1,4 +1,4 @@
-"""Bandwidth sharing among active flows: max-min fairness by progressive filling, vectorised with numpy.
+"""Bandwidth sharing among active flows: max-min fairness by progressive filling (a C kernel; numpy reference).
 
 Flows are rows of a padded link-index matrix ``hops`` (n_flows x max_hops); the pad index equals ``n_links`` and
 has unlimited capacity. Within one priority class, rates are (weighted) max-min fair: every unfrozen flow grows at
@@ -14,15 +14,31 @@ capacity / (1 + alpha * max(0, k - threshold)). Not from the seeds' numbers; off
 A *matched* coflow (Hermod's incast-free all-to-all, seed 000 §5.3.2: its phases are partial permutations, so each
 receiver hears from at most one of its senders at a time) counts as one flow per link, however many of its flows
 cross the link: ``allocate(..., incast_group=...)`` gives each such flow its coflow id, -1 for ordinary flows.
+
+Two implementations with identical results (bit for bit: the same floating-point operations in the same order): a C
+kernel (``_waterfill.c``; the engine calls :func:`allocate` ~10^5 times per iteration on small arrays, where numpy's
+per-call overhead dominated), compiled on first use with the system C compiler (``-O3 -ffp-contract=off``, no
+CPU-specific flags), cached in ``~/.cache/flowlane`` (or ``$FLOWLANE_CACHE``) under a hash of source + flags and
+loaded with ctypes; and the numpy reference below (``_waterfill_numpy``, ``_allocate_numpy``), used when no compiler
+is available or when the environment sets ``FLOWLANE_SIM_NO_C=1`` (read at every call). The incast capacity
+adjustment stays in numpy either way.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from flowlane._cbuild import build_and_load
+
 SHARING = ("strict", "weighted")
+_RTOL = 1e-9                    # allocate's freeze tolerance (waterfill's default)
 
 
 @dataclass(frozen=True)
@@ -38,9 +54,28 @@ class IncastModel:
             raise ValueError(f"IncastModel.alpha must be a finite number >= 0, got {self.alpha!r}")
 
 
-def waterfill(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = 1e-9) -> np.ndarray:
+def waterfill(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = _RTOL) -> np.ndarray:
     """Weighted max-min fair rates for flows ``hops`` given remaining capacities ``cap`` (length n_links + 1, the
     last entry is the pad). ``cap`` is decreased in place by the allocated rates. Returns rates (bytes/s)."""
+    hops = _check_hops(hops)
+    n = hops.shape[0]
+    if not isinstance(cap, np.ndarray) or cap.ndim != 1 or cap.size == 0:
+        raise ValueError(f"cap must be a 1-D array of n_links + 1 capacities (the pad last), got {np.shape(cap)}")
+    weights = np.asarray(weights)
+    if weights.shape != (n,) or weights.dtype.kind not in "biuf":
+        raise ValueError(f"weights must be a real array of shape ({n},) (one per flow), got shape {weights.shape} "
+                         f"dtype {weights.dtype}")
+    if not (rtol >= 0 and np.isfinite(rtol)):
+        raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
+    lib = _kernel()
+    if lib is None or cap.dtype != np.float64 or not (cap.flags.c_contiguous and cap.flags.writeable):
+        _check_range(hops, cap.shape[0])
+        return _waterfill_numpy(hops, weights, cap, rtol)
+    return _run_c(lib, hops, None, np.ascontiguousarray(weights, dtype=np.float64), cap, rtol)
+
+
+def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = _RTOL) -> np.ndarray:
+    """The numpy reference of :func:`waterfill` (no input checks)."""
     n, h = hops.shape
     nl = cap.shape[0]
     rates = np.zeros(n)
@@ -90,16 +125,55 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
     """Rates for all active flows. ``cls`` = dense class rank per flow (0 = most urgent); ``capacity`` has
     length n_links (the pad is added here). ``incast_group``: per flow, -1 or the id of a matched coflow (counted
     once per link by the incast model)."""
+    hops = _check_hops(hops)
     n = hops.shape[0]
+    cls = np.asarray(cls)
+    if cls.shape != (n,):
+        raise ValueError(f"cls must have shape ({n},) (one class per flow), got {cls.shape}")
+    capacity = np.asarray(capacity)
+    if capacity.ndim != 1 or capacity.dtype.kind not in "biuf":
+        raise ValueError(f"capacity must be a 1-D real array (one entry per link), got shape {capacity.shape} "
+                         f"dtype {capacity.dtype}")
+    if sharing not in SHARING:
+        raise ValueError(f"sharing {sharing!r} is not one of {SHARING}")
+    if incast_group is not None and np.shape(incast_group) != (n,):
+        raise ValueError(f"incast_group must have shape ({n},) (one entry per flow), got {np.shape(incast_group)}")
+    if incast_links is not None and np.shape(incast_links) != capacity.shape:
+        raise ValueError(f"incast_links must have shape {capacity.shape} (one entry per link), "
+                         f"got {np.shape(incast_links)}")
     if n == 0:
         return np.zeros(0)
     cap = np.empty(capacity.shape[0] + 1)
     cap[:-1] = capacity
     cap[-1] = np.inf
+    lib = _kernel()
     if incast is not None and incast_links is not None and incast_links.any():
+        _check_range(hops, cap.shape[0])  # before the fan-in counts index with them
         k = incast_fan_in(hops, cap.shape[0], incast_group)[:-1]
         over = np.maximum(0, k - incast.threshold) * incast_links
         cap[:-1] = capacity / (1.0 + incast.alpha * over)
+    elif lib is None:
+        _check_range(hops, cap.shape[0])
+    if lib is None:
+        return _allocate_numpy(hops, cls, cap, sharing, weight_ratio)
+    if sharing == "weighted":
+        classes = np.unique(cls)
+        if classes.size > 1:  # the reference's weights, computed by numpy so that the powers are the same
+            w = weight_ratio ** np.searchsorted(classes, cls).astype(np.float64)
+            return _run_c(lib, hops, None, w, cap, _RTOL)
+    if cls.dtype != np.int64 or not cls.flags.c_contiguous:
+        # the kernel orders classes as int64; other dtypes (floats, uint64) become their dense ranks, same order
+        if not np.can_cast(cls.dtype, np.int64):
+            cls = np.unique(cls, return_inverse=True)[1]
+        cls = np.ascontiguousarray(cls, dtype=np.int64)
+    return _run_c(lib, hops, cls, None, cap, _RTOL)
+
+
+def _allocate_numpy(hops: np.ndarray, cls: np.ndarray, cap: np.ndarray, sharing: str,
+                    weight_ratio: float) -> np.ndarray:
+    """The numpy reference of :func:`allocate` after the incast adjustment (``cap``: n_links + 1, pad last; it is
+    decreased in place)."""
+    n = hops.shape[0]
     classes = np.unique(cls)
     if classes.size == 1 or sharing == "weighted":
         if classes.size == 1:
@@ -107,13 +181,82 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
         else:
             rank = np.searchsorted(classes, cls)
             w = weight_ratio ** rank.astype(np.float64)
-        return waterfill(hops, w, cap)
-    if sharing != "strict":
-        raise ValueError(f"sharing {sharing!r} is not one of {SHARING}")
+        return _waterfill_numpy(hops, w, cap)
     rates = np.zeros(n)
     order = np.argsort(cls, kind="stable")
     bounds = np.searchsorted(cls[order], classes, side="left").tolist() + [n]
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         sel = order[a:b]
-        rates[sel] = waterfill(hops[sel], np.ones(b - a), cap)
+        rates[sel] = _waterfill_numpy(hops[sel], np.ones(b - a), cap)
+    return rates
+
+
+# -- input checks and the C kernel -------------------------------------------------------------------------------
+def _check_hops(hops: np.ndarray) -> np.ndarray:
+    """``hops`` as a C-contiguous 2-D int64 array (a no-op for the engine's arrays); the C kernel checks the range."""
+    hops = np.asarray(hops)
+    if hops.ndim != 2 or hops.dtype.kind not in "iu":
+        raise ValueError(f"hops must be a 2-D integer array (n_flows x max_hops), got shape {hops.shape} "
+                         f"dtype {hops.dtype}")
+    if hops.dtype != np.int64 or not hops.flags.c_contiguous:
+        hops = np.ascontiguousarray(hops, dtype=np.int64)
+    return hops
+
+
+def _check_range(hops: np.ndarray, n_links_padded: int) -> None:
+    # the numpy path's check (the C kernel checks as it must not read out of bounds): the same error either way
+    if hops.size and (hops.min() < 0 or hops.max() >= n_links_padded):
+        _bad_hop(hops, n_links_padded, int(np.flatnonzero((hops.ravel() < 0) | (hops.ravel() >= n_links_padded))[0]))
+
+
+def _bad_hop(hops: np.ndarray, n_links_padded: int, k: int) -> None:
+    i, j = divmod(k, hops.shape[1])
+    raise ValueError(f"hops[{i}, {j}] = {int(hops[i, j])} is not a link index: it must be in [0, {n_links_padded - 1}]"
+                     f" ({n_links_padded - 1} links, index {n_links_padded - 1} is the pad)")
+
+
+_LIB: ctypes.CDLL | None | bool = False   # False: not tried yet; None: unavailable
+# -ffp-contract=off: no fused multiply-adds, so the C results equal numpy's bit for bit on every target
+_CFLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
+
+
+def _load_c() -> ctypes.CDLL | None:
+    global _LIB
+    if _LIB is not False:
+        return _LIB  # type: ignore[return-value]
+    _LIB = None
+    try:
+        lib = build_and_load(Path(__file__).with_name("_waterfill.c"), "waterfill", _CFLAGS)
+    except (OSError, subprocess.SubprocessError) as e:
+        warnings.warn(f"flowlane.sim: C rate-allocation kernel unavailable ({e}); using numpy", stacklevel=3)
+        return None
+    P = ctypes.c_void_p
+    lib.flowlane_allocate.restype = ctypes.c_long
+    lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, ctypes.c_double, P]
+    _LIB = lib
+    return lib
+
+
+def _kernel() -> ctypes.CDLL | None:
+    """The C kernel, or None for the numpy path (no compiler, or ``FLOWLANE_SIM_NO_C=1``)."""
+    if os.environ.get("FLOWLANE_SIM_NO_C", "") not in ("", "0"):
+        return None
+    return _load_c()
+
+
+def _run_c(lib: ctypes.CDLL, hops: np.ndarray, cls: np.ndarray | None, w: np.ndarray | None, cap: np.ndarray,
+           rtol: float) -> np.ndarray:
+    """Rates from the kernel; ``hops``/``cls`` int64 and ``w``/``cap`` float64, all C-contiguous (``cap`` is
+    decreased in place). ``cls`` None: one filling with weights ``w``; else strict priority with unit weights."""
+    n, h = hops.shape
+    rates = np.empty(n)
+    rc = lib.flowlane_allocate(n, h, cap.shape[0], hops.ctypes.data, None if cls is None else cls.ctypes.data,
+                               None if w is None else w.ctypes.data, cap.ctypes.data, rtol, rates.ctypes.data)
+    if rc <= -3:
+        _bad_hop(hops, cap.shape[0], -rc - 3)
+    if rc == -1:
+        raise MemoryError("flowlane.sim: the C rate-allocation kernel could not allocate its work arrays")
+    if rc != 0:
+        raise RuntimeError(f"flowlane.sim: the C rate-allocation kernel failed with code {rc} (a filling pass froze "
+                           "no flow: NaN weights?)")
     return rates
