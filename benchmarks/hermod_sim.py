@@ -162,6 +162,9 @@ def plan(full: bool) -> list[tuple[str, str, int, float, str]]:
     2,048 GPUs (each 1,024-GPU MoE point costs ~1-2 CPU-minutes, 2,048 twice that)."""
     t: list[tuple[str, str, int, float, str]] = []
     first = ("fifo", "hermod")
+    # the thesis' sweeps (figs. 5.12 / 5.13) compare Hermod with vanilla Megatron-LM and Lina; Lina's rule is
+    # EP-first (all-to-alls before DP), which has nothing to act on without EP; these run after Hermod vs FIFO
+    rivals = {m: ("megatron", "ep-first") if m in MOE else ("megatron",) for m in MODELS}
     for pol in (*first, "megatron"):
         for model in MOE:
             t.append(("table_5_2", model, 1024, 100.0, pol))
@@ -173,10 +176,10 @@ def plan(full: bool) -> list[tuple[str, str, int, float, str]]:
                 t.append(("table_5_2", model, 1024, 100.0, pol))
         t.append(("no_network", model, 1024, INF_BW, "fifo"))
         for bw in (40.0, 200.0, 400.0):
-            for pol in first:
+            for pol in (*first, *rivals[model]):
                 t.append(("bandwidth", model, 1024, bw, pol))
         for g in (2048, 4096, 8192):
-            for pol in first:
+            for pol in (*first, *rivals[model]):
                 t.append(("scaling", model, g, 100.0, pol))
     for pol in TABLE_POLICIES:
         if pol not in (*first, "megatron"):
@@ -190,6 +193,14 @@ def plan(full: bool) -> list[tuple[str, str, int, float, str]]:
     for g in ((2048, 4096, 8192) if full else (2048,)):
         for model in MOE:
             for pol in first:
+                t.append(("scaling", model, g, 100.0, pol))
+    for bw in ((40.0, 200.0, 400.0) if full else (40.0, 400.0)):
+        for model in MOE:
+            for pol in rivals[model]:
+                t.append(("bandwidth", model, 1024, bw, pol))
+    for g in ((2048, 4096, 8192) if full else (2048,)):
+        for model in MOE:
+            for pol in rivals[model]:
                 t.append(("scaling", model, g, 100.0, pol))
     return t
 
@@ -302,14 +313,16 @@ def _plot(res: dict, path: Path) -> None:
     axs[0].set_title(f"speedup vs FIFO, 1,024 GPUs, 100 Gb/s, {nics} NIC(s)/8-GPU server (simulated)", fontsize=9)
     axs[0].legend(fontsize=7)
     for ax, key, x, lab in ((axs[1], "scaling", "gpus", "GPUs"), (axs[2], "bandwidth", "bandwidth_gbps", "Gb/s")):
-        for model in MODELS:
-            pts = sorted((r[x], r["speedup_vs_fifo"]["hermod"]) for r in res[key]
-                         if r["model"] == model and "hermod" in r.get("speedup_vs_fifo", {}))
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=model)
+        for i, model in enumerate(MODELS):
+            for base, style in (("fifo", "-"), ("megatron", "--")):
+                pts = sorted((r[x], r[f"speedup_vs_{base}"]["hermod"]) for r in res[key]
+                             if r["model"] == model and "hermod" in r.get(f"speedup_vs_{base}", {}))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls=style, color=f"C{i}",
+                            label=f"{model} vs {base}")
         ax.set_xscale("log")
         ax.set_xlabel(lab)
-        ax.set_ylabel("Hermod speedup vs FIFO")
+        ax.set_ylabel("Hermod speedup")
         ax.axhline(1.0, color="k", lw=0.5)
         ax.set_title(f"{key} sweep (simulated)", fontsize=9)
         ax.legend(fontsize=7)
@@ -338,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", help="comma-separated policies to run (default: all of the plan's)")
     ap.add_argument("--gpus", help="comma-separated GPU counts to run, taken from the full plan (e.g. --only scaling "
                                    "--gpus 4096 adds the MoE 4,096-GPU points without --full's 16 microbatches)")
+    ap.add_argument("--models", help=f"comma-separated models to run (default: all of {list(MODELS)})")
     ap.add_argument("--merge", action="store_true",
                     help="keep the points of an existing sim.json that this run does not recompute")
     ap.add_argument("--summarise-only", action="store_true",
@@ -370,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             ap.error(f"--policies: unknown {sorted(bad)}; choose from {list(TABLE_POLICIES)}")
         tasks = [t for t in tasks if t[4] in a.policies.split(",")]
+    if a.models:
+        bad = set(a.models.split(",")) - set(MODELS)
+        if bad:
+            ap.error(f"--models: unknown {sorted(bad)}; choose from {list(MODELS)}")
+        tasks = [t for t in tasks if t[1] in a.models.split(",")]
     if a.gpus:
         try:
             gpus = {int(g) for g in a.gpus.split(",")}
