@@ -13,6 +13,8 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,3 +37,28 @@ def build_and_load(src: Path, stem: str, flags: tuple[str, ...]) -> ctypes.CDLL:
             if os.path.exists(tmp_path):
                 os.unlink(tmp_path)
     return ctypes.CDLL(str(so))
+
+
+class CKernel:
+    """One kernel, built and loaded on first :meth:`load`; ``declare`` sets the functions' ctypes signatures. When it
+    cannot be built, :meth:`load` warns once (``"<what> unavailable (<reason>); <fallback>"``) and returns None from
+    then on, and the caller runs its Python implementation. ``lib`` is False until the first try."""
+
+    def __init__(self, src: Path, stem: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None],
+                 what: str, fallback: str) -> None:
+        self.src, self.stem, self.flags, self.declare = src, stem, flags, declare
+        self.what, self.fallback = what, fallback
+        self.lib: ctypes.CDLL | None | bool = False
+
+    def load(self) -> ctypes.CDLL | None:
+        if self.lib is not False:
+            return self.lib  # type: ignore[return-value]
+        self.lib = None
+        try:
+            lib = build_and_load(self.src, self.stem, self.flags)
+        except (OSError, subprocess.SubprocessError) as e:
+            warnings.warn(f"{self.what} unavailable ({e}); {self.fallback}", stacklevel=3)
+            return None
+        self.declare(lib)
+        self.lib = lib
+        return lib

@@ -145,7 +145,7 @@ def test_engine_gives_identical_results_with_and_without_c(monkeypatch: pytest.M
 
 @needs_cc
 def test_the_c_kernel_is_built_and_really_used(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(N, "_LIB", False)
+    monkeypatch.setattr(N._KERNEL, "lib", False)
     monkeypatch.setenv("FLOWLANE_CACHE", str(tmp_path))   # a fresh build from the source, not a cached library
     monkeypatch.delenv("FLOWLANE_SIM_NO_C", raising=False)
 
@@ -157,7 +157,7 @@ def test_the_c_kernel_is_built_and_really_used(monkeypatch: pytest.MonkeyPatch, 
     hops = np.array([[0, 1], [1, 2]])
     np.testing.assert_array_equal(allocate(hops, np.array([0, 0]), np.array([4.0, 2.0])), [1.0, 1.0])
     np.testing.assert_array_equal(waterfill(hops, np.ones(2), np.array([4.0, 2.0, np.inf])), [1.0, 1.0])
-    assert N._LIB is not None and list(tmp_path.glob("waterfill_*.so"))
+    assert N._KERNEL.lib is not None and list(tmp_path.glob("waterfill_*.so"))
     topo, w = build_llm(_tiny(), 16)
     assert Simulator(topo).run(w, make_policy("priority")).iteration_time > 0
     monkeypatch.setenv("FLOWLANE_SIM_NO_C", "1")              # and the switch really selects numpy
@@ -166,7 +166,7 @@ def test_the_c_kernel_is_built_and_really_used(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_no_compiler_falls_back_to_numpy_with_a_warning(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(N, "_LIB", False)
+    monkeypatch.setattr(N._KERNEL, "lib", False)
     monkeypatch.setenv("FLOWLANE_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.delenv("FLOWLANE_SIM_NO_C", raising=False)
@@ -174,7 +174,7 @@ def test_no_compiler_falls_back_to_numpy_with_a_warning(monkeypatch: pytest.Monk
     with pytest.warns(UserWarning, match="C rate-allocation kernel unavailable"):
         r = allocate(hops, np.array([0, 0]), np.array([4.0, 2.0]))
     np.testing.assert_array_equal(r, [1.0, 1.0])
-    assert N._LIB is None and not list(tmp_path.iterdir())   # no stray temporary file left behind
+    assert N._KERNEL.lib is None and not list(tmp_path.iterdir())   # no stray temporary file left behind
 
 
 @pytest.mark.parametrize("no_c", ["", "1"])

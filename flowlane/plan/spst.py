@@ -25,15 +25,13 @@ import ctypes
 import hashlib
 import heapq
 import os
-import subprocess
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .._cbuild import build_and_load
+from .._cbuild import CKernel
 from .cost import LinkModel, evaluate, stage_hop_loads
 from .relation import CommRelation, PlanError
 
@@ -165,7 +163,7 @@ def _spst(rel, lm, S, seed, alpha, unit_bytes, impl, dest=None):
         raise PlanError(f"impl must be 'c', 'python' or unset, got {impl!r}")
     args = _inputs(rel, lm, seed, unit_bytes, dest)
     if impl in ("auto", "c") and rel.num_ranks <= 64:
-        lib = _load_c()
+        lib = _KERNEL.load()
         if lib is not None:
             return (*_spst_c(lib, lm, S, alpha, *args), "c")
         if impl == "c":
@@ -265,27 +263,19 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
             np.array(out_b, np.int32), np.array(load, np.float64).reshape(S + 1, H))
 
 
-_LIB: ctypes.CDLL | None | bool = False   # False: not tried yet; None: unavailable
 # portable flags only (no -march=native: the cached .so is keyed by source + flags, not by the CPU it was built on)
 _CFLAGS = ("-O3", "-shared", "-fPIC")
 
 
-def _load_c() -> ctypes.CDLL | None:
-    global _LIB
-    if _LIB is not False:
-        return _LIB  # type: ignore[return-value]
-    _LIB = None
-    try:
-        lib = build_and_load(Path(__file__).with_name("_spst.c"), "spst", _CFLAGS)
-    except (OSError, subprocess.SubprocessError) as e:
-        warnings.warn(f"flowlane.plan: C SPST kernel unavailable ({e}); using the pure-Python planner", stacklevel=3)
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     lib.flowlane_spst.restype = ctypes.c_long
     lib.flowlane_spst.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, P, P, P, ctypes.c_double,
                                   ctypes.c_long, P, P, P, P, P, P, P, P, P, ctypes.c_long, P]
-    _LIB = lib
-    return lib
+
+
+_KERNEL = CKernel(Path(__file__).with_name("_spst.c"), "spst", _CFLAGS, _declare, "flowlane.plan: C SPST kernel",
+                  "using the pure-Python planner")
 
 
 def _spst_c(lib, lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, order, inv, raw):

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from flowlane._cbuild import build_and_load
+from flowlane._cbuild import CKernel
 
 SHARING = ("strict", "weighted")
 _RTOL = 1e-9                    # allocate's freeze tolerance (waterfill's default)
@@ -215,33 +213,25 @@ def _bad_hop(hops: np.ndarray, n_links_padded: int, k: int) -> None:
                      f" ({n_links_padded - 1} links, index {n_links_padded - 1} is the pad)")
 
 
-_LIB: ctypes.CDLL | None | bool = False   # False: not tried yet; None: unavailable
 # -ffp-contract=off: no fused multiply-adds, so the C results equal numpy's bit for bit on every target
 _CFLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 
 
-def _load_c() -> ctypes.CDLL | None:
-    global _LIB
-    if _LIB is not False:
-        return _LIB  # type: ignore[return-value]
-    _LIB = None
-    try:
-        lib = build_and_load(Path(__file__).with_name("_waterfill.c"), "waterfill", _CFLAGS)
-    except (OSError, subprocess.SubprocessError) as e:
-        warnings.warn(f"flowlane.sim: C rate-allocation kernel unavailable ({e}); using numpy", stacklevel=3)
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     lib.flowlane_allocate.restype = ctypes.c_long
     lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, ctypes.c_double, P]
-    _LIB = lib
-    return lib
+
+
+_KERNEL = CKernel(Path(__file__).with_name("_waterfill.c"), "waterfill", _CFLAGS, _declare,
+                  "flowlane.sim: C rate-allocation kernel", "using numpy")
 
 
 def _kernel() -> ctypes.CDLL | None:
     """The C kernel, or None for the numpy path (no compiler, or ``FLOWLANE_SIM_NO_C=1``)."""
     if os.environ.get("FLOWLANE_SIM_NO_C", "") not in ("", "0"):
         return None
-    return _load_c()
+    return _KERNEL.load()
 
 
 def _run_c(lib: ctypes.CDLL, hops: np.ndarray, cls: np.ndarray | None, w: np.ndarray | None, cap: np.ndarray,
