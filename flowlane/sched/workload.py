@@ -4,7 +4,8 @@ parameter gathers, per-layer gradient reductions in the last microbatch, optiona
 It reproduces the three overlap cases of seed 000 §5.2.2 with real traffic (gloo) and emulated compute (sleep;
 a 2-core machine cannot run several ranks' matmuls concurrently -- digest A5 R8), and drives every op through a
 :class:`~flowlane.sched.scheduler.CommScheduler`. Used by the runtime tests and by benchmarks/hermod_real.py; with
-``mode="fifo"`` it is the default (Megatron-like) order: everything launched when issued.
+``mode="fifo"`` it is the default (Megatron-core's) order: everything launched when issued, parameter gathers
+dispatched one layer ahead of the first forward (as Megatron's forward pre-hooks do).
 
 Layout: ``rank = dp * pp + stage``; PP groups ``[dp*pp + s]``; DP groups ``[d*pp + stage]``; EP groups = DP groups
 (MoE parallel folding). The math is deterministic and identical in every mode: the returned digest must match.
@@ -71,8 +72,8 @@ _ROW = 64
 
 
 class _Rank:
-    def __init__(self, rank: int, world: int, cfg: WorkloadConfig, policy: SchedulingPolicy) -> None:
-        self.cfg, self.rank, self.world = cfg, rank, world
+    def __init__(self, rank: int, world: int, cfg: WorkloadConfig, policy: SchedulingPolicy, order: str) -> None:
+        self.cfg, self.rank, self.world, self.order = cfg, rank, world, order
         self.pp, self.dp = cfg.pp, world // cfg.pp
         self.stage, self.dp_rank = rank % cfg.pp, rank // cfg.pp
         self.pp_groups = [dist.new_group([d * self.pp + s for s in range(self.pp)]) for d in range(self.dp)]
@@ -189,18 +190,26 @@ class _Rank:
     # -- one iteration ----------------------------------------------------------------------------------------------
     def iteration(self) -> None:
         cfg, L, M = self.cfg, self.cfg.layers_per_stage, self.cfg.microbatches
-        # Case III: ZeRO parameter gathers, issued at once in bucket order (reverse layers, as DDP buckets are)
+        # Case III: ZeRO parameter gathers. Megatron-core (0.16, overlap_param_gather) dispatches them lazily: the
+        # first bucket's at zero_grad, then each forward pre-hook waits for its layer's and dispatches the next one
+        # (one ahead, forward order) -- the default order, and Lina's, which is built on it. Hermod's runtime takes
+        # them all at once and orders them by key (lowest layer first, behind the critical ops).
         shard = cfg.param_elems // self.dp
         gathers: dict[int, Any] = {}
         full: dict[int, torch.Tensor] = {}
-        for local in reversed(range(L)):
+        lazy = cfg.overlap_dp and self.order == "fifo"
+
+        def gather(local: int) -> None:
             buf = torch.zeros(cfg.param_elems)
             lo = self.dp_rank * shard
             buf[lo:lo + shard] = self.params[local][lo:lo + shard]
             buf[self.dp * shard:] = self.params[local][self.dp * shard:] / self.dp
             full[local] = buf
             gathers[local] = self.deferred_all_reduce(buf, self.meta("dp", 0, self.layer_id(local), "all_gather"))
-        self.sched.seal()
+
+        for local in ([0] if lazy else reversed(range(L))):  # not lazy: all at once, in bucket (reverse) order
+            gather(local)
+        self.sched.seal()  # one window: Hermod sorts the gathers by key
         if not cfg.overlap_dp:  # gathered before the forward starts, as in the optimizer step of Megatron's default
             for local in reversed(range(L)):
                 gathers.pop(local).wait()
@@ -223,6 +232,9 @@ class _Rank:
                 if local in gathers:
                     gathers.pop(local).wait()
                     self.params[local] = full[local]
+                    if lazy and local + 1 < L:
+                        gather(local + 1)
+                        self.sched.seal()
                 saved.append(x)
                 time.sleep(cfg.fwd_s)
                 w = self.params[local][: cfg.act_elems]
@@ -300,7 +312,7 @@ def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"WorkloadConfig.order {order!r} is not one of ['fifo', 'hermod'] (or None)")
     policy: SchedulingPolicy = FifoPolicy() if order == "fifo" else HermodPolicy(
         HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))  # type: ignore[arg-type]
-    r = _Rank(rank, world, cfg, policy)
+    r = _Rank(rank, world, cfg, policy, order)
     times, starts = [], []
     with comm.recording() as rec:
         for _ in range(cfg.iterations):
