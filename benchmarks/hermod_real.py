@@ -307,6 +307,10 @@ def main() -> int:
     scheds = [m for m in variants if m != "fifo" and m not in bounds and m not in baselines]
     best = max(scheds, key=lambda m: s["speedup"][m]) if scheds else None
     med = s["median"]
+    vs = {b: med[b] / med[best] for b in ["fifo", *baselines]} if best else {}
+    # the goal is judged against the fastest baseline of the run: Megatron's overlap flags can make it slower than
+    # its defaults, and a gain over the slower of the two is not a gain a user would see
+    fastest = min(vs, key=vs.get) if vs else None
     doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload": work, "layout":
            "rank = dp * 2 + stage; PP groups {0,1},{2,3}; DP = EP groups {0,2},{1,3}",
            "rounds": a.rounds, "alternation": "each round runs every variant once, in the order listed",
@@ -314,12 +318,13 @@ def main() -> int:
            "speedup_vs_fifo": s["speedup"], "best_variant": best,
            "speedup_hermod_vs_fifo": s["speedup"][best] if best else None,
            "math_identical": s["math_identical"], "op_timings": s["ops"], "goal": ">= 1.15x",
-           "goal_met": bool(best) and s["speedup"][best] >= 1.15,
+           "goal_met": fastest is not None and vs[fastest] >= 1.15,
+           "goal_judged_against": fastest,
            "baselines": {"fifo": "Megatron with --overlap-grad-reduce --overlap-param-gather: every op launched "
-                                 "when issued (the stronger baseline; goal_met is judged against it)",
+                                 "when issued, parameter gathers one layer ahead (forward pre-hooks)",
                          "megatron": "Megatron-LM's defaults (overlap off): the thesis' 'vanilla Megatron-LM'",
                          "lina": "Lina as the thesis re-implemented it: EP before DP, DP chunked, in issue order"},
-           "speedup_best_hermod_vs_baseline": {b: med[b] / med[best] for b in ["fifo", *baselines]} if best else {},
+           "speedup_best_hermod_vs_baseline": vs,
            "wall_s": time.time() - t0}
     if bounds:
         doc["bound_speedup"] = max(s["speedup"][m] for m in bounds)
@@ -340,7 +345,8 @@ def main() -> int:
           f"4 ranks PP2xDP2xEP2, {a.rate_mbit:g} Mbit/s, "
           f"{'per-rank egress' if a.fabric == 'per-rank' else 'one NIC per 2-rank server'} (htb)\n{LABEL}")
     print(json.dumps({k: doc[k] for k in ("median_iteration_time_s", "speedup_vs_fifo", "math_identical",
-                                          "speedup_best_hermod_vs_baseline", "goal_met")}, indent=1))
+                                          "speedup_best_hermod_vs_baseline", "goal_judged_against", "goal_met")},
+                     indent=1))
     for m in variants:
         for st, row in s["ops"][m].items():
             print(m, st, {k: f"{v['op_time_per_iter_s'] * 1e3:.0f}ms/it med {v['median_op_s'] * 1e3:.1f}ms"
