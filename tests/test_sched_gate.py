@@ -65,3 +65,17 @@ def test_a_non_gating_critical_op_still_seals_its_window():
 def test_bad_gate_ctypes_are_named(bad):
     with pytest.raises(ValueError, match="gate_ctypes"):
         SchedulerConfig(gate_ctypes=bad)
+
+
+def test_a_non_gating_critical_op_wakes_the_pacer_for_what_it_sealed():
+    """A DP op deferred before a pipeline send is sealed by it; under Lina's gate it must go out during the send."""
+    sched = CommScheduler(config=SchedulerConfig(gate_timeout_s=30.0, gate_ctypes=("ep",)))
+    launched = threading.Event()
+    try:
+        h = sched.defer(CoflowMeta("dp", microbatch=3, layer=1, op="reduce_scatter"), [launched.set])
+        time.sleep(0.05)  # the pacer is idle, waiting for a notification
+        with sched.critical_section(CoflowMeta("pp", microbatch=0, layer=0, op="send_fwd")):
+            assert launched.wait(2.0)
+        h.wait()
+    finally:
+        sched.close()

@@ -293,7 +293,7 @@ class CommScheduler:
                 if self._critical == 0:
                     self._gate_closed_since = time.monotonic()
                 self._critical += 1
-                self._cond.notify_all()
+            self._cond.notify_all()  # the seal may have queued chunks the pacer can launch
         return gates
 
     def _leave_critical(self, gates: bool = True) -> None:
