@@ -310,7 +310,8 @@ def _plot(res: dict, path: Path) -> None:
     axs[0].set_xticks(range(len(names)), names, rotation=30, fontsize=7)
     axs[0].axhline(1.0, color="k", lw=0.5)
     nics = res["config"].get("nics_per_server", 8)
-    axs[0].set_title(f"speedup vs FIFO, 1,024 GPUs, 100 Gb/s, {nics} NIC(s)/8-GPU server (simulated)", fontsize=9)
+    fabric = "one NIC per GPU" if nics == "one per GPU" else f"{nics} NIC(s) per 8-GPU server"
+    axs[0].set_title(f"speedup vs FIFO, 1,024 GPUs, 100 Gb/s\n{fabric} (simulated)", fontsize=9)
     axs[0].legend(fontsize=7)
     for ax, key, x, lab in ((axs[1], "scaling", "gpus", "GPUs"), (axs[2], "bandwidth", "bandwidth_gbps", "Gb/s")):
         for i, model in enumerate(MODELS):
