@@ -179,3 +179,18 @@ def test_hermod_sim_analysis_ep_cct_alone_and_with_its_set() -> None:
     assert one_nic[1] > 4 * one_nic[0]
     # 100 -> 50 Gb/s doubles every CCT (same bytes)
     assert isolated_ep_cct_s("mixtral-8x22b", 512, 50.0, 8, 2, 0)[0] == pytest.approx(2 * rail[0])
+
+
+def test_hermod_sim_plan_runs_the_thesis_baselines_in_the_sweeps_and_filters_name_bad_values(tmp_path) -> None:
+    """Figs. 5.12/5.13 compare Hermod with vanilla Megatron-LM and Lina: the sweeps carry ``megatron`` for every
+    model and ``ep-first`` (Lina's rule) for the MoE ones only (without EP it equals FIFO by construction)."""
+    from benchmarks.hermod_sim import MOE, main, plan
+
+    sweep = {(m, g, b, p) for s, m, g, b, p in plan(False) if s in ("bandwidth", "scaling")}
+    for m, g, b, _ in list(sweep):
+        assert (m, g, b, "megatron") in sweep
+        assert ((m, g, b, "ep-first") in sweep) == (m in MOE)
+    for bad in (["--models", "gpt3-13x"], ["--gpus", "3000"], ["--policies", "lina"]):
+        with pytest.raises(SystemExit) as e:
+            main([*bad, "--out", str(tmp_path)])
+        assert e.value.code == 2
