@@ -368,37 +368,26 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--iterations must be >= 2 (the steady iteration is reported)")
     a.microbatches = a.microbatches or (16 if a.full else 8)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = f"sim_nics{a.nics_per_server}" if a.nics_per_server else "sim"
     tasks = plan(a.full or bool(a.gpus))
-    if a.only:
-        keep = set(a.only.split(","))
-        if keep - set(SECTIONS):
-            ap.error(f"--only: unknown {sorted(keep - set(SECTIONS))}; choose from {list(SECTIONS)}")
-        tasks = [t for t in tasks if t[0] in keep]
+    # --only / --policies / --models / --gpus: keep the tasks whose field (section, policy, model, GPUs) is listed
+    for opt, col, allowed, cast in (("only", 0, SECTIONS, str), ("policies", 4, TABLE_POLICIES, str),
+                                    ("models", 1, MODELS, str), ("gpus", 2, sorted({t[2] for t in plan(True)}), int)):
+        value = getattr(a, opt)
+        if not value:
+            continue
+        try:
+            want = {cast(v) for v in value.split(",")}
+        except ValueError:
+            ap.error(f"--{opt}: {value!r} is not a comma-separated list of integers")
+        if want - set(allowed):
+            ap.error(f"--{opt}: unknown {sorted(want - set(allowed))}; choose from {list(allowed)}")
+        tasks = [t for t in tasks if t[col] in want]
     if a.summarise_only:
         if not (out / f"{name}.json").exists():
             ap.error(f"--summarise-only: {out / name}.json does not exist")
         tasks, a.merge = [], True
-    if a.policies:
-        bad = set(a.policies.split(",")) - set(TABLE_POLICIES)
-        if bad:
-            ap.error(f"--policies: unknown {sorted(bad)}; choose from {list(TABLE_POLICIES)}")
-        tasks = [t for t in tasks if t[4] in a.policies.split(",")]
-    if a.models:
-        bad = set(a.models.split(",")) - set(MODELS)
-        if bad:
-            ap.error(f"--models: unknown {sorted(bad)}; choose from {list(MODELS)}")
-        tasks = [t for t in tasks if t[1] in a.models.split(",")]
-    if a.gpus:
-        try:
-            gpus = {int(g) for g in a.gpus.split(",")}
-        except ValueError:
-            ap.error(f"--gpus: {a.gpus!r} is not a comma-separated list of integers")
-        known = {t[2] for t in plan(True)}
-        if gpus - known:
-            ap.error(f"--gpus: {sorted(gpus - known)} not in the plan; choose from {sorted(known)}")
-        tasks = [t for t in tasks if t[2] in gpus]
+    out.mkdir(parents=True, exist_ok=True)  # only once the options are valid: a bad call leaves nothing behind
     a.points_computed = len(tasks)
     t0 = time.time()
     points: list[dict] = []
