@@ -95,6 +95,22 @@ class GradBucket:
     expert: bool
 
 
+def grad_buckets(params: Sequence[torch.nn.Parameter], bucket_bytes: int, dp_group: dist.ProcessGroup | None,
+                 expert_dp_group: dist.ProcessGroup | None) -> list[GradBucket]:
+    """Dense parameters in buckets over the DP group, then expert parameters over the expert-data-parallel group.
+
+    Megatron marks expert parameters with ``allreduce=False``: they are averaged over the expert-data-parallel group
+    only (ranks holding the same experts), never over the full DP group. Every DP path of the plugin (this module's
+    all-reduce, Hermod's deferred sync, the distributed optimizer) buckets with this function: identical buckets and
+    groups, identical math."""
+    expert = [p for p in params if getattr(p, "allreduce", True) is False]
+    if expert and expert_dp_group is None:
+        raise ValueError(f"{len(expert)} expert parameters (allreduce=False) but no expert_dp_group was given")
+    dense = [p for p in params if getattr(p, "allreduce", True) is not False]
+    return ([GradBucket(b, dp_group, False) for b in _flat_buckets(dense, bucket_bytes)]
+            + [GradBucket(b, expert_dp_group, True) for b in _flat_buckets(expert, bucket_bytes)])
+
+
 class DataParallelGradSync:
     """``config.finalize_model_grads_func``: bucketed gradient all-reduce (SUM, then / dp size) over the DP group.
 
@@ -116,15 +132,8 @@ class DataParallelGradSync:
 
     def __call__(self, model: Sequence[torch.nn.Module] | torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         models = model if isinstance(model, list | tuple) else [model]
-        params = [p for m in models for p in m.parameters()]
-        # Megatron marks expert parameters with allreduce=False: they are averaged over the expert-data-parallel
-        # group only (ranks holding the same experts), never over the full DP group.
-        expert = [p for p in params if getattr(p, "allreduce", True) is False]
-        if expert and self.expert_dp_group is None:
-            raise ValueError(f"{len(expert)} expert parameters (allreduce=False) but no expert_dp_group was given")
-        dense = [p for p in params if getattr(p, "allreduce", True) is not False]
-        buckets = [GradBucket(b, self.dp_group, False) for b in _flat_buckets(dense, self.bucket_bytes)]
-        buckets += [GradBucket(b, self.expert_dp_group, True) for b in _flat_buckets(expert, self.bucket_bytes)]
+        buckets = grad_buckets([p for m in models for p in m.parameters()], self.bucket_bytes, self.dp_group,
+                               self.expert_dp_group)
         if self.bucket_hook is not None:
             buckets = self.bucket_hook(buckets)
         for i, bucket in enumerate(buckets):

@@ -11,6 +11,10 @@ megatron-core API::
     h = Hermod(HermodConfig(), num_microbatches=M, layers_per_stage=L, stage=pp_rank, dp_group=dp_group)
     h.attach_p2p(p2p_communicator)            # pipeline p2p: critical ops, keys with microbatch ids
     config.finalize_model_grads_func = h.grad_sync(model, bucket_bytes)   # DDP-style bucket sync, deferred
+    # or, with the distributed optimizer (ZeRO-1): reduce-scatters + parameter gathers in Hermod order
+    opt = DistributedOptimizer(model, lr=lr, dp_group=dp_group, bucket_bytes=bucket_bytes)
+    config.finalize_model_grads_func = h.grad_sync(model, bucket_bytes, optimizer=opt)
+    h.attach_distributed_optimizer(opt, model)
     h.patch_moe_dispatcher()                  # MoE token-dispatcher all-to-all -> matched all-to-all
     ... train ...
     h.close()
@@ -24,8 +28,12 @@ Hooks and what they do:
   (same math: SUM then / dp), but each bucket is launched as soon as its last gradient of the last microbatch is
   accumulated (Megatron's ``overlap_grad_reduce`` semantics), as *deferred* chunks on a cloned DP communicator,
   in Hermod order (MID M-1, CType DP, LID = highest layer in the bucket).
-* **param gather** (distributed optimizer): :meth:`Hermod.defer_param_gather` keys a gather with the consuming
-  iteration and the bucket's lowest layer (digest A6.1 #6); the tiny-GPT recipe uses plain Adam, so it is API only.
+* **param gather** (distributed optimizer, :mod:`megatron_plugin.dist_optimizer`):
+  :meth:`Hermod.attach_distributed_optimizer` takes every bucket's all-gather at the end of ``step``, chunked, keyed
+  with the consuming iteration, microbatch 0 and the bucket's lowest layer (digest A6.1 #6), so the gathers go out
+  lowest layer first while the next forward runs and each module's forward pre-hook waits only for its own bucket
+  (Case III); the grad sync then reduce-scatters into the optimizer's shards. :meth:`Hermod.defer_param_gather`
+  keys a single gather the same way for other optimizers.
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
   matched (incast-free BvN) all-to-all with the same autograd semantics.
 """
@@ -36,7 +44,7 @@ import argparse
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -46,6 +54,9 @@ from flowlane.coflow import HermodOrderConfig
 from flowlane.policy import CoflowMeta
 from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
 from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all
+
+if TYPE_CHECKING:
+    from megatron_plugin.dist_optimizer import DistributedOptimizer
 
 
 @dataclass
@@ -124,21 +135,6 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _grad_buckets(params: Sequence[torch.nn.Parameter], bucket_bytes: int, dp_group: dist.ProcessGroup | None,
-                  expert_dp_group: dist.ProcessGroup | None) -> list[Any]:
-    """The buckets of :class:`megatron_plugin.comm_hooks.DataParallelGradSync`, built by the same code: dense
-    parameters over the DP group, then expert parameters (Megatron marks them ``allreduce=False``) over the
-    expert-data-parallel group -- identical bucketing and groups = identical math."""
-    from megatron_plugin.comm_hooks import GradBucket, _flat_buckets
-
-    expert = [p for p in params if getattr(p, "allreduce", True) is False]
-    if expert and expert_dp_group is None:
-        raise ValueError(f"{len(expert)} expert parameters (allreduce=False) but no expert_dp_group was given")
-    dense = [p for p in params if getattr(p, "allreduce", True) is not False]
-    return ([GradBucket(b, dp_group, False) for b in _flat_buckets(dense, bucket_bytes)]
-            + [GradBucket(b, expert_dp_group, True) for b in _flat_buckets(expert, bucket_bytes)])
-
-
 class Hermod:
     """Per-rank Hermod state for one Megatron model chunk (1F1B, non-interleaved)."""
 
@@ -186,6 +182,14 @@ class Hermod:
             return self._keys.get(info.get("direction", ""))
         return None
 
+    def param_layer(self, name: str) -> int:
+        """Global layer id (LID) of a parameter of this stage, from its name (embeddings: the stage's first layer;
+        output layer / final norm: its last)."""
+        m = _LAYER_RE.search(name)
+        if m:
+            return self.stage * self.L + int(m.group(1))
+        return self.stage * self.L + (self.L - 1 if ("output" in name or "final" in name) else 0)
+
     def end_iteration(self) -> None:
         self.iteration += 1
         self._counts = dict.fromkeys(self._counts, 0)
@@ -219,17 +223,31 @@ class Hermod:
         return p2p
 
     def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
-                  expert_dp_group: dist.ProcessGroup | None = None) -> HermodGradSync:
-        """Bucketed DP grad sync (expert parameters over ``expert_dp_group``, default: the Hermod's)."""
-        return HermodGradSync(self, model, bucket_bytes, expert_dp_group)
+                  expert_dp_group: dist.ProcessGroup | None = None,
+                  optimizer: DistributedOptimizer | None = None) -> HermodGradSync:
+        """Bucketed DP grad sync (expert parameters over ``expert_dp_group``, default: the Hermod's). With a
+        :class:`~megatron_plugin.dist_optimizer.DistributedOptimizer` the buckets are its buckets and each one is
+        reduce-scattered into the optimizer's shard instead of all-reduced."""
+        return HermodGradSync(self, model, bucket_bytes, expert_dp_group, optimizer)
 
     def defer_param_gather(self, output: torch.Tensor, input: torch.Tensor, layer_lo: int,
                            group: dist.ProcessGroup | None = None) -> Any:
-        """ZeRO parameter all-gather for the next iteration, deferred in Hermod order (Case III)."""
-        meta = self.meta("dp", 0, layer_lo, "all_gather", iteration=self.iteration + 1)
+        """One ZeRO parameter all-gather, deferred in Hermod order (Case III). Call it after the iteration's grad
+        sync (which ends the iteration): the key names the iteration that consumes the parameters, microbatch 0,
+        the lowest layer the gather feeds (digest A6.1 #6), so the first layers' gathers go first."""
+        meta = self.meta("dp", 0, layer_lo, "all_gather")
         grp = self.classes.get(group if group is not None else self.dp_group, 2)
         return self.sched.defer(meta, [lambda: comm.all_gather_into_tensor(output, input, group=grp, kind="dp",
                                                                            key=meta, async_op=True)])
+
+    def attach_distributed_optimizer(self, optimizer: DistributedOptimizer,
+                                     model: torch.nn.Module | Sequence[torch.nn.Module]) -> DistributedOptimizer:
+        """Let Hermod launch the distributed optimizer's parameter gathers: all of them are handed over at the end
+        of ``step``, chunked and keyed like :meth:`defer_param_gather`, and go out in key order (lowest layer
+        first) while the next forward runs; each module's forward pre-hook waits only for its own bucket."""
+        optimizer.scheduler = _HermodParamGathers(self, optimizer, model)
+        self._restore.append(lambda: setattr(optimizer, "scheduler", None))
+        return optimizer
 
     def all_to_all(self, group: dist.ProcessGroup, input_: torch.Tensor, output_split_sizes: Any = None,
                    input_split_sizes: Any = None) -> torch.Tensor:
@@ -248,6 +266,30 @@ class Hermod:
         for undo in reversed(self._restore):
             undo()
         self._restore.clear()
+
+
+class _HermodParamGathers:
+    """:class:`~megatron_plugin.dist_optimizer.ParamGatherScheduler` for Hermod (see
+    :meth:`Hermod.attach_distributed_optimizer`)."""
+
+    def __init__(self, h: Hermod, optimizer: DistributedOptimizer,
+                 model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
+        self.h = h
+        models = list(model) if isinstance(model, list | tuple) else [model]
+        layer_of = {id(p): h.param_layer(n) for m in models for n, p in m.named_parameters()}
+        self.layer_lo = [min(layer_of[id(p)] for p in s.bucket.params) for s in optimizer.shards]
+
+    def chunk_bounds(self, numel: int, element_size: int) -> list[tuple[int, int]]:
+        return self.h.sched.chunk_bounds(numel, element_size)
+
+    def launch_gather(self, index: int, bucket: Any, launches: Sequence[Callable[[], Any]]) -> Any:
+        meta = self.h.meta("dp", 0, self.layer_lo[index], "all_gather")
+        grp = self.h.classes.get(bucket.group, 2)
+        # the optimizer's launches are bound to the bucket's group; Hermod's gathers go on its bulk-class clone
+        return self.h.sched.defer(meta, [lambda fn=fn: fn(group=grp, key=meta) for fn in launches])
+
+    def gathers_dispatched(self) -> None:
+        self.h.sched.seal()  # the end of step: the same program point on every rank
 
 
 class _MatchedAllToAll(torch.autograd.Function):
@@ -301,15 +343,20 @@ class HermodGradSync:
     """
 
     def __init__(self, h: Hermod, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
-                 expert_dp_group: dist.ProcessGroup | None = None) -> None:
+                 expert_dp_group: dist.ProcessGroup | None = None,
+                 optimizer: DistributedOptimizer | None = None) -> None:
         self.h = h
         models = list(model) if isinstance(model, list | tuple) else [model]
         named = [(n, p) for m in models for n, p in m.named_parameters()]
+        from megatron_plugin.comm_hooks import grad_buckets
+
         egroup = expert_dp_group if expert_dp_group is not None else h.expert_dp_group
-        self.buckets = _grad_buckets([p for _, p in named], bucket_bytes, h.dp_group, egroup)
+        self.optimizer = optimizer
+        self.buckets = ([s.bucket for s in optimizer.shards] if optimizer is not None
+                        else grad_buckets([p for _, p in named], bucket_bytes, h.dp_group, egroup))
         self.worlds = [dist.get_world_size(b.group) for b in self.buckets]
         self.groups = [h.classes.get(b.group, 2) for b in self.buckets]  # deferred traffic on cloned groups
-        layer_of = {id(p): self._layer(n) for n, p in named}
+        layer_of = {id(p): h.param_layer(n) for n, p in named}
         self.bucket_layer = [max(layer_of[id(p)] for p in b.params) for b in self.buckets]
         self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
         self._counts: dict[int, int] = {}
@@ -317,12 +364,6 @@ class HermodGradSync:
         self._handles: dict[int, tuple[Any, torch.Tensor]] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for b in self.buckets if not b.expert for p in b.params]
-
-    def _layer(self, name: str) -> int:
-        m = _LAYER_RE.search(name)
-        if m:
-            return self.h.stage * self.h.L + int(m.group(1))
-        return self.h.stage * self.h.L + (self.h.L - 1 if ("output" in name or "final" in name) else 0)
 
     def _on_grad(self, p: torch.Tensor) -> None:
         n = self._counts.get(id(p), 0) + 1
@@ -339,6 +380,9 @@ class HermodGradSync:
     def _launch(self, b: int) -> None:
         if b in self._handles:
             return
+        if self.optimizer is not None:
+            self._launch_reduce_scatter(b)
+            return
         bucket = self.buckets[b]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket.params])
         if self.worlds[b] == 1:  # nothing to reduce; the gradient is written back as DataParallelGradSync does
@@ -352,6 +396,20 @@ class HermodGradSync:
                                                              async_op=True))
         self._handles[b] = (self.h.sched.defer(meta, launches), flat)
 
+    def _launch_reduce_scatter(self, b: int) -> None:
+        """Distributed optimizer: the bucket is reduce-scattered into this rank's shard, chunk by chunk."""
+        s = self.optimizer.shards[b]
+        flat = s.flat_grad()
+        out = torch.empty(s.shard_numel, dtype=flat.dtype, device=flat.device)
+        if s.world == 1:
+            out.copy_(flat)
+            self._handles[b] = (None, out)
+            return
+        meta = self.h.meta("dp", self.h.M - 1, self.bucket_layer[b], "reduce_scatter")
+        bounds = self.h.sched.chunk_bounds(s.shard_numel, flat.element_size())
+        self._handles[b] = (self.h.sched.defer(meta, s.reduce_scatter_launches(flat, out, bounds, meta,
+                                                                               self.groups[b])), out)
+
     def __call__(self, model: Any, *args: Any, **kwargs: Any) -> None:
         for b in range(len(self.buckets)):  # expert buckets; buckets whose params got no gradient in a microbatch
             self._launch(b)
@@ -360,6 +418,10 @@ class HermodGradSync:
             handle, flat = self._handles[b]
             if handle is not None:
                 handle.wait()
+            if self.optimizer is not None:
+                self.optimizer.set_shard_grad(self.optimizer.shards[b], flat)
+                continue
+            if handle is not None:
                 flat.div_(self.worlds[b])
             offset = 0
             for p in bucket.params:
@@ -380,8 +442,9 @@ class HermodGradSync:
 def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
     """Called by the train loop on every rank, after the model, p2p communicator and grad sync are built and
     before the first iteration. ``ctx`` needs: ``recipe`` (num_microbatches, num_layers, pipeline_parallel,
-    dp_bucket_bytes), ``model``, ``config`` (Megatron TransformerConfig), ``p2p_communicator``. Replaces
-    ``ctx.config.finalize_model_grads_func`` and ``ctx.grad_sync``; returns the :class:`Hermod` (call ``close()``
+    dp_bucket_bytes), ``model``, ``config`` (Megatron TransformerConfig), ``p2p_communicator``, optionally
+    ``optimizer`` (a :class:`~megatron_plugin.dist_optimizer.DistributedOptimizer` gets Hermod's reduce-scatters and
+    parameter gathers). Replaces ``ctx.config.finalize_model_grads_func`` and ``ctx.grad_sync``; returns the :class:`Hermod` (call ``close()``
     at the end) or None for ``name: none``. Collective: every rank must call it (it creates communicators)."""
     hc = HermodConfig.from_dict(dict(cfg))
     if hc.name == "none":
@@ -394,7 +457,13 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
                dp_group=ps.get_data_parallel_group(),
                expert_dp_group=ps.get_expert_data_parallel_group() if getattr(r, "num_moe_experts", None) else None)
     h.attach_p2p(ctx.p2p_communicator)
-    sync = h.grad_sync(ctx.model, r.dp_bucket_bytes)
+    from megatron_plugin.dist_optimizer import DistributedOptimizer
+
+    opt = getattr(ctx, "optimizer", None)
+    opt = opt if isinstance(opt, DistributedOptimizer) else None
+    sync = h.grad_sync(ctx.model, r.dp_bucket_bytes, optimizer=opt)
+    if opt is not None:  # --use-distributed-optimizer: Hermod also launches the parameter gathers
+        h.attach_distributed_optimizer(opt, ctx.model)
     ctx.config.finalize_model_grads_func = sync
     ctx.grad_sync = sync
     if getattr(r, "num_moe_experts", None):

@@ -40,6 +40,10 @@ class GPTRecipe:
     lr: float = 1e-3
     seed: int = 1234
     dp_bucket_bytes: int = 1 << 20
+    # Megatron's --use-distributed-optimizer (ZeRO-1: reduce-scattered gradients, sharded Adam, gathered
+    # parameters) and --overlap-param-gather (gathers one bucket ahead of the forward); off = plain Adam
+    distributed_optimizer: bool = False
+    overlap_param_gather: bool = False
     # mixture of experts (None = dense): experts per MoE layer, expert-parallel size, router top-k
     num_moe_experts: int | None = None
     expert_parallel: int = 1
@@ -68,6 +72,8 @@ class GPTRecipe:
         need(self.hidden_size % self.num_attention_heads == 0,
              f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}")
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(self.distributed_optimizer or not self.overlap_param_gather,
+             "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)")
         if self.num_moe_experts is not None:
             need(self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
                  f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
@@ -94,6 +100,7 @@ class TrainContext:
     p2p_communicator: Any
     grad_sync: Any
     rank: int
+    optimizer: Any = None
     iteration: int = 0
 
 
@@ -185,6 +192,7 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
 
     from flowlane import comm, trace
     from megatron_plugin.comm_hooks import DataParallelGradSync, FlowlaneP2PCommunicator
+    from megatron_plugin.dist_optimizer import DistributedOptimizer
 
     ps.initialize_model_parallel(tensor_model_parallel_size=recipe.tensor_parallel,
                                  pipeline_model_parallel_size=recipe.pipeline_parallel,
@@ -194,13 +202,19 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
         model_parallel_cuda_manual_seed(recipe.seed)
         model, config = build_model(recipe)
         p2p = FlowlaneP2PCommunicator(ps.get_pipeline_model_parallel_group(), config)
-        grad_sync = DataParallelGradSync(
-            ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
-            expert_dp_group=ps.get_expert_data_parallel_group() if recipe.num_moe_experts else None)
+        expert_dp = ps.get_expert_data_parallel_group() if recipe.num_moe_experts else None
+        optimizer: Any
+        if recipe.distributed_optimizer:  # the optimizer is also the grad sync (reduce-scatter into its shards)
+            optimizer = grad_sync = DistributedOptimizer(
+                model, lr=recipe.lr, dp_group=ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
+                expert_dp_group=expert_dp, overlap_param_gather=recipe.overlap_param_gather)
+        else:
+            grad_sync = DataParallelGradSync(ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
+                                             expert_dp_group=expert_dp)
+            optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
         config.finalize_model_grads_func = grad_sync
-        ctx = TrainContext(recipe, model, config, p2p, grad_sync, rank)
+        ctx = TrainContext(recipe, model, config, p2p, grad_sync, rank, optimizer=optimizer)
         handles = install_features(recipe.features, ctx)
-        optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
         fwd_bwd = get_forward_backward_func()
         # a custom p2p_communicator must come with the full process-group collection (megatron-core >= 0.15)
         pg_collection = ProcessGroupCollection.use_mpu_process_groups()
@@ -226,6 +240,8 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
             if is_last:
                 losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
             progress(it, losses[-1] if losses else None)
+        if recipe.distributed_optimizer:
+            optimizer.finish_param_gather()  # the last step's gathers (overlapped ones wait for a next forward)
         rec = comm.get_recorder()
         feature_stats = {}
         for h in handles:
