@@ -6,6 +6,11 @@ scheduler can take over its two collectives:
 
 * **grad sync** (``finalize_model_grads_func``): each bucket's flat gradient, zero-padded to a multiple of the
   group size W, is reduce-scattered (SUM, then / W); rank r keeps elements [r*S, (r+1)*S) of the bucket, S = N / W.
+  ``overlap_grad_reduce=True`` follows megatron-core's ``overlap_grad_reduce``: Megatron's schedules run every
+  microbatch but the last inside ``config.no_sync_func`` (:meth:`DistributedOptimizer.no_sync`); in the last one a
+  dense bucket's reduce-scatter is launched as soon as its last gradient is accumulated (post-accumulate-grad
+  hooks, the same program point on every rank), and ``finalize_model_grads`` launches the rest (expert buckets:
+  whether an expert gets a gradient depends on the rank's tokens) and waits for all of them.
 * **step**: the wrapped optimizer (Adam) steps only this rank's shard of every bucket (``main`` parameters), so its
   state is 1/W of the model's.
 * **param gather**: every bucket's updated shards are all-gathered back into the model's parameters, as Megatron
@@ -26,7 +31,8 @@ when a gather went out (tested bitwise against the synchronous gather, with and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -146,13 +152,15 @@ class DistributedOptimizer:
 
         opt = DistributedOptimizer(model, lr=1e-3, dp_group=dp, bucket_bytes=4 << 20)
         config.finalize_model_grads_func = opt
+        config.no_sync_func = opt.no_sync          # with overlap_grad_reduce=True
         for it in ...:  opt.zero_grad(); forward_backward(...); opt.step()
         opt.finish_param_gather()   # before reading parameters outside the train loop
     """
 
     def __init__(self, model: torch.nn.Module | Sequence[torch.nn.Module], *, lr: float,
                  dp_group: dist.ProcessGroup | None, bucket_bytes: int,
-                 expert_dp_group: dist.ProcessGroup | None = None, overlap_param_gather: bool = False,
+                 expert_dp_group: dist.ProcessGroup | None = None, overlap_grad_reduce: bool = False,
+                 overlap_param_gather: bool = False,
                  optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
@@ -163,6 +171,11 @@ class DistributedOptimizer:
         self.shards = [self._shard(b) for b in grad_buckets(params, bucket_bytes, dp_group, expert_dp_group)]
         self.optimizer = optimizer([s.main for s in self.shards], lr=lr)
         self.overlap_param_gather = overlap_param_gather
+        self.overlap_grad_reduce = overlap_grad_reduce
+        """Set to False by a scheduler that launches the reduce-scatters itself (Hermod's grad sync)."""
+        self._sync_enabled = True
+        self._ready = [0] * len(self.shards)
+        self._reducing: dict[int, tuple[Any, torch.Tensor]] = {}
         self.scheduler: ParamGatherScheduler | None = None
         # forward order: buckets by the registration index of their first parameter (the forward runs the model
         # in registration order; buckets are built in reverse, the order backward produces gradients)
@@ -174,6 +187,8 @@ class DistributedOptimizer:
         self._stale: set[int] = set()  # buckets whose parameters do not hold the last step's values yet
         self._hooks = [m.register_forward_pre_hook(self._pre_forward) for model_ in self.models
                        for m in model_.modules() if any(True for _ in m.parameters(recurse=False))]
+        self._hooks += [p.register_post_accumulate_grad_hook(self._on_grad) for s in self.shards
+                        if not s.bucket.expert for p in s.bucket.params]
 
     @staticmethod
     def _shard(bucket: GradBucket) -> ShardedBucket:
@@ -187,16 +202,47 @@ class DistributedOptimizer:
         return ShardedBucket(bucket, world, rank, numel, shard, main, flat)
 
     # -- grad sync ----------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """``config.no_sync_func``: Megatron's schedules run all microbatches but the last inside it."""
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = True
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not (self.overlap_grad_reduce and self._sync_enabled):
+            return
+        b = self._bucket_of[id(p)]
+        self._ready[b] += 1
+        if self._ready[b] == len(self.shards[b].bucket.params):
+            self._launch_reduce_scatter(b)
+
+    def _launch_reduce_scatter(self, b: int) -> None:
+        if b in self._reducing:
+            return
+        s = self.shards[b]
+        out = torch.empty(s.shard_numel, dtype=s.main.dtype, device=s.main.device)
+        flat = s.flat_grad()
+        if s.world == 1:
+            out.copy_(flat)
+            self._reducing[b] = (None, out)
+        else:
+            self._reducing[b] = ([fn() for fn in s.reduce_scatter_launches(flat, out, [(0, s.shard_numel)])], out)
+
     def __call__(self, model: Any = None, *args: Any, **kwargs: Any) -> None:
-        """``finalize_model_grads_func``: reduce-scatter every bucket, in bucket order."""
-        for s in self.shards:
-            out = torch.empty(s.shard_numel, dtype=s.main.dtype, device=s.main.device)
-            flat = s.flat_grad()
-            if s.world == 1:
-                out.copy_(flat)
-            else:
-                _wait([fn() for fn in s.reduce_scatter_launches(flat, out, [(0, s.shard_numel)])])
+        """``finalize_model_grads_func``: reduce-scatter every bucket not launched yet, in bucket order, and wait."""
+        for b in range(len(self.shards)):
+            self._launch_reduce_scatter(b)
+            if not self.overlap_grad_reduce:  # Megatron's default: one bucket after the other
+                _wait(self._reducing[b][0])
+        for b, s in enumerate(self.shards):
+            handle, out = self._reducing[b]
+            _wait(handle)
             self.set_shard_grad(s, out)
+        self._reducing.clear()
+        self._ready = [0] * len(self.shards)
 
     @staticmethod
     def set_shard_grad(s: ShardedBucket, summed: torch.Tensor) -> None:
@@ -269,6 +315,11 @@ class DistributedOptimizer:
                 if i + 1 < len(dense):
                     self._dispatch(dense[i + 1])
             self._finish(b)
+
+    @property
+    def reductions_in_flight(self) -> tuple[int, ...]:
+        """Buckets whose reduce-scatter was launched and not yet consumed by ``finalize_model_grads``."""
+        return tuple(sorted(self._reducing))
 
     @property
     def gathers_in_flight(self) -> tuple[int, ...]:

@@ -246,7 +246,13 @@ class Hermod:
         of ``step``, chunked and keyed like :meth:`defer_param_gather`, and go out in key order (lowest layer
         first) while the next forward runs; each module's forward pre-hook waits only for its own bucket."""
         optimizer.scheduler = _HermodParamGathers(self, optimizer, model)
-        self._restore.append(lambda: setattr(optimizer, "scheduler", None))
+        overlap = optimizer.overlap_grad_reduce
+        optimizer.overlap_grad_reduce = False  # Hermod's grad sync launches the reduce-scatters (from its own hooks)
+
+        def undo() -> None:
+            optimizer.scheduler, optimizer.overlap_grad_reduce = None, overlap
+
+        self._restore.append(undo)
         return optimizer
 
     def all_to_all(self, group: dist.ProcessGroup, input_: torch.Tensor, output_split_sizes: Any = None,

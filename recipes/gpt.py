@@ -44,6 +44,9 @@ class GPTRecipe:
     # parameters) and --overlap-param-gather (gathers one bucket ahead of the forward); off = plain Adam
     distributed_optimizer: bool = False
     overlap_param_gather: bool = False
+    # Megatron's --overlap-grad-reduce: each bucket's reduce-scatter starts in the last microbatch's backward as
+    # soon as its gradients are final (distributed optimizer only here; the plain-Adam path reduces at the end)
+    overlap_grad_reduce: bool = False
     # mixture of experts (None = dense): experts per MoE layer, expert-parallel size, router top-k
     num_moe_experts: int | None = None
     expert_parallel: int = 1
@@ -74,6 +77,8 @@ class GPTRecipe:
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(self.distributed_optimizer or not self.overlap_param_gather,
              "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)")
+        need(self.distributed_optimizer or not self.overlap_grad_reduce,
+             "overlap_grad_reduce=True needs distributed_optimizer=True (the plain-Adam path reduces at the end)")
         if self.num_moe_experts is not None:
             need(self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
                  f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
@@ -207,7 +212,10 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
         if recipe.distributed_optimizer:  # the optimizer is also the grad sync (reduce-scatter into its shards)
             optimizer = grad_sync = DistributedOptimizer(
                 model, lr=recipe.lr, dp_group=ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
-                expert_dp_group=expert_dp, overlap_param_gather=recipe.overlap_param_gather)
+                expert_dp_group=expert_dp, overlap_param_gather=recipe.overlap_param_gather,
+                overlap_grad_reduce=recipe.overlap_grad_reduce)
+            if recipe.overlap_grad_reduce:
+                config.no_sync_func = optimizer.no_sync  # Megatron's schedules: all microbatches but the last
         else:
             grad_sync = DataParallelGradSync(ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
                                              expert_dp_group=expert_dp)

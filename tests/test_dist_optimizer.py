@@ -7,6 +7,7 @@ out lowest layer first, chunked. Then the Megatron recipe end to end on 4 ranks 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 
 import pytest
@@ -55,8 +56,10 @@ def _train(rank: int, opt, m, sync) -> tuple[list, list]:
         opt.zero_grad(set_to_none=True)
         for mb in range(M):
             x = torch.linspace(-1, 1, 4 * 7).view(4, 7) * (rank + 1) + it + 0.1 * mb
-            loss = _forward(m, x)
-            loss.backward()
+            # as Megatron's schedules: every microbatch but the last inside config.no_sync_func
+            with opt.no_sync() if mb < M - 1 and hasattr(opt, "no_sync") else contextlib.nullcontext():
+                loss = _forward(m, x)
+                loss.backward()
             losses.append(loss.detach())
         sync([m])
         opt.step()
@@ -78,14 +81,15 @@ def _variants(rank: int, world: int) -> dict:
     ref = _train(rank, torch.optim.Adam(m.parameters(), lr=0.05),
                  m, DataParallelGradSync(W, bucket_bytes=128, expert_dp_group=W))
     out = {}
-    for mode in ("sync", "overlap"):
+    for mode in ("sync", "overlap", "overlap_both"):
         m = _model()
         opt = DistributedOptimizer(m, lr=0.05, dp_group=W, bucket_bytes=128, expert_dp_group=W,
-                                   overlap_param_gather=mode == "overlap")
+                                   overlap_param_gather=mode != "sync", overlap_grad_reduce=mode == "overlap_both")
         out[mode] = _train(rank, opt, m, opt)
     # Hermod: chunked reduce-scatters and gathers (64 B chunks), gathers held for the next forward
     m = _model()
-    opt = DistributedOptimizer(m, lr=0.05, dp_group=W, bucket_bytes=128, expert_dp_group=W)
+    opt = DistributedOptimizer(m, lr=0.05, dp_group=W, bucket_bytes=128, expert_dp_group=W,
+                               overlap_grad_reduce=True)  # Hermod's grad sync takes over the reduce-scatters
     h = Hermod(HermodConfig(chunk_bytes=64, gate_timeout_s=0.01), num_microbatches=M, layers_per_stage=3, stage=0,
                dp_group=W, expert_dp_group=W)
     sync = h.grad_sync(m, 128, optimizer=opt)
@@ -105,7 +109,7 @@ def test_sharded_adam_is_bitwise_plain_adam_with_every_gather_policy():
 
     res = launch(_variants, 2, timeout=120)
     for r in res:
-        assert r["equal"] == {"sync": True, "overlap": True, "hermod": True}
+        assert r["equal"] == {"sync": True, "overlap": True, "overlap_both": True, "hermod": True}
         assert r["n_buckets"] == 4  # 3 dense + 1 expert
         assert any(numel % 2 for numel, _, _ in r["shards"])  # a padded shard was exercised
     assert res[0]["chunks"] == res[1]["chunks"]  # same decisions on both ranks
@@ -129,11 +133,16 @@ def _overlap_is_one_ahead(rank: int, world: int) -> dict:
     W = dist.group.WORLD
     m = _model()
     opt = DistributedOptimizer(m, lr=0.05, dp_group=W, bucket_bytes=1, expert_dp_group=W,
-                               overlap_param_gather=True)  # one bucket per parameter
+                               overlap_param_gather=True, overlap_grad_reduce=True)  # one bucket per parameter
     x = torch.ones(4, 7) * (rank + 1)
     opt.zero_grad()
+    with opt.no_sync():
+        _forward(m, x).backward()
+    not_last = opt.reductions_in_flight
     _forward(m, x).backward()
+    last = opt.reductions_in_flight
     opt(m)
+    after_finalize = opt.reductions_in_flight
     opt.step()
     dense = [b for b in opt.forward_order if not opt.shards[b].bucket.expert]
     expert = [b for b in opt.forward_order if opt.shards[b].bucket.expert]
@@ -146,14 +155,17 @@ def _overlap_is_one_ahead(rank: int, world: int) -> dict:
     for hk in hooks:
         hk.remove()
     return {"dense": dense, "expert": expert, "after_step": after_step, "seen": seen,
+            "reducing": {"not_last": not_last, "last": last, "after_finalize": after_finalize},
             "stale_after_forward": opt.stale_buckets}
 
 
-def test_overlapped_gathers_run_one_bucket_ahead_of_the_forward():
+def test_overlapped_reductions_start_in_the_last_backward_and_gathers_run_one_bucket_ahead_of_the_forward():
     from flowlane.launch import launch
 
     r = launch(_overlap_is_one_ahead, 2, timeout=60)[0]
     dense, expert = r["dense"], r["expert"]
+    # overlap_grad_reduce: nothing inside no_sync; every dense bucket during the last backward; experts at finalize
+    assert r["reducing"] == {"not_last": (), "last": tuple(sorted(dense)), "after_finalize": ()}
     assert len(dense) == 6  # weight and bias of 3 layers
     # at the end of step: the first dense bucket and every expert bucket are in flight, nothing is written yet
     assert r["after_step"]["in_flight"] == tuple(sorted(dense[:1] + expert))
@@ -181,6 +193,8 @@ def test_distributed_optimizer_rejects_bad_arguments():
         DistributedOptimizer(m, lr=-1, dp_group=None, bucket_bytes=64)
     with pytest.raises(ValueError, match="overlap_param_gather=True needs distributed_optimizer=True"):
         GPTRecipe(overlap_param_gather=True).validate()
+    with pytest.raises(ValueError, match="overlap_grad_reduce=True needs distributed_optimizer=True"):
+        GPTRecipe(overlap_grad_reduce=True).validate()
 
 
 # -- the Megatron recipe: --use-distributed-optimizer with and without Hermod ---------------------------------------
@@ -192,8 +206,8 @@ HERMOD = {"name": "hermod", "chunk_bytes": 4096, "gate_timeout_s": 0.02}
 VARIANTS = {
     "adam": {},
     "dopt": dict(distributed_optimizer=True),
-    "dopt_overlap": dict(distributed_optimizer=True, overlap_param_gather=True),
-    "dopt_hermod": dict(distributed_optimizer=True, features={"scheduler": HERMOD}),
+    "dopt_overlap": dict(distributed_optimizer=True, overlap_param_gather=True, overlap_grad_reduce=True),
+    "dopt_hermod": dict(distributed_optimizer=True, overlap_grad_reduce=True, features={"scheduler": HERMOD}),
     "moe_adam": dict(MOE),
     "moe_dopt_hermod": dict(MOE, distributed_optimizer=True, features={"scheduler": HERMOD}),
 }
