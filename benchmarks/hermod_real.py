@@ -2,7 +2,7 @@
 
     sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic] [--rate-mbit 200]
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
-        [--baselines megatron,lina] [--out results/hermod] [--name real]
+        [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer][,wire=1|2] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
@@ -28,6 +28,12 @@ overlap on: every op launched when issued, parameter gathers one layer ahead) ru
 DP, DP chunked, in issue order); the 1.15x goal is judged against the fastest of them. Iteration time = max over
 ranks; the summary is the median over all steady iterations. Per-op timings (PP / EP / DP) come from flowlane.comm's recorder;
 the bytes each shaped port's classes carried are read from tc at the end (``network.class_bytes_at_end``).
+``--workload megatron`` runs the default recipe's Megatron-core GPT instead (:data:`MEGATRON_WORK`, real compute,
+Megatron's 1F1B schedule and rank layout, per-rank fabric only) with the distributed optimizer: ``fifo`` = Megatron's
+``--overlap-grad-reduce --overlap-param-gather``, ``megatron`` = neither; Hermod variants run ``--coflow-scheduler
+hermod`` on the same optimizer (reduce-scatters and parameter gathers chunked and keyed, pipeline p2p critical;
+``wire=1`` puts its bulk class on the ``bulk0`` address). Compute is real here, so 4 ranks share 2 cores: overlapped
+communication also competes for CPU.
 ``--bulk-lane-mbit R`` turns the wire variants into a bound: their DP runs on its own lane of R Mbit/s beside the
 link, so it never competes with PP/EP (``bound_speedup``; never the best variant).
 Label: measured on CPU with emulated links (netns + tc).
@@ -62,6 +68,17 @@ BASELINES: dict[str, dict[str, Any]] = {
     "lina": {"mode": "hermod", **DEFAULT_VARIANT, "gate_ctypes": ["ep"], "order": "fifo"},
 }
 PORT = 29561
+# --workload megatron: the default recipe's Megatron-core GPT (recipes.gpt) with Megatron's distributed optimizer,
+# real compute; sized so that one iteration's DP traffic (reduce-scatter + gather of ~7.4 MB per stage) takes about
+# as long as its compute at 200 Mbit/s
+MEGATRON_WORK = dict(num_ranks=4, pipeline_parallel=2, num_layers=4, hidden_size=256, num_attention_heads=4,
+                     vocab_size=1024, seq_length=64, micro_batch_size=2, num_microbatches=4, iterations=3,
+                     dp_bucket_bytes=1 << 20, progress=False, timeout_s=600.0)
+# the Megatron flags of each baseline (fifo = Megatron with both overlap flags, megatron = its defaults)
+MEGATRON_BASELINES: dict[str, dict[str, Any]] = {
+    "fifo": {"distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True},
+    "megatron": {"distributed_optimizer": True},
+}
 
 
 # -- per-rank worker (runs inside its namespace) ----------------------------------------------------------------------
@@ -94,6 +111,30 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     return {"times": r["times"][1:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline}
 
 
+def _run_megatron_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, Any]) -> dict[str, Any]:
+    """One run of the Megatron recipe with a baseline's flags (``sched["megatron"]``) or Hermod on the distributed
+    optimizer (``sched["mode"] == "hermod"``: its reduce-scatters and parameter gathers, pipeline p2p)."""
+    from flowlane import comm
+    from recipes.gpt import train_rank
+
+    sched = dict(sched)
+    if sched.get("mode") == "hermod":
+        wire = sched.pop("wire", 0)
+        sched.pop("mode")
+        flags: dict[str, Any] = {"distributed_optimizer": True, "features": {"scheduler": {
+            "name": "hermod", **sched, **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {})}}}
+    else:
+        flags = dict(sched["megatron"])
+    with comm.recording():  # a fresh recorder per run (train_rank records steady iterations only)
+        r = train_rank(rank, world, {**work, **flags})
+    ops = [(e["args"]["kind"], e["name"], e["args"]["bytes"], e["ts"] / 1e6, e["dur"] / 1e6) for e in r["trace"]
+           if e.get("ph") == "X" and "kind" in e.get("args", {})]
+    t_last = max((e["ts"] / 1e6 for e in r["trace"] if e.get("name") == "forward_backward"), default=0.0)
+    timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in ops if o[3] >= t_last]
+    return {"times": r["iteration_times"][1:], "digest": [r["param_digest"], r["losses"]], "ops": _op_stats(ops),
+            "timeline": timeline, "stage": r["pp_stage"]}
+
+
 def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, dict[str, Any]],
            work: dict[str, Any]) -> None:
     import datetime
@@ -105,14 +146,16 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     dist.all_reduce(torch.ones(1024))  # connections up before timing
+    run = _run_megatron_variant if "pipeline_parallel" in work else _run_variant
     out: dict[str, Any] = {m: {"times": [], "ops": [], "digest": None, "timeline": []} for m in variants}
     for _ in range(rounds):
         for mode, sched in variants.items():
-            r = _run_variant(rank, world, sched, work)
+            r = run(rank, world, sched, work)
             out[mode]["times"].extend(r["times"])
             out[mode]["ops"].append(r["ops"])
             out[mode]["digest"] = r["digest"]
             out[mode]["timeline"] = r["timeline"]  # the last iteration of the last round, for inspection
+            out[mode]["stage"] = r.get("stage", rank % work.get("pp", 2))
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, out)
     if rank == 0:
@@ -176,12 +219,12 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[st
     for m in modes:  # per kind: median op duration and per-iteration op time, per pipeline stage
         ops[m] = {}
         for stage in (0, 1):
-            ranks = [r for i, r in enumerate(res) if i % work["pp"] == stage]
+            ranks = [r for r in res if r[m]["stage"] == stage]
             kinds = sorted({k for r in ranks for run in r[m]["ops"] for k in run})
             row = {}
             for k in kinds:
                 runs = [run[k] for r in ranks for run in r[m]["ops"] if k in run]
-                iters = sum(1 for r in ranks for _ in r[m]["ops"]) * (work["iterations"] - 1)
+                iters = sum(1 for r in ranks for _ in r[m]["ops"]) * (work["iterations"] - 1)  # steady ones
                 row[k] = {"median_op_s": statistics.median(x["median_s"] for x in runs),
                           "op_time_per_iter_s": sum(x["sum_s"] for x in runs) / iters,
                           "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters}
@@ -267,9 +310,13 @@ def main() -> int:
                     help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
                          "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
                          "FIFO / that variant is then the most any order of the DP traffic could gain")
-    ap.add_argument("--baselines", default="megatron,lina",
-                    help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none): "
-                         "megatron = Megatron-LM's defaults (no DP overlap), lina = EP-first with chunked DP")
+    ap.add_argument("--baselines",
+                    help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none; default "
+                         "megatron,lina, with --workload megatron: megatron): megatron = Megatron-LM's defaults (no "
+                         "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
+    ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
+                    help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
+                         "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work-json", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
@@ -287,11 +334,23 @@ def main() -> int:
                  f"{a.layers_per_stage} and {a.param_elems}")
     if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
         ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
-    baselines = [b for b in a.baselines.split(",") if b]
-    if set(baselines) - set(BASELINES):
-        ap.error(f"--baselines: unknown {sorted(set(baselines) - set(BASELINES))}; choose from {list(BASELINES)}")
-    work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
-    variants: dict[str, dict[str, Any]] = {"fifo": {"mode": "fifo"}, **{b: BASELINES[b] for b in baselines}}
+    megatron = a.workload == "megatron"
+    allowed = ["megatron"] if megatron else list(BASELINES)
+    baselines = [b for b in (a.baselines if a.baselines is not None else ",".join(allowed)).split(",") if b]
+    if set(baselines) - set(allowed):
+        ap.error(f"--baselines: unknown {sorted(set(baselines) - set(allowed))} for --workload {a.workload}; "
+                 f"choose from {allowed}")
+    if megatron and a.fabric != "per-rank":
+        ap.error(f"--workload megatron runs on --fabric per-rank only (Megatron's rank layout puts each DP pair "
+                 f"in one server of the shared-nic fabric), got {a.fabric}")
+    if megatron and any(v.get("wire", 0) == 2 for v in hv):
+        ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
+    if megatron:
+        work: dict[str, Any] = dict(MEGATRON_WORK)
+        variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
+    else:
+        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
+        variants = {"fifo": {"mode": "fifo"}, **{b: BASELINES[b] for b in baselines}}
     for v in hv:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
         if v.get("dp_mid", "last") != "last":
@@ -312,8 +371,10 @@ def main() -> int:
     # the goal is judged against the fastest baseline of the run: Megatron's overlap flags can make it slower than
     # its defaults, and a gain over the slower of the two is not a gain a user would see
     fastest = min(vs, key=vs.get) if vs else None
-    doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload": work, "layout":
-           "rank = dp * 2 + stage; PP groups {0,1},{2,3}; DP = EP groups {0,2},{1,3}",
+    layout = ("Megatron: rank = stage * 2 + dp; PP groups {0,2},{1,3}; DP groups {0,1},{2,3}; dense GPT (no EP)"
+              if megatron else "rank = dp * 2 + stage; PP groups {0,1},{2,3}; DP = EP groups {0,2},{1,3}")
+    doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload_kind": a.workload,
+           "workload": work, "layout": layout,
            "rounds": a.rounds, "alternation": "each round runs every variant once, in the order listed",
            "variants": variants, "iteration_time_s": s["per_iter"], "median_iteration_time_s": s["median"],
            "speedup_vs_fifo": s["speedup"], "best_variant": best,
@@ -321,10 +382,18 @@ def main() -> int:
            "math_identical": s["math_identical"], "op_timings": s["ops"], "goal": ">= 1.15x",
            "goal_met": fastest is not None and vs[fastest] >= 1.15,
            "goal_judged_against": fastest,
-           "baselines": {"fifo": "Megatron with --overlap-grad-reduce --overlap-param-gather: every op launched "
-                                 "when issued, parameter gathers one layer ahead (forward pre-hooks)",
-                         "megatron": "Megatron-LM's defaults (overlap off): the thesis' 'vanilla Megatron-LM'",
-                         "lina": "Lina as the thesis re-implemented it: EP before DP, DP chunked, in issue order"},
+           "baselines": ({"fifo": "the Megatron recipe with --use-distributed-optimizer --overlap-grad-reduce "
+                                  "--overlap-param-gather: reduce-scatters in the last backward, gathers one bucket "
+                                  "ahead of the forward (forward pre-hooks)",
+                          "megatron": "the Megatron recipe with --use-distributed-optimizer, overlap off: "
+                                      "reduce-scatters after the backward, gathers at the end of the step",
+                          "hermod": "the same distributed optimizer with --coflow-scheduler hermod: chunked "
+                                    "reduce-scatters in the last backward, gathers in key order (lowest layer "
+                                    "first) during the next forward, pipeline p2p critical"} if megatron else
+                         {"fifo": "Megatron with --overlap-grad-reduce --overlap-param-gather: every op launched "
+                                  "when issued, parameter gathers one layer ahead (forward pre-hooks)",
+                          "megatron": "Megatron-LM's defaults (overlap off): the thesis' 'vanilla Megatron-LM'",
+                          "lina": "Lina as the thesis re-implemented it: EP before DP, DP chunked, in issue order"}),
            "speedup_best_hermod_vs_baseline": vs,
            "wall_s": time.time() - t0}
     if bounds:
@@ -343,7 +412,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
     _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png",
-          f"4 ranks PP2xDP2xEP2, {a.rate_mbit:g} Mbit/s, "
+          f"4 ranks PP2xDP2{'' if megatron else 'xEP2'} ({'Megatron GPT' if megatron else 'synthetic'}), "
+          f"{a.rate_mbit:g} Mbit/s, "
           f"{'per-rank egress' if a.fabric == 'per-rank' else 'one NIC per 2-rank server'} (htb)\n{LABEL}")
     print(json.dumps({k: doc[k] for k in ("median_iteration_time_s", "speedup_vs_fifo", "math_identical",
                                           "speedup_best_hermod_vs_baseline", "goal_judged_against", "goal_met")},

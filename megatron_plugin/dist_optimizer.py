@@ -154,7 +154,7 @@ class DistributedOptimizer:
         config.finalize_model_grads_func = opt
         config.no_sync_func = opt.no_sync          # with overlap_grad_reduce=True
         for it in ...:  opt.zero_grad(); forward_backward(...); opt.step()
-        opt.finish_param_gather()   # before reading parameters outside the train loop
+        opt.close()                 # the last gathers, hooks removed (or finish_param_gather() to go on)
     """
 
     def __init__(self, model: torch.nn.Module | Sequence[torch.nn.Module], *, lr: float,
@@ -336,7 +336,11 @@ class DistributedOptimizer:
         for b in self.forward_order:
             self._finish(b)
 
-    def remove_hooks(self) -> None:
+    def close(self) -> None:
+        """Finish the gathers in flight and remove the hooks: gradient hooks live in autograd, where the cycle
+        collector cannot see the cycle they close (optimizer -> model -> parameter -> hook -> optimizer), so
+        without this the optimizer, the model and the buckets' process groups would outlive the run."""
+        self.finish_param_gather()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

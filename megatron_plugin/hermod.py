@@ -228,7 +228,9 @@ class Hermod:
         """Bucketed DP grad sync (expert parameters over ``expert_dp_group``, default: the Hermod's). With a
         :class:`~megatron_plugin.dist_optimizer.DistributedOptimizer` the buckets are its buckets and each one is
         reduce-scattered into the optimizer's shard instead of all-reduced."""
-        return HermodGradSync(self, model, bucket_bytes, expert_dp_group, optimizer)
+        sync = HermodGradSync(self, model, bucket_bytes, expert_dp_group, optimizer)
+        self._restore.append(sync.remove)  # its gradient hooks hold it (and the model) in a cycle through autograd
+        return sync
 
     def defer_param_gather(self, output: torch.Tensor, input: torch.Tensor, layer_lo: int,
                            group: dist.ProcessGroup | None = None) -> Any:
@@ -442,6 +444,7 @@ class HermodGradSync:
     def remove(self) -> None:
         for hk in self._hooks:
             hk.remove()
+        self._hooks.clear()
 
 
 # -- recipe entry point ------------------------------------------------------------------------------------------------

@@ -184,8 +184,15 @@ def build_model(recipe: GPTRecipe) -> tuple[torch.nn.Module, Any]:
 
 
 def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, Any]:
-    """One rank of the default recipe (run under flowlane.launch)."""
-    recipe = GPTRecipe(**recipe_dict)
+    """One rank of the default recipe (run under flowlane.launch). Collective; the process groups it creates
+    (Megatron's, a feature's) are destroyed when it returns, so it can run again in the same process."""
+    from flowlane import comm
+
+    with comm.owned_process_groups():
+        return _train_rank(rank, world, GPTRecipe(**recipe_dict))
+
+
+def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     if not torch.cuda.is_available():
         from megatron_plugin import cpu_shim
 
@@ -249,7 +256,7 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
                 losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
             progress(it, losses[-1] if losses else None)
         if recipe.distributed_optimizer:
-            optimizer.finish_param_gather()  # the last step's gathers (overlapped ones wait for a next forward)
+            optimizer.close()  # the last step's gathers (overlapped ones wait for a next forward); hooks off
         rec = comm.get_recorder()
         feature_stats = {}
         for h in handles:

@@ -305,8 +305,13 @@ class _Rank:
 
 
 def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """Entry point for flowlane.launch: run the iterations, return timings, digest and the scheduler log."""
-    cfg = WorkloadConfig(**cfg_dict)
+    """Entry point for flowlane.launch: run the iterations, return timings, digest and the scheduler log. The
+    groups it creates are destroyed when it returns (benchmarks run it many times in one process)."""
+    with comm.owned_process_groups():
+        return _run_rank(rank, world, WorkloadConfig(**cfg_dict))
+
+
+def _run_rank(rank: int, world: int, cfg: WorkloadConfig) -> dict[str, Any]:
     order = cfg.order or ("fifo" if cfg.sched.get("mode", "hermod") == "fifo" else "hermod")
     if order not in ("fifo", "hermod"):
         raise ValueError(f"WorkloadConfig.order {order!r} is not one of ['fifo', 'hermod'] (or None)")
