@@ -74,6 +74,7 @@ PORT = 29561
 MEGATRON_WORK = dict(num_ranks=4, pipeline_parallel=2, num_layers=4, hidden_size=256, num_attention_heads=4,
                      vocab_size=1024, seq_length=64, micro_batch_size=2, num_microbatches=4, iterations=3,
                      dp_bucket_bytes=1 << 20, progress=False, timeout_s=600.0)
+MEGATRON_MOE = dict(num_moe_experts=4, expert_parallel=2, moe_router_topk=2)
 # the Megatron flags of each baseline (fifo = Megatron with both overlap flags, megatron = its defaults)
 MEGATRON_BASELINES: dict[str, dict[str, Any]] = {
     "fifo": {"distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True},
@@ -317,6 +318,9 @@ def main() -> int:
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
                     help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
+    ap.add_argument("--megatron-moe", action="store_true",
+                    help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
+                         "groups, so the token all-to-alls share each rank's link with the DP traffic)")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work-json", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
@@ -345,8 +349,10 @@ def main() -> int:
                  f"in one server of the shared-nic fabric), got {a.fabric}")
     if megatron and any(v.get("wire", 0) == 2 for v in hv):
         ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
+    if a.megatron_moe and not megatron:
+        ap.error("--megatron-moe needs --workload megatron")
     if megatron:
-        work: dict[str, Any] = dict(MEGATRON_WORK)
+        work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}))
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
         work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
@@ -371,7 +377,8 @@ def main() -> int:
     # the goal is judged against the fastest baseline of the run: Megatron's overlap flags can make it slower than
     # its defaults, and a gain over the slower of the two is not a gain a user would see
     fastest = min(vs, key=vs.get) if vs else None
-    layout = ("Megatron: rank = stage * 2 + dp; PP groups {0,2},{1,3}; DP groups {0,1},{2,3}; dense GPT (no EP)"
+    layout = (("Megatron: rank = stage * 2 + dp; PP groups {0,2},{1,3}; DP groups {0,1},{2,3}; "
+               + ("EP groups = DP groups (expert-DP size 1)" if a.megatron_moe else "dense GPT (no EP)"))
               if megatron else "rank = dp * 2 + stage; PP groups {0,1},{2,3}; DP = EP groups {0,2},{1,3}")
     doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload_kind": a.workload,
            "workload": work, "layout": layout,
@@ -412,7 +419,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
     _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png",
-          f"4 ranks PP2xDP2{'' if megatron else 'xEP2'} ({'Megatron GPT' if megatron else 'synthetic'}), "
+          f"4 ranks PP2xDP2{'' if megatron and not a.megatron_moe else 'xEP2'} "
+          f"({('Megatron MoE GPT' if a.megatron_moe else 'Megatron GPT') if megatron else 'synthetic'}), "
           f"{a.rate_mbit:g} Mbit/s, "
           f"{'per-rank egress' if a.fabric == 'per-rank' else 'one NIC per 2-rank server'} (htb)\n{LABEL}")
     print(json.dumps({k: doc[k] for k in ("median_iteration_time_s", "speedup_vs_fifo", "math_identical",

@@ -183,6 +183,8 @@ class DistributedOptimizer:
         self.forward_order = sorted(range(len(self.shards)),
                                     key=lambda b: min(index[id(p)] for p in self.shards[b].bucket.params))
         self._bucket_of = {id(p): b for b, s in enumerate(self.shards) for p in s.bucket.params}
+        dense = [b for b in self.forward_order if not self.shards[b].bucket.expert]
+        self._next_dense = dict(zip(dense, dense[1:], strict=False))  # the one-ahead chain of overlap_param_gather
         self._pending: dict[int, _InFlight] = {}
         self._stale: set[int] = set()  # buckets whose parameters do not hold the last step's values yet
         self._hooks = [m.register_forward_pre_hook(self._pre_forward) for model_ in self.models
@@ -261,9 +263,6 @@ class DistributedOptimizer:
         self.optimizer.step()
         self._start_param_gather()
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
     # -- param gather -------------------------------------------------------------------------------------------
     def _dispatch(self, b: int) -> None:
         if b in self._pending:
@@ -309,11 +308,8 @@ class DistributedOptimizer:
                                if id(p) in self._bucket_of):
             if b not in self._stale:
                 continue
-            if self.scheduler is None and self.overlap_param_gather and not self.shards[b].bucket.expert:
-                dense = [d for d in self.forward_order if not self.shards[d].bucket.expert]
-                i = dense.index(b)
-                if i + 1 < len(dense):
-                    self._dispatch(dense[i + 1])
+            if self.scheduler is None and self.overlap_param_gather and b in self._next_dense:
+                self._dispatch(self._next_dense[b])
             self._finish(b)
 
     @property

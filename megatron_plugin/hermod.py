@@ -32,8 +32,7 @@ Hooks and what they do:
   :meth:`Hermod.attach_distributed_optimizer` takes every bucket's all-gather at the end of ``step``, chunked, keyed
   with the consuming iteration, microbatch 0 and the bucket's lowest layer (digest A6.1 #6), so the gathers go out
   lowest layer first while the next forward runs and each module's forward pre-hook waits only for its own bucket
-  (Case III); the grad sync then reduce-scatters into the optimizer's shards. :meth:`Hermod.defer_param_gather`
-  keys a single gather the same way for other optimizers.
+  (Case III); the grad sync then reduce-scatters into the optimizer's shards.
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
   matched (incast-free BvN) all-to-all with the same autograd semantics.
 """
@@ -232,21 +231,12 @@ class Hermod:
         self._restore.append(sync.remove)  # its gradient hooks hold it (and the model) in a cycle through autograd
         return sync
 
-    def defer_param_gather(self, output: torch.Tensor, input: torch.Tensor, layer_lo: int,
-                           group: dist.ProcessGroup | None = None) -> Any:
-        """One ZeRO parameter all-gather, deferred in Hermod order (Case III). Call it after the iteration's grad
-        sync (which ends the iteration): the key names the iteration that consumes the parameters, microbatch 0,
-        the lowest layer the gather feeds (digest A6.1 #6), so the first layers' gathers go first."""
-        meta = self.meta("dp", 0, layer_lo, "all_gather")
-        grp = self.classes.get(group if group is not None else self.dp_group, 2)
-        return self.sched.defer(meta, [lambda: comm.all_gather_into_tensor(output, input, group=grp, kind="dp",
-                                                                           key=meta, async_op=True)])
-
     def attach_distributed_optimizer(self, optimizer: DistributedOptimizer,
                                      model: torch.nn.Module | Sequence[torch.nn.Module]) -> DistributedOptimizer:
         """Let Hermod launch the distributed optimizer's parameter gathers: all of them are handed over at the end
-        of ``step``, chunked and keyed like :meth:`defer_param_gather`, and go out in key order (lowest layer
-        first) while the next forward runs; each module's forward pre-hook waits only for its own bucket."""
+        of ``step`` (after the grad sync, which ends the iteration), chunked, each keyed with the iteration that
+        consumes it, microbatch 0 and its bucket's lowest layer (digest A6.1 #6), and go out in key order (lowest
+        layer first) while the next forward runs; each module's forward pre-hook waits only for its own bucket."""
         optimizer.scheduler = _HermodParamGathers(self, optimizer, model)
         overlap = optimizer.overlap_grad_reduce
         optimizer.overlap_grad_reduce = False  # Hermod's grad sync launches the reduce-scatters (from its own hooks)
