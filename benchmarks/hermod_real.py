@@ -112,22 +112,25 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     return {"times": r["times"][1:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline}
 
 
+def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
+    """The recipe fields of a ``--workload megatron`` variant: a baseline's Megatron flags, or Hermod on the
+    distributed optimizer (``wire=1``: its bulk class on the ``bulk0`` address)."""
+    v = dict(variant)
+    if v.pop("mode", None) != "hermod":
+        return dict(v["megatron"])
+    wire = v.pop("wire", 0)
+    return {"distributed_optimizer": True, "features": {"scheduler": {
+        "name": "hermod", **v, **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {})}}}
+
+
 def _run_megatron_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, Any]) -> dict[str, Any]:
     """One run of the Megatron recipe with a baseline's flags (``sched["megatron"]``) or Hermod on the distributed
     optimizer (``sched["mode"] == "hermod"``: its reduce-scatters and parameter gathers, pipeline p2p)."""
     from flowlane import comm
     from recipes.gpt import train_rank
 
-    sched = dict(sched)
-    if sched.get("mode") == "hermod":
-        wire = sched.pop("wire", 0)
-        sched.pop("mode")
-        flags: dict[str, Any] = {"distributed_optimizer": True, "features": {"scheduler": {
-            "name": "hermod", **sched, **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {})}}}
-    else:
-        flags = dict(sched["megatron"])
     with comm.recording():  # a fresh recorder per run (train_rank records steady iterations only)
-        r = train_rank(rank, world, {**work, **flags})
+        r = train_rank(rank, world, {**work, **megatron_flags(sched)})
     ops = [(e["args"]["kind"], e["name"], e["args"]["bytes"], e["ts"] / 1e6, e["dur"] / 1e6) for e in r["trace"]
            if e.get("ph") == "X" and "kind" in e.get("args", {})]
     t_last = max((e["ts"] / 1e6 for e in r["trace"] if e.get("name") == "forward_backward"), default=0.0)
@@ -329,9 +332,6 @@ def main() -> int:
     if a.worker is not None:
         worker(a.worker, 4, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
         return 0
-    if os.geteuid() != 0:
-        print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
-        return 2
     hv = [_parse_variant(v) for v in a.variant] or [dict(DEFAULT_VARIANT)]
     if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
         ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
@@ -365,6 +365,9 @@ def main() -> int:
             w = " wire" if v["wire"] == 1 else " wire+ep"
             name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w
         variants[name] = {"mode": "hermod", **v}
+    if os.geteuid() != 0:
+        print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
+        return 2
     t0 = time.time()
     res, net = run_all(a.rate_mbit, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit)
     s = summarise(res, variants, work)

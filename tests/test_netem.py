@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -222,3 +223,26 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
         _parse_variant("wire=3")
     with pytest.raises(ValueError, match="unknown variant key 'lanes'"):
         _parse_variant("lanes=2")
+
+
+def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """--workload megatron: baselines are Megatron flags, Hermod runs on the distributed optimizer (wire=1 puts its
+    bulk class on bulk0); combinations it cannot run are named before anything is set up (root not needed)."""
+    from benchmarks.hermod_real import MEGATRON_BASELINES, main, megatron_flags
+
+    assert megatron_flags({"megatron": MEGATRON_BASELINES["fifo"]}) == {
+        "distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True}
+    h = megatron_flags({"mode": "hermod", "chunk_bytes": 4096, "wire": 1})
+    assert h["distributed_optimizer"] is True
+    assert h["features"]["scheduler"] == {"name": "hermod", "chunk_bytes": 4096,
+                                          "gloo_class_ifnames": "eth0,eth0,bulk0"}
+    assert "gloo_class_ifnames" not in megatron_flags({"mode": "hermod", "wire": 0})["features"]["scheduler"]
+    for argv, msg in ((["--megatron-moe"], "--megatron-moe needs --workload megatron"),
+                      (["--workload", "megatron", "--fabric", "shared-nic"], "per-rank only .* got shared-nic"),
+                      (["--workload", "megatron", "--baselines", "lina"], r"unknown \['lina'\] for --workload megatron"),
+                      (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic")):
+        monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
+        with pytest.raises(SystemExit):
+            main()
+        assert re.search(msg, capsys.readouterr().err), argv
