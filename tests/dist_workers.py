@@ -64,3 +64,22 @@ def class_groups_with(rank: int, world: int, ifnames_by_rank: dict) -> dict:
         dist.all_reduce(t, group=cg.get(None, c))
         sums.append(float(t[0]))
     return {"clones": len(clones), "sums": sums}
+
+
+def owned_groups(rank: int, world: int) -> dict:
+    """Groups made inside comm.owned_process_groups are destroyed on a normal exit and kept when the block raises."""
+    from torch.distributed import distributed_c10d as c10d
+
+    before = len(c10d._world.pg_map)
+    with comm.owned_process_groups():
+        g = dist.new_group([0, 1])
+        comm.all_reduce(torch.ones(2), group=g)
+        inside = len(c10d._world.pg_map)
+    after = len(c10d._world.pg_map)
+    try:
+        with comm.owned_process_groups():
+            dist.new_group([0, 1])
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    return {"before": before, "inside": inside, "after": after, "after_error": len(c10d._world.pg_map)}

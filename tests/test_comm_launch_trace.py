@@ -54,3 +54,11 @@ def test_launch_rejects_bad_arguments(kw, match):
 def test_ranks_may_return_tensors():
     res = L.launch(W.return_tensors, 2, timeout=120)
     assert [r["t"][10].item() for r in res] == [0.0, 10.0]
+
+
+def test_owned_process_groups_are_destroyed_on_exit_and_kept_on_error():
+    res = L.launch(W.owned_groups, 2, timeout=60)
+    for r in res:
+        assert r["inside"] == r["before"] + 1
+        assert r["after"] == r["before"]  # destroyed (Megatron's destroy_model_parallel would only forget it)
+        assert r["after_error"] == r["before"] + 1  # a peer may still be blocked in it: left to the launcher
