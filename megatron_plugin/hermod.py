@@ -443,8 +443,8 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
     before the first iteration. ``ctx`` needs: ``recipe`` (num_microbatches, num_layers, pipeline_parallel,
     dp_bucket_bytes), ``model``, ``config`` (Megatron TransformerConfig), ``p2p_communicator``, optionally
     ``optimizer`` (a :class:`~megatron_plugin.dist_optimizer.DistributedOptimizer` gets Hermod's reduce-scatters and
-    parameter gathers). Replaces ``ctx.config.finalize_model_grads_func`` and ``ctx.grad_sync``; returns the :class:`Hermod` (call ``close()``
-    at the end) or None for ``name: none``. Collective: every rank must call it (it creates communicators)."""
+    parameter gathers). Replaces ``ctx.config.finalize_model_grads_func`` and ``ctx.grad_sync``; returns the
+    :class:`Hermod` (call ``close()`` at the end) or None for ``name: none``. Collective: every rank must call it (it creates communicators)."""
     hc = HermodConfig.from_dict(dict(cfg))
     if hc.name == "none":
         return None

@@ -35,14 +35,8 @@ def _model():
 def _forward(m, x):
     h = x
     for layer in m.layers:
-        h = torch_tanh(layer(h))
+        h = layer(h).tanh()
     return (h + m.expert(h)).square().mean()
-
-
-def torch_tanh(x):
-    import torch
-
-    return torch.tanh(x)
 
 
 def _train(rank: int, opt, m, sync) -> tuple[list, list]:
