@@ -290,86 +290,11 @@ def _parse_variant(s: str) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rate-mbit", type=float, default=200.0)
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--out", default="results/hermod")
-    ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
-    ap.add_argument("--variant", action="append", default=[],
-                    help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,wire=1|2] (repeatable); wire=1 puts the bulk class on its own address, queued by "
-                         "priority; wire=2 also puts each all-to-all in its class (critical: oldest in-flight "
-                         "microbatch, pipeline: later ones), the pipeline class on a third address")
-    ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
-                    help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
-                         "NIC each (see emulated_fabric)")
-    ap.add_argument("--timeline", action="store_true",
-                    help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
-    ap.add_argument("--layers-per-stage", type=int, default=WORK["layers_per_stage"],
-                    help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls")
-    ap.add_argument("--param-elems", type=int, default=WORK["param_elems"],
-                    help="parameters per layer (float32): the size of each layer's DP gather and reduction")
-    ap.add_argument("--bulk-lane-mbit", type=float,
-                    help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
-                         "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
-                         "FIFO / that variant is then the most any order of the DP traffic could gain")
-    ap.add_argument("--baselines",
-                    help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none; default "
-                         "megatron,lina, with --workload megatron: megatron): megatron = Megatron-LM's defaults (no "
-                         "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
-    ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
-                    help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
-                         "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
-    ap.add_argument("--megatron-moe", action="store_true",
-                    help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
-                         "groups, so the token all-to-alls share each rank's link with the DP traffic)")
-    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--work-json", help=argparse.SUPPRESS)
-    ap.add_argument("--master", help=argparse.SUPPRESS)
-    ap.add_argument("--variants-json", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.worker is not None:
-        worker(a.worker, 4, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
-        return 0
-    hv = [_parse_variant(v) for v in a.variant] or [dict(DEFAULT_VARIANT)]
-    if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
-        ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
-                 f"{a.layers_per_stage} and {a.param_elems}")
-    if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
-        ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
-    megatron = a.workload == "megatron"
-    allowed = ["megatron"] if megatron else list(BASELINES)
-    baselines = [b for b in (a.baselines if a.baselines is not None else ",".join(allowed)).split(",") if b]
-    if set(baselines) - set(allowed):
-        ap.error(f"--baselines: unknown {sorted(set(baselines) - set(allowed))} for --workload {a.workload}; "
-                 f"choose from {allowed}")
-    if megatron and a.fabric != "per-rank":
-        ap.error(f"--workload megatron runs on --fabric per-rank only (Megatron's rank layout puts each DP pair "
-                 f"in one server of the shared-nic fabric), got {a.fabric}")
-    if megatron and any(v.get("wire", 0) == 2 for v in hv):
-        ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
-    if a.megatron_moe and not megatron:
-        ap.error("--megatron-moe needs --workload megatron")
-    if megatron:
-        work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}))
-        variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
-    else:
-        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
-        variants = {"fifo": {"mode": "fifo"}, **{b: BASELINES[b] for b in baselines}}
-    for v in hv:
-        name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
-        if v.get("dp_mid", "last") != "last":
-            name += f" {v['dp_mid']}"
-        if v.get("wire"):
-            w = " wire" if v["wire"] == 1 else " wire+ep"
-            name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w
-        variants[name] = {"mode": "hermod", **v}
-    if os.geteuid() != 0:
-        print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
-        return 2
+def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, Any]], work: dict[str, Any],
+             baselines: list[str], megatron: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One run at ``rate`` Mbit/s: every variant, alternating round after round; the result document."""
     t0 = time.time()
-    res, net = run_all(a.rate_mbit, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit)
+    res, net = run_all(rate, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit)
     s = summarise(res, variants, work)
     # with a bulk lane the wire variants' DP is off the link: a bound, not a schedule's result
     bounds = [m for m, v in variants.items() if a.bulk_lane_mbit and v.get("wire")]
@@ -418,21 +343,175 @@ def main() -> int:
         # sender-side priority can at most remove the time DP shares a rank's link with that rank's PP/EP sends
         doc["fifo_contention_share"] = ov["fifo"]["dp_overlapping_pp_ep_sends_s"] / s["median"]["fifo"]
         doc["timeline_last_iteration"] = {m: [r[m]["timeline"] for r in res] for m in variants}
+    return doc, s
+
+
+def rate_sweep(docs: dict[float, dict[str, Any]], baselines: list[str]) -> dict[str, Any]:
+    """One document for a ``--rate-mbit`` sweep (the thesis' fig. 5.9 analogue): every rate's run in ``points``, and
+    each variant's speedup over each baseline per rate. Each rate is its own run (variants alternate within it), so
+    speedups compare within a rate, iteration times across rates only loosely."""
+    rates = sorted(docs)
+    first = docs[rates[0]]
+    base = ["fifo", *baselines]
+    spd = {b: {m: {f"{r:g}": docs[r]["median_iteration_time_s"][b] / docs[r]["median_iteration_time_s"][m]
+                   for r in rates} for m in first["variants"] if m != b} for b in base}
+    return {"benchmark": "hermod_real", "sweep": "rate_mbit", "label": LABEL, "rates_mbit": rates,
+            "workload_kind": first["workload_kind"], "workload": first["workload"], "rounds": first["rounds"],
+            "variants": first["variants"],
+            "speedup_vs_baseline": spd,
+            "best_hermod_vs_baseline": {f"{r:g}": docs[r]["speedup_best_hermod_vs_baseline"] for r in rates},
+            "goal": first["goal"],
+            "goal_met_at": {f"{r:g}": docs[r]["goal_met"] for r in rates},
+            "math_identical": all(all(d["math_identical"].values()) for d in docs.values()),
+            "points": {f"{r:g}": docs[r] for r in rates},
+            "wall_s": sum(d["wall_s"] for d in docs.values())}
+
+
+def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sweep["rates_mbit"]
+    bases = list(sweep["speedup_vs_baseline"])
+    fig, axes = plt.subplots(1, len(bases), figsize=(5.2 * len(bases), 3.8), squeeze=False)
+    for ax, b in zip(axes[0], bases, strict=True):
+        for m, row in sweep["speedup_vs_baseline"][b].items():
+            ax.plot(rates, [row[f"{r:g}"] for r in rates], marker="o", label=m, ls="--" if "hermod" not in m else "-")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(1.15, color="tab:red", lw=0.8, ls=":", label="goal 1.15x")
+        ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.set_xlabel("link rate (Mbit/s per rank)")
+        ax.set_ylabel(f"speedup vs {b}")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _title(a: argparse.Namespace, megatron: bool, rate: float | None) -> str:
+    what = ("Megatron MoE GPT" if a.megatron_moe else "Megatron GPT") if megatron else "synthetic"
+    where = "per-rank egress" if a.fabric == "per-rank" else "one NIC per 2-rank server"
+    at = f"{rate:g} Mbit/s, " if rate is not None else ""
+    return f"4 ranks PP2xDP2{'' if megatron and not a.megatron_moe else 'xEP2'} ({what}), {at}{where} (htb)\n{LABEL}"
+
+
+def _parse_rates(s: str) -> list[float]:
+    try:
+        rates = [float(x) for x in s.split(",")]
+    except ValueError:
+        raise ValueError(f"--rate-mbit must be a rate or a comma-separated list of rates in Mbit/s, got {s!r}") from None
+    if any(not r > 0 for r in rates) or len(set(rates)) != len(rates):
+        raise ValueError(f"--rate-mbit rates must be > 0 Mbit/s and distinct, got {s!r}")
+    return sorted(rates)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate-mbit", default="200",
+                    help="link rate in Mbit/s; a comma-separated list runs a sweep (one run per rate) into one file")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out", default="results/hermod")
+    ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
+                         "[,wire=1|2] (repeatable); wire=1 puts the bulk class on its own address, queued by "
+                         "priority; wire=2 also puts each all-to-all in its class (critical: oldest in-flight "
+                         "microbatch, pipeline: later ones), the pipeline class on a third address")
+    ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
+                    help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
+                         "NIC each (see emulated_fabric)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
+    ap.add_argument("--layers-per-stage", type=int, default=WORK["layers_per_stage"],
+                    help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls")
+    ap.add_argument("--param-elems", type=int, default=WORK["param_elems"],
+                    help="parameters per layer (float32): the size of each layer's DP gather and reduction")
+    ap.add_argument("--bulk-lane-mbit", type=float,
+                    help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
+                         "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
+                         "FIFO / that variant is then the most any order of the DP traffic could gain")
+    ap.add_argument("--baselines",
+                    help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none; default "
+                         "megatron,lina, with --workload megatron: megatron): megatron = Megatron-LM's defaults (no "
+                         "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
+    ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
+                    help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
+                         "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
+    ap.add_argument("--megatron-moe", action="store_true",
+                    help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
+                         "groups, so the token all-to-alls share each rank's link with the DP traffic)")
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--work-json", help=argparse.SUPPRESS)
+    ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--variants-json", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker is not None:
+        worker(a.worker, 4, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
+        return 0
+    hv = [_parse_variant(v) for v in a.variant] or [dict(DEFAULT_VARIANT)]
+    try:
+        rates = _parse_rates(a.rate_mbit)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
+        ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
+                 f"{a.layers_per_stage} and {a.param_elems}")
+    if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
+        ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
+    megatron = a.workload == "megatron"
+    allowed = ["megatron"] if megatron else list(BASELINES)
+    baselines = [b for b in (a.baselines if a.baselines is not None else ",".join(allowed)).split(",") if b]
+    if set(baselines) - set(allowed):
+        ap.error(f"--baselines: unknown {sorted(set(baselines) - set(allowed))} for --workload {a.workload}; "
+                 f"choose from {allowed}")
+    if megatron and a.fabric != "per-rank":
+        ap.error(f"--workload megatron runs on --fabric per-rank only (Megatron's rank layout puts each DP pair "
+                 f"in one server of the shared-nic fabric), got {a.fabric}")
+    if megatron and any(v.get("wire", 0) == 2 for v in hv):
+        ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
+    if a.megatron_moe and not megatron:
+        ap.error("--megatron-moe needs --workload megatron")
+    if megatron:
+        work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}))
+        variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
+    else:
+        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
+        variants = {"fifo": {"mode": "fifo"}, **{b: BASELINES[b] for b in baselines}}
+    for v in hv:
+        name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
+        if v.get("dp_mid", "last") != "last":
+            name += f" {v['dp_mid']}"
+        if v.get("wire"):
+            w = " wire" if v["wire"] == 1 else " wire+ep"
+            name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w
+        variants[name] = {"mode": "hermod", **v}
+    if os.geteuid() != 0:
+        print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
+        return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
-    _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png",
-          f"4 ranks PP2xDP2{'' if megatron and not a.megatron_moe else 'xEP2'} "
-          f"({('Megatron MoE GPT' if a.megatron_moe else 'Megatron GPT') if megatron else 'synthetic'}), "
-          f"{a.rate_mbit:g} Mbit/s, "
-          f"{'per-rank egress' if a.fabric == 'per-rank' else 'one NIC per 2-rank server'} (htb)\n{LABEL}")
-    print(json.dumps({k: doc[k] for k in ("median_iteration_time_s", "speedup_vs_fifo", "math_identical",
-                                          "speedup_best_hermod_vs_baseline", "goal_judged_against", "goal_met")},
-                     indent=1))
-    for m in variants:
-        for st, row in s["ops"][m].items():
-            print(m, st, {k: f"{v['op_time_per_iter_s'] * 1e3:.0f}ms/it med {v['median_op_s'] * 1e3:.1f}ms"
-                          for k, v in row.items()})
+    docs = {}
+    for rate in rates:
+        doc, s = _measure(a, rate, variants, work, baselines, megatron)
+        docs[rate] = doc
+        if len(rates) == 1:
+            (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
+            _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png", _title(a, megatron, rate))
+        print(f"-- {rate:g} Mbit/s", json.dumps({k: doc[k] for k in (
+            "median_iteration_time_s", "speedup_vs_fifo", "math_identical", "speedup_best_hermod_vs_baseline",
+            "goal_judged_against", "goal_met")}, indent=1))
+        for m in variants:
+            for st, row in s["ops"][m].items():
+                print(m, st, {k: f"{v['op_time_per_iter_s'] * 1e3:.0f}ms/it med {v['median_op_s'] * 1e3:.1f}ms"
+                              for k, v in row.items()})
+    if len(rates) > 1:
+        sweep = rate_sweep(docs, baselines)
+        (out / f"{a.name}.json").write_text(json.dumps(sweep, indent=1))
+        _plot_sweep(sweep, out / f"{a.name}.png", _title(a, megatron, None))
+        print(json.dumps({k: sweep[k] for k in ("speedup_vs_baseline", "goal_met_at")}, indent=1))
     return 0
 
 

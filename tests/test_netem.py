@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,36 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
         with pytest.raises(SystemExit):
             main()
         assert re.search(msg, capsys.readouterr().err), argv
+
+
+def test_hermod_real_rate_sweep_parses_rates_and_compares_within_each_rate(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--rate-mbit 100,400: one run per rate, speedups taken within a rate (each rate's own medians); bad rates are
+    named before anything is set up."""
+    from benchmarks.hermod_real import _parse_rates, _plot_sweep, main, rate_sweep
+
+    assert _parse_rates("400,100") == [100.0, 400.0]
+    for bad, msg in (("fast", "a rate or a comma-separated list"), ("100,0", "must be > 0"),
+                     ("100,100", "distinct")):
+        with pytest.raises(ValueError, match=msg):
+            _parse_rates(bad)
+    monkeypatch.setattr(sys, "argv", ["hermod_real", "--rate-mbit", "100,-5"])
+    with pytest.raises(SystemExit):
+        main()
+    assert "'100,-5'" in capsys.readouterr().err
+
+    def doc(fifo: float, meg: float, h: float) -> dict:
+        med = {"fifo": fifo, "megatron": meg, "hermod x": h}
+        return {"workload_kind": "megatron", "workload": {}, "rounds": 2, "goal": ">= 1.15x",
+                "variants": {m: {} for m in med}, "median_iteration_time_s": med,
+                "math_identical": dict.fromkeys(med, True), "goal_met": min(fifo, meg) / h >= 1.15,
+                "speedup_best_hermod_vs_baseline": {"fifo": fifo / h, "megatron": meg / h}, "wall_s": 1.0}
+
+    sw = rate_sweep({400.0: doc(0.6, 0.5, 0.4), 100.0: doc(2.0, 1.5, 1.4)}, ["megatron"])
+    assert sw["rates_mbit"] == [100.0, 400.0]
+    assert sw["speedup_vs_baseline"]["megatron"]["hermod x"] == {"100": 1.5 / 1.4, "400": 0.5 / 0.4}
+    assert sw["speedup_vs_baseline"]["fifo"]["megatron"] == {"100": 2.0 / 1.5, "400": 0.6 / 0.5}
+    assert sw["goal_met_at"] == {"100": False, "400": True} and sw["math_identical"] is True
+    assert sw["wall_s"] == 2.0
+    _plot_sweep(sw, tmp_path / "sweep.png", "t")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
