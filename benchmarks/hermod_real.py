@@ -103,7 +103,7 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     # microbatches) on an address the fabric serves after the critical one (the oldest in-flight microbatch)
     wire = sched.pop("wire", 0)
     ifnames = {0: None, 1: ["eth0", "eth0", BULK_IFNAME], 2: ["eth0", PIPELINE_IFNAME, BULK_IFNAME]}[wire]
-    dag = {k: sched.pop(k) for k in ("overlap_dp", "order") if k in sched}  # the baselines' workload knobs
+    dag = {k: sched.pop(k) for k in ("overlap_dp", "order", "ep_algorithm") if k in sched}  # workload knobs
     r = run_rank(rank, world, asdict(WorkloadConfig(**work, **dag, sched=sched, dp_mid=dp_mid,
                                                     gloo_class_ifnames=ifnames, ep_wire_classes=wire == 2)))
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][1]]  # the first iteration warms up
@@ -277,13 +277,21 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
     fig.savefig(path, dpi=110)
 
 
+TEXT_KEYS = ("dp_mid", "ep_algorithm")
+# the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases, the seed's Algorithm 3, or one
+# all_to_all_single (inter-coflow priority only)
+EP_ALGORITHMS = ("bvn", "alg3", "plain")
+
+
 def _parse_variant(s: str) -> dict[str, Any]:
     out: dict[str, Any] = dict(DEFAULT_VARIANT)
     for kv in s.split(","):
         k, v = kv.split("=")
-        if k not in (*DEFAULT_VARIANT, "dp_mid", "wire"):
-            raise ValueError(f"unknown variant key {k!r}; known: {[*DEFAULT_VARIANT, 'dp_mid', 'wire']}")
-        out[k] = float(v) if k == "gate_timeout_s" else v if k == "dp_mid" else int(v)
+        if k not in (*DEFAULT_VARIANT, *TEXT_KEYS, "wire"):
+            raise ValueError(f"unknown variant key {k!r}; known: {[*DEFAULT_VARIANT, *TEXT_KEYS, 'wire']}")
+        out[k] = float(v) if k == "gate_timeout_s" else v if k in TEXT_KEYS else int(v)
+    if out.get("ep_algorithm", "bvn") not in EP_ALGORITHMS:
+        raise ValueError(f"ep_algorithm={out['ep_algorithm']} is not one of {list(EP_ALGORITHMS)}")
     if out.get("wire", 0) not in (0, 1, 2):
         raise ValueError(f"wire={out['wire']} is not one of 0 (host order), 1 (DP in the bulk class), "
                          "2 (and each all-to-all in its MID class)")
@@ -383,6 +391,7 @@ def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
         ax.axhline(1.15, color="tab:red", lw=0.8, ls=":", label="goal 1.15x")
         ax.set_xscale("log")
         ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
         ax.set_xlabel("link rate (Mbit/s per rank)")
         ax.set_ylabel(f"speedup vs {b}")
         ax.legend(fontsize=7)
@@ -484,6 +493,8 @@ def main() -> int:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
         if v.get("dp_mid", "last") != "last":
             name += f" {v['dp_mid']}"
+        if v.get("ep_algorithm", "bvn") != "bvn":
+            name += f" a2a={v['ep_algorithm']}"
         if v.get("wire"):
             w = " wire" if v["wire"] == 1 else " wire+ep"
             name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w

@@ -52,7 +52,7 @@ from flowlane import comm
 from flowlane.coflow import HermodOrderConfig
 from flowlane.policy import CoflowMeta
 from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
-from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all
+from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all, needs_matching
 
 if TYPE_CHECKING:
     from megatron_plugin.dist_optimizer import DistributedOptimizer
@@ -313,7 +313,7 @@ def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits:
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
     meta = h.meta("ep", h._fwd_mb, h.stage * h.L, op)
     with h.sched.critical_section(meta):
-        if h.config.ep_algorithm == "plain":
+        if h.config.ep_algorithm == "plain" or not needs_matching(n):
             comm.all_to_all_single(out, x, out_splits, in_splits, group=group, kind="ep", key=meta)
         else:
             matrix = gather_split_matrix(in_splits, group)

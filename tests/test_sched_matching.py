@@ -52,3 +52,16 @@ def test_bad_matrices_are_rejected_with_the_offending_entry():
         bvn_phases([[0, 1], [1]])
     with pytest.raises(ValueError, match=r"T\[0\]\[1\] = -1"):
         bvn_phases([[0, -1], [1, 0]])
+
+
+def test_groups_of_two_skip_matching_because_every_2x2_plan_is_the_one_exchange():
+    """flowlane.sched.alltoall.needs_matching: with two ranks nobody receives from two peers at once, so the plan of
+    any 2x2 matrix is a single phase, the exchange all_to_all_single makes; from three ranks on incast exists."""
+    from flowlane.sched.alltoall import needs_matching, plan_all_to_all
+
+    rng = random.Random(7)
+    for _ in range(200):
+        m = [[rng.randint(0, 50) for _ in range(2)] for _ in range(2)]
+        assert len(plan_all_to_all(m)) <= 1, m
+    assert not needs_matching(1) and not needs_matching(2) and needs_matching(3)
+    assert len(plan_all_to_all([[0, 4, 4], [0, 0, 4], [4, 0, 0]])) > 1  # rank 2 would be an incast target

@@ -19,6 +19,15 @@ from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases
 Algorithm = Literal["bvn", "alg3"]
 
 
+def needs_matching(group_size: int) -> bool:
+    """Whether phases can beat one ``all_to_all_single`` in a group of ``group_size`` ranks. In a group of two every
+    rank receives from one peer only, so there is no incast to avoid: the plan of any 2x2 matrix is the single
+    exchange ``all_to_all_single`` makes, and gathering the matrix to find that out is a collective round spent for
+    nothing (on the real Megatron MoE benchmark, EP 2 at 800 Mbit/s, it cost ~11 % of the iteration). Decided from
+    the group size alone, so every rank of the group decides alike."""
+    return group_size > 2
+
+
 def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn") -> list[Phase]:
     """Phases for ``matrix[i][j]`` rows from group rank i to j, planned in units of ``quantum`` rows (ceil), which
     bounds the number of phases (digest A2.6 "Units")."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireEncoder
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
-from flowlane.sched.alltoall import matched_all_to_all
+from flowlane.sched.alltoall import matched_all_to_all, needs_matching
 from flowlane.sched.groups import build_class_groups
 from flowlane.sched.hermod import HermodPolicy
 from flowlane.sched.scheduler import CommScheduler, SchedulerConfig
@@ -170,7 +170,7 @@ class _Rank:
         out = torch.empty(sum(recv_splits), _ROW)
         self.jitter()
         with self.sched.critical_section(meta):
-            if self.cfg.ep_algorithm == "plain":
+            if self.cfg.ep_algorithm == "plain" or not needs_matching(self.dp):
                 comm.all_to_all_single(out, rows, recv_splits, splits, group=group, key=meta)
             else:
                 matched_all_to_all(out, rows, recv_splits, splits, matrix, group=group,
@@ -180,7 +180,7 @@ class _Rank:
         tmatrix = [[matrix[j][i] for j in range(self.dp)] for i in range(self.dp)]
         meta = self.meta("ep", mb, self.layer_id(layer), "combine")
         with self.sched.critical_section(meta):
-            if self.cfg.ep_algorithm == "plain":
+            if self.cfg.ep_algorithm == "plain" or not needs_matching(self.dp):
                 comm.all_to_all_single(back, out, splits, recv_splits, group=group, key=meta)
             else:
                 matched_all_to_all(back, out, splits, recv_splits, tmatrix, group=group,
