@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", help="comma-separated GPU counts to run, taken from the full plan (e.g. --only scaling "
                                    "--gpus 4096 adds the MoE 4,096-GPU points without --full's 16 microbatches)")
     ap.add_argument("--models", help=f"comma-separated models to run (default: all of {list(MODELS)})")
+    ap.add_argument("--bandwidths", help="comma-separated link rates (Gb/s) to run, taken from the plan (e.g. --only "
+                                         "bandwidth --bandwidths 400 fills one skipped sweep point)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the points of an existing sim.json that this run does not recompute")
     ap.add_argument("--summarise-only", action="store_true",
@@ -370,16 +372,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     name = f"sim_nics{a.nics_per_server}" if a.nics_per_server else "sim"
     tasks = plan(a.full or bool(a.gpus))
-    # --only / --policies / --models / --gpus: keep the tasks whose field (section, policy, model, GPUs) is listed
+    # --only / --policies / --models / --gpus / --bandwidths: keep the tasks whose field (section, policy, model,
+    # GPUs, Gb/s) is listed
     for opt, col, allowed, cast in (("only", 0, SECTIONS, str), ("policies", 4, TABLE_POLICIES, str),
-                                    ("models", 1, MODELS, str), ("gpus", 2, sorted({t[2] for t in plan(True)}), int)):
+                                    ("models", 1, MODELS, str), ("gpus", 2, sorted({t[2] for t in plan(True)}), int),
+                                    ("bandwidths", 3, sorted({t[3] for t in plan(True)}), float)):
         value = getattr(a, opt)
         if not value:
             continue
         try:
             want = {cast(v) for v in value.split(",")}
         except ValueError:
-            ap.error(f"--{opt}: {value!r} is not a comma-separated list of integers")
+            ap.error(f"--{opt}: {value!r} is not a comma-separated list of {'numbers' if cast is float else 'integers'}")
         if want - set(allowed):
             ap.error(f"--{opt}: unknown {sorted(want - set(allowed))}; choose from {list(allowed)}")
         tasks = [t for t in tasks if t[col] in want]

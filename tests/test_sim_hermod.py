@@ -190,7 +190,8 @@ def test_hermod_sim_plan_runs_the_thesis_baselines_in_the_sweeps_and_filters_nam
     for m, g, b, _ in list(sweep):
         assert (m, g, b, "megatron") in sweep
         assert ((m, g, b, "ep-first") in sweep) == (m in MOE)
-    for bad in (["--models", "gpt3-13x"], ["--gpus", "3000"], ["--policies", "lina"]):
+    for bad in (["--models", "gpt3-13x"], ["--gpus", "3000"], ["--policies", "lina"], ["--bandwidths", "300"],
+                ["--bandwidths", "fast"]):
         with pytest.raises(SystemExit) as e:
             main([*bad, "--out", str(tmp_path)])
         assert e.value.code == 2
