@@ -34,7 +34,8 @@ Hooks and what they do:
   lowest layer first while the next forward runs and each module's forward pre-hook waits only for its own bucket
   (Case III); the grad sync then reduce-scatters into the optimizer's shards.
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
-  matched (incast-free BvN) all-to-all with the same autograd semantics.
+  matched (incast-free BvN) all-to-all with the same autograd semantics (one ``all_to_all_single`` in EP groups of
+  two, which have no incast: :func:`flowlane.sched.alltoall.needs_matching`).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class HermodConfig:
     gate_timeout_s: float = 0.05
     """Longest a DP chunk is held back while a PP/EP op is outstanding."""
     ep_algorithm: Literal["bvn", "alg3", "plain"] = "bvn"
-    """MoE all-to-all: BvN matching (optimal), the seed's Algorithm 3, or plain all_to_all_single."""
+    """MoE all-to-all: BvN matching (optimal), the seed's Algorithm 3, or plain all_to_all_single (EP groups of two
+    always run plain: no incast to avoid)."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""
