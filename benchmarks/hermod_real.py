@@ -1,9 +1,10 @@
 """Hermod vs the default (FIFO) order on 4 real CPU ranks over an emulated, shaped network.
 
-    sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic] [--rate-mbit 200]
+    sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic] [--rate-mbit 200|100,200,...]
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
-        [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer][,wire=1|2] ...]
+        [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
+                   [,ep_algorithm=bvn|alg3|plain][,wire=1|2] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
@@ -36,6 +37,8 @@ hermod`` on the same optimizer (reduce-scatters and parameter gathers chunked an
 communication also competes for CPU.
 ``--bulk-lane-mbit R`` turns the wire variants into a bound: their DP runs on its own lane of R Mbit/s beside the
 link, so it never competes with PP/EP (``bound_speedup``; never the best variant).
+``--rate-mbit 100,200,400,800`` sweeps the link rate (the thesis' fig. 5.9 analogue): one fabric and one alternating
+run per rate, one JSON (:func:`rate_sweep`) and a plot of each variant's speedup over each baseline against the rate.
 Label: measured on CPU with emulated links (netns + tc).
 """
 
@@ -426,7 +429,8 @@ def main() -> int:
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument("--variant", action="append", default=[],
                     help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,wire=1|2] (repeatable); wire=1 puts the bulk class on its own address, queued by "
+                         "[,ep_algorithm=bvn|alg3|plain][,wire=1|2] (repeatable); wire=1 puts the bulk class on its "
+                         "own address, queued by "
                          "priority; wire=2 also puts each all-to-all in its class (critical: oldest in-flight "
                          "microbatch, pipeline: later ones), the pipeline class on a third address")
     ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
