@@ -224,6 +224,9 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
         _parse_variant("wire=3")
     with pytest.raises(ValueError, match="unknown variant key 'lanes'"):
         _parse_variant("lanes=2")
+    assert _parse_variant("ep_algorithm=plain")["ep_algorithm"] == "plain"  # an A/B of the matched all-to-all
+    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'alg3', 'plain'\]"):
+        _parse_variant("ep_algorithm=bvm")
 
 
 def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: pytest.MonkeyPatch,
