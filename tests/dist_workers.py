@@ -66,6 +66,26 @@ def class_groups_with(rank: int, world: int, ifnames_by_rank: dict) -> dict:
     return {"clones": len(clones), "sums": sums}
 
 
+def nccl_class_group_calls(rank: int, world: int) -> dict:
+    """build_class_groups(backend="nccl") on a gloo world with ``new_group`` recorded instead of run (no GPU here):
+    which groups it would create, in which order, with which ``ncclConfig_t.trafficClass``."""
+    from flowlane.sched import groups as G
+
+    calls = []
+
+    def record(ranks, backend=None, pg_options=None):
+        calls.append([list(ranks), backend, pg_options.config.traffic_class])
+        return f"clone{len(calls) - 1}"
+
+    real, dist.new_group = dist.new_group, record
+    try:
+        mine = [[0, 1], [rank]] if rank == 0 else [[0, 1]]  # rank 0 alone also wants its singleton cloned
+        cg = G.build_class_groups(mine, backend="nccl")
+    finally:
+        dist.new_group = real
+    return {"calls": calls, "world_clones": [cg.get(None, c) for c in range(4)], "mine": sorted(cg.groups)}
+
+
 def owned_groups(rank: int, world: int) -> dict:
     """Groups made inside comm.owned_process_groups are destroyed on a normal exit and kept when the block raises."""
     from torch.distributed import distributed_c10d as c10d

@@ -38,6 +38,42 @@ def test_ranks_that_disagree_on_wire_classes_all_fail_instead_of_hanging():
     assert "'nosuch0' does not exist" in str(e.value)
 
 
+# the llm lane's torch exposes ncclConfig_t.trafficClass (ProcessGroupNCCL.Options().config.traffic_class); the gnn
+# lane's older torch does not
+@pytest.mark.llm
+def test_nccl_clones_carry_each_class_traffic_class_in_the_same_order_on_every_rank():
+    """The NCCL path as far as a CPU can take it: one clone per Hermod class for the union of every rank's groups, in
+    one sorted order on every rank (or new_group would hang), each with ncclConfig_t.trafficClass of its class. Running
+    those communicators needs GPUs (not tested here)."""
+    from flowlane.coflow import nccl_traffic_class
+
+    res = launch(W.nccl_class_group_calls, 2, timeout=60)
+    tcs = [nccl_traffic_class(c) for c in range(3)]
+    expected = [[[0], "nccl", tc] for tc in tcs] + [[[0, 1], "nccl", tc] for tc in tcs]
+    assert res[0]["calls"] == res[1]["calls"] == expected
+    assert res[0]["world_clones"] == res[1]["world_clones"] == ["clone3", "clone4", "clone5", "clone5"]
+    assert res[0]["mine"] == [(0,), (0, 1)] and res[1]["mine"] == [(0, 1)]
+
+
+@pytest.mark.llm
+def test_nccl_options_set_the_traffic_class_or_say_what_the_torch_build_lacks(monkeypatch: pytest.MonkeyPatch):
+    import torch.distributed as dist
+
+    from flowlane.coflow import nccl_traffic_class
+    from flowlane.sched.groups import _nccl_options
+
+    assert [_nccl_options(c).config.traffic_class for c in range(3)] == [nccl_traffic_class(c) for c in range(3)]
+    with pytest.raises(ValueError, match="hermod_class must be in"):
+        _nccl_options(3)
+
+    class OldOptions:  # a torch whose ncclConfig has no trafficClass (NCCL < 2.24)
+        config = type("Config", (), {"blocking": 1})()
+
+    monkeypatch.setattr(dist.ProcessGroupNCCL, "Options", OldOptions)
+    with pytest.raises(RuntimeError, match="no 'traffic_class'.*NCCL >= 2.24"):
+        _nccl_options(0)
+
+
 def test_wire_classes_on_loopback_give_one_working_clone_per_class():
     out = launch(W.class_groups_with, 2, args=({0: "lo", 1: "lo"},), timeout=60)
     assert [o["clones"] for o in out] == [3, 3]
