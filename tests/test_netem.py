@@ -233,7 +233,7 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """--workload megatron: baselines are Megatron flags, Hermod runs on the distributed optimizer (wire=1 puts its
     bulk class on bulk0); combinations it cannot run are named before anything is set up (root not needed)."""
-    from benchmarks.hermod_real import MEGATRON_BASELINES, main, megatron_flags
+    from benchmarks.hermod_real import MEGATRON_BASELINES, main, megatron_flags, rank_slots
 
     assert megatron_flags({"megatron": MEGATRON_BASELINES["fifo"]}) == {
         "distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True}
@@ -242,8 +242,12 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
     assert h["features"]["scheduler"] == {"name": "hermod", "chunk_bytes": 4096,
                                           "gloo_class_ifnames": "eth0,eth0,bulk0"}
     assert "gloo_class_ifnames" not in megatron_flags({"mode": "hermod", "wire": 0})["features"]["scheduler"]
+    # on the shared NIC Megatron's PP groups ({0,2},{1,3}) are placed in one server each; the synthetic ones already are
+    slots = rank_slots(True, "shared-nic")
+    server = [slots[r] // 2 for r in range(4)]  # slots {0,1} and {2,3} are the fabric's servers
+    assert server[0] == server[2] != server[1] == server[3]  # PP {0,2},{1,3} inside; DP {0,1},{2,3} across
+    assert rank_slots(True, "per-rank") == rank_slots(False, "shared-nic") == [0, 1, 2, 3]
     for argv, msg in ((["--megatron-moe"], "--megatron-moe needs --workload megatron"),
-                      (["--workload", "megatron", "--fabric", "shared-nic"], "per-rank only .* got shared-nic"),
                       (["--workload", "megatron", "--baselines", "lina"], r"unknown \['lina'\] for --workload megatron"),
                       (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic")):
         monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
