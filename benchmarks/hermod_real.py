@@ -453,9 +453,11 @@ def main() -> int:
     ap.add_argument("--timeline", action="store_true",
                     help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
     ap.add_argument("--layers-per-stage", type=int, default=WORK["layers_per_stage"],
-                    help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls")
-    ap.add_argument("--param-elems", type=int, default=WORK["param_elems"],
-                    help="parameters per layer (float32): the size of each layer's DP gather and reduction")
+                    help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls "
+                         "(--workload megatron: the GPT's num_layers = 2 x this, each layer its full size)")
+    ap.add_argument("--param-elems", type=int,
+                    help=f"parameters per layer (float32): the size of each layer's DP gather and reduction (synthetic "
+                         f"workload only; default {WORK['param_elems']})")
     ap.add_argument("--bulk-lane-mbit", type=float,
                     help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
                          "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
@@ -483,9 +485,12 @@ def main() -> int:
         rates = _parse_rates(a.rate_mbit)
     except ValueError as e:
         ap.error(str(e))
-    if a.layers_per_stage < 1 or a.param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
+    if a.param_elems is not None and a.workload == "megatron":
+        ap.error("--param-elems sizes the synthetic workload's layers; --workload megatron has its GPT's own")
+    param_elems = WORK["param_elems"] if a.param_elems is None else a.param_elems
+    if a.layers_per_stage < 1 or param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
         ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
-                 f"{a.layers_per_stage} and {a.param_elems}")
+                 f"{a.layers_per_stage} and {param_elems}")
     if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
         ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
     megatron = a.workload == "megatron"
@@ -499,10 +504,11 @@ def main() -> int:
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
     if megatron:
-        work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}))
+        work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
+                                    num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
-        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": a.param_elems}
+        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems}
         variants = {"fifo": {"mode": "fifo"}, **{b: BASELINES[b] for b in baselines}}
     for v in hv:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"

@@ -249,7 +249,9 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
     assert rank_slots(True, "per-rank") == rank_slots(False, "shared-nic") == [0, 1, 2, 3]
     for argv, msg in ((["--megatron-moe"], "--megatron-moe needs --workload megatron"),
                       (["--workload", "megatron", "--baselines", "lina"], r"unknown \['lina'\] for --workload megatron"),
-                      (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic")):
+                      (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic"),
+                      (["--workload", "megatron", "--param-elems", "65536"], "--param-elems sizes the synthetic"),
+                      (["--layers-per-stage", "0"], "--layers-per-stage must be >= 1")):
         monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
         with pytest.raises(SystemExit):
             main()
