@@ -29,6 +29,14 @@ def test_default_yaml_mirrors_the_recipe_dataclass():
             assert cfg[f.name] == f.default, f.name
 
 
+def test_hermod_yaml_mirrors_hermod_config_defaults():
+    from megatron_plugin.hermod import HermodConfig
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="default", overrides=["scheduler=hermod"])
+    assert dict(cfg.scheduler) == dataclasses.asdict(HermodConfig())
+
+
 def test_bad_recipe_values_are_rejected_with_the_value_named():
     with pytest.raises(ValueError, match="num_layers=5 must be divisible by pipeline_parallel=2"):
         run_job({"job": "gpt", "num_layers": 5})
