@@ -23,6 +23,10 @@ Shaping (choose with the arguments; figures are Mbit/s, a "link" is one directio
 - ``delay_ms`` (scalar or one per rank): one-way delay added on the rank's egress with a **netem** leaf qdisc; raises
   :class:`NetemError` up front when the kernel has no netem (as on this box), instead of silently not delaying.
 - ``shape_downlink=False``: shape only the uplink (the receive side stays unshaped).
+- ``switch_buffer_kb``: the switch port towards each rank (the downlink tbf) queues at most this many KiB and drops
+  the rest (tbf ``limit``) -- a shallow switch buffer, where many-to-one traffic loses packets and TCP waits for
+  retransmission timeouts (incast). Uplinks keep ``tbf_latency_ms`` (a host's own queue is deep). Without it the
+  downlink queues ``tbf_latency_ms`` of traffic like the uplink. Plain tbf links only (no classes, no pair rates).
 
 Servers and priority classes (what a coflow scheduler's wire priority needs):
 
@@ -141,7 +145,7 @@ class EmulatedNetwork:
                  burst_kb: float = 32.0, tbf_latency_ms: float = 100.0, ifname: str = "eth0",
                  prefix: str = "flnet", ranks_per_server: int = 1, bulk_subnet: str | None = None,
                  bulk_lane_mbit: float | None = None, shape_downlink: bool = True,
-                 pipeline_subnet: str | None = None) -> None:
+                 pipeline_subnet: str | None = None, switch_buffer_kb: float | None = None) -> None:
         if num_ranks < 1:
             raise NetemError(f"num_ranks must be >= 1, got {num_ranks}")
         if ranks_per_server < 1 or num_ranks % ranks_per_server:
@@ -201,6 +205,11 @@ class EmulatedNetwork:
         if bulk_lane_mbit is not None and (self.bulk_net is None or not bulk_lane_mbit > 0):
             raise NetemError(f"bulk_lane_mbit needs bulk_subnet and must be > 0, got {bulk_lane_mbit}")
         self.bulk_lane = bulk_lane_mbit
+        if switch_buffer_kb is not None and not (
+                switch_buffer_kb > 0 and shape_downlink and bulk_subnet is None and pair_rate_mbit is None):
+            raise NetemError(f"switch_buffer_kb must be > 0 and needs shaped downlinks without bulk_subnet or "
+                             f"pair_rate_mbit (plain tbf ports), got {switch_buffer_kb}")
+        self.switch_buffer_kb = switch_buffer_kb
         self.burst_kb = burst_kb
         self.tbf_latency_ms = tbf_latency_ms
         self.ifname = ifname
@@ -284,7 +293,8 @@ class EmulatedNetwork:
                                       if self.bulk_net else "tbf") + f" (uplink on {access}{down})",
                            "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
                            "delay": "netem leaf"},
-                "burst_kb_min": self.burst_kb}
+                "burst_kb_min": self.burst_kb, "tbf_latency_ms": self.tbf_latency_ms,
+                "switch_buffer_kb": self.switch_buffer_kb}
 
     def shaped_ports(self) -> list[tuple[str, str]]:
         """``(namespace, device)`` of every shaped access port: uplinks first, then downlinks."""
@@ -340,7 +350,7 @@ class EmulatedNetwork:
             if self.rates[k] is not None:
                 self._shape_link(host, "nic", self.rates[k])
                 if self.shape_downlink:   # the switch port towards the server: the NIC's receive side
-                    self._shape_link(sw, f"d{k}", self.rates[k])
+                    self._shape_link(sw, f"d{k}", self.rates[k], self.switch_buffer_kb)
         for i, ns in enumerate(self.ns):
             self._add_ns(ns)
             port = f"p{i}"
@@ -361,12 +371,13 @@ class EmulatedNetwork:
                 continue
             self._shape_egress(i)
             if self.rates[i] is not None and self.shape_downlink:   # the bridge port's egress towards rank i
-                self._shape_link(sw, port, self.rates[i])
+                self._shape_link(sw, port, self.rates[i], self.switch_buffer_kb)
 
-    def _shape_link(self, ns: str, dev: str, rate: float) -> None:
-        """One direction of an access link: tbf, or the priority htb tree when there are classes."""
+    def _shape_link(self, ns: str, dev: str, rate: float, buffer_kb: float | None = None) -> None:
+        """One direction of an access link: tbf (queueing ``buffer_kb`` at most when given), or the priority htb tree
+        when there are classes."""
         if self.bulk_net is None:
-            self._tbf(ns, dev, rate, None)
+            self._tbf(ns, dev, rate, None, buffer_kb)
             return
         # 1:1 = the link; 1:10 default class (prio 0, may use all of it); with pipeline_subnet 1:20 (prio 1: what
         # 1:10 leaves); 1:30 bulk (lowest prio: what the others leave), or with bulk_lane_mbit a sibling of 1:1 with
@@ -388,9 +399,10 @@ class EmulatedNetwork:
     def _tc(self, ns: str, *args: str) -> None:
         _run("ip", "netns", "exec", ns, "tc", *args)
 
-    def _tbf(self, ns: str, dev: str, rate: float, delay: float | None) -> None:
+    def _tbf(self, ns: str, dev: str, rate: float, delay: float | None, buffer_kb: float | None = None) -> None:
+        queue = ("limit", f"{buffer_kb * 1024:.0f}") if buffer_kb else ("latency", f"{self.tbf_latency_ms:g}ms")
         self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", _mbit(rate),
-                 "burst", _burst(rate, self.burst_kb), "latency", f"{self.tbf_latency_ms:g}ms")
+                 "burst", _burst(rate, self.burst_kb), *queue)
         if delay:
             self._tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
                      f"{delay:g}ms", "limit", "100000")

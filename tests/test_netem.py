@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -152,6 +153,22 @@ def test_servers_share_one_nic_and_the_bulk_class_yields_to_the_rest() -> None:
 
 
 @needs_netns
+def test_a_shallow_switch_buffer_limits_only_the_downlink_queue() -> None:
+    """``switch_buffer_kb``: the switch ports towards the ranks queue that many bytes (tbf ``limit``), the ranks'
+    own uplinks keep the deep ``tbf_latency_ms`` queue; traffic still flows."""
+    with EmulatedNetwork(2, rate_mbit=40, switch_buffer_kb=48, subnet="10.218.0.0/24") as net:
+        def lat_us(ns: str, dev: str) -> float:   # tc reports tbf's queue as lat = (limit - burst) / rate
+            out = subprocess.run(["ip", "netns", "exec", ns, "tc", "-j", "qdisc", "show", "dev", dev],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return float(json.loads(out)[0]["options"]["lat"])
+        burst = 32 * 1024
+        assert lat_us(net.switch_ns, "p1") == pytest.approx((48 * 1024 - burst) * 8 / 40e6 * 1e6, abs=2)
+        assert lat_us(net.ns[0], "eth0") == pytest.approx(100e3)   # tbf_latency_ms, the default
+        assert net.describe()["switch_buffer_kb"] == 48
+        assert _transfer(net, 0, 1, 1_000_000) < 1.0   # 8 Mbit at 40 Mbit/s: 0.2 s, one sender never overflows
+
+
+@needs_netns
 def test_a_bulk_lane_gives_the_bulk_class_its_own_capacity() -> None:
     """``bulk_lane_mbit``: the bulk class no longer shares the link, so both flows finish about as fast as alone."""
     nbytes = 3_000_000
@@ -205,6 +222,11 @@ def test_bad_options_are_rejected_with_clear_errors() -> None:
         EmulatedNetwork(2, bulk_subnet="10.9.1.0/24", pipeline_subnet="10.9.1.0/25")
     with pytest.raises(NetemError, match="needs priority classes"):
         EmulatedNetwork(2).class_bytes()
+    for bad in ({"switch_buffer_kb": 0}, {"switch_buffer_kb": 64, "shape_downlink": False},
+                {"switch_buffer_kb": 64, "bulk_subnet": "10.9.1.0/24"},
+                {"switch_buffer_kb": 64, "pair_rate_mbit": [[0, 1], [1, 0]]}):
+        with pytest.raises(NetemError, match=f"switch_buffer_kb must be > 0 .* got {bad['switch_buffer_kb']}"):
+            EmulatedNetwork(2, rate_mbit=10, **bad)
 
 
 @pytest.mark.skipif(shutil.which("ip") is None or shutil.which("tc") is None, reason="needs iproute2 (ip, tc)")

@@ -103,8 +103,9 @@ def test_injected_delays_do_not_deadlock_and_do_not_change_results():
 def test_matched_all_to_all_equals_all_to_all_single_on_four_ranks():
     for r in _results():
         a = r["a2a"]
-        assert a["equal_bvn"] and a["equal_alg3"], a
+        assert a["equal_bvn"] and a["equal_alg3"] and a["equal_bvn_barrier"], a
         assert a["phases_bvn"] <= a["phases_alg3_total"]
+        assert a["bad_sync"].startswith("phase_sync 'global' is not one of"), a
 
 
 def _a2a_rank(rank: int, world: int) -> dict:
@@ -128,6 +129,13 @@ def _a2a_rank(rank: int, world: int) -> dict:
         y = torch.full((sum(recv), 3), -1.0)
         matched_all_to_all(y, x, recv, splits, matrix, algorithm=alg, quantum=2)
         out[f"equal_{alg}"] = bool(torch.equal(y, ref))
+    y = torch.full((sum(recv), 3), -1.0)
+    matched_all_to_all(y, x, recv, splits, matrix, phase_sync="barrier")
+    out["equal_bvn_barrier"] = bool(torch.equal(y, ref))
+    try:
+        matched_all_to_all(y, x, recv, splits, matrix, phase_sync="global")  # type: ignore[arg-type]
+    except ValueError as e:
+        out["bad_sync"] = str(e)
     out["phases_bvn"] = phases_total(plan_all_to_all(matrix, 1, "bvn"))
     out["phases_alg3_total"] = phases_total(plan_all_to_all(matrix, 1, "alg3"))
     return out

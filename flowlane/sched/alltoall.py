@@ -2,7 +2,9 @@
 algorithm"): the split matrix is decomposed into incast-free phases (:mod:`flowlane.sched.matching`) and each phase
 runs as one batch of isend/irecv pairs. Every rank plans from the same matrix with the same integer algorithm, so
 the plans agree without synchronisation; between phases only the pairwise wait of that phase (no global barrier,
-digest A6.1 #10).
+digest A6.1 #10), unless ``phase_sync="barrier"``. Without a barrier a rank that finished phase k may send its phase
+k+1 flow to a receiver still busy with phase k: a transient 2-to-1 incast (digest A2.6 calls it a tunable). The
+barrier removes it at the cost of one group barrier per phase.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from flowlane import comm
 from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases
 
 Algorithm = Literal["bvn", "alg3"]
+PhaseSync = Literal["pairwise", "barrier"]
+PHASE_SYNCS = ("pairwise", "barrier")
 
 
 def needs_matching(group_size: int) -> bool:
@@ -51,9 +55,13 @@ def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGro
 def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
                        input_split_sizes: Sequence[int], matrix: Sequence[Sequence[int]],
                        group: dist.ProcessGroup | None = None, quantum: int = 1, algorithm: Algorithm = "bvn",
-                       kind: str = "ep", key: Any = None) -> list[Phase]:
+                       kind: str = "ep", key: Any = None, phase_sync: PhaseSync = "pairwise") -> list[Phase]:
     """Same result as ``all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``, sent as
-    incast-free phases. ``matrix`` must be identical on every rank (row i = group rank i's input splits)."""
+    incast-free phases. ``matrix`` must be identical on every rank (row i = group rank i's input splits).
+    ``phase_sync``: ``pairwise`` (each rank starts phase k+1 when its own phase-k ops are done) or ``barrier`` (the
+    whole group finishes phase k first; module docstring)."""
+    if phase_sync not in PHASE_SYNCS:
+        raise ValueError(f"phase_sync {phase_sync!r} is not one of {list(PHASE_SYNCS)}")
     ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
     n = len(ranks)
     me = ranks.index(dist.get_rank())
@@ -90,6 +98,8 @@ def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_s
                 got[src] += a
         for w in comm.batch_isend_irecv(ops, kind=kind, key=key):
             w.wait()
+        if phase_sync == "barrier" and ph is not phases[-1]:
+            dist.barrier(group=group)
     if sent != [input_split_sizes[j] if j != me else 0 for j in range(n)] or \
             got != [output_split_sizes[i] if i != me else 0 for i in range(n)]:
         raise RuntimeError(f"matched all-to-all incomplete on group rank {me}: sent {sent}, received {got}")

@@ -65,6 +65,21 @@ def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, 
     return topo
 
 
+def zipf_token_matrix(rng: np.random.Generator, ep: int, num_experts: int, tokens: int, top_k: int,
+                      skew: float) -> np.ndarray:
+    """An EP group's dispatch matrix: ``out[i, j]`` tokens that rank i routes to the experts rank j holds. Expert
+    popularity is Zipf with exponent ``skew`` (0 = uniform; the seed gives no distribution), shuffled over the
+    experts; each rank routes ``tokens * top_k`` token copies (dropless). Integer counts."""
+    if ep < 1 or num_experts % ep or tokens < 0 or top_k < 1 or not skew >= 0:
+        raise SimSpecError(f"zipf_token_matrix: need ep >= 1 dividing num_experts, tokens >= 0, top_k >= 1, "
+                           f"skew >= 0; got ep={ep}, num_experts={num_experts}, tokens={tokens}, top_k={top_k}, "
+                           f"skew={skew}")
+    pop = 1.0 / np.arange(1, num_experts + 1) ** skew
+    pop = rng.permutation(pop / pop.sum())
+    counts = rng.multinomial(tokens * top_k, pop, size=ep)
+    return counts.reshape(ep, ep, num_experts // ep).sum(-1)
+
+
 def _pipeline_order(p: int, s: int, m: int, v: int, interleaved: bool) -> list[tuple[str, int, int]]:
     """Program order of (kind, chunk, microbatch) on stage s (Megatron-core schedules.py [ext])."""
     if not interleaved:
@@ -337,12 +352,8 @@ class _LLMBuilder:
 
     def token_matrix(self) -> np.ndarray:
         p, m = self.p, self.m
-        E = m.num_experts
-        pop = 1.0 / np.arange(1, E + 1) ** p.moe_skew
-        pop = self.rng.permutation(pop / pop.sum())
         n_tok = self.tokens // p.tp if p.tp > 1 else self.tokens  # sequence parallel: tokens split over TP
-        counts = self.rng.multinomial(n_tok * m.top_k, pop, size=p.ep)
-        return counts.reshape(p.ep, p.ep, E // p.ep).sum(-1).astype(np.float64)
+        return zipf_token_matrix(self.rng, p.ep, m.num_experts, n_tok, m.top_k, p.moe_skew).astype(np.float64)
 
     def emit_moe(self, s: int, vs: int, mb: int, fwd: bool, deps: dict) -> dict:
         p, m, w = self.p, self.m, self.w
