@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.hermod_intra_real import draw_matrices, fit_alpha, lower_bound_s, main, simulate_cct, summarise
+from benchmarks.hermod_intra_real import (
+    draw_matrices,
+    fit_alpha,
+    lower_bound_s,
+    main,
+    simulate_cct,
+    summarise,
+)
 from flowlane.sim.graph import SimSpecError
 from flowlane.sim.workloads import zipf_token_matrix
 
