@@ -22,9 +22,10 @@ measured instead:
   ``plain``'s bit for bit on every rank (checked; a mismatch fails the run).
 - Calibration: the simulator (:mod:`flowlane.sim`, a star at the same rate) replays each matrix. The deepest buffer
   fixes the goodput (TCP/IP headers: the simulated rate is scaled until the simulated plain all-to-all takes the
-  measured time), then for every shallower buffer the :class:`flowlane.sim.IncastModel` ``alpha`` that makes the
-  simulated plain all-to-all as slow as the measured one (bisection; capacity / (1 + alpha (k - 1)) for k flows into
-  one port), and the phases' time that alpha predicts, beside the measured one.
+  measured time) and the per-phase overhead (the simulator's ``launch_overhead`` that makes the simulated phases as
+  slow as the measured ``bvn``); then, for every buffer, the :class:`flowlane.sim.IncastModel` ``alpha`` that makes
+  the simulated plain all-to-all as slow as the measured one (bisection; capacity / (1 + alpha (k - 1)) for k flows
+  into one port), and the phases' time the calibrated simulator predicts, beside the measured one.
 
 Writes ``--out`` (JSON: every measured time, per-buffer medians, speedups over plain, lower bound, fitted alpha) and a
 PNG. Needs root (ip netns, tc); every namespace is uniquely named and deleted on exit; traffic stays inside them.
@@ -156,10 +157,11 @@ def run_fabric(cfg: dict[str, Any], buffer_kb: float) -> dict[str, Any]:
 
 # -- the simulator, calibrated -------------------------------------------------------------------------------------
 def simulate_cct(matrix: list[list[int]], row_bytes: int, rate_mbit: float, mode: str, alpha: float,
-                 quantum: int = 1) -> float:
+                 quantum: int = 1, phase_overhead_s: float = 0.0) -> float:
     """One all-to-all of ``matrix`` on a simulated star at ``rate_mbit`` with an incast penalty ``alpha``;
     ``mode`` plain (every flow at once) or phases (the BvN schedule as the runtime sends it, planned in units of
-    ``quantum`` rows; each unit simulated full, so the last one of a pair is rounded up)."""
+    ``quantum`` rows; each unit simulated full, so the last one of a pair is rounded up). ``phase_overhead_s``: the
+    simulator's ``launch_overhead``, added to every coflow (one per phase flow; the plain all-to-all is one coflow)."""
     from flowlane.policy import CoflowMeta
     from flowlane.sim import IncastModel, SimConfig, Simulator, Workload
     from flowlane.sim import collectives as C
@@ -174,15 +176,11 @@ def simulate_cct(matrix: list[list[int]], row_bytes: int, rate_mbit: float, mode
     C.all_to_all(w, range(n), m, CoflowMeta("ep"), mode=mode,
                  unit_bytes=float(row_bytes * (quantum if mode == "phases" else 1)))
     inc = IncastModel(alpha=alpha) if alpha > 0 else None
-    return Simulator(topo, SimConfig(incast=inc)).run(w).makespan
+    return Simulator(topo, SimConfig(incast=inc, launch_overhead=phase_overhead_s)).run(w).makespan
 
 
-def fit_alpha(matrix: list[list[int]], row_bytes: int, rate_mbit: float, measured_s: float,
-              hi: float = 8.0, iters: int = 30) -> float:
-    """The incast penalty for which the simulated plain all-to-all takes ``measured_s`` (bisection: the simulated
-    time grows with alpha). 0 when even alpha 0 is slower; ``hi`` when even ``hi`` is faster."""
-    def f(a: float) -> float:
-        return simulate_cct(matrix, row_bytes, rate_mbit, "plain", a) - measured_s
+def _solve_increasing(f: Any, hi: float, iters: int = 30) -> float:
+    """x in [0, hi] where the increasing ``f`` crosses 0 (bisection); 0 or ``hi`` when it does not cross inside."""
     if f(0.0) >= 0:
         return 0.0
     if f(hi) <= 0:
@@ -194,36 +192,57 @@ def fit_alpha(matrix: list[list[int]], row_bytes: int, rate_mbit: float, measure
     return (lo + hi) / 2
 
 
+def fit_alpha(matrix: list[list[int]], row_bytes: int, rate_mbit: float, measured_s: float,
+              hi: float = 8.0) -> float:
+    """The incast penalty for which the simulated plain all-to-all takes ``measured_s`` (the simulated time grows
+    with alpha). 0 when even alpha 0 is slower; ``hi`` when even ``hi`` is faster."""
+    return _solve_increasing(lambda a: simulate_cct(matrix, row_bytes, rate_mbit, "plain", a) - measured_s, hi)
+
+
+def fit_phase_overhead(matrix: list[list[int]], row_bytes: int, rate_mbit: float, measured_s: float,
+                       quantum: int = 1, hi: float = 0.05) -> float:
+    """The per-phase-flow overhead (s) for which the simulated phases, without incast, take ``measured_s``: what
+    launching and waiting for each phase costs the runtime beyond its bytes."""
+    return _solve_increasing(lambda o: simulate_cct(matrix, row_bytes, rate_mbit, "phases", 0.0, quantum, o)
+                             - measured_s, hi)
+
+
 def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per buffer, speedups over plain, and the simulator calibrated on the measurements: goodput and the
+    phase overhead from the deepest buffer (no incast there), then alpha per buffer from the plain times, and the
+    phases' time the calibrated simulator predicts next to the measured one (``bvn``)."""
     mats = draw_matrices(cfg)
     row_bytes = cfg["hidden"] * _BYTES_PER_VALUE
+    q = cfg["quantum"]
     bounds = [lower_bound_s(m, row_bytes, cfg["rate_mbit"]) for m in mats]
     deep = max(fabrics, key=lambda f: f["buffer_kb"])
+    deep_med = {a: [statistics.median(v) for v in deep["cct_s"][a]] for a in cfg["algorithms"]}
     # goodput: the deepest buffer has no incast, so the simulated rate is scaled to match its plain times
-    goodput = statistics.median(
-        simulate_cct(m, row_bytes, cfg["rate_mbit"], "plain", 0.0) / statistics.median(deep["cct_s"]["plain"][mi])
-        for mi, m in enumerate(mats))
+    goodput = statistics.median(simulate_cct(m, row_bytes, cfg["rate_mbit"], "plain", 0.0) / deep_med["plain"][mi]
+                                for mi, m in enumerate(mats))
     rate_eff = cfg["rate_mbit"] * goodput
+    overhead = statistics.median(fit_phase_overhead(m, row_bytes, rate_eff, deep_med["bvn"][mi], q)
+                                 for mi, m in enumerate(mats)) if "bvn" in cfg["algorithms"] else 0.0
     rows = []
     for f in sorted(fabrics, key=lambda f: -f["buffer_kb"]):
         med = {a: [statistics.median(v) for v in f["cct_s"][a]] for a in cfg["algorithms"]}
-        row: dict[str, Any] = {
+        alphas = [fit_alpha(m, row_bytes, rate_eff, med["plain"][mi]) for mi, m in enumerate(mats)]
+        alpha = statistics.median(alphas)
+        rows.append({
             "buffer_kb": f["buffer_kb"],
             "median_cct_s": {a: statistics.median(v) for a, v in med.items()},
             "cct_over_lower_bound": {a: statistics.median(v / b for v, b in zip(med[a], bounds, strict=True))
                                      for a in cfg["algorithms"]},
             "speedup_vs_plain": {a: statistics.median(p / v for p, v in zip(med["plain"], med[a], strict=True))
                                  for a in cfg["algorithms"] if a != "plain"},
-        }
-        alphas = [fit_alpha(m, row_bytes, rate_eff, med["plain"][mi]) for mi, m in enumerate(mats)]
-        alpha = statistics.median(alphas)
-        row["fitted_incast_alpha"] = alpha
-        row["fitted_incast_alpha_per_matrix"] = alphas
-        row["simulated_at_fitted_alpha_s"] = {
-            mode: statistics.median(simulate_cct(m, row_bytes, rate_eff, mode, alpha, cfg["quantum"]) for m in mats)
-            for mode in ("plain", "phases")}
-        rows.append(row)
-    return {"lower_bound_s": bounds, "goodput_fraction": goodput, "rows": rows}
+            "fitted_incast_alpha": alpha,
+            "fitted_incast_alpha_per_matrix": alphas,
+            "simulated_at_fitted_alpha_s": {
+                mode: statistics.median(simulate_cct(m, row_bytes, rate_eff, mode, alpha, q,
+                                                     overhead if mode == "phases" else 0.0) for m in mats)
+                for mode in ("plain", "phases")},
+        })
+    return {"lower_bound_s": bounds, "goodput_fraction": goodput, "phase_overhead_s": overhead, "rows": rows}
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
@@ -239,7 +258,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
         ax.bar([i + k * w for i in range(len(rows))], [r["cct_over_lower_bound"][a] for r in rows], w, label=a)
     ax.bar([i + len(algs) * w for i in range(len(rows))],
            [r["simulated_at_fitted_alpha_s"]["phases"] / statistics.median(doc["summary"]["lower_bound_s"])
-            for r in rows], w, label="phases, simulated at fitted alpha", color="C7")
+            for r in rows], w, label="bvn phases, calibrated simulator", color="C7")
     ax.set_xticks([i + w * len(algs) / 2 for i in range(len(rows))],
                   [f"{r['buffer_kb']:g} KiB buffer\nalpha {r['fitted_incast_alpha']:.2f}" for r in rows], fontsize=8)
     ax.axhline(1.0, color="k", lw=0.5)
@@ -282,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=int, default=300, help="a rank that waits longer on a peer fails the run")
     ap.add_argument("--out", default="results/hermod/intra_real.json")
+    ap.add_argument("--summarise-only", action="store_true",
+                    help="measure nothing: recompute the summary and plot of --out from its stored times")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--cfg-json", help=argparse.SUPPRESS)
@@ -302,9 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     if not a.skew >= 0:
         raise SystemExit(f"--skew must be >= 0, got {a.skew}")
     buffers = _floats(a.buffers_kb, "--buffers-kb")
+    out = Path(a.out)
+    if a.summarise_only:
+        if not out.is_file():
+            raise SystemExit(f"--summarise-only reads --out, and {out} does not exist")
+        doc = json.loads(out.read_text())
+        doc["summary"] = summarise(doc["config"], doc["fabrics"])
+        _write(doc, out)
+        return 0
     cfg = {"ranks": a.ranks, "rate_mbit": a.rate_mbit, "matrices": a.matrices, "rounds": a.rounds,
            "tokens": a.tokens, "top_k": a.top_k, "experts_per_rank": a.experts_per_rank, "skew": a.skew,
-           "hidden": a.hidden, "quantum": a.quantum, "algorithms": algorithms, "seed": a.seed, "timeout_s": a.timeout_s}
+           "hidden": a.hidden, "quantum": a.quantum, "algorithms": algorithms, "seed": a.seed,
+           "timeout_s": a.timeout_s}
     try:
         check_available()
     except NetemError as e:
@@ -317,20 +347,26 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"what": "EP all-to-all on an emulated star (measured on CPU with emulated links: gloo over real TCP in "
                    "network namespaces, tc tbf); plain vs Hermod's incast-free phases; simulator calibrated to it",
            "config": cfg, "fabrics": fabrics, "summary": summarise(cfg, fabrics), "wall_s": time.time() - t0}
-    out = Path(a.out)
+    _write(doc, out)
+    return 0
+
+
+def _write(doc: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(out)  # never a half-written result
     _plot(doc, out.with_suffix(".png"))
-    for r in doc["summary"]["rows"]:
+    s = doc["summary"]
+    print(f"goodput {s['goodput_fraction']:.3f} of the link rate, phase overhead {s['phase_overhead_s'] * 1e3:.2f} ms")
+    for r in s["rows"]:
         print(f"buffer {r['buffer_kb']:g} KiB: median CCT " +
               ", ".join(f"{k} {v:.3f}s" for k, v in r["median_cct_s"].items()) +
               " | speedup vs plain " + ", ".join(f"{k} {v:.3f}x" for k, v in r["speedup_vs_plain"].items()) +
-              f" | fitted alpha {r['fitted_incast_alpha']:.3f}, sim phases "
+              f" | fitted alpha {r['fitted_incast_alpha']:.3f}; calibrated sim: plain "
+              f"{r['simulated_at_fitted_alpha_s']['plain']:.3f}s, phases "
               f"{r['simulated_at_fitted_alpha_s']['phases']:.3f}s")
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ and argument checks. The measured part needs root and network namespaces (run th
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -61,23 +63,41 @@ def test_phases_avoid_the_simulated_penalty_that_slows_the_plain_all_to_all() ->
     assert simulate_cct(m, 1024, 100.0, "phases", 0.0, quantum=8) >= phases0   # coarser units only pad
 
 
-def test_summarise_calibrates_goodput_on_the_deep_buffer_and_alpha_on_the_shallow_one() -> None:
-    """Fabrics made from the simulator itself: goodput 80 % everywhere, no incast at 1024 KiB, alpha 0.4 at 64 KiB.
-    The summary must find exactly that."""
+def test_summarise_calibrates_goodput_overhead_and_alpha_from_the_measurements() -> None:
+    """Fabrics made from the simulator itself: goodput 80 %, 2 ms per phase flow, no incast at 1024 KiB and alpha 0.4
+    at 64 KiB (phases unaffected: they are incast-free). The summary must find exactly that."""
     mats = draw_matrices(CFG)
     row = CFG["hidden"] * 4
+    phases = [simulate_cct(m, row, 80.0, "phases", 0.0, 1, 0.002) for m in mats]
 
     def fabric(kb: float, alpha: float) -> dict:
         plain = [simulate_cct(m, row, 80.0, "plain", alpha) for m in mats]
-        return {"buffer_kb": kb, "cct_s": {"plain": [[t] * 3 for t in plain], "bvn": [[t / 2] * 3 for t in plain]}}
+        return {"buffer_kb": kb, "cct_s": {"plain": [[t] * 3 for t in plain], "bvn": [[t] * 3 for t in phases]}}
 
     s = summarise(CFG, [fabric(64, 0.4), fabric(1024, 0.0)])
     assert s["goodput_fraction"] == pytest.approx(0.8, rel=1e-3)   # not exact: link latency is not scaled
+    assert s["phase_overhead_s"] == pytest.approx(0.002, rel=0.02)
     deep, shallow = s["rows"]
     assert deep["buffer_kb"] == 1024 and deep["fitted_incast_alpha"] == pytest.approx(0.0, abs=1e-3)
     assert shallow["fitted_incast_alpha"] == pytest.approx(0.4, abs=1e-3)
-    assert shallow["speedup_vs_plain"]["bvn"] == pytest.approx(2.0)
+    assert shallow["simulated_at_fitted_alpha_s"]["phases"] == pytest.approx(sorted(phases)[len(phases) // 2], rel=0.02)
+    assert shallow["speedup_vs_plain"]["bvn"] > deep["speedup_vs_plain"]["bvn"]
     assert shallow["cct_over_lower_bound"]["plain"] > deep["cct_over_lower_bound"]["plain"]
+
+
+def test_summarise_only_rewrites_the_summary_from_stored_times(tmp_path) -> None:  # noqa: ANN001
+    mats = draw_matrices(CFG)
+    t = [simulate_cct(m, 1024, 100.0, "plain", 0.0) for m in mats]
+    doc = {"config": CFG, "fabrics": [{"buffer_kb": 1024, "cct_s": {"plain": [[x] * 3 for x in t],
+                                                                    "bvn": [[2 * x] * 3 for x in t]}}]}
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(doc))
+    assert main(["--summarise-only", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["summary"]["rows"][0]["speedup_vs_plain"]["bvn"] == pytest.approx(0.5)
+    assert (tmp_path / "r.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["--summarise-only", "--out", str(tmp_path / "missing.json")])
 
 
 @pytest.mark.parametrize(("args", "msg"), [
