@@ -242,7 +242,11 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
                                                      overhead if mode == "phases" else 0.0) for m in mats)
                 for mode in ("plain", "phases")},
         })
-    return {"lower_bound_s": bounds, "goodput_fraction": goodput, "phase_overhead_s": overhead, "rows": rows}
+    from flowlane.sched.alltoall import plan_all_to_all
+
+    phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "alg3")}
+    return {"lower_bound_s": bounds, "goodput_fraction": goodput, "phase_overhead_s": overhead,
+            "phases_per_matrix": phases, "rows": rows}
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
