@@ -1,6 +1,7 @@
-"""Hermod vs the default (FIFO) order on 4 real CPU ranks over an emulated, shaped network.
+"""Hermod vs the default (FIFO) order on 4 (or ``--ranks``) real CPU ranks over an emulated, shaped network.
 
-    sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic] [--rate-mbit 200|100,200,...]
+    sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic|star] [--ranks 4]
+        [--switch-buffer-kb B] [--rate-mbit 200|100,200,...]
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
@@ -14,13 +15,16 @@ sends -- what Hermod's sender-side order and DP chunking can resolve. (An earlie
 shared by all 4 ranks and measured 0.96x: one rank's host-side order cannot protect another rank's flow.)
 ``shared-nic``: two servers of two ranks behind one shaped NIC each (both directions), PP inside the server, DP and
 EP across -- there one rank's DP competes with the other rank's all-to-all, which only wire priority can resolve.
+``star``: one switch, every rank's link shaped both ways, the switch ports queueing ``--switch-buffer-kb`` KiB: a
+shallow buffer drops packets when several senders meet in one port (incast, TCP retransmission timeouts), the
+fabric on which Hermod's incast-free all-to-all matters (with ``--ranks 8``: EP groups of four). No classes there.
 Every shaped port is an HTB tree with a bulk class served only when nothing else waits; a variant with ``wire=1``
 runs Hermod's bulk (DP) class on its own gloo communicator bound to a macvlan with its own address
 (:func:`flowlane.sched.groups.build_class_groups` with ``gloo_class_ifnames``), which the filters put in that class
 -- the gloo stand-in for DSCP-marked traffic in a priority queue. FIFO and host-only variants never use it.
 gloo rendezvous is ``tcp://`` on rank 0's namespace address and ``GLOO_SOCKET_IFNAME=eth0``.
 
-Workload: the synthetic PP2 x DP2 (x EP2) 1F1B iteration of :mod:`flowlane.sched.workload` (ZeRO parameter gathers,
+Workload: the synthetic PP2 x DP2 (x EP2; ``--ranks 8``: DP4 x EP4) 1F1B iteration of :mod:`flowlane.sched.workload` (ZeRO parameter gathers,
 per-layer gradient reductions, pipeline p2p and skewed MoE all-to-alls; compute emulated with sleep because 2 cores
 cannot run 4 ranks' matmuls at once). FIFO and every Hermod variant alternate, round after round, in the same
 processes over the same links; the first iteration of each run is warm-up. Beside ``fifo`` (Megatron with DP
@@ -68,9 +72,12 @@ DEFAULT_VARIANT = {"chunk_bytes": 128 << 10, "max_inflight_chunks": 1, "gate_tim
 # forward, reductions after the whole backward); "lina" is Lina's key design as the thesis re-implemented it (EP
 # all-to-alls before DP, DP partitioned into chunks; DP in issue order, PP not prioritised).
 BASELINES: dict[str, dict[str, Any]] = {
-    "megatron": {"mode": "fifo", "overlap_dp": False},
-    "lina": {"mode": "hermod", **DEFAULT_VARIANT, "gate_ctypes": ["ep"], "order": "fifo"},
+    "megatron": {"mode": "fifo", "overlap_dp": False, "ep_algorithm": "plain"},
+    "lina": {"mode": "hermod", **DEFAULT_VARIANT, "gate_ctypes": ["ep"], "order": "fifo", "ep_algorithm": "plain"},
 }
+# the default order's all-to-all: one all_to_all_single, every flow at once (as NCCL's); EP groups of two run it in
+# every variant anyway (flowlane.sched.alltoall.needs_matching)
+FIFO = {"mode": "fifo", "ep_algorithm": "plain"}
 PORT = 29561
 # --workload megatron: the default recipe's Megatron-core GPT (recipes.gpt) with Megatron's distributed optimizer,
 # real compute; sized so that one iteration's DP traffic (reduce-scatter + gather of ~7.4 MB per stage) takes about
@@ -172,10 +179,11 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
 
 
 # -- the emulated network ------------------------------------------------------------------------------------------
-FABRICS = ("per-rank", "shared-nic")
+FABRICS = ("per-rank", "shared-nic", "star")
 
 
-def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None = None) -> EmulatedNetwork:
+def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None = None, ranks: int = 4,
+                    switch_buffer_kb: float | None = None) -> EmulatedNetwork:
     """4 rank namespaces with priority classes (flowlane.netem, ``bulk_subnet``: a macvlan ``bulk0`` per rank whose
     traffic every shaped port queues behind the rest).
 
@@ -183,35 +191,42 @@ def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None 
     can resolve). ``shared-nic``: ranks ``{0,1}`` and ``{2,3}`` (the PP groups) are two servers behind one NIC each,
     shaped both ways; PP stays inside the server (unshaped, as NVLink would), DP and EP cross the NIC -- the seed's
     literal fabric (one 100 Gb/s link per server, §5.5.1) in miniature. ``bulk_lane_mbit``: the bulk class gets its
-    own lane instead of the link's leftovers (a bound, see ``--bulk-lane-mbit``)."""
+    own lane instead of the link's leftovers (a bound, see ``--bulk-lane-mbit``). ``star``: ``ranks`` ranks on one
+    switch, every access link shaped both ways, the switch ports queueing ``switch_buffer_kb`` KiB (a shallow buffer
+    drops under incast; :mod:`benchmarks.hermod_intra_real`); no priority classes, so host order only."""
     if fabric not in FABRICS:
         raise ValueError(f"fabric {fabric!r} is not one of {list(FABRICS)}")
+    if fabric == "star":
+        return EmulatedNetwork(ranks, rate_mbit=rate_mbit, switch_buffer_kb=switch_buffer_kb,
+                               subnet="10.213.0.0/24", prefix="flh")
     shared = fabric == "shared-nic"
-    return EmulatedNetwork(4, rate_mbit=rate_mbit, ranks_per_server=2 if shared else 1, shape_downlink=shared,
+    return EmulatedNetwork(ranks, rate_mbit=rate_mbit, ranks_per_server=2 if shared else 1, shape_downlink=shared,
                            subnet="10.213.0.0/24", bulk_subnet="10.213.1.0/24", bulk_lane_mbit=bulk_lane_mbit,
                            pipeline_subnet="10.213.2.0/24", prefix="flh")
 
 
-def rank_slots(megatron: bool, fabric: str) -> list[int]:
+def rank_slots(megatron: bool, fabric: str, ranks: int = 4) -> list[int]:
     """The namespace slot each rank runs in (``slots[rank]``). Slots ``{0,1}`` and ``{2,3}`` are the shared-nic
     fabric's servers. The synthetic workload's PP groups are ranks ``{0,1}``/``{2,3}`` already; Megatron's rank
     layout (rank = stage * 2 + dp) puts PP groups at ``{0,2}``/``{1,3}``, so on the shared NIC its ranks 1 and 2 swap
     slots: PP stays inside a server, DP (and EP, folded into DP) crosses the NIC, as on the seed's testbed."""
-    return [0, 2, 1, 3] if megatron and fabric == "shared-nic" else [0, 1, 2, 3]
+    return [0, 2, 1, 3] if megatron and fabric == "shared-nic" else list(range(ranks))
 
 
 def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabric: str = "per-rank",
             work: dict[str, Any] = WORK, bulk_lane_mbit: float | None = None,
-            slots: list[int] | None = None) -> tuple[list[Any], dict[str, Any]]:
+            slots: list[int] | None = None, switch_buffer_kb: float | None = None) -> tuple[list[Any], dict[str, Any]]:
     slots = slots or [0, 1, 2, 3]
-    with emulated_fabric(rate, fabric, bulk_lane_mbit) as net:
+    n = len(slots)
+    with emulated_fabric(rate, fabric, bulk_lane_mbit, n, switch_buffer_kb) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
         procs = [subprocess.Popen(["ip", "netns", "exec", net.ns[slots[r]], sys.executable, "-m",
-                                   "benchmarks.hermod_real", "--worker", str(r), "--master", net.ips[slots[0]],
+                                   "benchmarks.hermod_real", "--worker", str(r), "--world", str(n),
+                                   "--master", net.ips[slots[0]],
                                    "--rounds", str(rounds),
                                    "--variants-json", json.dumps(variants), "--work-json", json.dumps(work)],
                                   cwd=REPO, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
         outs = []
         try:
             for p in procs:
@@ -224,7 +239,8 @@ def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabri
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        desc = {"fabric": fabric, **net.describe(), "rank_slots": slots, "class_bytes_at_end": net.class_bytes()}
+        desc = {"fabric": fabric, **net.describe(), "rank_slots": slots,
+                "class_bytes_at_end": net.class_bytes() if net.bulk_net is not None else None}
     line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))
     return json.loads(line[7:]), desc
 
@@ -234,6 +250,9 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[st
     per_iter = {m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes}
     med = {m: statistics.median(v) for m, v in per_iter.items()}
     same = {m: all(r[m]["digest"] == r["fifo"]["digest"] for r in res) for m in modes}
+    # over DP > 2 a chunked all-reduce sums each element in another order (CommScheduler.chunk_bounds): parameters
+    # then agree to rounding, not bit for bit; this is how far apart they are
+    drift = {m: max(_rel_diff(r[m]["digest"], r["fifo"]["digest"]) for r in res) for m in modes}
     ops: dict[str, Any] = {}
     for m in modes:  # per kind: median op duration and per-iteration op time, per pipeline stage
         ops[m] = {}
@@ -249,7 +268,14 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[st
                           "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters}
             ops[m][f"stage{stage}"] = row
     return {"per_iter": per_iter, "median": med, "speedup": {m: med["fifo"] / med[m] for m in modes},
-            "math_identical": same, "ops": ops}
+            "math_identical": same, "digest_max_rel_diff": drift, "ops": ops}
+
+
+def _rel_diff(a: Any, b: Any) -> float:
+    """Largest relative difference between two digests (a parameter sum, or a list of them and of losses)."""
+    if isinstance(a, list):
+        return max((_rel_diff(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+    return abs(a - b) / max(abs(a), abs(b), 1e-30)
 
 
 def _overlap(timeline: list[Any]) -> dict[str, float]:
@@ -317,7 +343,8 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
              baselines: list[str], megatron: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """One run at ``rate`` Mbit/s: every variant, alternating round after round; the result document."""
     t0 = time.time()
-    res, net = run_all(rate, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit, rank_slots(megatron, a.fabric))
+    res, net = run_all(rate, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit,
+                       rank_slots(megatron, a.fabric, a.ranks), a.switch_buffer_kb)
     s = summarise(res, variants, work)
     # with a bulk lane the wire variants' DP is off the link: a bound, not a schedule's result
     bounds = [m for m, v in variants.items() if a.bulk_lane_mbit and v.get("wire")]
@@ -332,14 +359,16 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
                + ("EP groups = DP groups (expert-DP size 1)" if a.megatron_moe else "dense GPT (no EP)")
                + ("; servers = ranks {0,2},{1,3} (PP inside a server, DP/EP across the NIC)"
                   if a.fabric == "shared-nic" else ""))
-              if megatron else "rank = dp * 2 + stage; PP groups {0,1},{2,3}; DP = EP groups {0,2},{1,3}")
+              if megatron else f"rank = dp * 2 + stage ({a.ranks} ranks); PP groups {{2d, 2d+1}}; DP = EP groups "
+                               f"= the ranks of one stage (EP {a.ranks // 2})")
     doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload_kind": a.workload,
            "workload": work, "layout": layout,
            "rounds": a.rounds, "alternation": "each round runs every variant once, in the order listed",
            "variants": variants, "iteration_time_s": s["per_iter"], "median_iteration_time_s": s["median"],
            "speedup_vs_fifo": s["speedup"], "best_variant": best,
            "speedup_hermod_vs_fifo": s["speedup"][best] if best else None,
-           "math_identical": s["math_identical"], "op_timings": s["ops"], "goal": ">= 1.15x",
+           "math_identical": s["math_identical"], "digest_max_rel_diff": s["digest_max_rel_diff"],
+           "op_timings": s["ops"], "goal": ">= 1.15x",
            "goal_met": fastest is not None and vs[fastest] >= 1.15,
            "goal_judged_against": fastest,
            "baselines": ({"fifo": "the Megatron recipe with --use-distributed-optimizer --overlap-grad-reduce "
@@ -419,9 +448,12 @@ def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
 
 def _title(a: argparse.Namespace, megatron: bool, rate: float | None) -> str:
     what = ("Megatron MoE GPT" if a.megatron_moe else "Megatron GPT") if megatron else "synthetic"
-    where = "per-rank egress" if a.fabric == "per-rank" else "one NIC per 2-rank server"
+    where = {"per-rank": "per-rank egress (htb)", "shared-nic": "one NIC per 2-rank server (htb)",
+             "star": f"one switch, {a.switch_buffer_kb:g} KiB port buffers (tbf)"}[a.fabric]
     at = f"{rate:g} Mbit/s, " if rate is not None else ""
-    return f"4 ranks PP2xDP2{'' if megatron and not a.megatron_moe else 'xEP2'} ({what}), {at}{where} (htb)\n{LABEL}"
+    dp = a.ranks // 2
+    return (f"{a.ranks} ranks PP2xDP{dp}{'' if megatron and not a.megatron_moe else f'xEP{dp}'} ({what}), "
+            f"{at}{where}\n{LABEL}")
 
 
 def _parse_rates(s: str) -> list[float]:
@@ -449,7 +481,12 @@ def main() -> int:
                          "microbatch, pipeline: later ones), the pipeline class on a third address")
     ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
                     help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
-                         "NIC each (see emulated_fabric)")
+                         "NIC each; star: one switch, links shaped both ways, --switch-buffer-kb (see emulated_fabric)")
+    ap.add_argument("--ranks", type=int, default=4,
+                    help="synthetic workload: PP2 x DP(ranks/2), EP = DP (8: EP groups of four, where matching "
+                         "matters); shared-nic and --workload megatron need 4")
+    ap.add_argument("--switch-buffer-kb", type=float,
+                    help="star fabric: KiB each switch port towards a rank queues (shallow: incast drops)")
     ap.add_argument("--timeline", action="store_true",
                     help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
     ap.add_argument("--layers-per-stage", type=int, default=WORK["layers_per_stage"],
@@ -458,6 +495,9 @@ def main() -> int:
     ap.add_argument("--param-elems", type=int,
                     help=f"parameters per layer (float32): the size of each layer's DP gather and reduction (synthetic "
                          f"workload only; default {WORK['param_elems']})")
+    ap.add_argument("--act-elems", type=int,
+                    help=f"activation elements (float32) per microbatch: the size of each pipeline send and of each "
+                         f"rank's all-to-all input (synthetic workload only; default {WORK['act_elems']})")
     ap.add_argument("--bulk-lane-mbit", type=float,
                     help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
                          "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
@@ -475,25 +515,36 @@ def main() -> int:
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work-json", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--variants-json", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker is not None:
-        worker(a.worker, 4, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
+        worker(a.worker, a.world, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
         return 0
     hv = [_parse_variant(v) for v in a.variant] or [dict(DEFAULT_VARIANT)]
     try:
         rates = _parse_rates(a.rate_mbit)
     except ValueError as e:
         ap.error(str(e))
-    if a.param_elems is not None and a.workload == "megatron":
-        ap.error("--param-elems sizes the synthetic workload's layers; --workload megatron has its GPT's own")
+    if (a.param_elems is not None or a.act_elems is not None) and a.workload == "megatron":
+        ap.error("--param-elems / --act-elems size the synthetic workload; --workload megatron has its GPT's own")
     param_elems = WORK["param_elems"] if a.param_elems is None else a.param_elems
-    if a.layers_per_stage < 1 or param_elems < WORK["act_elems"]:  # a layer's weights cover one activation
-        ap.error(f"--layers-per-stage must be >= 1 and --param-elems >= {WORK['act_elems']}, got "
-                 f"{a.layers_per_stage} and {param_elems}")
+    act_elems = WORK["act_elems"] if a.act_elems is None else a.act_elems
+    if a.layers_per_stage < 1 or act_elems < 64 or act_elems % 64 or param_elems < act_elems:
+        # a layer's weights cover one activation; activations are rows of 64
+        ap.error(f"--layers-per-stage must be >= 1, --act-elems a multiple of 64 and --param-elems >= --act-elems, "
+                 f"got {a.layers_per_stage}, {act_elems} and {param_elems}")
     if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
         ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
     megatron = a.workload == "megatron"
+    if a.ranks < 4 or a.ranks % 2 or (a.ranks != 4 and (megatron or a.fabric == "shared-nic")):
+        ap.error(f"--ranks must be an even number >= 4 (PP2 x DP ranks/2), and 4 with --workload megatron or "
+                 f"--fabric shared-nic; got {a.ranks}")
+    if (a.switch_buffer_kb is not None) != (a.fabric == "star"):
+        ap.error("--switch-buffer-kb goes with --fabric star, and --fabric star needs it")
+    if a.fabric == "star" and (any(v.get("wire") for v in hv) or a.bulk_lane_mbit is not None):
+        ap.error("--fabric star has no priority classes: wire=1|2 variants and --bulk-lane-mbit need per-rank or "
+                 "shared-nic")
     allowed = ["megatron"] if megatron else list(BASELINES)
     baselines = [b for b in (a.baselines if a.baselines is not None else ",".join(allowed)).split(",") if b]
     if set(baselines) - set(allowed):
@@ -508,8 +559,8 @@ def main() -> int:
                                     num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
-        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems}
-        variants = {"fifo": {"mode": "fifo"}, **{b: BASELINES[b] for b in baselines}}
+        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems, "act_elems": act_elems}
+        variants = {"fifo": dict(FIFO), **{b: BASELINES[b] for b in baselines}}
     for v in hv:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
         if v.get("dp_mid", "last") != "last":

@@ -272,8 +272,33 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
     for argv, msg in ((["--megatron-moe"], "--megatron-moe needs --workload megatron"),
                       (["--workload", "megatron", "--baselines", "lina"], r"unknown \['lina'\] for --workload megatron"),
                       (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic"),
-                      (["--workload", "megatron", "--param-elems", "65536"], "--param-elems sizes the synthetic"),
+                      (["--workload", "megatron", "--param-elems", "65536"], "--param-elems / --act-elems size the synthetic"),
+                      (["--act-elems", "100"], "--act-elems a multiple of 64 .* got 2, 100 and 262144"),
                       (["--layers-per-stage", "0"], "--layers-per-stage must be >= 1")):
+        monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
+        with pytest.raises(SystemExit):
+            main()
+        assert re.search(msg, capsys.readouterr().err), argv
+
+
+def test_hermod_real_star_fabric_and_more_ranks_are_checked_before_any_setup(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """--fabric star (shallow switch buffers, no classes) and --ranks 8 (EP groups of four): what cannot run together
+    is named before anything is set up; the baselines' all-to-all is the plain one (NCCL's), Hermod's the matched
+    one; digests are compared to rounding as well as bit for bit."""
+    from benchmarks.hermod_real import BASELINES, FIFO, _rel_diff, main, rank_slots
+
+    assert FIFO["ep_algorithm"] == "plain" and all(b["ep_algorithm"] == "plain" for b in BASELINES.values())
+    assert rank_slots(False, "star", 8) == list(range(8))
+    assert _rel_diff([2.0, [1.0, 4.0]], [2.0, [1.0, 5.0]]) == pytest.approx(0.2)
+    assert _rel_diff(3.0, 3.0) == 0.0
+    for argv, msg in ((["--ranks", "6", "--fabric", "shared-nic"], "--ranks must be an even number >= 4 .* got 6"),
+                      (["--ranks", "5"], "got 5"),
+                      (["--ranks", "8", "--workload", "megatron"], "4 with --workload megatron"),
+                      (["--fabric", "star"], "--fabric star needs it"),
+                      (["--switch-buffer-kb", "64"], "--switch-buffer-kb goes with --fabric star"),
+                      (["--fabric", "star", "--switch-buffer-kb", "64", "--variant", "wire=1"],
+                       "--fabric star has no priority classes")):
         monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
         with pytest.raises(SystemExit):
             main()
