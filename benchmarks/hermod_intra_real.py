@@ -40,7 +40,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,22 +131,9 @@ def run_fabric(cfg: dict[str, Any], buffer_kb: float) -> dict[str, Any]:
     with EmulatedNetwork(n, rate_mbit=cfg["rate_mbit"], switch_buffer_kb=buffer_kb, prefix="fli",
                          subnet="10.214.0.0/24") as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        procs = [net.popen(r, [sys.executable, "-m", "benchmarks.hermod_intra_real", "--worker", str(r),
-                               "--master", net.ips[0], "--cfg-json", json.dumps(cfg)],
-                           cwd=REPO, env=net.env(r, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in range(n)]
-        outs = []
-        try:
-            for r, p in enumerate(procs):
-                o, e = p.communicate(timeout=cfg["timeout_s"] * 4)
-                if p.returncode:
-                    raise RuntimeError(f"rank {r} failed (rc {p.returncode}):\n{e[-3000:]}")
-                outs.append(o)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        outs = net.run_ranks([[sys.executable, "-m", "benchmarks.hermod_intra_real", "--worker", str(r),
+                               "--master", net.ips[0], "--cfg-json", json.dumps(cfg)] for r in range(n)],
+                             timeout_s=cfg["timeout_s"] * 4, env=env, cwd=REPO)
         desc = net.describe()
     ranks = json.loads(next(x for x in outs[0].splitlines() if x.startswith("RESULT "))[7:])
     cct = {a: [[max(rk[a][mi][r] for rk in ranks) for r in range(cfg["rounds"])]

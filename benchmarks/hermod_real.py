@@ -53,7 +53,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -219,26 +218,11 @@ def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabri
     slots = slots or [0, 1, 2, 3]
     n = len(slots)
     with emulated_fabric(rate, fabric, bulk_lane_mbit, n, switch_buffer_kb) as net:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
-        procs = [subprocess.Popen(["ip", "netns", "exec", net.ns[slots[r]], sys.executable, "-m",
-                                   "benchmarks.hermod_real", "--worker", str(r), "--world", str(n),
-                                   "--master", net.ips[slots[0]],
-                                   "--rounds", str(rounds),
-                                   "--variants-json", json.dumps(variants), "--work-json", json.dumps(work)],
-                                  cwd=REPO, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
-        outs = []
-        try:
-            for p in procs:
-                o, e = p.communicate(timeout=1800)
-                if p.returncode:
-                    raise RuntimeError(f"rank worker failed (rc {p.returncode}):\n{e[-3000:]}")
-                outs.append(o)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        outs = net.run_ranks([[sys.executable, "-m", "benchmarks.hermod_real", "--worker", str(r), "--world", str(n),
+                               "--master", net.ips[slots[0]], "--rounds", str(rounds),
+                               "--variants-json", json.dumps(variants), "--work-json", json.dumps(work)]
+                              for r in range(n)], slots=slots, timeout_s=1800, env=env, cwd=REPO)
         desc = {"fabric": fabric, **net.describe(), "rank_slots": slots,
                 "class_bytes_at_end": net.class_bytes() if net.bulk_net is not None else None}
     line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,23 +112,13 @@ def main() -> int:
     nbytes = int(a.mbytes * 2**20) // 4 * 4
     # the star: every rank's access link shaped with tbf in both directions (flowlane.netem)
     with EmulatedNetwork(n, rate_mbit=a.rate_mbit, burst_kb=32, tbf_latency_ms=100) as bed:
-        env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        procs = [bed.popen(r, [sys.executable, __file__, "--worker", str(r), str(nbytes), str(a.reps),
-                               "--master", bed.ips[0]], env=bed.env(r, {**os.environ, **env}),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in range(n)]
-        outs = []
-        for p in procs:
-            try:
-                o, e = p.communicate(timeout=300)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            if p.returncode:
-                print(e[-2000:], file=sys.stderr)
-                return 1
-            outs.append(o)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        try:
+            outs = bed.run_ranks([[sys.executable, __file__, "--worker", str(r), str(nbytes), str(a.reps),
+                                   "--master", bed.ips[0]] for r in range(n)], timeout_s=300, env=env)
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+            return 1
         res = json.loads(next(line for line in outs[0].splitlines() if line.startswith("RESULT "))[7:])
     barrier = statistics.median(res.pop("barrier"))
     sim = simulate(a.rate_mbit, nbytes, n)

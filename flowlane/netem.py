@@ -68,7 +68,9 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -279,6 +281,50 @@ class EmulatedNetwork:
     def run(self, rank: int, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess:
         kw.setdefault("env", self.env(rank))
         return subprocess.run([*self.exec_prefix(rank), *argv], **kw)
+
+    def run_ranks(self, argvs: Sequence[Sequence[str]], *, timeout_s: float, slots: Sequence[int] | None = None,
+                  env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None) -> list[str]:
+        """Run ``argvs[r]`` in namespace ``slots[r]`` (default ``r``), all at once, and wait for every one; returns
+        each one's stdout. The first process to fail stops the others at once and raises :class:`RuntimeError`
+        naming its rank, exit code and the end of its stderr, as does any still running after ``timeout_s``: a dead
+        peer is an error, never a hang (its survivors would otherwise wait out their own collective timeouts)."""
+        slots = list(range(len(argvs))) if slots is None else list(slots)
+        if len(slots) != len(argvs) or any(not 0 <= s < self.num_ranks for s in slots):
+            raise NetemError(f"run_ranks: {len(argvs)} commands need as many slots in 0..{self.num_ranks - 1}, "
+                             f"got {slots}")
+        with contextlib.ExitStack() as stack:
+            files = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
+                     for _ in argvs]   # files, not pipes: a large stdout never blocks its writer
+            procs = [self.popen(s, list(a), env=self.env(s, env), cwd=cwd, stdout=o, stderr=e, text=True)
+                     for s, a, (o, e) in zip(slots, argvs, files, strict=True)]
+            deadline = time.monotonic() + timeout_s
+            failed: tuple[int, str] | None = None
+            try:
+                while True:
+                    codes = [p.poll() for p in procs]
+                    bad = next((r for r, c in enumerate(codes) if c), None)   # exited, non-zero
+                    if bad is not None:
+                        failed = (bad, f"exit code {codes[bad]}")
+                    elif None not in codes:
+                        break
+                    elif time.monotonic() > deadline:
+                        failed = (codes.index(None), f"still running after {timeout_s:g} s")
+                    if failed is not None:
+                        break
+                    time.sleep(0.05)
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            for o, e in files:
+                o.seek(0)
+                e.seek(0)
+            if failed is not None:
+                r, why = failed
+                raise RuntimeError(f"rank {r} (namespace slot {slots[r]}) failed: {why}; its stderr ends:\n"
+                                   f"{files[r][1].read()[-3000:]}")
+            return [o.read() for o, _ in files]
 
     def describe(self) -> dict[str, Any]:
         """The emulated links, for results files."""

@@ -169,6 +169,27 @@ def test_a_shallow_switch_buffer_limits_only_the_downlink_queue() -> None:
 
 
 @needs_netns
+def test_run_ranks_returns_outputs_and_a_dead_peer_stops_the_rest_at_once() -> None:
+    """EmulatedNetwork.run_ranks: every rank's stdout in rank order (large outputs do not block); a rank that fails
+    ends the run at once, naming it, while its peer would have waited a minute; so does the time limit."""
+    big = "import os, sys; print(os.environ['GLOO_SOCKET_IFNAME'], len(sys.argv)); print('x' * 200_000)"
+    with EmulatedNetwork(2, subnet="10.219.0.0/24") as net:
+        outs = net.run_ranks([[sys.executable, "-c", big], [sys.executable, "-c", big, "arg"]], timeout_s=30)
+        assert [o.splitlines()[0] for o in outs] == ["eth0 1", "eth0 2"] and len(outs[1]) > 200_000
+        assert net.run_ranks([[sys.executable, "-c", "print(1)"]], slots=[1], timeout_s=30) == ["1\n"]
+        t = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"rank 1 \(namespace slot 1\) failed: exit code 3.*\n.*boom"):
+            net.run_ranks([[sys.executable, "-c", "import time; time.sleep(60)"],
+                           [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"]],
+                          timeout_s=60)
+        assert time.monotonic() - t < 15, "the surviving rank was waited for"
+        with pytest.raises(RuntimeError, match="rank 0 .* still running after 1 s"):
+            net.run_ranks([[sys.executable, "-c", "import time; time.sleep(60)"]], timeout_s=1)
+        with pytest.raises(NetemError, match="need as many slots"):
+            net.run_ranks([["true"]], slots=[2], timeout_s=1)
+
+
+@needs_netns
 def test_a_bulk_lane_gives_the_bulk_class_its_own_capacity() -> None:
     """``bulk_lane_mbit``: the bulk class no longer shares the link, so both flows finish about as fast as alone."""
     nbytes = 3_000_000
