@@ -252,11 +252,12 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_xticks([i + w * len(algs) / 2 for i in range(len(rows))],
                   [f"{r['buffer_kb']:g} KiB buffer\nalpha {r['fitted_incast_alpha']:.2f}" for r in rows], fontsize=8)
     ax.axhline(1.0, color="k", lw=0.5)
+    ax.set_ylim(0, 1.35 * max(p.get_height() for p in ax.patches))   # room for the legend above the bars
     ax.set_ylabel("all-to-all time / lower bound")
     c = doc["config"]
     ax.set_title(f"EP all-to-all, {c['ranks']} ranks, {c['rate_mbit']:g} Mbit/s, Zipf {c['skew']:g} "
                  f"(measured, emulated links)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
