@@ -1,7 +1,7 @@
 """Hermod vs the default (FIFO) order on 4 (or ``--ranks``) real CPU ranks over an emulated, shaped network.
 
-    sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic|star] [--ranks 4]
-        [--switch-buffer-kb B] [--rate-mbit 200|100,200,...]
+    sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic|star] [--ranks 4] [--pp 2]
+        [--switch-buffer-kb B] [--act-elems N] [--rate-mbit 200|100,200,...]
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
@@ -24,7 +24,8 @@ runs Hermod's bulk (DP) class on its own gloo communicator bound to a macvlan wi
 -- the gloo stand-in for DSCP-marked traffic in a priority queue. FIFO and host-only variants never use it.
 gloo rendezvous is ``tcp://`` on rank 0's namespace address and ``GLOO_SOCKET_IFNAME=eth0``.
 
-Workload: the synthetic PP2 x DP2 (x EP2; ``--ranks 8``: DP4 x EP4) 1F1B iteration of :mod:`flowlane.sched.workload` (ZeRO parameter gathers,
+Workload: the synthetic PP2 x DP2 (x EP2; ``--ranks 8``: DP4 x EP4; ``--pp 1``: one stage, DP4 x EP4 on 4 ranks) 1F1B
+iteration of :mod:`flowlane.sched.workload` (ZeRO parameter gathers,
 per-layer gradient reductions, pipeline p2p and skewed MoE all-to-alls; compute emulated with sleep because 2 cores
 cannot run 4 ranks' matmuls at once). FIFO and every Hermod variant alternate, round after round, in the same
 processes over the same links; the first iteration of each run is warm-up. Beside ``fifo`` (Megatron with DP
@@ -343,8 +344,8 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
                + ("EP groups = DP groups (expert-DP size 1)" if a.megatron_moe else "dense GPT (no EP)")
                + ("; servers = ranks {0,2},{1,3} (PP inside a server, DP/EP across the NIC)"
                   if a.fabric == "shared-nic" else ""))
-              if megatron else f"rank = dp * 2 + stage ({a.ranks} ranks); PP groups {{2d, 2d+1}}; DP = EP groups "
-                               f"= the ranks of one stage (EP {a.ranks // 2})")
+              if megatron else f"rank = dp * {a.pp} + stage ({a.ranks} ranks, PP {a.pp}); DP = EP groups "
+                               f"= the ranks of one stage (EP {a.ranks // a.pp})")
     doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload_kind": a.workload,
            "workload": work, "layout": layout,
            "rounds": a.rounds, "alternation": "each round runs every variant once, in the order listed",
@@ -435,8 +436,9 @@ def _title(a: argparse.Namespace, megatron: bool, rate: float | None) -> str:
     where = {"per-rank": "per-rank egress (htb)", "shared-nic": "one NIC per 2-rank server (htb)",
              "star": f"one switch, {a.switch_buffer_kb:g} KiB port buffers (tbf)"}[a.fabric]
     at = f"{rate:g} Mbit/s, " if rate is not None else ""
-    dp = a.ranks // 2
-    return (f"{a.ranks} ranks PP2xDP{dp}{'' if megatron and not a.megatron_moe else f'xEP{dp}'} ({what}), "
+    pp = 2 if megatron else a.pp
+    dp = a.ranks // pp
+    return (f"{a.ranks} ranks PP{pp}xDP{dp}{'' if megatron and not a.megatron_moe else f'xEP{dp}'} ({what}), "
             f"{at}{where}\n{LABEL}")
 
 
@@ -467,8 +469,10 @@ def main() -> int:
                     help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
                          "NIC each; star: one switch, links shaped both ways, --switch-buffer-kb (see emulated_fabric)")
     ap.add_argument("--ranks", type=int, default=4,
-                    help="synthetic workload: PP2 x DP(ranks/2), EP = DP (8: EP groups of four, where matching "
+                    help="synthetic workload: PP x DP(ranks/PP), EP = DP (8: EP groups of four, where matching "
                          "matters); shared-nic and --workload megatron need 4")
+    ap.add_argument("--pp", type=int, default=WORK["pp"], choices=(1, 2),
+                    help="synthetic workload's pipeline stages (1: no PP; 4 ranks then form one EP group of four)")
     ap.add_argument("--switch-buffer-kb", type=float,
                     help="star fabric: KiB each switch port towards a rank queues (shallow: incast drops)")
     ap.add_argument("--timeline", action="store_true",
@@ -522,8 +526,11 @@ def main() -> int:
         ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
     megatron = a.workload == "megatron"
     if a.ranks < 4 or a.ranks % 2 or (a.ranks != 4 and (megatron or a.fabric == "shared-nic")):
-        ap.error(f"--ranks must be an even number >= 4 (PP2 x DP ranks/2), and 4 with --workload megatron or "
+        ap.error(f"--ranks must be an even number >= 4 (PP x DP ranks/PP), and 4 with --workload megatron or "
                  f"--fabric shared-nic; got {a.ranks}")
+    if a.pp != WORK["pp"] and (megatron or a.fabric == "shared-nic"):
+        ap.error(f"--pp {a.pp} needs the synthetic workload on per-rank or star links (the shared-NIC servers hold "
+                 f"PP pairs; --workload megatron has its own PP 2)")
     if (a.switch_buffer_kb is not None) != (a.fabric == "star"):
         ap.error("--switch-buffer-kb goes with --fabric star, and --fabric star needs it")
     if a.fabric == "star" and (any(v.get("wire") for v in hv) or a.bulk_lane_mbit is not None):
@@ -543,7 +550,8 @@ def main() -> int:
                                     num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
-        work = {**WORK, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems, "act_elems": act_elems}
+        work = {**WORK, "pp": a.pp, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems,
+                "act_elems": act_elems}
         variants = {"fifo": dict(FIFO), **{b: BASELINES[b] for b in baselines}}
     for v in hv:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"

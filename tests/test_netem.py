@@ -319,7 +319,9 @@ def test_hermod_real_star_fabric_and_more_ranks_are_checked_before_any_setup(
                       (["--fabric", "star"], "--fabric star needs it"),
                       (["--switch-buffer-kb", "64"], "--switch-buffer-kb goes with --fabric star"),
                       (["--fabric", "star", "--switch-buffer-kb", "64", "--variant", "wire=1"],
-                       "--fabric star has no priority classes")):
+                       "--fabric star has no priority classes"),
+                      (["--pp", "1", "--fabric", "shared-nic"], "--pp 1 needs the synthetic workload on per-rank"),
+                      (["--pp", "3"], "invalid choice: 3")):
         monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
         with pytest.raises(SystemExit):
             main()
