@@ -184,8 +184,8 @@ FABRICS = ("per-rank", "shared-nic", "star")
 
 def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None = None, ranks: int = 4,
                     switch_buffer_kb: float | None = None) -> EmulatedNetwork:
-    """4 rank namespaces with priority classes (flowlane.netem, ``bulk_subnet``: a macvlan ``bulk0`` per rank whose
-    traffic every shaped port queues behind the rest).
+    """``ranks`` rank namespaces (4 unless ``--ranks``) with priority classes (flowlane.netem, ``bulk_subnet``: a
+    macvlan ``bulk0`` per rank whose traffic every shaped port queues behind the rest; not on ``star``).
 
     ``per-rank``: every rank has its own link; only its ``eth0`` egress is shaped (what a rank's own sender-side order
     can resolve). ``shared-nic``: ranks ``{0,1}`` and ``{2,3}`` (the PP groups) are two servers behind one NIC each,
