@@ -52,6 +52,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from flowlane.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
+from flowlane.sched.matching import lower_bound  # noqa: E402
 from flowlane.sim.workloads import zipf_token_matrix  # noqa: E402
 
 PORT = 29541
@@ -69,10 +70,8 @@ def draw_matrices(cfg: dict[str, Any]) -> list[list[list[int]]]:
 
 def lower_bound_s(matrix: list[list[int]], row_bytes: int, rate_mbit: float) -> float:
     """The all-to-all's bottleneck time on a non-blocking switch: the busiest port's bytes (row or column sum, local
-    rows excluded) at the link rate (digest A2.6)."""
-    m = np.array(matrix, dtype=np.float64)
-    np.fill_diagonal(m, 0.0)
-    return float(max(m.sum(0).max(), m.sum(1).max())) * row_bytes * 8 / (rate_mbit * 1e6)
+    rows excluded; :func:`flowlane.sched.matching.lower_bound`, digest A2.6) at the link rate."""
+    return lower_bound(matrix) * row_bytes * 8 / (rate_mbit * 1e6)
 
 
 # -- one rank ------------------------------------------------------------------------------------------------------
