@@ -16,8 +16,9 @@ measured instead:
 - Algorithms, alternating in every round: ``plain`` (``all_to_all_single``: gloo posts every send at once, as NCCL
   does), ``bvn`` (Hermod: the split matrix all-gathered, then the Birkhoff-von Neumann phases of
   :func:`flowlane.sched.alltoall.matched_all_to_all`, each rank stepping on when its own pairs are done),
-  ``bvn_barrier`` (the same phases with a group barrier between them: no transient incast) and ``alg3`` (the seed's
-  Algorithm 3 phases), planned in units of ``--quantum`` tokens. Each rank times
+  ``bvn_first`` (the textbook BvN: the first perfect matching found each step, the same total but more phases;
+  :mod:`flowlane.sched.matching`), ``bvn_barrier`` (``bvn``'s phases with a group barrier between them: no transient
+  incast) and ``alg3`` (the seed's Algorithm 3 phases), planned in units of ``--quantum`` tokens. Each rank times
   its part after a barrier; a collective's time is the slowest rank's. Every algorithm's output must equal
   ``plain``'s bit for bit on every rank (checked; a mismatch fails the run).
 - Calibration: the simulator (:mod:`flowlane.sim`, a star at the same rate) replays each matrix. The deepest buffer
@@ -56,7 +57,7 @@ from flowlane.sched.matching import lower_bound  # noqa: E402
 from flowlane.sim.workloads import zipf_token_matrix  # noqa: E402
 
 PORT = 29541
-ALGORITHMS = ("plain", "bvn", "bvn_barrier", "alg3")
+ALGORITHMS = ("plain", "bvn", "bvn_first", "bvn_barrier", "alg3")
 _BYTES_PER_VALUE = 4  # float32
 
 
@@ -107,7 +108,7 @@ def worker(rank: int, master: str, cfg: dict[str, Any]) -> None:
                 else:  # as the runtime does it: the split matrix is gathered, then planned alike on every rank
                     full = gather_split_matrix(send)
                     matched_all_to_all(out, inp, recv, send, full, quantum=cfg["quantum"],
-                                       algorithm="alg3" if a == "alg3" else "bvn",
+                                       algorithm="bvn" if a == "bvn_barrier" else a,
                                        phase_sync="barrier" if a == "bvn_barrier" else "pairwise")
                 times[a][mi].append(time.perf_counter() - t0)
                 if ref is None:
@@ -229,7 +230,7 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
         })
     from flowlane.sched.alltoall import plan_all_to_all
 
-    phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "alg3")}
+    phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_first", "alg3")}
     return {"lower_bound_s": bounds, "goodput_fraction": goodput, "phase_overhead_s": overhead,
             "phases_per_matrix": phases, "rows": rows}
 

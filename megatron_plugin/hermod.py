@@ -4,7 +4,7 @@ Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_pl
 
     --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
     --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
-    --hermod-ep-algorithm {bvn,alg3,plain}  --hermod-ep-quantum N
+    --hermod-ep-algorithm {bvn,bvn_first,alg3,plain}  --hermod-ep-quantum N
 
 megatron-core API::
 
@@ -53,10 +53,12 @@ from flowlane import comm
 from flowlane.coflow import HermodOrderConfig
 from flowlane.policy import CoflowMeta
 from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
-from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all, needs_matching
+from flowlane.sched.alltoall import ALGORITHMS, gather_split_matrix, matched_all_to_all, needs_matching
 
 if TYPE_CHECKING:
     from megatron_plugin.dist_optimizer import DistributedOptimizer
+
+EP_ALGORITHMS = (*ALGORITHMS, "plain")  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, or none
 
 
 @dataclass
@@ -77,8 +79,9 @@ class HermodConfig:
     (results/hermod/real_megatron_defaults.json)."""
     gate_timeout_s: float = 0.05
     """Longest a DP chunk is held back while a PP/EP op is outstanding."""
-    ep_algorithm: Literal["bvn", "alg3", "plain"] = "bvn"
-    """MoE all-to-all: BvN matching (optimal), the seed's Algorithm 3, or plain all_to_all_single (EP groups of two
+    ep_algorithm: Literal["bvn", "bvn_first", "alg3", "plain"] = "bvn"
+    """MoE all-to-all: BvN matching (optimal, few phases: flowlane.sched.matching), ``bvn_first`` (the textbook BvN,
+    more phases; for comparison), the seed's Algorithm 3, or plain all_to_all_single (EP groups of two
     always run plain: no incast to avoid). Matching pays where the fabric drops under fan-in: on an emulated switch
     with 64-128 KiB port buffers it sped the all-to-all up 1.0-1.5x; with deep buffers its phases cost ~20 %
     (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless fabrics."""
@@ -92,8 +95,8 @@ class HermodConfig:
     def __post_init__(self) -> None:
         if self.name not in ("none", "hermod"):
             raise ValueError(f"scheduler name {self.name!r} is not one of ['hermod', 'none']")
-        if self.ep_algorithm not in ("bvn", "alg3", "plain"):
-            raise ValueError(f"ep_algorithm {self.ep_algorithm!r} is not one of ['alg3', 'bvn', 'plain']")
+        if self.ep_algorithm not in EP_ALGORITHMS:
+            raise ValueError(f"ep_algorithm {self.ep_algorithm!r} is not one of {list(EP_ALGORITHMS)}")
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
             raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
@@ -123,7 +126,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--hermod-chunk-bytes", type=int, default=d.chunk_bytes)
     g.add_argument("--hermod-max-inflight-chunks", type=int, default=d.max_inflight_chunks)
     g.add_argument("--hermod-gate-timeout-s", type=float, default=d.gate_timeout_s)
-    g.add_argument("--hermod-ep-algorithm", choices=["bvn", "alg3", "plain"], default=d.ep_algorithm)
+    g.add_argument("--hermod-ep-algorithm", choices=list(EP_ALGORITHMS), default=d.ep_algorithm)
     g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
     g.add_argument("--hermod-gloo-class-ifnames", default=d.gloo_class_ifnames,
                    help="gloo: comma-separated interface per class (critical,pipeline,bulk) for wire priority")

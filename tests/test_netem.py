@@ -268,7 +268,7 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
     with pytest.raises(ValueError, match="unknown variant key 'lanes'"):
         _parse_variant("lanes=2")
     assert _parse_variant("ep_algorithm=plain")["ep_algorithm"] == "plain"  # an A/B of the matched all-to-all
-    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'alg3', 'plain'\]"):
+    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_first', 'alg3', 'plain'\]"):
         _parse_variant("ep_algorithm=bvm")
 
 

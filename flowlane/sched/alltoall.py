@@ -18,7 +18,8 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases
 
-Algorithm = Literal["bvn", "alg3"]
+Algorithm = Literal["bvn", "bvn_first", "alg3"]
+ALGORITHMS = ("bvn", "bvn_first", "alg3")  # bvn_first: BvN taking the first perfect matching found (for comparison)
 PhaseSync = Literal["pairwise", "barrier"]
 PHASE_SYNCS = ("pairwise", "barrier")
 
@@ -37,10 +38,12 @@ def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm
     bounds the number of phases (digest A2.6 "Units")."""
     if not isinstance(quantum, int) or quantum < 1:
         raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
-    if algorithm not in ("bvn", "alg3"):
-        raise ValueError(f"algorithm {algorithm!r} is not one of ['alg3', 'bvn']")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
     q = [[-(-int(v) // quantum) for v in row] for row in matrix]
-    return bvn_phases(q) if algorithm == "bvn" else algorithm3_phases(q)
+    if algorithm == "alg3":
+        return algorithm3_phases(q)
+    return bvn_phases(q, "first" if algorithm == "bvn_first" else "bottleneck")
 
 
 def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None) -> list[list[int]]:
