@@ -16,7 +16,7 @@ measured instead:
 - Algorithms, alternating in every round: ``plain`` (``all_to_all_single``: gloo posts every send at once, as NCCL
   does), ``bvn`` (Hermod: the split matrix all-gathered, then the Birkhoff-von Neumann phases of
   :func:`flowlane.sched.alltoall.matched_all_to_all`, each rank stepping on when its own pairs are done),
-  ``bvn_first`` (the textbook BvN: the first perfect matching found each step, the same total but more phases;
+  ``bvn_bottleneck`` (BvN taking the max-min perfect matching each step: the same total in fewer, longer phases;
   :mod:`flowlane.sched.matching`), ``bvn_barrier`` (``bvn``'s phases with a group barrier between them: no transient
   incast) and ``alg3`` (the seed's Algorithm 3 phases), planned in units of ``--quantum`` tokens. Each rank times
   its part after a barrier; a collective's time is the slowest rank's. Every algorithm's output must equal
@@ -40,6 +40,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -57,7 +58,7 @@ from flowlane.sched.matching import lower_bound  # noqa: E402
 from flowlane.sim.workloads import zipf_token_matrix  # noqa: E402
 
 PORT = 29541
-ALGORITHMS = ("plain", "bvn", "bvn_first", "bvn_barrier", "alg3")
+ALGORITHMS = ("plain", "bvn", "bvn_bottleneck", "bvn_barrier", "alg3")
 _BYTES_PER_VALUE = 4  # float32
 
 
@@ -128,8 +129,9 @@ def run_fabric(cfg: dict[str, Any], buffer_kb: float) -> dict[str, Any]:
     """All rounds on one fabric whose switch ports queue ``buffer_kb`` KiB. Returns per (algorithm, matrix) the
     collective times (slowest rank per round) and the fabric's description."""
     n = cfg["ranks"]
+    sysctls = {"net.ipv4.tcp_wmem": cfg["tcp_wmem"]} if cfg.get("tcp_wmem") else None
     with EmulatedNetwork(n, rate_mbit=cfg["rate_mbit"], switch_buffer_kb=buffer_kb, prefix="fli",
-                         subnet="10.214.0.0/24") as net:
+                         subnet="10.214.0.0/24", sysctls=sysctls) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         outs = net.run_ranks([[sys.executable, "-m", "benchmarks.hermod_intra_real", "--worker", str(r),
                                "--master", net.ips[0], "--cfg-json", json.dumps(cfg)] for r in range(n)],
@@ -230,7 +232,7 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
         })
     from flowlane.sched.alltoall import plan_all_to_all
 
-    phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_first", "alg3")}
+    phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_bottleneck", "alg3")}
     return {"lower_bound_s": bounds, "goodput_fraction": goodput, "phase_overhead_s": overhead,
             "phases_per_matrix": phases, "rows": rows}
 
@@ -289,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantum", type=int, default=1,
                     help="tokens per planning unit of the phases (the Megatron plugin's --hermod-ep-quantum)")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--tcp-wmem", default="",
+                    help="the ranks' net.ipv4.tcp_wmem ('min default max' bytes; default: the host's): a small max "
+                         "bounds how far gloo's completed sends run ahead of the wire")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=int, default=300, help="a rank that waits longer on a peer fails the run")
     ap.add_argument("--out", default="results/hermod/intra_real.json")
@@ -313,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"(an EP group of two has no incast), got {getattr(a, name)}")
     if not a.skew >= 0:
         raise SystemExit(f"--skew must be >= 0, got {a.skew}")
+    if a.tcp_wmem and not re.fullmatch(r"[1-9]\d* [1-9]\d* [1-9]\d*", a.tcp_wmem):
+        raise SystemExit(f"--tcp-wmem must be three byte counts 'min default max', got {a.tcp_wmem!r}")
     buffers = _floats(a.buffers_kb, "--buffers-kb")
     out = Path(a.out)
     if a.summarise_only:
@@ -325,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = {"ranks": a.ranks, "rate_mbit": a.rate_mbit, "matrices": a.matrices, "rounds": a.rounds,
            "tokens": a.tokens, "top_k": a.top_k, "experts_per_rank": a.experts_per_rank, "skew": a.skew,
            "hidden": a.hidden, "quantum": a.quantum, "algorithms": algorithms, "seed": a.seed,
-           "timeout_s": a.timeout_s}
+           "timeout_s": a.timeout_s, "tcp_wmem": a.tcp_wmem or None}
     try:
         check_available()
     except NetemError as e:

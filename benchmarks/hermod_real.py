@@ -5,7 +5,7 @@
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
-                   [,ep_algorithm=bvn|bvn_first|alg3|plain][,wire=1|2] ...]
+                   [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain][,wire=1|2] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
@@ -304,9 +304,9 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
 
 
 TEXT_KEYS = ("dp_mid", "ep_algorithm")
-# the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_first: the textbook BvN, more
-# phases), the seed's Algorithm 3, or one all_to_all_single (inter-coflow priority only)
-EP_ALGORITHMS = ("bvn", "bvn_first", "alg3", "plain")
+# the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_bottleneck: fewer, longer ones),
+# the seed's Algorithm 3, or one all_to_all_single (inter-coflow priority only)
+EP_ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3", "plain")
 
 
 def _parse_variant(s: str) -> dict[str, Any]:
@@ -461,7 +461,7 @@ def main() -> int:
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument("--variant", action="append", default=[],
                     help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,ep_algorithm=bvn|bvn_first|alg3|plain][,wire=1|2] (repeatable); wire=1 puts the bulk class on its "
+                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain][,wire=1|2] (repeatable); wire=1 puts the bulk class on its "
                          "own address, queued by "
                          "priority; wire=2 also puts each all-to-all in its class (critical: oldest in-flight "
                          "microbatch, pipeline: later ones), the pipeline class on a third address")

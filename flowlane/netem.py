@@ -27,6 +27,9 @@ Shaping (choose with the arguments; figures are Mbit/s, a "link" is one directio
   the rest (tbf ``limit``) -- a shallow switch buffer, where many-to-one traffic loses packets and TCP waits for
   retransmission timeouts (incast). Uplinks keep ``tbf_latency_ms`` (a host's own queue is deep). Without it the
   downlink queues ``tbf_latency_ms`` of traffic like the uplink. Plain tbf links only (no classes, no pair rates).
+- ``sysctls``: network sysctls set in every rank's namespace (its own copy, the host's are untouched), e.g.
+  ``{"net.ipv4.tcp_wmem": "4096 32768 65536"}`` caps the socket send buffer, which bounds how far a sender's
+  completed sends run ahead of the data on the wire. A key the kernel refuses in a namespace fails ``up()``.
 
 Servers and priority classes (what a coflow scheduler's wire priority needs):
 
@@ -147,7 +150,8 @@ class EmulatedNetwork:
                  burst_kb: float = 32.0, tbf_latency_ms: float = 100.0, ifname: str = "eth0",
                  prefix: str = "flnet", ranks_per_server: int = 1, bulk_subnet: str | None = None,
                  bulk_lane_mbit: float | None = None, shape_downlink: bool = True,
-                 pipeline_subnet: str | None = None, switch_buffer_kb: float | None = None) -> None:
+                 pipeline_subnet: str | None = None, switch_buffer_kb: float | None = None,
+                 sysctls: Mapping[str, str] | None = None) -> None:
         if num_ranks < 1:
             raise NetemError(f"num_ranks must be >= 1, got {num_ranks}")
         if ranks_per_server < 1 or num_ranks % ranks_per_server:
@@ -212,6 +216,11 @@ class EmulatedNetwork:
             raise NetemError(f"switch_buffer_kb must be > 0 and needs shaped downlinks without bulk_subnet or "
                              f"pair_rate_mbit (plain tbf ports), got {switch_buffer_kb}")
         self.switch_buffer_kb = switch_buffer_kb
+        self.sysctls = dict(sysctls or {})
+        bad = [k for k in self.sysctls if not re.fullmatch(r"net\.(ipv4|ipv6|core)\.[a-z0-9_.]+", k)]
+        if bad:
+            raise NetemError(f"sysctls: only network keys (net.ipv4.*, net.ipv6.*, net.core.*) can be set in the "
+                             f"rank namespaces, got {bad}")
         self.burst_kb = burst_kb
         self.tbf_latency_ms = tbf_latency_ms
         self.ifname = ifname
@@ -340,7 +349,7 @@ class EmulatedNetwork:
                            "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
                            "delay": "netem leaf"},
                 "burst_kb_min": self.burst_kb, "tbf_latency_ms": self.tbf_latency_ms,
-                "switch_buffer_kb": self.switch_buffer_kb}
+                "switch_buffer_kb": self.switch_buffer_kb, "sysctls": self.sysctls}
 
     def shaped_ports(self) -> list[tuple[str, str]]:
         """``(namespace, device)`` of every shaped access port: uplinks first, then downlinks."""
@@ -399,6 +408,8 @@ class EmulatedNetwork:
                     self._shape_link(sw, f"d{k}", self.rates[k], self.switch_buffer_kb)
         for i, ns in enumerate(self.ns):
             self._add_ns(ns)
+            for key, value in self.sysctls.items():   # this namespace's own copy (not the host's)
+                _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}")
             port = f"p{i}"
             self._veth(ns, self.ifname, self.server_ns[i // self.ranks_per_server] if self.server_ns else sw, port)
             _run("ip", "-n", ns, "addr", "add", f"{self.ips[i]}/{self.prefixlen}", "dev", self.ifname)

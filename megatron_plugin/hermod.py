@@ -4,7 +4,7 @@ Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_pl
 
     --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
     --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
-    --hermod-ep-algorithm {bvn,bvn_first,alg3,plain}  --hermod-ep-quantum N
+    --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain}  --hermod-ep-quantum N
 
 megatron-core API::
 
@@ -79,12 +79,12 @@ class HermodConfig:
     (results/hermod/real_megatron_defaults.json)."""
     gate_timeout_s: float = 0.05
     """Longest a DP chunk is held back while a PP/EP op is outstanding."""
-    ep_algorithm: Literal["bvn", "bvn_first", "alg3", "plain"] = "bvn"
-    """MoE all-to-all: BvN matching (optimal, few phases: flowlane.sched.matching), ``bvn_first`` (the textbook BvN,
-    more phases; for comparison), the seed's Algorithm 3, or plain all_to_all_single (EP groups of two
-    always run plain: no incast to avoid). Matching pays where the fabric drops under fan-in: on an emulated switch
-    with 64-128 KiB port buffers it sped the all-to-all up 1.0-1.5x; with deep buffers its phases cost ~20 %
-    (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless fabrics."""
+    ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain"] = "bvn"
+    """MoE all-to-all: BvN matching (optimal: flowlane.sched.matching), ``bvn_bottleneck`` (BvN in fewer, longer
+    phases; slower on gloo, see flowlane.sched.matching), the seed's Algorithm 3, or plain all_to_all_single (EP
+    groups of two always run plain: no incast to avoid). Matching pays where the fabric drops under fan-in: on an
+    emulated switch with 64-128 KiB port buffers it sped the all-to-all up 1.0-1.5x; with deep buffers its phases
+    cost ~20 % (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless fabrics."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""

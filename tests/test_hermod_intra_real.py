@@ -108,6 +108,7 @@ def test_summarise_only_rewrites_the_summary_from_stored_times(tmp_path) -> None
     (["--buffers-kb", "64,x"], "--buffers-kb must be comma-separated numbers, got '64,x'"),
     (["--buffers-kb", "0"], "--buffers-kb must be numbers > 0"),
     (["--skew", "-0.5"], "--skew must be >= 0, got -0.5"),
+    (["--tcp-wmem", "64k"], "--tcp-wmem must be three byte counts 'min default max', got '64k'"),
 ])
 def test_bad_arguments_are_refused_before_any_network_is_built(args: list[str], msg: str) -> None:
     with pytest.raises(SystemExit, match=msg):

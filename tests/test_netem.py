@@ -169,6 +169,21 @@ def test_a_shallow_switch_buffer_limits_only_the_downlink_queue() -> None:
 
 
 @needs_netns
+def test_sysctls_are_set_in_the_rank_namespaces_only() -> None:
+    """``sysctls``: each rank's namespace gets the value, the host keeps its own; non-network keys are refused."""
+    def wmem(*prefix: str) -> str:
+        return subprocess.run([*prefix, "sysctl", "-n", "net.ipv4.tcp_wmem"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.split()
+    host = wmem()
+    with EmulatedNetwork(2, sysctls={"net.ipv4.tcp_wmem": "4096 32768 65536"}, subnet="10.220.0.0/24") as net:
+        assert [wmem(*net.exec_prefix(r)) for r in range(2)] == [["4096", "32768", "65536"]] * 2
+        assert net.describe()["sysctls"] == {"net.ipv4.tcp_wmem": "4096 32768 65536"}
+        assert wmem() == host
+    with pytest.raises(NetemError, match=r"only network keys .* got \['kernel.pid_max'\]"):
+        EmulatedNetwork(2, sysctls={"kernel.pid_max": "4096"})
+
+
+@needs_netns
 def test_run_ranks_returns_outputs_and_a_dead_peer_stops_the_rest_at_once() -> None:
     """EmulatedNetwork.run_ranks: every rank's stdout in rank order (large outputs do not block); a rank that fails
     ends the run at once, naming it, while its peer would have waited a minute; so does the time limit."""
@@ -268,7 +283,7 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
     with pytest.raises(ValueError, match="unknown variant key 'lanes'"):
         _parse_variant("lanes=2")
     assert _parse_variant("ep_algorithm=plain")["ep_algorithm"] == "plain"  # an A/B of the matched all-to-all
-    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_first', 'alg3', 'plain'\]"):
+    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain'\]"):
         _parse_variant("ep_algorithm=bvm")
 
 

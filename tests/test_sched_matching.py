@@ -42,13 +42,13 @@ def test_bottleneck_bvn_takes_the_matching_with_the_largest_smallest_entry():
         dummy = _pad(real, L, largest_first=True)
         tot = [[a + b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(real, dummy, strict=True)]
         best = max(min(tot[i][p[i]] for i in range(len(T))) for p in itertools.permutations(range(len(T))))
-        assert bvn_phases(T)[0].weight == best
+        assert bvn_phases(T, "bottleneck")[0].weight == best
 
 
 def test_bottleneck_bvn_needs_fewer_phases_than_the_first_matching_on_dispatch_matrices():
     """What the choice is for: every phase costs a fixed overhead at run time. On Zipf dispatch matrices (as the
     benchmarks draw them) the bottleneck choice needs at most as many phases as the first matching found on every
-    matrix drawn here, and clearly fewer on average from 8 ranks on."""
+    matrix drawn here, and clearly fewer on average."""
     from flowlane.sim.workloads import zipf_token_matrix
 
     rng = np.random.default_rng(0)
@@ -57,7 +57,7 @@ def test_bottleneck_bvn_needs_fewer_phases_than_the_first_matching_on_dispatch_m
         for skew in (0.0, 0.5, 1.0):
             for _ in range(3):
                 T = zipf_token_matrix(rng, n, 4 * n, 1024, 2, skew).tolist()
-                a, b = bvn_phases(T, "first"), bvn_phases(T)
+                a, b = bvn_phases(T), bvn_phases(T, "bottleneck")
                 assert phases_total(a) == phases_total(b) == lower_bound(T)
                 first.append(len(a))
                 bottleneck.append(len(b))
@@ -83,7 +83,7 @@ def test_algorithm3_is_valid_but_not_optimal_on_the_digest_example():
 def test_plans_are_deterministic_and_ignore_the_diagonal():
     T = [[9, 3, 1, 0], [2, 9, 0, 4], [0, 6, 9, 1], [5, 0, 2, 9]]
     assert bvn_phases(T) == bvn_phases([row[:] for row in T])
-    assert bvn_phases(T, "first") == bvn_phases([row[:] for row in T], "first")
+    assert bvn_phases(T, "bottleneck") == bvn_phases([row[:] for row in T], "bottleneck")
     assert algorithm3_phases(T) == algorithm3_phases(T)
     T0 = [[0 if i == j else v for j, v in enumerate(row)] for i, row in enumerate(T)]
     assert bvn_phases(T) == bvn_phases(T0)
@@ -94,7 +94,7 @@ def test_bad_matrices_are_rejected_with_the_offending_entry():
         bvn_phases([[0, 1], [1]])
     with pytest.raises(ValueError, match=r"T\[0\]\[1\] = -1"):
         bvn_phases([[0, -1], [1, 0]])
-    with pytest.raises(ValueError, match=r"matching 'best' is not one of \['bottleneck', 'first'\]"):
+    with pytest.raises(ValueError, match=r"matching 'best' is not one of \['first', 'bottleneck'\]"):
         bvn_phases([[0, 1], [1, 0]], "best")  # type: ignore[arg-type]
 
 

@@ -103,7 +103,7 @@ def test_injected_delays_do_not_deadlock_and_do_not_change_results():
 def test_matched_all_to_all_equals_all_to_all_single_on_four_ranks():
     for r in _results():
         a = r["a2a"]
-        assert a["equal_bvn"] and a["equal_bvn_first"] and a["equal_alg3"] and a["equal_bvn_barrier"], a
+        assert a["equal_bvn"] and a["equal_bvn_bottleneck"] and a["equal_alg3"] and a["equal_bvn_barrier"], a
         assert a["phases_bvn"] <= a["phases_alg3_total"]
         assert a["bad_sync"].startswith("phase_sync 'global' is not one of"), a
 
@@ -125,7 +125,7 @@ def _a2a_rank(rank: int, world: int) -> dict:
     ref = torch.empty(sum(recv), 3)
     dist.all_to_all_single(ref, x, recv, splits)
     out = {}
-    for alg in ("bvn", "bvn_first", "alg3"):
+    for alg in ("bvn", "bvn_bottleneck", "alg3"):
         y = torch.full((sum(recv), 3), -1.0)
         matched_all_to_all(y, x, recv, splits, matrix, algorithm=alg, quantum=2)
         out[f"equal_{alg}"] = bool(torch.equal(y, ref))

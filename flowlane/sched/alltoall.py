@@ -18,8 +18,9 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases
 
-Algorithm = Literal["bvn", "bvn_first", "alg3"]
-ALGORITHMS = ("bvn", "bvn_first", "alg3")  # bvn_first: BvN taking the first perfect matching found (for comparison)
+Algorithm = Literal["bvn", "bvn_bottleneck", "alg3"]
+# bvn_bottleneck: BvN with the max-min matching each step (fewer, longer phases; flowlane.sched.matching)
+ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3")
 PhaseSync = Literal["pairwise", "barrier"]
 PHASE_SYNCS = ("pairwise", "barrier")
 
@@ -43,7 +44,7 @@ def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm
     q = [[-(-int(v) // quantum) for v in row] for row in matrix]
     if algorithm == "alg3":
         return algorithm3_phases(q)
-    return bvn_phases(q, "first" if algorithm == "bvn_first" else "bottleneck")
+    return bvn_phases(q, "bottleneck" if algorithm == "bvn_bottleneck" else "first")
 
 
 def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None) -> list[list[int]]:

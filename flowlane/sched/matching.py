@@ -8,15 +8,17 @@ into phases; in each phase the senders and receivers form a (partial) matching, 
 * :func:`bvn_phases` (default): Birkhoff-von Neumann on the matrix padded with idle "dummy" traffic until every row
   and column sums to L; every phase is a perfect matching on the support, weight = its smallest entry. Total phase
   time = L exactly (digest A2.6 [check]); each phase zeroes at least one entry, so at most n^2 phases.
-  Which perfect matching each step takes does not change the total but sets the number of phases, and every phase
-  costs a fixed overhead at run time (launch and pairwise wait: 1.3-1.8 ms measured on gloo by
-  ``benchmarks.hermod_intra_real``, where 48 phases on an 8x8 matrix cost ~30 % of L). The default (``matching=
-  "bottleneck"``) takes the perfect matching whose smallest entry is largest -- the greedy BvN heuristic (Brualdi;
-  Dufosse & Ucar, "Notes on Birkhoff-von Neumann decomposition of doubly stochastic matrices", LAA 2016) -- and pads
-  the largest real entries first, so big flows leave in few long phases. On Zipf dispatch matrices it needs ~25 % fewer
-  phases than the first matching found at n = 4, ~35 % at n = 8, ~4x fewer at n = 16 (``tests/test_sched_matching``
-  checks the direction). ``matching="first"`` is the textbook construction (the first perfect matching Kuhn's
-  algorithm finds, padding in index order), kept for comparison. Minimising the count exactly is NP-hard (ibid.).
+  Which perfect matching each step takes does not change the total but sets the number of phases and their shape.
+  ``matching="first"`` (default) is the textbook construction: the first perfect matching Kuhn's algorithm finds,
+  padding in index order -- many short phases (~48 on an 8x8 dispatch matrix). ``matching="bottleneck"`` takes the
+  perfect matching whose smallest entry is largest -- the greedy BvN heuristic (Brualdi; Dufosse & Ucar, "Notes on
+  Birkhoff-von Neumann decomposition of doubly stochastic matrices", LAA 2016) -- and pads the largest real entries
+  first: ~25 % fewer phases at n = 4, ~35 % at n = 8, ~4x fewer at n = 16, but long ones. Minimising the count
+  exactly is NP-hard (ibid.). Measured on gloo (``benchmarks.hermod_intra_real``, 8 ranks) the long phases were
+  15-30 % *slower*: gloo completes a send once the kernel has buffered it, so a rank starts phase k+1 while its
+  phase-k data still drains and the two share its uplink; capping the socket send buffer (``--tcp-wmem``) removes
+  the difference. Hence ``first`` stays the default; ``bottleneck`` is for transports whose sends complete on
+  delivery and whose per-phase cost dominates (untested here: NCCL needs a GPU).
 * :func:`algorithm3_phases`: the seed's Algorithm 3 (repeated max-weight matching, weight = min matched positive
   entry -- the digest's reading of lines 9-10). Not optimal: 1.5 L on ``[[0,5,0],[5,0,0],[5,5,0]]`` (digest A2.6).
 
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Matrix = list[list[int]]
-BvnMatching = Literal["bottleneck", "first"]
-BVN_MATCHINGS = ("bottleneck", "first")
+BvnMatching = Literal["first", "bottleneck"]
+BVN_MATCHINGS = ("first", "bottleneck")
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,10 @@ def _pad(real: Matrix, L: int, largest_first: bool) -> Matrix:
     return dummy
 
 
-def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "bottleneck") -> list[Phase]:
+def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "first") -> list[Phase]:
     """Birkhoff-von Neumann decomposition of the padded matrix; sum of weights == :func:`lower_bound`.
-    ``matching``: which perfect matching each step takes (module docstring): ``bottleneck`` (largest smallest
-    entry; fewer phases) or ``first`` (the first one found)."""
+    ``matching``: which perfect matching each step takes (module docstring): ``first`` (the first one found) or
+    ``bottleneck`` (the largest smallest entry: fewer, longer phases)."""
     if matching not in BVN_MATCHINGS:
         raise ValueError(f"matching {matching!r} is not one of {list(BVN_MATCHINGS)}")
     real = _check(T)
