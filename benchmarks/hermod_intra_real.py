@@ -17,8 +17,8 @@ measured instead:
   does), ``bvn`` (Hermod: the split matrix all-gathered, then the Birkhoff-von Neumann phases of
   :func:`flowlane.sched.alltoall.matched_all_to_all`, each rank stepping on when its own pairs are done),
   ``bvn_bottleneck`` (BvN taking the max-min perfect matching each step: the same total in fewer, longer phases;
-  :mod:`flowlane.sched.matching`), ``bvn_barrier`` (``bvn``'s phases with a group barrier between them: no transient
-  incast) and ``alg3`` (the seed's Algorithm 3 phases), planned in units of ``--quantum`` tokens. Each rank times
+  :mod:`flowlane.sched.matching`), ``bvn_barrier`` (``bvn``'s phases with a group barrier between them: every rank
+  in lockstep) and ``alg3`` (the seed's Algorithm 3 phases), planned in units of ``--quantum`` tokens. Each rank times
   its part after a barrier; a collective's time is the slowest rank's. Every algorithm's output must equal
   ``plain``'s bit for bit on every rank (checked; a mismatch fails the run).
 - Calibration: the simulator (:mod:`flowlane.sim`, a star at the same rate) replays each matrix. The deepest buffer
@@ -257,7 +257,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_ylim(0, 1.35 * max(p.get_height() for p in ax.patches))   # room for the legend above the bars
     ax.set_ylabel("all-to-all time / lower bound")
     c = doc["config"]
-    ax.set_title(f"EP all-to-all, {c['ranks']} ranks, {c['rate_mbit']:g} Mbit/s, Zipf {c['skew']:g} "
+    wmem = f", tcp_wmem max {int(c['tcp_wmem'].split()[2]) // 1024} KiB" if c.get("tcp_wmem") else ""
+    ax.set_title(f"EP all-to-all, {c['ranks']} ranks, {c['rate_mbit']:g} Mbit/s, Zipf {c['skew']:g}{wmem} "
                  f"(measured, emulated links)", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()

@@ -2,9 +2,14 @@
 algorithm"): the split matrix is decomposed into incast-free phases (:mod:`flowlane.sched.matching`) and each phase
 runs as one batch of isend/irecv pairs. Every rank plans from the same matrix with the same integer algorithm, so
 the plans agree without synchronisation; between phases only the pairwise wait of that phase (no global barrier,
-digest A6.1 #10), unless ``phase_sync="barrier"``. Without a barrier a rank that finished phase k may send its phase
-k+1 flow to a receiver still busy with phase k: a transient 2-to-1 incast (digest A2.6 calls it a tunable). The
-barrier removes it at the cost of one group barrier per phase.
+digest A6.1 #10), unless ``phase_sync="barrier"``. The digest (A2.6) expects a transient 2-to-1 incast without a
+barrier (a rank that finished phase k sends its phase k+1 flow to a receiver still busy with phase k) and calls the
+barrier a tunable. On a rendezvous transport that cannot happen: gloo sends a message's data only once the receiver
+has posted the matching receive (its tcp ``Pair::send`` waits for the peer's recv-ready notice), and a receiver posts
+phase k+1 only after its phase-k receive has completed. What does overlap on gloo is the sender's side: a send
+completes once the kernel has buffered it, so a rank starts phase k+1 while its phase-k data still drains, and the
+two flows share its uplink (``benchmarks.hermod_intra_real --tcp-wmem`` bounds that). Measured, the barrier only
+costs time (README "Intra-coflow all-to-all, measured"); pairwise is the default.
 """
 
 from __future__ import annotations

@@ -151,8 +151,10 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
     """The incast-free schedule as the runtime runs it (flowlane.sched.alltoall.matched_all_to_all): every rank
     walks the phases in order and posts phase k's send and receive once its own phase k-1 ops have completed; no
     global barrier. So the flow i -> j of phase k is its own coflow, started when ranks i and j have both finished
-    phase k-1 (a flow that waits on a slow peer is what gives the transient incast of digest A2.6). The phase flows
-    bypass ``stream`` (they are not serialised against each other); the returned join ends the all-to-all."""
+    phase k-1 (the rendezvous gloo and NCCL make: no receiver ever has two phase flows at once; a flow may wait on a
+    slow peer). Sends complete on delivery here, so the sender-side overlap gloo shows (flowlane.sched.alltoall) is
+    not modelled. The phase flows bypass ``stream`` (they are not serialised against each other); the returned join
+    ends the all-to-all."""
     # Imported here: flowlane.sched pulls in torch for its runtime parts; the simulator needs only the matcher.
     from flowlane.sched.matching import bvn_phases
 
