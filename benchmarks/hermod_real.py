@@ -461,10 +461,10 @@ def main() -> int:
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument("--variant", action="append", default=[],
                     help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain][,wire=1|2] (repeatable); wire=1 puts the bulk class on its "
-                         "own address, queued by "
-                         "priority; wire=2 also puts each all-to-all in its class (critical: oldest in-flight "
-                         "microbatch, pipeline: later ones), the pipeline class on a third address")
+                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain][,wire=1|2] (repeatable); wire=1 puts the "
+                         "bulk class on its own address, queued by priority; wire=2 also puts each all-to-all in "
+                         "its class (critical: oldest in-flight microbatch, pipeline: later ones), the pipeline class "
+                         "on a third address")
     ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
                     help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
                          "NIC each; star: one switch, links shaped both ways, --switch-buffer-kb (see emulated_fabric)")

@@ -69,7 +69,8 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
         HermodConfig(chunk_bytes=0)
     assert config_from_args(p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm",
                                           "bvn_bottleneck"])).ep_algorithm == "bvn_bottleneck"
-    with pytest.raises(ValueError, match=r"ep_algorithm 'bvm' is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain'\]"):
+    with pytest.raises(ValueError, match=r"ep_algorithm 'bvm' is not one of \['bvn', 'bvn_bottleneck', 'alg3', "
+                                         r"'plain'\]"):
         HermodConfig(ep_algorithm="bvm")  # type: ignore[arg-type]
 
 
