@@ -13,7 +13,7 @@ into phases; in each phase the senders and receivers form a (partial) matching, 
   padding in index order -- many short phases (~48 on an 8x8 dispatch matrix). ``matching="bottleneck"`` takes the
   perfect matching whose smallest entry is largest -- the greedy BvN heuristic (Brualdi; Dufosse & Ucar, "Notes on
   Birkhoff-von Neumann decomposition of doubly stochastic matrices", LAA 2016) -- and pads the largest real entries
-  first: ~25 % fewer phases at n = 4, ~35 % at n = 8, ~4x fewer at n = 16, but long ones. Minimising the count
+  first: ~20-25 % fewer phases at n = 4, ~35 % at n = 8, ~4x fewer at n = 16, but long ones. Minimising the count
   exactly is NP-hard (ibid.). Measured on gloo (``benchmarks.hermod_intra_real``, 8 ranks) the long phases were
   7-24 % *slower* in 8 of 9 settings: gloo completes a send once the kernel has buffered it, so a rank starts phase
   k+1 while its phase-k data still drains and the two share its uplink; capping the socket send buffer
