@@ -305,7 +305,9 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
 
 TEXT_KEYS = ("dp_mid", "ep_algorithm")
 # the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_bottleneck: fewer, longer ones),
-# the seed's Algorithm 3, or one all_to_all_single (inter-coflow priority only)
+# the seed's Algorithm 3, or one all_to_all_single (inter-coflow priority only). A literal, not
+# (*flowlane.sched.alltoall.ALGORITHMS, "plain"), so the parent process never imports torch; tests/test_netem.py
+# checks the two agree.
 EP_ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3", "plain")
 
 
