@@ -5,7 +5,7 @@
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
-                   [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain][,wire=1|2] ...]
+                   [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,wire=1|2] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
@@ -120,7 +120,8 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][1]]  # the first iteration warms up
     t_last = r["iter_starts"][-1]
     timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last]
-    return {"times": r["times"][1:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline}
+    return {"times": r["times"][1:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline,
+            "ep_choices": r["ep_choices"]}
 
 
 def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +172,7 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
             out[mode]["digest"] = r["digest"]
             out[mode]["timeline"] = r["timeline"]  # the last iteration of the last round, for inspection
             out[mode]["stage"] = r.get("stage", rank % work.get("pp", 2))
+            out[mode].setdefault("ep_choices", []).append(r.get("ep_choices", {}))  # ep_algorithm=auto's pick
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, out)
     if rank == 0:
@@ -252,8 +254,12 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[st
                           "op_time_per_iter_s": sum(x["sum_s"] for x in runs) / iters,
                           "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters}
             ops[m][f"stage{stage}"] = row
+    # ep_algorithm=auto: what each EP group kept, per round (every rank of a group keeps the same; a set per round)
+    choices = {m: [sorted({f"{g}:{c}" for r in res for g, c in r[m]["ep_choices"][i].items()})
+                   for i in range(len(res[0][m].get("ep_choices", [])))]
+               for m in modes if any(ch for r in res for ch in r[m].get("ep_choices", []))}
     return {"per_iter": per_iter, "median": med, "speedup": {m: med["fifo"] / med[m] for m in modes},
-            "math_identical": same, "digest_max_rel_diff": drift, "ops": ops}
+            "math_identical": same, "digest_max_rel_diff": drift, "ops": ops, "ep_choices": choices}
 
 
 def _rel_diff(a: Any, b: Any) -> float:
@@ -305,10 +311,10 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
 
 TEXT_KEYS = ("dp_mid", "ep_algorithm")
 # the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_bottleneck: fewer, longer ones),
-# the seed's Algorithm 3, or one all_to_all_single (inter-coflow priority only). A literal, not
-# (*flowlane.sched.alltoall.ALGORITHMS, "plain"), so the parent process never imports torch; tests/test_netem.py
-# checks the two agree.
-EP_ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3", "plain")
+# the seed's Algorithm 3, one all_to_all_single (inter-coflow priority only), or auto (measure plain and BvN, keep
+# the faster). A literal, not flowlane.sched.alltoall.RUN_ALGORITHMS, so the parent process never imports torch;
+# tests/test_netem.py checks the two agree.
+EP_ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3", "plain", "auto")
 
 
 def _parse_variant(s: str) -> dict[str, Any]:
@@ -463,7 +469,7 @@ def main() -> int:
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument("--variant", action="append", default=[],
                     help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain][,wire=1|2] (repeatable); wire=1 puts the "
+                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,wire=1|2] (repeatable); wire=1 puts the "
                          "bulk class on its own address, queued by priority; wire=2 also puts each all-to-all in "
                          "its class (critical: oldest in-flight microbatch, pipeline: later ones), the pipeline class "
                          "on a third address")

@@ -35,7 +35,8 @@ Hooks and what they do:
   (Case III); the grad sync then reduce-scatters into the optimizer's shards.
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
   matched (incast-free BvN) all-to-all with the same autograd semantics (one ``all_to_all_single`` in EP groups of
-  two, which have no incast: :func:`flowlane.sched.alltoall.needs_matching`).
+  two, which have no incast: :func:`flowlane.sched.alltoall.needs_matching`; ``ep_algorithm="auto"`` measures
+  whether matching pays on this fabric: :class:`flowlane.sched.alltoall.AllToAllRunner`).
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ from flowlane import comm
 from flowlane.coflow import HermodOrderConfig
 from flowlane.policy import CoflowMeta
 from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
-from flowlane.sched.alltoall import ALGORITHMS, gather_split_matrix, matched_all_to_all, needs_matching
+from flowlane.sched.alltoall import RUN_ALGORITHMS, AllToAllRunner
 
 if TYPE_CHECKING:
     from megatron_plugin.dist_optimizer import DistributedOptimizer
 
-EP_ALGORITHMS = (*ALGORITHMS, "plain")  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, or none
+EP_ALGORITHMS = RUN_ALGORITHMS  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
 
 
 @dataclass
@@ -79,12 +80,14 @@ class HermodConfig:
     (results/hermod/real_megatron_defaults.json)."""
     gate_timeout_s: float = 0.05
     """Longest a DP chunk is held back while a PP/EP op is outstanding."""
-    ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain"] = "bvn"
+    ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"] = "bvn"
     """MoE all-to-all: BvN matching (optimal: flowlane.sched.matching), ``bvn_bottleneck`` (BvN in fewer, longer
-    phases; slower on gloo, see flowlane.sched.matching), the seed's Algorithm 3, or plain all_to_all_single (EP
-    groups of two always run plain: no incast to avoid). Matching pays where the fabric drops under fan-in: on an
-    emulated switch with 64-128 KiB port buffers it sped the all-to-all up 0.96-1.7x; with deep buffers its phases
-    cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless fabrics."""
+    phases; slower on gloo, see flowlane.sched.matching), the seed's Algorithm 3, plain all_to_all_single (EP
+    groups of two always run plain: no incast to avoid), or ``auto`` (measure plain and BvN on each group's first
+    all-to-alls and keep the faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays where the fabric drops
+    under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up 0.96-1.7x; with deep
+    buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless
+    fabrics, and ``auto`` finds out which one it runs on."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""
@@ -157,6 +160,7 @@ class Hermod:
                                                                     stage, num_stages)
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config())
+        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum)
         self.dp_group = dp_group
         self.expert_dp_group = expert_dp_group
         ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))
@@ -323,12 +327,7 @@ def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits:
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
     meta = h.meta("ep", h._fwd_mb, h.stage * h.L, op)
     with h.sched.critical_section(meta):
-        if h.config.ep_algorithm == "plain" or not needs_matching(n):
-            comm.all_to_all_single(out, x, out_splits, in_splits, group=group, kind="ep", key=meta)
-        else:
-            matrix = gather_split_matrix(in_splits, group)
-            matched_all_to_all(out, x, out_splits, in_splits, matrix, group=group, quantum=h.config.ep_quantum,
-                               algorithm=h.config.ep_algorithm, key=meta)
+        h.a2a(out, x, out_splits, in_splits, group=group, kind="ep", key=meta)
     return out
 
 

@@ -288,9 +288,11 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
         _parse_variant("lanes=2")
     assert _parse_variant("ep_algorithm=plain")["ep_algorithm"] == "plain"  # an A/B of the matched all-to-all
     from benchmarks.hermod_real import EP_ALGORITHMS
-    from flowlane.sched.alltoall import ALGORITHMS
-    assert (*ALGORITHMS, "plain") == EP_ALGORITHMS  # the benchmark's literal copy stays in step with the core
-    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain'\]"):
+    from flowlane.sched.alltoall import RUN_ALGORITHMS
+    assert RUN_ALGORITHMS == EP_ALGORITHMS  # the benchmark's literal copy stays in step with the core
+    assert _parse_variant("ep_algorithm=auto")["ep_algorithm"] == "auto"
+    with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain', "
+                                         r"'auto'\]"):
         _parse_variant("ep_algorithm=bvm")
 
 

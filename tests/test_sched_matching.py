@@ -109,3 +109,16 @@ def test_groups_of_two_skip_matching_because_every_2x2_plan_is_the_one_exchange(
         assert len(plan_all_to_all(m)) <= 1, m
     assert not needs_matching(1) and not needs_matching(2) and needs_matching(3)
     assert len(plan_all_to_all([[0, 4, 4], [0, 0, 4], [4, 0, 0]])) > 1  # rank 2 would be an incast target
+
+
+def test_all_to_all_runner_refuses_bad_settings_by_name():
+    from flowlane.sched.alltoall import RUN_ALGORITHMS, AllToAllRunner
+
+    assert RUN_ALGORITHMS == ("bvn", "bvn_bottleneck", "alg3", "plain", "auto")
+    with pytest.raises(ValueError, match=r"all-to-all algorithm 'fastest' is not one of \['bvn', .*'auto'\]"):
+        AllToAllRunner("fastest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="probe_calls must be an integer >= 1, got 0"):
+        AllToAllRunner("auto", probe_calls=0)
+    with pytest.raises(ValueError, match="quantum must be an integer >= 1, got 1.5"):
+        AllToAllRunner("bvn", quantum=1.5)  # type: ignore[arg-type]
+    assert AllToAllRunner("auto").choices == {}

@@ -108,6 +108,82 @@ def test_matched_all_to_all_equals_all_to_all_single_on_four_ranks():
         assert a["bad_sync"].startswith("phase_sync 'global' is not one of"), a
 
 
+def test_auto_all_to_all_probes_both_keeps_the_faster_and_agrees_across_ranks():
+    """ep_algorithm=auto (AllToAllRunner): alternate plain / BvN for 2 x probe_calls calls, then keep one on every
+    rank; outputs stay equal to all_to_all_single throughout. A rank made slow in one algorithm makes the whole group
+    keep the other (the decision sums the group's times), so the test fails if the comparison were inverted."""
+    rs = _results()
+    for r in rs:
+        a = r["a2a"]["auto"]
+        assert a["all_equal"], a
+        assert a["used"][:4] == ["plain", "bvn", "plain", "bvn"], a
+        assert len(set(a["used"][4:])) == 1 and a["used"][4] == a["choices"]["0,1,2,3"], a
+        assert a["slow_plain"] == "bvn" and a["slow_bvn"] == "plain", a
+        if a["pair"] is not None:  # ranks 0 and 1: groups of two are never probed
+            assert a["pair"] == ["plain"] * 5 and a["pair_choices"] == {}, a
+    assert sum(r["a2a"]["auto"]["pair"] is not None for r in rs) == 2
+    assert len({r["a2a"]["auto"]["choices"]["0,1,2,3"] for r in rs}) == 1  # one decision on every rank
+
+
+def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import flowlane.comm
+    import flowlane.sched.alltoall as a2a
+    from flowlane.sched.alltoall import AllToAllRunner
+
+    recv = [matrix[i][rank] for i in range(world)]
+
+    def calls(runner: AllToAllRunner, n: int, group=None, s=splits, rv=recv, inp=x, want=ref) -> tuple[list, bool]:
+        used, ok = [], True
+        for _ in range(n):
+            y = torch.full((sum(rv), 3), -1.0)
+            used.append(runner(y, inp, rv, s, group=group))
+            ok = ok and bool(torch.equal(y, want))
+        return used, ok
+
+    runner = AllToAllRunner("auto", probe_calls=2)
+    used, ok = calls(runner, 7)
+    out = {"used": used, "all_equal": ok, "choices": {",".join(map(str, g)): c for g, c in runner.choices.items()}}
+
+    def slowed(fn):  # rank 1 lags in one algorithm only, as a rank behind an incast-prone port would
+        def wrapper(*args, **kw):
+            if rank == 1:
+                time.sleep(0.05)
+            return fn(*args, **kw)
+        return wrapper
+
+    for name, mod, attr in (("slow_plain", flowlane.comm, "all_to_all_single"),
+                            ("slow_bvn", a2a, "matched_all_to_all")):
+        orig = getattr(mod, attr)
+        setattr(mod, attr, slowed(orig))
+        try:
+            runner = AllToAllRunner("auto", probe_calls=2)
+            calls(runner, 4)
+            out[name] = runner.choices[(0, 1, 2, 3)]
+        finally:
+            setattr(mod, attr, orig)
+    pair = dist.new_group([0, 1])
+    runner = AllToAllRunner("auto", probe_calls=1)
+    if rank in (0, 1):
+        t = torch.arange(8, dtype=torch.float32).view(-1, 2) + 100 * rank
+        want = torch.empty(4, 2)
+        dist.all_to_all_single(want, t, [2, 2], [2, 2], group=pair)
+        used, ok = [], True
+        for _ in range(5):
+            y = torch.empty(4, 2)
+            used.append(runner(y, t, [2, 2], [2, 2], group=pair))
+            ok = ok and bool(torch.equal(y, want))
+        out["pair"] = used if ok else ["mismatch"]
+        out["pair_choices"] = runner.choices
+    else:
+        out["pair"] = None
+    return out
+
+
 def _a2a_rank(rank: int, world: int) -> dict:
     import random
 
@@ -136,6 +212,7 @@ def _a2a_rank(rank: int, world: int) -> dict:
         matched_all_to_all(y, x, recv, splits, matrix, phase_sync="global")  # type: ignore[arg-type]
     except ValueError as e:
         out["bad_sync"] = str(e)
+    out["auto"] = _auto_rank(rank, world, splits, x, ref, matrix)
     out["phases_bvn"] = phases_total(plan_all_to_all(matrix, 1, "bvn"))
     out["phases_alg3_total"] = phases_total(plan_all_to_all(matrix, 1, "alg3"))
     return out

@@ -14,7 +14,9 @@ costs time (README "Intra-coflow all-to-all, measured"); pairwise is the default
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -26,6 +28,9 @@ from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases
 Algorithm = Literal["bvn", "bvn_bottleneck", "alg3"]
 # bvn_bottleneck: BvN with the max-min matching each step (fewer, longer phases; flowlane.sched.matching)
 ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3")
+# what a caller may ask :class:`AllToAllRunner` for: a planner, one all_to_all_single, or measure both and keep one
+RunAlgorithm = Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"]
+RUN_ALGORITHMS = (*ALGORITHMS, "plain", "auto")
 PhaseSync = Literal["pairwise", "barrier"]
 PHASE_SYNCS = ("pairwise", "barrier")
 
@@ -113,3 +118,107 @@ def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_s
             got != [output_split_sizes[i] if i != me else 0 for i in range(n)]:
         raise RuntimeError(f"matched all-to-all incomplete on group rank {me}: sent {sent}, received {got}")
     return phases
+
+
+@dataclass
+class _Probe:
+    """``auto``'s measurements for one group: seconds and local bound (rows) per candidate, summed."""
+    seconds: dict[str, float] = field(default_factory=lambda: {"plain": 0.0, "bvn": 0.0})
+    rows: dict[str, int] = field(default_factory=lambda: {"plain": 0, "bvn": 0})
+    calls: int = 0
+    choice: str | None = None
+
+
+class AllToAllRunner:
+    """Runs a MoE layer's all-to-alls with one algorithm for every group: a planner of :data:`ALGORITHMS` (matched
+    phases), ``plain`` (one ``all_to_all_single``) or ``auto``.
+
+    Why ``auto``: matching pays only where fan-in costs something -- ports that drop or pause under incast -- and on
+    a deep-buffered or lossless fabric its per-phase cost makes it slower than one all-to-all (README "Intra-coflow
+    all-to-all, measured": 1.2-1.7x faster with 64-128 KiB switch buffers, 16-19 % slower with 1 MiB). The seed
+    always matches (§5.3.2); a user should not have to know the switch's buffer depth, so ``auto`` measures. Each
+    group's first ``2 * probe_calls`` all-to-alls alternate ``plain`` and ``bvn``; each rank times its calls and
+    divides by its own share of the lower bound (rows it sends or receives across the network, whichever is more,
+    so forward and backward, big and small microbatches compare). Then one all-reduce sums the group's seconds and
+    rows per candidate, group rank 0 decides (the lower time per row; a tie keeps ``plain``, which needs no matrix
+    gather) and broadcasts it, so every rank keeps the same algorithm for the rest of the run. The decision
+    collectives run at the same call on every rank because a group's all-to-alls are collective and come in the
+    same order everywhere. One-shot by design: the probe costs at most ``probe_calls`` slow all-to-alls, and
+    re-probing would repeat that cost every time; the choice is in :attr:`choices`.
+
+    Groups of two never match (:func:`needs_matching`) and are not probed. On CUDA tensors a probing call
+    synchronises the device before and after so that the wall time covers the transfer (untested without a GPU).
+    """
+
+    def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_calls: int = 4) -> None:
+        if algorithm not in RUN_ALGORITHMS:
+            raise ValueError(f"all-to-all algorithm {algorithm!r} is not one of {list(RUN_ALGORITHMS)}")
+        if not isinstance(probe_calls, int) or probe_calls < 1:
+            raise ValueError(f"probe_calls must be an integer >= 1, got {probe_calls!r}")
+        if not isinstance(quantum, int) or quantum < 1:
+            raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
+        self.algorithm, self.quantum, self.probe_calls = algorithm, quantum, probe_calls
+        self._probes: dict[tuple[int, ...], _Probe] = {}
+
+    @property
+    def choices(self) -> dict[tuple[int, ...], str]:
+        """``auto``: the algorithm kept for each group (global ranks) once decided."""
+        return {g: p.choice for g, p in self._probes.items() if p.choice is not None}
+
+    def __call__(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+                 input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None,
+                 matrix: Sequence[Sequence[int]] | None = None, kind: str = "ep", key: Any = None) -> str:
+        """Same result as ``all_to_all_single``. ``matrix``: the group's split matrix if the caller already has it
+        (Megatron's dispatcher gathers it anyway); gathered here when a matched algorithm needs it. Returns the
+        algorithm that ran."""
+        ranks = tuple(range(dist.get_world_size())) if group is None else tuple(dist.get_process_group_ranks(group))
+        algorithm: str = self.algorithm
+        probe = None
+        if not needs_matching(len(ranks)):
+            algorithm = "plain"
+        elif algorithm == "auto":
+            probe = self._probes.setdefault(ranks, _Probe())
+            if probe.choice is not None:
+                algorithm, probe = probe.choice, None
+            else:
+                algorithm = ("plain", "bvn")[probe.calls % 2]
+        if probe is not None:
+            _sync(input)
+            t0 = time.perf_counter()
+        if algorithm == "plain":
+            comm.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes), group=group,
+                                   kind=kind, key=key)
+        else:
+            if matrix is None:
+                matrix = gather_split_matrix(input_split_sizes, group)
+            matched_all_to_all(output, input, output_split_sizes, input_split_sizes, matrix, group=group,
+                               quantum=self.quantum, algorithm=algorithm, kind=kind, key=key)  # type: ignore[arg-type]
+        if probe is not None:
+            _sync(input)
+            me = ranks.index(dist.get_rank())
+            probe.seconds[algorithm] += time.perf_counter() - t0
+            probe.rows[algorithm] += max(sum(input_split_sizes) - input_split_sizes[me],
+                                         sum(output_split_sizes) - output_split_sizes[me])
+            probe.calls += 1
+            if probe.calls == 2 * self.probe_calls:
+                probe.choice = _decide(probe, ranks, group, input.device, kind, key)
+        return algorithm
+
+
+def _sync(t: torch.Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
+def _decide(probe: _Probe, ranks: tuple[int, ...], group: dist.ProcessGroup | None, device: torch.device,
+            kind: str, key: Any) -> str:
+    """Sum the group's probe times and rows, decide on group rank 0, broadcast: one answer on every rank even if a
+    transport's reduction were to round differently per rank."""
+    stats = torch.tensor([probe.seconds["plain"], probe.rows["plain"], probe.seconds["bvn"], probe.rows["bvn"]],
+                         dtype=torch.float64, device=device)
+    comm.all_reduce(stats, group=group, kind=kind, key=key)
+    s_plain, r_plain, s_bvn, r_bvn = stats.tolist()
+    per_row = (s_plain / max(r_plain, 1.0), s_bvn / max(r_bvn, 1.0))
+    pick = torch.tensor([1 if per_row[1] < per_row[0] else 0], dtype=torch.long, device=device)
+    comm.broadcast(pick, src=ranks[0], group=group, kind=kind, key=key)
+    return ("plain", "bvn")[int(pick.item())]

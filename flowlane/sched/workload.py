@@ -24,7 +24,7 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireEncoder
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
-from flowlane.sched.alltoall import matched_all_to_all, needs_matching
+from flowlane.sched.alltoall import AllToAllRunner
 from flowlane.sched.groups import build_class_groups
 from flowlane.sched.hermod import HermodPolicy
 from flowlane.sched.scheduler import CommScheduler, SchedulerConfig
@@ -42,6 +42,7 @@ class WorkloadConfig:
     """Parameters per layer (float32): one DP bucket per layer."""
     moe: bool = False
     ep_algorithm: str = "bvn"
+    """The MoE all-to-all (:class:`flowlane.sched.alltoall.AllToAllRunner`): a planner, ``plain`` or ``auto``."""
     fwd_s: float = 0.0
     """Emulated forward compute per layer and microbatch (backward = 2x)."""
     opt_s: float = 0.0
@@ -85,6 +86,7 @@ class _Rank:
         # so FIFO's DP stays in the first (highest, i.e. unmarked) class when wire classes exist
         self.bulk = self.classes.get(self.dp_group, 2 if cfg.sched.get("mode", "hermod") == "hermod" else 0)
         self.sched = CommScheduler(policy, SchedulerConfig(**cfg.sched))
+        self.a2a = AllToAllRunner(cfg.ep_algorithm)  # type: ignore[arg-type]
         hermod = cfg.sched.get("mode", "hermod") == "hermod"
         self.encoder = WireEncoder(HermodOrder(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))) \
             if cfg.ep_wire_classes and hermod else None  # type: ignore[arg-type]
@@ -170,21 +172,13 @@ class _Rank:
         out = torch.empty(sum(recv_splits), _ROW)
         self.jitter()
         with self.sched.critical_section(meta):
-            if self.cfg.ep_algorithm == "plain" or not needs_matching(self.dp):
-                comm.all_to_all_single(out, rows, recv_splits, splits, group=group, key=meta)
-            else:
-                matched_all_to_all(out, rows, recv_splits, splits, matrix, group=group,
-                                   algorithm=self.cfg.ep_algorithm, key=meta)
+            self.a2a(out, rows, recv_splits, splits, group=group, matrix=matrix, key=meta)
         out = out * (1.0 + 0.01 * (self.dp_rank + 1))  # the "expert"
         back = torch.empty_like(rows)
         tmatrix = [[matrix[j][i] for j in range(self.dp)] for i in range(self.dp)]
         meta = self.meta("ep", mb, self.layer_id(layer), "combine")
         with self.sched.critical_section(meta):
-            if self.cfg.ep_algorithm == "plain" or not needs_matching(self.dp):
-                comm.all_to_all_single(back, out, splits, recv_splits, group=group, key=meta)
-            else:
-                matched_all_to_all(back, out, splits, recv_splits, tmatrix, group=group,
-                                   algorithm=self.cfg.ep_algorithm, key=meta)
+            self.a2a(back, out, splits, recv_splits, group=group, matrix=tmatrix, key=meta)
         return back.view(-1)
 
     # -- one iteration ----------------------------------------------------------------------------------------------
@@ -333,4 +327,5 @@ def _run_rank(rank: int, world: int, cfg: WorkloadConfig) -> dict[str, Any]:
     return {"rank": rank, "stage": r.stage, "dp_rank": r.dp_rank, "times": times, "digest": digest, "log": log,
             "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg),
             "iter_starts": starts, "ep_classes": r.ep_classes,
+            "ep_choices": {",".join(map(str, g)): c for g, c in r.a2a.choices.items()},
             "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops]}
