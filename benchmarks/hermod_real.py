@@ -117,11 +117,14 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     dag = {k: sched.pop(k) for k in ("overlap_dp", "order", "ep_algorithm") if k in sched}  # workload knobs
     r = run_rank(rank, world, asdict(WorkloadConfig(**work, **dag, sched=sched, dp_mid=dp_mid,
                                                     gloo_class_ifnames=ifnames, ep_wire_classes=wire == 2)))
-    steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][1]]  # the first iteration warms up
+    # the first iteration warms up; ep_algorithm=auto's probe iterations (half of them the slower algorithm) are
+    # reported apart: the steady state is what it chose
+    skip = 1 + (2 * r["ep_auto"]["probe_iterations"] if r["ep_auto"] else 0)
+    steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][skip]]
     t_last = r["iter_starts"][-1]
     timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last]
-    return {"times": r["times"][1:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline,
-            "ep_choices": r["ep_choices"]}
+    return {"times": r["times"][skip:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline,
+            "ep_auto": r["ep_auto"] and {**r["ep_auto"], "probe_iteration_times": r["times"][1:skip]}}
 
 
 def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +175,8 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
             out[mode]["digest"] = r["digest"]
             out[mode]["timeline"] = r["timeline"]  # the last iteration of the last round, for inspection
             out[mode]["stage"] = r.get("stage", rank % work.get("pp", 2))
-            out[mode].setdefault("ep_choices", []).append(r.get("ep_choices", {}))  # ep_algorithm=auto's pick
+            if r.get("ep_auto"):  # ep_algorithm=auto: what the probe measured and kept, per round
+                out[mode].setdefault("ep_auto", []).append(r["ep_auto"])
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, out)
     if rank == 0:
@@ -249,17 +253,20 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[st
             row = {}
             for k in kinds:
                 runs = [run[k] for r in ranks for run in r[m]["ops"] if k in run]
-                iters = sum(1 for r in ranks for _ in r[m]["ops"]) * (work["iterations"] - 1)  # steady ones
+                iters = sum(len(r[m]["times"]) for r in ranks)  # steady iterations, all runs
                 row[k] = {"median_op_s": statistics.median(x["median_s"] for x in runs),
                           "op_time_per_iter_s": sum(x["sum_s"] for x in runs) / iters,
                           "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters}
             ops[m][f"stage{stage}"] = row
-    # ep_algorithm=auto: what each EP group kept, per round (every rank of a group keeps the same; a set per round)
-    choices = {m: [sorted({f"{g}:{c}" for r in res for g, c in r[m]["ep_choices"][i].items()})
-                   for i in range(len(res[0][m].get("ep_choices", [])))]
-               for m in modes if any(ch for r in res for ch in r[m].get("ep_choices", []))}
+    # ep_algorithm=auto, per round: the choice and the probe's summed seconds (the same on every rank), and the
+    # probe iterations' times (max over ranks)
+    choices = {m: [{"choice": a["choice"], "probe_seconds_all_ranks": a["probe_seconds"],
+                    "probe_iteration_times": [max(r[m]["ep_auto"][i]["probe_iteration_times"][k] for r in res)
+                                              for k in range(len(a["probe_iteration_times"]))]}
+                   for i, a in enumerate(res[0][m]["ep_auto"])]
+               for m in modes if res[0][m].get("ep_auto")}
     return {"per_iter": per_iter, "median": med, "speedup": {m: med["fifo"] / med[m] for m in modes},
-            "math_identical": same, "digest_max_rel_diff": drift, "ops": ops, "ep_choices": choices}
+            "math_identical": same, "digest_max_rel_diff": drift, "ops": ops, "ep_auto": choices}
 
 
 def _rel_diff(a: Any, b: Any) -> float:
@@ -361,7 +368,8 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
            "speedup_vs_fifo": s["speedup"], "best_variant": best,
            "speedup_hermod_vs_fifo": s["speedup"][best] if best else None,
            "math_identical": s["math_identical"], "digest_max_rel_diff": s["digest_max_rel_diff"],
-           "op_timings": s["ops"], "goal": ">= 1.15x",
+           "op_timings": s["ops"], **({"ep_auto": s["ep_auto"]} if s["ep_auto"] else {}),
+           "goal": ">= 1.15x",
            "goal_met": fastest is not None and vs[fastest] >= 1.15,
            "goal_judged_against": fastest,
            "baselines": ({"fifo": "the Megatron recipe with --use-distributed-optimizer --overlap-grad-reduce "
@@ -502,6 +510,9 @@ def main() -> int:
                     help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none; default "
                          "megatron,lina, with --workload megatron: megatron): megatron = Megatron-LM's defaults (no "
                          "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
+    ap.add_argument("--iterations", type=int, default=WORK["iterations"],
+                    help="iterations per run, the first a warm-up (synthetic workload; ep_algorithm=auto also "
+                         "spends four on its probe, so it needs >= 6)")
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
                     help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
@@ -553,13 +564,20 @@ def main() -> int:
         ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
+    auto = any(v.get("ep_algorithm") == "auto" for v in hv)
+    if megatron and (auto or a.iterations != WORK["iterations"]):
+        ap.error("ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
+                 "iterations, too few for auto's probe)")
+    if a.iterations < (6 if auto else 2):
+        ap.error(f"--iterations must be >= 2 (one warm-up), and >= 6 with ep_algorithm=auto (warm-up + 4 probe "
+                 f"iterations); got {a.iterations}")
     if megatron:
         work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
                                     num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
         work = {**WORK, "pp": a.pp, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems,
-                "act_elems": act_elems}
+                "act_elems": act_elems, "iterations": a.iterations}
         variants = {"fifo": dict(FIFO), **{b: BASELINES[b] for b in baselines}}
     for v in hv:
         name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"

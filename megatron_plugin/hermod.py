@@ -83,8 +83,8 @@ class HermodConfig:
     ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"] = "bvn"
     """MoE all-to-all: BvN matching (optimal: flowlane.sched.matching), ``bvn_bottleneck`` (BvN in fewer, longer
     phases; slower on gloo, see flowlane.sched.matching), the seed's Algorithm 3, plain all_to_all_single (EP
-    groups of two always run plain: no incast to avoid), or ``auto`` (measure plain and BvN on each group's first
-    all-to-alls and keep the faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays where the fabric drops
+    groups of two always run plain: no incast to avoid), or ``auto`` (iterations 1-4 alternate plain and BvN, then
+    every rank keeps the one whose iterations were faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays where the fabric drops
     under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up 0.96-1.7x; with deep
     buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless
     fabrics, and ``auto`` finds out which one it runs on."""
@@ -204,6 +204,12 @@ class Hermod:
         return self.stage * self.L + (self.L - 1 if ("output" in name or "final" in name) else 0)
 
     def end_iteration(self) -> None:
+        """The end of this rank's iteration (the grad sync calls it; without :meth:`grad_sync`, call it yourself
+        once per iteration on every rank, or ``ep_algorithm="auto"`` never leaves its warm-up)."""
+        if self.a2a.choice is None:  # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
+            self.a2a.end_iteration(key=self.meta("ep", self.M - 1, self.stage * self.L, "auto_decision"))
+        else:
+            self.a2a.end_iteration()
         self.iteration += 1
         self._counts = dict.fromkeys(self._counts, 0)
         self._fwd_mb = 0

@@ -117,8 +117,9 @@ def test_all_to_all_runner_refuses_bad_settings_by_name():
     assert RUN_ALGORITHMS == ("bvn", "bvn_bottleneck", "alg3", "plain", "auto")
     with pytest.raises(ValueError, match=r"all-to-all algorithm 'fastest' is not one of \['bvn', .*'auto'\]"):
         AllToAllRunner("fastest")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="probe_calls must be an integer >= 1, got 0"):
-        AllToAllRunner("auto", probe_calls=0)
+    with pytest.raises(ValueError, match="probe_iterations must be an integer >= 1, got 0"):
+        AllToAllRunner("auto", probe_iterations=0)
     with pytest.raises(ValueError, match="quantum must be an integer >= 1, got 1.5"):
         AllToAllRunner("bvn", quantum=1.5)  # type: ignore[arg-type]
-    assert AllToAllRunner("auto").choices == {}
+    assert AllToAllRunner("auto").choice is None and AllToAllRunner("plain").current == "plain"
+    assert AllToAllRunner("auto").current == "bvn"  # iteration 0 warms up with the seed's matching

@@ -108,21 +108,24 @@ def test_matched_all_to_all_equals_all_to_all_single_on_four_ranks():
         assert a["bad_sync"].startswith("phase_sync 'global' is not one of"), a
 
 
-def test_auto_all_to_all_probes_both_keeps_the_faster_and_agrees_across_ranks():
-    """ep_algorithm=auto (AllToAllRunner): alternate plain / BvN for 2 x probe_calls calls, then keep one on every
-    rank; outputs stay equal to all_to_all_single throughout. A rank made slow in one algorithm makes the whole group
-    keep the other (the decision sums the group's times), so the test fails if the comparison were inverted."""
+def test_auto_all_to_all_probes_whole_iterations_keeps_the_faster_and_agrees_across_ranks():
+    """ep_algorithm=auto (AllToAllRunner): iteration 0 warms up with BvN, iterations 1-4 alternate plain / BvN, then
+    every rank keeps one; outputs equal all_to_all_single throughout. A rank made slow in one algorithm makes every
+    rank keep the other (the decision sums all ranks' times), so the test fails if the comparison were inverted."""
     rs = _results()
     for r in rs:
         a = r["a2a"]["auto"]
         assert a["all_equal"], a
-        assert a["used"][:4] == ["plain", "bvn", "plain", "bvn"], a
-        assert len(set(a["used"][4:])) == 1 and a["used"][4] == a["choices"]["0,1,2,3"], a
+        assert a["used"][:5] == ["bvn", "plain", "bvn", "plain", "bvn"], a
+        assert a["used"][5:] == [a["choice"]] * 2, a
         assert a["slow_plain"] == "bvn" and a["slow_bvn"] == "plain", a
-        if a["pair"] is not None:  # ranks 0 and 1: groups of two are never probed
-            assert a["pair"] == ["plain"] * 5 and a["pair_choices"] == {}, a
+        assert a["slow_bvn_seconds"]["bvn"] > a["slow_bvn_seconds"]["plain"] + 0.1, a  # 2 x 2 iterations x 50 ms
+        assert a["fixed"] == ["alg3"] * 3, a  # a fixed algorithm never probes
+        if a["pair"] is not None:  # ranks 0 and 1: a group of two never matches, whatever auto probes
+            assert a["pair"] == ["plain"] * 6, a
     assert sum(r["a2a"]["auto"]["pair"] is not None for r in rs) == 2
-    assert len({r["a2a"]["auto"]["choices"]["0,1,2,3"] for r in rs}) == 1  # one decision on every rank
+    assert len({r["a2a"]["auto"]["choice"] for r in rs}) == 1  # one decision on every rank
+    assert len({tuple(sorted(r["a2a"]["auto"]["slow_bvn_seconds"].items())) for r in rs}) == 1
 
 
 def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
@@ -137,22 +140,26 @@ def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
 
     recv = [matrix[i][rank] for i in range(world)]
 
-    def calls(runner: AllToAllRunner, n: int, group=None, s=splits, rv=recv, inp=x, want=ref) -> tuple[list, bool]:
+    def iterations(runner: AllToAllRunner, n: int) -> tuple[list, bool]:
+        """n iterations of two all-to-alls (a dispatch and its combine) each; the algorithm of each iteration."""
         used, ok = [], True
         for _ in range(n):
-            y = torch.full((sum(rv), 3), -1.0)
-            used.append(runner(y, inp, rv, s, group=group))
-            ok = ok and bool(torch.equal(y, want))
+            y = torch.full((sum(recv), 3), -1.0)
+            used.append(runner(y, x, recv, splits))
+            back = torch.full_like(x, -1.0)
+            assert runner(back, y, splits, recv) == used[-1]
+            ok = ok and bool(torch.equal(y, ref)) and bool(torch.equal(back, x))
+            runner.end_iteration()
         return used, ok
 
-    runner = AllToAllRunner("auto", probe_calls=2)
-    used, ok = calls(runner, 7)
-    out = {"used": used, "all_equal": ok, "choices": {",".join(map(str, g)): c for g, c in runner.choices.items()}}
+    runner = AllToAllRunner("auto", probe_iterations=2)
+    used, ok = iterations(runner, 7)
+    out = {"used": used, "all_equal": ok, "choice": runner.choice}
 
     def slowed(fn):  # rank 1 lags in one algorithm only, as a rank behind an incast-prone port would
         def wrapper(*args, **kw):
             if rank == 1:
-                time.sleep(0.05)
+                time.sleep(0.025)
             return fn(*args, **kw)
         return wrapper
 
@@ -161,26 +168,27 @@ def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
         orig = getattr(mod, attr)
         setattr(mod, attr, slowed(orig))
         try:
-            runner = AllToAllRunner("auto", probe_calls=2)
-            calls(runner, 4)
-            out[name] = runner.choices[(0, 1, 2, 3)]
+            runner = AllToAllRunner("auto", probe_iterations=2)
+            iterations(runner, 5)
+            out[name], out[f"{name}_seconds"] = runner.choice, runner.probe_seconds
         finally:
             setattr(mod, attr, orig)
+    out["fixed"] = iterations(AllToAllRunner("alg3"), 3)[0]
     pair = dist.new_group([0, 1])
-    runner = AllToAllRunner("auto", probe_calls=1)
+    runner = AllToAllRunner("auto", probe_iterations=1)
+    out["pair"] = None
     if rank in (0, 1):
         t = torch.arange(8, dtype=torch.float32).view(-1, 2) + 100 * rank
         want = torch.empty(4, 2)
         dist.all_to_all_single(want, t, [2, 2], [2, 2], group=pair)
         used, ok = [], True
-        for _ in range(5):
+        for _ in range(6):
             y = torch.empty(4, 2)
             used.append(runner(y, t, [2, 2], [2, 2], group=pair))
             ok = ok and bool(torch.equal(y, want))
         out["pair"] = used if ok else ["mismatch"]
-        out["pair_choices"] = runner.choices
-    else:
-        out["pair"] = None
+    for _ in range(3):
+        runner.end_iteration()  # every rank, as a training loop would: the decision is a collective of all ranks
     return out
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -120,15 +119,6 @@ def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_s
     return phases
 
 
-@dataclass
-class _Probe:
-    """``auto``'s measurements for one group: seconds and local bound (rows) per candidate, summed."""
-    seconds: dict[str, float] = field(default_factory=lambda: {"plain": 0.0, "bvn": 0.0})
-    rows: dict[str, int] = field(default_factory=lambda: {"plain": 0, "bvn": 0})
-    calls: int = 0
-    choice: str | None = None
-
-
 class AllToAllRunner:
     """Runs a MoE layer's all-to-alls with one algorithm for every group: a planner of :data:`ALGORITHMS` (matched
     phases), ``plain`` (one ``all_to_all_single``) or ``auto``.
@@ -136,34 +126,44 @@ class AllToAllRunner:
     Why ``auto``: matching pays only where fan-in costs something -- ports that drop or pause under incast -- and on
     a deep-buffered or lossless fabric its per-phase cost makes it slower than one all-to-all (README "Intra-coflow
     all-to-all, measured": 1.2-1.7x faster with 64-128 KiB switch buffers, 16-19 % slower with 1 MiB). The seed
-    always matches (§5.3.2); a user should not have to know the switch's buffer depth, so ``auto`` measures. Each
-    group's first ``2 * probe_calls`` all-to-alls alternate ``plain`` and ``bvn``; each rank times its calls and
-    divides by its own share of the lower bound (rows it sends or receives across the network, whichever is more,
-    so forward and backward, big and small microbatches compare). Then one all-reduce sums the group's seconds and
-    rows per candidate, group rank 0 decides (the lower time per row; a tie keeps ``plain``, which needs no matrix
-    gather) and broadcasts it, so every rank keeps the same algorithm for the rest of the run. The decision
-    collectives run at the same call on every rank because a group's all-to-alls are collective and come in the
-    same order everywhere. One-shot by design: the probe costs at most ``probe_calls`` slow all-to-alls, and
-    re-probing would repeat that cost every time; the choice is in :attr:`choices`.
+    always matches (§5.3.2); a user should not have to know the switch's buffer depth, so ``auto`` measures.
 
-    Groups of two never match (:func:`needs_matching`) and are not probed. On CUDA tensors a probing call
-    synchronises the device before and after so that the wall time covers the transfer (untested without a GPU).
+    What it measures is whole iterations, not all-to-alls. A first version timed each group's first all-to-alls
+    and picked plain on the shallow-buffered star where BvN makes the iteration 1.3x faster: the plain all-to-all
+    itself ran near line rate there (fan-in 3), and what its incast costs is the retransmission timeouts of the DP
+    and pipeline traffic that meets it in the overflowing port, outside the all-to-all's own time. So the caller
+    marks iteration ends (:meth:`end_iteration`, on every rank); iteration 0 warms up (BvN), iterations
+    1 .. 2 * ``probe_iterations`` alternate ``plain`` and ``bvn``, and at the end of the last one an all-reduce over
+    ``decision_group`` (default: all ranks) sums every rank's time per candidate, rank 0 of that group decides
+    (the lower total; a tie keeps ``plain``, which needs no matrix gather) and broadcasts it, so every rank -- and
+    with it every EP group -- keeps the same algorithm for the rest of the run (:attr:`choice`, and the totals in
+    :attr:`probe_seconds`). One-shot: re-probing would pay the slower candidate again each time.
+
+    Groups of two never match (:func:`needs_matching`), whatever the choice.
     """
 
-    def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_calls: int = 4) -> None:
+    def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_iterations: int = 2,
+                 decision_group: dist.ProcessGroup | None = None) -> None:
         if algorithm not in RUN_ALGORITHMS:
             raise ValueError(f"all-to-all algorithm {algorithm!r} is not one of {list(RUN_ALGORITHMS)}")
-        if not isinstance(probe_calls, int) or probe_calls < 1:
-            raise ValueError(f"probe_calls must be an integer >= 1, got {probe_calls!r}")
+        if not isinstance(probe_iterations, int) or probe_iterations < 1:
+            raise ValueError(f"probe_iterations must be an integer >= 1, got {probe_iterations!r}")
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
-        self.algorithm, self.quantum, self.probe_calls = algorithm, quantum, probe_calls
-        self._probes: dict[tuple[int, ...], _Probe] = {}
+        self.algorithm, self.quantum, self.probe_iterations = algorithm, quantum, probe_iterations
+        self.decision_group = decision_group
+        self.iteration = 0
+        self.choice: str | None = None if algorithm == "auto" else algorithm
+        self.probe_seconds: dict[str, float] = {"plain": 0.0, "bvn": 0.0}
+        self._t0: float | None = None
+        self._device = torch.device("cpu")
 
     @property
-    def choices(self) -> dict[tuple[int, ...], str]:
-        """``auto``: the algorithm kept for each group (global ranks) once decided."""
-        return {g: p.choice for g, p in self._probes.items() if p.choice is not None}
+    def current(self) -> str:
+        """The algorithm this iteration's all-to-alls run (``auto``: the probe's candidate until decided)."""
+        if self.choice is not None:
+            return self.choice
+        return "bvn" if self.iteration == 0 else ("plain", "bvn")[(self.iteration - 1) % 2]
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
                  input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None,
@@ -171,54 +171,44 @@ class AllToAllRunner:
         """Same result as ``all_to_all_single``. ``matrix``: the group's split matrix if the caller already has it
         (Megatron's dispatcher gathers it anyway); gathered here when a matched algorithm needs it. Returns the
         algorithm that ran."""
-        ranks = tuple(range(dist.get_world_size())) if group is None else tuple(dist.get_process_group_ranks(group))
-        algorithm: str = self.algorithm
-        probe = None
-        if not needs_matching(len(ranks)):
-            algorithm = "plain"
-        elif algorithm == "auto":
-            probe = self._probes.setdefault(ranks, _Probe())
-            if probe.choice is not None:
-                algorithm, probe = probe.choice, None
-            else:
-                algorithm = ("plain", "bvn")[probe.calls % 2]
-        if probe is not None:
-            _sync(input)
-            t0 = time.perf_counter()
+        self._device = input.device
+        algorithm = self.current if needs_matching(dist.get_world_size(group)) else "plain"
         if algorithm == "plain":
             comm.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes), group=group,
                                    kind=kind, key=key)
-        else:
-            if matrix is None:
-                matrix = gather_split_matrix(input_split_sizes, group)
-            matched_all_to_all(output, input, output_split_sizes, input_split_sizes, matrix, group=group,
-                               quantum=self.quantum, algorithm=algorithm, kind=kind, key=key)  # type: ignore[arg-type]
-        if probe is not None:
-            _sync(input)
-            me = ranks.index(dist.get_rank())
-            probe.seconds[algorithm] += time.perf_counter() - t0
-            probe.rows[algorithm] += max(sum(input_split_sizes) - input_split_sizes[me],
-                                         sum(output_split_sizes) - output_split_sizes[me])
-            probe.calls += 1
-            if probe.calls == 2 * self.probe_calls:
-                probe.choice = _decide(probe, ranks, group, input.device, kind, key)
+            return algorithm
+        if matrix is None:
+            matrix = gather_split_matrix(input_split_sizes, group)
+        matched_all_to_all(output, input, output_split_sizes, input_split_sizes, matrix, group=group,
+                           quantum=self.quantum, algorithm=algorithm, kind=kind, key=key)  # type: ignore[arg-type]
         return algorithm
 
+    def end_iteration(self, key: Any = None) -> None:
+        """Mark the end of a training iteration; every rank of ``decision_group`` must call it at the same point
+        (``auto`` runs its decision collectives here once, recorded with ``key``). Costs nothing for a fixed
+        algorithm."""
+        now = time.perf_counter()
+        if self.choice is None:
+            if self.iteration >= 1 and self._t0 is not None:
+                self.probe_seconds[self.current] += now - self._t0
+            if self.iteration == 2 * self.probe_iterations:
+                self.choice = self._decide(key)
+        self.iteration += 1
+        self._t0 = time.perf_counter()
 
-def _sync(t: torch.Tensor) -> None:
-    if t.is_cuda:
-        torch.cuda.synchronize(t.device)
-
-
-def _decide(probe: _Probe, ranks: tuple[int, ...], group: dist.ProcessGroup | None, device: torch.device,
-            kind: str, key: Any) -> str:
-    """Sum the group's probe times and rows, decide on group rank 0, broadcast: one answer on every rank even if a
-    transport's reduction were to round differently per rank."""
-    stats = torch.tensor([probe.seconds["plain"], probe.rows["plain"], probe.seconds["bvn"], probe.rows["bvn"]],
-                         dtype=torch.float64, device=device)
-    comm.all_reduce(stats, group=group, kind=kind, key=key)
-    s_plain, r_plain, s_bvn, r_bvn = stats.tolist()
-    per_row = (s_plain / max(r_plain, 1.0), s_bvn / max(r_bvn, 1.0))
-    pick = torch.tensor([1 if per_row[1] < per_row[0] else 0], dtype=torch.long, device=device)
-    comm.broadcast(pick, src=ranks[0], group=group, kind=kind, key=key)
-    return ("plain", "bvn")[int(pick.item())]
+    def _decide(self, key: Any) -> str:
+        """Sum every rank's probe times, decide on the group's first rank, broadcast: one answer everywhere even if
+        a transport's reduction were to round differently per rank."""
+        g = self.decision_group
+        device = self._device
+        if device.type == "cpu" and dist.get_backend(g) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        stats = torch.tensor([self.probe_seconds["plain"], self.probe_seconds["bvn"]], dtype=torch.float64,
+                             device=device)
+        comm.all_reduce(stats, group=g, kind="ep", key=key)
+        self.probe_seconds = dict(zip(("plain", "bvn"), stats.tolist(), strict=True))
+        pick = torch.tensor([1 if self.probe_seconds["bvn"] < self.probe_seconds["plain"] else 0], dtype=torch.long,
+                            device=device)
+        first = 0 if g is None else dist.get_process_group_ranks(g)[0]
+        comm.broadcast(pick, src=first, group=g, kind="ep", key=key)
+        return ("plain", "bvn")[int(pick.item())]

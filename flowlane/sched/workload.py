@@ -296,6 +296,7 @@ class _Rank:
             self.params[local] = self.params[local] - 0.1 * grads[local] / self.dp
         time.sleep(cfg.opt_s)
         self.it += 1
+        self.a2a.end_iteration()  # ep_algorithm=auto probes whole iterations
 
 
 def run_rank(rank: int, world: int, cfg_dict: dict[str, Any]) -> dict[str, Any]:
@@ -327,5 +328,6 @@ def _run_rank(rank: int, world: int, cfg: WorkloadConfig) -> dict[str, Any]:
     return {"rank": rank, "stage": r.stage, "dp_rank": r.dp_rank, "times": times, "digest": digest, "log": log,
             "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg),
             "iter_starts": starts, "ep_classes": r.ep_classes,
-            "ep_choices": {",".join(map(str, g)): c for g, c in r.a2a.choices.items()},
+            "ep_auto": {"choice": r.a2a.choice, "probe_seconds": r.a2a.probe_seconds,
+                        "probe_iterations": r.a2a.probe_iterations} if cfg.ep_algorithm == "auto" else None,
             "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops]}
