@@ -319,11 +319,35 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
                       (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic"),
                       (["--workload", "megatron", "--param-elems", "65536"], "--param-elems / --act-elems size the synthetic"),
                       (["--act-elems", "100"], "--act-elems a multiple of 64 .* got 2, 100 and 262144"),
+                      (["--variant", "ep_algorithm=auto"], ">= 6 with ep_algorithm=auto .* got 3"),
+                      (["--iterations", "1"], "--iterations must be >= 2 .* got 1"),
+                      (["--workload", "megatron", "--variant", "ep_algorithm=auto"],
+                       "ep_algorithm=auto and --iterations need the synthetic workload"),
                       (["--layers-per-stage", "0"], "--layers-per-stage must be >= 1")):
         monkeypatch.setattr(sys, "argv", ["hermod_real", *argv])
         with pytest.raises(SystemExit):
             main()
         assert re.search(msg, capsys.readouterr().err), argv
+
+
+def test_hermod_real_reports_auto_probe_apart_from_the_steady_iterations() -> None:
+    """ep_algorithm=auto: the summary carries each round's choice, the probe's summed seconds and its iterations
+    (max over ranks); steady per-iteration times and op rates count only the iterations after the probe."""
+    from benchmarks.hermod_real import summarise
+
+    def rank(stage: int, probe: list[float]) -> dict:
+        auto = {"choice": "bvn", "probe_seconds": {"plain": 9.0, "bvn": 7.0}, "probe_iterations": 2,
+                "probe_iteration_times": probe}
+        ops = [{"ep": {"median_s": 0.1, "sum_s": 1.0, "bytes_sent": 10}}]
+        return {"fifo": {"times": [2.0, 2.2], "digest": 1.0, "ops": ops, "stage": stage},
+                "auto": {"times": [1.5, 1.7], "digest": 1.0, "ops": ops, "stage": stage, "ep_auto": [auto]}}
+
+    s = summarise([rank(0, [1.9, 1.4, 2.0, 1.5]), rank(1, [1.8, 1.6, 2.1, 1.4])], {"fifo": {}, "auto": {}},
+                  {"iterations": 7})
+    assert s["ep_auto"] == {"auto": [{"choice": "bvn", "probe_seconds_all_ranks": {"plain": 9.0, "bvn": 7.0},
+                                      "probe_iteration_times": [1.9, 1.6, 2.1, 1.5]}]}
+    assert s["per_iter"]["auto"] == [1.5, 1.7] and s["speedup"]["auto"] == pytest.approx(2.1 / 1.6)
+    assert s["ops"]["auto"]["stage0"]["ep"]["op_time_per_iter_s"] == pytest.approx(0.5)  # 1 s over 2 steady its
 
 
 def test_hermod_real_star_fabric_and_more_ranks_are_checked_before_any_setup(

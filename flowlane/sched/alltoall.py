@@ -128,10 +128,12 @@ class AllToAllRunner:
     all-to-all, measured": 1.2-1.7x faster with 64-128 KiB switch buffers, 16-19 % slower with 1 MiB). The seed
     always matches (§5.3.2); a user should not have to know the switch's buffer depth, so ``auto`` measures.
 
-    What it measures is whole iterations, not all-to-alls. A first version timed each group's first all-to-alls
-    and picked plain on the shallow-buffered star where BvN makes the iteration 1.3x faster: the plain all-to-all
-    itself ran near line rate there (fan-in 3), and what its incast costs is the retransmission timeouts of the DP
-    and pipeline traffic that meets it in the overflowing port, outside the all-to-all's own time. So the caller
+    What it measures is whole iterations, not all-to-alls. A first version timed each group's first eight
+    all-to-alls and picked plain on the shallow-buffered star where BvN makes the iteration 1.3x faster: there most
+    plain all-to-alls run near line rate and a minority wait for a retransmission timeout (steady state, 4 ranks,
+    64 KiB ports: median plain all-to-all 16 % slower than with deep buffers, their total per iteration 47 %
+    slower), a tail a few calls easily miss; an iteration holds dozens of all-to-alls, and also counts what their
+    drops cost the DP and pipeline traffic sharing the ports. So the caller
     marks iteration ends (:meth:`end_iteration`, on every rank); iteration 0 warms up (BvN), iterations
     1 .. 2 * ``probe_iterations`` alternate ``plain`` and ``bvn``, and at the end of the last one an all-reduce over
     ``decision_group`` (default: all ranks) sums every rank's time per candidate, rank 0 of that group decides
