@@ -9,7 +9,7 @@ has posted the matching receive (its tcp ``Pair::send`` waits for the peer's rec
 phase k+1 only after its phase-k receive has completed. What does overlap on gloo is the sender's side: a send
 completes once the kernel has buffered it, so a rank starts phase k+1 while its phase-k data still drains, and the
 two flows share its uplink (``benchmarks.hermod_intra_real --tcp-wmem`` bounds that). Measured, the barrier only
-costs time (README "Intra-coflow all-to-all, measured"); pairwise is the default.
+costs time (results/hermod/README.md, "Intra-coflow all-to-all, measured"); pairwise is the default.
 """
 
 from __future__ import annotations
@@ -124,9 +124,10 @@ class AllToAllRunner:
     phases), ``plain`` (one ``all_to_all_single``) or ``auto``.
 
     Why ``auto``: matching pays only where fan-in costs something -- ports that drop or pause under incast -- and on
-    a deep-buffered or lossless fabric its per-phase cost makes it slower than one all-to-all (README "Intra-coflow
-    all-to-all, measured": 1.2-1.7x faster with 64-128 KiB switch buffers, 16-19 % slower with 1 MiB). The seed
-    always matches (§5.3.2); a user should not have to know the switch's buffer depth, so ``auto`` measures.
+    a deep-buffered or lossless fabric its per-phase cost makes it slower than one all-to-all
+    (results/hermod/README.md, "Intra-coflow all-to-all, measured": 1.2-1.7x faster with 64-128 KiB switch buffers,
+    16-19 % slower with 1 MiB). The seed always matches (§5.3.2); a user should not have to know the switch's
+    buffer depth, so ``auto`` measures.
 
     What it measures is whole iterations, not all-to-alls. A first version timed each group's first eight
     all-to-alls and picked plain on the shallow-buffered star where BvN makes the iteration 1.3x faster: there most
