@@ -567,7 +567,7 @@ def main() -> int:
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
     if megatron and (auto or a.iterations != WORK["iterations"]):
         ap.error("ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
-                 "iterations, too few for auto's probe)")
+                 "iterations, too few for auto's probe, and its EP groups of two never match anyway)")
     if a.iterations < (6 if auto else 2):
         ap.error(f"--iterations must be >= 2 (one warm-up), and >= 6 with ep_algorithm=auto (warm-up + 4 probe "
                  f"iterations); got {a.iterations}")
