@@ -84,10 +84,10 @@ class HermodConfig:
     """MoE all-to-all: BvN matching (optimal: flowlane.sched.matching), ``bvn_bottleneck`` (BvN in fewer, longer
     phases; slower on gloo, see flowlane.sched.matching), the seed's Algorithm 3, plain all_to_all_single (EP
     groups of two always run plain: no incast to avoid), or ``auto`` (iterations 1-4 alternate plain and BvN, then
-    every rank keeps the one whose iterations were faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays where the fabric drops
-    under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up 0.96-1.7x; with deep
-    buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits deep-buffered or lossless
-    fabrics, and ``auto`` finds out which one it runs on."""
+    every rank keeps the one whose iterations were faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays
+    where the fabric drops under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up
+    0.96-1.7x; with deep buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits
+    deep-buffered or lossless fabrics, and ``auto`` finds out which one it runs on."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""

@@ -134,13 +134,13 @@ class AllToAllRunner:
     plain all-to-alls run near line rate and a minority wait for a retransmission timeout (steady state, 4 ranks,
     64 KiB ports: median plain all-to-all 16 % slower than with deep buffers, their total per iteration 47 %
     slower), a tail a few calls easily miss; an iteration holds dozens of all-to-alls, and also counts what their
-    drops cost the DP and pipeline traffic sharing the ports. So the caller
-    marks iteration ends (:meth:`end_iteration`, on every rank); iteration 0 warms up (BvN), iterations
-    1 .. 2 * ``probe_iterations`` alternate ``plain`` and ``bvn``, and at the end of the last one an all-reduce over
-    ``decision_group`` (default: all ranks) sums every rank's time per candidate, rank 0 of that group decides
-    (the lower total; a tie keeps ``plain``, which needs no matrix gather) and broadcasts it, so every rank -- and
-    with it every EP group -- keeps the same algorithm for the rest of the run (:attr:`choice`, and the totals in
-    :attr:`probe_seconds`). One-shot: re-probing would pay the slower candidate again each time.
+    drops cost the DP and pipeline traffic sharing the ports. So the caller marks iteration ends
+    (:meth:`end_iteration`, on every rank); iteration 0 warms up (BvN), iterations 1 .. 2 * ``probe_iterations``
+    alternate ``plain`` and ``bvn``, and at the end of the last one an all-reduce over ``decision_group`` (default:
+    all ranks) sums every rank's time per candidate, rank 0 of that group decides (the lower total; a tie keeps
+    ``plain``, which needs no matrix gather) and broadcasts it, so every rank -- and with it every EP group -- keeps
+    the same algorithm for the rest of the run (:attr:`choice`, and the totals in :attr:`probe_seconds`). One-shot:
+    re-probing would pay the slower candidate again each time.
 
     Groups of two never match (:func:`needs_matching`), whatever the choice.
     """
