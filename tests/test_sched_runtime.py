@@ -22,6 +22,10 @@ RUNS = {
     # chunked in issue order)
     "megatron": dict(sched={"mode": "fifo"}, overlap_dp=False),
     "lina": dict(sched={"mode": "hermod", "chunk_bytes": 4096, "gate_ctypes": ["ep"]}, order="fifo"),
+    # ep_algorithm=auto in the workload: one stage, so the four ranks form one EP group (matching runs); six
+    # iterations = warm-up, four probe iterations, one with the choice
+    "fifo_ep4": dict(sched={"mode": "fifo"}, pp=1, iterations=6, ep_algorithm="plain"),
+    "auto_ep4": dict(sched={"mode": "fifo"}, pp=1, iterations=6, ep_algorithm="auto"),
 }
 
 
@@ -92,6 +96,24 @@ def test_all_to_alls_on_wire_class_clones_keep_the_math_and_agree_across_the_ep_
     for stage in range(2):
         seqs = [r["hermod_ep"]["ep_classes"] for r in res if r["hermod_ep"]["stage"] == stage]
         assert seqs[0] and all(s == seqs[0] for s in seqs)
+
+
+def test_auto_all_to_all_in_the_workload_probes_by_iteration_and_keeps_the_math():
+    """The synthetic workload marks iteration ends for AllToAllRunner: iterations 1-4 run plain, BvN, plain, BvN
+    (recorded as one all_to_all vs isend/irecv phases), the decision's all-reduce and broadcast end iteration 4,
+    every rank reports the same choice and the parameters are bitwise those of the plain all-to-all."""
+    res = _results()
+    for r in res:
+        a, f = r["auto_ep4"], r["fifo_ep4"]
+        assert a["params"] == f["params"]
+        ends = [*a["iter_starts"][1:], float("inf")]
+        ep_ops = [{o[1] for o in a["ops"] if o[0] == "ep" and s <= o[3] < e and o[1] != "all_gather"}
+                  for s, e in zip(a["iter_starts"], ends, strict=True)]
+        assert ep_ops[1] == ep_ops[3] == {"all_to_all"} and ep_ops[2] == {"isend", "irecv"}, ep_ops
+        assert ep_ops[4] == {"isend", "irecv", "all_reduce", "broadcast"}, ep_ops  # the decision ends iteration 4
+        assert ep_ops[5] == ({"all_to_all"} if a["ep_auto"]["choice"] == "plain" else {"isend", "irecv"}), ep_ops
+    assert len({r["auto_ep4"]["ep_auto"]["choice"] for r in res}) == 1
+    assert res[0]["fifo_ep4"]["ep_auto"] is None
 
 
 def test_injected_delays_do_not_deadlock_and_do_not_change_results():
