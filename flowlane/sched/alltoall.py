@@ -142,7 +142,9 @@ class AllToAllRunner:
     the same algorithm for the rest of the run (:attr:`choice`, and the totals in :attr:`probe_seconds`). One-shot:
     re-probing would pay the slower candidate again each time.
 
-    Groups of two never match (:func:`needs_matching`), whatever the choice.
+    Groups of two never match (:func:`needs_matching`), whatever the choice. Iteration times are host wall times
+    between :meth:`end_iteration` calls; on CUDA they follow the device only where the loop synchronises once per
+    iteration (Megatron's loss reduction does), and the CUDA path is untested without a GPU.
     """
 
     def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_iterations: int = 2,
