@@ -236,7 +236,7 @@ def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabri
     return json.loads(line[7:]), desc
 
 
-def summarise(res: list[Any], variants: dict[str, dict[str, Any]], work: dict[str, Any]) -> dict[str, Any]:
+def summarise(res: list[Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     modes = list(variants)
     per_iter = {m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes}
     med = {m: statistics.median(v) for m, v in per_iter.items()}
@@ -345,7 +345,7 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
     t0 = time.time()
     res, net = run_all(rate, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit,
                        rank_slots(megatron, a.fabric, a.ranks), a.switch_buffer_kb)
-    s = summarise(res, variants, work)
+    s = summarise(res, variants)
     # with a bulk lane the wire variants' DP is off the link: a bound, not a schedule's result
     bounds = [m for m, v in variants.items() if a.bulk_lane_mbit and v.get("wire")]
     scheds = [m for m in variants if m != "fifo" and m not in bounds and m not in baselines]
