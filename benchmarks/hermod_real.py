@@ -115,11 +115,14 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     wire = sched.pop("wire", 0)
     ifnames = {0: None, 1: ["eth0", "eth0", BULK_IFNAME], 2: ["eth0", PIPELINE_IFNAME, BULK_IFNAME]}[wire]
     dag = {k: sched.pop(k) for k in ("overlap_dp", "order", "ep_algorithm") if k in sched}  # workload knobs
+    if "ep_auto_candidates" in sched:  # "plain+bvn+alg3" on the command line
+        dag["ep_auto_candidates"] = sched.pop("ep_auto_candidates").split("+")
     r = run_rank(rank, world, asdict(WorkloadConfig(**work, **dag, sched=sched, dp_mid=dp_mid,
                                                     gloo_class_ifnames=ifnames, ep_wire_classes=wire == 2)))
-    # the first iteration warms up; ep_algorithm=auto's probe iterations (half of them the slower algorithm) are
+    # the first iteration warms up; ep_algorithm=auto's probe iterations (most of them the slower algorithms) are
     # reported apart: the steady state is what it chose
-    skip = 1 + (2 * r["ep_auto"]["probe_iterations"] if r["ep_auto"] else 0)
+    auto = r["ep_auto"]
+    skip = 1 + (len(auto["candidates"]) * auto["probe_iterations"] if auto else 0)
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][skip]]
     t_last = r["iter_starts"][-1]
     timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last]
@@ -316,10 +319,11 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
     fig.savefig(path, dpi=110)
 
 
-TEXT_KEYS = ("dp_mid", "ep_algorithm")
+TEXT_KEYS = ("dp_mid", "ep_algorithm", "ep_auto_candidates")
 # the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_bottleneck: fewer, longer ones),
-# the seed's Algorithm 3, one all_to_all_single (inter-coflow priority only), or auto (measure plain and BvN, keep
-# the faster). A literal, not flowlane.sched.alltoall.RUN_ALGORITHMS, so the parent process never imports torch;
+# the seed's Algorithm 3, one all_to_all_single (inter-coflow priority only), or auto (measure the candidates, by
+# default plain and BvN, keep the fastest; ep_auto_candidates=plain+bvn+alg3 to add more). A literal, not
+# flowlane.sched.alltoall.RUN_ALGORITHMS, so the parent process never imports torch;
 # tests/test_netem.py checks the two agree.
 EP_ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3", "plain", "auto")
 
@@ -333,6 +337,12 @@ def _parse_variant(s: str) -> dict[str, Any]:
         out[k] = float(v) if k == "gate_timeout_s" else v if k in TEXT_KEYS else int(v)
     if out.get("ep_algorithm", "bvn") not in EP_ALGORITHMS:
         raise ValueError(f"ep_algorithm={out['ep_algorithm']} is not one of {list(EP_ALGORITHMS)}")
+    if "ep_auto_candidates" in out and out.get("ep_algorithm") != "auto":
+        raise ValueError(f"ep_auto_candidates={out['ep_auto_candidates']} needs ep_algorithm=auto")
+    cands = out.get("ep_auto_candidates", "plain+bvn").split("+")
+    if len(cands) < 2 or len(set(cands)) != len(cands) or not set(cands) <= set(EP_ALGORITHMS) - {"auto"}:
+        raise ValueError(f"ep_auto_candidates={out['ep_auto_candidates']} must be two or more distinct names of "
+                         f"{[x for x in EP_ALGORITHMS if x != 'auto']} joined by '+'")
     if out.get("wire", 0) not in (0, 1, 2):
         raise ValueError(f"wire={out['wire']} is not one of 0 (host order), 1 (DP in the bulk class), "
                          "2 (and each all-to-all in its MID class)")
@@ -512,7 +522,7 @@ def main() -> int:
                          "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
     ap.add_argument("--iterations", type=int, default=WORK["iterations"],
                     help="iterations per run, the first a warm-up (synthetic workload; ep_algorithm=auto also "
-                         "spends four on its probe, so it needs >= 6)")
+                         "spends two per candidate on its probe, so it needs >= 6 with the default two)")
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
                     help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
@@ -565,12 +575,15 @@ def main() -> int:
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
+    # warm-up + 2 probe iterations per candidate + one steady iteration
+    least = max((2 + 2 * len(v.get("ep_auto_candidates", "plain+bvn").split("+")) for v in hv
+                 if v.get("ep_algorithm") == "auto"), default=2)
     if megatron and (auto or a.iterations != WORK["iterations"]):
         ap.error("ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
                  "iterations, too few for auto's probe, and its EP groups of two never match anyway)")
-    if a.iterations < (6 if auto else 2):
-        ap.error(f"--iterations must be >= 2 (one warm-up), and >= 6 with ep_algorithm=auto (warm-up + 4 probe "
-                 f"iterations); got {a.iterations}")
+    if a.iterations < least:
+        ap.error(f"--iterations must be >= 2 (one warm-up), and with ep_algorithm=auto >= 2 + 2 per candidate "
+                 f"(warm-up, probe, one steady iteration): >= {least} here; got {a.iterations}")
     if megatron:
         work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
                                     num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
@@ -585,6 +598,8 @@ def main() -> int:
             name += f" {v['dp_mid']}"
         if v.get("ep_algorithm", "bvn") != "bvn":
             name += f" a2a={v['ep_algorithm']}"
+        if v.get("ep_algorithm") == "auto" and v.get("ep_auto_candidates", "plain+bvn") != "plain+bvn":
+            name += f"({v['ep_auto_candidates']})"
         if v.get("wire"):
             w = " wire" if v["wire"] == 1 else " wire+ep"
             name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w

@@ -4,7 +4,8 @@ Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_pl
 
     --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
     --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
-    --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain}  --hermod-ep-quantum N
+    --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain,auto}  --hermod-ep-auto-candidates plain,bvn
+    --hermod-ep-quantum N
 
 megatron-core API::
 
@@ -54,7 +55,7 @@ from flowlane import comm
 from flowlane.coflow import HermodOrderConfig
 from flowlane.policy import CoflowMeta
 from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
-from flowlane.sched.alltoall import RUN_ALGORITHMS, AllToAllRunner
+from flowlane.sched.alltoall import AUTO_CANDIDATES, RUN_ALGORITHMS, AllToAllRunner, check_candidates
 
 if TYPE_CHECKING:
     from megatron_plugin.dist_optimizer import DistributedOptimizer
@@ -88,6 +89,9 @@ class HermodConfig:
     where the fabric drops under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up
     0.96-1.7x; with deep buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits
     deep-buffered or lossless fabrics, and ``auto`` finds out which one it runs on."""
+    ep_auto_candidates: tuple[str, ...] = AUTO_CANDIDATES
+    """What ``auto`` compares, in probe order (two or more of bvn, bvn_bottleneck, alg3, plain; each costs two probe
+    iterations). A list or a comma-separated string is accepted."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""
@@ -100,6 +104,7 @@ class HermodConfig:
             raise ValueError(f"scheduler name {self.name!r} is not one of ['hermod', 'none']")
         if self.ep_algorithm not in EP_ALGORITHMS:
             raise ValueError(f"ep_algorithm {self.ep_algorithm!r} is not one of {list(EP_ALGORITHMS)}")
+        self.ep_auto_candidates = check_candidates(self.ep_auto_candidates)
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
             raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
@@ -130,6 +135,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--hermod-max-inflight-chunks", type=int, default=d.max_inflight_chunks)
     g.add_argument("--hermod-gate-timeout-s", type=float, default=d.gate_timeout_s)
     g.add_argument("--hermod-ep-algorithm", choices=list(EP_ALGORITHMS), default=d.ep_algorithm)
+    g.add_argument("--hermod-ep-auto-candidates", default=",".join(d.ep_auto_candidates),
+                   help="with --hermod-ep-algorithm auto: comma-separated algorithms it compares, in probe order")
     g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
     g.add_argument("--hermod-gloo-class-ifnames", default=d.gloo_class_ifnames,
                    help="gloo: comma-separated interface per class (critical,pipeline,bulk) for wire priority")
@@ -140,7 +147,7 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
     return HermodConfig(name=args.coflow_scheduler, schedule=args.hermod_schedule, dp_mid=args.hermod_dp_mid,
                         chunk_bytes=args.hermod_chunk_bytes, max_inflight_chunks=args.hermod_max_inflight_chunks,
                         gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
-                        ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames)
+                        ep_auto_candidates=args.hermod_ep_auto_candidates, ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames)
 
 
 # -- the runtime object ------------------------------------------------------------------------------------------------
@@ -160,7 +167,7 @@ class Hermod:
                                                                     stage, num_stages)
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config())
-        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum)
+        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum, candidates=config.ep_auto_candidates)
         self.dp_group = dp_group
         self.expert_dp_group = expert_dp_group
         ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))

@@ -75,6 +75,12 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
     with pytest.raises(ValueError, match=r"ep_algorithm 'bvm' is not one of \['bvn', 'bvn_bottleneck', 'alg3', "
                                          r"'plain', 'auto'\]"):
         HermodConfig(ep_algorithm="bvm")  # type: ignore[arg-type]
+    assert config_from_args(p.parse_args([])).ep_auto_candidates == ("plain", "bvn")
+    assert config_from_args(p.parse_args(["--hermod-ep-algorithm", "auto", "--hermod-ep-auto-candidates",
+                                          "plain,bvn,alg3"])).ep_auto_candidates == ("plain", "bvn", "alg3")
+    assert HermodConfig.from_dict({"ep_auto_candidates": ["alg3", "plain"]}).ep_auto_candidates == ("alg3", "plain")
+    with pytest.raises(ValueError, match=r"auto candidates \['plain', 'bvm'\] must be two or more distinct names"):
+        config_from_args(p.parse_args(["--hermod-ep-auto-candidates", "plain,bvm"]))
 
 
 # -- MoE: expert parameters over the expert-DP group, EP all-to-all through flowlane.comm ---------------------------

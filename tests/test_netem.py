@@ -294,6 +294,13 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
     with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain', "
                                          r"'auto'\]"):
         _parse_variant("ep_algorithm=bvm")
+    v = _parse_variant("ep_algorithm=auto,ep_auto_candidates=plain+bvn+alg3")
+    assert v["ep_auto_candidates"] == "plain+bvn+alg3"
+    for bad, msg in (("ep_algorithm=auto,ep_auto_candidates=plain", "must be two or more distinct names"),
+                     ("ep_algorithm=auto,ep_auto_candidates=plain+auto", "must be two or more distinct names"),
+                     ("ep_auto_candidates=plain+bvn", "needs ep_algorithm=auto")):
+        with pytest.raises(ValueError, match=msg):
+            _parse_variant(bad)
 
 
 def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: pytest.MonkeyPatch,
@@ -319,7 +326,9 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
                       (["--workload", "megatron", "--variant", "wire=2"], "wire=2 .* needs the synthetic"),
                       (["--workload", "megatron", "--param-elems", "65536"], "--param-elems / --act-elems size the synthetic"),
                       (["--act-elems", "100"], "--act-elems a multiple of 64 .* got 2, 100 and 262144"),
-                      (["--variant", "ep_algorithm=auto"], ">= 6 with ep_algorithm=auto .* got 3"),
+                      (["--variant", "ep_algorithm=auto"], "with ep_algorithm=auto >= 2 .* >= 6 here; got 3"),
+                      (["--iterations", "7", "--variant", "ep_algorithm=auto,ep_auto_candidates=plain+bvn+alg3"],
+                       ">= 8 here; got 7"),
                       (["--iterations", "1"], "--iterations must be >= 2 .* got 1"),
                       (["--workload", "megatron", "--variant", "ep_algorithm=auto"],
                        "ep_algorithm=auto and --iterations need the synthetic workload"),

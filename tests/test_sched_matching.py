@@ -123,3 +123,17 @@ def test_all_to_all_runner_refuses_bad_settings_by_name():
         AllToAllRunner("bvn", quantum=1.5)  # type: ignore[arg-type]
     assert AllToAllRunner("auto").choice is None and AllToAllRunner("plain").current == "plain"
     assert AllToAllRunner("auto").current == "bvn"  # iteration 0 warms up with the seed's matching
+
+
+def test_auto_candidates_are_checked_and_the_warm_up_uses_the_first_matched_one():
+    from flowlane.sched.alltoall import AUTO_CANDIDATES, AllToAllRunner, check_candidates
+
+    assert AUTO_CANDIDATES == ("plain", "bvn") and AllToAllRunner("auto").candidates == AUTO_CANDIDATES
+    assert check_candidates("plain, alg3,bvn") == ("plain", "alg3", "bvn")
+    assert check_candidates(["bvn_bottleneck", "bvn"]) == ("bvn_bottleneck", "bvn")
+    for bad in ("plain", "plain,plain", "plain,auto", "bvn,fastest", ""):
+        with pytest.raises(ValueError, match=r"auto candidates \[.*\] must be two or more distinct names of "
+                                             r"\['bvn', 'bvn_bottleneck', 'alg3', 'plain'\]"):
+            check_candidates(bad)
+    runner = AllToAllRunner("auto", candidates=("plain", "alg3", "bvn"))
+    assert runner.current == "alg3" and list(runner.probe_seconds) == ["plain", "alg3", "bvn"]

@@ -133,7 +133,8 @@ def test_matched_all_to_all_equals_all_to_all_single_on_four_ranks():
 def test_auto_all_to_all_probes_whole_iterations_keeps_the_faster_and_agrees_across_ranks():
     """ep_algorithm=auto (AllToAllRunner): iteration 0 warms up with BvN, iterations 1-4 alternate plain / BvN, then
     every rank keeps one; outputs equal all_to_all_single throughout. A rank made slow in one algorithm makes every
-    rank keep the other (the decision sums all ranks' times), so the test fails if the comparison were inverted."""
+    rank keep the other (the decision sums all ranks' times), so the test fails if the comparison were inverted; with
+    three candidates the one not slowed wins."""
     rs = _results()
     for r in rs:
         a = r["a2a"]["auto"]
@@ -143,11 +144,15 @@ def test_auto_all_to_all_probes_whole_iterations_keeps_the_faster_and_agrees_acr
         assert a["slow_plain"] == "bvn" and a["slow_bvn"] == "plain", a
         assert a["slow_bvn_seconds"]["bvn"] > a["slow_bvn_seconds"]["plain"] + 0.1, a  # 2 x 2 iterations x 50 ms
         assert a["fixed"] == ["alg3"] * 3, a  # a fixed algorithm never probes
+        # three candidates: warm-up with the first matched one, then two cycles in the given order, then the choice
+        assert a["three"] == ["bvn", "plain", "bvn", "alg3", "plain", "bvn", "alg3", "alg3"], a
+        assert a["three_choice"] == "alg3" and list(a["three_seconds"]) == ["plain", "bvn", "alg3"], a
         if a["pair"] is not None:  # ranks 0 and 1: a group of two never matches, whatever auto probes
             assert a["pair"] == ["plain"] * 6, a
     assert sum(r["a2a"]["auto"]["pair"] is not None for r in rs) == 2
     assert len({r["a2a"]["auto"]["choice"] for r in rs}) == 1  # one decision on every rank
     assert len({tuple(sorted(r["a2a"]["auto"]["slow_bvn_seconds"].items())) for r in rs}) == 1
+    assert len({tuple(r["a2a"]["auto"]["three_seconds"].values()) for r in rs}) == 1
 
 
 def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
@@ -195,6 +200,19 @@ def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
             out[name], out[f"{name}_seconds"] = runner.choice, runner.probe_seconds
         finally:
             setattr(mod, attr, orig)
+    # three candidates, the seed's Algorithm 3 among them: plain and BvN slowed on rank 1, so Algorithm 3 must win
+    orig_plain, orig_matched = flowlane.comm.all_to_all_single, a2a.matched_all_to_all
+
+    def matched_slow_unless_alg3(*args, **kw):
+        return (orig_matched if kw.get("algorithm") == "alg3" else slowed(orig_matched))(*args, **kw)
+
+    flowlane.comm.all_to_all_single, a2a.matched_all_to_all = slowed(orig_plain), matched_slow_unless_alg3
+    try:
+        runner = AllToAllRunner("auto", probe_iterations=2, candidates="plain,bvn,alg3")
+        out["three"], _ = iterations(runner, 8)
+        out["three_choice"], out["three_seconds"] = runner.choice, runner.probe_seconds
+    finally:
+        flowlane.comm.all_to_all_single, a2a.matched_all_to_all = orig_plain, orig_matched
     out["fixed"] = iterations(AllToAllRunner("alg3"), 3)[0]
     pair = dist.new_group([0, 1])
     runner = AllToAllRunner("auto", probe_iterations=1)

@@ -27,9 +27,11 @@ from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases
 Algorithm = Literal["bvn", "bvn_bottleneck", "alg3"]
 # bvn_bottleneck: BvN with the max-min matching each step (fewer, longer phases; flowlane.sched.matching)
 ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3")
-# what a caller may ask :class:`AllToAllRunner` for: a planner, one all_to_all_single, or measure both and keep one
+# what a caller may ask :class:`AllToAllRunner` for: a planner, one all_to_all_single, or measure and keep one
 RunAlgorithm = Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"]
 RUN_ALGORITHMS = (*ALGORITHMS, "plain", "auto")
+# what ``auto`` compares by default: one all_to_all_single against the optimal decomposition
+AUTO_CANDIDATES = ("plain", "bvn")
 PhaseSync = Literal["pairwise", "barrier"]
 PHASE_SYNCS = ("pairwise", "barrier")
 
@@ -41,6 +43,17 @@ def needs_matching(group_size: int) -> bool:
     nothing (on the real Megatron MoE benchmark, EP 2 at 800 Mbit/s, it cost ~11 % of the iteration). Decided from
     the group size alone, so every rank of the group decides alike."""
     return group_size > 2
+
+
+def check_candidates(candidates: Sequence[str] | str) -> tuple[str, ...]:
+    """``auto``'s candidates as a tuple (a comma-separated string is split): at least two distinct names of
+    :data:`ALGORITHMS` or ``plain``."""
+    names = tuple(c.strip() for c in candidates.split(",")) if isinstance(candidates, str) else tuple(candidates)
+    allowed = (*ALGORITHMS, "plain")
+    bad = [c for c in names if c not in allowed]
+    if bad or len(names) < 2 or len(set(names)) != len(names):
+        raise ValueError(f"auto candidates {list(names)} must be two or more distinct names of {list(allowed)}")
+    return names
 
 
 def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn") -> list[Phase]:
@@ -135,12 +148,14 @@ class AllToAllRunner:
     64 KiB ports: median plain all-to-all 16 % slower than with deep buffers, their total per iteration 47 %
     slower), a tail a few calls easily miss; an iteration holds dozens of all-to-alls, and also counts what their
     drops cost the DP and pipeline traffic sharing the ports. So the caller marks iteration ends
-    (:meth:`end_iteration`, on every rank); iteration 0 warms up (BvN), iterations 1 .. 2 * ``probe_iterations``
-    alternate ``plain`` and ``bvn``, and at the end of the last one an all-reduce over ``decision_group`` (default:
-    all ranks) sums every rank's time per candidate, rank 0 of that group decides (the lower total; a tie keeps
-    ``plain``, which needs no matrix gather) and broadcasts it, so every rank -- and with it every EP group -- keeps
-    the same algorithm for the rest of the run (:attr:`choice`, and the totals in :attr:`probe_seconds`). One-shot:
-    re-probing would pay the slower candidate again each time.
+    (:meth:`end_iteration`, on every rank); iteration 0 warms up (with the first matched candidate), iterations
+    1 .. k * ``probe_iterations`` cycle through the k ``candidates`` (default ``plain``, ``bvn``; the seed's ``alg3``
+    beat BvN under incast at skew 1.0, results/hermod/README.md, so it may join), and at the end of the last one an
+    all-reduce over ``decision_group`` (default: all ranks) sums every rank's time per candidate, rank 0 of that
+    group decides (the lowest total; a tie keeps the earlier candidate, ``plain`` by default, which needs no matrix
+    gather) and broadcasts it, so every rank -- and with it every EP group -- keeps the same algorithm for the rest
+    of the run (:attr:`choice`, and the totals in :attr:`probe_seconds`). One-shot: re-probing would pay the slower
+    candidates again each time; each candidate more costs ``probe_iterations`` iterations more.
 
     Groups of two never match (:func:`needs_matching`), whatever the choice. Iteration times are host wall times
     between :meth:`end_iteration` calls; on CUDA they follow the device only where the loop synchronises once per
@@ -148,7 +163,8 @@ class AllToAllRunner:
     """
 
     def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_iterations: int = 2,
-                 decision_group: dist.ProcessGroup | None = None) -> None:
+                 decision_group: dist.ProcessGroup | None = None,
+                 candidates: Sequence[str] | str = AUTO_CANDIDATES) -> None:
         if algorithm not in RUN_ALGORITHMS:
             raise ValueError(f"all-to-all algorithm {algorithm!r} is not one of {list(RUN_ALGORITHMS)}")
         if not isinstance(probe_iterations, int) or probe_iterations < 1:
@@ -157,9 +173,10 @@ class AllToAllRunner:
             raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
         self.algorithm, self.quantum, self.probe_iterations = algorithm, quantum, probe_iterations
         self.decision_group = decision_group
+        self.candidates = check_candidates(candidates)
         self.iteration = 0
         self.choice: str | None = None if algorithm == "auto" else algorithm
-        self.probe_seconds: dict[str, float] = {"plain": 0.0, "bvn": 0.0}
+        self.probe_seconds: dict[str, float] = dict.fromkeys(self.candidates, 0.0)
         self._t0: float | None = None
         self._device = torch.device("cpu")
 
@@ -168,7 +185,9 @@ class AllToAllRunner:
         """The algorithm this iteration's all-to-alls run (``auto``: the probe's candidate until decided)."""
         if self.choice is not None:
             return self.choice
-        return "bvn" if self.iteration == 0 else ("plain", "bvn")[(self.iteration - 1) % 2]
+        if self.iteration == 0:  # warm-up: the matrix gather and the planner's first call
+            return next(c for c in self.candidates if c != "plain")
+        return self.candidates[(self.iteration - 1) % len(self.candidates)]
 
     def __call__(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
                  input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None,
@@ -196,7 +215,7 @@ class AllToAllRunner:
         if self.choice is None:
             if self.iteration >= 1 and self._t0 is not None:
                 self.probe_seconds[self.current] += now - self._t0
-            if self.iteration == 2 * self.probe_iterations:
+            if self.iteration == len(self.candidates) * self.probe_iterations:
                 self.choice = self._decide(key)
         self.iteration += 1
         self._t0 = time.perf_counter()
@@ -208,12 +227,11 @@ class AllToAllRunner:
         device = self._device
         if device.type == "cpu" and dist.get_backend(g) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        stats = torch.tensor([self.probe_seconds["plain"], self.probe_seconds["bvn"]], dtype=torch.float64,
-                             device=device)
+        stats = torch.tensor([self.probe_seconds[c] for c in self.candidates], dtype=torch.float64, device=device)
         comm.all_reduce(stats, group=g, kind="ep", key=key)
-        self.probe_seconds = dict(zip(("plain", "bvn"), stats.tolist(), strict=True))
-        pick = torch.tensor([1 if self.probe_seconds["bvn"] < self.probe_seconds["plain"] else 0], dtype=torch.long,
-                            device=device)
+        self.probe_seconds = dict(zip(self.candidates, stats.tolist(), strict=True))
+        totals = stats.tolist()
+        pick = torch.tensor([totals.index(min(totals))], dtype=torch.long, device=device)  # ties: the earlier one
         first = 0 if g is None else dist.get_process_group_ranks(g)[0]
         comm.broadcast(pick, src=first, group=g, kind="ep", key=key)
-        return ("plain", "bvn")[int(pick.item())]
+        return self.candidates[int(pick.item())]

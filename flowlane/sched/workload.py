@@ -24,7 +24,7 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireEncoder
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
-from flowlane.sched.alltoall import AllToAllRunner
+from flowlane.sched.alltoall import AUTO_CANDIDATES, AllToAllRunner
 from flowlane.sched.groups import build_class_groups
 from flowlane.sched.hermod import HermodPolicy
 from flowlane.sched.scheduler import CommScheduler, SchedulerConfig
@@ -43,6 +43,8 @@ class WorkloadConfig:
     moe: bool = False
     ep_algorithm: str = "bvn"
     """The MoE all-to-all (:class:`flowlane.sched.alltoall.AllToAllRunner`): a planner, ``plain`` or ``auto``."""
+    ep_auto_candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
+    """What ``auto`` compares, in probe order (two or more of the planners and ``plain``)."""
     fwd_s: float = 0.0
     """Emulated forward compute per layer and microbatch (backward = 2x)."""
     opt_s: float = 0.0
@@ -86,7 +88,7 @@ class _Rank:
         # so FIFO's DP stays in the first (highest, i.e. unmarked) class when wire classes exist
         self.bulk = self.classes.get(self.dp_group, 2 if cfg.sched.get("mode", "hermod") == "hermod" else 0)
         self.sched = CommScheduler(policy, SchedulerConfig(**cfg.sched))
-        self.a2a = AllToAllRunner(cfg.ep_algorithm)  # type: ignore[arg-type]
+        self.a2a = AllToAllRunner(cfg.ep_algorithm, candidates=cfg.ep_auto_candidates)  # type: ignore[arg-type]
         hermod = cfg.sched.get("mode", "hermod") == "hermod"
         self.encoder = WireEncoder(HermodOrder(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))) \
             if cfg.ep_wire_classes and hermod else None  # type: ignore[arg-type]
@@ -329,5 +331,6 @@ def _run_rank(rank: int, world: int, cfg: WorkloadConfig) -> dict[str, Any]:
             "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg),
             "iter_starts": starts, "ep_classes": r.ep_classes,
             "ep_auto": {"choice": r.a2a.choice, "probe_seconds": r.a2a.probe_seconds,
-                        "probe_iterations": r.a2a.probe_iterations} if cfg.ep_algorithm == "auto" else None,
+                        "probe_iterations": r.a2a.probe_iterations, "candidates": list(r.a2a.candidates)}
+            if cfg.ep_algorithm == "auto" else None,
             "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops]}
