@@ -302,6 +302,13 @@ def _overlap(timeline: list[Any]) -> dict[str, float]:
             "dp_after_last_pp_ep_s": sum(max(0.0, b - max(a, last)) for a, b in dp)}
 
 
+def _wrap(name: str) -> str:
+    """A variant's name on short lines for an axis label."""
+    for old, new in (("hermod ", "hermod\n"), (" a2a=", "\na2a="), ("auto(", "auto\n("), (" wire", "\nwire")):
+        name = name.replace(old, new)
+    return name
+
+
 def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Path, title: str) -> None:
     import matplotlib
 
@@ -312,7 +319,7 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 3.8))
     ax.boxplot([per_iter[m] for m in names])
     ax.set_xticks(range(1, len(names) + 1),
-                  [m.replace("hermod ", "hermod\n") + f"\n{speedup[m]:.2f}x" for m in names], fontsize=7)
+                  [_wrap(m) + f"\n{speedup[m]:.2f}x" for m in names], fontsize=7)
     ax.set_ylabel("iteration time (s, max over ranks)")
     ax.set_title(title, fontsize=8)
     fig.tight_layout()

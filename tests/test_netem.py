@@ -294,6 +294,8 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
     with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain', "
                                          r"'auto'\]"):
         _parse_variant("ep_algorithm=bvm")
+    from benchmarks.hermod_real import _wrap
+    assert _wrap("hermod c128k i1 g50ms a2a=auto(plain+bvn+alg3)") == "hermod\nc128k i1 g50ms\na2a=auto\n(plain+bvn+alg3)"
     v = _parse_variant("ep_algorithm=auto,ep_auto_candidates=plain+bvn+alg3")
     assert v["ep_auto_candidates"] == "plain+bvn+alg3"
     for bad, msg in (("ep_algorithm=auto,ep_auto_candidates=plain", "must be two or more distinct names"),

@@ -149,13 +149,14 @@ class AllToAllRunner:
     slower), a tail a few calls easily miss; an iteration holds dozens of all-to-alls, and also counts what their
     drops cost the DP and pipeline traffic sharing the ports. So the caller marks iteration ends
     (:meth:`end_iteration`, on every rank); iteration 0 warms up (with the first matched candidate), iterations
-    1 .. k * ``probe_iterations`` cycle through the k ``candidates`` (default ``plain``, ``bvn``; the seed's ``alg3``
-    beat BvN under incast at skew 1.0, results/hermod/README.md, so it may join), and at the end of the last one an
-    all-reduce over ``decision_group`` (default: all ranks) sums every rank's time per candidate, rank 0 of that
-    group decides (the lowest total; a tie keeps the earlier candidate, ``plain`` by default, which needs no matrix
-    gather) and broadcasts it, so every rank -- and with it every EP group -- keeps the same algorithm for the rest
-    of the run (:attr:`choice`, and the totals in :attr:`probe_seconds`). One-shot: re-probing would pay the slower
-    candidates again each time; each candidate more costs ``probe_iterations`` iterations more.
+    1 .. k * ``probe_iterations`` cycle through the k ``candidates`` (default ``plain``, ``bvn``; ``alg3`` may join,
+    but two probe iterations do not separate two matchings a few % apart: results/hermod/README.md, "Three
+    candidates"), and at the end of the last one an all-reduce over ``decision_group`` (default: all ranks) sums
+    every rank's time per candidate, rank 0 of that group decides (the lowest total; a tie keeps the earlier
+    candidate, ``plain`` by default, which needs no matrix gather) and broadcasts it, so every rank -- and with it
+    every EP group -- keeps the same algorithm for the rest of the run (:attr:`choice`, and the totals in
+    :attr:`probe_seconds`). One-shot: re-probing would pay the slower candidates again each time; each candidate
+    more costs ``probe_iterations`` iterations more.
 
     Groups of two never match (:func:`needs_matching`), whatever the choice. Iteration times are host wall times
     between :meth:`end_iteration` calls; on CUDA they follow the device only where the loop synchronises once per
