@@ -5,7 +5,8 @@
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
-                   [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,wire=1|2] ...]
+                   [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]
+                   [,ep_auto_probe_iterations=2][,wire=1|2] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
@@ -114,7 +115,8 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     # microbatches) on an address the fabric serves after the critical one (the oldest in-flight microbatch)
     wire = sched.pop("wire", 0)
     ifnames = {0: None, 1: ["eth0", "eth0", BULK_IFNAME], 2: ["eth0", PIPELINE_IFNAME, BULK_IFNAME]}[wire]
-    dag = {k: sched.pop(k) for k in ("overlap_dp", "order", "ep_algorithm") if k in sched}  # workload knobs
+    dag = {k: sched.pop(k) for k in ("overlap_dp", "order", "ep_algorithm", "ep_auto_probe_iterations")
+           if k in sched}  # workload knobs
     if "ep_auto_candidates" in sched:  # "plain+bvn+alg3" on the command line
         dag["ep_auto_candidates"] = sched.pop("ep_auto_candidates").split("+")
     r = run_rank(rank, world, asdict(WorkloadConfig(**work, **dag, sched=sched, dp_mid=dp_mid,
@@ -327,6 +329,7 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
 
 
 TEXT_KEYS = ("dp_mid", "ep_algorithm", "ep_auto_candidates")
+INT_KEYS = ("wire", "ep_auto_probe_iterations")
 # the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_bottleneck: fewer, longer ones),
 # the seed's Algorithm 3, one all_to_all_single (inter-coflow priority only), or auto (measure the candidates, by
 # default plain and BvN, keep the fastest; ep_auto_candidates=plain+bvn+alg3 to add more). A literal, not
@@ -339,13 +342,16 @@ def _parse_variant(s: str) -> dict[str, Any]:
     out: dict[str, Any] = dict(DEFAULT_VARIANT)
     for kv in s.split(","):
         k, v = kv.split("=")
-        if k not in (*DEFAULT_VARIANT, *TEXT_KEYS, "wire"):
-            raise ValueError(f"unknown variant key {k!r}; known: {[*DEFAULT_VARIANT, *TEXT_KEYS, 'wire']}")
+        if k not in (*DEFAULT_VARIANT, *TEXT_KEYS, *INT_KEYS):
+            raise ValueError(f"unknown variant key {k!r}; known: {[*DEFAULT_VARIANT, *TEXT_KEYS, *INT_KEYS]}")
         out[k] = float(v) if k == "gate_timeout_s" else v if k in TEXT_KEYS else int(v)
     if out.get("ep_algorithm", "bvn") not in EP_ALGORITHMS:
         raise ValueError(f"ep_algorithm={out['ep_algorithm']} is not one of {list(EP_ALGORITHMS)}")
-    if "ep_auto_candidates" in out and out.get("ep_algorithm") != "auto":
-        raise ValueError(f"ep_auto_candidates={out['ep_auto_candidates']} needs ep_algorithm=auto")
+    for k in ("ep_auto_candidates", "ep_auto_probe_iterations"):
+        if k in out and out.get("ep_algorithm") != "auto":
+            raise ValueError(f"{k}={out[k]} needs ep_algorithm=auto")
+    if out.get("ep_auto_probe_iterations", 2) < 1:
+        raise ValueError(f"ep_auto_probe_iterations={out['ep_auto_probe_iterations']} must be >= 1")
     cands = out.get("ep_auto_candidates", "plain+bvn").split("+")
     if len(cands) < 2 or len(set(cands)) != len(cands) or not set(cands) <= set(EP_ALGORITHMS) - {"auto"}:
         raise ValueError(f"ep_auto_candidates={out['ep_auto_candidates']} must be two or more distinct names of "
@@ -494,7 +500,8 @@ def main() -> int:
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument("--variant", action="append", default=[],
                     help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,wire=1|2] (repeatable); wire=1 puts the "
+                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]"
+                         "[,ep_auto_probe_iterations=N][,wire=1|2] (repeatable); wire=1 puts the "
                          "bulk class on its own address, queued by priority; wire=2 also puts each all-to-all in "
                          "its class (critical: oldest in-flight microbatch, pipeline: later ones), the pipeline class "
                          "on a third address")
@@ -582,14 +589,14 @@ def main() -> int:
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
-    # warm-up + 2 probe iterations per candidate + one steady iteration
-    least = max((2 + 2 * len(v.get("ep_auto_candidates", "plain+bvn").split("+")) for v in hv
-                 if v.get("ep_algorithm") == "auto"), default=2)
+    # warm-up + the probe (ep_auto_probe_iterations, default 2, per candidate) + one steady iteration
+    least = max((2 + v.get("ep_auto_probe_iterations", 2) * len(v.get("ep_auto_candidates", "plain+bvn").split("+"))
+                 for v in hv if v.get("ep_algorithm") == "auto"), default=2)
     if megatron and (auto or a.iterations != WORK["iterations"]):
         ap.error("ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
                  "iterations, too few for auto's probe, and its EP groups of two never match anyway)")
     if a.iterations < least:
-        ap.error(f"--iterations must be >= 2 (one warm-up), and with ep_algorithm=auto >= 2 + 2 per candidate "
+        ap.error(f"--iterations must be >= 2 (one warm-up), and with ep_algorithm=auto >= 2 + its probe "
                  f"(warm-up, probe, one steady iteration): >= {least} here; got {a.iterations}")
     if megatron:
         work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
@@ -607,6 +614,8 @@ def main() -> int:
             name += f" a2a={v['ep_algorithm']}"
         if v.get("ep_algorithm") == "auto" and v.get("ep_auto_candidates", "plain+bvn") != "plain+bvn":
             name += f"({v['ep_auto_candidates']})"
+        if v.get("ep_auto_probe_iterations", 2) != 2:
+            name += f" x{v['ep_auto_probe_iterations']}"
         if v.get("wire"):
             w = " wire" if v["wire"] == 1 else " wire+ep"
             name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w

@@ -5,6 +5,7 @@ Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_pl
     --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
     --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
     --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain,auto}  --hermod-ep-auto-candidates plain,bvn
+    --hermod-ep-auto-probe-iterations N
     --hermod-ep-quantum N
 
 megatron-core API::
@@ -92,6 +93,9 @@ class HermodConfig:
     ep_auto_candidates: tuple[str, ...] = AUTO_CANDIDATES
     """What ``auto`` compares, in probe order (two or more of bvn, bvn_bottleneck, alg3, plain; each costs two probe
     iterations). A list or a comma-separated string is accepted."""
+    ep_auto_probe_iterations: int = 2
+    """Probe iterations per candidate. Two tell the plain all-to-all from a matching under incast (14-25 % apart on
+    the emulated star) but not two matchings 1-3 % apart (results/hermod/README.md, "Three candidates")."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""
@@ -105,6 +109,8 @@ class HermodConfig:
         if self.ep_algorithm not in EP_ALGORITHMS:
             raise ValueError(f"ep_algorithm {self.ep_algorithm!r} is not one of {list(EP_ALGORITHMS)}")
         self.ep_auto_candidates = check_candidates(self.ep_auto_candidates)
+        if not isinstance(self.ep_auto_probe_iterations, int) or self.ep_auto_probe_iterations < 1:
+            raise ValueError(f"ep_auto_probe_iterations must be an integer >= 1, got {self.ep_auto_probe_iterations!r}")
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
             raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
@@ -137,6 +143,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--hermod-ep-algorithm", choices=list(EP_ALGORITHMS), default=d.ep_algorithm)
     g.add_argument("--hermod-ep-auto-candidates", default=",".join(d.ep_auto_candidates),
                    help="with --hermod-ep-algorithm auto: comma-separated algorithms it compares, in probe order")
+    g.add_argument("--hermod-ep-auto-probe-iterations", type=int, default=d.ep_auto_probe_iterations,
+                   help="with --hermod-ep-algorithm auto: iterations each candidate is timed")
     g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
     g.add_argument("--hermod-gloo-class-ifnames", default=d.gloo_class_ifnames,
                    help="gloo: comma-separated interface per class (critical,pipeline,bulk) for wire priority")
@@ -147,7 +155,9 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
     return HermodConfig(name=args.coflow_scheduler, schedule=args.hermod_schedule, dp_mid=args.hermod_dp_mid,
                         chunk_bytes=args.hermod_chunk_bytes, max_inflight_chunks=args.hermod_max_inflight_chunks,
                         gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
-                        ep_auto_candidates=args.hermod_ep_auto_candidates, ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames)
+                        ep_auto_candidates=args.hermod_ep_auto_candidates,
+                        ep_auto_probe_iterations=args.hermod_ep_auto_probe_iterations,
+                        ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames)
 
 
 # -- the runtime object ------------------------------------------------------------------------------------------------
@@ -167,7 +177,9 @@ class Hermod:
                                                                     stage, num_stages)
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config())
-        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum, candidates=config.ep_auto_candidates)
+        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum,
+                                  probe_iterations=config.ep_auto_probe_iterations,
+                                  candidates=config.ep_auto_candidates)
         self.dp_group = dp_group
         self.expert_dp_group = expert_dp_group
         ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))

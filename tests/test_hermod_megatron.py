@@ -79,6 +79,9 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
     assert config_from_args(p.parse_args(["--hermod-ep-algorithm", "auto", "--hermod-ep-auto-candidates",
                                           "plain,bvn,alg3"])).ep_auto_candidates == ("plain", "bvn", "alg3")
     assert HermodConfig.from_dict({"ep_auto_candidates": ["alg3", "plain"]}).ep_auto_candidates == ("alg3", "plain")
+    assert config_from_args(p.parse_args(["--hermod-ep-auto-probe-iterations", "4"])).ep_auto_probe_iterations == 4
+    with pytest.raises(ValueError, match="ep_auto_probe_iterations must be an integer >= 1, got 0"):
+        HermodConfig(ep_auto_probe_iterations=0)
     with pytest.raises(ValueError, match=r"auto candidates \['plain', 'bvm'\] must be two or more distinct names"):
         config_from_args(p.parse_args(["--hermod-ep-auto-candidates", "plain,bvm"]))
 
@@ -108,9 +111,11 @@ def _both_moe(rank: int, world: int, cfg: dict, hermod: dict) -> dict:
 
 @pytest.mark.parametrize(("cfg", "hermod", "ep_ops"), [
     (MOE, HERMOD, {"all_to_all"}), (MOE_EP4, HERMOD, {"isend", "irecv"}),
-    # auto over 6 iterations: 0 warms up (not recorded), 1-4 alternate plain and BvN phases, the end of 4 decides
-    # (all-reduce + broadcast, on every rank through Hermod.end_iteration), 5 runs the choice
-    (dict(MOE_EP4, iterations=6), {**HERMOD, "ep_algorithm": "auto"},
+    # auto over 6 iterations, three candidates timed one iteration each: 0 warms up (not recorded), 1-3 run plain,
+    # BvN and Algorithm 3 phases, the end of 3 decides (all-reduce + broadcast, on every rank through
+    # Hermod.end_iteration; with the default two probe iterations it would not decide within 6), 4-5 run the choice
+    (dict(MOE_EP4, iterations=6), {**HERMOD, "ep_algorithm": "auto", "ep_auto_candidates": "plain,bvn,alg3",
+                                   "ep_auto_probe_iterations": 1},
      {"all_to_all", "isend", "irecv", "all_reduce", "broadcast"}),
 ], ids=["pp2-ep2", "pp1-ep4", "pp1-ep4-auto"])
 def test_moe_identical_with_and_without_hermod_experts_stay_off_the_dp_group(cfg: dict, hermod: dict,

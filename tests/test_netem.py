@@ -295,12 +295,15 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
                                          r"'auto'\]"):
         _parse_variant("ep_algorithm=bvm")
     from benchmarks.hermod_real import _wrap
-    assert _wrap("hermod c128k i1 g50ms a2a=auto(plain+bvn+alg3)") == "hermod\nc128k i1 g50ms\na2a=auto\n(plain+bvn+alg3)"
+    label = "hermod\nc128k i1 g50ms\na2a=auto\n(plain+bvn+alg3)"
+    assert _wrap("hermod c128k i1 g50ms a2a=auto(plain+bvn+alg3)") == label
     v = _parse_variant("ep_algorithm=auto,ep_auto_candidates=plain+bvn+alg3")
     assert v["ep_auto_candidates"] == "plain+bvn+alg3"
     for bad, msg in (("ep_algorithm=auto,ep_auto_candidates=plain", "must be two or more distinct names"),
                      ("ep_algorithm=auto,ep_auto_candidates=plain+auto", "must be two or more distinct names"),
-                     ("ep_auto_candidates=plain+bvn", "needs ep_algorithm=auto")):
+                     ("ep_auto_candidates=plain+bvn", "needs ep_algorithm=auto"),
+                     ("ep_auto_probe_iterations=3", "needs ep_algorithm=auto"),
+                     ("ep_algorithm=auto,ep_auto_probe_iterations=0", "ep_auto_probe_iterations=0 must be >= 1")):
         with pytest.raises(ValueError, match=msg):
             _parse_variant(bad)
 
@@ -331,6 +334,8 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
                       (["--variant", "ep_algorithm=auto"], "with ep_algorithm=auto >= 2 .* >= 6 here; got 3"),
                       (["--iterations", "7", "--variant", "ep_algorithm=auto,ep_auto_candidates=plain+bvn+alg3"],
                        ">= 8 here; got 7"),
+                      (["--iterations", "9", "--variant", "ep_algorithm=auto,ep_auto_probe_iterations=4"],
+                       ">= 10 here; got 9"),
                       (["--iterations", "1"], "--iterations must be >= 2 .* got 1"),
                       (["--workload", "megatron", "--variant", "ep_algorithm=auto"],
                        "ep_algorithm=auto and --iterations need the synthetic workload"),

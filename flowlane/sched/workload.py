@@ -45,6 +45,8 @@ class WorkloadConfig:
     """The MoE all-to-all (:class:`flowlane.sched.alltoall.AllToAllRunner`): a planner, ``plain`` or ``auto``."""
     ep_auto_candidates: list[str] = field(default_factory=lambda: list(AUTO_CANDIDATES))
     """What ``auto`` compares, in probe order (two or more of the planners and ``plain``)."""
+    ep_auto_probe_iterations: int = 2
+    """Iterations ``auto`` times each candidate."""
     fwd_s: float = 0.0
     """Emulated forward compute per layer and microbatch (backward = 2x)."""
     opt_s: float = 0.0
@@ -88,7 +90,8 @@ class _Rank:
         # so FIFO's DP stays in the first (highest, i.e. unmarked) class when wire classes exist
         self.bulk = self.classes.get(self.dp_group, 2 if cfg.sched.get("mode", "hermod") == "hermod" else 0)
         self.sched = CommScheduler(policy, SchedulerConfig(**cfg.sched))
-        self.a2a = AllToAllRunner(cfg.ep_algorithm, candidates=cfg.ep_auto_candidates)  # type: ignore[arg-type]
+        self.a2a = AllToAllRunner(cfg.ep_algorithm,  # type: ignore[arg-type]
+                                  probe_iterations=cfg.ep_auto_probe_iterations, candidates=cfg.ep_auto_candidates)
         hermod = cfg.sched.get("mode", "hermod") == "hermod"
         self.encoder = WireEncoder(HermodOrder(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))) \
             if cfg.ep_wire_classes and hermod else None  # type: ignore[arg-type]
