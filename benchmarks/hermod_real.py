@@ -536,7 +536,8 @@ def main() -> int:
                          "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
     ap.add_argument("--iterations", type=int, default=WORK["iterations"],
                     help="iterations per run, the first a warm-up (synthetic workload; ep_algorithm=auto also "
-                         "spends two per candidate on its probe, so it needs >= 6 with the default two)")
+                         "spends ep_auto_probe_iterations (2) per candidate on its probe: >= 6 with the default two "
+                         "candidates)")
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
                     help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")

@@ -5,8 +5,7 @@ Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_pl
     --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
     --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
     --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain,auto}  --hermod-ep-auto-candidates plain,bvn
-    --hermod-ep-auto-probe-iterations N
-    --hermod-ep-quantum N
+    --hermod-ep-auto-probe-iterations N  --hermod-ep-quantum N
 
 megatron-core API::
 
@@ -91,8 +90,8 @@ class HermodConfig:
     0.96-1.7x; with deep buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits
     deep-buffered or lossless fabrics, and ``auto`` finds out which one it runs on."""
     ep_auto_candidates: tuple[str, ...] = AUTO_CANDIDATES
-    """What ``auto`` compares, in probe order (two or more of bvn, bvn_bottleneck, alg3, plain; each costs two probe
-    iterations). A list or a comma-separated string is accepted."""
+    """What ``auto`` compares, in probe order (two or more of bvn, bvn_bottleneck, alg3, plain; each costs
+    ``ep_auto_probe_iterations`` probe iterations). A list or a comma-separated string is accepted."""
     ep_auto_probe_iterations: int = 2
     """Probe iterations per candidate. Two tell the plain all-to-all from a matching under incast (14-25 % apart on
     the emulated star) but not two matchings 1-3 % apart (results/hermod/README.md, "Three candidates")."""
