@@ -94,7 +94,8 @@ class HermodConfig:
     ``ep_auto_probe_iterations`` probe iterations). A list or a comma-separated string is accepted."""
     ep_auto_probe_iterations: int = 2
     """Probe iterations per candidate. Two tell the plain all-to-all from a matching under incast (14-25 % apart on
-    the emulated star) but not two matchings 1-3 % apart (results/hermod/README.md, "Three candidates")."""
+    the emulated star); neither two nor four told two matchings 1-3 % apart (results/hermod/README.md, "Three
+    candidates"). More help where iteration times are noisier than the gap to be found."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     gloo_class_ifnames: str = ""
