@@ -336,6 +336,11 @@ INT_KEYS = ("wire", "ep_auto_probe_iterations")
 # flowlane.sched.alltoall.RUN_ALGORITHMS, so the parent process never imports torch;
 # tests/test_netem.py checks the two agree.
 EP_ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3", "plain", "auto")
+# auto's defaults in variant-string form, literals for the same reason (the core's AUTO_CANDIDATES and
+# AllToAllRunner's probe_iterations; tests/test_netem.py checks them); the candidate check in _parse_variant mirrors
+# flowlane.sched.alltoall.check_candidates so a bad variant is refused before any namespace is set up
+AUTO_CANDIDATES = "plain+bvn"
+AUTO_PROBE_ITERATIONS = 2
 
 
 def _parse_variant(s: str) -> dict[str, Any]:
@@ -350,9 +355,9 @@ def _parse_variant(s: str) -> dict[str, Any]:
     for k in ("ep_auto_candidates", "ep_auto_probe_iterations"):
         if k in out and out.get("ep_algorithm") != "auto":
             raise ValueError(f"{k}={out[k]} needs ep_algorithm=auto")
-    if out.get("ep_auto_probe_iterations", 2) < 1:
+    if out.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS) < 1:
         raise ValueError(f"ep_auto_probe_iterations={out['ep_auto_probe_iterations']} must be >= 1")
-    cands = out.get("ep_auto_candidates", "plain+bvn").split("+")
+    cands = out.get("ep_auto_candidates", AUTO_CANDIDATES).split("+")
     if len(cands) < 2 or len(set(cands)) != len(cands) or not set(cands) <= set(EP_ALGORITHMS) - {"auto"}:
         raise ValueError(f"ep_auto_candidates={out['ep_auto_candidates']} must be two or more distinct names of "
                          f"{[x for x in EP_ALGORITHMS if x != 'auto']} joined by '+'")
@@ -591,7 +596,8 @@ def main() -> int:
         ap.error("--megatron-moe needs --workload megatron")
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
     # warm-up + the probe (ep_auto_probe_iterations, default 2, per candidate) + one steady iteration
-    least = max((2 + v.get("ep_auto_probe_iterations", 2) * len(v.get("ep_auto_candidates", "plain+bvn").split("+"))
+    least = max((2 + v.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS)
+                 * len(v.get("ep_auto_candidates", AUTO_CANDIDATES).split("+"))
                  for v in hv if v.get("ep_algorithm") == "auto"), default=2)
     if megatron and (auto or a.iterations != WORK["iterations"]):
         ap.error("ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
@@ -613,9 +619,9 @@ def main() -> int:
             name += f" {v['dp_mid']}"
         if v.get("ep_algorithm", "bvn") != "bvn":
             name += f" a2a={v['ep_algorithm']}"
-        if v.get("ep_algorithm") == "auto" and v.get("ep_auto_candidates", "plain+bvn") != "plain+bvn":
+        if v.get("ep_auto_candidates", AUTO_CANDIDATES) != AUTO_CANDIDATES:
             name += f"({v['ep_auto_candidates']})"
-        if v.get("ep_auto_probe_iterations", 2) != 2:
+        if v.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS) != AUTO_PROBE_ITERATIONS:
             name += f" x{v['ep_auto_probe_iterations']}"
         if v.get("wire"):
             w = " wire" if v["wire"] == 1 else " wire+ep"

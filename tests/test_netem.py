@@ -290,6 +290,13 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
     from benchmarks.hermod_real import EP_ALGORITHMS
     from flowlane.sched.alltoall import RUN_ALGORITHMS
     assert RUN_ALGORITHMS == EP_ALGORITHMS  # the benchmark's literal copy stays in step with the core
+    import inspect
+
+    from benchmarks.hermod_real import AUTO_CANDIDATES, AUTO_PROBE_ITERATIONS
+    from flowlane.sched.alltoall import AUTO_CANDIDATES as CORE_CANDIDATES
+    from flowlane.sched.alltoall import AllToAllRunner
+    assert AUTO_CANDIDATES.split("+") == list(CORE_CANDIDATES)
+    assert inspect.signature(AllToAllRunner).parameters["probe_iterations"].default == AUTO_PROBE_ITERATIONS
     assert _parse_variant("ep_algorithm=auto")["ep_algorithm"] == "auto"
     with pytest.raises(ValueError, match=r"ep_algorithm=bvm is not one of \['bvn', 'bvn_bottleneck', 'alg3', 'plain', "
                                          r"'auto'\]"):
