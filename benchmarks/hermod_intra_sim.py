@@ -1,6 +1,7 @@
 """Hermod inter- vs intra-coflow scheduling under an incast model (label: simulated). Seed 000 Fig. 5.11 analogue.
 
     python -m benchmarks.hermod_intra_sim [--alphas 0.05,0.1] [--only small,scale] [--scale-variants V,..]
+                                          [--scale-models M,..] [--scale-gpus 1024]
                                           [--workers 2] [--out results/hermod] [--name intra]
 
 Writes results/hermod/NAME.json and NAME.png. Every figure is simulated (flowlane.sim, flow-level).
@@ -15,11 +16,16 @@ Variants (the policy decides inter-coflow order, the all-to-all mode intra-coflo
   fifo            Megatron's order, NCCL's plain all-to-all
   hermod-inter    Hermod's priorities, plain all-to-all                      (Fig. 5.11 "inter only")
   hermod-phases   Hermod's priorities + BvN phases as the runtime sends them (both components, faithful)
+  hermod-phases-bn  the same with bottleneck BvN (the runtime's ``bvn_bottleneck``: fewer, longer phases)
   hermod-matched  Hermod's priorities + the fluid abstraction of the phases  (both components, optimistic; cheap)
   fifo-phases     FIFO order + BvN phases                                     (intra only)
 Sections: ``small`` = Qwen-MoE-12L (testbed strategy, PP4 x EP8) on 32 GPUs at 2 GPUs per server so the all-to-all
-crosses NICs; ``scale`` = the table 5.5 simulation presets at 1,024 GPUs, 100 Gb/s. Qwen-MoE-24L's EP 32 makes BvN
-phases too costly to plan for every all-to-all here (~900 phases, ~2 s each in Python), so it runs matched only.
+crosses NICs; ``scale`` = the table 5.5 simulation presets at 1,024 GPUs, 100 Gb/s. Qwen-MoE-24L's EP 32 gives ~940
+first-found or ~180 bottleneck BvN phases per all-to-all, each phase flow its own coflow (it waits on its two ranks):
+~36M coflows at 1,024 GPUs even with the bottleneck plan, more than this machine's memory holds (its workload
+passed 7 GB while still being built). So Qwen's bottleneck phases run only when ``--scale-variants`` names them,
+meant for fewer GPUs (``--scale-models qwen-moe-24l --scale-gpus 256``: a quarter of the coflows) or a machine that
+holds them; its first-found phases never run. Mixtral-8x22B (EP 8) runs both phase plans at 1,024.
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ VARIANTS = {  # name -> (policy, all-to-all mode)
     "hermod-phases": ("hermod", "phases"),
     "hermod-matched": ("hermod", "matched"),
     "fifo-phases": ("fifo", "phases"),
+    "hermod-phases-bn": ("hermod", "phases_bottleneck"),
 }
 SMALL = ("qwen-moe-12l", 32, 2)  # model, GPUs, GPUs per server
-SCALE = {"mixtral-8x22b": ("fifo", "hermod-inter", "hermod-matched", "hermod-phases"),
+SCALE = {"mixtral-8x22b": ("fifo", "hermod-inter", "hermod-matched", "hermod-phases", "hermod-phases-bn"),
          "qwen-moe-24l": ("fifo", "hermod-inter", "hermod-matched")}
+SCALE_OPT_IN = {"qwen-moe-24l": ("hermod-phases-bn",)}  # run only when --scale-variants names them (memory, above)
 # Cost: the incast penalty gives every receiver port its own capacity, so max-min filling needs many more rounds;
 # a 1,024-GPU point costs ~10x its no-incast time (measured: 3-15 CPU-minutes plain or matched, 25 for phases).
 
@@ -74,7 +82,8 @@ def _key(p: dict | tuple) -> tuple:
     return p["section"], p["model"], p["gpus"], p["variant"], p["incast_alpha"]
 
 
-def plan(alphas: list[float], only: set[str], scale_variants: set[str] | None = None) -> list[tuple]:
+def plan(alphas: list[float], only: set[str], scale_variants: set[str] | None = None,
+         models: set[str] | None = None, gpus: int = 1024) -> list[tuple]:
     t = []
     if "small" in only:
         model, gpus, per = SMALL
@@ -84,9 +93,9 @@ def plan(alphas: list[float], only: set[str], scale_variants: set[str] | None = 
     if "scale" in only:
         for a in alphas:
             for model, vs in SCALE.items():
-                for v in vs:
-                    if scale_variants is None or v in scale_variants:
-                        t.append(("scale", model, 1024, 8, 100.0, v, a))
+                for v in (*vs, *(SCALE_OPT_IN.get(model, ()) if scale_variants else ())):
+                    if (scale_variants is None or v in scale_variants) and (models is None or model in models):
+                        t.append(("scale", model, gpus, 8, 100.0, v, a))
     return t
 
 
@@ -153,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--microbatches", type=int, default=8)
     add_pool_args(ap, budget_s=3600.0)
     ap.add_argument("--scale-variants", help=f"comma-separated subset of {list(VARIANTS)} for the scale section")
+    ap.add_argument("--scale-models", help=f"comma-separated subset of {list(SCALE)} for the scale section")
+    ap.add_argument("--scale-gpus", type=int, default=1024, help="GPUs in the scale section (default 1024)")
     ap.add_argument("--out", default="results/hermod")
     ap.add_argument("--name", default="intra", help="output file stem (NAME.json, NAME.png)")
     ap.add_argument("--resume", action="store_true",
@@ -172,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     sv = set(a.scale_variants.split(",")) if a.scale_variants else None
     if sv is not None and not sv <= set(VARIANTS):
         ap.error(f"--scale-variants must be among {list(VARIANTS)}, got {a.scale_variants!r}")
-    tasks = plan(alphas, only, sv)
+    sm = set(a.scale_models.split(",")) if a.scale_models else None
+    if sm is not None and not sm <= set(SCALE):
+        ap.error(f"--scale-models must be among {list(SCALE)}, got {a.scale_models!r}")
+    if a.scale_gpus < 1:
+        ap.error(f"--scale-gpus must be >= 1, got {a.scale_gpus}")
+    tasks = plan(alphas, only, sv, sm, a.scale_gpus)
     done: list[dict] = []
     if a.resume and (out / f"{a.name}.json").exists():
         done = json.loads((out / f"{a.name}.json").read_text())["points"]

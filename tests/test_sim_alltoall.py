@@ -41,18 +41,20 @@ def test_without_incast_plain_fair_sharing_already_reaches_the_lower_bound() -> 
         assert t == pytest.approx(L * UNIT / B, rel=1e-9), mode
 
 
-def test_incast_slows_plain_but_not_the_matched_or_phased_all_to_all() -> None:
+@pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
+def test_incast_slows_plain_but_not_the_matched_or_phased_all_to_all(phased: str) -> None:
     t_plain, _ = _run("plain", INC)
     t_matched, _ = _run("matched", INC)
-    t_phases, _ = _run("phases", INC)
+    t_phases, _ = _run(phased, INC)
     assert t_plain > 1.2 * L * UNIT / B  # three senders into column 0 -> capacity / (1 + 2 alpha)
     assert t_matched == pytest.approx(L * UNIT / B, rel=1e-9)
     # BvN phases: each receiver hears one sender at a time, so no penalty; per-rank phase steps add idle gaps
     assert L * UNIT / B * (1 - 1e-9) <= t_phases < t_plain
 
 
-def test_phases_mode_sends_each_flow_alone_into_its_receiver() -> None:
-    _, w = _run("phases", None)
+@pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
+def test_phases_mode_sends_each_flow_alone_into_its_receiver(phased: str) -> None:
+    _, w = _run(phased, None)
     flows = [n for n in w.coflows if len(n.src)]
     assert all(len(f.src) == 1 for f in flows)
     # in each BvN phase no destination (and no source) appears twice
@@ -64,6 +66,21 @@ def test_phases_mode_sends_each_flow_alone_into_its_receiver() -> None:
         assert len({s for s, _ in pairs}) == len(pairs)
 
 
+def test_bottleneck_phases_are_the_runtime_plan_and_fewer_on_a_zipf_matrix() -> None:
+    from flowlane.sched.matching import bvn_phases
+    from flowlane.sim.workloads import zipf_token_matrix
+
+    t = zipf_token_matrix(np.random.default_rng(3), 16, 64, 4096, 4, 0.5)
+    np.fill_diagonal(t, 0)
+    n_phases = {}
+    for mode, matching in (("phases", "first"), ("phases_bottleneck", "bottleneck")):
+        _, w = _run(mode, None, t)
+        names = {f.name.split("]")[0] for f in w.coflows if len(f.src)}
+        n_phases[mode] = len(names)
+        assert n_phases[mode] == sum(1 for ph in bvn_phases(t.tolist(), matching=matching) if ph.sends)
+    assert n_phases["phases_bottleneck"] < n_phases["phases"]
+
+
 def test_fan_in_counts_a_matched_coflow_once_per_link() -> None:
     hops = np.array([[0, 3], [1, 3], [2, 3], [1, 4]])  # three flows into link 3 (pad index 4)
     assert incast_fan_in(hops, 5).tolist() == [1, 2, 1, 3, 1]
@@ -73,7 +90,8 @@ def test_fan_in_counts_a_matched_coflow_once_per_link() -> None:
 
 def test_bad_all_to_all_modes_are_rejected_with_the_allowed_values() -> None:
     w = Workload(["a", "b"])
-    with pytest.raises(SimSpecError, match=r"mode 'bogus' is not one of \('plain', 'matched', 'phases'\)"):
+    allowed = r"\('plain', 'matched', 'phases', 'phases_bottleneck'\)"
+    with pytest.raises(SimSpecError, match=rf"mode 'bogus' is not one of {allowed}"):
         C.all_to_all(w, [0, 1], np.ones((2, 2)), CoflowMeta("ep"), mode="bogus")
     with pytest.raises(SimSpecError, match="needs an integer matrix"):
         C.all_to_all(w, [0, 1], np.full((2, 2), 0.5), CoflowMeta("ep"), mode="phases")
@@ -92,6 +110,7 @@ def test_moe_workload_carries_the_same_bytes_in_every_all_to_all_mode() -> None:
         totals[mode] = w.total_bytes()
     assert totals["matched"] == totals["plain"]
     assert totals["phases"] == pytest.approx(totals["plain"], rel=1e-12)
+    assert totals["phases_bottleneck"] == pytest.approx(totals["plain"], rel=1e-12)
 
 
 def test_sim_cli_takes_the_all_to_all_mode_and_records_it(tmp_path) -> None:

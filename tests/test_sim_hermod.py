@@ -195,3 +195,19 @@ def test_hermod_sim_plan_runs_the_thesis_baselines_in_the_sweeps_and_filters_nam
         with pytest.raises(SystemExit) as e:
             main([*bad, "--out", str(tmp_path)])
         assert e.value.code == 2
+
+
+def test_hermod_intra_sim_runs_qwen_phases_only_when_named_and_filters_name_bad_values(tmp_path) -> None:
+    """Qwen-MoE-24L's EP-32 phases do not fit this machine at 1,024 GPUs, so they are opt-in (module docstring);
+    Mixtral's run by default; --scale-models / --scale-gpus pick the points."""
+    from benchmarks.hermod_intra_sim import main, plan
+
+    default = {(m, v) for _, m, _, _, _, v, _ in plan([0.1], {"scale"})}
+    assert ("mixtral-8x22b", "hermod-phases-bn") in default
+    assert not {v for m, v in default if m == "qwen-moe-24l"} & {"hermod-phases", "hermod-phases-bn"}
+    named = plan([0.13], {"scale"}, {"fifo", "hermod-phases-bn"}, {"qwen-moe-24l"}, 256)
+    assert named == [("scale", "qwen-moe-24l", 256, 8, 100.0, v, 0.13) for v in ("fifo", "hermod-phases-bn")]
+    for bad in (["--scale-models", "qwen"], ["--scale-gpus", "0"], ["--scale-variants", "phases"]):
+        with pytest.raises(SystemExit) as e:
+            main(["--only", "scale", *bad, "--out", str(tmp_path)])
+        assert e.value.code == 2

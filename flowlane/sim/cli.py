@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
     p.add_argument("--ep-a2a", choices=EP_A2A,
                    help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
-                        "as the runtime sends them; matched = their fluid abstraction (seed 000 §5.3.2)")
+                        "as the runtime sends them (phases_bottleneck: with bottleneck BvN, fewer phases); "
+                        "matched = their fluid abstraction (seed 000 §5.3.2)")
     p.add_argument("--nics-per-server", type=int, default=0,
                    help="NICs per 8-GPU server (LLM presets; 0 = one per GPU; the seed does not say, 1 is its literal "
                         "reading)")

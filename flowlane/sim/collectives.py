@@ -6,11 +6,13 @@ ring of bandwidth B (Patarasuk & Yuan's bandwidth-optimal ring; seed 000 §5.3.2
 ``chunks > 1`` splits a collective into that many sequential coflows of S/chunks on the same stream, so that a
 priority policy can slip other coflows in between (ByteScheduler/Lina-style tensor partitioning, digest A6.1 #5).
 
-All-to-all comes in three forms (``A2A_MODES``), for Hermod's intra-coflow scheduling (seed 000 §5.3.2):
+All-to-all comes in four forms (``A2A_MODES``), for Hermod's intra-coflow scheduling (seed 000 §5.3.2):
 ``plain`` (every flow at once, as NCCL does), ``phases`` (the incast-free schedule as flowlane's runtime sends it:
 the integer matrix is decomposed by :func:`flowlane.sched.matching.bvn_phases` and each rank steps through the
-phases, see :func:`_a2a_phases`) and ``matched`` (one coflow marked incast-free: a cheaper fluid abstraction of
-``phases`` that counts each receiver's matched senders as one flow; optimistic, since it has no phase boundaries).
+phases, see :func:`_a2a_phases`), ``phases_bottleneck`` (the same with bottleneck BvN, the runtime's
+``bvn_bottleneck``: fewer, longer phases, e.g. ~180 instead of ~940 for a Zipf EP-32 matrix) and ``matched`` (one
+coflow marked incast-free: a cheaper fluid abstraction of the phases that counts each receiver's matched senders as
+one flow; optimistic, since it has no phase boundaries).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from flowlane.policy import CoflowMeta
 from flowlane.sim.graph import SimSpecError, Workload
 
 ALGOS = ("ring", "tree")
-A2A_MODES = ("plain", "matched", "phases")
+A2A_MODES = ("plain", "matched", "phases", "phases_bottleneck")
 
 
 def _group(w: Workload, group: Sequence[int] | np.ndarray, what: str, min_size: int = 1) -> np.ndarray:
@@ -125,7 +127,7 @@ def all_to_all(w: Workload, group: Sequence[int], matrix: np.ndarray, meta: Cofl
                deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
                name: str | None = None, mode: str = "plain", unit_bytes: float = 1.0) -> int:
     """All-to-all with ``matrix[i, j] * unit_bytes`` bytes from group rank i to rank j (diagonal = local, not sent).
-    ``mode``: one of :data:`A2A_MODES` (module docstring); ``phases`` needs an integer matrix (token counts)."""
+    ``mode``: one of :data:`A2A_MODES` (module docstring); the phased modes need an integer matrix (token counts)."""
     g = _group(w, group, "all_to_all")
     m = np.asarray(matrix, dtype=np.float64)
     n = len(g)
@@ -139,15 +141,15 @@ def all_to_all(w: Workload, group: Sequence[int], matrix: np.ndarray, meta: Cofl
         raise SimSpecError(f"all_to_all: unit_bytes must be a finite number > 0, got {unit_bytes!r}")
     meta = replace(meta, op=meta.op if meta.op in ("dispatch", "combine") else "all_to_all")
     name = name or f"{meta.ctype}:{meta.op}"
-    if mode == "phases":
-        return _a2a_phases(w, g, m, meta, deps, chunks, stream, name, unit_bytes)
+    if mode in ("phases", "phases_bottleneck"):
+        return _a2a_phases(w, g, m, meta, deps, chunks, stream, name, unit_bytes, mode)
     ii, jj = np.nonzero(~np.eye(n, dtype=bool))
     return _emit(w, (g[ii], g[jj], m[ii, jj] * unit_bytes), meta, deps, name, stream, 1, chunks,
                  matched=mode == "matched")
 
 
 def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, deps, chunks: int,
-                stream: str | None, name: str, unit_bytes: float) -> int:
+                stream: str | None, name: str, unit_bytes: float, mode: str) -> int:
     """The incast-free schedule as the runtime runs it (flowlane.sched.alltoall.matched_all_to_all): every rank
     walks the phases in order and posts phase k's send and receive once its own phase k-1 ops have completed; no
     global barrier. So the flow i -> j of phase k is its own coflow, started when ranks i and j have both finished
@@ -159,14 +161,14 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
     from flowlane.sched.matching import bvn_phases
 
     if chunks != 1:
-        raise SimSpecError(f"{name}: mode 'phases' already splits the all-to-all; chunks must be 1, got {chunks}")
+        raise SimSpecError(f"{name}: mode {mode!r} already splits the all-to-all; chunks must be 1, got {chunks}")
     if (m != np.round(m)).any():
-        raise SimSpecError(f"{name}: mode 'phases' needs an integer matrix (e.g. token counts); got fractions")
+        raise SimSpecError(f"{name}: mode {mode!r} needs an integer matrix (e.g. token counts); got fractions")
     t = np.round(m).astype(np.int64)
     np.fill_diagonal(t, 0)  # local traffic never enters the network
     start = w.join(deps)
     done: list[list[int]] = [[start] for _ in range(len(g))]  # per group rank: its latest phase's ops
-    for k, ph in enumerate(bvn_phases(t.tolist())):
+    for k, ph in enumerate(bvn_phases(t.tolist(), matching="bottleneck" if mode == "phases_bottleneck" else "first")):
         ops: dict[int, list[int]] = {}
         for a, b, amt in ph.sends:
             node = w.coflow(([g[a]], [g[b]], [amt * unit_bytes]), replace(meta, seq=0),

@@ -176,7 +176,7 @@ class ParallelConfig:
     async_p2p: bool = False  # 1F1B sends do not block the sender's next op (thesis Case I, FlexFlow task DAG)
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool = True
-    ep_a2a: str = "plain"  # MoE all-to-all: plain (NCCL), matched / phases (Hermod's incast-free matching, §5.3.2)
+    ep_a2a: str = "plain"  # MoE all-to-all: plain (NCCL), matched / phases / phases_bottleneck (Hermod, §5.3.2)
     bytes_per_elem: int = 2
     grad_bytes: int = 2
 
