@@ -1,7 +1,7 @@
 """Hermod inter- vs intra-coflow scheduling under an incast model (label: simulated). Seed 000 Fig. 5.11 analogue.
 
     python -m benchmarks.hermod_intra_sim [--alphas 0.05,0.1] [--only small,scale] [--scale-variants V,..]
-                                          [--scale-models M,..] [--scale-gpus 1024]
+                                          [--scale-models M,..] [--scale-gpus 1024] [--op-overhead-us 0]
                                           [--workers 2] [--out results/hermod] [--name intra]
 
 Writes results/hermod/NAME.json and NAME.png. Every figure is simulated (flowlane.sim, flow-level).
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -54,7 +55,7 @@ SCALE_OPT_IN = {"qwen-moe-24l": ("hermod-phases-bn",)}  # run only when --scale-
 
 
 def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float, variant: str, alpha: float,
-              microbatches: int, quantum: float) -> dict:
+              microbatches: int, quantum: float, op_overhead_s: float = 0.0) -> dict:
     from flowlane.policy import make_policy
     from flowlane.sim import IncastModel, SimConfig, Simulator
     from flowlane.sim.models import preset
@@ -64,11 +65,12 @@ def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float,
     t0 = time.process_time()
     job = preset(model, num_microbatches=microbatches, ep_a2a=mode)
     topo, wl = build_llm(job, gpus, gbps, topology=cluster(gpus, gbps, gpus_per_server=per_server))
-    cfg = SimConfig(time_quantum=quantum, incast=IncastModel(alpha=alpha) if alpha > 0 else None)
+    cfg = SimConfig(time_quantum=quantum, incast=IncastModel(alpha=alpha) if alpha > 0 else None,
+                    launch_overhead=op_overhead_s)
     r = Simulator(topo, cfg).run(wl, make_policy(policy))
     ends = r.iteration_ends
     return {"section": section, "model": model, "gpus": gpus, "gpus_per_server": per_server, "bandwidth_gbps": gbps,
-            "variant": variant, "policy": policy, "a2a_mode": mode, "incast_alpha": alpha,
+            "variant": variant, "policy": policy, "a2a_mode": mode, "incast_alpha": alpha, "op_overhead_s": op_overhead_s,
             "iteration_time_s": ends[-1] - ends[-2], "cct_mean_ms": {k: v["mean_s"] * 1e3 for k, v in
                                                                     r.cct_by_ctype().items()},
             "ep_crosses_servers": wl.info.get("ep_crosses_servers"), "flows": r.num_flows,
@@ -119,7 +121,7 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
                 "iteration time / variant iteration time, steady (2nd) iteration. Thesis Fig. 5.11 (testbed, "
                 "32 GPUs): inter only 1.12-1.40x, both components 1.24-1.40x; intra adds ~1.11x on MoE models.",
         "config": {"microbatches": args.microbatches, "time_quantum_s": args.quantum, "alphas": args.alphas,
-                   "workers": args.workers, "wall_s": round(wall, 1)},
+                   "op_overhead_s": round(args.op_overhead_us * 1e-6, 12), "workers": args.workers, "wall_s": round(wall, 1)},
         "variants": {k: {"policy": p, "a2a_mode": m} for k, (p, m) in VARIANTS.items()},
         "rows": rows,
         "skipped": [{"point": list(t), "why": why} for t, why in skipped],
@@ -134,9 +136,9 @@ def _plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in res["rows"] if "speedup_vs_fifo" in r]
-    if not rows:
-        return
     names = [v for v in VARIANTS if v != "fifo" and any(v in r["speedup_vs_fifo"] for r in rows)]
+    if not names:  # nothing but FIFO: no ratio to draw
+        return
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
     w = 0.8 / len(names)
     for j, v in enumerate(names):
@@ -148,7 +150,9 @@ def _plot(res: dict, path: Path) -> None:
     lo = min(v for r in rows for v in r["speedup_vs_fifo"].values())
     ax.set_ylim(bottom=min(0.8, lo - 0.05))
     ax.set_ylabel("speedup vs FIFO (plain all-to-all)")
-    ax.set_title("Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)", fontsize=9)
+    o = res["config"].get("op_overhead_s", 0.0)
+    ax.set_title("Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)"
+                 + (f", {o * 1e6:g} us per op" if o else ""), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -166,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-gpus", type=int, default=1024, help="GPUs in the scale section (default 1024)")
     ap.add_argument("--out", default="results/hermod")
     ap.add_argument("--name", default="intra", help="output file stem (NAME.json, NAME.png)")
+    ap.add_argument("--op-overhead-us", type=float, default=0.0,
+                    help="fixed cost of every communication op in microseconds (SimConfig.launch_overhead): one per "
+                         "collective, p2p or plain all-to-all, one per phase flow of a phased all-to-all (default 0)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points already in NAME.json and run only the missing ones")
     a = ap.parse_args(argv)
@@ -186,12 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     sm = set(a.scale_models.split(",")) if a.scale_models else None
     if sm is not None and not sm <= set(SCALE):
         ap.error(f"--scale-models must be among {list(SCALE)}, got {a.scale_models!r}")
+    if not (a.op_overhead_us >= 0 and math.isfinite(a.op_overhead_us)):
+        ap.error(f"--op-overhead-us must be a finite number >= 0, got {a.op_overhead_us}")
     if a.scale_gpus < 1:
         ap.error(f"--scale-gpus must be >= 1, got {a.scale_gpus}")
+    op_overhead_s = round(a.op_overhead_us * 1e-6, 12)
     tasks = plan(alphas, only, sv, sm, a.scale_gpus)
     done: list[dict] = []
     if a.resume and (out / f"{a.name}.json").exists():
-        done = json.loads((out / f"{a.name}.json").read_text())["points"]
+        stored = json.loads((out / f"{a.name}.json").read_text())
+        # a resumed file must hold one setting: points at another quantum or op overhead are not comparable
+        was = (stored["config"].get("time_quantum_s"), stored["config"].get("op_overhead_s", 0.0))
+        now = (a.quantum, op_overhead_s)
+        if was != now:
+            ap.error(f"--resume: {a.name}.json was run with quantum {was[0]:g} s and op overhead {was[1]:g} s, "
+                     f"not {now[0]:g} s and {now[1]:g} s; use another --name")
+        done = stored["points"]
         have = {_key(p) for p in done}
         tasks = [t for t in tasks if _key(t) not in have]
         print(f"resuming: {len(done)} points kept, {len(tasks)} to run")
@@ -201,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{a.name}.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
 
     points, skipped = run_points(
-        tasks, run_point, (a.microbatches, a.quantum), a.workers, a.budget_s, "hermod intra (simulated)",
+        tasks, run_point, (a.microbatches, a.quantum, op_overhead_s), a.workers, a.budget_s, "hermod intra (simulated)",
         lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
                      f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
     res = summarise(points, skipped, a, time.time() - t0)

@@ -20,11 +20,12 @@ T = np.array([[0, 2, 1, 3], [6, 0, 2, 1], [5, 1, 0, 2], [3, 4, 1, 0]])
 L = 14
 
 
-def _run(mode: str, incast: IncastModel | None, matrix: np.ndarray = T) -> tuple[float, Workload]:
+def _run(mode: str, incast: IncastModel | None, matrix: np.ndarray = T,
+         op_overhead: float = 0.0) -> tuple[float, Workload]:
     topo = star([B] * len(matrix), latency=0.0)
     w = Workload(topo.gpus)
     C.all_to_all(w, range(len(matrix)), matrix, CoflowMeta("ep", op="dispatch"), mode=mode, unit_bytes=UNIT)
-    return Simulator(topo, SimConfig(incast=incast)).run(w).makespan, w
+    return Simulator(topo, SimConfig(incast=incast, launch_overhead=op_overhead)).run(w).makespan, w
 
 
 def test_all_modes_carry_exactly_the_off_diagonal_bytes() -> None:
@@ -64,6 +65,23 @@ def test_phases_mode_sends_each_flow_alone_into_its_receiver(phased: str) -> Non
     for pairs in by_phase.values():
         assert len({d for _, d in pairs}) == len(pairs)
         assert len({s for s, _ in pairs}) == len(pairs)
+
+
+@pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
+def test_a_per_op_overhead_is_paid_once_by_plain_and_once_per_phase_by_the_phased_all_to_all(phased: str) -> None:
+    # benchmarks.hermod_intra_sim --op-overhead-us: the phase flows are ops of their own, so a rank that takes part
+    # in k phases pays the overhead k times in sequence, where the plain all-to-all pays it once
+    o = 1e-3
+    t_plain, _ = _run("plain", None)
+    assert _run("plain", None, op_overhead=o)[0] == pytest.approx(t_plain + o, rel=1e-9)
+    t_phases, w = _run(phased, None)
+    phases_of: dict[int, set[str]] = {}  # rank -> the phases it sends or receives in
+    for f in w.coflows:
+        for r in (int(f.src[0]), int(f.dst[0])):
+            phases_of.setdefault(r, set()).add(f.name.split("]")[0])
+    k = max(len(p) for p in phases_of.values())
+    assert k > 1
+    assert _run(phased, None, op_overhead=o)[0] >= t_phases + k * o * (1 - 1e-9)
 
 
 def test_bottleneck_phases_are_the_runtime_plan_and_fewer_on_a_zipf_matrix() -> None:

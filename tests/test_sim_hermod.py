@@ -211,3 +211,21 @@ def test_hermod_intra_sim_runs_qwen_phases_only_when_named_and_filters_name_bad_
         with pytest.raises(SystemExit) as e:
             main(["--only", "scale", *bad, "--out", str(tmp_path)])
         assert e.value.code == 2
+
+
+def test_hermod_intra_sim_refuses_a_bad_op_overhead_and_a_resume_at_another_setting(tmp_path, capsys) -> None:
+    """Points simulated at another quantum or op overhead are not comparable, so --resume will not mix them."""
+    import json
+
+    from benchmarks.hermod_intra_sim import main
+
+    for bad in ("-1", "nan"):
+        with pytest.raises(SystemExit) as e:
+            main(["--only", "scale", "--op-overhead-us", bad, "--out", str(tmp_path)])
+        assert e.value.code == 2
+    (tmp_path / "old.json").write_text(json.dumps({"config": {"time_quantum_s": 1e-4}, "points": []}))
+    with pytest.raises(SystemExit) as e:
+        main(["--only", "scale", "--scale-models", "mixtral-8x22b", "--scale-variants", "fifo", "--scale-gpus", "64",
+              "--op-overhead-us", "20", "--resume", "--name", "old", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "op overhead 0.0 s" in capsys.readouterr().err
