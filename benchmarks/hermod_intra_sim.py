@@ -152,7 +152,7 @@ def _plot(res: dict, path: Path) -> None:
     ax.set_ylabel("speedup vs FIFO (plain all-to-all)")
     o = res["config"].get("op_overhead_s", 0.0)
     ax.set_title("Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)"
-                 + (f", {o * 1e6:g} us per op" if o else ""), fontsize=9)
+                 + (f"\n{o * 1e6:g} us per communication op" if o else ""), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
