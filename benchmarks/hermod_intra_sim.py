@@ -121,7 +121,7 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
                 "iteration time / variant iteration time, steady (2nd) iteration. Thesis Fig. 5.11 (testbed, "
                 "32 GPUs): inter only 1.12-1.40x, both components 1.24-1.40x; intra adds ~1.11x on MoE models.",
         "config": {"microbatches": args.microbatches, "time_quantum_s": args.quantum, "alphas": args.alphas,
-                   "op_overhead_s": round(args.op_overhead_us * 1e-6, 12), "workers": args.workers, "wall_s": round(wall, 1)},
+                   "op_overhead_s": args.op_overhead_s, "workers": args.workers, "wall_s": round(wall, 1)},
         "variants": {k: {"policy": p, "a2a_mode": m} for k, (p, m) in VARIANTS.items()},
         "rows": rows,
         "skipped": [{"point": list(t), "why": why} for t, why in skipped],
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="intra", help="output file stem (NAME.json, NAME.png)")
     ap.add_argument("--op-overhead-us", type=float, default=0.0,
                     help="fixed cost of every communication op in microseconds (SimConfig.launch_overhead): one per "
-                         "collective, p2p or plain all-to-all, one per phase flow of a phased all-to-all (default 0)")
+                         "collective, p2p, plain or matched all-to-all, one per phase flow of a phased all-to-all (default 0)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points already in NAME.json and run only the missing ones")
     a = ap.parse_args(argv)
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--op-overhead-us must be a finite number >= 0, got {a.op_overhead_us}")
     if a.scale_gpus < 1:
         ap.error(f"--scale-gpus must be >= 1, got {a.scale_gpus}")
-    op_overhead_s = round(a.op_overhead_us * 1e-6, 12)
+    a.op_overhead_s = op_overhead_s = round(a.op_overhead_us * 1e-6, 12)  # seconds, once, for points and summary
     tasks = plan(alphas, only, sv, sm, a.scale_gpus)
     done: list[dict] = []
     if a.resume and (out / f"{a.name}.json").exists():
