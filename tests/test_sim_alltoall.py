@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowlane.policy import CoflowMeta
-from flowlane.sim import IncastModel, SimConfig, SimSpecError, Simulator, Workload
+from flowlane.sim import IncastModel, PhasedAllToAll, SimConfig, SimSpecError, Simulator, Workload
 from flowlane.sim import collectives as C
 from flowlane.sim.models import ParallelConfig
 from flowlane.sim.network import incast_fan_in
@@ -53,18 +53,21 @@ def test_incast_slows_plain_but_not_the_matched_or_phased_all_to_all(phased: str
     assert L * UNIT / B * (1 - 1e-9) <= t_phases < t_plain
 
 
+def _phased(w: Workload) -> PhasedAllToAll:
+    (x,) = [n for n in w.nodes if isinstance(n, PhasedAllToAll)]
+    return x
+
+
 @pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
 def test_phases_mode_sends_each_flow_alone_into_its_receiver(phased: str) -> None:
     _, w = _run(phased, None)
-    flows = [n for n in w.coflows if len(n.src)]
-    assert all(len(f.src) == 1 for f in flows)
+    x = _phased(w)
+    assert len(w.coflows) == 1 and x.num_phases > 1
     # in each BvN phase no destination (and no source) appears twice
-    by_phase: dict[str, list[tuple[int, int]]] = {}
-    for f in flows:
-        by_phase.setdefault(f.name.split("]")[0], []).append((int(f.src[0]), int(f.dst[0])))
-    for pairs in by_phase.values():
-        assert len({d for _, d in pairs}) == len(pairs)
-        assert len({s for s, _ in pairs}) == len(pairs)
+    for k in np.unique(x.phase):
+        sel = x.phase == k
+        assert len(set(x.dst[sel].tolist())) == sel.sum()
+        assert len(set(x.src[sel].tolist())) == sel.sum()
 
 
 @pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
@@ -75,11 +78,8 @@ def test_a_per_op_overhead_is_paid_once_by_plain_and_once_per_phase_by_the_phase
     t_plain, _ = _run("plain", None)
     assert _run("plain", None, op_overhead=o)[0] == pytest.approx(t_plain + o, rel=1e-9)
     t_phases, w = _run(phased, None)
-    phases_of: dict[int, set[str]] = {}  # rank -> the phases it sends or receives in
-    for f in w.coflows:
-        for r in (int(f.src[0]), int(f.dst[0])):
-            phases_of.setdefault(r, set()).add(f.name.split("]")[0])
-    k = max(len(p) for p in phases_of.values())
+    x = _phased(w)
+    k = max(len(set(x.phase[(x.src == r) | (x.dst == r)].tolist())) for r in range(len(T)))
     assert k > 1
     assert _run(phased, None, op_overhead=o)[0] >= t_phases + k * o * (1 - 1e-9)
 
@@ -93,10 +93,87 @@ def test_bottleneck_phases_are_the_runtime_plan_and_fewer_on_a_zipf_matrix() -> 
     n_phases = {}
     for mode, matching in (("phases", "first"), ("phases_bottleneck", "bottleneck")):
         _, w = _run(mode, None, t)
-        names = {f.name.split("]")[0] for f in w.coflows if len(f.src)}
-        n_phases[mode] = len(names)
-        assert n_phases[mode] == sum(1 for ph in bvn_phases(t.tolist(), matching=matching) if ph.sends)
+        plan = [ph for ph in bvn_phases(t.tolist(), matching=matching) if ph.sends]
+        x = _phased(w)
+        n_phases[mode] = x.num_phases
+        assert n_phases[mode] == len(plan)
+        assert len(x.src) == sum(len(ph.sends) for ph in plan)
     assert n_phases["phases_bottleneck"] < n_phases["phases"]
+
+
+def _expanded(w: Workload) -> Workload:
+    """The same workload with every phase flow of every PhasedAllToAll as a Coflow node of its own (what the
+    simulator built before the phased node existed): the reference the engine's phase stepping must match."""
+    out = Workload(list(w.devices), w.name)
+    new_id: list[int] = []
+    for node, deps in zip(w.nodes, w.deps, strict=True):
+        d = [new_id[x] for x in deps]
+        if isinstance(node, PhasedAllToAll):
+            start = out.join(d)
+            ids: list[int] = []
+            for f in range(len(node.src)):
+                pre = [ids[q] for q in node.pred_idx[node.pred_ptr[f]:node.pred_ptr[f + 1]]]
+                ids.append(out.coflow(([node.src[f]], [node.dst[f]], [node.nbytes[f]]), node.meta, pre or [start]))
+            new_id.append(out.join(ids or [start]))
+        else:
+            out.nodes.append(node)
+            out.deps.append(tuple(d))
+            new_id.append(len(out.nodes) - 1)
+    out.info = {k: [new_id[i] for i in v] if k == "iteration_end" else v for k, v in w.info.items()}
+    return out
+
+
+@pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
+@pytest.mark.parametrize("overhead", [0.0, 2e-4])
+def test_the_phased_node_steps_exactly_like_one_coflow_per_phase_flow(phased: str, overhead: float) -> None:
+    from flowlane.sim.workloads import zipf_token_matrix
+
+    t = zipf_token_matrix(np.random.default_rng(5), 8, 32, 2048, 2, 0.5)
+    topo = star([B] * 8, latency=5e-6)
+    w = Workload(topo.gpus)
+    a = w.compute(topo.gpus[0], 1e-3)
+    C.all_to_all(w, range(8), t, CoflowMeta("ep", op="dispatch"), [a], mode=phased, unit_bytes=UNIT)
+    cfg = SimConfig(incast=INC, launch_overhead=overhead)
+    got = Simulator(topo, cfg).run(w)
+    ref = Simulator(topo, cfg).run(_expanded(w))
+    assert got.makespan == pytest.approx(ref.makespan, rel=1e-9, abs=1e-12)
+    assert got.num_flows == ref.num_flows == len(_phased(w).src)
+    assert got.link_bytes == pytest.approx(ref.link_bytes)
+
+
+def test_a_moe_iteration_with_phased_all_to_alls_matches_its_expanded_form() -> None:
+    # whole 1F1B MoE iterations (compute, PP, DP and phased EP all-to-alls interleaved), Hermod's order, incast on;
+    # "first" routing so that both forms take the same route for every flow (ECMP hashes by node id)
+    from flowlane.policy import make_policy
+    from flowlane.sim.workloads import build_workload
+
+    topo, w = build_workload("qwen-moe-12l", 32, 100.0, num_microbatches=2, iterations=2, ep_a2a="phases_bottleneck")
+    _, w_plain = build_workload("qwen-moe-12l", 32, 100.0, num_microbatches=2, iterations=2, ep_a2a="plain")
+    assert len(w.nodes) == len(w_plain.nodes)  # one node per all-to-all, however many phases
+    cfg = SimConfig(routing="first", incast=IncastModel(alpha=0.13), time_quantum=1e-4)
+    got = Simulator(topo, cfg).run(w, make_policy("hermod"))
+    ref = Simulator(topo, cfg).run(_expanded(w), make_policy("hermod"))
+    assert got.num_flows == ref.num_flows > 2 * w_plain.num_flows
+    assert got.iteration_time == pytest.approx(ref.iteration_time, rel=1e-6)
+
+
+def test_bad_phased_all_to_alls_are_refused_by_name() -> None:
+    w = Workload(["a", "b", "c"])
+    meta = CoflowMeta("ep")
+    ok = dict(src=[0, 1], dst=[1, 2], nbytes=[1.0, 2.0], phase=[0, 1], preds=[[], [0]], meta=meta)
+    w.phased_all_to_all(**ok)
+    with pytest.raises(SimSpecError, match=r"flow 1 waits for \[1\]; a flow may only wait for earlier flows"):
+        w.phased_all_to_all(**{**ok, "preds": [[], [1]]})
+    with pytest.raises(SimSpecError, match="lengths differ"):
+        w.phased_all_to_all(**{**ok, "phase": [0]})
+    with pytest.raises(SimSpecError, match="flow sizes must be finite numbers > 0 bytes, got 0.0"):
+        w.phased_all_to_all(**{**ok, "nbytes": [1.0, 0.0]})
+    with pytest.raises(SimSpecError, match="non-decreasing"):
+        w.phased_all_to_all(**{**ok, "phase": [1, 0]})
+    with pytest.raises(SimSpecError, match="flow 0 goes from a device to itself"):
+        w.phased_all_to_all(**{**ok, "dst": [0, 2]})
+    with pytest.raises(SimSpecError, match=r"outside 0..2"):
+        w.phased_all_to_all(**{**ok, "dst": [1, 3]})
 
 
 def test_fan_in_counts_a_matched_coflow_once_per_link() -> None:

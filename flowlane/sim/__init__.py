@@ -9,10 +9,10 @@ Public API::
 """
 
 from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
-from flowlane.sim.graph import Coflow, ComputeTask, SimSpecError, Workload
+from flowlane.sim.graph import Coflow, ComputeTask, PhasedAllToAll, SimSpecError, Workload
 from flowlane.sim.network import IncastModel, allocate, waterfill
 
 __all__ = [
-    "ROUTING", "Coflow", "ComputeTask", "IncastModel", "SimConfig", "SimResult", "SimSpecError", "Simulator",
+    "ROUTING", "Coflow", "ComputeTask", "IncastModel", "PhasedAllToAll", "SimConfig", "SimResult", "SimSpecError", "Simulator",
     "Workload", "allocate", "waterfill",
 ]

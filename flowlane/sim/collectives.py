@@ -9,10 +9,10 @@ priority policy can slip other coflows in between (ByteScheduler/Lina-style tens
 All-to-all comes in four forms (``A2A_MODES``), for Hermod's intra-coflow scheduling (seed 000 §5.3.2):
 ``plain`` (every flow at once, as NCCL does), ``phases`` (the incast-free schedule as flowlane's runtime sends it:
 the integer matrix is decomposed by :func:`flowlane.sched.matching.bvn_phases` and each rank steps through the
-phases, see :func:`_a2a_phases`), ``phases_bottleneck`` (the same with bottleneck BvN, the runtime's
-``bvn_bottleneck``: fewer, longer phases, e.g. ~180 instead of ~940 for a Zipf EP-32 matrix) and ``matched`` (one
-coflow marked incast-free: a cheaper fluid abstraction of the phases that counts each receiver's matched senders as
-one flow; optimistic, since it has no phase boundaries).
+phases, see :func:`_a2a_phases`; one :class:`~flowlane.sim.graph.PhasedAllToAll` node), ``phases_bottleneck``
+(the same with bottleneck BvN, the runtime's ``bvn_bottleneck``: fewer, longer phases, e.g. ~180 instead of ~940
+for a Zipf EP-32 matrix) and ``matched`` (one coflow marked incast-free: a cheaper fluid abstraction of the phases
+that counts each receiver's matched senders as one flow; optimistic, since it has no phase boundaries).
 """
 
 from __future__ import annotations
@@ -152,11 +152,11 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
                 stream: str | None, name: str, unit_bytes: float, mode: str) -> int:
     """The incast-free schedule as the runtime runs it (flowlane.sched.alltoall.matched_all_to_all): every rank
     walks the phases in order and posts phase k's send and receive once its own phase k-1 ops have completed; no
-    global barrier. So the flow i -> j of phase k is its own coflow, started when ranks i and j have both finished
-    phase k-1 (the rendezvous gloo and NCCL make: no receiver ever has two phase flows at once; a flow may wait on a
-    slow peer). Sends complete on delivery here, so the sender-side overlap gloo shows (flowlane.sched.alltoall) is
-    not modelled. The phase flows bypass ``stream`` (they are not serialised against each other); the returned join
-    ends the all-to-all."""
+    global barrier. So the flow i -> j of phase k is an op of its own, started when ranks i and j have both finished
+    their latest earlier phase (the rendezvous gloo and NCCL make: no receiver ever has two phase flows at once; a
+    flow may wait on a slow peer). Sends complete on delivery here, so the sender-side overlap gloo shows
+    (flowlane.sched.alltoall) is not modelled. The result is one :class:`PhasedAllToAll` node that the engine steps
+    flow by flow; it bypasses ``stream`` (the phase flows are not serialised against each other)."""
     # Imported here: flowlane.sched pulls in torch for its runtime parts; the simulator needs only the matcher.
     from flowlane.sched.matching import bvn_phases
 
@@ -166,18 +166,23 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
         raise SimSpecError(f"{name}: mode {mode!r} needs an integer matrix (e.g. token counts); got fractions")
     t = np.round(m).astype(np.int64)
     np.fill_diagonal(t, 0)  # local traffic never enters the network
-    start = w.join(deps)
-    done: list[list[int]] = [[start] for _ in range(len(g))]  # per group rank: its latest phase's ops
-    for k, ph in enumerate(bvn_phases(t.tolist(), matching="bottleneck" if mode == "phases_bottleneck" else "first")):
-        ops: dict[int, list[int]] = {}
-        for a, b, amt in ph.sends:
-            node = w.coflow(([g[a]], [g[b]], [amt * unit_bytes]), replace(meta, seq=0),
-                            [*done[a], *done[b]], f"{name}[phase {k}] {a}->{b}")
-            ops.setdefault(a, []).append(node)
-            ops.setdefault(b, []).append(node)
-        for r, nodes in ops.items():
-            done[r] = nodes
-    return w.join(sorted({x for d in done for x in d}))
+    plan = bvn_phases(t.tolist(), matching="bottleneck" if mode == "phases_bottleneck" else "first")
+    sends = [(k, a, b, amt) for k, ph in enumerate(plan) for a, b, amt in ph.sends]
+    latest: list[list[int]] = [[] for _ in range(len(g))]  # per group rank: its latest phase's flows
+    preds: list[list[int]] = []
+    k_prev = -1
+    ops: dict[int, list[int]] = {}
+    for f, (k, a, b, _) in enumerate(sends):
+        if k != k_prev:  # a new phase: the ranks in the last one move on
+            for r, fs in ops.items():
+                latest[r] = fs
+            ops, k_prev = {}, k
+        preds.append(sorted({*latest[a], *latest[b]}))
+        ops.setdefault(a, []).append(f)
+        ops.setdefault(b, []).append(f)
+    arr = np.array([(k, a, b, amt) for k, a, b, amt in sends], dtype=np.int64).reshape(-1, 4)
+    return w.phased_all_to_all(g[arr[:, 1]], g[arr[:, 2]], arr[:, 3] * unit_bytes, arr[:, 0], preds,
+                               replace(meta, seq=0), deps, name)
 
 
 def p2p(w: Workload, src: Sequence[int] | int, dst: Sequence[int] | int, nbytes: float | Sequence[float],

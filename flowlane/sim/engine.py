@@ -10,6 +10,9 @@ Semantics:
   are recomputed once per instant.
 * A flow completes when its last byte has drained plus ``steps`` x its route latency (+ ``launch_overhead`` per
   coflow); a coflow completes when all its flows have.
+* A :class:`~flowlane.sim.graph.PhasedAllToAll` (Hermod's incast-free phases) starts its flows one by one: each as
+  soon as the flows it waits for (its two ranks' previous phase) have completed, each paying ``launch_overhead``
+  like a coflow of its own; the node completes with its last flow. Its coflow record spans the whole all-to-all.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flowlane.policy import FifoPolicy, SchedulingPolicy
-from flowlane.sim.graph import Coflow, ComputeTask, SimSpecError, Workload
+from flowlane.sim.graph import Coflow, ComputeTask, PhasedAllToAll, SimSpecError, Workload
 from flowlane.sim.network import SHARING, IncastModel, allocate
 from flowlane.topology import Topology, TopologyError
 
@@ -110,6 +113,16 @@ class SimResult:
         return out
 
 
+@dataclass(slots=True)
+class _PhasedRun:
+    """A running :class:`PhasedAllToAll`: flows not yet completed, unmet waits per flow, and who waits on whom."""
+
+    left: int
+    waits: np.ndarray  # flow -> predecessors not yet completed
+    succ_ptr: np.ndarray  # CSR: flow f's successors are succ_idx[succ_ptr[f]:succ_ptr[f + 1]]
+    succ_idx: np.ndarray
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: a deterministic hash for ECMP (independent of PYTHONHASHSEED)."""
     x = x.astype(np.uint64)
@@ -141,7 +154,7 @@ class Simulator:
     def _route_table(self, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """Unique (src, dst) pairs -> rows of a padded link-index matrix (all ECMP routes of each pair)."""
         nd = len(w.devices)
-        codes = [c.src * nd + c.dst for c in w.nodes if isinstance(c, Coflow) and len(c.src)]
+        codes = [c.src * nd + c.dst for c in w.coflows if len(c.src)]
         pairs = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
         rows: list[list[int]] = []
         lat: list[float] = []
@@ -201,7 +214,18 @@ class Simulator:
             for d in ds:
                 succ[d].append(i)
         indeg_l = indeg.tolist()
-        cof_ids = [i for i, x in enumerate(nodes) if isinstance(x, Coflow)]
+        cof_ids = [i for i, x in enumerate(nodes) if isinstance(x, Coflow | PhasedAllToAll)]
+        # A phased all-to-all's flows complete one by one: flow f of node i is unit vbase[i] + f (ids >= n), so
+        # pending / last_arrival / the heap treat it like a coflow of its own
+        vbase: dict[int, int] = {}
+        n_units = n
+        for i in cof_ids:
+            if isinstance(nodes[i], PhasedAllToAll):
+                vbase[i] = n_units
+                n_units += len(nodes[i].src)
+        v_first = np.array(list(vbase.values()), np.int64)
+        v_node = np.array(list(vbase.keys()), np.int64)
+        running: dict[int, _PhasedRun] = {}
         # policy keys -> dense ranks (class for the network, order for the streams), computed once: the DAG is fixed
         prio = {i: policy.priority(nodes[i].meta) for i in cof_ids}
         order = {i: policy.order(nodes[i].meta) for i in cof_ids}
@@ -227,8 +251,8 @@ class Simulator:
         exec_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
         stream_busy: dict[str, bool] = defaultdict(bool)
         stream_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        pending = np.zeros(n, np.int64)
-        last_arrival = np.zeros(n)
+        pending = np.zeros(n_units, np.int64)
+        last_arrival = np.zeros(n_units)
         link_bytes = np.zeros(pad + 1)
 
         # active flows (structure of arrays)
@@ -249,32 +273,52 @@ class Simulator:
         t = 0.0
         done = 0
 
+        def route(unit: np.ndarray, src: np.ndarray, dst: np.ndarray, nb: np.ndarray, hkey: np.ndarray, steps: int,
+                  spray: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            """Route flows: spread over every equal-cost route (spray), or one route each (an ECMP hash of ``hkey``,
+            or the first). Flow k completes unit ``unit[k]`` (a coflow node or one phase flow). Returns the routed
+            flows' (hops, bytes, latency, unit)."""
+            code = src * nd + dst
+            p = np.searchsorted(pairs, code)
+            cnt = rcount[p]
+            if spray:
+                base = np.repeat(rfirst[p], cnt)
+                off = np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+                rows = base + off
+                nb = np.repeat(nb / cnt, cnt)
+                unit = np.repeat(unit, cnt)
+            else:
+                if cfg.routing != "first":
+                    hsh = _mix(hkey + np.uint64(cfg.seed) * np.uint64(104_729) + code.astype(np.uint64))
+                    sel = (hsh % cnt.astype(np.uint64)).astype(np.int64)
+                else:
+                    sel = np.zeros(len(code), np.int64)
+                rows = rfirst[p] + sel
+            return table[rows], np.asarray(nb, np.float64), rlat[rows] * steps + cfg.launch_overhead, unit
+
+        def activate(unit: np.ndarray, h: np.ndarray, nb: np.ndarray, lat: np.ndarray, cls: int, grp: int,
+                     now: float) -> None:
+            np.add.at(pending, unit, 1)
+            last_arrival[unit] = now
+            np.add.at(link_bytes, h.ravel(), np.repeat(nb, hmax))  # offered bytes per link (routes x sizes)
+            new_h.append(h)
+            new_rem.append(nb)
+            new_cls.append(np.full(len(nb), cls, np.int64))
+            new_cof.append(unit)
+            new_grp.append(np.full(len(nb), grp, np.int64))
+            new_lat.append(lat)
+            counters["flows"] += len(nb)
+
         def start_coflow(i: int, now: float) -> None:
             c: Coflow = nodes[i]
             start_t[i] = now
             if len(c.src) == 0:
                 heapq.heappush(heap, (now + cfg.launch_overhead, i))
                 return
-            code = c.src * nd + c.dst
-            p = np.searchsorted(pairs, code)
-            cnt = rcount[p]
-            if cfg.routing == "spray" and not c.paths:
-                rep = cnt
-                base = np.repeat(rfirst[p], rep)
-                off = np.arange(rep.sum()) - np.repeat(np.cumsum(rep) - rep, rep)
-                rows = base + off
-                nb = np.repeat(c.nbytes / rep, rep)
-            else:
-                if cfg.routing != "first":
-                    hsh = _mix(np.uint64(i) * np.uint64(1_000_003) + np.arange(len(code), dtype=np.uint64) * np.uint64(7919)
-                               + np.uint64(cfg.seed) * np.uint64(104_729) + code.astype(np.uint64))
-                    sel = (hsh % cnt.astype(np.uint64)).astype(np.int64)
-                else:
-                    sel = np.zeros(len(code), np.int64)
-                rows = rfirst[p] + sel
-                nb = c.nbytes
-            h = table[rows]
-            lat = rlat[rows] * c.steps + cfg.launch_overhead
+            k = len(c.src)
+            hkey = np.uint64(i) * np.uint64(1_000_003) + np.arange(k, dtype=np.uint64) * np.uint64(7919)
+            h, nb, lat, unit = route(np.full(k, i, np.int64), c.src, c.dst, c.nbytes, hkey, c.steps,
+                                     cfg.routing == "spray" and not c.paths)
             if c.paths:
                 # explicit multi-path: replace the listed flows by sub-flows on the given device paths
                 keep = np.ones(len(nb), bool)
@@ -296,16 +340,45 @@ class Simulator:
                 h = np.concatenate([h[keep], np.array(xs_h, np.intp).reshape(-1, hmax)])
                 nb = np.concatenate([nb[keep], xs_nb])
                 lat = np.concatenate([lat[keep], xs_lat])
-            pending[i] = len(nb)
-            last_arrival[i] = now
-            np.add.at(link_bytes, h.ravel(), np.repeat(nb, hmax))  # offered bytes per link (routes x sizes)
-            new_h.append(h)
-            new_rem.append(np.asarray(nb, np.float64))
-            new_cls.append(np.full(len(nb), node_cls[i], np.int64))
-            new_cof.append(np.full(len(nb), i, np.int64))
-            new_grp.append(np.full(len(nb), i if c.matched else -1, np.int64))
-            new_lat.append(lat)
-            counters["flows"] += len(nb)
+                unit = np.full(len(nb), i, np.int64)
+            activate(unit, h, nb, lat, node_cls[i], i if c.matched else -1, now)
+
+        def start_phase_flows(i: int, fs: np.ndarray, now: float) -> None:
+            x: PhasedAllToAll = nodes[i]
+            v = vbase[i] + fs
+            h, nb, lat, unit = route(v, x.src[fs], x.dst[fs], x.nbytes[fs], v.astype(np.uint64) * np.uint64(1_000_003),
+                                     1, cfg.routing == "spray")
+            activate(unit, h, nb, lat, node_cls[i], -1, now)
+
+        def start_phased(i: int, now: float) -> bool:
+            """Start a phased all-to-all's first flows; False if it has none (it completes at once)."""
+            x: PhasedAllToAll = nodes[i]
+            start_t[i] = now
+            nf = len(x.src)
+            if nf == 0:
+                return False
+            waits = np.diff(x.pred_ptr).astype(np.int32)
+            order = np.argsort(x.pred_idx, kind="stable")  # successor CSR: who waits on flow f
+            succ_idx = np.repeat(np.arange(nf, dtype=np.int32), waits)[order]
+            succ_ptr = np.searchsorted(x.pred_idx[order], np.arange(nf + 1))
+            running[i] = _PhasedRun(nf, waits, succ_ptr, succ_idx)
+            start_phase_flows(i, np.flatnonzero(waits == 0), now)
+            return True
+
+        def finish_phase_flow(u: int, now: float, work: list[int]) -> None:
+            i = int(v_node[np.searchsorted(v_first, u, side="right") - 1])
+            st = running[i]
+            f = u - vbase[i]
+            nxt = st.succ_idx[st.succ_ptr[f]:st.succ_ptr[f + 1]]
+            if len(nxt):
+                st.waits[nxt] -= 1
+                go = nxt[st.waits[nxt] == 0]
+                if len(go):
+                    start_phase_flows(i, go, now)
+            st.left -= 1
+            if st.left == 0:
+                del running[i]
+                work.append(i)
 
         def start_compute(i: int, now: float) -> None:
             start_t[i] = now
@@ -318,6 +391,9 @@ class Simulator:
             if x is None:
                 start_t[i] = now
                 work.append(i)
+            elif isinstance(x, PhasedAllToAll):
+                if not start_phased(i, now):
+                    work.append(i)
             elif isinstance(x, ComputeTask):
                 if exec_busy[x.executor]:
                     heapq.heappush(exec_q[x.executor], (i, i))
@@ -334,7 +410,11 @@ class Simulator:
 
         def complete(i: int, now: float) -> None:
             nonlocal done
-            work = [i]
+            work: list[int] = []
+            if i >= n:  # one phase flow; its node completes with its last one
+                finish_phase_flow(i, now, work)
+            else:
+                work.append(i)
             while work:
                 j = work.pop()
                 end_t[j] = now
