@@ -26,7 +26,9 @@ measured instead:
   measured time) and the per-phase overhead (the simulator's ``launch_overhead`` that makes the simulated phases as
   slow as the measured ``bvn``); then, for every buffer, the :class:`flowlane.sim.IncastModel` ``alpha`` that makes
   the simulated plain all-to-all as slow as the measured one (bisection; capacity / (1 + alpha (k - 1)) for k flows
-  into one port), and the phases' time the calibrated simulator predicts, beside the measured one.
+  into one port), and the phases' time the calibrated simulator predicts, beside the measured one. At 16 ranks
+  (fan-in 15) even an 8 MiB buffer loses to fan-in (it bloats, then TCP times out), so the deepest buffer no longer
+  shows the goodput; ``--goodput`` then takes it from a run with fewer ranks at the same rate.
 
 Writes ``--out`` (JSON: every measured time, per-buffer medians, speedups over plain, lower bound, fitted alpha) and a
 PNG. Needs root (ip netns, tc); every namespace is uniquely named and deleted on exit; traffic stays inside them.
@@ -196,8 +198,8 @@ def fit_phase_overhead(matrix: list[list[int]], row_bytes: int, rate_mbit: float
 
 
 def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians per buffer, speedups over plain, and the simulator calibrated on the measurements: goodput and the
-    phase overhead from the deepest buffer (no incast there), then alpha per buffer from the plain times, and the
+    """Medians per buffer, speedups over plain, and the simulator calibrated on the measurements: goodput (unless
+    ``cfg["goodput"]`` gives it) and the phase overhead from the deepest buffer (no incast there), then alpha per buffer from the plain times, and the
     phases' time the calibrated simulator predicts next to the measured one (``bvn``)."""
     mats = draw_matrices(cfg)
     row_bytes = cfg["hidden"] * _BYTES_PER_VALUE
@@ -205,9 +207,10 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
     bounds = [lower_bound_s(m, row_bytes, cfg["rate_mbit"]) for m in mats]
     deep = max(fabrics, key=lambda f: f["buffer_kb"])
     deep_med = {a: [statistics.median(v) for v in deep["cct_s"][a]] for a in cfg["algorithms"]}
-    # goodput: the deepest buffer has no incast, so the simulated rate is scaled to match its plain times
-    goodput = statistics.median(simulate_cct(m, row_bytes, cfg["rate_mbit"], "plain", 0.0) / deep_med["plain"][mi]
-                                for mi, m in enumerate(mats))
+    # goodput: the deepest buffer has no incast, so the simulated rate is scaled to match its plain times -- unless
+    # it is given: at wide fan-in even a deep buffer loses (16 ranks here: bufferbloat, then spurious timeouts)
+    goodput = cfg.get("goodput") or statistics.median(
+        simulate_cct(m, row_bytes, cfg["rate_mbit"], "plain", 0.0) / deep_med["plain"][mi] for mi, m in enumerate(mats))
     rate_eff = cfg["rate_mbit"] * goodput
     overhead = statistics.median(fit_phase_overhead(m, row_bytes, rate_eff, deep_med["bvn"][mi], q)
                                  for mi, m in enumerate(mats)) if "bvn" in cfg["algorithms"] else 0.0
@@ -233,7 +236,9 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
     from flowlane.sched.alltoall import plan_all_to_all
 
     phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_bottleneck", "alg3")}
-    return {"lower_bound_s": bounds, "goodput_fraction": goodput, "phase_overhead_s": overhead,
+    return {"lower_bound_s": bounds, "goodput_fraction": goodput,
+            "goodput_source": "given (--goodput)" if cfg.get("goodput") else "fitted on the deepest buffer",
+            "phase_overhead_s": overhead,
             "phases_per_matrix": phases, "rows": rows}
 
 
@@ -250,7 +255,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
         ax.bar([i + k * w for i in range(len(rows))], [r["cct_over_lower_bound"][a] for r in rows], w, label=a)
     ax.bar([i + len(algs) * w for i in range(len(rows))],
            [r["simulated_at_fitted_alpha_s"]["phases"] / statistics.median(doc["summary"]["lower_bound_s"])
-            for r in rows], w, label="bvn phases, calibrated simulator", color="C7")
+            for r in rows], w, label="bvn phases, calibrated simulator" if "bvn" in algs else
+           "bvn phases, simulator (no per-phase cost: bvn not measured)", color="C7")
     ax.set_xticks([i + w * len(algs) / 2 for i in range(len(rows))],
                   [f"{r['buffer_kb']:g} KiB buffer\nalpha {r['fitted_incast_alpha']:.2f}" for r in rows], fontsize=8)
     ax.axhline(1.0, color="k", lw=0.5)
@@ -295,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tcp-wmem", default="",
                     help="the ranks' net.ipv4.tcp_wmem ('min default max' bytes; default: the host's): a small max "
                          "bounds how far gloo's completed sends run ahead of the wire")
+    ap.add_argument("--goodput", type=float, default=None,
+                    help="fraction of the link rate TCP delivers without incast, in (0, 1]; default: fitted on the "
+                         "deepest buffer's plain all-to-all. Give it (e.g. from a run with fewer ranks at the same "
+                         "rate) where even the deepest buffer loses to fan-in; with --summarise-only it replaces "
+                         "the stored setting")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=int, default=300, help="a rank that waits longer on a peer fails the run")
     ap.add_argument("--out", default="results/hermod/intra_real.json")
@@ -321,19 +332,23 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--skew must be >= 0, got {a.skew}")
     if a.tcp_wmem and not re.fullmatch(r"[1-9]\d* [1-9]\d* [1-9]\d*", a.tcp_wmem):
         raise SystemExit(f"--tcp-wmem must be three byte counts 'min default max', got {a.tcp_wmem!r}")
+    if a.goodput is not None and not 0 < a.goodput <= 1:
+        raise SystemExit(f"--goodput must be a fraction of the link rate in (0, 1], got {a.goodput}")
     buffers = _floats(a.buffers_kb, "--buffers-kb")
     out = Path(a.out)
     if a.summarise_only:
         if not out.is_file():
             raise SystemExit(f"--summarise-only reads --out, and {out} does not exist")
         doc = json.loads(out.read_text())
+        if a.goodput is not None:
+            doc["config"]["goodput"] = a.goodput
         doc["summary"] = summarise(doc["config"], doc["fabrics"])
         _write(doc, out)
         return 0
     cfg = {"ranks": a.ranks, "rate_mbit": a.rate_mbit, "matrices": a.matrices, "rounds": a.rounds,
            "tokens": a.tokens, "top_k": a.top_k, "experts_per_rank": a.experts_per_rank, "skew": a.skew,
            "hidden": a.hidden, "quantum": a.quantum, "algorithms": algorithms, "seed": a.seed,
-           "timeout_s": a.timeout_s, "tcp_wmem": a.tcp_wmem or None}
+           "timeout_s": a.timeout_s, "tcp_wmem": a.tcp_wmem or None, "goodput": a.goodput}
     try:
         check_available()
     except NetemError as e:

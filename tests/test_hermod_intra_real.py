@@ -85,6 +85,30 @@ def test_summarise_calibrates_goodput_overhead_and_alpha_from_the_measurements()
     assert shallow["cct_over_lower_bound"]["plain"] > deep["cct_over_lower_bound"]["plain"]
 
 
+def test_a_given_goodput_recovers_the_penalty_where_even_the_deepest_buffer_has_incast(tmp_path) -> None:  # noqa: ANN001
+    """Wide fan-in: every buffer loses (alpha 0.2 and 0.5). Fitting goodput on the deepest one would absorb its
+    penalty (alpha 0 there); the goodput given from elsewhere (--goodput) recovers both alphas."""
+    mats = draw_matrices(CFG)
+    row = CFG["hidden"] * 4
+
+    def fabric(kb: float, alpha: float) -> dict:
+        return {"buffer_kb": kb, "cct_s": {"plain": [[simulate_cct(m, row, 80.0, "plain", alpha)] * 3 for m in mats],
+                                           "bvn": [[simulate_cct(m, row, 80.0, "phases", 0.0)] * 3 for m in mats]}}
+
+    fabrics = [fabric(8192, 0.2), fabric(64, 0.5)]
+    fitted = summarise(CFG, fabrics)
+    assert fitted["goodput_source"] == "fitted on the deepest buffer"
+    assert fitted["goodput_fraction"] < 0.75 and fitted["rows"][0]["fitted_incast_alpha"] == pytest.approx(0, abs=0.01)
+    given = summarise({**CFG, "goodput": 0.8}, fabrics)
+    assert given["goodput_source"] == "given (--goodput)" and given["goodput_fraction"] == 0.8
+    assert [r["fitted_incast_alpha"] for r in given["rows"]] == pytest.approx([0.2, 0.5], abs=0.01)
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps({"config": CFG, "fabrics": fabrics}))
+    assert main(["--summarise-only", "--goodput", "0.8", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["config"]["goodput"] == 0.8 and got["summary"]["goodput_source"] == "given (--goodput)"
+
+
 def test_summarise_only_rewrites_the_summary_from_stored_times(tmp_path) -> None:  # noqa: ANN001
     mats = draw_matrices(CFG)
     t = [simulate_cct(m, 1024, 100.0, "plain", 0.0) for m in mats]
@@ -109,6 +133,8 @@ def test_summarise_only_rewrites_the_summary_from_stored_times(tmp_path) -> None
     (["--buffers-kb", "0"], "--buffers-kb must be numbers > 0"),
     (["--skew", "-0.5"], "--skew must be >= 0, got -0.5"),
     (["--tcp-wmem", "64k"], "--tcp-wmem must be three byte counts 'min default max', got '64k'"),
+    (["--goodput", "1.5"], r"--goodput must be a fraction of the link rate in \(0, 1\], got 1.5"),
+    (["--goodput", "0"], r"--goodput must be a fraction of the link rate in \(0, 1\], got 0.0"),
 ])
 def test_bad_arguments_are_refused_before_any_network_is_built(args: list[str], msg: str) -> None:
     with pytest.raises(SystemExit, match=msg):
