@@ -21,11 +21,12 @@ Variants (the policy decides inter-coflow order, the all-to-all mode intra-coflo
   fifo-phases     FIFO order + BvN phases                                     (intra only)
 Sections: ``small`` = Qwen-MoE-12L (testbed strategy, PP4 x EP8) on 32 GPUs at 2 GPUs per server so the all-to-all
 crosses NICs; ``scale`` = the table 5.5 simulation presets at 1,024 GPUs, 100 Gb/s. Qwen-MoE-24L's EP 32 gives ~940
-first-found or ~180 bottleneck BvN phases per all-to-all, each phase flow its own coflow (it waits on its two ranks).
-Measured with the bottleneck plan at 256 GPUs: 5.6M flows, 11.6 GB peak memory, 16 CPU-minutes; 1,024 GPUs holds
-four times as many, more than this machine's 24 GB. So Qwen's bottleneck phases run only when ``--scale-variants``
-names them, meant for fewer GPUs (``--scale-models qwen-moe-24l --scale-gpus 256``) or a bigger machine; its
-first-found phases never run. Mixtral-8x22B (EP 8) runs both phase plans at 1,024.
+first-found or ~180 bottleneck BvN phases per all-to-all; each all-to-all is one
+:class:`flowlane.sim.graph.PhasedAllToAll` node whose phase flows the engine starts one by one (each waits on its two
+ranks). Measured with the bottleneck plan at 256 GPUs: 5.6M phase flows, 1.0 GB peak, 12.5 CPU-minutes (11.6 GB and
+16 minutes when every phase flow was a coflow node of its own). So Qwen's bottleneck phases run at 1,024 GPUs, but
+only when ``--scale-variants`` names them (CPU time: ~4x the flows); its first-found phases (~5x as many flows
+again) never run. Mixtral-8x22B (EP 8) runs both phase plans at 1,024.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ VARIANTS = {  # name -> (policy, all-to-all mode)
 SMALL = ("qwen-moe-12l", 32, 2)  # model, GPUs, GPUs per server
 SCALE = {"mixtral-8x22b": ("fifo", "hermod-inter", "hermod-matched", "hermod-phases", "hermod-phases-bn"),
          "qwen-moe-24l": ("fifo", "hermod-inter", "hermod-matched")}
-SCALE_OPT_IN = {"qwen-moe-24l": ("hermod-phases-bn",)}  # run only when --scale-variants names them (memory, above)
+SCALE_OPT_IN = {"qwen-moe-24l": ("hermod-phases-bn",)}  # run only when --scale-variants names them (CPU, above)
 # Cost: the incast penalty gives every receiver port its own capacity, so max-min filling needs many more rounds;
 # a 1,024-GPU point costs ~10x its no-incast time (measured: 3-15 CPU-minutes plain or matched, 25 for phases).
 
@@ -129,7 +130,8 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
     }
 
 
-def _plot(res: dict, path: Path) -> None:
+def _plot(res: dict, path: Path) -> bool:
+    """Speedup over FIFO per point; False (nothing drawn) when no point has a FIFO run to compare with."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,8 +139,8 @@ def _plot(res: dict, path: Path) -> None:
 
     rows = [r for r in res["rows"] if "speedup_vs_fifo" in r]
     names = [v for v in VARIANTS if v != "fifo" and any(v in r["speedup_vs_fifo"] for r in rows)]
-    if not names:  # nothing but FIFO: no ratio to draw
-        return
+    if not names:  # no ratio to draw (FIFO only, or no FIFO)
+        return False
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
     w = 0.8 / len(names)
     for j, v in enumerate(names):
@@ -157,6 +159,7 @@ def _plot(res: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
     res = summarise(points, skipped, a, time.time() - t0)
     (out / f"{a.name}.json").write_text(json.dumps(res, indent=1))
-    _plot(res, out / f"{a.name}.png")
-    print(f"wrote {out / a.name}.json and {a.name}.png")
+    drawn = _plot(res, out / f"{a.name}.png")
+    print(f"wrote {out / a.name}.json" + (f" and {a.name}.png" if drawn else " (no plot: no FIFO point to compare with)"))
     return 0
 
 

@@ -229,3 +229,19 @@ def test_hermod_intra_sim_refuses_a_bad_op_overhead_and_a_resume_at_another_sett
               "--op-overhead-us", "20", "--resume", "--name", "old", "--out", str(tmp_path)])
     assert e.value.code == 2
     assert "op overhead 0 s, not 0.0001 s and 2e-05 s" in capsys.readouterr().err
+
+
+def test_hermod_intra_sim_plots_only_ratios_it_has_and_says_so(tmp_path) -> None:
+    from benchmarks.hermod_intra_sim import _plot
+
+    def res(times: dict[str, float]) -> dict:
+        row = {"model": "qwen-moe-24l", "gpus": 256, "incast_alpha": 0.13, "iteration_time_s": times}
+        if "fifo" in times:
+            row["speedup_vs_fifo"] = {v: times["fifo"] / t for v, t in times.items()}
+        return {"rows": [row], "config": {"op_overhead_s": 0.0}}
+
+    for times in ({"fifo": 7.3}, {"hermod-phases-bn": 5.2}):  # FIFO alone, or no FIFO to divide by
+        assert _plot(res(times), tmp_path / "none.png") is False
+        assert not (tmp_path / "none.png").exists()
+    assert _plot(res({"fifo": 7.3, "hermod-phases-bn": 5.2}), tmp_path / "both.png") is True
+    assert (tmp_path / "both.png").stat().st_size > 0
