@@ -180,7 +180,7 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
         preds.append(sorted({*latest[a], *latest[b]}))
         ops.setdefault(a, []).append(f)
         ops.setdefault(b, []).append(f)
-    arr = np.array([(k, a, b, amt) for k, a, b, amt in sends], dtype=np.int64).reshape(-1, 4)
+    arr = np.array(sends, dtype=np.int64).reshape(-1, 4)  # (phase, src, dst, amount) per flow
     return w.phased_all_to_all(g[arr[:, 1]], g[arr[:, 2]], arr[:, 3] * unit_bytes, arr[:, 0], preds,
                                replace(meta, seq=0), deps, name)
 
