@@ -2,6 +2,7 @@
 
     python -m benchmarks.hermod_intra_sim [--alphas 0.05,0.1] [--only small,scale] [--scale-variants V,..]
                                           [--scale-models M,..] [--scale-gpus 1024] [--op-overhead-us 0]
+                                          [--incast-count port|class]
                                           [--workers 2] [--out results/hermod] [--name intra]
 
 Writes results/hermod/NAME.json and NAME.png. Every figure is simulated (flowlane.sim, flow-level).
@@ -11,6 +12,11 @@ Why a separate benchmark: in a max-min fluid model the plain all-to-all already 
 traffic loses goodput. flowlane.sim.IncastModel does that phenomenologically: a switch port feeding a NIC that
 carries k concurrent flows delivers capacity / (1 + alpha (k - 1)). alpha is an assumption, not a number from the
 seeds (the thesis used htsim's packet-level queues), so it is swept, and alpha = 0 is the fluid baseline.
+``--incast-count`` says who adds to k: ``port`` (default) every flow on the port, one shared switch queue, as on the
+emulated fabric alpha was fitted on; ``class`` only the flows of the same priority class, a switch queue per class
+(Hermod's keys select queues on the wire, seed 000 §5.4). FIFO has one class, so it is the same under both; the
+``hermod-nccl-*`` variants quantise the keys to the 3 NCCL traffic classes, i.e. 3 queues, which switches have,
+where exact keys would need a queue per key.
 
 Variants (the policy decides inter-coflow order, the all-to-all mode intra-coflow):
   fifo            Megatron's order, NCCL's plain all-to-all
@@ -19,6 +25,7 @@ Variants (the policy decides inter-coflow order, the all-to-all mode intra-coflo
   hermod-phases-bn  the same with bottleneck BvN (the runtime's ``bvn_bottleneck``: fewer, longer phases)
   hermod-matched  Hermod's priorities + the fluid abstraction of the phases  (both components, optimistic; cheap)
   fifo-phases     FIFO order + BvN phases                                     (intra only)
+  hermod-nccl-phases-bn  bottleneck BvN phases under Hermod quantised to the 3 NCCL traffic classes
 Sections: ``small`` = Qwen-MoE-12L (testbed strategy, PP4 x EP8) on 32 GPUs at 2 GPUs per server so the all-to-all
 crosses NICs; ``scale`` = the table 5.5 simulation presets at 1,024 GPUs, 100 Gb/s. Qwen-MoE-24L's EP 32 gives ~940
 first-found or ~180 bottleneck BvN phases per all-to-all; each all-to-all is one
@@ -46,17 +53,19 @@ VARIANTS = {  # name -> (policy, all-to-all mode)
     "hermod-matched": ("hermod", "matched"),
     "fifo-phases": ("fifo", "phases"),
     "hermod-phases-bn": ("hermod", "phases_bottleneck"),
+    "hermod-nccl-phases-bn": ("hermod-nccl", "phases_bottleneck"),
 }
 SMALL = ("qwen-moe-12l", 32, 2)  # model, GPUs, GPUs per server
 SCALE = {"mixtral-8x22b": ("fifo", "hermod-inter", "hermod-matched", "hermod-phases", "hermod-phases-bn"),
          "qwen-moe-24l": ("fifo", "hermod-inter", "hermod-matched")}
-SCALE_OPT_IN = {"qwen-moe-24l": ("hermod-phases-bn",)}  # run only when --scale-variants names them (CPU, above)
+SCALE_OPT_IN = {"mixtral-8x22b": ("hermod-nccl-phases-bn",),
+                "qwen-moe-24l": ("hermod-phases-bn", "hermod-nccl-phases-bn")}  # run only when --scale-variants names them (CPU, above)
 # Cost: the incast penalty gives every receiver port its own capacity, so max-min filling needs many more rounds;
 # a 1,024-GPU point costs ~10x its no-incast time (measured: 3-15 CPU-minutes plain or matched, 25 for phases).
 
 
 def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float, variant: str, alpha: float,
-              microbatches: int, quantum: float, op_overhead_s: float = 0.0) -> dict:
+              microbatches: int, quantum: float, op_overhead_s: float = 0.0, incast_count: str = "port") -> dict:
     from flowlane.policy import make_policy
     from flowlane.sim import IncastModel, SimConfig, Simulator
     from flowlane.sim.models import preset
@@ -66,12 +75,13 @@ def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float,
     t0 = time.process_time()
     job = preset(model, num_microbatches=microbatches, ep_a2a=mode)
     topo, wl = build_llm(job, gpus, gbps, topology=cluster(gpus, gbps, gpus_per_server=per_server))
-    cfg = SimConfig(time_quantum=quantum, incast=IncastModel(alpha=alpha) if alpha > 0 else None,
+    cfg = SimConfig(time_quantum=quantum, incast=IncastModel(alpha=alpha, count=incast_count) if alpha > 0 else None,
                     launch_overhead=op_overhead_s)
     r = Simulator(topo, cfg).run(wl, make_policy(policy))
     ends = r.iteration_ends
     return {"section": section, "model": model, "gpus": gpus, "gpus_per_server": per_server, "bandwidth_gbps": gbps,
             "variant": variant, "policy": policy, "a2a_mode": mode, "incast_alpha": alpha, "op_overhead_s": op_overhead_s,
+            "incast_count": incast_count,
             "iteration_time_s": ends[-1] - ends[-2], "cct_mean_ms": {k: v["mean_s"] * 1e3 for k, v in
                                                                     r.cct_by_ctype().items()},
             "ep_crosses_servers": wl.info.get("ep_crosses_servers"), "flows": r.num_flows,
@@ -122,7 +132,7 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
                 "iteration time / variant iteration time, steady (2nd) iteration. Thesis Fig. 5.11 (testbed, "
                 "32 GPUs): inter only 1.12-1.40x, both components 1.24-1.40x; intra adds ~1.11x on MoE models.",
         "config": {"microbatches": args.microbatches, "time_quantum_s": args.quantum, "alphas": args.alphas,
-                   "op_overhead_s": args.op_overhead_s, "workers": args.workers, "wall_s": round(wall, 1)},
+                   "op_overhead_s": args.op_overhead_s, "incast_count": args.incast_count, "workers": args.workers, "wall_s": round(wall, 1)},
         "variants": {k: {"policy": p, "a2a_mode": m} for k, (p, m) in VARIANTS.items()},
         "rows": rows,
         "skipped": [{"point": list(t), "why": why} for t, why in skipped],
@@ -153,8 +163,11 @@ def _plot(res: dict, path: Path) -> bool:
     ax.set_ylim(bottom=min(0.8, lo - 0.05))
     ax.set_ylabel("speedup vs FIFO (plain all-to-all)")
     o = res["config"].get("op_overhead_s", 0.0)
-    ax.set_title("Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)"
-                 + (f"\n{o * 1e6:g} us per communication op" if o else ""), fontsize=9)
+    extra = ([f"{o * 1e6:g} us per communication op"] if o else []) + \
+        (["incast fan-in counted per priority class (a switch queue per class)"]
+         if res["config"].get("incast_count") == "class" else [])
+    ax.set_title("\n".join(["Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)", *extra]),
+                 fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -176,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op-overhead-us", type=float, default=0.0,
                     help="fixed cost of every communication op in microseconds (SimConfig.launch_overhead): one per "
                          "collective, p2p, plain or matched all-to-all, one per phase flow of a phased all-to-all (default 0)")
+    ap.add_argument("--incast-count", default="port", choices=("port", "class"),
+                    help="who adds to a port's incast fan-in: every flow on it (port, default: one shared queue) or "
+                         "the flows of the same priority class (class: a switch queue per class)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points already in NAME.json and run only the missing ones")
     a = ap.parse_args(argv)
@@ -205,12 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     done: list[dict] = []
     if a.resume and (out / f"{a.name}.json").exists():
         stored = json.loads((out / f"{a.name}.json").read_text())
-        # a resumed file must hold one setting: points at another quantum or op overhead are not comparable
-        was = (stored["config"].get("time_quantum_s"), stored["config"].get("op_overhead_s", 0.0))
-        now = (a.quantum, op_overhead_s)
+        # a resumed file must hold one setting: points at another quantum, op overhead or count are not comparable
+        was = (stored["config"].get("time_quantum_s"), stored["config"].get("op_overhead_s", 0.0),
+               stored["config"].get("incast_count", "port"))
+        now = (a.quantum, op_overhead_s, a.incast_count)
         if was != now:
-            ap.error(f"--resume: {a.name}.json was run with quantum {was[0]:g} s and op overhead {was[1]:g} s, "
-                     f"not {now[0]:g} s and {now[1]:g} s; use another --name")
+            ap.error(f"--resume: {a.name}.json was run with quantum {was[0]:g} s, op overhead {was[1]:g} s and incast "
+                     f"count {was[2]}, not {now[0]:g} s, {now[1]:g} s and {now[2]}; use another --name")
         done = stored["points"]
         have = {_key(p) for p in done}
         tasks = [t for t in tasks if _key(t) not in have]
@@ -221,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{a.name}.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
 
     points, skipped = run_points(
-        tasks, run_point, (a.microbatches, a.quantum, op_overhead_s), a.workers, a.budget_s, "hermod intra (simulated)",
+        tasks, run_point, (a.microbatches, a.quantum, op_overhead_s, a.incast_count), a.workers, a.budget_s, "hermod intra (simulated)",
         lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
                      f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
     res = summarise(points, skipped, a, time.time() - t0)

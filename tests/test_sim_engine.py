@@ -203,3 +203,59 @@ def test_leaf_spine_analytic_routes_equal_dijkstra() -> None:
         for b in g:
             if a != b:
                 assert t._router(t, a, b) == t._equal_cost_paths(a, b)
+
+
+# -- the per-class incast count (IncastModel.count="class": a switch queue per priority class) ----------------------
+def _two_class_incast(high: int, low: int, count: str, sender_bw: float = B) -> np.ndarray:
+    """``high`` class-0 and ``low`` class-1 flows from distinct senders into one receiver of a star (alpha 0.25);
+    the senders' links have ``sender_bw``. Returns the rates (high flows first)."""
+    topo = star([B] + [sender_bw] * (high + low), latency=0.0)
+    sim = Simulator(topo, SimConfig(incast=IncastModel(threshold=1, alpha=0.25, count=count)))
+    routes = [[sim.link_index[(lk.src, lk.dst)] for lk in topo.route(topo.gpus[s], topo.gpus[0]).links]
+              for s in range(1, high + low + 1)]
+    hops = np.array(routes, np.int64)
+    cls = np.array([0] * high + [1] * low)
+    return allocate(hops, cls, sim.capacity, "strict", 0.5, sim.cfg.incast, sim.incast_links)
+
+
+def test_class_count_lets_a_flow_alone_in_its_class_keep_the_whole_port() -> None:
+    # port: three flows on the receiver's port -> capacity / (1 + 2 alpha), all of it to the high class
+    port = _two_class_incast(1, 2, "port")
+    assert port == pytest.approx([B / 1.5, 0, 0], rel=1e-12)
+    # class: the high flow is alone in its queue (no penalty); the low class finds the wire full
+    cls = _two_class_incast(1, 2, "class")
+    assert cls == pytest.approx([B, 0, 0], rel=1e-12)
+    # two high flows share their queue's penalty: (1 + alpha) each, B / 2.5 each
+    assert _two_class_incast(2, 1, "class") == pytest.approx([B / 2.5, B / 2.5, 0], rel=1e-12)
+
+
+def test_class_count_charges_later_classes_their_own_penalty_on_the_wire_left() -> None:
+    # the high flow is held to B / 2 by its sender, so B / 2 of the receiver's wire is left; the two low flows
+    # share their queue (fan-in 2: cost 1.25 per delivered byte) -> (B / 2) / 1.25 / 2 each
+    r = _two_class_incast(1, 2, "class", sender_bw=B / 2)
+    assert r == pytest.approx([B / 2, B / 5, B / 5], rel=1e-12)
+    # the port count charges everyone fan-in 3: capacity B / 1.5, of which the low flows get what the high left
+    r = _two_class_incast(1, 2, "port", sender_bw=B / 2)
+    assert r == pytest.approx([B / 2, (B / 1.5 - B / 2) / 2, (B / 1.5 - B / 2) / 2], rel=1e-12)
+
+
+def test_class_count_with_one_class_is_the_port_count_and_c_equals_numpy(monkeypatch) -> None:  # noqa: ANN001
+    rng = np.random.default_rng(7)
+    nl = 16
+    cap = rng.uniform(1e9, 3e9, nl)
+    hops = rng.integers(0, nl + 1, (60, 3))
+    links = (rng.random(nl) < 0.6).astype(np.int64)
+    grp = np.where(rng.random(60) < 0.3, rng.integers(0, 4, 60), -1)  # matched coflows count once per port
+    for cls in (np.zeros(60, np.int64), rng.integers(0, 4, 60)):
+        for sharing in ("strict", "weighted"):
+            args = (hops, cls, cap, sharing, 0.5, IncastModel(alpha=0.3, count="class"), links, grp)
+            c = allocate(*args)
+            monkeypatch.setenv("FLOWLANE_SIM_NO_C", "1")
+            ref = allocate(*args)
+            monkeypatch.delenv("FLOWLANE_SIM_NO_C")
+            assert np.array_equal(c, ref), (sharing, cls[:5])  # bit for bit: the same operations in the same order
+            if not cls.any():
+                port = allocate(hops, cls, cap, sharing, 0.5, IncastModel(alpha=0.3), links, grp)
+                assert c == pytest.approx(port, rel=1e-12)
+    with pytest.raises(ValueError, match=r"IncastModel.count 'queue' is not one of \('port', 'class'\)"):
+        IncastModel(count="queue")

@@ -204,7 +204,9 @@ def test_hermod_intra_sim_runs_qwen_phases_only_when_named_and_filters_name_bad_
 
     default = {(m, v) for _, m, _, _, _, v, _ in plan([0.1], {"scale"})}
     assert ("mixtral-8x22b", "hermod-phases-bn") in default
-    assert not {v for m, v in default if m == "qwen-moe-24l"} & {"hermod-phases", "hermod-phases-bn"}
+    assert not {v for m, v in default if m == "qwen-moe-24l"} & {"hermod-phases", "hermod-phases-bn",
+                                                                  "hermod-nccl-phases-bn"}
+    assert ("mixtral-8x22b", "hermod-nccl-phases-bn") not in default  # a per-class-queue experiment: opt-in
     named = plan([0.13], {"scale"}, {"fifo", "hermod-phases-bn"}, {"qwen-moe-24l"}, 256)
     assert named == [("scale", "qwen-moe-24l", 256, 8, 100.0, v, 0.13) for v in ("fifo", "hermod-phases-bn")]
     for bad in (["--scale-models", "qwen"], ["--scale-gpus", "0"], ["--scale-variants", "phases"]):
@@ -214,7 +216,8 @@ def test_hermod_intra_sim_runs_qwen_phases_only_when_named_and_filters_name_bad_
 
 
 def test_hermod_intra_sim_refuses_a_bad_op_overhead_and_a_resume_at_another_setting(tmp_path, capsys) -> None:
-    """Points simulated at another quantum or op overhead are not comparable, so --resume will not mix them."""
+    """Points simulated at another quantum, op overhead or incast count are not comparable, so --resume will not
+    mix them."""
     import json
 
     from benchmarks.hermod_intra_sim import main
@@ -228,7 +231,12 @@ def test_hermod_intra_sim_refuses_a_bad_op_overhead_and_a_resume_at_another_sett
         main(["--only", "scale", "--scale-models", "mixtral-8x22b", "--scale-variants", "fifo", "--scale-gpus", "64",
               "--op-overhead-us", "20", "--resume", "--name", "old", "--out", str(tmp_path)])
     assert e.value.code == 2
-    assert "op overhead 0 s, not 0.0001 s and 2e-05 s" in capsys.readouterr().err
+    assert "op overhead 0 s and incast count port, not 0.0001 s, 2e-05 s and port" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--only", "scale", "--scale-models", "mixtral-8x22b", "--scale-variants", "fifo", "--scale-gpus", "64",
+              "--incast-count", "class", "--resume", "--name", "old", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "incast count port, not 0.0001 s, 0 s and class" in capsys.readouterr().err
 
 
 def test_hermod_intra_sim_plots_only_ratios_it_has_and_says_so(tmp_path) -> None:

@@ -13,7 +13,10 @@
  *   that no compiler fuses it (or anything else) into an FMA on targets that have one;
  * - the level is a minimum (exact in any order); a NaN share makes it NaN, as np.min does.
  * Only links crossed by unfrozen flows are visited per pass (a link no unfrozen flow crosses has share = inf in the
- * reference, and `cap - 0.0` leaves the others unchanged), so a pass costs O(unfrozen flows x hops). */
+ * reference, and `cap - 0.0` leaves the others unchanged), so a pass costs O(unfrozen flows x hops).
+ * Optional wire costs `pen` (n x h, like hops; NULL = all 1): a flow delivering rate r uses r * pen[i][j] of hop j's
+ * link (the per-class incast model: bytes lost to incast still occupy the wire). With pen, the weight added to a
+ * link is w * pen and the rate subtracted r * pen, each one product, as the reference computes them. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,6 +26,7 @@ typedef struct {
   long nl;          /* links + pad */
   int h;            /* hops per flow (padded) */
   const int64_t *hops;
+  const double *pen; /* wire cost per (flow, hop) or NULL */
   double *wsum, *share, *sub;
   unsigned char *mark; /* 1 while a link is on `touched` */
   long *touched;
@@ -36,6 +40,7 @@ static int fill(ws_t *s, long na, const double *w, double *cap, double rtol, dou
   const long pad = s->nl - 1;
   const int h = s->h;
   const int64_t *hops = s->hops;
+  const double *pen = s->pen;
   long *act = s->act, *touched = s->touched;
   double *wsum = s->wsum, *share = s->share, *sub = s->sub;
   unsigned char *mark = s->mark;
@@ -54,7 +59,7 @@ static int fill(ws_t *s, long na, const double *w, double *cap, double rtol, dou
           sub[l] = 0.0;
           touched[nt++] = l;
         }
-        wsum[l] += wi;
+        wsum[l] += pen ? wi * pen[i * h + j] : wi;
       }
     }
     double lvl = INFINITY;
@@ -91,7 +96,7 @@ static int fill(ws_t *s, long na, const double *w, double *cap, double rtol, dou
         rates[i] = r;
         for (int j = 0; j < h; j++) {
           const long l = (long)row[j];
-          if (l != pad) sub[l] += r;       /* cap[-1] is reset to inf below, as in the reference */
+          if (l != pad) sub[l] += pen ? r * pen[i * h + j] : r;  /* cap[-1] is reset to inf below */
         }
       } else {
         act[keep++] = i;
@@ -117,16 +122,16 @@ static int key_cmp(const void *x, const void *y) {
 }
 
 /* Rates of n flows (hops: n x h row-major, link indices in [0, nl), nl - 1 = pad) on capacities cap (length nl,
- * decreased in place). cls == NULL: one filling with weights w (NULL: all 1.0). Otherwise strict priority: the
+ * decreased in place), with optional wire costs pen (n x h, NULL = 1). cls == NULL: one filling with weights w (NULL: all 1.0). Otherwise strict priority: the
  * classes in increasing value, each filled with unit weights on what the previous ones left, its flows in their
  * original order (the reference's stable argsort). Returns 0; -1: out of memory; -2: a pass froze nothing;
  * -(3 + k): hops.flat[k] is not a link index. */
 long flowlane_allocate(long n, int h, long nl, const int64_t *hops, const int64_t *cls, const double *w,
-                       double *cap, double rtol, double *rates) {
+                       const double *pen, double *cap, double rtol, double *rates) {
   if (n <= 0) return 0;
   for (long k = 0; k < n * h; k++)
     if (hops[k] < 0 || hops[k] >= nl) return -(3 + k);
-  ws_t s = {nl, h, hops, NULL, NULL, NULL, NULL, NULL, NULL};
+  ws_t s = {nl, h, hops, pen, NULL, NULL, NULL, NULL, NULL, NULL};
   long rc = -1;
   ckey_t *keys = NULL;
   s.wsum = malloc(sizeof(double) * nl);

@@ -9,7 +9,7 @@ from flowlane.policy import make_policy, policy_names
 from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
 from flowlane.sim.graph import SimSpecError
 from flowlane.sim.models import EP_A2A, SCHEDULES
-from flowlane.sim.network import SHARING, IncastModel
+from flowlane.sim.network import INCAST_COUNTS, SHARING, IncastModel
 from flowlane.sim.output import chrome_trace, plot, summary, write_json
 from flowlane.sim.workloads import WORKLOADS, build_workload, cluster
 
@@ -25,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--routing", default="ecmp", choices=ROUTING)
     p.add_argument("--sharing", default="strict", choices=SHARING)
     p.add_argument("--incast-alpha", type=float, default=0.0, help="incast penalty alpha (0 = off)")
+    p.add_argument("--incast-count", default="port", choices=INCAST_COUNTS,
+                   help="who adds to a port's incast fan-in: every flow (port: one shared queue) or the flows of the "
+                        "same priority class (class: a switch queue per class)")
     p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
     p.add_argument("--microbatches", type=int, help="microbatches per iteration (LLM presets)")
     p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             if args.nics_per_server else {}
         topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over, **topo_kw)
         cfg = SimConfig(routing=args.routing, sharing=args.sharing, seed=args.seed,
-                        incast=IncastModel(alpha=args.incast_alpha) if args.incast_alpha > 0 else None)
+                        incast=IncastModel(alpha=args.incast_alpha, count=args.incast_count)
+                        if args.incast_alpha > 0 else None)
     except (SimSpecError, ValueError) as e:
         con.print(f"[red]error:[/red] {e}")
         return 2

@@ -11,6 +11,13 @@ Optional incast penalty (:class:`IncastModel`): the seeds report that many-to-on
 splined all-to-all reduces). A fluid model has no buffers, so we model it phenomenologically: a switch egress port
 (a link whose source device is a switch, of one of ``kinds``) carrying k concurrent flows delivers only
 capacity / (1 + alpha * max(0, k - threshold)). Not from the seeds' numbers; off by default.
+What k counts is ``IncastModel.count``: ``port`` (default) counts every flow on the port, as one shared queue does
+(the fabric the penalty was fitted on: one class); ``class`` counts only the flows of the same priority class, as a
+switch with a strict-priority queue per class does (Hermod's premise: keys on the wire select switch queues, seed 000
+§5.4), where an EP phase flow alone in its queue does not lose goodput to the DP and PP flows queued behind it. In
+``class`` mode a flow of class c on port l delivers r but occupies r * (1 + alpha * max(0, k_c(l) - threshold)) of
+the wire (the lost bytes are resent), so classes filled later get what the earlier ones left of the wire; with one
+class it is the ``port`` model (equal up to rounding).
 A *matched* coflow (Hermod's incast-free all-to-all, seed 000 §5.3.2: its phases are partial permutations, so each
 receiver hears from at most one of its senders at a time) counts as one flow per link, however many of its flows
 cross the link: ``allocate(..., incast_group=...)`` gives each such flow its coflow id, -1 for ordinary flows.
@@ -36,6 +43,7 @@ import numpy as np
 from flowlane._cbuild import CKernel
 
 SHARING = ("strict", "weighted")
+INCAST_COUNTS = ("port", "class")
 _RTOL = 1e-9                    # allocate's freeze tolerance (waterfill's default)
 
 
@@ -44,8 +52,13 @@ class IncastModel:
     threshold: int = 1
     alpha: float = 0.1
     kinds: tuple[str, ...] = ("eth",)
+    count: str = "port"
+    """Who adds to a port's fan-in: ``port`` every flow on it (one shared queue), ``class`` only the flows of the
+    same priority class (a queue per class; see the module docstring)."""
 
     def __post_init__(self) -> None:
+        if self.count not in INCAST_COUNTS:
+            raise ValueError(f"IncastModel.count {self.count!r} is not one of {INCAST_COUNTS}")
         if not isinstance(self.threshold, int) or self.threshold < 1:
             raise ValueError(f"IncastModel.threshold must be an integer >= 1, got {self.threshold!r}")
         if not (self.alpha >= 0 and np.isfinite(self.alpha)):
@@ -72,8 +85,9 @@ def waterfill(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: floa
     return _run_c(lib, hops, None, np.ascontiguousarray(weights, dtype=np.float64), cap, rtol)
 
 
-def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = _RTOL) -> np.ndarray:
-    """The numpy reference of :func:`waterfill` (no input checks)."""
+def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = _RTOL,
+                     pen: np.ndarray | None = None) -> np.ndarray:
+    """The numpy reference of :func:`waterfill` (no input checks); ``pen``: wire cost per (flow, hop) or None (1)."""
     n, h = hops.shape
     nl = cap.shape[0]
     rates = np.zeros(n)
@@ -82,8 +96,10 @@ def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rto
     idx = np.arange(n)
     cur_h = hops
     cur_w = weights
+    cur_p = pen
     while idx.size:
-        wsum = np.bincount(cur_h.ravel(), weights=np.repeat(cur_w, h), minlength=nl)
+        wh = np.repeat(cur_w, h) if cur_p is None else (cur_w[:, None] * cur_p).ravel()
+        wsum = np.bincount(cur_h.ravel(), weights=wh, minlength=nl)
         wsum[-1] = 0.0
         used = wsum > 0
         share = np.full(nl, np.inf)
@@ -97,12 +113,15 @@ def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rto
         fz = sat[cur_h].any(axis=1)
         r = cur_w[fz] * lvl
         rates[idx[fz]] = r
-        cap -= np.bincount(cur_h[fz].ravel(), weights=np.repeat(r, h), minlength=nl)
+        rh = np.repeat(r, h) if cur_p is None else (r[:, None] * cur_p[fz]).ravel()
+        cap -= np.bincount(cur_h[fz].ravel(), weights=rh, minlength=nl)
         cap[-1] = np.inf
         keep = ~fz
         idx = idx[keep]
         cur_h = cur_h[keep]
         cur_w = cur_w[keep]
+        if cur_p is not None:
+            cur_p = cur_p[keep]
     return rates
 
 
@@ -115,6 +134,25 @@ def incast_fan_in(hops: np.ndarray, n_links_padded: int, incast_group: np.ndarra
     h = hops[~solo]
     pair = np.repeat(incast_group[~solo], h.shape[1]) * n_links_padded + h.ravel()
     return k + np.bincount(np.unique(pair) % n_links_padded, minlength=n_links_padded)
+
+
+def incast_wire_cost(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, incast: IncastModel,
+                     incast_links: np.ndarray, incast_group: np.ndarray | None = None) -> np.ndarray:
+    """The ``class`` count's wire cost per (flow, hop), shaped like ``hops``: 1 + alpha * max(0, k - threshold) on
+    incast links, where k = the flows of the flow's own class on that link (a matched coflow's flows count once);
+    1 elsewhere and on the pad."""
+    n, h = hops.shape
+    rank = np.unique(cls, return_inverse=True)[1].astype(np.int64)
+    ukey, inv = np.unique((rank[:, None] * n_links_padded + hops).ravel(), return_inverse=True)
+    if incast_group is None or not (incast_group >= 0).any():
+        k = np.bincount(inv, minlength=ukey.size)
+    else:
+        solo = np.repeat(incast_group < 0, h)
+        k = np.bincount(inv[solo], minlength=ukey.size)
+        pair = np.unique(np.repeat(incast_group, h)[~solo] * ukey.size + inv[~solo])
+        k += np.bincount(pair % ukey.size, minlength=ukey.size)
+    on = np.append(incast_links, 0)[hops.ravel()]  # the pad is never an incast link
+    return (1.0 + incast.alpha * (np.maximum(0, k[inv] - incast.threshold) * on)).reshape(n, h)
 
 
 def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: str = "strict",
@@ -145,32 +183,36 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
     cap[:-1] = capacity
     cap[-1] = np.inf
     lib = _kernel()
-    if incast is not None and incast_links is not None and incast_links.any():
+    pen = None
+    if incast is not None and incast_links is not None and incast_links.any() and incast.count == "class":
         _check_range(hops, cap.shape[0])  # before the fan-in counts index with them
+        pen = incast_wire_cost(hops, cls, cap.shape[0], incast, incast_links, incast_group)
+    elif incast is not None and incast_links is not None and incast_links.any():
+        _check_range(hops, cap.shape[0])
         k = incast_fan_in(hops, cap.shape[0], incast_group)[:-1]
         over = np.maximum(0, k - incast.threshold) * incast_links
         cap[:-1] = capacity / (1.0 + incast.alpha * over)
     elif lib is None:
         _check_range(hops, cap.shape[0])
     if lib is None:
-        return _allocate_numpy(hops, cls, cap, sharing, weight_ratio)
+        return _allocate_numpy(hops, cls, cap, sharing, weight_ratio, pen)
     if sharing == "weighted":
         classes = np.unique(cls)
         if classes.size > 1:  # the reference's weights, computed by numpy so that the powers are the same
             w = weight_ratio ** np.searchsorted(classes, cls).astype(np.float64)
-            return _run_c(lib, hops, None, w, cap, _RTOL)
+            return _run_c(lib, hops, None, w, cap, _RTOL, pen)
     if cls.dtype != np.int64 or not cls.flags.c_contiguous:
         # the kernel orders classes as int64; other dtypes (floats, uint64) become their dense ranks, same order
         if not np.can_cast(cls.dtype, np.int64):
             cls = np.unique(cls, return_inverse=True)[1]
         cls = np.ascontiguousarray(cls, dtype=np.int64)
-    return _run_c(lib, hops, cls, None, cap, _RTOL)
+    return _run_c(lib, hops, cls, None, cap, _RTOL, pen)
 
 
 def _allocate_numpy(hops: np.ndarray, cls: np.ndarray, cap: np.ndarray, sharing: str,
-                    weight_ratio: float) -> np.ndarray:
+                    weight_ratio: float, pen: np.ndarray | None = None) -> np.ndarray:
     """The numpy reference of :func:`allocate` after the incast adjustment (``cap``: n_links + 1, pad last; it is
-    decreased in place)."""
+    decreased in place; ``pen``: the ``class`` count's wire costs or None)."""
     n = hops.shape[0]
     classes = np.unique(cls)
     if classes.size == 1 or sharing == "weighted":
@@ -179,13 +221,13 @@ def _allocate_numpy(hops: np.ndarray, cls: np.ndarray, cap: np.ndarray, sharing:
         else:
             rank = np.searchsorted(classes, cls)
             w = weight_ratio ** rank.astype(np.float64)
-        return _waterfill_numpy(hops, w, cap)
+        return _waterfill_numpy(hops, w, cap, pen=pen)
     rates = np.zeros(n)
     order = np.argsort(cls, kind="stable")
     bounds = np.searchsorted(cls[order], classes, side="left").tolist() + [n]
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         sel = order[a:b]
-        rates[sel] = _waterfill_numpy(hops[sel], np.ones(b - a), cap)
+        rates[sel] = _waterfill_numpy(hops[sel], np.ones(b - a), cap, pen=None if pen is None else pen[sel])
     return rates
 
 
@@ -220,7 +262,8 @@ _CFLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     lib.flowlane_allocate.restype = ctypes.c_long
-    lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, ctypes.c_double, P]
+    lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, P, ctypes.c_double,
+                                      P]
 
 
 _KERNEL = CKernel(Path(__file__).with_name("_waterfill.c"), "waterfill", _CFLAGS, _declare,
@@ -235,13 +278,15 @@ def _kernel() -> ctypes.CDLL | None:
 
 
 def _run_c(lib: ctypes.CDLL, hops: np.ndarray, cls: np.ndarray | None, w: np.ndarray | None, cap: np.ndarray,
-           rtol: float) -> np.ndarray:
-    """Rates from the kernel; ``hops``/``cls`` int64 and ``w``/``cap`` float64, all C-contiguous (``cap`` is
-    decreased in place). ``cls`` None: one filling with weights ``w``; else strict priority with unit weights."""
+           rtol: float, pen: np.ndarray | None = None) -> np.ndarray:
+    """Rates from the kernel; ``hops``/``cls`` int64 and ``w``/``cap``/``pen`` float64, all C-contiguous (``cap``
+    is decreased in place). ``cls`` None: one filling with weights ``w``; else strict priority with unit weights.
+    ``pen``: wire cost per (flow, hop), or None."""
     n, h = hops.shape
     rates = np.empty(n)
     rc = lib.flowlane_allocate(n, h, cap.shape[0], hops.ctypes.data, None if cls is None else cls.ctypes.data,
-                               None if w is None else w.ctypes.data, cap.ctypes.data, rtol, rates.ctypes.data)
+                               None if w is None else w.ctypes.data, None if pen is None else pen.ctypes.data,
+                               cap.ctypes.data, rtol, rates.ctypes.data)
     if rc <= -3:
         _bad_hop(hops, cap.shape[0], -rc - 3)
     if rc == -1:
