@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from benchmarks._pool import add_pool_args, run_points
+from flowlane.sim.output import write_json
 
 VARIANTS = {  # name -> (policy, all-to-all mode)
     "fifo": ("fifo", "plain"),
@@ -234,15 +235,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resuming: {len(done)} points kept, {len(tasks)} to run")
     t0 = time.time()
 
-    def save(points: list[dict], skipped: list) -> None:
-        (out / f"{a.name}.json").write_text(json.dumps(summarise(points, skipped, a, time.time() - t0), indent=1))
+    def save(points: list[dict], skipped: list) -> None:  # after every point, so a cut-off run can --resume
+        write_json(out / f"{a.name}.json", summarise(points, skipped, a, time.time() - t0))
 
     points, skipped = run_points(
         tasks, run_point, (a.microbatches, a.quantum, op_overhead_s, a.incast_count), a.workers, a.budget_s, "hermod intra (simulated)",
         lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
                      f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
     res = summarise(points, skipped, a, time.time() - t0)
-    (out / f"{a.name}.json").write_text(json.dumps(res, indent=1))
+    write_json(out / f"{a.name}.json", res)
     drawn = _plot(res, out / f"{a.name}.png")
     print(f"wrote {out / a.name}.json" + (f" and {a.name}.png" if drawn else " (no plot: no FIFO point to compare with)"))
     return 0

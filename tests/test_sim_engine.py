@@ -259,3 +259,13 @@ def test_class_count_with_one_class_is_the_port_count_and_c_equals_numpy(monkeyp
                 assert c == pytest.approx(port, rel=1e-12)
     with pytest.raises(ValueError, match=r"IncastModel.count 'queue' is not one of \('port', 'class'\)"):
         IncastModel(count="queue")
+
+
+def test_write_json_leaves_the_old_file_whole_when_the_new_one_cannot_be_written(tmp_path) -> None:  # noqa: ANN001
+    from flowlane.sim.output import write_json
+
+    p = write_json(tmp_path / "r.json", {"speedup": 1.5})
+    with pytest.raises(TypeError):
+        write_json(p, {"speedup": object()})  # not serialisable: fails before anything replaces the old file
+    assert p.read_text() == '{\n "speedup": 1.5\n}'
+    assert [f.name for f in tmp_path.iterdir()] == ["r.json"]  # and no temporary file left behind

@@ -57,9 +57,12 @@ def coflow_records(res: SimResult, limit: int | None = None) -> list[dict]:
 
 
 def write_json(path: str | os.PathLike, obj: object) -> Path:
+    """Write ``obj`` as JSON via a temporary file beside ``path``, so a reader (or a crash) never sees half a file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(obj, indent=1, default=float))
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    tmp.replace(p)
     return p
 
 
