@@ -121,19 +121,82 @@ static int key_cmp(const void *x, const void *y) {
   return a->i < b->i ? -1 : (a->i > b->i);
 }
 
+/* keys[0..n) = (cls[i], i) in a stable order by class: a counting sort when the class values are dense (the
+ * engine's ranks are), else a sort of (class, index) pairs, stable by construction. NULL: out of memory. */
+static ckey_t *sort_by_class(long n, const int64_t *cls, int64_t lo, int64_t hi) {
+  ckey_t *keys = malloc(sizeof(ckey_t) * n);
+  if (!keys) return NULL;
+  if ((uint64_t)hi - (uint64_t)lo < (uint64_t)n + 1024) {
+    const long nc = (long)(hi - lo) + 1;
+    long *cnt = calloc(nc + 1, sizeof(long));
+    if (!cnt) { free(keys); return NULL; }
+    for (long i = 0; i < n; i++) cnt[cls[i] - lo + 1]++;
+    for (long c = 0; c < nc; c++) cnt[c + 1] += cnt[c];
+    for (long i = 0; i < n; i++) { ckey_t *k = &keys[cnt[cls[i] - lo]++]; k->c = cls[i]; k->i = i; }
+    free(cnt);
+  } else {
+    for (long i = 0; i < n; i++) { keys[i].c = cls[i]; keys[i].i = i; }
+    qsort(keys, n, sizeof(ckey_t), key_cmp);
+  }
+  return keys;
+}
+
+static void class_range(long n, const int64_t *cls, int64_t *lo, int64_t *hi) {
+  *lo = *hi = cls[0];
+  for (long i = 1; i < n; i++) {
+    if (cls[i] < *lo) *lo = cls[i];
+    if (cls[i] > *hi) *hi = cls[i];
+  }
+}
+
+/* The per-class incast model's wire costs (network.py:incast_wire_cost is the reference): for flow i's hop j on a
+ * link l with inc_link[l], pen = 1 + alpha * max(0, k - thr), k = the hops on l of flows of i's class that count
+ * (inc_count[i * h + j] != 0; NULL: all count); 1 elsewhere. keys: the flows sorted by class. cnt: nl zeros (left
+ * zeroed); touched: nl longs of scratch. */
+static void class_costs(long n, int h, long nl, const int64_t *hops, const ckey_t *keys, const unsigned char *inc_link,
+                        const unsigned char *inc_count, double alpha, long thr, long *cnt, long *touched, double *pen) {
+  const long pad = nl - 1;
+  for (long a = 0; a < n;) {
+    long b = a, nt = 0;
+    while (b < n && keys[b].c == keys[a].c) b++;
+    for (long q = a; q < b; q++) {
+      const long i = keys[q].i;
+      for (int j = 0; j < h; j++) {
+        const long l = (long)hops[i * h + j];
+        if (l == pad || !inc_link[l] || (inc_count && !inc_count[i * h + j])) continue;
+        if (cnt[l]++ == 0) touched[nt++] = l;
+      }
+    }
+    for (long q = a; q < b; q++) {
+      const long i = keys[q].i;
+      for (int j = 0; j < h; j++) {
+        const long l = (long)hops[i * h + j];
+        const long over = (l != pad && inc_link[l] && cnt[l] > thr) ? cnt[l] - thr : 0;
+        pen[i * h + j] = 1.0 + alpha * (double)over;
+      }
+    }
+    for (long t = 0; t < nt; t++) cnt[touched[t]] = 0;
+    a = b;
+  }
+}
+
 /* Rates of n flows (hops: n x h row-major, link indices in [0, nl), nl - 1 = pad) on capacities cap (length nl,
- * decreased in place), with optional wire costs pen (n x h, NULL = 1). cls == NULL: one filling with weights w (NULL: all 1.0). Otherwise strict priority: the
+ * decreased in place). cls == NULL: one filling with weights w (NULL: all 1.0). Otherwise strict priority: the
  * classes in increasing value, each filled with unit weights on what the previous ones left, its flows in their
- * original order (the reference's stable argsort). Returns 0; -1: out of memory; -2: a pass froze nothing;
- * -(3 + k): hops.flat[k] is not a link index. */
+ * original order (the reference's stable argsort). inc_link != NULL: the per-class incast model -- wire costs from
+ * class_costs with the classes inc_cls, thr and alpha, and inc_count (NULL: every hop counts). Returns 0; -1: out of
+ * memory; -2: a pass froze nothing; -(3 + k): hops.flat[k] is not a link index. */
 long flowlane_allocate(long n, int h, long nl, const int64_t *hops, const int64_t *cls, const double *w,
-                       const double *pen, double *cap, double rtol, double *rates) {
+                       const int64_t *inc_cls, const unsigned char *inc_link, const unsigned char *inc_count,
+                       double alpha, long thr, double *cap, double rtol, double *rates) {
   if (n <= 0) return 0;
   for (long k = 0; k < n * h; k++)
     if (hops[k] < 0 || hops[k] >= nl) return -(3 + k);
-  ws_t s = {nl, h, hops, pen, NULL, NULL, NULL, NULL, NULL, NULL};
+  ws_t s = {nl, h, hops, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
   long rc = -1;
   ckey_t *keys = NULL;
+  double *pen = NULL;
+  long *cnt = NULL;
   s.wsum = malloc(sizeof(double) * nl);
   s.share = malloc(sizeof(double) * nl);
   s.sub = malloc(sizeof(double) * nl);
@@ -142,35 +205,24 @@ long flowlane_allocate(long n, int h, long nl, const int64_t *hops, const int64_
   s.act = malloc(sizeof(long) * n);
   if (!s.wsum || !s.share || !s.sub || !s.mark || !s.touched || !s.act) goto done;
   int64_t lo = 0, hi = 0;
-  if (cls) {
-    lo = hi = cls[0];
-    for (long i = 1; i < n; i++) {
-      if (cls[i] < lo) lo = cls[i];
-      if (cls[i] > hi) hi = cls[i];
-    }
+  if (cls) class_range(n, cls, &lo, &hi);
+  if (inc_link) {
+    int64_t ilo, ihi;
+    class_range(n, inc_cls, &ilo, &ihi);
+    pen = malloc(sizeof(double) * n * h);
+    cnt = calloc(nl, sizeof(long));
+    keys = sort_by_class(n, inc_cls, ilo, ihi);
+    if (!pen || !cnt || !keys) goto done;
+    class_costs(n, h, nl, hops, keys, inc_link, inc_count, alpha, thr, cnt, s.touched, pen);
+    s.pen = pen;
+    if (inc_cls != cls) { free(keys); keys = NULL; }
   }
   if (lo == hi) {  /* one class (or weighted): a single filling, as the reference does for classes.size == 1 */
     for (long i = 0; i < n; i++) s.act[i] = i;
     rc = fill(&s, n, cls ? NULL : w, cap, rtol, rates);
     goto done;
   }
-  /* strict: the flows in a stable order by class: a counting sort when the class values are dense (the engine's
-   * ranks are), else a sort of (class, index) pairs, stable by construction */
-  if ((uint64_t)hi - (uint64_t)lo < (uint64_t)n + 1024) {
-    const long nc = (long)(hi - lo) + 1;
-    long *cnt = calloc(nc + 1, sizeof(long));
-    keys = malloc(sizeof(ckey_t) * n);
-    if (!cnt || !keys) { free(cnt); goto done; }
-    for (long i = 0; i < n; i++) cnt[cls[i] - lo + 1]++;
-    for (long c = 0; c < nc; c++) cnt[c + 1] += cnt[c];
-    for (long i = 0; i < n; i++) { ckey_t *k = &keys[cnt[cls[i] - lo]++]; k->c = cls[i]; k->i = i; }
-    free(cnt);
-  } else {
-    keys = malloc(sizeof(ckey_t) * n);
-    if (!keys) goto done;
-    for (long i = 0; i < n; i++) { keys[i].c = cls[i]; keys[i].i = i; }
-    qsort(keys, n, sizeof(ckey_t), key_cmp);
-  }
+  if (!keys && !(keys = sort_by_class(n, cls, lo, hi))) goto done;
   rc = 0;
   for (long a = 0; a < n && rc == 0;) {
     long b = a;
@@ -179,7 +231,7 @@ long flowlane_allocate(long n, int h, long nl, const int64_t *hops, const int64_
     a = b;
   }
 done:
-  free(keys);
+  free(keys); free(pen); free(cnt);
   free(s.wsum); free(s.share); free(s.sub); free(s.mark); free(s.touched); free(s.act);
   return rc;
 }

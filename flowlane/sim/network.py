@@ -151,7 +151,7 @@ def incast_wire_cost(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, inc
         k = np.bincount(inv[solo], minlength=ukey.size)
         pair = np.unique(np.repeat(incast_group, h)[~solo] * ukey.size + inv[~solo])
         k += np.bincount(pair % ukey.size, minlength=ukey.size)
-    on = np.append(incast_links, 0)[hops.ravel()]  # the pad is never an incast link
+    on = np.append(incast_links != 0, False)[hops.ravel()]  # the pad is never an incast link
     return (1.0 + incast.alpha * (np.maximum(0, k[inv] - incast.threshold) * on)).reshape(n, h)
 
 
@@ -183,10 +183,14 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
     cap[:-1] = capacity
     cap[-1] = np.inf
     lib = _kernel()
-    pen = None
-    if incast is not None and incast_links is not None and incast_links.any() and incast.count == "class":
+    per_class = incast is not None and incast_links is not None and incast_links.any() and incast.count == "class"
+    pen = None  # the numpy path's per-class wire costs (the kernel computes its own from `counting`)
+    counting: _ClassCounting | None = None
+    if per_class and lib is None:
         _check_range(hops, cap.shape[0])  # before the fan-in counts index with them
         pen = incast_wire_cost(hops, cls, cap.shape[0], incast, incast_links, incast_group)
+    elif per_class:
+        counting = _class_counting(hops, cls, cap.shape[0], incast, incast_links, incast_group)
     elif incast is not None and incast_links is not None and incast_links.any():
         _check_range(hops, cap.shape[0])
         k = incast_fan_in(hops, cap.shape[0], incast_group)[:-1]
@@ -200,13 +204,48 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
         classes = np.unique(cls)
         if classes.size > 1:  # the reference's weights, computed by numpy so that the powers are the same
             w = weight_ratio ** np.searchsorted(classes, cls).astype(np.float64)
-            return _run_c(lib, hops, None, w, cap, _RTOL, pen)
+            return _run_c(lib, hops, None, w, cap, _RTOL, counting)
+    cls = counting.cls if counting is not None else _int64_classes(cls)
+    return _run_c(lib, hops, cls, None, cap, _RTOL, counting)
+
+
+def _int64_classes(cls: np.ndarray) -> np.ndarray:
+    """Classes as the kernel orders them (C-contiguous int64); other dtypes (floats, uint64) become their dense
+    ranks, same order."""
     if cls.dtype != np.int64 or not cls.flags.c_contiguous:
-        # the kernel orders classes as int64; other dtypes (floats, uint64) become their dense ranks, same order
         if not np.can_cast(cls.dtype, np.int64):
             cls = np.unique(cls, return_inverse=True)[1]
         cls = np.ascontiguousarray(cls, dtype=np.int64)
-    return _run_c(lib, hops, cls, None, cap, _RTOL, pen)
+    return cls
+
+
+@dataclass(frozen=True)
+class _ClassCounting:
+    """What the kernel needs to compute :func:`incast_wire_cost` itself (bit for bit: the same operations)."""
+
+    cls: np.ndarray  # int64 classes
+    link: np.ndarray  # uint8 per link, pad included (0): an incast link
+    count: np.ndarray | None  # uint8 per (flow, hop): 0 where a matched coflow's (link) pair repeats; None: all count
+    alpha: float
+    threshold: int
+
+
+def _class_counting(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, incast: IncastModel,
+                    incast_links: np.ndarray, incast_group: np.ndarray | None) -> _ClassCounting:
+    count = None
+    if incast_group is not None and (incast_group >= 0).any():
+        # a matched coflow counts once per link and class: only the first of its hops on each link counts
+        n, h = hops.shape
+        flat_g = np.repeat(incast_group, h)
+        m = np.flatnonzero(flat_g >= 0)
+        trip = np.column_stack([flat_g[m], np.repeat(_int64_classes(cls), h)[m], hops.ravel()[m]])
+        first = np.unique(trip, axis=0, return_index=True)[1]
+        count = np.ones(n * h, np.uint8)
+        count[m] = 0
+        count[m[first]] = 1
+    link = np.zeros(n_links_padded, np.uint8)
+    link[:-1] = incast_links != 0
+    return _ClassCounting(_int64_classes(cls), link, count, float(incast.alpha), int(incast.threshold))
 
 
 def _allocate_numpy(hops: np.ndarray, cls: np.ndarray, cap: np.ndarray, sharing: str,
@@ -262,8 +301,8 @@ _CFLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     lib.flowlane_allocate.restype = ctypes.c_long
-    lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, P, ctypes.c_double,
-                                      P]
+    lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, P, P, ctypes.c_double,
+                                      ctypes.c_long, P, ctypes.c_double, P]
 
 
 _KERNEL = CKernel(Path(__file__).with_name("_waterfill.c"), "waterfill", _CFLAGS, _declare,
@@ -278,14 +317,18 @@ def _kernel() -> ctypes.CDLL | None:
 
 
 def _run_c(lib: ctypes.CDLL, hops: np.ndarray, cls: np.ndarray | None, w: np.ndarray | None, cap: np.ndarray,
-           rtol: float, pen: np.ndarray | None = None) -> np.ndarray:
-    """Rates from the kernel; ``hops``/``cls`` int64 and ``w``/``cap``/``pen`` float64, all C-contiguous (``cap``
-    is decreased in place). ``cls`` None: one filling with weights ``w``; else strict priority with unit weights.
-    ``pen``: wire cost per (flow, hop), or None."""
+           rtol: float, counting: _ClassCounting | None = None) -> np.ndarray:
+    """Rates from the kernel; ``hops``/``cls`` int64 and ``w``/``cap`` float64, all C-contiguous (``cap`` is
+    decreased in place). ``cls`` None: one filling with weights ``w``; else strict priority with unit weights.
+    ``counting``: the per-class incast model, or None."""
     n, h = hops.shape
     rates = np.empty(n)
+    c = counting
     rc = lib.flowlane_allocate(n, h, cap.shape[0], hops.ctypes.data, None if cls is None else cls.ctypes.data,
-                               None if w is None else w.ctypes.data, None if pen is None else pen.ctypes.data,
+                               None if w is None else w.ctypes.data, None if c is None else c.cls.ctypes.data,
+                               None if c is None else c.link.ctypes.data,
+                               None if c is None or c.count is None else c.count.ctypes.data,
+                               0.0 if c is None else c.alpha, 0 if c is None else c.threshold,
                                cap.ctypes.data, rtol, rates.ctypes.data)
     if rc <= -3:
         _bad_hop(hops, cap.shape[0], -rc - 3)
