@@ -47,13 +47,13 @@ def _instance(seed: int):
 @needs_cc
 @pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("sharing", ["strict", "weighted"])
-@pytest.mark.parametrize("with_incast", [False, True])
+@pytest.mark.parametrize("with_incast", [None, "port", "class"])
 def test_random_instances_give_bit_identical_rates(monkeypatch: pytest.MonkeyPatch, seed: int, sharing: str,
-                                                   with_incast: bool) -> None:
+                                                   with_incast: str | None) -> None:
     hops, cls, cap, rng = _instance(seed)
     kw: dict = {"sharing": sharing, "weight_ratio": 0.3}
     if with_incast:
-        kw["incast"] = IncastModel(threshold=2, alpha=0.25)
+        kw["incast"] = IncastModel(threshold=2, alpha=0.25, count=with_incast)
         kw["incast_links"] = (rng.random(cap.size) < 0.6).astype(np.int64)
         kw["incast_group"] = np.where(rng.random(len(hops)) < 0.4, rng.integers(0, 3, len(hops)), -1)
     (c, _), (ref, _) = _both(monkeypatch, allocate, hops, cls, cap, **kw)
@@ -125,15 +125,17 @@ def _tiny() -> LLMJob:
 
 
 @needs_cc
-@pytest.mark.parametrize("what", ["llm-priority", "moe-weighted-incast", "moe-matched-incast"])
+@pytest.mark.parametrize("what", ["llm-priority", "moe-weighted-incast", "moe-matched-incast",
+                                  "moe-matched-class-incast", "moe-phases-class-incast"])
 def test_engine_gives_identical_results_with_and_without_c(monkeypatch: pytest.MonkeyPatch, what: str) -> None:
     if what == "llm-priority":
         topo, w = build_llm(_tiny(), 16)
         cfg, pol = SimConfig(), "priority"
     else:
-        job = preset("qwen-moe-12l", num_microbatches=1, ep=4, ep_a2a="matched" if "matched" in what else "plain")
+        mode = "matched" if "matched" in what else "phases" if "phases" in what else "plain"
+        job = preset("qwen-moe-12l", num_microbatches=1, ep=4, ep_a2a=mode)
         topo, w = build_llm(job, 16)
-        cfg = SimConfig(incast=IncastModel(threshold=2, alpha=0.2),
+        cfg = SimConfig(incast=IncastModel(threshold=2, alpha=0.2, count="class" if "class" in what else "port"),
                         sharing="weighted" if "weighted" in what else "strict")
         pol = "ep-first"
     (rc, _), (rn, _) = _both(monkeypatch, lambda: Simulator(topo, cfg).run(w, make_policy(pol)))
