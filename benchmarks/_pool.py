@@ -13,9 +13,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 
-def add_pool_args(ap: argparse.ArgumentParser, budget_s: float) -> None:
+def add_pool_args(ap: argparse.ArgumentParser, budget_s: float, quantum: float = 1e-4) -> None:
     """The options every pool-driven simulation benchmark takes: --quantum, --workers, --budget-s."""
-    ap.add_argument("--quantum", type=float, default=1e-4, help="simulator time quantum (s)")
+    ap.add_argument("--quantum", type=float, default=quantum, help=f"simulator time quantum (s; default {quantum:g})")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=budget_s, help="stop starting new points after this (wall s)")
 

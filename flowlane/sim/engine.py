@@ -47,7 +47,9 @@ class SimConfig:
     launch_overhead: float = 0.0
     compute_jitter: float = 0.0
     seed: int = 0
-    time_quantum: float = 0.0  # batch events within this window (s); 0 = exact. Each event may move by < quantum.
+    # batch events within this window (s); 0 = exact. Each event may be delayed by < quantum, and the delays add up
+    # along chains of dependent short flows (a phased all-to-all's ~180 steps), so keep it well below a step's length
+    time_quantum: float = 0.0
     progress: bool = False
 
     def __post_init__(self) -> None:
