@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from benchmarks._pool import add_pool_args, run_points
+from flowlane.sim.network import INCAST_COUNTS
 from flowlane.sim.output import write_json
 
 VARIANTS = {  # name -> (policy, all-to-all mode)
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op-overhead-us", type=float, default=0.0,
                     help="fixed cost of every communication op in microseconds (SimConfig.launch_overhead): one per "
                          "collective, p2p, plain or matched all-to-all, one per phase flow of a phased all-to-all (default 0)")
-    ap.add_argument("--incast-count", default="port", choices=("port", "class"),
+    ap.add_argument("--incast-count", default="port", choices=INCAST_COUNTS,
                     help="who adds to a port's incast fan-in: every flow on it (port, default: one shared queue) or "
                          "the flows of the same priority class (class: a switch queue per class)")
     ap.add_argument("--resume", action="store_true",

@@ -232,20 +232,21 @@ class _ClassCounting:
 
 def _class_counting(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, incast: IncastModel,
                     incast_links: np.ndarray, incast_group: np.ndarray | None) -> _ClassCounting:
+    cls = _int64_classes(cls)
     count = None
     if incast_group is not None and (incast_group >= 0).any():
         # a matched coflow counts once per link and class: only the first of its hops on each link counts
         n, h = hops.shape
         flat_g = np.repeat(incast_group, h)
         m = np.flatnonzero(flat_g >= 0)
-        trip = np.column_stack([flat_g[m], np.repeat(_int64_classes(cls), h)[m], hops.ravel()[m]])
+        trip = np.column_stack([flat_g[m], np.repeat(cls, h)[m], hops.ravel()[m]])
         first = np.unique(trip, axis=0, return_index=True)[1]
         count = np.ones(n * h, np.uint8)
         count[m] = 0
         count[m[first]] = 1
     link = np.zeros(n_links_padded, np.uint8)
     link[:-1] = incast_links != 0
-    return _ClassCounting(_int64_classes(cls), link, count, float(incast.alpha), int(incast.threshold))
+    return _ClassCounting(cls, link, count, float(incast.alpha), int(incast.threshold))
 
 
 def _allocate_numpy(hops: np.ndarray, cls: np.ndarray, cap: np.ndarray, sharing: str,
