@@ -215,7 +215,8 @@ def irecv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None
 def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any = None,
                       keys: Sequence[Any] | None = None) -> list[RecordedWork]:
     """Like ``dist.batch_isend_irecv``; one CommOp per P2POp (with ``keys[i]``, or ``key`` for all).
-    Global peer ranks, as torch expects."""
+    Global peer ranks, as torch expects. Like torch, returns one handle per op where the backend gives one (gloo) and
+    one handle for the whole batch where it coalesces (NCCL); wait on every handle returned."""
     if not p2p_ops:
         return []
     if keys is not None and len(keys) != len(p2p_ops):
@@ -225,7 +226,10 @@ def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any
         name = "isend" if p.op in (dist.isend, dist.send) else "irecv"
         recs.append(_start(kind, name, p.group, [p.peer], _nbytes(p.tensor), keys[i] if keys is not None else key))
     works = dist.batch_isend_irecv(list(p2p_ops))
-    return [RecordedWork(w, [r]) for w, r in zip(works, recs, strict=True)]
+    if len(works) == len(recs):  # gloo: one Work per op
+        return [RecordedWork(w, [r]) for w, r in zip(works, recs, strict=True)]
+    # NCCL coalesces the batch into one Work (torch returns a one-element list): waiting on it completes every op
+    return [RecordedWork(list(works), recs)]
 
 
 # -- collectives ---------------------------------------------------------------------------------------------------

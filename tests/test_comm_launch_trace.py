@@ -1,4 +1,5 @@
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,3 +63,40 @@ def test_owned_process_groups_are_destroyed_on_exit_and_kept_on_error():
         assert r["inside"] == r["before"] + 1
         assert r["after"] == r["before"]  # destroyed (Megatron's destroy_model_parallel would only forget it)
         assert r["after_error"] == r["before"] + 1  # a peer may still be blocked in it: left to the launcher
+
+
+def test_a_coalesced_batch_gives_one_handle_that_completes_every_op(monkeypatch, tmp_path):
+    """NCCL returns one Work for a whole batch_isend_irecv (gloo one per op): flowlane.comm must not assume one per
+    op (it did, and every pipeline p2p and matched all-to-all failed on the first GPU run); waiting on the one handle
+    stamps every recorded op."""
+    import torch
+    import torch.distributed as dist
+
+    from flowlane import comm
+
+    class OneWork:
+        waited = 0
+
+        def wait(self, timeout=None):
+            OneWork.waited += 1
+            return True
+
+        def is_completed(self):
+            return True
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [OneWork()])
+    # what comm reads of a P2POp (a real one needs an initialised process group)
+    ops = [SimpleNamespace(op=fn, tensor=torch.ones(4), peer=1, group=None)
+           for fn in (dist.isend, dist.irecv, dist.isend)]
+    try:
+        with comm.recording() as rec:
+            works = comm.batch_isend_irecv(ops, kind="pp")
+            assert len(works) == 1 and works[0].is_completed()
+            assert all(o.end is None for o in rec.ops)
+            works[0].wait()
+    finally:
+        dist.destroy_process_group()
+    assert OneWork.waited == 1
+    assert [o.op for o in rec.ops] == ["isend", "irecv", "isend"] and all(o.end is not None for o in rec.ops)
+    assert sum(o.nbytes for o in rec.ops) == 3 * 16

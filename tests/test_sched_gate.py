@@ -79,3 +79,60 @@ def test_a_non_gating_critical_op_wakes_the_pacer_for_what_it_sealed():
         h.wait()
     finally:
         sched.close()
+
+
+class _DeviceWork:
+    """Like NCCL's Work: ``wait()`` returns at once (it only orders CUDA streams), ``is_completed()`` turns true when
+    the device is done (here: after ``run_s``)."""
+
+    def __init__(self, run_s: float, events: list[str], name: str) -> None:
+        self.end, self.events, self.name = time.monotonic() + run_s, events, name
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        done = time.monotonic() >= self.end
+        if done and f"{self.name} done" not in self.events:
+            self.events.append(f"{self.name} done")
+        return done
+
+
+def test_the_pacer_waits_for_device_completion_not_for_a_stream_wait():
+    """With one chunk in flight, the second chunk goes out only after the first finished on the device, and the
+    deferred handle completes only then, although ``wait()`` of an NCCL-like work returns immediately."""
+    events: list[str] = []
+    sched = CommScheduler(config=SchedulerConfig(max_inflight_chunks=1))
+    try:
+        def launch(name: str):
+            def go():
+                events.append(f"{name} launched")
+                return _DeviceWork(0.15, events, name)
+            return go
+        t0 = time.monotonic()
+        h = sched.defer(CoflowMeta("dp", microbatch=0, layer=0, op="reduce_scatter"), [launch("a"), launch("b")])
+        sched.seal()
+        while not h.is_completed() and time.monotonic() - t0 < 10:  # no wait(): that would make the op urgent
+            time.sleep(0.01)
+        assert time.monotonic() - t0 >= 0.3 - 0.01
+        assert events == ["a launched", "a done", "b launched", "b done"]
+    finally:
+        sched.close()
+
+
+def test_a_chunk_that_never_completes_on_the_device_is_an_error_not_a_hang():
+    sched = CommScheduler(config=SchedulerConfig(wait_timeout_s=0.3))
+    try:
+        h = sched.defer(CoflowMeta("dp", microbatch=0, layer=0, op="reduce_scatter"),
+                        [lambda: _DeviceWork(3600.0, [], "stuck")])
+        sched.seal()
+        t0 = time.monotonic()
+        while not h.is_completed() and time.monotonic() - t0 < 10:  # the pacer gives up and fails the op
+            time.sleep(0.01)
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(RuntimeError, match="failed") as e:
+            h.wait()
+        assert "still running on the device" in str(e.value.__cause__)
+    finally:
+        with pytest.raises(RuntimeError, match="failed"):  # close() surfaces the failure too
+            sched.close()

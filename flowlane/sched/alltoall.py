@@ -69,11 +69,20 @@ def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm
     return bvn_phases(q, "bottleneck" if algorithm == "bvn_bottleneck" else "first")
 
 
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a small metadata tensor for a collective on ``group`` must live: NCCL moves CUDA tensors only (a CPU
+    tensor is an error there), gloo takes CPU tensors."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None) -> list[list[int]]:
     """Every rank's input splits -> the full matrix (what Megatron's dispatcher already all-gathers)."""
     n = dist.get_world_size(group)
-    mine = torch.tensor(list(input_split_sizes), dtype=torch.long)
-    out = [torch.zeros(n, dtype=torch.long) for _ in range(n)]
+    device = collective_device(group)
+    mine = torch.tensor(list(input_split_sizes), dtype=torch.long, device=device)
+    out = [torch.zeros(n, dtype=torch.long, device=device) for _ in range(n)]
     dist.all_gather(out, mine, group=group)
     return [t.tolist() for t in out]
 
@@ -160,7 +169,7 @@ class AllToAllRunner:
 
     Groups of two never match (:func:`needs_matching`), whatever the choice. Iteration times are host wall times
     between :meth:`end_iteration` calls; on CUDA they follow the device only where the loop synchronises once per
-    iteration (Megatron's loss reduction does), and the CUDA path is untested without a GPU.
+    iteration (Megatron's loss reduction does). On NCCL it ran on one GPU (results/gpu/README.md).
     """
 
     def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_iterations: int = 2,
@@ -179,7 +188,6 @@ class AllToAllRunner:
         self.choice: str | None = None if algorithm == "auto" else algorithm
         self.probe_seconds: dict[str, float] = dict.fromkeys(self.candidates, 0.0)
         self._t0: float | None = None
-        self._device = torch.device("cpu")
 
     @property
     def current(self) -> str:
@@ -196,7 +204,6 @@ class AllToAllRunner:
         """Same result as ``all_to_all_single``. ``matrix``: the group's split matrix if the caller already has it
         (Megatron's dispatcher gathers it anyway); gathered here when a matched algorithm needs it. Returns the
         algorithm that ran."""
-        self._device = input.device
         algorithm = self.current if needs_matching(dist.get_world_size(group)) else "plain"
         if algorithm == "plain":
             comm.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes), group=group,
@@ -225,9 +232,7 @@ class AllToAllRunner:
         """Sum every rank's probe times, decide on the group's first rank, broadcast: one answer everywhere even if
         a transport's reduction were to round differently per rank."""
         g = self.decision_group
-        device = self._device
-        if device.type == "cpu" and dist.get_backend(g) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = collective_device(g)
         stats = torch.tensor([self.probe_seconds[c] for c in self.candidates], dtype=torch.float64, device=device)
         comm.all_reduce(stats, group=g, kind="ep", key=key)
         self.probe_seconds = dict(zip(self.candidates, stats.tolist(), strict=True))

@@ -12,7 +12,8 @@ created), so a class's traffic leaves from its own source address and a switch o
 the operator's to set up (e.g. a macvlan per class on the NIC); benchmarks/hermod_real.py builds them in netns.
 
 The NCCL path cannot be exercised on a CPU-only machine; it is guarded (clear errors when the torch build lacks the
-field) and untested here.
+field) and was checked on one GPU (benchmarks/nccl_gpu_check.py, results/gpu/README.md): the clones carry traffic
+classes 0 / 1 / 3 and the project's NCCL net plugin receives them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ into phases; in each phase the senders and receivers form a (partial) matching, 
   7-24 % *slower* in 8 of 9 settings: gloo completes a send once the kernel has buffered it, so a rank starts phase
   k+1 while its phase-k data still drains and the two share its uplink; capping the socket send buffer
   (``--tcp-wmem``) removes the difference. Hence ``first`` stays the default; ``bottleneck`` is for transports
-  whose sends complete on delivery and whose per-phase cost dominates (untested here: NCCL needs a GPU).
+  whose sends complete on delivery and whose per-phase cost dominates (not timed on a real NCCL fabric yet).
 * :func:`algorithm3_phases`: the seed's Algorithm 3 (repeated max-weight matching, weight = min matched positive
   entry -- the digest's reading of lines 9-10). Not optimal: 1.5 L on ``[[0,5,0],[5,0,0],[5,5,0]]`` (digest A2.6).
 

@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
 
 Launch = Callable[[], Any]  # returns something with .wait() (a Work, RecordedWork, list of them) or None
@@ -101,6 +103,36 @@ def _wait(work: Any) -> None:
         work.wait()
 
 
+def _wait_done(work: Any, timeout_s: float, stream: Any = None) -> None:
+    """The pacer's wait for a chunk: returns once the chunk has finished on the device as well. NCCL's
+    ``Work.wait()`` only makes the calling thread's current CUDA stream wait and returns at once, which would let the
+    pacer put every chunk on the wire together; polling ``is_completed()`` (the end event NCCL records) keeps
+    ``max_inflight_chunks`` a real bound and means a deferred handle completes only after its data has arrived.
+    gloo's works report completed once ``wait()`` returns, so this costs them nothing.
+
+    ``stream``: a CUDA stream of the pacer's own for that stream wait. Without it ``wait()`` made the *default*
+    stream wait for the chunk, so the model's next kernels -- and the next pipeline send, which NCCL orders after
+    them -- queued behind DP traffic: the critical path blocked on a deferred op, and on the first GPU run (4 NCCL
+    ranks, Hermod mode) the ranks deadlocked."""
+    if stream is not None:
+        with torch.cuda.stream(stream):
+            _wait(work)
+    else:
+        _wait(work)
+    works = list(work) if isinstance(work, list | tuple) else [work]
+    deadline = time.monotonic() + timeout_s
+    pause = 2e-5
+    for w in works:
+        if w is None or not hasattr(w, "is_completed"):
+            continue
+        while not w.is_completed():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a deferred chunk was still running on the device {timeout_s:.0f} s after "
+                                   f"its wait() returned (wait_timeout_s); a peer rank is stuck")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
+
 @dataclass
 class _Chunk:
     op: _Deferred
@@ -163,6 +195,7 @@ class CommScheduler:
         self._stop = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._cuda_device: int | None = None  # the caller's device, for the pacer's own wait stream
         if self.config.mode == "hermod":
             self._thread = threading.Thread(target=self._pacer, name="flowlane-hermod-pacer", daemon=True)
             self._thread.start()
@@ -209,6 +242,8 @@ class CommScheduler:
 
     def defer(self, meta: CoflowMeta, launches: Sequence[Launch]) -> DeferredHandle:
         """Queue a deferrable op as chunks (each a closure launching one async chunk op)."""
+        if self._cuda_device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            self._cuda_device = torch.cuda.current_device()  # the pacer thread's device would default to 0
         op = _Deferred(meta)
         op.chunks = [_Chunk(op, i, fn) for i, fn in enumerate(launches)]
         op.remaining = len(op.chunks)
@@ -334,6 +369,7 @@ class CommScheduler:
 
     def _pacer(self) -> None:
         inflight: deque[tuple[_Chunk, Any]] = deque()
+        wait_stream: Any = None
         try:
             while True:
                 with self._cond:
@@ -355,8 +391,12 @@ class CommScheduler:
                     self._log("chunk", launch.op.meta, launch.index, launch.window)
                     inflight.append((launch, launch.launch()))
                     continue
-                chunk, work = inflight.popleft()  # wait for the oldest chunk on the wire
-                _wait(work)
+                if wait_stream is None and self._cuda_device is not None:
+                    torch.cuda.set_device(self._cuda_device)
+                    wait_stream = torch.cuda.Stream()
+                chunk, work = inflight[0]  # wait for the oldest chunk on the wire; it stays listed until done,
+                _wait_done(work, self.config.wait_timeout_s, wait_stream)  # so that a failure fails its op too
+                inflight.popleft()
                 chunk.op.remaining -= 1
                 if chunk.op.remaining == 0:
                     with self._cond:

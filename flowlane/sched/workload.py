@@ -71,6 +71,13 @@ class WorkloadConfig:
     microbatch's backward (Case II) and the first forward waits only for its own layer's gather (Case III). False is
     Megatron-LM's default, the thesis' "vanilla Megatron-LM" baseline (seed 000 §5.5.1): every gather completes
     before the first forward, every reduction starts after the rank's whole backward."""
+    device: str = "cpu"
+    """Where activations, parameters and gradients live: ``cpu`` (gloo) or ``cuda`` (NCCL: each rank on its current
+    CUDA device). Random numbers are drawn on the CPU and moved, so both start from the same values."""
+
+    def __post_init__(self) -> None:
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"WorkloadConfig.device {self.device!r} must be 'cpu' or 'cuda' (or 'cuda:N')")
 
 
 _ROW = 64
@@ -103,7 +110,9 @@ class _Rank:
             raise ValueError("ep_wire_classes on gloo needs gloo_class_ifnames (one interface per Hermod class)")
         self.rng = random.Random(cfg.seed * 7919 + rank)
         g = torch.Generator().manual_seed(cfg.seed * 1000 + self.stage)  # same params on every DP replica
-        self.params = [torch.randn(cfg.param_elems, generator=g) * 0.1 for _ in range(cfg.layers_per_stage)]
+        self.dev = torch.device(cfg.device)
+        self.params = [(torch.randn(cfg.param_elems, generator=g) * 0.1).to(self.dev)
+                       for _ in range(cfg.layers_per_stage)]
         self.it = 0
 
     # -- helpers ------------------------------------------------------------------------------------------------
@@ -130,7 +139,7 @@ class _Rank:
             meta: CoflowMeta) -> torch.Tensor | None:
         """One Megatron-style combined p2p step (sends and receives posted together, then all waited)."""
         self.jitter()
-        buf = torch.empty(self.cfg.act_elems) if recv_shape else None
+        buf = torch.empty(self.cfg.act_elems, device=self.dev) if recv_shape else None
         ops = []
         if send is not None and send_to is not None:
             ops.append(dist.P2POp(dist.isend, send, send_to, self.pp_group))
@@ -167,14 +176,14 @@ class _Rank:
             return x
         rows = x.view(-1, _ROW)
         splits = self.routing(mb, layer + (1000 if backward else 0), rows.shape[0])
-        mine = torch.tensor(splits, dtype=torch.long)
-        allsplits = [torch.zeros(self.dp, dtype=torch.long) for _ in range(self.dp)]
+        mine = torch.tensor(splits, dtype=torch.long, device=self.dev)
+        allsplits = [torch.zeros(self.dp, dtype=torch.long, device=self.dev) for _ in range(self.dp)]
         dist.all_gather(allsplits, mine, group=self.dp_group)  # the dispatcher's metadata all-gather (A2.5)
         matrix = [t.tolist() for t in allsplits]
         recv_splits = [matrix[i][self.dp_rank] for i in range(self.dp)]
         meta = self.meta("ep", mb, self.layer_id(layer), "dispatch")
         group = self.ep_group(meta, backward)
-        out = torch.empty(sum(recv_splits), _ROW)
+        out = torch.empty(sum(recv_splits), _ROW, device=self.dev)
         self.jitter()
         with self.sched.critical_section(meta):
             self.a2a(out, rows, recv_splits, splits, group=group, matrix=matrix, key=meta)
@@ -199,7 +208,7 @@ class _Rank:
         lazy = cfg.overlap_dp and self.order == "fifo"
 
         def gather(local: int) -> None:
-            buf = torch.zeros(cfg.param_elems)
+            buf = torch.zeros(cfg.param_elems, device=self.dev)
             lo = self.dp_rank * shard
             buf[lo:lo + shard] = self.params[local][lo:lo + shard]
             buf[self.dp * shard:] = self.params[local][self.dp * shard:] / self.dp
@@ -213,7 +222,7 @@ class _Rank:
             for local in reversed(range(L)):
                 gathers.pop(local).wait()
                 self.params[local] = full[local]
-        grads = [torch.zeros(cfg.param_elems) for _ in range(L)]
+        grads = [torch.zeros(cfg.param_elems, device=self.dev) for _ in range(L)]
         reductions: list[Any] = []
         acts: dict[int, list[torch.Tensor]] = {}
         prev, nxt = self.stage - 1, self.stage + 1
@@ -223,7 +232,7 @@ class _Rank:
 
         def input_for(mb: int) -> torch.Tensor:
             g = torch.Generator().manual_seed(cfg.seed * 31 + self.it * 1009 + mb * 17 + self.dp_rank)
-            return torch.randn(cfg.act_elems, generator=g)
+            return torch.randn(cfg.act_elems, generator=g).to(self.dev)
 
         def forward(mb: int, x: torch.Tensor) -> torch.Tensor:
             saved = []
