@@ -228,6 +228,27 @@ def test_disk_full_injected_raises_clear_error(tmp_path: Path) -> None:
         cache.wait_io()
 
 
+class _BrokenWriter(PosixBackend):
+    """A backend whose write fails with something other than an OSError (a library's TypeError, say)."""
+
+    def write(self, key, data):
+        raise TypeError("unsupported buffer for this library")
+
+
+def test_a_store_failing_with_any_exception_falls_back_instead_of_hanging(tmp_path: Path) -> None:
+    """Only OSError/RuntimeError used to be caught: any other exception left the storage "storing" forever, and a
+    load of it waited forever (or its bytes survived only by luck, through the exception's traceback)."""
+    m, idx = _model()
+    ref = _reference(m, idx)
+    with pytest.warns(RuntimeWarning, match="unsupported buffer"), \
+            _with_backend(m, _cfg(tmp_path, keep_last_k=0), _BrokenWriter((str(tmp_path),))) as cache:
+        m(idx).backward()
+        cache.wait_io()
+        s = cache.stats_snapshot()
+    assert s.io_errors > 0 and s.fallbacks > 0 and s.bytes_written == 0
+    assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_real_tmpfs_full_falls_back_and_gradients_stay_exact(tmp_path: Path) -> None:
     mnt = tmp_path / "small"

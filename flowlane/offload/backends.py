@@ -169,7 +169,7 @@ class IOBackend(ABC):
 def _host_staging(data: torch.Tensor) -> torch.Tensor:
     """A CPU view of ``data``: the tensor itself on CPU, a (pinned) host copy of a CUDA tensor.
 
-    The cache already waited on the producer's CUDA event (digest A4); the copy runs on the worker's own stream.
+    The cache already waited on the producer's CUDA event (digest A4) and runs the copy on the worker's own stream.
     """
     if data.device.type == "cpu":
         return data
@@ -355,10 +355,11 @@ class KvikioBackend(IOBackend):
             os.environ["KVIKIO_COMPAT_MODE"] = compat_mode.upper()
         try:
             import kvikio  # noqa: PLC0415 - optional dependency, import-guarded
-        except ImportError as e:
+            import kvikio.defaults  # noqa: PLC0415,F401 - not imported by ``import kvikio`` (26.10)
+        except Exception as e:  # noqa: BLE001 - ImportError, or a RuntimeError when libcufile cannot be loaded
             raise BackendUnavailableError(
-                f"offload.backend='kvikio' but kvikio is not importable ({e}); install kvikio-cu12/cu13 or use "
-                "backend='posix'") from e
+                f"offload.backend='kvikio' but kvikio is not usable ({type(e).__name__}: {e}); install "
+                "kvikio-cu12/cu13 (and libcufile) or use backend='posix'") from e
         self._kvikio = kvikio
         self.rank = rank
         targets = [Path(d) for d in (dirs or (tempfile.gettempdir(),))]
@@ -370,7 +371,7 @@ class KvikioBackend(IOBackend):
     def describe(self) -> dict[str, Any]:
         compat = None
         with contextlib.suppress(Exception):  # informational only; the API differs across kvikio versions
-            compat = bool(self._kvikio.defaults.compat_mode())
+            compat = str(self._kvikio.defaults.get("compat_mode"))
         return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "compat_mode": compat}
 
     def write(self, key: str, data: torch.Tensor) -> KvikioHandle:
@@ -395,6 +396,8 @@ class KvikioBackend(IOBackend):
 
     def read(self, handle: KvikioHandle, nbytes: int, device: torch.device) -> torch.Tensor:
         out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if out.is_cuda:  # kvikio writes outside stream order: the reused block's earlier work must be done
+            torch.cuda.current_stream(out.device).synchronize()
         f = self._kvikio.CuFile(handle.path, "r")
         try:
             n = f.pread(out).get()
@@ -471,8 +474,8 @@ def kvikio_usable() -> tuple[bool, str]:
         return False, "no CUDA driver (kvikio cannot do file I/O without libcuda, even in compat mode)"
     try:
         import kvikio  # noqa: F401, PLC0415
-    except ImportError as e:
-        return False, f"kvikio not importable: {e}"
+    except Exception as e:  # noqa: BLE001 - ImportError, or a RuntimeError when libcufile cannot be loaded
+        return False, f"kvikio not usable: {type(e).__name__}: {e}"
     return True, "ok"
 
 

@@ -77,6 +77,26 @@ class OffloadStats:
         return asdict(self)
 
 
+
+_IO = threading.local()
+
+
+@contextlib.contextmanager
+def _io_stream(device: torch.device) -> Iterator[None]:
+    """Run an I/O worker's device copies on that thread's own CUDA stream (on ``device``), so that stores and loads
+    overlap the model's kernels instead of queueing behind them on the default stream (thesis §5.3.1: the offloader
+    copies asynchronously to compute). Ordering is explicit: a store starts after the producer's event, and a load
+    records its completion event on this stream, which the consumer's stream waits for. CPU: nothing to do."""
+    if device.type != "cuda":
+        yield
+        return
+    streams = _IO.__dict__.setdefault("streams", {})
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in streams:
+        streams[index] = torch.cuda.Stream(device=index)
+    with torch.cuda.stream(streams[index]):
+        yield
+
 class _Scope:
     __slots__ = ("name", "group", "parent", "begun", "ended", "sids")
 
@@ -668,8 +688,9 @@ class TensorCache:
         if st.event is not None:
             st.event.synchronize()  # the producer kernel must have finished (digest A4)
         try:
-            handle = self.backend.write(f"{_key_str(rec.key)}-s{st.sid}", base)
-        except (OSError, RuntimeError) as e:
+            with _io_stream(base.device):
+                handle = self.backend.write(f"{_key_str(rec.key)}-s{st.sid}", base)
+        except Exception as e:  # noqa: BLE001 - any failure must leave "storing", or a load would wait forever
             self._on_store_error(rec, st, base, e)
             return
         t1 = _clock()
@@ -751,13 +772,14 @@ class TensorCache:
             st.error = RuntimeError("no stored copy exists (the write failed or was cancelled)")
             return
         try:
-            buf = self.backend.read(handle, st.nbytes, st.device)
-            if buf.is_cuda:
-                ev = torch.cuda.Event()
-                ev.record()
-            else:
-                ev = None
-        except (OSError, RuntimeError) as e:
+            with _io_stream(st.device):
+                buf = self.backend.read(handle, st.nbytes, st.device)
+                if buf.is_cuda:  # on this worker's I/O stream; backward's stream waits for it before the unpack
+                    ev = torch.cuda.Event()
+                    ev.record()
+                else:
+                    ev = None
+        except Exception as e:  # noqa: BLE001 - recorded and raised at the unpack that needs the tensor
             with self._lock:
                 self.stats.io_errors += 1
                 st.error = e
