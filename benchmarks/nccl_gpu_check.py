@@ -94,6 +94,24 @@ def _sync(dev: Any) -> None:
         torch.cuda.synchronize()
 
 
+def _median_s(fn: Any, dev: Any, reps: int, barrier: bool = True) -> float:
+    """Median wall time of ``fn`` over ``reps`` runs after one warm-up, the device synchronised around each (and the
+    ranks lined up by a barrier first, unless ``barrier`` is False)."""
+    import torch.distributed as dist
+
+    times = []
+    for i in range(reps + 1):
+        if barrier:
+            dist.barrier()
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def _part(out: dict, name: str, fn: Any) -> None:
     """Run one check; an exception is recorded (with its traceback) instead of ending the rank."""
     t0 = time.perf_counter()
@@ -192,45 +210,25 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
         res: dict[str, Any] = {}
         n = 16 << 20  # 64 MiB of float32
         t = torch.ones(n, device=dev)
-        times = []
-        for i in range(5):
-            dist.barrier()
-            _sync(dev)
-            t0 = time.perf_counter()
-            dist.all_reduce(t)
-            _sync(dev)
-            if i >= 1:
-                times.append(time.perf_counter() - t0)
-        res["all_reduce_64MiB_s"] = statistics.median(times)
+        res["all_reduce_64MiB_s"] = _median_s(lambda: dist.all_reduce(t), dev, reps=4)
         res["all_reduce_64MiB_busbw_GBps"] = 2 * (world - 1) / world * n * 4 / res["all_reduce_64MiB_s"] / 1e9
         small = torch.ones(2, device=dev)
-        times = []
-        for i in range(21):
-            _sync(dev)
-            t0 = time.perf_counter()
-            dist.all_reduce(small)
-            _sync(dev)
-            if i >= 1:
-                times.append(time.perf_counter() - t0)
-        res["all_reduce_8B_s"] = statistics.median(times)
-        # one phase of a matched all-to-all: a send to the next rank and a receive from the previous, batched
-        issue, total = [], []
+        res["all_reduce_8B_s"] = _median_s(lambda: dist.all_reduce(small), dev, reps=20, barrier=False)
+        # one phase of a matched all-to-all: a send to the next rank and a receive from the previous, batched;
+        # the host's issue time is taken inside, the whole phase around it
+        issue: list[float] = []
         a, b = torch.ones(256, device=dev), torch.empty(256, device=dev)
-        for i in range(21):
-            dist.barrier()
-            _sync(dev)
+
+        def phase() -> None:
             t0 = time.perf_counter()
             works = comm.batch_isend_irecv([dist.P2POp(dist.isend, a, (rank + 1) % world),
                                             dist.P2POp(dist.irecv, b, (rank - 1) % world)], kind="ep")
-            t1 = time.perf_counter()
+            issue.append(time.perf_counter() - t0)
             for w in works:
                 w.wait()
-            _sync(dev)
-            if i >= 1:
-                issue.append(t1 - t0)
-                total.append(time.perf_counter() - t0)
-        res["phase_issue_s"] = statistics.median(issue)
-        res["phase_total_s"] = statistics.median(total)
+
+        res["phase_total_s"] = _median_s(phase, dev, reps=20)
+        res["phase_issue_s"] = statistics.median(issue[1:])  # without the warm-up
         # a skewed all-to-all: one all_to_all_single vs BvN phases
         r = random.Random(7 + rank)
         splits = [int(64 * r.paretovariate(1.2)) for _ in range(world)]
@@ -238,18 +236,8 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
         recv = [matrix[i][rank] for i in range(world)]
         x = torch.randn(sum(splits), 1024, device=dev)
         y = torch.empty(sum(recv), 1024, device=dev)
-        for name, fn in (("plain", lambda: dist.all_to_all_single(y, x, recv, splits)),
-                         ("bvn", lambda: matched_all_to_all(y, x, recv, splits, matrix))):
-            times = []
-            for i in range(6):
-                dist.barrier()
-                _sync(dev)
-                t0 = time.perf_counter()
-                fn()
-                _sync(dev)
-                if i >= 1:
-                    times.append(time.perf_counter() - t0)
-            res[f"a2a_{name}_s"] = statistics.median(times)
+        res["a2a_plain_s"] = _median_s(lambda: dist.all_to_all_single(y, x, recv, splits), dev, reps=5)
+        res["a2a_bvn_s"] = _median_s(lambda: matched_all_to_all(y, x, recv, splits, matrix), dev, reps=5)
         res["a2a_bytes_sent"] = sum(splits) * 1024 * 4
         return res
 

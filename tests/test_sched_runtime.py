@@ -309,3 +309,11 @@ def test_lina_chunks_dp_in_issue_order_and_keeps_the_math():
     for stage in range(2):
         seqs = [[e[1:7] for e in r["lina"]["log"] if e[0] == "chunk"] for r in _results() if r["lina"]["stage"] == stage]
         assert all(s == seqs[0] for s in seqs)
+
+
+def test_workload_device_is_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="device 'tpu' must be 'cpu' or 'cuda'"):
+        WorkloadConfig(device="tpu")
+    assert WorkloadConfig(device="cuda:1").device == "cuda:1"

@@ -106,17 +106,19 @@ def _wait(work: Any) -> None:
 def _wait_done(work: Any, timeout_s: float, stream: Any = None) -> None:
     """The pacer's wait for a chunk: returns once the chunk has finished on the device as well. NCCL's
     ``Work.wait()`` only makes the calling thread's current CUDA stream wait and returns at once, which would let the
-    pacer put every chunk on the wire together; polling ``is_completed()`` (the end event NCCL records) keeps
-    ``max_inflight_chunks`` a real bound and means a deferred handle completes only after its data has arrived.
-    gloo's works report completed once ``wait()`` returns, so this costs them nothing.
+    pacer put every chunk on the wire together; waiting for the device keeps ``max_inflight_chunks`` a real bound
+    and means a deferred handle completes only after its data has arrived. gloo's ``wait()`` blocks until done.
 
-    ``stream``: a CUDA stream of the pacer's own for that stream wait. Without it ``wait()`` made the *default*
-    stream wait for the chunk, so the model's next kernels -- and the next pipeline send, which NCCL orders after
-    them -- queued behind DP traffic: the critical path blocked on a deferred op, and on the first GPU run (4 NCCL
-    ranks, Hermod mode) the ranks deadlocked."""
+    ``stream``: a CUDA stream of the pacer's own. The chunk's stream wait goes there (without it ``wait()`` made the
+    *default* stream wait for the chunk, so the model's next kernels -- and the next pipeline send, which NCCL orders
+    after them -- queued behind DP traffic: the critical path blocked on a deferred op, and on the first GPU run, 4
+    NCCL ranks in Hermod mode, the ranks deadlocked), and synchronising that stream returns as soon as the chunk is
+    done, with no polling delay. A dead peer ends it through NCCL's watchdog (the process group's timeout).
+    Other works that report ``is_completed()`` are polled until ``timeout_s``."""
     if stream is not None:
         with torch.cuda.stream(stream):
             _wait(work)
+        stream.synchronize()
     else:
         _wait(work)
     works = list(work) if isinstance(work, list | tuple) else [work]
