@@ -109,7 +109,8 @@ class ShardedBucket:
         clone of the bucket's group, e.g. a scheduler's traffic class) and ``key=`` overrides."""
         parts = self.gathered.view(self.world, self.shard_numel)
         whole = [(0, self.shard_numel)] == list(bounds)
-        bufs = {(a, e): self.gathered if whole else torch.empty(self.world * (e - a), dtype=self.gathered.dtype)
+        bufs = {(a, e): self.gathered if whole else torch.empty(self.world * (e - a), dtype=self.gathered.dtype,
+                                                                device=self.gathered.device)
                 for a, e in bounds}
         src = self.main.detach()
 
