@@ -103,36 +103,22 @@ def _wait(work: Any) -> None:
         work.wait()
 
 
-def _wait_done(work: Any, timeout_s: float, stream: Any = None) -> None:
-    """The pacer's wait for a chunk: returns once the chunk has finished on the device as well. NCCL's
-    ``Work.wait()`` only makes the calling thread's current CUDA stream wait and returns at once, which would let the
-    pacer put every chunk on the wire together; waiting for the device keeps ``max_inflight_chunks`` a real bound
-    and means a deferred handle completes only after its data has arrived. gloo's ``wait()`` blocks until done.
-
-    ``stream``: a CUDA stream of the pacer's own. The chunk's stream wait goes there (without it ``wait()`` made the
-    *default* stream wait for the chunk, so the model's next kernels -- and the next pipeline send, which NCCL orders
-    after them -- queued behind DP traffic: the critical path blocked on a deferred op, and on the first GPU run, 4
-    NCCL ranks in Hermod mode, the ranks deadlocked), and synchronising that stream returns as soon as the chunk is
-    done, with no polling delay. A dead peer ends it through NCCL's watchdog (the process group's timeout).
-    Other works that report ``is_completed()`` are polled until ``timeout_s``."""
-    if stream is not None:
-        with torch.cuda.stream(stream):
-            _wait(work)
-        stream.synchronize()
-    else:
+def _wait_done(work: Any, stream: Any = None) -> None:
+    """The pacer's wait for a chunk: returns once the chunk has finished on the device as well, so that
+    ``max_inflight_chunks`` bounds what is on the wire and a deferred handle completes when its data has arrived.
+    gloo's ``wait()`` blocks until the op is done. NCCL's only makes the calling thread's current CUDA stream wait and
+    returns at once; in the pacer that was the *default* stream, so the model's next kernels -- and the next pipeline
+    send, which NCCL orders after them -- queued behind DP traffic: the critical path blocked on a deferred op, and
+    on the first GPU run (4 NCCL ranks, Hermod mode) the ranks deadlocked. So with CUDA the wait goes to ``stream``, a
+    stream of the pacer's own, and synchronising that stream returns when the chunk is done (a dead peer ends it
+    through NCCL's watchdog, the process group's timeout). Not ``is_completed()`` polling: some gloo works (torch
+    2.15's reduce_scatter_tensor) never report completed, and a pacer polling them hung."""
+    if stream is None:
         _wait(work)
-    works = list(work) if isinstance(work, list | tuple) else [work]
-    deadline = time.monotonic() + timeout_s
-    pause = 2e-5
-    for w in works:
-        if w is None or not hasattr(w, "is_completed"):
-            continue
-        while not w.is_completed():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"a deferred chunk was still running on the device {timeout_s:.0f} s after "
-                                   f"its wait() returned (wait_timeout_s); a peer rank is stuck")
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+        return
+    with torch.cuda.stream(stream):
+        _wait(work)
+    stream.synchronize()
 
 
 @dataclass
@@ -397,7 +383,7 @@ class CommScheduler:
                     torch.cuda.set_device(self._cuda_device)
                     wait_stream = torch.cuda.Stream()
                 chunk, work = inflight[0]  # wait for the oldest chunk on the wire; it stays listed until done,
-                _wait_done(work, self.config.wait_timeout_s, wait_stream)  # so that a failure fails its op too
+                _wait_done(work, wait_stream)  # so that a failure fails its op too
                 inflight.popleft()
                 chunk.op.remaining -= 1
                 if chunk.op.remaining == 0:
