@@ -77,7 +77,6 @@ class OffloadStats:
         return asdict(self)
 
 
-
 _IO = threading.local()
 
 
@@ -96,6 +95,7 @@ def _io_stream(device: torch.device) -> Iterator[None]:
         streams[index] = torch.cuda.Stream(device=index)
     with torch.cuda.stream(streams[index]):
         yield
+
 
 class _Scope:
     __slots__ = ("name", "group", "parent", "begun", "ended", "sids")
