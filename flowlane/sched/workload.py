@@ -24,7 +24,7 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireEncoder
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
-from flowlane.sched.alltoall import AUTO_CANDIDATES, AllToAllRunner
+from flowlane.sched.alltoall import AUTO_CANDIDATES, AllToAllRunner, gather_split_matrix
 from flowlane.sched.groups import build_class_groups
 from flowlane.sched.hermod import HermodPolicy
 from flowlane.sched.scheduler import CommScheduler, SchedulerConfig
@@ -176,10 +176,7 @@ class _Rank:
             return x
         rows = x.view(-1, _ROW)
         splits = self.routing(mb, layer + (1000 if backward else 0), rows.shape[0])
-        mine = torch.tensor(splits, dtype=torch.long, device=self.dev)
-        allsplits = [torch.zeros(self.dp, dtype=torch.long, device=self.dev) for _ in range(self.dp)]
-        dist.all_gather(allsplits, mine, group=self.dp_group)  # the dispatcher's metadata all-gather (A2.5)
-        matrix = [t.tolist() for t in allsplits]
+        matrix = gather_split_matrix(splits, self.dp_group)  # the dispatcher's metadata all-gather (A2.5)
         recv_splits = [matrix[i][self.dp_rank] for i in range(self.dp)]
         meta = self.meta("ep", mb, self.layer_id(layer), "dispatch")
         group = self.ep_group(meta, backward)
