@@ -155,11 +155,10 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
         x = torch.arange(sum(splits), dtype=torch.float32, device=dev) + 100 * rank
         y = torch.full((sum(recv),), -1.0, device=dev)
         dist.all_to_all_single(y, x, recv, splits)
-        want, off = [], 0
+        want = []
         for i in range(world):  # rank i's chunk for me starts at the sum of its splits to ranks < me
             start = sum((i + j) % 3 + 1 for j in range(rank))
             want += [100 * i + start + k for k in range(recv[i])]
-            off += recv[i]
         res["all_to_all_single"] = y.tolist() == [float(v) for v in want]
         buf = torch.empty(4096, device=dev)
         ops = [dist.P2POp(dist.isend, torch.full((4096,), float(rank), device=dev), (rank + 1) % world),

@@ -33,7 +33,6 @@ import copy
 import faulthandler
 import gc
 import importlib
-import json
 import math
 import os
 import platform
@@ -57,6 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from flowlane.offload import BackendUnavailableError, OffloadConfig, install, track_saved_tensors  # noqa: E402
+from flowlane.sim.output import write_json  # noqa: E402
 
 ALL_BACKENDS = ("posix", "pinned_cpu", "kvikio", "null", "auto")
 DISK_BACKENDS = ("posix", "kvikio", "auto")
@@ -122,17 +122,6 @@ def _fs_type(path: str) -> str | None:
                         and len(parts[1]) >= len(best):
                     best, fstype = parts[1], parts[2]
     return fstype
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _kvikio_info() -> dict[str, Any]:
@@ -592,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         res["numpy"] = numpy.__version__
     if dev.type == "cuda" and not torch.cuda.is_available():
         res.update(label="not run: --device cuda but torch.cuda.is_available() is False", exit_code=2)
-        _write_json(out_path, res)
+        write_json(out_path, res)
         print(res["label"])
         return 2
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine())
@@ -675,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t_start:5.1f}s] {rname}: "
               f"{(res['backends'].get(rname) or res.get(rname) or {}).get('status')}", flush=True)
         res["elapsed_s"] = time.monotonic() - t_start
-        _write_json(out_path, res)
+        write_json(out_path, res)
 
     failed = [n for n, r in res["backends"].items() if r["status"] not in ("passed", "unavailable")]
     missing = [n for n in a.require if res["backends"].get(n, {}).get("status") in (None, "unavailable")]
@@ -684,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 1 if (rc or failed or missing) else 0
     res.update(complete=True, failed=failed, required_but_unavailable=missing, exit_code=rc,
                passed=rc == 0, elapsed_s=time.monotonic() - t_start)
-    _write_json(out_path, res)
+    write_json(out_path, res)
     shutil.rmtree(a.workdir, ignore_errors=True)
     for n, r in res["backends"].items():
         if r["status"] not in ("passed",):
