@@ -1,7 +1,7 @@
 /*
  * fuzz_wire.c - fuzzes every parser that reads peer-controlled bytes
- * (handle, hello, frame header, CTS payload) and the path selector's
- * arithmetic. Built as a libFuzzer target with clang, or with
+ * (handle, hello, frame header, CTS payload), the path selector's
+ * arithmetic, and the DATA range claims against an exact byte-map model. Built as a libFuzzer target with clang, or with
  * -DFL_STANDALONE_FUZZ as a bounded random/mutation driver (gcc + ASan/UBSan).
  */
 #include <math.h>
@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fl_claims.h"
 #include "fl_paths.h"
 #include "fl_wire.h"
 
@@ -55,6 +56,28 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int q = data[i + 3] % s.npaths;
     if (s.st[q].inflight > 0) fl_selector_on_acked(&s, q, bytes, t - (data[i + 3] * 10u), t + data[i + 2]);
     if (isnan(fl_leo_cost(&s.st[q], bytes))) abort();
+  }
+  /* Claims: granted ranges never overlap or leave the message, and the
+   * prefix equals the model's longest fully claimed prefix. */
+  enum { ENTRIES = 3, TOTAL = 256 };
+  static struct fl_claims cl;
+  static uint8_t owned[ENTRIES][TOTAL];
+  uint64_t prefix[ENTRIES] = {0};
+  memset(&cl, 0, sizeof(cl));
+  memset(owned, 0, sizeof(owned));
+  for (size_t i = 0; i + 2 < size; i += 3) {
+    int e = data[i] % ENTRIES;
+    uint64_t off = data[i + 1], len = data[i + 2] % 64;
+    if (data[i] & 0x80) off = prefix[e] + (data[i + 1] & 31); /* mostly near the frontier: gaps and merges */
+    int model_ok = off + len <= TOTAL;
+    for (uint64_t b = off; model_ok && b < off + len; b++) model_ok = !owned[e][b];
+    int got = fl_claim(&cl, 7, (uint8_t)e, &prefix[e], TOTAL, off, len, err, sizeof(err));
+    if (got == 0 && !model_ok) abort(); /* granted an overlap or an overrun */
+    if (got == 0)
+      for (uint64_t b = off; b < off + len; b++) owned[e][b] = 1;
+    uint64_t p = 0;
+    while (p < TOTAL && owned[e][p]) p++;
+    if (prefix[e] != p) abort();
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "flowlane_net.h"
 #include "flowlane_net_abi.h"
+#include "fl_claims.h"
 #include "fl_paths.h"
 #include "fl_wire.h"
 
@@ -22,6 +23,7 @@
 #define FL_RECV_SLOTS FL_REQS_PER_COMM /* receive sequence numbers live in seq % slots */
 #define FL_CTS_QUEUE FL_REQS_PER_COMM
 #define FL_PATH_WINDOW 4 /* unacknowledged sub-chunks per path */
+_Static_assert(FL_CLAIM_EXTENTS >= FL_MAX_PATHS * FL_PATH_WINDOW, "an honest sender's gaps must fit the claim pool");
 #define FL_MAX_PENDING_ACCEPTS 16
 #define FL_HELLO_TIMEOUT_MS 10000
 #define FL_LANE_ACTIVE_NS 100000000ull /* a lane counts as active 100 ms after it last sent */
@@ -68,7 +70,8 @@ struct fl_request {
   uint64_t caps[FL_MAX_RECVS];
   int tags[FL_MAX_RECVS];
   uint64_t totals[FL_MAX_RECVS];
-  uint64_t received[FL_MAX_RECVS];
+  uint64_t received[FL_MAX_RECVS]; /* payload bytes of completed frames */
+  uint64_t claimed[FL_MAX_RECVS];  /* claimed prefix (fl_claims.h): bytes granted to frames when their header arrived */
   uint8_t known[FL_MAX_RECVS];
 };
 
@@ -131,6 +134,7 @@ struct fl_comm {
   /* recv side */
   uint32_t next_seq;
   struct fl_request* slots[FL_RECV_SLOTS];
+  struct fl_claims claims; /* DATA ranges granted above each entry's claimed prefix */
   /* health */
   int failed;
   char errmsg[256];

@@ -842,8 +842,11 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
               (unsigned long long)f->total, (unsigned long long)r->totals[i]);
     return -1;
   }
-  if (r->received[i] + f->length > f->total) {
-    comm_fail(c, "path %d: peer sent more bytes than its %llu-byte message", pi, (unsigned long long)f->total);
+  /* Claim the frame's range now, before its payload lands: a frame that
+   * overlaps another one (on any path) or overruns the message is refused, so
+   * test() never reports done while a path is still writing into the buffer. */
+  if (fl_claim(&c->claims, f->seq, f->index, &r->claimed[i], f->total, f->offset, f->length, err, sizeof(err)) != 0) {
+    comm_fail(c, "path %d: DATA for receive %u index %d (tag %d): %s", pi, f->seq, i, r->tags[i], err);
     return -1;
   }
   r->known[i] = 1;
