@@ -7,8 +7,8 @@
  * (--send-ns/--recv-ns, entered with setns) so paths cross veth links.
  *
  *   fl_driver --plugin PATH [--api v8|v11] SCENARIO [options]
- * Scenarios: props integrity manycomms multirecv peerdeath stall badsecret
- *            cudareject all | bench-stream bench-pingpong
+ * Scenarios: props integrity multirecv grouped closeload manycomms badsecret
+ *            peerdeath stall cudareject all | bench-stream bench-pingpong
  * Exit status 0 = every check passed; failures print "FAIL: ...".
  */
 #ifndef _GNU_SOURCE
@@ -539,6 +539,243 @@ static void multirecv_send(int to, int from) {
   (void)to;
 }
 
+/* grouped: NCCL's grouped receives. Two 4-way receives are posted at once (tags 10..13 and 20..23); the
+ * sender issues its 8 sends in a shuffled order across both groups and retries every send that returns a NULL
+ * request, as NCCL's proxy does: a tag of the newer group is not matchable until the older group is. */
+#define GR_ROUNDS 16
+#define GR_N 4
+#define GR_MAX 65536
+static size_t gr_size(int round, int g, int i) { return (size_t)(mix((uint64_t)(round * 8 + g * GR_N + i)) % (GR_MAX + 1)); }
+static int gr_tag(int g, int i) { return 10 * (g + 1) + i; }
+
+static void grouped_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  static uint8_t bufs[2][GR_N][GR_MAX + 16];
+  static uint8_t scratch[GR_MAX + 16];
+  void* mh[2][GR_N];
+  for (int g = 0; g < 2; g++)
+    for (int i = 0; i < GR_N; i++) mh[g][i] = net_regmr(rc, bufs[g][i], sizeof(bufs[g][i]));
+  for (int round = 0; round < GR_ROUNDS; round++) {
+    void* req[2] = {NULL, NULL};
+    for (int g = 0; g < 2; g++) {
+      void* ptrs[GR_N];
+      size_t sizes[GR_N];
+      int tags[GR_N];
+      for (int i = 0; i < GR_N; i++) ptrs[i] = bufs[g][i], sizes[i] = sizeof(bufs[g][i]), tags[i] = gr_tag(g, i);
+      double end = now_s() + O.timeout_s;
+      while (!req[g]) {
+        if (net_irecv(rc, GR_N, ptrs, sizes, tags, mh[g], &req[g]) != ncclSuccess) FAILF("irecv(n=%d) failed", GR_N);
+        if (now_s() > end) FAILF("irecv could not be posted");
+      }
+    }
+    for (int g = 0; g < 2; g++) {
+      int got[GR_N];
+      wait_req(req[g], got);
+      for (int i = 0; i < GR_N; i++) {
+        size_t expect = gr_size(round, g, i);
+        if ((size_t)got[i] != expect) FAILF("round %d tag %d: %d bytes, expected %zu", round, gr_tag(g, i), got[i], expect);
+        if (!verify(bufs[g][i], expect, (uint64_t)(round * 100 + gr_tag(g, i)), scratch))
+          FAILF("round %d tag %d: data landed in the wrong buffer or is corrupted", round, gr_tag(g, i));
+      }
+    }
+  }
+  printf("[recv] %d rounds of two grouped receives (out-of-order sends) ok\n", GR_ROUNDS);
+  net_close_recv(rc);
+  net_close_listen(lc);
+  net_finalize();
+  (void)from;
+}
+
+static void grouped_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  void* sc = connect_blocking(-1, handle);
+  static uint8_t bufs[2 * GR_N][GR_MAX];
+  void* mh[2 * GR_N];
+  for (int k = 0; k < 2 * GR_N; k++) mh[k] = net_regmr(sc, bufs[k], sizeof(bufs[k]));
+  int nulls = 0;
+  for (int round = 0; round < GR_ROUNDS; round++) {
+    void* req[2 * GR_N] = {0};
+    int order[2 * GR_N];
+    for (int k = 0; k < 2 * GR_N; k++) order[k] = (k * 5 + round + 4) % (2 * GR_N); /* newer group's tags first */
+    for (int k = 0; k < 2 * GR_N; k++) {
+      int g = k / GR_N, i = k % GR_N;
+      fill(bufs[k], gr_size(round, g, i), (uint64_t)(round * 100 + gr_tag(g, i)));
+    }
+    int started = 0, finished = 0;
+    int fin[2 * GR_N] = {0};
+    double end = now_s() + O.timeout_s;
+    while (finished < 2 * GR_N) {
+      for (int j = 0; j < 2 * GR_N; j++) {
+        int k = order[j], g = k / GR_N, i = k % GR_N;
+        if (!req[k]) {
+          ncclResult_t rc = net_isend(sc, bufs[k], gr_size(round, g, i), gr_tag(g, i), mh[k], &req[k]);
+          if (rc != ncclSuccess) FAILF("isend(tag %d) returned %d; a tag not matchable yet must give a NULL request", gr_tag(g, i), rc);
+          if (req[k]) started++;
+          else nulls++;
+        } else if (!fin[k]) {
+          int done = 0;
+          if (net_test(req[k], &done, NULL) != ncclSuccess) FAILF("test failed");
+          if (done) fin[k] = 1, finished++;
+        }
+      }
+      if (now_s() > end) FAILF("round %d: %d/%d sends started, %d finished", round, started, 2 * GR_N, finished);
+    }
+  }
+  printf("[send] %d grouped rounds ok, %d isend calls returned a NULL request and were retried\n", GR_ROUNDS, nulls);
+  net_close_send(sc);
+  net_finalize();
+  (void)to;
+}
+
+/* closeload: closeSend under load and with a silent peer.
+ * Phase 1: CL_COMMS comms stream CL_MSGS messages each (CL_WINDOW in flight); the sender closes each comm as
+ * soon as its last send is done, while the others still stream, and exits right after the last close: every
+ * message must arrive intact. Phase 2: on CL_COMMS more comms the receiver posts a receive and then stops
+ * calling the plugin; the sender sends, closes them all and only then lets the receiver go on: closing must not
+ * wait for a peer that does not answer, and the receiver still gets the messages. */
+#define CL_COMMS 4
+#define CL_MSGS 8
+#define CL_WINDOW 4
+#define CL_BYTES (1u << 20)
+#define CL_SMALL 8192
+static size_t cl_size(int k, int m) { return CL_BYTES - (size_t)(mix((uint64_t)(k * 100 + m)) % 4096); }
+
+static void closeload_recv(int to, int from) {
+  void* lcs[2 * CL_COMMS];
+  void* rcs[2 * CL_COMMS] = {0};
+  for (int k = 0; k < 2 * CL_COMMS; k++) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    net_listen(k % FL_NUM_CLASSES, handle, &lcs[k]);
+    write_all(to, handle, sizeof(handle));
+  }
+  for (int k = 0; k < 2 * CL_COMMS; k++) rcs[k] = accept_blocking(lcs[k]);
+  static uint8_t bufs[CL_COMMS][CL_WINDOW][CL_BYTES];
+  static uint8_t scratch[CL_BYTES];
+  void* mh[CL_COMMS][CL_WINDOW];
+  void* req[CL_COMMS][CL_WINDOW] = {{0}};
+  int msg_of[CL_COMMS][CL_WINDOW];
+  int posted[CL_COMMS] = {0}, done_n[CL_COMMS] = {0}, total = 0;
+  for (int k = 0; k < CL_COMMS; k++)
+    for (int w = 0; w < CL_WINDOW; w++) mh[k][w] = net_regmr(rcs[k], bufs[k][w], CL_BYTES);
+  double end = now_s() + O.timeout_s;
+  while (total < CL_COMMS * CL_MSGS) {
+    for (int k = 0; k < CL_COMMS; k++)
+      for (int w = 0; w < CL_WINDOW; w++) {
+        if (!req[k][w] && posted[k] < CL_MSGS) {
+          void* b = bufs[k][w];
+          size_t sz = CL_BYTES;
+          int tag = 7;
+          if (net_irecv(rcs[k], 1, &b, &sz, &tag, &mh[k][w], &req[k][w]) != ncclSuccess) FAILF("irecv failed");
+          if (req[k][w]) msg_of[k][w] = posted[k]++;
+        } else if (req[k][w]) {
+          int done = 0, got = -1;
+          if (net_test(req[k][w], &done, &got) != ncclSuccess) FAILF("comm %d: test() failed while its sender closed", k);
+          if (!done) continue;
+          int m = msg_of[k][w];
+          if ((size_t)got != cl_size(k, m) || !verify(bufs[k][w], cl_size(k, m), (uint64_t)(k * 100 + m), scratch))
+            FAILF("comm %d message %d: wrong size (%d) or data", k, m, got);
+          req[k][w] = NULL;
+          done_n[k]++, total++;
+        }
+      }
+    if (now_s() > end) FAILF("phase 1 timed out at %d/%d messages", total, CL_COMMS * CL_MSGS);
+  }
+  printf("[recv] phase 1: %d comms x %d messages intact while their senders closed\n", CL_COMMS, CL_MSGS);
+  /* phase 2: post, then fall silent until the sender has closed everything */
+  static uint8_t small[CL_COMMS][CL_SMALL];
+  void* smh[CL_COMMS];
+  void* sreq[CL_COMMS] = {0};
+  for (int k = 0; k < CL_COMMS; k++) {
+    void* rcomm = rcs[CL_COMMS + k];
+    smh[k] = net_regmr(rcomm, small[k], CL_SMALL);
+    void* b = small[k];
+    size_t sz = CL_SMALL;
+    int tag = 9;
+    while (!sreq[k])
+      if (net_irecv(rcomm, 1, &b, &sz, &tag, &smh[k], &sreq[k]) != ncclSuccess) FAILF("phase 2 irecv failed");
+  }
+  write_all(to, "p", 1); /* receives posted */
+  char c;
+  read_all(from, &c, 1); /* the sender closed all its comms */
+  for (int k = 0; k < CL_COMMS; k++) {
+    int got = -1;
+    wait_req(sreq[k], &got);
+    if (got != CL_SMALL || !verify(small[k], CL_SMALL, 5000 + (uint64_t)k, scratch))
+      FAILF("phase 2 comm %d: message lost or corrupted after its sender closed", k);
+  }
+  printf("[recv] phase 2: messages of %d comms closed while this side was silent arrived intact\n", CL_COMMS);
+  write_all(to, "d", 1);
+  for (int k = 0; k < 2 * CL_COMMS; k++) net_close_recv(rcs[k]), net_close_listen(lcs[k]);
+  net_finalize();
+}
+
+static void closeload_send(int to, int from) {
+  uint8_t handles[2 * CL_COMMS][NCCL_NET_HANDLE_MAXSIZE];
+  void* scs[2 * CL_COMMS];
+  for (int k = 0; k < 2 * CL_COMMS; k++) read_all(from, handles[k], NCCL_NET_HANDLE_MAXSIZE);
+  for (int k = 0; k < 2 * CL_COMMS; k++) scs[k] = connect_blocking(k % FL_NUM_CLASSES, handles[k]);
+  static uint8_t bufs[CL_COMMS][CL_WINDOW][CL_BYTES];
+  void* mh[CL_COMMS][CL_WINDOW];
+  void* req[CL_COMMS][CL_WINDOW] = {{0}};
+  int sent[CL_COMMS] = {0}, done_n[CL_COMMS] = {0}, closed = 0;
+  for (int k = 0; k < CL_COMMS; k++)
+    for (int w = 0; w < CL_WINDOW; w++) mh[k][w] = net_regmr(scs[k], bufs[k][w], CL_BYTES);
+  double end = now_s() + O.timeout_s, close_s = 0;
+  while (closed < CL_COMMS) {
+    for (int k = 0; k < CL_COMMS; k++) {
+      if (!scs[k]) continue;
+      for (int w = 0; w < CL_WINDOW; w++) {
+        if (!req[k][w] && sent[k] < CL_MSGS) {
+          fill(bufs[k][w], cl_size(k, sent[k]), (uint64_t)(k * 100 + sent[k]));
+          if (net_isend(scs[k], bufs[k][w], cl_size(k, sent[k]), 7, mh[k][w], &req[k][w]) != ncclSuccess) FAILF("isend failed");
+          if (req[k][w]) sent[k]++;
+        } else if (req[k][w]) {
+          int done = 0;
+          if (net_test(req[k][w], &done, NULL) != ncclSuccess) FAILF("test failed");
+          if (done) req[k][w] = NULL, done_n[k]++;
+        }
+      }
+      if (done_n[k] == CL_MSGS) { /* close at once, the other comms are still streaming */
+        double t0 = now_s();
+        net_close_send(scs[k]);
+        close_s += now_s() - t0;
+        scs[k] = NULL;
+        closed++;
+      }
+    }
+    if (now_s() > end) FAILF("phase 1 timed out");
+  }
+  /* phase 2 */
+  char c;
+  read_all(from, &c, 1);
+  static uint8_t small[CL_COMMS][CL_SMALL];
+  for (int k = 0; k < CL_COMMS; k++) {
+    void* sc = scs[CL_COMMS + k];
+    fill(small[k], CL_SMALL, 5000 + (uint64_t)k);
+    void* mhs = net_regmr(sc, small[k], CL_SMALL);
+    void* r = isend_blocking(sc, small[k], CL_SMALL, 9, mhs);
+    int done = 0;
+    for (int i = 0; i < 100 && !done; i++) /* the receiver is silent: its ACK cannot come */
+      if (net_test(r, &done, NULL) != ncclSuccess) FAILF("phase 2 test failed");
+  }
+  double t0 = now_s();
+  for (int k = 0; k < CL_COMMS; k++) net_close_send(scs[CL_COMMS + k]);
+  double silent_s = now_s() - t0;
+  write_all(to, "c", 1);
+  printf("[send] closeSend: %d comms under load in %.3f s, %d comms with a silent peer in %.3f s\n", CL_COMMS, close_s,
+         CL_COMMS, silent_s);
+  /* A close must not wait for the peer (before: up to 5 s per comm). 2 s for all four is far above a
+   * close's cost and far below one peer wait. */
+  if (silent_s > 2.0) FAILF("closing %d comms with a silent peer took %.1f s: closeSend waits for the peer", CL_COMMS, silent_s);
+  read_all(from, &c, 1); /* stay alive until the receiver has everything (the kernel delivers the rest) */
+  net_finalize();
+}
+
 /* manycomms: O.comms connections at once, progressed round-robin. */
 #define MC_MSGS 24
 static void manycomms_recv(int to, int from) {
@@ -1051,6 +1288,8 @@ struct scenario {
 static const struct scenario kScenarios[] = {
     {"integrity", integrity_recv, integrity_send},
     {"multirecv", multirecv_recv, multirecv_send},
+    {"grouped", grouped_recv, grouped_send},
+    {"closeload", closeload_recv, closeload_send},
     {"manycomms", manycomms_recv, manycomms_send},
     {"badsecret", badsecret_recv, badsecret_send},
     {"peerdeath", fault_recv, fault_send},
@@ -1076,12 +1315,15 @@ static int run_scenario(const char* name) {
     if (own_timeout) setenv(FL_ENV_TIMEOUT_MS, "1500", 1); /* stall detection bound for this scenario */
     if (!strcmp(name, "stall")) setenv("FL_DRIVER_FAULT", "stop", 1);
     if (!strcmp(name, "peerdeath")) setenv("FL_DRIVER_FAULT", "kill", 1);
+    int own_paths = !strcmp(name, "closeload") && !getenv(FL_ENV_PATHS);
+    if (own_paths) setenv(FL_ENV_PATHS, "2", 1); /* closes with sub-chunks spread over two paths */
     int fault = !strcmp(name, "stall") || !strcmp(name, "peerdeath");
     int rs, ss;
     pid_t sp;
     double t0 = now_s();
     run_pair(s->recv, s->send, &rs, &ss, &sp);
     if (own_timeout) unsetenv(FL_ENV_TIMEOUT_MS);
+    if (own_paths) unsetenv(FL_ENV_PATHS);
     unsetenv("FL_DRIVER_FAULT");
     int ok;
     if (fault) {
@@ -1104,7 +1346,8 @@ static void usage(void) {
           "usage: fl_driver --plugin PATH [--api v8|v11] [--send-ns NS --recv-ns NS] [--send-ifname S --recv-ifname S]\n"
           "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
           "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
-          "scenarios: props integrity multirecv manycomms badsecret peerdeath stall all bench-stream bench-pingpong\n");
+          "scenarios: props integrity multirecv grouped closeload manycomms badsecret peerdeath stall all\n"
+          "           bench-stream bench-pingpong\n");
   exit(2);
 }
 
@@ -1143,7 +1386,8 @@ int main(int argc, char** argv) {
   int fails = 0;
   for (int k = 0; k < nscen; k++) {
     if (!strcmp(scen[k], "all")) {
-      const char* list[] = {"props", "integrity", "multirecv", "manycomms", "badsecret", "peerdeath", "stall"};
+      const char* list[] = {"props", "integrity", "multirecv", "grouped", "closeload", "manycomms", "badsecret",
+                            "peerdeath", "stall"};
       int apis[] = {8, 11};
       for (int a = 0; a < 2; a++) {
         O.api = apis[a];

@@ -61,8 +61,8 @@ struct fl_request {
   uint32_t slot_seq;
   uint8_t index;
   uint64_t carved;       /* bytes handed to paths */
-  uint64_t written;      /* payload bytes fully written to sockets */
-  int chunks_carved, chunks_written;
+  int chunks_carved;
+  int chunks_acked; /* done when every carved sub-chunk is acknowledged (as RDMA completes on the remote ACK) */
   /* recv */
   int n;
   uint32_t seq;
@@ -79,6 +79,7 @@ struct fl_chunk_rec {
   uint32_t id;
   uint64_t bytes;
   uint64_t start_ns;
+  struct fl_request* req; /* live until this ACK arrives: a send is done only then */
 };
 
 struct fl_path {

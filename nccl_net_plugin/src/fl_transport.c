@@ -11,7 +11,9 @@
  * straight into the posted buffer at their offset; the receiver returns an
  * ACK per sub-chunk on the path it came from, which gives the LEO selector
  * its completion timestamps (seed 000 §6.2.2) and bounds what a lane has in
- * flight (Hermod priority, digest A6.2 option 3).
+ * flight (Hermod priority, digest A6.2 option 3). A send is done when all its
+ * sub-chunks are acknowledged (like an RDMA write's completion), so closing a
+ * comm never has to wait for data NCCL already saw complete.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -25,7 +27,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -812,6 +813,9 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
       uint64_t t = now_ns();
       fl_selector_on_acked(&c->sel, pi, rec->bytes, rec->start_ns, t);
       c->unacked_bytes -= rec->bytes;
+      struct fl_request* r = rec->req;
+      r->chunks_acked++;
+      if (r->carved == r->size && r->chunks_acked == r->chunks_carved) r->done = 1;
       p->ring_head = (p->ring_head + 1) % FL_PATH_WINDOW;
       p->ring_count--;
       return 0;
@@ -963,10 +967,6 @@ static void path_write(struct fl_comm* c, int pi) {
     p->out_done += (uint64_t)w;
     c->last_progress_ns = now_ns();
     if (p->out_done == FL_FRAME_HDR_BYTES + p->out_len) {
-      struct fl_request* r = p->out_req;
-      r->written += p->out_len;
-      r->chunks_written++;
-      if (r->carved == r->size && r->chunks_written == r->chunks_carved) r->done = 1;
       p->out_active = 0;
       p->out_req = NULL;
     }
@@ -1004,7 +1004,7 @@ static void carve(struct fl_comm* c, int gated, int capped) {
     p->out_done = 0;
     p->out_active = 1;
     p->out_req = r;
-    p->ring[(p->ring_head + p->ring_count) % FL_PATH_WINDOW] = (struct fl_chunk_rec){id, chunk, t};
+    p->ring[(p->ring_head + p->ring_count) % FL_PATH_WINDOW] = (struct fl_chunk_rec){id, chunk, t, r};
     p->ring_count++;
     c->unacked_bytes += chunk;
     c->last_sent_ns = t;
@@ -1118,11 +1118,10 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
       idx = i;
       break;
     }
-  if (idx < 0) {
-    FL_WARN("isend: tag %d matches no open entry of the peer's oldest posted receive (slot %u, n=%d)", tag, e->seq, e->n);
-    rc = ncclInternalError;
-    goto out;
-  }
+  /* Not (yet) matchable: NCCL's own transports return a NULL request and NCCL
+   * retries, e.g. while the sends for the other tags of the oldest grouped
+   * receive are still to come. */
+  if (idx < 0) goto out;
   if (size > e->e[idx].size) {
     FL_WARN("isend of %zu bytes exceeds the peer's posted receive of %llu bytes (tag %d)", size,
             (unsigned long long)e->e[idx].size, tag);
@@ -1231,6 +1230,14 @@ ncclResult_t fl_test(void* request, int* done, int* sizes) {
   return rc;
 }
 
+/* Read and drop what the peer sent and nobody will read: close() with unread
+ * input sends RST instead of FIN. Bounded: a peer may still be sending. */
+static void drain_input(int fd) {
+  uint8_t junk[4096];
+  for (int k = 0; k < 256 && recv(fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; k++) {
+  }
+}
+
 static ncclResult_t close_comm(struct fl_comm* c) {
   if (!c) return ncclSuccess;
   pthread_mutex_lock(&E.lock);
@@ -1241,18 +1248,17 @@ static ncclResult_t close_comm(struct fl_comm* c) {
               (unsigned long long)c->id, pi, (unsigned long long)st->chunks_sent, (unsigned long long)st->bytes_sent,
               fl_path_bw(st) * 1e3, fl_selector_name(c->sel.kind));
     }
+  else
+    for (int pi = 0; pi < c->npaths && !c->failed; pi++) ctl_flush(c, &c->paths[pi], pi); /* last ACKs complete sends */
   comm_unlink(c);
   pthread_mutex_unlock(&E.lock);
-  if (c->is_send) {
-    /* Completed isends only mean "copied to the kernel". Wait (bounded) until
-     * the receiver acknowledged every sub-chunk: closing with its unread ACKs
-     * queued would make the kernel send RST and drop data still in flight. */
-    uint64_t deadline = now_ns() + (uint64_t)(E.params.timeout_ms < 5000 ? E.params.timeout_ms : 5000) * 1000000ull;
-    while (!c->failed && comm_waits_on_peer(c) && now_ns() < deadline) {
-      progress_comm(c, NULL, 0, 0);
-      sched_yield();
-    }
-    for (int pi = 0; pi < c->npaths; pi++) shutdown(c->paths[pi].fd, SHUT_WR);
+  /* No wait for the peer: a send is done only once acknowledged, so nothing
+   * NCCL saw complete is still in flight, and a peer that stopped reading
+   * cannot hold up closing (NCCL closes comms one after another). */
+  for (int pi = 0; pi < c->npaths; pi++) {
+    if (c->paths[pi].fd < 0) continue;
+    drain_input(c->paths[pi].fd);
+    shutdown(c->paths[pi].fd, SHUT_WR);
   }
   comm_free(c);
   return ncclSuccess;
