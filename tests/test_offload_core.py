@@ -213,7 +213,9 @@ def test_disk_full_injected_falls_back_to_memory_with_exact_gradients(tmp_path: 
     full = _FullDisk((str(tmp_path),), 2 * A)
     with pytest.warns(RuntimeWarning, match="keeping activations in memory"), \
             _with_backend(m, _cfg(tmp_path, keep_last_k=0), full) as cache:
-        m(idx).backward()
+        loss = m(idx)
+        cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
+        loss.backward()
         s = cache.stats_snapshot()
     assert s.fallbacks > 0 and s.bytes_written <= 2 * A
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
@@ -224,8 +226,9 @@ def test_disk_full_injected_raises_clear_error(tmp_path: Path) -> None:
     full = _FullDisk((str(tmp_path),), 2 * A)
     with _with_backend(m, _cfg(tmp_path, keep_last_k=0, on_io_error="raise"), full) as cache, \
             pytest.raises(RuntimeError, match="No space left on device.*on_io_error='keep'"):
-        m(idx).backward()
-        cache.wait_io()
+        loss = m(idx)
+        cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
+        loss.backward()
 
 
 class _BrokenWriter(PosixBackend):
@@ -242,8 +245,9 @@ def test_a_store_failing_with_any_exception_falls_back_instead_of_hanging(tmp_pa
     ref = _reference(m, idx)
     with pytest.warns(RuntimeWarning, match="unsupported buffer"), \
             _with_backend(m, _cfg(tmp_path, keep_last_k=0), _BrokenWriter((str(tmp_path),))) as cache:
-        m(idx).backward()
-        cache.wait_io()
+        loss = m(idx)
+        cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
+        loss.backward()
         s = cache.stats_snapshot()
     assert s.io_errors > 0 and s.fallbacks > 0 and s.bytes_written == 0
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
@@ -260,7 +264,9 @@ def test_real_tmpfs_full_falls_back_and_gradients_stay_exact(tmp_path: Path) -> 
         m, idx = _model()
         ref = _reference(m, idx)
         with pytest.warns(RuntimeWarning), install(m, _cfg(mnt, keep_last_k=0), ["Block"]) as cache:
-            m(idx).backward()
+            loss = m(idx)
+            cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
+            loss.backward()
             s = cache.stats_snapshot()
         assert s.fallbacks > 0 and s.bytes_written > 0
         assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
@@ -322,7 +328,9 @@ def test_pinned_pool_exhaustion_behaves_like_disk_full(tmp_path: Path) -> None:
     ref = _reference(m, idx)
     cfg = _cfg(tmp_path, backend="pinned_cpu", pinned_pool_bytes=A, keep_last_k=0)
     with pytest.warns(RuntimeWarning), install(m, cfg, ["Block"]) as cache:
-        m(idx).backward()
+        loss = m(idx)
+        cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
+        loss.backward()
         assert cache.stats.fallbacks > 0
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
 
@@ -369,6 +377,7 @@ def test_microbatch_records_keep_only_when_own_backward_follows(tmp_path: Path) 
         cache.backward_begin(1)
         l1.backward()
         cache.backward_end(1)
+        cache.wait_io()
         s = cache.stats_snapshot()
     assert s.bytes_written + s.bytes_cancelled == 3 * A + 2 * A  # a store still queued may be forwarded
     assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))

@@ -42,7 +42,10 @@ _clock = time.perf_counter
 
 @dataclass
 class OffloadStats:
-    """Counters of one cache (cumulative; take :meth:`TensorCache.stats_snapshot` differences per step)."""
+    """Counters of one cache (cumulative; take :meth:`TensorCache.stats_snapshot` differences per step).
+
+    A store still queued on the I/O pool adds its bytes to ``bytes_written`` or ``bytes_cancelled`` when it runs:
+    call :meth:`TensorCache.wait_io` first for final byte counts."""
 
     packs: int = 0
     small_skips: int = 0
