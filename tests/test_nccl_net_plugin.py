@@ -155,6 +155,19 @@ def test_connection_without_the_handle_secret_is_refused_and_logged(built: None,
     assert "refused connection from" in res.stderr and "did not present the secret" in res.stderr
 
 
+def test_strangers_cannot_lock_the_genuine_peer_out_of_a_listen_comm(built: None) -> None:
+    """Scripted strangers on loopback (issue 32 item 2), each phase asserting an outcome, never a duration:
+    A idle connections filling every handshake slot, B first-byte deadline (a silent stranger is closed before one
+    that sent part of a hello), C wrong-secret strangers with rate-limited log lines, D half-open multi-path
+    groups from a peer with the secret. The genuine peer gets through after A and after D."""
+    res = _driver("strangers", timeout=180)
+    _assert_pass(res, "strangers")
+    for phase in ("A: 48 idle strangers did not lock the genuine peer out", "B: the silent stranger was closed first",
+                  "C: 40 wrong-secret strangers refused", "D: 6 half-open multi-path connections did not lock"):
+        assert phase in res.stdout, res.stdout
+    assert "2 genuine connection(s) accepted among strangers" in res.stdout
+
+
 @pytest.mark.parametrize("victim", ["send", "recv"])
 def test_dead_peer_makes_test_return_an_error(built: None, victim: str) -> None:
     res = _driver("peerdeath", env={"FL_DRIVER_VICTIM": victim})
@@ -184,7 +197,7 @@ def test_all_scenarios_are_asan_and_ubsan_clean(built: None) -> None:
                   env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0", "UBSAN_OPTIONS": "print_stacktrace=1"})
     out = res.stdout + res.stderr
     assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-4000:]
-    assert res.returncode == 0 and out.count("PASS") == 16, out[-4000:]
+    assert res.returncode == 0 and out.count("PASS") == 17, out[-4000:]
 
 
 def test_parsers_survive_a_bounded_fuzz_run(built: None) -> None:

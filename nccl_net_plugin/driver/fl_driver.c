@@ -8,15 +8,18 @@
  *
  *   fl_driver --plugin PATH [--api v8|v11] SCENARIO [options]
  * Scenarios: props integrity multirecv grouped closeload manycomms badsecret
- *            peerdeath stall cudareject all | bench-stream bench-pingpong
+ *            strangers peerdeath stall cudareject all | bench-stream bench-pingpong
  * Exit status 0 = every check passed; failures print "FAIL: ...".
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,12 +28,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "flowlane_net.h"
 #include "flowlane_net_abi.h"
+#include "fl_wire.h"
 
 /* ------------------------------------------------------------ options */
 
@@ -995,6 +1000,179 @@ static void badsecret_send(int to, int from) {
   (void)to;
 }
 
+/* strangers: handshake denial of service (issue 32 item 2). The sender side plays strangers from raw sockets,
+ * then connects genuinely; the receiver keeps calling accept() (as NCCL's proxy does) and receives each genuine
+ * message. Phases (FL_STRANGER_PHASES, default ABCD):
+ *   A  3 x 16 idle connections fill every handshake slot, then the genuine peer connects and must get through;
+ *      every idle one must eventually be closed by the listener (evicted or past the first-byte deadline).
+ *   B  a silent stranger is closed while one that sent part of a hello is still waiting (first-byte deadline
+ *      shorter than the hello deadline): an ordering, not a time measurement.
+ *   C  40 strangers with a wrong secret are refused, with a bounded number of log lines.
+ *   D  a peer with the secret leaves 6 multi-path connections half open (1 of 2 paths), then the genuine peer
+ *      connects and must get through; every half-open path is eventually closed.
+ * Every wait is for an outcome, bounded by the generous --timeout. */
+#define ST_SILENT (3 * 16)
+#define ST_BADSECRET 40
+#define ST_HALF_OPEN 6
+
+static int st_phase(char ph) {
+  const char* v = getenv("FL_STRANGER_PHASES");
+  return !v || strchr(v, ph) != NULL;
+}
+
+static int st_connect(const struct fl_handle* h) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(h->addrs[0].port)};
+  memcpy(&sa.sin_addr, h->addrs[0].addr, 4);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr*)&sa, sizeof(sa)) != 0) FAILF("stranger connect failed: %s", strerror(errno));
+  return fd;
+}
+
+/* 1 once the listener closed fd (EOF or reset), 0 while it is open. */
+static int st_closed(int fd) {
+  char b[256];
+  for (;;) {
+    ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+    if (r == 0) return 1;
+    if (r > 0) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : 1;
+  }
+}
+
+static void st_wait_closed(const int* fds, int n, const char* what) {
+  double end = now_s() + O.timeout_s;
+  for (int i = 0; i < n; i++) {
+    while (!st_closed(fds[i])) {
+      struct pollfd pf = {.fd = fds[i], .events = POLLIN};
+      poll(&pf, 1, 100);
+      if (now_s() > end) FAILF("%s: connection %d of %d is still open after %d s", what, i, n, O.timeout_s);
+    }
+  }
+  for (int i = 0; i < n; i++) close(fds[i]);
+}
+
+static void st_hello(int fd, const struct fl_handle* h, uint64_t conn_id, int path, int npaths, int bad_secret,
+                     size_t len) {
+  struct fl_hello he = {.version = FL_NET_VERSION, .conn_id = conn_id, .path_index = (uint16_t)path,
+                        .npaths = (uint16_t)npaths, .traffic_class = FL_CLASS_DEFAULT};
+  memcpy(he.secret, h->secret, FL_SECRET_BYTES);
+  if (bad_secret) he.secret[3] ^= 0x5a;
+  uint8_t b[FL_HELLO_BYTES];
+  fl_hello_encode(b, &he);
+  if (send(fd, b, len, MSG_NOSIGNAL) != (ssize_t)len) FAILF("stranger hello: %s", strerror(errno));
+}
+
+static void st_genuine(const uint8_t* handle, int n) {
+  uint8_t h[NCCL_NET_HANDLE_MAXSIZE];
+  memcpy(h, handle, sizeof(h)); /* connect() keeps resume state in the handle */
+  void* sc = connect_blocking(-1, h);
+  char msg[16];
+  snprintf(msg, sizeof(msg), "genuine %d", n);
+  void* mh = net_regmr(sc, msg, sizeof(msg));
+  void* req = isend_blocking(sc, msg, sizeof(msg), 5, mh);
+  wait_req(req, NULL);
+  net_deregmr(sc, mh);
+  net_close_send(sc);
+}
+
+static void strangers_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  fcntl(from, F_SETFL, fcntl(from, F_GETFL) | O_NONBLOCK);
+  int genuine = 0;
+  double t0 = now_s(), end = t0 + 4.0 * O.timeout_s;
+  for (;;) {
+    void* rc = NULL;
+    if (net_accept_once(lc, &rc) != ncclSuccess) FAILF("accept failed");
+    if (rc) {
+      char buf[16];
+      void* mh = net_regmr(rc, buf, sizeof(buf));
+      void* b = buf;
+      size_t sz = sizeof(buf);
+      int tag = 5, got = -1;
+      void* r = NULL;
+      while (!r)
+        if (net_irecv(rc, 1, &b, &sz, &tag, &mh, &r) != ncclSuccess) FAILF("irecv failed");
+      wait_req(r, &got);
+      char expect[16];
+      snprintf(expect, sizeof(expect), "genuine %d", genuine);
+      if (got != (int)sizeof(buf) || strcmp(buf, expect) != 0) FAILF("genuine connection %d delivered wrong data", genuine);
+      genuine++;
+      net_deregmr(rc, mh);
+      net_close_recv(rc);
+    }
+    char c;
+    ssize_t n = read(from, &c, 1);
+    if (n == 1) break; /* the stranger side is done */
+    if (n == 0) FAILF("the stranger side exited early");
+    if (now_s() > end) FAILF("strangers scenario did not finish");
+    usleep(200);
+  }
+  double dt = now_s() - t0;
+  /* Log volume: at most FL_REFUSE_LOG_BURST lines plus one summary per 10 s window (FL_REFUSE_LOG_*). */
+  int windows = 1 + (int)(dt / 10.0);
+  int allowed = windows * (5 + 1);
+  printf("[recv] %d genuine connection(s) accepted among strangers; %d refusal log line(s) in %.1f s (allowed %d)\n",
+         genuine, g_warns_refused, dt, allowed);
+  if (st_phase('C') && g_warns_refused > allowed)
+    FAILF("%d refusal log lines in %.1f s: refusals are not rate-limited", g_warns_refused, dt);
+  write_all(to, &genuine, sizeof(genuine));
+  net_close_listen(lc);
+  net_finalize();
+}
+
+static void strangers_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  struct fl_handle h;
+  char err[160];
+  if (fl_handle_decode(handle, sizeof(handle), &h, err, sizeof(err)) != 0) FAILF("handle: %s", err);
+  if (h.addrs[0].family != 4) FAILF("strangers scenario needs an IPv4 listener");
+  int expect = 0;
+  if (st_phase('A')) {
+    int fds[ST_SILENT];
+    for (int i = 0; i < ST_SILENT; i++) fds[i] = st_connect(&h);
+    st_genuine(handle, expect++);
+    st_wait_closed(fds, ST_SILENT, "idle stranger");
+    printf("[send] A: %d idle strangers did not lock the genuine peer out, all were closed\n", ST_SILENT);
+  }
+  if (st_phase('B')) {
+    int silent = st_connect(&h), talking = st_connect(&h);
+    st_hello(talking, &h, 1, 0, 1, 0, 10); /* 10 of 64 bytes, then nothing */
+    st_wait_closed(&silent, 1, "silent stranger");
+    if (st_closed(talking)) FAILF("B: the stranger that sent its first bytes was closed together with the silent one");
+    close(talking);
+    printf("[send] B: the silent stranger was closed first (first-byte deadline)\n");
+  }
+  if (st_phase('C')) {
+    int fds[ST_BADSECRET];
+    for (int i = 0; i < ST_BADSECRET; i++) {
+      fds[i] = st_connect(&h);
+      st_hello(fds[i], &h, 100 + (uint64_t)i, 0, 1, 1, FL_HELLO_BYTES);
+    }
+    st_wait_closed(fds, ST_BADSECRET, "wrong-secret stranger");
+    printf("[send] C: %d wrong-secret strangers refused\n", ST_BADSECRET);
+  }
+  if (st_phase('D')) {
+    int fds[ST_HALF_OPEN];
+    for (int i = 0; i < ST_HALF_OPEN; i++) {
+      fds[i] = st_connect(&h);
+      st_hello(fds[i], &h, 1000 + (uint64_t)i, 0, 2, 0, FL_HELLO_BYTES); /* path 0 of 2; path 1 never comes */
+    }
+    st_genuine(handle, expect++);
+    st_wait_closed(fds, ST_HALF_OPEN, "half-open multi-path connection");
+    printf("[send] D: %d half-open multi-path connections did not lock the genuine peer out, all expired\n",
+           ST_HALF_OPEN);
+  }
+  write_all(to, "d", 1);
+  int got = -1;
+  read_all(from, &got, sizeof(got));
+  if (got != expect) FAILF("receiver accepted %d genuine connection(s), expected %d", got, expect);
+  net_finalize();
+}
+
 static int scenario_props(void) {
   void* h = dlopen(O.plugin, RTLD_NOW | RTLD_LOCAL);
   if (!h) FAILF("dlopen %s: %s", O.plugin, dlerror());
@@ -1292,6 +1470,7 @@ static const struct scenario kScenarios[] = {
     {"closeload", closeload_recv, closeload_send},
     {"manycomms", manycomms_recv, manycomms_send},
     {"badsecret", badsecret_recv, badsecret_send},
+    {"strangers", strangers_recv, strangers_send},
     {"peerdeath", fault_recv, fault_send},
     {"stall", fault_recv, fault_send},
     {"bench-stream", stream_recv, stream_send},
@@ -1311,8 +1490,10 @@ static int run_scenario(const char* name) {
   for (size_t i = 0; i < sizeof(kScenarios) / sizeof(kScenarios[0]); i++) {
     const struct scenario* s = &kScenarios[i];
     if (strcmp(s->name, name) != 0) continue;
-    int own_timeout = !strcmp(name, "stall") && !getenv(FL_ENV_TIMEOUT_MS);
-    if (own_timeout) setenv(FL_ENV_TIMEOUT_MS, "1500", 1); /* stall detection bound for this scenario */
+    int own_timeout = (!strcmp(name, "stall") || !strcmp(name, "strangers")) && !getenv(FL_ENV_TIMEOUT_MS);
+    /* stall detection bound; for strangers it caps the hello and half-open deadlines (4 s) but not the first-byte
+     * one (1 s), so phases B and D end sooner */
+    if (own_timeout) setenv(FL_ENV_TIMEOUT_MS, !strcmp(name, "stall") ? "1500" : "4000", 1);
     if (!strcmp(name, "stall")) setenv("FL_DRIVER_FAULT", "stop", 1);
     if (!strcmp(name, "peerdeath")) setenv("FL_DRIVER_FAULT", "kill", 1);
     int own_paths = !strcmp(name, "closeload") && !getenv(FL_ENV_PATHS);
@@ -1346,7 +1527,7 @@ static void usage(void) {
           "usage: fl_driver --plugin PATH [--api v8|v11] [--send-ns NS --recv-ns NS] [--send-ifname S --recv-ifname S]\n"
           "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
           "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
-          "scenarios: props integrity multirecv grouped closeload manycomms badsecret peerdeath stall all\n"
+          "scenarios: props integrity multirecv grouped closeload manycomms badsecret strangers peerdeath stall all\n"
           "           bench-stream bench-pingpong\n");
   exit(2);
 }
@@ -1387,11 +1568,12 @@ int main(int argc, char** argv) {
   for (int k = 0; k < nscen; k++) {
     if (!strcmp(scen[k], "all")) {
       const char* list[] = {"props", "integrity", "multirecv", "grouped", "closeload", "manycomms", "badsecret",
-                            "peerdeath", "stall"};
+                            "strangers", "peerdeath", "stall"};
       int apis[] = {8, 11};
       for (int a = 0; a < 2; a++) {
         O.api = apis[a];
         for (size_t j = 0; j < sizeof(list) / sizeof(list[0]); j++) {
+          if (O.api == 8 && !strcmp(list[j], "strangers")) continue; /* handshakes do not depend on the API version */
           fails += run_scenario(list[j]) != 0;
         }
       }

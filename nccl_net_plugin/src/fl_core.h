@@ -24,8 +24,22 @@
 #define FL_CTS_QUEUE FL_REQS_PER_COMM
 #define FL_PATH_WINDOW 4 /* unacknowledged sub-chunks per path */
 _Static_assert(FL_CLAIM_EXTENTS >= FL_MAX_PATHS * FL_PATH_WINDOW, "an honest sender's gaps must fit the claim pool");
+/* Handshake limits against peers without the secret (README, Security): a
+ * listen comm holds at most FL_MAX_PENDING_ACCEPTS unauthenticated sockets
+ * and evicts the oldest when another arrives; a socket must send its first
+ * byte within FL_FIRST_BYTE_MS and its whole hello within FL_HELLO_TIMEOUT_MS
+ * (both capped by FLOWLANE_NET_TIMEOUT_MS). Authenticated paths of a
+ * multi-path connection wait for their siblings in at most FL_MAX_HALF_OPEN
+ * groups (the oldest is evicted when full), each for FLOWLANE_NET_TIMEOUT_MS
+ * capped at FL_HELLO_TIMEOUT_MS. Refusals are logged at most
+ * FL_REFUSE_LOG_BURST times per FL_REFUSE_LOG_WINDOW_MS, then counted. */
 #define FL_MAX_PENDING_ACCEPTS 16
+#define FL_FIRST_BYTE_MS 1000
 #define FL_HELLO_TIMEOUT_MS 10000
+#define FL_MAX_HALF_OPEN 4
+#define FL_ACCEPTS_PER_CALL 64 /* bounds the work one accept() call does for a flood */
+#define FL_REFUSE_LOG_BURST 5
+#define FL_REFUSE_LOG_WINDOW_MS 10000
 #define FL_LANE_ACTIVE_NS 100000000ull /* a lane counts as active 100 ms after it last sent */
 
 struct fl_params {
@@ -147,7 +161,8 @@ struct fl_pending_accept {
   int fd;
   uint8_t buf[FL_HELLO_BYTES];
   uint32_t got;
-  uint64_t deadline_ns;
+  uint64_t accepted_ns; /* eviction order: oldest first */
+  uint64_t first_byte_deadline_ns, deadline_ns;
   char peer[80];
 };
 
@@ -156,6 +171,8 @@ struct fl_accept_group {
   uint64_t conn_id;
   int npaths, have, traffic_class;
   int fds[FL_MAX_PATHS];
+  uint64_t created_ns, deadline_ns;
+  char peer[80];
 };
 
 struct fl_listen {
@@ -163,8 +180,8 @@ struct fl_listen {
   int fds[FL_MAX_IFACES];
   uint8_t secret[FL_SECRET_BYTES];
   struct fl_pending_accept pend[FL_MAX_PENDING_ACCEPTS];
-  struct fl_accept_group groups[4];
-  uint64_t refused; /* connections refused (bad magic/version/secret/timeout) */
+  struct fl_accept_group groups[FL_MAX_HALF_OPEN];
+  uint64_t refused; /* connections refused (bad magic/version/secret, deadline, eviction) */
 };
 
 /* Per-communicator context of the v11 API (init(ctx, commId, config)). */

@@ -243,6 +243,8 @@ ncclResult_t fl_make_vdevice(int* d, ncclNetVDeviceProps_v11_t* props) {
 
 /* --------------------------------------------------------- socket setup */
 
+static int io_would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
+
 static int set_nonblocking(int fd) {
   int fl = fcntl(fd, F_GETFL);
   return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
@@ -348,10 +350,11 @@ ncclResult_t fl_close_listen(void* listen_comm) {
   for (int i = 0; i < l->nfds; i++) close(l->fds[i]);
   for (int i = 0; i < FL_MAX_PENDING_ACCEPTS; i++)
     if (l->pend[i].fd >= 0) close(l->pend[i].fd);
-  for (int g = 0; g < 4; g++)
+  for (int g = 0; g < FL_MAX_HALF_OPEN; g++)
     if (l->groups[g].used)
       for (int p = 0; p < l->groups[g].npaths; p++)
         if (l->groups[g].fds[p] >= 0) close(l->groups[g].fds[p]);
+  if (l->refused) FL_INFO("listen comm closed; it refused %llu connection(s)", (unsigned long long)l->refused);
   free(l);
   return ncclSuccess;
 }
@@ -565,47 +568,98 @@ out:
 
 /* ---------------------------------------------------------------- accept */
 
+/* Refusals are logged with a rate limit shared by all listen comms: a
+ * stranger can open connections faster than anyone reads logs. */
+static struct {
+  uint64_t window_start_ns;
+  int logged;
+  uint64_t suppressed;
+} refusal_log;
+
+static void log_refusal(const char* peer, const char* why) {
+  uint64_t t = now_ns();
+  if (refusal_log.window_start_ns == 0 || t - refusal_log.window_start_ns >= FL_REFUSE_LOG_WINDOW_MS * 1000000ull) {
+    if (refusal_log.suppressed)
+      FL_WARN("refused %llu more connection(s) in %d s without logging each (at most %d lines per %d s)",
+              (unsigned long long)refusal_log.suppressed, FL_REFUSE_LOG_WINDOW_MS / 1000, FL_REFUSE_LOG_BURST,
+              FL_REFUSE_LOG_WINDOW_MS / 1000);
+    refusal_log.window_start_ns = t;
+    refusal_log.logged = 0;
+    refusal_log.suppressed = 0;
+  }
+  if (refusal_log.logged < FL_REFUSE_LOG_BURST) {
+    refusal_log.logged++;
+    FL_WARN("refused connection from %s: %s", peer, why);
+  } else {
+    refusal_log.suppressed++;
+  }
+}
+
 static void refuse(struct fl_listen* l, struct fl_pending_accept* pa, const char* why) {
-  FL_WARN("refused connection from %s: %s", pa->peer, why);
+  log_refusal(pa->peer, why);
   l->refused++;
   close(pa->fd);
   pa->fd = -1;
 }
 
-/* Non-blocking: accepts sockets, reads and checks hellos, groups paths by
- * conn_id; returns a recv comm once every path of one connection arrived. */
-ncclResult_t fl_accept(void* listen_comm, void** recv_comm) {
-  struct fl_listen* l = listen_comm;
-  if (!l || !recv_comm) return ncclInternalError;
-  *recv_comm = NULL;
-  pthread_mutex_lock(&E.lock);
-  uint64_t now = now_ns();
-  for (int i = 0; i < l->nfds; i++) {
-    for (int k = 0; k < FL_MAX_PENDING_ACCEPTS; k++) {
-      struct sockaddr_storage ss;
-      socklen_t sl = sizeof(ss);
-      int fd = accept4(l->fds[i], (struct sockaddr*)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) break;
-      int slot = -1;
-      for (int s = 0; s < FL_MAX_PENDING_ACCEPTS && slot < 0; s++)
-        if (l->pend[s].fd < 0) slot = s;
-      char peer[80];
-      fmt_sockaddr((struct sockaddr*)&ss, peer, sizeof(peer));
-      if (slot < 0) {
-        FL_WARN("refused connection from %s: %d handshakes already pending", peer, FL_MAX_PENDING_ACCEPTS);
-        l->refused++;
-        close(fd);
-        continue;
-      }
-      struct fl_pending_accept* pa = &l->pend[slot];
-      memset(pa, 0, sizeof(*pa));
-      pa->fd = fd;
-      pa->deadline_ns = now + FL_HELLO_TIMEOUT_MS * 1000000ull;
-      snprintf(pa->peer, sizeof(pa->peer), "%s", peer);
-    }
+static void group_drop(struct fl_listen* l, struct fl_accept_group* g, const char* why) {
+  char msg[160];
+  snprintf(msg, sizeof(msg), "multi-path connection with %d of %d paths: %s", g->have, g->npaths, why);
+  log_refusal(g->peer, msg);
+  l->refused++;
+  for (int p = 0; p < FL_MAX_PATHS; p++)
+    if (g->fds[p] >= 0) close(g->fds[p]);
+  g->used = 0;
+}
+
+static uint64_t capped_ms(int ms) {
+  return (uint64_t)(ms < E.params.timeout_ms ? ms : E.params.timeout_ms) * 1000000ull;
+}
+
+/* An authenticated path joins the group of its connection; a group with all
+ * its paths is ready to become a recv comm. */
+static void group_join(struct fl_listen* l, struct fl_pending_accept* pa, const struct fl_hello* h, uint64_t now) {
+  struct fl_accept_group* g = NULL;
+  for (int k = 0; k < FL_MAX_HALF_OPEN && !g; k++)
+    if (l->groups[k].used && l->groups[k].conn_id == h->conn_id) g = &l->groups[k];
+  if (g && (g->npaths != h->npaths || g->fds[h->path_index] >= 0)) {
+    refuse(l, pa, "path announcement conflicts with an earlier one of the same connection");
+    return;
   }
-  struct fl_comm* done = NULL;
-  for (int s = 0; s < FL_MAX_PENDING_ACCEPTS && !done; s++) {
+  if (!g) {
+    struct fl_accept_group* oldest = NULL;
+    for (int k = 0; k < FL_MAX_HALF_OPEN && !g; k++) {
+      struct fl_accept_group* q = &l->groups[k];
+      if (!q->used) g = q;
+      else if (q->have < q->npaths && (!oldest || q->created_ns < oldest->created_ns)) oldest = q;
+    }
+    if (!g && !oldest) {
+      refuse(l, pa, "every multi-path group is complete and waits for accept()");
+      return;
+    }
+    if (!g) {
+      g = oldest;
+      group_drop(l, g, "evicted, the oldest of too many half-open connections");
+    }
+    memset(g, 0, sizeof(*g));
+    g->used = 1;
+    g->conn_id = h->conn_id;
+    g->npaths = h->npaths;
+    g->traffic_class = h->traffic_class;
+    g->created_ns = now;
+    g->deadline_ns = now + capped_ms(FL_HELLO_TIMEOUT_MS);
+    snprintf(g->peer, sizeof(g->peer), "%s", pa->peer);
+    for (int p = 0; p < FL_MAX_PATHS; p++) g->fds[p] = -1;
+  }
+  g->fds[h->path_index] = pa->fd;
+  g->have++;
+  pa->fd = -1;
+}
+
+/* Read what pending sockets sent; enforce the first-byte and hello deadlines;
+ * move complete, authentic hellos into their group. */
+static void pending_poll(struct fl_listen* l, uint64_t now) {
+  for (int s = 0; s < FL_MAX_PENDING_ACCEPTS; s++) {
     struct fl_pending_accept* pa = &l->pend[s];
     if (pa->fd < 0) continue;
     ssize_t r = recv(pa->fd, pa->buf + pa->got, FL_HELLO_BYTES - pa->got, 0);
@@ -614,8 +668,17 @@ ncclResult_t fl_accept(void* listen_comm, void** recv_comm) {
       continue;
     }
     if (r < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) refuse(l, pa, strerror(errno));
-      else if (now > pa->deadline_ns) refuse(l, pa, "no handshake within 10 s");
+      char why[96];
+      if (!io_would_block()) {
+        refuse(l, pa, strerror(errno));
+      } else if (pa->got == 0 && now > pa->first_byte_deadline_ns) {
+        snprintf(why, sizeof(why), "no byte within %llu ms", (unsigned long long)(capped_ms(FL_FIRST_BYTE_MS) / 1000000));
+        refuse(l, pa, why);
+      } else if (now > pa->deadline_ns) {
+        snprintf(why, sizeof(why), "no complete handshake within %llu ms",
+                 (unsigned long long)(capped_ms(FL_HELLO_TIMEOUT_MS) / 1000000));
+        refuse(l, pa, why);
+      }
       continue;
     }
     pa->got += (uint32_t)r;
@@ -627,46 +690,75 @@ ncclResult_t fl_accept(void* listen_comm, void** recv_comm) {
       refuse(l, pa, err);
       continue;
     }
-    struct fl_accept_group* g = NULL;
-    for (int k = 0; k < 4 && !g; k++)
-      if (l->groups[k].used && l->groups[k].conn_id == h.conn_id) g = &l->groups[k];
-    if (g && (g->npaths != h.npaths || g->fds[h.path_index] >= 0)) {
-      refuse(l, pa, "path announcement conflicts with an earlier one of the same connection");
-      continue;
+    group_join(l, pa, &h, now);
+  }
+}
+
+static struct fl_pending_accept* pending_slot(struct fl_listen* l, uint64_t now) {
+  for (int s = 0; s < FL_MAX_PENDING_ACCEPTS; s++)
+    if (l->pend[s].fd < 0) return &l->pend[s];
+  pending_poll(l, now); /* a finished hello frees its slot */
+  struct fl_pending_accept* oldest = NULL;
+  for (int s = 0; s < FL_MAX_PENDING_ACCEPTS; s++) {
+    if (l->pend[s].fd < 0) return &l->pend[s];
+    if (!oldest || l->pend[s].accepted_ns < oldest->accepted_ns) oldest = &l->pend[s];
+  }
+  /* Evict the oldest: a genuine connector sends its hello right after
+   * connecting, so the socket that waited longest is the likeliest stranger,
+   * and a flood can no longer lock the genuine peer out. */
+  char why[96];
+  snprintf(why, sizeof(why), "evicted, the oldest of %d unauthenticated connections", FL_MAX_PENDING_ACCEPTS);
+  refuse(l, oldest, why);
+  return oldest;
+}
+
+/* Non-blocking: accepts sockets, reads and checks hellos, groups paths by
+ * conn_id; returns a recv comm once every path of one connection arrived. */
+ncclResult_t fl_accept(void* listen_comm, void** recv_comm) {
+  struct fl_listen* l = listen_comm;
+  if (!l || !recv_comm) return ncclInternalError;
+  *recv_comm = NULL;
+  pthread_mutex_lock(&E.lock);
+  uint64_t now = now_ns();
+  for (int k = 0; k < FL_MAX_HALF_OPEN; k++) {
+    struct fl_accept_group* g = &l->groups[k];
+    if (g->used && g->have < g->npaths && now > g->deadline_ns) group_drop(l, g, "the other paths did not arrive in time");
+  }
+  pending_poll(l, now); /* deadlines first, so expired strangers make room */
+  for (int i = 0; i < l->nfds; i++) {
+    for (int k = 0; k < FL_ACCEPTS_PER_CALL; k++) {
+      struct sockaddr_storage ss;
+      socklen_t sl = sizeof(ss);
+      int fd = accept4(l->fds[i], (struct sockaddr*)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) break;
+      struct fl_pending_accept* pa = pending_slot(l, now);
+      memset(pa, 0, sizeof(*pa));
+      pa->fd = fd;
+      pa->accepted_ns = now_ns();
+      pa->first_byte_deadline_ns = now + capped_ms(FL_FIRST_BYTE_MS);
+      pa->deadline_ns = now + capped_ms(FL_HELLO_TIMEOUT_MS);
+      fmt_sockaddr((struct sockaddr*)&ss, pa->peer, sizeof(pa->peer));
     }
-    if (!g) {
-      for (int k = 0; k < 4 && !g; k++)
-        if (!l->groups[k].used) g = &l->groups[k];
-      if (!g) {
-        refuse(l, pa, "too many half-open multi-path connections");
-        continue;
-      }
-      memset(g, 0, sizeof(*g));
-      g->used = 1;
-      g->conn_id = h.conn_id;
-      g->npaths = h.npaths;
-      g->traffic_class = h.traffic_class;
-      for (int p = 0; p < FL_MAX_PATHS; p++) g->fds[p] = -1;
+  }
+  pending_poll(l, now);
+  struct fl_comm* done = NULL;
+  for (int k = 0; k < FL_MAX_HALF_OPEN && !done; k++) {
+    struct fl_accept_group* g = &l->groups[k];
+    if (!g->used || g->have < g->npaths) continue;
+    struct fl_comm* c = comm_new(0, g->traffic_class, g->npaths);
+    if (!c) break;
+    for (int p = 0; p < g->npaths; p++) {
+      c->paths[p].fd = g->fds[p];
+      struct sockaddr_storage ss;
+      socklen_t sl = sizeof(ss);
+      getsockname(g->fds[p], (struct sockaddr*)&ss, &sl);
+      set_lane_options(g->fds[p], ss.ss_family, c->lane); /* CTS/ACK travel in the same lane */
     }
-    g->fds[h.path_index] = pa->fd;
-    g->have++;
-    pa->fd = -1;
-    if (g->have == g->npaths) {
-      struct fl_comm* c = comm_new(0, g->traffic_class, g->npaths);
-      if (!c) break;
-      for (int p = 0; p < g->npaths; p++) {
-        c->paths[p].fd = g->fds[p];
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        getsockname(g->fds[p], (struct sockaddr*)&ss, &sl);
-        set_lane_options(g->fds[p], ss.ss_family, c->lane); /* CTS/ACK travel in the same lane */
-      }
-      g->used = 0;
-      comm_link(c);
-      done = c;
-      FL_INFO("recv comm %llu accepted: class %d lane %d, %d path(s)", (unsigned long long)c->id, c->traffic_class,
-              c->lane, c->npaths);
-    }
+    g->used = 0;
+    comm_link(c);
+    done = c;
+    FL_INFO("recv comm %llu accepted: class %d lane %d, %d path(s)", (unsigned long long)c->id, c->traffic_class,
+            c->lane, c->npaths);
   }
   pthread_mutex_unlock(&E.lock);
   *recv_comm = done;
@@ -735,8 +827,6 @@ static struct fl_request* req_alloc(struct fl_comm* c, int kind) {
   }
   return NULL;
 }
-
-static int io_would_block(void) { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR; }
 
 /* Queue a control frame (+payload) on a receiver path. */
 static int ctl_push(struct fl_comm* c, struct fl_path* p, const struct fl_frame* f, const uint8_t* payload) {
