@@ -1,6 +1,6 @@
 """DGCL (SPST plan) vs peer-to-peer graphAllgather, measured on CPU with emulated links (netns + tc).
 
-Four gloo ranks, each in its own network namespace (flowlane.netem.EmulatedNetwork), with a dedicated directed link
+Four gloo ranks, each in its own network namespace (flowlane.testing.netem.EmulatedNetwork), with a dedicated directed link
 per ordered pair shaped by htb + u32 on each rank's egress: "two fast pairs joined by slow links" — ranks {0,1} and
 {2,3} are joined by fast links (default 1000 Mbit/s), every link across the pairs is slow (default 100 Mbit/s). The
 planner sees the same matrix (flowlane.plan.mesh_from_matrix, nominal rates). The communication relation comes from a
@@ -33,9 +33,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flowlane.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
 from flowlane.plan import CommRelation, LinkModel, build_plan, compile_tables, mesh_from_matrix  # noqa: E402
 from flowlane.plan.cost import stage_hop_loads  # noqa: E402
+from flowlane.testing.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
 
 LABEL = "measured on CPU with emulated links (netns + tc)"
 PORT = 29541
@@ -299,7 +299,7 @@ def main() -> int:
         "benchmark": "dgcl_netns", "label": LABEL,
         "setup": "4 gloo ranks (torch.distributed, tcp:// rendezvous at rank 0's namespace address), one network "
                  "namespace each, joined by a bridge; per ordered pair a dedicated directed link: htb class "
-                 "(rate=ceil) + u32 destination-IP filter on the sender's egress (flowlane.netem)",
+                 "(rate=ceil) + u32 destination-IP filter on the sender's egress (flowlane.testing.netem)",
         "fast_mbit": a.fast_mbit, "slow_mbit": a.slow_mbit,
         "cost_model": "flowlane.plan staged model on mesh_from_matrix of the same nominal rates (no fitted "
                       "parameters; TCP/IP overhead, CPU, latency and per-stage synchronisation not modelled)",

@@ -6,7 +6,7 @@ cause incast and long CCTs" (§5.1.3); its fig. 5.11 credits this intra-coflow p
 fluid model has no incast (digest A6 R6), so ``hermod_intra_sim`` had to *assume* a penalty. Here the penalty is
 measured instead:
 
-- Fabric: ``--ranks`` gloo ranks, one namespace each, on one switch (:class:`flowlane.netem.EmulatedNetwork`, a star):
+- Fabric: ``--ranks`` gloo ranks, one namespace each, on one switch (:class:`flowlane.testing.netem.EmulatedNetwork`, a star):
   every access link is shaped to ``--rate-mbit`` both ways; the switch port towards each rank queues at most
   ``B`` KiB (``switch_buffer_kb``), one fabric per ``B`` in ``--buffers-kb``. A deep buffer (1 MiB) never drops; a
   shallow one drops what many senders push into one port at once, and TCP then waits for a retransmission timeout.
@@ -17,7 +17,7 @@ measured instead:
   does), ``bvn`` (Hermod: the split matrix all-gathered, then the Birkhoff-von Neumann phases of
   :func:`flowlane.sched.alltoall.matched_all_to_all`, each rank stepping on when its own pairs are done),
   ``bvn_bottleneck`` (BvN taking the max-min perfect matching each step: the same total in fewer, longer phases;
-  :mod:`flowlane.sched.matching`), ``bvn_barrier`` (``bvn``'s phases with a group barrier between them: every rank
+  :mod:`flowlane.hermod.matching`), ``bvn_barrier`` (``bvn``'s phases with a group barrier between them: every rank
   in lockstep) and ``alg3`` (the seed's Algorithm 3 phases), planned in units of ``--quantum`` tokens. Each rank times
   its part after a barrier; a collective's time is the slowest rank's. Every algorithm's output must equal
   ``plain``'s bit for bit on every rank (checked; a mismatch fails the run).
@@ -55,9 +55,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from flowlane.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
-from flowlane.sched.matching import lower_bound  # noqa: E402
+from flowlane.hermod.matching import lower_bound  # noqa: E402
 from flowlane.sim.workloads import zipf_token_matrix  # noqa: E402
+from flowlane.testing.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
 
 PORT = 29541
 ALGORITHMS = ("plain", "bvn", "bvn_bottleneck", "bvn_barrier", "alg3")
@@ -74,7 +74,7 @@ def draw_matrices(cfg: dict[str, Any]) -> list[list[list[int]]]:
 
 def lower_bound_s(matrix: list[list[int]], row_bytes: int, rate_mbit: float) -> float:
     """The all-to-all's bottleneck time on a non-blocking switch: the busiest port's bytes (row or column sum, local
-    rows excluded; :func:`flowlane.sched.matching.lower_bound`, digest A2.6) at the link rate."""
+    rows excluded; :func:`flowlane.hermod.matching.lower_bound`, digest A2.6) at the link rate."""
     return lower_bound(matrix) * row_bytes * 8 / (rate_mbit * 1e6)
 
 
@@ -233,7 +233,7 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
                                                      overhead if mode == "phases" else 0.0) for m in mats)
                 for mode in ("plain", "phases")},
         })
-    from flowlane.sched.alltoall import plan_all_to_all
+    from flowlane.hermod.matching import plan_all_to_all
 
     phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_bottleneck", "alg3")}
     return {"lower_bound_s": bounds, "goodput_fraction": goodput,

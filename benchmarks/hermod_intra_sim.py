@@ -68,7 +68,7 @@ SCALE_OPT_IN = {"mixtral-8x22b": ("hermod-nccl-phases-bn",),
 
 def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float, variant: str, alpha: float,
               microbatches: int, quantum: float, op_overhead_s: float = 0.0, incast_count: str = "port") -> dict:
-    from flowlane.policy import make_policy
+    from flowlane.policies import make_policy
     from flowlane.sim import IncastModel, SimConfig, Simulator
     from flowlane.sim.models import preset
     from flowlane.sim.workloads import build_llm, cluster

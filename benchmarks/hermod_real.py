@@ -8,7 +8,7 @@
                    [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]
                    [,ep_auto_probe_iterations=2][,wire=1|2] ...]
 
-Network (:func:`emulated_fabric`, a :class:`flowlane.netem.EmulatedNetwork`; needs root; every name is unique to this
+Network (:func:`emulated_fabric`, a :class:`flowlane.testing.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
 one network namespace per rank.
 ``per-rank``: each rank's egress is its own shaped link, so a rank's DP chunks contend only with that rank's PP/EP
@@ -26,7 +26,7 @@ runs Hermod's bulk (DP) class on its own gloo communicator bound to a macvlan wi
 gloo rendezvous is ``tcp://`` on rank 0's namespace address and ``GLOO_SOCKET_IFNAME=eth0``.
 
 Workload: the synthetic PP2 x DP2 (x EP2; ``--ranks 8``: DP4 x EP4; ``--pp 1``: one stage, DP4 x EP4 on 4 ranks) 1F1B
-iteration of :mod:`flowlane.sched.workload` (ZeRO parameter gathers,
+iteration of :mod:`flowlane.testing.workload` (ZeRO parameter gathers,
 per-layer gradient reductions, pipeline p2p and skewed MoE all-to-alls; compute emulated with sleep because 2 cores
 cannot run 4 ranks' matmuls at once). FIFO and every Hermod variant alternate, round after round, in the same
 processes over the same links; the first iteration of each run is warm-up. Beside ``fifo`` (Megatron with DP
@@ -61,7 +61,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from flowlane.netem import BULK_IFNAME, PIPELINE_IFNAME, EmulatedNetwork
+from flowlane.testing.netem import BULK_IFNAME, PIPELINE_IFNAME, EmulatedNetwork
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL = "measured on CPU with emulated links (netns + tc)"
@@ -106,7 +106,7 @@ def _op_stats(ops: list[Any]) -> dict[str, Any]:
 
 
 def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, Any]) -> dict[str, Any]:
-    from flowlane.sched.workload import WorkloadConfig, run_rank
+    from flowlane.testing.workload import WorkloadConfig, run_rank
 
     sched = dict(sched)
     dp_mid = sched.pop("dp_mid", "last")  # Hermod's DP-MID policy knob (digest A6.1 #1)
@@ -195,7 +195,7 @@ FABRICS = ("per-rank", "shared-nic", "star")
 
 def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None = None, ranks: int = 4,
                     switch_buffer_kb: float | None = None) -> EmulatedNetwork:
-    """``ranks`` rank namespaces (4 unless ``--ranks``) with priority classes (flowlane.netem, ``bulk_subnet``: a
+    """``ranks`` rank namespaces (4 unless ``--ranks``) with priority classes (flowlane.testing.netem, ``bulk_subnet``: a
     macvlan ``bulk0`` per rank whose traffic every shaped port queues behind the rest; not on ``star``).
 
     ``per-rank``: every rank has its own link; only its ``eth0`` egress is shaped (what a rank's own sender-side order
@@ -544,7 +544,7 @@ def main() -> int:
                          "spends ep_auto_probe_iterations (2) per candidate on its probe: >= 6 with the default two "
                          "candidates)")
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
-                    help="synthetic: flowlane.sched.workload (sleep compute, MoE); megatron: the default recipe's "
+                    help="synthetic: flowlane.testing.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
     ap.add_argument("--megatron-moe", action="store_true",
                     help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "

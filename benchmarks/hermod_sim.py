@@ -44,24 +44,24 @@ INF_BW = 1e6  # Gb/s: "no network" reference = compute-only critical path (upper
 def make(name: str, m: int, layers_per_stage: int = 1):
     """Policies by name, with the number of microbatches M known (DP coflows carry MID M-1, §5.3.1) and, for the
     wire-quantised ones, the layers per stage (LID buckets per stage, digest A6.1 #3)."""
-    from flowlane.policy import make_policy
+    from flowlane.policies import make_policy
 
     if name == "megatron":
         return make_policy("fifo")
     if not name.startswith("hermod"):
         return make_policy(name)
-    mod = sys.modules[type(make_policy("hermod")).__module__]  # flowlane.sched.hermod (or its torch-free copy)
-    from flowlane.coflow import HermodOrderConfig
+    from flowlane.hermod.order import HermodOrderConfig
+    from flowlane.hermod.policy import HermodPolicy, QuantisationConfig, QuantisedHermodPolicy
 
     cfg = HermodOrderConfig(m)
     if name == "hermod":
-        return mod.HermodPolicy(cfg)
+        return HermodPolicy(cfg)
     if name == "hermod-consumer":
-        p = mod.HermodPolicy(HermodOrderConfig(m, dp_mid="consumer"))
+        p = HermodPolicy(HermodOrderConfig(m, dp_mid="consumer"))
         p.name = "hermod-consumer"
         return p
     target = name.split("-", 1)[1]
-    return mod.QuantisedHermodPolicy(cfg, mod.QuantisationConfig(target, layers_per_stage=layers_per_stage))
+    return QuantisedHermodPolicy(cfg, QuantisationConfig(target, layers_per_stage=layers_per_stage))
 
 
 @lru_cache(maxsize=1)

@@ -12,7 +12,7 @@ Checks per net (each rank on ``cuda:0``): all-reduce / all-to-all / send-recv re
 makes one NCCL communicator per Hermod class with ``ncclConfig_t.trafficClass`` and (flowlane) the plugin's log shows
 connections of those classes; the matched all-to-all (BvN, bottleneck BvN, Algorithm 3) equals
 ``all_to_all_single`` bitwise; ``AllToAllRunner("auto")`` decides the same everywhere; the synthetic 1F1B PP x DP (x EP)
-workload of :mod:`flowlane.sched.workload` gives bitwise the same parameters under fifo, Hermod (chunked, gated),
+workload of :mod:`flowlane.testing.workload` gives bitwise the same parameters under fifo, Hermod (chunked, gated),
 Hermod with all-to-alls on their wire class's communicator, Lina and Megatron's defaults.
 
 ``python -m benchmarks.nccl_gpu_check --out results/nccl_gpu`` (``--nets flowlane,socket``; the plugin is built with
@@ -40,7 +40,7 @@ from flowlane.sim.output import write_json
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = ROOT / "nccl_net_plugin" / "build"
 
-# the synthetic iteration of flowlane.sched.workload, as tests/test_sched_runtime.py runs it on gloo
+# the synthetic iteration of flowlane.testing.workload, as tests/test_sched_runtime.py runs it on gloo
 BASE = dict(pp=2, layers_per_stage=2, microbatches=3, iterations=2, act_elems=1024, param_elems=4096, moe=True)
 RUNS: dict[str, dict[str, Any]] = {
     "fifo": dict(sched={"mode": "fifo"}),
@@ -250,7 +250,7 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
 def workload_rank(rank: int, world: int, backend: str, device: str, partial: str, runs: list[str]) -> dict[str, Any]:
     import torch
 
-    from flowlane.sched.workload import WorkloadConfig, run_rank
+    from flowlane.testing.workload import WorkloadConfig, run_rank
 
     _init(rank, world, backend, device)
     out: dict[str, Any] = {}

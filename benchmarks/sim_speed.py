@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from flowlane.policy import make_policy
+from flowlane.policies import make_policy
 from flowlane.sim import SimConfig, Simulator
 from flowlane.sim.workloads import build_workload
 

@@ -1,7 +1,7 @@
 """Validate flowlane.sim against real transfers on emulated links (measured on CPU with emulated links).
 
 Four gloo ranks, each in its own network namespace, joined through a bridge in a fifth "switch" namespace by veth
-pairs shaped with tc tbf (both directions) to the same rate (built by flowlane.netem.EmulatedNetwork). The same small
+pairs shaped with tc tbf (both directions) to the same rate (built by flowlane.testing.netem.EmulatedNetwork). The same small
 workload runs for real and in the simulator (a star topology with the shaped rate): (1) p2p 0->1, (2) 2-to-1 incast
 1,2->0, (3) ring all-reduce. Reports per-phase measured vs simulated time and the relative error (goal <= 15 %).
 Needs root (ip netns, tc); every namespace is uniquely named and deleted on exit. Traffic stays inside the namespaces.
@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flowlane.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
+from flowlane.testing.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
 
 PORT = 29533
 
@@ -110,7 +110,7 @@ def main() -> int:
         print(e, file=sys.stderr)
         return 2
     nbytes = int(a.mbytes * 2**20) // 4 * 4
-    # the star: every rank's access link shaped with tbf in both directions (flowlane.netem)
+    # the star: every rank's access link shaped with tbf in both directions (flowlane.testing.netem)
     with EmulatedNetwork(n, rate_mbit=a.rate_mbit, burst_kb=32, tbf_latency_ms=100) as bed:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         try:

@@ -29,9 +29,10 @@ from types import MethodType
 from typing import Any, Literal
 
 from deepspeed_plugin.config import flowlane_subsection
-from flowlane.coflow import HermodOrderConfig
-from flowlane.policy import CoflowMeta
-from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig
+from flowlane.hermod.keys import HermodKeys
+from flowlane.hermod.order import HermodOrderConfig
+from flowlane.hermod.policy import HermodPolicy
+from flowlane.sched import CommScheduler, SchedulerConfig
 from flowlane.sched.scheduler import LogEntry
 
 
@@ -66,8 +67,8 @@ def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> He
     return cfg if cfg.enabled else None
 
 
-_P2P = {"SendActivation": ("send_fwd", True), "RecvActivation": ("recv_fwd", True),
-        "SendGrad": ("send_bwd", False), "RecvGrad": ("recv_bwd", False)}
+#: PipelineEngine instruction -> the p2p direction of flowlane.hermod.keys
+_P2P = {"SendActivation": "send_next", "RecvActivation": "recv_prev", "SendGrad": "send_prev", "RecvGrad": "recv_next"}
 
 
 class DeepSpeedHermod:
@@ -79,8 +80,8 @@ class DeepSpeedHermod:
         self.stage = int(engine.stage_id)
         self.policy = HermodPolicy(HermodOrderConfig(self.M, cfg.schedule, cfg.dp_mid))
         self.sched = CommScheduler(self.policy, SchedulerConfig(gate_timeout_s=cfg.gate_timeout_s))
-        self.iteration = 0
-        self._counts: dict[str, int] = {}
+        self.keys = HermodKeys(num_microbatches=self.M, layers_per_stage=cfg.layers_per_stage, stage=self.stage,
+                               next_seq=self.sched.next_seq)
         original = dict(type(engine)._INSTRUCTION_MAP)
         hooked = dict(original)
         for instr, fn in original.items():
@@ -93,26 +94,22 @@ class DeepSpeedHermod:
                 hooked[instr] = self._step_hook(fn)
         engine._INSTRUCTION_MAP = hooked  # instance attribute shadows the class map
 
-    def meta(self, ctype: str, mb: int, layer: int, op: str) -> CoflowMeta:
-        return CoflowMeta(ctype, iteration=self.iteration, microbatch=min(mb, self.M - 1), layer=max(layer, 0),
-                          stage=self.stage, op=op, seq=self.sched.next_seq())
+    @property
+    def iteration(self) -> int:
+        return self.keys.iteration
 
     def _p2p_hook(self, name: str, fn: Any) -> Any:
-        op, forward = _P2P[name]
-        L = self.cfg.layers_per_stage
+        direction = _P2P[name]
 
         def hook(engine: Any, **kw: Any) -> Any:
-            mb = self._counts.get(name, 0)
-            self._counts[name] = mb + 1
-            boundary = (self.stage + 1) * L - 1 if op in ("send_fwd", "recv_bwd") else self.stage * L - 1
-            with self.sched.critical_section(self.meta("pp", mb, boundary, op)):
+            with self.sched.critical_section(self.keys.pp(direction)):
                 return MethodType(fn, engine)(**kw)
         return hook
 
     def _reduce_hook(self, fn: Any) -> Any:
         def hook(engine: Any, **kw: Any) -> Any:
             self.sched.seal()
-            meta = self.meta("dp", self.M - 1, self.stage * self.cfg.layers_per_stage, "all_reduce")
+            meta = self.keys.dp_reduce(self.keys.last_layer)  # one bucket: the whole stage
             self.sched.log.append(LogEntry("dp", meta, 0, time.perf_counter()))
             return MethodType(fn, engine)(**kw)
         return hook
@@ -120,8 +117,7 @@ class DeepSpeedHermod:
     def _step_hook(self, fn: Any) -> Any:
         def hook(engine: Any, **kw: Any) -> Any:
             out = MethodType(fn, engine)(**kw)
-            self.iteration += 1
-            self._counts.clear()
+            self.keys.end_iteration()
             return out
         return hook
 

@@ -10,15 +10,15 @@ all-to-all) from its metadata alone: "how urgent is it?". Consumers use the answ
 
 The metadata :class:`CoflowMeta` carries Hermod's model factors (seed 000 §5.3.1: microbatch ID, coflow type, layer
 ID) plus iteration and pipeline stage; :meth:`CoflowMeta.key` maps it onto ``(iteration, microbatch, ctype, layer)``,
-the shape of the Hermod scheduler's CoflowKey. This module is framework-free and tiny on purpose; a Hermod policy
-subclasses :class:`SchedulingPolicy` (or :class:`PriorityByKeyPolicy`) and registers itself with
-:func:`register_policy` so that ``flowlane sim --policy hermod`` finds it.
+the shape of Hermod's CoflowKey (:mod:`flowlane.hermod.order`). This module is framework-free and tiny on purpose;
+Hermod's policies (:mod:`flowlane.hermod.policy`) subclass :class:`SchedulingPolicy`, and :mod:`flowlane.policies`
+names every policy for ``flowlane sim --policy``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 #: Coflow types: data, pipeline, expert, tensor and context parallelism (seed 000 table 5.1; CP per digest A6.1 #7).
@@ -137,61 +137,3 @@ class CtypeFirstPolicy(PriorityByKeyPolicy):
             raise ValueError(f"CtypeFirstPolicy: first={first!r} is not one of {CTYPES}")
         super().__init__(fields=("ctype",), ctype_rank={c: (0 if c == first else 1) for c in CTYPES},
                          name=f"{first}-first")
-
-
-_REGISTRY: dict[str, Callable[[], SchedulingPolicy]] = {
-    "fifo": FifoPolicy,
-    "priority": PriorityByKeyPolicy,
-    "dp-first": lambda: CtypeFirstPolicy("dp"),
-    "pp-first": lambda: CtypeFirstPolicy("pp"),
-    "ep-first": lambda: CtypeFirstPolicy("ep"),
-}
-
-
-def register_policy(name: str, factory: Callable[[], SchedulingPolicy]) -> None:
-    """Make ``name`` available to :func:`make_policy` (and so to ``flowlane sim --policy``)."""
-    if not name or not isinstance(name, str):
-        raise ValueError(f"policy name must be a non-empty string, got {name!r}")
-    _REGISTRY[name] = factory
-
-
-def policy_names(load_plugins: bool = False) -> list[str]:
-    if load_plugins:
-        _load_plugins()
-    return sorted(_REGISTRY)
-
-
-def _load_plugins() -> None:
-    """Register the Hermod policies (``hermod``, ``hermod-dscp``, ``hermod-nccl``), which live in
-    :mod:`flowlane.sched` and register on import. That package needs torch; without it, load just its policy module
-    (it depends only on :mod:`flowlane.coflow` and this module)."""
-    try:
-        import flowlane.sched  # noqa: F401
-    except ImportError:
-        import importlib.util
-        import sys
-        from pathlib import Path
-
-        path = Path(__file__).with_name("sched") / "hermod.py"
-        name = "flowlane._hermod_policies"
-        if name in sys.modules or not path.exists():
-            return
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            return
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except ImportError:
-            del sys.modules[name]
-
-
-def make_policy(name: str) -> SchedulingPolicy:
-    """Build a registered policy by name (``fifo``, ``priority``, ``dp-first``, ``pp-first``, ``ep-first``, and,
-    loaded on first use, ``hermod``, ``hermod-dscp``, ``hermod-nccl``)."""
-    if name not in _REGISTRY:
-        _load_plugins()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown scheduling policy {name!r}; choose one of {policy_names(load_plugins=True)}")
-    return _REGISTRY[name]()

@@ -25,8 +25,8 @@ CLASS_DSCP: tuple[int, ...] = (46, 34, 0, 8)
 #: class -> SO_PRIORITY (default pfifo_fast/prio priomap puts them in bands 0, 1, 1, 2)
 CLASS_SO_PRIORITY: tuple[int, ...] = (6, 4, 0, 2)
 
-#: Hermod class (flowlane.coflow: 0 critical, 1 pipeline, 2 bulk) -> plugin ``trafficClass``. flowlane.coflow's
-#: :func:`nccl_traffic_class` treats this table as authoritative.
+#: Hermod class (flowlane.hermod.wire: 0 critical, 1 pipeline, 2 bulk) -> plugin ``trafficClass``
+#: (:func:`flowlane.hermod.wire.nccl_traffic_class` reads it).
 HERMOD_TRAFFIC_CLASSES: tuple[int, ...] = (CLASS_CRITICAL, CLASS_HIGH, CLASS_BULK)
 
 #: path selectors for multi-path connections (LEO, seed 000 §6.2.2)

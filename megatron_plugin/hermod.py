@@ -52,10 +52,12 @@ import torch
 import torch.distributed as dist
 
 from flowlane import comm
-from flowlane.coflow import HermodOrderConfig
+from flowlane.hermod.keys import HermodKeys
+from flowlane.hermod.matching import AUTO_CANDIDATES, RUN_ALGORITHMS, check_candidates
+from flowlane.hermod.order import HermodOrderConfig
+from flowlane.hermod.policy import HermodPolicy
 from flowlane.policy import CoflowMeta
-from flowlane.sched import CommScheduler, HermodPolicy, SchedulerConfig, build_class_groups
-from flowlane.sched.alltoall import AUTO_CANDIDATES, RUN_ALGORITHMS, AllToAllRunner, check_candidates
+from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build_class_groups
 
 if TYPE_CHECKING:
     from megatron_plugin.dist_optimizer import DistributedOptimizer
@@ -82,8 +84,8 @@ class HermodConfig:
     gate_timeout_s: float = 0.05
     """Longest a DP chunk is held back while a PP/EP op is outstanding."""
     ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"] = "bvn"
-    """MoE all-to-all: BvN matching (optimal: flowlane.sched.matching), ``bvn_bottleneck`` (BvN in fewer, longer
-    phases; slower on gloo, see flowlane.sched.matching), the seed's Algorithm 3, plain all_to_all_single (EP
+    """MoE all-to-all: BvN matching (optimal: flowlane.hermod.matching), ``bvn_bottleneck`` (BvN in fewer, longer
+    phases; slower on gloo, see flowlane.hermod.matching), the seed's Algorithm 3, plain all_to_all_single (EP
     groups of two always run plain: no incast to avoid), or ``auto`` (iterations 1-4 alternate plain and BvN, then
     every rank keeps the one whose iterations were faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays
     where the fabric drops under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up
@@ -189,24 +191,16 @@ class Hermod:
         # collective: every rank constructs its Hermod together
         self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
         self.bulk_group = self.classes.get(dp_group, 2)
-        self.iteration = 0
-        self._counts = {"send_next": 0, "recv_prev": 0, "send_prev": 0, "recv_next": 0}
+        self.keys = HermodKeys(num_microbatches=num_microbatches, layers_per_stage=layers_per_stage, stage=stage,
+                               next_seq=self.sched.next_seq)
         self._keys: dict[str, CoflowMeta] = {}
         self._fwd_mb = 0
         self._restore: list[Callable[[], None]] = []
 
     # keys ---------------------------------------------------------------------------------------------------------
-    def meta(self, ctype: str, mb: int, layer: int, op: str, iteration: int | None = None) -> CoflowMeta:
-        return CoflowMeta(ctype, iteration=self.iteration if iteration is None else iteration,
-                          microbatch=min(mb, self.M - 1), layer=max(layer, 0), stage=self.stage, op=op,
-                          seq=self.sched.next_seq())
-
-    def _pp_meta(self, direction: str) -> CoflowMeta:
-        mb = self._counts[direction]
-        self._counts[direction] += 1
-        # LID = the stage-boundary layer: last layer before the boundary the data crosses (digest A6.1 #6)
-        boundary = (self.stage + 1) * self.L - 1 if direction in ("send_next", "recv_next") else self.stage * self.L - 1
-        return self.meta("pp", mb, boundary, direction)
+    @property
+    def iteration(self) -> int:
+        return self.keys.iteration
 
     def key_provider(self, kind: str, info: dict[str, Any]) -> Any:
         """For :mod:`megatron_plugin.comm_hooks`: the key of the op being recorded."""
@@ -226,11 +220,10 @@ class Hermod:
         """The end of this rank's iteration (the grad sync calls it; without :meth:`grad_sync`, call it yourself
         once per iteration on every rank, or ``ep_algorithm="auto"`` never leaves its warm-up)."""
         if self.a2a.choice is None:  # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
-            self.a2a.end_iteration(key=self.meta("ep", self.M - 1, self.stage * self.L, "auto_decision"))
+            self.a2a.end_iteration(key=self.keys.ep(self.M - 1, self.keys.first_layer, "auto_decision"))
         else:
             self.a2a.end_iteration()
-        self.iteration += 1
-        self._counts = dict.fromkeys(self._counts, 0)
+        self.keys.end_iteration()
         self._fwd_mb = 0
 
     # hooks --------------------------------------------------------------------------------------------------------
@@ -242,7 +235,7 @@ class Hermod:
                         **kw: Any) -> Any:
             present = {"send_prev": tensor_send_prev is not None, "recv_prev": bool(recv_prev),
                        "send_next": tensor_send_next is not None, "recv_next": bool(recv_next)}
-            self._keys = {d: self._pp_meta(d) for d, on in present.items() if on}
+            self._keys = {d: self.keys.pp(d) for d, on in present.items() if on}
             if self._keys.get("send_next") is not None or self._keys.get("recv_prev") is not None:
                 self._fwd_mb = max(self._fwd_mb, min(m.microbatch for d, m in self._keys.items()
                                                      if d in ("send_next", "recv_prev")))
@@ -320,7 +313,7 @@ class _HermodParamGathers:
         return self.h.sched.chunk_bounds(numel, element_size)
 
     def launch_gather(self, index: int, bucket: Any, launches: Sequence[Callable[[], Any]]) -> Any:
-        meta = self.h.meta("dp", 0, self.layer_lo[index], "all_gather")
+        meta = self.h.keys.dp_gather(self.layer_lo[index])  # after end_iteration: keyed for the next forward
         grp = self.h.classes.get(bucket.group, 2)
         # the optimizer's launches are bound to the bucket's group; Hermod's gathers go on its bulk-class clone
         return self.h.sched.defer(meta, [lambda fn=fn: fn(group=grp, key=meta) for fn in launches])
@@ -350,7 +343,7 @@ def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits:
         out_splits = [x.shape[0] // n] * n
     in_splits, out_splits = [int(v) for v in in_splits], [int(v) for v in out_splits]
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    meta = h.meta("ep", h._fwd_mb, h.stage * h.L, op)
+    meta = h.keys.ep(h._fwd_mb, h.keys.first_layer, op)
     with h.sched.critical_section(meta):
         h.a2a(out, x, out_splits, in_splits, group=group, kind="ep", key=meta)
     return out
@@ -420,7 +413,7 @@ class HermodGradSync:
         if self.worlds[b] == 1:  # nothing to reduce; the gradient is written back as DataParallelGradSync does
             self._handles[b] = (None, flat)
             return
-        meta = self.h.meta("dp", self.h.M - 1, self.bucket_layer[b], "all_reduce")
+        meta = self.h.keys.dp_reduce(self.bucket_layer[b], "all_reduce")
         grp = self.groups[b]
         launches = []
         for a, e in self.h.sched.chunk_bounds(flat.numel(), flat.element_size()):
@@ -437,7 +430,7 @@ class HermodGradSync:
             out.copy_(flat)
             self._handles[b] = (None, out)
             return
-        meta = self.h.meta("dp", self.h.M - 1, self.bucket_layer[b], "reduce_scatter")
+        meta = self.h.keys.dp_reduce(self.bucket_layer[b], "reduce_scatter")
         bounds = self.h.sched.chunk_bounds(s.shard_numel, flat.element_size())
         self._handles[b] = (self.h.sched.defer(meta, s.reduce_scatter_launches(flat, out, bounds, meta,
                                                                                self.groups[b])), out)

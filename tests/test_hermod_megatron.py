@@ -178,7 +178,7 @@ def _expert_without_tokens(rank: int, world: int) -> dict:
                 y = y + m.expert(x)
             y.square().mean().backward()
             if hasattr(sync, "h"):  # a pipeline p2p between microbatches seals the scheduler's window
-                with sync.h.sched.critical_section(sync.h.meta("pp", mb, 0, "send_prev")):
+                with sync.h.sched.critical_section(sync.h.keys.meta("pp", mb, 0, "send_prev")):
                     pass
         sync([m])
         return [p.grad.clone() for p in m.parameters()]

@@ -1,4 +1,4 @@
-"""flowlane.netem: a 2-namespace emulated network is reachable, shaped, and fully deleted on exit (also on errors)."""
+"""flowlane.testing.netem: a 2-namespace emulated network is reachable, shaped, and fully deleted on exit (also on errors)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flowlane.netem import EmulatedNetwork, NetemError, unavailable_reason
+from flowlane.testing.netem import EmulatedNetwork, NetemError, unavailable_reason
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -288,12 +288,12 @@ def test_hermod_real_variants_name_their_wire_level_and_reject_unknown_ones() ->
         _parse_variant("lanes=2")
     assert _parse_variant("ep_algorithm=plain")["ep_algorithm"] == "plain"  # an A/B of the matched all-to-all
     from benchmarks.hermod_real import EP_ALGORITHMS
-    from flowlane.sched.alltoall import RUN_ALGORITHMS
+    from flowlane.hermod.matching import RUN_ALGORITHMS
     assert RUN_ALGORITHMS == EP_ALGORITHMS  # the benchmark's literal copy stays in step with the core
     import inspect
 
     from benchmarks.hermod_real import AUTO_CANDIDATES, AUTO_PROBE_ITERATIONS
-    from flowlane.sched.alltoall import AUTO_CANDIDATES as CORE_CANDIDATES
+    from flowlane.hermod.matching import AUTO_CANDIDATES as CORE_CANDIDATES
     from flowlane.sched.alltoall import AllToAllRunner
     assert AUTO_CANDIDATES.split("+") == list(CORE_CANDIDATES)
     assert inspect.signature(AllToAllRunner).parameters["probe_iterations"].default == AUTO_PROBE_ITERATIONS

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from flowlane.coflow import HermodOrderConfig
+from flowlane.hermod.order import HermodOrderConfig
+from flowlane.hermod.policy import HermodPolicy
 from flowlane.policy import CoflowMeta
-from flowlane.sched.hermod import HermodPolicy
 from flowlane.sched.scheduler import CommScheduler, SchedulerConfig
 
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from flowlane.launch import LaunchError, launch
-from flowlane.netem import EmulatedNetwork, unavailable_reason
 from flowlane.sched.groups import parse_class_ifnames
+from flowlane.testing.netem import EmulatedNetwork, unavailable_reason
 from tests import dist_workers as W
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,7 +45,7 @@ def test_nccl_clones_carry_each_class_traffic_class_in_the_same_order_on_every_r
     """The NCCL path as far as a CPU can take it: one clone per Hermod class for the union of every rank's groups, in
     one sorted order on every rank (or new_group would hang), each with ncclConfig_t.trafficClass of its class. Running
     those communicators needs GPUs (not tested here)."""
-    from flowlane.coflow import nccl_traffic_class
+    from flowlane.hermod.wire import nccl_traffic_class
 
     res = launch(W.nccl_class_group_calls, 2, timeout=60)
     tcs = [nccl_traffic_class(c) for c in range(3)]
@@ -59,11 +59,11 @@ def test_nccl_clones_carry_each_class_traffic_class_in_the_same_order_on_every_r
 def test_nccl_options_set_the_traffic_class_or_say_what_the_torch_build_lacks(monkeypatch: pytest.MonkeyPatch):
     import torch.distributed as dist
 
-    from flowlane.coflow import nccl_traffic_class
+    from flowlane.hermod.wire import nccl_traffic_class
     from flowlane.sched.groups import _nccl_options
 
     assert [_nccl_options(c).config.traffic_class for c in range(3)] == [nccl_traffic_class(c) for c in range(3)]
-    with pytest.raises(ValueError, match="hermod_class must be in"):
+    with pytest.raises(ValueError, match="hermod_class must be an integer in"):
         _nccl_options(3)
 
     class OldOptions:  # a torch whose ncclConfig has no trafficClass (NCCL < 2.24)

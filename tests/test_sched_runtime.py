@@ -4,9 +4,9 @@ delays do not deadlock."""
 
 from dataclasses import asdict
 
-from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig
+from flowlane.hermod.order import CoflowKey, HermodOrder, HermodOrderConfig
 from flowlane.launch import launch
-from flowlane.sched.workload import WorkloadConfig, run_rank
+from flowlane.testing.workload import WorkloadConfig, run_rank
 
 BASE = dict(pp=2, layers_per_stage=2, microbatches=3, iterations=2, act_elems=1024, param_elems=4096, moe=True)
 RUNS = {
@@ -239,8 +239,8 @@ def _a2a_rank(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all, plan_all_to_all
-    from flowlane.sched.matching import phases_total
+    from flowlane.hermod.matching import phases_total, plan_all_to_all
+    from flowlane.sched.alltoall import gather_split_matrix, matched_all_to_all
 
     r = random.Random(rank)
     splits = [r.randint(0, 9) for _ in range(world)]

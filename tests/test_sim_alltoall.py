@@ -85,7 +85,7 @@ def test_a_per_op_overhead_is_paid_once_by_plain_and_once_per_phase_by_the_phase
 
 
 def test_bottleneck_phases_are_the_runtime_plan_and_fewer_on_a_zipf_matrix() -> None:
-    from flowlane.sched.matching import bvn_phases
+    from flowlane.hermod.matching import bvn_phases
     from flowlane.sim.workloads import zipf_token_matrix
 
     t = zipf_token_matrix(np.random.default_rng(3), 16, 64, 4096, 4, 0.5)
@@ -144,7 +144,7 @@ def test_the_phased_node_steps_exactly_like_one_coflow_per_phase_flow(phased: st
 def test_a_moe_iteration_with_phased_all_to_alls_matches_its_expanded_form() -> None:
     # whole 1F1B MoE iterations (compute, PP, DP and phased EP all-to-alls interleaved), Hermod's order, incast on;
     # "first" routing so that both forms take the same route for every flow (ECMP hashes by node id)
-    from flowlane.policy import make_policy
+    from flowlane.policies import make_policy
     from flowlane.sim.workloads import build_workload
 
     topo, w = build_workload("qwen-moe-12l", 32, 100.0, num_microbatches=2, iterations=2, ep_a2a="phases_bottleneck")

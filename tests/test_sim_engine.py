@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowlane.policy import CoflowMeta, CtypeFirstPolicy, FifoPolicy, make_policy
+from flowlane.policies import make_policy
+from flowlane.policy import CoflowMeta, CtypeFirstPolicy, FifoPolicy
 from flowlane.sim import IncastModel, SimConfig, SimSpecError, Simulator, Workload, allocate, waterfill
 from flowlane.sim import collectives as C
 from flowlane.topology import Topology, gBps, leaf_spine, star

@@ -4,13 +4,11 @@ DP coflows with PP/EP coflows (Cases II and III), and the hermod policies reacha
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from flowlane.policy import make_policy
+from flowlane.policies import make_policy
 from flowlane.sim import Simulator
 from flowlane.sim import cli as sim_cli
 from flowlane.sim.models import LLMJob, ModelConfig, ParallelConfig
@@ -129,12 +127,8 @@ def test_steady_iteration_is_reproducible_over_three_iterations() -> None:
     assert r.iteration_time == pytest.approx(e[2] - e[1])
 
 
-def test_hermod_is_reachable_from_make_policy_and_the_sim_cli_without_importing_flowlane_sched(tmp_path) -> None:
-    code = ("import sys; from flowlane.policy import make_policy; "
-            "print(make_policy('hermod').name, make_policy('hermod-dscp').name, make_policy('hermod-nccl').name)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["hermod", "hermod-dscp", "hermod-nccl"]
+def test_the_sim_cli_runs_the_hermod_policies(tmp_path) -> None:
+    # that they import without torch: tests/test_core_imports.py
     rc = sim_cli.main(["sim", "--workload", "qwen-moe-12l", "--gpus", "32", "--bandwidth", "10", "--policy",
                        "fifo,hermod,hermod-nccl", "--microbatches", "4", "--out", str(tmp_path), "--no-plot"])
     assert rc == 0

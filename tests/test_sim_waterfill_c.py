@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from flowlane.policy import make_policy
+from flowlane.policies import make_policy
 from flowlane.sim import IncastModel, SimConfig, Simulator, allocate, waterfill
 from flowlane.sim import network as N
 from flowlane.sim.models import LLMJob, ModelConfig, ParallelConfig, preset

@@ -6,14 +6,13 @@ import json
 
 import pytest
 
+from flowlane.policies import make_policy
 from flowlane.policy import (
     CTYPES,
     CoflowMeta,
     FifoPolicy,
     PriorityByKeyPolicy,
     SchedulingPolicy,
-    make_policy,
-    register_policy,
 )
 from flowlane.sim import SimConfig, SimSpecError, Simulator, Workload
 from flowlane.sim import cli as sim_cli
@@ -159,8 +158,7 @@ def test_policies_interface() -> None:
         def priority(self, meta: CoflowMeta) -> tuple:
             return (-meta.layer,)
 
-    register_policy("reverse-layer", Reverse)
-    assert make_policy("reverse-layer").priority(a) == (-3,)
+    assert Reverse().order(a) == (-3, a.seq)  # a policy of one's own: priority, then issue order
     assert set(CTYPES) == {"dp", "pp", "ep", "tp", "cp"}
 
 

@@ -1,14 +1,15 @@
-"""Hermod coflow scheduling (seed 000 ch.5): policy, runtime comm scheduler, class communicators, matched
-all-to-all. Importing this package registers the ``hermod`` policies with :mod:`flowlane.policy`."""
+"""The Hermod runtime (torch): enforces :mod:`flowlane.hermod`'s order on real communicators.
 
-from flowlane.sched.alltoall import matched_all_to_all, needs_matching, plan_all_to_all
+``scheduler``: ops carry keys; deferred ops go out in priority order, chunk by chunk, behind a gate.
+``groups``: one communicator per Hermod class (NCCL traffic classes, or a gloo interface per class).
+``alltoall``: the matched (incast-free) all-to-all that runs :mod:`flowlane.hermod.matching`'s phases.
+"""
+
+from flowlane.sched.alltoall import AllToAllRunner, matched_all_to_all
 from flowlane.sched.groups import ClassGroups, build_class_groups
-from flowlane.sched.hermod import HermodPolicy, QuantisationConfig, QuantisedHermodPolicy
-from flowlane.sched.matching import Phase, algorithm3_phases, bvn_phases, check_phases, lower_bound
 from flowlane.sched.scheduler import CommScheduler, DeferredHandle, SchedulerConfig
 
 __all__ = [
-    "ClassGroups", "CommScheduler", "DeferredHandle", "HermodPolicy", "Phase", "QuantisationConfig",
-    "QuantisedHermodPolicy", "SchedulerConfig", "algorithm3_phases", "build_class_groups", "bvn_phases",
-    "check_phases", "lower_bound", "matched_all_to_all", "needs_matching", "plan_all_to_all",
+    "AllToAllRunner", "ClassGroups", "CommScheduler", "DeferredHandle", "SchedulerConfig", "build_class_groups",
+    "matched_all_to_all",
 ]

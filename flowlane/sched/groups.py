@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from flowlane.coflow import NCCL_NUM_CLASSES, nccl_traffic_class
+from flowlane.hermod.wire import NCCL_NUM_CLASSES, nccl_traffic_class
 
 
 @dataclass

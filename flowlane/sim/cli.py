@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flowlane.policy import make_policy, policy_names
+from flowlane.policies import make_policy, policy_names
 from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
 from flowlane.sim.graph import SimSpecError
 from flowlane.sim.models import EP_A2A, SCHEDULES

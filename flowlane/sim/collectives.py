@@ -8,7 +8,7 @@ priority policy can slip other coflows in between (ByteScheduler/Lina-style tens
 
 All-to-all comes in four forms (``A2A_MODES``), for Hermod's intra-coflow scheduling (seed 000 §5.3.2):
 ``plain`` (every flow at once, as NCCL does), ``phases`` (the incast-free schedule as flowlane's runtime sends it:
-the integer matrix is decomposed by :func:`flowlane.sched.matching.bvn_phases` and each rank steps through the
+the integer matrix is decomposed by :func:`flowlane.hermod.matching.bvn_phases` and each rank steps through the
 phases, see :func:`_a2a_phases`; one :class:`~flowlane.sim.graph.PhasedAllToAll` node), ``phases_bottleneck``
 (the same with bottleneck BvN, the runtime's ``bvn_bottleneck``: fewer, longer phases, e.g. ~180 instead of ~940
 for a Zipf EP-32 matrix) and ``matched`` (one coflow marked incast-free: a cheaper fluid abstraction of the phases
@@ -158,7 +158,7 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
     (flowlane.sched.alltoall) is not modelled. The result is one :class:`PhasedAllToAll` node that the engine steps
     flow by flow; it bypasses ``stream`` (the phase flows are not serialised against each other)."""
     # Imported here: flowlane.sched pulls in torch for its runtime parts; the simulator needs only the matcher.
-    from flowlane.sched.matching import bvn_phases
+    from flowlane.hermod.matching import bvn_phases
 
     if chunks != 1:
         raise SimSpecError(f"{name}: mode {mode!r} already splits the all-to-all; chunks must be 1, got {chunks}")

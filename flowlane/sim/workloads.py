@@ -521,7 +521,7 @@ class _LLMBuilder:
                     if groups.shape[1] == 1:
                         continue
                     src, dst, sizes, stp = self._dp_flows(groups, par * p.bytes_per_elem, "all_gather")
-                    # keyed with the iteration that consumes the parameters (flowlane.coflow.CoflowKey)
+                    # keyed with the iteration that consumes the parameters (flowlane.hermod.keys)
                     ag_meta = replace(meta, op="all_gather", iteration=self.it + 1 if overlap else self.it, seq=0)
                     node = w.coflow((src, dst, sizes), ag_meta, list(steps.values()), f"dp:all_gather st{s} b{bi}",
                                     stream=f"dp:{s}", steps=stp)

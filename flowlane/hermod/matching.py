@@ -260,3 +260,49 @@ def check_phases(T: Sequence[Sequence[int]], phases: Sequence[Phase]) -> None:
             got[s][d] += a
     if got != M:
         raise AssertionError(f"phases deliver {got}, expected {M}")
+
+
+# -- planning an all-to-all (the runtime in flowlane.sched.alltoall runs what these decide) ----------------------------
+Algorithm = Literal["bvn", "bvn_bottleneck", "alg3"]
+# bvn_bottleneck: BvN with the max-min matching each step (fewer, longer phases; see the module docstring)
+ALGORITHMS = ("bvn", "bvn_bottleneck", "alg3")
+# what a caller may ask :class:`AllToAllRunner` for: a planner, one all_to_all_single, or measure and keep one
+RunAlgorithm = Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"]
+RUN_ALGORITHMS = (*ALGORITHMS, "plain", "auto")
+# what ``auto`` compares by default: one all_to_all_single against the optimal decomposition
+AUTO_CANDIDATES = ("plain", "bvn")
+PhaseSync = Literal["pairwise", "barrier"]
+PHASE_SYNCS = ("pairwise", "barrier")
+
+
+def needs_matching(group_size: int) -> bool:
+    """Whether phases can beat one ``all_to_all_single`` in a group of ``group_size`` ranks. In a group of two every
+    rank receives from one peer only, so there is no incast to avoid: the plan of any 2x2 matrix is the single
+    exchange ``all_to_all_single`` makes, and gathering the matrix to find that out is a collective round spent for
+    nothing (on the real Megatron MoE benchmark, EP 2 at 800 Mbit/s, it cost ~11 % of the iteration). Decided from
+    the group size alone, so every rank of the group decides alike."""
+    return group_size > 2
+
+
+def check_candidates(candidates: Sequence[str] | str) -> tuple[str, ...]:
+    """``auto``'s candidates as a tuple (a comma-separated string is split): at least two distinct names of
+    :data:`ALGORITHMS` or ``plain``."""
+    names = tuple(c.strip() for c in candidates.split(",")) if isinstance(candidates, str) else tuple(candidates)
+    allowed = (*ALGORITHMS, "plain")
+    bad = [c for c in names if c not in allowed]
+    if bad or len(names) < 2 or len(set(names)) != len(names):
+        raise ValueError(f"auto candidates {list(names)} must be two or more distinct names of {list(allowed)}")
+    return names
+
+
+def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn") -> list[Phase]:
+    """Phases for ``matrix[i][j]`` rows from group rank i to j, planned in units of ``quantum`` rows (ceil), which
+    bounds the number of phases (digest A2.6 "Units")."""
+    if not isinstance(quantum, int) or quantum < 1:
+        raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
+    q = [[-(-int(v) // quantum) for v in row] for row in matrix]
+    if algorithm == "alg3":
+        return algorithm3_phases(q)
+    return bvn_phases(q, "bottleneck" if algorithm == "bvn_bottleneck" else "first")

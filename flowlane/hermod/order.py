@@ -1,4 +1,4 @@
-"""Hermod's coflow model: keys, the cluster-wide priority order, and wire classes (seed 000 ch.5).
+"""Hermod's coflow model: keys and the cluster-wide priority order (seed 000 ch.5).
 
 Every network coflow of a hybrid-parallel training job is named by model factors fixed for the whole run
 (seed 000 §5.2.2): microbatch ID (MID), coflow type (CType) and layer ID (LID), plus the iteration.
@@ -15,9 +15,8 @@ Total order (digest A6.1 #2: the iteration is only a tie-breaker, older first): 
 ``(effective MID, CType rank, LID, iteration, CType index, raw MID, op)``; the last three fields only separate distinct
 keys that the policy treats as equally urgent, so that distinct keys never compare equal (antisymmetry).
 
-Wire classes (:class:`WireEncoder`): the seed's 6-bit DSCP = 3 bits MID | 1 bit CType | 2 bits LID (§5.4), with
-relative, clamped MID and per-stage LID buckets (digest A6.1 #3; quantisation is not stated in the thesis), and a
-small number of NCCL traffic classes for per-communicator ``ncclConfig_t.trafficClass`` (digest A6.2 option 1/2).
+What the wire can carry of a key is :mod:`flowlane.hermod.wire`; how a framework adapter assigns keys to its
+operations is :mod:`flowlane.hermod.keys`. Pure Python: no torch, no framework.
 """
 
 from __future__ import annotations
@@ -143,80 +142,3 @@ def thesis_conditional_before(a: CoflowKey, b: CoflowKey, schedule: Schedule = "
     else:
         ka, kb = (a.microbatch, rank[a.ctype], a.layer), (b.microbatch, rank[b.ctype], b.layer)
     return None if ka == kb else ka < kb
-
-
-# -- wire classes ----------------------------------------------------------------------------------------------------
-#: Number of NCCL traffic classes Hermod uses (digest A6.2 option 2: "K ~ 2-4" communicator copies per group).
-NCCL_NUM_CLASSES = 3
-#: Hermod class -> ``ncclConfig_t.trafficClass`` value. The values are the DSCP of the class's representative key in
-#: the 6-bit layout, shifted into the IP TOS byte (DSCP << 2), which is what stock NCCL's IB transport puts in the
-#: GRH traffic class; smaller = higher priority. Contract with flowlane/wire_classes.py (NCCL-plugin side): see
-#: :func:`nccl_traffic_class`.
-NCCL_CLASS_NAMES: tuple[str, ...] = ("critical", "pipeline", "bulk")
-
-
-@dataclass(frozen=True)
-class WireConfig:
-    """How exact keys are quantised onto the wire (digest A6.1 #3; the thesis does not state it)."""
-
-    mid_bits: int = 3
-    """MID bits (thesis: 3); MID is sent relative to the oldest in-flight microbatch and clamped."""
-    ctype_bits: int = 1
-    """CType bits (thesis: 1 = EP&PP vs DP; 2 needed for interleaved 1F1B, taken from the LID bits)."""
-    lid_bits: int = 2
-    """LID bits (thesis: 2); LID is bucketed per pipeline stage: floor(local_layer * 2^bits / layers_per_stage)."""
-    layers_per_stage: int = 1
-
-    def __post_init__(self) -> None:
-        if self.mid_bits < 0 or self.ctype_bits < 0 or self.lid_bits < 0:
-            raise ValueError(f"bit widths must be >= 0, got mid={self.mid_bits} ctype={self.ctype_bits} "
-                             f"lid={self.lid_bits}")
-        if self.mid_bits + self.ctype_bits + self.lid_bits != 6:
-            raise ValueError(f"DSCP has 6 bits; mid_bits + ctype_bits + lid_bits = "
-                             f"{self.mid_bits + self.ctype_bits + self.lid_bits}")
-        if self.layers_per_stage < 1:
-            raise ValueError(f"layers_per_stage must be >= 1, got {self.layers_per_stage}")
-
-
-class WireEncoder:
-    """Quantises exact keys into DSCP code points and NCCL traffic classes; smaller = higher priority."""
-
-    def __init__(self, order: HermodOrder, wire: WireConfig | None = None) -> None:
-        self.order = order
-        self.wire = wire or WireConfig(ctype_bits=2 if order.config.schedule == "interleaved" else 1,
-                                       lid_bits=1 if order.config.schedule == "interleaved" else 2)
-
-    def dscp(self, key: CoflowKey, oldest_mid: int = 0) -> int:
-        """6-bit DSCP: MID_rel | CType | LID bucket (seed 000 §5.4; quantisation per digest A6.1 #3)."""
-        w = self.wire
-        mid = min(max(self.order.effective_mid(key) - oldest_mid, 0), (1 << w.mid_bits) - 1)
-        ct = min(self.order.level(key), (1 << w.ctype_bits) - 1)
-        local = key.layer % w.layers_per_stage
-        lid = min(local * (1 << w.lid_bits) // w.layers_per_stage, (1 << w.lid_bits) - 1)
-        return (mid << (w.ctype_bits + w.lid_bits)) | (ct << w.lid_bits) | lid
-
-    def nccl_class(self, key: CoflowKey, oldest_mid: int = 0) -> int:
-        """Hermod NCCL class: 0 critical (non-DP, oldest in-flight microbatch), 1 pipeline (non-DP, later
-        microbatches), 2 bulk (DP). DP is last because "EP & PP > DP" holds within every microbatch."""
-        if key.ctype == "dp":
-            return 2
-        return 0 if self.order.effective_mid(key) <= oldest_mid else 1
-
-
-def nccl_traffic_class(hermod_class: int) -> int:
-    """``ncclConfig_t.trafficClass`` for a Hermod class (0..NCCL_NUM_CLASSES-1).
-
-    If ``flowlane.wire_classes`` (owned by the NCCL-plugin engineer) defines ``HERMOD_TRAFFIC_CLASSES`` (a sequence
-    indexed by Hermod class), it is authoritative; otherwise the TOS byte of DSCP 0 / 8 / 56 (MID_rel 0, MID_rel 1,
-    clamped-last) is used."""
-    if not 0 <= hermod_class < NCCL_NUM_CLASSES:
-        raise ValueError(f"hermod_class must be in [0, {NCCL_NUM_CLASSES}), got {hermod_class!r}")
-    try:
-        from flowlane import wire_classes  # type: ignore[attr-defined]
-
-        table = getattr(wire_classes, "HERMOD_TRAFFIC_CLASSES", None)
-        if table is not None:
-            return int(table[hermod_class])
-    except ImportError:
-        pass
-    return (0, 8, 56)[hermod_class] << 2

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from flowlane.sched.matching import algorithm3_phases, bvn_phases, check_phases, lower_bound, phases_total
+from flowlane.hermod.matching import algorithm3_phases, bvn_phases, check_phases, lower_bound, phases_total
 
 
 def _random_matrix(r: random.Random) -> list[list[int]]:
@@ -30,7 +30,7 @@ def test_bvn_phases_are_incast_free_deliver_everything_and_reach_the_lower_bound
 def test_bottleneck_bvn_takes_the_matching_with_the_largest_smallest_entry():
     """Brute force over every permutation of the padded matrix: the first phase's weight is the largest smallest
     entry any perfect matching has (the greedy BvN step)."""
-    from flowlane.sched.matching import _pad
+    from flowlane.hermod.matching import _pad
 
     r = random.Random(2)
     for _ in range(150):
@@ -101,7 +101,7 @@ def test_bad_matrices_are_rejected_with_the_offending_entry():
 def test_groups_of_two_skip_matching_because_every_2x2_plan_is_the_one_exchange():
     """flowlane.sched.alltoall.needs_matching: with two ranks nobody receives from two peers at once, so the plan of
     any 2x2 matrix is a single phase, the exchange all_to_all_single makes; from three ranks on incast exists."""
-    from flowlane.sched.alltoall import needs_matching, plan_all_to_all
+    from flowlane.hermod.matching import needs_matching, plan_all_to_all
 
     rng = random.Random(7)
     for _ in range(200):
@@ -112,7 +112,8 @@ def test_groups_of_two_skip_matching_because_every_2x2_plan_is_the_one_exchange(
 
 
 def test_all_to_all_runner_refuses_bad_settings_by_name():
-    from flowlane.sched.alltoall import RUN_ALGORITHMS, AllToAllRunner
+    from flowlane.hermod.matching import RUN_ALGORITHMS
+    from flowlane.sched.alltoall import AllToAllRunner
 
     assert RUN_ALGORITHMS == ("bvn", "bvn_bottleneck", "alg3", "plain", "auto")
     with pytest.raises(ValueError, match=r"all-to-all algorithm 'fastest' is not one of \['bvn', .*'auto'\]"):
@@ -126,7 +127,8 @@ def test_all_to_all_runner_refuses_bad_settings_by_name():
 
 
 def test_auto_candidates_are_checked_and_the_warm_up_uses_the_first_matched_one():
-    from flowlane.sched.alltoall import AUTO_CANDIDATES, AllToAllRunner, check_candidates
+    from flowlane.hermod.matching import AUTO_CANDIDATES, check_candidates
+    from flowlane.sched.alltoall import AllToAllRunner
 
     assert AUTO_CANDIDATES == ("plain", "bvn") and AllToAllRunner("auto").candidates == AUTO_CANDIDATES
     assert check_candidates("plain, alg3,bvn") == ("plain", "alg3", "bvn")

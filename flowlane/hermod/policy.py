@@ -1,7 +1,7 @@
 """Hermod's inter-coflow policy on the shared :class:`flowlane.policy.SchedulingPolicy` interface.
 
 The simulator (flowlane.sim) and the runtime scheduler (flowlane.sched.scheduler) both take a policy; this one maps
-coflow metadata to the Hermod total order of :mod:`flowlane.coflow` (seed 000 §5.3.1, tables 5.3/5.4).
+coflow metadata to the Hermod total order of :mod:`flowlane.hermod.order` (seed 000 §5.3.1, tables 5.3/5.4).
 ``QuantisedHermodPolicy`` replaces the exact key with what the wire can carry (6-bit DSCP or NCCL classes), for
 measuring the quantisation loss in the simulator.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireConfig, WireEncoder
-from flowlane.policy import CoflowMeta, Key, SchedulingPolicy, register_policy
+from flowlane.hermod.order import CoflowKey, HermodOrder, HermodOrderConfig
+from flowlane.hermod.wire import WireConfig, WireEncoder
+from flowlane.policy import CoflowMeta, Key, SchedulingPolicy
 
 
 class HermodPolicy(SchedulingPolicy):
@@ -56,7 +57,3 @@ class QuantisedHermodPolicy(SchedulingPolicy):
             return (self.encoder.dscp(key, self.quant.oldest_mid),)
         return (self.encoder.nccl_class(key, self.quant.oldest_mid),)
 
-
-register_policy("hermod", HermodPolicy)
-register_policy("hermod-dscp", lambda: QuantisedHermodPolicy(quant=QuantisationConfig("dscp")))
-register_policy("hermod-nccl", lambda: QuantisedHermodPolicy(quant=QuantisationConfig("nccl")))

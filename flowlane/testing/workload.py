@@ -22,11 +22,13 @@ import torch
 import torch.distributed as dist
 
 from flowlane import comm
-from flowlane.coflow import CoflowKey, HermodOrder, HermodOrderConfig, WireEncoder
+from flowlane.hermod.matching import AUTO_CANDIDATES
+from flowlane.hermod.order import CoflowKey, HermodOrder, HermodOrderConfig
+from flowlane.hermod.policy import HermodPolicy
+from flowlane.hermod.wire import WireEncoder
 from flowlane.policy import CoflowMeta, FifoPolicy, SchedulingPolicy
-from flowlane.sched.alltoall import AUTO_CANDIDATES, AllToAllRunner, gather_split_matrix
+from flowlane.sched.alltoall import AllToAllRunner, gather_split_matrix
 from flowlane.sched.groups import build_class_groups
-from flowlane.sched.hermod import HermodPolicy
 from flowlane.sched.scheduler import CommScheduler, SchedulerConfig
 
 
@@ -60,7 +62,7 @@ class WorkloadConfig:
     """One interface per Hermod class for the DP clones (wire classes on gloo, see flowlane.sched.groups)."""
     ep_wire_classes: bool = False
     """Hermod only: each MoE all-to-all runs on its wire class's clone of the EP group (critical: the oldest
-    in-flight microbatch; pipeline: later ones -- :meth:`flowlane.coflow.WireEncoder.nccl_class`), so with
+    in-flight microbatch; pipeline: later ones -- :meth:`flowlane.hermod.wire.WireEncoder.nccl_class`), so with
     ``gloo_class_ifnames`` the fabric serves the older microbatch's all-to-all first (seed 000 §5.3.1: MID first)."""
     order: str | None = None
     """How deferred DP ops are ordered: ``hermod`` (the Hermod key) or ``fifo`` (issue order); None: FIFO in

@@ -6,16 +6,10 @@ import random
 
 import pytest
 
-from flowlane.coflow import (
-    CoflowKey,
-    HermodOrder,
-    HermodOrderConfig,
-    WireConfig,
-    WireEncoder,
-    nccl_traffic_class,
-    thesis_conditional_before,
-)
-from flowlane.policy import CTYPES, make_policy
+from flowlane.hermod.order import CoflowKey, HermodOrder, HermodOrderConfig, thesis_conditional_before
+from flowlane.hermod.wire import WireConfig, WireEncoder, nccl_traffic_class
+from flowlane.policies import make_policy
+from flowlane.policy import CTYPES
 
 
 def _random_keys(n: int, seed: int) -> list[CoflowKey]:
@@ -117,9 +111,7 @@ def test_nccl_classes_are_few_and_ordered():
         nccl_traffic_class(3)
 
 
-def test_hermod_policy_is_registered_for_the_simulator():
-    import flowlane.sched  # noqa: F401 - registers the policies
-
+def test_hermod_policies_are_named_for_the_simulator():
     p = make_policy("hermod")
     from flowlane.policy import CoflowMeta
 
