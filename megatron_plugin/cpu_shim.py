@@ -7,8 +7,12 @@ Patched (megatron-core 0.14-0.16):
 - ``torch.cuda.current_device/synchronize/get_rng_state/manual_seed`` (p2p buffers, DDP buffers, RNG tracker);
 - ``tensor_parallel.random._get/_set_cuda_rng_state`` (``CudaRNGStatesTracker``);
 - ``torch.cuda.Stream/Event/stream/current_stream`` and ``Tensor.record_stream`` (MoE token dispatcher);
-- the literal ``device="cuda"`` in ``pipeline_parallel.schedules`` / ``p2p_communication`` and the MoE router /
-  utils (a torch proxy that maps CUDA devices to CPU for ``zeros/empty/tensor``).
+- the literal ``device="cuda"`` in ``pipeline_parallel.schedules`` / ``p2p_communication``, the MoE router / utils
+  and the optimizers (``optimizer.optimizer``, ``optimizer.clip_grads``, ``optimizer.distrib_optimizer``: loss
+  scale, found-inf and norm buffers) and ``megatron.core.utils`` (the gradient norm without Apex), through a torch proxy that maps CUDA devices to CPU for ``zeros/empty/tensor``.
+  With it Megatron-core's own ``DistributedDataParallel`` and ``get_megatron_optimizer`` run on gloo;
+- ``Tensor.type()`` (no arguments) names a CPU tensor as its CUDA twin (``torch.cuda.FloatTensor``): the optimizers
+  and gradient clipping check parameter types against those strings.
 """
 
 from __future__ import annotations
@@ -95,6 +99,14 @@ def apply() -> None:
     torch.cuda.default_stream = lambda *a, **k: _default_stream  # type: ignore[assignment]
     torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign]
+    tensor_type = torch.Tensor.type
+
+    def type_as_on_cuda(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kw: Any) -> Any:
+        if dtype is None and not kw and self.device.type == "cpu":
+            return tensor_type(self).replace("torch.", "torch.cuda.", 1)
+        return tensor_type(self, dtype, non_blocking, **kw)
+
+    torch.Tensor.type = type_as_on_cuda  # type: ignore[method-assign,assignment]
 
     import megatron.core.pipeline_parallel.p2p_communication as p2p
     import megatron.core.pipeline_parallel.schedules as schedules
@@ -122,4 +134,13 @@ def apply() -> None:
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
     moe_router.torch = proxy
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.distrib_optimizer as distrib_optimizer
+    import megatron.core.optimizer.optimizer as optimizer
+    import megatron.core.utils as mutils
+
+    optimizer.torch = proxy
+    clip_grads.torch = proxy
+    distrib_optimizer.torch = proxy
+    mutils.torch = proxy  # local_multi_tensor_l2_norm (the gradient norm without Apex)
     _APPLIED = True

@@ -60,9 +60,24 @@ from flowlane.policy import CoflowMeta
 from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build_class_groups
 
 if TYPE_CHECKING:
+    from megatron_plugin.ddp_hooks import DDPHooks
     from megatron_plugin.dist_optimizer import DistributedOptimizer
 
 EP_ALGORITHMS = RUN_ALGORITHMS  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
+#: megatron-core versions whose private ``P2PCommunicator._communicate`` and DDP bucket-group methods Hermod wraps
+#: ([first, last) by (major, minor)); others are refused at install
+MEGATRON_CORE_VERSIONS = ((0, 14), (0, 17))
+
+
+def check_megatron_core_version(what: str) -> None:
+    from importlib.metadata import version
+
+    v = version("megatron-core")
+    parts = tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+    lo, hi = MEGATRON_CORE_VERSIONS
+    if not lo <= parts < hi:
+        raise RuntimeError(f"{what}: megatron-core {v} is not supported (it wraps private functions checked on "
+                           f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}); pin megatron-core to that range")
 
 
 @dataclass
@@ -228,30 +243,63 @@ class Hermod:
 
     # hooks --------------------------------------------------------------------------------------------------------
     def attach_p2p(self, p2p: Any) -> Any:
-        """Make every pipeline p2p step a critical, keyed op (works on any P2PCommunicator with ``_communicate``)."""
+        """Make every pipeline p2p step of one P2PCommunicator (an instance handed to the schedules through
+        ``p2p_communicator=``) a critical, keyed op."""
         original = p2p._communicate
+        p2p._communicate = self._keyed_communicate(original)
+        if hasattr(p2p, "key_provider"):
+            p2p.key_provider = self.key_provider
+        self._restore.append(lambda: vars(p2p).pop("_communicate", None))
+        return p2p
 
-        def communicate(*, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
+    def attach_pipeline(self) -> None:
+        """Make every pipeline p2p step of Megatron-core's own schedules a critical, keyed op. The schedules build
+        their own ``P2PCommunicator`` when none is passed (Megatron-LM's ``train_step``), so the class's private
+        ``_communicate`` is wrapped: megatron-core versions outside :data:`MEGATRON_CORE_VERSIONS` are refused."""
+        from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+        check_megatron_core_version("Hermod.attach_pipeline")
+        if "_communicate" in vars(P2PCommunicator) and getattr(P2PCommunicator._communicate, "_flowlane", False):
+            raise RuntimeError("Hermod.attach_pipeline: P2PCommunicator is already hooked by another Hermod")
+        original = P2PCommunicator._communicate
+        wrapped = self._keyed_communicate(original)
+        wrapped._flowlane = True  # type: ignore[attr-defined]
+        P2PCommunicator._communicate = wrapped
+        self._restore.append(lambda: setattr(P2PCommunicator, "_communicate", original))
+
+    def _keyed_communicate(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``original`` (bound, or the class's function taking the communicator first) with keys and a critical
+        section: the gate for DP traffic stays closed while the step's sends and receives run."""
+
+        def communicate(*args: Any, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
                         **kw: Any) -> Any:
+            if kw.get("wait_on_reqs", True) is False:
+                raise NotImplementedError("Hermod: pipeline p2p with wait_on_reqs=False (the interleaved schedule's "
+                                          "overlap_p2p_comm) is not supported yet")
             present = {"send_prev": tensor_send_prev is not None, "recv_prev": bool(recv_prev),
                        "send_next": tensor_send_next is not None, "recv_next": bool(recv_next)}
             self._keys = {d: self.keys.pp(d) for d, on in present.items() if on}
             if self._keys.get("send_next") is not None or self._keys.get("recv_prev") is not None:
                 self._fwd_mb = max(self._fwd_mb, min(m.microbatch for d, m in self._keys.items()
                                                      if d in ("send_next", "recv_prev")))
+            call = lambda: original(*args, tensor_send_next=tensor_send_next,  # noqa: E731
+                                    tensor_send_prev=tensor_send_prev, recv_prev=recv_prev, recv_next=recv_next, **kw)
             if not self._keys:
-                return original(tensor_send_next=tensor_send_next, tensor_send_prev=tensor_send_prev,
-                                recv_prev=recv_prev, recv_next=recv_next, **kw)
-            first = min(self._keys.values(), key=self.policy.order)
-            with self.sched.critical_section(first):
-                return original(tensor_send_next=tensor_send_next, tensor_send_prev=tensor_send_prev,
-                                recv_prev=recv_prev, recv_next=recv_next, **kw)
+                return call()
+            with self.sched.critical_section(min(self._keys.values(), key=self.policy.order)):
+                return call()
 
-        p2p._communicate = communicate
-        if hasattr(p2p, "key_provider"):
-            p2p.key_provider = self.key_provider
-        self._restore.append(lambda: setattr(p2p, "_communicate", original))
-        return p2p
+        return communicate
+
+    def attach_ddp(self, model_chunks: Sequence[torch.nn.Module]) -> DDPHooks:
+        """Schedule the gradient reductions of Megatron-core's own DistributedDataParallel (every bucket group of
+        every chunk, dense and expert): :mod:`megatron_plugin.ddp_hooks`."""
+        from megatron_plugin.ddp_hooks import DDPHooks
+
+        check_megatron_core_version("Hermod.attach_ddp")
+        hooks = DDPHooks(self, model_chunks)
+        self._restore.append(hooks.remove)
+        return hooks
 
     def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
                   expert_dp_group: dist.ProcessGroup | None = None,

@@ -1,0 +1,154 @@
+"""Hermod under Megatron-core's own ``DistributedDataParallel`` (seed 000 §5.3.1, §5.4; digest A6.1 #5).
+
+Megatron-core's DDP already decides *when* a gradient bucket is ready: its backward hooks count each parameter's
+gradient in the last microbatch (the schedules' ``no_sync`` marks the others) and call the bucket group's
+``start_grad_sync`` once all of them are in; ``finalize_model_grads`` later calls ``finish_grad_sync``. Hermod keeps
+all of that and changes only *when the collective goes on the wire and on which communicator*:
+
+* ``start_grad_sync`` of each bucket group (dense and expert) becomes a deferred coflow keyed
+  (MID M-1, DP, the bucket group's highest layer: :meth:`flowlane.hermod.keys.HermodKeys.dp_reduce`), sealed at that
+  program point; the pacer runs Megatron's own ``start_grad_sync`` (its scaling, its all-reduce or reduce-scatter,
+  its coalescing) when Hermod's order and the gate allow. The math is Megatron's, so results are bitwise equal.
+* the bucket group's collective group becomes its Hermod bulk-class clone (same ranks, same order:
+  :mod:`flowlane.sched.groups`), so deferred traffic never interleaves with what the training thread issues on the
+  original group (a cross-rank ordering hazard), and on NCCL it carries the bulk traffic class.
+* ``finish_grad_sync`` first waits for the deferred coflow (which makes it urgent), then runs Megatron's own.
+* the last model chunk's ``DistributedDataParallel.finish_grad_sync`` (the end of ``finalize_model_grads``) ends
+  Hermod's iteration, at the same program point on every rank.
+
+What is refused at install (clear errors, never silently skipped): a model chunk that is not Megatron-core's DDP,
+``overlap_grad_reduce=False`` (Megatron then reduces synchronously inside ``finalize_model_grads``, after the
+pipeline traffic of the step: there is nothing to order), ``num_distributed_optimizer_instances > 1``, and a bucket
+group whose collective group Hermod has no clone of. Not scheduled yet: the distributed optimizer's parameter
+all-gathers (they run as Megatron issues them, on the bulk clone). A bucket group is one coflow: Hermod does not
+split it (``SchedulerConfig.chunk_bytes`` does not apply); Megatron's ``bucket_size`` sets the granularity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from megatron_plugin.hermod import Hermod
+
+#: Hermod's bulk class (flowlane.hermod.wire.WireEncoder.nccl_class: DP traffic)
+BULK_CLASS = 2
+
+
+def layer_of_parameters(chunk: torch.nn.Module) -> dict[int, int]:
+    """Global 0-based layer id (LID) of every parameter of a model chunk, by ``id(param)``: the ``layer_number`` of
+    the enclosing Megatron transformer layer (1-based, pipeline and virtual-pipeline offsets included) minus one.
+    Parameters outside every layer take the chunk's lowest layer when they come before its first layer in parameter
+    order (embeddings: needed first in forward) and its highest otherwise (final norm, output layer)."""
+    from megatron.core.transformer.transformer_layer import BaseTransformerLayer
+
+    in_layer: dict[int, int] = {}
+    for module in chunk.modules():
+        if isinstance(module, BaseTransformerLayer):
+            for p in module.parameters():
+                in_layer.setdefault(id(p), int(module.layer_number) - 1)
+    if not in_layer:
+        raise ValueError(f"no Megatron transformer layer in model chunk {type(chunk).__name__}: Hermod keys DP "
+                         "buckets by the layer_number of megatron.core's TransformerLayer")
+    lo, hi = min(in_layer.values()), max(in_layer.values())
+    order = [id(p) for p in chunk.parameters()]
+    first = next(i for i, pid in enumerate(order) if pid in in_layer)
+    return {pid: in_layer.get(pid, lo if i < first else hi) for i, pid in enumerate(order)}
+
+
+class DDPHooks:
+    """Hermod's hooks on Megatron-core DDP model chunks (see the module docstring); :meth:`remove` undoes them."""
+
+    def __init__(self, h: Hermod, model_chunks: Sequence[torch.nn.Module]) -> None:
+        from megatron.core.distributed import DistributedDataParallel
+
+        chunks = list(model_chunks)
+        if not chunks:
+            raise ValueError("Hermod.attach_ddp: no model chunks given")
+        for i, c in enumerate(chunks):
+            if not isinstance(c, DistributedDataParallel):
+                raise TypeError(f"Hermod.attach_ddp: model chunk {i} is a {type(c).__name__}, not "
+                                "megatron.core.distributed.DistributedDataParallel")
+            cfg = c.ddp_config
+            if not cfg.overlap_grad_reduce:
+                raise ValueError("Hermod.attach_ddp needs DistributedDataParallelConfig(overlap_grad_reduce=True): "
+                                 "without it Megatron reduces every bucket synchronously inside "
+                                 "finalize_model_grads, after the step's pipeline traffic, so there is nothing to "
+                                 "schedule")
+            if cfg.num_distributed_optimizer_instances != 1:
+                raise ValueError(f"Hermod.attach_ddp supports num_distributed_optimizer_instances=1, got "
+                                 f"{cfg.num_distributed_optimizer_instances}")
+        self.h = h
+        self._pending: dict[int, Any] = {}
+        self._undo: list[Callable[[], None]] = []
+        plans = []  # everything is checked before anything is patched: never half-installed
+        for c in chunks:
+            layers = layer_of_parameters(c)
+            dist_opt = bool(c.ddp_config.use_distributed_optimizer)
+            attr = "intra_distributed_optimizer_instance_group" if dist_opt else "data_parallel_group"
+            for bg in c.bucket_groups + c.expert_parallel_bucket_groups:
+                group = getattr(bg, attr)
+                clone = h.classes.get(group, BULK_CLASS)
+                if clone is group and group.size() > 1:
+                    ranks = torch.distributed.get_process_group_ranks(group)
+                    raise ValueError(f"Hermod has no bulk-class clone of the data-parallel group {ranks} that "
+                                     "Megatron's DDP reduces over; build Hermod with dp_group (and expert_dp_group) "
+                                     "set to the groups the DDP uses")
+                layer = max(layers[id(p)] for p in bg.params)
+                plans.append((bg, attr, clone, layer, "reduce_scatter" if dist_opt else "all_reduce"))
+        for plan in plans:
+            self._hook_bucket_group(*plan)
+        last = chunks[-1]
+        finish_all = last.finish_grad_sync
+
+        def finish_grad_sync(*args: Any, **kwargs: Any) -> Any:
+            out = finish_all(*args, **kwargs)
+            h.end_iteration()  # the end of finalize_model_grads: one program point on every rank
+            return out
+
+        last.finish_grad_sync = finish_grad_sync
+        self._undo.append(lambda: vars(last).pop("finish_grad_sync", None))
+        self.bucket_groups = len(plans)
+
+    def _hook_bucket_group(self, bg: Any, attr: str, clone: Any, layer: int, op: str) -> None:
+        original_group = getattr(bg, attr)
+        start, finish = bg.start_grad_sync, bg.finish_grad_sync  # Megatron's own, bound to this bucket group
+        pending = self._pending
+        sched, keys = self.h.sched, self.h.keys
+
+        def start_grad_sync(force_all_reduce: bool | None = False) -> None:
+            if id(bg) in pending or (bg.is_first_batch and bg.grad_reduce_handle is not None):
+                return  # already deferred, or Megatron's first-batch re-entry from finish_grad_sync
+
+            def launch() -> Any:
+                start(force_all_reduce=force_all_reduce)
+                return bg.grad_reduce_handle
+
+            pending[id(bg)] = sched.defer(keys.dp_reduce(layer, op), [launch])
+            sched.seal()  # this program point is the same on every DP rank: the bucket may go out now
+
+        def finish_grad_sync(force_all_reduce: bool | None = False) -> None:
+            if bg.is_first_batch and id(bg) not in pending:
+                start_grad_sync(force_all_reduce)  # Megatron starts the first batch's reductions here
+            handle = pending.pop(id(bg), None)
+            if handle is not None:
+                handle.wait()
+            finish(force_all_reduce=force_all_reduce)
+
+        setattr(bg, attr, clone)
+        bg.start_grad_sync, bg.finish_grad_sync = start_grad_sync, finish_grad_sync
+
+        def undo() -> None:
+            vars(bg).pop("start_grad_sync", None)
+            vars(bg).pop("finish_grad_sync", None)
+            setattr(bg, attr, original_group)
+
+        self._undo.append(undo)
+
+    def remove(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()

@@ -1,0 +1,146 @@
+"""Hermod under Megatron-core's own machinery (megatron_plugin.ddp_hooks, Hermod.attach_pipeline): a tiny GPT,
+PP 2 x DP 2 on 4 gloo ranks, Megatron-core's DistributedDataParallel (overlap_grad_reduce, with and without the
+distributed optimizer), get_megatron_optimizer (Adam, clipping), finalize_model_grads and the stock 1F1B schedule
+(which builds its own P2PCommunicator). With and without Hermod: bitwise equal losses and parameters; with it, every
+bucket group's reduction is a keyed deferred coflow on the bulk-class clone and every p2p step a keyed critical op."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("megatron.core")
+
+M, ITERATIONS = 3, 3
+RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
+              seq_length=16, micro_batch_size=2, num_microbatches=M, iterations=ITERATIONS)
+
+
+def _train(dist_opt: bool, hermod: bool) -> dict:
+    from functools import partial
+
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from flowlane import comm
+    from megatron_plugin.hermod import Hermod, HermodConfig
+    from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
+
+    recipe = GPTRecipe(**RECIPE)
+    with comm.owned_process_groups():
+        ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+        try:
+            torch.manual_seed(0)
+            model_parallel_cuda_manual_seed(0)
+            module, config = build_model(recipe)
+            ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
+                                                       use_distributed_optimizer=dist_opt,
+                                                       overlap_param_gather=dist_opt, bucket_size=3000)
+            model = DistributedDataParallel(config, ddp_config, module)
+            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0,
+                                                         use_distributed_optimizer=dist_opt), [model])
+            config.no_sync_func = model.no_sync
+            config.finalize_model_grads_func = finalize_model_grads
+            if dist_opt:
+                config.param_sync_func = model.start_param_sync
+            out: dict = {"refused": None}
+            h = None
+            if hermod:
+                h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M, layers_per_stage=1,
+                           stage=ps.get_pipeline_model_parallel_rank(), num_stages=2,
+                           dp_group=ps.get_data_parallel_group(with_context_parallel=True))
+                try:
+                    h.attach_ddp([module])
+                except TypeError as e:
+                    out["refused"] = str(e)
+                h.attach_pipeline()
+                hooks = h.attach_ddp([model])
+                groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
+                          for bg in model.bucket_groups]
+                out["on_clones"] = all(g is not ps.get_data_parallel_group(with_context_parallel=True)
+                                       and torch.distributed.get_process_group_ranks(g)
+                                       == torch.distributed.get_process_group_ranks(
+                                           ps.get_data_parallel_group(with_context_parallel=True)) for g in groups)
+                out["bucket_groups"] = hooks.bucket_groups
+            fwd_bwd = get_forward_backward_func()
+            losses = []
+            for it in range(ITERATIONS):
+                model.zero_grad_buffer()
+                opt.zero_grad()
+                res = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
+                              data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), model=[model],
+                              num_microbatches=M, seq_length=recipe.seq_length,
+                              micro_batch_size=recipe.micro_batch_size, forward_only=False)
+                opt.step()
+                if res:
+                    losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
+            if dist_opt:
+                model.start_param_sync(force_sync=True)  # the last step's shards, gathered
+            out["params"] = [p.detach().clone() for p in model.parameters()]
+            out["losses"] = losses
+            if h is not None:
+                out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
+                              for e in h.sched.log]
+                h.close()
+                groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
+                          for bg in model.bucket_groups]
+                out["restored"] = all(g is ps.get_data_parallel_group(with_context_parallel=True) for g in groups)
+            return out
+        finally:
+            ps.destroy_model_parallel()
+
+
+def _both(rank: int, world: int) -> dict:
+    import torch
+
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    from megatron.core import parallel_state as ps  # noqa: F401 - imported once, before the runs
+
+    res = {}
+    for dist_opt in (False, True):
+        base, herm = _train(dist_opt, False), _train(dist_opt, True)
+        res[dist_opt] = {
+            "losses_equal": base["losses"] == herm["losses"], "losses": herm["losses"],
+            "params_equal": len(base["params"]) == len(herm["params"]) and all(
+                torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
+            "log": herm["log"], "on_clones": herm["on_clones"], "restored": herm["restored"],
+            "bucket_groups": herm["bucket_groups"], "refused": herm["refused"]}
+    return res
+
+
+@pytest.mark.slow  # 4 ranks x 4 Megatron trainings: ~3 min on a 2-core machine
+def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_every_op() -> None:
+    from flowlane.launch import launch
+
+    res = launch(_both, 4, timeout=900)
+    for rank, r in enumerate(res):
+        stage = rank // 2  # initialize_model_parallel(pp=2) on 4 ranks: pipeline groups (0, 2), (1, 3)
+        for dist_opt, x in r.items():
+            assert x["losses_equal"] and x["params_equal"], (rank, dist_opt)
+            # Megatron buckets the first stage only (later stages' DP traffic is off the critical path)
+            assert x["on_clones"] and x["restored"] and (x["bucket_groups"] >= 2 if stage == 0 else True)
+            assert "not megatron.core.distributed.DistributedDataParallel" in x["refused"]
+            log = x["log"]
+            dp = [e for e in log if e[0] == "chunk"]
+            # one deferred coflow per bucket group and iteration, keyed (MID M-1, DP, the group's highest layer)
+            assert len(dp) == x["bucket_groups"] * ITERATIONS, (rank, dist_opt, dp)
+            assert {e[1] for e in dp} == {"dp"} and {e[4] for e in dp} == {M - 1}
+            assert {e[2] for e in dp} == {"reduce_scatter" if dist_opt else "all_reduce"}
+            assert {e[3] for e in dp} == set(range(ITERATIONS))
+            assert {e[5] for e in dp} <= {stage}  # one layer per stage
+            pp = [e for e in log if e[0] == "critical"]
+            for it in range(ITERATIONS):  # every microbatch's p2p is a critical op, keyed with its microbatch id
+                mbs = sorted(e[4] for e in pp if e[3] == it)
+                assert mbs and set(mbs) == set(range(M)), (rank, it, mbs)
+        if stage == 1:
+            assert r[False]["losses"] and r[True]["losses"]
