@@ -13,8 +13,8 @@ all of that and changes only *when the collective goes on the wire and on which 
   :mod:`flowlane.sched.groups`), so deferred traffic never interleaves with what the training thread issues on the
   original group (a cross-rank ordering hazard), and on NCCL it carries the bulk traffic class.
 * ``finish_grad_sync`` first waits for the deferred coflow (which makes it urgent), then runs Megatron's own.
-* the last model chunk's ``DistributedDataParallel.finish_grad_sync`` (the end of ``finalize_model_grads``) ends
-  Hermod's iteration, at the same program point on every rank.
+* Hermod's iteration ends after ``finalize_model_grads`` (:meth:`megatron_plugin.hermod.Hermod.attach_finalize`
+  wraps ``config.finalize_model_grads_func``), at the same program point on every rank.
 
 What is refused at install (clear errors, never silently skipped): a model chunk that is not Megatron-core's DDP,
 ``overlap_grad_reduce=False`` (Megatron then reduces synchronously inside ``finalize_model_grads``, after the
@@ -101,16 +101,6 @@ class DDPHooks:
                 plans.append((bg, attr, clone, layer, "reduce_scatter" if dist_opt else "all_reduce"))
         for plan in plans:
             self._hook_bucket_group(*plan)
-        last = chunks[-1]
-        finish_all = last.finish_grad_sync
-
-        def finish_grad_sync(*args: Any, **kwargs: Any) -> Any:
-            out = finish_all(*args, **kwargs)
-            h.end_iteration()  # the end of finalize_model_grads: one program point on every rank
-            return out
-
-        last.finish_grad_sync = finish_grad_sync
-        self._undo.append(lambda: vars(last).pop("finish_grad_sync", None))
         self.bucket_groups = len(plans)
 
     def _hook_bucket_group(self, bg: Any, attr: str, clone: Any, layer: int, op: str) -> None:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -54,7 +54,7 @@ import torch.distributed as dist
 from flowlane import comm
 from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.matching import AUTO_CANDIDATES, RUN_ALGORITHMS, check_candidates
-from flowlane.hermod.order import HermodOrderConfig
+from flowlane.hermod.order import HermodOrder, HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
 from flowlane.policy import CoflowMeta
 from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build_class_groups
@@ -293,13 +293,43 @@ class Hermod:
 
     def attach_ddp(self, model_chunks: Sequence[torch.nn.Module]) -> DDPHooks:
         """Schedule the gradient reductions of Megatron-core's own DistributedDataParallel (every bucket group of
-        every chunk, dense and expert): :mod:`megatron_plugin.ddp_hooks`."""
+        every chunk, dense and expert): :mod:`megatron_plugin.ddp_hooks`. Chunks may be attached one at a time
+        (before each one's first backward); pair it with :meth:`attach_finalize`."""
         from megatron_plugin.ddp_hooks import DDPHooks
 
         check_megatron_core_version("Hermod.attach_ddp")
         hooks = DDPHooks(self, model_chunks)
         self._restore.append(hooks.remove)
         return hooks
+
+    def attach_finalize(self, config: Any, num_microbatches: Callable[[], int] | None = None) -> None:
+        """End Hermod's iteration after Megatron's own ``config.finalize_model_grads_func`` (kept whole), the same
+        program point on every rank. ``num_microbatches`` (e.g. megatron.core.num_microbatches_calculator's
+        ``get_num_microbatches``) is read there, so keys follow a batch-size ramp-up."""
+        finalize = getattr(config, "finalize_model_grads_func", None)
+        if finalize is None:
+            raise ValueError("Hermod.attach_finalize: config.finalize_model_grads_func is not set; set it to "
+                             "megatron.core.distributed.finalize_model_grads (Megatron-LM's train() does) first")
+
+        def finalize_then_end_iteration(*args: Any, **kwargs: Any) -> Any:
+            out = finalize(*args, **kwargs)
+            self.end_iteration()
+            if num_microbatches is not None:
+                self.set_num_microbatches(int(num_microbatches()))
+            return out
+
+        config.finalize_model_grads_func = finalize_then_end_iteration
+        self._restore.append(lambda: setattr(config, "finalize_model_grads_func", finalize))
+
+    def set_num_microbatches(self, num_microbatches: int) -> None:
+        """A new microbatch count M from the next iteration on (DP coflows carry MID M-1)."""
+        if not isinstance(num_microbatches, int) or num_microbatches < 1:
+            raise ValueError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}")
+        if num_microbatches == self.M:
+            return
+        self.M = self.keys.num_microbatches = num_microbatches
+        self.policy.hermod_order = HermodOrder(replace(self.policy.hermod_order.config,
+                                                       num_microbatches=num_microbatches))
 
     def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
                   expert_dp_group: dist.ProcessGroup | None = None,

@@ -202,3 +202,27 @@ def test_grad_sync_launches_expert_bucket_whose_hook_never_completes():
     res = launch(_expert_without_tokens, 2, timeout=120)
     assert all(r["equal"] for r in res)
     assert res[0]["n_dp_ops"] == res[1]["n_dp_ops"] > 0
+
+
+def test_megatron_lm_configurations_hermod_cannot_schedule_are_refused_with_the_reason() -> None:
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.megatron_lm import FlowlaneHooks, check_hermod_args
+
+    def args(**kw):
+        a = add_flowlane_args(argparse.ArgumentParser()).parse_args(["--coflow-scheduler", "hermod"])
+        a.overlap_grad_reduce = True
+        for k, v in kw.items():
+            setattr(a, k, v)
+        return a
+
+    assert check_hermod_args(args()) == ""
+    assert "--overlap-grad-reduce" in check_hermod_args(args(overlap_grad_reduce=False))
+    assert "FSDP" in check_hermod_args(args(use_torch_fsdp2=True))
+    assert "interleaved" in check_hermod_args(args(virtual_pipeline_model_parallel_size=2))
+    assert "allgather" in check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="allgather"))
+    assert check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="alltoall")) == ""
+    built = []
+    hooks = FlowlaneHooks(lambda **kw: built.append(kw), lambda *a: None, get_args=lambda: args(overlap_grad_reduce=False))
+    with pytest.raises(ValueError, match="cannot run with this configuration: add --overlap-grad-reduce"):
+        hooks.model_provider(pre_process=True, post_process=True)
+    assert built == []  # refused before the model is built

@@ -2,9 +2,14 @@
 PP 2 x DP 2 on 4 gloo ranks, Megatron-core's DistributedDataParallel (overlap_grad_reduce, with and without the
 distributed optimizer), get_megatron_optimizer (Adam, clipping), finalize_model_grads and the stock 1F1B schedule
 (which builds its own P2PCommunicator). With and without Hermod: bitwise equal losses and parameters; with it, every
-bucket group's reduction is a keyed deferred coflow on the bulk-class clone and every p2p step a keyed critical op."""
+bucket group's reduction is a keyed deferred coflow on the bulk-class clone and every p2p step a keyed critical op.
+The distributed-optimizer run gets Hermod the way a Megatron-LM user does: ``--coflow-scheduler hermod`` (and
+``--ssd-offload``) parsed by add_flowlane_args, then megatron_plugin.megatron_lm's model provider and forward step in
+pretrain's call sequence (get_model, DDP, optimizer, train()'s config hooks, train_step's forward_backward_func)."""
 
 from __future__ import annotations
+
+import tempfile
 
 import pytest
 
@@ -16,7 +21,9 @@ RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, nu
               seq_length=16, micro_batch_size=2, num_microbatches=M, iterations=ITERATIONS)
 
 
-def _train(dist_opt: bool, hermod: bool) -> dict:
+def _train(dist_opt: bool, mode: str, tmp: str = "") -> dict:
+    """``mode``: ``stock`` (no flowlane), ``api`` (Hermod's attach_* calls), ``megatron_lm`` (the launch flags)."""
+    import argparse
     from functools import partial
 
     import torch
@@ -26,21 +33,44 @@ def _train(dist_opt: bool, hermod: bool) -> dict:
         DistributedDataParallelConfig,
         finalize_model_grads,
     )
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from flowlane import comm
+    from megatron_plugin.args import add_flowlane_args
     from megatron_plugin.hermod import Hermod, HermodConfig
+    from megatron_plugin.megatron_lm import FlowlaneHooks
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
     recipe = GPTRecipe(**RECIPE)
+    forward_step = partial(_forward_step, recipe=recipe)
+    hooks = None
     with comm.owned_process_groups():
         ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+        init_num_microbatches_calculator(torch.distributed.get_rank(), None, M * recipe.micro_batch_size * 2,
+                                         recipe.micro_batch_size, 2)
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
-            module, config = build_model(recipe)
+            if mode == "megatron_lm":  # what pretrain_gpt.py + add_flowlane_args give a Megatron-LM run
+                args = add_flowlane_args(argparse.ArgumentParser()).parse_args(
+                    ["--coflow-scheduler", "hermod", "--hermod-gate-timeout-s", "0.02", "--ssd-offload",
+                     "--ssd-offload-dirs", tmp, "--ssd-offload-cpu-tensors", "--ssd-offload-min-bytes", "4096",
+                     "--ssd-offload-keep-last-k", "0"])
+                args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, 2
+                args.overlap_grad_reduce, args.use_distributed_optimizer = True, dist_opt
+                hooks = FlowlaneHooks(lambda **kw: build_model(recipe)[0], forward_step, get_args=lambda: args)
+                module = hooks.model_provider(pre_process=ps.is_pipeline_first_stage(),
+                                              post_process=ps.is_pipeline_last_stage())
+                config = module.config
+                forward_step = hooks.forward_step
+            else:
+                module, config = build_model(recipe)
             ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
                                                        use_distributed_optimizer=dist_opt,
                                                        overlap_param_gather=dist_opt, bucket_size=3000)
@@ -53,7 +83,7 @@ def _train(dist_opt: bool, hermod: bool) -> dict:
                 config.param_sync_func = model.start_param_sync
             out: dict = {"refused": None}
             h = None
-            if hermod:
+            if mode == "api":
                 h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M, layers_per_stage=1,
                            stage=ps.get_pipeline_model_parallel_rank(), num_stages=2,
                            dp_group=ps.get_data_parallel_group(with_context_parallel=True))
@@ -62,26 +92,36 @@ def _train(dist_opt: bool, hermod: bool) -> dict:
                 except TypeError as e:
                     out["refused"] = str(e)
                 h.attach_pipeline()
-                hooks = h.attach_ddp([model])
+                ddp_hooks = h.attach_ddp([model])
+                h.attach_finalize(config)
                 groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
                           for bg in model.bucket_groups]
                 out["on_clones"] = all(g is not ps.get_data_parallel_group(with_context_parallel=True)
                                        and torch.distributed.get_process_group_ranks(g)
                                        == torch.distributed.get_process_group_ranks(
                                            ps.get_data_parallel_group(with_context_parallel=True)) for g in groups)
-                out["bucket_groups"] = hooks.bucket_groups
+                out["bucket_groups"] = ddp_hooks.bucket_groups
             fwd_bwd = get_forward_backward_func()
             losses = []
             for it in range(ITERATIONS):
                 model.zero_grad_buffer()
                 opt.zero_grad()
-                res = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
+                res = fwd_bwd(forward_step_func=forward_step,
                               data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), model=[model],
                               num_microbatches=M, seq_length=recipe.seq_length,
                               micro_batch_size=recipe.micro_batch_size, forward_only=False)
                 opt.step()
                 if res:
                     losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
+            if hooks is not None:
+                h = hooks.hermod
+                hooks.offload.wait_io()  # a store still queued counts when it runs
+                out["offloaded"] = hooks.offload.stats.bytes_written + hooks.offload.stats.bytes_cancelled
+                groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
+                          for bg in model.bucket_groups]
+                out["on_clones"] = all(g is not ps.get_data_parallel_group(with_context_parallel=True)
+                                       for g in groups)
+                out["bucket_groups"] = len(model.bucket_groups)
             if dist_opt:
                 model.start_param_sync(force_sync=True)  # the last step's shards, gathered
             out["params"] = [p.detach().clone() for p in model.parameters()]
@@ -89,16 +129,22 @@ def _train(dist_opt: bool, hermod: bool) -> dict:
             if h is not None:
                 out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
                               for e in h.sched.log]
-                h.close()
+                if hooks is not None:
+                    hooks.close()
+                else:
+                    h.close()
                 groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
                           for bg in model.bucket_groups]
                 out["restored"] = all(g is ps.get_data_parallel_group(with_context_parallel=True) for g in groups)
             return out
         finally:
+            destroy_num_microbatches_calculator()
             ps.destroy_model_parallel()
 
 
-def _both(rank: int, world: int) -> dict:
+def _both(rank: int, world: int, tmp: str) -> dict:
+    import os
+
     import torch
 
     from megatron_plugin import cpu_shim
@@ -107,9 +153,9 @@ def _both(rank: int, world: int) -> dict:
     from megatron.core import parallel_state as ps  # noqa: F401 - imported once, before the runs
 
     res = {}
-    for dist_opt in (False, True):
-        base, herm = _train(dist_opt, False), _train(dist_opt, True)
-        res[dist_opt] = {
+    for dist_opt, mode in ((False, "api"), (True, "megatron_lm")):
+        base, herm = _train(dist_opt, "stock"), _train(dist_opt, mode, os.path.join(tmp, f"rank{rank}"))
+        res[dist_opt] = {"offloaded": herm.get("offloaded"),
             "losses_equal": base["losses"] == herm["losses"], "losses": herm["losses"],
             "params_equal": len(base["params"]) == len(herm["params"]) and all(
                 torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
@@ -122,14 +168,18 @@ def _both(rank: int, world: int) -> dict:
 def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_every_op() -> None:
     from flowlane.launch import launch
 
-    res = launch(_both, 4, timeout=900)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = launch(_both, 4, args=(tmp,), timeout=900)
     for rank, r in enumerate(res):
         stage = rank // 2  # initialize_model_parallel(pp=2) on 4 ranks: pipeline groups (0, 2), (1, 3)
         for dist_opt, x in r.items():
             assert x["losses_equal"] and x["params_equal"], (rank, dist_opt)
             # Megatron buckets the first stage only (later stages' DP traffic is off the critical path)
             assert x["on_clones"] and x["restored"] and (x["bucket_groups"] >= 2 if stage == 0 else True)
-            assert "not megatron.core.distributed.DistributedDataParallel" in x["refused"]
+            if dist_opt:  # the launch flags: Hermod and the offload both took effect
+                assert x["offloaded"] > 0
+            else:
+                assert "not megatron.core.distributed.DistributedDataParallel" in x["refused"]
             log = x["log"]
             dp = [e for e in log if e[0] == "chunk"]
             # one deferred coflow per bucket group and iteration, keyed (MID M-1, DP, the group's highest layer)

@@ -1,0 +1,145 @@
+"""The launch flags in a Megatron-LM ``pretrain`` run: ``--coflow-scheduler hermod`` and ``--ssd-offload``.
+
+Megatron-LM's training loop is the user's own checkout (its ``megatron.training`` is not on PyPI), so flowlane
+plugs into the two functions every ``pretrain`` script hands over, the model provider and the forward step.
+The lines a user adds to ``pretrain_gpt.py``::
+
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.megatron_lm import flowlane_hooks
+
+    provider, step = flowlane_hooks(partial(model_provider, gpt_builder), forward_step)
+    pretrain(train_valid_test_datasets_provider, provider, ModelType.encoder_or_decoder, step,
+             args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}, extra_args_provider=add_flowlane_args)
+
+(an existing ``extra_args_provider`` composes: ``lambda p: add_flowlane_args(add_modelopt_args(p))``). Then::
+
+    torchrun ... pretrain_gpt.py ... --overlap-grad-reduce --coflow-scheduler hermod --ssd-offload \\
+        --ssd-offload-dirs /nvme0 /nvme1
+
+What happens where (every step at the same program point on every rank):
+
+* the first model-provider call (``get_model``, after ``initialize_megatron``): the flags are read and checked, and
+  anything the run's configuration does not allow is refused there, before training; Hermod is built (a collective:
+  it creates its class communicators) and keys and gates the schedules' pipeline p2p
+  (:meth:`~megatron_plugin.hermod.Hermod.attach_pipeline`); with MoE, the all-to-all token dispatcher gets the
+  matched all-to-all. After the last model chunk is built, ``--ssd-offload`` installs the activation offload.
+* the first forward step of each model chunk (inside ``train_step``; Megatron's DDP exists by then and no backward
+  has run): Hermod hooks the chunk's DDP bucket groups (:mod:`megatron_plugin.ddp_hooks`), and on the first call
+  wraps ``config.finalize_model_grads_func`` to end its iteration and read ``get_num_microbatches()`` (ramp-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from megatron_plugin import hermod, ssd_offload
+
+
+def _megatron_lm_get_args() -> argparse.Namespace:
+    from megatron.training import get_args  # the user's Megatron-LM checkout
+
+    return get_args()
+
+
+class FlowlaneHooks:
+    """The model provider and forward step of a ``pretrain`` call, with flowlane's features (see the module)."""
+
+    def __init__(self, model_provider: Callable[..., torch.nn.Module], forward_step: Callable[..., Any],
+                 get_args: Callable[[], argparse.Namespace] = _megatron_lm_get_args) -> None:
+        self._model_provider, self._forward_step, self._get_args = model_provider, forward_step, get_args
+        self.hermod: hermod.Hermod | None = None
+        self.offload: ssd_offload.SSDOffload | None = None
+        self._chunks: list[torch.nn.Module] = []
+        self._expected_chunks = 1
+        self._attached: set[int] = set()
+        self._finalize_attached = False
+        self._args: argparse.Namespace | None = None
+
+    # -- the two functions handed to pretrain ---------------------------------------------------------------------
+    def model_provider(self, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        if self._args is None:
+            self._args = self._get_args()
+            self._setup(self._args)
+        model = self._model_provider(*args, **kwargs)
+        self._chunks.append(model)
+        if len(self._chunks) == self._expected_chunks and self._args.ssd_offload:
+            self.offload = ssd_offload.install(self._chunks, ssd_offload.config_from_args(self._args))
+        return model
+
+    def forward_step(self, data_iterator: Any, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        h = self.hermod
+        if h is not None and id(model) not in self._attached:
+            h.attach_ddp([model])
+            self._attached.add(id(model))
+            if not self._finalize_attached:
+                from megatron.core.num_microbatches_calculator import get_num_microbatches
+                from megatron.core.utils import get_model_config
+
+                h.attach_finalize(get_model_config(model), get_num_microbatches)
+                self._finalize_attached = True
+        return self._forward_step(data_iterator, model, *args, **kwargs)
+
+    # -- set-up ---------------------------------------------------------------------------------------------------
+    def _setup(self, args: argparse.Namespace) -> None:
+        if not hasattr(args, "coflow_scheduler") or not hasattr(args, "ssd_offload"):
+            raise ValueError("flowlane_hooks: the flowlane flags are not in Megatron's args; pass "
+                             "extra_args_provider=megatron_plugin.args.add_flowlane_args to pretrain")
+        cfg = hermod.config_from_args(args)
+        vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
+        self._expected_chunks = int(vp) if vp else 1
+        if cfg.name != "hermod":
+            return
+        refuse = check_hermod_args(args)
+        if refuse:
+            raise ValueError(f"--coflow-scheduler hermod cannot run with this configuration: {refuse}")
+        from megatron.core import parallel_state as ps
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+        moe = bool(getattr(args, "num_experts", None))
+        self.hermod = h = hermod.Hermod(
+            cfg, num_microbatches=get_num_microbatches(),
+            layers_per_stage=max(1, args.num_layers // args.pipeline_model_parallel_size),
+            stage=ps.get_pipeline_model_parallel_rank(), num_stages=args.pipeline_model_parallel_size,
+            dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+            expert_dp_group=ps.get_expert_data_parallel_group() if moe else None)
+        h.attach_pipeline()
+        if moe:
+            h.patch_moe_dispatcher()
+
+    def close(self) -> None:
+        if self.hermod is not None:
+            self.hermod.close()
+            self.hermod = None
+        if self.offload is not None:
+            self.offload.close()
+            self.offload = None
+
+
+def check_hermod_args(args: argparse.Namespace) -> str:
+    """Why Hermod cannot schedule this Megatron-LM configuration ('' when it can)."""
+    if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
+        return "FSDP is not supported (Hermod hooks Megatron-core's DistributedDataParallel)"
+    if not getattr(args, "overlap_grad_reduce", False):
+        return ("add --overlap-grad-reduce: without it Megatron reduces every bucket synchronously after the "
+                "step's pipeline traffic, so there is nothing to schedule")
+    if getattr(args, "virtual_pipeline_model_parallel_size", None):
+        return "the interleaved schedule (--num-layers-per-virtual-pipeline-stage) is not supported yet"
+    if (getattr(args, "num_distributed_optimizer_instances", 1) or 1) > 1:
+        return "--num-distributed-optimizer-instances > 1 is not supported"
+    dispatcher = getattr(args, "moe_token_dispatcher_type", "alltoall")
+    if getattr(args, "num_experts", None) and dispatcher != "alltoall":
+        return (f"--moe-token-dispatcher-type {dispatcher}: Hermod schedules the alltoall dispatcher only "
+                "(allgather and flex are not scheduled)")
+    return ""
+
+
+def flowlane_hooks(model_provider: Callable[..., torch.nn.Module], forward_step: Callable[..., Any],
+                   get_args: Callable[[], argparse.Namespace] = _megatron_lm_get_args
+                   ) -> tuple[Callable[..., torch.nn.Module], Callable[..., Any]]:
+    """``(model_provider, forward_step)`` for ``megatron.training.pretrain`` with the flowlane flags in effect."""
+    hooks = FlowlaneHooks(model_provider, forward_step, get_args)
+    return hooks.model_provider, hooks.forward_step
