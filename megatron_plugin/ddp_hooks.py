@@ -13,15 +13,18 @@ all of that and changes only *when the collective goes on the wire and on which 
   :mod:`flowlane.sched.groups`), so deferred traffic never interleaves with what the training thread issues on the
   original group (a cross-rank ordering hazard), and on NCCL it carries the bulk traffic class.
 * ``finish_grad_sync`` first waits for the deferred coflow (which makes it urgent), then runs Megatron's own.
+* ``start_param_sync`` / ``finish_param_sync`` (distributed optimizer, ``overlap_param_gather``): the same pattern for
+  the parameter all-gathers that Megatron dispatches one bucket group ahead of the forward.
 * Hermod's iteration ends after ``finalize_model_grads`` (:meth:`megatron_plugin.hermod.Hermod.attach_finalize`
   wraps ``config.finalize_model_grads_func``), at the same program point on every rank.
 
 What is refused at install (clear errors, never silently skipped): a model chunk that is not Megatron-core's DDP,
 ``overlap_grad_reduce=False`` (Megatron then reduces synchronously inside ``finalize_model_grads``, after the
 pipeline traffic of the step: there is nothing to order), ``num_distributed_optimizer_instances > 1``, and a bucket
-group whose collective group Hermod has no clone of. Not scheduled yet: the distributed optimizer's parameter
-all-gathers (they run as Megatron issues them, on the bulk clone). A bucket group is one coflow: Hermod does not
-split it (``SchedulerConfig.chunk_bytes`` does not apply); Megatron's ``bucket_size`` sets the granularity.
+group whose collective group Hermod has no clone of. With the distributed optimizer and ``overlap_param_gather``,
+its parameter all-gathers are deferred coflows too (keyed for the consuming iteration, microbatch 0, the group's
+lowest layer); without ``overlap_param_gather`` they run synchronously in the optimizer step, as Megatron issues
+them (on the bulk clone). A bucket group is one coflow: Hermod does not split it (``SchedulerConfig.chunk_bytes`` does not apply); Megatron's ``bucket_size`` sets the granularity.
 """
 
 from __future__ import annotations
@@ -83,8 +86,10 @@ class DDPHooks:
                                  f"{cfg.num_distributed_optimizer_instances}")
         self.h = h
         self._pending: dict[int, Any] = {}
+        self._gathers: dict[int, Any] = {}
         self._undo: list[Callable[[], None]] = []
         plans = []  # everything is checked before anything is patched: never half-installed
+        gathers: list[tuple[Any, int]] = []
         for c in chunks:
             layers = layer_of_parameters(c)
             dist_opt = bool(c.ddp_config.use_distributed_optimizer)
@@ -99,8 +104,13 @@ class DDPHooks:
                                      "set to the groups the DDP uses")
                 layer = max(layers[id(p)] for p in bg.params)
                 plans.append((bg, attr, clone, layer, "reduce_scatter" if dist_opt else "all_reduce"))
+                if dist_opt and c.ddp_config.overlap_param_gather:
+                    gathers.append((bg, min(layers[id(p)] for p in bg.params)))
         for plan in plans:
             self._hook_bucket_group(*plan)
+        for bg, layer in gathers:
+            self._hook_param_gather(bg, layer)
+        self.param_gather_groups = len(gathers)
         self.bucket_groups = len(plans)
 
     def _hook_bucket_group(self, bg: Any, attr: str, clone: Any, layer: int, op: str) -> None:
@@ -135,6 +145,49 @@ class DDPHooks:
             vars(bg).pop("start_grad_sync", None)
             vars(bg).pop("finish_grad_sync", None)
             setattr(bg, attr, original_group)
+
+        self._undo.append(undo)
+
+    def _hook_param_gather(self, bg: Any, layer: int) -> None:
+        """The distributed optimizer's parameter all-gather of one bucket group (``overlap_param_gather``): Megatron
+        dispatches it (the first from a forward pre-hook, each next one when the previous finishes); Hermod defers
+        it, keyed for the iteration about to consume it, microbatch 0 and the group's lowest layer (digest A6.1
+        #6), and the forward pre-hook's ``finish_param_sync`` waits for it first."""
+        start, finish = bg.start_param_sync, bg.finish_param_sync
+        pending = self._gathers
+        sched, keys = self.h.sched, self.h.keys
+
+        def start_param_sync(force_sync: bool = False) -> None:
+            if force_sync:  # a synchronous gather (e.g. before a checkpoint): what is deferred goes first
+                handle = pending.pop(id(bg), None)
+                if handle is not None:
+                    handle.wait()
+                start(force_sync=True)
+                return
+            if id(bg) in pending:
+                return
+
+            def launch() -> Any:
+                start()
+                return bg.param_gather_handle
+
+            pending[id(bg)] = sched.defer(keys.dp_gather(layer), [launch])
+            bg.param_gather_dispatched = True  # Megatron's own flag: finish_param_sync must not dispatch it again
+            sched.seal()
+
+        def finish_param_sync(skip_next_bucket_dispatch: bool = False) -> None:
+            if not bg.param_gather_dispatched and id(bg) not in pending:
+                start_param_sync()
+            handle = pending.pop(id(bg), None)
+            if handle is not None:
+                handle.wait()
+            finish(skip_next_bucket_dispatch=skip_next_bucket_dispatch)
+
+        bg.start_param_sync, bg.finish_param_sync = start_param_sync, finish_param_sync
+
+        def undo() -> None:
+            vars(bg).pop("start_param_sync", None)
+            vars(bg).pop("finish_param_sync", None)
 
         self._undo.append(undo)
 

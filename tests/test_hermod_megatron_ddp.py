@@ -181,13 +181,21 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             else:
                 assert "not megatron.core.distributed.DistributedDataParallel" in x["refused"]
             log = x["log"]
-            dp = [e for e in log if e[0] == "chunk"]
+            dp = [e for e in log if e[0] == "chunk" and e[2] != "all_gather"]
             # one deferred coflow per bucket group and iteration, keyed (MID M-1, DP, the group's highest layer)
             assert len(dp) == x["bucket_groups"] * ITERATIONS, (rank, dist_opt, dp)
             assert {e[1] for e in dp} == {"dp"} and {e[4] for e in dp} == {M - 1}
             assert {e[2] for e in dp} == {"reduce_scatter" if dist_opt else "all_reduce"}
             assert {e[3] for e in dp} == set(range(ITERATIONS))
             assert {e[5] for e in dp} <= {stage}  # one layer per stage
+            # the distributed optimizer's overlapped parameter gathers: keyed for the iteration that consumes them
+            # (the first iteration's come from Megatron's initial state, before any step: iterations 1..)
+            gathers = [e for e in log if e[0] == "chunk" and e[2] == "all_gather"]
+            if dist_opt:
+                assert gathers and {e[1] for e in gathers} == {"dp"} and {e[4] for e in gathers} == {0}
+                assert {e[3] for e in gathers} <= set(range(ITERATIONS + 1)) and {e[5] for e in gathers} <= {stage}
+            else:
+                assert gathers == []
             pp = [e for e in log if e[0] == "critical"]
             for it in range(ITERATIONS):  # every microbatch's p2p is a critical op, keyed with its microbatch id
                 mbs = sorted(e[4] for e in pp if e[3] == it)
