@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from flowlane.launch import launch
+from flowlane.launch import heartbeat, launch
 
 
 def _plain(cfg: Any) -> dict:
@@ -55,6 +55,7 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
         dt = time.perf_counter() - t
         val = rt.evaluate("val_mask") if "val_mask" in rt.masks else float("nan")
         hist.append({"epoch": ep, "loss": loss, "epoch_s": dt, "val_acc": val})
+        heartbeat()  # progress: the launcher's stall timeout counts from the last epoch, not from the start
     test = rt.evaluate("test_mask") if "test_mask" in rt.masks else float("nan")
     return {"summary": rt.summary(), "history": hist, "test_acc": test, "setup_s": setup_s,
             "bytes_by_kind": rec.bytes_by_kind()}

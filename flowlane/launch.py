@@ -1,80 +1,211 @@
-"""Start N local ranks (gloo over loopback) for tests, demos and benchmarks.
+"""Start N local ranks (gloo over loopback) for tests, demos, benchmarks and the recipes.
 
 ``launch(fn, nprocs)`` spawns ``nprocs`` processes, initialises ``torch.distributed`` in each (rendezvous through a
 private FileStore, so parallel test runs never fight over a TCP port) and returns the list of ``fn(rank, world,
 *args)`` results in rank order.
 
-A dead or stuck peer is an error, never a hang: when a rank raises, the others are stopped and
-:class:`RankFailedError` carries the failing rank and its traceback; when ranks are still running at the deadline,
-their Python stacks are dumped (faulthandler on SIGUSR1) and :class:`RankTimeoutError` names each stuck rank and
-where it was.
+A dead or stuck peer is an error, never a hang, and a healthy run is never killed for taking long:
+
+- start-up (spawn, imports, rendezvous) has its own limit, ``startup_timeout``;
+- after start-up a rank is stuck only when it makes no progress for ``timeout`` seconds. Progress is a
+  :func:`heartbeat` call or a finished :func:`flowlane.trace.span` (the recipes record spans every step), so a run
+  lasts as long as it keeps moving; a stuck rank's Python stack is dumped (faulthandler on SIGUSR1);
+- ``op_timeout`` is the process group's limit for one collective.
+
+A failure names the rank at fault, not the peer that lost it: a rank killed by a signal (``kill -9``, the OOM killer)
+or stopped (``kill -STOP``: the one not answering) comes first, then one that exited without a result, then the
+first that raised (with its traceback); the other ranks' errors follow.
+
+SIGTERM, SIGINT and SIGHUP to the launcher are forwarded: every rank gets SIGTERM and unwinds (``finally`` blocks
+and atexit handlers run, so offload directories are removed), the launcher waits for them, removes its launch
+directory and raises :class:`LaunchInterrupted`. Ranks also get SIGTERM if the launcher dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import _thread
+import atexit
 import contextlib
+import ctypes
 import datetime
 import faulthandler
+import itertools
+import logging
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("flowlane")
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_BEAT_EVERY_S = 0.5  # a rank reports progress at most this often; stall timeouts are seconds or more
+_SETTLE_S = 2.0  # after the first failure: time for its cause to show (a killed peer's exit, the others' errors)
+_RANK_GRACE_S = 2.0  # a signalled rank blocked in native code past this runs its atexit cleanup and exits
+_STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
+_STACK_WAIT_S = 3.0
+
 
 class LaunchError(RuntimeError):
-    """Base class: something went wrong in one of the launched ranks."""
+    """Base class: something went wrong in one of the launched ranks. ``rank`` is the rank at fault, if known."""
+
+    rank: int | None = None
 
 
 class RankFailedError(LaunchError):
-    def __init__(self, rank: int, detail: str) -> None:
-        super().__init__(f"rank {rank} failed:\n{detail}")
+    def __init__(self, rank: int, detail: str, headline: str | None = None) -> None:
+        super().__init__(f"{headline or f'rank {rank} failed'}:\n{detail}")
         self.rank = rank
+        self.detail = detail
 
 
 class RankTimeoutError(LaunchError):
-    def __init__(self, ranks: Sequence[int], timeout: float, stacks: Mapping[int, str]) -> None:
-        where = "\n".join(f"--- rank {r} stack ---\n{stacks.get(r, '(no stack captured)')}" for r in ranks)
-        super().__init__(f"rank(s) {list(ranks)} still running after {timeout:.0f} s (stuck):\n{where}")
+    def __init__(self, ranks: Sequence[int], timeout: float, stacks: Mapping[int, str], phase: str = "stall",
+                 culprit: int | None = None, note: str = "") -> None:
+        where = "\n".join(f"--- rank {r} stack ---\n{stacks.get(r) or '(no stack captured)'}" for r in ranks)
+        if phase == "start-up":
+            what = (f"rank(s) {list(ranks)} did not start within {timeout:g} s (spawn, imports, process-group "
+                    f"rendezvous; raise startup_timeout on a slow machine)")
+        else:
+            what = (f"rank(s) {list(ranks)} made no progress for {timeout:g} s (stuck; progress is "
+                    f"flowlane.launch.heartbeat() or a finished flowlane.trace.span)")
+        super().__init__(f"{what}:\n{note}{where}")
         self.ranks = list(ranks)
+        self.timeout = timeout
+        self.phase = phase
+        self.rank = culprit if culprit is not None else self.ranks[0]
+
+
+class LaunchInterrupted(LaunchError):
+    """The launcher got SIGTERM/SIGINT/SIGHUP: every rank was stopped and its directories removed."""
+
+    def __init__(self, signum: int, nprocs: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: all {nprocs} ranks were stopped "
+                         "and their launch and offload directories removed")
+        self.signum = signum
+
+
+class RankInterrupted(BaseException):
+    """Raised in a rank's main thread when it is told to stop; a BaseException, so ``except Exception`` lets it
+    through and the rank unwinds."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"rank stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+# ------------------------------------------------------------------------------------------------ in the rank
+class _Channel:
+    """The rank's end of its pipe to the launcher (sends from any thread)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.last_beat = 0.0
+        self.interrupted = False
+
+    def send(self, kind: str, payload: Any = None) -> None:
+        with self.lock:
+            self.conn.send_bytes(pickle.dumps((kind, payload)))
+
+
+_CHANNEL: _Channel | None = None
+
+
+def heartbeat() -> None:
+    """Tell the launcher this rank is making progress (call it every step; cheap, rate-limited). A no-op outside
+    a launched rank."""
+    ch = _CHANNEL
+    if ch is None:
+        return
+    now = time.monotonic()
+    if now - ch.last_beat < _BEAT_EVERY_S:
+        return
+    ch.last_beat = now
+    with contextlib.suppress(OSError, ValueError):  # the launcher is gone: its SIGTERM (PDEATHSIG) follows
+        ch.send("beat")
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    if _CHANNEL is None or _CHANNEL.interrupted:
+        return  # unwinding already: let the finally blocks finish
+    _CHANNEL.interrupted = True
+    raise RankInterrupted(signum)
+
+
+def _watch_signals() -> None:
+    # Python runs signal handlers only in the main thread and only between bytecodes; a rank blocked in a
+    # collective would never see them. This thread takes the (blocked) signals instead, interrupts the main thread,
+    # and if that has not unwound within the grace period, does the atexit cleanup itself and exits.
+    signum = signal.sigwait(set(_FORWARDED))
+    _thread.interrupt_main(signum)
+    time.sleep(_RANK_GRACE_S)
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    os._exit(128 + signum)
+
+
+def _install_rank_signals(parent_pid: int) -> None:
+    for s in _FORWARDED:
+        signal.signal(s, _raise_interrupted)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # inherited by every thread started from here on
+    threading.Thread(target=_watch_signals, name="flowlane-signals", daemon=True).start()
+    with contextlib.suppress(Exception):  # Linux: SIGTERM when the launcher dies, however it dies
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # it died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: str | None, store_dir: str,
-           timeout: float, env: Mapping[str, str], results: mp.Queue, threads: int) -> None:
+           op_timeout: float, env: Mapping[str, str], conn: Connection, threads: int, parent_pid: int) -> None:
+    global _CHANNEL
+    _CHANNEL = ch = _Channel(conn)
+    _install_rank_signals(parent_pid)
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world)})
     stack_file = open(Path(store_dir) / f"stack.{rank}", "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(threads)
         if backend is not None:
+            import torch
+            import torch.distributed as dist
+
+            torch.set_num_threads(threads)
+            _arrive(store_dir, rank, world)  # every rank has its imports done: the rendezvous below is quick
             dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=timeout))
+                                    timeout=datetime.timedelta(seconds=op_timeout))
+        ch.send("ready")
         # plain pickle (not the multiprocessing reducer): tensors are copied into the message instead of being
-        # shared through file descriptors that vanish when this process exits
-        out = pickle.dumps(fn(rank, world, *args))
-        results.put(("ok", rank, out))  # report before teardown: a peer's teardown must not delay this result
-        # put() only hands the message to a feeder thread; flush it now, because a teardown that blocks in C++
-        # without releasing the GIL (seen with gloo on torch 2.2) would starve that thread and lose the result
-        results.close()
-        results.join_thread()
+        # shared through file descriptors that vanish when this process exits. Sent from this thread, before
+        # teardown: a peer's teardown must not delay or lose this result.
+        ch.send("ok", pickle.dumps(fn(rank, world, *args)))
         if backend is not None and dist.is_initialized():
             dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - everything must reach the parent
-        with contextlib.suppress(ValueError):  # closed: the result was already sent, a teardown error is moot
-            results.put(("err", rank, traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001 - everything must reach the parent
+        signum = e.signum if isinstance(e, RankInterrupted) else None
+        with contextlib.suppress(OSError, ValueError):
+            ch.send("err", (traceback.format_exc(), signum))
 
 
+def _arrive(store_dir: str, rank: int, world: int) -> None:
+    """Wait for every rank to get here. Slow imports on a busy host are start-up (startup_timeout, enforced by the
+    launcher), not a collective that timed out after op_timeout."""
+    Path(store_dir, f"arrived.{rank}").touch()
+    while not all(Path(store_dir, f"arrived.{r}").exists() for r in range(world)):
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------------ in the launcher
 def _free_port() -> int:
     import socket
 
@@ -83,87 +214,258 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class _Failure:
+    rank: int
+    severity: int  # 0: killed by a signal or stopped (a root cause), 1: exited without a result, 2: raised
+    seq: int  # order observed
+    headline: str | None
+    text: str
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: Any  # multiprocessing Process (spawn context)
+    conn: Connection | None
+    started: float
+    ready: float | None = None
+    progress: float = 0.0
+    exited: bool = False
+    done: bool = False
+    result: Any = None
+    failure: _Failure | None = field(default=None, repr=False)
+
+
+class _Interrupts:
+    """While launching: SIGTERM/SIGINT/SIGHUP raise LaunchInterrupted (the finally then stops every rank); during
+    that cleanup they are only recorded, so a second Ctrl-C cannot cut it short."""
+
+    def __init__(self, nprocs: int) -> None:
+        self.nprocs = nprocs
+        self.signum: int | None = None
+        self.stopping = False
+        self.prev: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for s in _FORWARDED:
+                self.prev[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self.stopping:
+            self.stopping = True
+            raise LaunchInterrupted(signum, self.nprocs)
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self.prev.items():
+            signal.signal(s, h)
+        if self.signum is not None and not isinstance(exc[1], LaunchInterrupted):
+            raise LaunchInterrupted(self.signum, self.nprocs)
+
+
 def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeout: float = 120.0,
-           backend: str | None = "gloo", env: Mapping[str, str] | None = None, threads_per_rank: int = 1) -> list[Any]:
+           backend: str | None = "gloo", env: Mapping[str, str] | None = None, threads_per_rank: int = 1, *,
+           startup_timeout: float | None = None, op_timeout: float | None = None) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` local ranks and return the results in rank order.
+
+    ``timeout``: seconds a started rank may go without progress (:func:`heartbeat`, a finished trace span, its
+    result) before it counts as stuck. ``startup_timeout`` (default ``max(300, timeout)``): seconds for every rank
+    to start. ``op_timeout`` (default ``timeout``): the process group's timeout for one collective.
 
     ``fn`` must be importable (module level), as processes are spawned. ``backend=None`` skips process-group
     initialisation (for frameworks that do their own). ``MASTER_ADDR``/``MASTER_PORT`` are set for those.
     """
-    if not isinstance(nprocs, int) or nprocs < 1:
+    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    startup_timeout = max(300.0, timeout) if startup_timeout is None and timeout > 0 else startup_timeout
+    op_timeout = timeout if op_timeout is None else op_timeout
+    for name, v in (("timeout", timeout), ("startup_timeout", startup_timeout), ("op_timeout", op_timeout)):
+        if not (isinstance(v, int | float) and v > 0):
+            raise ValueError(f"{name} must be > 0 seconds, got {v!r}")
     ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
     base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo",
                 "OMP_NUM_THREADS": str(threads_per_rank), **(env or {})}
-    with tempfile.TemporaryDirectory(prefix="flowlane-launch-") as store_dir:
-        procs = [ctx.Process(target=_child, args=(fn, r, nprocs, tuple(args), backend, store_dir, timeout, base_env,
-                                                   results, threads_per_rank), name=f"flowlane-rank{r}", daemon=False)
-                 for r in range(nprocs)]
-        for p in procs:
-            p.start()
-        out: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout
+    ranks: list[_Rank] = []
+    with _Interrupts(nprocs) as intr, tempfile.TemporaryDirectory(prefix="flowlane-launch-") as store_dir:
         try:
-            while len(out) < nprocs:
-                try:
-                    status, rank, payload = results.get(timeout=0.2)
-                except queue.Empty:
-                    for r, p in enumerate(procs):
-                        # a process that died without reporting (segfault, os._exit, OOM kill)
-                        if r not in out and not p.is_alive() and p.exitcode not in (0, None):
-                            _drain_errors(results, out)
-                            raise RankFailedError(r, f"process exited with code {p.exitcode} without a result") \
-                                from None
-                    if time.monotonic() > deadline:
-                        stuck = [r for r in range(nprocs) if r not in out]
-                        raise RankTimeoutError(stuck, timeout, _dump_stacks(procs, stuck, store_dir)) from None
-                    continue
-                if status == "err":
-                    raise RankFailedError(rank, payload)
-                out[rank] = pickle.loads(payload)
+            log.info("starting %d rank(s) (%s)", nprocs, backend or "no process group")
+            for r in range(nprocs):
+                reader, writer = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, args=(fn, r, nprocs, tuple(args), backend, store_dir, op_timeout,
+                                                     base_env, writer, threads_per_rank, os.getpid()),
+                                name=f"flowlane-rank{r}", daemon=False)
+                p.start()
+                writer.close()  # only the rank writes: its exit is then EOF here
+                ranks.append(_Rank(r, p, reader, time.monotonic()))
+            _supervise(ranks, timeout, startup_timeout, store_dir)
         finally:
-            _stop(procs, graceful=len(out) == nprocs)
-            results.close()
-    return [out[r] for r in range(nprocs)]
+            intr.stopping = True
+            _stop([r.proc for r in ranks], graceful=bool(ranks) and all(r.done for r in ranks))
+            for r in ranks:
+                if r.conn is not None:
+                    r.conn.close()
+    return [r.result for r in ranks]
 
 
-def _drain_errors(results: mp.Queue, out: dict[int, Any]) -> None:
-    """A rank that raised reports first: prefer its traceback over a peer's exit code."""
-    try:
-        while True:
-            status, rank, payload = results.get(timeout=0.5)
-            if status == "err":
-                raise RankFailedError(rank, payload)
-            out[rank] = pickle.loads(payload)
-    except queue.Empty:
+def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store_dir: str) -> None:
+    seq = itertools.count()
+    failures: list[_Failure] = []
+    first_failure = 0.0
+    n_ready = 0
+    t0 = time.monotonic()
+
+    def fail(r: _Rank, severity: int, text: str, headline: str | None = None) -> None:
+        nonlocal first_failure
+        if r.failure is None and not r.done:
+            r.failure = _Failure(r.rank, severity, next(seq), headline, text)
+            failures.append(r.failure)
+            first_failure = first_failure or time.monotonic()
+
+    def handle(r: _Rank, kind: str, payload: Any) -> None:
+        nonlocal n_ready
+        now = time.monotonic()
+        if kind == "ready":
+            r.ready = r.progress = now
+            n_ready += 1
+            log.info("ranks ready: %d/%d (%.0f s)", n_ready, len(ranks), now - t0)
+        elif kind == "beat":
+            r.progress = now
+        elif kind == "ok":
+            r.result, r.done = pickle.loads(payload), True
+        elif kind == "err":
+            tb, signum = payload
+            if signum is not None:  # someone else signalled this rank (the launcher's own stop comes later)
+                name = signal.Signals(signum).name
+                fail(r, 0, tb, f"rank {r.rank} was stopped by {name} (signal {signum}) from outside the launcher")
+            else:
+                fail(r, 2, tb)
+
+    def drain(r: _Rank) -> None:
+        assert r.conn is not None
+        try:
+            while r.conn.poll():
+                handle(r, *pickle.loads(r.conn.recv_bytes()))
+        except (EOFError, OSError):
+            r.conn.close()
+            r.conn = None
+
+    while True:
+        if all(r.done or r.failure for r in ranks):
+            break
+        now = time.monotonic()
+        if failures and now - first_failure >= _SETTLE_S:
+            break
+        by_obj: dict[Any, tuple[str, _Rank]] = {}
+        for r in ranks:
+            if r.conn is not None:
+                by_obj[r.conn] = ("conn", r)
+            if not r.exited:
+                by_obj[r.proc.sentinel] = ("exit", r)
+        ready = wait(list(by_obj), timeout=0.5)
+        for what, r in sorted((by_obj[o] for o in ready), key=lambda x: x[0] != "conn"):  # messages first
+            if what == "conn" and r.conn is not None:
+                drain(r)
+            elif what == "exit":
+                r.proc.join(5)  # the sentinel closes a moment before the process can be reaped
+                r.exited = True
+                if r.conn is not None:
+                    drain(r)  # what it wrote before it exited
+                if not r.done and r.failure is None:
+                    fail(r, *_exit_failure(r.rank, r.proc.exitcode))
+        if failures:
+            continue
+        now = time.monotonic()
+        late = [r.rank for r in ranks if r.ready is None and now - r.started > startup_timeout]
+        if late:
+            raise RankTimeoutError(late, startup_timeout, _dump_stacks(ranks, late, store_dir), phase="start-up")
+        stuck = [r.rank for r in ranks if r.ready is not None and not r.done and now - r.progress > timeout]
+        if stuck:
+            running = [r.rank for r in ranks if not r.done and not r.exited]
+            stopped = [i for i in running if _stopped(ranks[i].proc.pid)]
+            stuck = sorted(set(stuck) | set(stopped))
+            note = "".join(f"{_stopped_text(i)}\n" for i in stopped)
+            raise RankTimeoutError(stuck, timeout, _dump_stacks(ranks, stuck, store_dir), culprit=next(iter(stopped),
+                                   None), note=note)
+    if not failures:
         return
+    for r in ranks:  # a stopped rank is the one its peers' errors are about
+        if not r.done and not r.exited and r.failure is None and _stopped(r.proc.pid):
+            fail(r, 0, "", _stopped_text(r.rank))
+    running = [r.rank for r in ranks if not r.done and r.failure is None and not r.exited]
+    stacks = _dump_stacks(ranks, running, store_dir) if running else {}
+    cause = min(failures, key=lambda f: (f.severity, f.seq))
+    parts = [cause.text] if cause.text else []
+    parts += [f"--- then rank {f.rank}: {f.headline or 'failed'} ---\n{f.text[-3000:]}"
+              for f in sorted(failures, key=lambda f: f.seq) if f is not cause]
+    parts += [f"--- rank {i} still running, at ---\n{stacks.get(i) or '(no stack captured)'}" for i in running]
+    raise RankFailedError(cause.rank, "\n".join(parts) or "(no further detail)", cause.headline)
 
 
-def _dump_stacks(procs: Sequence[mp.Process], ranks: Sequence[int], store_dir: str) -> dict[int, str]:
-    for r in ranks:
-        if procs[r].is_alive() and procs[r].pid:
+def _exit_failure(rank: int, code: int | None) -> tuple[int, str, str | None]:
+    """(severity, text, headline) for a rank that exited without a result."""
+    if code is not None and code < 0:
+        sig = -code
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
+        if sig == signal.SIGABRT:  # a library's abort on a lost peer: a consequence as often as a cause
+            return 2, f"process aborted ({name}, signal {sig}) without a result", None
+        why = {signal.SIGKILL: "kill -9 or the kernel's OOM killer",
+               signal.SIGSEGV: "a crash in native code", signal.SIGBUS: "a crash in native code"}.get(sig, "")
+        return 0, f"it returned no result{f' ({why})' if why else ''}", \
+            f"rank {rank} was killed by {name} (signal {sig})"
+    return 1, f"process exited with code {code} without a result", None
+
+
+def _stopped(pid: int | None) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _stopped_text(rank: int) -> str:
+    return (f"rank {rank} is stopped (process state T: SIGSTOP, Ctrl-Z or a debugger) and not answering; "
+            "the other ranks wait for it")
+
+
+def _dump_stacks(ranks: Sequence[_Rank], which: Sequence[int], store_dir: str) -> dict[int, str]:
+    asked = []
+    for i in which:
+        p = ranks[i].proc
+        if p.is_alive() and p.pid and not _stopped(p.pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(procs[r].pid, signal.SIGUSR1)
-    time.sleep(0.5)
-    stacks = {}
-    for r in ranks:
-        f = Path(store_dir) / f"stack.{r}"
-        stacks[r] = f.read_text()[-4000:] if f.exists() else ""
+                os.kill(p.pid, signal.SIGUSR1)
+                asked.append(i)
+    deadline = time.monotonic() + _STACK_WAIT_S
+    stacks: dict[int, str] = {}
+    for i in which:
+        f = Path(store_dir) / f"stack.{i}"
+        while i in asked and time.monotonic() < deadline and not (f.exists() and f.stat().st_size):
+            time.sleep(0.1)
+        text = f.read_text()[-4000:] if f.exists() else ""
+        if not text and _stopped(ranks[i].proc.pid):
+            text = "(no stack: the process is stopped and cannot answer)"
+        stacks[i] = text
     return stacks
 
 
-def _stop(procs: Sequence[mp.Process], graceful: bool) -> None:
+def _stop(procs: Sequence[Any], graceful: bool) -> None:
     if graceful:  # every rank reported: give them a moment to exit on their own
         for p in procs:
             p.join(timeout=10)
-    for p in procs:
-        if p.is_alive():
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:  # SIGTERM: the rank unwinds and removes what it made; SIGCONT lets a stopped one do so
+        with contextlib.suppress(ProcessLookupError):
             p.terminate()
-    for p in procs:
-        p.join(timeout=5)
+            os.kill(p.pid, signal.SIGCONT)
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for p in alive:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in alive:
         if p.is_alive():
             p.kill()
             p.join()

@@ -15,18 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from flowlane.comm import CommOp, ComputeSpan, get_recorder
+from flowlane.launch import heartbeat
 
 _clock = time.perf_counter
 
 
 @contextmanager
 def span(name: str, **args: Any) -> Iterator[None]:
-    """Record a compute span (forward, backward, optimizer step, ...) in this process's recorder."""
+    """Record a compute span (forward, backward, optimizer step, ...) in this process's recorder. A finished span is
+    progress: under flowlane.launch it tells the launcher this rank is not stuck."""
     start = _clock()
     try:
         yield
     finally:
         get_recorder().add_span(ComputeSpan(name, start, _clock(), args))
+        heartbeat()
 
 
 def _jsonable(v: Any) -> Any:

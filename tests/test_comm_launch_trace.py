@@ -35,7 +35,7 @@ def test_a_failing_rank_is_reported_by_number_with_its_traceback():
 
 def test_a_stuck_rank_becomes_a_timeout_error_naming_it_and_its_stack():
     with pytest.raises(L.RankTimeoutError) as e:
-        L.launch(W.hang_on_rank_two, 3, timeout=45)
+        L.launch(W.hang_on_rank_two, 3, timeout=15)
     assert e.value.ranks == [2]
     assert "hang_on_rank_two" in str(e.value)
 

@@ -1,0 +1,184 @@
+"""flowlane.launch under faults: a healthy run is never killed, the rank at fault is the one named, and a signal to
+the launcher stops every rank and removes what they left (issue 33, items 1-3).
+
+Worker functions live here at module level: spawned ranks import them from this module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flowlane import launch as L
+from flowlane import trace  # imported with this module, so during a rank's start-up
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------------ rank workers
+def steady_steps(rank: int, world: int, steps: int, step_s: float) -> int:
+    """A healthy run: many short steps. Rank 0 records each as a compute span (what the recipes' loops do), the
+    others call heartbeat()."""
+    for i in range(steps):
+        if rank == 0:
+            with trace.span("step", i=i):
+                time.sleep(step_s)
+        else:
+            time.sleep(step_s)
+            L.heartbeat()
+    return steps
+
+
+class _SlowToUnpickle:
+    """An argument whose unpickling (in the rank, before it starts) sleeps: a slow start-up (imports, loading)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return (time.sleep, (self.seconds,))
+
+
+def quick(rank: int, world: int, _slow: None) -> int:
+    return rank
+
+
+def signal_self_after_some_steps(rank: int, world: int, victim: int, signum: int) -> int:
+    """All ranks all-reduce in a loop; ``victim`` sends itself ``signum`` after a few rounds (kill -9, kill -STOP)."""
+    import torch
+    import torch.distributed as dist
+
+    for i in range(400):
+        if rank == victim and i == 5:
+            os.kill(os.getpid(), signum)
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        L.heartbeat()
+        time.sleep(0.05)
+    return rank
+
+
+def hold_a_run_dir(rank: int, world: int, target: str, pids: str) -> None:
+    """Create an offload run directory (0700, removed at exit by flowlane.offload) and train forever."""
+    from flowlane.offload.backends import make_run_dir
+
+    make_run_dir(target)
+    Path(pids, f"rank{rank}.pid").write_text(str(os.getpid()))
+    while True:
+        L.heartbeat()
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------------------ 1. stall, not cap
+def test_a_healthy_run_longer_than_the_stall_timeout_is_not_killed():
+    """The issue's 18 it/s run killed at 40 s: a run that keeps making progress runs as long as it needs."""
+    # ~9 s of steps against a 4 s stall timeout: progress (a finished span, a heartbeat) keeps each rank alive
+    assert L.launch(steady_steps, 2, args=(36, 0.25), timeout=4, backend=None) == [36, 36]
+
+
+def test_start_up_has_its_own_timeout():
+    # a start-up (imports, rendezvous) slower than the stall timeout is not a stall
+    assert L.launch(quick, 2, args=(_SlowToUnpickle(6),), timeout=2, startup_timeout=300, backend=None) == [0, 1]
+    with pytest.raises(L.RankTimeoutError, match=r"did not start within 1 s") as e:
+        L.launch(quick, 2, args=(_SlowToUnpickle(60),), timeout=300, startup_timeout=1, backend=None)
+    assert e.value.ranks == [0, 1] and e.value.phase == "start-up"
+
+
+@pytest.mark.parametrize("kw, match", [({"startup_timeout": 0}, "startup_timeout must be > 0 seconds, got 0"),
+                                       ({"op_timeout": -1}, "op_timeout must be > 0 seconds, got -1")])
+def test_launch_rejects_bad_timeouts(kw, match):
+    with pytest.raises(ValueError, match=match):
+        L.launch(quick, 2, args=(None,), **kw)
+
+
+def test_heartbeat_outside_a_launched_rank_does_nothing():
+    L.heartbeat()
+
+
+# ------------------------------------------------------------------------------------------------ 2. blame
+def test_a_killed_rank_is_named_with_its_signal_not_the_peer_that_lost_it():
+    with pytest.raises(L.RankFailedError) as e:
+        L.launch(signal_self_after_some_steps, 4, args=(3, signal.SIGKILL), timeout=120)
+    assert e.value.rank == 3, str(e.value)
+    assert "rank 3 was killed by SIGKILL (signal 9)" in str(e.value)
+
+
+def test_a_stopped_rank_is_named_as_the_one_not_answering():
+    # stall detection first (the collectives' own timeout is longer)
+    with pytest.raises(L.RankTimeoutError) as e:
+        L.launch(signal_self_after_some_steps, 3, args=(1, signal.SIGSTOP), timeout=10, op_timeout=600)
+    assert e.value.rank == 1, str(e.value)
+    assert "rank 1 is stopped" in str(e.value) and "not answering" in str(e.value)
+
+
+def test_a_stopped_rank_is_blamed_when_its_peers_collectives_time_out_first():
+    with pytest.raises(L.LaunchError) as e:
+        L.launch(signal_self_after_some_steps, 3, args=(1, signal.SIGSTOP), timeout=600, op_timeout=5)
+    assert e.value.rank == 1, str(e.value)
+    assert "rank 1 is stopped" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------ 3. signals
+def _start_launcher(tmp_path: Path, world: int) -> tuple[subprocess.Popen, Path, Path, Path]:
+    target, pids, tmp = tmp_path / "offload", tmp_path / "pids", tmp_path / "tmp"
+    for d in (target, pids, tmp):
+        d.mkdir()
+    code = ("import sys\n"
+            "from flowlane import launch as L\n"
+            "from tests.test_launch_faults import hold_a_run_dir\n"
+            "try:\n"
+            f"    L.launch(hold_a_run_dir, {world}, args=({str(target)!r}, {str(pids)!r}), timeout=600,"
+            " backend=None)\n"
+            "except L.LaunchInterrupted as e:\n"
+            "    sys.exit(128 + e.signum)\n")
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
+    # output to a file, not a pipe: an orphaned rank would hold a pipe open and hide the launcher's exit
+    with open(tmp_path / "launcher.log", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True,
+                                stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while len(list(pids.glob("*.pid"))) < world:
+        assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.2)
+    return proc, target, pids, tmp
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM to the launcher", "Ctrl-C to the process group"])
+def test_a_signal_to_the_launcher_stops_every_rank_and_removes_their_directories(tmp_path, signum, to_group):
+    world = 2
+    proc, target, pids, tmp = _start_launcher(tmp_path, world)
+    rank_pids = [int(p.read_text()) for p in sorted(pids.glob("*.pid"))]
+    try:
+        assert len(list(target.iterdir())) == world and list(tmp.glob("flowlane-launch-*"))
+        if to_group:
+            os.killpg(proc.pid, signum)  # what a terminal's Ctrl-C does
+        else:
+            os.kill(proc.pid, signum)  # what timeout, Slurm, Kubernetes and systemd do
+        proc.wait(timeout=120)
+        assert proc.returncode == 128 + signum, (tmp_path / "launcher.log").read_text()
+        assert [p for p in rank_pids if _alive(p)] == [], "orphaned ranks"
+        assert list(target.iterdir()) == [], "offload run directories left behind"
+        assert list(tmp.glob("flowlane-launch-*")) == [], "launch directory left behind"
+    finally:
+        for p in rank_pids:  # the unfixed launcher orphans them: do not leave them running
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
