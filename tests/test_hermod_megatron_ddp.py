@@ -3,6 +3,7 @@ PP 2 x DP 2 on 4 gloo ranks, Megatron-core's DistributedDataParallel (overlap_gr
 distributed optimizer), get_megatron_optimizer (Adam, clipping), finalize_model_grads and the stock 1F1B schedule
 (which builds its own P2PCommunicator). With and without Hermod: bitwise equal losses and parameters; with it, every
 bucket group's reduction is a keyed deferred coflow on the bulk-class clone and every p2p step a keyed critical op.
+The plain-DDP run changes its microbatch count every iteration (3, 2, 4: a batch-size ramp-up).
 The distributed-optimizer run gets Hermod the way a Megatron-LM user does: ``--coflow-scheduler hermod`` (and
 ``--ssd-offload``) parsed by add_flowlane_args, then megatron_plugin.megatron_lm's model provider and forward step in
 pretrain's call sequence (get_model, DDP, optimizer, train()'s config hooks, train_step's forward_backward_func)."""
@@ -17,13 +18,17 @@ pytestmark = pytest.mark.llm
 pytest.importorskip("megatron.core")
 
 M, ITERATIONS = 3, 3
+#: microbatches per iteration in the API runs: a changing count (batch-size ramp-up); Megatron's no_sync marks the
+#: last microbatch, Hermod reads the next count at the end of each iteration
+RAMP = (3, 2, 4)
 RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
               seq_length=16, micro_batch_size=2, num_microbatches=M, iterations=ITERATIONS)
 
 
-def _train(dist_opt: bool, mode: str, tmp: str = "") -> dict:
+def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) * ITERATIONS) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (Hermod's attach_* calls), ``megatron_lm`` (the launch flags)."""
     import argparse
+    from dataclasses import replace
     from functools import partial
 
     import torch
@@ -84,7 +89,7 @@ def _train(dist_opt: bool, mode: str, tmp: str = "") -> dict:
             out: dict = {"refused": None}
             h = None
             if mode == "api":
-                h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M, layers_per_stage=1,
+                h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=ms[0], layers_per_stage=1,
                            stage=ps.get_pipeline_model_parallel_rank(), num_stages=2,
                            dp_group=ps.get_data_parallel_group(with_context_parallel=True))
                 try:
@@ -93,7 +98,7 @@ def _train(dist_opt: bool, mode: str, tmp: str = "") -> dict:
                     out["refused"] = str(e)
                 h.attach_pipeline()
                 ddp_hooks = h.attach_ddp([model])
-                h.attach_finalize(config)
+                h.attach_finalize(config, iter(ms[1:] + ms[-1:]).__next__)
                 groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
                           for bg in model.bucket_groups]
                 out["on_clones"] = all(g is not ps.get_data_parallel_group(with_context_parallel=True)
@@ -107,8 +112,9 @@ def _train(dist_opt: bool, mode: str, tmp: str = "") -> dict:
                 model.zero_grad_buffer()
                 opt.zero_grad()
                 res = fwd_bwd(forward_step_func=forward_step,
-                              data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), model=[model],
-                              num_microbatches=M, seq_length=recipe.seq_length,
+                              data_iterator=synthetic_batches(replace(recipe, num_microbatches=ms[it]),
+                                                              ps.get_data_parallel_rank(), it), model=[model],
+                              num_microbatches=ms[it], seq_length=recipe.seq_length,
                               micro_batch_size=recipe.micro_batch_size, forward_only=False)
                 opt.step()
                 if res:
@@ -154,7 +160,8 @@ def _both(rank: int, world: int, tmp: str) -> dict:
 
     res = {}
     for dist_opt, mode in ((False, "api"), (True, "megatron_lm")):
-        base, herm = _train(dist_opt, "stock"), _train(dist_opt, mode, os.path.join(tmp, f"rank{rank}"))
+        ms = RAMP if mode == "api" else (M,) * ITERATIONS
+        base, herm = _train(dist_opt, "stock", ms=ms), _train(dist_opt, mode, os.path.join(tmp, f"rank{rank}"), ms)
         res[dist_opt] = {"offloaded": herm.get("offloaded"),
             "losses_equal": base["losses"] == herm["losses"], "losses": herm["losses"],
             "params_equal": len(base["params"]) == len(herm["params"]) and all(
@@ -184,7 +191,8 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             dp = [e for e in log if e[0] == "chunk" and e[2] != "all_gather"]
             # one deferred coflow per bucket group and iteration, keyed (MID M-1, DP, the group's highest layer)
             assert len(dp) == x["bucket_groups"] * ITERATIONS, (rank, dist_opt, dp)
-            assert {e[1] for e in dp} == {"dp"} and {e[4] for e in dp} == {M - 1}
+            ms = (M,) * ITERATIONS if dist_opt else RAMP
+            assert {e[1] for e in dp} == {"dp"} and all(e[4] == ms[e[3]] - 1 for e in dp)  # MID M-1 of its iteration
             assert {e[2] for e in dp} == {"reduce_scatter" if dist_opt else "all_reduce"}
             assert {e[3] for e in dp} == set(range(ITERATIONS))
             assert {e[5] for e in dp} <= {stage}  # one layer per stage
@@ -199,6 +207,6 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             pp = [e for e in log if e[0] == "critical"]
             for it in range(ITERATIONS):  # every microbatch's p2p is a critical op, keyed with its microbatch id
                 mbs = sorted(e[4] for e in pp if e[3] == it)
-                assert mbs and set(mbs) == set(range(M)), (rank, it, mbs)
+                assert mbs and set(mbs) == set(range(ms[it])), (rank, it, mbs)
         if stage == 1:
             assert r[False]["losses"] and r[True]["losses"]
