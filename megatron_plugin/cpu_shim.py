@@ -11,6 +11,7 @@ Patched (megatron-core 0.14-0.16):
   and the optimizers (``optimizer.optimizer``, ``optimizer.clip_grads``, ``optimizer.distrib_optimizer``: loss
   scale, found-inf and norm buffers) and ``megatron.core.utils`` (the gradient norm without Apex), through a torch proxy that maps CUDA devices to CPU for ``zeros/empty/tensor``.
   With it Megatron-core's own ``DistributedDataParallel`` and ``get_megatron_optimizer`` run on gloo;
+- ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up moves the shared weight with it);
 - ``Tensor.type()`` (no arguments) names a CPU tensor as its CUDA twin (``torch.cuda.FloatTensor``): the optimizers
   and gradient clipping check parameter types against those strings.
 """
@@ -99,6 +100,7 @@ def apply() -> None:
     torch.cuda.default_stream = lambda *a, **k: _default_stream  # type: ignore[assignment]
     torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment]
     torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign]
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign,assignment]
     tensor_type = torch.Tensor.type
 
     def type_as_on_cuda(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kw: Any) -> Any:

@@ -210,3 +210,129 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
                 assert mbs and set(mbs) == set(range(ms[it])), (rank, it, mbs)
         if stage == 1:
             assert r[False]["losses"] and r[True]["losses"]
+
+
+LAYOUTS = {
+    # MoE, expert-data-parallel 2: PP 1 x DP 4, EP 2, the alltoall token dispatcher (Hermod's matched all-to-all)
+    "moe_ep2_edp2": dict(pp=1, tp=1, ep=2, experts=4, sp=False, tied=False),
+    # TP 2 x PP 2, input embedding tied to the output layer across the stages (finalize_model_grads all-reduces the
+    # pair). Sequence parallelism needs Transformer Engine's or Apex's norms (megatron-core's torch LayerNorm
+    # refuses it), which CPU runs do not have.
+    "tp2_pp2_tied": dict(pp=2, tp=2, ep=1, experts=None, sp=False, tied=True),
+}
+
+
+def _train_layout(name: str, hermod: bool) -> dict:
+    from functools import partial
+
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from flowlane import comm
+    from megatron_plugin.hermod import Hermod, HermodConfig
+    from recipes.gpt import GPTRecipe, _forward_step, synthetic_batches
+
+    lay = LAYOUTS[name]
+    recipe = GPTRecipe(**{**RECIPE, "pipeline_parallel": lay["pp"]})
+    with comm.owned_process_groups():
+        ps.initialize_model_parallel(tensor_model_parallel_size=lay["tp"], pipeline_model_parallel_size=lay["pp"],
+                                     expert_model_parallel_size=lay["ep"])
+        try:
+            torch.manual_seed(0)
+            model_parallel_cuda_manual_seed(0)
+            moe = {} if lay["experts"] is None else dict(
+                num_moe_experts=lay["experts"], moe_router_topk=2, expert_model_parallel_size=lay["ep"],
+                moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, moe_aux_loss_coeff=0.0)
+            config = TransformerConfig(
+                num_layers=recipe.num_layers, hidden_size=recipe.hidden_size,
+                num_attention_heads=recipe.num_attention_heads, use_cpu_initialization=True,
+                pipeline_model_parallel_size=lay["pp"], tensor_model_parallel_size=lay["tp"],
+                sequence_parallel=lay["sp"], pipeline_dtype=torch.float32, params_dtype=torch.float32,
+                bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+                bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
+                hidden_dropout=0.0, attention_dropout=0.0, **moe)
+            module = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(
+                num_experts=lay["experts"], moe_grouped_gemm=False), vocab_size=recipe.vocab_size,
+                max_sequence_length=recipe.seq_length, pre_process=ps.is_pipeline_first_stage(),
+                post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=lay["tied"],
+                position_embedding_type="learned_absolute")
+            model = DistributedDataParallel(config, DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=3000), module)
+            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), [model])
+            config.no_sync_func = model.no_sync
+            config.finalize_model_grads_func = finalize_model_grads
+            h = None
+            if hermod:
+                h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M,
+                           layers_per_stage=recipe.num_layers // lay["pp"],
+                           stage=ps.get_pipeline_model_parallel_rank(), num_stages=lay["pp"],
+                           dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+                           expert_dp_group=ps.get_expert_data_parallel_group() if lay["experts"] else None)
+                h.attach_pipeline()
+                h.attach_ddp([model])
+                h.attach_finalize(config)
+                if lay["experts"]:
+                    h.patch_moe_dispatcher()
+            fwd_bwd = get_forward_backward_func()
+            losses = []
+            for it in range(ITERATIONS):
+                model.zero_grad_buffer()
+                opt.zero_grad()
+                res = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
+                              data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), model=[model],
+                              num_microbatches=M, seq_length=recipe.seq_length,
+                              micro_batch_size=recipe.micro_batch_size, forward_only=False)
+                opt.step()
+                if res:
+                    losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
+            out = {"params": [p.detach().clone() for p in model.parameters()], "losses": losses,
+                   "expert_groups": len(model.expert_parallel_bucket_groups)}
+            if h is not None:
+                out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration) for e in h.sched.log]
+                h.close()
+            return out
+        finally:
+            ps.destroy_model_parallel()
+
+
+def _layouts(rank: int, world: int) -> dict:
+    import torch
+
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    res = {}
+    for name in LAYOUTS:
+        base, herm = _train_layout(name, False), _train_layout(name, True)
+        res[name] = {"losses_equal": base["losses"] == herm["losses"], "losses": herm["losses"],
+                     "params_equal": len(base["params"]) == len(herm["params"]) and all(
+                         torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
+                     "log": herm["log"], "expert_groups": herm["expert_groups"]}
+    return res
+
+
+@pytest.mark.slow  # 4 ranks x 4 Megatron trainings: ~2-3 min on a 2-core machine
+def test_hermod_on_megatron_core_moe_and_tensor_parallel_layouts_is_bitwise_stock() -> None:
+    from flowlane.launch import launch
+
+    res = launch(_layouts, 4, timeout=900)
+    for rank, r in enumerate(res):
+        for name, x in r.items():
+            assert x["losses_equal"] and x["params_equal"], (rank, name)
+            dp = [e for e in x["log"] if e[0] == "chunk"]
+            assert {e[3] for e in dp} == set(range(ITERATIONS)), (rank, name, dp)  # reductions every iteration
+        moe = r["moe_ep2_edp2"]
+        assert moe["expert_groups"] >= 1  # expert parameters reduce over the expert-data-parallel group
+        assert any(e[1] == "ep" for e in moe["log"])  # the token dispatcher's all-to-alls are keyed
+    assert any(r["tp2_pp2_tied"]["losses"] for r in res) and any(r["moe_ep2_edp2"]["losses"] for r in res)
