@@ -77,10 +77,12 @@ def run_fullgraph(cfg: Any) -> dict:
                   for r in res],
     }
     out_dir = c.get("out_dir")
-    if out_dir:
+    if out_dir:  # atomically: a reader (or a crash) never sees half a summary
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        tmp = os.path.join(out_dir, "summary.json.tmp")
+        with open(tmp, "w") as f:
             json.dump(out, f, indent=1, default=str)
+        os.replace(tmp, os.path.join(out_dir, "summary.json"))
     _print_summary(out, out_dir)
     return out
 

@@ -103,6 +103,23 @@ class RankInterrupted(BaseException):
         self.signum = signum
 
 
+def check_output_dir(path: str | os.PathLike, key: str) -> Path:
+    """Create ``path`` if needed and prove a file can be written there, before any work: a run must never end with
+    its results unwritable. Raises ValueError naming ``key`` (the option as the user wrote it)."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ValueError(f"{key}={path!r} must be a folder path")
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".flowlane-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{key}={str(path)!r} is not a writable folder ({e.strerror or e}); "
+                         f"pick another with {key} <folder>") from None
+    return p
+
+
 # ------------------------------------------------------------------------------------------------ in the rank
 class _Channel:
     """The rank's end of its pipe to the launcher (sends from any thread)."""

@@ -8,12 +8,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
+import logging
+import sys
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+
+from recipes.validate import ConfigError, check_gnn, check_gpt
 
 # job -> "module:function" taking the resolved config dict and returning metrics
 JOBS: dict[str, str] = {
@@ -23,30 +26,53 @@ JOBS: dict[str, str] = {
 FEATURE_GROUPS = ("scheduler", "offload")
 
 
-def run_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
-    from recipes.gpt import GPTRecipe, run
+# job -> its parent-side check (every key, feature group and the output folder, before any rank starts)
+CHECKS = {"gnn_fullgraph": check_gnn}
 
-    fields = {f.name for f in dataclasses.fields(GPTRecipe)}
-    unknown = sorted(set(cfg) - fields - set(FEATURE_GROUPS) - {"job"})
-    if unknown:
-        raise ValueError(f"unknown recipe field(s) {unknown}; allowed: {sorted(fields - {'features'})}")
-    recipe = GPTRecipe(**{k: v for k, v in cfg.items() if k in fields},
-                       features={g: cfg[g] for g in FEATURE_GROUPS if g in cfg})
-    return run(recipe)
+
+def run_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
+    from recipes.gpt import run
+
+    return run(check_gpt(cfg, FEATURE_GROUPS))
 
 
 def run_job(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
+    """Check the whole config in this process (a :class:`ConfigError` names the key), then run the job."""
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     job = plain.get("job")
     if job not in JOBS:
-        raise ValueError(f"recipe job {job!r} is not one of {sorted(JOBS)}")
+        raise ConfigError(f"recipe job {job!r} is not one of {sorted(JOBS)}")
+    if job in CHECKS:
+        CHECKS[job](plain)
     module, func = JOBS[job].split(":")
     return getattr(importlib.import_module(module), func)(plain)
 
 
+def _exit_code(e: BaseException) -> int:
+    """Print a config or launch error as one readable message (no traceback: the ranks' tracebacks are in it)."""
+    from flowlane.launch import LaunchInterrupted
+
+    print(f"flowlane-train: {'error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
+    if isinstance(e, LaunchInterrupted):
+        return 128 + e.signum
+    return 2 if isinstance(e, ConfigError) else 1
+
+
 @hydra.main(config_path="conf", config_name="default", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_job(cfg)
+    from flowlane.launch import LaunchError
+
+    log = logging.getLogger("flowlane")
+    if not log.handlers:  # the launcher's start-up progress ("ranks ready: 3/4") goes to stderr
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("flowlane: %(message)s"))
+        log.addHandler(h)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    try:
+        run_job(cfg)
+    except (ConfigError, LaunchError) as e:
+        sys.exit(_exit_code(e))
 
 
 if __name__ == "__main__":

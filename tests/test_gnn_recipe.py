@@ -23,3 +23,26 @@ def test_gnn_fullgraph_recipe_trains_across_two_ranks_and_learns(tmp_path):
     # 8 classes: chance is 0.125; class-correlated features make a few full-graph epochs enough to beat it clearly
     assert s["test_acc"] > 0.3
     assert s["history"][-1]["loss"] < s["history"][0]["loss"]
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"world_size": 1}, r"world_size=1 must be an integer >= 2 \(full-graph training splits the graph"),
+    ({"epochs": 0}, r"epochs=0 must be an integer >= 1"),
+    ({"epoch": 3}, r"unknown gnn_fullgraph key\(s\) \['epoch'\]; allowed:"),
+    ({"lr": "abc"}, r"lr='abc' must be a number > 0"),
+    ({"model": {"name": "mlp"}}, r"model.name='mlp' is not one of \['gat', 'gcn', 'sage'\]"),
+    ({"flowlane": {"fullgraph": {"partition": "foo"}}}, r"flowlane.fullgraph.partition='foo' must be one of"),
+    ({"out_dir": "{tmp}/a_file/out"}, r"out_dir='.*a_file/out' is not a writable folder"),
+])
+def test_a_bad_gnn_config_is_refused_before_any_rank_starts(tmp_path, monkeypatch, override, match):
+    from recipes.train import run_job
+    from recipes.validate import ConfigError
+
+    def no_ranks(*a, **kw):
+        raise AssertionError("ranks were started before the config was checked")
+
+    monkeypatch.setattr("dgl_plugin.train.launch", no_ranks)
+    (tmp_path / "a_file").write_text("")
+    override = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in override.items()}
+    with pytest.raises(ConfigError, match=match):
+        run_job({"job": "gnn_fullgraph", "out_dir": str(tmp_path / "out"), **override})

@@ -1,0 +1,176 @@
+"""Recipe configs checked in the launching process, before any rank starts (issue 33, items 4-6).
+
+Every check names the key as it is written on the command line (``offload.backend``, ``lr``) and what is allowed.
+Feature groups are parsed by the same ``from_dict`` the ranks use, so a config that passes here installs there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A recipe value is wrong; the message names the key, the value and what is allowed."""
+
+
+def _kind(tp: Any) -> tuple[str, Any]:
+    """(what the type is, in words, a checker) for the field types the recipe dataclasses use."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        return f"one of {list(choices)}", lambda v: v in choices
+    if origin in (typing.Union, types.UnionType):
+        parts = [_kind(a) for a in typing.get_args(tp)]
+        return " or ".join(p[0] for p in parts), lambda v: any(p[1](v) for p in parts)
+    if tp is type(None):
+        return "null", lambda v: v is None
+    if tp is bool:
+        return "true or false", lambda v: isinstance(v, bool)
+    if tp is int:
+        return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if tp is float:
+        return "a finite number", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if tp is str:
+        return "a string", lambda v: isinstance(v, str)
+    if origin in (tuple, list) or tp in (tuple, list):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        item = _kind(args[0]) if args else ("anything", lambda v: True)
+        return f"a list of {item[0]}s" if args else "a list", \
+            lambda v: isinstance(v, list | tuple) and all(item[1](x) for x in v)
+    return "anything", lambda v: True  # dicts, Any: the owner's from_dict checks them
+
+
+def check_types(cls: type, values: Mapping[str, Any], prefix: str = "") -> None:
+    """Each value given for a field of dataclass ``cls`` has that field's type (a string for a number, true for an
+    integer and 'no' for a flag are errors, not a TypeError in a rank or a feature silently on)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in values:
+            continue
+        what, ok = _kind(hints[f.name])
+        if not ok(values[f.name]):
+            raise ConfigError(f"{prefix}{f.name}={values[f.name]!r} must be {what}")
+
+
+def check_output_dir(path: Any, key: str) -> Path:
+    """Create the folder and prove it takes a file (flowlane.launch.check_output_dir), so results are never lost."""
+    from flowlane.launch import check_output_dir as probe
+
+    try:
+        return probe(path, key)
+    except ValueError as e:
+        raise ConfigError(str(e).replace(f"with {key} <folder>", f"with {key}=<folder>")) from None
+
+
+def _as_config_error(fn: Any, *a: Any) -> Any:
+    try:
+        return fn(*a)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_offload(group: Mapping[str, Any]) -> None:
+    from flowlane.offload.config import OffloadConfig
+
+    d = {k: v for k, v in group.items() if k != "scope_classes"}
+    check_types(OffloadConfig, d, "offload.")
+    scopes = group.get("scope_classes")
+    if scopes is not None and not (isinstance(scopes, list | tuple) and all(isinstance(s, str) for s in scopes)):
+        raise ConfigError(f"offload.scope_classes={scopes!r} must be a list of class names")
+    cfg = _as_config_error(OffloadConfig.from_dict, d)
+    if not cfg.enabled:
+        return
+    for d in cfg.dirs:  # a typo must not become a new directory on some other disk
+        if not Path(d).is_dir():
+            raise ConfigError(f"offload.dirs entry {d!r} is not an existing folder; create it first or fix the path")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ConfigError(f"offload.dirs entry {d!r} is not writable")
+
+
+def check_scheduler(group: Mapping[str, Any]) -> None:
+    from megatron_plugin.hermod import HermodConfig
+
+    check_types(HermodConfig, group, "scheduler.")
+    _as_config_error(HermodConfig.from_dict, dict(group))
+
+
+def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
+    """The default/moe recipe: returns the validated :class:`recipes.gpt.GPTRecipe`."""
+    from recipes.gpt import GPTRecipe
+
+    fields = {f.name for f in dataclasses.fields(GPTRecipe)}
+    unknown = sorted(set(cfg) - fields - set(feature_groups) - {"job"})
+    if unknown:
+        raise ConfigError(f"unknown recipe field(s) {unknown}; allowed: {sorted(fields - {'features'})}")
+    values = {k: v for k, v in cfg.items() if k in fields}
+    check_types(GPTRecipe, values)
+    if "timeout_s" in values and not values["timeout_s"] > 0:
+        raise ConfigError(f"timeout_s={values['timeout_s']!r} must be > 0 seconds")
+    if cfg.get("offload"):
+        check_offload(cfg["offload"])
+    if cfg.get("scheduler"):
+        check_scheduler(cfg["scheduler"])
+    recipe = GPTRecipe(**values, features={g: cfg[g] for g in feature_groups if g in cfg})
+    _as_config_error(recipe.validate)
+    check_output_dir(recipe.output_dir, "output_dir")
+    return recipe
+
+
+# the gnn_fullgraph recipe: top-level keys and their checks (recipes/conf/gnn_fullgraph.yaml)
+_GNN_KEYS = ("job", "world_size", "epochs", "lr", "seed", "timeout_s", "out_dir", "data", "model", "flowlane")
+_GNN_MODEL_KEYS = ("name", "hidden", "num_layers")
+
+
+def check_gnn(cfg: Mapping[str, Any]) -> None:
+    from dgl_plugin.fullgraph import FullGraphConfig
+    from dgl_plugin.models import MODELS
+
+    unknown = sorted(set(cfg) - set(_GNN_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown gnn_fullgraph key(s) {unknown}; allowed: {sorted(_GNN_KEYS)}")
+
+    def integer(key: str, v: Any, low: int, why: str = "") -> None:
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= low):
+            raise ConfigError(f"{key}={v!r} must be an integer >= {low}{why}")
+
+    def positive(key: str, v: Any) -> None:
+        if not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            raise ConfigError(f"{key}={v!r} must be a number > 0")
+
+    # one rank has no graph partition to exchange halos with; the planner needs at least two
+    integer("world_size", cfg.get("world_size", 2), 2, " (full-graph training splits the graph across ranks)")
+    integer("epochs", cfg.get("epochs", 20), 1)
+    integer("seed", cfg.get("seed", 0), 0)
+    positive("lr", cfg.get("lr", 0.01))
+    positive("timeout_s", cfg.get("timeout_s", 1800))
+    model = cfg.get("model") or {}
+    if not isinstance(model, Mapping):
+        raise ConfigError(f"model={model!r} must be a group of {list(_GNN_MODEL_KEYS)}")
+    unknown = sorted(set(model) - set(_GNN_MODEL_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown model key(s) {unknown}; allowed: {list(_GNN_MODEL_KEYS)}")
+    if model.get("name", "sage") not in MODELS:
+        raise ConfigError(f"model.name={model.get('name')!r} is not one of {sorted(MODELS)}")
+    integer("model.hidden", model.get("hidden", 64), 1)
+    integer("model.num_layers", model.get("num_layers", 2), 1)
+    data = cfg.get("data") or {}
+    if not isinstance(data, Mapping) or not isinstance(data.get("name", "synthetic"), str):
+        raise ConfigError(f"data={data!r} must be a group with a string data.name")
+    fl = cfg.get("flowlane") or {}
+    unknown = sorted(set(fl) - {"fullgraph"}) if isinstance(fl, Mapping) else ["<not a group>"]
+    if unknown:
+        raise ConfigError(f"unknown flowlane key(s) {unknown}; allowed: ['fullgraph']")
+    fg = fl.get("fullgraph") or {}
+    check_types(FullGraphConfig, fg, "flowlane.fullgraph.")
+    _as_config_error(FullGraphConfig.from_dict, fg)
+    if cfg.get("out_dir"):
+        check_output_dir(cfg["out_dir"], "out_dir")

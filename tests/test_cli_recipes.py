@@ -1,0 +1,58 @@
+"""`flowlane-train` refuses a bad config in the launching process, before any rank starts, naming the key as written
+on the command line (issue 33, items 4-6)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("megatron.core")
+
+from recipes.train import run_job  # noqa: E402
+from recipes.validate import ConfigError  # noqa: E402
+
+
+def _no_ranks(*a, **kw):
+    raise AssertionError("ranks were started before the config was checked")
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    monkeypatch.setattr("flowlane.launch.launch", _no_ranks)
+
+
+def _cases(tmp: Path):
+    (tmp / "a_file").write_text("")
+    ssd = {"enabled": True, "backend": "posix"}
+    return [
+        ({"output_dir": str(tmp / "a_file" / "out")}, r"output_dir='.*a_file/out' is not a writable folder"),
+        ({"offload": {**ssd, "backend": "foo"}}, r"offload.backend='foo' must be one of \['posix'"),
+        ({"offload": {"enabled": "no"}}, r"offload.enabled='no' must be true or false"),
+        ({"offload": {**ssd, "dirs": [str(tmp / "nvme0-typo")]}}, r"offload.dirs entry '.*nvme0-typo' is not an "
+                                                                  r"existing folder"),
+        ({"offload": {**ssd, "min_bytes": 1.5}}, r"offload.min_bytes=1.5 must be an integer"),
+        ({"scheduler": {"name": "hermod", "chunk_bytes": "big"}}, r"scheduler.chunk_bytes='big' must be an integer"),
+        ({"scheduler": {"name": "fifo"}}, r"scheduler.name='fifo' must be one of \['none', 'hermod'\]"),
+        ({"lr": "abc"}, r"lr='abc' must be a finite number"),
+        ({"iterations": True}, r"iterations=True must be an integer"),
+        ({"timeout_s": 0}, r"timeout_s=0 must be > 0 seconds"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_a_bad_gpt_config_is_refused_before_any_rank_starts(tmp_path, no_launch, i):
+    override, match = _cases(tmp_path)[i]
+    with pytest.raises(ConfigError, match=match):
+        run_job({"job": "gpt", "output_dir": str(tmp_path / "out"), **override})
+    assert not (tmp_path / "nvme0-typo").exists()  # a mistyped offload dir is not created
+
+
+def test_flowlane_train_prints_one_clear_error_and_exits_2(tmp_path):
+    exe = Path(sys.executable).parent / "flowlane-train"
+    r = subprocess.run([str(exe), "offload=ssd", "offload.backend=foo", f"output_dir={tmp_path}/out",
+                        f"hydra.run.dir={tmp_path}/hydra"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "flowlane-train: error: offload.backend='foo' must be one of" in r.stderr
+    assert "Traceback" not in r.stderr and "rank" not in r.stderr
