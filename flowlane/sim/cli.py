@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import math
+from collections.abc import Callable
 
+from flowlane.launch import check_output_dir
 from flowlane.policies import make_policy, policy_names
 from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
 from flowlane.sim.graph import SimSpecError
@@ -13,29 +15,55 @@ from flowlane.sim.network import INCAST_COUNTS, SHARING, IncastModel
 from flowlane.sim.output import chrome_trace, plot, summary, write_json
 from flowlane.sim.workloads import WORKLOADS, build_workload, cluster
 
+# the simulator holds every flow in memory: 8,192 GPUs is the largest run measured, a million ends in MemoryError
+MAX_GPUS = 16384
+
+
+def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], object]:
+    """An argparse type: an int or finite float in range; argparse names the flag, this names the value."""
+    what = "an integer" if kind is int else "a finite number"
+    rng = f"in [{low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+
+    def parse(text: str) -> object:
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or not math.isfinite(v) or v < low or (low_open and v == low) or (high is not None and v > high):
+            raise argparse.ArgumentTypeError(f"must be {what} {rng}, got {text!r}")
+        return v
+
+    return parse
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sim", help="flow-level training simulator (simulated times)",
-                              description="Simulate one training workload under several scheduling policies.")
-    p.add_argument("--workload", default="gpt3-13b", help=f"one of {', '.join(WORKLOADS)}")
-    p.add_argument("--gpus", type=int, default=32, help="number of GPUs (DP degree follows for LLM presets)")
-    p.add_argument("--bandwidth", type=float, default=100.0, help="NIC bandwidth in Gbps")
+                              description="Simulate one training workload under several scheduling policies "
+                                          "(all times are simulated).",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workload", default="gpt3-13b", choices=WORKLOADS, metavar="NAME",
+                   help=f"one of {', '.join(WORKLOADS)}")
+    p.add_argument("--gpus", type=_number(int, 1, MAX_GPUS), default=32,
+                   help="number of GPUs (DP degree follows for LLM presets)")
+    p.add_argument("--bandwidth", type=_number(float, 0, low_open=True), default=100.0, help="NIC bandwidth in Gbps")
     p.add_argument("--policy", default="fifo,priority",
-                   help="comma-separated scheduling policies; the first is the speedup baseline")
+                   help=f"comma-separated scheduling policies, the first is the speedup baseline; "
+                        f"from: {', '.join(policy_names())}")
     p.add_argument("--routing", default="ecmp", choices=ROUTING)
     p.add_argument("--sharing", default="strict", choices=SHARING)
-    p.add_argument("--incast-alpha", type=float, default=0.0, help="incast penalty alpha (0 = off)")
+    p.add_argument("--incast-alpha", type=_number(float, 0), default=0.0, help="incast penalty alpha (0 = off)")
     p.add_argument("--incast-count", default="port", choices=INCAST_COUNTS,
                    help="who adds to a port's incast fan-in: every flow (port: one shared queue) or the flows of the "
                         "same priority class (class: a switch queue per class)")
     p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
-    p.add_argument("--microbatches", type=int, help="microbatches per iteration (LLM presets)")
-    p.add_argument("--iterations", type=int, help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
+    p.add_argument("--microbatches", type=_number(int, 1), help="microbatches per iteration (LLM presets)")
+    p.add_argument("--iterations", type=_number(int, 1),
+                   help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
     p.add_argument("--ep-a2a", choices=EP_A2A,
                    help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
                         "as the runtime sends them (phases_bottleneck: with bottleneck BvN, fewer phases); "
                         "matched = their fluid abstraction (seed 000 §5.3.2)")
-    p.add_argument("--nics-per-server", type=int, default=0,
+    p.add_argument("--nics-per-server", type=_number(int, 0, 8), default=0,
                    help="NICs per 8-GPU server (LLM presets; 0 = one per GPU; the seed does not say, 1 is its literal "
                         "reading)")
     p.add_argument("--no-overlap", action="store_true",
@@ -44,7 +72,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/sim/cli", help="output folder for sim.json, trace and plot")
     p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="do not draw sim.png")
     return p
 
 
@@ -52,19 +80,23 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(stderr=True)
     pols = [x.strip() for x in args.policy.split(",") if x.strip()]
     try:
+        if not pols:
+            raise ValueError(f"--policy {args.policy!r} names no policy; choose from {', '.join(policy_names())}")
         policies = [make_policy(x) for x in pols]
+        out = check_output_dir(args.out, "--out")  # before the work: its results must have somewhere to go
     except ValueError as e:
-        con.print(f"[red]error:[/red] {e}")
+        con.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
+    con = Console()
     over = {}
     if args.schedule:
         over["schedule"] = args.schedule
-    if args.microbatches:
+    if args.microbatches is not None:
         over["num_microbatches"] = args.microbatches
-    if args.iterations:
+    if args.iterations is not None:
         over["iterations"] = args.iterations
     if args.ep_a2a:
         over["ep_a2a"] = args.ep_a2a
@@ -81,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                         incast=IncastModel(alpha=args.incast_alpha, count=args.incast_count)
                         if args.incast_alpha > 0 else None)
     except (SimSpecError, ValueError) as e:
-        con.print(f"[red]error:[/red] {e}")
+        Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
     con.print(f"[bold]{wl.name}[/bold]: {len(wl.nodes)} nodes, {len(wl.coflows)} coflows, {wl.num_flows} flows "
               f"on {topo.name} ({args.bandwidth:g} Gbps) — simulated")
@@ -104,7 +136,6 @@ def run(args: argparse.Namespace) -> int:
                     *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
                     f"{r.events / max(r.cpu_s, 1e-9):,.0f}", f"{r.cpu_s:.2f}")
     con.print(tab)
-    out = Path(args.out)
     doc = {"simulated": True, "workload": args.workload, "gpus": args.gpus, "bandwidth_gbps": args.bandwidth,
            "config": {"routing": args.routing, "sharing": args.sharing, "seed": args.seed, **over,
                       "nics_per_server": args.nics_per_server or "one per GPU",

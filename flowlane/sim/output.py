@@ -95,6 +95,24 @@ def chrome_trace(res: SimResult, path: str | os.PathLike, max_executors: int = 6
     return write_json(path, {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"simulated": True}})
 
 
+def speedup_label(base: float, t: float) -> str:
+    """Speedup over the baseline with enough digits that a 0.1 % difference shows (1.001x, not 1.00x)."""
+    r = base / t
+    return f"{r:.3f}x" if abs(r - 1) < 0.1 else f"{r:.2f}x"
+
+
+def time_axis(times: list[float]) -> tuple[float, float, bool]:
+    """(bottom, top, zoomed) of the iteration-time axis. Bars from 0 hide differences of a few percent: the axis
+    then starts just below the shortest bar (and says so)."""
+    if not times:
+        return 0.0, 1.0, False
+    lo, hi = min(times), max(times)
+    if hi <= 0 or (hi - lo) / hi >= 0.05:
+        return 0.0, hi * 1.18, False
+    pad = max(hi - lo, hi * 1e-3)
+    return max(0.0, lo - 3 * pad), hi + 2 * pad, True
+
+
 def plot(results: Mapping[str, SimResult], path: str | os.PathLike, title: str = "") -> Path:
     """Iteration time per policy and mean CCT per coflow type (simulated)."""
     import matplotlib
@@ -108,9 +126,10 @@ def plot(results: Mapping[str, SimResult], path: str | os.PathLike, title: str =
     ax[0].bar(names, times, color="tab:blue")
     base = times[0] if times else 1.0
     for i, t in enumerate(times):
-        ax[0].text(i, t, f"{t:.3g}s\n{base / t:.2f}x", ha="center", va="bottom", fontsize=8)
-    ax[0].set_ylim(0, max(times, default=1.0) * 1.18)
-    ax[0].set_ylabel("iteration time (s)")
+        ax[0].text(i, t, f"{t:.4g}s\n{speedup_label(base, t)}", ha="center", va="bottom", fontsize=8)
+    bottom, top, zoomed = time_axis(times)
+    ax[0].set_ylim(bottom, top)
+    ax[0].set_ylabel("iteration time (s)" + (", axis not from 0" if zoomed else ""))
     ax[0].set_title("iteration time (simulated)")
     ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
     width = 0.8 / max(1, len(names))

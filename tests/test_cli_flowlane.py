@@ -1,0 +1,91 @@
+"""The `flowlane` command: help without importing torch, --version, and `flowlane sim` refusing bad input with the
+flag, the value and what is allowed (issue 33, items 4, 5 and 7)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowlane.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _help_in_fresh_process(*argv: str) -> tuple[str, bool]:
+    code = ("import sys\nfrom flowlane.cli import main\n"
+            f"try:\n    main({list(argv)!r})\nexcept SystemExit:\n    pass\n"
+            "print('TORCH', 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, "TORCH True" in r.stdout
+
+
+def test_flowlane_help_lists_every_command_without_importing_torch():
+    out, torch_loaded = _help_in_fresh_process("--help")
+    assert not torch_loaded
+    for cmd in ("doctor", "sim", "ssd-estimate", "--version"):
+        assert cmd in out
+    assert "sub-command lives in its own module" not in out  # a user's description, not the developer's
+
+
+def test_sim_help_shows_defaults_and_policy_names_without_importing_torch():
+    out, torch_loaded = _help_in_fresh_process("sim", "--help")
+    assert not torch_loaded
+    assert "(default: gpt3-13b)" in out and "(default: 32)" in out
+    assert "hermod" in out and "fifo" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert re.fullmatch(r"flowlane \S+.*\n", capsys.readouterr().out)
+
+
+def _no_simulation(*a, **kw):
+    raise AssertionError("simulated before the input was checked")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--policy", ","], r"--policy ',' names no policy; choose from .*fifo"),
+    (["--policy", "fifo,nosuch"], r"nosuch"),
+    (["--microbatches", "0"], r"argument --microbatches: must be an integer >= 1, got '0'"),
+    (["--iterations", "0"], r"argument --iterations: must be an integer >= 1, got '0'"),
+    (["--incast-alpha", "-1"], r"argument --incast-alpha: must be a finite number >= 0, got '-1'"),
+    (["--gpus", "1048576"], r"argument --gpus: must be an integer in \[1, 16384\], got '1048576'"),
+    (["--gpus", "abc"], r"argument --gpus: must be an integer in \[1, 16384\], got 'abc'"),
+    (["--bandwidth", "nan"], r"argument --bandwidth: must be a finite number > 0, got 'nan'"),
+    (["--bandwidth", "0"], r"argument --bandwidth: must be a finite number > 0, got '0'"),
+    (["--nics-per-server", "9"], r"argument --nics-per-server: must be an integer in \[0, 8\], got '9'"),
+    (["--workload", "gpt5"], r"argument --workload: invalid choice: 'gpt5'"),
+    (["--out", "{tmp}/a_file/out"], r"--out='.*a_file/out' is not a writable folder"),
+])
+def test_sim_refuses_bad_input_before_simulating(argv, match, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr("flowlane.sim.cli.Simulator", _no_simulation)
+    (tmp_path / "a_file").write_text("")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    try:
+        code = main(["sim", "--no-plot", "--out", str(tmp_path / "out"), *argv])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert re.search(match, err), err
+    assert "Traceback" not in err
+
+
+def test_sim_plot_labels_show_a_tenth_of_a_percent_and_zoom_when_bars_are_close():
+    from flowlane.sim.output import speedup_label, time_axis
+
+    assert speedup_label(1.001, 1.0) == "1.001x" and speedup_label(2.5, 1.0) == "2.50x"
+    bottom, top, zoomed = time_axis([1.001, 1.0])
+    assert zoomed and 0 < bottom < 1.0 and top > 1.001  # a 0.1 % difference is visible
+    assert time_axis([2.0, 1.0]) == (0.0, 2.0 * 1.18, False)  # clear differences keep bars from 0
+
+
+def test_sim_runs_and_writes_its_results(tmp_path, capsys):
+    assert main(["sim", "--workload", "resnet50", "--gpus", "8", "--policy", "fifo,priority", "--no-plot",
+                 "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "sim.json").exists() and "speedup" in capsys.readouterr().out
