@@ -24,17 +24,36 @@ into phases; in each phase the senders and receivers form a (partial) matching, 
 
 Both are pure-integer and deterministic (fixed iteration order, no floating point, no library tie-breaking), so every
 rank computes the identical plan from the identical matrix -- no synchronisation needed (digest A6.1 #11).
+
+Planning speed (issue 30 item 5): the functions above run a compiled planner (``bvn.c``, built with the system C
+compiler on first use, never at import; :func:`planner_impl`) that reproduces the Python reference below phase for
+phase, and fall back to that reference where no compiler is available (``impl="python"`` or
+``FLOWLANE_HERMOD_NO_C=1`` force it). :func:`plan_all_to_all` also keeps a small LRU cache of plans keyed by the
+quantised matrix (diagonal ignored; :func:`plan_cache_info`, ``FLOWLANE_HERMOD_PLAN_CACHE`` entries, default 16).
+Measured (``benchmarks/a2a_plan_speed.py``, results/hermod/plan_speed.json): see that file for EP 8-64.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
 from typing import Literal
+
+from .._cbuild import CKernel
 
 Matrix = list[list[int]]
 BvnMatching = Literal["first", "bottleneck"]
 BVN_MATCHINGS = ("first", "bottleneck")
+# which planner runs: the compiled one (bvn.c), the pure-Python reference, or the compiled one where it can be built
+Impl = Literal["auto", "c", "python"]
+IMPLS = ("auto", "c", "python")
 
 
 @dataclass(frozen=True)
@@ -65,7 +84,10 @@ def _check(T: Sequence[Sequence[int]]) -> Matrix:
             raise ValueError(f"token matrix must be square: row {i} has {len(row)} entries, expected {n}")
         r = []
         for j, v in enumerate(row):
-            iv = int(v)
+            try:
+                iv = int(v)
+            except (TypeError, ValueError, OverflowError):
+                iv = -1  # not a number (or nan/inf): refused below, naming it
             if iv != v or iv < 0:
                 raise ValueError(f"token matrix entries must be integers >= 0, got T[{i}][{j}] = {v!r}")
             r.append(0 if i == j else iv)  # diagonal is a local copy (digest A2.6 [rec])
@@ -141,13 +163,18 @@ def _pad(real: Matrix, L: int, largest_first: bool) -> Matrix:
     return dummy
 
 
-def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "first") -> list[Phase]:
+def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "first", impl: Impl = "auto") -> list[Phase]:
     """Birkhoff-von Neumann decomposition of the padded matrix; sum of weights == :func:`lower_bound`.
     ``matching``: which perfect matching each step takes (module docstring): ``first`` (the first one found) or
-    ``bottleneck`` (the largest smallest entry: fewer, longer phases)."""
+    ``bottleneck`` (the largest smallest entry: fewer, longer phases). ``impl``: the compiled planner (``c``), the
+    pure-Python one (``python``) or the compiled one where it can be built (``auto``); all give the same phases."""
     if matching not in BVN_MATCHINGS:
         raise ValueError(f"matching {matching!r} is not one of {list(BVN_MATCHINGS)}")
-    real = _check(T)
+    return _plan(_validated(T), "bvn_bottleneck" if matching == "bottleneck" else "bvn", impl)
+
+
+def _bvn_python(real: Matrix, matching: BvnMatching) -> list[Phase]:
+    """The reference implementation (``real`` checked by :func:`_check`; consumed)."""
     n = len(real)
     L = lower_bound(real)
     if L == 0:
@@ -220,10 +247,15 @@ def _max_weight_assignment(W: Matrix) -> list[int]:
     return match
 
 
-def algorithm3_phases(T: Sequence[Sequence[int]]) -> list[Phase]:
+def algorithm3_phases(T: Sequence[Sequence[int]], impl: Impl = "auto") -> list[Phase]:
     """Seed 000 Algorithm 3: repeatedly take a maximum-weight matching of the residual matrix and send
-    w = min over its matched positive entries on every matched pair (digest A2.6 "matched-min" reading)."""
-    M = _check(T)
+    w = min over its matched positive entries on every matched pair (digest A2.6 "matched-min" reading).
+    ``impl`` as for :func:`bvn_phases`."""
+    return _plan(_validated(T), "alg3", impl)
+
+
+def _alg3_python(M: Matrix) -> list[Phase]:
+    """The reference implementation (``M`` checked by :func:`_check`; consumed)."""
     n = len(M)
     phases: list[Phase] = []
     while any(v for r in M for v in r):
@@ -295,14 +327,192 @@ def check_candidates(candidates: Sequence[str] | str) -> tuple[str, ...]:
     return names
 
 
-def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn") -> list[Phase]:
+def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn",
+                    impl: Impl = "auto", cache: bool = True) -> list[Phase]:
     """Phases for ``matrix[i][j]`` rows from group rank i to j, planned in units of ``quantum`` rows (ceil), which
-    bounds the number of phases (digest A2.6 "Units")."""
+    bounds the number of phases (digest A2.6 "Units"). ``impl`` as for :func:`bvn_phases`. ``cache``: look the
+    quantised matrix up in the bounded plan cache first (:func:`plan_cache_info`); a hit returns the same phases
+    (a new list of the same immutable :class:`Phase` objects)."""
     if not isinstance(quantum, int) or quantum < 1:
         raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
-    q = [[-(-int(v) // quantum) for v in row] for row in matrix]
+    if impl not in IMPLS:
+        raise ValueError(f"impl {impl!r} is not one of {list(IMPLS)}")
+    v = _fast_ints(matrix)
+    if v is not None and quantum > 1:
+        v = (v[0], array("q", [-(-x // quantum) for x in v[1]]))
+    if v is None:  # anything but plain int64 entries: the original path, whose checks name a bad value
+        v = _validated([[-(-int(x) // quantum) for x in row] for row in matrix])
+    if not cache or _CACHE.maxsize == 0 or not isinstance(v, tuple):
+        return _plan(v, algorithm, impl)
+    key = (algorithm, v[0], v[1].tobytes())
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return list(hit)
+    phases = _plan(v, algorithm, impl)
+    _CACHE.put(key, tuple(phases))
+    return phases
+
+
+# -- the compiled planner (bvn.c) and the plan cache ----------------------------------------------------------------
+# the kernel's input contract (bvn.c header): n * max entry <= 2^50, so no sum or potential overflows int64
+_C_LIMIT = 1 << 50
+# portable flags only (the cached .so is keyed by source + flags, not by the CPU it was built on)
+_CFLAGS = ("-O2", "-shared", "-fPIC")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P, L, N = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.flowlane_bvn.restype = L
+    lib.flowlane_bvn.argtypes = [N, P, N, L, L, P, P, P, P, P]
+    lib.flowlane_alg3.restype = L
+    lib.flowlane_alg3.argtypes = [N, P, L, L, P, P, P, P, P]
+
+
+_KERNEL = CKernel(Path(__file__).with_name("bvn.c"), "bvn", _CFLAGS, _declare, "flowlane.hermod: C phase planner",
+                  "using the pure-Python planner (same plans, slower)")
+
+
+def _kernel() -> ctypes.CDLL | None:
+    """The compiled planner, built on first use; None where it cannot be built or ``FLOWLANE_HERMOD_NO_C=1``."""
+    if os.environ.get("FLOWLANE_HERMOD_NO_C", "") not in ("", "0"):
+        return None
+    return _KERNEL.load()
+
+
+def planner_impl() -> str:
+    """Which implementation ``impl="auto"`` runs here: ``c`` or ``python`` (builds the kernel on first call)."""
+    return "c" if _kernel() is not None else "python"
+
+
+def _fast_ints(T: Sequence[Sequence[int]]) -> tuple[int, array] | None:
+    """(n, row-major int64 array, diagonal zeroed) when ``T`` is square with integer entries in [0, 2^63), in C
+    speed; None otherwise (the caller then runs :func:`_check`, which accepts what it always accepted, e.g. 2.0,
+    and names the offending entry of anything it refuses)."""
+    n = len(T)
+    try:
+        if any(len(r) != n for r in T):
+            return None
+        flat = array("q", chain.from_iterable(T))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if n and min(flat) < 0:
+        return None
+    for i in range(0, n * n, n + 1):
+        flat[i] = 0
+    return n, flat
+
+
+def _validated(T: Sequence[Sequence[int]]) -> tuple[int, array] | Matrix:
+    """A checked matrix: the fast form of :func:`_fast_ints`, or :func:`_check`'s lists (raises on bad input)."""
+    v = _fast_ints(T)
+    if v is not None:
+        return v
+    M = _check(T)
+    try:
+        return len(M), array("q", chain.from_iterable(M))
+    except OverflowError:  # entries beyond int64: only the Python planner takes them
+        return M
+
+
+def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl) -> list[Phase]:
+    if impl not in IMPLS:
+        raise ValueError(f"impl {impl!r} is not one of {list(IMPLS)}")
+    if isinstance(v, tuple):
+        n, flat = v
+        if n == 0:
+            return []
+        fits = max(flat) * n <= _C_LIMIT
+        lib = _kernel() if impl != "python" and fits else None
+        if lib is not None:
+            return _plan_c(lib, n, flat, algorithm)
+        if impl == "c":
+            why = "the C planner could not be built (no C compiler, or FLOWLANE_HERMOD_NO_C=1)" if fits else \
+                f"entries up to {max(flat)} exceed the C planner's range (n * max entry <= 2^50)"
+            raise ValueError(f"impl='c' requested but {why}")
+        M = [flat[i * n:(i + 1) * n].tolist() for i in range(n)]
+    else:
+        if impl == "c":
+            raise ValueError("impl='c' requested but the matrix has entries beyond int64")
+        M = v
     if algorithm == "alg3":
-        return algorithm3_phases(q)
-    return bvn_phases(q, "bottleneck" if algorithm == "bvn_bottleneck" else "first")
+        return _alg3_python(M)
+    return _bvn_python(M, "bottleneck" if algorithm == "bvn_bottleneck" else "first")
+
+
+def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str) -> list[Phase]:
+    cap_p = n * n + 1  # every phase zeroes an entry of the (padded) matrix: at most n^2 phases
+    cap_s = n * n * n if n <= 64 else 16 * n * n
+    while True:
+        wb, ab = array("q", bytes(8 * cap_p)), array("q", bytes(8 * cap_s))
+        cb, sb, db = array("i", bytes(4 * cap_p)), array("i", bytes(4 * cap_s)), array("i", bytes(4 * cap_s))
+        outs = (wb.buffer_info()[0], cb.buffer_info()[0], sb.buffer_info()[0], db.buffer_info()[0],
+                ab.buffer_info()[0])
+        if algorithm == "alg3":
+            r = lib.flowlane_alg3(n, flat.buffer_info()[0], cap_p, cap_s, *outs)
+        else:
+            r = lib.flowlane_bvn(n, flat.buffer_info()[0], int(algorithm == "bvn_bottleneck"), cap_p, cap_s, *outs)
+        if r == -4 and cap_s < n * n * n:
+            cap_s = n * n * n
+            continue
+        break
+    if r < 0:
+        why = {-1: "out of memory", -2: "no perfect matching on the support (matrix is not balanced)"}
+        raise RuntimeError(f"C phase planner failed ({r}: {why.get(r, 'output buffer too small')}) on a {n}x{n} matrix")
+    counts = cb[:r].tolist()
+    m = sum(counts)
+    sends = list(zip(sb[:m].tolist(), db[:m].tolist(), ab[:m].tolist(), strict=True))
+    out = []
+    k = 0
+    for w, c in zip(wb[:r].tolist(), counts, strict=True):
+        out.append(Phase(w, tuple(sends[k:k + c])))
+        k += c
+    return out
+
+
+class _PlanCache:
+    """Bounded LRU of plans keyed by (algorithm, n, quantised matrix bytes, diagonal zeroed); thread-safe."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize, self.hits, self.misses = maxsize, 0, 0
+        self._d: OrderedDict[tuple, tuple[Phase, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> tuple[Phase, ...] | None:
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self._d.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple, phases: tuple[Phase, ...]) -> None:
+        with self._lock:
+            self._d[key] = phases
+            self._d.move_to_end(key)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+
+
+# an EP-32 plan of ~900 phases holds ~17k sends (~1.5 MB of Python objects): keep the default small
+_CACHE = _PlanCache(int(os.environ.get("FLOWLANE_HERMOD_PLAN_CACHE", "16")))
+
+
+def plan_cache_info() -> dict[str, int]:
+    """``hits``, ``misses``, ``size`` and ``maxsize`` of the plan cache of :func:`plan_all_to_all`."""
+    with _CACHE._lock:
+        return {"hits": _CACHE.hits, "misses": _CACHE.misses, "size": len(_CACHE._d), "maxsize": _CACHE.maxsize}
+
+
+def plan_cache_clear(maxsize: int | None = None) -> None:
+    """Empty the plan cache and zero its counters; ``maxsize`` (>= 0, 0 = no caching) resizes it."""
+    if maxsize is not None and (not isinstance(maxsize, int) or maxsize < 0):
+        raise ValueError(f"plan cache maxsize must be an integer >= 0, got {maxsize!r}")
+    with _CACHE._lock:
+        _CACHE._d.clear()
+        _CACHE.hits = _CACHE.misses = 0
+        if maxsize is not None:
+            _CACHE.maxsize = maxsize

@@ -1,0 +1,392 @@
+/*
+ * bvn.c - compiled all-to-all phase planner for flowlane/hermod/matching.py (issue 30 item 5).
+ *
+ * Same plans as the pure-Python reference in matching.py, phase for phase and send for send, not merely plans of
+ * equal quality: every rank computes the identical plan from the identical matrix (digest A6.1 #11), whichever of
+ * the two implementations it happens to run. Integer-only (int64), no floating point, no library tie-breaking
+ * (the only sort is qsort on keys made unique by the cell index). Built on first use with the system C compiler
+ * (flowlane/_cbuild.py) and loaded through ctypes; no global state, reentrant.
+ *
+ * flowlane_bvn(n, T, bottleneck, ...): Birkhoff-von Neumann, reproducing matching.bvn_phases:
+ *   1. real = T with the diagonal zeroed; L = max(row sum, column sum); L == 0: no phases.
+ *   2. padding (_pad): dummy traffic brings every row and column sum to L, one greedy pass over the n*n cells in
+ *      index order (bottleneck: by decreasing real entry, ties in index order), add = min(row deficit, col deficit).
+ *   3. while real + dummy has a positive entry: take a perfect matching of its support --
+ *      first:      Kuhn's augmenting paths, rows in index order, each row's DFS trying columns in index order with a
+ *                  fresh `seen` set per row (the first matching that exact procedure finds);
+ *      bottleneck: binary search over the sorted distinct positive entries for the highest threshold whose
+ *                  entries >= threshold still hold a perfect matching (Kuhn as above on that support);
+ *      w = smallest matched entry; each matched pair sends a = min(w, real) real units, the rest of w is dummy.
+ *   The support is kept as bitsets (64 columns per word); "next column in index order that is in the support and
+ *   not yet seen" is the lowest set bit of support & ~seen, which is the column the Python loop reaches next
+ *   (columns it passed are either outside the support or already seen, and seen bits are never cleared mid-row).
+ * flowlane_alg3(n, T, ...): seed Algorithm 3, reproducing matching.algorithm3_phases: repeated max-weight
+ *   assignment (Hungarian, the same e-maxx formulation and loop order as _max_weight_assignment; the Python float
+ *   infinity is only ever an initial value, replaced by a finite one before any arithmetic, so INT64_MAX stands in
+ *   for it exactly), w = smallest positive matched entry.
+ *
+ * Contract (the caller, matching.py, validates before calling; the C code trusts it):
+ *   n >= 1; T is n*n row-major int64, every entry >= 0, and n * max entry <= 2^50 (no sum can overflow; the
+ *   Hungarian potentials stay within +-2^52).
+ *   Outputs: weight[k] and count[k] per phase k (at most cap_phases), sends (src[m], dst[m], amt[m]) of all phases
+ *   concatenated in phase order, rows in increasing src order (at most cap_sends).
+ * Returns the number of phases (>= 0), or
+ *   -1 out of memory, -2 no perfect matching (cannot happen for a valid input: the padded matrix is L times a
+ *   doubly stochastic one), -3 more than cap_phases phases, -4 more than cap_sends sends (the caller retries with
+ *   larger buffers; n*n phases and n*n*n sends always suffice).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef uint64_t word;
+
+typedef struct {
+  int n, W;
+  const word *sup; /* n rows of W words */
+  word *seen;      /* W words */
+  int *col_of_row, *row_of_col;
+} km_t;
+
+static int augment(km_t *k, int i) {
+  const word *s = k->sup + (size_t)i * k->W;
+  for (;;) {
+    int j = -1;
+    for (int w = 0; w < k->W; w++) {
+      word c = s[w] & ~k->seen[w];
+      if (c) {
+        j = w * 64 + __builtin_ctzll(c);
+        break;
+      }
+    }
+    if (j < 0) return 0;
+    k->seen[j >> 6] |= (word)1 << (j & 63);
+    if (k->row_of_col[j] < 0 || augment(k, k->row_of_col[j])) {
+      k->row_of_col[j] = i;
+      k->col_of_row[i] = j;
+      return 1;
+    }
+  }
+}
+
+/* _perfect_matching: 1 and col_of_row filled, or 0 */
+static int perfect(km_t *k) {
+  for (int i = 0; i < k->n; i++) k->col_of_row[i] = k->row_of_col[i] = -1;
+  for (int i = 0; i < k->n; i++) {
+    memset(k->seen, 0, sizeof(word) * (size_t)k->W);
+    if (!augment(k, i)) return 0;
+  }
+  return 1;
+}
+
+/* _perfect_matching restarted at row r: Kuhn's state after rows 0..i-1 (row_of_col) depends on the support of rows
+ * 0..i-1 only (row i's search reaches matched rows, all < i), so when rows 0..r-1 kept their support since the last
+ * call, the state saved before row r then (snap[r], n ints) is the state now, and rows r..n-1 are redone. Same result
+ * as perfect(); snap has (n + 1) * n ints, snap[0] all -1. Fills col_of_row from row_of_col at the end. */
+static int perfect_from(km_t *k, int r, int *snap) {
+  const int n = k->n;
+  memcpy(k->row_of_col, snap + (size_t)r * n, sizeof(int) * (size_t)n);
+  for (int i = r; i < n; i++) {
+    if (i > r) memcpy(snap + (size_t)i * n, k->row_of_col, sizeof(int) * (size_t)n);
+    memset(k->seen, 0, sizeof(word) * (size_t)k->W);
+    if (!augment(k, i)) return 0;
+  }
+  if (r < n) memcpy(snap + (size_t)n * n, k->row_of_col, sizeof(int) * (size_t)n);
+  for (int j = 0; j < n; j++) k->col_of_row[k->row_of_col[j]] = j;
+  return 1;
+}
+
+typedef struct {
+  int64_t v;
+  long idx;
+} cell_t;
+
+static int by_value_desc(const void *a, const void *b) {
+  const cell_t *x = a, *y = b;
+  if (x->v != y->v) return x->v > y->v ? -1 : 1;
+  return x->idx < y->idx ? -1 : (x->idx > y->idx); /* unique key: the order is fully determined */
+}
+
+static int i64_asc(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : (x > y);
+}
+
+typedef struct {
+  long np, ns, cap_phases, cap_sends;
+  int64_t *weight, *amt;
+  int32_t *count, *src, *dst;
+} out_t;
+
+/* append one phase; the sends of row i are (i, match[i], a) for a > 0. Returns 0 or -3/-4 on overflow. */
+static int emit_begin(out_t *o, int64_t w) {
+  if (o->np >= o->cap_phases) return -3;
+  o->weight[o->np] = w;
+  o->count[o->np] = 0;
+  return 0;
+}
+
+static int emit_send(out_t *o, int i, int j, int64_t a) {
+  if (o->ns >= o->cap_sends) return -4;
+  o->src[o->ns] = i;
+  o->dst[o->ns] = j;
+  o->amt[o->ns] = a;
+  o->ns++;
+  o->count[o->np]++;
+  return 0;
+}
+
+long flowlane_bvn(int n, const int64_t *T, int bottleneck, long cap_phases, long cap_sends, int64_t *weight,
+                  int32_t *count, int32_t *src, int32_t *dst, int64_t *amt) {
+  const size_t nn = (size_t)n * (size_t)n;
+  const int W = (n + 63) / 64;
+  out_t o = {0, 0, cap_phases, cap_sends, weight, amt, count, src, dst};
+  long ret = -1;
+  int64_t *real = malloc(sizeof(int64_t) * nn), *dummy = calloc(nn, sizeof(int64_t));
+  int64_t *rows = calloc((size_t)n, sizeof(int64_t)), *cols = calloc((size_t)n, sizeof(int64_t));
+  word *sup = calloc((size_t)n * W, sizeof(word)), *thr = calloc((size_t)n * W, sizeof(word));
+  word *seen = calloc((size_t)W, sizeof(word));
+  int *cor = malloc(sizeof(int) * (size_t)n), *roc = malloc(sizeof(int) * (size_t)n);
+  int *best = malloc(sizeof(int) * (size_t)n);
+  int *snap = bottleneck ? NULL : malloc(sizeof(int) * (size_t)(n + 1) * n);
+  int64_t *vals = bottleneck ? malloc(sizeof(int64_t) * nn) : NULL;
+  cell_t *cells = bottleneck ? malloc(sizeof(cell_t) * nn) : NULL;
+  if (!real || !dummy || !rows || !cols || !sup || !thr || !seen || !cor || !roc || !best ||
+      (bottleneck && (!vals || !cells)) || (!bottleneck && !snap))
+    goto done;
+  int64_t L = 0;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      int64_t v = i == j ? 0 : T[(size_t)i * n + j];
+      real[(size_t)i * n + j] = v;
+      rows[i] += v;
+      cols[j] += v;
+    }
+  for (int i = 0; i < n; i++) {
+    if (rows[i] > L) L = rows[i];
+    if (cols[i] > L) L = cols[i];
+  }
+  ret = 0;
+  if (L == 0) goto done;
+  /* _pad */
+  if (bottleneck) {
+    for (size_t c = 0; c < nn; c++) cells[c] = (cell_t){real[c], (long)c};
+    qsort(cells, nn, sizeof(cell_t), by_value_desc);
+  }
+  for (size_t c = 0; c < nn; c++) {
+    size_t cc = bottleneck ? (size_t)cells[c].idx : c;
+    int i = (int)(cc / n), j = (int)(cc % n);
+    int64_t dr = L - rows[i], dc = L - cols[j];
+    int64_t add = dr < dc ? dr : dc;
+    if (add > 0) {
+      dummy[cc] += add;
+      rows[i] += add;
+      cols[j] += add;
+    }
+  }
+  /* tot = real + dummy is never stored apart: tot[c] = real[c] + dummy[c]; sup = its positive entries */
+  long nz = 0;
+  for (size_t c = 0; c < nn; c++)
+    if (real[c] + dummy[c] > 0) {
+      sup[(c / n) * W + (c % n) / 64] |= (word)1 << ((c % n) & 63);
+      nz++;
+    }
+  km_t k = {n, W, sup, seen, cor, roc};
+  int rmin = 0; /* first row whose support changed since the last matching */
+  if (snap)
+    for (int j = 0; j < n; j++) snap[j] = -1;
+  while (nz > 0) {
+    const int *match;
+    if (!bottleneck) {
+      k.sup = sup;
+      int ok = perfect_from(&k, rmin, snap);
+      rmin = n;
+      if (!ok) {
+        ret = -2;
+        goto done;
+      }
+      match = cor;
+    } else {
+      /* _bottleneck_matching: sorted distinct positive entries, binary search on the threshold */
+      long nv = 0;
+      for (size_t c = 0; c < nn; c++) {
+        int64_t v = real[c] + dummy[c];
+        if (v > 0) vals[nv++] = v;
+      }
+      qsort(vals, (size_t)nv, sizeof(int64_t), i64_asc);
+      long u = 0;
+      for (long a = 0; a < nv; a++)
+        if (u == 0 || vals[a] != vals[u - 1]) vals[u++] = vals[a];
+      long lo = 0, hi = u - 1;
+      int found = 0;
+      k.sup = thr;
+      while (lo <= hi) {
+        long mid = (lo + hi) / 2;
+        const int64_t t = vals[mid];
+        memset(thr, 0, sizeof(word) * (size_t)n * W);
+        for (int i = 0; i < n; i++) {
+          const int64_t *r = real + (size_t)i * n, *d = dummy + (size_t)i * n;
+          word *b = thr + (size_t)i * W;
+          for (int j = 0; j < n; j++)
+            if (r[j] + d[j] >= t) b[j >> 6] |= (word)1 << (j & 63);
+        }
+        if (perfect(&k)) {
+          memcpy(best, cor, sizeof(int) * (size_t)n);
+          found = 1;
+          lo = mid + 1;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      if (!found) {
+        ret = -2;
+        goto done;
+      }
+      match = best;
+    }
+    int64_t w = INT64_MAX;
+    for (int i = 0; i < n; i++) {
+      size_t c = (size_t)i * n + match[i];
+      int64_t v = real[c] + dummy[c];
+      if (v < w) w = v;
+    }
+    if ((ret = emit_begin(&o, w)) < 0) goto done;
+    for (int i = 0; i < n; i++) {
+      int j = match[i];
+      size_t c = (size_t)i * n + j;
+      int64_t a = real[c] < w ? real[c] : w;
+      real[c] -= a;
+      dummy[c] -= w - a;
+      if (real[c] + dummy[c] == 0) {
+        sup[(size_t)i * W + (j >> 6)] &= ~((word)1 << (j & 63));
+        nz--;
+        if (i < rmin) rmin = i;
+      }
+      if (a > 0 && (ret = emit_send(&o, i, j, a)) < 0) goto done;
+    }
+    o.np++;
+  }
+  ret = o.np;
+done:
+  free(real);
+  free(dummy);
+  free(rows);
+  free(cols);
+  free(sup);
+  free(thr);
+  free(seen);
+  free(cor);
+  free(roc);
+  free(best);
+  free(snap);
+  free(vals);
+  free(cells);
+  return ret;
+}
+
+/* _max_weight_assignment on W (n*n), same loop order; match[row] = col. Work arrays of n + 1. */
+static void hungarian(int n, const int64_t *Wm, int64_t *u, int64_t *v, int *p, int *way, int64_t *minv,
+                      unsigned char *used, int *match) {
+  memset(u, 0, sizeof(int64_t) * (size_t)(n + 1));
+  memset(v, 0, sizeof(int64_t) * (size_t)(n + 1));
+  memset(p, 0, sizeof(int) * (size_t)(n + 1));
+  memset(way, 0, sizeof(int) * (size_t)(n + 1));
+  for (int i = 1; i <= n; i++) {
+    p[0] = i;
+    int j0 = 0;
+    for (int j = 0; j <= n; j++) {
+      minv[j] = INT64_MAX;
+      used[j] = 0;
+    }
+    for (;;) {
+      used[j0] = 1;
+      int i0 = p[j0], j1 = 0;
+      int64_t delta = INT64_MAX;
+      for (int j = 1; j <= n; j++) {
+        if (!used[j]) {
+          int64_t cur = -Wm[(size_t)(i0 - 1) * n + (j - 1)] - u[i0] - v[j];
+          if (cur < minv[j]) {
+            minv[j] = cur;
+            way[j] = j0;
+          }
+          if (minv[j] < delta) {
+            delta = minv[j];
+            j1 = j;
+          }
+        }
+      }
+      for (int j = 0; j <= n; j++) {
+        if (used[j]) {
+          u[p[j]] += delta;
+          v[j] -= delta;
+        } else {
+          minv[j] -= delta;
+        }
+      }
+      j0 = j1;
+      if (p[j0] == 0) break;
+    }
+    for (;;) {
+      int j1 = way[j0];
+      p[j0] = p[j1];
+      j0 = j1;
+      if (j0 == 0) break;
+    }
+  }
+  for (int j = 1; j <= n; j++) match[p[j] - 1] = j - 1;
+}
+
+long flowlane_alg3(int n, const int64_t *T, long cap_phases, long cap_sends, int64_t *weight, int32_t *count,
+                   int32_t *src, int32_t *dst, int64_t *amt) {
+  const size_t nn = (size_t)n * (size_t)n;
+  out_t o = {0, 0, cap_phases, cap_sends, weight, amt, count, src, dst};
+  long ret = -1;
+  int64_t *M = malloc(sizeof(int64_t) * nn);
+  int64_t *u = malloc(sizeof(int64_t) * (size_t)(n + 1)), *v = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  int64_t *minv = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  int *p = malloc(sizeof(int) * (size_t)(n + 1)), *way = malloc(sizeof(int) * (size_t)(n + 1));
+  int *match = malloc(sizeof(int) * (size_t)n);
+  unsigned char *used = malloc((size_t)(n + 1));
+  if (!M || !u || !v || !minv || !p || !way || !match || !used) goto done;
+  long nz = 0;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      int64_t x = i == j ? 0 : T[(size_t)i * n + j];
+      M[(size_t)i * n + j] = x;
+      nz += x > 0;
+    }
+  while (nz > 0) {
+    hungarian(n, M, u, v, p, way, minv, used, match);
+    int64_t w = INT64_MAX;
+    for (int i = 0; i < n; i++) {
+      int64_t x = M[(size_t)i * n + match[i]];
+      if (x > 0 && x < w) w = x;
+    }
+    if (w == INT64_MAX) { /* cannot happen: a max-weight assignment of a nonzero matrix has a positive entry */
+      ret = -2;
+      goto done;
+    }
+    if ((ret = emit_begin(&o, w)) < 0) goto done;
+    for (int i = 0; i < n; i++) {
+      size_t c = (size_t)i * n + match[i];
+      int64_t a = M[c] < w ? M[c] : w;
+      if (a > 0) {
+        M[c] -= a;
+        if (M[c] == 0) nz--;
+        if ((ret = emit_send(&o, i, match[i], a)) < 0) goto done;
+      }
+    }
+    o.np++;
+  }
+  ret = o.np;
+done:
+  free(M);
+  free(u);
+  free(v);
+  free(minv);
+  free(p);
+  free(way);
+  free(match);
+  free(used);
+  return ret;
+}
