@@ -139,6 +139,7 @@ def main() -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -156,6 +157,8 @@ def main() -> None:
     ax[0].set_xticks(sorted({r["ep"] for r in rows}), [str(e) for e in sorted({r["ep"] for r in rows})])
     ax[1].set(xscale="log", yscale="log", xlabel="EP group size", ylabel="phases (median)", title="phase count")
     ax[1].set_xticks(sorted({r["ep"] for r in rows}), [str(e) for e in sorted({r["ep"] for r in rows})])
+    for x in ax:
+        x.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax[0].legend(fontsize=7)
     ax[1].legend(fontsize=7)
     fig.tight_layout()
