@@ -8,6 +8,7 @@ import importlib.metadata as md
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 
 
@@ -99,8 +100,17 @@ def _netns() -> Check:
     return Check("netns+tc", True, "root; network namespaces + tc available for link emulation")
 
 
+def environment() -> Check:
+    """Which environment (lane) this report is about: each lane has its own packages, so the same machine reports
+    differently from .venv-llm and .venv-gnn."""
+    name = os.path.basename(sys.prefix.rstrip(os.sep))
+    lane = name.removeprefix(".venv-") if name.startswith(".venv-") else None
+    where = f"lane {lane!r}" if lane else "not a flowlane lane"
+    return Check("environment", True, f"{where}: Python {sys.version.split()[0]} at {sys.executable}")
+
+
 def checks() -> list[Check]:
-    out = _torch_checks()
+    out = [environment(), *_torch_checks()]
     out += [_package("megatron-core", "megatron-core", "megatron.core"),
             _package("deepspeed", "deepspeed"),
             _package("DGL", "dgl"),
@@ -112,7 +122,9 @@ def checks() -> list[Check]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("doctor", help="show what this machine can use")
+    sub.add_parser("doctor", help="show what this machine and environment (lane) can use",
+                   description="What this machine can use, as seen from this Python environment (lane): run it "
+                               "from each lane, e.g. .venv-llm/bin/flowlane doctor and .venv-gnn/bin/flowlane doctor.")
 
 
 def run(args: argparse.Namespace) -> int:

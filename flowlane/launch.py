@@ -198,7 +198,7 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
             import torch.distributed as dist
 
             torch.set_num_threads(threads)
-            _arrive(store_dir, rank, world)  # every rank has its imports done: the rendezvous below is quick
+            _arrive(store_dir, rank, world, ch)  # every rank has its imports done: the rendezvous below is quick
             dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=op_timeout))
         ch.send("ready")
@@ -214,9 +214,10 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
             ch.send("err", (traceback.format_exc(), signum))
 
 
-def _arrive(store_dir: str, rank: int, world: int) -> None:
+def _arrive(store_dir: str, rank: int, world: int, ch: _Channel) -> None:
     """Wait for every rank to get here. Slow imports on a busy host are start-up (startup_timeout, enforced by the
     launcher), not a collective that timed out after op_timeout."""
+    ch.send("imported")
     Path(store_dir, f"arrived.{rank}").touch()
     while not all(Path(store_dir, f"arrived.{r}").exists() for r in range(world)):
         time.sleep(0.05)
@@ -332,7 +333,7 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
     seq = itertools.count()
     failures: list[_Failure] = []
     first_failure = 0.0
-    n_ready = 0
+    n_ready = n_imported = 0
     t0 = time.monotonic()
 
     def fail(r: _Rank, severity: int, text: str, headline: str | None = None) -> None:
@@ -343,12 +344,16 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
             first_failure = first_failure or time.monotonic()
 
     def handle(r: _Rank, kind: str, payload: Any) -> None:
-        nonlocal n_ready
+        nonlocal n_ready, n_imported
         now = time.monotonic()
-        if kind == "ready":
+        if kind == "imported":  # start-up progress: imports are most of it
+            n_imported += 1
+            log.info("ranks started: %d/%d (%.0f s)", n_imported, len(ranks), now - t0)
+        elif kind == "ready":
             r.ready = r.progress = now
             n_ready += 1
-            log.info("ranks ready: %d/%d (%.0f s)", n_ready, len(ranks), now - t0)
+            if n_ready == len(ranks):
+                log.info("all %d ranks ready (%.0f s)", n_ready, now - t0)
         elif kind == "beat":
             r.progress = now
         elif kind == "ok":

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+import warnings
+from collections.abc import MutableMapping
 from typing import Any
 
 import hydra
@@ -24,6 +27,22 @@ JOBS: dict[str, str] = {
     "gnn_fullgraph": "dgl_plugin.train:run_fullgraph",
 }
 FEATURE_GROUPS = ("scheduler", "offload")
+
+
+# Third-party notices every CPU run prints once per rank and module (no Transformer Engine or Apex on CPU; a
+# megatron-core deprecation raised by its own defaults): hidden unless FLOWLANE_VERBOSE=1. Each entry is the start
+# of the message (PYTHONWARNINGS syntax: no ':' or ',').
+KNOWN_NOISE = ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated")
+
+
+def quiet_known_warnings(env: MutableMapping[str, str]) -> None:
+    """Filter KNOWN_NOISE here and, through PYTHONWARNINGS in ``env``, in every rank started from it."""
+    if env.get("FLOWLANE_VERBOSE", "") not in ("", "0"):
+        return
+    for m in KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=m, category=UserWarning)
+    filters = [f"ignore:{m}:UserWarning" for m in KNOWN_NOISE]
+    env["PYTHONWARNINGS"] = ",".join([w for w in (env.get("PYTHONWARNINGS"), *filters) if w])
 
 
 # job -> its parent-side check (every key, feature group and the output folder, before any rank starts)
@@ -69,6 +88,7 @@ def main(cfg: DictConfig) -> None:
         log.addHandler(h)
         log.setLevel(logging.INFO)
         log.propagate = False
+    quiet_known_warnings(os.environ)
     try:
         run_job(cfg)
     except (ConfigError, LaunchError) as e:

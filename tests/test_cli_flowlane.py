@@ -89,3 +89,11 @@ def test_sim_runs_and_writes_its_results(tmp_path, capsys):
     assert main(["sim", "--workload", "resnet50", "--gpus", "8", "--policy", "fifo,priority", "--no-plot",
                  "--out", str(tmp_path)]) == 0
     assert (tmp_path / "sim.json").exists() and "speedup" in capsys.readouterr().out
+
+
+def test_doctor_says_which_environment_it_reports_on():
+    from flowlane.doctor import environment
+
+    c = environment()
+    assert sys.executable in c.detail and "Python 3." in c.detail
+    assert ("lane 'llm'" in c.detail or "lane 'gnn'" in c.detail) == (Path(sys.prefix).name.startswith(".venv-"))

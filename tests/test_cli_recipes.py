@@ -1,6 +1,7 @@
 """`flowlane-train` refuses a bad config in the launching process, before any rank starts, naming the key as written
 on the command line (issue 33, items 4-6)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,31 @@ def test_flowlane_train_prints_one_clear_error_and_exits_2(tmp_path):
     assert r.returncode == 2, r.stderr[-3000:]
     assert "flowlane-train: error: offload.backend='foo' must be one of" in r.stderr
     assert "Traceback" not in r.stderr and "rank" not in r.stderr
+
+
+def test_known_third_party_noise_is_filtered_in_the_ranks_unless_verbose():
+    from recipes.train import quiet_known_warnings
+
+    code = ("import warnings\n"
+            "warnings.warn('Apex is not installed. Falling back to Torch Norm')\n"
+            "warnings.warn('Transformer Engine and Apex are not installed. Falling back to Torch optimizers.')\n"
+            "warnings.warn('a warning of our own')\n")
+    for verbose, hidden in (("", True), ("1", False)):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+        env["FLOWLANE_VERBOSE"] = verbose
+        quiet_known_warnings(env)  # what flowlane-train does before its ranks are spawned
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert "a warning of our own" in r.stderr
+        assert ("Apex is not installed" not in r.stderr) == hidden, r.stderr
+
+
+def test_flowlane_train_exit_codes(capsys):
+    from flowlane.launch import LaunchInterrupted, RankFailedError
+    from recipes.train import _exit_code
+
+    assert _exit_code(LaunchInterrupted(15, 4)) == 143 and _exit_code(LaunchInterrupted(2, 4)) == 130
+    assert _exit_code(ConfigError("lr='abc' must be a finite number")) == 2
+    assert _exit_code(RankFailedError(3, "boom")) == 1
+    err = capsys.readouterr().err
+    assert "flowlane-train: interrupted by SIGTERM: all 4 ranks were stopped" in err
+    assert "flowlane-train: error: lr='abc'" in err and "flowlane-train: rank 3 failed:\nboom" in err

@@ -182,3 +182,22 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_removes_their_directories
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_ranks_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path):
+    """kill -9 of the launcher runs none of its code: the ranks learn of it from the kernel (PR_SET_PDEATHSIG) and
+    still stop and remove their offload directories."""
+    proc, target, pids, _ = _start_launcher(tmp_path, 2)
+    rank_pids = [int(p.read_text()) for p in sorted(pids.glob("*.pid"))]
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in rank_pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [p for p in rank_pids if _alive(p)] == [], "orphaned ranks"
+        assert list(target.iterdir()) == [], "offload run directories left behind"
+    finally:
+        for p in rank_pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
