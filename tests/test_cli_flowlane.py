@@ -1,6 +1,7 @@
 """The `flowlane` command: help without importing torch, --version, and `flowlane sim` refusing bad input with the
 flag, the value and what is allowed (issue 33, items 4, 5 and 7)."""
 
+import argparse
 import re
 import subprocess
 import sys
@@ -97,3 +98,22 @@ def test_doctor_says_which_environment_it_reports_on():
     c = environment()
     assert sys.executable in c.detail and "Python 3." in c.detail
     assert ("lane 'llm'" in c.detail or "lane 'gnn'" in c.detail) == (Path(sys.prefix).name.startswith(".venv-"))
+
+
+def test_default_output_folders_are_not_tracked_by_git():
+    """A run's results must not land in folders git tracks (the gnn recipe wrote into committed benchmark results)."""
+    import yaml
+
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    conf = ROOT / "recipes" / "conf"
+    outs = [yaml.safe_load((conf / f"{n}.yaml").read_text()).get(k) for n, k in
+            (("default", "output_dir"), ("moe", "output_dir"), ("gnn_fullgraph", "out_dir"))]
+    from flowlane.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser()
+    sim_cli.add_parser(parser.add_subparsers())
+    outs.append(parser.parse_args(["sim"]).out)
+    for out in outs:
+        r = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", f"{out}/metrics.json"])
+        assert r.returncode == 0, f"{out} is tracked by git"

@@ -70,7 +70,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="Megatron-LM's defaults: DP reductions after the backward, gathers before the next forward "
                         "(LLM presets; default: both overlapped)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results/sim/cli", help="output folder for sim.json, trace and plot")
+    p.add_argument("--out", default="outputs/sim", help="output folder for sim.json, trace and plot (outputs/ is "
+                                                          "not tracked by git)")
     p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
     p.add_argument("--no-plot", action="store_true", help="do not draw sim.png")
     return p
