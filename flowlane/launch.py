@@ -280,7 +280,7 @@ class _Interrupts:
 
     def __exit__(self, *exc: Any) -> None:
         for s, h in self.prev.items():
-            signal.signal(s, h)
+            signal.signal(s, h if h is not None else signal.SIG_DFL)  # None: set outside Python
         if self.signum is not None and not isinstance(exc[1], LaunchInterrupted):
             raise LaunchInterrupted(self.signum, self.nprocs)
 

@@ -49,10 +49,34 @@ def quiet_known_warnings(env: MutableMapping[str, str]) -> None:
 CHECKS = {"gnn_fullgraph": check_gnn}
 
 
+def feature_lines(cfg: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+    """What was on, and what did not go as configured (offload writes that fell back to memory), for the summary."""
+    on = []
+    sched = cfg.get("scheduler") or {}
+    if sched.get("name", "none") != "none":
+        on.append(f"scheduler={sched['name']} (ep_algorithm={sched.get('ep_algorithm', 'bvn')})")
+    off = cfg.get("offload") or {}
+    if off.get("enabled", False):
+        dirs = ", ".join(off.get("dirs") or []) or "system temp folder"
+        on.append(f"offload={off.get('backend', 'posix')} ({dirs})")
+    lines = [f"features: {'; '.join(on) if on else 'none'}"]
+    stats = [r["feature_stats"]["SSDOffload"] for r in metrics.get("per_rank", [])
+             if "SSDOffload" in r.get("feature_stats", {})]
+    fallbacks = sum(s.get("fallbacks", 0) for s in stats)
+    if fallbacks:
+        errors = sum(s.get("io_errors", 0) for s in stats)
+        lines.append(f"warning: {fallbacks:,} offload writes fell back to memory ({errors:,} I/O errors, e.g. a full "
+                     "disk; offload.on_io_error=raise makes them errors)")
+    return lines
+
+
 def run_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
     from recipes.gpt import run
 
-    return run(check_gpt(cfg, FEATURE_GROUPS))
+    metrics = run(check_gpt(cfg, FEATURE_GROUPS))
+    for line in feature_lines(cfg, metrics):
+        print(line)
+    return metrics
 
 
 def run_job(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:

@@ -85,3 +85,14 @@ def test_flowlane_train_exit_codes(capsys):
     err = capsys.readouterr().err
     assert "flowlane-train: interrupted by SIGTERM: all 4 ranks were stopped" in err
     assert "flowlane-train: error: lr='abc'" in err and "flowlane-train: rank 3 failed:\nboom" in err
+
+
+def test_the_summary_says_which_features_were_on_and_what_fell_back():
+    from recipes.train import feature_lines
+
+    assert feature_lines({"scheduler": {"name": "none"}, "offload": {"enabled": False}}, {}) == ["features: none"]
+    per_rank = [{"feature_stats": {"SSDOffload": {"fallbacks": 147, "io_errors": 147}}}] * 2
+    lines = feature_lines({"scheduler": {"name": "hermod"}, "offload": {"enabled": True, "backend": "posix"}},
+                          {"per_rank": per_rank})
+    assert lines[0] == "features: scheduler=hermod (ep_algorithm=bvn); offload=posix (system temp folder)"
+    assert lines[1].startswith("warning: 294 offload writes fell back to memory (294 I/O errors")

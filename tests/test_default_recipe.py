@@ -84,3 +84,4 @@ def test_hermod_and_ssd_offload_recipe_options_do_not_change_the_math(tmp_path):
     assert [x["param_digest"] for x in both["per_rank"]] == [x["param_digest"] for x in base["per_rank"]]
     assert all(x["feature_stats"]["SSDOffload"]["bytes_written"] > 0 for x in both["per_rank"])
     assert "activations offloaded" in r.stdout
+    assert "features: scheduler=hermod (ep_algorithm=bvn); offload=posix" in r.stdout
