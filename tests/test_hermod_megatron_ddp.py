@@ -306,7 +306,9 @@ def _train_layout(name: str, hermod: bool) -> dict:
             ps.destroy_model_parallel()
 
 
-def _layouts(rank: int, world: int) -> dict:
+def _layouts(rank: int, world: int, tmp: str) -> dict:
+    import os
+
     import torch
 
     from megatron_plugin import cpu_shim
@@ -319,15 +321,26 @@ def _layouts(rank: int, world: int) -> dict:
                      "params_equal": len(base["params"]) == len(herm["params"]) and all(
                          torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
                      "log": herm["log"], "expert_groups": herm["expert_groups"]}
+    base = _checkpoint_resume(False, os.path.join(tmp, "stock"))
+    herm = _checkpoint_resume(True, os.path.join(tmp, "hermod"))
+    res["checkpoint"] = {"restored": base["restored"] and herm["restored"], "log": herm["log"],
+                         "params_equal": all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"],
+                                                                               strict=True))}
     return res
 
 
-@pytest.mark.slow  # 4 ranks x 4 Megatron trainings: ~2-3 min on a 2-core machine
-def test_hermod_on_megatron_core_moe_and_tensor_parallel_layouts_is_bitwise_stock() -> None:
+@pytest.mark.slow  # 4 ranks x 8 Megatron trainings: ~3 min on a 2-core machine
+def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise_stock() -> None:
+    """Plus a dist_checkpointing save / fresh build / load / resume of the distributed optimizer, with Hermod on
+    both jobs or on neither: the restored model equals the saved one and the resumed step is bitwise stock's."""
     from flowlane.launch import launch
 
-    res = launch(_layouts, 4, timeout=900)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = launch(_layouts, 4, args=(tmp,), timeout=900)
     for rank, r in enumerate(res):
+        ck = r.pop("checkpoint")
+        assert ck["restored"] and ck["params_equal"], rank
+        assert "chunk" in ck["log"] and "critical" in ck["log"]  # Hermod scheduled the resumed job
         for name, x in r.items():
             assert x["losses_equal"] and x["params_equal"], (rank, name)
             dp = [e for e in x["log"] if e[0] == "chunk"]
@@ -336,3 +349,93 @@ def test_hermod_on_megatron_core_moe_and_tensor_parallel_layouts_is_bitwise_stoc
         assert moe["expert_groups"] >= 1  # expert parameters reduce over the expert-data-parallel group
         assert any(e[1] == "ep" for e in moe["log"])  # the token dispatcher's all-to-alls are keyed
     assert any(r["tp2_pp2_tied"]["losses"] for r in res) and any(r["moe_ep2_edp2"]["losses"] for r in res)
+
+
+def _checkpoint_resume(hermod: bool, ckpt_dir: str) -> dict:
+    """Train 2 iterations (distributed optimizer), save with Megatron's dist_checkpointing, build a fresh model and
+    optimizer, load, train 1 more: with Hermod attached to both the saving and the resumed job, or to neither."""
+    import os
+    from functools import partial
+
+    import torch
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from flowlane import comm
+    from megatron_plugin.hermod import Hermod, HermodConfig
+    from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
+
+    recipe = GPTRecipe(**RECIPE)
+    meta = {"distrib_optim_sharding_type": "dp_reshardable"}
+    hermods = []
+
+    def build() -> tuple:
+        torch.manual_seed(0)
+        model_parallel_cuda_manual_seed(0)
+        module, config = build_model(recipe)
+        model = DistributedDataParallel(config, DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=3000),
+            module)
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True),
+                                     [model])
+        config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
+        if hermod:
+            h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M, layers_per_stage=1,
+                       stage=ps.get_pipeline_model_parallel_rank(), num_stages=2,
+                       dp_group=ps.get_data_parallel_group(with_context_parallel=True))
+            h.attach_pipeline()
+            h.attach_ddp([model])
+            h.attach_finalize(config)
+            hermods.append(h)
+        return model, opt
+
+    def step(model, opt, it: int) -> None:
+        model.zero_grad_buffer()
+        opt.zero_grad()
+        get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, recipe=recipe), model=[model],
+            data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), num_microbatches=M,
+            seq_length=recipe.seq_length, micro_batch_size=recipe.micro_batch_size, forward_only=False)
+        opt.step()
+
+    with comm.owned_process_groups():
+        ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+        try:
+            model, opt = build()
+            for it in range(2):
+                step(model, opt, it)
+            sd = model.module.sharded_state_dict()
+            if torch.distributed.get_rank() == 0:
+                os.makedirs(ckpt_dir, exist_ok=True)
+            torch.distributed.barrier()
+            dist_checkpointing.save({"model": sd, "optimizer": opt.sharded_state_dict(sd, metadata=meta)}, ckpt_dir)
+            saved = [p.detach().clone() for p in model.parameters()]
+            for h in hermods:
+                h.close()
+            hermods.clear()
+            model2, opt2 = build()
+            # megatron-core without Apex/TE reads Adam's step from the optimizer state, which a fresh one lacks
+            opt2.chained_optimizers[0]._init_optimizer_states_with_dummy_values()
+            sd2 = model2.module.sharded_state_dict()
+            loaded = dist_checkpointing.load(
+                {"model": sd2, "optimizer": opt2.sharded_state_dict(sd2, is_loading=True, metadata=meta)}, ckpt_dir)
+            model2.module.load_state_dict(loaded["model"])
+            with torch.no_grad():
+                opt2.load_state_dict(loaded["optimizer"])
+            restored = all(torch.equal(a, b) for a, b in zip(saved, model2.parameters(), strict=True))
+            step(model2, opt2, 2)
+            out = {"restored": restored, "params": [p.detach().clone() for p in model2.parameters()],
+                   "log": [e.event for h in hermods for e in h.sched.log]}
+            for h in hermods:
+                h.close()
+            return out
+        finally:
+            ps.destroy_model_parallel()
