@@ -78,8 +78,8 @@ def hold_a_run_dir(rank: int, world: int, target: str, pids: str) -> None:
 # ------------------------------------------------------------------------------------------------ 1. stall, not cap
 def test_a_healthy_run_longer_than_the_stall_timeout_is_not_killed():
     """The issue's 18 it/s run killed at 40 s: a run that keeps making progress runs as long as it needs."""
-    # ~9 s of steps against a 4 s stall timeout: progress (a finished span, a heartbeat) keeps each rank alive
-    assert L.launch(steady_steps, 2, args=(36, 0.25), timeout=4, backend=None) == [36, 36]
+    # ~10 s of steps against a 5 s stall timeout: progress (a finished span, a heartbeat) keeps each rank alive
+    assert L.launch(steady_steps, 2, args=(40, 0.25), timeout=5, backend=None) == [40, 40]
 
 
 def test_start_up_has_its_own_timeout():
