@@ -556,11 +556,19 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
     from megatron.core import parallel_state as ps
 
     r = ctx.recipe
+    megatron_ddp = bool(getattr(r, "megatron_ddp", False))
     h = Hermod(hc, num_microbatches=r.num_microbatches, layers_per_stage=r.num_layers // r.pipeline_parallel,
                stage=ps.get_pipeline_model_parallel_rank(), num_stages=r.pipeline_parallel,
-               dp_group=ps.get_data_parallel_group(),
+               dp_group=ps.get_data_parallel_group(with_context_parallel=True) if megatron_ddp
+               else ps.get_data_parallel_group(),
                expert_dp_group=ps.get_expert_data_parallel_group() if getattr(r, "num_moe_experts", None) else None)
     h.attach_p2p(ctx.p2p_communicator)
+    if megatron_ddp:  # Megatron-core's own DDP: hook its bucket groups and its finalize_model_grads
+        h.attach_ddp([ctx.model])
+        h.attach_finalize(ctx.config)
+        if getattr(r, "num_moe_experts", None):
+            h.patch_moe_dispatcher()
+        return h
     from megatron_plugin.dist_optimizer import DistributedOptimizer
 
     opt = getattr(ctx, "optimizer", None)

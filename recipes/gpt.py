@@ -47,6 +47,10 @@ class GPTRecipe:
     # Megatron's --overlap-grad-reduce: each bucket's reduce-scatter starts in the last microbatch's backward as
     # soon as its gradients are final (distributed optimizer only here; the plain-Adam path reduces at the end)
     overlap_grad_reduce: bool = False
+    # Megatron-core's own DistributedDataParallel and get_megatron_optimizer (Adam) instead of the plugin's grad
+    # sync and optimizer: the three flags above then configure Megatron's DDP (Hermod hooks it: scheduler=hermod
+    # needs overlap_grad_reduce=true there)
+    megatron_ddp: bool = False
     # mixture of experts (None = dense): experts per MoE layer, expert-parallel size, router top-k
     num_moe_experts: int | None = None
     expert_parallel: int = 1
@@ -77,8 +81,9 @@ class GPTRecipe:
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(self.distributed_optimizer or not self.overlap_param_gather,
              "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)")
-        need(self.distributed_optimizer or not self.overlap_grad_reduce,
-             "overlap_grad_reduce=True needs distributed_optimizer=True (the plain-Adam path reduces at the end)")
+        need(self.distributed_optimizer or self.megatron_ddp or not self.overlap_grad_reduce,
+             "overlap_grad_reduce=True needs distributed_optimizer=True (the plain-Adam path reduces at the end) "
+             "or megatron_ddp=True")
         if self.num_moe_experts is not None:
             need(self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
                  f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
@@ -183,6 +188,32 @@ def build_model(recipe: GPTRecipe) -> tuple[torch.nn.Module, Any]:
     return model, config
 
 
+def _megatron_ddp(recipe: GPTRecipe, module: torch.nn.Module, config: Any) -> tuple[Any, Any]:
+    """Wrap the model in Megatron-core's DistributedDataParallel and build its optimizer, and set the config hooks
+    as Megatron-LM's train() does (no_sync, param_sync, finalize_model_grads)."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=recipe.overlap_grad_reduce,
+        use_distributed_optimizer=recipe.distributed_optimizer, overlap_param_gather=recipe.overlap_param_gather,
+        bucket_size=max(1, recipe.dp_bucket_bytes // 4))  # elements of fp32 gradients
+    model = DistributedDataParallel(config, ddp_config, module)
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=recipe.lr,
+                                                       use_distributed_optimizer=recipe.distributed_optimizer),
+                                       [model])
+    if recipe.overlap_grad_reduce:
+        config.no_sync_func = model.no_sync
+    if recipe.overlap_param_gather:
+        config.param_sync_func = model.start_param_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    return model, optimizer
+
+
 def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, Any]:
     """One rank of the default recipe (run under flowlane.launch). Collective; the process groups it creates
     (Megatron's, a feature's) are destroyed when it returns, so it can run again in the same process."""
@@ -216,7 +247,10 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
         p2p = FlowlaneP2PCommunicator(ps.get_pipeline_model_parallel_group(), config)
         expert_dp = ps.get_expert_data_parallel_group() if recipe.num_moe_experts else None
         optimizer: Any
-        if recipe.distributed_optimizer:  # the optimizer is also the grad sync (reduce-scatter into its shards)
+        if recipe.megatron_ddp:  # Megatron-core's own DDP, optimizer and finalize_model_grads
+            model, optimizer = _megatron_ddp(recipe, model, config)
+            grad_sync = config.finalize_model_grads_func
+        elif recipe.distributed_optimizer:  # the optimizer is also the grad sync (reduce-scatter into its shards)
             optimizer = grad_sync = DistributedOptimizer(
                 model, lr=recipe.lr, dp_group=ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
                 expert_dp_group=expert_dp, overlap_param_gather=recipe.overlap_param_gather,
@@ -242,6 +276,8 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             ctx.iteration = it
             comm.get_recorder().enabled = it > 0  # iteration 0 warms up; count bytes of steady state
             t0 = time.perf_counter()
+            if recipe.megatron_ddp:
+                model.zero_grad_buffer()
             optimizer.zero_grad(set_to_none=True)
             with trace.span("forward_backward", iteration=it):
                 out = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
@@ -255,7 +291,9 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             if is_last:
                 losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
             progress(it, losses[-1] if losses else None)
-        if recipe.distributed_optimizer:
+        if recipe.megatron_ddp and recipe.distributed_optimizer:
+            model.start_param_sync(force_sync=True)  # the last step's shards, gathered
+        elif recipe.distributed_optimizer:
             optimizer.close()  # the last step's gathers (overlapped ones wait for a next forward); hooks off
         rec = comm.get_recorder()
         feature_stats = {}

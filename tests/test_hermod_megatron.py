@@ -29,7 +29,13 @@ def _both(rank: int, world: int) -> dict:
     # the process-wide recorder is append-only: the second run's ops follow the first run's
     base_ops = ops(base)
     herm_ops = ops(herm)[len(base_ops):]
-    return {"base": {k: base[k] for k in keep} | {"ops": base_ops}, "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops}}
+    # the recipe on Megatron-core's own DDP and distributed optimizer with its overlap flags, without and with Hermod
+    on_megatron = dict(RECIPE, megatron_ddp=True, distributed_optimizer=True, overlap_grad_reduce=True,
+                       overlap_param_gather=True)
+    mbase = train_rank(rank, world, asdict(GPTRecipe(**on_megatron)))
+    mherm = train_rank(rank, world, asdict(GPTRecipe(**on_megatron, features={"scheduler": HERMOD})))
+    return {"base": {k: base[k] for k in keep} | {"ops": base_ops}, "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops},
+            "megatron_ddp": [(r["losses"], r["param_digest"]) for r in (mbase, mherm)]}
 
 
 def test_megatron_losses_and_parameters_equal_with_and_without_hermod_and_ops_are_keyed():
@@ -50,6 +56,9 @@ def test_megatron_losses_and_parameters_equal_with_and_without_hermod_and_ops_ar
         assert all("ctype='dp'" in k and f"microbatch={RECIPE['num_microbatches'] - 1}" in k
                                for k in dp_keys)
     assert any(r["hermod"]["losses"] for r in res)
+    for r in res:  # megatron_ddp=true: Hermod under the recipe's Megatron-core DDP gives stock's losses and parameters
+        (base_losses, base_digest), (herm_losses, herm_digest) = r["megatron_ddp"]
+        assert base_losses == herm_losses and base_digest == herm_digest
     assert len({frozenset(o["name"] for o in r["hermod"]["ops"] if o["kind"] == "ep") for r in res}) == 1
 
 
@@ -106,7 +115,13 @@ def _both_moe(rank: int, world: int, cfg: dict, hermod: dict) -> dict:
     base_ops = ops(base)
     herm_ops = ops(herm)[len(base_ops):]
     keep = ("losses", "param_digest", "pp_stage")
-    return {"base": {k: base[k] for k in keep} | {"ops": base_ops}, "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops}}
+    # the recipe on Megatron-core's own DDP and distributed optimizer with its overlap flags, without and with Hermod
+    on_megatron = dict(RECIPE, megatron_ddp=True, distributed_optimizer=True, overlap_grad_reduce=True,
+                       overlap_param_gather=True)
+    mbase = train_rank(rank, world, asdict(GPTRecipe(**on_megatron)))
+    mherm = train_rank(rank, world, asdict(GPTRecipe(**on_megatron, features={"scheduler": HERMOD})))
+    return {"base": {k: base[k] for k in keep} | {"ops": base_ops}, "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops},
+            "megatron_ddp": [(r["losses"], r["param_digest"]) for r in (mbase, mherm)]}
 
 
 @pytest.mark.parametrize(("cfg", "hermod", "ep_ops"), [
@@ -147,6 +162,9 @@ def test_moe_identical_with_and_without_hermod_experts_stay_off_the_dp_group(cfg
         assert {o["name"] for o in ep} == ep_ops
         assert not any(o["kind"] == "ep" for o in b["ops"])
     assert any(r["hermod"]["losses"] for r in res)
+    for r in res:  # megatron_ddp=true: Hermod under the recipe's Megatron-core DDP gives stock's losses and parameters
+        (base_losses, base_digest), (herm_losses, herm_digest) = r["megatron_ddp"]
+        assert base_losses == herm_losses and base_digest == herm_digest
 
 
 # -- HermodGradSync without Megatron's model: an expert with no tokens on one rank in one microbatch ----------------
