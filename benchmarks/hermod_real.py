@@ -139,7 +139,9 @@ def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
     if v.pop("mode", None) != "hermod":
         return dict(v["megatron"])
     wire = v.pop("wire", 0)
-    return {"distributed_optimizer": True, "features": {"scheduler": {
+    # on Megatron-core's own DDP (--megatron-ddp) Hermod hooks Megatron's overlapped reductions and gathers
+    overlap = {"overlap_grad_reduce": True, "overlap_param_gather": True} if v.pop("megatron_ddp", False) else {}
+    return {"distributed_optimizer": True, **overlap, "features": {"scheduler": {
         "name": "hermod", **v, **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {})}}}
 
 
@@ -478,12 +480,26 @@ def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
 def _title(a: argparse.Namespace, megatron: bool, rate: float | None) -> str:
     what = ("Megatron MoE GPT" if a.megatron_moe else "Megatron GPT") if megatron else "synthetic"
     where = {"per-rank": "per-rank egress (htb)", "shared-nic": "one NIC per 2-rank server (htb)",
-             "star": f"one switch, {a.switch_buffer_kb:g} KiB port buffers (tbf)"}[a.fabric]
+             "star": "one switch, {kb:g} KiB port buffers (tbf)"}[a.fabric].format(kb=a.switch_buffer_kb or 0)
     at = f"{rate:g} Mbit/s, " if rate is not None else ""
     pp = 2 if megatron else a.pp
     dp = a.ranks // pp
     return (f"{a.ranks} ranks PP{pp}xDP{dp}{'' if megatron and not a.megatron_moe else f'xEP{dp}'} ({what}), "
             f"{at}{where}\n{LABEL}")
+
+
+def provenance() -> dict[str, Any]:
+    """What produced a result file: the command, the commit (and whether the tree had local changes), the host."""
+    import platform
+    import subprocess
+
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return r.stdout.strip()
+
+    return {"command": "python -m benchmarks.hermod_real " + " ".join(sys.argv[1:]), "commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "host": platform.node(),
+            "cpus": os.cpu_count()}
 
 
 def _parse_rates(s: str) -> list[float]:
@@ -546,6 +562,10 @@ def main() -> int:
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
                     help="synthetic: flowlane.testing.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
+    ap.add_argument("--megatron-ddp", action="store_true",
+                    help="--workload megatron on Megatron-core's own DistributedDataParallel and optimizer (the "
+                         "recipe's megatron_ddp): fifo = its --overlap-grad-reduce --overlap-param-gather, megatron "
+                         "= neither, Hermod = hooked under those overlap flags")
     ap.add_argument("--megatron-moe", action="store_true",
                     help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
                          "groups, so the token all-to-alls share each rank's link with the DP traffic)")
@@ -594,6 +614,8 @@ def main() -> int:
         ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
+    if a.megatron_ddp and not megatron:
+        ap.error("--megatron-ddp needs --workload megatron")
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
     # warm-up + the probe (ep_auto_probe_iterations, default 2, per candidate) + one steady iteration
     least = max((2 + v.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS)
@@ -607,7 +629,8 @@ def main() -> int:
                  f"(warm-up, probe, one steady iteration): >= {least} here; got {a.iterations}")
     if megatron:
         work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
-                                    num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
+                                    num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage,
+                                    megatron_ddp=a.megatron_ddp)
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
         work = {**WORK, "pp": a.pp, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems,
@@ -626,7 +649,7 @@ def main() -> int:
         if v.get("wire"):
             w = " wire" if v["wire"] == 1 else " wire+ep"
             name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w
-        variants[name] = {"mode": "hermod", **v}
+        variants[name] = {"mode": "hermod", **v, **({"megatron_ddp": True} if megatron and a.megatron_ddp else {})}
     if os.geteuid() != 0:
         print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
         return 2
@@ -637,7 +660,7 @@ def main() -> int:
         doc, s = _measure(a, rate, variants, work, baselines, megatron)
         docs[rate] = doc
         if len(rates) == 1:
-            (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
+            (out / f"{a.name}.json").write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
             _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png", _title(a, megatron, rate))
         print(f"-- {rate:g} Mbit/s", json.dumps({k: doc[k] for k in (
             "median_iteration_time_s", "speedup_vs_fifo", "math_identical", "speedup_best_hermod_vs_baseline",
@@ -648,7 +671,7 @@ def main() -> int:
                               for k, v in row.items()})
     if len(rates) > 1:
         sweep = rate_sweep(docs, baselines)
-        (out / f"{a.name}.json").write_text(json.dumps(sweep, indent=1))
+        (out / f"{a.name}.json").write_text(json.dumps({**sweep, "provenance": provenance()}, indent=1))
         _plot_sweep(sweep, out / f"{a.name}.png", _title(a, megatron, None))
         print(json.dumps({k: sweep[k] for k in ("speedup_vs_baseline", "goal_met_at")}, indent=1))
     return 0
