@@ -1,13 +1,19 @@
 # flowlane: two commands for a fresh machine (python3, gcc, make).
 #   make train   the main job: default recipe (installs the llm lane on first use)
 #   make test    every test: both lanes + the NCCL net plugin (installs both lanes on first use)
-.PHONY: train test lanes plugin lint clean
+#   make test-fast  the framework-free core (Hermod's model, the simulator): the edit loop
+.PHONY: train test test-fast lanes plugin lint clean
 
 train:
 	scripts/train.sh $(ARGS)
 
 test:
 	scripts/test.sh $(ARGS)
+
+# the edit loop: Hermod's pure model and the simulator, no framework, no multi-rank runs (about a minute)
+test-fast:
+	scripts/bootstrap.sh llm
+	.venv-llm/bin/python -m pytest -q -p no:cacheprovider -m "once and not slow" $(ARGS)
 
 lanes:
 	scripts/bootstrap.sh llm
