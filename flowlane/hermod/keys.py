@@ -21,13 +21,13 @@ the four p2p directions of :data:`P2P_DIRECTIONS` (Megatron-core's names). Pure 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 from flowlane.policy import CoflowMeta
 
-P2PDirection = Literal["send_next", "recv_prev", "send_prev", "recv_next"]
 #: forward activations go to the next stage (send_next / recv_prev), gradients to the previous (send_prev / recv_next)
-P2P_DIRECTIONS: tuple[str, ...] = ("send_next", "recv_prev", "send_prev", "recv_next")
+P2PDirection = Literal["send_next", "recv_prev", "send_prev", "recv_next"]
+P2P_DIRECTIONS: tuple[str, ...] = get_args(P2PDirection)
 _TOWARD_NEXT = frozenset({"send_next", "recv_next"})
 
 
@@ -68,7 +68,7 @@ class HermodKeys:
                           microbatch=min(microbatch, self.num_microbatches - 1), layer=max(layer, 0),
                           stage=self.stage, op=op, seq=self._next_seq())
 
-    def pp(self, direction: str) -> CoflowMeta:
+    def pp(self, direction: P2PDirection) -> CoflowMeta:
         """The key of this rank's next pipeline op in ``direction`` (one of :data:`P2P_DIRECTIONS`)."""
         if direction not in self._counts:
             raise ValueError(f"pipeline direction {direction!r} is not one of {list(P2P_DIRECTIONS)}")
