@@ -313,6 +313,8 @@ def test_run_directory_private_and_removed_at_exit_and_after_crash(tmp_path: Pat
 
 def test_round_robin_directories_and_o_direct_roundtrip(tmp_path: Path) -> None:
     dirs = (str(tmp_path / "a"), str(tmp_path / "b"))
+    for d in dirs:
+        os.mkdir(d)
     be = PosixBackend(dirs, o_direct="auto")
     data = torch.randint(0, 255, (3 * 4096 + 123,), dtype=torch.uint8)
     hs = [be.write(f"t{i}", data) for i in range(4)]
@@ -423,6 +425,34 @@ def test_config_errors_name_the_bad_value() -> None:
         OffloadConfig(store_workers=0)
     with pytest.raises(ValueError, match=r"unknown offload option\(s\) \['keep_last'\]"):
         OffloadConfig.from_dict({"keep_last": 2})
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"enabled": "no"}, "offload.enabled='no' must be true or false"),
+    ({"adaptive": 1}, "offload.adaptive=1 must be true or false"),
+    ({"backend": "foo"}, r"offload.backend='foo' is not one of \('posix', 'kvikio', 'pinned_cpu', 'null', 'auto'\)"),
+    ({"keep_last_k": "2"}, "offload.keep_last_k='2' must be an integer >= 0"),
+    ({"prefetch_groups": 0}, "offload.prefetch_groups=0 must be an integer >= 1"),
+    ({"link_GBps": float("nan")}, "offload.link_GBps=nan must be a finite number >= 0"),
+    ({"dirs": ("",)}, "offload.dirs=.* must be a list of directory paths"),
+    ({"dirs": 5}, "offload.dirs=5 must be a list of directory paths"),
+])
+def test_config_refuses_wrong_types_naming_value_and_allowed(kw: dict, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        OffloadConfig(**kw)
+    with pytest.raises(ValueError, match=msg):
+        OffloadConfig.from_dict(kw)
+
+
+def test_mistyped_dirs_entry_is_an_error_and_never_created(tmp_path: Path) -> None:
+    typo = tmp_path / "nvme0-typo"
+    cfg = OffloadConfig(dirs=(str(tmp_path), str(typo)))  # pure checks pass: the path is a string
+    with pytest.raises(ValueError, match=r"offload.dirs entry '.*nvme0-typo' is not an existing folder"):
+        cfg.check_dirs()
+    with pytest.raises(ValueError, match=r"offload.dirs entry '.*nvme0-typo' is not an existing folder"):
+        make_backend(cfg)
+    assert not typo.exists()
+    OffloadConfig(dirs=(str(tmp_path),)).check_dirs()
 
 
 def test_ssd_estimate_cli_prints_thesis_check(capsys: pytest.CaptureFixture[str]) -> None:

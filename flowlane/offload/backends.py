@@ -121,9 +121,11 @@ def _install_exit_cleanup() -> None:
 
 
 def make_run_dir(target: str | os.PathLike) -> Path:
-    """Create a private (0700) per-run directory under ``target`` after sweeping stale ones."""
+    """Create a private (0700) per-run directory under ``target`` after sweeping stale ones. ``target`` must exist:
+    a mistyped ``offload.dirs`` entry is an error, never a new directory somewhere else."""
     t = Path(target)
-    t.mkdir(parents=True, exist_ok=True)
+    if not t.is_dir():
+        raise ValueError(f"offload.dirs entry {str(target)!r} is not an existing folder; create it first or fix the path")
     cleanup_stale(t)
     pid = os.getpid()
     d = t / f"{RUN_PREFIX}-{_host()}-{pid}-{_proc_start_time(pid)}-{os.urandom(4).hex()}"
@@ -484,6 +486,8 @@ def make_backend(cfg: OffloadConfig, rank: int = 0) -> IOBackend:
     name = cfg.backend
     if name == "auto":
         name = "kvikio" if kvikio_usable()[0] else "posix"
+    if name in ("posix", "kvikio"):
+        cfg.check_dirs()
     if name == "posix":
         return PosixBackend(cfg.dirs, cfg.o_direct, rank)
     if name == "kvikio":

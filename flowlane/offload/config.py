@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
 BackendName = Literal["posix", "kvikio", "pinned_cpu", "null", "auto"]
@@ -49,30 +52,58 @@ class OffloadConfig:
     """pinned_cpu backend: capacity of the host pool in bytes (0 = unbounded); exhausting it behaves like disk full."""
     kvikio_compat_mode: Literal["auto", "on", "off"] = "auto"
     """KVIKIO_COMPAT_MODE for the kvikio backend (on = POSIX I/O inside kvikio, off = GDS only)."""
+    prefetch_groups: int = 1
+    """CUDA tiers: how many layers ahead of the one in backward are reloaded, in stream order (>= 1)."""
+    link_GBps: float = 0.0
+    """``adaptive``: the link's rate in GB/s for the byte budget (pinned_cpu: PCIe; posix: the disk's write rate);
+    0 measures it in the profiled micro-batch (CUDA events around the copies, or the store threads' clock on CPU)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.dirs, str):
             self.dirs = (self.dirs,)
-        self.dirs = tuple(str(d) for d in self.dirs)
+        if isinstance(self.dirs, (list, tuple)):
+            self.dirs = tuple(str(d) if isinstance(d, os.PathLike) else d for d in self.dirs)
         self.validate()
 
     def validate(self) -> None:
+        """Types and ranges of every field (a string for a flag, 'no' for ``enabled``, a mistyped backend are errors
+        naming the value and what is allowed). Directories are checked by :meth:`check_dirs`."""
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"offload.enabled={self.enabled!r} must be true or false")
+        for name in ("adaptive", "offload_cpu_tensors", "check_versions"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ValueError(f"offload.{name}={v!r} must be true or false")
         if self.backend not in BACKENDS:
             raise ValueError(f"offload.backend={self.backend!r} is not one of {BACKENDS}")
+        if not isinstance(self.dirs, tuple) or not all(isinstance(d, str) and d for d in self.dirs):
+            raise ValueError(f"offload.dirs={self.dirs!r} must be a list of directory paths (non-empty strings)")
         for name in ("min_bytes", "keep_last_k", "profile_step", "pinned_pool_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"offload.{name}={v!r} must be an integer >= 0")
-        for name in ("store_workers", "load_workers"):
+        for name in ("store_workers", "load_workers", "prefetch_groups"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"offload.{name}={v!r} must be an integer >= 1")
+        v = self.link_GBps
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"offload.link_GBps={v!r} must be a finite number >= 0 (0 = measure it)")
         if self.o_direct not in ("auto", "on", "off"):
             raise ValueError(f"offload.o_direct={self.o_direct!r} must be 'auto', 'on' or 'off'")
         if self.on_io_error not in ("keep", "raise"):
             raise ValueError(f"offload.on_io_error={self.on_io_error!r} must be 'keep' or 'raise'")
         if self.kvikio_compat_mode not in ("auto", "on", "off"):
             raise ValueError(f"offload.kvikio_compat_mode={self.kvikio_compat_mode!r} must be 'auto', 'on' or 'off'")
+
+    def check_dirs(self) -> None:
+        """Every ``dirs`` entry is an existing, writable folder: a typo must not become a new directory on another
+        disk (the backends never create a target). Call it before any rank starts (the launcher does)."""
+        for d in self.dirs:
+            if not Path(d).is_dir():
+                raise ValueError(f"offload.dirs entry {d!r} is not an existing folder; create it first or fix the path")
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise ValueError(f"offload.dirs entry {d!r} is not writable")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> OffloadConfig:
@@ -82,7 +113,7 @@ class OffloadConfig:
         if unknown:
             raise ValueError(f"unknown offload option(s) {unknown}; known: {sorted(known)}")
         kw = dict(d)
-        if "dirs" in kw and kw["dirs"] is not None and not isinstance(kw["dirs"], str):
+        if isinstance(kw.get("dirs"), list):  # a Hydra/JSON list; anything else is checked by validate()
             kw["dirs"] = tuple(kw["dirs"])
         if kw.get("dirs") is None:
             kw.pop("dirs", None)
