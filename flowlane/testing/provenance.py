@@ -1,0 +1,47 @@
+"""What produced a result file: the shared envelope every benchmark and GPU check writes into its JSON.
+
+``provenance()`` records the command line, the commit (and whether tracked files had local changes), the host, its
+CPU count and, where torch sees one, the GPU. A copy of the tree without ``.git`` (the GPU machine gets one) takes
+the commit from ``FLOWLANE_COMMIT``, set by whoever sent the tree there.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str:
+    try:
+        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def provenance(command: str | None = None, device: str | None = None) -> dict[str, Any]:
+    """The envelope: ``command`` (default: this process's own command line), ``commit``, ``dirty``, ``host``,
+    ``cpus``, ``device`` (given, or the CUDA device torch sees, or ``cpu``) and the UTC time."""
+    commit = _git("rev-parse", "HEAD")
+    dirty: bool | None = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else None
+    if not commit:
+        commit = os.environ.get("FLOWLANE_COMMIT", "unknown (no .git and no FLOWLANE_COMMIT)")
+    if device is None:
+        device = "cpu"
+        torch = sys.modules.get("torch")  # never imports torch itself: a pure-core benchmark stays torch-free
+        if torch is not None and torch.cuda.is_available():
+            device = torch.cuda.get_device_name(0)
+    if command is None:
+        argv0 = sys.argv[0]
+        command = " ".join(shlex.quote(a) for a in ([sys.executable.rsplit("/", 1)[-1], argv0] if argv0.endswith(".py")
+                                                    else [argv0]) + sys.argv[1:])
+    return {"command": command, "commit": commit, "dirty": dirty, "host": platform.node(), "cpus": os.cpu_count(),
+            "device": device, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
