@@ -1,0 +1,201 @@
+"""The byte budget of activation offloading: how much the link can move while compute runs (seed 003 §5.3.5).
+
+SSDTrain's adaptive offloading keeps the last layers in memory so that offloading adds no step time (thesis §5.3.5,
+Fig. 5.9); its selector (``adaptive.py``) compares an average bandwidth with one window. On a GPU the copies run on
+their own streams in FIFO order, so this module replays the step instead: a timeline of one micro-batch with
+
+- forward: layer (group) ``i`` computes for ``fwd_s[i]``; its stores (``allow[i]`` bytes) enter the store stream when
+  its forward ends (one bulk copy per layer) and move at ``store_Bps``;
+- backward: layers in reverse order, ``bwd_s[i]`` each, after ``head_s`` (loss, output layer); the reload of layer
+  ``i`` is issued when the backward of layer ``i + prefetch`` begins (one group ahead by default), waits for its own
+  store, and moves at ``load_Bps`` on the load stream; layer ``i``'s backward cannot begin before its reload ends.
+
+Compute never waits for a store (no host waits), so the only cost is backward waiting for reloads: ``exposed_s``.
+:func:`choose_budget` offloads bytes front to back (the earliest layers have the longest windows; the layers reloaded
+first stay resident) and keeps the largest amount whose exposed time is <= ``slack_s``. Exposed time never falls when
+bytes are added to the front-to-back order, so a bisection finds it. Bytes beyond the hidden amount (``slack_s > 0``)
+are added only while each layer's added exposed time is below its forward time: past that, recomputing the layer is
+cheaper than waiting for it ("never offload what is cheaper to recompute").
+
+Pure Python: the tensor cache feeds it CUDA-event timings of a profiled micro-batch; ``flowlane ssd-estimate`` feeds it
+modelled sizes and times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What one micro-batch looked like (forward order of layers)."""
+
+    group_bytes: tuple[int, ...]
+    """Offloadable bytes per layer (saved activations above the size threshold, parameters excluded)."""
+    fwd_s: tuple[float, ...]
+    """Forward compute time per layer, seconds."""
+    bwd_s: tuple[float, ...]
+    """Backward compute time per layer, seconds."""
+    store_Bps: float
+    """Store link rate, bytes/s (PCIe device-to-host; for SSD the slower of that and the disk's write rate)."""
+    load_Bps: float
+    """Reload link rate, bytes/s (host-to-device; for SSD the slower of that and the disk's read rate)."""
+    head_s: float = 0.0
+    """Compute between the last layer's forward and its backward (output layer, loss), seconds."""
+
+    def __post_init__(self) -> None:
+        n = len(self.group_bytes)
+        if len(self.fwd_s) != n or len(self.bwd_s) != n:
+            raise ValueError(f"group_bytes ({n}), fwd_s ({len(self.fwd_s)}) and bwd_s ({len(self.bwd_s)}) must have "
+                             "one entry per layer")
+        for name, xs in (("group_bytes", self.group_bytes), ("fwd_s", self.fwd_s), ("bwd_s", self.bwd_s)):
+            for x in xs:
+                if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
+                    raise ValueError(f"{name} entry {x!r} must be a finite number >= 0")
+        for name in ("store_Bps", "load_Bps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and not math.isnan(v)):
+                raise ValueError(f"{name}={v!r} must be > 0 bytes/s")
+        if not (math.isfinite(self.head_s) and self.head_s >= 0):
+            raise ValueError(f"head_s={self.head_s!r} must be a finite number >= 0")
+
+    @property
+    def step_s(self) -> float:
+        """Compute time of the micro-batch without offloading."""
+        return sum(self.fwd_s) + self.head_s + sum(self.bwd_s)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The bytes to offload per layer and what the timeline model says they cost."""
+
+    allow_bytes: tuple[int, ...]
+    """Bytes of each layer to offload (forward order); the rest stays resident."""
+    exposed_s: float
+    """Modelled time backward waits for reloads with this plan."""
+    step_s: float
+    """Compute time of the micro-batch without offloading (the profile's)."""
+    recompute_cheaper: tuple[bool, ...]
+    """Layers left out because waiting for their transfer would cost more than recomputing their forward."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.allow_bytes)
+
+    @property
+    def keep_last_k(self) -> int:
+        """Trailing layers with nothing offloaded."""
+        k = 0
+        for a in reversed(self.allow_bytes):
+            if a:
+                break
+            k += 1
+        return k
+
+    def as_dict(self) -> dict:
+        return {"allow_bytes": list(self.allow_bytes), "total_bytes": self.total_bytes, "exposed_s": self.exposed_s,
+                "step_s": self.step_s, "keep_last_k": self.keep_last_k,
+                "recompute_cheaper": list(self.recompute_cheaper)}
+
+
+def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> float:
+    """Seconds backward waits for reloads when ``allow[i]`` bytes of layer ``i`` are offloaded (module docstring)."""
+    n = len(p.group_bytes)
+    if len(allow) != n:
+        raise ValueError(f"allow has {len(allow)} entries for {n} layers")
+    if prefetch < 1:
+        raise ValueError(f"prefetch={prefetch} must be >= 1")
+    done = [0.0] * n  # store of layer i complete
+    t = 0.0
+    free = 0.0
+    for i in range(n):
+        t += p.fwd_s[i]
+        if allow[i]:
+            free = max(free, t) + allow[i] / p.store_Bps
+        done[i] = free
+    t += p.head_s
+    waited = 0.0
+    load_free = 0.0
+    issued: dict[int, float] = {}
+    for i in range(n - 1, -1, -1):
+        # reloads issued when this layer's backward is about to begin: itself (if not yet) and `prefetch` ahead
+        for j in range(i, max(-1, i - prefetch - 1), -1):
+            if j not in issued:
+                issued[j] = t
+                if allow[j]:
+                    load_free = max(load_free, t, done[j]) + allow[j] / p.load_Bps
+                    issued[j] = load_free
+                else:
+                    issued[j] = t
+        if issued[i] > t:  # layer i's backward waits for its reload
+            waited += issued[i] - t
+            t = issued[i]
+        t += p.bwd_s[i]
+    return waited
+
+
+def _fill(p: StepProfile, total: int, eligible: Sequence[bool]) -> list[int]:
+    out = [0] * len(p.group_bytes)
+    left = total
+    for i, s in enumerate(p.group_bytes):
+        if not eligible[i]:
+            continue
+        take = min(s, left)
+        out[i] = take
+        left -= take
+        if left <= 0:
+            break
+    return out
+
+
+def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granularity: int = 1 << 20) -> Budget:
+    """The most bytes, filled front to back, whose modelled exposed time is <= ``slack_s`` (module docstring).
+
+    ``granularity`` rounds the bisection (bytes); a layer's share is a byte allowance, which the cache fills with
+    whole storages in the order they were saved."""
+    if not (math.isfinite(slack_s) and slack_s >= 0):
+        raise ValueError(f"slack_s={slack_s!r} must be a finite number >= 0")
+    n = len(p.group_bytes)
+    eligible = [True] * n
+    cheaper = [False] * n
+
+    def cost(total: int) -> float:
+        return exposed_time(p, _fill(p, total, eligible), prefetch)
+
+    def best(limit_s: float, hi: int) -> int:
+        lo = 0
+        if cost(hi) <= limit_s:
+            return hi
+        while hi - lo > granularity:
+            mid = (lo + hi) // 2
+            if cost(mid) <= limit_s:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    total_all = sum(p.group_bytes)
+    hidden = best(0.0, total_all)
+    chosen = hidden
+    if slack_s > 0:
+        # extend layer by layer while each layer's added wait is below its recompute (forward) time
+        filled = _fill(p, hidden, eligible)
+        for i in range(n):
+            if filled[i] >= p.group_bytes[i]:
+                continue
+            before = cost(chosen)
+            full = chosen + (p.group_bytes[i] - filled[i])
+            extra = cost(full) - before
+            if extra > p.fwd_s[i]:
+                cheaper[i] = True
+                for j in range(i, n):  # later layers have shorter windows: at least as costly
+                    cheaper[j] = cheaper[j] or p.group_bytes[j] > 0
+                break
+            if cost(full) > slack_s:
+                chosen = best(slack_s, full)
+                break
+            chosen = full
+    allow = _fill(p, chosen, eligible)
+    return Budget(tuple(allow), exposed_time(p, allow, prefetch), p.step_s, tuple(cheaper))

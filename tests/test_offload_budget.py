@@ -1,0 +1,99 @@
+"""The offload byte budget (flowlane.offload.budget): a timeline of one micro-batch, pure Python, no framework."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flowlane.offload.budget import Budget, StepProfile, choose_budget, exposed_time
+
+
+def _two_layers(**kw) -> StepProfile:
+    base = dict(group_bytes=(10, 10), fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), store_Bps=10.0, load_Bps=10.0)
+    base.update(kw)
+    return StepProfile(**base)
+
+
+def test_timeline_by_hand_first_layer_hidden_second_exposed() -> None:
+    p = _two_layers()
+    assert exposed_time(p, [0, 0]) == 0.0
+    # store 0: t 1-2; backward starts at 2: reload 0 runs 2-3, layer 1's backward 2-4, layer 0 starts at 4
+    assert exposed_time(p, [10, 0]) == 0.0
+    # store 1 runs 2-3; reload 1 3-4 (layer 1 waits 2 s); reload 0 4-5; layer 0 starts at 6: 2 s exposed
+    assert exposed_time(p, [10, 10]) == pytest.approx(2.0)
+
+
+def test_budget_keeps_resident_the_layer_reloaded_first() -> None:
+    b = choose_budget(_two_layers(), granularity=1)
+    assert b.allow_bytes == (10, 0) and b.keep_last_k == 1 and b.exposed_s == 0.0 and b.total_bytes == 10
+    assert b.step_s == pytest.approx(6.0)
+
+
+def test_budget_is_everything_on_a_fast_link_and_nothing_on_a_slow_one() -> None:
+    sizes = (100 << 20,) * 4
+    fast = StepProfile(sizes, (1.0,) * 4, (2.0,) * 4, store_Bps=1e15, load_Bps=1e15)
+    # the last layer's reload is issued as its backward begins: any transfer time is exposed, so it stays
+    assert choose_budget(fast).allow_bytes == sizes[:3] + (0,)
+    slow = StepProfile(sizes, (1e-3,) * 4, (2e-3,) * 4, store_Bps=1e6, load_Bps=1e6)
+    assert choose_budget(slow).total_bytes == 0
+
+
+def test_exposed_time_never_falls_when_bytes_are_added_front_to_back() -> None:
+    rng = random.Random(3)
+    for _ in range(30):
+        n = rng.randint(1, 8)
+        p = StepProfile(tuple(rng.randint(0, 1000) for _ in range(n)), tuple(rng.uniform(0, 2) for _ in range(n)),
+                        tuple(rng.uniform(0, 4) for _ in range(n)), store_Bps=rng.uniform(50, 1000),
+                        load_Bps=rng.uniform(50, 1000), head_s=rng.uniform(0, 1))
+        prev = 0.0
+        for total in range(0, sum(p.group_bytes) + 1, 37):
+            allow, left = [], total
+            for s in p.group_bytes:
+                allow.append(min(s, left))
+                left -= allow[-1]
+            e = exposed_time(p, allow, prefetch=rng.randint(1, 3))
+            e1 = exposed_time(p, allow, prefetch=1)
+            assert e1 >= prev - 1e-9
+            assert e <= e1 + 1e-9  # prefetching further ahead never hurts in this model
+            prev = e1
+        b = choose_budget(p, granularity=1)
+        assert b.exposed_s == 0.0
+
+
+def test_prefetching_two_layers_ahead_hides_more_when_backward_is_short() -> None:
+    p = StepProfile((10,) * 6, (1.0,) * 6, (0.5,) * 6, store_Bps=10.0, load_Bps=10.0, head_s=0.0)
+    assert choose_budget(p, prefetch=2, granularity=1).total_bytes > choose_budget(p, prefetch=1,
+                                                                                  granularity=1).total_bytes
+
+
+def test_slack_adds_bytes_only_while_waiting_is_cheaper_than_recompute() -> None:
+    p = _two_layers()
+    hidden = choose_budget(p, granularity=1)
+    # layer 1's extra wait for all its 10 bytes is 2 s > its forward (1 s): recompute it instead
+    b = choose_budget(p, slack_s=5.0, granularity=1)
+    assert b.allow_bytes == hidden.allow_bytes and b.recompute_cheaper == (False, True)
+    cheap = _two_layers(fwd_s=(1.0, 3.0))  # recomputing layer 1 costs 3 s > 2 s of waiting: offload it
+    b2 = choose_budget(cheap, slack_s=5.0, granularity=1)
+    assert b2.allow_bytes == (10, 10) and b2.exposed_s <= 5.0 and not any(b2.recompute_cheaper)
+    b3 = choose_budget(cheap, slack_s=1.0, granularity=1)  # a smaller slack stops part-way through layer 1
+    assert 10 < b3.total_bytes < 20 and b3.exposed_s <= 1.0
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"fwd_s": (1.0,)}, "one entry per layer"),
+    ({"store_Bps": 0.0}, "store_Bps=0.0 must be > 0"),
+    ({"load_Bps": float("nan")}, "load_Bps=nan must be > 0"),
+    ({"bwd_s": (1.0, float("inf"))}, "bwd_s entry inf must be a finite number"),
+    ({"group_bytes": (-1, 3)}, "group_bytes entry -1"),
+])
+def test_profile_refuses_bad_input_naming_it(kw: dict, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        _two_layers(**kw)
+
+
+def test_budget_dict_round_trip() -> None:
+    b = choose_budget(_two_layers(), granularity=1)
+    d = b.as_dict()
+    assert d["keep_last_k"] == 1 and d["allow_bytes"] == [10, 0]
+    assert isinstance(b, Budget)
