@@ -1,0 +1,348 @@
+"""PyTorch-Direct feature store: a host feature table pinned in place and gathered by GPU zero-copy reads.
+
+Seed 003 ch. 4 (digest research/003 §3): the thesis' "unified tensor" needs a rebuilt PyTorch; flowlane follows the
+recommendations of digest §3.6 instead (B1: no new device type, a pinned CPU tensor + a GPU gather op; B3: pin the
+existing table in place with ``cudaHostRegister`` rather than copying it into ``cudaMallocHost`` memory; B4: DGL's
+per-row 128-B alignment, see :mod:`flowlane.direct.kernels`).
+
+Two paths, chosen per store (:func:`choose_path`):
+
+- ``zero-copy``: a Triton kernel on the GPU reads the rows straight from host memory through the table's UVA address.
+- ``cpu-gather``: ``torch.index_select`` on the CPU into a pinned buffer, then ``.to(device, non_blocking=True)``
+  (the thesis' "Py" baseline, §4.5.1); used when there is no CUDA device, no Triton, or an unsupported dtype.
+
+Both return exactly ``table[idx]`` (``table[idx][:, cols]`` with a column selection): a gather copies bits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from flowlane.direct.config import LINE_BYTES, DirectConfig
+
+#: dtypes the zero-copy kernel is built and tested for (issue 39); others take the cpu-gather path
+ZERO_COPY_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+#: lanes per tile the launcher aims for (rows_per_program x block), and the widest column block
+_TILE_ELEMS = 4096
+_MAX_BLOCK = 1024
+
+Columns = slice | range | torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    """Which gather path a store uses and why."""
+
+    path: str
+    """'zero-copy' or 'cpu-gather'."""
+    reason: str
+    """One line: what made the choice (shown by ``flowlane doctor`` and in errors)."""
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``; CI's way to test kernels)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@lru_cache(maxsize=1)
+def triton_status() -> tuple[bool, str]:
+    """(importable, version or the import error). Imports Triton once, on first call (never on import)."""
+    try:
+        import triton
+    except Exception as e:  # noqa: BLE001 - any import failure means no zero-copy kernel
+        return False, f"Triton does not import ({type(e).__name__}: {str(e)[:100]})"
+    return True, f"Triton {triton.__version__}"
+
+
+def choose_path(device: torch.device | str, dtype: torch.dtype = torch.float32, pinned: bool = True,
+                requested: str = "auto") -> PathChoice:
+    """Pick the gather path for a table of ``dtype`` gathered onto ``device`` (pure, apart from probing CUDA/Triton).
+
+    Zero-copy needs a CUDA target device, CUDA available, Triton importable, a pinned (or pinnable) table and a dtype in
+    :data:`ZERO_COPY_DTYPES`. On a CPU device it runs only under the Triton interpreter (tests). ``requested`` is
+    ``DirectConfig.path``; asking for 'zero-copy' where it cannot run raises ``RuntimeError`` with the reason.
+    """
+    if requested not in ("auto", "zero-copy", "cpu-gather"):
+        raise ValueError(f"direct.path={requested!r} is not one of ('auto', 'zero-copy', 'cpu-gather')")
+    if requested == "cpu-gather":
+        return PathChoice("cpu-gather", "requested (direct.path='cpu-gather')")
+    dev = torch.device(device)
+    why = None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "no usable CUDA device"
+        elif interpreting():
+            why = "TRITON_INTERPRET=1 runs kernels on the CPU, not the GPU"
+        elif not pinned:
+            why = "the host table is not pinned (direct.pin=false)"
+    elif dev.type == "cpu":
+        if not interpreting():
+            why = "the target device is the CPU (zero-copy needs CUDA; TRITON_INTERPRET=1 runs it on CPU for tests)"
+    else:
+        why = f"target device {dev} is neither cuda nor cpu"
+    if why is None and dtype not in ZERO_COPY_DTYPES:
+        why = f"dtype {dtype} is not one of {[str(d) for d in ZERO_COPY_DTYPES]}"
+    if why is None:
+        ok, detail = triton_status()
+        if not ok:
+            why = detail
+    if why is None:
+        where = "interpreted on CPU" if dev.type == "cpu" else "GPU reads pinned host memory (UVA)"
+        return PathChoice("zero-copy", f"{where}, {triton_status()[1]}")
+    if requested == "zero-copy":
+        raise RuntimeError(f"direct.path='zero-copy' cannot run here: {why}; use path='auto' or 'cpu-gather'")
+    return PathChoice("cpu-gather", why)
+
+
+def default_choice() -> PathChoice:
+    """The choice ``FeatureStore(table)`` makes for an fp32 table on this machine (for ``flowlane doctor``)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return choose_path(dev, torch.float32, pinned=True)
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def check_indices(idx: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Return ``idx`` as a 1-D int64 tensor; refuse other dtypes/shapes and any index outside ``[0, n_rows)``,
+    naming the first bad index and its position."""
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"indices must be a torch.Tensor of int64 (or int32), got {type(idx).__name__}")
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices dtype {idx.dtype} is not allowed; use torch.int64 (or torch.int32)")
+    if idx.dim() != 1:
+        raise ValueError(f"indices must be 1-D, got shape {tuple(idx.shape)}")
+    idx = idx.long()
+    if idx.numel():
+        lo, hi = torch.aminmax(idx)
+        if int(lo) < 0 or int(hi) >= n_rows:
+            bad = ((idx < 0) | (idx >= n_rows)).nonzero()[0, 0]
+            raise IndexError(f"index {int(idx[bad])} at position {int(bad)} is out of range for a feature table of "
+                             f"{n_rows} rows (allowed: 0..{n_rows - 1})")
+    return idx
+
+
+def _columns(cols: Columns, n_cols: int) -> tuple[int, int] | torch.Tensor | None:
+    """None (all columns), (start, count) for a contiguous range, or a sorted int64 CPU tensor of column indices."""
+    if cols is None:
+        return None
+    if isinstance(cols, slice | range):
+        r = range(n_cols)[cols] if isinstance(cols, slice) else cols
+        if r.step != 1:
+            raise ValueError(f"column selection {cols!r} must have step 1 (or pass a tensor of column indices)")
+        if len(r) and not (r.start >= 0 and r.stop <= n_cols):
+            raise IndexError(f"column range {r.start}..{r.stop - 1} is out of range for {n_cols} columns "
+                             f"(allowed: 0..{n_cols - 1})")
+        return (r.start if len(r) else 0, len(r))
+    if not isinstance(cols, torch.Tensor) or cols.dtype not in (torch.int64, torch.int32) or cols.dim() != 1:
+        raise TypeError(f"columns must be None, a slice/range with step 1, or a 1-D int64 tensor, got {cols!r}")
+    c = cols.detach().to("cpu", torch.int64)
+    if c.numel():
+        lo, hi = torch.aminmax(c)
+        if int(lo) < 0 or int(hi) >= n_cols:
+            bad = ((c < 0) | (c >= n_cols)).nonzero()[0, 0]
+            raise IndexError(f"column {int(c[bad])} at position {int(bad)} is out of range for {n_cols} columns "
+                             f"(allowed: 0..{n_cols - 1})")
+        if c.numel() > 1 and bool((c[1:] - c[:-1] == 1).all()):
+            return (int(c[0]), int(c.numel()))  # contiguous: the aligned range kernel applies
+    return c
+
+
+# ------------------------------------------------------------------------------------------------ the two paths
+def cpu_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.device | str, cols: Columns = None) -> torch.Tensor:
+    """``table[idx]`` (``[:, cols]``) by CPU ``index_select`` into a pinned buffer and a non_blocking copy to ``device``.
+
+    ``table`` is a 2-D CPU tensor and ``idx`` already checked (:func:`check_indices`). On a CPU ``device`` the buffer
+    is the result (no pinning, no copy).
+    """
+    dev = torch.device(device)
+    idx = idx.to("cpu")
+    sel = _columns(cols, table.shape[1])
+    pin = dev.type == "cuda"
+    n_sel = table.shape[1] if sel is None else (sel[1] if isinstance(sel, tuple) else sel.numel())
+    buf = torch.empty((idx.numel(), n_sel), dtype=table.dtype, pin_memory=pin)
+    if sel is None:
+        torch.index_select(table, 0, idx, out=buf)
+    elif isinstance(sel, tuple):
+        torch.index_select(table[:, sel[0]:sel[0] + sel[1]], 0, idx, out=buf)
+    else:
+        buf.copy_(table[idx[:, None], sel[None, :]])
+    return buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf
+
+
+class _UVA:
+    """What a Triton launch needs of a pointer argument: the pinned host table's address (valid on the GPU under UVA)
+    and its dtype. A plain CPU tensor would make Triton treat the launch as a CPU one."""
+
+    __slots__ = ("_ptr", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._ptr, self.dtype = t.data_ptr(), t.dtype
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+def launch_shape(n_cols: int, elem_bytes: int, aligned: bool, rows_per_program: int = 0) -> tuple[int, int, int]:
+    """(BLOCK, n_chunks, ROWS) for a row window of ``n_cols`` elements.
+
+    Aligned rows need up to ``LINE/elem - 1`` extra leading lanes. BLOCK is the power of two (64..1024) with the fewest
+    lanes in all (ties: the larger block, fewer loop trips); ROWS fills a tile of about 4096 lanes.
+    """
+    span = n_cols + (LINE_BYTES // elem_bytes - 1 if aligned else 0)
+    best = None
+    b = 64
+    while b <= _MAX_BLOCK:
+        chunks = -(-span // b)
+        key = (chunks * b, -b)
+        if best is None or key < best[0]:
+            best = (key, b, chunks)
+        b *= 2
+    _, block, chunks = best  # type: ignore[misc]
+    rows = rows_per_program or max(1, min(64, _TILE_ELEMS // block))
+    return block, chunks, rows
+
+
+def zero_copy_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.device | str, cols: Columns = None,
+                     aligned: bool = True, rows_per_program: int = 0) -> torch.Tensor:
+    """``table[idx]`` (``[:, cols]``) gathered by the Triton kernel reading ``table`` in place.
+
+    ``table``: 2-D contiguous CPU tensor, pinned when ``device`` is CUDA (the caller's duty: :class:`FeatureStore`);
+    ``idx``: checked int64 indices. On a CPU ``device`` this needs ``TRITON_INTERPRET=1``.
+    """
+    from flowlane.direct import kernels
+
+    dev = torch.device(device)
+    idx = idx.to(dev)
+    n, n_cols = idx.numel(), table.shape[1]
+    sel = _columns(cols, n_cols)
+    elem = table.element_size()
+    src: Any = _UVA(table) if dev.type == "cuda" else table
+    if isinstance(sel, torch.Tensor):
+        out = torch.empty((n, sel.numel()), dtype=table.dtype, device=dev)
+        if n and sel.numel():
+            block, chunks, rows = launch_shape(sel.numel(), elem, False, rows_per_program)
+            kernels.gather_cols_kernel[(-(-n // rows),)](src, idx, sel.to(dev), out, n, sel.numel(), table.stride(0),
+                                                         out.stride(0), chunks, ROWS=rows, BLOCK=block)
+        return out
+    col0, width = (0, n_cols) if sel is None else sel
+    out = torch.empty((n, width), dtype=table.dtype, device=dev)
+    if n and width:
+        block, chunks, rows = launch_shape(width, elem, aligned, rows_per_program)
+        base_off = (table.data_ptr() % LINE_BYTES) // elem
+        kernels.gather_rows_kernel[(-(-n // rows),)](src, idx, out, n, width, table.stride(0), out.stride(0), col0,
+                                                     base_off, chunks, LINE_ELEMS=LINE_BYTES // elem, ALIGNED=aligned,
+                                                     ROWS=rows, BLOCK=block)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ pinning
+def _register(t: torch.Tensor) -> None:
+    rc = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0))
+    if rc != 0:
+        raise RuntimeError(f"cudaHostRegister of the {t.numel() * t.element_size():,}-byte feature table failed with "
+                           f"cudaError {rc} (712 = already registered: pin it once, or pass a pinned tensor)")
+
+
+def _unregister(ptr: int) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+class FeatureStore:
+    """A host feature table gathered onto ``device`` by the chosen path; ``store.gather(idx) == table[idx]`` bitwise.
+
+    Parameters
+    ----------
+    table : torch.Tensor
+        Contiguous CPU tensor ``[rows, ...]``; trailing dimensions are flattened into one row and restored on output.
+        When CUDA is present and ``config.pin`` it is pinned **in place** (``cudaHostRegister``, no second copy) and
+        unpinned by :meth:`close` (or when the store is garbage-collected). A table that is already pinned is used as is.
+    config : DirectConfig, optional
+        Path, alignment, pinning and index checks.
+    device : torch.device or str, optional
+        Where gathered rows land (default: the current CUDA device when available, else CPU).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flowlane.direct import FeatureStore, DirectConfig
+    >>> feats = torch.arange(12.0).reshape(4, 3)
+    >>> store = FeatureStore(feats, DirectConfig(path="cpu-gather"), device="cpu")
+    >>> store.gather(torch.tensor([2, 0, 2])).tolist()
+    [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]
+    >>> store.close()
+    """
+
+    def __init__(self, table: torch.Tensor, config: DirectConfig | None = None,
+                 device: torch.device | str | None = None) -> None:
+        self.config = config or DirectConfig()
+        if not isinstance(table, torch.Tensor):
+            raise TypeError(f"table must be a torch.Tensor, got {type(table).__name__}")
+        if table.device.type != "cpu":
+            raise ValueError(f"table is on {table.device}; a FeatureStore holds a host (CPU) table. A table already in "
+                             f"GPU memory needs no zero-copy: use table[idx]")
+        if table.dim() < 1 or not table.is_contiguous():
+            raise ValueError(f"table must be a contiguous tensor of >= 1 dimension (got shape {tuple(table.shape)}, "
+                             f"contiguous={table.is_contiguous()}); pinning in place needs one contiguous range, and "
+                             f".contiguous() would make the second copy this store avoids")
+        self.table = table
+        self.row_shape = tuple(table.shape[1:])
+        self._flat = table if table.dim() == 2 else table.view(table.shape[0], math.prod(self.row_shape))
+        self.device = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        self._finalizer: weakref.finalize | None = None
+        want_pin = self.config.pin and torch.cuda.is_available() and self.config.path != "cpu-gather"
+        pinned = table.is_pinned() if torch.cuda.is_available() else False
+        self.choice = choose_path(self.device, table.dtype, pinned=pinned or want_pin, requested=self.config.path)
+        if self.choice.path == "zero-copy" and self.device.type == "cuda" and not pinned and table.numel():
+            _register(table)  # in place: the table's own pages become pinned and mapped (UVA)
+            self._finalizer = weakref.finalize(self, _unregister, table.data_ptr())
+
+    @property
+    def path(self) -> str:
+        """'zero-copy' or 'cpu-gather'."""
+        return self.choice.path
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.shape[0]
+
+    def gather(self, idx: torch.Tensor, cols: Columns = None) -> torch.Tensor:
+        """Rows ``idx`` of the table on ``self.device``: ``table[idx]``, or ``table[idx][:, cols]`` for a 2-D table.
+
+        ``cols`` selects feature columns (DGS feature sampling): a slice/range with step 1, or an int64 tensor of column
+        indices (a contiguous run takes the aligned range kernel). Out-of-range indices raise ``IndexError``.
+        """
+        if self.config.check_indices:
+            idx = check_indices(idx, self.num_rows)
+        elif idx.dtype != torch.int64:
+            idx = idx.long()
+        if cols is not None and self.table.dim() != 2:
+            raise ValueError(f"a column selection needs a 2-D table; this one has shape {tuple(self.table.shape)}")
+        if self.path == "zero-copy":
+            out = zero_copy_gather(self._flat, idx, self.device, cols, self.config.aligned, self.config.rows_per_program)
+        else:
+            out = cpu_gather(self._flat, idx, self.device, cols)
+        return out if cols is not None or self.table.dim() == 2 else out.reshape(-1, *self.row_shape)
+
+    def close(self) -> None:
+        """Unpin the table if this store pinned it (idempotent)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+
+    def __enter__(self) -> FeatureStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"FeatureStore(rows={self.num_rows}, row_shape={self.row_shape}, dtype={self.table.dtype}, "
+                f"device={self.device}, path={self.path!r}: {self.choice.reason})")
