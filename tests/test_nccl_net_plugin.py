@@ -115,6 +115,19 @@ def test_properties_are_consistent_across_versions_and_cuda_memory_is_rejected(b
     assert "host memory only" in res.stderr
 
 
+# -- LEO path model (issue 32 item 4) -------------------------------------------------------------------------------
+
+def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: None) -> None:
+    """Pure-model cases with synthetic timestamps (nccl_net_plugin/test/leo_test.c, ASan+UBSan): a queued fast path is
+    joined until the idle slow one is cheaper (seed 000 §6.2.2's trade-off), our own queue never counts into k_hat
+    while foreign contention does, a contended path is avoided and priced without its stale toll once drained, and an
+    ACK delayed by the network misleads Greedy-E2E but not LEO (the receiver's dwell time is the signal)."""
+    res = subprocess.run([str(BUILD / "leo_test")], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 6, res.stdout
+    assert "all cases passed" in res.stdout
+
+
 # -- loopback scenarios, both API versions ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("api", ["v8", "v11"])
@@ -249,8 +262,8 @@ def test_multipath_over_two_veth_paths_keeps_data_intact_and_uses_both(built: No
     res = _driver("--api", api, *_ns_args(two_paths), "--max-bytes", str(64 << 20), "integrity", timeout=90,
                   env={"FLOWLANE_NET_DEBUG": "1", "FLOWLANE_NET_PATH_SELECTOR": "rr"})
     _assert_pass(res, "integrity over netns")
-    chunks = [int(m) for m in re.findall(r"path \d: (\d+) chunks", res.stderr)]
-    assert len(chunks) >= 2 and min(chunks) > 0, f"expected traffic on both paths, got {chunks}"
+    requests = [int(m) for m in re.findall(r"path \d: (\d+) requests", res.stderr)]
+    assert len(requests) >= 2 and min(requests) > 0, f"expected traffic on both paths, got {requests}"
 
 
 @pytest.mark.netns

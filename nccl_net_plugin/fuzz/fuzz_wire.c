@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "fl_claims.h"
-#include "fl_paths.h"
+#include "fl_leo.h"
 #include "fl_wire.h"
 
 static const uint8_t kSecret[FL_SECRET_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
@@ -47,15 +47,27 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   struct fl_selector s;
   fl_selector_init(&s, size ? data[0] % 3 : 0, size > 1 ? 1 + data[1] % FL_MAX_PATHS : 2);
   uint64_t t = 1000;
+  struct fl_leo_ticket open_tk[64];
+  int nopen = 0;
   for (size_t i = 2; i + 3 < size; i += 4) {
     uint64_t bytes = (uint64_t)data[i] << (data[i + 1] % 24);
-    int p = fl_selector_choose(&s, bytes, data[i + 1] >> 4);
-    if (p >= s.npaths) abort();
     t += (uint64_t)data[i + 2] * 1000;
-    if (p >= 0) fl_selector_on_sent(&s, p, bytes, t);
-    int q = data[i + 3] % s.npaths;
-    if (s.st[q].inflight > 0) fl_selector_on_acked(&s, q, bytes, t - (data[i + 3] * 10u), t + data[i + 2]);
-    if (isnan(fl_leo_cost(&s.st[q], bytes))) abort();
+    if (nopen < 64 && (data[i + 1] & 1)) { /* a request arrives */
+      int p = fl_selector_choose(&s, bytes, t);
+      if (p < 0 || p >= s.npaths) abort();
+      fl_selector_on_assign(&s, p, bytes, t, &open_tk[nopen++]);
+    } else if (nopen > 0) { /* one completes (any order across paths) */
+      int k = data[i + 3] % nopen;
+      struct fl_leo_ticket tk = open_tk[k];
+      open_tk[k] = open_tk[--nopen];
+      uint64_t t2 = tk.t1_ns + (uint64_t)data[i + 3] * 100u;
+      if (t < t2) t = t2;
+      fl_selector_on_complete(&s, &tk, t2, (uint64_t)data[i + 2] * 1000u, t + data[i + 3]);
+    }
+    for (int q = 0; q < s.npaths; q++) {
+      double c = fl_leo_cost(&s.st[q], bytes, t);
+      if (isnan(c) || c < 0 || s.st[q].inflight < 0) abort();
+    }
   }
   /* Claims: granted ranges never overlap or leave the message, and the
    * prefix equals the model's longest fully claimed prefix. */

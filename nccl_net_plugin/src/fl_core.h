@@ -15,7 +15,7 @@
 #include "flowlane_net.h"
 #include "flowlane_net_abi.h"
 #include "fl_claims.h"
-#include "fl_paths.h"
+#include "fl_leo.h"
 #include "fl_wire.h"
 
 #define FL_MAX_IFACES FL_MAX_PATHS
@@ -74,9 +74,13 @@ struct fl_request {
   int tag;
   uint32_t slot_seq;
   uint8_t index;
-  uint64_t carved;       /* bytes handed to paths */
+  uint64_t carved;       /* bytes handed to its path */
   int chunks_carved;
   int chunks_acked; /* done when every carved sub-chunk is acknowledged (as RDMA completes on the remote ACK) */
+  struct fl_leo_ticket ticket; /* its path and what LEO predicted at t1 (fl_leo.h) */
+  uint64_t t2_ns;              /* first byte handed to the socket */
+  uint64_t dwell_ns;           /* sum of the receiver's t4 - t3 over its sub-chunks (from the ACKs) */
+  struct fl_request* path_next; /* FIFO of requests placed on one path */
   /* recv */
   int n;
   uint32_t seq;
@@ -98,6 +102,7 @@ struct fl_chunk_rec {
 
 struct fl_path {
   int fd;
+  int eof; /* the peer closed its side: read no more; an error only if the comm still expects something */
   /* outgoing data frame (send comm) */
   int out_active;
   uint8_t out_hdr[FL_FRAME_HDR_BYTES];
@@ -117,6 +122,8 @@ struct fl_path {
   uint8_t in_ctl[FL_MAX_RECVS * FL_CTS_ENTRY_BYTES];
   struct fl_request* in_req;
   uint64_t in_start_ns;
+  /* send comm: requests LEO placed on this path, not yet fully carved (FIFO) */
+  struct fl_request *qhead, *qtail;
   /* unacknowledged sub-chunks, oldest first (TCP keeps per-path order) */
   struct fl_chunk_rec ring[FL_PATH_WINDOW];
   int ring_head, ring_count;
@@ -139,8 +146,7 @@ struct fl_comm {
   struct fl_selector sel;
   struct fl_request reqs[FL_REQS_PER_COMM];
   /* send side */
-  struct fl_request* sendq[FL_REQS_PER_COMM]; /* matched sends not yet fully carved, FIFO */
-  int sendq_head, sendq_count;
+  int queued; /* matched sends not yet fully carved, over all path queues */
   struct fl_cts cts[FL_CTS_QUEUE];
   int cts_head, cts_count;
   uint32_t next_chunk_id;

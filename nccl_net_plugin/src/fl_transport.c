@@ -900,12 +900,14 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
         return -1;
       }
       struct fl_chunk_rec* rec = &p->ring[p->ring_head];
-      uint64_t t = now_ns();
-      fl_selector_on_acked(&c->sel, pi, rec->bytes, rec->start_ns, t);
       c->unacked_bytes -= rec->bytes;
       struct fl_request* r = rec->req;
       r->chunks_acked++;
-      if (r->carved == r->size && r->chunks_acked == r->chunks_carved) r->done = 1;
+      r->dwell_ns += f->aux; /* the receiver's t4 - t3 for this sub-chunk */
+      if (r->carved == r->size && r->chunks_acked == r->chunks_carved) {
+        r->done = 1;
+        fl_selector_on_complete(&c->sel, &r->ticket, r->t2_ns, r->dwell_ns, now_ns()); /* t5 = t6 */
+      }
       p->ring_head = (p->ring_head + 1) % FL_PATH_WINDOW;
       p->ring_count--;
       return 0;
@@ -983,7 +985,7 @@ static int on_frame_body(struct fl_comm* c, struct fl_path* p, int pi) {
 static void path_read(struct fl_comm* c, int pi) {
   struct fl_path* p = &c->paths[pi];
   uint64_t budget = 16u << 20; /* fairness across comms within one progress pass */
-  while (!c->failed && budget > 0) {
+  while (!c->failed && !p->eof && budget > 0) {
     ssize_t r;
     if (!p->in_body) {
       r = recv(p->fd, p->in_hdr + p->in_hdr_got, FL_FRAME_HDR_BYTES - p->in_hdr_got, 0);
@@ -1015,8 +1017,8 @@ static void path_read(struct fl_comm* c, int pi) {
         if (on_frame_body(c, p, pi) != 0) return;
       }
     }
-    if (r == 0) {
-      comm_fail(c, "path %d: peer closed the connection", pi);
+    if (r == 0) { /* judged in progress_comm once every path was read: an ACK may still wait on another one */
+      p->eof = 1;
       return;
     }
     if (r < 0) {
@@ -1063,51 +1065,60 @@ static void path_write(struct fl_comm* c, int pi) {
   }
 }
 
-static int sendq_has_work(const struct fl_comm* c) { return c->sendq_count > 0; }
+static int sendq_has_work(const struct fl_comm* c) { return c->queued > 0; }
+static void carve_chunk(struct fl_comm* c, int pi, struct fl_request* r, uint64_t chunk);
 
-/* Hand the next sub-chunks of queued sends to paths. gated: a higher lane has
- * data waiting, so this lane starts nothing new (strict priority); capped: a
- * higher lane is active, so this lane keeps at most lane_cap bytes in flight,
- * i.e. a high-class chunk queues behind at most one small chunk. */
+/* Hand the next sub-chunks of each path's queued sends to that path. gated: a
+ * higher lane has data waiting, so this lane starts nothing new (strict
+ * priority); capped: a higher lane is active, so this lane keeps at most
+ * lane_cap bytes in flight, i.e. a high-class chunk queues behind at most one
+ * small chunk. The path of a request was chosen once, by LEO, in isend. */
 static void carve(struct fl_comm* c, int gated, int capped) {
-  while (!c->failed && c->sendq_count > 0 && !gated) {
-    struct fl_request* r = c->sendq[c->sendq_head];
-    uint64_t left = r->size - r->carved;
-    uint64_t chunk = E.params.chunk_bytes;
-    if (capped && chunk > E.params.lane_cap_bytes) chunk = E.params.lane_cap_bytes;
-    if (left < chunk) chunk = left;
-    if (capped && c->unacked_bytes > 0 && c->unacked_bytes + chunk > E.params.lane_cap_bytes) return;
-    unsigned ready = 0;
-    for (int q = 0; q < c->npaths; q++)
-      if (!c->paths[q].out_active && c->paths[q].ring_count < FL_PATH_WINDOW) ready |= 1u << q;
-    int pi = fl_selector_choose(&c->sel, chunk, ready);
-    if (pi < 0) return;
-    struct fl_path* p = &c->paths[pi];
-    if (p->out_active || p->ring_count == FL_PATH_WINDOW) return; /* the chosen path is busy: wait for it */
-    uint64_t t = now_ns();
-    uint32_t id = c->next_chunk_id++;
-    struct fl_frame f = {.type = FL_FRAME_DATA, .index = r->index, .seq = r->slot_seq, .offset = r->carved,
-                         .length = (uint32_t)chunk, .aux = id, .total = r->size};
-    fl_frame_encode(p->out_hdr, &f);
-    p->out_payload = r->data + r->carved;
-    p->out_len = (uint32_t)chunk;
-    p->out_done = 0;
-    p->out_active = 1;
-    p->out_req = r;
-    p->ring[(p->ring_head + p->ring_count) % FL_PATH_WINDOW] = (struct fl_chunk_rec){id, chunk, t, r};
-    p->ring_count++;
-    c->unacked_bytes += chunk;
-    c->last_sent_ns = t;
-    if (p->ring_count == 1) c->last_progress_ns = t; /* the peer's clock starts now */
-    fl_selector_on_sent(&c->sel, pi, chunk, t);
-    r->carved += chunk;
-    r->chunks_carved++;
-    if (r->carved == r->size) {
-      c->sendq_head = (c->sendq_head + 1) % FL_REQS_PER_COMM;
-      c->sendq_count--;
+  for (int moved = 1; moved && !gated && !c->failed && c->queued > 0;) {
+    moved = 0;
+    for (int pi = 0; pi < c->npaths && !c->failed; pi++) {
+      struct fl_path* p = &c->paths[pi];
+      struct fl_request* r = p->qhead;
+      if (!r || p->out_active || p->ring_count == FL_PATH_WINDOW) continue;
+      uint64_t left = r->size - r->carved;
+      uint64_t chunk = E.params.chunk_bytes;
+      if (capped && chunk > E.params.lane_cap_bytes) chunk = E.params.lane_cap_bytes;
+      if (left < chunk) chunk = left;
+      if (capped && c->unacked_bytes > 0 && c->unacked_bytes + chunk > E.params.lane_cap_bytes) return;
+      carve_chunk(c, pi, r, chunk);
+      moved = 1;
     }
-    path_write(c, pi);
   }
+}
+
+/* Put the next `chunk` bytes of r (queued on path pi) on the wire. */
+static void carve_chunk(struct fl_comm* c, int pi, struct fl_request* r, uint64_t chunk) {
+  struct fl_path* p = &c->paths[pi];
+  uint64_t t = now_ns();
+  if (r->chunks_carved == 0) r->t2_ns = t; /* t2: leaves our queue */
+  uint32_t id = c->next_chunk_id++;
+  struct fl_frame f = {.type = FL_FRAME_DATA, .index = r->index, .seq = r->slot_seq, .offset = r->carved,
+                       .length = (uint32_t)chunk, .aux = id, .total = r->size};
+  fl_frame_encode(p->out_hdr, &f);
+  p->out_payload = r->data + r->carved;
+  p->out_len = (uint32_t)chunk;
+  p->out_done = 0;
+  p->out_active = 1;
+  p->out_req = r;
+  p->ring[(p->ring_head + p->ring_count) % FL_PATH_WINDOW] = (struct fl_chunk_rec){id, chunk, t, r};
+  p->ring_count++;
+  c->unacked_bytes += chunk;
+  c->last_sent_ns = t;
+  if (p->ring_count == 1) c->last_progress_ns = t; /* the peer's clock starts now */
+  r->carved += chunk;
+  r->chunks_carved++;
+  if (r->carved == r->size) { /* fully carved: leaves the path's queue */
+    p->qhead = r->path_next;
+    if (!p->qhead) p->qtail = NULL;
+    r->path_next = NULL;
+    c->queued--;
+  }
+  path_write(c, pi);
 }
 
 static int comm_waits_on_peer(const struct fl_comm* c) {
@@ -1126,11 +1137,26 @@ static int comm_waits_on_peer(const struct fl_comm* c) {
   return 0;
 }
 
+/* Does the comm still expect anything from its peer (a closed peer is then an error)? */
+static int comm_expects_peer(const struct fl_comm* c) {
+  if (c->is_send && c->queued > 0) return 1;
+  for (int pi = 0; pi < c->npaths; pi++) {
+    const struct fl_path* p = &c->paths[pi];
+    if (p->ring_count > 0 || p->out_active || p->in_body || p->in_hdr_got) return 1;
+  }
+  if (!c->is_send)
+    for (int i = 0; i < FL_REQS_PER_COMM; i++)
+      if (c->reqs[i].kind == FL_REQ_RECV && !c->reqs[i].done) return 1;
+  return 0;
+}
+
 static void progress_comm(struct fl_comm* c, const short* revents, int gated, int capped) {
   if (c->failed) return;
   for (int pi = 0; pi < c->npaths && !c->failed; pi++) {
     if (!revents || (revents[pi] & (POLLIN | POLLHUP | POLLERR))) path_read(c, pi);
   }
+  for (int pi = 0; pi < c->npaths && !c->failed; pi++)
+    if (c->paths[pi].eof && comm_expects_peer(c)) comm_fail(c, "path %d: peer closed the connection", pi);
   for (int pi = 0; pi < c->npaths && !c->failed; pi++) {
     if (c->is_send) path_write(c, pi);
     else ctl_flush(c, &c->paths[pi], pi);
@@ -1194,6 +1220,8 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
   pthread_mutex_lock(&E.lock);
   ncclResult_t rc = ncclSuccess;
   progress_all();
+  for (int pi = 0; pi < c->npaths && !c->failed; pi++) /* a closed receiver will post no more receives */
+    if (c->paths[pi].eof) comm_fail(c, "path %d: peer closed the connection", pi);
   if (c->failed) {
     FL_WARN("isend on send comm %llu: %s", (unsigned long long)c->id, c->errmsg);
     rc = ncclRemoteError;
@@ -1232,8 +1260,16 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
     c->cts_head = (c->cts_head + 1) % FL_CTS_QUEUE;
     c->cts_count--;
   }
-  c->sendq[(c->sendq_head + c->sendq_count) % FL_REQS_PER_COMM] = r;
-  c->sendq_count++;
+  /* LEO: one path per request, chosen now (t1) from the paths' queues,
+   * tolls and base times (fl_leo.h). */
+  uint64_t t1 = now_ns();
+  int pi = fl_selector_choose(&c->sel, size, t1);
+  fl_selector_on_assign(&c->sel, pi, size, t1, &r->ticket);
+  struct fl_path* pq = &c->paths[pi];
+  if (pq->qtail) pq->qtail->path_next = r;
+  else pq->qhead = r;
+  pq->qtail = r;
+  c->queued++;
   *request = r;
   progress_all();
 out:
@@ -1333,10 +1369,10 @@ static ncclResult_t close_comm(struct fl_comm* c) {
   pthread_mutex_lock(&E.lock);
   if (c->is_send)
     for (int pi = 0; pi < c->npaths; pi++) {
-      const struct fl_path_stats* st = &c->sel.st[pi];
-      FL_INFO("send comm %llu path %d: %llu chunks, %llu bytes, est. %.1f MB/s, selector %s",
-              (unsigned long long)c->id, pi, (unsigned long long)st->chunks_sent, (unsigned long long)st->bytes_sent,
-              fl_path_bw(st) * 1e3, fl_selector_name(c->sel.kind));
+      const struct fl_leo_path* st = &c->sel.st[pi];
+      FL_INFO("send comm %llu path %d: %llu requests, %llu bytes, est. %.1f MB/s, k_hat %u, selector %s",
+              (unsigned long long)c->id, pi, (unsigned long long)st->requests, (unsigned long long)st->bytes,
+              fl_leo_bw(st) * 1e3, st->khat, fl_selector_name(c->sel.kind));
     }
   else
     for (int pi = 0; pi < c->npaths && !c->failed; pi++) ctl_flush(c, &c->paths[pi], pi); /* last ACKs complete sends */

@@ -1,0 +1,127 @@
+/* fl_leo.c - LEO / round-robin / Greedy-E2E per-request path selection (see fl_leo.h). */
+#include "fl_leo.h"
+
+#include <math.h>
+#include <string.h>
+
+#define FL_KHAT_EPS 0.20        /* digest B6 #3: the thesis' strict ">" is noise-sensitive */
+#define FL_KHAT_DELTA_NS 20000.0
+#define FL_DECAY 0.875          /* weight of older dwell samples in BW(p) */
+
+void fl_selector_init(struct fl_selector* s, int kind, int npaths) {
+  memset(s, 0, sizeof(*s));
+  s->kind = kind;
+  s->npaths = npaths < 1 ? 1 : (npaths > FL_MAX_PATHS ? FL_MAX_PATHS : npaths);
+}
+
+double fl_leo_bw(const struct fl_leo_path* p) {
+  if (!p->have_sample || p->dwell_ns <= 0 || p->dwell_bytes <= 0) return 0;
+  return p->dwell_bytes / p->dwell_ns;
+}
+
+static double toll(const struct fl_leo_path* p, uint64_t bytes) {
+  double bw = fl_leo_bw(p);
+  return bw > 0 ? (double)bytes / bw : 0;
+}
+
+static double base_time(const struct fl_leo_path* p, uint64_t bytes) { return p->t_tr_ns + toll(p, bytes); }
+
+static double queue_ns(const struct fl_leo_path* p, uint64_t now_ns) {
+  return p->busy_until_ns > now_ns ? (double)(p->busy_until_ns - now_ns) : 0;
+}
+
+/* k_hat as it stands at now_ns: a drained path delays nobody. */
+static double khat_now(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns) {
+  if (p->khat == 0) return 0;
+  if (p->inflight == 0 && now_ns > p->last_done_ns && (double)(now_ns - p->last_done_ns) > p->khat * toll(p, bytes))
+    return 0;
+  return p->khat;
+}
+
+double fl_leo_cost(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns) {
+  return queue_ns(p, now_ns) + khat_now(p, bytes, now_ns) * toll(p, bytes) + base_time(p, bytes);
+}
+
+int fl_selector_choose(const struct fl_selector* s, uint64_t bytes, uint64_t now_ns) {
+  if (s->npaths == 1) return 0;
+  if (s->kind == FL_SELECTOR_ROUND_ROBIN) return s->rr_next;
+  /* No offline profile: an idle path without a measurement is probed first. */
+  for (int p = 0; p < s->npaths; p++)
+    if (!s->st[p].have_sample && s->st[p].inflight == 0) return p;
+  int best = -1;
+  double best_cost = INFINITY;
+  for (int p = 0; p < s->npaths; p++) {
+    const struct fl_leo_path* st = &s->st[p];
+    if (!st->have_sample) continue; /* being probed */
+    double cost = s->kind == FL_SELECTOR_GREEDY ? st->last_e2e_ns : fl_leo_cost(st, bytes, now_ns);
+    if (cost < best_cost) { /* ties keep the lower index */
+      best_cost = cost;
+      best = p;
+    }
+  }
+  if (best >= 0) return best;
+  int fewest = 0; /* every path is being probed: the least loaded one */
+  for (int p = 1; p < s->npaths; p++)
+    if (s->st[p].inflight < s->st[fewest].inflight) fewest = p;
+  return fewest;
+}
+
+void fl_selector_on_assign(struct fl_selector* s, int path, uint64_t bytes, uint64_t now_ns, struct fl_leo_ticket* tk) {
+  struct fl_leo_path* st = &s->st[path];
+  tk->path = path;
+  tk->bytes = bytes;
+  tk->t1_ns = now_ns;
+  tk->predicted_ns = queue_ns(st, now_ns) + base_time(st, bytes);
+  /* eq. 6.2: the queue grows by S / BW when the request joins it */
+  uint64_t from = st->busy_until_ns > now_ns ? st->busy_until_ns : now_ns;
+  st->busy_until_ns = from + (uint64_t)toll(st, bytes);
+  st->inflight++;
+  st->requests++;
+  st->bytes += bytes;
+  if (s->kind == FL_SELECTOR_ROUND_ROBIN && path == s->rr_next) s->rr_next = (s->rr_next + 1) % s->npaths;
+}
+
+void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* tk, uint64_t t2_ns, uint64_t dwell_ns,
+                             uint64_t now_ns) {
+  struct fl_leo_path* st = &s->st[tk->path];
+  if (st->inflight > 0) st->inflight--;
+  st->last_done_ns = now_ns;
+  st->last_e2e_ns = now_ns > tk->t1_ns ? (double)(now_ns - tk->t1_ns) : 0;
+  double wait = t2_ns > tk->t1_ns ? (double)(t2_ns - tk->t1_ns) : 0; /* t2 - t1 */
+  double intra = wait + (double)dwell_ns;                            /* + (t4 - t3); t6 - t5 = 0 */
+  if (tk->bytes > 0) {
+    st->dwell_bytes = st->dwell_bytes * FL_DECAY + (double)tk->bytes;
+    st->dwell_ns = st->dwell_ns * FL_DECAY + (dwell_ns > 0 ? (double)dwell_ns : 1.0);
+  }
+  int first = !st->have_sample;
+  st->have_sample = 1;
+  if (wait <= FL_KHAT_DELTA_NS) { /* met no queue of ours: a T_tr sample */
+    double t_tr = intra - toll(st, tk->bytes);
+    if (t_tr < 0) t_tr = 0;
+    /* min filter that slowly forgets, so a path whose latency rises is re-learnt */
+    st->t_tr_ns = first ? t_tr : fmin(st->t_tr_ns * 1.001 + 1.0, t_tr);
+  }
+  if (!first && intra > tk->predicted_ns * (1.0 + FL_KHAT_EPS) + FL_KHAT_DELTA_NS) {
+    if (st->khat < FL_KHAT_MAX) st->khat++;
+  } else {
+    st->khat = 0;
+  }
+  /* re-anchor eq. 6.2 on what is really left: nothing once the path drained */
+  if (st->inflight == 0) st->busy_until_ns = now_ns;
+}
+
+int fl_selector_parse(const char* name) {
+  if (!name || !*name || !strcmp(name, "leo")) return FL_SELECTOR_LEO;
+  if (!strcmp(name, "rr") || !strcmp(name, "round-robin")) return FL_SELECTOR_ROUND_ROBIN;
+  if (!strcmp(name, "greedy")) return FL_SELECTOR_GREEDY;
+  return -1;
+}
+
+const char* fl_selector_name(int kind) {
+  switch (kind) {
+    case FL_SELECTOR_LEO: return "leo";
+    case FL_SELECTOR_ROUND_ROBIN: return "rr";
+    case FL_SELECTOR_GREEDY: return "greedy";
+    default: return "?";
+  }
+}

@@ -1,0 +1,98 @@
+/*
+ * fl_leo.h - LEO's per-request path selection (seed 000 ch. 6, §6.2.2;
+ * digest 000-hermod-leo.md part B2.3), with round-robin and Greedy-E2E as the
+ * baselines of the seed's Fig. 6.14. Pure model: timestamps come in as
+ * arguments, no sockets, no clock, no I/O.
+ *
+ * A request is one NCCL isend; all of it travels on the path chosen for it
+ * (it may be framed into sub-chunks there, which the model never sees).
+ * Paths are the sockets of one connection (digest B6 #7). For path p and a
+ * request of S bytes:
+ *
+ *   BW(p)        = sum S / sum (t4 - t3)     receiver dwell, decayed sums
+ *   T(p, S)      = T_tr(p) + S / BW(p)       base traverse time
+ *   toll(p, S)   = S / BW(p)                 communication toll
+ *   Q(p)         = eq. 6.2 for our own requests: grows by S/BW(p) when a
+ *                  request is put on p, drains with time
+ *   T_total(p)   = Q(p) + k_hat(p) * toll(p, S) + T(p, S)   (eq. 6.5 + Q)
+ *
+ * and the request goes to argmin T_total (ties: lower index, the priority
+ * list of the seed). The tradeoff is the seed's: joining a queued fast path
+ * costs its queue plus the toll it imposes; an idle slow path costs its
+ * longer base time.
+ *
+ * Timestamps (Fig. 6.6): t1 the request is put on its path, t2 its first byte
+ * is handed to the socket (leaves our queue), t3/t4 the receiver reads a
+ * frame's header / last byte (it returns t4 - t3 in the ACK), t5/t6 the ACK's
+ * arrival/processing (one call apart here: t6 - t5 = 0). Intra-host JCT =
+ * (t2 - t1) + sum(t4 - t3): network time is excluded, so path RTT jitter
+ * does not move it (the seed's point against Greedy-E2E).
+ *
+ * k_hat(p), "the number of requests that will see the queue caused by this
+ * one", from contention by other requests: a completed request whose intra
+ * JCT exceeded what our own queue and T predicted at t1 (by a 20 % + 20 us
+ * margin, digest B6 #3) saw someone else's queue: k_hat += 1; otherwise
+ * k_hat = 0. Our own queue is known exactly, so it enters as Q(p) and never
+ * counts into k_hat (the thesis' paths are shared, so its k_hat must infer
+ * all of it). A path with none of our requests in flight for longer than
+ * k_hat * toll is treated as drained (k_hat read as 0) so that a path that
+ * stopped being loaded is tried again [rec; the thesis resets only on a
+ * completion].
+ *
+ * T_tr(p) is learnt from completions that met no queue (min filter that
+ * slowly forgets) instead of the thesis' offline profile; a path with no
+ * sample yet is probed with the first request that finds it idle.
+ */
+#ifndef FL_LEO_H
+#define FL_LEO_H
+
+#include <stdint.h>
+
+#include "flowlane_net.h"
+
+#define FL_KHAT_MAX 64
+
+struct fl_leo_path {
+  int have_sample;          /* a request completed on this path */
+  double dwell_bytes;       /* decayed sum of request bytes ... */
+  double dwell_ns;          /* ... and of their receiver dwell: BW(p) = bytes / ns */
+  double t_tr_ns;           /* T_tr(p): base traverse time, min-filtered */
+  uint32_t khat;            /* k_hat(p) */
+  uint64_t busy_until_ns;   /* Q(p) = busy_until - now (eq. 6.2) */
+  int inflight;             /* our requests on p, not yet complete */
+  uint64_t last_done_ns;    /* last completion on p */
+  double last_e2e_ns;       /* Greedy-E2E: ACK time - t1 of the last request */
+  uint64_t requests, bytes; /* totals, for logs and benchmarks */
+};
+
+struct fl_selector {
+  int kind; /* FL_SELECTOR_* */
+  int npaths;
+  int rr_next;
+  struct fl_leo_path st[FL_MAX_PATHS];
+};
+
+/* What the selector predicted when it placed a request (kept with it). */
+struct fl_leo_ticket {
+  int path;
+  uint64_t bytes;
+  uint64_t t1_ns;
+  double predicted_ns; /* Q(p) + T(p, S) at t1: the intra JCT without anyone else's queue */
+};
+
+void fl_selector_init(struct fl_selector* s, int kind, int npaths);
+/* Path for a request of `bytes` arriving at now_ns (always a valid index). */
+int fl_selector_choose(const struct fl_selector* s, uint64_t bytes, uint64_t now_ns);
+/* The request was put on `path` at now_ns (t1). */
+void fl_selector_on_assign(struct fl_selector* s, int path, uint64_t bytes, uint64_t now_ns, struct fl_leo_ticket* tk);
+/* The request completed (its last ACK at now_ns): t2 when its first byte left
+ * our queue, dwell_ns = sum of the receiver's t4 - t3 over its frames. */
+void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* tk, uint64_t t2_ns, uint64_t dwell_ns,
+                             uint64_t now_ns);
+/* T_total of one path for a request of `bytes` at now_ns (tests and logs). */
+double fl_leo_cost(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns);
+double fl_leo_bw(const struct fl_leo_path* p); /* bytes per ns, 0 if unknown */
+int fl_selector_parse(const char* name);       /* -1 if unknown */
+const char* fl_selector_name(int kind);
+
+#endif /* FL_LEO_H */
