@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# sizes and offsets change per call: one compiled kernel per (dtype, tile) instead of one per divisibility pattern
+@triton.jit(do_not_specialize=["n_idx", "n_cols", "src_stride", "out_stride", "col0", "base_off", "n_chunks"])
 def gather_rows_kernel(src, idx, out, n_idx, n_cols, src_stride, out_stride, col0, base_off, n_chunks,
                        LINE_ELEMS: tl.constexpr, ALIGNED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """out[r, c] = src[idx[r], col0 + c] for r < n_idx, c < n_cols.
@@ -44,7 +45,7 @@ def gather_rows_kernel(src, idx, out, n_idx, n_cols, src_stride, out_stride, col
         tl.store(out + r[:, None] * out_stride + c, v, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_idx", "n_sel", "src_stride", "out_stride", "n_chunks"])
 def gather_cols_kernel(src, idx, cols, out, n_idx, n_sel, src_stride, out_stride, n_chunks,
                        ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """out[r, j] = src[idx[r], cols[j]]: the column-masked gather for an arbitrary (sorted) column list."""
