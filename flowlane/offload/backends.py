@@ -242,9 +242,12 @@ class PosixBackend(IOBackend):
         self._bounce = _Bounce()
         # unlinking a file whose pages sit in the page cache costs milliseconds: keep it off the backward path
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="flowlane-unlink")
+        self.direct_writes = 0
+        self.direct_fallbacks = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "o_direct": list(self.o_direct)}
+        return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "o_direct": list(self.o_direct),
+                "block_writes_o_direct": self.direct_writes, "block_writes_o_direct_refused": self.direct_fallbacks}
 
     def _bounce_buf(self) -> tuple[mmap.mmap, torch.Tensor]:
         b = self._bounce
@@ -313,6 +316,54 @@ class PosixBackend(IOBackend):
 
     def delete(self, handle: PosixHandle) -> None:
         self._janitor.submit(_unlink, handle.path)
+
+    def write_block(self, key: str, buf: torch.Tensor, nbytes: int) -> PosixHandle:
+        """Write ``buf[:nbytes]`` (a host-pool block: 4 KiB-aligned start, ``nbytes`` a multiple of 4 KiB) with one
+        O_DIRECT ``pwrite`` straight from it, no bounce copy. Where O_DIRECT is off or refuses the buffer (EINVAL),
+        a buffered write is used and ``direct_fallbacks`` counts it (``describe()`` reports it)."""
+        with self._rr_lock:
+            i = next(self._rr)
+        path = self.run_dirs[i] / f"r{self.rank}-{key}.bin"
+        mv = memoryview(buf.numpy())[:nbytes]
+        direct = self.o_direct[i] and nbytes % _ALIGN == 0 and buf.data_ptr() % _ALIGN == 0
+        for attempt_direct in ((True, False) if direct else (False,)):
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if attempt_direct else 0)
+            fd = os.open(path, flags, 0o600)
+            try:
+                _full_pwrite(fd, mv, 0)
+            except OSError as e:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                if attempt_direct and e.errno == errno.EINVAL:
+                    self.direct_fallbacks += 1
+                    continue
+                raise
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
+            os.close(fd)
+            if attempt_direct:
+                self.direct_writes += 1
+            return PosixHandle(str(path), nbytes, attempt_direct)
+        raise AssertionError("unreachable")
+
+    def read_block(self, handle: PosixHandle, buf: torch.Tensor, nbytes: int) -> None:
+        """Read a block written by :meth:`write_block` into ``buf[:nbytes]`` (O_DIRECT when it was written so)."""
+        mv = memoryview(buf.numpy())[:nbytes]
+        direct = handle.o_direct and buf.data_ptr() % _ALIGN == 0
+        fd = os.open(handle.path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        try:
+            off = 0
+            while off < nbytes:
+                got = os.preadv(fd, [mv[off:]], off)
+                if got <= 0:
+                    raise OSError(errno.EIO, f"short read from {handle.path}: {off} of {nbytes} bytes")
+                off += got
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self._janitor.shutdown(wait=True)

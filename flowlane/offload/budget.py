@@ -23,6 +23,7 @@ modelled sizes and times.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ def _fill(p: StepProfile, total: int, eligible: Sequence[bool]) -> list[int]:
     return out
 
 
-def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granularity: int = 1 << 20) -> Budget:
+def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granularity: int = 1 << 16) -> Budget:
     """The most bytes, filled front to back, whose modelled exposed time is <= ``slack_s`` (module docstring).
 
     ``granularity`` rounds the bisection (bytes); a layer's share is a byte allowance, which the cache fills with
@@ -165,9 +166,16 @@ def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granu
         return exposed_time(p, _fill(p, total, eligible), prefetch)
 
     def best(limit_s: float, hi: int) -> int:
-        lo = 0
         if cost(hi) <= limit_s:
             return hi
+        lo = 0
+        for edge in itertools.accumulate(p.group_bytes):  # whole layers first, then bytes of the next one
+            if edge >= hi:
+                break
+            if cost(edge) > limit_s:
+                hi = edge
+                break
+            lo = edge
         while hi - lo > granularity:
             mid = (lo + hi) // 2
             if cost(mid) <= limit_s:

@@ -16,6 +16,15 @@ Design choices where the thesis is silent or wrong (digest §2.6):
   forward*; when another micro-batch runs first (pipeline warm-up) they are stored after all.
 - versions (A3): a saved tensor modified in place after packing raises at unpack instead of giving a wrong gradient.
 - I/O errors: a failed store keeps the activation in memory (``on_io_error='keep'``) or raises; never a wrong grad.
+
+CUDA tiers (``pinned_cpu``, and ``posix`` staged through host memory) never wait on the host in pack or unpack:
+a layer's storages are copied in bulk when the layer's forward ends, on a device-to-host stream that waits for the
+compute stream's event, into one block of a persistent host pool (``pool.py``); ``record_stream`` keeps the device
+memory from reuse until the copy ran. Reloads of a layer are issued when the backward of the layer ``prefetch_groups``
+after it begins, on a host-to-device stream that waits for the store's event; the consumer's stream waits for the
+reload's event. Threads remain only for disk I/O (``posix`` writes each layer's block with one O_DIRECT write straight
+from the pool). ``kvikio`` and ``null`` keep the thread path. ``adaptive`` profiles one micro-batch (CUDA events on a
+GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``.
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ from typing import Any
 
 import torch
 
-from flowlane.offload.adaptive import keep_last_k_from_profile
 from flowlane.offload.backends import IOBackend, make_backend
+from flowlane.offload.budget import StepProfile, choose_budget
 from flowlane.offload.config import OffloadConfig
+from flowlane.offload.pool import HostBlock, PinnedPool, align_up
 from flowlane.offload.residency import Residency, mark_parameters, storage_uid
 
 _clock = time.perf_counter
@@ -75,6 +85,16 @@ class OffloadStats:
     """peak bytes of saved-activation storages inside scopes that are alive (kept, in flight, or reloaded)"""
     peak_resident_all_bytes: int = 0
     """the same including eligible tensors saved outside scopes or during backward (comparable across strategies)"""
+    bulk_stores: int = 0
+    """layers copied in bulk into one host block (CUDA tiers)"""
+    bulk_loads: int = 0
+    """layer reloads issued as one bulk copy (CUDA tiers)"""
+    budget_kept: int = 0
+    """storages kept resident because the byte budget was spent (``adaptive``)"""
+    late_loads: int = 0
+    """unpacks that waited on the host for a disk read still running (SSD tier only; never for pinned_cpu)"""
+    pool: dict[str, int] | None = None
+    """host pool counters (CUDA tiers): allocated, in use, peak, hits, misses"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,7 +136,7 @@ class _Stored:
     """One storage of one micro-batch record."""
 
     __slots__ = ("sid", "nbytes", "device", "group", "scopes", "state", "ref", "weak", "handle", "load_fut",
-                 "event", "dirty", "error", "released", "where")
+                 "event", "dirty", "error", "released", "where", "slab", "offset")
 
     def __init__(self, sid: int, nbytes: int, device: torch.device, group: int, where: str) -> None:
         self.sid = sid
@@ -134,6 +154,30 @@ class _Stored:
         self.error: BaseException | None = None
         self.released = False
         self.where = where
+        self.slab: _Slab | None = None  # bulk tiers: the layer block holding this storage's bytes
+        self.offset = 0
+
+
+class _Slab:
+    """One layer's storages in one host block (bulk tiers). ``alive``: members not yet released; ``block`` is
+    returned to the pool once no member needs the host copy (``last_use``: the event of the last copy from it)."""
+
+    __slots__ = ("key", "block", "nbytes", "payload", "members", "alive", "d2h_done", "last_use", "handle",
+                 "writing", "write_fut", "t_copy")
+
+    def __init__(self, key: str, block: HostBlock, members: list[_Stored]) -> None:
+        self.key = key
+        self.block: HostBlock | None = block
+        self.members = members
+        self.alive = {m.sid for m in members}
+        self.payload = sum(m.nbytes for m in members)
+        self.nbytes = sum(align_up(m.nbytes) for m in members)
+        self.d2h_done: Any = None
+        self.last_use: Any = None
+        self.handle: Any = None
+        self.writing = False
+        self.write_fut: Future | None = None
+        self.t_copy: tuple[Any, Any] | None = None  # (start, end) CUDA timing events while profiling
 
 
 class _Record:
@@ -158,6 +202,19 @@ class _Record:
         self.callback_queued = False
         self.futures: list[Future] = []
         self.released: dict[int, str] = {}  # sid -> why (diagnostics)
+        self.pending: dict[int, list[_Stored]] = {}  # bulk tiers: group -> storages waiting for the layer's end
+        self.assigned: list[int] = []  # bytes of each group given to the budget so far
+        self.slabs: list[_Slab] = []
+        # profiling (adaptive): per group backward times, the head time, the copy spans
+        self.bwd_t0: dict[int, Any] = {}
+        self.bwd_time: dict[int, float] = {}
+        self.fwd_ev: dict[int, tuple[Any, Any]] = {}
+        self.bwd_ev: dict[int, list[Any]] = {}
+        self.fwd_end: Any = None
+        self.bwd_start: Any = None
+        self.load_spans: list[tuple[Any, Any, int]] = []
+        self.load_bytes = 0
+        self.load_s = 0.0
 
 
 class SavedHandle:
@@ -190,6 +247,21 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
             yield from _tensors(o, depth + 1)
 
 
+def _first_device(*objs: Any) -> torch.device | None:
+    for t in _tensors(objs):
+        return t.device
+    return None
+
+
+def _timing_event(device: torch.device | None) -> Any:
+    """A CUDA timing event recorded on the current stream (profiling on a GPU), or None off the GPU."""
+    if device is None or device.type != "cuda":
+        return None
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
 def _bytes_view(st: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=device).set_(st)
 
@@ -202,7 +274,9 @@ class TensorCache:
     """
 
     def __init__(self, config: OffloadConfig | None = None, rank: int = 0,
-                 backend: IOBackend | None = None) -> None:
+                 backend: IOBackend | None = None, bulk_on_cpu: bool = False) -> None:
+        """``bulk_on_cpu`` (tests): CPU tensors take the CUDA tiers' bulk path too (copies are synchronous there),
+        so that its bookkeeping, pool and O_DIRECT writes run in CPU CI."""
         self.config = config or OffloadConfig()
         self.config.validate()
         self.rank = rank
@@ -225,11 +299,25 @@ class TensorCache:
         self._resident_all = Residency()
         self._closed = False
         self._outstanding: set[Future] = set()
+        self._bulk_on_cpu = bulk_on_cpu
+        # CUDA tiers with bulk copies: pinned host memory, and posix staged through it (kvikio and null: threads)
+        self._bulk_backend = self.backend.name == "pinned_cpu" or (
+            self.backend.name == "posix" and hasattr(self.backend, "write_block"))
+        self._pool: PinnedPool | None = None
+        self._streams: dict[int, tuple[Any, Any]] = {}  # device index -> (device-to-host, host-to-device) stream
+        self._allow: dict[Any, list[int]] = {}  # family -> bytes per group the budget offloads (adaptive)
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Exclude parameters and every view of them (``W.t()``) from offloading (thesis §5.3.3)."""
-        mark_parameters(list(params))
+        """Exclude parameters and every view of them (``W.t()``) from offloading (thesis §5.3.3). Parameters that
+        are tensor subclasses (DTensor, FP8 tensors) are refused: the cache rebuilds saved tensors from raw storage
+        bytes, which would drop the subclass (its metadata, scales or sharding) and give wrong gradients."""
+        params = list(params)
+        for p in params:
+            data = p.data if isinstance(p, torch.nn.Parameter) else p
+            if type(data) is not torch.Tensor:
+                raise TypeError(_subclass_msg(data, "a parameter"))
+        mark_parameters(params)
 
     def add_scope(self, module: torch.nn.Module, name: str | None = None) -> None:
         """Make ``module`` a scope (Alg. 5.2 lines 1-10). Outermost scopes are the prefetch/keep groups."""
@@ -273,6 +361,11 @@ class TensorCache:
         with self._lock:
             for rec in list(self._records.values()):
                 self._finish_backward(rec)
+        for d2h, h2d in self._streams.values():
+            d2h.synchronize()
+            h2d.synchronize()
+        if self._pool is not None:
+            self._pool.clear()
         self.backend.close()
 
     # ------------------------------------------------------------------------------------------ hints (Alg. 5.1)
@@ -346,6 +439,7 @@ class TensorCache:
             s = OffloadStats(**{k: v for k, v in self.stats.as_dict().items()})
             s.peak_resident_bytes = self._resident.peak
             s.peak_resident_all_bytes = self._resident_all.peak
+            s.pool = self._pool.stats() if self._pool is not None else None
             return s
 
     def reset_peak(self) -> None:
@@ -386,8 +480,8 @@ class TensorCache:
         rec.phase = "forward_done"
         self._ngroups[rec.family] = len(rec.groups)
         self._check_versions(rec)
-        if rec.profiling:
-            self._finish_profile(rec)
+        for g in sorted(rec.pending):  # layers whose forward hook did not run (an exception, a partial layer)
+            self._store_bulk(rec, g, rec.pending.pop(g))
 
     def _enter_backward(self, rec: _Record) -> None:
         if rec.phase == "backward":
@@ -401,9 +495,13 @@ class TensorCache:
     def _finish_backward(self, rec: _Record) -> None:
         if rec.phase == "done":
             return
+        was_backward = rec.phase == "backward"
         rec.phase = "done"
         if self._current is rec:
             self._current = None
+        if rec.profiling and was_backward:
+            self._finish_profile(rec)
+            rec.profiling = False
         for st in list(rec.storages.values()):
             self._release(rec, st)
         if self._records.get(rec.key) is rec:
@@ -427,6 +525,10 @@ class TensorCache:
                 rec.group_bytes.append(0)
                 rec.group_t0.append(_clock())
                 rec.group_time.append(0.0)
+                if rec.profiling:
+                    ev = _timing_event(_first_device(args, kwargs))
+                    if ev is not None:
+                        rec.fwd_ev[group] = (ev, None)
                 self._on_group_start(rec, group)
             else:
                 group = rec.scopes[parent].group
@@ -459,6 +561,15 @@ class TensorCache:
         sc = rec.scopes[sid]
         if sc.parent is None:
             rec.group_time[sc.group] = _clock() - rec.group_t0[sc.group]
+            rec.fwd_end = _clock()
+            if sc.group in rec.fwd_ev:
+                end = _timing_event(torch.device("cuda"))
+                rec.fwd_ev[sc.group] = (rec.fwd_ev[sc.group][0], end)
+                rec.fwd_end = end
+            with self._lock:
+                pend = rec.pending.pop(sc.group, None)
+                if pend:
+                    self._store_bulk(rec, sc.group, pend)  # the layer's forward is done: one bulk copy
         if self.config.check_versions:
             self._check_versions(rec)
 
@@ -485,9 +596,14 @@ class TensorCache:
             if sc.begun:
                 return
             sc.begun = True
-            self._ensure_loading(rec, rec.group_sids[sc.group])
-            if sc.group > 0:
-                self._ensure_loading(rec, rec.group_sids[sc.group - 1])
+            if rec.profiling and sc.parent is None:
+                now: Any = _clock() if sc.group not in rec.fwd_ev else _timing_event(torch.device("cuda"))
+                rec.bwd_t0[sc.group] = now
+                if rec.bwd_start is None:
+                    rec.bwd_start = now
+            # this layer, then ``prefetch_groups`` layers ahead in backward order, in stream order
+            for g in range(sc.group, max(-1, sc.group - 1 - self.config.prefetch_groups), -1):
+                self._ensure_loading(rec, rec.group_sids[g])
 
     def _on_engine_done(self, rec: _Record) -> None:
         with self._lock:
@@ -500,6 +616,12 @@ class TensorCache:
             if sc.ended or rec.phase == "done":
                 return
             sc.ended = True
+            if rec.profiling and sc.parent is None and sc.group in rec.bwd_t0:
+                t0 = rec.bwd_t0[sc.group]
+                if isinstance(t0, float):
+                    rec.bwd_time[sc.group] = _clock() - t0
+                else:
+                    rec.bwd_ev[sc.group] = [t0, _timing_event(torch.device("cuda"))]
             for s in sc.sids:
                 st = rec.storages.get(s)
                 if st is None:
@@ -523,6 +645,8 @@ class TensorCache:
             self._raise_pending_error()
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided:
             return t
+        if type(t) is not torch.Tensor:  # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
+            raise RuntimeError(_subclass_msg(t, f"a saved activation {tuple(t.shape)}"))
         if t.device.type == "cpu" and not self.config.offload_cpu_tensors:
             self.stats.cpu_skips += 1
             return t
@@ -561,13 +685,23 @@ class TensorCache:
                 self.stats.storages_tracked += 1
                 self._resident.add(st)
                 base = _bytes_view(st, t.device)
-                if t.is_cuda:
+                bulk = self._is_bulk(t.device)
+                if t.is_cuda and not bulk:
                     stored.event = torch.cuda.Event()
                     stored.event.record()
-                if self._keep_now(rec, sc.group):
+                keep = self._keep_now(rec, sc.group)
+                if not keep and not self._within_budget(rec, sc.group, stored.nbytes):
+                    stored.state = "resident"  # the budget is spent: stays on the device, never stored
+                    stored.ref = base
+                    self.stats.budget_kept += 1
+                elif keep:
                     stored.state = "kept"
                     stored.ref = base
                     self.stats.storages_kept += 1
+                elif bulk:
+                    stored.state = "pending"  # copied with the rest of its layer when the layer's forward ends
+                    stored.ref = base
+                    rec.pending.setdefault(sc.group, []).append(stored)
                 else:
                     self._submit_store(rec, stored, base, st)
             watch = -1
@@ -578,7 +712,25 @@ class TensorCache:
                                     f"{tuple(t.shape)} {t.dtype} saved in {sc.name}"))
             return SavedHandle(rec, uid, t, watch)
 
+    def _is_bulk(self, device: torch.device) -> bool:
+        return self._bulk_backend and (device.type == "cuda" or (self._bulk_on_cpu and device.type == "cpu"))
+
+    def _within_budget(self, rec: _Record, group: int, nbytes: int) -> bool:
+        """``adaptive`` after profiling: offload a layer's storages, in the order they are saved, while they fit in
+        the layer's byte allowance (budget.py); the rest stays resident."""
+        allow = None if rec.profiling else self._allow.get(rec.family)
+        if allow is None:
+            return True
+        while len(rec.assigned) <= group:
+            rec.assigned.append(0)
+        if group >= len(allow) or rec.assigned[group] + nbytes > allow[group]:
+            return False
+        rec.assigned[group] += nbytes
+        return True
+
     def _keep_now(self, rec: _Record, group: int) -> bool:
+        if not rec.profiling and rec.family in self._allow:
+            return False  # the budget decides (it keeps the last layers resident itself)
         k = self._effective_k(rec)
         if k <= 0:
             return False
@@ -619,6 +771,8 @@ class TensorCache:
         fwd = self._try_forward(st)
         if fwd is not None:
             return fwd
+        if st.slab is not None:
+            return self._materialize_bulk(rec, st)
         fut = st.load_fut
         if fut is None:
             self.stats.sync_loads += 1  # not prefetched: a hook did not fire or the order differs
@@ -643,6 +797,8 @@ class TensorCache:
                 st.state = "loaded"
                 st.event = None
                 self.stats.forwards += 1
+                if st.slab is not None:
+                    self._slab_member_done(st.slab, st.sid)
                 return st.ref
         return None
 
@@ -665,12 +821,19 @@ class TensorCache:
     def _flush_kept(self, rec: _Record, upto_group: int | None = None) -> None:
         if rec.phase in ("backward", "done"):
             return
-        for st in rec.storages.values():
+        bulk: dict[int, list[_Stored]] = {}
+        for st in list(rec.storages.values()):
             if st.state == "kept" and (upto_group is None or st.group <= upto_group):
+                if self._is_bulk(st.device):
+                    st.state = "pending"
+                    bulk.setdefault(st.group, []).append(st)
+                    continue
                 base = st.ref
                 st.ref = None
                 s = base.untyped_storage()
                 self._submit_store(rec, st, base, s)
+        for g, sts in sorted(bulk.items()):
+            self._store_bulk(rec, g, sts)
 
     def _submit_store(self, rec: _Record, st: _Stored, base: torch.Tensor, storage: torch.UntypedStorage) -> None:
         st.state = "storing"
@@ -737,12 +900,18 @@ class TensorCache:
             raise err
 
     def _ensure_loading(self, rec: _Record, sids: Iterable[int]) -> None:
-        for s in sids:
+        bulk: list[_Stored] = []
+        for s in sorted(sids):
             st = rec.storages.get(s)
             if st is None or st.ref is not None or st.load_fut is not None or st.released:
                 continue
             if self._try_forward(st) is None and st.state in ("storing", "stored"):
-                self._submit_load(rec, st)
+                if st.slab is not None:
+                    bulk.append(st)
+                else:
+                    self._submit_load(rec, st)
+        if bulk:
+            self._load_bulk(rec, bulk)
 
     def _submit_load(self, rec: _Record, st: _Stored) -> Future:
         fut = self._load_pool.submit(self._load_job, rec, st)
@@ -774,6 +943,7 @@ class TensorCache:
         if handle is None:
             st.error = RuntimeError("no stored copy exists (the write failed or was cancelled)")
             return
+        t_load = _clock()
         try:
             with _io_stream(st.device):
                 buf = self.backend.read(handle, st.nbytes, st.device)
@@ -790,6 +960,9 @@ class TensorCache:
         with self._lock:
             self.stats.bytes_read += st.nbytes
             self.stats.loads += 1
+            if rec.profiling:
+                rec.load_bytes += st.nbytes
+                rec.load_s += _clock() - t_load
             if st.released or st.ref is not None:
                 return
             self._resident.add(buf.untyped_storage())
@@ -808,11 +981,15 @@ class TensorCache:
         if st.handle is not None:
             self.backend.delete(st.handle)
             st.handle = None
+        if st.slab is not None:
+            self._slab_member_done(st.slab, st.sid)
         rec.storages.pop(st.sid, None)
 
     def _finish_profile(self, rec: _Record) -> None:
-        """Adaptive offloading (thesis §5.3.5): wait for this micro-batch's stores, measure the write bandwidth,
-        and choose how many trailing layers to keep from then on."""
+        """Adaptive offloading (thesis §5.3.5, on a timeline): after the profiled micro-batch's backward, read its
+        per-layer forward/backward times (CUDA events on a GPU, the clock on CPU) and the link rates seen by its
+        copies, and set each layer's byte allowance from :func:`budget.choose_budget`. The one host wait of the
+        feature happens here, once: the profiled step's events must have completed to be read."""
         futs = list(rec.futures)
         self._lock.release()
         try:
@@ -820,14 +997,326 @@ class TensorCache:
                 f.exception()
         finally:
             self._lock.acquire()
-        window = rec.store_t1 - rec.store_t0
-        bw = rec.store_bytes / window if window > 0 else float("inf")
-        res = keep_last_k_from_profile(rec.group_bytes, rec.group_time, bw)
-        self._k = res.keep_last_k
-        self.stats.keep_last_k = res.keep_last_k
-        self.stats.profile = {"sizes": list(res.sizes), "fwd_times_s": list(res.fwd_times),
-                              "write_bandwidth_Bps": bw, "last_offloaded": res.last_offloaded,
-                              "keep_last_k": res.keep_last_k}
+        n = len(rec.groups)
+        try:
+            if rec.fwd_ev and len(rec.fwd_ev) == n and all(e[1] is not None for e in rec.fwd_ev.values()):
+                timer = "cuda events"
+                torch.cuda.synchronize()
+                fwd = [rec.fwd_ev[g][0].elapsed_time(rec.fwd_ev[g][1]) / 1e3 for g in range(n)]
+                bwd = [rec.bwd_ev[g][0].elapsed_time(rec.bwd_ev[g][1]) / 1e3 if g in rec.bwd_ev else 0.0
+                       for g in range(n)]
+                head = (rec.fwd_end.elapsed_time(rec.bwd_start) / 1e3
+                        if rec.fwd_end is not None and rec.bwd_start is not None else 0.0)
+                spans = [(sl.t_copy[0].elapsed_time(sl.t_copy[1]) / 1e3, sl.payload) for sl in rec.slabs
+                         if sl.t_copy is not None]
+                store_s = sum(t for t, _ in spans)
+                store = sum(b for _, b in spans) / store_s if store_s > 0 else 0.0
+                load_s = sum(a.elapsed_time(b) / 1e3 for a, b, _ in rec.load_spans)
+                load = sum(nb for _, _, nb in rec.load_spans) / load_s if load_s > 0 else 0.0
+            else:
+                timer = "clock"
+                fwd = list(rec.group_time)
+                bwd = [rec.bwd_time.get(g, 0.0) for g in range(n)]
+                head = (rec.bwd_start - rec.fwd_end) if isinstance(rec.bwd_start, float) and \
+                    isinstance(rec.fwd_end, float) else 0.0
+                window = rec.store_t1 - rec.store_t0
+                store = rec.store_bytes / window if window > 0 else 0.0
+                load = rec.load_bytes / rec.load_s if rec.load_s > 0 else 0.0
+            if self.config.link_GBps > 0:
+                store = load = self.config.link_GBps * 1e9
+            store = store or load
+            load = load or store
+            if not store:
+                raise ValueError("no copy ran in the profiled micro-batch (everything was forwarded or kept); set "
+                                 "offload.link_GBps")
+            prof = StepProfile(tuple(rec.group_bytes), tuple(max(0.0, x) for x in fwd),
+                               tuple(max(0.0, x) for x in bwd), store, load, max(0.0, head))
+            budget = choose_budget(prof, prefetch=self.config.prefetch_groups)
+        except (ValueError, RuntimeError) as e:
+            warnings.warn(f"flowlane offload: adaptive profiling could not set a byte budget ({e}); keeping "
+                          f"keep_last_k={self._k}", RuntimeWarning, stacklevel=1)
+            self.stats.profile = {"error": str(e)}
+            return
+        self._allow[rec.family] = list(budget.allow_bytes)
+        self._k = budget.keep_last_k
+        self.stats.keep_last_k = budget.keep_last_k
+        self.stats.profile = {"timer": timer, "sizes": list(rec.group_bytes), "fwd_times_s": fwd,
+                              "bwd_times_s": bwd, "head_s": head, "write_bandwidth_Bps": store,
+                              "read_bandwidth_Bps": load, "prefetch_groups": self.config.prefetch_groups,
+                              **budget.as_dict()}
+
+    # ------------------------------------------------------------------------------------------ bulk tiers
+    def _cuda_streams(self, device: torch.device) -> tuple[Any, Any]:
+        """(device-to-host, host-to-device) streams of ``device``, created once."""
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in self._streams:
+            self._streams[idx] = (torch.cuda.Stream(device=idx), torch.cuda.Stream(device=idx))
+        return self._streams[idx]
+
+    def _host_pool(self) -> PinnedPool:
+        if self._pool is None:
+            self._pool = PinnedPool(self.config.pinned_pool_bytes, pin=torch.cuda.is_available())
+        return self._pool
+
+    def _store_bulk(self, rec: _Record, group: int, sts: list[_Stored]) -> None:
+        """Copy one layer's storages into one host block: on the device-to-host stream after an event of the compute
+        stream (no host wait), ``record_stream`` so their device memory is reused only after the copy ran."""
+        sts = [st for st in sts if st.state == "pending" and st.ref is not None and not st.released]
+        if not sts:
+            return
+        dev = sts[0].device
+        total = sum(align_up(st.nbytes) for st in sts)
+        try:
+            blk = self._host_pool().acquire(total)
+        except OSError as e:
+            for st in sts:
+                self._on_store_error(rec, st, st.ref, e)  # keeps every byte in device memory
+            return
+        slab = _Slab(f"{_key_str(rec.key)}-g{group}-{len(rec.slabs)}", blk, sts)
+        rec.slabs.append(slab)
+        offsets = []
+        off = 0
+        for st in sts:
+            offsets.append(off)
+            off += align_up(st.nbytes)
+        t0 = _clock()
+        if dev.type == "cuda":
+            d2h, _ = self._cuda_streams(dev)
+            produced = torch.cuda.Event()
+            produced.record(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(d2h):
+                d2h.wait_event(produced)
+                if blk.ready is not None:  # the block's previous reload must have read it
+                    d2h.wait_event(blk.ready)
+                    blk.ready = None
+                start = _timing_event(dev) if rec.profiling else None
+                for st, o in zip(sts, offsets, strict=True):
+                    blk.buf[o:o + st.nbytes].copy_(st.ref, non_blocking=True)
+                    st.ref.record_stream(d2h)
+                done = torch.cuda.Event(enable_timing=rec.profiling)
+                done.record(d2h)
+            slab.d2h_done = done
+            if start is not None:
+                slab.t_copy = (start, done)
+        else:
+            for st, o in zip(sts, offsets, strict=True):
+                blk.buf[o:o + st.nbytes].copy_(st.ref)
+        for st, o in zip(sts, offsets, strict=True):
+            st.slab, st.offset = slab, o
+            st.weak = weakref.ref(st.ref.untyped_storage())
+            st.ref = None
+            st.state = "stored"
+            self.stats.storages_offloaded += 1
+        self.stats.bulk_stores += 1
+        if self.backend.keeps_host_memory:  # pinned_cpu: the host block is the tier
+            self.stats.bytes_written += slab.payload
+            if rec.profiling and dev.type != "cuda":
+                rec.store_t0 = min(rec.store_t0, t0)
+                rec.store_t1 = max(rec.store_t1, _clock())
+                rec.store_bytes += slab.payload
+            return
+        for st in sts:
+            st.state = "storing"
+        slab.writing = True
+        fut = self._store_pool.submit(self._write_slab, rec, slab)
+        slab.write_fut = fut
+        self._track(rec, fut)
+
+    def _write_slab(self, rec: _Record, slab: _Slab) -> None:
+        """Disk thread: one large write of the layer's block, straight from the pool (O_DIRECT where possible)."""
+        with self._lock:
+            blk = slab.block
+            if not slab.alive or blk is None:  # every member forwarded or released before the write began
+                self.stats.cancellations += 1
+                self.stats.bytes_cancelled += slab.payload
+                slab.writing = False
+                for m in slab.members:
+                    if m.state == "storing":
+                        m.state = "stored"
+                self._slab_cleanup(slab)
+                return
+        t0 = _clock()
+        if slab.d2h_done is not None:
+            slab.d2h_done.synchronize()  # a disk thread may wait: the bulk copy into the block must be complete
+        try:
+            handle = self.backend.write_block(slab.key, blk.buf, slab.nbytes)  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - the host block still holds the bytes: loads read it from there
+            with self._lock:
+                slab.writing = False
+                for m in slab.members:
+                    if m.state == "storing":
+                        m.state = "stored"
+                self._note_store_error(rec, slab.payload, slab.key, e)
+            return
+        t1 = _clock()
+        with self._lock:
+            slab.writing = False
+            slab.handle = handle
+            self.stats.bytes_written += slab.payload
+            if rec.profiling:
+                rec.store_t0 = min(rec.store_t0, t0)
+                rec.store_t1 = max(rec.store_t1, t1)
+                rec.store_bytes += slab.payload
+            for m in slab.members:
+                if m.state == "storing":
+                    m.state = "stored"
+            self._slab_release_block(slab)
+            if not slab.alive:
+                self._slab_cleanup(slab)
+
+    def _note_store_error(self, rec: _Record, nbytes: int, where: str, e: BaseException) -> None:
+        """A failed write of a host block: its bytes stay in host memory (``keep``) or the next hint raises."""
+        self.stats.io_errors += 1
+        if self.config.on_io_error == "keep":
+            self.stats.fallbacks += 1
+            if not self._warned_fallback:
+                self._warned_fallback = True
+                warnings.warn(f"flowlane offload: storing an activation failed ({e}); keeping activations in "
+                              f"memory when this happens (offload.on_io_error='keep')", RuntimeWarning, stacklevel=1)
+        elif self._error is None:
+            self._error = RuntimeError(
+                f"flowlane offload: writing saved activations ({nbytes} bytes, {where}) to "
+                f"{self.backend.describe()} failed: {e}. Free space in the target directories, add more with "
+                f"offload.dirs, or set offload.on_io_error='keep' to keep activations in memory instead")
+            self._error.__cause__ = e
+
+    def _load_bulk(self, rec: _Record, sts: list[_Stored]) -> None:
+        """Reload storages, one bulk copy per layer block: from the host block when it is still there (pinned tier,
+        or a disk write not yet done), else a disk thread reads the block back and then issues the copy."""
+        by_slab: dict[int, tuple[_Slab, list[_Stored]]] = {}
+        for st in sts:
+            by_slab.setdefault(id(st.slab), (st.slab, []))[1].append(st)  # type: ignore[arg-type]
+        for slab, members in by_slab.values():
+            if slab.block is not None:
+                self._h2d(rec, slab, members)
+            elif slab.handle is not None:
+                fut = self._load_pool.submit(self._read_slab, rec, slab, members)
+                for m in members:
+                    m.load_fut = fut
+                self._track(rec, fut)
+            else:
+                for m in members:
+                    m.error = RuntimeError("no stored copy exists (the write failed or was cancelled)")
+
+    def _h2d(self, rec: _Record, slab: _Slab, members: list[_Stored]) -> None:
+        """Issue the host-to-device copies of ``members`` from ``slab.block`` (caller holds the lock)."""
+        blk = slab.block
+        assert blk is not None
+        members = [m for m in members if m.ref is None and not m.released]
+        if not members:
+            return
+        dev = members[0].device
+        outs: list[torch.Tensor] = []
+        ev = None
+        if dev.type == "cuda":
+            _, h2d = self._cuda_streams(dev)
+            with torch.cuda.stream(h2d):
+                if slab.d2h_done is not None:
+                    h2d.wait_event(slab.d2h_done)  # the store into the block, in stream order
+                start = _timing_event(dev) if rec.profiling else None
+                for m in members:
+                    d = torch.empty(m.nbytes, dtype=torch.uint8, device=dev)
+                    d.copy_(blk.buf[m.offset:m.offset + m.nbytes], non_blocking=True)
+                    outs.append(d)
+                ev = torch.cuda.Event(enable_timing=rec.profiling)
+                ev.record(h2d)
+            slab.last_use = ev
+            if start is not None:
+                rec.load_spans.append((start, ev, sum(m.nbytes for m in members)))
+        else:
+            t0 = _clock()
+            outs = [blk.buf[m.offset:m.offset + m.nbytes].clone() for m in members]
+            if rec.profiling:
+                rec.load_s += _clock() - t0
+                rec.load_bytes += sum(m.nbytes for m in members)
+        self.stats.bulk_loads += 1
+        for m, d in zip(members, outs, strict=True):
+            m.ref = d
+            m.event = ev
+            m.state = "loaded"
+            m.load_fut = None
+            self._resident.add(d.untyped_storage())
+            self._resident_all.add(d.untyped_storage())
+            self.stats.loads += 1
+            self.stats.bytes_read += m.nbytes
+            self._slab_member_done(slab, m.sid)
+
+    def _read_slab(self, rec: _Record, slab: _Slab, members: list[_Stored]) -> None:
+        """Disk thread: read a layer's block back into the pool (O_DIRECT where possible), then issue its reload."""
+        try:
+            blk = self._host_pool().acquire(slab.nbytes)
+            blk.wait_ready_on_host()  # its previous GPU copy must be done before the disk writes into it
+            t0 = _clock()
+            self.backend.read_block(slab.handle, blk.buf, slab.nbytes)  # type: ignore[attr-defined]
+            dt = _clock() - t0
+        except Exception as e:  # noqa: BLE001 - recorded and raised at the unpack that needs the tensor
+            with self._lock:
+                self.stats.io_errors += 1
+                for m in members:
+                    m.error = e
+                    m.load_fut = None
+            return
+        with self._lock:
+            if rec.profiling and members[0].device.type != "cuda":
+                rec.load_s += dt
+                rec.load_bytes += slab.payload
+            if slab.block is None:
+                slab.block = blk
+            else:
+                self._host_pool().release(blk)
+            self._h2d(rec, slab, members)
+            for m in members:
+                m.load_fut = None
+            if not slab.alive:
+                self._slab_cleanup(slab)
+
+    def _materialize_bulk(self, rec: _Record, st: _Stored) -> torch.Tensor:
+        """Unpack of a bulk-tier storage that is not in memory yet (caller holds the lock)."""
+        if st.load_fut is None:
+            self.stats.sync_loads += 1  # not prefetched: a hook did not fire or the order differs
+            self._load_bulk(rec, [st])
+        fut = st.load_fut
+        if st.ref is None and fut is not None:
+            self.stats.late_loads += 1  # the disk read is still running: the one wait left (SSD tier)
+            self._lock.release()
+            try:
+                fut.result()
+            finally:
+                self._lock.acquire()
+        if st.ref is None:
+            err = st.error
+            raise RuntimeError(f"flowlane offload: reading back a saved activation ({st.nbytes} bytes, "
+                               f"{st.where}) failed: {err}; the gradient cannot be computed") from err
+        return st.ref
+
+    def _slab_member_done(self, slab: _Slab, sid: int) -> None:
+        """``sid`` no longer needs the tier's copy (loaded, forwarded or released)."""
+        slab.alive.discard(sid)
+        if not slab.alive:
+            self._slab_cleanup(slab)
+
+    def _slab_release_block(self, slab: _Slab) -> None:
+        """The disk holds the bytes: give the host block back (after its last GPU copy, in stream order)."""
+        if slab.block is not None and not slab.writing and slab.handle is not None:
+            self._host_pool().release(slab.block, slab.last_use or slab.d2h_done)
+            slab.block = None
+
+    def _slab_cleanup(self, slab: _Slab) -> None:
+        """No member needs the tier's copy any more: free the host block and the file."""
+        if slab.writing:
+            return  # the writer calls back when it is done
+        if slab.block is not None:
+            self._host_pool().release(slab.block, slab.last_use or slab.d2h_done)
+            slab.block = None
+        if slab.handle is not None:
+            self.backend.delete(slab.handle)
+            slab.handle = None
+
+
+def _subclass_msg(t: Any, what: str) -> str:
+    return (f"flowlane offload: {what} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); activation "
+            "offloading moves plain tensors' storage bytes and cannot rebuild a subclass (DTensor, FP8 tensors) "
+            "correctly. Offload a model whose activations are plain tensors, or leave offloading off")
 
 
 def _key_str(key: Any) -> str:

@@ -1,0 +1,207 @@
+"""The CUDA tiers' bulk path of the tensor cache, run on CPU tensors (``bulk_on_cpu``; copies are synchronous there):
+one host block per layer from a persistent pool, reloads one layer ahead, the SSD tier writing whole blocks with
+O_DIRECT straight from the pool, the byte budget from a profiled micro-batch. Gradients are compared bitwise with
+the same model run without offloading."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from flowlane.offload import OffloadConfig, PosixBackend, TensorCache, install, make_backend
+from flowlane.offload.pool import ALIGN, PinnedPool, size_class
+from tests.test_offload_core import MIN_BYTES, A, _grads, _model, _reference
+
+L = 6
+
+
+def _bulk(m: nn.Module, cfg: OffloadConfig, backend=None) -> TensorCache:
+    cache = TensorCache(cfg, backend=backend, bulk_on_cpu=True)
+    cache.register_parameters(m.parameters())
+    for blk in m.blocks:
+        cache.add_scope(blk)
+    return cache.activate()
+
+
+def _cfg(tmp_path: Path, **kw) -> OffloadConfig:
+    base = dict(dirs=(str(tmp_path),), min_bytes=MIN_BYTES, offload_cpu_tensors=True)
+    base.update(kw)
+    return OffloadConfig(**base)
+
+
+class _Spy(PosixBackend):
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.blocks: list[int] = []
+        self.small_writes = 0
+
+    def write_block(self, key, buf, nbytes):
+        self.blocks.append(nbytes)
+        return super().write_block(key, buf, nbytes)
+
+    def write(self, key, data):
+        self.small_writes += 1
+        return super().write(key, data)
+
+
+def test_pinned_tier_one_block_per_layer_from_a_persistent_pool_bitwise(tmp_path: Path) -> None:
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    with _bulk(m, _cfg(tmp_path, backend="pinned_cpu", keep_last_k=1)) as cache:
+        pools = []
+        for _ in range(3):
+            before = cache.stats_snapshot()
+            m.zero_grad()
+            m(idx).backward()
+            s = cache.stats_snapshot()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+            assert s.bytes_written - before.bytes_written == (L - 1) * A
+            assert s.bytes_read - before.bytes_read == (L - 1) * A
+            assert s.bulk_stores - before.bulk_stores == L - 1  # one bulk copy per offloaded layer
+            assert s.sync_loads == 0 and s.late_loads == 0  # every reload was issued a layer ahead
+            pools.append(s.pool)
+    # first step: layer count unknown, kept layers stored late; from the second step on no new host memory
+    assert pools[2]["misses"] == pools[1]["misses"] and pools[2]["allocated_bytes"] == pools[1]["allocated_bytes"]
+    assert pools[2]["hits"] > pools[1]["hits"]
+    assert pools[2]["in_use_bytes"] == 0
+
+
+def test_ssd_tier_writes_whole_layer_blocks_straight_from_the_pool(tmp_path: Path) -> None:
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    spy = _Spy((str(tmp_path),))
+    with _bulk(m, _cfg(tmp_path, keep_last_k=1), backend=spy) as cache:
+        m(idx).backward()  # learn the layer count
+        spy.blocks.clear()
+        before = cache.stats_snapshot()
+        m.zero_grad()
+        loss = m(idx)
+        cache.wait_io()  # every block on disk before backward: reloads read the files back
+        loss.backward()
+        cache.wait_io()
+        s = cache.stats_snapshot()
+        desc = spy.describe()
+    assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+    assert spy.small_writes == 0  # no per-tensor writes and no bounce buffer
+    assert len(spy.blocks) == L - 1 and all(b % ALIGN == 0 for b in spy.blocks)
+    assert s.bytes_written - before.bytes_written == (L - 1) * A
+    assert s.bytes_read - before.bytes_read == (L - 1) * A
+    if desc["o_direct"][0]:  # tmpfs on older kernels refuses O_DIRECT: then every write says so
+        assert desc["block_writes_o_direct"] >= L - 1 and desc["block_writes_o_direct_refused"] == 0
+    assert not [p for p in tmp_path.rglob("*.bin")]  # files removed with the run directory
+
+
+def test_a_failed_block_write_keeps_the_host_copy_and_exact_gradients(tmp_path: Path) -> None:
+    class Full(PosixBackend):
+        def write_block(self, key, buf, nbytes):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    with pytest.warns(RuntimeWarning, match="keeping activations in memory"), \
+            _bulk(m, _cfg(tmp_path, keep_last_k=0), backend=Full((str(tmp_path),))) as cache:
+        loss = m(idx)
+        cache.wait_io()
+        loss.backward()
+        s = cache.stats_snapshot()
+    assert s.io_errors == L and s.fallbacks == L and s.bytes_written == 0
+    assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+
+
+def test_exhausted_pool_keeps_layers_on_the_device(tmp_path: Path) -> None:
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    cfg = _cfg(tmp_path, backend="pinned_cpu", keep_last_k=0, pinned_pool_bytes=2 * size_class(A))
+    with pytest.warns(RuntimeWarning), _bulk(m, cfg) as cache:
+        m(idx).backward()
+        s = cache.stats_snapshot()
+    assert s.fallbacks > 0 and 0 < s.bytes_written <= 2 * A
+    assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+
+
+@pytest.mark.parametrize(("link", "offloaded_layers"), [(1e-6, 0), (1e6, L - 1)])
+def test_adaptive_budget_from_the_profiled_step(tmp_path: Path, link: float, offloaded_layers: int) -> None:
+    """A link of 1 kB/s hides nothing; 1 PB/s hides all but the last layer (its reload starts its backward)."""
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    cfg = _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=link)
+    with _bulk(m, cfg) as cache:
+        for _ in range(2):
+            before = cache.stats_snapshot()
+            m.zero_grad()
+            m(idx).backward()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        s = cache.stats_snapshot()
+    prof = s.profile
+    assert prof is not None and prof["timer"] == "clock" and prof["sizes"] == [A] * L
+    assert len(prof["fwd_times_s"]) == L and all(t > 0 for t in prof["bwd_times_s"])
+    assert prof["allow_bytes"] == [A] * offloaded_layers + [0] * (L - offloaded_layers)
+    assert prof["keep_last_k"] == L - offloaded_layers == s.keep_last_k
+    assert s.bytes_written - before.bytes_written == offloaded_layers * A  # the step after profiling
+    assert s.budget_kept - before.budget_kept > 0
+
+
+def test_adaptive_budget_on_measured_rates_keeps_gradients(tmp_path: Path) -> None:
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    with _bulk(m, _cfg(tmp_path, adaptive=True, profile_step=0)) as cache:
+        for _ in range(2):
+            m.zero_grad()
+            m(idx).backward()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        prof = cache.stats_snapshot().profile
+    assert prof["write_bandwidth_Bps"] > 0 and prof["read_bandwidth_Bps"] > 0
+    assert prof["exposed_s"] == 0.0 and prof["keep_last_k"] >= 1
+
+
+def test_pool_size_classes_reuse_and_capacity() -> None:
+    assert size_class(1) == ALIGN and size_class(ALIGN + 1) == 2 * ALIGN
+    assert size_class((1 << 20) + 1) == 2 << 20
+    with pytest.raises(ValueError, match="size must be > 0"):
+        size_class(0)
+    pool = PinnedPool(capacity=3 * ALIGN, pin=False)
+    a = pool.acquire(100)
+    assert a.buf.data_ptr() % ALIGN == 0 and a.capacity == ALIGN
+    b = pool.acquire(2 * ALIGN)
+    with pytest.raises(OSError, match="host pool full"):
+        pool.acquire(1)
+    pool.release(a)
+    assert pool.acquire(10) is a  # same size class: reused, no new memory
+    pool.release(b)
+    pool.release(a)
+    c = pool.acquire(3 * ALIGN)  # frees the idle blocks of other sizes to make room
+    assert c.capacity == 3 * ALIGN and pool.stats()["allocated_bytes"] == 3 * ALIGN
+
+
+def test_tensor_subclasses_are_refused_with_the_reason(tmp_path: Path) -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    lin = nn.Linear(64, 64)
+    lin.weight = nn.Parameter(lin.weight.detach().as_subclass(Sub))
+    with pytest.raises(TypeError, match=r"a parameter is a tensor subclass \(.*Sub\).*DTensor, FP8"):
+        install(lin, _cfg(tmp_path), ["Linear"])
+
+    class Scale(nn.Module):
+        def forward(self, x):
+            return x * x
+
+    mod = Scale()
+    with install(mod, _cfg(tmp_path, keep_last_k=0), ["Scale"]):
+        x = torch.randn(64, 64, requires_grad=True).as_subclass(Sub)
+        with pytest.raises(RuntimeError, match=r"saved activation \(64, 64\) is a tensor subclass"):
+            mod(x)
+
+
+def test_kvikio_and_null_keep_the_thread_path(tmp_path: Path) -> None:
+    cache = TensorCache(_cfg(tmp_path, backend="null"), bulk_on_cpu=True)
+    assert not cache._is_bulk(torch.device("cpu"))
+    cache.close()
+    be = make_backend(_cfg(tmp_path, backend="pinned_cpu"))
+    cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), backend=be)
+    assert not cache._is_bulk(torch.device("cpu")) and cache._is_bulk(torch.device("cuda"))
+    cache.close()
