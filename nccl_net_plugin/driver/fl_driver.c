@@ -8,7 +8,7 @@
  *
  *   fl_driver --plugin PATH [--api v8|v11] SCENARIO [options]
  * Scenarios: props integrity multirecv grouped closeload manycomms badsecret
- *            strangers peerdeath stall cudareject all | bench-stream bench-pingpong
+ *            strangers peerdeath stall cudareject all | bench-stream bench-pingpong bench-comms
  * Exit status 0 = every check passed; failures print "FAIL: ...".
  */
 #ifndef _GNU_SOURCE
@@ -1226,7 +1226,10 @@ static int scenario_props(void) {
 
 /* ------------------------------------------------------------ benchmarks */
 
-/* bench-stream: O.iters messages of O.bytes, O.window in flight. */
+static int cmp_double(const void* a, const void* b);
+
+/* bench-stream: O.iters messages of O.bytes, O.window in flight. The sender
+ * prints per-message completion-time percentiles, the receiver throughput. */
 static double g_bench_seconds;
 static void stream_recv(int to, int from) {
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
@@ -1280,22 +1283,29 @@ static void stream_send(int to, int from) {
   void** mhs = calloc((size_t)W, sizeof(void*));
   void** reqs = calloc((size_t)W, sizeof(void*));
   for (int i = 0; i < W; i++) bufs[i] = big_alloc(O.bytes), mhs[i] = net_regmr(sc, bufs[i], O.bytes), memset(bufs[i], 2, O.bytes);
+  double* t_start = calloc((size_t)W, sizeof(double));
+  double* lat = calloc((size_t)O.iters, sizeof(double)); /* isend accepted -> test() done, per message */
   int sent = 0, done_n = 0;
   double end = now_s() + O.timeout_s;
   while (done_n < O.iters) {
     for (int i = 0; i < W; i++) {
       if (!reqs[i] && sent < O.iters) {
         if (net_isend(sc, bufs[i], O.bytes, 0, mhs[i], &reqs[i]) != ncclSuccess) FAILF("isend failed");
-        if (reqs[i]) sent++;
+        if (reqs[i]) sent++, t_start[i] = now_s();
       }
       if (reqs[i]) {
         int done = 0;
         if (net_test(reqs[i], &done, NULL) != ncclSuccess) FAILF("test failed");
-        if (done) reqs[i] = NULL, done_n++;
+        if (done) lat[done_n++] = now_s() - t_start[i], reqs[i] = NULL;
       }
     }
     if (now_s() > end) FAILF("stream timed out");
   }
+  int m = O.iters - 1; /* the first message is warm-up, as on the receiver */
+  qsort(lat + 1, (size_t)m, sizeof(double), cmp_double);
+  printf("{\"lat_ms_p50\": %.3f, \"lat_ms_p99\": %.3f, \"lat_ms_max\": %.3f}\n", lat[1 + m / 2] * 1e3,
+         lat[1 + (m * 99) / 100] * 1e3, lat[m] * 1e3);
+  fflush(stdout);
   net_close_send(sc);
   net_finalize();
   (void)to;
@@ -1459,6 +1469,102 @@ static void pp_side_a(int to, int from) { /* "send" process */
 
 /* ------------------------------------------------------------------ main */
 
+/* bench-comms: O.comms connections, O.iters messages of O.bytes each, one in
+ * flight per comm, every comm polled in turn as NCCL's proxy does. Reports
+ * the cost of one plugin call, which per-comm progress keeps independent of
+ * how many comms exist (a global poll over every socket made it grow). */
+static void comms_recv(int to, int from) {
+  int K = O.comms;
+  void** lcs = calloc((size_t)K, sizeof(void*));
+  void** rcs = calloc((size_t)K, sizeof(void*));
+  for (int k = 0; k < K; k++) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    net_listen(O.bulk_class, handle, &lcs[k]);
+    write_all(to, handle, sizeof(handle));
+  }
+  for (int k = 0; k < K; k++) rcs[k] = accept_blocking(lcs[k]);
+  uint8_t** bufs = calloc((size_t)K, sizeof(uint8_t*));
+  void** reqs = calloc((size_t)K, sizeof(void*));
+  void** mhs = calloc((size_t)K, sizeof(void*));
+  int* count = calloc((size_t)K, sizeof(int));
+  size_t cap = O.bytes ? O.bytes : 1;
+  for (int k = 0; k < K; k++) bufs[k] = malloc(cap), mhs[k] = net_regmr(rcs[k], bufs[k], cap);
+  int finished = 0;
+  uint64_t calls = 0;
+  double t0 = now_s(), end = t0 + O.timeout_s;
+  while (finished < K) {
+    for (int k = 0; k < K; k++) {
+      if (count[k] == O.iters) continue;
+      calls++;
+      if (!reqs[k]) {
+        void* b = bufs[k];
+        size_t sz = cap;
+        int tag = 0;
+        if (net_irecv(rcs[k], 1, &b, &sz, &tag, &mhs[k], &reqs[k]) != ncclSuccess) FAILF("irecv failed");
+        continue;
+      }
+      int done = 0, got = -1;
+      if (net_test(reqs[k], &done, &got) != ncclSuccess) FAILF("test failed on comm %d", k);
+      if (!done) continue;
+      if ((uint64_t)got != O.bytes) FAILF("comm %d: got %d bytes, expected %llu", k, got, (unsigned long long)O.bytes);
+      reqs[k] = NULL;
+      if (++count[k] == O.iters) finished++;
+    }
+    if (now_s() > end) FAILF("bench-comms timed out (%d/%d comms finished)", finished, K);
+  }
+  double dt = now_s() - t0;
+  printf("{\"comms\": %d, \"messages\": %d, \"seconds\": %.6f, \"msgs_per_s\": %.1f, \"recv_calls\": %llu, "
+         "\"recv_us_per_call\": %.3f}\n", K, K * O.iters, dt, K * O.iters / dt, (unsigned long long)calls,
+         dt / (double)calls * 1e6);
+  fflush(stdout);
+  for (int k = 0; k < K; k++) net_close_recv(rcs[k]), net_close_listen(lcs[k]);
+  net_finalize();
+  (void)from;
+}
+
+static void comms_send(int to, int from) {
+  int K = O.comms;
+  void** scs = calloc((size_t)K, sizeof(void*));
+  for (int k = 0; k < K; k++) {
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    read_all(from, handle, sizeof(handle));
+    scs[k] = connect_blocking(O.bulk_class, handle);
+  }
+  size_t cap = O.bytes ? O.bytes : 1;
+  uint8_t* buf = malloc(cap);
+  memset(buf, 7, cap);
+  void** mhs = calloc((size_t)K, sizeof(void*));
+  void** reqs = calloc((size_t)K, sizeof(void*));
+  int* count = calloc((size_t)K, sizeof(int));
+  for (int k = 0; k < K; k++) mhs[k] = net_regmr(scs[k], buf, cap);
+  int finished = 0;
+  uint64_t calls = 0;
+  double t0 = now_s(), end = t0 + O.timeout_s;
+  while (finished < K) {
+    for (int k = 0; k < K; k++) {
+      if (count[k] == O.iters) continue;
+      calls++;
+      if (!reqs[k]) {
+        if (net_isend(scs[k], buf, O.bytes, 0, mhs[k], &reqs[k]) != ncclSuccess) FAILF("isend failed");
+        continue;
+      }
+      int done = 0;
+      if (net_test(reqs[k], &done, NULL) != ncclSuccess) FAILF("test failed on comm %d", k);
+      if (done) {
+        reqs[k] = NULL;
+        if (++count[k] == O.iters) finished++;
+      }
+    }
+    if (now_s() > end) FAILF("bench-comms send timed out");
+  }
+  double dt = now_s() - t0;
+  printf("{\"send_calls\": %llu, \"send_us_per_call\": %.3f}\n", (unsigned long long)calls, dt / (double)calls * 1e6);
+  fflush(stdout);
+  for (int k = 0; k < K; k++) net_close_send(scs[k]);
+  net_finalize();
+  (void)to;
+}
+
 struct scenario {
   const char* name;
   role_fn recv, send;
@@ -1475,6 +1581,7 @@ static const struct scenario kScenarios[] = {
     {"stall", fault_recv, fault_send},
     {"bench-stream", stream_recv, stream_send},
     {"bench-pingpong", pp_side_b, pp_side_a},
+    {"bench-comms", comms_recv, comms_send},
 };
 
 static int run_scenario(const char* name) {
@@ -1528,7 +1635,7 @@ static void usage(void) {
           "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
           "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
           "scenarios: props integrity multirecv grouped closeload manycomms badsecret strangers peerdeath stall all\n"
-          "           bench-stream bench-pingpong\n");
+          "           bench-stream bench-pingpong bench-comms\n");
   exit(2);
 }
 

@@ -4,11 +4,16 @@
  *
  * Object chain: engine (process-wide) -> listen/send/recv comm -> path (one
  * TCP socket) -> request (fixed pool per comm). Progress happens inside API
- * calls (NCCL's proxy thread polls test()), under one engine lock.
+ * calls (NCCL's proxy thread polls test()) and is per comm: a call locks its
+ * own comm and polls its own sockets. The engine lock guards only the comm
+ * lists and connection setup; lane priority reads per-lane atomic counters,
+ * and a call whose lane is held back helps the waiting higher-lane comms
+ * (trylock), so no comm depends on being called by a thread that never comes.
  */
 #ifndef FL_CORE_H
 #define FL_CORE_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -137,6 +142,9 @@ struct fl_cts {
 };
 
 struct fl_comm {
+  pthread_mutex_t lock; /* one API call at a time on this comm; engine lock -> comm lock only by trylock */
+  _Atomic int in_lanes_pending; /* counted in the engine's lane_pending[lane] (send work queued) */
+  _Atomic int in_ctl_backlog;   /* counted in the engine's ctl_backlog (control bytes the socket did not take) */
   int is_send;
   int traffic_class;
   int lane;

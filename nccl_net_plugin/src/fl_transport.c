@@ -28,6 +28,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,8 +67,9 @@ static struct {
   struct fl_comm* lanes[FL_NUM_CLASSES]; /* comms by lane, highest priority first */
   struct fl_connect_state* connecting;
   uint64_t next_comm_id;
-  struct pollfd* pfds;
-  int pfds_cap;
+  _Atomic int lane_pending[FL_NUM_CLASSES];           /* send comms per lane with data queued */
+  _Atomic uint64_t lane_last_sent_ns[FL_NUM_CLASSES]; /* last sub-chunk started per lane */
+  _Atomic int ctl_backlog;                            /* recv comms whose control bytes wait for their socket */
   char dev_name[64];
 } E = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -369,6 +371,7 @@ static struct fl_comm* comm_new(int is_send, int traffic_class, int npaths) {
   c->lane = fl_lane_of_class(traffic_class, E.params.lanes);
   c->npaths = npaths;
   c->id = ++E.next_comm_id;
+  pthread_mutex_init(&c->lock, NULL);
   for (int p = 0; p < FL_MAX_PATHS; p++) c->paths[p].fd = -1;
   fl_selector_init(&c->sel, E.params.selector, npaths);
   c->last_progress_ns = now_ns();
@@ -393,6 +396,7 @@ static void comm_free(struct fl_comm* c) {
     if (c->paths[p].fd >= 0) close(c->paths[p].fd);
     free(c->paths[p].ctl);
   }
+  pthread_mutex_destroy(&c->lock);
   free(c);
 }
 
@@ -1065,7 +1069,6 @@ static void path_write(struct fl_comm* c, int pi) {
   }
 }
 
-static int sendq_has_work(const struct fl_comm* c) { return c->queued > 0; }
 static void carve_chunk(struct fl_comm* c, int pi, struct fl_request* r, uint64_t chunk);
 
 /* Hand the next sub-chunks of each path's queued sends to that path. gated: a
@@ -1109,6 +1112,7 @@ static void carve_chunk(struct fl_comm* c, int pi, struct fl_request* r, uint64_
   p->ring_count++;
   c->unacked_bytes += chunk;
   c->last_sent_ns = t;
+  atomic_store_explicit(&E.lane_last_sent_ns[c->lane], t, memory_order_relaxed);
   if (p->ring_count == 1) c->last_progress_ns = t; /* the peer's clock starts now */
   r->carved += chunk;
   r->chunks_carved++;
@@ -1170,40 +1174,73 @@ static void progress_comm(struct fl_comm* c, const short* revents, int gated, in
   }
 }
 
-/* One pass over every comm, highest lane first. */
-static void progress_all(void) {
-  int total = 0;
-  for (int l = 0; l < FL_NUM_CLASSES; l++)
-    for (struct fl_comm* c = E.lanes[l]; c; c = c->next) total += c->npaths;
-  if (total > E.pfds_cap) {
-    struct pollfd* n = realloc(E.pfds, sizeof(*n) * (size_t)total * 2);
-    if (!n) return;
-    E.pfds = n;
-    E.pfds_cap = total * 2;
+static int higher_lane_pending(int lane) {
+  for (int l = 0; l < lane; l++)
+    if (atomic_load_explicit(&E.lane_pending[l], memory_order_relaxed) > 0) return 1;
+  return 0;
+}
+
+static int higher_lane_active(int lane, uint64_t t) {
+  for (int l = 0; l < lane; l++) {
+    uint64_t ls = atomic_load_explicit(&E.lane_last_sent_ns[l], memory_order_relaxed);
+    if (ls && t > ls && t - ls < FL_LANE_ACTIVE_NS) return 1;
   }
-  int k = 0;
+  return 0;
+}
+
+/* Keep the engine's per-lane and backlog counters in step with c (c->lock held). */
+static void comm_account(struct fl_comm* c) {
+  int pending = c->is_send && !c->failed && c->queued > 0;
+  if (pending != atomic_load(&c->in_lanes_pending)) {
+    atomic_fetch_add(&E.lane_pending[c->lane], pending ? 1 : -1);
+    atomic_store(&c->in_lanes_pending, pending);
+  }
+  int backlog = 0;
+  for (int pi = 0; pi < c->npaths && !c->failed && !c->is_send; pi++) backlog |= c->paths[pi].ctl_off < c->paths[pi].ctl_len;
+  if (backlog != atomic_load(&c->in_ctl_backlog)) {
+    atomic_fetch_add(&E.ctl_backlog, backlog ? 1 : -1);
+    atomic_store(&c->in_ctl_backlog, backlog);
+  }
+}
+
+/* One progress pass over c's own sockets (c->lock held). */
+static void progress_locked(struct fl_comm* c) {
+  if (!c->failed) {
+    struct pollfd pf[FL_MAX_PATHS];
+    short rev[FL_MAX_PATHS];
+    for (int pi = 0; pi < c->npaths; pi++) pf[pi] = (struct pollfd){.fd = c->paths[pi].fd, .events = POLLIN};
+    int ok = poll(pf, (nfds_t)c->npaths, 0) >= 0;
+    for (int pi = 0; pi < c->npaths; pi++) rev[pi] = ok ? pf[pi].revents : POLLIN; /* poll failed: just try */
+    progress_comm(c, rev, higher_lane_pending(c->lane), higher_lane_active(c->lane, now_ns()));
+  }
+  comm_account(c);
+}
+
+/* Progress the comms others wait on, when there are any: higher-lane sends
+ * with data queued (they hold c's lane back; NCCL may be calling only c) and
+ * receivers whose ACKs/CTS did not fit their socket. Only by trylock, so two
+ * threads helping each other never deadlock; a busy comm is progressing. */
+static void help_others(struct fl_comm* c) {
+  int lanes = c->is_send && c->queued > 0 && higher_lane_pending(c->lane);
+  int ctl = atomic_load_explicit(&E.ctl_backlog, memory_order_relaxed) > atomic_load(&c->in_ctl_backlog);
+  if (!lanes && !ctl) return;
+  pthread_mutex_lock(&E.lock);
   for (int l = 0; l < FL_NUM_CLASSES; l++)
-    for (struct fl_comm* c = E.lanes[l]; c; c = c->next)
-      for (int pi = 0; pi < c->npaths; pi++) E.pfds[k++] = (struct pollfd){.fd = c->paths[pi].fd, .events = POLLIN};
-  if (total > 0 && poll(E.pfds, (nfds_t)total, 0) < 0) return;
-  uint64_t t = now_ns();
-  int higher_pending = 0, higher_active = 0;
-  k = 0;
-  for (int l = 0; l < FL_NUM_CLASSES; l++) {
-    int lane_pending = 0, lane_active = 0;
-    for (struct fl_comm* c = E.lanes[l]; c; c = c->next) {
-      short rev[FL_MAX_PATHS];
-      for (int pi = 0; pi < c->npaths; pi++) rev[pi] = E.pfds[k + pi].revents;
-      k += c->npaths;
-      progress_comm(c, rev, higher_pending, higher_active);
-      if (c->is_send && !c->failed) {
-        lane_pending |= sendq_has_work(c);
-        lane_active |= c->last_sent_ns && t - c->last_sent_ns < FL_LANE_ACTIVE_NS;
-      }
+    for (struct fl_comm* o = E.lanes[l]; o; o = o->next) {
+      if (o == c) continue;
+      if (!((lanes && l < c->lane && atomic_load(&o->in_lanes_pending)) || (ctl && atomic_load(&o->in_ctl_backlog))))
+        continue;
+      if (pthread_mutex_trylock(&o->lock) != 0) continue;
+      progress_locked(o);
+      pthread_mutex_unlock(&o->lock);
     }
-    higher_pending |= lane_pending;
-    higher_active |= lane_active;
-  }
+  pthread_mutex_unlock(&E.lock);
+}
+
+/* Progress for an API call on c (c->lock held): what holds c back, then c. */
+static void progress(struct fl_comm* c) {
+  help_others(c);
+  progress_locked(c);
 }
 
 /* ------------------------------------------------------------ isend/irecv */
@@ -1217,9 +1254,9 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
     FL_WARN("isend: invalid buffer (data=%p, size=%zu)", data, size);
     return ncclInternalError;
   }
-  pthread_mutex_lock(&E.lock);
+  pthread_mutex_lock(&c->lock);
   ncclResult_t rc = ncclSuccess;
-  progress_all();
+  progress(c);
   for (int pi = 0; pi < c->npaths && !c->failed; pi++) /* a closed receiver will post no more receives */
     if (c->paths[pi].eof) comm_fail(c, "path %d: peer closed the connection", pi);
   if (c->failed) {
@@ -1271,9 +1308,9 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
   pq->qtail = r;
   c->queued++;
   *request = r;
-  progress_all();
+  progress(c);
 out:
-  pthread_mutex_unlock(&E.lock);
+  pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
@@ -1287,7 +1324,7 @@ ncclResult_t fl_irecv(void* recv_comm, int n, void** data, const size_t* sizes, 
     FL_WARN("irecv: n=%d outside 1..%d (maxRecvs) or missing arrays", n, FL_MAX_RECVS);
     return ncclInternalError;
   }
-  pthread_mutex_lock(&E.lock);
+  pthread_mutex_lock(&c->lock);
   ncclResult_t rc = ncclSuccess;
   if (c->failed) {
     FL_WARN("irecv on recv comm %llu: %s", (unsigned long long)c->id, c->errmsg);
@@ -1317,9 +1354,9 @@ ncclResult_t fl_irecv(void* recv_comm, int n, void** data, const size_t* sizes, 
     goto out;
   }
   *request = r;
-  progress_all();
+  progress(c);
 out:
-  pthread_mutex_unlock(&E.lock);
+  pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
@@ -1335,10 +1372,11 @@ ncclResult_t fl_test(void* request, int* done, int* sizes) {
     FL_WARN("test: %p is not a live flowlane request", request);
     return ncclInternalError;
   }
-  pthread_mutex_lock(&E.lock);
+  struct fl_comm* c = r->comm;
+  pthread_mutex_lock(&c->lock);
   ncclResult_t rc = ncclSuccess;
   *done = 0;
-  if (!r->done) progress_all();
+  if (!r->done) progress(c);
   if (r->done) {
     *done = 1;
     if (sizes) {
@@ -1352,7 +1390,7 @@ ncclResult_t fl_test(void* request, int* done, int* sizes) {
             (unsigned long long)r->comm->id, r->comm->errmsg);
     rc = ncclRemoteError;
   }
-  pthread_mutex_unlock(&E.lock);
+  pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
@@ -1367,6 +1405,9 @@ static void drain_input(int fd) {
 static ncclResult_t close_comm(struct fl_comm* c) {
   if (!c) return ncclSuccess;
   pthread_mutex_lock(&E.lock);
+  comm_unlink(c); /* no helper can find it now */
+  pthread_mutex_unlock(&E.lock);
+  pthread_mutex_lock(&c->lock); /* a helper that took it before the unlink is done */
   if (c->is_send)
     for (int pi = 0; pi < c->npaths; pi++) {
       const struct fl_leo_path* st = &c->sel.st[pi];
@@ -1376,8 +1417,9 @@ static ncclResult_t close_comm(struct fl_comm* c) {
     }
   else
     for (int pi = 0; pi < c->npaths && !c->failed; pi++) ctl_flush(c, &c->paths[pi], pi); /* last ACKs complete sends */
-  comm_unlink(c);
-  pthread_mutex_unlock(&E.lock);
+  if (atomic_load(&c->in_lanes_pending)) atomic_fetch_sub(&E.lane_pending[c->lane], 1);
+  if (atomic_load(&c->in_ctl_backlog)) atomic_fetch_sub(&E.ctl_backlog, 1);
+  pthread_mutex_unlock(&c->lock);
   /* No wait for the peer: a send is done only once acknowledged, so nothing
    * NCCL saw complete is still in flight, and a peer that stopped reading
    * cannot hold up closing (NCCL closes comms one after another). */
