@@ -1,30 +1,42 @@
 """Side-by-side benchmark of the flowlane NCCL net plugin (measured on CPU with emulated links: netns + tc).
 
-Three studies, each running baseline and flowlane in the same invocation and reporting ratios:
+Four studies, each running baseline and flowlane in the same invocation and reporting ratios:
 
 1. throughput on loopback: plugin (fl_driver bench-stream) vs a plain single-socket sender/receiver
    (nccl_net_plugin/bench/plain_stream.c); goal >= 95 %.
 2. priority (Hermod, seed 000 ch.5): RTT of 1 KiB class-0 ping-pongs while a class-3 bulk stream saturates a
    100 Mbit/s tbf link, priorities on (4 lanes) vs off (FLOWLANE_NET_LANES=1); goal: loaded <= 2x unloaded.
-3. multi-path (LEO, seed 000 ch.6): two equal 200 Mbit/s paths vs one (goal >= 1.9x), and 400:100 Mbit/s paths
-   with the LEO, round-robin and greedy selectors (goal: LEO >= 1.2x round-robin).
+3. multi-path (LEO, seed 000 ch.6): LEO vs Greedy-E2E vs round-robin, each request on one path, on netns paths
+   200+200 Mbit/s (equal), 400+100 (4:1), and 400+100 with a competing TCP flow switching on and off on the fast
+   path (time-varying). Per selector: stream throughput (1 MiB messages, 8 in flight) with per-message completion
+   p50/p99, and 2 MiB ping-pong RTT p50/p99 (one in flight). Goals (issue 32): LEO >= greedy everywhere, strictly
+   better on the loaded fast path (4:1 stream), p99 never above greedy's by more than 10 %; two equal paths >= 1.9x
+   one.
+4. scaling: bench-comms on loopback with 1, 8 and 64 comms (4 KiB messages, one in flight per comm), the plugin
+   vs its build at BASELINE_COMMIT (one engine lock and a poll over every socket per call); goal: per-call cost
+   at 64 comms within 2x of 1 comm.
 
-Writes results/nccl_net_plugin/{throughput,priority,multipath,summary}.json and nccl_net_plugin.png.
-Needs root for the netns studies (skipped with a reason otherwise).
+Writes results/nccl_net_plugin/{throughput,priority,multipath,scaling,summary}.json (each with provenance: command,
+commit) and nccl_net_plugin.png. Needs root for the netns studies (skipped with a reason otherwise).
 
-    python benchmarks/nccl_net_plugin_bench.py [--repeats 3] [--quick]
+    python benchmarks/nccl_net_plugin_bench.py [--repeats 3] [--quick] [--only multipath ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +45,23 @@ BUILD = PLUGIN_DIR / "build"
 NETNS = PLUGIN_DIR / "scripts" / "netns.sh"
 OUT = ROOT / "results" / "nccl_net_plugin"
 LABEL = "measured on CPU with emulated links (netns + tc)"
+SELECTORS = ("leo", "greedy", "rr")
+# The last commit with one engine lock and a poll over every comm's sockets per call (scaling baseline).
+BASELINE_COMMIT = "ed3a2ca134f7412c291dc1e1530034e36e4e7537"
+
+
+def _git(*args: str) -> str:
+    res = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
+    return res.stdout.strip() if res.returncode == 0 else ""
+
+
+def provenance() -> dict:
+    """What produced a result file: the command and the commit (and whether tracked files had local changes)."""
+    commit = _git("rev-parse", "HEAD") or "unknown (no git)"
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", "nccl_net_plugin", "benchmarks"))
+    return {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "commit": commit,
+            "plugin_tree_dirty": dirty, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cpus": os.cpu_count()}
 
 
 def _json_line(text: str) -> dict:
@@ -130,30 +159,166 @@ def bench_priority(repeats: int, quick: bool) -> dict:
             "off_over_on_p50": med["loaded_priorities_off"]["rtt_us_p50"] / med["loaded_priorities_on"]["rtt_us_p50"]}
 
 
+_COMPETITOR_SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(4)
+while True:
+    c, _ = s.accept()
+    while c.recv(1 << 16):
+        pass
+"""
+_COMPETITOR_CLIENT = """
+import socket, sys, time
+addr, port, on, off = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+buf = bytes(1 << 16)
+while True:
+    try:
+        c = socket.create_connection((addr, port))
+        break
+    except OSError:
+        time.sleep(0.05)
+while True:
+    end = time.time() + on
+    while time.time() < end:
+        c.send(buf)
+    time.sleep(off)
+"""
+
+
+@contextlib.contextmanager
+def competitor(ns: Netns, path: int, on_s: float, off_s: float) -> Iterator[dict]:
+    """A plain TCP flow on one path that sends for on_s, pauses for off_s, and so on (time-varying load)."""
+    addr, port = f"10.77.{path + 1}.2", 5999
+    procs = [subprocess.Popen(["ip", "netns", "exec", f"{ns.prefix}b", sys.executable, "-c", _COMPETITOR_SERVER,
+                               addr, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(0.3)
+        procs.append(subprocess.Popen(["ip", "netns", "exec", f"{ns.prefix}a", sys.executable, "-c",
+                                       _COMPETITOR_CLIENT, addr, str(port), str(on_s), str(off_s)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(0.5)
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("the competing flow did not start")
+        yield {"path": path, "on_s": on_s, "off_s": off_s, "kind": "one TCP connection, 64 KiB sends"}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+MP_SCENARIOS = {  # name: (Mbit/s per path, competing flow on path 0 or None)
+    "equal": ("200,200", None),
+    "4to1": ("400,100", None),
+    "4to1_varying": ("400,100", (0.5, 0.5)),
+}
+
+
 def bench_multipath(repeats: int, quick: bool) -> dict:
-    size, iters = (8 << 20, 6) if quick else (16 << 20, 10)
-    common = ["--bytes", str(size), "--iters", str(iters), "--window", "4"]
-    equal: dict[str, list[float]] = {"one_path": [], "two_paths": []}
-    unequal: dict[str, list[float]] = {"leo": [], "rr": [], "greedy": []}
-    for _ in range(repeats):
-        with Netns("200,200") as ns:
-            equal["one_path"].append(_driver(*ns.args("v0"), *common, "bench-stream")["gbytes_per_s"] * 1e3)
-            equal["two_paths"].append(_driver(*ns.args(), *common, "bench-stream")["gbytes_per_s"] * 1e3)
-        with Netns("400,100") as ns:
-            for sel in unequal:
-                unequal[sel].append(_driver(*ns.args(), *common, "bench-stream",
-                                            env={"FLOWLANE_NET_PATH_SELECTOR": sel})["gbytes_per_s"] * 1e3)
-    em = {k: statistics.median(v) for k, v in equal.items()}
-    um = {k: statistics.median(v) for k, v in unequal.items()}
-    return {"label": LABEL, "message_bytes": size, "messages": iters, "unit": "MB/s",
-            "equal_paths": {"rates_mbit": [200, 200], "runs": equal, "median": em,
-                            "ratio_two_over_one": em["two_paths"] / em["one_path"], "goal_ratio": 1.9,
-                            "goal_met": em["two_paths"] / em["one_path"] >= 1.9},
-            "unequal_paths": {"rates_mbit": [400, 100], "runs": unequal, "median": um,
-                              "ratio_leo_over_rr": um["leo"] / um["rr"],
-                              "ratio_leo_over_greedy": um["leo"] / um["greedy"], "goal_ratio_leo_over_rr": 1.2,
-                              "goal_met": um["leo"] / um["rr"] >= 1.2,
-                              "ideal_mbytes_per_s": (400 + 100) / 8 * 0.98}}
+    msg, iters, window = 1 << 20, (80 if quick else 150), 8
+    pp_size, pp_iters = 2 << 20, (40 if quick else 100)
+    stream_args = ["--bytes", str(msg), "--iters", str(iters), "--window", str(window), "--timeout", "120"]
+    pp_args = ["--ping-size", str(pp_size), "--iters", str(pp_iters), "--ping-class", "2", "--timeout", "120"]
+    runs: dict = {sc: {sel: [] for sel in SELECTORS} for sc in MP_SCENARIOS}
+    one_path: list[float] = []
+    competing = None
+    for rep in range(repeats):
+        order = SELECTORS[rep % 3:] + SELECTORS[:rep % 3]  # rotate so no selector always runs first
+        for sc, (rates, comp) in MP_SCENARIOS.items():
+            with Netns(rates) as ns:
+                if sc == "equal":
+                    one_path.append(_driver(*ns.args("v0"), *stream_args, "bench-stream")["gbytes_per_s"] * 1e3)
+                ctx = competitor(ns, 0, *comp) if comp else contextlib.nullcontext()
+                with ctx as comp_info:
+                    if comp_info:
+                        competing = comp_info
+                    for sel in order:
+                        env = {"FLOWLANE_NET_PATH_SELECTOR": sel}
+                        st = _driver(*ns.args(), *stream_args, "bench-stream", env=env)
+                        pp = _driver(*ns.args(), *pp_args, "bench-pingpong", env=env)
+                        runs[sc][sel].append({"mbytes_per_s": st["gbytes_per_s"] * 1e3, "lat_ms_p50": st["lat_ms_p50"],
+                                              "lat_ms_p99": st["lat_ms_p99"], "rtt_ms_p50": pp["rtt_us_p50"] / 1e3,
+                                              "rtt_ms_p99": pp["rtt_us_p99"] / 1e3})
+    keys = ("mbytes_per_s", "lat_ms_p50", "lat_ms_p99", "rtt_ms_p50", "rtt_ms_p99")
+    med = {sc: {sel: {k: statistics.median(r[k] for r in v) for k in keys} for sel, v in d.items()}
+           for sc, d in runs.items()}
+    verdict: dict = {}
+    for sc, m in med.items():
+        leo, gr = m["leo"], m["greedy"]
+        verdict[sc] = {
+            "tput_leo_over_greedy": leo["mbytes_per_s"] / gr["mbytes_per_s"],
+            "tput_leo_over_rr": leo["mbytes_per_s"] / m["rr"]["mbytes_per_s"],
+            "stream_p99_leo_over_greedy": leo["lat_ms_p99"] / gr["lat_ms_p99"],
+            "pingpong_p99_leo_over_greedy": leo["rtt_ms_p99"] / gr["rtt_ms_p99"],
+        }
+        v = verdict[sc]
+        v["goal_tput_ge_greedy"] = v["tput_leo_over_greedy"] >= 1.0
+        v["goal_p99_within_10pct_of_greedy"] = (v["stream_p99_leo_over_greedy"] <= 1.10
+                                               and v["pingpong_p99_leo_over_greedy"] <= 1.10)
+    verdict["4to1"]["goal_strictly_better_on_loaded_fast_path"] = verdict["4to1"]["tput_leo_over_greedy"] > 1.0
+    two_over_one = med["equal"]["leo"]["mbytes_per_s"] / statistics.median(one_path)
+    goal_met = (all(v["goal_tput_ge_greedy"] and v["goal_p99_within_10pct_of_greedy"] for v in verdict.values())
+                and verdict["4to1"]["goal_strictly_better_on_loaded_fast_path"] and two_over_one >= 1.9)
+    return {"label": LABEL, "unit": {"throughput": "MB/s", "latency": "ms"},
+            "stream": {"message_bytes": msg, "messages": iters, "in_flight": window,
+                       "latency": "isend accepted -> test() done, per message, at the sender"},
+            "pingpong": {"bytes": pp_size, "iters": pp_iters, "rtt": "both directions over the paths"},
+            "scenarios": {sc: {"rates_mbit": [int(x) for x in r.split(",")], "competing_flow_on_path0": c is not None}
+                          for sc, (r, c) in MP_SCENARIOS.items()},
+            "competing_flow": competing, "runs": runs, "median": med, "verdict": verdict,
+            "equal_paths_one_path_mbytes_per_s": one_path, "equal_paths_two_over_one": two_over_one,
+            "ideal_mbytes_per_s": {"equal": 400 / 8, "4to1": 500 / 8}, "goal_met": goal_met}
+
+
+def _baseline_plugin(tmp: Path) -> Path | None:
+    """Build the plugin as it was at BASELINE_COMMIT (needs the git history); None with a printed reason if not."""
+    archive = tmp / "base.tar"
+    res = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), BASELINE_COMMIT, "nccl_net_plugin"],
+                         capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        print(f"scaling: no baseline build ({res.stderr.strip()[:200]})", file=sys.stderr)
+        return None
+    with tarfile.open(archive) as tf:
+        tf.extractall(tmp, filter="data")
+    subprocess.run(["make", "-s", "-C", str(tmp / "nccl_net_plugin"), "build/libnccl-net-flowlane.so"], check=True,
+                   capture_output=True, timeout=300)
+    return tmp / "nccl_net_plugin" / "build" / "libnccl-net-flowlane.so"
+
+
+def bench_scaling(repeats: int, quick: bool) -> dict:
+    counts = (1, 8, 64)
+    total = 2000 if quick else 4000
+    with tempfile.TemporaryDirectory() as td:
+        base = _baseline_plugin(Path(td))
+        plugins = {"flowlane": BUILD / "libnccl-net-flowlane.so", **({"baseline": base} if base else {})}
+        runs: dict = {name: {str(k): [] for k in counts} for name in plugins}
+        for _ in range(repeats):
+            for k in counts:
+                for name, so in plugins.items():  # interleaved: both see the same machine state
+                    out = _run([str(BUILD / "fl_driver"), "--plugin", str(so), "--comms", str(k), "--bytes", "4096",
+                                "--iters", str(max(20, total // k)), "--timeout", "120", "bench-comms"],
+                               {"FLOWLANE_SOCKET_IFNAME": "lo"})
+                    runs[name][str(k)].append(_json_line(out))
+    med = {name: {k: {q: statistics.median(r[q] for r in v) for q in ("msgs_per_s", "recv_us_per_call",
+                                                                     "send_us_per_call")}
+                  for k, v in d.items()} for name, d in runs.items()}
+    fl = med["flowlane"]
+    growth = fl["64"]["recv_us_per_call"] / fl["1"]["recv_us_per_call"]
+    out = {"label": "measured on CPU, loopback", "message_bytes": 4096, "in_flight_per_comm": 1,
+           "us_per_call": "wall time of the loop / plugin calls on that side (includes time the 2 shared cores ran "
+                          "other work)",
+           "baseline_commit": BASELINE_COMMIT if base else None, "runs": runs, "median": med,
+           "flowlane_call_cost_64_over_1": growth, "goal": "per-call cost at 64 comms <= 2x at 1 comm",
+           "goal_met": growth <= 2.0}
+    if base:
+        b = med["baseline"]
+        out["baseline_call_cost_64_over_1"] = b["64"]["recv_us_per_call"] / b["1"]["recv_us_per_call"]
+        out["msgs_per_s_64_flowlane_over_baseline"] = fl["64"]["msgs_per_s"] / b["64"]["msgs_per_s"]
+    return out
 
 
 def plot(results: dict, path: Path) -> None:
@@ -162,7 +327,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))  # scaling is in scaling.json (a table reads better)
     t = results.get("throughput")
     if t:
         axes[0].bar(["plain socket", "flowlane"], [t["median_plain"], t["median_flowlane"]], color=["grey", "C0"])
@@ -177,13 +342,17 @@ def plot(results: dict, path: Path) -> None:
         axes[1].set_ylabel("ping-pong RTT p50 (us, log)")
         axes[1].set_title("Priority under a saturating bulk stream")
     m = results.get("multipath")
-    if m:
-        e, u = m["equal_paths"]["median"], m["unequal_paths"]["median"]
-        names = ["1 path\n200", "2 paths\n200+200", "LEO\n400+100", "RR\n400+100", "greedy\n400+100"]
-        vals = [e["one_path"], e["two_paths"], u["leo"], u["rr"], u["greedy"]]
-        axes[2].bar(names, vals, color=["grey", "C0", "C0", "C3", "C1"])
-        axes[2].set_ylabel("MB/s")
-        axes[2].set_title("Multi-path (Mbit/s per path)")
+    if m and "median" in m:
+        import numpy as np
+
+        scs = list(m["median"])
+        x = np.arange(len(scs))
+        for i, sel in enumerate(SELECTORS):
+            axes[2].bar(x + (i - 1) * 0.27, [m["median"][sc][sel]["mbytes_per_s"] for sc in scs], 0.27, label=sel)
+        axes[2].set_xticks(x, ["200+200", "400+100", "400+100\n+on/off flow"])
+        axes[2].set_ylabel("stream MB/s (median)")
+        axes[2].legend()
+        axes[2].set_title("Multi-path selectors (Mbit/s per path)")
     fig.suptitle(f"flowlane NCCL net plugin - {LABEL}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -193,7 +362,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration (medians are reported)")
     ap.add_argument("--quick", action="store_true", help="smaller transfers, for smoke runs")
-    ap.add_argument("--only", choices=["throughput", "priority", "multipath"], action="append",
+    ap.add_argument("--only", choices=["throughput", "priority", "multipath", "scaling"], action="append",
                     help="run only these studies (repeatable); others keep their previous JSON")
     args = ap.parse_args()
     if args.repeats < 1:
@@ -203,12 +372,14 @@ def main() -> int:
     results: dict = {}
     t0 = time.time()
     load0 = os.getloadavg()[0]  # other work on the machine skews timings; recorded so readers can judge
-    only = set(args.only or ["throughput", "priority", "multipath"])
-    for name in ("throughput", "priority", "multipath"):  # studies not rerun keep their last results
+    only = set(args.only or ["throughput", "priority", "multipath", "scaling"])
+    for name in ("throughput", "priority", "multipath", "scaling"):  # studies not rerun keep their last results
         if name not in only and (OUT / f"{name}.json").exists():
             results[name] = json.loads((OUT / f"{name}.json").read_text())
     if "throughput" in only:
         results["throughput"] = bench_throughput(max(args.repeats, 5), args.quick)
+    if "scaling" in only:
+        results["scaling"] = bench_scaling(args.repeats, args.quick)
     if os.geteuid() == 0:
         if "priority" in only:
             results["priority"] = bench_priority(args.repeats, args.quick)
@@ -216,7 +387,10 @@ def main() -> int:
             results["multipath"] = bench_multipath(args.repeats, args.quick)
     else:
         print("skipping priority and multi-path studies: they need root for network namespaces", file=sys.stderr)
+    prov = provenance()
     for name, res in results.items():
+        if name in only:
+            res["provenance"] = prov
         (OUT / f"{name}.json").write_text(json.dumps(res, indent=2))
     summary = {"label": LABEL, "seconds": time.time() - t0, "repeats": args.repeats, "quick": args.quick,
                "load_average_1min_at_start_and_end": [load0, os.getloadavg()[0]], "cpus": os.cpu_count(),
@@ -225,13 +399,13 @@ def main() -> int:
     if "priority" in results:
         summary["priority_p50_ratio_on_vs_unloaded"] = results["priority"]["p50_ratio_vs_unloaded"]["loaded_priorities_on"]
         summary["priority_p50_ratio_off_vs_unloaded"] = results["priority"]["p50_ratio_vs_unloaded"]["loaded_priorities_off"]
-    if "multipath" in results:
-        summary["multipath_two_over_one"] = results["multipath"]["equal_paths"]["ratio_two_over_one"]
-        summary["multipath_leo_over_rr"] = results["multipath"]["unequal_paths"]["ratio_leo_over_rr"]
-        summary["multipath_leo_over_greedy"] = results["multipath"]["unequal_paths"]["ratio_leo_over_greedy"]
-    summary["goals_met"] = {k: v.get("goal_met", v.get("equal_paths", {}).get("goal_met")) for k, v in results.items()}
-    if "multipath" in results:
-        summary["goals_met"]["multipath_unequal"] = results["multipath"]["unequal_paths"]["goal_met"]
+    if "verdict" in results.get("multipath", {}):
+        summary["multipath_two_over_one"] = results["multipath"]["equal_paths_two_over_one"]
+        summary["multipath_leo_vs_greedy"] = results["multipath"]["verdict"]
+    if "scaling" in results:
+        summary["scaling"] = {k: v for k, v in results["scaling"].items() if "over" in k}
+    summary["goals_met"] = {k: v.get("goal_met") for k, v in results.items()}
+    summary["provenance"] = prov
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
     plot(results, OUT / "nccl_net_plugin.png")
     print(json.dumps(summary, indent=2))

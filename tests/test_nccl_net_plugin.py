@@ -124,7 +124,7 @@ def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: Non
     ACK delayed by the network misleads Greedy-E2E but not LEO (the receiver's dwell time is the signal)."""
     res = subprocess.run([str(BUILD / "leo_test")], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 6, res.stdout
+    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 7, res.stdout
     assert "all cases passed" in res.stdout
 
 

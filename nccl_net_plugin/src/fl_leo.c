@@ -4,9 +4,8 @@
 #include <math.h>
 #include <string.h>
 
-#define FL_KHAT_EPS 0.20        /* digest B6 #3: the thesis' strict ">" is noise-sensitive */
-#define FL_KHAT_DELTA_NS 20000.0
-#define FL_DECAY 0.875          /* weight of older dwell samples in BW(p) */
+#define FL_NO_WAIT_NS 20000.0 /* t2 - t1 below this: the request met no queue of ours */
+#define FL_DECAY 0.875        /* weight of older dwell samples in BW(p) */
 
 void fl_selector_init(struct fl_selector* s, int kind, int npaths) {
   memset(s, 0, sizeof(*s));
@@ -30,16 +29,8 @@ static double queue_ns(const struct fl_leo_path* p, uint64_t now_ns) {
   return p->busy_until_ns > now_ns ? (double)(p->busy_until_ns - now_ns) : 0;
 }
 
-/* k_hat as it stands at now_ns: a drained path delays nobody. */
-static double khat_now(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns) {
-  if (p->khat == 0) return 0;
-  if (p->inflight == 0 && now_ns > p->last_done_ns && (double)(now_ns - p->last_done_ns) > p->khat * toll(p, bytes))
-    return 0;
-  return p->khat;
-}
-
 double fl_leo_cost(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns) {
-  return queue_ns(p, now_ns) + khat_now(p, bytes, now_ns) * toll(p, bytes) + base_time(p, bytes);
+  return queue_ns(p, now_ns) + (double)p->khat * toll(p, bytes) + base_time(p, bytes);
 }
 
 int fl_selector_choose(const struct fl_selector* s, uint64_t bytes, uint64_t now_ns) {
@@ -95,17 +86,16 @@ void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* 
   }
   int first = !st->have_sample;
   st->have_sample = 1;
-  if (wait <= FL_KHAT_DELTA_NS) { /* met no queue of ours: a T_tr sample */
+  if (wait <= FL_NO_WAIT_NS) { /* met no queue of ours: a T_tr sample */
     double t_tr = intra - toll(st, tk->bytes);
     if (t_tr < 0) t_tr = 0;
     /* min filter that slowly forgets, so a path whose latency rises is re-learnt */
     st->t_tr_ns = first ? t_tr : fmin(st->t_tr_ns * 1.001 + 1.0, t_tr);
   }
-  if (!first && intra > tk->predicted_ns * (1.0 + FL_KHAT_EPS) + FL_KHAT_DELTA_NS) {
-    if (st->khat < FL_KHAT_MAX) st->khat++;
-  } else {
-    st->khat = 0;
-  }
+  /* k_hat: the requests that saw this one's queue. A path is FIFO, so every
+   * request still in flight on it was placed after this one and waited
+   * behind it; the count of the last completion predicts the next. */
+  st->khat = st->inflight < FL_KHAT_MAX ? (uint32_t)st->inflight : FL_KHAT_MAX;
   /* re-anchor eq. 6.2 on what is really left: nothing once the path drained */
   if (st->inflight == 0) st->busy_until_ns = now_ns;
 }

@@ -29,15 +29,14 @@
  * does not move it (the seed's point against Greedy-E2E).
  *
  * k_hat(p), "the number of requests that will see the queue caused by this
- * one", from contention by other requests: a completed request whose intra
- * JCT exceeded what our own queue and T predicted at t1 (by a 20 % + 20 us
- * margin, digest B6 #3) saw someone else's queue: k_hat += 1; otherwise
- * k_hat = 0. Our own queue is known exactly, so it enters as Q(p) and never
- * counts into k_hat (the thesis' paths are shared, so its k_hat must infer
- * all of it). A path with none of our requests in flight for longer than
- * k_hat * toll is treated as drained (k_hat read as 0) so that a path that
- * stopped being loaded is tried again [rec; the thesis resets only on a
- * completion].
+ * one", from contention by other requests: when a request completes on p,
+ * every request still in flight on p was placed after it and queued behind
+ * it (one TCP path is FIFO), so that count is k_hat(p) until the next
+ * completion. The thesis infers the same number from consecutive delayed
+ * completions (k_hat += 1 when intra JCT > T, else 0), because its paths are
+ * shared and its queues unseen; here the count is exact, a path that drained
+ * has k_hat 0, and a request alone on a path pays no toll. Our sub-chunks of
+ * one request never count: the model sees whole requests.
  *
  * T_tr(p) is learnt from completions that met no queue (min filter that
  * slowly forgets) instead of the thesis' offline profile; a path with no
@@ -77,7 +76,7 @@ struct fl_leo_ticket {
   int path;
   uint64_t bytes;
   uint64_t t1_ns;
-  double predicted_ns; /* Q(p) + T(p, S) at t1: the intra JCT without anyone else's queue */
+  double predicted_ns; /* Q(p) + T(p, S) at t1: the intra JCT LEO expected (logs, tests) */
 };
 
 void fl_selector_init(struct fl_selector* s, int kind, int npaths);

@@ -63,56 +63,51 @@ static void joins_a_queued_fast_path_until_the_idle_slow_one_is_cheaper(void) {
          path[2], path[3], path[4], path[5]);
 }
 
-static void own_queue_never_raises_k_hat_but_foreign_contention_does(void) {
+static void k_hat_counts_the_requests_queued_behind_the_completed_one(void) {
   struct fl_selector s;
   uint64_t t = learn_4_to_1(&s, FL_SELECTOR_LEO);
-  /* three of our requests queue on path 0 and complete exactly as predicted */
-  struct fl_leo_ticket tk[3];
-  for (int k = 0; k < 3; k++) fl_selector_on_assign(&s, 0, S, t, &tk[k]);
-  for (int k = 0; k < 3; k++) {
+  CHECK(s.st[0].khat == 0 && s.st[1].khat == 0, "lone probes leave k_hat 0");
+  struct fl_leo_ticket tk[4];
+  for (int k = 0; k < 4; k++) fl_selector_on_assign(&s, 0, S, t, &tk[k]);
+  for (int k = 0; k < 4; k++) {
     uint64_t t2 = t + (uint64_t)k * MS; /* waited behind our own k requests */
     fl_selector_on_complete(&s, &tk[k], t2, 1 * MS, t2 + 1 * MS);
+    CHECK(s.st[0].khat == (uint32_t)(3 - k), "after completion %d: k_hat %u, expected %d", k, s.st[0].khat, 3 - k);
   }
-  CHECK(s.st[0].khat == 0, "our own queue counted into k_hat: %u", s.st[0].khat);
-  /* now a foreign flow shares path 0: dwell doubles for two requests */
-  t += 10 * MS;
-  for (int k = 0; k < 2; k++) {
-    struct fl_leo_ticket x;
-    fl_selector_on_assign(&s, 0, S, t, &x);
-    fl_selector_on_complete(&s, &x, t, 3 * MS, t + 3 * MS);
-    t += 3 * MS;
-  }
-  CHECK(s.st[0].khat == 2, "two slowed completions must give k_hat 2, got %u", s.st[0].khat);
-  double toll = (double)S / fl_leo_bw(&s.st[0]);
-  double cost = fl_leo_cost(&s.st[0], S, t);
-  CHECK(cost >= 3 * toll * 0.999, "T_total must be k_hat * toll + T >= 3 tolls: %.0f vs toll %.0f", cost, toll);
-  /* one completion as predicted resets it */
-  struct fl_leo_ticket y;
-  fl_selector_on_assign(&s, 0, S, t, &y);
-  double pred = y.predicted_ns;
-  fl_selector_on_complete(&s, &y, t, (uint64_t)pred, t + (uint64_t)pred);
-  CHECK(s.st[0].khat == 0, "an on-time completion must reset k_hat, got %u", s.st[0].khat);
-  printf("ok own_queue_never_raises_k_hat_but_foreign_contention_does\n");
+  printf("ok k_hat_counts_the_requests_queued_behind_the_completed_one\n");
 }
 
-static void loaded_path_is_avoided_then_retried_once_drained(void) {
+static void the_toll_sends_a_request_to_the_idle_slow_path_before_the_queue_alone_would(void) {
   struct fl_selector s;
   uint64_t t = learn_4_to_1(&s, FL_SELECTOR_LEO);
-  for (int k = 0; k < 4; k++) { /* a competing flow makes path 0 six times slower than it was */
+  struct fl_leo_ticket tk[4];
+  for (int k = 0; k < 4; k++) fl_selector_on_assign(&s, 0, S, t, &tk[k]);
+  fl_selector_on_complete(&s, &tk[0], t, 1 * MS, t + 1 * MS); /* 3 queued behind it: k_hat 3 */
+  t += 1 * MS;
+  /* fast: Q 3 ms + k_hat 3 x toll 1 ms + T 1 ms = 7 ms; slow idle: 4 ms. Without the toll: 4 ms, a tie. */
+  double c0 = fl_leo_cost(&s.st[0], S, t), c1 = fl_leo_cost(&s.st[1], S, t);
+  CHECK(fabs(c0 - 7.0 * MS) < 0.05 * MS && fabs(c1 - 4.0 * MS) < 0.05 * MS, "costs %.0f / %.0f ns", c0, c1);
+  CHECK(fl_selector_choose(&s, S, t) == 1, "the toll must send the request to the idle slow path");
+  printf("ok the_toll_sends_a_request_to_the_idle_slow_path_before_the_queue_alone_would\n");
+}
+
+static void a_lone_request_stays_on_a_fast_path_slowed_by_a_foreign_flow(void) {
+  /* A competing flow halves path 0 (dwell 2 ms for S); path 1 takes 4 ms.
+   * One request at a time queues behind nobody: no toll, path 0 still wins. */
+  struct fl_selector s;
+  uint64_t t = learn_4_to_1(&s, FL_SELECTOR_LEO);
+  for (int k = 0; k < 20; k++) {
+    int p = fl_selector_choose(&s, S, t);
+    CHECK(p == 0, "request %d: a lone request must stay on the faster path, got %d", k, p);
     struct fl_leo_ticket x;
-    fl_selector_on_assign(&s, 0, S, t, &x);
-    fl_selector_on_complete(&s, &x, t, 6 * MS, t + 6 * MS);
-    t += 6 * MS;
+    fl_selector_on_assign(&s, p, S, t, &x);
+    fl_selector_on_complete(&s, &x, t, 2 * MS, t + 2 * MS);
+    t += 3 * MS;
   }
-  CHECK(s.st[0].khat == 4, "four slowed completions must give k_hat 4, got %u", s.st[0].khat);
-  int p = fl_selector_choose(&s, S, t);
-  CHECK(p == 1, "a contended fast path must lose to the idle slow one, got %d", p);
-  /* no request of ours on path 0 for longer than k_hat * toll: its queue drained */
-  t += (uint64_t)(s.st[0].khat + 1) * 5 * MS;
-  p = fl_selector_choose(&s, S, t);
-  double c0 = fl_leo_cost(&s.st[0], S, t);
-  CHECK(c0 < 5.0 * MS, "a drained path is priced without its stale toll: %.0f ns", c0);
-  printf("ok loaded_path_is_avoided_then_retried_once_drained (choice after drain: %d)\n", p);
+  CHECK(s.st[0].khat == 0, "k_hat must stay 0 without followers, got %u", s.st[0].khat);
+  double bw_ms = (double)S / fl_leo_bw(&s.st[0]) / MS;
+  CHECK(bw_ms > 1.9 && bw_ms < 2.1, "BW(p) must follow the dwell time: %.2f ms per request", bw_ms);
+  printf("ok a_lone_request_stays_on_a_fast_path_slowed_by_a_foreign_flow\n");
 }
 
 static void network_delay_misleads_greedy_e2e_but_not_leo(void) {
@@ -171,8 +166,9 @@ static void zero_byte_requests_leave_the_estimates_finite(void) {
 
 int main(void) {
   joins_a_queued_fast_path_until_the_idle_slow_one_is_cheaper();
-  own_queue_never_raises_k_hat_but_foreign_contention_does();
-  loaded_path_is_avoided_then_retried_once_drained();
+  k_hat_counts_the_requests_queued_behind_the_completed_one();
+  the_toll_sends_a_request_to_the_idle_slow_path_before_the_queue_alone_would();
+  a_lone_request_stays_on_a_fast_path_slowed_by_a_foreign_flow();
   network_delay_misleads_greedy_e2e_but_not_leo();
   unmeasured_paths_are_probed_and_round_robin_rotates_per_request();
   zero_byte_requests_leave_the_estimates_finite();
