@@ -1,0 +1,382 @@
+"""Activation offload on one GPU, side by side in one run: keep / flowlane offload / Megatron-core's own offloading /
+full recompute (issue 36, item 6; seed 003 §5.4.3, the thesis' keep-offload-recompute comparison).
+
+Model: a stack of bf16 transformer blocks (LayerNorm, fused QKV, causal SDPA forced to the flash kernel, projection,
+GELU MLP 4h), the same weights and input for every strategy. Each strategy runs a few forward+backward steps (no
+optimizer: weights stay fixed, so every step computes the same gradients):
+
+- ``keep``: plain autograd (run twice: is the baseline itself bitwise reproducible?);
+- ``recompute``: ``torch.utils.checkpoint`` around every block (what Megatron-core's
+  ``recompute_granularity='full', recompute_method='uniform', recompute_num_layers=1`` does);
+- ``flowlane``: ``flowlane.offload.install(..., OffloadConfig(backend='pinned_cpu', adaptive=True))``: the CUDA tier
+  (bulk per-layer copies on their own streams, persistent pinned pool, reload one layer ahead, no host waits) with the
+  byte budget chosen from the CUDA-event timings of the profiled step (step 1);
+- ``flowlane_all``: the same tier without the budget (every layer but the last offloaded): the PCIe-bound cost;
+- ``flowlane_ssd``: hidden 4096 only, the posix tier (layer blocks written with O_DIRECT from the pool) with the budget,
+  when time is left;
+- ``megatron_fine_grained``: Megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine
+  (``fine_grained_activation_offload.py`` raises "TE CPU offload is not available" without it); it runs only where TE
+  and megatron-core import, otherwise the JSON says why it did not.
+
+Figures per strategy: peak activation memory = ``max_memory_allocated`` during a step minus the memory allocated
+before it (weights, gradients and the input stay allocated), and step time from CUDA events (median of the measured
+steps, after warm-up and the profiled step). Ratios against ``keep``. Correctness: gradients of every strategy must
+be ``torch.equal`` to keep's (when keep is itself reproducible); the exit code is 1 when one is not, 0 otherwise.
+Goals (issue 36) are reported, not enforced: hidden 8192 >= 70 % less activation memory at <= 5 % step time, hidden
+4096 >= 40 % at <= 5 %.
+
+    python3 tests/gpu/offload_bench.py --out $OUT/offload_bench.json          # on the GPU machine (< 90 s)
+    .venv-llm/bin/python tests/gpu/offload_bench.py --device cpu --out /tmp/ob.json   # logic smoke test on CPU
+Without a GPU and without ``--device cpu`` it prints why it skips and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+from flowlane.offload import OffloadConfig, TensorCache, install  # noqa: E402
+
+T0 = time.monotonic()
+MiB = 1 << 20
+
+# (hidden, heads, seq, batch, layers): GPU sizes (bf16, flash attention), CPU smoke sizes
+GPU_SIZES = [(4096, 32, 4096, 2, 8), (8192, 64, 4096, 1, 8)]
+CPU_SIZES = [(64, 4, 64, 2, 4), (128, 4, 64, 1, 4)]
+GOALS = {4096: 0.40, 8192: 0.70}  # activation memory saved, at <= 5 % step time (issue 36)
+
+
+class Block(nn.Module):
+    def __init__(self, h: int, heads: int, dev: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        kw = {"device": dev, "dtype": dtype}
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(h, **kw), nn.LayerNorm(h, **kw)
+        self.qkv, self.proj = nn.Linear(h, 3 * h, **kw), nn.Linear(h, h, **kw)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h, **kw), nn.Linear(4 * h, h, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = (z.view(b, s, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, h: int, heads: int, layers: int, dev: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(h, heads, dev, dtype) for _ in range(layers))
+        self.recompute = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False) if self.recompute else blk(x)
+        return x
+
+
+def _process_age() -> float:
+    """Seconds since this process started (interpreter and imports included); 0 where /proc is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return max(0.0, float(f.read().split()[0]) - start)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _sdpa_ctx(dev: torch.device) -> Any:
+    if dev.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+def _provenance(dev: torch.device) -> dict[str, Any]:
+    try:
+        from flowlane.testing.provenance import provenance
+
+        return provenance(device=torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu")
+    except Exception:  # noqa: BLE001 - the shared helper may be absent in a copied tree: record the same fields
+        commit = os.environ.get("FLOWLANE_COMMIT", "")
+        if not commit:
+            with contextlib.suppress(Exception):
+                commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                        timeout=10).stdout.strip()
+        return {"command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]),
+                "commit": commit or "unknown (no .git and no FLOWLANE_COMMIT)", "host": platform.node(),
+                "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
+                "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+class Timer:
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev
+        if dev.type == "cuda":
+            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self.dev.type == "cuda":
+            self.a.record()
+        else:
+            self.t = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.dev.type == "cuda":
+            self.b.record()
+            self.b.synchronize()
+            return self.a.elapsed_time(self.b) / 1e3
+        return time.perf_counter() - self.t
+
+
+def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
+    """One forward+backward: (seconds, peak bytes above what was allocated before it)."""
+    model.zero_grad(set_to_none=False)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    tm = Timer(dev)
+    tm.start()
+    with _sdpa_ctx(dev):
+        out = model(x)
+        loss = out.float().pow(2).mean()
+    loss.backward()
+    dt = tm.stop()
+    del out, loss
+    peak = torch.cuda.max_memory_allocated() - base if dev.type == "cuda" else 0
+    return dt, peak
+
+
+def _grads(model: Net) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:
+    eq = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    diff = 0.0 if eq else max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
+    return eq, diff
+
+
+def _install(model: Net, cfg: OffloadConfig, dev: torch.device) -> TensorCache:
+    if dev.type == "cuda":
+        return install(model, cfg, scope_classes=["Block"])
+    cache = TensorCache(cfg, bulk_on_cpu=True)  # CPU smoke test: the CUDA tiers' bulk logic, synchronous copies
+    cache.register_parameters(model.parameters())
+    for blk in model.blocks:
+        cache.add_scope(blk)
+    return cache.activate()
+
+
+def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: argparse.Namespace,
+                 ref: list[torch.Tensor] | None, workdir: str) -> dict[str, Any]:
+    r: dict[str, Any] = {"strategy": name}
+    cache = None
+    warm = a.warmup
+    try:
+        if name == "recompute":
+            model.recompute = True
+        elif name.startswith("flowlane"):
+            min_bytes = a.min_bytes if dev.type == "cuda" else 4096
+            kw: dict[str, Any] = {"backend": "pinned_cpu", "min_bytes": min_bytes, "offload_cpu_tensors": True,
+                                  "on_io_error": "raise"}
+            if name in ("flowlane", "flowlane_ssd"):
+                kw.update(adaptive=True, profile_step=1)
+                warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
+            else:
+                kw.update(keep_last_k=1)
+            if name == "flowlane_ssd":
+                kw.update(backend="posix", dirs=(workdir,))
+            cfg = OffloadConfig(**kw)
+            cache = _install(model, cfg, dev)
+            r["config"] = {k: v for k, v in kw.items()}
+        times, peaks = [], []
+        for i in range(warm + a.steps):
+            if time.monotonic() - T0 > a.budget_s and i >= warm + 1:
+                r["stopped_early_for_time"] = True
+                break
+            dt, peak = _step(model, x, dev)
+            if i >= warm:
+                times.append(dt)
+                peaks.append(peak)
+        r["step_s"] = statistics.median(times) if times else None
+        r["step_s_all"] = times
+        r["peak_act_bytes"] = max(peaks) if peaks else None
+        grads = _grads(model)
+        if ref is not None:
+            r["grads_equal"], r["grads_max_abs_diff"] = _equal(ref, grads)
+        if cache is not None:
+            cache.wait_io()
+            s = cache.stats_snapshot().as_dict()
+            r["stats"] = {k: s[k] for k in ("bytes_written", "bytes_read", "bulk_stores", "bulk_loads", "forwards",
+                                            "sync_loads", "late_loads", "fallbacks", "io_errors", "budget_kept",
+                                            "storages_offloaded", "keep_last_k", "pool")}
+            r["budget_profile"] = s["profile"]
+            r["backend"] = cache.backend.describe()
+        return r | {"_grads": grads}
+    finally:
+        model.recompute = False
+        if cache is not None:
+            cache.close()
+
+
+def megatron_status() -> dict[str, Any]:
+    te = importlib.util.find_spec("transformer_engine") is not None
+    mc = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+    return {"megatron_core_importable": mc, "transformer_engine_importable": te, "ran": False,
+            "reason": ("megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine: "
+                       "PipelineOffloadManager.__enter__ imports TE's cpu_offload and raises 'TE CPU offload is not "
+                       "available' without it" + ("" if te else "; Transformer Engine is not installed here, so the "
+                                                  "comparison is with full recompute only")
+                       + ("" if not te else "; TE is present but this script does not build a TE model (not run)"))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="offload_bench.json")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--steps", type=int, default=3, help="measured steps per strategy (after warm-up)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--min-bytes", type=int, default=4 * MiB)
+    ap.add_argument("--budget-s", type=float, default=65.0, help="stop starting new work after this many seconds")
+    ap.add_argument("--hard-s", type=float, default=84.0,
+                    help="dump stacks and exit this many seconds after the process started")
+    ap.add_argument("--only-hidden", type=int, default=None)
+    a = ap.parse_args()
+    out = Path(a.out)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("offload_bench: skipped: no CUDA device (run with --device cpu for the logic smoke test)")
+        return 0
+    faulthandler.dump_traceback_later(max(5.0, a.hard_s - _process_age()), exit=True)
+    dev = torch.device(a.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    doc: dict[str, Any] = {"label": f"measured on {torch.cuda.get_device_name(0)}" if dev.type == "cuda"
+                           else "CPU smoke test (logic only; figures meaningless)",
+                           "provenance": _provenance(dev), "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "dtype": str(dtype), "megatron_fine_grained": megatron_status(),
+                           "sizes": [], "failed": [], "complete": False}
+
+    def save() -> None:
+        doc["elapsed_s"] = time.monotonic() - T0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        tmp.replace(out)
+
+    sizes = GPU_SIZES if dev.type == "cuda" else CPU_SIZES
+    if a.only_hidden:
+        sizes = [s for s in sizes if s[0] == a.only_hidden]
+    workdir = tempfile.mkdtemp(prefix="flowlane-offload-bench-", dir=os.environ.get("TMPDIR", "/tmp"))
+    for h, heads, seq, batch, layers in sizes:
+        size: dict[str, Any] = {"hidden": h, "heads": heads, "seq": seq, "batch": batch, "layers": layers,
+                                "strategies": {}}
+        doc["sizes"].append(size)
+        torch.manual_seed(0)
+        model = Net(h, heads, layers, dev, dtype)
+        x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
+        order = ["keep", "keep_repeat", "recompute", "flowlane", "flowlane_all"]
+        if h == 4096 or dev.type == "cpu":
+            order.append("flowlane_ssd")
+        ref = None
+        for name in order:
+            if time.monotonic() - T0 > a.budget_s:
+                size["strategies"][name] = {"strategy": name, "status": "not run: time budget spent"}
+                continue
+            if name == "flowlane_ssd" and time.monotonic() - T0 > 0.6 * a.budget_s:
+                size["strategies"][name] = {"strategy": name, "status": "not run: kept time for the main columns"}
+                continue
+            try:
+                r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a, ref, workdir)
+                r["status"] = "ok"
+            except Exception as e:  # noqa: BLE001 - one failing strategy must not lose the others' figures
+                r = {"strategy": name, "status": "error", "error": f"{type(e).__name__}: {e}",
+                     "traceback": traceback.format_exc()[-3000:]}
+                doc["failed"].append(f"h{h}:{name}: {r['error']}")
+            grads = r.pop("_grads", None)
+            if name == "keep":
+                ref = grads
+            size["strategies"][name] = r
+            print(f"[{time.monotonic() - T0:5.1f}s] h{h} {name}: {r.get('status')} "
+                  f"step {r.get('step_s')} s, peak act {r.get('peak_act_bytes')} B, grads_equal "
+                  f"{r.get('grads_equal')}", flush=True)
+            save()
+        del ref
+        st = size["strategies"]
+        keep = st.get("keep", {})
+        reproducible = st.get("keep_repeat", {}).get("grads_equal")
+        size["keep_bitwise_reproducible"] = reproducible
+        for name, r in st.items():
+            if name == "keep" or r.get("status") != "ok":
+                continue
+            if keep.get("step_s") and r.get("step_s"):
+                r["time_ratio_vs_keep"] = r["step_s"] / keep["step_s"]
+            if keep.get("peak_act_bytes") and r.get("peak_act_bytes") is not None:
+                r["act_mem_ratio_vs_keep"] = r["peak_act_bytes"] / keep["peak_act_bytes"]
+            if r.get("grads_equal") is False:
+                if reproducible:
+                    doc["failed"].append(f"h{h}:{name}: gradients differ from keep's "
+                                         f"(max abs diff {r.get('grads_max_abs_diff')})")
+                else:
+                    r["grads_note"] = "keep itself is not bitwise reproducible here: inconclusive"
+        fl = st.get("flowlane", {})
+        if h in GOALS and fl.get("act_mem_ratio_vs_keep") is not None and fl.get("time_ratio_vs_keep") is not None:
+            size["goal"] = {"act_mem_saved_at_least": GOALS[h], "step_time_ratio_at_most": 1.05,
+                            "act_mem_saved": 1 - fl["act_mem_ratio_vs_keep"], "time_ratio": fl["time_ratio_vs_keep"],
+                            "met": 1 - fl["act_mem_ratio_vs_keep"] >= GOALS[h] and fl["time_ratio_vs_keep"] <= 1.05}
+        del model, x
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        save()
+    with contextlib.suppress(OSError):
+        os.rmdir(workdir)
+    doc["complete"] = True
+    doc["exit_code"] = 1 if doc["failed"] else 0
+    save()
+    faulthandler.cancel_dump_traceback_later()
+    print(f"wrote {out} ({doc['label']}, commit {doc['provenance'].get('commit')})")
+    for size in doc["sizes"]:
+        print(f"hidden {size['hidden']} seq {size['seq']} batch {size['batch']} layers {size['layers']} "
+              f"(keep reproducible: {size.get('keep_bitwise_reproducible')})")
+        for name, r in size["strategies"].items():
+            if r.get("status") != "ok":
+                print(f"  {name:14s} {r.get('status')}: {r.get('error', '')}")
+                continue
+            print(f"  {name:14s} step {r['step_s'] * 1e3:8.2f} ms  x{r.get('time_ratio_vs_keep', 1.0):.3f}   "
+                  f"peak act {r['peak_act_bytes'] / MiB:9.1f} MiB  x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}   "
+                  f"grads equal {r.get('grads_equal')}")
+        if "goal" in size:
+            print(f"  goal: {size['goal']}")
+    print(f"megatron fine-grained offloading: {doc['megatron_fine_grained']['reason']}")
+    if doc["failed"]:
+        print("FAILED: " + "; ".join(doc["failed"]))
+    return doc["exit_code"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
