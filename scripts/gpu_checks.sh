@@ -3,8 +3,8 @@
 # For a one-GPU machine with python3 + torch (CUDA) already installed and no network: it installs nothing from an
 # index. Optional kvikio wheels in .whl/ are installed into /tmp/site first (the SSD offload's GPUDirect backend).
 #   OUT=/some/dir scripts/gpu_checks.sh
-# 1. benchmarks/offload_gpu_check.py: activation offload on CUDA tensors (posix, pinned_cpu, kvikio), gradients
-#    bitwise equal to no offload, peak memory and step time.
+# 1. tests/gpu/offload_bench.py: activation offload (keep / flowlane / full recompute) on bf16 blocks at hidden
+#    4096 and 8192, gradients bitwise equal to keep, peak activation memory and step time.
 # 2. benchmarks/nccl_gpu_check.py: NCCL loads libnccl-net-flowlane.so; traffic-class communicators; matched
 #    all-to-all and the Hermod runtime scheduler on NCCL; then the same with NCCL's own socket transport.
 set -u
@@ -25,10 +25,8 @@ fi
 python3 -c 'import kvikio; print("kvikio", kvikio.__version__)' 2>&1 | tail -1
 
 if [ -z "${SKIP_OFFLOAD:-}" ]; then
-  mkdir -p /tmp/flowlane-offload
-  timeout 120 python3 -m benchmarks.offload_gpu_check --device cuda --require kvikio \
-    --out "$OUT/offload_gpu_check.json" --dir /tmp/flowlane-offload ${OFFLOAD_CHECK_ARGS:-}
-  echo "offload_gpu_check rc=$?"
+  timeout 120 python3 tests/gpu/offload_bench.py --out "$OUT/offload_bench.json" ${OFFLOAD_CHECK_ARGS:-}
+  echo "offload_bench rc=$?"
 fi
 
 rm -rf /tmp/nccl_gpu
