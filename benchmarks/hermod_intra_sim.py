@@ -2,7 +2,8 @@
 
     python -m benchmarks.hermod_intra_sim [--alphas 0.05,0.1] [--only small,scale] [--scale-variants V,..]
                                           [--scale-models M,..] [--scale-gpus 1024] [--op-overhead-us 0]
-                                          [--incast-count port|class]
+                                          [--incast-count port|class] [--measured-costs | --plan-ms X
+                                          --plan-hit-ms X --plan-cache N --phase-issue-us X]
                                           [--workers 2] [--out results/hermod] [--name intra]
 
 Writes results/hermod/NAME.json and NAME.png. Every figure is simulated (flowlane.sim, flow-level).
@@ -17,6 +18,14 @@ emulated fabric alpha was fitted on; ``class`` only the flows of the same priori
 (Hermod's keys select queues on the wire, seed 000 §5.4). FIFO has one class, so it is the same under both; the
 ``hermod-nccl-*`` variants quantise the keys to the 3 NCCL traffic classes, i.e. 3 queues, which switches have,
 where exact keys would need a queue per key.
+
+The runtime's costs of a phased all-to-all (issue 30; 0 by default, as in every figure before them):
+``--measured-costs`` charges each phased all-to-all the planning time measured for its EP size and plan
+(``results/hermod/plan_speed.json``: the compiled planner's median ms on a plan-cache miss, its cache-hit median) and
+every phase the host time one phase's grouped send/receive took to issue on NCCL (``results/gpu/nccl_gpu_check.json``,
+``phase_issue_s``, one H200), with the runtime's plan cache of 16 entries; ``--plan-ms`` / ``--plan-hit-ms`` /
+``--plan-cache`` / ``--phase-issue-us`` set them by hand (and override the measured ones). Label: "simulated (with
+measured costs charged)". ``SimConfig.plan_time`` etc. say how the engine charges them.
 
 Variants (the policy decides inter-coflow order, the all-to-all mode intra-coflow):
   fifo            Megatron's order, NCCL's plain all-to-all
@@ -47,6 +56,7 @@ from pathlib import Path
 from benchmarks._pool import add_pool_args, run_points
 from flowlane.sim.network import INCAST_COUNTS
 from flowlane.sim.output import write_json
+from flowlane.testing.provenance import provenance
 
 VARIANTS = {  # name -> (policy, all-to-all mode)
     "fifo": ("fifo", "plain"),
@@ -66,8 +76,47 @@ SCALE_OPT_IN = {"mixtral-8x22b": ("hermod-nccl-phases-bn",),
 # a 1,024-GPU point costs ~10x its no-incast time (measured: 3-15 CPU-minutes plain or matched, 25 for phases).
 
 
+PLAN_ALGORITHM = {"phases": "bvn", "phases_bottleneck": "bvn_bottleneck"}  # sim a2a mode -> runtime planner
+RUNTIME_PLAN_CACHE = 16  # flowlane.hermod.matching: FLOWLANE_HERMOD_PLAN_CACHE's default
+COSTS_OFF = {"plan_ms": None, "plan_hit_ms": None, "plan_cache": 0, "phase_issue_us": 0.0}
+
+
+def measured_costs(plan_speed: Path, gpu_check: Path) -> dict:
+    """The runtime's costs as measured: planning ms per (algorithm, EP) from a2a_plan_speed's JSON (compiled median,
+    cache-hit median) and the host issue time of one phase from nccl_gpu_check's JSON (rank 0, flowlane net)."""
+    ps = json.loads(plan_speed.read_text())
+    plan = {f"{r['algorithm']}/{r['ep']}": r["compiled"]["median_ms"] for r in ps["rows"]}
+    hit = {f"{r['algorithm']}/{r['ep']}": r["cached_hit"]["median_ms"] for r in ps["rows"]}
+    gc = json.loads(gpu_check.read_text())
+    try:
+        t = gc["nets"]["flowlane"]["checks"]["timings"]
+        issue_s = float(t["phase_issue_s"])
+    except (KeyError, TypeError):
+        raise ValueError(f"{gpu_check}: no nets.flowlane.checks.timings.phase_issue_s") from None
+    return {"plan_ms": plan, "plan_hit_ms": hit, "plan_cache": RUNTIME_PLAN_CACHE, "phase_issue_us": issue_s * 1e6,
+            "sources": {"plan_ms": f"{plan_speed} rows[].compiled.median_ms (label {ps.get('label')!r}, commit "
+                                   f"{ps.get('commit')}, planner {ps.get('planner_impl')})",
+                        "plan_hit_ms": f"{plan_speed} rows[].cached_hit.median_ms",
+                        "plan_cache": "flowlane.hermod.matching FLOWLANE_HERMOD_PLAN_CACHE default",
+                        "phase_issue_us": f"{gpu_check} nets.flowlane.checks.timings.phase_issue_s (device "
+                                          f"{gc['nets']['flowlane']['checks'].get('device')})"}}
+
+
+def _cost_s(v: float | dict | None, mode: str, ep: int, what: str) -> float:
+    """A cost in ms for this point: a number, or a table keyed "algorithm/ep"; 0 where the mode never plans."""
+    if v is None or mode not in PLAN_ALGORITHM:
+        return 0.0
+    if isinstance(v, dict):
+        k = f"{PLAN_ALGORITHM[mode]}/{ep}"
+        if k not in v:
+            raise ValueError(f"{what}: no measured figure for {k!r}; measured: {sorted(v)}")
+        v = v[k]
+    return float(v) * 1e-3
+
+
 def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float, variant: str, alpha: float,
-              microbatches: int, quantum: float, op_overhead_s: float = 0.0, incast_count: str = "port") -> dict:
+              microbatches: int, quantum: float, op_overhead_s: float = 0.0, incast_count: str = "port",
+              costs: dict | None = None) -> dict:
     from flowlane.policies import make_policy
     from flowlane.sim import IncastModel, SimConfig, Simulator
     from flowlane.sim.models import preset
@@ -77,13 +126,22 @@ def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float,
     t0 = time.process_time()
     job = preset(model, num_microbatches=microbatches, ep_a2a=mode)
     topo, wl = build_llm(job, gpus, gbps, topology=cluster(gpus, gbps, gpus_per_server=per_server))
+    c = costs or COSTS_OFF
+    ep = job.parallel.ep
+    charged = {"plan_time": _cost_s(c["plan_ms"], mode, ep, "plan_ms"),
+               "plan_hit_time": _cost_s(c["plan_hit_ms"], mode, ep, "plan_hit_ms"),
+               "plan_cache_entries": int(c["plan_cache"]),
+               "phase_issue_time": float(c["phase_issue_us"]) * 1e-6 if mode in PLAN_ALGORITHM else 0.0}
     cfg = SimConfig(time_quantum=quantum, incast=IncastModel(alpha=alpha, count=incast_count) if alpha > 0 else None,
-                    launch_overhead=op_overhead_s)
+                    launch_overhead=op_overhead_s, **charged)
     r = Simulator(topo, cfg).run(wl, make_policy(policy))
     ends = r.iteration_ends
+    extra = {}
+    if any(charged[k] for k in ("plan_time", "plan_hit_time", "phase_issue_time")):
+        extra = {"charged": charged, "plan_hits": r.plan_hits, "plan_misses": r.plan_misses}
     return {"section": section, "model": model, "gpus": gpus, "gpus_per_server": per_server, "bandwidth_gbps": gbps,
             "variant": variant, "policy": policy, "a2a_mode": mode, "incast_alpha": alpha, "op_overhead_s": op_overhead_s,
-            "incast_count": incast_count,
+            "incast_count": incast_count, **extra,
             "iteration_time_s": ends[-1] - ends[-2], "cct_mean_ms": {k: v["mean_s"] * 1e3 for k, v in
                                                                     r.cct_by_ctype().items()},
             "ep_crosses_servers": wl.info.get("ep_crosses_servers"), "flows": r.num_flows,
@@ -127,8 +185,12 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
             base = vs["fifo"]["iteration_time_s"]
             row["speedup_vs_fifo"] = {v: base / p["iteration_time_s"] for v, p in vs.items()}
         rows.append(row)
+    costs = args.costs
+    on = costs["plan_ms"] is not None or costs["plan_hit_ms"] is not None or costs["phase_issue_us"] > 0
     return {
-        "benchmark": "hermod_intra_sim", "label": "simulated",
+        "benchmark": "hermod_intra_sim", "label": "simulated (with measured costs charged)" if on else "simulated",
+        "provenance": args.provenance,
+        "runtime_costs": costs if on else None,
         "note": "flowlane.sim flow-level simulation with the phenomenological incast model (capacity / (1 + alpha "
                 "(k - 1)) on switch ports feeding a NIC; alpha assumed, swept; 0 = no incast). Speedup = FIFO "
                 "iteration time / variant iteration time, steady (2nd) iteration. Thesis Fig. 5.11 (testbed, "
@@ -167,7 +229,9 @@ def _plot(res: dict, path: Path) -> bool:
     o = res["config"].get("op_overhead_s", 0.0)
     extra = ([f"{o * 1e6:g} us per communication op"] if o else []) + \
         (["incast fan-in counted per priority class (a switch queue per class)"]
-         if res["config"].get("incast_count") == "class" else [])
+         if res["config"].get("incast_count") == "class" else []) + \
+        ([f"phased all-to-alls charged planning and {res['runtime_costs']['phase_issue_us']:.0f} us issue per phase "
+          f"(measured costs)"] if res.get("runtime_costs") else [])
     ax.set_title("\n".join(["Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)", *extra]),
                  fontsize=9)
     ax.legend(fontsize=7)
@@ -197,6 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--incast-count", default="port", choices=INCAST_COUNTS,
                     help="who adds to a port's incast fan-in: every flow on it (port, default: one shared queue) or "
                          "the flows of the same priority class (class: a switch queue per class)")
+    ap.add_argument("--measured-costs", action="store_true",
+                    help="charge phased all-to-alls the runtime's measured planning and per-phase issue costs "
+                         "(--plan-speed-json, --gpu-check-json; module docstring)")
+    ap.add_argument("--plan-speed-json", type=Path, default=Path("results/hermod/plan_speed.json"))
+    ap.add_argument("--gpu-check-json", type=Path, default=Path("results/gpu/nccl_gpu_check.json"))
+    ap.add_argument("--plan-ms", type=float, help="planning time per phased all-to-all on a plan-cache miss (ms)")
+    ap.add_argument("--plan-hit-ms", type=float, help="planning time on a plan-cache hit (ms)")
+    ap.add_argument("--plan-cache", type=int, help="plan-cache entries per rank (0 = none)")
+    ap.add_argument("--phase-issue-us", type=float, help="host time to issue one phase on a rank (us)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points already in NAME.json and run only the missing ones")
     a = ap.parse_args(argv)
@@ -222,6 +295,25 @@ def main(argv: list[str] | None = None) -> int:
     if a.scale_gpus < 1:
         ap.error(f"--scale-gpus must be >= 1, got {a.scale_gpus}")
     a.op_overhead_s = op_overhead_s = round(a.op_overhead_us * 1e-6, 12)  # seconds, once, for points and summary
+    costs = dict(COSTS_OFF)
+    if a.measured_costs:
+        try:
+            costs = measured_costs(a.plan_speed_json, a.gpu_check_json)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--measured-costs: {e}")
+    for flag, key in (("plan_ms", "plan_ms"), ("plan_hit_ms", "plan_hit_ms"), ("phase_issue_us", "phase_issue_us")):
+        v = getattr(a, flag)
+        if v is not None:
+            if not (v >= 0 and math.isfinite(v)):
+                ap.error(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {v}")
+            costs[key] = v
+            costs.setdefault("sources", {})[key] = "given on the command line"
+    if a.plan_cache is not None:
+        if a.plan_cache < 0:
+            ap.error(f"--plan-cache must be an integer >= 0, got {a.plan_cache}")
+        costs["plan_cache"] = a.plan_cache
+    a.costs = costs
+    a.provenance = provenance()  # at the start: the commit the points run on
     tasks = plan(alphas, only, sv, sm, a.scale_gpus)
     done: list[dict] = []
     if a.resume and (out / f"{a.name}.json").exists():
@@ -230,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         was = (stored["config"].get("time_quantum_s"), stored["config"].get("op_overhead_s", 0.0),
                stored["config"].get("incast_count", "port"))
         now = (a.quantum, op_overhead_s, a.incast_count)
-        if was != now:
+        if was != now or stored.get("runtime_costs") != (costs if summarise([], [], a, 0)["runtime_costs"] else None):
+            if was == now:
+                ap.error(f"--resume: {a.name}.json was run with other runtime costs ({stored.get('runtime_costs')}); "
+                         f"use another --name")
             ap.error(f"--resume: {a.name}.json was run with quantum {was[0]:g} s, op overhead {was[1]:g} s and incast "
                      f"count {was[2]}, not {now[0]:g} s, {now[1]:g} s and {now[2]}; use another --name")
         done = stored["points"]
@@ -243,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(out / f"{a.name}.json", summarise(points, skipped, a, time.time() - t0))
 
     points, skipped = run_points(
-        tasks, run_point, (a.microbatches, a.quantum, op_overhead_s, a.incast_count), a.workers, a.budget_s, "hermod intra (simulated)",
+        tasks, run_point, (a.microbatches, a.quantum, op_overhead_s, a.incast_count, costs), a.workers, a.budget_s, "hermod intra (simulated)",
         lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
                      f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
     res = summarise(points, skipped, a, time.time() - t0)

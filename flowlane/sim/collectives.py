@@ -17,6 +17,8 @@ that counts each receiver's matched senders as one flow; optimistic, since it ha
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -181,8 +183,10 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
         ops.setdefault(a, []).append(f)
         ops.setdefault(b, []).append(f)
     arr = np.array(sends, dtype=np.int64).reshape(-1, 4)  # (phase, src, dst, amount) per flow
+    # the runtime's plan-cache key: algorithm + the matrix with its diagonal zeroed (plan_all_to_all)
+    key = hashlib.blake2b(mode.encode() + t.tobytes(), digest_size=16).digest()
     return w.phased_all_to_all(g[arr[:, 1]], g[arr[:, 2]], arr[:, 3] * unit_bytes, arr[:, 0], preds,
-                               replace(meta, seq=0), deps, name)
+                               replace(meta, seq=0), deps, name, plan_key=key, group=g.tolist())
 
 
 def p2p(w: Workload, src: Sequence[int] | int, dst: Sequence[int] | int, nbytes: float | Sequence[float],

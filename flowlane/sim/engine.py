@@ -13,6 +13,9 @@ Semantics:
 * A :class:`~flowlane.sim.graph.PhasedAllToAll` (Hermod's incast-free phases) starts its flows one by one: each as
   soon as the flows it waits for (its two ranks' previous phase) have completed, each paying ``launch_overhead``
   like a coflow of its own; the node completes with its last flow. Its coflow record spans the whole all-to-all.
+  Where :class:`SimConfig` charges the runtime's costs (issue 30), its ranks first plan it (``plan_time``, or
+  ``plan_hit_time`` on a hit in the group's LRU plan cache) and then issue one phase after another
+  (``phase_issue_time`` each): a flow starts once its waits are met and both its ranks have issued its phase.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,6 +54,19 @@ class SimConfig:
     # along chains of dependent short flows (a phased all-to-all's ~180 steps), so keep it well below a step's length
     time_quantum: float = 0.0
     progress: bool = False
+    # What Hermod's matched all-to-all costs on the runtime (issue 30), charged to PhasedAllToAll nodes only (plain,
+    # matched-fluid and other coflows never plan or issue phases); all 0 = free, the figures before these existed.
+    # plan_time: host seconds to plan one phased all-to-all on a plan-cache miss (every rank of the group plans the
+    # same matrix at once, flowlane.hermod.matching.plan_all_to_all), so its first phases start this much later
+    plan_time: float = 0.0
+    plan_hit_time: float = 0.0  # host seconds for a plan-cache hit instead
+    # plans each rank keeps (LRU keyed by algorithm + matrix, PhasedAllToAll.plan_key; the runtime's default is 16,
+    # FLOWLANE_HERMOD_PLAN_CACHE); 0 = no cache, every phased all-to-all pays plan_time
+    plan_cache_entries: int = 0
+    # host seconds to issue one phase's grouped send/receive on a rank (matched_all_to_all issues its phases one after
+    # another and does not wait on the host): a rank's k-th phase (1-based, counting the phases it takes part in) can
+    # start no earlier than k x this after its plan is ready; the flow also waits for its peer's issue
+    phase_issue_time: float = 0.0
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING:
@@ -65,6 +81,12 @@ class SimConfig:
             raise SimSpecError(f"SimConfig.time_quantum must be a finite number >= 0 s, got {self.time_quantum!r}")
         if not (0 <= self.compute_jitter < 1):
             raise SimSpecError(f"SimConfig.compute_jitter must be in [0, 1), got {self.compute_jitter!r}")
+        for name in ("plan_time", "plan_hit_time", "phase_issue_time"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and v >= 0 and math.isfinite(v)):
+                raise SimSpecError(f"SimConfig.{name} must be a finite number >= 0 s, got {v!r}")
+        if not (isinstance(self.plan_cache_entries, int) and self.plan_cache_entries >= 0):
+            raise SimSpecError(f"SimConfig.plan_cache_entries must be an integer >= 0, got {self.plan_cache_entries!r}")
 
 
 @dataclass
@@ -91,6 +113,8 @@ class SimResult:
     wall_s: float
     cpu_s: float  # process CPU time of run() (robust to other load on the machine; the sim is single-threaded)
     workload_ref: Workload = field(repr=False)
+    plan_hits: int = 0  # phased all-to-alls planned from the plan cache (SimConfig.plan_cache_entries)
+    plan_misses: int = 0  # ... and planned afresh (counted only where planning is charged)
 
     @property
     def iteration_time(self) -> float:
@@ -123,6 +147,22 @@ class _PhasedRun:
     waits: np.ndarray  # flow -> predecessors not yet completed
     succ_ptr: np.ndarray  # CSR: flow f's successors are succ_idx[succ_ptr[f]:succ_ptr[f + 1]]
     succ_idx: np.ndarray
+    earliest: np.ndarray | None = None  # flow -> earliest start (plan and issue costs), None = as soon as ready
+
+
+def issue_ordinals(x: PhasedAllToAll) -> np.ndarray:
+    """Per phase flow: the later of its two ranks' issue slots, where a rank's slot for phase k is the number of
+    phases up to and including k in which it sends or receives (1-based): the runtime's ranks issue one grouped
+    send/receive per phase they take part in, in phase order (flowlane.sched.alltoall.matched_all_to_all)."""
+    if len(x.src) == 0:
+        return np.zeros(0, np.int64)
+    span = int(x.phase.max()) + 1
+    ph = x.phase.astype(np.int64)
+    ks, kd = x.src * span + ph, x.dst * span + ph
+    u = np.unique(np.concatenate([ks, kd]))  # (device, phase) pairs, sorted by device then phase
+    dev = u // span
+    slot = np.arange(len(u)) - np.searchsorted(dev, dev, side="left") + 1
+    return np.maximum(slot[np.searchsorted(u, ks)], slot[np.searchsorted(u, kd)])
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -228,6 +268,12 @@ class Simulator:
         v_first = np.array(list(vbase.values()), np.int64)
         v_node = np.array(list(vbase.keys()), np.int64)
         running: dict[int, _PhasedRun] = {}
+        # planning and issue costs (SimConfig.plan_*, phase_issue_time): each group's plan cache, and phase flows
+        # whose waits are met but whose issue lies ahead (heap entry -1 - id -> (node, flows))
+        charge = cfg.plan_time > 0 or cfg.plan_hit_time > 0 or cfg.phase_issue_time > 0
+        plan_lru: dict[tuple[int, ...], OrderedDict[bytes, None]] = {}
+        plan_count = {"hits": 0, "misses": 0}
+        deferred: dict[int, tuple[int, np.ndarray]] = {}
         # policy keys -> dense ranks (class for the network, order for the streams), computed once: the DAG is fixed
         prio = {i: policy.priority(nodes[i].meta) for i in cof_ids}
         order = {i: policy.order(nodes[i].meta) for i in cof_ids}
@@ -271,7 +317,7 @@ class Simulator:
         new_cof: list[np.ndarray] = []
         new_grp: list[np.ndarray] = []
         new_lat: list[np.ndarray] = []
-        counters = {"events": 0, "rates": 0, "flows": 0}
+        counters = {"events": 0, "rates": 0, "flows": 0, "deferred": 0}
         t = 0.0
         done = 0
 
@@ -352,6 +398,37 @@ class Simulator:
                                      1, cfg.routing == "spray")
             activate(unit, h, nb, lat, node_cls[i], -1, now)
 
+        def plan_cost(x: PhasedAllToAll) -> float:
+            """Host time to plan ``x`` (SimConfig.plan_time / plan_hit_time), looking its plan up in its group's
+            LRU plan cache (as flowlane.hermod.matching.plan_all_to_all does) where one is kept."""
+            if cfg.plan_cache_entries and x.plan_key:
+                lru = plan_lru.setdefault(x.group, OrderedDict())
+                if x.plan_key in lru:
+                    lru.move_to_end(x.plan_key)
+                    plan_count["hits"] += 1
+                    return cfg.plan_hit_time
+                lru[x.plan_key] = None
+                if len(lru) > cfg.plan_cache_entries:
+                    lru.popitem(last=False)
+            plan_count["misses"] += 1
+            return cfg.plan_time
+
+        def launch_phase_flows(i: int, fs: np.ndarray, now: float) -> None:
+            """Start flows ``fs`` of phased node ``i`` whose waits are met: now, or once their ranks have issued them."""
+            e = running[i].earliest
+            if e is not None and len(fs):
+                ef = e[fs]
+                late = ef > now
+                if late.any():
+                    for tt in np.unique(ef[late]).tolist():
+                        key = counters["deferred"]
+                        counters["deferred"] += 1
+                        deferred[key] = (i, fs[late & (ef == tt)])
+                        heapq.heappush(heap, (tt, -1 - key))
+                    fs = fs[~late]
+            if len(fs):
+                start_phase_flows(i, fs, now)
+
         def start_phased(i: int, now: float) -> bool:
             """Start a phased all-to-all's first flows; False if it has none (it completes at once)."""
             x: PhasedAllToAll = nodes[i]
@@ -363,8 +440,11 @@ class Simulator:
             order = np.argsort(x.pred_idx, kind="stable")  # successor CSR: who waits on flow f
             succ_idx = np.repeat(np.arange(nf, dtype=np.int32), waits)[order]
             succ_ptr = np.searchsorted(x.pred_idx[order], np.arange(nf + 1))
-            running[i] = _PhasedRun(nf, waits, succ_ptr, succ_idx)
-            start_phase_flows(i, np.flatnonzero(waits == 0), now)
+            earliest = None
+            if charge:
+                earliest = now + plan_cost(x) + issue_ordinals(x) * cfg.phase_issue_time
+            running[i] = _PhasedRun(nf, waits, succ_ptr, succ_idx, earliest)
+            launch_phase_flows(i, np.flatnonzero(waits == 0), now)
             return True
 
         def finish_phase_flow(u: int, now: float, work: list[int]) -> None:
@@ -376,7 +456,7 @@ class Simulator:
                 st.waits[nxt] -= 1
                 go = nxt[st.waits[nxt] == 0]
                 if len(go):
-                    start_phase_flows(i, go, now)
+                    launch_phase_flows(i, go, now)
             st.left -= 1
             if st.left == 0:
                 del running[i]
@@ -412,6 +492,10 @@ class Simulator:
 
         def complete(i: int, now: float) -> None:
             nonlocal done
+            if i < 0:  # not a completion: deferred phase flows whose ranks have now issued them
+                j, fs = deferred.pop(-1 - i)
+                start_phase_flows(j, fs, now)
+                return
             work: list[int] = []
             if i >= n:  # one phase flow; its node completes with its last one
                 finish_phase_flow(i, now, work)
@@ -545,4 +629,4 @@ class Simulator:
             link_names=[f"{a}->{b}" for a, b in self.link_keys], link_capacity=self.capacity,
             link_bytes=link_bytes[:-1].copy(), link_bytes_moved=moved[:-1].copy(), num_flows=counters["flows"], events=counters["events"],
             rate_updates=counters["rates"], wall_s=time.perf_counter() - t_wall, cpu_s=time.process_time() - t_cpu,
-            workload_ref=w)
+            workload_ref=w, plan_hits=plan_count["hits"], plan_misses=plan_count["misses"])

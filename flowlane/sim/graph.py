@@ -66,6 +66,10 @@ class PhasedAllToAll:
     meta: CoflowMeta
     name: str
     stream: None = None  # the phase flows are not serialised on a stream (each waits on its own ranks instead)
+    # the plan's identity for the runtime's plan cache (flowlane.hermod.matching.plan_all_to_all: algorithm + the
+    # matrix, diagonal ignored); b"" = never a cache hit. Read only where SimConfig charges planning (issue 30)
+    plan_key: bytes = b""
+    group: tuple[int, ...] = ()  # the EP group's device indices: whose plan cache it is (each rank keeps its own)
 
     @property
     def total_bytes(self) -> float:
@@ -176,8 +180,9 @@ class Workload:
 
     def phased_all_to_all(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, phase: np.ndarray,
                           preds: Sequence[Sequence[int]], meta: CoflowMeta, deps: Iterable[int | None] = (),
-                          name: str | None = None) -> int:
-        """Add a :class:`PhasedAllToAll`: ``preds[f]`` lists the earlier flows flow ``f`` waits for."""
+                          name: str | None = None, plan_key: bytes = b"", group: Sequence[int] = ()) -> int:
+        """Add a :class:`PhasedAllToAll`: ``preds[f]`` lists the earlier flows flow ``f`` waits for; ``plan_key`` and
+        ``group`` as in the class (the plan cache's key and owner)."""
         nm = name or f"{meta.ctype}:{meta.op}"
         src = np.asarray(src, dtype=np.int64).ravel()
         dst = np.asarray(dst, dtype=np.int64).ravel()
@@ -209,7 +214,11 @@ class Workload:
             self._seq += 1
             meta = CoflowMeta(meta.ctype, meta.iteration, meta.microbatch, meta.layer, meta.stage, meta.op, self._seq)
         d = self._check_deps(deps)
-        self.nodes.append(PhasedAllToAll(src, dst, nb, ph, ptr, idx.astype(np.int32), meta, nm))
+        grp = tuple(int(x) for x in group)
+        if any(not 0 <= x < nd for x in grp):
+            raise SimSpecError(f"phased all-to-all {nm!r}: group {grp} has a device index outside 0..{nd - 1}")
+        self.nodes.append(PhasedAllToAll(src, dst, nb, ph, ptr, idx.astype(np.int32), meta, nm, None, bytes(plan_key),
+                                         grp))
         self.deps.append(d)
         return len(self.nodes) - 1
 
