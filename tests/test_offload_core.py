@@ -465,6 +465,42 @@ def test_ssd_estimate_cli_prints_thesis_check(capsys: pytest.CaptureFixture[str]
     assert "required_write_GBps" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("argv", "msg"), [
+    (["--tflops", "0"], "argument --tflops: '0' must be a finite number > 0"),
+    (["--step-time", "nan"], "argument --step-time: 'nan' must be a finite number > 0"),
+    (["--ssds-per-gpu", "0"], "argument --ssds-per-gpu: '0' must be >= 1"),
+    (["--link-gbps", "-1", "--step-time", "1"], "argument --link-gbps: '-1' must be a finite number > 0"),
+])
+def test_ssd_estimate_refuses_bad_numbers(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from flowlane.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["ssd-estimate", *argv])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_ssd_estimate_reports_the_cache_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's budget is budget.choose_budget on the modelled step: the cache uses the same function."""
+    import json
+
+    from flowlane.cli import main
+    from flowlane.offload.budget import StepProfile, choose_budget
+
+    assert main(["ssd-estimate", "--hidden", "8192", "--heads", "64", "--seq", "4096", "--micro-batch", "1",
+                 "--layers", "4", "--tp", "1", "--flash-attention", "--no-dropout", "--step-time", "0.13",
+                 "--link-gbps", "55", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    per_layer = int(out["activation_bytes_per_layer"])
+    want = choose_budget(StepProfile((per_layer,) * 4, (0.13 / 12,) * 4, (0.26 / 12,) * 4, 55e9, 55e9))
+    assert out["budget_bytes_per_microbatch"] == want.total_bytes > 0
+    assert out["budget_layers_kept_resident"] == want.keep_last_k >= 1 and out["budget_exposed_s"] == 0.0
+    assert main(["ssd-estimate", "--hidden", "8192", "--heads", "64", "--seq", "4096", "--micro-batch", "1",
+                 "--layers", "4", "--tp", "1", "--flash-attention", "--no-dropout", "--step-time", "0.13",
+                 "--disk-gbps", "2", "--json"]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    assert slow["budget_link_GBps"] == 2.0 and slow["budget_bytes_per_microbatch"] < out["budget_bytes_per_microbatch"]
+
+
 def test_baseline_tracker_counts_all_layers() -> None:
     m, idx = _model()
     with track_saved_tensors(MIN_BYTES, list(m.parameters())) as res:

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass
+
+from flowlane.offload.budget import StepProfile, choose_budget
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 
@@ -113,34 +116,90 @@ def estimate(x: LayerShape, layers: int, micro_batches: int, kept_layers: int, s
                     lifespan_years(end, bw))
 
 
+def modelled_budget(x: LayerShape, layers: int, step_time_s: float, link_GBps: float,
+                    disk_GBps: float | None = None, prefetch: int = 1) -> dict[str, float | int]:
+    """The byte budget of ``budget.choose_budget`` for one micro-batch of ``layers`` equal layers: forward is a third
+    of the step and backward two thirds (the usual 1:2), split evenly over layers; the store and load links run at
+    ``link_GBps`` (PCIe), or at ``disk_GBps`` when the SSD is slower. The tensor cache computes the same budget from
+    CUDA-event timings of a profiled step (``offload.adaptive``); this is its model before any run."""
+    for name, v in (("step_time_s", step_time_s), ("link_GBps", link_GBps)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name}={v!r} must be a finite number > 0")
+    if disk_GBps is not None and not (math.isfinite(disk_GBps) and disk_GBps > 0):
+        raise ValueError(f"disk_GBps={disk_GBps!r} must be a finite number > 0")
+    if layers < 1:
+        raise ValueError(f"layers={layers} must be >= 1")
+    rate = min(link_GBps, disk_GBps or link_GBps) * 1e9
+    per_layer = int(activation_bytes_per_layer(x))
+    prof = StepProfile((per_layer,) * layers, (step_time_s / 3 / layers,) * layers,
+                       (2 * step_time_s / 3 / layers,) * layers, rate, rate)
+    b = choose_budget(prof, prefetch=prefetch)
+    return {"budget_link_GBps": rate / 1e9, "budget_bytes_per_microbatch": b.total_bytes,
+            "budget_share_of_activations": b.total_bytes / (per_layer * layers) if per_layer else 0.0,
+            "budget_layers_kept_resident": b.keep_last_k, "budget_exposed_s": b.exposed_s}
+
+
 def thesis_check() -> dict[str, float]:
     """The thesis' Fig. 5.10 bound: the worst case of 12.1 GB/s per GPU with 4x D7-P5620 -> ~3.4 years (>= 3)."""
     end = effective_endurance_bytes("D7-P5620", 4, 2.5)
     return {"endurance_PB": end / 1e15, "write_GBps": 12.1, "lifespan_years": lifespan_years(end, 12.1e9)}
 
 
+def _positive_float(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"{v!r} must be a finite number > 0")
+    return x
+
+
+def _int_at_least(v: str, low: int) -> int:
+    try:
+        x = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an integer") from None
+    if x < low:
+        raise argparse.ArgumentTypeError(f"{v!r} must be >= {low}")
+    return x
+
+
+def _positive_int(v: str) -> int:
+    return _int_at_least(v, 1)
+
+
+def _nonneg_int(v: str) -> int:
+    return _int_at_least(v, 0)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ssd-estimate", help="activation bytes, write bandwidth and SSD lifespan (SSDTrain)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, default=8192)
-    p.add_argument("--heads", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4, help="transformer layers on this GPU (its pipeline stage)")
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--micro-batches", type=int, default=1, help="micro-batches per step")
-    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--hidden", type=_positive_int, default=8192)
+    p.add_argument("--heads", type=_positive_int, default=64)
+    p.add_argument("--layers", type=_positive_int, default=4, help="transformer layers on this GPU (its pipeline stage)")
+    p.add_argument("--seq", type=_positive_int, default=1024)
+    p.add_argument("--micro-batch", type=_positive_int, default=16)
+    p.add_argument("--micro-batches", type=_positive_int, default=1, help="micro-batches per step")
+    p.add_argument("--tp", type=_positive_int, default=2)
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument("--flash-attention", action="store_true", help="no s^2 attention terms (FlashAttention)")
     p.add_argument("--no-dropout", action="store_true")
-    p.add_argument("--elem-bytes", type=int, default=2, help="2 for fp16/bf16, 4 for fp32")
-    p.add_argument("--kept-layers", type=int, default=0, help="layers kept in GPU memory (not written)")
-    p.add_argument("--step-time", type=float, default=None, help="measured step time in seconds")
-    p.add_argument("--tflops", type=float, default=None,
+    p.add_argument("--elem-bytes", type=_positive_int, default=2, help="2 for fp16/bf16, 4 for fp32")
+    p.add_argument("--kept-layers", type=_nonneg_int, default=0, help="layers kept in GPU memory (not written)")
+    p.add_argument("--step-time", type=_positive_float, default=None, help="measured step time in seconds")
+    p.add_argument("--tflops", type=_positive_float, default=None,
                    help="achieved model TFLOP/s per GPU, to model the step time when --step-time is not given")
-    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--vocab", type=_positive_int, default=50257)
     p.add_argument("--ssd", choices=sorted(SSD_ENDURANCE_PBW), default="D7-P5620")
-    p.add_argument("--ssds-per-gpu", type=int, default=4)
-    p.add_argument("--waf-gain", type=float, default=2.5)
+    p.add_argument("--ssds-per-gpu", type=_positive_int, default=4)
+    p.add_argument("--waf-gain", type=_positive_float, default=2.5)
+    p.add_argument("--link-gbps", type=_positive_float, default=55.0,
+                   help="GPU-host link for the byte budget, GB/s (55: PCIe D2H measured on an H200)")
+    p.add_argument("--disk-gbps", type=_positive_float, default=None,
+                   help="the SSDs' write rate per GPU, GB/s: the budget uses the slower of it and --link-gbps")
+    p.add_argument("--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead (offload config)")
     p.add_argument("--thesis", action="store_true", help="print the thesis' 12.1 GB/s -> >= 3 years check")
     p.add_argument("--json", action="store_true")
 
@@ -156,8 +215,12 @@ def run(args: argparse.Namespace) -> int:
             if args.tflops is None:
                 raise SystemExit("ssd-estimate: give --step-time (seconds) or --tflops (achieved TFLOP/s per GPU)")
             step = gpt_model_flops_per_step(x, args.layers, args.vocab, args.micro_batches) / (args.tflops * 1e12)
+        if args.kept_layers > args.layers:
+            raise SystemExit(f"ssd-estimate: --kept-layers {args.kept_layers} is more than --layers {args.layers}")
         out = asdict(estimate(x, args.layers, args.micro_batches, args.kept_layers, step, args.ssd,
                               args.ssds_per_gpu, args.waf_gain))
+        out.update(modelled_budget(x, args.layers, step / args.micro_batches, args.link_gbps, args.disk_gbps,
+                                   args.prefetch_groups))
     if args.json:
         print(json.dumps(out, indent=2))
     else:
