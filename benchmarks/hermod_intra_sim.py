@@ -270,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-hit-ms", type=float, help="planning time on a plan-cache hit (ms)")
     ap.add_argument("--plan-cache", type=int, help="plan-cache entries per rank (0 = none)")
     ap.add_argument("--phase-issue-us", type=float, help="host time to issue one phase on a rank (us)")
+    ap.add_argument("--fifo-from", type=Path,
+                    help="take the FIFO points from this stored run instead of re-running them (same quantum, op "
+                         "overhead and incast count; plain all-to-alls are never charged the runtime costs, so FIFO "
+                         "is the same with and without them); each carried point names its file")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points already in NAME.json and run only the missing ones")
     a = ap.parse_args(argv)
@@ -332,6 +336,27 @@ def main(argv: list[str] | None = None) -> int:
         have = {_key(p) for p in done}
         tasks = [t for t in tasks if _key(t) not in have]
         print(f"resuming: {len(done)} points kept, {len(tasks)} to run")
+    if a.fifo_from is not None:
+        try:
+            ref = json.loads(a.fifo_from.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--fifo-from: cannot read {a.fifo_from}: {e}")
+        rc = ref.get("config", {})
+        if (rc.get("time_quantum_s"), rc.get("op_overhead_s", 0.0), rc.get("incast_count", "port"), rc.get("microbatches")) != \
+                (a.quantum, op_overhead_s, a.incast_count, a.microbatches):
+            ap.error(f"--fifo-from: {a.fifo_from} was run with quantum {rc.get('time_quantum_s')}, op overhead "
+                     f"{rc.get('op_overhead_s', 0.0)}, incast count {rc.get('incast_count', 'port')}, microbatches "
+                     f"{rc.get('microbatches')}; this run has {a.quantum}, {op_overhead_s}, {a.incast_count}, "
+                     f"{a.microbatches}")
+        have = {_key(p) for p in done}
+        carried = [{**p, "carried_from": str(a.fifo_from)} for p in ref["points"]
+                   if p["variant"] == "fifo" and _key(p) in {_key(t) for t in tasks} and _key(p) not in have]
+        if not carried:
+            ap.error(f"--fifo-from: {a.fifo_from} holds no FIFO point this run needs")
+        done = [*done, *carried]
+        keys = {_key(p) for p in carried}
+        tasks = [t for t in tasks if _key(t) not in keys]
+        print(f"FIFO points carried from {a.fifo_from}: {len(carried)}")
     t0 = time.time()
 
     def save(points: list[dict], skipped: list) -> None:  # after every point, so a cut-off run can --resume
