@@ -48,7 +48,7 @@ def gather_rows_kernel(src, idx, out, n_idx, n_cols, src_stride, out_stride, col
 @triton.jit(do_not_specialize=["n_idx", "n_sel", "src_stride", "out_stride", "n_chunks"])
 def gather_cols_kernel(src, idx, cols, out, n_idx, n_sel, src_stride, out_stride, n_chunks,
                        ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """out[r, j] = src[idx[r], cols[j]]: the column-masked gather for an arbitrary (sorted) column list."""
+    """out[r, j] = src[idx[r], cols[j]]: the column-masked gather for an arbitrary column list."""
     pid = tl.program_id(0)
     r = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     rmask = r < n_idx

@@ -29,12 +29,17 @@ SCHEMES: tuple[str, ...] = ("flat", "flat_shift", "row", "row_aligned", "min")
 
 
 def _distinct_per_row(row_of: np.ndarray, group: np.ndarray, line: np.ndarray, n_rows: int) -> np.ndarray:
-    """Count distinct (group, line) pairs per row; ``row_of``/``group``/``line`` are per-lane arrays."""
+    """Count distinct (group, line) pairs per row; per-lane arrays, ordered by row (every scheme builds them so)."""
     if row_of.size == 0:
         return np.zeros(n_rows, dtype=np.int64)
-    keys = np.stack([row_of, group, line], axis=1)
-    uniq = np.unique(keys, axis=0)
-    return np.bincount(uniq[:, 0], minlength=n_rows).astype(np.int64)
+    # one int64 key per lane: row, then group and line relative to the row's first (both small), then one 1-D unique
+    starts = np.flatnonzero(np.r_[True, row_of[1:] != row_of[:-1]])
+    sizes = np.diff(np.r_[starts, row_of.size])
+    g = group - np.repeat(np.minimum.reduceat(group, starts), sizes)
+    ln = line - np.repeat(np.minimum.reduceat(line, starts), sizes)
+    gs, ls = int(g.max()) + 1, int(ln.max()) + 1
+    uniq = np.unique((row_of * gs + g) * ls + ln)
+    return np.bincount(uniq // (gs * ls), minlength=n_rows).astype(np.int64)
 
 
 def request_counts(row_ids: Sequence[int] | np.ndarray, row_elems: int, elem_bytes: int, scheme: Scheme,
