@@ -7,7 +7,7 @@
  * (--send-ns/--recv-ns, entered with setns) so paths cross veth links.
  *
  *   fl_driver --plugin PATH [--api v8|v11] SCENARIO [options]
- * Scenarios: props integrity multirecv grouped closeload manycomms badsecret
+ * Scenarios: props integrity multirecv grouped closeload manycomms threads badsecret
  *            strangers peerdeath stall cudareject all | bench-stream bench-pingpong bench-comms
  * Exit status 0 = every check passed; failures print "FAIL: ...".
  */
@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -879,6 +880,116 @@ static void manycomms_send(int to, int from) {
   (void)to;
 }
 
+/* threads: one thread per comm on both sides (classes 0..3, as with several
+ * NCCL proxy threads in one process), TH_MSGS verified messages each, two in
+ * flight. Per-comm locks let them progress in parallel; lower lanes held back
+ * by higher ones are helped across threads (trylock) and must not deadlock. */
+#define TH_COMMS FL_NUM_CLASSES
+#define TH_MSGS 40
+#define TH_MAX (1u << 20)
+static size_t th_size(int k, int m) { return (size_t)(mix((uint64_t)(k * 7919 + m)) % (TH_MAX + 1)); }
+struct th_arg {
+  int k;
+  void* lc;
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+};
+
+static void* th_recv_main(void* p) {
+  struct th_arg* a = p;
+  void* rc = accept_blocking(a->lc);
+  uint8_t* bufs[2] = {malloc(TH_MAX), malloc(TH_MAX)};
+  uint8_t* scratch = malloc(TH_MAX);
+  void* mhs[2] = {net_regmr(rc, bufs[0], TH_MAX), net_regmr(rc, bufs[1], TH_MAX)};
+  void* reqs[2] = {NULL, NULL};
+  int msg_of[2] = {0, 0};
+  int posted = 0, done_n = 0;
+  double end = now_s() + O.timeout_s;
+  while (done_n < TH_MSGS) {
+    for (int i = 0; i < 2; i++) {
+      if (!reqs[i] && posted < TH_MSGS) {
+        void* b = bufs[i];
+        size_t sz = TH_MAX;
+        int tag = a->k;
+        if (net_irecv(rc, 1, &b, &sz, &tag, &mhs[i], &reqs[i]) != ncclSuccess) FAILF("comm %d: irecv failed", a->k);
+        if (reqs[i]) msg_of[i] = posted++;
+        continue;
+      }
+      if (!reqs[i]) continue;
+      int done = 0, got = -1;
+      if (net_test(reqs[i], &done, &got) != ncclSuccess) FAILF("comm %d: test failed", a->k);
+      if (!done) continue;
+      size_t want = th_size(a->k, msg_of[i]);
+      if ((size_t)got != want || !verify(bufs[i], want, (uint64_t)(a->k * 100000 + msg_of[i]), scratch))
+        FAILF("comm %d message %d: wrong size (%d, expected %zu) or data", a->k, msg_of[i], got, want);
+      reqs[i] = NULL;
+      done_n++;
+    }
+    if (now_s() > end) FAILF("comm %d: threads scenario timed out (%d/%d)", a->k, done_n, TH_MSGS);
+  }
+  for (int i = 0; i < 2; i++) net_deregmr(rc, mhs[i]), free(bufs[i]);
+  free(scratch);
+  net_close_recv(rc);
+  return NULL;
+}
+
+static void* th_send_main(void* p) {
+  struct th_arg* a = p;
+  void* sc = connect_blocking(a->k, a->handle);
+  uint8_t* bufs[2] = {malloc(TH_MAX), malloc(TH_MAX)};
+  void* mhs[2] = {net_regmr(sc, bufs[0], TH_MAX), net_regmr(sc, bufs[1], TH_MAX)};
+  void* reqs[2] = {NULL, NULL};
+  int sent = 0, done_n = 0;
+  double end = now_s() + O.timeout_s;
+  while (done_n < TH_MSGS) {
+    for (int i = 0; i < 2; i++) {
+      if (!reqs[i] && sent < TH_MSGS) {
+        size_t sz = th_size(a->k, sent);
+        fill(bufs[i], sz, (uint64_t)(a->k * 100000 + sent));
+        if (net_isend(sc, bufs[i], sz, a->k, mhs[i], &reqs[i]) != ncclSuccess) FAILF("comm %d: isend failed", a->k);
+        if (reqs[i]) sent++;
+        continue;
+      }
+      if (!reqs[i]) continue;
+      int done = 0;
+      if (net_test(reqs[i], &done, NULL) != ncclSuccess) FAILF("comm %d: test failed", a->k);
+      if (done) reqs[i] = NULL, done_n++;
+    }
+    if (now_s() > end) FAILF("comm %d: threads scenario send timed out (%d/%d)", a->k, done_n, TH_MSGS);
+  }
+  for (int i = 0; i < 2; i++) net_deregmr(sc, mhs[i]), free(bufs[i]);
+  net_close_send(sc);
+  return NULL;
+}
+
+static void threads_recv(int to, int from) {
+  struct th_arg args[TH_COMMS];
+  pthread_t th[TH_COMMS];
+  for (int k = 0; k < TH_COMMS; k++) {
+    args[k].k = k;
+    net_listen(k, args[k].handle, &args[k].lc);
+    write_all(to, args[k].handle, sizeof(args[k].handle));
+  }
+  for (int k = 0; k < TH_COMMS; k++) pthread_create(&th[k], NULL, th_recv_main, &args[k]);
+  for (int k = 0; k < TH_COMMS; k++) pthread_join(th[k], NULL);
+  for (int k = 0; k < TH_COMMS; k++) net_close_listen(args[k].lc);
+  printf("[recv] %d threads x %d messages intact, one comm per thread\n", TH_COMMS, TH_MSGS);
+  net_finalize();
+  (void)from;
+}
+
+static void threads_send(int to, int from) {
+  struct th_arg args[TH_COMMS];
+  pthread_t th[TH_COMMS];
+  for (int k = 0; k < TH_COMMS; k++) {
+    args[k].k = k;
+    read_all(from, args[k].handle, sizeof(args[k].handle));
+  }
+  for (int k = 0; k < TH_COMMS; k++) pthread_create(&th[k], NULL, th_send_main, &args[k]);
+  for (int k = 0; k < TH_COMMS; k++) pthread_join(th[k], NULL);
+  net_finalize();
+  (void)to;
+}
+
 /* peerdeath / stall: one side disappears or freezes mid-message; the other
  * side's test() must return an error (never hang). Which side fails is
  * chosen by FL_DRIVER_VICTIM=send|recv; mode by FL_DRIVER_FAULT=kill|stop. */
@@ -1389,6 +1500,7 @@ static void pp_side_b(int to, int from) { /* "recv" process */
   fflush(NULL);
   char fin;
   read_all(from, &fin, 1); /* stay connected until A has its last pong */
+  write_all(to, "y", 1);   /* and A stays until then: neither side sees the other close mid-loop */
   _exit(0); /* bulk may still be in flight; the sender side exits on its own */
 }
 
@@ -1464,6 +1576,8 @@ static void pp_side_a(int to, int from) { /* "send" process */
          s[m / 2] * 1e6, s[(m * 9) / 10] * 1e6, s[(m * 99) / 100] * 1e6, s[m - 1] * 1e6, m);
   fflush(stdout);
   write_all(to, "x", 1);
+  char fin;
+  read_all(from, &fin, 1); /* B has counted its last pong */
   _exit(0);
 }
 
@@ -1575,6 +1689,7 @@ static const struct scenario kScenarios[] = {
     {"grouped", grouped_recv, grouped_send},
     {"closeload", closeload_recv, closeload_send},
     {"manycomms", manycomms_recv, manycomms_send},
+    {"threads", threads_recv, threads_send},
     {"badsecret", badsecret_recv, badsecret_send},
     {"strangers", strangers_recv, strangers_send},
     {"peerdeath", fault_recv, fault_send},
@@ -1634,7 +1749,7 @@ static void usage(void) {
           "usage: fl_driver --plugin PATH [--api v8|v11] [--send-ns NS --recv-ns NS] [--send-ifname S --recv-ifname S]\n"
           "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
           "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
-          "scenarios: props integrity multirecv grouped closeload manycomms badsecret strangers peerdeath stall all\n"
+          "scenarios: props integrity multirecv grouped closeload manycomms threads badsecret strangers peerdeath stall all\n"
           "           bench-stream bench-pingpong bench-comms\n");
   exit(2);
 }
@@ -1674,8 +1789,8 @@ int main(int argc, char** argv) {
   int fails = 0;
   for (int k = 0; k < nscen; k++) {
     if (!strcmp(scen[k], "all")) {
-      const char* list[] = {"props", "integrity", "multirecv", "grouped", "closeload", "manycomms", "badsecret",
-                            "strangers", "peerdeath", "stall"};
+      const char* list[] = {"props", "integrity", "multirecv", "grouped", "closeload", "manycomms", "threads",
+                            "badsecret", "strangers", "peerdeath", "stall"};
       int apis[] = {8, 11};
       for (int a = 0; a < 2; a++) {
         O.api = apis[a];
