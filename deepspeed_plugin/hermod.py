@@ -1,39 +1,69 @@
-"""Hermod coflow scheduling for DeepSpeed's PipelineEngine (seed 000 ch.5), through instruction hooks.
+"""Hermod coflow scheduling on DeepSpeed's own communication (seed 000 ch.5): ZeRO 0-3 and the PipelineEngine.
 
 Enabled by the ``"flowlane": {"hermod": {...}}`` section of the DeepSpeed config (keys = the fields of
 :class:`HermodDSConfig`)::
 
     "flowlane": {"hermod": {"enabled": true, "schedule": "1f1b", "dp_mid": "last", "gate_timeout_s": 0.05}}
 
-    engine, *_ = deepspeed.initialize(model=pipe_module, config=ds_config)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config)
     h = install(engine, ds_config)        # None when the section is absent or "enabled": false
-    engine.train_batch(...); ...; h.close()
+    ... train ...; h.close()
 
-Hooks (the engine's per-instance ``_INSTRUCTION_MAP``; DeepSpeed itself is not patched):
-* ``SendActivation`` / ``RecvActivation`` / ``SendGrad`` / ``RecvGrad``: critical ops with keys carrying the
-  microbatch id (counted per instruction type per ``train_batch``) and the stage-boundary layer; the gate for
-  deferred traffic is closed while they run.
-* ``ReduceGrads``: keyed DP coflow (MID M-1, CType DP); the window of deferred ops is sealed first. DeepSpeed's own
-  gradient all-reduce runs unchanged (same math). DeepSpeed's pipe p2p is synchronous (DeepSpeed #4738), so on this
+What is hooked (DeepSpeed's classes are not patched; every hook is an attribute of this engine's objects):
+
+* **gradient reductions** (every ZeRO stage, the plain engine and the PipelineEngine's ReduceGrads) and **ZeRO-3
+  parameter gathers**: :mod:`deepspeed_plugin.zero_hooks` -- DeepSpeed's own bucket functions run as deferred
+  coflows keyed (MID M-1, DP, the bucket's highest layer) in Hermod's order, on the bulk-class clone of their group;
+  ZeRO-3's coordinator fetches are critical ops that hold the paced reductions back (the gate).
+* **PipelineEngine p2p** (the per-instance ``_INSTRUCTION_MAP``): ``SendActivation`` / ``RecvActivation`` /
+  ``SendGrad`` / ``RecvGrad`` are critical ops with keys carrying the microbatch id (counted per instruction type per
+  ``train_batch``) and the stage-boundary layer. DeepSpeed's pipe p2p is synchronous (DeepSpeed #4738), so on this
   engine Hermod's effect is ordering and gating, not overlap.
+* **communicators**: :class:`deepspeed_plugin.comm.CommTap` on ``deepspeed.comm`` records every op with its key and
+  sends the pacer's ops to the Hermod class clones built at install (:func:`flowlane.sched.build_class_groups`: NCCL
+  traffic classes, or gloo clones).
+
+DeepSpeed versions: the hooks wrap private functions (``reduce_ipg_grads``, ZeRO-3's
+``__reduce_and_partition_ipg_grads``, the coordinator's ``fetch_sub_module``, the pipe ``_INSTRUCTION_MAP``) checked on
+the range :data:`DEEPSPEED_VERSIONS`; other versions are refused at install. ``install`` is a collective over the
+world (it builds the class clones): call it on every rank, in the same order as ``deepspeed.initialize``.
 Only the ``hermod`` subsection of ``flowlane`` is read here; ``offload`` belongs to deepspeed_plugin.ssd_offload.
 """
 
 from __future__ import annotations
 
-import time
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MethodType
 from typing import Any, Literal
 
+import torch.distributed as dist
+
+from deepspeed_plugin.comm import CommTap
 from deepspeed_plugin.config import flowlane_subsection
+from deepspeed_plugin.zero_hooks import ZeroHooks
 from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.order import HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
-from flowlane.sched import CommScheduler, SchedulerConfig
-from flowlane.sched.scheduler import LogEntry
+from flowlane.sched import CommScheduler, SchedulerConfig, build_class_groups
+
+#: deepspeed versions whose private functions the hooks wrap ([first, last) by (major, minor)); others are refused
+DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
+
+
+def check_deepspeed_version() -> str:
+    """The installed DeepSpeed version; raises when it is outside :data:`DEEPSPEED_VERSIONS`."""
+    from importlib.metadata import version  # noqa: PLC0415
+
+    v = version("deepspeed")
+    parts = tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+    lo, hi = DEEPSPEED_VERSIONS
+    if not lo <= parts < hi:
+        raise RuntimeError(f"flowlane.hermod: deepspeed {v} is not supported (it wraps private functions checked "
+                           f"on {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}); pin deepspeed to that range")
+    return v
 
 
 @dataclass
@@ -41,17 +71,42 @@ class HermodDSConfig:
     """The ``flowlane.hermod`` section."""
 
     enabled: bool = True
+    """False: the section is parsed and checked, nothing is installed."""
     schedule: Literal["1f1b", "interleaved"] = "1f1b"
+    """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1)."""
     dp_mid: Literal["last", "consumer"] = "last"
+    """MID of DP coflows (digest A2.4 / A6.1 #1)."""
     gate_timeout_s: float = 0.05
+    """Longest a paced reduction is held back while a critical op (p2p, ZeRO-3 fetch) is outstanding."""
+    window: Literal["bucket", "backward"] = "bucket"
+    """When a bucket reduced from a backward hook may go out: ``bucket`` -- at once, a window of its own (keeps
+    ``overlap_comm``'s overlap with the rest of backward; the order is DeepSpeed's, Hermod's gate and classes
+    apply); ``backward`` -- with the rest of the backward's buckets, sealed at the epilogue and sent in Hermod's
+    order (lowest layer first), no overlap with backward. Critical ops (ZeRO-3 fetches, p2p) seal a window too."""
+    max_inflight_buckets: int = 1
+    """Deferred bucket reductions on the wire at once."""
     layers_per_stage: int = 1
-    """Used for the stage-boundary LID of PP keys."""
+    """PipelineEngine: used for the stage-boundary LID of PP keys."""
+    gloo_class_ifnames: str = ""
+    """gloo only: one interface per class ("eth0,eth0,bulk0") so the bulk class leaves from its own address
+    (flowlane.sched.groups); empty = host-side ordering only. NCCL uses traffic classes instead."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"flowlane.hermod.enabled must be true or false, got {self.enabled!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)
-        SchedulerConfig(gate_timeout_s=self.gate_timeout_s)
+        if self.window not in ("bucket", "backward"):
+            raise ValueError(f"flowlane.hermod.window {self.window!r} is not one of ['backward', 'bucket']")
+        self.scheduler_config()
         if not isinstance(self.layers_per_stage, int) or self.layers_per_stage < 1:
             raise ValueError(f"flowlane.hermod.layers_per_stage must be an integer >= 1, got {self.layers_per_stage!r}")
+        if not isinstance(self.gloo_class_ifnames, str):
+            raise ValueError(f"flowlane.hermod.gloo_class_ifnames must be a string, got {self.gloo_class_ifnames!r}")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        # a bucket is one coflow: DeepSpeed's reduce_bucket_size sets the granularity, Hermod does not split it
+        return SchedulerConfig(mode="hermod", chunk_bytes=1 << 62, max_inflight_chunks=self.max_inflight_buckets,
+                               gate_timeout_s=self.gate_timeout_s)
 
 
 def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> HermodDSConfig | None:
@@ -71,67 +126,108 @@ def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> He
 _P2P = {"SendActivation": "send_next", "RecvActivation": "recv_prev", "SendGrad": "send_prev", "RecvGrad": "recv_next"}
 
 
+def _is_pipeline_engine(engine: Any) -> bool:
+    from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
+
+    return isinstance(engine, PipelineEngine)
+
+
 class DeepSpeedHermod:
-    """Installed instruction hooks of one PipelineEngine."""
+    """Hermod installed on one DeepSpeed engine (see the module docstring); :meth:`close` undoes it."""
 
     def __init__(self, engine: Any, cfg: HermodDSConfig) -> None:
+        from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: PLC0415
+
+        if not isinstance(engine, DeepSpeedEngine):
+            raise TypeError(f"flowlane.hermod needs a DeepSpeed engine (deepspeed.initialize), got "
+                            f"{type(engine).__name__}")
         self.engine, self.cfg = engine, cfg
-        self.M = int(engine.micro_batches)
-        self.stage = int(engine.stage_id)
+        self.pipeline = _is_pipeline_engine(engine)
+        self.M = int(engine.micro_batches) if self.pipeline else int(engine.gradient_accumulation_steps())
+        self.stage = int(engine.stage_id) if self.pipeline else 0
         self.policy = HermodPolicy(HermodOrderConfig(self.M, cfg.schedule, cfg.dp_mid))
-        self.sched = CommScheduler(self.policy, SchedulerConfig(gate_timeout_s=cfg.gate_timeout_s))
+        self.sched: CommScheduler | None = None
+        self.tap: CommTap | None = None
+        self.zero = ZeroHooks(self)  # every check first; nothing is patched before the clones exist
+        ranks = [tuple(range(dist.get_world_size())) if g is None else tuple(dist.get_process_group_ranks(g))
+                 for g in self.zero.groups()]
+        self.classes = build_class_groups(ranks, gloo_class_ifnames=cfg.gloo_class_ifnames or None)
+        self.sched = CommScheduler(self.policy, cfg.scheduler_config())
         self.keys = HermodKeys(num_microbatches=self.M, layers_per_stage=cfg.layers_per_stage, stage=self.stage,
                                next_seq=self.sched.next_seq)
-        original = dict(type(engine)._INSTRUCTION_MAP)
-        hooked = dict(original)
-        for instr, fn in original.items():
-            name = instr.__name__
-            if name in _P2P:
-                hooked[instr] = self._p2p_hook(name, fn)
-            elif name == "ReduceGrads":
-                hooked[instr] = self._reduce_hook(fn)
-            elif name == "OptimizerStep":
-                hooked[instr] = self._step_hook(fn)
-        engine._INSTRUCTION_MAP = hooked  # instance attribute shadows the class map
+        try:
+            self.tap = CommTap(self.classes)
+            self.zero.attach()
+        except BaseException:
+            self.close()
+            raise
+        if self.pipeline:
+            self._hook_pipeline()
+        else:
+            step = engine.step
+
+            def hooked_step(*args: Any, **kwargs: Any) -> Any:
+                boundary = engine.is_gradient_accumulation_boundary()
+                if boundary:
+                    self.zero.flush()
+                out = step(*args, **kwargs)
+                if boundary:
+                    self.keys.end_iteration()
+                return out
+
+            engine.step = hooked_step
 
     @property
     def iteration(self) -> int:
         return self.keys.iteration
 
+    # -- PipelineEngine ----------------------------------------------------------------------------------------------
+    def _hook_pipeline(self) -> None:
+        engine = self.engine
+        hooked = dict(type(engine)._INSTRUCTION_MAP)
+        for instr, fn in type(engine)._INSTRUCTION_MAP.items():
+            name = instr.__name__
+            if name in _P2P:
+                hooked[instr] = self._p2p_hook(name, fn)
+            elif name == "OptimizerStep":
+                hooked[instr] = self._step_hook(fn)
+        engine._INSTRUCTION_MAP = hooked  # instance attribute shadows the class map
+
     def _p2p_hook(self, name: str, fn: Any) -> Any:
         direction = _P2P[name]
 
         def hook(engine: Any, **kw: Any) -> Any:
-            with self.sched.critical_section(self.keys.pp(direction)):
+            meta = self.keys.pp(direction)
+            with self.sched.critical_section(meta), self.tap.keyed(meta):
                 return MethodType(fn, engine)(**kw)
-        return hook
-
-    def _reduce_hook(self, fn: Any) -> Any:
-        def hook(engine: Any, **kw: Any) -> Any:
-            self.sched.seal()
-            meta = self.keys.dp_reduce(self.keys.last_layer)  # one bucket: the whole stage
-            self.sched.log.append(LogEntry("dp", meta, 0, time.perf_counter()))
-            return MethodType(fn, engine)(**kw)
         return hook
 
     def _step_hook(self, fn: Any) -> Any:
         def hook(engine: Any, **kw: Any) -> Any:
+            self.zero.flush()
             out = MethodType(fn, engine)(**kw)
             self.keys.end_iteration()
             return out
         return hook
 
     def close(self) -> None:
-        self.sched.close()
-        if "_INSTRUCTION_MAP" in vars(self.engine):
-            del self.engine._INSTRUCTION_MAP
+        """Wait for what is queued, then undo every hook and the tap (the class clones stay: groups are not freed)."""
+        if self.sched is not None:
+            self.zero.flush()
+            self.sched.close()
+            self.sched = None
+        self.zero.remove()
+        for name in ("_INSTRUCTION_MAP", "step"):
+            vars(self.engine).pop(name, None)
+        if self.tap is not None:
+            self.tap.close()
+            self.tap = None
 
 
 def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None) -> DeepSpeedHermod | None:
-    """Hook a PipelineEngine when ``flowlane.hermod`` is present and enabled; otherwise None."""
+    """Hook ``engine`` when ``flowlane.hermod`` is present and enabled; otherwise None. A collective: every rank."""
     cfg = parse_hermod_section(ds_config)
     if cfg is None:
         return None
-    if not hasattr(type(engine), "_INSTRUCTION_MAP"):
-        raise TypeError(f"flowlane.hermod needs a DeepSpeed PipelineEngine, got {type(engine).__name__}")
+    check_deepspeed_version()
     return DeepSpeedHermod(engine, cfg)

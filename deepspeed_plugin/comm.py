@@ -1,0 +1,156 @@
+"""A tap on ``deepspeed.comm``: every collective DeepSpeed issues passes through here (seed 000 §5.4).
+
+DeepSpeed routes all of its communication (ZeRO reductions and gathers, the pipeline's p2p) through the backend
+object ``deepspeed.comm.comm.cdb``. :class:`CommTap` wraps that object's collective methods on the instance (the
+class is not patched; :meth:`CommTap.close` restores it) and does two things:
+
+* **records** each op: name, element count, the group's ranks, which thread issued it (``"pacer"`` for Hermod's
+  deferred ops, ``"main"`` otherwise) and the Hermod key it was issued under, so tests can check the order on the
+  wire against Hermod's keys and against DeepSpeed's own run (a tap with ``classes=None`` only records);
+* **redirects** the ops of a deferred coflow to the Hermod class clone of their group (:mod:`flowlane.sched.groups`):
+  inside :meth:`CommTap.on_class`, which the pacer enters around each deferred launch, a ``group`` argument (None
+  meaning the world) is replaced by its clone, so paced traffic never interleaves with what the training thread
+  issues on the original group, and on NCCL it carries the clone's traffic class. A group with no clone is an
+  error (never a silent fallback onto the shared communicator).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flowlane.policy import CoflowMeta
+from flowlane.sched import ClassGroups
+
+#: ``deepspeed.comm`` backend methods that move data (the ones that take a ``group``)
+COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor",
+               "all_gather", "all_gather_coalesced", "all_reduce_coalesced", "broadcast", "all_to_all_single",
+               "send", "recv", "isend", "irecv")
+
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One op as DeepSpeed issued it through ``deepspeed.comm``."""
+
+    op: str
+    numel: int
+    ranks: tuple[int, ...]
+    """The ranks of the group DeepSpeed named (before any redirect)."""
+    thread: str
+    """``pacer`` (a Hermod deferred coflow, on a class clone) or ``main``."""
+    meta: CoflowMeta | None
+    """The Hermod key it was issued under (None outside any keyed op)."""
+
+
+def _ranks(group: Any) -> tuple[int, ...]:
+    if group is None or group is dist.GroupMember.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def _numel(args: dict[str, Any]) -> int:
+    for v in args.values():
+        if isinstance(v, torch.Tensor):
+            return v.numel()
+        if isinstance(v, list | tuple) and v and isinstance(v[0], torch.Tensor):
+            return sum(t.numel() for t in v)
+    return 0
+
+
+def _real_signature(cls: type, name: str) -> inspect.Signature:
+    """The signature of ``cls.name`` under DeepSpeed's decorators (``stage_on_cpu`` wraps without functools.wraps:
+    the decorated function is found in the wrapper's closure)."""
+    fn = getattr(cls, name)
+    for _ in range(8):
+        sig = inspect.signature(fn)
+        if not any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+            return sig
+        inner = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
+                      if inspect.isfunction(c.cell_contents) and c.cell_contents.__name__ == name), None)
+        if inner is None:
+            break
+        fn = inner
+    raise RuntimeError(f"flowlane.hermod: cannot read the signature of deepspeed.comm's {cls.__name__}.{name}; "
+                       "this DeepSpeed version is not supported")
+
+
+class CommTap:
+    """Wraps ``deepspeed.comm``'s backend (see the module docstring). One per process at a time."""
+
+    def __init__(self, classes: ClassGroups | None = None, max_records: int = 100_000) -> None:
+        import deepspeed.comm.comm as dscomm  # noqa: PLC0415 - plugin-only dependency
+
+        cdb = dscomm.cdb
+        if cdb is None:
+            raise RuntimeError("deepspeed.comm is not initialised: call deepspeed.init_distributed (or "
+                               "deepspeed.initialize) before installing flowlane.hermod")
+        if getattr(cdb, "_flowlane_tap", None) is not None:
+            raise RuntimeError("deepspeed.comm already has a flowlane tap: close the previous Hermod install first")
+        self.cdb, self.classes = cdb, classes
+        self.records: deque[CommRecord] = deque(maxlen=max_records)
+        self._local = threading.local()
+        self._names: list[str] = []
+        for name in COLLECTIVES:
+            original = getattr(cdb, name, None)
+            if original is None:
+                continue
+            setattr(cdb, name, self._wrap(name, original))
+            self._names.append(name)
+        cdb._flowlane_tap = self
+
+    def _wrap(self, name: str, original: Any) -> Any:
+        sig = _real_signature(type(self.cdb), name)  # (self, ...): bound with the backend as self
+        has_group = "group" in sig.parameters
+        local, records, cdb = self._local, self.records, self.cdb
+
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind_partial(cdb, *args, **kwargs)
+            group = bound.arguments.get("group")
+            cls = getattr(local, "cls", None)
+            records.append(CommRecord(name, _numel(bound.arguments), _ranks(group),
+                                      "pacer" if cls is not None else "main", getattr(local, "meta", None)))
+            if cls is not None and has_group:
+                clone = self.classes.get(group, cls) if self.classes is not None else None
+                if clone is None or clone is group:
+                    raise RuntimeError(f"flowlane.hermod: deferred {name} on group {list(_ranks(group))} has no "
+                                       "Hermod class clone; it would share a communicator with the training "
+                                       "thread's ops")
+                bound.arguments["group"] = clone
+                return original(*bound.args[1:], **bound.kwargs)
+            return original(*args, **kwargs)
+
+        return tapped
+
+    @contextmanager
+    def on_class(self, hermod_class: int, meta: CoflowMeta) -> Iterator[None]:
+        """Ops issued by this thread inside the block go to ``hermod_class``'s clone and are recorded under ``meta``."""
+        self._local.cls, self._local.meta = hermod_class, meta
+        try:
+            yield
+        finally:
+            self._local.cls = self._local.meta = None
+
+    @contextmanager
+    def keyed(self, meta: CoflowMeta) -> Iterator[None]:
+        """Record this thread's ops inside the block under ``meta`` (no redirect: critical ops keep their group)."""
+        old = getattr(self._local, "meta", None)
+        self._local.meta = meta
+        try:
+            yield
+        finally:
+            self._local.meta = old
+
+    def close(self) -> None:
+        for name in self._names:
+            vars(self.cdb).pop(name, None)
+        self._names.clear()
+        if getattr(self.cdb, "_flowlane_tap", None) is self:
+            del self.cdb._flowlane_tap
