@@ -115,6 +115,13 @@ def checks() -> list[Check]:
             _package("deepspeed", "deepspeed"),
             _package("DGL", "dgl"),
             _kvikio(), _netns()]
+    try:  # PyTorch-Direct (issue 39): which feature-gather path a FeatureStore picks here, and why
+        from flowlane.direct import default_choice
+
+        c = default_choice()
+        out.append(Check("PyTorch-Direct gather", c.path == "zero-copy", f"{c.path}: {c.reason}"))
+    except Exception as e:  # noqa: BLE001
+        out.append(Check("PyTorch-Direct gather", False, f"unavailable: {e}"))
     so = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nccl_net_plugin", "build",
                       "libnccl-net-flowlane.so")
     out.append(Check("NCCL net plugin", os.path.exists(so), so if os.path.exists(so) else "not built (make -C nccl_net_plugin)"))
