@@ -102,9 +102,8 @@ def choose_path(device: torch.device | str, dtype: torch.dtype = torch.float32, 
 
 
 def default_choice() -> PathChoice:
-    """The choice ``FeatureStore(table)`` makes for an fp32 table on this machine (for ``flowlane doctor``)."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    return choose_path(dev, torch.float32, pinned=True)
+    """The choice for an fp32 table gathered onto a GPU on this machine (for ``flowlane doctor``)."""
+    return choose_path("cuda", torch.float32, pinned=True)
 
 
 # ------------------------------------------------------------------------------------------------ checks
