@@ -8,7 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowlane.direct import DirectConfig, FeatureStore, check_indices, choose_path, cpu_gather, default_choice
+from flowlane.direct import (
+    DirectConfig,
+    FeatureStore,
+    check_indices,
+    choose_path,
+    cpu_gather,
+    default_choice,
+    group_columns_,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.uint8)
 
@@ -147,3 +155,18 @@ def test_config_refuses_bad_values_naming_the_key_and_the_allowed_ones():
     with pytest.raises(ValueError, match=r"unknown direct key\(s\) \['algin'\]; allowed: \['path'"):
         DirectConfig.from_dict({"algin": True})
     assert DirectConfig.from_dict({"path": "cpu-gather"}).path == "cpu-gather"
+
+
+def test_grouping_columns_in_place_makes_a_column_selection_a_range():
+    t = _table(torch.float32, rows=7, cols=6)
+    old = t.clone()
+    ptr = t.data_ptr()
+    perm = group_columns_(t, torch.tensor([4, 1]), chunk_rows=3)
+    assert perm.tolist() == [4, 1, 0, 2, 3, 5] and t.data_ptr() == ptr
+    assert torch.equal(t, old[:, perm])
+    idx = torch.tensor([6, 0])
+    assert torch.equal(FeatureStore(t, device="cpu").gather(idx, cols=range(0, 2)), old[idx][:, [4, 1]])
+    with pytest.raises(ValueError, match="distinct"):
+        group_columns_(t, torch.tensor([2, 2]))
+    with pytest.raises(IndexError, match="column 6 at position 0"):
+        group_columns_(t, torch.tensor([6]))

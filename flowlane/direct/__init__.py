@@ -24,6 +24,7 @@ from flowlane.direct.store import (
     choose_path,
     cpu_gather,
     default_choice,
+    group_columns_,
     interpreting,
     launch_shape,
     zero_copy_gather,
@@ -31,6 +32,6 @@ from flowlane.direct.store import (
 
 __all__ = [
     "LINE_BYTES", "OPERANDS", "PATHS", "SCHEMES", "ZERO_COPY_DTYPES", "DirectConfig", "FeatureStore", "PathChoice",
-    "Placement", "check_indices", "choose_path", "cpu_gather", "default_choice", "interpreting", "launch_shape", "mean_requests",
+    "Placement", "check_indices", "choose_path", "cpu_gather", "default_choice", "group_columns_", "interpreting", "launch_shape", "mean_requests",
     "place", "request_counts", "zero_copy_gather",
 ]
