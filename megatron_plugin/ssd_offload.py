@@ -3,7 +3,7 @@
 Launch flags (through ``megatron_plugin.args.add_flowlane_args``)::
 
     --ssd-offload --ssd-offload-dirs /nvme0 /nvme1 --ssd-offload-backend posix --ssd-offload-min-bytes 2097152
-    --ssd-offload-keep-last-k 1 | --ssd-offload-adaptive
+    --ssd-offload-keep-last-k 1 | --ssd-offload-adaptive [--ssd-offload-link-gbps 55]
 
 API::
 
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
+from flowlane.offload.config import BACKENDS
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
 
@@ -45,8 +46,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("flowlane SSD activation offloading (SSDTrain)")
     g.add_argument("--ssd-offload", action="store_true", help="offload saved activations to SSD (or another tier)")
     g.add_argument("--ssd-offload-dirs", nargs="+", default=[], help="target directories, used round-robin")
-    g.add_argument("--ssd-offload-backend", choices=["posix", "kvikio", "pinned_cpu", "null", "auto"],
-                   default=d.backend)
+    g.add_argument("--ssd-offload-backend", choices=list(BACKENDS), default=d.backend,
+                   help="pinned_cpu on CUDA: bulk per-layer copies on their own streams, no host waits")
     g.add_argument("--ssd-offload-min-bytes", type=int, default=d.min_bytes,
                    help="saved tensors smaller than this stay in memory")
     g.add_argument("--ssd-offload-keep-last-k", type=int, default=d.keep_last_k,
@@ -59,6 +60,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ssd-offload-on-io-error", choices=["keep", "raise"], default=d.on_io_error)
     g.add_argument("--ssd-offload-o-direct", choices=["auto", "on", "off"], default=d.o_direct)
     g.add_argument("--ssd-offload-cpu-tensors", action="store_true", help="also offload CPU tensors (CPU runs)")
+    g.add_argument("--ssd-offload-prefetch-groups", type=int, default=d.prefetch_groups,
+                   help="CUDA tiers: layers reloaded ahead of the one in backward")
+    g.add_argument("--ssd-offload-link-gbps", type=float, default=d.link_GBps,
+                   help="with --ssd-offload-adaptive: link rate for the byte budget in GB/s (0 = measure it)")
+    g.add_argument("--ssd-offload-pinned-pool-bytes", type=int, default=d.pinned_pool_bytes,
+                   help="host pool capacity in bytes (0 = unbounded); exhausting it keeps activations on the GPU")
 
 
 def config_from_args(args: argparse.Namespace) -> OffloadConfig:
@@ -69,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> OffloadConfig:
         adaptive=bool(args.ssd_offload_adaptive), profile_step=args.ssd_offload_profile_step,
         store_workers=args.ssd_offload_store_workers, load_workers=args.ssd_offload_load_workers,
         on_io_error=args.ssd_offload_on_io_error, o_direct=args.ssd_offload_o_direct,
-        offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors))
+        offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors), prefetch_groups=args.ssd_offload_prefetch_groups,
+        link_GBps=args.ssd_offload_link_gbps, pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes)
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:
