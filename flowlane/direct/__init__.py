@@ -9,7 +9,8 @@ Public API::
     print(store.path, store.choice.reason); store.close()
 
 Also: :func:`choose_path` (which path and why), :func:`place` (Table 4.2 placement rules), :func:`request_counts`
-(128-B request model, Figs. 4.4-4.5). Triton is imported only when a zero-copy gather runs; nothing happens on import.
+(128-B request model, Figs. 4.4-4.5), :func:`group_columns_` (one-time in-place column permutation, so that sampled
+feature columns form a range a masked gather reads with few requests). Triton is imported only when a zero-copy gather runs; nothing happens on import.
 The DGL adapter is ``dgl_plugin.direct``.
 """
 
