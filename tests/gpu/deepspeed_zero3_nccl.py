@@ -1,0 +1,238 @@
+"""Hermod on DeepSpeed ZeRO-3 over NCCL (issue #31 item 5; label: measured on one GPU).
+
+Two ranks of a DeepSpeed ZeRO-3 engine (``overlap_comm``, small reduce / prefetch buckets so that every layer is
+its own bucket) train a 4-layer MLP for a few steps with gradient accumulation. Runs per rank: DeepSpeed's own run
+twice (a control: the GPU run must repeat itself bitwise) and Hermod installed from the ``"flowlane"`` config
+section with ``window="bucket"`` (each bucket goes out at once) and ``window="backward"`` (the backward's buckets in
+Hermod's layer order). Checks: Hermod's losses and full fp32 parameters bitwise equal DeepSpeed's own; every
+reduce-scatter DeepSpeed issued was issued by Hermod's pacer (on the bulk-class NCCL clone, which carries a traffic
+class) and none by the training thread; the coordinator's gathers ran as keyed critical ops.
+
+The machine has ONE GPU: every rank gets its own ``NCCL_HOSTID`` so NCCL takes the ranks for hosts of their own and
+moves traffic through its socket transport over loopback (see benchmarks/nccl_gpu_check.py); ranks time-share the
+GPU, so step times are informational only.
+
+    python3 tests/gpu/deepspeed_zero3_nccl.py --out $OUT/deepspeed_zero3_nccl.json
+    python3 tests/gpu/deepspeed_zero3_nccl.py --backend gloo --device cpu --out /tmp/z3.json   # the logic, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+WORLD = 2
+MODEL = dict(hidden=256, layers=4, micro_batch=4, gas=2, steps=3)
+RUNS = {"stock": None, "stock_again": None, "hermod_bucket": {"window": "bucket", "gate_timeout_s": 0.02},
+        "hermod_backward": {"window": "backward", "gate_timeout_s": 0.02}}
+REDUCE_OPS = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "reduce")
+
+
+def _init(rank: int, world: int, backend: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        os.environ["NCCL_HOSTID"] = f"flowlane-ds-host{rank}"  # one "host" per rank: see the module docstring
+        os.environ["DS_ACCELERATOR"] = "cuda"
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", 0),
+                                timeout=datetime.timedelta(seconds=90))
+        torch.use_deterministic_algorithms(True)
+    else:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
+        import deepspeed.comm.torch  # noqa: F401
+
+        # CPU dry run only: skip DeepSpeed's JIT-built shared-memory allreduce (its build cache is shared)
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    import deepspeed
+
+    deepspeed.init_distributed(backend)  # adopts the process group made above
+
+
+def _ds_config(hermod: dict[str, Any] | None, world: int) -> dict[str, Any]:
+    bucket = MODEL["hidden"] * (MODEL["hidden"] + 1) + 8  # one Linear per bucket
+    cfg: dict[str, Any] = {
+        "train_batch_size": MODEL["micro_batch"] * MODEL["gas"] * world,
+        "train_micro_batch_size_per_gpu": MODEL["micro_batch"], "gradient_accumulation_steps": MODEL["gas"],
+        "steps_per_print": 10_000, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": bucket,
+                              "stage3_prefetch_bucket_size": bucket, "stage3_param_persistence_threshold": 0,
+                              "stage3_max_live_parameters": 4 * bucket}}
+    if hermod is not None:
+        cfg["flowlane"] = {"hermod": hermod}
+    return cfg
+
+
+def _train(hermod: dict[str, Any] | None, device: Any, world: int, rank: int) -> dict[str, Any]:
+    import deepspeed
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    from deepspeed_plugin.comm import CommTap
+    from deepspeed_plugin.hermod import install
+
+    hid, n = MODEL["hidden"], MODEL["layers"]
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(hid, hid) for _ in range(n))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = torch.tanh(b(x))
+            return x.pow(2).mean()
+
+    torch.manual_seed(0)
+    net = Net().to(device)
+    cfg = _ds_config(hermod, world)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
+    h = install(engine, cfg)
+    tap = h.tap if h is not None else CommTap(None)  # DeepSpeed's own run: record only
+    g = torch.Generator().manual_seed(100 + rank)
+    losses, times = [], []
+    try:
+        for _ in range(MODEL["steps"]):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(MODEL["gas"]):
+                loss = engine(torch.randn(MODEL["micro_batch"], hid, generator=g).to(device))
+                engine.backward(loss)
+                engine.step()
+                losses.append(float(loss))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        records = [(r.op, r.numel, r.thread, None if r.meta is None else r.meta.op) for r in tap.records]
+        out: dict[str, Any] = {"losses": losses, "step_s": times,
+                               "params": [safe_get_full_fp32_param(p).detach().clone()
+                                          for p in engine.module.parameters()]}
+        out["reductions_main"] = sorted((op, k) for op, k, t, _ in records if op in REDUCE_OPS and t == "main"
+                                        and k > 1)
+        out["reductions_pacer"] = sorted((op, k) for op, k, t, _ in records if op in REDUCE_OPS and t == "pacer")
+        out["keyed_gathers"] = sum(1 for op, _, t, m in records if op.startswith("all_gather") and m == "all_gather")
+        if h is not None:
+            out["critical_fetches"] = sum(1 for e in h.sched.log if e.event == "critical")
+            out["class_backend"] = h.classes.backend
+            out["clones_per_group"] = sorted({len(v) for v in h.classes.groups.values()})
+        return out
+    finally:
+        if h is not None:
+            h.close()
+        else:
+            tap.close()
+        engine.destroy()
+
+
+def rank_main(rank: int, world: int, backend: str, device_name: str) -> dict[str, Any]:
+    import torch
+
+    _init(rank, world, backend)
+    device = torch.device(device_name)
+    runs: dict[str, Any] = {}
+    for name, hermod in RUNS.items():
+        try:
+            runs[name] = _train(hermod, device, world, rank)
+        except Exception:  # noqa: BLE001 - one run failing must not lose the others' results
+            runs[name] = {"error": traceback.format_exc()[-3000:]}
+    ref = runs["stock"]
+
+    def same(x: dict[str, Any]) -> bool:
+        return "error" not in ref and "error" not in x and x["losses"] == ref["losses"] and all(
+            torch.equal(p, q) for p, q in zip(x["params"], ref["params"], strict=True))
+
+    res: dict[str, Any] = {}
+    for name, r in runs.items():
+        if "error" in r:
+            res[name] = r
+            continue
+        c = {"bitwise_equal_stock": same(r), "losses": r["losses"], "step_s": r["step_s"],
+             "reductions_main": len(r["reductions_main"]), "reductions_pacer": len(r["reductions_pacer"]),
+             "keyed_gathers": r["keyed_gathers"]}
+        if RUNS[name] is not None:
+            c["pacer_has_stock_reductions"] = r["reductions_pacer"] == ref.get("reductions_main")
+            c.update(critical_fetches=r["critical_fetches"], class_backend=r["class_backend"],
+                     clones_per_group=r["clones_per_group"])
+        res[name] = c
+    return res
+
+
+def _ok(ranks: list[dict[str, Any]]) -> bool:
+    if len(ranks) != WORLD:
+        return False
+    for r in ranks:
+        for name, c in r.items():
+            if "error" in c or not c["bitwise_equal_stock"]:
+                return False
+            if RUNS[name] is not None and not (c["pacer_has_stock_reductions"] and c["reductions_main"] == 0
+                                               and c["reductions_pacer"] > 0 and c["critical_fetches"] > 0):
+                return False
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="result JSON path")
+    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may go without progress")
+    a = ap.parse_args()
+    if a.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("SKIP: no CUDA device (run with --backend gloo --device cpu for the CPU dry run)")
+            return 0
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as e:
+        print(f"SKIP: deepspeed is not importable here ({e})")
+        return 0
+    from flowlane.launch import launch
+    from flowlane.testing.provenance import provenance
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, inherited by the ranks
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if a.backend == "gloo":  # the CPU dry run: the same steps on a model small enough for two cores
+        MODEL.update(hidden=16, steps=2)
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"label": "measured on one GPU (2 ranks time-share it; NCCL socket transport over loopback)"
+                           if a.backend == "nccl" else "dry run on CPU (gloo): the script's logic only",
+                           "model": MODEL, "world": WORLD, **provenance()}
+    ranks: list[dict[str, Any]] = []
+    try:
+        ranks = launch(rank_main, WORLD, args=(a.backend, a.device), backend=None, timeout=a.timeout)
+        out["ranks"] = ranks
+    except Exception:  # noqa: BLE001 - the JSON says what failed
+        out["error"] = traceback.format_exc()[-4000:]
+    out["wall_s"] = time.perf_counter() - t0
+    out["ok"] = ok = _ok(ranks)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1, default=str))
+    print(f"deepspeed_zero3_nccl: ok={ok} wall {out['wall_s']:.0f}s")
+    for r, res in enumerate(ranks):
+        for name, c in res.items():
+            print(f"  rank {r} {name}: " + (c["error"].strip().splitlines()[-1][:300] if "error" in c else
+                  f"== stock {c['bitwise_equal_stock']}, reductions main/pacer {c['reductions_main']}/"
+                  f"{c['reductions_pacer']}, keyed gathers {c['keyed_gathers']}, loss {c['losses'][-1]:.6g}, "
+                  f"step {sum(c['step_s']) / len(c['step_s']):.3f}s"))
+    if "error" in out:
+        print(out["error"][-1500:])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
