@@ -38,6 +38,8 @@ def test_cpu_gather_is_bitwise_table_indexing_for_every_dtype_with_repeated_indi
     idx = torch.tensor([3, 0, 22, 3, 3, 7, 0])
     with FeatureStore(t, DirectConfig(path="cpu-gather"), device="cpu") as store:
         out = store.gather(idx)
+    with pytest.raises(RuntimeError, match="closed"):
+        store.gather(idx)
     assert out.dtype == dtype and out.shape == (7, 5)
     assert torch.equal(_bits(out), _bits(t[idx]))
 

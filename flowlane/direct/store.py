@@ -321,6 +321,7 @@ class FeatureStore:
         self.device = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         self._finalizer: weakref.finalize | None = None
+        self._closed = False
         want_pin = self.config.pin and torch.cuda.is_available() and self.config.path != "cpu-gather"
         pinned = table.is_pinned() if torch.cuda.is_available() else False
         self.choice = choose_path(self.device, table.dtype, pinned=pinned or want_pin, requested=self.config.path)
@@ -343,6 +344,8 @@ class FeatureStore:
         ``cols`` selects feature columns (DGS feature sampling): a slice/range with step 1, or an int64 tensor of column
         indices (a contiguous run takes the aligned range kernel). Out-of-range indices raise ``IndexError``.
         """
+        if self._closed:
+            raise RuntimeError("this FeatureStore is closed (its table may be unpinned); build a new one")
         if self.config.check_indices:
             idx = check_indices(idx, self.num_rows)
         elif idx.dtype != torch.int64:
@@ -356,7 +359,8 @@ class FeatureStore:
         return out if cols is not None or self.table.dim() == 2 else out.reshape(-1, *self.row_shape)
 
     def close(self) -> None:
-        """Unpin the table if this store pinned it (idempotent)."""
+        """Unpin the table if this store pinned it (idempotent); later gathers are refused."""
+        self._closed = True
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
