@@ -76,7 +76,6 @@ void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* 
                              uint64_t now_ns) {
   struct fl_leo_path* st = &s->st[tk->path];
   if (st->inflight > 0) st->inflight--;
-  st->last_done_ns = now_ns;
   st->last_e2e_ns = now_ns > tk->t1_ns ? (double)(now_ns - tk->t1_ns) : 0;
   double wait = t2_ns > tk->t1_ns ? (double)(t2_ns - tk->t1_ns) : 0; /* t2 - t1 */
   double intra = wait + (double)dwell_ns;                            /* + (t4 - t3); t6 - t5 = 0 */

@@ -13,7 +13,8 @@
  *   T(p, S)      = T_tr(p) + S / BW(p)       base traverse time
  *   toll(p, S)   = S / BW(p)                 communication toll
  *   Q(p)         = eq. 6.2 for our own requests: grows by S/BW(p) when a
- *                  request is put on p, drains with time
+ *                  request is put on p, drains with time, 0 once p has
+ *                  none of ours in flight
  *   T_total(p)   = Q(p) + k_hat(p) * toll(p, S) + T(p, S)   (eq. 6.5 + Q)
  *
  * and the request goes to argmin T_total (ties: lower index, the priority
@@ -59,7 +60,6 @@ struct fl_leo_path {
   uint32_t khat;            /* k_hat(p) */
   uint64_t busy_until_ns;   /* Q(p) = busy_until - now (eq. 6.2) */
   int inflight;             /* our requests on p, not yet complete */
-  uint64_t last_done_ns;    /* last completion on p */
   double last_e2e_ns;       /* Greedy-E2E: ACK time - t1 of the last request */
   uint64_t requests, bytes; /* totals, for logs and benchmarks */
 };
