@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from flowlane.offload.budget import Budget, StepProfile, choose_budget, exposed_time
+from flowlane.offload.budget import (
+    Budget,
+    StepProfile,
+    choose_budget,
+    exposed_time,
+    resident_at_backward_start,
+)
 
 
 def _two_layers(**kw) -> StepProfile:
@@ -90,6 +96,17 @@ def test_slack_adds_bytes_only_while_waiting_is_cheaper_than_recompute() -> None
 def test_profile_refuses_bad_input_naming_it(kw: dict, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         _two_layers(**kw)
+
+
+def test_resident_at_backward_start_counts_stores_still_queued() -> None:
+    p = _two_layers()
+    assert resident_at_backward_start(p, [0, 0]) == 20
+    assert resident_at_backward_start(p, [10, 0]) == 10  # store of layer 0 ends at t=2 = backward start
+    # store of layer 1 runs 2-3: all of it still on the device when backward starts at 2
+    assert resident_at_backward_start(p, [10, 10]) == 10
+    slow = _two_layers(store_Bps=5.0)  # layer 0's store runs 1-3: half of it done by t=2
+    assert resident_at_backward_start(slow, [10, 0]) == pytest.approx(15.0)
+    assert choose_budget(p, granularity=1).resident_bytes == 10
 
 
 def test_budget_dict_round_trip() -> None:

@@ -145,6 +145,20 @@ def test_adaptive_budget_from_the_profiled_step(tmp_path: Path, link: float, off
     assert s.budget_kept - before.budget_kept > 0
 
 
+def test_adaptive_picks_the_shallowest_prefetch_that_hides_the_most(tmp_path: Path) -> None:
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    cfg = _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=1e6, prefetch_groups=3)
+    with _bulk(m, cfg) as cache:
+        for _ in range(2):
+            m.zero_grad()
+            m(idx).backward()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        s = cache.stats_snapshot()
+    assert s.profile["prefetch_groups"] == 1 == cache._prefetch  # an infinitely fast link needs no depth
+    assert s.sync_loads == 0
+
+
 def test_adaptive_budget_on_measured_rates_keeps_gradients(tmp_path: Path) -> None:
     m, idx = _model(L)
     ref = _reference(m, idx)

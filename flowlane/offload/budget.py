@@ -17,6 +17,9 @@ bytes are added to the front-to-back order, so a bisection finds it. Bytes beyon
 are added only while each layer's added exposed time is below its forward time: past that, recomputing the layer is
 cheaper than waiting for it ("never offload what is cheaper to recompute").
 
+What a plan saves at the memory peak is modelled too (:func:`resident_at_backward_start`): stores still queued when
+backward begins have not freed their device memory yet.
+
 Pure Python: the tensor cache feeds it CUDA-event timings of a profiled micro-batch; ``flowlane ssd-estimate`` feeds it
 modelled sizes and times.
 """
@@ -80,6 +83,8 @@ class Budget:
     """Compute time of the micro-batch without offloading (the profile's)."""
     recompute_cheaper: tuple[bool, ...]
     """Layers left out because waiting for their transfer would cost more than recomputing their forward."""
+    resident_bytes: float = 0.0
+    """Modelled saved-activation bytes on the device when backward begins (:func:`resident_at_backward_start`)."""
 
     @property
     def total_bytes(self) -> int:
@@ -98,7 +103,8 @@ class Budget:
     def as_dict(self) -> dict:
         return {"allow_bytes": list(self.allow_bytes), "total_bytes": self.total_bytes, "exposed_s": self.exposed_s,
                 "step_s": self.step_s, "keep_last_k": self.keep_last_k,
-                "recompute_cheaper": list(self.recompute_cheaper)}
+                "recompute_cheaper": list(self.recompute_cheaper), "resident_bytes_at_backward_start":
+                self.resident_bytes}
 
 
 def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> float:
@@ -135,6 +141,27 @@ def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> flo
             t = issued[i]
         t += p.bwd_s[i]
     return waited
+
+
+def resident_at_backward_start(p: StepProfile, allow: Sequence[int]) -> float:
+    """Bytes of saved activations still on the device when backward begins, where the memory peak of a step sits:
+    the bytes kept plus the offloaded bytes whose store has not finished by then (a device block is reused only after
+    its copy ran). A link that cannot store a layer within the forward caps what offloading saves at the peak, even
+    when every reload is hidden."""
+    t = 0.0
+    free = 0.0
+    ends: list[float] = []
+    for i in range(len(p.group_bytes)):
+        t += p.fwd_s[i]
+        if allow[i]:
+            free = max(free, t) + allow[i] / p.store_Bps
+        ends.append(free)
+    t_b = t + p.head_s
+    resident = float(sum(p.group_bytes) - sum(allow))
+    for i, a in enumerate(allow):
+        if a and ends[i] > t_b:  # the tail of the FIFO: the part of layer i not yet copied
+            resident += min(a, (ends[i] - t_b) * p.store_Bps)
+    return resident
 
 
 def _fill(p: StepProfile, total: int, eligible: Sequence[bool]) -> list[int]:
@@ -206,4 +233,5 @@ def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granu
                 break
             chosen = full
     allow = _fill(p, chosen, eligible)
-    return Budget(tuple(allow), exposed_time(p, allow, prefetch), p.step_s, tuple(cheaper))
+    return Budget(tuple(allow), exposed_time(p, allow, prefetch), p.step_s, tuple(cheaper),
+                  resident_at_backward_start(p, allow))

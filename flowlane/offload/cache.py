@@ -207,6 +207,7 @@ class _Record:
         self.slabs: list[_Slab] = []
         # profiling (adaptive): per group backward times, the head time, the copy spans
         self.bwd_t0: dict[int, Any] = {}
+        self.bwd_c0: dict[int, Any] = {}  # first unpack of a layer in backward, after its reload wait
         self.bwd_time: dict[int, float] = {}
         self.fwd_ev: dict[int, tuple[Any, Any]] = {}
         self.bwd_ev: dict[int, list[Any]] = {}
@@ -306,6 +307,7 @@ class TensorCache:
         self._pool: PinnedPool | None = None
         self._streams: dict[int, tuple[Any, Any]] = {}  # device index -> (device-to-host, host-to-device) stream
         self._allow: dict[Any, list[int]] = {}  # family -> bytes per group the budget offloads (adaptive)
+        self._prefetch = self.config.prefetch_groups  # layers reloaded ahead (adaptive: the budget's choice)
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -602,7 +604,7 @@ class TensorCache:
                 if rec.bwd_start is None:
                     rec.bwd_start = now
             # this layer, then ``prefetch_groups`` layers ahead in backward order, in stream order
-            for g in range(sc.group, max(-1, sc.group - 1 - self.config.prefetch_groups), -1):
+            for g in range(sc.group, max(-1, sc.group - 1 - self._prefetch), -1):
                 self._ensure_loading(rec, rec.group_sids[g])
 
     def _on_engine_done(self, rec: _Record) -> None:
@@ -617,7 +619,7 @@ class TensorCache:
                 return
             sc.ended = True
             if rec.profiling and sc.parent is None and sc.group in rec.bwd_t0:
-                t0 = rec.bwd_t0[sc.group]
+                t0 = rec.bwd_c0.get(sc.group, rec.bwd_t0[sc.group])
                 if isinstance(t0, float):
                     rec.bwd_time[sc.group] = _clock() - t0
                 else:
@@ -763,6 +765,10 @@ class TensorCache:
         if base.is_cuda and st.event is not None and st.state == "loaded":
             torch.cuda.current_stream().wait_event(st.event)
             base.record_stream(torch.cuda.current_stream())
+        if rec.profiling and st.group not in rec.bwd_c0:
+            # the layer's backward computes from here: its time excludes waiting for the reload, which the
+            # profiled step (everything offloaded) may do, so the budget sees compute, not the stall
+            rec.bwd_c0[st.group] = _timing_event(base.device) if base.is_cuda else _clock()
         return torch.as_strided(base.view(h.dtype), h.shape, h.stride, h.offset)
 
     def _materialize(self, rec: _Record, st: _Stored) -> torch.Tensor:
@@ -1031,18 +1037,24 @@ class TensorCache:
                                  "offload.link_GBps")
             prof = StepProfile(tuple(rec.group_bytes), tuple(max(0.0, x) for x in fwd),
                                tuple(max(0.0, x) for x in bwd), store, load, max(0.0, head))
-            budget = choose_budget(prof, prefetch=self.config.prefetch_groups)
+            # the shallowest prefetch (<= prefetch_groups) that hides the most bytes: deeper reloads hold memory longer
+            budget, depth = choose_budget(prof, prefetch=1), 1
+            for d in range(2, self.config.prefetch_groups + 1):
+                b = choose_budget(prof, prefetch=d)
+                if b.total_bytes > budget.total_bytes:
+                    budget, depth = b, d
         except (ValueError, RuntimeError) as e:
             warnings.warn(f"flowlane offload: adaptive profiling could not set a byte budget ({e}); keeping "
                           f"keep_last_k={self._k}", RuntimeWarning, stacklevel=1)
             self.stats.profile = {"error": str(e)}
             return
         self._allow[rec.family] = list(budget.allow_bytes)
+        self._prefetch = depth
         self._k = budget.keep_last_k
         self.stats.keep_last_k = budget.keep_last_k
         self.stats.profile = {"timer": timer, "sizes": list(rec.group_bytes), "fwd_times_s": fwd,
                               "bwd_times_s": bwd, "head_s": head, "write_bandwidth_Bps": store,
-                              "read_bandwidth_Bps": load, "prefetch_groups": self.config.prefetch_groups,
+                              "read_bandwidth_Bps": load, "prefetch_groups": depth,
                               **budget.as_dict()}
 
     # ------------------------------------------------------------------------------------------ bulk tiers

@@ -53,7 +53,8 @@ class OffloadConfig:
     kvikio_compat_mode: Literal["auto", "on", "off"] = "auto"
     """KVIKIO_COMPAT_MODE for the kvikio backend (on = POSIX I/O inside kvikio, off = GDS only)."""
     prefetch_groups: int = 1
-    """CUDA tiers: how many layers ahead of the one in backward are reloaded, in stream order (>= 1)."""
+    """How many layers ahead of the one in backward are reloaded, in stream order (>= 1). With ``adaptive`` the
+    most: the profile picks the shallowest depth up to it that hides the most bytes."""
     link_GBps: float = 0.0
     """``adaptive``: the link's rate in GB/s for the byte budget (pinned_cpu: PCIe; posix: the disk's write rate);
     0 measures it in the profiled micro-batch (CUDA events around the copies, or the store threads' clock on CPU)."""

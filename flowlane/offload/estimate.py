@@ -136,7 +136,8 @@ def modelled_budget(x: LayerShape, layers: int, step_time_s: float, link_GBps: f
     b = choose_budget(prof, prefetch=prefetch)
     return {"budget_link_GBps": rate / 1e9, "budget_bytes_per_microbatch": b.total_bytes,
             "budget_share_of_activations": b.total_bytes / (per_layer * layers) if per_layer else 0.0,
-            "budget_layers_kept_resident": b.keep_last_k, "budget_exposed_s": b.exposed_s}
+            "budget_layers_kept_resident": b.keep_last_k, "budget_exposed_s": b.exposed_s,
+            "budget_resident_share_at_backward_start": b.resident_bytes / (per_layer * layers) if per_layer else 0.0}
 
 
 def thesis_check() -> dict[str, float]:

@@ -8,9 +8,10 @@ optimizer: weights stay fixed, so every step computes the same gradients):
 - ``keep``: plain autograd (run twice: is the baseline itself bitwise reproducible?);
 - ``recompute``: ``torch.utils.checkpoint`` around every block (what Megatron-core's
   ``recompute_granularity='full', recompute_method='uniform', recompute_num_layers=1`` does);
-- ``flowlane``: ``flowlane.offload.install(..., OffloadConfig(backend='pinned_cpu', adaptive=True))``: the CUDA tier
-  (bulk per-layer copies on their own streams, persistent pinned pool, reload one layer ahead, no host waits) with the
-  byte budget chosen from the CUDA-event timings of the profiled step (step 1);
+- ``flowlane``: ``flowlane.offload.install(..., OffloadConfig(backend='pinned_cpu', adaptive=True,
+  prefetch_groups=4))``: the CUDA tier (bulk per-layer copies on their own streams, persistent pinned pool, reloads
+  in stream order, no host waits) with the byte budget and prefetch depth chosen from the CUDA-event timings of the
+  profiled step (step 1);
 - ``flowlane_all``: the same tier without the budget (every layer but the last offloaded): the PCIe-bound cost;
 - ``flowlane_ssd``: hidden 4096 only, the posix tier (layer blocks written with O_DIRECT from the pool) with the budget,
   when time is left;
@@ -207,7 +208,7 @@ def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: a
             kw: dict[str, Any] = {"backend": "pinned_cpu", "min_bytes": min_bytes, "offload_cpu_tensors": True,
                                   "on_io_error": "raise"}
             if name in ("flowlane", "flowlane_ssd"):
-                kw.update(adaptive=True, profile_step=1)
+                kw.update(adaptive=True, profile_step=1, prefetch_groups=4)
                 warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
             else:
                 kw.update(keep_last_k=1)
