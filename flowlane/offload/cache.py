@@ -1043,7 +1043,7 @@ class TensorCache:
                 b = choose_budget(prof, prefetch=d)
                 if b.total_bytes > budget.total_bytes:
                     budget, depth = b, d
-        except (ValueError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - a profile that cannot be read must not fail the training step
             warnings.warn(f"flowlane offload: adaptive profiling could not set a byte budget ({e}); keeping "
                           f"keep_last_k={self._k}", RuntimeWarning, stacklevel=1)
             self.stats.profile = {"error": str(e)}
@@ -1080,7 +1080,7 @@ class TensorCache:
         total = sum(align_up(st.nbytes) for st in sts)
         try:
             blk = self._host_pool().acquire(total)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # pool full, or the host cannot pin more memory
             for st in sts:
                 self._on_store_error(rec, st, st.ref, e)  # keeps every byte in device memory
             return

@@ -75,8 +75,10 @@ class PinnedPool:
     def _new(self, cap: int) -> HostBlock:
         if self.pin:
             buf = torch.empty(cap, dtype=torch.uint8, pin_memory=True)
-            if buf.data_ptr() % ALIGN:  # the caching host allocator returns page-aligned blocks; check, never assume
-                raise RuntimeError(f"pinned host block at {buf.data_ptr():#x} is not {ALIGN}-byte aligned")
+            if buf.data_ptr() % ALIGN:  # the caching host allocator returns page-aligned blocks; never assume it
+                raw = torch.empty(cap + ALIGN, dtype=torch.uint8, pin_memory=True)
+                shift = (-raw.data_ptr()) % ALIGN
+                buf = raw[shift:shift + cap]
             return HostBlock(buf, cap)
         m = mmap.mmap(-1, cap)
         return HostBlock(torch.frombuffer(m, dtype=torch.uint8), cap, keep=m)

@@ -111,12 +111,16 @@ def _process_age() -> float:
         return 0.0
 
 
+SDPA = {"kernel": "flash"}  # "math" for the bitwise correctness section (flash's backward may not be deterministic)
+
+
 def _sdpa_ctx(dev: torch.device) -> Any:
+    """Forward *and* backward inside it: full recompute re-runs attention in backward with the same kernel."""
     if dev.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION if SDPA["kernel"] == "flash" else SDPBackend.MATH])
 
 
 def _provenance(dev: torch.device) -> dict[str, Any]:
@@ -168,7 +172,7 @@ def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
     with _sdpa_ctx(dev):
         out = model(x)
         loss = out.float().pow(2).mean()
-    loss.backward()
+        loss.backward()
     dt = tm.stop()
     del out, loss
     peak = torch.cuda.max_memory_allocated() - base if dev.type == "cuda" else 0
@@ -247,6 +251,47 @@ def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: a
             cache.close()
 
 
+def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, workdir: str) -> dict[str, Any]:
+    """Small model, math SDPA (deterministic): gradients of keep (twice), recompute and every flowlane path must be
+    ``torch.equal`` after warm-up, profiled and budgeted steps."""
+    SDPA["kernel"] = "math"
+    h, heads, seq, batch, layers = (1024, 8, 1024, 2, 4) if dev.type == "cuda" else (64, 4, 64, 2, 4)
+    out: dict[str, Any] = {"size": {"hidden": h, "heads": heads, "seq": seq, "batch": batch, "layers": layers},
+                           "strategies": {}, "failed": []}
+    a2 = argparse.Namespace(**{**vars(a), "steps": 1, "warmup": 1, "min_bytes": MiB})
+    try:
+        torch.manual_seed(0)
+        model = Net(h, heads, layers, dev, dtype)
+        x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
+        ref = None
+        for name in ("keep", "keep_repeat", "recompute", "flowlane", "flowlane_all", "flowlane_ssd"):
+            try:
+                r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a2, ref, workdir)
+            except Exception as e:  # noqa: BLE001
+                out["failed"].append(f"correctness:{name}: {type(e).__name__}: {e}")
+                out["strategies"][name] = {"error": f"{type(e).__name__}: {e}",
+                                           "traceback": traceback.format_exc()[-3000:]}
+                continue
+            g = r.pop("_grads")
+            if name == "keep":
+                ref = g
+            out["strategies"][name] = {k: r.get(k) for k in ("grads_equal", "grads_max_abs_diff", "stats")}
+        det = out["strategies"].get("keep_repeat", {}).get("grads_equal")
+        out["keep_bitwise_reproducible"] = det
+        for name, r in out["strategies"].items():
+            if r.get("grads_equal") is False:
+                out["failed"].append(f"correctness:{name}: gradients differ from keep's (max abs diff "
+                                     f"{r.get('grads_max_abs_diff')}; keep reproducible: {det})")
+        del model, x, ref
+    finally:
+        SDPA["kernel"] = "flash"
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    out["summary"] = "FAILED: " + "; ".join(out["failed"]) if out["failed"] else \
+        f"all {len(out['strategies']) - 1} strategies bitwise equal to keep"
+    return out
+
+
 def megatron_status() -> dict[str, Any]:
     te = importlib.util.find_spec("transformer_engine") is not None
     mc = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
@@ -290,10 +335,17 @@ def main() -> int:
         tmp.write_text(json.dumps(doc, indent=1, default=str))
         tmp.replace(out)
 
+    # 1. correctness, bitwise, with the deterministic math attention kernel: keep vs every offload path
+    doc["correctness"] = correctness(dev, dtype, a, workdir := tempfile.mkdtemp(
+        prefix="flowlane-offload-bench-", dir=os.environ.get("TMPDIR", "/tmp")))
+    doc["failed"] += doc["correctness"]["failed"]
+    print(f"[{time.monotonic() - T0:5.1f}s] correctness (math SDPA, bitwise): "
+          f"{doc['correctness']['summary']}", flush=True)
+    save()
+    # 2. the benchmark, flash attention
     sizes = GPU_SIZES if dev.type == "cuda" else CPU_SIZES
     if a.only_hidden:
         sizes = [s for s in sizes if s[0] == a.only_hidden]
-    workdir = tempfile.mkdtemp(prefix="flowlane-offload-bench-", dir=os.environ.get("TMPDIR", "/tmp"))
     for h, heads, seq, batch, layers in sizes:
         size: dict[str, Any] = {"hidden": h, "heads": heads, "seq": seq, "batch": batch, "layers": layers,
                                 "strategies": {}}
