@@ -7,6 +7,10 @@ Public API::
     loss = model(x).sum(); loss.backward()      # activations of all but the last block go to disk and come back
     print(cache.stats_snapshot()); cache.close()
 
+On CUDA, ``backend="pinned_cpu"`` (and ``posix``, staged through it) copies each layer in bulk on its own streams
+into a persistent host pool, with no host waits; ``adaptive=True`` offloads only the byte budget that the link can
+move while compute runs (``choose_budget``, from CUDA-event timings of a profiled micro-batch).
+
 Framework adapters (megatron_plugin.ssd_offload, deepspeed_plugin.ssd_offload) add scope classes and schedule hints.
 """
 
@@ -22,13 +26,15 @@ from flowlane.offload.backends import (
     kvikio_usable,
     make_backend,
 )
+from flowlane.offload.budget import Budget, StepProfile, choose_budget, exposed_time
 from flowlane.offload.cache import OffloadHandle, OffloadStats, SavedHandle, TensorCache, install
 from flowlane.offload.config import OffloadConfig
+from flowlane.offload.pool import PinnedPool
 from flowlane.offload.residency import Residency, track_saved_tensors
 
 __all__ = [
-    "BackendUnavailableError", "IOBackend", "KvikioBackend", "NullBackend", "OffloadConfig", "OffloadHandle", "OffloadStats",
-    "PinnedCpuBackend", "PosixBackend", "ProfileResult", "Residency", "SavedHandle", "TensorCache",
-    "choose_last_offloaded", "cleanup_stale", "install", "keep_last_k_from_profile", "kvikio_usable", "make_backend",
-    "track_saved_tensors",
+    "BackendUnavailableError", "Budget", "IOBackend", "KvikioBackend", "NullBackend", "OffloadConfig", "OffloadHandle",
+    "OffloadStats", "PinnedCpuBackend", "PinnedPool", "PosixBackend", "ProfileResult", "Residency", "SavedHandle",
+    "StepProfile", "TensorCache", "choose_budget", "choose_last_offloaded", "cleanup_stale", "exposed_time", "install",
+    "keep_last_k_from_profile", "kvikio_usable", "make_backend", "track_saved_tensors",
 ]
