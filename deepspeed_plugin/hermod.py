@@ -42,7 +42,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from deepspeed_plugin.comm import CommTap
-from deepspeed_plugin.config import flowlane_subsection
+from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from deepspeed_plugin.zero_hooks import ZeroHooks
 from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.order import HermodOrderConfig
@@ -94,6 +94,18 @@ class HermodDSConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"flowlane.hermod.enabled must be true or false, got {self.enabled!r}")
+        if isinstance(self.gate_timeout_s, bool) or not isinstance(self.gate_timeout_s, int | float) or not (
+                self.gate_timeout_s >= 0):
+            raise ValueError(f"flowlane.hermod.gate_timeout_s must be a number of seconds >= 0, "
+                             f"got {self.gate_timeout_s!r}")
+        if isinstance(self.max_inflight_buckets, bool) or not isinstance(self.max_inflight_buckets, int) or (
+                self.max_inflight_buckets < 1):
+            raise ValueError(f"flowlane.hermod.max_inflight_buckets must be an integer >= 1, "
+                             f"got {self.max_inflight_buckets!r}")
+        for name in ("schedule", "dp_mid"):
+            allowed = {"schedule": ["1f1b", "interleaved"], "dp_mid": ["consumer", "last"]}[name]
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"flowlane.hermod.{name} {getattr(self, name)!r} is not one of {allowed}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)
         if self.window not in ("bucket", "backward"):
             raise ValueError(f"flowlane.hermod.window {self.window!r} is not one of ['backward', 'bucket']")
@@ -225,8 +237,9 @@ class DeepSpeedHermod:
 
 
 def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None) -> DeepSpeedHermod | None:
-    """Hook ``engine`` when ``flowlane.hermod`` is present and enabled; otherwise None. A collective: every rank."""
-    cfg = parse_hermod_section(ds_config)
+    """Hook ``engine`` when ``flowlane.hermod`` is present and enabled; otherwise None. A collective: every rank.
+    The whole ``"flowlane"`` section is checked first (:func:`deepspeed_plugin.config.validate_flowlane_section`)."""
+    cfg = validate_flowlane_section(ds_config)["hermod"]
     if cfg is None:
         return None
     check_deepspeed_version()

@@ -18,9 +18,12 @@ which communicator*, and runs DeepSpeed's own bucket function to do it, so the m
 * The epilogue (``independent_gradient_partition_epilogue``) and the end of ``allreduce_gradients`` seal the window
   and wait for every deferred reduction before DeepSpeed reads a reduced gradient.
 
-Windows: a bucket reduced from a backward hook is sealed at once (the bucket may go out while backward goes on, as
-DeepSpeed's ``overlap_comm`` intends); buckets issued in a loop after backward (``allreduce_gradients``: ZeRO-0/1 and
-ReduceGrads) form one window, sealed at the epilogue and sent in Hermod's order. A deferred bucket keeps its own
+Windows: with ``window="bucket"`` (default) a bucket reduced from a backward hook is sealed at once (it may go out
+while backward goes on, as DeepSpeed's ``overlap_comm`` intends; the order among buckets stays DeepSpeed's, what
+Hermod changes is the gate and the communicator); with ``window="backward"`` the backward's buckets wait for the
+epilogue and go out in Hermod's order (lowest layer first: DeepSpeed sends the last layer's first). Buckets issued in
+a loop after backward (``allreduce_gradients``: ZeRO-0/1 and ReduceGrads) always form one window. A critical op
+(ZeRO-3 fetch, pipeline p2p) seals the open window too (flowlane.sched.scheduler). A deferred bucket keeps its own
 buffer until the pacer has reduced it: memory grows by one ``reduce_bucket_size`` buffer per bucket in flight.
 The pacer's ops go to the bulk-class clone of their group (:class:`deepspeed_plugin.comm.CommTap`).
 """
