@@ -45,6 +45,8 @@ def _init(rank: int, world: int, backend: str) -> None:
     if backend == "nccl":
         os.environ["NCCL_HOSTID"] = f"flowlane-ds-host{rank}"  # one "host" per rank: see the module docstring
         os.environ["DS_ACCELERATOR"] = "cuda"
+        # every rank shares the one GPU: DeepSpeed's engine calls set_device(LOCAL_RANK), which is 1..3 here
+        os.environ["LOCAL_RANK"] = "0"
         torch.cuda.set_device(0)
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", 0),
                                 timeout=datetime.timedelta(seconds=90))
