@@ -146,8 +146,7 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
         if not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
             raise ConfigError(f"{key}={v!r} must be a number > 0")
 
-    # one rank has no graph partition to exchange halos with; the planner needs at least two
-    integer("world_size", cfg.get("world_size", 2), 2, " (full-graph training splits the graph across ranks)")
+    integer("world_size", cfg.get("world_size", 2), 1)
     integer("epochs", cfg.get("epochs", 20), 1)
     integer("seed", cfg.get("seed", 0), 0)
     positive("lr", cfg.get("lr", 0.01))
@@ -165,6 +164,10 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
     data = cfg.get("data") or {}
     if not isinstance(data, Mapping) or not isinstance(data.get("name", "synthetic"), str):
         raise ConfigError(f"data={data!r} must be a group with a string data.name")
+    pc = data.get("part_config")
+    if pc is not None and not (isinstance(pc, str) and os.path.isfile(pc)):
+        raise ConfigError(f"data.part_config={pc!r} is not a file (the JSON written by "
+                          f"dgl.distributed.partition_graph)")
     fl = cfg.get("flowlane") or {}
     unknown = sorted(set(fl) - {"fullgraph"}) if isinstance(fl, Mapping) else ["<not a group>"]
     if unknown:
