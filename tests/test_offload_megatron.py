@@ -110,6 +110,31 @@ def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_pa
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(megatron_env, tmp_path: Path, monkeypatch,
+                                                                 adaptive: bool) -> None:
+    """The CUDA tiers' bulk path (one host block per TransformerLayer, reloads in stream order, the byte budget)
+    driven by Megatron's own schedule and hints; forced onto CPU tensors, where its copies are synchronous."""
+    from flowlane.offload import TensorCache
+    from megatron_plugin.ssd_offload import install_from_config
+
+    monkeypatch.setattr(TensorCache, "_is_bulk", lambda self, device: self._bulk_backend)
+    model = _gpt()
+    ref = _step(model)
+    cfg = {"backend": "pinned_cpu", "min_bytes": MIN_BYTES, "keep_last_k": 1, "offload_cpu_tensors": True,
+           "adaptive": adaptive, "profile_step": 0, "link_GBps": 1e6 if adaptive else 0.0}
+    with install_from_config(cfg, model) as h:
+        for _ in range(2):
+            before = h.stats
+            got = _step(model)
+            after = h.stats
+            assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+        assert after.bulk_stores - before.bulk_stores == 2 * (L - 1)  # two micro-batches, last layer kept
+        assert after.sync_loads == 0 and after.late_loads == 0
+        if adaptive:  # profiled on micro-batch 0: a fast link hides every layer but the last
+            assert h.stats.profile["keep_last_k"] == 1 and len(h.stats.profile["allow_bytes"]) == L
+
+
 def test_megatron_recompute_baseline_runs_with_same_grads(megatron_env) -> None:
     """The benchmark's third column: Megatron full activation recomputation gives the same gradients."""
     ref = _step(_gpt())
