@@ -12,6 +12,10 @@ the s^2 terms. Step model (thesis §5.3.6): the required PCIe write bandwidth pe
 by *half* the step time, and the lifespan is S_endurance * t_step / S_activations = 2 * S_endurance / B_w. With 4x
 Solidigm D7-P5620 (65.4 PBW each) and a write amplification 2.5x better than the JESD rating, 12.1 GB/s gives 3.4
 years: the thesis' ">= 3 years at <= 12.1 GB/s per GPU" (digest §2.2.11).
+
+It also reports the byte budget that the tensor cache's ``adaptive`` mode would choose (``budget.choose_budget``, the
+same function the cache feeds with CUDA-event timings of a profiled step): here on a modelled step with equal layers,
+forward a third of the step, and the link of ``--link-gbps`` (or the slower ``--disk-gbps``).
 """
 
 from __future__ import annotations
