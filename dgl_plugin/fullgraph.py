@@ -1,6 +1,11 @@
 """Full-graph distributed GNN training on DGL: G3 hybrid parallelism with DGCL-planned halo exchange.
 
-Seeds: G3 (000 ch.4; digest part B) and DGCL (001). Per rank (digest B2.8):
+Seeds: G3 (000 ch.4; digest part B) and DGCL (001). Input: a whole graph in memory (small graphs; rank 0 partitions
+it) or DistDGL's partitioning (``dgl.distributed.partition_graph`` output), of which each rank loads only its own
+partition (:func:`load_local_partition`: inner nodes, halo, in-edges; the relation comes from the partition book and
+an all-gather of halo ids). Models: ``forward_layer`` models, or DGL-style models whose own ``forward`` runs with each
+graph layer computed distributedly (:func:`check_model` proves at install that this is the user's function, or refuses
+the model). Per rank (digest B2.8):
 - data parallel: the graph is partitioned (G3 partitioner: METIS + Algorithm 2); a rank owns ``V_i`` and computes
   only their rows, on the in-edges of ``V_i`` (halo = remote in-neighbours, B6 #1);
 - model parallel: before every layer, the halo rows of the previous layer's output arrive through
@@ -83,7 +88,11 @@ class FullGraphConfig:
     """Fetch layer-0 halo features once instead of every epoch (B6 #4)."""
     emulate_bandwidth: float | None = None
     """Benchmarks only: emulated per-peer link speed (bytes/s) for the halo exchange."""
+    device: str = "auto"
+    """Where blocks, features, the model and the exchange buffers live: "auto" (CUDA when present, else CPU),
+    "cpu", "cuda" or "cuda:<index>" ("cuda" picks the rank's local device)."""
     seed: int = 0
+    """Seed of the stage-1 partitioner (METIS / pymetis / random) and of the planner."""
 
     def validate(self, world: int) -> None:
         def bad(name: str, value: Any, why: str) -> None:
@@ -109,6 +118,12 @@ class FullGraphConfig:
             bad("emulate_bandwidth", self.emulate_bandwidth, "must be > 0 bytes/s or None")
         if world < 1:
             bad("world size", world, "must be >= 1")
+        dev = self.device
+        if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or
+                                            (dev.startswith("cuda:") and dev[5:].isdigit())):
+            bad("device", dev, "choose 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            bad("device", dev, "CUDA is not available here; use 'auto' or 'cpu'")
 
     @classmethod
     def from_dict(cls, d: dict | None) -> FullGraphConfig:
@@ -141,12 +156,119 @@ def check_graph(g: dgl.DGLGraph, feat: str = "feat", label: str = "label") -> No
         raise ValueError(f"ndata[{label!r}] must be a 1-D non-negative integer tensor, got {y.dtype} {tuple(y.shape)}")
 
 
-def _bfs_boundary_first(members: np.ndarray, indptr: np.ndarray, indices: np.ndarray, part: np.ndarray,
-                        rank: int, boundary: np.ndarray) -> np.ndarray:
-    """§4.4.3 step 1: BFS over the partition from every component, then boundary nodes first (stable)."""
-    seen = np.zeros(part.size, bool)
+@dataclass
+class LocalPartition:
+    """One rank's share of the graph, as DistDGL's ``load_partition`` gives it: the inner nodes, the halo (remote
+    in-neighbours of inner nodes) and every in-edge of the inner nodes. Nothing here grows with the whole graph except
+    ``relation.owner`` (one integer per node, derived from the partition book)."""
+
+    inner_ids: np.ndarray
+    """Global ids of the nodes this rank owns, in the partition's row order."""
+    halo_ids: np.ndarray
+    """Sorted global ids of the remote in-neighbours of inner nodes (``relation.needs[rank]``)."""
+    e_src: np.ndarray
+    """Source row of every in-edge of an inner node, in ``[inner | halo]`` row space."""
+    e_dst: np.ndarray
+    """Destination row (an inner row) of every in-edge."""
+    x: torch.Tensor
+    y: torch.Tensor
+    masks: dict
+    """``train_mask`` (required), ``val_mask``, ``test_mask`` of the inner rows (bool)."""
+    n_train_global: int
+    relation: CommRelation
+    """Owner of every node and the halo of every rank (DGCL relation), built from partition books."""
+    out_deg: np.ndarray | None = None
+    """Global out-degree of the ``[inner | halo]`` rows; None: computed by one exchange at setup."""
+    stats: dict = field(default_factory=dict)
+
+
+def local_from_graph(g: dgl.DGLGraph, part: np.ndarray, rank: int, world: int, feat: str = "feat",
+                     label: str = "label") -> LocalPartition:
+    """The in-memory path (small graphs): cut rank ``rank``'s partition out of the whole graph ``g``."""
+    n = g.num_nodes()
+    src, dst = (t.numpy().astype(np.int64) for t in g.edges())
+    rel = CommRelation.from_edges(src, dst, part, world)
+    inner = np.nonzero(part == rank)[0]
+    halo = rel.needs[rank]
+    pos = np.full(n, -1, np.int64)
+    pos[inner] = np.arange(inner.size)
+    pos[halo] = inner.size + np.arange(halo.size)
+    mine = part[dst] == rank
+    out_deg = np.bincount(src, minlength=n).astype(np.float64)
+    lid = torch.from_numpy(inner)
+    masks = {k: g.ndata[k][lid].bool() for k in ("train_mask", "val_mask", "test_mask") if k in g.ndata}
+    return LocalPartition(inner, halo, pos[src[mine]], pos[dst[mine]], g.ndata[feat][lid], g.ndata[label][lid],
+                          masks, int(g.ndata["train_mask"].sum()), rel, out_deg[np.concatenate([inner, halo])])
+
+
+def load_local_partition(part_config: str, rank: int, world: int, group: dist.ProcessGroup | None = None,
+                         feat: str = "feat", label: str = "label") -> LocalPartition:
+    """Load only partition ``rank`` of a ``dgl.distributed.partition_graph`` output (``part_config``: its JSON) and
+    build the exchange relation from the partition book plus every rank's halo list (one all-gather of halo ids).
+    Collective when ``world > 1``."""
+    import json
+    import os
+
+    if not isinstance(part_config, str) or not os.path.isfile(part_config):
+        raise FileNotFoundError(f"part_config={part_config!r} is not a file (give the JSON written by "
+                                f"dgl.distributed.partition_graph)")
+    with open(part_config) as f:
+        meta = json.load(f)
+    n_parts = int(meta.get("num_parts", -1))
+    if n_parts != world:
+        raise ValueError(f"part_config={part_config!r} has num_parts={n_parts} but world_size={world}: one rank per "
+                         f"partition (repartition with dgl.distributed.partition_graph(..., num_parts={world}))")
+    lg, node_feats, _ef, gpb, *_ = dgl.distributed.load_partition(part_config, rank)
+    if not gpb.is_homogeneous:
+        raise ValueError(f"part_config={part_config!r}: graph must be homogeneous, got node types {gpb.ntypes}")
+    nt = gpb.ntypes[0]
+
+    def nf(key: str) -> torch.Tensor | None:
+        return node_feats.get(f"{nt}/{key}", node_feats.get(key))
+
+    for key in (feat, label, "train_mask"):
+        if nf(key) is None:
+            raise ValueError(f"part_config={part_config!r}: partition {rank} has no node data {key!r}; has "
+                             f"{sorted(node_feats)} (partition a graph whose ndata holds {feat}, {label}, train_mask)")
+    is_inner = lg.ndata["inner_node"].bool().numpy()
+    n_inner = int(is_inner.sum())
+    if not is_inner[:n_inner].all():
+        raise ValueError(f"part_config={part_config!r}: inner nodes of partition {rank} are not listed first")
+    gid = lg.ndata[dgl.NID].numpy().astype(np.int64)
+    ls, ld = (t.numpy().astype(np.int64) for t in lg.edges())
+    keep = ld < n_inner                             # in-edges of inner nodes (the partition also holds halo edges)
+    ls, ld = ls[keep], ld[keep]
+    halo_rows = np.unique(ls[ls >= n_inner])
+    halo_ids = gid[halo_rows]
+    order = np.argsort(halo_ids)
+    halo_ids, halo_rows = halo_ids[order], halo_rows[order]
+    pos = np.full(lg.num_nodes(), -1, np.int64)
+    pos[:n_inner] = np.arange(n_inner)
+    pos[halo_rows] = n_inner + np.arange(halo_rows.size)
+    num_nodes = int(meta["num_nodes"])
+    owner = gpb.nid2partid(torch.arange(num_nodes)).numpy().astype(np.int64)
+    needs = comm.all_gather_object(halo_ids, group=group) if world > 1 else [halo_ids]
+    rel = CommRelation(owner, tuple(np.asarray(x, np.int64) for x in needs))
+    masks = {k: nf(k).bool() for k in ("train_mask", "val_mask", "test_mask") if nf(k) is not None}
+    n_train = torch.tensor([float(masks["train_mask"].sum())], dtype=torch.float64)
+    if world > 1:
+        comm.all_reduce(n_train, group=group, kind="setup")
+    return LocalPartition(gid[:n_inner], halo_ids, pos[ls], ld, nf(feat), nf(label), masks, int(n_train.item()),
+                          rel, None, {"part_config": part_config, "n_halo_loaded": int((~is_inner).sum())})
+
+
+def _bfs_boundary_first(n_inner: int, e_src: np.ndarray, e_dst: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+    """§4.4.3 step 1: BFS over the partition's inner nodes (edges taken both ways) from every component, then boundary
+    nodes first (stable). Returns inner row indices."""
+    inner = e_src < n_inner
+    a = np.concatenate([e_src[inner], e_dst[inner]])
+    b = np.concatenate([e_dst[inner], e_src[inner]])
+    order_e = np.argsort(a, kind="stable")
+    a, b = a[order_e], b[order_e]
+    indptr = np.searchsorted(a, np.arange(n_inner + 1))
+    seen = np.zeros(n_inner, bool)
     order: list[int] = []
-    for s in members.tolist():
+    for s in range(n_inner):
         if seen[s]:
             continue
         seen[s] = True
@@ -154,8 +276,8 @@ def _bfs_boundary_first(members: np.ndarray, indptr: np.ndarray, indices: np.nda
         while q:
             v = q.popleft()
             order.append(v)
-            for w in indices[indptr[v]:indptr[v + 1]].tolist():
-                if not seen[w] and part[w] == rank:
+            for w in b[indptr[v]:indptr[v + 1]].tolist():
+                if not seen[w]:
                     seen[w] = True
                     q.append(w)
     arr = np.asarray(order, np.int64)
@@ -163,51 +285,212 @@ def _bfs_boundary_first(members: np.ndarray, indptr: np.ndarray, indices: np.nda
     return np.concatenate([arr[is_b], arr[~is_b]])
 
 
-class FullGraphRuntime:
-    """One rank of hybrid-parallel full-graph training. Collective: construct on every rank of ``group``."""
+_NODE_MIXING = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.InstanceNorm1d)
 
-    def __init__(self, g: dgl.DGLGraph, model: torch.nn.Module, cfg: FullGraphConfig | None = None,
-                 feat: str = "feat", label: str = "label", group: dist.ProcessGroup | None = None,
-                 part: np.ndarray | None = None) -> None:
+
+class _NoGraph:
+    """Stands in for the graph in ``model.forward`` when the runtime runs it: the graph may only be passed on to
+    ``model.layers``; any other use is refused (the runtime holds only a partition)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ModelContractError(
+            f"model.forward uses graph.{name} outside model.layers; full-graph training holds only a partition, so "
+            f"a forward may only pass the graph to its layers. Add forward_layer(k, block, h_src, h_dst) (layer k plus "
+            f"what follows it) to the model instead")
+
+
+class ModelContractError(ValueError):
+    """The model cannot be run partition by partition as written; the message says what to add."""
+
+
+class _LayerCall(torch.nn.Module):
+    """Replaces ``model.layers[k]`` while the runtime runs the user's own ``forward``."""
+
+    def __init__(self, k: int, fn: Any) -> None:
+        super().__init__()
+        self.k, self.fn = k, fn
+
+    def forward(self, graph: Any, h: Any, *args: Any, **kw: Any) -> torch.Tensor:
+        if args or kw:
+            raise ModelContractError(f"model.forward calls layers[{self.k}] with extra arguments {args or kw}; the "
+                                     f"runtime supports layer(graph, h) only. Add forward_layer(k, block, h_src, h_dst)")
+        if not isinstance(h, torch.Tensor):
+            raise ModelContractError(f"model.forward calls layers[{self.k}] with {type(h).__name__}, not one tensor of "
+                                     f"node rows. Add forward_layer(k, block, h_src, h_dst)")
+        return self.fn(self.k, h)
+
+
+def _swap_layers(model: torch.nn.Module, fn: Any) -> list:
+    saved = list(model.layers)
+    for k in range(len(saved)):
+        model.layers[k] = _LayerCall(k, fn)
+    return saved
+
+
+def _restore_layers(model: torch.nn.Module, saved: list) -> None:
+    for k, m in enumerate(saved):
+        model.layers[k] = m
+
+
+def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torch.float32) -> str:
+    """Install-time check that the runtime computes exactly ``model(g, x)`` (DGL's full-graph convention).
+
+    Returns the mode: ``"forward_layer"`` (the model has ``forward_layer``; chaining it must equal ``forward``) or
+    ``"forward"`` (the user's own ``forward`` runs with each ``model.layers[k]`` computed distributedly; every other
+    operation must act row by row). Both are verified on a small random graph, in eval mode: the forward is run on
+    two disjoint halves of the nodes, fed the layer outputs of a full run, and each half must reproduce the full run.
+    Anything else raises :class:`ModelContractError` saying what to add."""
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+        raise ModelContractError(
+            "model must keep its graph layers in `self.layers` (a non-empty nn.ModuleList of dgl.nn convolutions), as "
+            "DGL's full-graph examples do; found " + (type(layers).__name__ if layers is not None else "no `layers`"))
+    in_layers = {id(m) for layer in layers for m in layer.modules()}
+    for name, m in model.named_modules():
+        if id(m) not in in_layers and isinstance(m, _NODE_MIXING):
+            raise ModelContractError(f"model.{name} ({type(m).__name__}) normalises across all nodes; per-partition "
+                                     f"statistics would differ from single-process training. Remove it, or use "
+                                     f"LayerNorm (row by row)")
+    mode = "forward_layer" if callable(getattr(model, "forward_layer", None)) else "forward"
+    gen = torch.Generator().manual_seed(0)
+    n = 24
+    src = torch.cat([torch.arange(n), torch.randint(0, n, (3 * n,), generator=gen)])
+    dst = torch.cat([(torch.arange(n) + 1) % n, torch.randint(0, n, (3 * n,), generator=gen)])
+    g = dgl.graph((src, dst), num_nodes=n)
+    x = torch.randn(n, in_feats, generator=gen).to(dtype)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            try:
+                ref = model(g, x)
+            except Exception as e:
+                raise ModelContractError(f"model(g, x) failed on a full graph ({type(e).__name__}: {e}); the runtime "
+                                         f"needs DGL's full-graph convention forward(graph, features)") from e
+            if mode == "forward_layer":
+                h = x
+                for k in range(len(layers)):
+                    h = model.forward_layer(k, g, h, h)
+                if h.shape != ref.shape or not torch.allclose(h, ref, rtol=1e-5, atol=1e-6):
+                    raise ModelContractError("chaining model.forward_layer(k, ...) over model.layers does not give "
+                                             "model(g, x); make forward_layer run layer k plus exactly what follows it")
+                return mode
+            inputs: list = []
+
+            def full(k: int, h: torch.Tensor) -> torch.Tensor:
+                if len(inputs) != k:
+                    raise ModelContractError(f"model.forward calls layers[{k}] out of order (after {len(inputs)} "
+                                             f"layer calls); layers must run once each, in order")
+                out = layers_saved[k](g, h)
+                inputs.append((h, out))
+                return out
+
+            layers_saved = _swap_layers(model, full)
+            try:
+                out_full = model(_NoGraph(), x)
+                if len(inputs) != len(layers_saved):
+                    raise ModelContractError(f"model.forward called {len(inputs)} of its {len(layers_saved)} layers; "
+                                             f"each must run once, in order")
+                if out_full.shape != ref.shape or not torch.allclose(out_full, ref, rtol=1e-5, atol=1e-6):
+                    raise ModelContractError("model.forward gives different results when its layers are called "
+                                             "through the runtime; add forward_layer(k, block, h_src, h_dst)")
+                for half in (torch.arange(0, n, 2), torch.arange(1, n, 2)):
+                    def part(k: int, h: torch.Tensor, half: torch.Tensor = half) -> torch.Tensor:
+                        hin, hout = inputs[k]
+                        if h.shape[0] != half.numel() or not torch.allclose(h, hin[half], rtol=1e-5, atol=1e-6):
+                            raise ModelContractError(
+                                f"model.forward mixes nodes outside its graph layers (the input of layers[{k}] "
+                                f"depends on other nodes' rows); the runtime would compute a different function. "
+                                f"Add forward_layer(k, block, h_src, h_dst) to the model")
+                        return hout[half]
+
+                    for k in range(len(layers_saved)):
+                        model.layers[k] = _LayerCall(k, part)
+                    out = model(_NoGraph(), x[half])
+                    if out.shape != ref[half].shape or not torch.allclose(out, ref[half], rtol=1e-5, atol=1e-6):
+                        raise ModelContractError("model.forward mixes nodes after its last graph layer; the runtime "
+                                                 "would compute a different function. Add forward_layer(k, block, "
+                                                 "h_src, h_dst)")
+            finally:
+                _restore_layers(model, layers_saved)
+    finally:
+        model.train(was)
+    return mode
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the rank's local CUDA device when present, else CPU (``LOCAL_RANK`` picks the index)."""
+    import os
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        idx = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
+        return torch.device("cuda", idx % max(torch.cuda.device_count(), 1))
+    return torch.device(name)
+
+
+class FullGraphRuntime:
+    """One rank of hybrid-parallel full-graph training. Collective: construct on every rank of ``group``.
+
+    ``source``: a whole ``dgl.DGLGraph`` (in-memory path for small graphs: partitioned here on rank 0, or by ``part``)
+    or this rank's :class:`LocalPartition` (e.g. from :func:`load_local_partition` on ``partition_graph`` output).
+    The model is moved to ``cfg.device``."""
+
+    def __init__(self, source: dgl.DGLGraph | LocalPartition, model: torch.nn.Module,
+                 cfg: FullGraphConfig | None = None, feat: str = "feat", label: str = "label",
+                 group: dist.ProcessGroup | None = None, part: np.ndarray | None = None) -> None:
         self.cfg = cfg = cfg or FullGraphConfig()
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         cfg.validate(self.world)
-        check_graph(g, feat, label)
-        if not hasattr(model, "layers"):
-            raise ValueError("model must expose its graph layers as `model.layers` (see dgl_plugin.models)")
-        self.model = model
-        n = g.num_nodes()
-        src, dst = (t.numpy().astype(np.int64) for t in g.edges())
-        # -- partition (rank 0; the assignment is broadcast so every rank agrees) --------------------------------
         self.part_stats: dict = {}
-        if part is None:
-            part_t = torch.zeros(n, dtype=torch.int64)
-            if self.rank == 0:
-                method = "metis" if cfg.partition == "g3" else cfg.partition
-                p, stats = g3_partition(src, dst, n, self.world, cfg.gamma, method, cfg.objtype,
-                                        refine_stage2=cfg.partition == "g3", seed=cfg.seed)
-                part_t = torch.from_numpy(p)
-                self.part_stats = stats.as_dict()
-            if self.world > 1:
-                comm.broadcast(part_t, 0, group=group, kind="setup")
-            part = part_t.numpy()
-        part = np.asarray(part, np.int64)
-        if part.shape != (n,) or part.min() < 0 or part.max() >= self.world:
-            raise ValueError(f"partition must assign each of the {n} nodes a rank in [0, {self.world})")
-        self.part = part
-        # -- DGCL relation, plan (same seeded planner on every rank; digests compared), tables -----------------
-        rel = CommRelation.from_edges(src, dst, part, self.world)
-        from .g3_partition import symmetric_csr
-
-        indptr, indices = symmetric_csr(src, dst, n)
-        boundary = np.zeros(n, bool)
-        for ids in rel.needs:
-            boundary[ids] = True
-        members = [np.nonzero(part == r)[0] for r in range(self.world)]
-        local_ids = [_bfs_boundary_first(members[r], indptr, indices, part, r, boundary)
-                     for r in range(self.world)]
+        if isinstance(source, LocalPartition):
+            if part is not None:
+                raise ValueError("part= applies to a whole graph, not to a LocalPartition")
+            lp = source
+            if lp.relation.num_ranks != self.world:
+                raise ValueError(f"the partition was made for {lp.relation.num_ranks} ranks, world size is "
+                                 f"{self.world}")
+        else:
+            check_graph(source, feat, label)
+            n = source.num_nodes()
+            if part is None:
+                part_t = torch.zeros(n, dtype=torch.int64)
+                if self.rank == 0:
+                    src, dst = (t.numpy().astype(np.int64) for t in source.edges())
+                    method = "metis" if cfg.partition == "g3" else cfg.partition
+                    p, stats = g3_partition(src, dst, n, self.world, cfg.gamma, method, cfg.objtype,
+                                            refine_stage2=cfg.partition == "g3", seed=cfg.seed)
+                    part_t = torch.from_numpy(p)
+                    self.part_stats = stats.as_dict()
+                if self.world > 1:
+                    comm.broadcast(part_t, 0, group=group, kind="setup")
+                part = part_t.numpy()
+            part = np.asarray(part, np.int64)
+            if part.shape != (n,) or part.min() < 0 or part.max() >= self.world:
+                raise ValueError(f"partition must assign each of the {n} nodes a rank in [0, {self.world})")
+            lp = local_from_graph(source, part, self.rank, self.world, feat, label)
+        x = lp.x
+        if x.dim() != 2 or not torch.is_floating_point(x):
+            raise ValueError(f"node features must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}")
+        self.mode = check_model(model, x.shape[1], x.dtype)
+        self.device = resolve_device(cfg.device)
+        self.model = model.to(self.device)
+        rel = lp.relation
+        self.n_local = lp.inner_ids.size
+        # -- boundary (sent to other ranks) and the BFS, boundary-first row order (§4.4.3 step 1) ------------------
+        others = [ids for r, ids in enumerate(rel.needs) if r != self.rank]
+        boundary = np.isin(lp.inner_ids, np.concatenate(others)) if others else np.zeros(self.n_local, bool)
+        order = _bfs_boundary_first(self.n_local, lp.e_src, lp.e_dst, boundary)
+        inv = np.empty(self.n_local, np.int64)
+        inv[order] = np.arange(self.n_local)
+        self.local_ids = lp.inner_ids[order]
+        self.n_boundary = int(boundary.sum())
+        e_dst = inv[lp.e_dst]
+        e_src = np.where(lp.e_src < self.n_local, inv[np.minimum(lp.e_src, self.n_local - 1)], lp.e_src)
+        # -- DGCL plan (same seeded planner on every rank; digests compared), tables ---------------------------
         if cfg.topology == "full_mesh":
             topo = full_mesh(max(self.world, 2), **({"bandwidth": 1e9} | cfg.topology_kwargs))
         else:
@@ -218,6 +501,8 @@ class FullGraphRuntime:
             digests = comm.all_gather_object(self.plan.digest(), group=group)
             if len(set(digests)) != 1:
                 raise RuntimeError(f"ranks planned different exchanges: {digests}")
+        owner = np.asarray(rel.owner)
+        local_ids = [self.local_ids if r == self.rank else np.nonzero(owner == r)[0] for r in range(self.world)]
         self.tables = compile_tables(self.plan, rel, local_ids)[self.rank]
         # The halo exchange gets its own process group: its p2p ops run on a helper thread (pipelined schedule)
         # while layer all-reduces are in flight, and gloo only orders ops within one group, so sharing a group
@@ -227,30 +512,30 @@ class FullGraphRuntime:
             ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
             xgroup = dist.new_group(ranks)
         self.exchange = GraphExchange(self.tables, group=xgroup, emulate_bandwidth=cfg.emulate_bandwidth)
-        self.local_ids = local_ids[self.rank]
-        self.n_local, self.n_remote = self.tables.num_local, self.tables.num_remote
-        self.n_boundary = int(boundary[self.local_ids].sum())
-        full_ids = np.concatenate([self.local_ids, rel.needs[self.rank]])
-        # -- local in-edges in row space [local | remote] -----------------------------------------------------
-        pos = np.full(n, -1, np.int64)
-        pos[full_ids] = np.arange(full_ids.size)
-        mine = part[dst] == self.rank
-        e_src, e_dst = pos[src[mine]], pos[dst[mine]]
-        in_deg = np.bincount(dst, minlength=n).clip(min=1).astype(np.float64)
-        out_deg = np.bincount(src, minlength=n).clip(min=1).astype(np.float64)
-        gs, gd = src[mine], dst[mine]
-        norms = {"both": out_deg[gs] ** -0.5 * in_deg[gd] ** -0.5, "left": 1.0 / out_deg[gs],
-                 "right": 1.0 / in_deg[gd]}
+        # gloo moves CPU tensors only: with a CUDA device on gloo the exchange stages through host memory
+        self._host_exchange = self.device.type != "cpu" and self.world > 1 and \
+            dist.get_backend(xgroup) == "gloo"
+        self.n_remote = self.tables.num_remote
+        # -- global degrees (GCN normalisation, B6 #14): in-degree = local in-edges (all present); out-degree of
+        #    halo rows needs the owners' totals: partial counts summed along the reversed plan, then sent forward --
+        in_deg = np.bincount(e_dst, minlength=self.n_local).clip(min=1).astype(np.float64)
+        if lp.out_deg is not None:
+            full_out = np.concatenate([lp.out_deg[:self.n_local][order], lp.out_deg[self.n_local:]])
+        else:
+            full_out = self._global_out_degree(e_src, xgroup)
+        out_deg = full_out.clip(min=1)
+        norms = {"both": out_deg[e_src] ** -0.5 * in_deg[e_dst] ** -0.5, "left": 1.0 / out_deg[e_src],
+                 "right": 1.0 / in_deg[e_dst]}
         # -- groups and bins (§4.4.3 steps 2-3) ----------------------------------------------------------------
         needs_halo = np.zeros(self.n_local, bool)
         needs_halo[e_dst[e_src >= self.n_local]] = True
         is_b = np.arange(self.n_local) < self.n_boundary
         groups = {"A": is_b & ~needs_halo, "D": ~is_b & ~needs_halo, "C": is_b & needs_halo,
                   "E": ~is_b & needs_halo}
-        d_in = g.ndata[feat].shape[1]
-        order = np.argsort(e_dst, kind="stable")
-        e_src, e_dst = e_src[order], e_dst[order]
-        norms = {k: torch.from_numpy(v[order]).to(g.ndata[feat].dtype) for k, v in norms.items()}
+        d_in = x.shape[1]
+        eo = np.argsort(e_dst, kind="stable")
+        e_src, e_dst = e_src[eo], e_dst[eo]
+        norms = {k: torch.from_numpy(v[eo]).to(x.dtype) for k, v in norms.items()}
         eptr = np.searchsorted(e_dst, np.arange(self.n_local + 1))
         self.avg_in_degree = float(e_dst.size / max(self.n_local, 1))
         self.bins: dict[str, list] = {k: [] for k in groups}
@@ -267,25 +552,52 @@ class FullGraphRuntime:
                                        num_src_nodes=n_src, num_dst_nodes=b.size)
                 for k, w in norms.items():
                     blk.edata[f"norm_{k}"] = w[torch.from_numpy(eidx)]
-                self.bins[name].append((torch.from_numpy(b), blk))
+                self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
         self._boundary_rows = torch.cat([b for nm in ("A", "C") for b, _ in self.bins[nm]] or
-                                        [torch.zeros(0, dtype=torch.long)])
-        perm = torch.cat([b for k in ("A", "D", "C", "E") for b, _ in self.bins[k]] or [torch.zeros(0, dtype=torch.long)])
+                                        [torch.zeros(0, dtype=torch.long, device=self.device)])
+        perm = torch.cat([b for k in ("A", "D", "C", "E") for b, _ in self.bins[k]] or
+                         [torch.zeros(0, dtype=torch.long, device=self.device)])
         self._inv = torch.empty_like(perm)
-        self._inv[perm] = torch.arange(perm.numel())
+        self._inv[perm] = torch.arange(perm.numel(), device=self.device)
         # -- data ----------------------------------------------------------------------------------------------
-        lid = torch.from_numpy(self.local_ids)
-        self.x = g.ndata[feat][lid]
-        self.y = g.ndata[label][lid]
-        self.masks = {k: g.ndata[k][lid].bool() for k in ("train_mask", "val_mask", "test_mask") if k in g.ndata}
-        self.n_train_global = int(g.ndata["train_mask"].sum())
+        o = torch.from_numpy(order)
+        self.x = lp.x[o].to(self.device)
+        self.y = lp.y[o].to(self.device)
+        self.masks = {k: v[o].to(self.device) for k, v in lp.masks.items()}
+        self.n_train_global = lp.n_train_global
         if self.n_train_global == 0:
-            raise ValueError("ndata['train_mask'] selects no node")
+            raise ValueError("train_mask selects no node")
+        self.part_stats.update(lp.stats)
         self._halo0 = None
         if cfg.cache_halo_inputs:
-            self._halo0 = graph_allgather(self.x, self.exchange)
-        self._layer_groups = [list(layer.parameters()) for layer in model.layers]
+            self._halo0 = self._allgather(self.x)
+        layer_params = [list(layer.parameters()) for layer in model.layers]
+        seen = {id(p) for ps in layer_params for p in ps}
+        rest = [p for p in model.parameters() if id(p) not in seen]
+        # parameters outside the graph layers (a head, an input projection) are all-reduced as one more group
+        self._layer_groups = layer_params + ([rest] if rest else [])
         self._pending_ar: list = []
+
+    def _global_out_degree(self, e_src: np.ndarray, xgroup: Any) -> np.ndarray:
+        """Out-degree of every ``[inner | halo]`` row over the whole graph, from partial counts (one setup exchange
+        each way, DGCL plan reversed then forward)."""
+        ex = GraphExchange(self.tables, group=xgroup, kind="setup")
+        cnt = torch.from_numpy(np.bincount(e_src, minlength=self.n_local + self.n_remote).astype(np.float64))
+        total = ex.backward_raw(cnt[:, None].contiguous())          # own counts + the halo counts of other ranks
+        return ex.forward_raw(total)[:, 0].numpy()
+
+    def _allgather(self, h: torch.Tensor) -> torch.Tensor:
+        if self._host_exchange:
+            return graph_allgather(h.cpu(), self.exchange).to(self.device)
+        return graph_allgather(h, self.exchange)
+
+    def _start(self, h: torch.Tensor):
+        return self.exchange.start(h.cpu() if self._host_exchange else h)
+
+    def _attach(self, h: torch.Tensor, pending) -> torch.Tensor:
+        if self._host_exchange:
+            return attach(h.cpu(), pending, self.exchange).to(self.device)
+        return attach(h, pending, self.exchange)
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _limit(self, d_in: int) -> int:
@@ -296,9 +608,9 @@ class FullGraphRuntime:
         per_node = 4 * max(widths) * (2 + self.avg_in_degree)
         return max(1, min(self.cfg.bin_size, int(0.5 * self.cfg.mem_budget_bytes / per_node)))
 
-    def _run_bins(self, k: int, name: str, h_src: torch.Tensor) -> list[torch.Tensor]:
-        layer = self.model.layers[k]
-        fl = getattr(self.model, "forward_layer", None)
+    def _run_bins(self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module) -> list[torch.Tensor]:
+        """Layer ``k`` on the bins of group ``name``; with ``forward_layer`` also what follows the layer."""
+        fl = self.model.forward_layer if self.mode == "forward_layer" else None
         outs = []
         for rows, blk in self.bins[name]:
             h_dst = h_src[rows]
@@ -306,27 +618,16 @@ class FullGraphRuntime:
                 saved = layer._norm
                 layer._norm = "none"          # B6 #14: global-degree normalisation folded into edge weights
                 try:
-                    out = self._call(fl, k, layer, blk, h_src, h_dst,
-                                     blk.edata[f"norm_{saved}"].to(h_src.dtype))
+                    h = layer(blk, (h_src, h_dst), edge_weight=blk.edata[f"norm_{saved}"].to(h_src.dtype))
                 finally:
                     layer._norm = saved
+                out = _post(self.model, k, h) if fl is not None else h
+            elif fl is not None:
+                out = fl(k, blk, h_src, h_dst)
             else:
-                out = self._call(fl, k, layer, blk, h_src, h_dst, None)
+                out = layer(blk, (h_src, h_dst))
             outs.append(out)
         return outs
-
-    def _call(self, fl, k, layer, blk, h_src, h_dst, w):
-        if w is not None:
-            h = layer(blk, (h_src, h_dst), edge_weight=w)
-            if fl is not None:     # the model's post-processing without re-running the layer
-                return _post(self.model, k, h)
-            act = getattr(self.model, "activation", None)
-            return act(h) if act is not None and k < len(self.model.layers) - 1 else h
-        if fl is not None:
-            return fl(k, blk, h_src, h_dst)
-        h = layer(blk, (h_src, h_dst))
-        act = getattr(self.model, "activation", None)
-        return act(h) if act is not None and k < len(self.model.layers) - 1 else h
 
     def _assemble(self, outs: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(outs)[self._inv]
@@ -334,32 +635,65 @@ class FullGraphRuntime:
     # -- forward / train -----------------------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
         """Logits of this rank's nodes (rows in ``self.local_ids`` order)."""
-        L = len(self.model.layers)
+        if self.mode == "forward":
+            return self._forward_user()
+        layers = list(self.model.layers)
+        L = len(layers)
         h = self.x
         if self.cfg.schedule == "sequential" or self.world == 1:
             for k in range(L):
-                full = self._halo0 if (k == 0 and self._halo0 is not None) else graph_allgather(h, self.exchange)
-                outs = [o for name in ("A", "D", "C", "E") for o in self._run_bins(k, name, full if name in "CE"
-                                                                                   else full[:self.n_local])]
+                full = self._halo0 if (k == 0 and self._halo0 is not None) else self._allgather(h)
+                outs = [o for name in ("A", "D", "C", "E")
+                        for o in self._run_bins(k, name, full if name in "CE" else full[:self.n_local], layers[k])]
                 h = self._assemble(outs)
             return h
-        pending = None if self._halo0 is not None else self.exchange.start(h)
+        pending = None if self._halo0 is not None else self._start(h)
         for k in range(L):
-            outs_a = self._run_bins(k, "A", h)                          # ready boundary nodes first
-            outs_d = self._run_bins(k, "D", h)                          # eager: overlaps the running exchange
-            full = self._halo0 if pending is None else attach(h, pending, self.exchange)
-            outs_c = self._run_bins(k, "C", full)
+            outs_a = self._run_bins(k, "A", h, layers[k])               # ready boundary nodes first
+            outs_d = self._run_bins(k, "D", h, layers[k])               # eager: overlaps the running exchange
+            full = self._halo0 if pending is None else self._attach(h, pending)
+            outs_c = self._run_bins(k, "C", full, layers[k])
             pending = None
             bnd = outs_a + outs_c
             if k < L - 1 and bnd:                                       # inter-layer pipeline: send boundary now
                 send = bnd[0].new_zeros((self.n_local, bnd[0].shape[1]))
                 send[self._boundary_rows] = torch.cat(bnd).detach()
-                pending = self.exchange.start(send)
-            outs_e = self._run_bins(k, "E", full)
+                pending = self._start(send)
+            outs_e = self._run_bins(k, "E", full, layers[k])
             h = self._assemble(outs_a + outs_d + outs_c + outs_e)
             if k < L - 1 and not bnd:                                   # nothing to send early: still receive
-                pending = self.exchange.start(h)
+                pending = self._start(h)
         return h
+
+    def _forward_user(self) -> torch.Tensor:
+        """The user's own ``model.forward`` on this rank's rows, each ``model.layers[k]`` computed over the partition
+        (halo exchange + bins). What runs between layers acts row by row (checked at install), so it runs on the
+        local rows unchanged. Eager computation: the bins that need no halo rows run while the exchange is in flight;
+        the outputs cannot be sent before the model's post-processing has run, so the exchange of layer k+1 starts
+        when the user's forward calls it."""
+        layers = list(self.model.layers)
+        pipelined = self.cfg.schedule == "pipelined" and self.world > 1
+
+        def dist_layer(k: int, h: torch.Tensor) -> torch.Tensor:
+            if h.shape[0] != self.n_local:
+                raise ModelContractError(f"layers[{k}] got {h.shape[0]} rows, expected this rank's {self.n_local}")
+            cached = k == 0 and self._halo0 is not None and h is self.x
+            if cached or not pipelined:
+                full = self._halo0 if cached else self._allgather(h)
+                outs = [o for name in ("A", "D", "C", "E")
+                        for o in self._run_bins(k, name, full if name in "CE" else full[:self.n_local], layers[k])]
+                return self._assemble(outs)
+            pending = self._start(h)
+            outs = self._run_bins(k, "A", h, layers[k]) + self._run_bins(k, "D", h, layers[k])
+            full = self._attach(h, pending)
+            outs += self._run_bins(k, "C", full, layers[k]) + self._run_bins(k, "E", full, layers[k])
+            return self._assemble(outs)
+
+        saved = _swap_layers(self.model, dist_layer)
+        try:
+            return self.model(_NoGraph(), self.x)
+        finally:
+            _restore_layers(self.model, saved)
 
     def _issue_ready(self, force: bool = False) -> None:
         """Issue layer all-reduces last layer first, each once all its gradients exist, so every rank issues the
@@ -371,7 +705,7 @@ class FullGraphRuntime:
             for p in params:
                 if p.grad is None:          # a layer this rank's loss did not reach still joins the all-reduce
                     p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0)
+            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0, device=self.device)
             work = comm.all_reduce(flat, group=self.group, kind="dp", key=f"layer{self._next_ar}", async_op=True)
             self._pending_ar.append((params, flat, work))
             self._next_ar -= 1
@@ -441,7 +775,7 @@ class FullGraphRuntime:
         self.model.eval()
         pred = self.forward().argmax(1)
         m = self.masks[mask]
-        t = torch.tensor([float((pred[m] == self.y[m]).sum()), float(m.sum())])
+        t = torch.tensor([float((pred[m] == self.y[m]).sum()), float(m.sum())])   # on CPU (gloo)
         if self.world > 1:
             comm.all_reduce(t, group=self.group, kind="metric")
         return float(t[0] / t[1].clamp(min=1))

@@ -3,8 +3,9 @@
 Contract (what :class:`dgl_plugin.fullgraph.FullGraphRuntime` needs): ``model.layers`` is an ``nn.ModuleList`` of
 dgl.nn graph convolutions callable as ``layer(block, (h_src, h_dst))``; ``model.forward_layer(k, block, h_src, h_dst)``
 runs layer ``k`` plus what follows it (activation, head reshaping); ``model(g, x)`` is ordinary single-process
-full-graph training. Any model with ``layers`` and no ``forward_layer`` gets ``layer`` + ``model.activation`` (if set)
-between layers.
+full-graph training. A model without ``forward_layer`` (DGL's own style: layers and activations in ``forward``) runs
+its own ``forward`` with each layer computed over the partition, if everything between layers acts row by row;
+:func:`dgl_plugin.fullgraph.check_model` verifies this at install and otherwise refuses the model, saying what to add.
 """
 
 from __future__ import annotations

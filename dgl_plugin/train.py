@@ -1,7 +1,10 @@
 """Recipe entry for ``job: gnn_fullgraph``: ``run_fullgraph(cfg) -> dict`` (wired into recipes/train.py).
 
-Starts ``world_size`` local gloo ranks (flowlane.launch); every rank loads the same graph, builds the model with the
-same seed, and trains full-graph with :class:`dgl_plugin.fullgraph.FullGraphRuntime` (one update per epoch).
+Starts ``world_size`` local gloo ranks (flowlane.launch, one rank is allowed); every rank builds the model with the same
+seed and trains full-graph with :class:`dgl_plugin.fullgraph.FullGraphRuntime` (one update per epoch). Graph source:
+``data.part_config`` (the JSON written by ``dgl.distributed.partition_graph`` with ``num_parts = world_size``): each
+rank loads only its own partition (inner nodes, halo, in-edges); otherwise every rank loads the whole graph
+(``data.name``, the in-memory path for small graphs) and rank 0 partitions it with ``flowlane.fullgraph.partition``.
 Returns and writes (``out_dir/summary.json``) per-epoch loss, time and accuracy plus communication bytes by kind.
 """
 
@@ -32,20 +35,28 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
     from flowlane import comm
 
     from .datasets import load_graph
-    from .fullgraph import FullGraphConfig, FullGraphRuntime
+    from .fullgraph import FullGraphConfig, FullGraphRuntime, load_local_partition
     from .models import build_model
 
     data = dict(c.get("data", {}))
-    g = load_graph(data.pop("name", "synthetic"), seed=c.get("seed", 0), **data)
-    m = c.get("model", {})
-    n_classes = int(g.ndata["label"].max()) + 1
-    model = build_model(m.get("name", "sage"), g.ndata["feat"].shape[1], m.get("hidden", 64), n_classes,
-                        m.get("num_layers", 2), seed=c.get("seed", 0))
+    part_config = data.pop("part_config", None)
     fg = FullGraphConfig.from_dict(c.get("flowlane", {}).get("fullgraph", {}))
     rec = comm.get_recorder()
     rec.clear()
     t0 = time.perf_counter()
-    rt = FullGraphRuntime(g, model, fg)
+    if part_config:
+        source = load_local_partition(part_config, rank, world)
+        feat, labels = source.x, source.y
+    else:
+        source = load_graph(data.pop("name", "synthetic"), seed=c.get("seed", 0), **data)
+        feat, labels = source.ndata["feat"], source.ndata["label"]
+    top = torch.tensor([int(labels.max()) if labels.numel() else 0])
+    if world > 1:
+        comm.all_reduce(top, op=torch.distributed.ReduceOp.MAX, kind="setup")
+    m = c.get("model", {})
+    model = build_model(m.get("name", "sage"), feat.shape[1], m.get("hidden", 64), int(top) + 1,
+                        m.get("num_layers", 2), seed=c.get("seed", 0))
+    rt = FullGraphRuntime(source, model, fg)
     setup_s = time.perf_counter() - t0
     opt = torch.optim.Adam(model.parameters(), lr=c.get("lr", 0.01))
     hist = []

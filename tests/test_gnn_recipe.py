@@ -26,7 +26,8 @@ def test_gnn_fullgraph_recipe_trains_across_two_ranks_and_learns(tmp_path):
 
 
 @pytest.mark.parametrize("override, match", [
-    ({"world_size": 1}, r"world_size=1 must be an integer >= 2 \(full-graph training splits the graph"),
+    ({"world_size": 0}, r"world_size=0 must be an integer >= 1"),
+    ({"data": {"part_config": "{tmp}/none.json"}}, r"data.part_config='.*none.json' is not a file"),
     ({"epochs": 0}, r"epochs=0 must be an integer >= 1"),
     ({"epoch": 3}, r"unknown gnn_fullgraph key\(s\) \['epoch'\]; allowed:"),
     ({"lr": "abc"}, r"lr='abc' must be a number > 0"),
@@ -43,6 +44,8 @@ def test_a_bad_gnn_config_is_refused_before_any_rank_starts(tmp_path, monkeypatc
 
     monkeypatch.setattr("dgl_plugin.train.launch", no_ranks)
     (tmp_path / "a_file").write_text("")
-    override = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in override.items()}
+    override = {k: v.format(tmp=tmp_path) if isinstance(v, str) else
+                {kk: vv.format(tmp=tmp_path) if isinstance(vv, str) else vv for kk, vv in v.items()}
+                if isinstance(v, dict) else v for k, v in override.items()}
     with pytest.raises(ConfigError, match=match):
         run_job({"job": "gnn_fullgraph", "out_dir": str(tmp_path / "out"), **override})

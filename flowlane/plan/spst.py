@@ -78,7 +78,7 @@ def p2p_plan(rel: CommRelation, lm: LinkModel | None = None) -> Plan:
     return Plan(u, stage, src, dst, rel.num_ranks, cost, "p2p")
 
 
-def _p2p_arrays(rel: CommRelation, dest):
+def _p2p_arrays(rel: CommRelation, dest) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     verts, ptr, dests = dest
     u = np.repeat(verts, np.diff(ptr)).astype(np.int64)
     src = np.asarray(rel.owner)[u].astype(np.int32)
@@ -124,10 +124,13 @@ def build_plan(rel: CommRelation, lm: LinkModel, method: str = "auto", seed: int
     if not (unit_bytes > 0 and np.isfinite(unit_bytes)):
         raise PlanError(f"unit_bytes must be > 0, got {unit_bytes!r}")
     R = rel.num_ranks
-    S = R - 1 if max_depth is None else int(max_depth)
+    S = max(R - 1, 1) if max_depth is None else int(max_depth)   # one rank: nothing to send, depth 1 is moot
     if not 1 <= S <= max(R - 1, 1):
         raise PlanError(f"max_depth must be in [1, {max(R - 1, 1)}] for {R} ranks, got {max_depth!r}")
     dest = rel.destinations()
+    if rel.num_pairs == 0:          # e.g. one rank: nothing to exchange, the empty plan (cost 0) under any method
+        return Plan(*_p2p_arrays(rel, dest), R, 0.0, "p2p" if method == "p2p" else "spst",
+                    {"p2p_cost": 0.0, "seed": seed, "plan_seconds": 0.0, "max_depth": S, "pairs": 0})
     p2p_cost = _cost_from_loads(_p2p_loads(rel, lm, dest), lm, unit_bytes, alpha)
     if method == "p2p":
         return Plan(*_p2p_arrays(rel, dest), R, p2p_cost, "p2p", {"p2p_cost": p2p_cost, "seed": seed,
@@ -180,7 +183,10 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
     load = [[0.0] * H for _ in range(S + 1)]          # row k = stage k (row 0 unused)
     T = [0.0] * (S + 1)
     used = [False] * (S + 1)
-    out_u, out_k, out_a, out_b = [], [], [], []
+    out_u: list[int] = []
+    out_k: list[int] = []
+    out_a: list[int] = []
+    out_b: list[int] = []
     verts_l, ptr_l, dests_l, srcs_l = verts.tolist(), ptr.tolist(), dests.tolist(), srcs.tolist()
     for i in order.tolist():
         u = verts_l[i]
