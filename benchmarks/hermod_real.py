@@ -38,9 +38,10 @@ the bytes each shaped port's classes carried are read from tc at the end (``netw
 ``--workload megatron`` runs the default recipe's Megatron-core GPT instead (:data:`MEGATRON_WORK`, real compute,
 Megatron's 1F1B schedule and rank layout; on ``shared-nic`` its ranks are placed so that PP stays inside a server,
 :func:`rank_slots`) with the distributed optimizer: ``fifo`` = Megatron's
-``--overlap-grad-reduce --overlap-param-gather``, ``megatron`` = neither; Hermod variants run ``--coflow-scheduler
-hermod`` on the same optimizer (reduce-scatters and parameter gathers chunked and keyed, pipeline p2p critical;
-``wire=1`` puts its bulk class on the ``bulk0`` address). Compute is real here, so 4 ranks share 2 cores: overlapped
+``--overlap-grad-reduce --overlap-param-gather``, ``megatron`` = neither (all on Megatron-core's own DDP and
+optimizer); Hermod variants run ``--coflow-scheduler hermod`` under fifo's flags (Megatron's bucket-group
+reduce-scatters and parameter gathers deferred and keyed, pipeline p2p critical; ``wire=1`` puts its bulk class on
+the ``bulk0`` address). Compute is real here, so 4 ranks share 2 cores: overlapped
 communication also competes for CPU.
 ``--bulk-lane-mbit R`` turns the wire variants into a bound: their DP runs on its own lane of R Mbit/s beside the
 link, so it never competes with PP/EP (``bound_speedup``; never the best variant).
@@ -90,7 +91,7 @@ MEGATRON_MOE = dict(num_moe_experts=4, expert_parallel=2, moe_router_topk=2)
 # the Megatron flags of each baseline (fifo = Megatron with both overlap flags, megatron = its defaults)
 MEGATRON_BASELINES: dict[str, dict[str, Any]] = {
     "fifo": {"distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True},
-    "megatron": {"distributed_optimizer": True},
+    "megatron": {"distributed_optimizer": True, "overlap_grad_reduce": False},
 }
 
 
@@ -139,9 +140,8 @@ def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
     if v.pop("mode", None) != "hermod":
         return dict(v["megatron"])
     wire = v.pop("wire", 0)
-    # on Megatron-core's own DDP (--megatron-ddp) Hermod hooks Megatron's overlapped reductions and gathers
-    overlap = {"overlap_grad_reduce": True, "overlap_param_gather": True} if v.pop("megatron_ddp", False) else {}
-    return {"distributed_optimizer": True, **overlap, "features": {"scheduler": {
+    # Hermod hooks Megatron-core DDP's overlapped reductions and parameter gathers (the fifo baseline's flags)
+    return {**MEGATRON_BASELINES["fifo"], "features": {"scheduler": {
         "name": "hermod", **v, **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {})}}}
 
 
@@ -407,9 +407,9 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
                                   "ahead of the forward (forward pre-hooks)",
                           "megatron": "the Megatron recipe with --use-distributed-optimizer, overlap off: "
                                       "reduce-scatters after the backward, gathers at the end of the step",
-                          "hermod": "the same distributed optimizer with --coflow-scheduler hermod: chunked "
-                                    "reduce-scatters in the last backward, gathers in key order (lowest layer "
-                                    "first) during the next forward, pipeline p2p critical"} if megatron else
+                          "hermod": "fifo's flags with --coflow-scheduler hermod: Megatron DDP's bucket-group "
+                                    "reduce-scatters deferred in Hermod order behind pipeline p2p, gathers in key "
+                                    "order (lowest layer first), pipeline p2p critical"} if megatron else
                          {"fifo": "Megatron with --overlap-grad-reduce --overlap-param-gather: every op launched "
                                   "when issued, parameter gathers one layer ahead (forward pre-hooks)",
                           "megatron": "Megatron-LM's defaults (overlap off): the thesis' 'vanilla Megatron-LM'",
@@ -562,10 +562,6 @@ def main() -> int:
     ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
                     help="synthetic: flowlane.testing.workload (sleep compute, MoE); megatron: the default recipe's "
                          "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
-    ap.add_argument("--megatron-ddp", action="store_true",
-                    help="--workload megatron on Megatron-core's own DistributedDataParallel and optimizer (the "
-                         "recipe's megatron_ddp): fifo = its --overlap-grad-reduce --overlap-param-gather, megatron "
-                         "= neither, Hermod = hooked under those overlap flags")
     ap.add_argument("--megatron-moe", action="store_true",
                     help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
                          "groups, so the token all-to-alls share each rank's link with the DP traffic)")
@@ -614,8 +610,6 @@ def main() -> int:
         ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
-    if a.megatron_ddp and not megatron:
-        ap.error("--megatron-ddp needs --workload megatron")
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
     # warm-up + the probe (ep_auto_probe_iterations, default 2, per candidate) + one steady iteration
     least = max((2 + v.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS)
@@ -629,8 +623,7 @@ def main() -> int:
                  f"(warm-up, probe, one steady iteration): >= {least} here; got {a.iterations}")
     if megatron:
         work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
-                                    num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage,
-                                    megatron_ddp=a.megatron_ddp)
+                                    num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
         variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
     else:
         work = {**WORK, "pp": a.pp, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems,
@@ -649,7 +642,7 @@ def main() -> int:
         if v.get("wire"):
             w = " wire" if v["wire"] == 1 else " wire+ep"
             name += f"{w}, DP on own {a.bulk_lane_mbit:g} Mbit lane (bound)" if a.bulk_lane_mbit else w
-        variants[name] = {"mode": "hermod", **v, **({"megatron_ddp": True} if megatron and a.megatron_ddp else {})}
+        variants[name] = {"mode": "hermod", **v}
     if os.geteuid() != 0:
         print("hermod_real needs root (ip netns, tc) for the per-rank emulated links", file=sys.stderr)
         return 2

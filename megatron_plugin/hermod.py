@@ -7,33 +7,28 @@ Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_pl
     --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain,auto}  --hermod-ep-auto-candidates plain,bvn
     --hermod-ep-auto-probe-iterations N  --hermod-ep-quantum N
 
-megatron-core API::
+megatron-core API (Megatron-core's own DistributedDataParallel, optimizer, finalize_model_grads and schedules)::
 
-    h = Hermod(HermodConfig(), num_microbatches=M, layers_per_stage=L, stage=pp_rank, dp_group=dp_group)
-    h.attach_p2p(p2p_communicator)            # pipeline p2p: critical ops, keys with microbatch ids
-    config.finalize_model_grads_func = h.grad_sync(model, bucket_bytes)   # DDP-style bucket sync, deferred
-    # or, with the distributed optimizer (ZeRO-1): reduce-scatters + parameter gathers in Hermod order
-    opt = DistributedOptimizer(model, lr=lr, dp_group=dp_group, bucket_bytes=bucket_bytes)
-    config.finalize_model_grads_func = h.grad_sync(model, bucket_bytes, optimizer=opt)
-    h.attach_distributed_optimizer(opt, model)
+    h = Hermod(HermodConfig(), num_microbatches=M, layers_per_stage=L, stage=pp_rank, num_stages=PP,
+               dp_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    h.attach_pipeline()                       # the schedules' own P2PCommunicator (or h.attach_p2p(p2p))
+    h.attach_ddp(model_chunks)                # Megatron DDP bucket groups: grad reductions and param gathers
+    h.attach_finalize(config, get_num_microbatches)   # after config.finalize_model_grads_func (kept whole)
     h.patch_moe_dispatcher()                  # MoE token-dispatcher all-to-all -> matched all-to-all
     ... train ...
     h.close()
+
+Megatron-LM users get the same from the launch flag: :mod:`megatron_plugin.megatron_lm`.
 
 Hooks and what they do:
 * **schedules (microbatch ids)**: the 1F1B schedule calls the p2p communicator in microbatch order; Hermod counts
   forward/backward sends and receives per iteration, which gives each PP coflow its MID (no schedule patching).
 * **pipeline p2p**: every ``_communicate`` is a *critical* op (launched immediately, gate closed for DP while it
   runs) whose recorded ops carry a :class:`~flowlane.policy.CoflowMeta` key.
-* **DDP bucket grad sync**: gradients are bucketed exactly as :class:`megatron_plugin.comm_hooks.DataParallelGradSync`
-  (same math: SUM then / dp), but each bucket is launched as soon as its last gradient of the last microbatch is
-  accumulated (Megatron's ``overlap_grad_reduce`` semantics), as *deferred* chunks on a cloned DP communicator,
-  in Hermod order (MID M-1, CType DP, LID = highest layer in the bucket).
-* **param gather** (distributed optimizer, :mod:`megatron_plugin.dist_optimizer`):
-  :meth:`Hermod.attach_distributed_optimizer` takes every bucket's all-gather at the end of ``step``, chunked, keyed
-  with the consuming iteration, microbatch 0 and the bucket's lowest layer (digest A6.1 #6), so the gathers go out
-  lowest layer first while the next forward runs and each module's forward pre-hook waits only for its own bucket
-  (Case III); the grad sync then reduce-scatters into the optimizer's shards.
+* **DDP bucket groups** (:mod:`megatron_plugin.ddp_hooks`): each bucket group's reduction (all-reduce, or
+  reduce-scatter with the distributed optimizer) and, with ``overlap_param_gather``, its parameter all-gather is a
+  deferred coflow on the bulk-class clone of its group, launched by Megatron's own code in Hermod's order
+  (MID M-1, CType DP, LID = the group's highest layer; gathers: the consuming iteration, MID 0, lowest layer).
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
   matched (incast-free BvN) all-to-all with the same autograd semantics (one ``all_to_all_single`` in EP groups of
   two, which have no incast: :func:`flowlane.sched.alltoall.needs_matching`; ``ep_algorithm="auto"`` measures
@@ -51,7 +46,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 
-from flowlane import comm
 from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.matching import AUTO_CANDIDATES, RUN_ALGORITHMS, check_candidates
 from flowlane.hermod.order import HermodOrder, HermodOrderConfig
@@ -61,8 +55,9 @@ from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build
 
 if TYPE_CHECKING:
     from megatron_plugin.ddp_hooks import DDPHooks
-    from megatron_plugin.dist_optimizer import DistributedOptimizer
 
+#: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
+CRITICAL_CLASS = 0
 EP_ALGORITHMS = RUN_ALGORITHMS  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
 #: megatron-core versions whose private ``P2PCommunicator._communicate`` and DDP bucket-group methods Hermod wraps
 #: ([first, last) by (major, minor)); others are refused at install
@@ -152,7 +147,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = parser.add_argument_group("flowlane hermod", "Hermod coflow scheduling (seed 000 ch.5)")
     g.add_argument("--coflow-scheduler", choices=["none", "hermod"], default="none",
                    help="cluster-wide coflow priority (MID > CType > LID) + matched all-to-all")
-    g.add_argument("--hermod-schedule", choices=["1f1b", "interleaved"], default=d.schedule)
+    g.add_argument("--hermod-schedule", choices=["1f1b", "interleaved"], default=None,
+                   help="CType order (default: interleaved with --num-layers-per-virtual-pipeline-stage, else 1f1b)")
     g.add_argument("--hermod-dp-mid", choices=["last", "consumer"], default=d.dp_mid)
     g.add_argument("--hermod-chunk-bytes", type=int, default=d.chunk_bytes)
     g.add_argument("--hermod-max-inflight-chunks", type=int, default=d.max_inflight_chunks)
@@ -169,7 +165,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> HermodConfig:
-    return HermodConfig(name=args.coflow_scheduler, schedule=args.hermod_schedule, dp_mid=args.hermod_dp_mid,
+    schedule = args.hermod_schedule or (
+        "interleaved" if getattr(args, "virtual_pipeline_model_parallel_size", None) else "1f1b")
+    return HermodConfig(name=args.coflow_scheduler, schedule=schedule, dp_mid=args.hermod_dp_mid,
                         chunk_bytes=args.hermod_chunk_bytes, max_inflight_chunks=args.hermod_max_inflight_chunks,
                         gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
                         ep_auto_candidates=args.hermod_ep_auto_candidates,
@@ -186,10 +184,19 @@ class Hermod:
 
     def __init__(self, config: HermodConfig, *, num_microbatches: int, layers_per_stage: int, stage: int,
                  dp_group: dist.ProcessGroup | None, num_stages: int = 1,
-                 expert_dp_group: dist.ProcessGroup | None = None) -> None:
+                 expert_dp_group: dist.ProcessGroup | None = None, virtual_chunks: int = 1,
+                 microbatch_group: int | None = None) -> None:
+        """``layers_per_stage``: all layers this stage holds (every model chunk's); ``virtual_chunks`` and
+        ``microbatch_group``: Megatron's virtual pipeline size and ``microbatch_group_size_per_vp_stage`` for the
+        interleaved schedule (which needs ``HermodConfig(schedule="interleaved")``)."""
         if num_microbatches < 1 or layers_per_stage < 1 or stage < 0:
             raise ValueError(f"need num_microbatches >= 1, layers_per_stage >= 1, stage >= 0; got "
                              f"{num_microbatches}, {layers_per_stage}, {stage}")
+        if (virtual_chunks > 1) != (config.schedule == "interleaved"):
+            raise ValueError(f"Hermod: virtual_chunks={virtual_chunks} with schedule={config.schedule!r}: the "
+                             "interleaved pipeline schedule (virtual_chunks > 1) takes schedule='interleaved' "
+                             "(--hermod-schedule interleaved; CType order EP > PP > DP, seed 000 §5.3.1), and "
+                             "'interleaved' needs virtual_chunks > 1")
         self.config, self.M, self.L, self.stage, self.num_stages = (config, num_microbatches, layers_per_stage,
                                                                     stage, num_stages)
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
@@ -203,11 +210,21 @@ class Hermod:
         mine = [ranks]
         if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
             mine.append(dist.get_process_group_ranks(expert_dp_group))
+        if num_stages > 1:  # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a
+            from megatron.core import parallel_state as ps  # high-priority stream)
+
+            mine.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
         # collective: every rank constructs its Hermod together
         self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
         self.bulk_group = self.classes.get(dp_group, 2)
         self.keys = HermodKeys(num_microbatches=num_microbatches, layers_per_stage=layers_per_stage, stage=stage,
-                               next_seq=self.sched.next_seq)
+                               next_seq=self.sched.next_seq, num_stages=num_stages, virtual_chunks=virtual_chunks,
+                               microbatch_group=microbatch_group)
+        self._held: list[_HeldRequests] = []  # overlapped p2p (wait_on_reqs=False) still holding the gate
+        # MoE: the dispatcher's gathered token counts and the direction of the all-to-all now running
+        self._capturing: Any = None
+        self._ep_counts: tuple[Any, torch.Tensor] | None = None
+        self._a2a_direction: str | None = None
         self._keys: dict[str, CoflowMeta] = {}
         self._fwd_mb = 0
         self._restore: list[Callable[[], None]] = []
@@ -232,7 +249,7 @@ class Hermod:
         return self.stage * self.L + (self.L - 1 if ("output" in name or "final" in name) else 0)
 
     def end_iteration(self) -> None:
-        """The end of this rank's iteration (the grad sync calls it; without :meth:`grad_sync`, call it yourself
+        """The end of this rank's iteration (:meth:`attach_finalize` calls it; without it, call it yourself
         once per iteration on every rank, or ``ep_algorithm="auto"`` never leaves its warm-up)."""
         if self.a2a.choice is None:  # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
             self.a2a.end_iteration(key=self.keys.ep(self.M - 1, self.keys.first_layer, "auto_decision"))
@@ -240,13 +257,16 @@ class Hermod:
             self.a2a.end_iteration()
         self.keys.end_iteration()
         self._fwd_mb = 0
+        for held in self._held:  # the schedule has waited for every p2p of the step by now
+            held.release()
+        self._held.clear()
 
     # hooks --------------------------------------------------------------------------------------------------------
     def attach_p2p(self, p2p: Any) -> Any:
         """Make every pipeline p2p step of one P2PCommunicator (an instance handed to the schedules through
         ``p2p_communicator=``) a critical, keyed op."""
         original = p2p._communicate
-        p2p._communicate = self._keyed_communicate(original)
+        p2p._communicate = self._keyed_communicate(original, p2p)
         if hasattr(p2p, "key_provider"):
             p2p.key_provider = self.key_provider
         self._restore.append(lambda: vars(p2p).pop("_communicate", None))
@@ -267,15 +287,24 @@ class Hermod:
         P2PCommunicator._communicate = wrapped
         self._restore.append(lambda: setattr(P2PCommunicator, "_communicate", original))
 
-    def _keyed_communicate(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """``original`` (bound, or the class's function taking the communicator first) with keys and a critical
-        section: the gate for DP traffic stays closed while the step's sends and receives run."""
+    def _keyed_communicate(self, original: Callable[..., Any], bound_to: Any = None) -> Callable[..., Any]:
+        """``original`` (bound to ``bound_to``, or the class's function taking the communicator first) with keys,
+        a critical section (the gate for DP traffic stays closed while the step's sends and receives run) and the
+        pipeline group's critical-class clone in place of the group while it runs."""
 
         def communicate(*args: Any, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
                         **kw: Any) -> Any:
-            if kw.get("wait_on_reqs", True) is False:
-                raise NotImplementedError("Hermod: pipeline p2p with wait_on_reqs=False (the interleaved schedule's "
-                                          "overlap_p2p_comm) is not supported yet")
+            p2p = bound_to if bound_to is not None else args[0]
+            group = p2p.pp_group
+            p2p.pp_group = self.classes.get(group, CRITICAL_CLASS)
+            try:
+                return keyed(*args, tensor_send_next=tensor_send_next, tensor_send_prev=tensor_send_prev,
+                             recv_prev=recv_prev, recv_next=recv_next, **kw)
+            finally:
+                p2p.pp_group = group
+
+        def keyed(*args: Any, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
+                  **kw: Any) -> Any:
             present = {"send_prev": tensor_send_prev is not None, "recv_prev": bool(recv_prev),
                        "send_next": tensor_send_next is not None, "recv_next": bool(recv_next)}
             self._keys = {d: self.keys.pp(d) for d, on in present.items() if on}
@@ -286,8 +315,22 @@ class Hermod:
                                     tensor_send_prev=tensor_send_prev, recv_prev=recv_prev, recv_next=recv_next, **kw)
             if not self._keys:
                 return call()
-            with self.sched.critical_section(min(self._keys.values(), key=self.policy.order)):
-                return call()
+            meta = min(self._keys.values(), key=self.policy.order)
+            if kw.get("wait_on_reqs", True):
+                with self.sched.critical_section(meta):
+                    return call()
+            # overlapped p2p (the interleaved schedule's overlap_p2p_comm): the schedule waits for the requests
+            # later, one by one; the gate stays closed until all of them are waited or seen complete
+            self._held = [held for held in self._held if not held.release_if_completed()]
+            release = self.sched.hold(meta)
+            try:
+                recv_prev_t, recv_next_t, reqs = call()
+            except BaseException:
+                release()
+                raise
+            held = _HeldRequests(reqs, release)
+            self._held.append(held)
+            return recv_prev_t, recv_next_t, held.requests
 
         return communicate
 
@@ -331,43 +374,74 @@ class Hermod:
         self.policy.hermod_order = HermodOrder(replace(self.policy.hermod_order.config,
                                                        num_microbatches=num_microbatches))
 
-    def grad_sync(self, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
-                  expert_dp_group: dist.ProcessGroup | None = None,
-                  optimizer: DistributedOptimizer | None = None) -> HermodGradSync:
-        """Bucketed DP grad sync (expert parameters over ``expert_dp_group``, default: the Hermod's). With a
-        :class:`~megatron_plugin.dist_optimizer.DistributedOptimizer` the buckets are its buckets and each one is
-        reduce-scattered into the optimizer's shard instead of all-reduced."""
-        sync = HermodGradSync(self, model, bucket_bytes, expert_dp_group, optimizer)
-        self._restore.append(sync.remove)  # its gradient hooks hold it (and the model) in a cycle through autograd
-        return sync
-
-    def attach_distributed_optimizer(self, optimizer: DistributedOptimizer,
-                                     model: torch.nn.Module | Sequence[torch.nn.Module]) -> DistributedOptimizer:
-        """Let Hermod launch the distributed optimizer's parameter gathers: all of them are handed over at the end
-        of ``step`` (after the grad sync, which ends the iteration), chunked, each keyed with the iteration that
-        consumes it, microbatch 0 and its bucket's lowest layer (digest A6.1 #6), and go out in key order (lowest
-        layer first) while the next forward runs; each module's forward pre-hook waits only for its own bucket."""
-        optimizer.scheduler = _HermodParamGathers(self, optimizer, model)
-        overlap = optimizer.overlap_grad_reduce
-        optimizer.overlap_grad_reduce = False  # Hermod's grad sync launches the reduce-scatters (from its own hooks)
-
-        def undo() -> None:
-            optimizer.scheduler, optimizer.overlap_grad_reduce = None, overlap
-
-        self._restore.append(undo)
-        return optimizer
-
     def all_to_all(self, group: dist.ProcessGroup, input_: torch.Tensor, output_split_sizes: Any = None,
                    input_split_sizes: Any = None) -> torch.Tensor:
         """Drop-in for ``megatron.core.tensor_parallel.all_to_all`` (autograd-aware, matched phases)."""
         return _MatchedAllToAll.apply(self, group, input_, output_split_sizes, input_split_sizes)
 
     def patch_moe_dispatcher(self) -> None:
+        """The ``alltoall`` token dispatcher's all-to-alls become matched all-to-alls, planned from the token
+        counts Megatron's ``preprocess`` already all-gathers (no second gather of the split matrix): its gather over
+        the TP x EP group is kept, and ``token_dispatch`` / ``token_combine`` say which way the tokens flow."""
         import megatron.core.transformer.moe.token_dispatcher as td
 
-        original = td.all_to_all
-        td.all_to_all = self.all_to_all
-        self._restore.append(lambda: setattr(td, "all_to_all", original))
+        check_megatron_core_version("Hermod.patch_moe_dispatcher")
+        cls = td.MoEAlltoAllTokenDispatcher
+        originals = (td.all_to_all, td.gather_from_sequence_parallel_region, cls.preprocess, cls.token_dispatch,
+                     cls.token_combine)
+        a2a, gather, preprocess, dispatch, combine = originals
+        h = self
+
+        def counting_gather(input_: torch.Tensor, *args: Any, group: Any = None, **kw: Any) -> Any:
+            out = gather(input_, *args, group=group, **kw)
+            disp = h._capturing
+            if disp is not None and group is disp.tp_ep_group and not input_.is_floating_point():
+                h._ep_counts, h._capturing = (disp, out), None  # num_local_tokens_per_expert of every rank
+            return out
+
+        def counted_preprocess(disp: Any, *args: Any, **kw: Any) -> Any:
+            h._capturing, h._ep_counts = disp, None
+            try:
+                return preprocess(disp, *args, **kw)
+            finally:
+                h._capturing = None
+
+        def flowing(fn: Callable[..., Any], direction: str) -> Callable[..., Any]:
+            def run(disp: Any, *args: Any, **kw: Any) -> Any:
+                h._a2a_direction = direction
+                try:
+                    return fn(disp, *args, **kw)
+                finally:
+                    h._a2a_direction = None
+            return run
+
+        td.all_to_all, td.gather_from_sequence_parallel_region = self.all_to_all, counting_gather
+        cls.preprocess, cls.token_dispatch = counted_preprocess, flowing(dispatch, "dispatch")
+        cls.token_combine = flowing(combine, "combine")
+
+        def undo() -> None:
+            td.all_to_all, td.gather_from_sequence_parallel_region = a2a, gather
+            cls.preprocess, cls.token_dispatch, cls.token_combine = preprocess, dispatch, combine
+
+        self._restore.append(undo)
+
+    def dispatcher_split_matrix(self, group: dist.ProcessGroup) -> list[list[int]] | None:
+        """The split matrix of the all-to-all now running on ``group`` (row i: what EP rank i sends to each rank),
+        from the token counts the dispatcher gathered, transposed for the combine; None where they do not apply
+        (no counts captured, TP > 1, another group), and the runner gathers the matrix itself."""
+        if self._ep_counts is None or self._a2a_direction is None:
+            return None
+        disp, counts = self._ep_counts
+        if disp.tp_size != 1 or dist.get_process_group_ranks(disp.ep_group) != dist.get_process_group_ranks(group):
+            return None
+        n, nl = disp.ep_size, disp.num_local_experts
+        m = counts.reshape(n, n, nl).sum(-1).tolist()  # experts are laid out by EP rank, nl each
+        return m if self._a2a_direction == "dispatch" else [list(col) for col in zip(*m, strict=True)]
+
+    @property
+    def stats(self) -> HermodStats:
+        return HermodStats(ep_matrices_from_dispatcher=self.a2a.matrices_given,
+                           ep_matrices_gathered=self.a2a.matrices_gathered)
 
     def close(self) -> None:
         self.sched.close()
@@ -376,43 +450,86 @@ class Hermod:
         self._restore.clear()
 
 
-class _HermodParamGathers:
-    """:class:`~megatron_plugin.dist_optimizer.ParamGatherScheduler` for Hermod (see
-    :meth:`Hermod.attach_distributed_optimizer`)."""
+class _HeldRequests:
+    """The requests of one overlapped p2p step (a dict by direction or a list, as Megatron returns them), each
+    wrapped so that its ``wait()`` counts; ``release`` (the gate hold) runs once all of them have been waited."""
 
-    def __init__(self, h: Hermod, optimizer: DistributedOptimizer,
-                 model: torch.nn.Module | Sequence[torch.nn.Module]) -> None:
-        self.h = h
-        models = list(model) if isinstance(model, list | tuple) else [model]
-        layer_of = {id(p): h.param_layer(n) for m in models for n, p in m.named_parameters()}
-        self.layer_lo = [min(layer_of[id(p)] for p in s.bucket.params) for s in optimizer.shards]
+    def __init__(self, reqs: Any, release: Callable[[], None]) -> None:
+        self._release = release
+        items = list(reqs.values()) if isinstance(reqs, dict) else list(reqs or [])
+        self._works = items
+        self._left = len(items)
+        wrapped = [_GateWork(w, self._one_done) for w in items]
+        self.requests: Any = dict(zip(reqs, wrapped, strict=True)) if isinstance(reqs, dict) else wrapped
+        if not items:
+            release()
 
-    def chunk_bounds(self, numel: int, element_size: int) -> list[tuple[int, int]]:
-        return self.h.sched.chunk_bounds(numel, element_size)
+    def _one_done(self) -> None:
+        self._left -= 1
+        if self._left <= 0:
+            self._release()
 
-    def launch_gather(self, index: int, bucket: Any, launches: Sequence[Callable[[], Any]]) -> Any:
-        meta = self.h.keys.dp_gather(self.layer_lo[index])  # after end_iteration: keyed for the next forward
-        grp = self.h.classes.get(bucket.group, 2)
-        # the optimizer's launches are bound to the bucket's group; Hermod's gathers go on its bulk-class clone
-        return self.h.sched.defer(meta, [lambda fn=fn: fn(group=grp, key=meta) for fn in launches])
+    def release_if_completed(self) -> bool:
+        if all(w.is_completed() for w in self._works):
+            self._release()
+            return True
+        return False
 
-    def gathers_dispatched(self) -> None:
-        self.h.sched.seal()  # the end of step: the same program point on every rank
+    def release(self) -> None:
+        self._release()
+
+
+class _GateWork:
+    """A p2p request whose first ``wait()`` also tells its :class:`_HeldRequests`."""
+
+    def __init__(self, work: Any, on_wait: Callable[[], None]) -> None:
+        self._work, self._on_wait, self._waited = work, on_wait, False
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            if not self._waited:
+                self._waited = True
+                self._on_wait()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+@dataclass
+class HermodStats:
+    """What Hermod did on this rank (the recipe reports it per feature)."""
+
+    ep_matrices_from_dispatcher: int = 0
+    """Matched all-to-alls planned from the token counts Megatron's dispatcher had gathered."""
+    ep_matrices_gathered: int = 0
+    """Matched all-to-alls that had to all-gather their split matrix first."""
 
 
 class _MatchedAllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: Hermod, group: Any, input_: torch.Tensor, out_splits: Any, in_splits: Any) -> Any:
-        ctx.h, ctx.group, ctx.splits = h, group, (out_splits, in_splits)
-        return _run_a2a(h, group, input_, out_splits, in_splits, "dispatch")
+        matrix = h.dispatcher_split_matrix(group)
+        if matrix is not None and in_splits is not None and \
+                matrix[dist.get_rank(group)] != [int(v) for v in in_splits]:
+            raise RuntimeError(f"Hermod: the MoE dispatcher's token counts give this rank the input splits "
+                               f"{matrix[dist.get_rank(group)]}, the all-to-all has {list(in_splits)}; the "
+                               "dispatcher changed in a way Hermod does not know (megatron-core version?)")
+        op = h._a2a_direction or "all_to_all"
+        ctx.h, ctx.group, ctx.splits, ctx.op = h, group, (out_splits, in_splits), op
+        ctx.matrix_t = None if matrix is None else [list(col) for col in zip(*matrix, strict=True)]
+        return _run_a2a(h, group, input_, out_splits, in_splits, op, matrix)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         out_splits, in_splits = ctx.splits
-        return None, None, _run_a2a(ctx.h, ctx.group, grad.contiguous(), in_splits, out_splits, "combine"), None, None
+        return None, None, _run_a2a(ctx.h, ctx.group, grad.contiguous(), in_splits, out_splits,
+                                    f"{ctx.op}_backward", ctx.matrix_t), None, None
 
 
-def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits: Any, op: str) -> torch.Tensor:
+def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits: Any, op: str,
+             matrix: list[list[int]] | None = None) -> torch.Tensor:
     n = dist.get_world_size(group)
     x = x.contiguous()
     if in_splits is None:
@@ -423,163 +540,38 @@ def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits:
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
     meta = h.keys.ep(h._fwd_mb, h.keys.first_layer, op)
     with h.sched.critical_section(meta):
-        h.a2a(out, x, out_splits, in_splits, group=group, kind="ep", key=meta)
+        h.a2a(out, x, out_splits, in_splits, group=group, matrix=matrix, kind="ep", key=meta)
     return out
-
-
-class HermodGradSync:
-    """``finalize_model_grads_func`` with per-bucket deferred all-reduce started during the last backward.
-
-    Buckets and groups are those of :class:`megatron_plugin.comm_hooks.DataParallelGradSync` (dense parameters over
-    the DP group, expert parameters over the expert-DP group; SUM then / group size; ``None`` gradients count as
-    zeros and every parameter gets a gradient back), so the math is identical; only *when* and in what order the
-    buckets go out differs.
-
-    Determinism (every rank of a group must issue the same deferred ops in the same program order):
-    * a **dense** bucket is launched from the post-accumulate-grad hook of its last parameter in the last
-      microbatch (``overlap_grad_reduce``). Dense parameters are in every rank's graph alike (SPMD), so the hook
-      fires at the same program point on every rank of the DP group.
-    * an **expert** bucket is launched only in ``__call__``: whether an expert gets tokens (and so a gradient and a
-      hook) in a microbatch depends on the rank's data, so a hook-driven launch could differ between ranks.
-    * ``__call__`` then launches every bucket not launched yet, in bucket order, on every rank (dense buckets whose
-      parameters got no gradient in some microbatch included), seals, and waits for all of them in bucket order.
-    """
-
-    def __init__(self, h: Hermod, model: torch.nn.Module | Sequence[torch.nn.Module], bucket_bytes: int,
-                 expert_dp_group: dist.ProcessGroup | None = None,
-                 optimizer: DistributedOptimizer | None = None) -> None:
-        self.h = h
-        models = list(model) if isinstance(model, list | tuple) else [model]
-        named = [(n, p) for m in models for n, p in m.named_parameters()]
-        from megatron_plugin.comm_hooks import grad_buckets
-
-        egroup = expert_dp_group if expert_dp_group is not None else h.expert_dp_group
-        self.optimizer = optimizer
-        self.buckets = ([s.bucket for s in optimizer.shards] if optimizer is not None
-                        else grad_buckets([p for _, p in named], bucket_bytes, h.dp_group, egroup))
-        self.worlds = [dist.get_world_size(b.group) for b in self.buckets]
-        self.groups = [h.classes.get(b.group, 2) for b in self.buckets]  # deferred traffic on cloned groups
-        layer_of = {id(p): h.param_layer(n) for n, p in named}
-        self.bucket_layer = [max(layer_of[id(p)] for p in b.params) for b in self.buckets]
-        self.bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
-        self._counts: dict[int, int] = {}
-        self._ready: list[int] = [0] * len(self.buckets)
-        self._handles: dict[int, tuple[Any, torch.Tensor]] = {}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
-                       for b in self.buckets if not b.expert for p in b.params]
-
-    def _on_grad(self, p: torch.Tensor) -> None:
-        n = self._counts.get(id(p), 0) + 1
-        self._counts[id(p)] = n
-        if n == self.h.M:  # this parameter's gradient is final (last microbatch)
-            b = self.bucket_of[id(p)]
-            self._ready[b] += 1
-            if self._ready[b] == len(self.buckets[b].params):
-                self._launch(b)
-                # seal at this program point (the same on every DP rank): an open window would keep the ready
-                # bucket off the link through the following compute, until the next critical op
-                self.h.sched.seal()
-
-    def _launch(self, b: int) -> None:
-        if b in self._handles:
-            return
-        if self.optimizer is not None:
-            self._launch_reduce_scatter(b)
-            return
-        bucket = self.buckets[b]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket.params])
-        if self.worlds[b] == 1:  # nothing to reduce; the gradient is written back as DataParallelGradSync does
-            self._handles[b] = (None, flat)
-            return
-        meta = self.h.keys.dp_reduce(self.bucket_layer[b], "all_reduce")
-        grp = self.groups[b]
-        launches = []
-        for a, e in self.h.sched.chunk_bounds(flat.numel(), flat.element_size()):
-            launches.append(lambda a=a, e=e: comm.all_reduce(flat[a:e], group=grp, kind="dp", key=meta,
-                                                             async_op=True))
-        self._handles[b] = (self.h.sched.defer(meta, launches), flat)
-
-    def _launch_reduce_scatter(self, b: int) -> None:
-        """Distributed optimizer: the bucket is reduce-scattered into this rank's shard, chunk by chunk."""
-        s = self.optimizer.shards[b]
-        flat = s.flat_grad()
-        out = torch.empty(s.shard_numel, dtype=flat.dtype, device=flat.device)
-        if s.world == 1:
-            out.copy_(flat)
-            self._handles[b] = (None, out)
-            return
-        meta = self.h.keys.dp_reduce(self.bucket_layer[b], "reduce_scatter")
-        bounds = self.h.sched.chunk_bounds(s.shard_numel, flat.element_size())
-        self._handles[b] = (self.h.sched.defer(meta, s.reduce_scatter_launches(flat, out, bounds, meta,
-                                                                               self.groups[b])), out)
-
-    def __call__(self, model: Any, *args: Any, **kwargs: Any) -> None:
-        for b in range(len(self.buckets)):  # expert buckets; buckets whose params got no gradient in a microbatch
-            self._launch(b)
-        self.h.sched.seal()
-        for b, bucket in enumerate(self.buckets):
-            handle, flat = self._handles[b]
-            if handle is not None:
-                handle.wait()
-            if self.optimizer is not None:
-                self.optimizer.set_shard_grad(self.optimizer.shards[b], flat)
-                continue
-            if handle is not None:
-                flat.div_(self.worlds[b])
-            offset = 0
-            for p in bucket.params:
-                k = p.numel()
-                p.grad = flat[offset:offset + k].view_as(p).clone()
-                offset += k
-        self._counts.clear()
-        self._ready = [0] * len(self.buckets)
-        self._handles.clear()
-        self.h.end_iteration()
-
-    def remove(self) -> None:
-        for hk in self._hooks:
-            hk.remove()
-        self._hooks.clear()
 
 
 # -- recipe entry point ------------------------------------------------------------------------------------------------
 def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
-    """Called by the train loop on every rank, after the model, p2p communicator and grad sync are built and
-    before the first iteration. ``ctx`` needs: ``recipe`` (num_microbatches, num_layers, pipeline_parallel,
-    dp_bucket_bytes), ``model``, ``config`` (Megatron TransformerConfig), ``p2p_communicator``, optionally
-    ``optimizer`` (a :class:`~megatron_plugin.dist_optimizer.DistributedOptimizer` gets Hermod's reduce-scatters and
-    parameter gathers). Replaces ``ctx.config.finalize_model_grads_func`` and ``ctx.grad_sync``; returns the
-    :class:`Hermod` (call ``close()`` at the end) or None for ``name: none``. Collective: every rank must call it (it creates communicators)."""
+    """Called by the train loop on every rank, after the model is wrapped in Megatron-core's DDP and its optimizer and
+    config hooks are set, before the first iteration. ``ctx`` needs: ``recipe`` (num_microbatches, num_layers,
+    pipeline_parallel, num_moe_experts), ``model`` (Megatron's DistributedDataParallel), ``config`` (its
+    TransformerConfig, with ``finalize_model_grads_func`` set) and ``p2p_communicator`` (the one the recipe hands
+    the schedules). Returns the :class:`Hermod` (call ``close()`` at the end) or None for ``name: none``.
+    Collective: every rank must call it (it creates communicators)."""
     hc = HermodConfig.from_dict(dict(cfg))
     if hc.name == "none":
         return None
     from megatron.core import parallel_state as ps
 
     r = ctx.recipe
-    megatron_ddp = bool(getattr(r, "megatron_ddp", False))
+    moe = bool(getattr(r, "num_moe_experts", None))
     h = Hermod(hc, num_microbatches=r.num_microbatches, layers_per_stage=r.num_layers // r.pipeline_parallel,
                stage=ps.get_pipeline_model_parallel_rank(), num_stages=r.pipeline_parallel,
-               dp_group=ps.get_data_parallel_group(with_context_parallel=True) if megatron_ddp
-               else ps.get_data_parallel_group(),
-               expert_dp_group=ps.get_expert_data_parallel_group() if getattr(r, "num_moe_experts", None) else None)
-    h.attach_p2p(ctx.p2p_communicator)
-    if megatron_ddp:  # Megatron-core's own DDP: hook its bucket groups and its finalize_model_grads
+               dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+               expert_dp_group=ps.get_expert_data_parallel_group() if moe else None)
+    try:
+        h.attach_p2p(ctx.p2p_communicator)
         h.attach_ddp([ctx.model])
         h.attach_finalize(ctx.config)
-        if getattr(r, "num_moe_experts", None):
+        if moe:
             h.patch_moe_dispatcher()
-        return h
-    from megatron_plugin.dist_optimizer import DistributedOptimizer
-
-    opt = getattr(ctx, "optimizer", None)
-    opt = opt if isinstance(opt, DistributedOptimizer) else None
-    sync = h.grad_sync(ctx.model, r.dp_bucket_bytes, optimizer=opt)
-    if opt is not None:  # --use-distributed-optimizer: Hermod also launches the parameter gathers
-        h.attach_distributed_optimizer(opt, ctx.model)
-    ctx.config.finalize_model_grads_func = sync
-    ctx.grad_sync = sync
-    if getattr(r, "num_moe_experts", None):
-        h.patch_moe_dispatcher()
+    except BaseException:
+        h.close()  # never half-installed
+        raise
     return h
 
 

@@ -105,7 +105,9 @@ class FlowlaneHooks:
             layers_per_stage=max(1, args.num_layers // args.pipeline_model_parallel_size),
             stage=ps.get_pipeline_model_parallel_rank(), num_stages=args.pipeline_model_parallel_size,
             dp_group=ps.get_data_parallel_group(with_context_parallel=True),
-            expert_dp_group=ps.get_expert_data_parallel_group() if moe else None)
+            expert_dp_group=ps.get_expert_data_parallel_group() if moe else None,
+            virtual_chunks=self._expected_chunks,
+            microbatch_group=getattr(args, "microbatch_group_size_per_vp_stage", None))
         h.attach_pipeline()
         if moe:
             h.patch_moe_dispatcher()
@@ -126,8 +128,11 @@ def check_hermod_args(args: argparse.Namespace) -> str:
     if not getattr(args, "overlap_grad_reduce", False):
         return ("add --overlap-grad-reduce: without it Megatron reduces every bucket synchronously after the "
                 "step's pipeline traffic, so there is nothing to schedule")
-    if getattr(args, "virtual_pipeline_model_parallel_size", None):
-        return "the interleaved schedule (--num-layers-per-virtual-pipeline-stage) is not supported yet"
+    vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
+    schedule = getattr(args, "hermod_schedule", None)
+    if schedule and (schedule == "interleaved") != bool(vp):
+        return (f"--hermod-schedule {schedule} does not match the pipeline schedule "
+                f"({'interleaved' if vp else '1F1B'}); leave the flag out to follow it")
     if (getattr(args, "num_distributed_optimizer_instances", 1) or 1) > 1:
         return "--num-distributed-optimizer-instances > 1 is not supported"
     chunk = getattr(args, "hermod_chunk_bytes", None)

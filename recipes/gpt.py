@@ -40,17 +40,16 @@ class GPTRecipe:
     lr: float = 1e-3
     seed: int = 1234
     dp_bucket_bytes: int = 1 << 20
-    # Megatron's --use-distributed-optimizer (ZeRO-1: reduce-scattered gradients, sharded Adam, gathered
-    # parameters) and --overlap-param-gather (gathers one bucket ahead of the forward); off = plain Adam
+    # the job runs on Megatron-core's own DistributedDataParallel, get_megatron_optimizer (Adam) and
+    # finalize_model_grads; these are their flags. Megatron's --use-distributed-optimizer (ZeRO-1: reduce-scattered
+    # gradients, sharded Adam, gathered parameters):
     distributed_optimizer: bool = False
+    # Megatron's --overlap-param-gather (parameter gathers dispatched one bucket group ahead of the forward)
     overlap_param_gather: bool = False
-    # Megatron's --overlap-grad-reduce: each bucket's reduce-scatter starts in the last microbatch's backward as
-    # soon as its gradients are final (distributed optimizer only here; the plain-Adam path reduces at the end)
-    overlap_grad_reduce: bool = False
-    # Megatron-core's own DistributedDataParallel and get_megatron_optimizer (Adam) instead of the plugin's grad
-    # sync and optimizer: the three flags above then configure Megatron's DDP (Hermod hooks it: scheduler=hermod
-    # needs overlap_grad_reduce=true there)
-    megatron_ddp: bool = False
+    # Megatron's --overlap-grad-reduce (each bucket group's reduction starts in the last microbatch's backward as
+    # soon as its gradients are final; without it they run synchronously in finalize_model_grads). Hermod
+    # (scheduler=hermod) needs it: it orders those overlapped reductions
+    overlap_grad_reduce: bool = True
     # mixture of experts (None = dense): experts per MoE layer, expert-parallel size, router top-k
     num_moe_experts: int | None = None
     expert_parallel: int = 1
@@ -81,9 +80,12 @@ class GPTRecipe:
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(self.distributed_optimizer or not self.overlap_param_gather,
              "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)")
-        need(self.distributed_optimizer or self.megatron_ddp or not self.overlap_grad_reduce,
-             "overlap_grad_reduce=True needs distributed_optimizer=True (the plain-Adam path reduces at the end) "
-             "or megatron_ddp=True")
+        need(self.overlap_param_gather <= self.overlap_grad_reduce,
+             "overlap_param_gather=True needs overlap_grad_reduce=True (as Megatron's --overlap-param-gather)")
+        if (self.features.get("scheduler") or {}).get("name", "none") != "none":
+            need(self.overlap_grad_reduce, "scheduler=hermod needs overlap_grad_reduce=true: Hermod orders the "
+                 "overlapped bucket reductions of Megatron's DDP (without the flag they run synchronously at the "
+                 "end of the step, after the pipeline traffic, and there is nothing to schedule)")
         if self.num_moe_experts is not None:
             need(self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
                  f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
@@ -108,7 +110,7 @@ class TrainContext:
     model: torch.nn.Module
     config: Any  # megatron TransformerConfig
     p2p_communicator: Any
-    grad_sync: Any
+    grad_sync: Any  # config.finalize_model_grads_func
     rank: int
     optimizer: Any = None
     iteration: int = 0
@@ -214,6 +216,13 @@ def _megatron_ddp(recipe: GPTRecipe, module: torch.nn.Module, config: Any) -> tu
     return model, optimizer
 
 
+def dp_bytes_per_iteration(model: Any) -> int:
+    """Bytes Megatron's DDP reduces per iteration on this rank: every bucket's gradient buffer (padding included),
+    dense and expert. Megatron issues these collectives itself, so flowlane.comm does not see them."""
+    return sum(b.grad_data.numel() * b.grad_data.element_size()
+               for buf in [*model.buffers, *model.expert_parallel_buffers] for b in buf.buckets)
+
+
 def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, Any]:
     """One rank of the default recipe (run under flowlane.launch). Collective; the process groups it creates
     (Megatron's, a feature's) are destroyed when it returns, so it can run again in the same process."""
@@ -234,8 +243,7 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from flowlane import comm, trace
-    from megatron_plugin.comm_hooks import DataParallelGradSync, FlowlaneP2PCommunicator
-    from megatron_plugin.dist_optimizer import DistributedOptimizer
+    from megatron_plugin.comm_hooks import FlowlaneP2PCommunicator
 
     ps.initialize_model_parallel(tensor_model_parallel_size=recipe.tensor_parallel,
                                  pipeline_model_parallel_size=recipe.pipeline_parallel,
@@ -245,23 +253,10 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
         model_parallel_cuda_manual_seed(recipe.seed)
         model, config = build_model(recipe)
         p2p = FlowlaneP2PCommunicator(ps.get_pipeline_model_parallel_group(), config)
-        expert_dp = ps.get_expert_data_parallel_group() if recipe.num_moe_experts else None
-        optimizer: Any
-        if recipe.megatron_ddp:  # Megatron-core's own DDP, optimizer and finalize_model_grads
-            model, optimizer = _megatron_ddp(recipe, model, config)
-            grad_sync = config.finalize_model_grads_func
-        elif recipe.distributed_optimizer:  # the optimizer is also the grad sync (reduce-scatter into its shards)
-            optimizer = grad_sync = DistributedOptimizer(
-                model, lr=recipe.lr, dp_group=ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
-                expert_dp_group=expert_dp, overlap_param_gather=recipe.overlap_param_gather,
-                overlap_grad_reduce=recipe.overlap_grad_reduce)
-            if recipe.overlap_grad_reduce:
-                config.no_sync_func = optimizer.no_sync  # Megatron's schedules: all microbatches but the last
-        else:
-            grad_sync = DataParallelGradSync(ps.get_data_parallel_group(), bucket_bytes=recipe.dp_bucket_bytes,
-                                             expert_dp_group=expert_dp)
-            optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
-        config.finalize_model_grads_func = grad_sync
+        # Megatron-core's own DDP, optimizer and finalize_model_grads, as Megatron-LM's train() sets them up
+        model, optimizer = _megatron_ddp(recipe, model, config)
+        grad_sync = config.finalize_model_grads_func
+        dp_bytes = dp_bytes_per_iteration(model)
         ctx = TrainContext(recipe, model, config, p2p, grad_sync, rank, optimizer=optimizer)
         handles = install_features(recipe.features, ctx)
         fwd_bwd = get_forward_backward_func()
@@ -276,9 +271,8 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             ctx.iteration = it
             comm.get_recorder().enabled = it > 0  # iteration 0 warms up; count bytes of steady state
             t0 = time.perf_counter()
-            if recipe.megatron_ddp:
-                model.zero_grad_buffer()
-            optimizer.zero_grad(set_to_none=True)
+            model.zero_grad_buffer()
+            optimizer.zero_grad()
             with trace.span("forward_backward", iteration=it):
                 out = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
                               data_iterator=synthetic_batches(recipe, dp_rank, it), model=[model],
@@ -291,11 +285,11 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             if is_last:
                 losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
             progress(it, losses[-1] if losses else None)
-        if recipe.megatron_ddp and recipe.distributed_optimizer:
+        if recipe.distributed_optimizer:
             model.start_param_sync(force_sync=True)  # the last step's shards, gathered
-        elif recipe.distributed_optimizer:
-            optimizer.close()  # the last step's gathers (overlapped ones wait for a next forward); hooks off
         rec = comm.get_recorder()
+        bytes_by_kind = rec.bytes_by_kind()
+        bytes_by_kind["dp"] = dp_bytes * (recipe.iterations - 1)  # steady state, as the recorder counts
         feature_stats = {}
         for h in handles:
             stats = getattr(h, "stats", None)
@@ -305,7 +299,7 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
                 h.close()
         grads_digest = float(sum(p.detach().double().sum() for p in model.parameters()))
         return {"rank": rank, "pp_stage": ps.get_pipeline_model_parallel_rank(), "dp_rank": dp_rank,
-                "losses": losses, "iteration_times": iter_times, "bytes_by_kind": rec.bytes_by_kind(),
+                "losses": losses, "iteration_times": iter_times, "bytes_by_kind": bytes_by_kind,
                 "ops_by_kind": rec.count_by_kind(), "param_digest": grads_digest,
                 "num_params": sum(p.numel() for p in model.parameters()), "feature_stats": feature_stats,
                 "trace": trace.rank_events(rank, t_start), "wall": time.perf_counter() - t_start}
@@ -351,7 +345,8 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     metrics = {
         "recipe": asdict(recipe), "iteration_time_s": sum(steady) / len(steady), "iteration_times_s": steady,
         "loss": losses, "bytes_by_kind": total_bytes, "per_rank": results, "trace": str(trace_path),
-        "note": "measured on CPU ranks (gloo over loopback); bytes counted at flowlane.comm, iteration 0 excluded",
+        "note": "measured on CPU ranks (gloo over loopback); iteration 0 excluded; pp/ep bytes counted at flowlane.comm, "
+                "dp bytes = the gradient buffers Megatron's DDP reduces each iteration",
     }
     tmp = out_dir / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=1))

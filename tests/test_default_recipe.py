@@ -62,10 +62,11 @@ def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(tmp_path):
     # pipeline p2p: per microbatch, stage 0 sends activations and stage 1 sends their gradients back (fp32)
     act = rec.seq_length * rec.micro_batch_size * rec.hidden_size * 4
     assert m["bytes_by_kind"]["pp"] == steady * rec.data_parallel * rec.num_microbatches * 2 * act
-    # data parallel: each rank contributes all its gradients once per iteration
+    # data parallel: Megatron's DDP reduces each rank's fp32 gradient buffer once per iteration (every parameter,
+    # plus Megatron's padding of each bucket: a few hundred elements at most)
     for r_ in m["per_rank"]:
         n_params = r_["num_params"]
-        assert r_["bytes_by_kind"]["dp"] == steady * n_params * 4
+        assert steady * n_params * 4 <= r_["bytes_by_kind"]["dp"] <= steady * (n_params + 1024) * 4
     # the two data-parallel replicas of each stage end with identical parameters
     by_stage = {}
     for r_ in m["per_rank"]:

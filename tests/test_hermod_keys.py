@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowlane.hermod.keys import P2P_DIRECTIONS, HermodKeys
+from flowlane.hermod.keys import P2P_DIRECTIONS, HermodKeys, interleaved_order
 from flowlane.hermod.order import HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
 
@@ -49,3 +49,30 @@ def test_bad_layouts_and_directions_are_refused_with_what_is_allowed() -> None:
     with pytest.raises(ValueError, match=r"'send_fwd' is not one of \['send_next'"):
         HermodKeys(num_microbatches=1, layers_per_stage=1, stage=0).pp("send_fwd")
     assert P2P_DIRECTIONS == ("send_next", "recv_prev", "send_prev", "recv_next")
+
+
+def test_interleaved_order_runs_each_microbatch_group_through_every_chunk() -> None:
+    assert interleaved_order(4, 2, 2) == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (3, 0), (2, 1), (3, 1)]
+    # the last group takes the rest
+    assert interleaved_order(5, 2, 2)[-4:] == [(2, 1), (3, 1), (4, 0), (4, 1)]
+    assert interleaved_order(3, 1, 2) == [(0, 0), (1, 0), (2, 0)]
+    with pytest.raises(ValueError, match="microbatch_group must be an integer >= 1, got 0"):
+        interleaved_order(3, 2, 0)
+
+
+def test_interleaved_pp_keys_follow_the_virtual_microbatch_order_of_each_direction() -> None:
+    # 2 stages x 2 chunks, 1 layer per chunk: stage 0 holds layers 0 (chunk 0) and 2 (chunk 1), stage 1 layers 1, 3
+    s0 = HermodKeys(num_microbatches=4, layers_per_stage=2, stage=0, num_stages=2, virtual_chunks=2)
+    assert s0.chunk_layers(0) == (0, 0) and s0.chunk_layers(1) == (2, 2)
+    sends = [s0.pp("send_next") for _ in range(8)]  # every forward of both chunks goes to stage 1
+    assert [(m.microbatch, m.layer) for m in sends] == [(0, 0), (1, 0), (0, 2), (1, 2), (2, 0), (3, 0), (2, 2), (3, 2)]
+    # stage 0's chunk 0 is the first virtual stage: only chunk 1 receives activations (from stage 1's chunk 0)
+    recvs = [s0.pp("recv_prev") for _ in range(4)]
+    assert [(m.microbatch, m.layer) for m in recvs] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    s1 = HermodKeys(num_microbatches=4, layers_per_stage=2, stage=1, num_stages=2, virtual_chunks=2)
+    # stage 1's chunk 1 is the last virtual stage: only chunk 0 sends on; backward runs the chunks in reverse
+    assert [(m.microbatch, m.layer) for m in (s1.pp("send_next") for _ in range(4))] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert [(m.microbatch, m.layer) for m in (s1.pp("send_prev") for _ in range(8))] == [
+        (0, 2), (1, 2), (0, 0), (1, 0), (2, 2), (3, 2), (2, 0), (3, 0)]
+    with pytest.raises(ValueError, match="layers_per_stage=3 must be divisible by virtual_chunks=2"):
+        HermodKeys(num_microbatches=4, layers_per_stage=3, stage=0, num_stages=2, virtual_chunks=2)

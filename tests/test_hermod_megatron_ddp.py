@@ -28,6 +28,7 @@ RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, nu
 def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) * ITERATIONS) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (Hermod's attach_* calls), ``megatron_lm`` (the launch flags)."""
     import argparse
+    import os
     from dataclasses import replace
     from functools import partial
 
@@ -63,6 +64,7 @@ def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) 
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
             if mode == "megatron_lm":  # what pretrain_gpt.py + add_flowlane_args give a Megatron-LM run
+                os.makedirs(tmp, exist_ok=True)  # offload.dirs must exist (OffloadConfig creates none)
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(
                     ["--coflow-scheduler", "hermod", "--hermod-gate-timeout-s", "0.02", "--ssd-offload",
                      "--ssd-offload-dirs", tmp, "--ssd-offload-cpu-tensors", "--ssd-offload-min-bytes", "4096",
@@ -219,6 +221,9 @@ LAYOUTS = {
     # pair). Sequence parallelism needs Transformer Engine's or Apex's norms (megatron-core's torch LayerNorm
     # refuses it), which CPU runs do not have.
     "tp2_pp2_tied": dict(pp=2, tp=2, ep=1, experts=None, sp=False, tied=True),
+    # the interleaved schedule: PP 2 x DP 2, two model chunks per stage (one layer each), overlapped p2p
+    # (overlap_p2p_comm: Megatron waits for the requests later, one by one), 4 microbatches
+    "interleaved_vpp2": dict(pp=2, tp=1, ep=1, experts=None, sp=False, tied=False, vpp=2, m=4),
 }
 
 
@@ -244,16 +249,20 @@ def _train_layout(name: str, hermod: bool) -> dict:
     from recipes.gpt import GPTRecipe, _forward_step, synthetic_batches
 
     lay = LAYOUTS[name]
-    recipe = GPTRecipe(**{**RECIPE, "pipeline_parallel": lay["pp"]})
+    vpp, m = lay.get("vpp"), lay.get("m", M)
+    recipe = GPTRecipe(**{**RECIPE, "pipeline_parallel": lay["pp"], "num_layers": 4 if vpp else RECIPE["num_layers"],
+                          "num_microbatches": m})
     with comm.owned_process_groups():
         ps.initialize_model_parallel(tensor_model_parallel_size=lay["tp"], pipeline_model_parallel_size=lay["pp"],
-                                     expert_model_parallel_size=lay["ep"])
+                                     expert_model_parallel_size=lay["ep"], virtual_pipeline_model_parallel_size=vpp)
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
             moe = {} if lay["experts"] is None else dict(
                 num_moe_experts=lay["experts"], moe_router_topk=2, expert_model_parallel_size=lay["ep"],
                 moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, moe_aux_loss_coeff=0.0)
+            interleaved = {} if vpp is None else dict(virtual_pipeline_model_parallel_size=vpp,
+                                                      overlap_p2p_comm=True, batch_p2p_comm=False)
             config = TransformerConfig(
                 num_layers=recipe.num_layers, hidden_size=recipe.hidden_size,
                 num_attention_heads=recipe.num_attention_heads, use_cpu_initialization=True,
@@ -261,45 +270,57 @@ def _train_layout(name: str, hermod: bool) -> dict:
                 sequence_parallel=lay["sp"], pipeline_dtype=torch.float32, params_dtype=torch.float32,
                 bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
                 bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-                hidden_dropout=0.0, attention_dropout=0.0, **moe)
-            module = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(
-                num_experts=lay["experts"], moe_grouped_gemm=False), vocab_size=recipe.vocab_size,
-                max_sequence_length=recipe.seq_length, pre_process=ps.is_pipeline_first_stage(),
-                post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=lay["tied"],
-                position_embedding_type="learned_absolute")
-            model = DistributedDataParallel(config, DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=3000), module)
-            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), [model])
-            config.no_sync_func = model.no_sync
+                hidden_dropout=0.0, attention_dropout=0.0, **moe, **interleaved)
+            chunks = []
+            for vp in range(vpp or 1):  # as Megatron-LM's get_model builds the model chunks
+                stage = dict(ignore_virtual=False, vp_stage=vp) if vpp else {}
+                module = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(
+                    num_experts=lay["experts"], moe_grouped_gemm=False), vocab_size=recipe.vocab_size,
+                    max_sequence_length=recipe.seq_length, pre_process=ps.is_pipeline_first_stage(**stage),
+                    post_process=ps.is_pipeline_last_stage(**stage), share_embeddings_and_output_weights=lay["tied"],
+                    position_embedding_type="learned_absolute", **({"vp_stage": vp} if vpp else {}))
+                chunks.append(DistributedDataParallel(config, DistributedDataParallelConfig(
+                    grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=3000), module,
+                    disable_bucketing=vp > 0))
+            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), chunks)
+            if vpp:  # what Megatron-LM's train() sets for several chunks
+                config.no_sync_func = [c.no_sync for c in chunks]
+                config.grad_sync_func = [c.start_grad_sync for c in chunks]
+            else:
+                config.no_sync_func = chunks[0].no_sync
             config.finalize_model_grads_func = finalize_model_grads
             h = None
             if hermod:
-                h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M,
-                           layers_per_stage=recipe.num_layers // lay["pp"],
+                h = Hermod(HermodConfig(gate_timeout_s=0.02, schedule="interleaved" if vpp else "1f1b"),
+                           num_microbatches=m, layers_per_stage=recipe.num_layers // lay["pp"],
                            stage=ps.get_pipeline_model_parallel_rank(), num_stages=lay["pp"],
                            dp_group=ps.get_data_parallel_group(with_context_parallel=True),
-                           expert_dp_group=ps.get_expert_data_parallel_group() if lay["experts"] else None)
+                           expert_dp_group=ps.get_expert_data_parallel_group() if lay["experts"] else None,
+                           virtual_chunks=vpp or 1)
                 h.attach_pipeline()
-                h.attach_ddp([model])
+                h.attach_ddp(chunks)
                 h.attach_finalize(config)
                 if lay["experts"]:
                     h.patch_moe_dispatcher()
             fwd_bwd = get_forward_backward_func()
             losses = []
             for it in range(ITERATIONS):
-                model.zero_grad_buffer()
+                for c in chunks:
+                    c.zero_grad_buffer()
                 opt.zero_grad()
+                data = [synthetic_batches(recipe, ps.get_data_parallel_rank(), it) for _ in chunks]
                 res = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
-                              data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), model=[model],
-                              num_microbatches=M, seq_length=recipe.seq_length,
+                              data_iterator=data if vpp else data[0], model=chunks,
+                              num_microbatches=m, seq_length=recipe.seq_length,
                               micro_batch_size=recipe.micro_batch_size, forward_only=False)
                 opt.step()
                 if res:
                     losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
-            out = {"params": [p.detach().clone() for p in model.parameters()], "losses": losses,
-                   "expert_groups": len(model.expert_parallel_bucket_groups)}
+            out = {"params": [p.detach().clone() for c in chunks for p in c.parameters()], "losses": losses,
+                   "expert_groups": sum(len(c.expert_parallel_bucket_groups) for c in chunks)}
             if h is not None:
-                out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration) for e in h.sched.log]
+                out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
+                              for e in h.sched.log]
                 h.close()
             return out
         finally:
@@ -329,7 +350,7 @@ def _layouts(rank: int, world: int, tmp: str) -> dict:
     return res
 
 
-@pytest.mark.slow  # 4 ranks x 8 Megatron trainings: ~3 min on a 2-core machine
+@pytest.mark.slow  # 4 ranks x 10 Megatron trainings: ~4 min on a 2-core machine
 def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise_stock() -> None:
     """Plus a dist_checkpointing save / fresh build / load / resume of the distributed optimizer, with Hermod on
     both jobs or on neither: the restored model equals the saved one and the resumed step is bitwise stock's."""
@@ -345,6 +366,11 @@ def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise
             assert x["losses_equal"] and x["params_equal"], (rank, name)
             dp = [e for e in x["log"] if e[0] == "chunk"]
             assert {e[3] for e in dp} == set(range(ITERATIONS)), (rank, name, dp)  # reductions every iteration
+        il = [e for e in r["interleaved_vpp2"]["log"] if e[0] == "critical" and e[1] == "pp"]
+        stage = rank // 2
+        # every microbatch's overlapped p2p is a keyed critical op; the layers name both chunks' boundaries
+        assert {e[4] for e in il} == set(range(4)), (rank, il)
+        assert {e[5] for e in il if e[2] == "send_next"} == ({0, 2} if stage == 0 else {1}), (rank, il)
         moe = r["moe_ep2_edp2"]
         assert moe["expert_groups"] >= 1  # expert parameters reduce over the expert-data-parallel group
         assert any(e[1] == "ep" for e in moe["log"])  # the token dispatcher's all-to-alls are keyed

@@ -138,3 +138,20 @@ def test_a_chunk_failing_while_waited_for_fails_its_op_at_once():
     finally:
         with pytest.raises(RuntimeError, match="failed"):  # close() surfaces the failure too
             sched.close()
+
+
+def test_a_held_critical_op_keeps_dp_back_until_released_and_release_counts_once():
+    """``hold``: Megatron's overlapped pipeline p2p is launched now and waited for later, elsewhere."""
+    sched = CommScheduler(config=SchedulerConfig(gate_timeout_s=30.0))
+    launched = threading.Event()
+    try:
+        release = sched.hold(CoflowMeta("pp", microbatch=0, layer=0, op="send_next"))
+        h = sched.defer(CoflowMeta("dp", microbatch=3, layer=1, op="all_reduce"), [launched.set])
+        sched.seal()
+        assert not launched.wait(0.3) and sched.outstanding_critical == 1
+        release()
+        release()  # idempotent: the gate's count drops once
+        h.wait()
+        assert launched.is_set() and sched.outstanding_critical == 0
+    finally:
+        sched.close()

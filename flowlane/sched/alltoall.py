@@ -155,6 +155,9 @@ class AllToAllRunner:
         self.choice: str | None = None if algorithm == "auto" else algorithm
         self.probe_seconds: dict[str, float] = dict.fromkeys(self.candidates, 0.0)
         self._t0: float | None = None
+        #: matched all-to-alls whose split matrix the caller handed over / that had to gather it (one all_gather)
+        self.matrices_given = 0
+        self.matrices_gathered = 0
 
     @property
     def current(self) -> str:
@@ -178,6 +181,9 @@ class AllToAllRunner:
             return algorithm
         if matrix is None:
             matrix = gather_split_matrix(input_split_sizes, group)
+            self.matrices_gathered += 1
+        else:
+            self.matrices_given += 1
         matched_all_to_all(output, input, output_split_sizes, input_split_sizes, matrix, group=group,
                            quantum=self.quantum, algorithm=algorithm, kind=kind, key=key)  # type: ignore[arg-type]
         return algorithm

@@ -52,6 +52,9 @@ def _nccl_options(hermod_class: int) -> object:
         raise RuntimeError("this torch build's ProcessGroupNCCL.Options().config has no 'traffic_class' "
                            "(needs NCCL >= 2.24 and a torch that exposes ncclConfig_t.trafficClass)")
     opts.config.traffic_class = nccl_traffic_class(hermod_class)
+    # the critical and pipeline classes' kernels go on high-priority CUDA streams, so the GPU schedules them
+    # ahead of the bulk class's (seed 000 §5.4: PP/EP before DP, on the device as on the wire)
+    opts.is_high_priority_stream = hermod_class < NCCL_NUM_CLASSES - 1
     return opts
 
 

@@ -218,6 +218,21 @@ class CommScheduler:
         finally:
             self._leave_critical(gates)
 
+    def hold(self, meta: CoflowMeta) -> Callable[[], None]:
+        """Mark a critical op that the caller launches now and waits for later, elsewhere (Megatron's overlapped
+        pipeline p2p): the gate stays closed until the returned ``release`` is called (idempotent)."""
+        gates = self._enter_critical(meta)
+        lock, released = threading.Lock(), [False]
+
+        def release() -> None:
+            with lock:
+                if released[0]:
+                    return
+                released[0] = True
+            self._leave_critical(gates)
+
+        return release
+
     def critical(self, meta: CoflowMeta, launch: Launch) -> _CriticalHandle:
         """Launch a critical op now; the gate stays closed until the returned handle is waited on."""
         gates = self._enter_critical(meta)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Every prepared GPU check in one short run, for a one-GPU machine lent for a few minutes (python3 with torch,
+# CUDA and Triton already there; no network). Framework wheels not on that machine (megatron-core, deepspeed and
+# their needs) travel in .whl/ and are installed into a fresh private directory first.
+#   OUT=/some/dir FLOWLANE_COMMIT=$(git rev-parse HEAD) tests/gpu/run_all.sh [check ...]
+# Each check writes $OUT/<check>.json; everything printed goes to $OUT/gpu_log.txt. A check that is missing from the
+# tree is reported and skipped; each runs under its own time limit so one hang cannot eat the others' time.
+set -u
+OUT=${OUT:?set OUT to the result directory}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_log.txt") 2>&1
+export PYTHONUNBUFFERED=1 FLOWLANE_COMMIT=${FLOWLANE_COMMIT:-unknown}
+cd "$(dirname "$0")/../.."
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
+           torch.cuda.nccl.version(), "triton", triton.__version__)'
+if compgen -G ".whl/*.whl" >/dev/null; then
+  site=$(mktemp -d)  # private, unpredictable: nothing another user planted is imported
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
+    && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 -c 'import megatron.core as m; print("megatron-core", m.__version__)' 2>&1 | tail -1
+python3 -c 'import deepspeed as d; print("deepspeed", d.__version__)' 2>&1 | tail -1
+
+# check name, seconds allowed
+CHECKS=("megatron_ddp_nccl 150" "deepspeed_zero3_nccl 100" "offload_bench 130" "direct_gather 100")
+want=("$@")
+for entry in "${CHECKS[@]}"; do
+  set -- $entry
+  name=$1 limit=$2
+  if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " =~ " $name " ]]; then continue; fi
+  if [ ! -f "tests/gpu/$name.py" ]; then echo "== $name: not in this tree, skipped"; continue; fi
+  echo "== $name (limit ${limit}s) $(date -u +%T)"
+  t0=$(date +%s)
+  timeout -k 10 "$limit" python3 "tests/gpu/$name.py" --out "$OUT/$name.json"
+  echo "== $name rc=$? in $(( $(date +%s) - t0 ))s"
+done
+date -u
