@@ -1,5 +1,6 @@
-"""Hermod on DeepSpeed's PipelineEngine (2 stages x DP 2 on 4 gloo ranks): instruction hooks key every p2p with its
-microbatch id, losses are identical with and without Hermod, and the "flowlane.hermod" section is parsed strictly."""
+"""Hermod on DeepSpeed's PipelineEngine (2 stages x DP 2 on 4 gloo ranks, ZeRO 0 and 1): instruction hooks key every
+p2p with its microbatch id, ReduceGrads' reductions are DeepSpeed's own, issued by Hermod's pacer on the bulk-class
+clone under DP keys, losses and parameters are bitwise DeepSpeed's own run, and "flowlane.hermod" is parsed strictly."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ pytest.importorskip("deepspeed")
 from deepspeed_plugin.hermod import parse_hermod_section  # noqa: E402
 
 
-def _ds_config(hermod: bool) -> dict:
+def _ds_config(hermod: bool, zero: int) -> dict:
     cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
-           "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.05}}, "wall_clock_breakdown": False}
+           "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.05}}, "wall_clock_breakdown": False,
+           "zero_optimization": {"stage": zero, "reduce_bucket_size": 200}, "zero_allow_untested_optimizer": True}
     if hermod:
         cfg["flowlane"] = {"hermod": {"enabled": True, "gate_timeout_s": 0.02, "layers_per_stage": 2}}
     return cfg
@@ -23,35 +25,44 @@ def _ds_config(hermod: bool) -> dict:
 
 def _train(rank: int, world: int) -> dict:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import sys
+
     import deepspeed
-    import deepspeed.comm.torch as ds_torch
+    import deepspeed.comm.torch  # noqa: F401
     import torch
     from deepspeed.pipe import LayerSpec, PipelineModule
 
+    from deepspeed_plugin.comm import CommTap
     from deepspeed_plugin.hermod import install
 
     # test-only: skip DeepSpeed's JIT-built shared-memory allreduce (a CPU fast path; torch.distributed is used
     # instead). Its build cache is shared and rebuilt by concurrent sessions, which blocks on a file lock here.
-    ds_torch.build_shm_op = lambda: None
+    # Patched through sys.modules: the attribute deepspeed.comm.torch is the torch package itself.
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
     out = {}
-    for hermod in (False, True):
+    for zero, hermod in ((0, False), (0, True), (1, False), (1, True)):
         torch.manual_seed(0)
         net = PipelineModule([LayerSpec(torch.nn.Linear, 8, 16), LayerSpec(torch.nn.ReLU),
                               LayerSpec(torch.nn.Linear, 16, 16), LayerSpec(torch.nn.Linear, 16, 4)],
                              num_stages=2, loss_fn=torch.nn.CrossEntropyLoss(), partition_method="uniform")
-        cfg = _ds_config(hermod)
+        cfg = _ds_config(hermod, zero)
         engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
         h = install(engine, cfg)
+        tap = h.tap if h else CommTap(None)  # DeepSpeed's own run: record only
         g = torch.Generator().manual_seed(1 + engine.grid.data_parallel_id)
         data = [(torch.randn(1, 8, generator=g), torch.randint(0, 4, (1,), generator=g)) for _ in range(8)]
         it = iter(data * 4)
         losses = [float(engine.train_batch(data_iter=it)) for _ in range(2)]
         params = [p.detach().clone().tolist() for p in engine.module.parameters()]
         log = [(e.event, e.meta.op, e.meta.microbatch, e.meta.iteration) for e in h.sched.log] if h else []
+        records = [(r.op, r.numel, r.thread, r.meta and r.meta.ctype) for r in tap.records]
         if h:
             h.close()
-        out["hermod" if hermod else "base"] = {"losses": losses, "params": params, "log": log}
+        else:
+            tap.close()
+        out[(zero, hermod)] = {"losses": losses, "params": params, "log": log, "records": records}
+        engine.destroy()
     return out
 
 
@@ -60,14 +71,22 @@ def test_deepspeed_pipeline_hermod_keeps_the_math_and_keys_p2p_with_microbatch_i
 
     res = launch(_train, 4, timeout=300, env={"DS_ACCELERATOR": "cpu"})
     for r in res:
-        assert r["base"]["losses"] == r["hermod"]["losses"]
-        assert r["base"]["params"] == r["hermod"]["params"]
-        log = r["hermod"]["log"]
-        for it in (0, 1):
-            for op in {e[1] for e in log if e[0] == "critical"}:
-                mbs = [e[2] for e in log if e[0] == "critical" and e[1] == op and e[3] == it]
-                assert mbs == list(range(4)), (op, it, mbs)  # microbatch ids in schedule order
-            assert [e for e in log if e[0] == "dp" and e[3] == it]  # one keyed DP coflow per iteration
+        for zero in (0, 1):
+            base, herm = r[(zero, False)], r[(zero, True)]
+            assert base["losses"] == herm["losses"], zero
+            assert base["params"] == herm["params"], zero
+            log = herm["log"]
+            for it in (0, 1):
+                for op in {e[1] for e in log if e[0] == "critical"}:
+                    mbs = [e[2] for e in log if e[0] == "critical" and e[1] == op and e[3] == it]
+                    assert mbs == list(range(4)), (zero, op, it, mbs)  # microbatch ids in schedule order
+                assert [e for e in log if e[0] == "chunk" and e[3] == it], zero  # ReduceGrads went through the pacer
+            # every gradient reduction of DeepSpeed's own run is issued by the pacer under a DP key
+            reduce_ops = ("all_reduce", "reduce", "reduce_scatter_tensor")
+            ours = sorted((op, n) for op, n, t, c in herm["records"] if op in reduce_ops and t == "pacer" and c == "dp")
+            theirs = sorted((op, n) for op, n, t, _ in base["records"] if op in reduce_ops and n > 1)
+            assert ours == theirs and ours, zero
+            assert not [x for x in herm["records"] if x[0] in reduce_ops and x[2] == "main" and x[1] > 1], zero
 
 
 def test_hermod_section_is_parsed_strictly_and_only_its_own_subsection():
