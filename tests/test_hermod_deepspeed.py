@@ -66,6 +66,7 @@ def _train(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow  # 4 ranks x 4 DeepSpeed engines
 def test_deepspeed_pipeline_hermod_keeps_the_math_and_keys_p2p_with_microbatch_ids():
     from flowlane.launch import launch
 
