@@ -145,6 +145,30 @@ def test_adaptive_budget_from_the_profiled_step(tmp_path: Path, link: float, off
     assert s.budget_kept - before.budget_kept > 0
 
 
+def test_pool_is_sized_before_the_profiled_step_so_no_pinning_is_timed(tmp_path: Path, monkeypatch) -> None:
+    """Pinning host memory inside the profiled step stalled the host for 0.48 s on an H200, which was timed as
+    compute and gave a budget that cost 1.20x: the pool is now filled when the profiled record starts."""
+    m, idx = _model(L)
+    cache = _bulk(m, _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=1, link_GBps=1e6))
+    timed: list[int] = []
+    orig = PinnedPool._new
+
+    def spy(pool, cap):
+        rec = cache._current
+        if rec is not None and rec.profiling and rec.groups:  # a layer of the profiled step already began
+            timed.append(cap)
+        return orig(pool, cap)
+
+    monkeypatch.setattr(PinnedPool, "_new", spy)
+    with cache:
+        m(idx).backward()  # step 0: the last layer kept (stored late), so one block fewer than the profile needs
+        misses0 = cache.stats_snapshot().pool["misses"]
+        m(idx).backward()  # step 1: profiled, every layer offloaded
+        s = cache.stats_snapshot()
+    assert s.profile["timer"] == "clock" and s.pool["misses"] > misses0  # the extra block was allocated ...
+    assert timed == []  # ... before the profiled step's first layer
+
+
 def test_adaptive_picks_the_shallowest_prefetch_that_hides_the_most(tmp_path: Path) -> None:
     m, idx = _model(L)
     ref = _reference(m, idx)
