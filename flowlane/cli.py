@@ -63,7 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, mods = build_parser(argv)
     args = parser.parse_args(argv)
-    return int(mods[args.command].run(args) or 0)  # type: ignore[attr-defined]
+    try:
+        return int(mods[args.command].run(args) or 0)  # type: ignore[attr-defined]
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        # a command refusing its input after parsing (SystemExit("<what to give>")): a usage error, argparse's code
+        print(f"flowlane {args.command}: error: {e.code.removeprefix(args.command + ': ')}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -117,3 +117,16 @@ def test_default_output_folders_are_not_tracked_by_git():
     for out in outs:
         r = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", f"{out}/metrics.json"])
         assert r.returncode == 0, f"{out} is tracked by git"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--kept-layers", "9", "--step-time", "1"], r"--kept-layers 9 is more than --layers 4"),
+    ([], r"give --step-time \(seconds\) or --tflops"),
+])
+def test_a_command_that_refuses_its_input_exits_2_like_argparse(argv, match, capsys):
+    """Usage errors exit 2 (argparse's code, what scripts test for), also those a command finds after parsing
+    (ssd-estimate raised SystemExit with a message: exit 1, as if the estimate itself had failed)."""
+    assert main(["ssd-estimate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err), err
+    assert "Traceback" not in err
