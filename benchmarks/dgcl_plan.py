@@ -54,7 +54,7 @@ def quality(n: int, deg: float, seed: int) -> list[dict]:
     for name, (topo, R) in presets().items():
         lm = LinkModel.from_topology(topo, num_ranks=R)
         for part_name in ("metis", "random"):
-            part = stage1(indptr, indices, R, part_name, "vol", seed)
+            part = stage1(indptr, indices, R, "dgl-metis" if part_name == "metis" else part_name, "vol", seed)
             rel = CommRelation.from_edges(a["src"], a["dst"], part, R)
             plan = build_plan(rel, lm, method="spst", seed=seed, unit_bytes=4 * 128)
             p2p = build_plan(rel, lm, method="p2p", unit_bytes=4 * 128)
