@@ -110,6 +110,11 @@ class HermodConfig:
     candidates"). More help where iteration times are noisier than the gap to be found."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
+    launch: Literal["auto", "pacer", "program_order"] = "auto"
+    """Who launches the deferred DP coflows (flowlane.sched.scheduler): ``pacer`` (a thread, host-side gate: the
+    measured gloo path), ``program_order`` (the training thread at the seal point, whole windows in key order; PP/EP
+    precedence from stream priorities and traffic classes: no cross-rank timing dependence, no host synchronisation
+    on NCCL), ``auto`` (program_order on NCCL, pacer otherwise)."""
     gloo_class_ifnames: str = ""
     """gloo only: one interface per class ("eth0,eth0,bulk0"), so DP's bulk class leaves from its own address and
     the fabric can queue it behind PP/EP (flowlane.sched.groups); empty = host-side ordering only. NCCL uses
@@ -126,10 +131,14 @@ class HermodConfig:
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
             raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
+        if self.launch not in ("auto", "pacer", "program_order"):
+            raise ValueError(f"launch {self.launch!r} is not one of ['auto', 'pacer', 'program_order']")
         self.scheduler_config()  # validates chunk / inflight / gate
 
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(mode="hermod", chunk_bytes=self.chunk_bytes,
+    def scheduler_config(self, backend: str = "gloo") -> SchedulerConfig:
+        """The runtime scheduler's knobs on a process-group ``backend`` (which resolves ``launch="auto"``)."""
+        launch = self.launch if self.launch != "auto" else ("program_order" if backend == "nccl" else "pacer")
+        return SchedulerConfig(mode="hermod", chunk_bytes=self.chunk_bytes, launch=launch,
                                max_inflight_chunks=self.max_inflight_chunks, gate_timeout_s=self.gate_timeout_s)
 
     @classmethod
@@ -159,6 +168,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--hermod-ep-auto-probe-iterations", type=int, default=d.ep_auto_probe_iterations,
                    help="with --hermod-ep-algorithm auto: iterations each candidate is timed")
     g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
+    g.add_argument("--hermod-launch", choices=["auto", "pacer", "program_order"], default=d.launch,
+                   help="who launches deferred DP coflows (auto: program_order on NCCL, pacer on gloo)")
     g.add_argument("--hermod-gloo-class-ifnames", default=d.gloo_class_ifnames,
                    help="gloo: comma-separated interface per class (critical,pipeline,bulk) for wire priority")
     return parser
@@ -172,7 +183,8 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
                         gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
                         ep_auto_candidates=args.hermod_ep_auto_candidates,
                         ep_auto_probe_iterations=args.hermod_ep_auto_probe_iterations,
-                        ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames)
+                        ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames,
+                        launch=args.hermod_launch)
 
 
 # -- the runtime object ------------------------------------------------------------------------------------------------
@@ -200,7 +212,7 @@ class Hermod:
         self.config, self.M, self.L, self.stage, self.num_stages = (config, num_microbatches, layers_per_stage,
                                                                     stage, num_stages)
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
-        self.sched = CommScheduler(self.policy, config.scheduler_config())
+        self.sched = CommScheduler(self.policy, config.scheduler_config(dist.get_backend(dp_group)))
         self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum,
                                   probe_iterations=config.ep_auto_probe_iterations,
                                   candidates=config.ep_auto_candidates)
@@ -210,13 +222,18 @@ class Hermod:
         mine = [ranks]
         if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
             mine.append(dist.get_process_group_ranks(expert_dp_group))
-        if num_stages > 1:  # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a
-            from megatron.core import parallel_state as ps  # high-priority stream)
+        from megatron.core import parallel_state as ps
 
-            mine.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
+        if num_stages > 1:  # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a
+            mine.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))  # high-priority stream)
+        if expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1:  # MoE all-to-alls too
+            mine.append(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
         # collective: every rank constructs its Hermod together
         self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
         self.bulk_group = self.classes.get(dp_group, 2)
+        # one clone per class (NCCL, or gloo with an interface per class): the all-to-alls take the critical one.
+        # With a single gloo clone it would be the DP traffic's too, which a pacer thread launches: they stay put.
+        self._ep_on_class = self.classes.backend == "nccl" or bool(config.gloo_class_ifnames)
         self.keys = HermodKeys(num_microbatches=num_microbatches, layers_per_stage=layers_per_stage, stage=stage,
                                next_seq=self.sched.next_seq, num_stages=num_stages, virtual_chunks=virtual_chunks,
                                microbatch_group=microbatch_group)
@@ -540,7 +557,8 @@ def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits:
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
     meta = h.keys.ep(h._fwd_mb, h.keys.first_layer, op)
     with h.sched.critical_section(meta):
-        h.a2a(out, x, out_splits, in_splits, group=group, matrix=matrix, kind="ep", key=meta)
+        grp = h.classes.get(group, CRITICAL_CLASS) if h._ep_on_class else group
+        h.a2a(out, x, out_splits, in_splits, group=grp, matrix=matrix, kind="ep", key=meta)
     return out
 
 

@@ -114,7 +114,8 @@ def _both_moe(rank: int, world: int, cfg: dict, hermod: dict) -> dict:
 
 
 @pytest.mark.parametrize(("cfg", "hermod", "ep_ops"), [
-    (MOE, HERMOD, {"all_to_all"}), (MOE_EP4, HERMOD, {"isend", "irecv"}),
+    # EP 4 with one gloo communicator per Hermod class (all on loopback): the all-to-alls on the critical clone
+    (MOE, HERMOD, {"all_to_all"}), (MOE_EP4, {**HERMOD, "gloo_class_ifnames": "lo,lo,lo"}, {"isend", "irecv"}),
     # auto over 6 iterations, three candidates timed one iteration each: 0 warms up (not recorded), 1-3 run plain,
     # BvN and Algorithm 3 phases, the end of 3 decides (all-reduce + broadcast, on every rank through
     # Hermod.end_iteration; with the default two probe iterations it would not decide within 6), 4-5 run the choice

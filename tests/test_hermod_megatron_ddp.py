@@ -220,7 +220,8 @@ LAYOUTS = {
     # TP 2 x PP 2, input embedding tied to the output layer across the stages (finalize_model_grads all-reduces the
     # pair). Sequence parallelism needs Transformer Engine's or Apex's norms (megatron-core's torch LayerNorm
     # refuses it), which CPU runs do not have.
-    "tp2_pp2_tied": dict(pp=2, tp=2, ep=1, experts=None, sp=False, tied=True),
+    # (Hermod launching in program order from the training thread, as on NCCL)
+    "tp2_pp2_tied": dict(pp=2, tp=2, ep=1, experts=None, sp=False, tied=True, launch="program_order"),
     # the interleaved schedule: PP 2 x DP 2, two model chunks per stage (one layer each), overlapped p2p
     # (overlap_p2p_comm: Megatron waits for the requests later, one by one), 4 microbatches
     "interleaved_vpp2": dict(pp=2, tp=1, ep=1, experts=None, sp=False, tied=False, vpp=2, m=4),
@@ -291,7 +292,8 @@ def _train_layout(name: str, hermod: bool) -> dict:
             config.finalize_model_grads_func = finalize_model_grads
             h = None
             if hermod:
-                h = Hermod(HermodConfig(gate_timeout_s=0.02, schedule="interleaved" if vpp else "1f1b"),
+                h = Hermod(HermodConfig(gate_timeout_s=0.02, schedule="interleaved" if vpp else "1f1b",
+                                        launch=lay.get("launch", "auto")),
                            num_microbatches=m, layers_per_stage=recipe.num_layers // lay["pp"],
                            stage=ps.get_pipeline_model_parallel_rank(), num_stages=lay["pp"],
                            dp_group=ps.get_data_parallel_group(with_context_parallel=True),

@@ -155,3 +155,29 @@ def test_a_held_critical_op_keeps_dp_back_until_released_and_release_counts_once
         assert launched.is_set() and sched.outstanding_critical == 0
     finally:
         sched.close()
+
+
+def test_program_order_launches_each_sealed_window_at_once_in_key_order_on_the_sealing_thread():
+    """``launch="program_order"`` (Hermod on NCCL): no pacer thread; a seal point launches its whole window, in key
+    order, from the thread that reached it, whatever critical op is outstanding (no timing dependence)."""
+    policy = HermodPolicy(HermodOrderConfig(4))
+    sched = CommScheduler(policy, SchedulerConfig(launch="program_order"))
+    seen: list[tuple[str, str]] = []
+    metas = {"l0": CoflowMeta("dp", microbatch=3, layer=0, op="all_reduce", seq=1),
+             "l5": CoflowMeta("dp", microbatch=3, layer=5, op="all_reduce", seq=2)}
+    try:
+        assert sched._thread is None
+        handles = {name: sched.defer(m, [lambda name=name: seen.append((name, threading.current_thread().name))])
+                   for name, m in metas.items()}
+        assert seen == []  # nothing goes out before a seal point
+        release = sched.hold(CoflowMeta("pp", microbatch=0, layer=0, op="send_next"))  # outstanding: no gate
+        sched.seal()
+        expected = [n for n, _ in sorted(metas.items(), key=lambda kv: policy.order(kv[1]))]
+        assert [n for n, _ in seen] == expected
+        assert {t for _, t in seen} == {threading.current_thread().name}
+        release()
+        assert all(h.wait() for h in handles.values()) and not sched._live
+    finally:
+        sched.close()
+    with pytest.raises(ValueError, match=r"launch 'thread' is not one of \['pacer', 'program_order'\]"):
+        SchedulerConfig(launch="thread")  # type: ignore[arg-type]

@@ -24,6 +24,13 @@ EP groups), and deferred ops use communicators that nothing else issues on concu
 sequence are launched at once.
 
 ``mode="fifo"`` is the baseline (Megatron's default): deferred chunks launch at submit, in issue order, no gate.
+
+``launch="program_order"`` (Hermod on NCCL): no pacer thread. A sealed window is launched at once, in key order,
+from the thread that sealed it, so every rank issues every collective at the same program point (no cross-rank
+timing dependence), and waits are the backend's own (on NCCL stream-ordered: no host synchronisation). NCCL queues
+an op on the device the moment it is issued, so a host-side gate could only delay the launch, not hold traffic
+back; the precedence of PP/EP over DP comes from the device and the wire instead (the class communicators' stream
+priorities and traffic classes: :mod:`flowlane.sched.groups`). ``chunk_bytes`` still splits what the caller chunks.
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ class SchedulerConfig:
     """Longest a ready deferred chunk is held back while critical ops are outstanding (guarantees progress)."""
     wait_timeout_s: float = 300.0
     """A deferred handle's ``wait()`` raises after this long (a stuck peer is an error, never a hang)."""
+    launch: Literal["pacer", "program_order"] = "pacer"
+    """Who launches deferred chunks: ``pacer`` (one thread, gated, at most ``max_inflight_chunks`` on the wire; the
+    host waits, as on gloo) or ``program_order`` (the sealing thread, the whole window at once; see the module
+    docstring)."""
     gate_ctypes: tuple[str, ...] | None = None
     """Coflow types whose critical ops close the gate; None: all of them (Hermod: EP, PP and CP go before DP).
     ``("ep",)`` is Lina's rule (all-to-all before all-reduce; the thesis' Lina baseline, seed 000 §5.5.1), which
@@ -65,6 +76,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("hermod", "fifo"):
             raise ValueError(f"SchedulerConfig.mode {self.mode!r} is not one of ['fifo', 'hermod']")
+        if self.launch not in ("pacer", "program_order"):
+            raise ValueError(f"SchedulerConfig.launch {self.launch!r} is not one of ['pacer', 'program_order']")
         if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
             raise ValueError(f"SchedulerConfig.chunk_bytes must be an integer >= 1, got {self.chunk_bytes!r}")
         if not isinstance(self.max_inflight_chunks, int) or self.max_inflight_chunks < 1:
@@ -137,6 +150,7 @@ class _Deferred:
     remaining: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    works: list[Any] = field(default_factory=list)  # launch="program_order": the launched chunks' works
 
 
 class DeferredHandle:
@@ -154,6 +168,13 @@ class DeferredHandle:
 
     def wait(self, timeout: Any = None) -> bool:
         self._sched._make_urgent(self._op)
+        if self._sched.program_order:
+            if not self._op.done.is_set():
+                _wait(self._op.works)  # the backend's own wait (NCCL: the caller's stream waits, the host does not)
+                self._op.done.set()
+                with self._sched._cond:
+                    self._sched._live.pop(id(self._op), None)
+            return True
         limit = self._sched.config.wait_timeout_s
         if not self._op.done.wait(limit):
             raise TimeoutError(f"deferred coflow {self._op.meta} did not complete within {limit:.0f} s "
@@ -184,7 +205,8 @@ class CommScheduler:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cuda_device: int | None = None  # the caller's device, for the pacer's own wait stream
-        if self.config.mode == "hermod":
+        self.program_order = self.config.mode == "hermod" and self.config.launch == "program_order"
+        if self.config.mode == "hermod" and not self.program_order:
             self._thread = threading.Thread(target=self._pacer, name="flowlane-hermod-pacer", daemon=True)
             self._thread.start()
 
@@ -293,6 +315,8 @@ class CommScheduler:
 
     def close(self) -> None:
         if self._thread is None:
+            if self.program_order:
+                self.flush()
             return
         self.flush()
         with self._cond:
@@ -324,6 +348,11 @@ class CommScheduler:
                 self._next_seq_no += 1
                 self._seq.append(c)
         self._open.clear()
+        if self.program_order:  # the sealing thread launches the window now, in key order
+            while self._seq:
+                c = self._seq.popleft()
+                self._log("chunk", c.op.meta, c.index, c.window)
+                c.op.works.append(c.launch())
 
     def _enter_critical(self, meta: CoflowMeta) -> bool:
         """Seal (a program-order point) and close the gate if ``meta``'s type gates; returns whether it did."""

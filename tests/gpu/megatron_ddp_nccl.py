@@ -8,6 +8,7 @@ stock twice (a control: the GPU run must repeat itself bitwise) and once with He
 stock's, and Hermod keyed every bucket group's reduction.
 
 Cases: fp32 without the distributed optimizer; bf16 (Float16Module, fp32 main grads and master weights) with it.
+Hermod runs twice: ``launch="auto"`` (program order from the training thread on NCCL) and ``launch="pacer"``.
 
 The machine has ONE GPU: every rank gets its own ``NCCL_HOSTID`` so NCCL takes the ranks for hosts of their own and
 moves traffic through its socket transport over loopback (see benchmarks/nccl_gpu_check.py); ranks time-share the
@@ -65,11 +66,16 @@ def _batches(it: int, dp_rank: int, m: int, device: Any) -> Any:
         yield {"tokens": tokens[:, :-1].to(device), "labels": tokens[:, 1:].to(device)}
 
 
-def _train(case: dict[str, Any], hermod: bool, device: Any) -> dict[str, Any]:
+def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, Any]:
+    """``hermod``: None (stock) or HermodConfig.launch ("auto": program order on NCCL; "pacer")."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -114,7 +120,7 @@ def _train(case: dict[str, Any], hermod: bool, device: Any) -> dict[str, Any]:
             config.param_sync_func = model.start_param_sync
         m, iterations = MODEL["num_microbatches"], MODEL["iterations"]
         if hermod:
-            h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=m,
+            h = Hermod(HermodConfig(gate_timeout_s=0.02, launch=hermod), num_microbatches=m,
                        layers_per_stage=MODEL["num_layers"] // PP, stage=ps.get_pipeline_model_parallel_rank(),
                        num_stages=PP, dp_group=ps.get_data_parallel_group(with_context_parallel=True))
             h.attach_pipeline()
@@ -155,6 +161,7 @@ def _train(case: dict[str, Any], hermod: bool, device: Any) -> dict[str, Any]:
             out["dp_coflows"] = sum(1 for e in h.sched.log if e.event == "chunk" and e.meta.ctype == "dp"
                                     and e.meta.op != "all_gather")
             out["pp_ops"] = sum(1 for e in h.sched.log if e.meta.ctype == "pp")
+            out["launch"] = "program_order" if h.sched.program_order else "pacer"
         dist.barrier()
         return out
     finally:
@@ -172,13 +179,15 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, model: dict
     res: dict[str, Any] = {}
     for name, case in CASES.items():
         try:
-            a, b, c = _train(case, False, device), _train(case, False, device), _train(case, True, device)
+            a, b = _train(case, None, device), _train(case, None, device)
+            c, d = _train(case, "auto", device), _train(case, "pacer", device)
 
             def same(x: dict[str, Any], y: dict[str, Any]) -> bool:
                 return x["losses"] == y["losses"] and len(x["params"]) == len(y["params"]) and all(
                     torch.equal(p, q) for p, q in zip(x["params"], y["params"], strict=True))
 
-            res[name] = {"stock_repeats_bitwise": same(a, b), "hermod_bitwise_equal_stock": same(a, c),
+            res[name] = {"stock_repeats_bitwise": same(a, b), "hermod_bitwise_equal_stock": same(a, c) and same(a, d),
+                         "hermod_launch": c["launch"], "iteration_s_hermod_pacer": d["iteration_s"],
                          "losses_stock": a["losses"], "losses_hermod": c["losses"],
                          "bucket_groups": c["bucket_groups"], "hermod_dp_chunks": c["dp_coflows"],
                          "hermod_pp_ops": c["pp_ops"], "iteration_s_stock": b["iteration_s"],
@@ -237,7 +246,10 @@ def main() -> int:
         for name, c in res.items():
             print(f"  rank {r} {name}: " + (c["error"].strip().splitlines()[-1][:300] if "error" in c else
                   f"stock repeats {c['stock_repeats_bitwise']}, hermod == stock {c['hermod_bitwise_equal_stock']}, "
-                  f"dp chunks {c['hermod_dp_chunks']}, pp ops {c['hermod_pp_ops']}, loss {c['losses_hermod'][-1:]}"))
+                  f"dp chunks {c['hermod_dp_chunks']}, pp ops {c['hermod_pp_ops']}, loss {c['losses_hermod'][-1:]}, "
+                  f"steady ms stock / {c['hermod_launch']} / pacer: "
+                  + " / ".join(f"{1e3 * sum(x[1:]) / max(1, len(x) - 1):.0f}" for x in (
+                      c["iteration_s_stock"], c["iteration_s_hermod"], c["iteration_s_hermod_pacer"]))))
     if "error" in out:
         print(out["error"][-1500:])
     return 0 if ok else 1
