@@ -64,6 +64,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="CUDA tiers: layers reloaded ahead of the one in backward")
     g.add_argument("--ssd-offload-link-gbps", type=float, default=d.link_GBps,
                    help="with --ssd-offload-adaptive: link rate for the byte budget in GB/s (0 = measure it)")
+    g.add_argument("--ssd-offload-max-slowdown", type=float, default=d.max_slowdown,
+                   help="with --ssd-offload-adaptive: step time the budget may add, as a fraction (0.03 = 3 %%)")
     g.add_argument("--ssd-offload-pinned-pool-bytes", type=int, default=d.pinned_pool_bytes,
                    help="host pool capacity in bytes (0 = unbounded); exhausting it keeps activations on the GPU")
 
@@ -77,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> OffloadConfig:
         store_workers=args.ssd_offload_store_workers, load_workers=args.ssd_offload_load_workers,
         on_io_error=args.ssd_offload_on_io_error, o_direct=args.ssd_offload_o_direct,
         offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors), prefetch_groups=args.ssd_offload_prefetch_groups,
-        link_GBps=args.ssd_offload_link_gbps, pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes)
+        link_GBps=args.ssd_offload_link_gbps, pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
+        max_slowdown=args.ssd_offload_max_slowdown)
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:

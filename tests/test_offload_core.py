@@ -434,6 +434,7 @@ def test_config_errors_name_the_bad_value() -> None:
     ({"keep_last_k": "2"}, "offload.keep_last_k='2' must be an integer >= 0"),
     ({"prefetch_groups": 0}, "offload.prefetch_groups=0 must be an integer >= 1"),
     ({"link_GBps": float("nan")}, "offload.link_GBps=nan must be a finite number >= 0"),
+    ({"max_slowdown": 1.5}, r"offload.max_slowdown=1.5 must be a fraction in \[0, 1\)"),
     ({"dirs": ("",)}, "offload.dirs=.* must be a list of directory paths"),
     ({"dirs": 5}, "offload.dirs=5 must be a list of directory paths"),
 ])

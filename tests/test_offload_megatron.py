@@ -152,9 +152,10 @@ def test_megatron_flags_build_the_config() -> None:
     c = config_from_args(a)
     assert c.enabled and c.dirs == ("/a", "/b") and c.keep_last_k == 2 and c.adaptive and c.min_bytes == 1024
     a = p.parse_args(["--ssd-offload", "--ssd-offload-backend", "pinned_cpu", "--ssd-offload-prefetch-groups", "2",
-                      "--ssd-offload-link-gbps", "55", "--ssd-offload-pinned-pool-bytes", "1048576"])
+                      "--ssd-offload-link-gbps", "55", "--ssd-offload-pinned-pool-bytes", "1048576",
+                      "--ssd-offload-max-slowdown", "0.03"])
     c = config_from_args(a)
-    assert c.backend == "pinned_cpu" and c.prefetch_groups == 2 and c.link_GBps == 55.0
+    assert c.backend == "pinned_cpu" and c.prefetch_groups == 2 and c.link_GBps == 55.0 and c.max_slowdown == 0.03
     assert c.pinned_pool_bytes == 1 << 20
     with pytest.raises(SystemExit):
         p.parse_args(["--ssd-offload-backend", "gds"])

@@ -1068,9 +1068,10 @@ class TensorCache:
             prof = StepProfile(tuple(rec.group_bytes), tuple(max(0.0, x) for x in fwd),
                                tuple(max(0.0, x) for x in bwd), store, load, max(0.0, head))
             # the shallowest prefetch (<= prefetch_groups) that hides the most bytes: deeper reloads hold memory longer
-            budget, depth = choose_budget(prof, prefetch=1), 1
+            slack = self.config.max_slowdown * prof.step_s
+            budget, depth = choose_budget(prof, prefetch=1, slack_s=slack), 1
             for d in range(2, self.config.prefetch_groups + 1):
-                b = choose_budget(prof, prefetch=d)
+                b = choose_budget(prof, prefetch=d, slack_s=slack)
                 if b.total_bytes > budget.total_bytes:
                     budget, depth = b, d
         except Exception as e:  # noqa: BLE001 - a profile that cannot be read must not fail the training step

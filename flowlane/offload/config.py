@@ -55,6 +55,9 @@ class OffloadConfig:
     prefetch_groups: int = 1
     """How many layers ahead of the one in backward are reloaded, in stream order (>= 1). With ``adaptive`` the
     most: the profile picks the shallowest depth up to it that hides the most bytes."""
+    max_slowdown: float = 0.0
+    """``adaptive``: step time the budget may add, as a fraction of the profiled step (0.03 = 3 %): bytes past what
+    the link hides are offloaded while the modelled wait stays below it and below recomputing the layer."""
     link_GBps: float = 0.0
     """``adaptive``: the link's rate in GB/s for the byte budget (pinned_cpu: PCIe; posix: the disk's write rate);
     0 measures it in the profiled micro-batch (CUDA events around the copies, or the store threads' clock on CPU)."""
@@ -87,6 +90,9 @@ class OffloadConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"offload.{name}={v!r} must be an integer >= 1")
+        v = self.max_slowdown
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 <= v < 1:
+            raise ValueError(f"offload.max_slowdown={v!r} must be a fraction in [0, 1) of the step time")
         v = self.link_GBps
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
             raise ValueError(f"offload.link_GBps={v!r} must be a finite number >= 0 (0 = measure it)")

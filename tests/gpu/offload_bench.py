@@ -13,6 +13,7 @@ optimizer: weights stay fixed, so every step computes the same gradients):
   in stream order, no host waits) with the byte budget and prefetch depth chosen from the CUDA-event timings of the
   profiled step (step 1);
 - ``flowlane_all``: the same tier without the budget (every layer but the last offloaded): the PCIe-bound cost;
+- ``flowlane_slow3``: the budget allowed to add 3 % of the step (``max_slowdown=0.03``) for more bytes;
 - ``flowlane_ssd``: hidden 4096 only, the posix tier (layer blocks written with O_DIRECT from the pool) with the budget,
   when time is left;
 - ``megatron_fine_grained``: Megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine
@@ -211,8 +212,10 @@ def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: a
             min_bytes = a.min_bytes if dev.type == "cuda" else 4096
             kw: dict[str, Any] = {"backend": "pinned_cpu", "min_bytes": min_bytes, "offload_cpu_tensors": True,
                                   "on_io_error": "raise"}
-            if name in ("flowlane", "flowlane_ssd"):
+            if name in ("flowlane", "flowlane_ssd", "flowlane_slow3"):
                 kw.update(adaptive=True, profile_step=1, prefetch_groups=4)
+                if name == "flowlane_slow3":
+                    kw.update(max_slowdown=0.03)  # the budget may add 3 % of the step for more bytes
                 warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
             else:
                 kw.update(keep_last_k=1)
@@ -353,7 +356,7 @@ def main() -> int:
         torch.manual_seed(0)
         model = Net(h, heads, layers, dev, dtype)
         x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
-        order = ["keep", "keep_repeat", "recompute", "flowlane", "flowlane_all"]
+        order = ["keep", "keep_repeat", "recompute", "flowlane", "flowlane_all", "flowlane_slow3"]
         if h == 4096 or dev.type == "cpu":
             order.append("flowlane_ssd")
         ref = None
