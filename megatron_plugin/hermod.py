@@ -38,6 +38,7 @@ Hooks and what they do:
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -55,6 +56,8 @@ from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build
 
 if TYPE_CHECKING:
     from megatron_plugin.ddp_hooks import DDPHooks
+
+log = logging.getLogger("flowlane.hermod")
 
 #: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
 CRITICAL_CLASS = 0
@@ -303,6 +306,8 @@ class Hermod:
         wrapped._flowlane = True  # type: ignore[attr-defined]
         P2PCommunicator._communicate = wrapped
         self._restore.append(lambda: setattr(P2PCommunicator, "_communicate", original))
+        log.info("Hermod: pipeline p2p of Megatron-core's schedules keyed (%s), on the critical class",
+                 self.config.schedule)
 
     def _keyed_communicate(self, original: Callable[..., Any], bound_to: Any = None) -> Callable[..., Any]:
         """``original`` (bound to ``bound_to``, or the class's function taking the communicator first) with keys,
@@ -360,6 +365,9 @@ class Hermod:
         check_megatron_core_version("Hermod.attach_ddp")
         hooks = DDPHooks(self, model_chunks)
         self._restore.append(hooks.remove)
+        log.info("Hermod: %d DDP bucket group(s) and %d parameter gather(s) of Megatron-core scheduled (launch: %s)",
+                 hooks.bucket_groups, hooks.param_gather_groups,
+                 "program order" if self.sched.program_order else "pacer thread")
         return hooks
 
     def attach_finalize(self, config: Any, num_microbatches: Callable[[], int] | None = None) -> None:
@@ -441,6 +449,8 @@ class Hermod:
             cls.preprocess, cls.token_dispatch, cls.token_combine = preprocess, dispatch, combine
 
         self._restore.append(undo)
+        log.info("Hermod: MoE alltoall dispatcher's all-to-alls matched (%s), planned from its token counts",
+                 self.config.ep_algorithm)
 
     def dispatcher_split_matrix(self, group: dist.ProcessGroup) -> list[list[int]] | None:
         """The split matrix of the all-to-all now running on ``group`` (row i: what EP rank i sends to each rank),
