@@ -9,6 +9,10 @@ prints no formula; this is the digest's formalisation (research/003 §2.2.8):
     B_req(m) = (sum_{i<=m} s_i + s_m) / (T_F + 2 * sum_{j>m} f_j)   <=   B_w
 
 Choose the largest such m; modules after m are kept. B_req grows with m, so a scan from the end suffices.
+
+The tensor cache no longer uses this selector: one bandwidth against one window ignores that copies queue on FIFO
+streams and that reloads are issued a layer ahead, and on a GPU the host clock it was fed measured kernel enqueue.
+``budget.py`` replays the step instead; this module keeps the thesis' formula for reference and its tests.
 """
 
 from __future__ import annotations
