@@ -18,7 +18,11 @@ first that raised (with its traceback); the other ranks' errors follow.
 
 SIGTERM, SIGINT and SIGHUP to the launcher are forwarded: every rank gets SIGTERM and unwinds (``finally`` blocks
 and atexit handlers run, so offload directories are removed), the launcher waits for them, removes its launch
-directory and raises :class:`LaunchInterrupted`. Ranks also get SIGTERM if the launcher dies (PR_SET_PDEATHSIG).
+directory and raises :class:`LaunchInterrupted`. A launcher that dies without a word (``kill -9``) is noticed by its
+ranks (PR_SET_PDEATHSIG, and each rank checks its parent twice a second): they stop the same way and also remove the
+launch directory. A stopping rank's exit is bounded: exit hooks that do not return within seconds are abandoned
+(flowlane's offload directories are removed regardless), and a rank whose normal exit hangs (a thread that never ends,
+a native teardown) is ended by the kernel (SIGALRM) instead of running on as an orphan that ignores SIGTERM.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -48,11 +54,18 @@ from typing import Any
 log = logging.getLogger("flowlane")
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# a rank's PR_SET_PDEATHSIG: a signal of its own, so a rank knows its launcher is dying even before the launcher's
+# other threads are gone (SIGTERM could also be the launcher's own stop)
+_LAUNCHER_DIED = signal.SIGRTMIN + 7
+_RANK_BLOCKED = (*_FORWARDED, _LAUNCHER_DIED)  # taken by the rank's signal thread only
 _BEAT_EVERY_S = 0.5  # a rank reports progress at most this often; stall timeouts are seconds or more
 _SETTLE_S = 2.0  # after the first failure: time for its cause to show (a killed peer's exit, the others' errors)
 _RANK_GRACE_S = 2.0  # a signalled rank blocked in native code past this runs its atexit cleanup and exits
+_CLEANUP_S = 5.0  # a stopping rank's wait for its exit hooks (atexit) before it exits without the rest
+_EXIT_GUARD_S = 30  # a rank's own exit (thread joins, atexit, interpreter teardown) past this ends by SIGALRM
+_PARENT_POLL_S = 0.5  # how often a rank checks that its launcher is alive
 _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
-_STACK_WAIT_S = 3.0
+_STACK_WAIT_S = 10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
 
 
 class LaunchError(RuntimeError):
@@ -129,6 +142,9 @@ class _Channel:
         self.lock = threading.Lock()
         self.last_beat = 0.0
         self.interrupted = False
+        self.stopping = False  # the signal thread owns the exit: the main thread parks when it has unwound
+        self.requested: int | None = None  # a signal the main thread's handler took (see _raise_interrupted)
+        self.unwound = threading.Event()  # the main thread has left fn (unwound or finished)
 
     def send(self, kind: str, payload: Any = None) -> None:
         with self.lock:
@@ -153,40 +169,105 @@ def heartbeat() -> None:
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
-    if _CHANNEL is None or _CHANNEL.interrupted:
+    # The main thread's handler: the signal thread interrupts it, or a signal reached a thread that does not block
+    # them (one a library started before the rank blocked them) and Python runs the handler here. Either way the
+    # signal thread then owns the exit (``stopping``: the main thread parks once it has unwound).
+    ch = _CHANNEL
+    if ch is None or ch.interrupted:
         return  # unwinding already: let the finally blocks finish
-    _CHANNEL.interrupted = True
-    raise RankInterrupted(signum)
+    ch.interrupted = ch.stopping = True
+    ch.requested = signum
+    raise RankInterrupted(signal.SIGTERM if signum == _LAUNCHER_DIED else signum)
 
 
-def _watch_signals() -> None:
+def _watch(parent_pid: int, store_dir: str) -> None:
     # Python runs signal handlers only in the main thread and only between bytecodes; a rank blocked in a
-    # collective would never see them. This thread takes the (blocked) signals instead, interrupts the main thread,
-    # and if that has not unwound within the grace period, does the atexit cleanup itself and exits.
-    signum = signal.sigwait(set(_FORWARDED))
-    _thread.interrupt_main(signum)
-    time.sleep(_RANK_GRACE_S)
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
+    # collective would never see them. This thread takes the (blocked) signals instead and also checks that the
+    # launcher lives (PR_SET_PDEATHSIG is set only once the rank runs, and a subreaper may adopt the rank).
+    assert _CHANNEL is not None
+    while True:
+        info = signal.sigtimedwait(set(_RANK_BLOCKED), _PARENT_POLL_S)
+        signum = info.si_signo if info is not None else _CHANNEL.requested
+        if signum == _LAUNCHER_DIED:
+            _stop_rank(int(signal.SIGTERM), parent_pid, store_dir, launcher_died=True)
+        if signum is not None or _launcher_gone(parent_pid):
+            _stop_rank(signum or int(signal.SIGTERM), parent_pid, store_dir)
+
+
+def _launcher_gone(parent_pid: int) -> bool:
+    if os.getppid() != parent_pid:
+        return True
+    try:
+        with open(f"/proc/{parent_pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _stop_rank(signum: int, parent_pid: int, store_dir: str, launcher_died: bool = False) -> None:
+    """Interrupt the main thread, let it unwind (``finally`` blocks) for a grace period, run the exit hooks for a
+    bounded time, and exit. Never returns. A dead launcher cannot remove its directory (``store_dir``): this does."""
+    ch = _CHANNEL
+    assert ch is not None
+    ch.stopping = True
+    if not ch.interrupted and not ch.unwound.is_set():
+        _thread.interrupt_main(signum)
+    ch.unwound.wait(_RANK_GRACE_S)
+    hooks = threading.Thread(target=_run_exit_hooks, name="flowlane-exit-hooks", daemon=True)
+    hooks.start()
+    hooks.join(_CLEANUP_S)
+    if hooks.is_alive():  # a hook hangs: the ones after it in atexit's order never run; flowlane's own must
+        _remove_offload_dirs()
+    if launcher_died or _launcher_gone(parent_pid):
+        shutil.rmtree(store_dir, ignore_errors=True)
     os._exit(128 + signum)
 
 
-def _install_rank_signals(parent_pid: int) -> None:
-    for s in _FORWARDED:
+def _run_exit_hooks() -> None:
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+
+
+def _remove_offload_dirs() -> None:
+    # flowlane.offload removes its per-run directories from an atexit hook (flowlane/offload/backends.py); run that
+    # hook directly when another one blocks the queue. Looked up, not imported: a rank without offload has none.
+    mod = sys.modules.get("flowlane.offload.backends")
+    remove = getattr(mod, "_remove_live_run_dirs", None)
+    if callable(remove):
+        with contextlib.suppress(Exception):
+            remove()
+
+
+def _install_rank_signals(parent_pid: int, store_dir: str) -> None:
+    for s in _RANK_BLOCKED:
         signal.signal(s, _raise_interrupted)
-    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)  # inherited by every thread started from here on
-    threading.Thread(target=_watch_signals, name="flowlane-signals", daemon=True).start()
-    with contextlib.suppress(Exception):  # Linux: SIGTERM when the launcher dies, however it dies
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # it died before prctl
-        os.kill(os.getpid(), signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)  # (already, from the launcher) and for new threads
+    threading.Thread(target=_watch, args=(parent_pid, store_dir), name="flowlane-signals", daemon=True).start()
+    with contextlib.suppress(Exception):  # Linux: a signal when the launcher dies, however it dies
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(_LAUNCHER_DIED), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _leave(ch: _Channel) -> None:
+    """The main thread's last step in a rank. A stopping rank waits here for the signal thread to end it (one owner
+    of the exit); otherwise the normal exit follows (thread joins, atexit, interpreter teardown) with the signal
+    thread still watching until the teardown, and a kernel alarm bounds it: after it nothing could stop a hang,
+    as the forwarded signals are blocked in every thread."""
+    ch.unwound.set()
+    if ch.stopping:
+        while True:
+            time.sleep(3600)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(_EXIT_GUARD_S)
 
 
 def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: str | None, store_dir: str,
            op_timeout: float, env: Mapping[str, str], conn: Connection, threads: int, parent_pid: int) -> None:
     global _CHANNEL
     _CHANNEL = ch = _Channel(conn)
-    _install_rank_signals(parent_pid)
+    _install_rank_signals(parent_pid, store_dir)
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world)})
@@ -212,6 +293,8 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
         signum = e.signum if isinstance(e, RankInterrupted) else None
         with contextlib.suppress(OSError, ValueError):
             ch.send("err", (traceback.format_exc(), signum))
+    finally:
+        _leave(ch)
 
 
 def _arrive(store_dir: str, rank: int, world: int, ch: _Channel) -> None:
@@ -316,7 +399,13 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeou
                 p = ctx.Process(target=_child, args=(fn, r, nprocs, tuple(args), backend, store_dir, op_timeout,
                                                      base_env, writer, threads_per_rank, os.getpid()),
                                 name=f"flowlane-rank{r}", daemon=False)
-                p.start()
+                # the rank starts with the forwarded signals blocked (the mask survives fork and exec), so every
+                # thread its imports start leaves them to its signal thread
+                old = signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)
+                try:
+                    p.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
                 writer.close()  # only the rank writes: its exit is then EOF here
                 ranks.append(_Rank(r, p, reader, time.monotonic()))
             _supervise(ranks, timeout, startup_timeout, store_dir)
@@ -449,25 +538,54 @@ def _stopped(pid: int | None) -> bool:
         return False
 
 
+def _signal_state(pid: int | None, signum: int) -> tuple[bool, frozenset[str]]:
+    """(``signum`` pending for process ``pid``, the threads that block it). A handler runs with its signal blocked in
+    its thread, so a thread that blocks it now and did not before is still handling it."""
+    bit = 1 << (int(signum) - 1)
+    pending, blocked = False, set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    if line.startswith(("ShdPnd:", "SigPnd:", "SigBlk:")) and int(line.split()[1], 16) & bit:
+                        if line.startswith("SigBlk:"):
+                            blocked.add(task)
+                        else:
+                            pending = True
+    except (OSError, ValueError, IndexError):
+        pass
+    return pending, frozenset(blocked)
+
+
 def _stopped_text(rank: int) -> str:
     return (f"rank {rank} is stopped (process state T: SIGSTOP, Ctrl-Z or a debugger) and not answering; "
             "the other ranks wait for it")
 
 
 def _dump_stacks(ranks: Sequence[_Rank], which: Sequence[int], store_dir: str) -> dict[int, str]:
-    asked = []
+    asked, blocking = [], {}
     for i in which:
         p = ranks[i].proc
         if p.is_alive() and p.pid and not _stopped(p.pid):
+            blocking[i] = _signal_state(p.pid, signal.SIGUSR1)[1]  # threads that block it anyway
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGUSR1)
                 asked.append(i)
+
+    def written(i: int, f: Path) -> bool:
+        # begun (the file has bytes) and finished (SIGUSR1 neither pending nor held by a handler still writing):
+        # faulthandler writes the main thread, the one usually stuck, last
+        if not (f.exists() and f.stat().st_size):
+            return False
+        pending, blocked = _signal_state(ranks[i].proc.pid, signal.SIGUSR1)
+        return not pending and blocked <= blocking[i]
+
     deadline = time.monotonic() + _STACK_WAIT_S
     stacks: dict[int, str] = {}
     for i in which:
         f = Path(store_dir) / f"stack.{i}"
-        while i in asked and time.monotonic() < deadline and not (f.exists() and f.stat().st_size):
-            time.sleep(0.1)
+        while i in asked and time.monotonic() < deadline and not written(i, f):
+            time.sleep(0.05)
         text = f.read_text()[-4000:] if f.exists() else ""
         if not text and _stopped(ranks[i].proc.pid):
             text = "(no stack: the process is stopped and cannot answer)"

@@ -64,11 +64,17 @@ def signal_self_after_some_steps(rank: int, world: int, victim: int, signum: int
     return rank
 
 
-def hold_a_run_dir(rank: int, world: int, target: str, pids: str) -> None:
-    """Create an offload run directory (0700, removed at exit by flowlane.offload) and train forever."""
+def hold_a_run_dir(rank: int, world: int, target: str, pids: str, exit_hook_hangs: bool = False) -> None:
+    """Create an offload run directory (0700, removed at exit by flowlane.offload) and train forever. With
+    ``exit_hook_hangs``, a library's exit hook registered after it never returns (atexit runs it first)."""
+    import atexit
+    import threading
+
     from flowlane.offload.backends import make_run_dir
 
     make_run_dir(target)
+    if exit_hook_hangs:
+        atexit.register(threading.Event().wait)
     Path(pids, f"rank{rank}.pid").write_text(str(os.getpid()))
     while True:
         L.heartbeat()
@@ -125,7 +131,8 @@ def test_a_stopped_rank_is_blamed_when_its_peers_collectives_time_out_first():
 
 
 # ------------------------------------------------------------------------------------------------ 3. signals
-def _start_launcher(tmp_path: Path, world: int) -> tuple[subprocess.Popen, Path, Path, Path]:
+def _start_launcher(tmp_path: Path, world: int, exit_hook_hangs: bool = False
+                    ) -> tuple[subprocess.Popen, Path, Path, Path]:
     target, pids, tmp = tmp_path / "offload", tmp_path / "pids", tmp_path / "tmp"
     for d in (target, pids, tmp):
         d.mkdir()
@@ -133,7 +140,8 @@ def _start_launcher(tmp_path: Path, world: int) -> tuple[subprocess.Popen, Path,
             "from flowlane import launch as L\n"
             "from tests.test_launch_faults import hold_a_run_dir\n"
             "try:\n"
-            f"    L.launch(hold_a_run_dir, {world}, args=({str(target)!r}, {str(pids)!r}), timeout=600,"
+            f"    L.launch(hold_a_run_dir, {world}, args=({str(target)!r}, {str(pids)!r}, {exit_hook_hangs}),"
+            " timeout=600,"
             " backend=None)\n"
             "except L.LaunchInterrupted as e:\n"
             "    sys.exit(128 + e.signum)\n")
@@ -184,20 +192,55 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_removes_their_directories
             proc.wait()
 
 
-def test_ranks_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path):
-    """kill -9 of the launcher runs none of its code: the ranks learn of it from the kernel (PR_SET_PDEATHSIG) and
-    still stop and remove their offload directories."""
-    proc, target, pids, _ = _start_launcher(tmp_path, 2)
+@pytest.mark.parametrize("exit_hook_hangs", [False, True], ids=["plain", "an exit hook that hangs"])
+def test_ranks_do_not_outlive_a_launcher_killed_with_sigkill(tmp_path, exit_hook_hangs):
+    """kill -9 of the launcher runs none of its code: the ranks learn of it from the kernel (PR_SET_PDEATHSIG) or by
+    seeing their parent gone, and still stop, remove their offload directories and the launch directory, even when
+    a library's exit hook never returns (such a rank ignored every further SIGTERM and ran on forever)."""
+    proc, target, pids, tmp = _start_launcher(tmp_path, 2, exit_hook_hangs)
     rank_pids = [int(p.read_text()) for p in sorted(pids.glob("*.pid"))]
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a bound for "eventually", not a speed requirement
         while any(_alive(p) for p in rank_pids) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert [p for p in rank_pids if _alive(p)] == [], "orphaned ranks"
         assert list(target.iterdir()) == [], "offload run directories left behind"
+        assert list(tmp.glob("flowlane-launch-*")) == [], "launch directory left behind"
     finally:
         for p in rank_pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------------------ stacks
+def test_a_stack_is_read_only_once_the_rank_has_finished_writing_it(tmp_path):
+    """The launcher asks a stuck rank for its stack (SIGUSR1: faulthandler writes every thread's frames) and must not
+    read the file half-written: under load it read the first thread's lines and missed the main thread's (the one
+    stuck), which is written last. Here the rank has begun the file and holds SIGUSR1 back until it has written the
+    rest; the launcher waits for it instead of reading the first bytes."""
+    from types import SimpleNamespace
+
+    code = ("import faulthandler, signal, sys, time\n"
+            "f = open(sys.argv[1], 'w')\n"
+            "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+            "f.write('first thread\\n'); f.flush()\n"
+            "print('ready', flush=True)\n"
+            "while signal.SIGUSR1 not in signal.sigpending():\n"
+            "    time.sleep(0.01)\n"
+            "time.sleep(0.5)\n"
+            "f.write('the main thread, where it is stuck\\n'); f.flush()\n"
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})\n"
+            "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "stack.0")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        rank = SimpleNamespace(proc=SimpleNamespace(pid=proc.pid, is_alive=lambda: proc.poll() is None))
+        stacks = L._dump_stacks([rank], [0], str(tmp_path))
+        assert "the main thread, where it is stuck" in stacks[0], stacks[0]
+    finally:
+        proc.kill()
+        proc.wait()
