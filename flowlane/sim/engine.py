@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -210,9 +211,9 @@ class Simulator:
                 raise SimSpecError(f"cannot route flow {s!r} -> {d!r}: {e}") from None
             first[k] = len(rows)
             count[k] = len(rs)
-            for r in rs:
-                rows.append([self.link_index[(lk.src, lk.dst)] for lk in r.links])
-                lat.append(r.latency)
+            for rt in rs:
+                rows.append([self.link_index[(lk.src, lk.dst)] for lk in rt.links])
+                lat.append(rt.latency)
         hmax = max((len(r) for r in rows), default=1)
         pad = len(self.link_keys)
         table = np.full((max(len(rows), 1), hmax), pad, dtype=np.intp)
@@ -235,28 +236,92 @@ class Simulator:
     # -- main loop ------------------------------------------------------------------------------------------
     def run(self, w: Workload, policy: SchedulingPolicy | None = None,
             on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Simulate ``w`` under ``policy`` (default FIFO) until every node has completed."""
         policy = policy or FifoPolicy()
         t_wall = time.perf_counter()
         t_cpu = time.process_time()
-        cfg = self.cfg
         for d in w.devices:
             if d not in self.topo.devices:
                 raise SimSpecError(f"workload device {d!r} is not in topology {self.topo.name!r}")
-        nodes = w.nodes
-        n = len(nodes)
-        pairs, rfirst, rcount, table, rlat, hmax = self._route_table(w)
-        nd = len(w.devices)
-        pad = len(self.link_keys)
+        loop = _EventLoop(self, w, policy)
+        loop.run(on_progress)
+        return loop.result(time.perf_counter() - t_wall, time.process_time() - t_cpu)
+
+
+class _ActiveFlows:
+    """The flows on the wire, as a structure of arrays (one row per flow): route (link indices, padded), bytes left,
+    rate, priority class, the unit it completes (a coflow node or one phase flow), its matched-coflow id for the
+    incast model (-1: none) and the latency paid after its last byte. Flows started since the last rate update wait
+    in ``new`` until :meth:`admit`."""
+
+    __slots__ = ("h", "rem", "rate", "cls", "unit", "grp", "lat", "new")
+
+    def __init__(self, hmax: int) -> None:
+        self.h = np.zeros((0, hmax), np.intp)
+        self.rem = np.zeros(0)
+        self.rate = np.zeros(0)
+        self.cls = np.zeros(0, np.int64)
+        self.unit = np.zeros(0, np.int64)
+        self.grp = np.zeros(0, np.int64)
+        self.lat = np.zeros(0)
+        self.new: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [])  # h, rem, cls, unit, grp, lat
+
+    def add(self, h: np.ndarray, nb: np.ndarray, cls: np.ndarray, unit: np.ndarray, grp: np.ndarray,
+            lat: np.ndarray) -> None:
+        for lst, x in zip(self.new, (h, nb, cls, unit, grp, lat), strict=True):
+            lst.append(x)
+
+    def admit(self) -> bool:
+        """Move the started flows onto the wire; True if there were any (the rates must be recomputed)."""
+        nh, nrem, ncls, nunit, ngrp, nlat = self.new
+        if not nh:
+            return False
+        self.h = np.concatenate([self.h, *nh])
+        self.rem = np.concatenate([self.rem, *nrem])
+        self.cls = np.concatenate([self.cls, *ncls])
+        self.unit = np.concatenate([self.unit, *nunit])
+        self.grp = np.concatenate([self.grp, *ngrp])
+        self.lat = np.concatenate([self.lat, *nlat])
+        for lst in self.new:
+            lst.clear()
+        return True
+
+    def keep(self, keep: np.ndarray) -> None:
+        """Drop the finished flows (``keep`` False); their rates go with the next rate update."""
+        self.h, self.rem, self.cls, self.unit, self.lat = (self.h[keep], self.rem[keep], self.cls[keep],
+                                                          self.unit[keep], self.lat[keep])
+        self.grp = self.grp[keep]
+
+
+class _EventLoop:
+    """One run of :meth:`Simulator.run`: the DAG's static data (successors, classes, stream order, compute
+    durations), its state (node times, executor and stream queues, the completion heap, bytes per link), the active
+    flows (:class:`_ActiveFlows`), running phased all-to-alls and the plan caches; :meth:`run` advances time from
+    one batch of events to the next (module docstring)."""
+
+    def __init__(self, sim: Simulator, w: Workload, policy: SchedulingPolicy) -> None:
+        cfg = self.cfg = sim.cfg
+        self.w = w
+        self.policy = policy
+        self.capacity = sim.capacity
+        self.incast_links = sim.incast_links
+        self.link_keys = sim.link_keys
+        self.path_row = sim._path_row
+        nodes: list[Any] = w.nodes  # a node's kind is checked where it matters (isinstance), not typed per use
+        self.nodes = nodes
+        n = self.n = len(nodes)
+        self.pairs, self.rfirst, self.rcount, self.table, self.rlat, self.hmax = sim._route_table(w)
+        self.nd = len(w.devices)
+        pad = self.pad = len(sim.link_keys)
 
         # static per-node data
         succ: list[list[int]] = [[] for _ in range(n)]
-        indeg = np.zeros(n, np.int64)
         for i, ds in enumerate(w.deps):
-            indeg[i] = len(ds)
             for d in ds:
                 succ[d].append(i)
-        indeg_l = indeg.tolist()
-        cof_ids = [i for i, x in enumerate(nodes) if isinstance(x, Coflow | PhasedAllToAll)]
+        self.succ = succ
+        self.indeg = [len(ds) for ds in w.deps]
+        cof_ids = self.cof_ids = [i for i, x in enumerate(nodes) if isinstance(x, Coflow | PhasedAllToAll)]
         # A phased all-to-all's flows complete one by one: flow f of node i is unit vbase[i] + f (ids >= n), so
         # pending / last_arrival / the heap treat it like a coflow of its own
         vbase: dict[int, int] = {}
@@ -265,15 +330,10 @@ class Simulator:
             if isinstance(nodes[i], PhasedAllToAll):
                 vbase[i] = n_units
                 n_units += len(nodes[i].src)
-        v_first = np.array(list(vbase.values()), np.int64)
-        v_node = np.array(list(vbase.keys()), np.int64)
-        running: dict[int, _PhasedRun] = {}
-        # planning and issue costs (SimConfig.plan_*, phase_issue_time): each group's plan cache, and phase flows
-        # whose waits are met but whose issue lies ahead (heap entry -1 - id -> (node, flows))
-        charge = cfg.plan_time > 0 or cfg.plan_hit_time > 0 or cfg.phase_issue_time > 0
-        plan_lru: dict[tuple[int, ...], OrderedDict[bytes, None]] = {}
-        plan_count = {"hits": 0, "misses": 0}
-        deferred: dict[int, tuple[int, np.ndarray]] = {}
+        self.vbase = vbase
+        self.v_first = np.array(list(vbase.values()), np.int64)
+        self.v_node = np.array(list(vbase.keys()), np.int64)
+        self.running: dict[int, _PhasedRun] = {}
         # policy keys -> dense ranks (class for the network, order for the streams), computed once: the DAG is fixed
         prio = {i: policy.priority(nodes[i].meta) for i in cof_ids}
         order = {i: policy.order(nodes[i].meta) for i in cof_ids}
@@ -282,288 +342,279 @@ class Simulator:
             ord_sorted = sorted(cof_ids, key=lambda i: order[i])
         except TypeError as e:
             raise SimSpecError(f"policy {policy.name!r} returned keys that cannot be compared: {e}") from None
-        node_cls = {i: cls_rank[prio[i]] for i in cof_ids}
-        node_ord = {i: r for r, i in enumerate(ord_sorted)}
-        durations = {}
+        self.node_cls = {i: cls_rank[prio[i]] for i in cof_ids}
+        self.node_ord = {i: r for r, i in enumerate(ord_sorted)}
+        durations: dict[int, float] = {}
+        self.durations = durations
         rng = np.random.default_rng(cfg.seed)
-        comp_ids = [i for i, x in enumerate(nodes) if isinstance(x, ComputeTask)]
+        comp_ids = self.comp_ids = [i for i, x in enumerate(nodes) if isinstance(x, ComputeTask)]
         jit = (1 + cfg.compute_jitter * rng.standard_normal(len(comp_ids))) if cfg.compute_jitter else None
         for k, i in enumerate(comp_ids):
             durations[i] = nodes[i].duration * (max(0.0, jit[k]) if jit is not None else 1.0)
 
-        start_t = np.full(n, np.nan)
-        end_t = np.full(n, np.nan)
-        ready_t = np.full(n, np.nan)
-        heap: list[tuple[float, int]] = []  # (time, node) completions of compute tasks and coflows
-        exec_busy: dict[str, bool] = defaultdict(bool)
-        exec_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        stream_busy: dict[str, bool] = defaultdict(bool)
-        stream_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        pending = np.zeros(n_units, np.int64)
-        last_arrival = np.zeros(n_units)
-        link_bytes = np.zeros(pad + 1)
+        # state
+        self.start_t = np.full(n, np.nan)
+        self.end_t = np.full(n, np.nan)
+        self.ready_t = np.full(n, np.nan)
+        self.heap: list[tuple[float, int]] = []  # (time, node) completions of compute tasks and coflows
+        self.exec_busy: dict[str, bool] = defaultdict(bool)
+        self.exec_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.stream_busy: dict[str, bool] = defaultdict(bool)
+        self.stream_q: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.pending = np.zeros(n_units, np.int64)
+        self.last_arrival = np.zeros(n_units)
+        self.link_bytes = np.zeros(pad + 1)
+        self.moved = np.zeros(pad + 1)
+        self.flows = _ActiveFlows(self.hmax)
+        self.events = self.rate_updates = self.num_flows = self.done = 0
+        # planning and issue costs (SimConfig.plan_*, phase_issue_time): each group's plan cache, and phase flows
+        # whose waits are met but whose issue lies ahead (heap entry -1 - id -> (node, flows))
+        self.charge = cfg.plan_time > 0 or cfg.plan_hit_time > 0 or cfg.phase_issue_time > 0
+        self.plan_lru: dict[tuple[int, ...], OrderedDict[bytes, None]] = {}
+        self.plan_hits = self.plan_misses = 0
+        self.deferred: dict[int, tuple[int, np.ndarray]] = {}
+        self.n_deferred = 0
 
-        # active flows (structure of arrays)
-        a_h = np.zeros((0, hmax), np.intp)
-        a_rem = np.zeros(0)
-        a_rate = np.zeros(0)
-        a_cls = np.zeros(0, np.int64)
-        a_cof = np.zeros(0, np.int64)
-        a_grp = np.zeros(0, np.int64)  # matched coflow id or -1, for the incast model
-        a_lat = np.zeros(0)
-        new_h: list[np.ndarray] = []
-        new_rem: list[np.ndarray] = []
-        new_cls: list[np.ndarray] = []
-        new_cof: list[np.ndarray] = []
-        new_grp: list[np.ndarray] = []
-        new_lat: list[np.ndarray] = []
-        counters = {"events": 0, "rates": 0, "flows": 0, "deferred": 0}
-        t = 0.0
-        done = 0
-
-        def route(unit: np.ndarray, src: np.ndarray, dst: np.ndarray, nb: np.ndarray, hkey: np.ndarray, steps: int,
-                  spray: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-            """Route flows: spread over every equal-cost route (spray), or one route each (an ECMP hash of ``hkey``,
-            or the first). Flow k completes unit ``unit[k]`` (a coflow node or one phase flow). Returns the routed
-            flows' (hops, bytes, latency, unit)."""
-            code = src * nd + dst
-            p = np.searchsorted(pairs, code)
-            cnt = rcount[p]
-            if spray:
-                base = np.repeat(rfirst[p], cnt)
-                off = np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-                rows = base + off
-                nb = np.repeat(nb / cnt, cnt)
-                unit = np.repeat(unit, cnt)
+    # -- flows ------------------------------------------------------------------------------------------------
+    def route(self, unit: np.ndarray, src: np.ndarray, dst: np.ndarray, nb: np.ndarray, hkey: np.ndarray, steps: int,
+              spray: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Route flows: spread over every equal-cost route (spray), or one route each (an ECMP hash of ``hkey``,
+        or the first). Flow k completes unit ``unit[k]`` (a coflow node or one phase flow). Returns the routed
+        flows' (hops, bytes, latency, unit)."""
+        cfg = self.cfg
+        code = src * self.nd + dst
+        p = np.searchsorted(self.pairs, code)
+        cnt = self.rcount[p]
+        if spray:
+            base = np.repeat(self.rfirst[p], cnt)
+            off = np.arange(cnt.sum()) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            rows = base + off
+            nb = np.repeat(nb / cnt, cnt)
+            unit = np.repeat(unit, cnt)
+        else:
+            if cfg.routing != "first":
+                hsh = _mix(hkey + np.uint64(cfg.seed) * np.uint64(104_729) + code.astype(np.uint64))
+                sel = (hsh % cnt.astype(np.uint64)).astype(np.int64)
             else:
-                if cfg.routing != "first":
-                    hsh = _mix(hkey + np.uint64(cfg.seed) * np.uint64(104_729) + code.astype(np.uint64))
-                    sel = (hsh % cnt.astype(np.uint64)).astype(np.int64)
-                else:
-                    sel = np.zeros(len(code), np.int64)
-                rows = rfirst[p] + sel
-            return table[rows], np.asarray(nb, np.float64), rlat[rows] * steps + cfg.launch_overhead, unit
+                sel = np.zeros(len(code), np.int64)
+            rows = self.rfirst[p] + sel
+        return self.table[rows], np.asarray(nb, np.float64), self.rlat[rows] * steps + cfg.launch_overhead, unit
 
-        def activate(unit: np.ndarray, h: np.ndarray, nb: np.ndarray, lat: np.ndarray, cls: int, grp: int,
-                     now: float) -> None:
-            np.add.at(pending, unit, 1)
-            last_arrival[unit] = now
-            np.add.at(link_bytes, h.ravel(), np.repeat(nb, hmax))  # offered bytes per link (routes x sizes)
-            new_h.append(h)
-            new_rem.append(nb)
-            new_cls.append(np.full(len(nb), cls, np.int64))
-            new_cof.append(unit)
-            new_grp.append(np.full(len(nb), grp, np.int64))
-            new_lat.append(lat)
-            counters["flows"] += len(nb)
+    def activate(self, unit: np.ndarray, h: np.ndarray, nb: np.ndarray, lat: np.ndarray, cls: int, grp: int,
+                 now: float) -> None:
+        np.add.at(self.pending, unit, 1)
+        self.last_arrival[unit] = now
+        np.add.at(self.link_bytes, h.ravel(), np.repeat(nb, self.hmax))  # offered bytes per link (routes x sizes)
+        self.flows.add(h, nb, np.full(len(nb), cls, np.int64), unit, np.full(len(nb), grp, np.int64), lat)
+        self.num_flows += len(nb)
 
-        def start_coflow(i: int, now: float) -> None:
-            c: Coflow = nodes[i]
-            start_t[i] = now
-            if len(c.src) == 0:
-                heapq.heappush(heap, (now + cfg.launch_overhead, i))
-                return
-            k = len(c.src)
-            hkey = np.uint64(i) * np.uint64(1_000_003) + np.arange(k, dtype=np.uint64) * np.uint64(7919)
-            h, nb, lat, unit = route(np.full(k, i, np.int64), c.src, c.dst, c.nbytes, hkey, c.steps,
-                                     cfg.routing == "spray" and not c.paths)
-            if c.paths:
-                # explicit multi-path: replace the listed flows by sub-flows on the given device paths
-                keep = np.ones(len(nb), bool)
-                xs_h, xs_nb, xs_lat = [], [], []
-                for fi, splits in c.paths.items():
-                    if not 0 <= fi < len(c.src):
-                        raise SimSpecError(f"coflow {c.name!r}: paths refers to flow {fi}, which does not exist")
-                    tot = sum(f for _, f in splits)
-                    if not splits or tot <= 0:
-                        raise SimSpecError(f"coflow {c.name!r}: flow {fi} path fractions must sum to > 0")
-                    keep[fi] = False
-                    for path, frac in splits:
-                        if path[0] != w.devices[c.src[fi]] or path[-1] != w.devices[c.dst[fi]]:
-                            raise SimSpecError(f"coflow {c.name!r}: path {path!r} does not join the ends of flow {fi}")
-                        row, plat = self._path_row(tuple(path), hmax)
-                        xs_h.append(row)
-                        xs_nb.append(c.nbytes[fi] * frac / tot)
-                        xs_lat.append(plat * c.steps + cfg.launch_overhead)
-                h = np.concatenate([h[keep], np.array(xs_h, np.intp).reshape(-1, hmax)])
-                nb = np.concatenate([nb[keep], xs_nb])
-                lat = np.concatenate([lat[keep], xs_lat])
-                unit = np.full(len(nb), i, np.int64)
-            activate(unit, h, nb, lat, node_cls[i], i if c.matched else -1, now)
+    def start_coflow(self, i: int, now: float) -> None:
+        c: Coflow = self.nodes[i]
+        cfg = self.cfg
+        self.start_t[i] = now
+        if len(c.src) == 0:
+            heapq.heappush(self.heap, (now + cfg.launch_overhead, i))
+            return
+        k = len(c.src)
+        hkey = np.uint64(i) * np.uint64(1_000_003) + np.arange(k, dtype=np.uint64) * np.uint64(7919)
+        h, nb, lat, unit = self.route(np.full(k, i, np.int64), c.src, c.dst, c.nbytes, hkey, c.steps,
+                                      cfg.routing == "spray" and not c.paths)
+        if c.paths:
+            # explicit multi-path: replace the listed flows by sub-flows on the given device paths
+            devices, hmax = self.w.devices, self.hmax
+            keep = np.ones(len(nb), bool)
+            xs_h, xs_nb, xs_lat = [], [], []
+            for fi, splits in c.paths.items():
+                if not 0 <= fi < len(c.src):
+                    raise SimSpecError(f"coflow {c.name!r}: paths refers to flow {fi}, which does not exist")
+                tot = sum(f for _, f in splits)
+                if not splits or tot <= 0:
+                    raise SimSpecError(f"coflow {c.name!r}: flow {fi} path fractions must sum to > 0")
+                keep[fi] = False
+                for path, frac in splits:
+                    if path[0] != devices[c.src[fi]] or path[-1] != devices[c.dst[fi]]:
+                        raise SimSpecError(f"coflow {c.name!r}: path {path!r} does not join the ends of flow {fi}")
+                    row, plat = self.path_row(tuple(path), hmax)
+                    xs_h.append(row)
+                    xs_nb.append(c.nbytes[fi] * frac / tot)
+                    xs_lat.append(plat * c.steps + cfg.launch_overhead)
+            h = np.concatenate([h[keep], np.array(xs_h, np.intp).reshape(-1, hmax)])
+            nb = np.concatenate([nb[keep], xs_nb])
+            lat = np.concatenate([lat[keep], xs_lat])
+            unit = np.full(len(nb), i, np.int64)
+        self.activate(unit, h, nb, lat, self.node_cls[i], i if c.matched else -1, now)
 
-        def start_phase_flows(i: int, fs: np.ndarray, now: float) -> None:
-            x: PhasedAllToAll = nodes[i]
-            v = vbase[i] + fs
-            h, nb, lat, unit = route(v, x.src[fs], x.dst[fs], x.nbytes[fs], v.astype(np.uint64) * np.uint64(1_000_003),
-                                     1, cfg.routing == "spray")
-            activate(unit, h, nb, lat, node_cls[i], -1, now)
+    # -- phased all-to-alls -------------------------------------------------------------------------------------
+    def start_phase_flows(self, i: int, fs: np.ndarray, now: float) -> None:
+        x: PhasedAllToAll = self.nodes[i]
+        v = self.vbase[i] + fs
+        h, nb, lat, unit = self.route(v, x.src[fs], x.dst[fs], x.nbytes[fs], v.astype(np.uint64) * np.uint64(1_000_003),
+                                      1, self.cfg.routing == "spray")
+        self.activate(unit, h, nb, lat, self.node_cls[i], -1, now)
 
-        def plan_cost(x: PhasedAllToAll) -> float:
-            """Host time to plan ``x`` (SimConfig.plan_time / plan_hit_time), looking its plan up in its group's
-            LRU plan cache (as flowlane.hermod.matching.plan_all_to_all does) where one is kept."""
-            if cfg.plan_cache_entries and x.plan_key:
-                lru = plan_lru.setdefault(x.group, OrderedDict())
-                if x.plan_key in lru:
-                    lru.move_to_end(x.plan_key)
-                    plan_count["hits"] += 1
-                    return cfg.plan_hit_time
-                lru[x.plan_key] = None
-                if len(lru) > cfg.plan_cache_entries:
-                    lru.popitem(last=False)
-            plan_count["misses"] += 1
-            return cfg.plan_time
+    def plan_cost(self, x: PhasedAllToAll) -> float:
+        """Host time to plan ``x`` (SimConfig.plan_time / plan_hit_time), looking its plan up in its group's LRU plan
+        cache (as flowlane.hermod.matching.plan_all_to_all does) where one is kept."""
+        cfg = self.cfg
+        if cfg.plan_cache_entries and x.plan_key:
+            lru = self.plan_lru.setdefault(x.group, OrderedDict())
+            if x.plan_key in lru:
+                lru.move_to_end(x.plan_key)
+                self.plan_hits += 1
+                return cfg.plan_hit_time
+            lru[x.plan_key] = None
+            if len(lru) > cfg.plan_cache_entries:
+                lru.popitem(last=False)
+        self.plan_misses += 1
+        return cfg.plan_time
 
-        def launch_phase_flows(i: int, fs: np.ndarray, now: float) -> None:
-            """Start flows ``fs`` of phased node ``i`` whose waits are met: now, or once their ranks have issued them."""
-            e = running[i].earliest
-            if e is not None and len(fs):
-                ef = e[fs]
-                late = ef > now
-                if late.any():
-                    for tt in np.unique(ef[late]).tolist():
-                        key = counters["deferred"]
-                        counters["deferred"] += 1
-                        deferred[key] = (i, fs[late & (ef == tt)])
-                        heapq.heappush(heap, (tt, -1 - key))
-                    fs = fs[~late]
-            if len(fs):
-                start_phase_flows(i, fs, now)
+    def launch_phase_flows(self, i: int, fs: np.ndarray, now: float) -> None:
+        """Start flows ``fs`` of phased node ``i`` whose waits are met: now, or once their ranks have issued them."""
+        e = self.running[i].earliest
+        if e is not None and len(fs):
+            ef = e[fs]
+            late = ef > now
+            if late.any():
+                for tt in np.unique(ef[late]).tolist():
+                    key = self.n_deferred
+                    self.n_deferred += 1
+                    self.deferred[key] = (i, fs[late & (ef == tt)])
+                    heapq.heappush(self.heap, (tt, -1 - key))
+                fs = fs[~late]
+        if len(fs):
+            self.start_phase_flows(i, fs, now)
 
-        def start_phased(i: int, now: float) -> bool:
-            """Start a phased all-to-all's first flows; False if it has none (it completes at once)."""
-            x: PhasedAllToAll = nodes[i]
-            start_t[i] = now
-            nf = len(x.src)
-            if nf == 0:
-                return False
-            waits = np.diff(x.pred_ptr).astype(np.int32)
-            order = np.argsort(x.pred_idx, kind="stable")  # successor CSR: who waits on flow f
-            succ_idx = np.repeat(np.arange(nf, dtype=np.int32), waits)[order]
-            succ_ptr = np.searchsorted(x.pred_idx[order], np.arange(nf + 1))
-            earliest = None
-            if charge:
-                earliest = now + plan_cost(x) + issue_ordinals(x) * cfg.phase_issue_time
-            running[i] = _PhasedRun(nf, waits, succ_ptr, succ_idx, earliest)
-            launch_phase_flows(i, np.flatnonzero(waits == 0), now)
-            return True
+    def start_phased(self, i: int, now: float) -> bool:
+        """Start a phased all-to-all's first flows; False if it has none (it completes at once)."""
+        x: PhasedAllToAll = self.nodes[i]
+        self.start_t[i] = now
+        nf = len(x.src)
+        if nf == 0:
+            return False
+        waits = np.diff(x.pred_ptr).astype(np.int32)
+        order = np.argsort(x.pred_idx, kind="stable")  # successor CSR: who waits on flow f
+        succ_idx = np.repeat(np.arange(nf, dtype=np.int32), waits)[order]
+        succ_ptr = np.searchsorted(x.pred_idx[order], np.arange(nf + 1))
+        earliest = None
+        if self.charge:
+            earliest = now + self.plan_cost(x) + issue_ordinals(x) * self.cfg.phase_issue_time
+        self.running[i] = _PhasedRun(nf, waits, succ_ptr, succ_idx, earliest)
+        self.launch_phase_flows(i, np.flatnonzero(waits == 0), now)
+        return True
 
-        def finish_phase_flow(u: int, now: float, work: list[int]) -> None:
-            i = int(v_node[np.searchsorted(v_first, u, side="right") - 1])
-            st = running[i]
-            f = u - vbase[i]
-            nxt = st.succ_idx[st.succ_ptr[f]:st.succ_ptr[f + 1]]
-            if len(nxt):
-                st.waits[nxt] -= 1
-                go = nxt[st.waits[nxt] == 0]
-                if len(go):
-                    launch_phase_flows(i, go, now)
-            st.left -= 1
-            if st.left == 0:
-                del running[i]
+    def finish_phase_flow(self, u: int, now: float, work: list[int]) -> None:
+        i = int(self.v_node[np.searchsorted(self.v_first, u, side="right") - 1])
+        st = self.running[i]
+        f = u - self.vbase[i]
+        nxt = st.succ_idx[st.succ_ptr[f]:st.succ_ptr[f + 1]]
+        if len(nxt):
+            st.waits[nxt] -= 1
+            go = nxt[st.waits[nxt] == 0]
+            if len(go):
+                self.launch_phase_flows(i, go, now)
+        st.left -= 1
+        if st.left == 0:
+            del self.running[i]
+            work.append(i)
+
+    # -- the DAG ------------------------------------------------------------------------------------------------
+    def start_compute(self, i: int, now: float) -> None:
+        self.start_t[i] = now
+        self.exec_busy[self.nodes[i].executor] = True
+        heapq.heappush(self.heap, (now + self.durations[i], i))
+
+    def release(self, i: int, now: float, work: list[int]) -> None:
+        """Node ``i``'s dependencies have completed: start it, queue it, or (a join) complete it."""
+        x = self.nodes[i]
+        self.ready_t[i] = now
+        if x is None:
+            self.start_t[i] = now
+            work.append(i)
+        elif isinstance(x, PhasedAllToAll):
+            if not self.start_phased(i, now):
                 work.append(i)
-
-        def start_compute(i: int, now: float) -> None:
-            start_t[i] = now
-            exec_busy[nodes[i].executor] = True
-            heapq.heappush(heap, (now + durations[i], i))
-
-        def release(i: int, now: float, work: list[int]) -> None:
-            x = nodes[i]
-            ready_t[i] = now
-            if x is None:
-                start_t[i] = now
-                work.append(i)
-            elif isinstance(x, PhasedAllToAll):
-                if not start_phased(i, now):
-                    work.append(i)
-            elif isinstance(x, ComputeTask):
-                if exec_busy[x.executor]:
-                    heapq.heappush(exec_q[x.executor], (i, i))
-                else:
-                    start_compute(i, now)
+        elif isinstance(x, ComputeTask):
+            if self.exec_busy[x.executor]:
+                heapq.heappush(self.exec_q[x.executor], (i, i))
             else:
-                if x.stream is None:
-                    start_coflow(i, now)
-                elif stream_busy[x.stream]:
-                    heapq.heappush(stream_q[x.stream], (node_ord[i], i))
+                self.start_compute(i, now)
+        elif x.stream is None:
+            self.start_coflow(i, now)
+        elif self.stream_busy[x.stream]:
+            heapq.heappush(self.stream_q[x.stream], (self.node_ord[i], i))
+        else:
+            self.stream_busy[x.stream] = True
+            self.start_coflow(i, now)
+
+    def complete(self, i: int, now: float) -> None:
+        """Heap entry ``i`` is due: a node (or one phase flow) completes, or deferred phase flows start (``i`` < 0)."""
+        if i < 0:  # not a completion: deferred phase flows whose ranks have now issued them
+            j, fs = self.deferred.pop(-1 - i)
+            self.start_phase_flows(j, fs, now)
+            return
+        work: list[int] = []
+        if i >= self.n:  # one phase flow; its node completes with its last one
+            self.finish_phase_flow(i, now, work)
+        else:
+            work.append(i)
+        nodes, succ, indeg, end_t = self.nodes, self.succ, self.indeg, self.end_t
+        while work:
+            j = work.pop()
+            end_t[j] = now
+            self.done += 1
+            self.events += 1
+            x = nodes[j]
+            if isinstance(x, ComputeTask):
+                q = self.exec_q[x.executor]
+                if q:
+                    self.start_compute(heapq.heappop(q)[1], now)
                 else:
-                    stream_busy[x.stream] = True
-                    start_coflow(i, now)
+                    self.exec_busy[x.executor] = False
+            elif isinstance(x, Coflow) and x.stream is not None:
+                q = self.stream_q[x.stream]
+                if q:
+                    self.start_coflow(heapq.heappop(q)[1], now)
+                else:
+                    self.stream_busy[x.stream] = False
+            for s in succ[j]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    self.release(s, now, work)
 
-        def complete(i: int, now: float) -> None:
-            nonlocal done
-            if i < 0:  # not a completion: deferred phase flows whose ranks have now issued them
-                j, fs = deferred.pop(-1 - i)
-                start_phase_flows(j, fs, now)
-                return
-            work: list[int] = []
-            if i >= n:  # one phase flow; its node completes with its last one
-                finish_phase_flow(i, now, work)
-            else:
-                work.append(i)
-            while work:
-                j = work.pop()
-                end_t[j] = now
-                done += 1
-                counters["events"] += 1
-                x = nodes[j]
-                if isinstance(x, ComputeTask):
-                    q = exec_q[x.executor]
-                    if q:
-                        start_compute(heapq.heappop(q)[1], now)
-                    else:
-                        exec_busy[x.executor] = False
-                elif isinstance(x, Coflow) and x.stream is not None:
-                    q = stream_q[x.stream]
-                    if q:
-                        start_coflow(heapq.heappop(q)[1], now)
-                    else:
-                        stream_busy[x.stream] = False
-                for s in succ[j]:
-                    indeg_l[s] -= 1
-                    if indeg_l[s] == 0:
-                        release(s, now, work)
-
+    # -- time ---------------------------------------------------------------------------------------------------
+    def run(self, on_progress: Callable[[int, int], None] | None) -> None:
+        """Release the roots, then advance from one batch of events to the next until nothing is left."""
+        cfg, heap, fl, n, pad, hmax = self.cfg, self.heap, self.flows, self.n, self.pad, self.hmax
         roots: list[int] = []
         for i in range(n):
-            if indeg_l[i] == 0:
-                release(i, 0.0, roots)
+            if self.indeg[i] == 0:
+                self.release(i, 0.0, roots)
         for r in roots:
-            complete(r, 0.0)
+            self.complete(r, 0.0)
 
+        pending, last_arrival, moved = self.pending, self.last_arrival, self.moved
+        t = 0.0
         tick = 0
         flows_left_changed = False
         q = cfg.time_quantum
         batch: list[int] = []
-        moved = np.zeros(pad + 1)
-        load = np.zeros(pad + 1)
+        load: np.ndarray = np.zeros(pad + 1)
         t_load = 0.0
         while True:
             # admit newly started flows and recompute rates once for this instant
-            changed = False
-            if new_h:
-                a_h = np.concatenate([a_h, *new_h])
-                a_rem = np.concatenate([a_rem, *new_rem])
-                a_cls = np.concatenate([a_cls, *new_cls])
-                a_cof = np.concatenate([a_cof, *new_cof])
-                a_grp = np.concatenate([a_grp, *new_grp])
-                a_lat = np.concatenate([a_lat, *new_lat])
-                for lst in (new_h, new_rem, new_cls, new_cof, new_grp, new_lat):
-                    lst.clear()
-                changed = True
-            if changed or flows_left_changed:
+            if fl.admit() or flows_left_changed:
                 moved += load * (t - t_load)  # integrate the previous rates: bytes actually carried per link
                 t_load = t
-                a_rate = allocate(a_h, a_cls, self.capacity, cfg.sharing, cfg.weight_ratio, cfg.incast,
-                                  self.incast_links, a_grp)
-                counters["rates"] += 1
-                load = np.bincount(a_h.ravel(), weights=np.repeat(a_rate, hmax), minlength=pad + 1)
+                fl.rate = allocate(fl.h, fl.cls, self.capacity, cfg.sharing, cfg.weight_ratio, cfg.incast,
+                                   self.incast_links, fl.grp)
+                self.rate_updates += 1
+                load = np.bincount(fl.h.ravel(), weights=np.repeat(fl.rate, hmax), minlength=pad + 1)
             flows_left_changed = False
             tf = math.inf
-            if a_rem.size:
-                pos = a_rate > 0
+            if fl.rem.size:
+                pos = fl.rate > 0
                 if pos.any():
-                    ttf = a_rem[pos] / a_rate[pos]
+                    ttf = fl.rem[pos] / fl.rate[pos]
                     tf = t + float(ttf.min())
             th = heap[0][0] if heap else math.inf
             t_next = min(tf, th)
@@ -582,51 +633,53 @@ class Simulator:
             dt = t_next - t
             t = t_next
             eps_t = 1e-9 * max(t, 1e-6)
-            if a_rem.size:
-                a_rem = a_rem - a_rate * dt
-                fin = a_rem <= a_rate * eps_t + 1e-6
+            if fl.rem.size:
+                fl.rem = fl.rem - fl.rate * dt
+                fin = fl.rem <= fl.rate * eps_t + 1e-6
                 if fin.any():
-                    cof_f = a_cof[fin]
-                    arr = t + a_lat[fin]
+                    cof_f = fl.unit[fin]
+                    arr = t + fl.lat[fin]
                     u, inv, cnt = np.unique(cof_f, return_inverse=True, return_counts=True)
                     mx = np.full(len(u), -np.inf)
                     np.maximum.at(mx, inv, arr)
-                    counters["events"] += int(fin.sum())
+                    self.events += int(fin.sum())
                     for c, k, m in zip(u.tolist(), cnt.tolist(), mx.tolist(), strict=True):
                         pending[c] -= k
                         if m > last_arrival[c]:
                             last_arrival[c] = m
                         if pending[c] == 0:
                             heapq.heappush(heap, (last_arrival[c], c))
-                    keep = ~fin
-                    a_h, a_rem, a_cls, a_cof, a_lat = a_h[keep], a_rem[keep], a_cls[keep], a_cof[keep], a_lat[keep]
-                    a_grp = a_grp[keep]
+                    fl.keep(~fin)
                     flows_left_changed = True
             for i in batch:
-                complete(i, t)
+                self.complete(i, t)
             batch.clear()
             while heap and heap[0][0] <= t + eps_t:
                 _, i = heapq.heappop(heap)
-                complete(i, t)
+                self.complete(i, t)
             tick += 1
             if on_progress is not None and tick % 200 == 0:
-                on_progress(done, n)
+                on_progress(self.done, n)
         moved += load * (t - t_load)
         if on_progress is not None:
-            on_progress(done, n)
-        if done < n:
-            stuck = [i for i in range(n) if np.isnan(end_t[i])][:5]
-            raise SimSpecError(f"simulation stalled with {n - done} unfinished nodes, e.g. {stuck}: "
+            on_progress(self.done, n)
+        if self.done < n:
+            stuck = [i for i in range(n) if np.isnan(self.end_t[i])][:5]
+            raise SimSpecError(f"simulation stalled with {n - self.done} unfinished nodes, e.g. {stuck}: "
                                f"a flow has no bandwidth or a dependency is never met")
-        cof = np.array(cof_ids, np.int64)
-        comp = np.array(comp_ids, np.int64)
+
+    def result(self, wall_s: float, cpu_s: float) -> SimResult:
+        w, n, nodes = self.w, self.n, self.nodes
+        cof = np.array(self.cof_ids, np.int64)
+        comp = np.array(self.comp_ids, np.int64)
+        start_t, end_t = self.start_t, self.end_t
         ends = [float(end_t[i]) for i in w.info.get("iteration_end", [])]
         return SimResult(
-            workload=w.name, policy=policy.name, makespan=float(np.nanmax(end_t)) if n else 0.0,
-            iteration_ends=ends, coflow_nodes=cof, coflow_ready=ready_t[cof], coflow_start=start_t[cof],
-            coflow_end=end_t[cof], coflow_bytes=np.array([nodes[i].total_bytes for i in cof_ids]),
+            workload=w.name, policy=self.policy.name, makespan=float(np.nanmax(end_t)) if n else 0.0,
+            iteration_ends=ends, coflow_nodes=cof, coflow_ready=self.ready_t[cof], coflow_start=start_t[cof],
+            coflow_end=end_t[cof], coflow_bytes=np.array([nodes[i].total_bytes for i in self.cof_ids]),
             compute_nodes=comp, compute_start=start_t[comp], compute_end=end_t[comp],
             link_names=[f"{a}->{b}" for a, b in self.link_keys], link_capacity=self.capacity,
-            link_bytes=link_bytes[:-1].copy(), link_bytes_moved=moved[:-1].copy(), num_flows=counters["flows"], events=counters["events"],
-            rate_updates=counters["rates"], wall_s=time.perf_counter() - t_wall, cpu_s=time.process_time() - t_cpu,
-            workload_ref=w, plan_hits=plan_count["hits"], plan_misses=plan_count["misses"])
+            link_bytes=self.link_bytes[:-1].copy(), link_bytes_moved=self.moved[:-1].copy(), num_flows=self.num_flows,
+            events=self.events, rate_updates=self.rate_updates, wall_s=wall_s, cpu_s=cpu_s, workload_ref=w,
+            plan_hits=self.plan_hits, plan_misses=self.plan_misses)
