@@ -1,4 +1,4 @@
-"""The code base stays ruff-clean (configuration in pyproject.toml)."""
+"""The code base stays ruff-clean, and the pure core mypy-clean (configuration in pyproject.toml)."""
 
 import shutil
 import subprocess
@@ -19,3 +19,13 @@ def test_ruff_reports_no_problems():
     paths = ["flowlane", "megatron_plugin", "deepspeed_plugin", "dgl_plugin", "recipes", "benchmarks", "tests"]
     r = subprocess.run([str(ruff), "check", *paths], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:]
+
+
+@pytest.mark.once
+def test_mypy_reports_no_problems_on_the_pure_core():
+    """mypy on the torch-free core (issue 29 item 5): the files and settings are pyproject.toml's [tool.mypy]."""
+    mypy = Path(sys.executable).parent / "mypy"
+    if not mypy.exists():
+        pytest.fail("mypy is not installed in this lane (it is in the dev dependency group)")
+    r = subprocess.run([str(mypy)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

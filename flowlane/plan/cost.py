@@ -98,7 +98,7 @@ class LinkModel:
         for (a, b), r in routes.items():
             link_hops[a, b, :len(r)] = [hop_index[(lk.src, lk.dst)] for lk in r.links]
             lat[a, b] = r.latency
-        names = sorted(hop_index, key=hop_index.get)
+        names = sorted(hop_index, key=lambda k: hop_index[k])
         bw = np.array([topo.links[k].bandwidth for k in names], dtype=np.float64)
         kinds = tuple(topo.links[k].kind for k in names)
         return cls(devices, tuple(f"{a}->{b}" for a, b in names), kinds, bw, link_hops, lat)

@@ -108,7 +108,8 @@ def compile_tables(plan: Plan, rel: CommRelation, local_ids: Sequence[np.ndarray
 
         stages = []
         for k in range(1, plan.num_stages + 1):
-            sends, recvs = [], []
+            sends: list[tuple[int, np.ndarray]] = []
+            recvs: list[tuple[int, np.ndarray]] = []
             mk = st == k
             for mask, peer_arr, lst in ((mk & (src == r), dst, sends), (mk & (dst == r), src, recvs)):
                 idx = np.nonzero(mask)[0]

@@ -119,13 +119,16 @@ def run(args: argparse.Namespace) -> int:
     con.print(f"[bold]{wl.name}[/bold]: {len(wl.nodes)} nodes, {len(wl.coflows)} coflows, {wl.num_flows} flows "
               f"on {topo.name} ({args.bandwidth:g} Gbps) — simulated")
     results: dict[str, SimResult] = {}
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
     with Progress(console=con, transient=True) as prog:
         for pol in policies:
             task = prog.add_task(f"simulating {pol.name}", total=len(wl.nodes))
-            results[pol.name] = Simulator(topo, cfg).run(
-                wl, pol, on_progress=lambda d, n, t=task: prog.update(t, completed=d))
+
+            def show(done: int, total: int, t: TaskID = task) -> None:
+                prog.update(t, completed=done)
+
+            results[pol.name] = Simulator(topo, cfg).run(wl, pol, on_progress=show)
     base = next(iter(results.values())).iteration_time
     ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
     tab = Table(title=f"{wl.name} — simulated iteration time")

@@ -18,7 +18,6 @@ that counts each receiver's matched senders as one flow; optimistic, since it ha
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -80,7 +79,8 @@ def _emit(w: Workload, flows, meta: CoflowMeta, deps, name, stream, steps, chunk
     return last
 
 
-def all_reduce(w: Workload, group: Sequence[int], nbytes: float, meta: CoflowMeta, deps: Iterable[int | None] = (),
+def all_reduce(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, meta: CoflowMeta,
+               deps: Iterable[int | None] = (),
                algo: str = "ring", chunks: int = 1, stream: str | None = None, name: str | None = None) -> int:
     """All-reduce of ``nbytes`` per rank. ring: n flows of 2(n-1)/n*S; tree: double binary tree."""
     g = _group(w, group, "all_reduce")
@@ -98,7 +98,7 @@ def all_reduce(w: Workload, group: Sequence[int], nbytes: float, meta: CoflowMet
     raise SimSpecError(f"all_reduce: algo {algo!r} is not one of {ALGOS}")
 
 
-def reduce_scatter(w: Workload, group: Sequence[int], nbytes: float, meta: CoflowMeta,
+def reduce_scatter(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, meta: CoflowMeta,
                    deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
                    name: str | None = None) -> int:
     """Ring reduce-scatter of an ``nbytes`` buffer per rank: n flows of (n-1)/n*S, n-1 steps."""
@@ -112,7 +112,8 @@ def reduce_scatter(w: Workload, group: Sequence[int], nbytes: float, meta: Coflo
                  n - 1, chunks)
 
 
-def all_gather(w: Workload, group: Sequence[int], nbytes: float, meta: CoflowMeta, deps: Iterable[int | None] = (),
+def all_gather(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, meta: CoflowMeta,
+               deps: Iterable[int | None] = (),
                chunks: int = 1, stream: str | None = None, name: str | None = None) -> int:
     """Ring all-gather producing an ``nbytes`` buffer per rank: n flows of (n-1)/n*S, n-1 steps."""
     g = _group(w, group, "all_gather")
@@ -125,7 +126,7 @@ def all_gather(w: Workload, group: Sequence[int], nbytes: float, meta: CoflowMet
                  n - 1, chunks)
 
 
-def all_to_all(w: Workload, group: Sequence[int], matrix: np.ndarray, meta: CoflowMeta,
+def all_to_all(w: Workload, group: Sequence[int] | np.ndarray, matrix: np.ndarray, meta: CoflowMeta,
                deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
                name: str | None = None, mode: str = "plain", unit_bytes: float = 1.0) -> int:
     """All-to-all with ``matrix[i, j] * unit_bytes`` bytes from group rank i to rank j (diagonal = local, not sent).

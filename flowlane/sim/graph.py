@@ -166,8 +166,8 @@ class Workload:
             i = int(np.flatnonzero(src == dst)[0])
             raise SimSpecError(f"coflow {nm!r}: flow {i} goes from device {self.devices[src[i]]!r} to itself")
         if len(nb) and (not np.isfinite(nb).all() or nb.min() < 0):
-            bad = float(nb[~np.isfinite(nb) | (nb < 0)][0])
-            raise SimSpecError(f"coflow {nm!r}: flow size must be a finite number >= 0 bytes, got {bad!r}")
+            bad_size = float(nb[~np.isfinite(nb) | (nb < 0)][0])
+            raise SimSpecError(f"coflow {nm!r}: flow size must be a finite number >= 0 bytes, got {bad_size!r}")
         if not isinstance(steps, int) or steps < 1:
             raise SimSpecError(f"coflow {nm!r}: steps must be an integer >= 1, got {steps!r}")
         keep = nb > 0

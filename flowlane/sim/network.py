@@ -186,11 +186,13 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
     per_class = incast is not None and incast_links is not None and incast_links.any() and incast.count == "class"
     pen = None  # the numpy path's per-class wire costs (the kernel computes its own from `counting`)
     counting: _ClassCounting | None = None
-    if per_class and lib is None:
-        _check_range(hops, cap.shape[0])  # before the fan-in counts index with them
-        pen = incast_wire_cost(hops, cls, cap.shape[0], incast, incast_links, incast_group)
-    elif per_class:
-        counting = _class_counting(hops, cls, cap.shape[0], incast, incast_links, incast_group)
+    if per_class:
+        assert incast is not None and incast_links is not None  # per_class says so (for the type checker)
+        if lib is None:
+            _check_range(hops, cap.shape[0])  # before the fan-in counts index with them
+            pen = incast_wire_cost(hops, cls, cap.shape[0], incast, incast_links, incast_group)
+        else:
+            counting = _class_counting(hops, cls, cap.shape[0], incast, incast_links, incast_group)
     elif incast is not None and incast_links is not None and incast_links.any():
         _check_range(hops, cap.shape[0])
         k = incast_fan_in(hops, cap.shape[0], incast_group)[:-1]

@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -192,7 +193,7 @@ class _LLMBuilder:
             self.it = it
             self.started: set[tuple[int, tuple[int, int]]] = set()
             self.sends: dict[tuple[str, int, int, tuple[int, int]], int] = {}
-            self.grad_ready: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
+            self.grad_ready: dict[int, dict[tuple[int, int], int | None]] = defaultdict(dict)
             ptr = [0] * p.pp
             done: set[tuple[str, int, int]] = set()
             left = sum(len(o) for o in orders)
@@ -279,7 +280,8 @@ class _LLMBuilder:
             self.prev[(s, x)] = done[x]
             self.pend[(s, x)] = send if p.schedule == "1f1b" and not p.async_p2p else None
 
-    def emit_tp(self, s: int, x: tuple[int, int], vs: int, mb: int, fwd: bool, node: int, layers: int = 0) -> int:
+    def emit_tp(self, s: int, x: tuple[int, int], vs: int, mb: int, fwd: bool, node: int | None,
+                layers: int = 0) -> int | None:
         p = self.p
         if p.tp_comm != "flows" or p.tp == 1:
             return node
@@ -377,13 +379,12 @@ class _LLMBuilder:
                     a = w.compute(self.ex(s, x), attn + 2 * self.tp_ar * (p.tp_comm == "analytic"),
                                   [*cur[x], *gate], f"F{mb} L{layer} attn", "fwd")
                     a_nodes[x] = self.emit_tp(s, x, vs, mb, fwd, a, 1)
-            first_src = a_nodes if fwd else None
             ops = ("dispatch", "combine")
             # forward: attn -> dispatch(T) -> experts -> combine(T^T); backward mirrors it
             a2a1 = []
             for gi, xs in enumerate(groups):
                 T = mats[gi] if fwd else mats[gi].T
-                dd = [first_src[x] for x in xs] if fwd else [y for x in xs for y in cur[x]]
+                dd = [a_nodes[x] for x in xs] if fwd else [y for x in xs for y in cur[x]]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[0] if fwd else ops[1])
                 grp = self.ep_ranks(s, gi)
                 a2a1.append(C.all_to_all(w, grp, T, meta, dd, stream=f"ep:{s}:{gi}",
@@ -414,8 +415,8 @@ class _LLMBuilder:
                 if fwd:
                     cur[x] = after
                 else:
-                    b = w.compute(self.ex(s, x), attn * bf + 2 * self.tp_ar * (p.tp_comm == "analytic"), after,
-                                  f"B{mb} L{layer} attn", "bwd")
+                    b: int | None = w.compute(self.ex(s, x), attn * bf + 2 * self.tp_ar * (p.tp_comm == "analytic"),
+                                              after, f"B{mb} L{layer} attn", "bwd")
                     b = self.emit_tp(s, x, vs, mb, fwd, b, 1)
                     if mb == self.M - 1:
                         self.grad_ready[layer][x] = b
@@ -508,12 +509,12 @@ class _LLMBuilder:
         for s in range(p.pp):
             par_gpu = sum(par for (_, par, _) in self.buckets(s))
             shard = par_gpu / (p.dp if p.zero else 1)
-            steps = {}
+            step_nodes: dict[tuple[int, int], int] = {}
             for x in self.execs:
-                steps[x] = w.compute(self.ex(s, x), 16 * shard / g.hbm_bw, [barrier], "optimizer", "step")
-                self.prev[(s, x)] = steps[x]
+                step_nodes[x] = w.compute(self.ex(s, x), 16 * shard / g.hbm_bw, [barrier], "optimizer", "step")
+                self.prev[(s, x)] = step_nodes[x]
                 self.pend[(s, x)] = None
-            ready = list(steps.values())
+            ready = list(step_nodes.values())
             if p.zero:
                 ag_nodes = []
                 for bi in sorted(range(len(self.buckets(s))), key=lambda b: bucket_info[(s, b)][2]):
@@ -523,7 +524,7 @@ class _LLMBuilder:
                     src, dst, sizes, stp = self._dp_flows(groups, par * p.bytes_per_elem, "all_gather")
                     # keyed with the iteration that consumes the parameters (flowlane.hermod.keys)
                     ag_meta = replace(meta, op="all_gather", iteration=self.it + 1 if overlap else self.it, seq=0)
-                    node = w.coflow((src, dst, sizes), ag_meta, list(steps.values()), f"dp:all_gather st{s} b{bi}",
+                    node = w.coflow((src, dst, sizes), ag_meta, list(step_nodes.values()), f"dp:all_gather st{s} b{bi}",
                                     stream=f"dp:{s}", steps=stp)
                     ag_nodes.append(node)
                     for layer in layers if overlap else ():
@@ -532,7 +533,7 @@ class _LLMBuilder:
                     ready = ag_nodes or ready
             if overlap:  # Case III: the next forward waits per layer (see gated()), the iteration ends at the step
                 self.param_ready[s] = []
-                ends += list(steps.values())
+                ends += list(step_nodes.values())
             else:
                 self.param_ready[s] = ready
                 ends += ready
@@ -613,7 +614,7 @@ def build_dlrm(cfg: DLRMConfig | None = None, gpus: int = 16, bandwidth_gbps: fl
     lookup = B * gpus * tables_per * cfg.pooling * cfg.emb_dim * be / g.hbm_bw  # memory bound lookups
     ranks = np.arange(gpus)
     full = np.full((gpus, gpus), 1.0)
-    prev: dict[int, int | None] = {r: None for r in range(gpus)}
+    prev: dict[Any, int | None] = {r: None for r in range(gpus)}  # keyed by rank (int or numpy int)
     ends = []
     for it in range(iterations):
         mk = lambda op, layer=0, it=it: CoflowMeta("ep", it, 0, layer, 0, op)  # noqa: E731
@@ -697,7 +698,7 @@ WORKLOADS = ("gpt3-175b", "gpt3-13b", "mixtral-8x7b", "mixtral-8x22b", "qwen-moe
 
 
 def build_workload(name: str, gpus: int, bandwidth_gbps: float = 100.0, seed: int = 0,
-                   **overrides: object) -> tuple[Topology, Workload]:
+                   **overrides: Any) -> tuple[Topology, Workload]:
     """Any named workload: LLM presets (table 5.5), ``dlrm``, or DP ``resnet50``/``vgg19``/``bert``."""
     if name == "dlrm":
         return build_dlrm(gpus=gpus, bandwidth_gbps=bandwidth_gbps)
