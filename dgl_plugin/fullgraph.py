@@ -474,6 +474,8 @@ class FullGraphRuntime:
             if part.shape != (n,) or part.min() < 0 or part.max() >= self.world:
                 raise ValueError(f"partition must assign each of the {n} nodes a rank in [0, {self.world})")
             lp = local_from_graph(source, part, self.rank, self.world, feat, label)
+        # the whole graph's assignment (in-memory path only; a rank that loaded its partition has none)
+        self.part = part if not isinstance(source, LocalPartition) else None
         x = lp.x
         if x.dim() != 2 or not torch.is_floating_point(x):
             raise ValueError(f"node features must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}")
