@@ -13,6 +13,11 @@ PipelineEngine: ``_exec_schedule`` is replaced on the engine instance by Alg. 5.
 cache learns the stage and micro-batch (``buffer_id``), a RecvGrad followed by a BackwardPass prefetches that
 micro-batch's last module (lines 12-13), and a forward whose next compute command is not its own backward stores its
 kept layers (Fig. 5.5). Plain engine: ``engine.forward``/``engine.backward`` are wrapped as hints.
+
+ZeRO: parameters are never offloaded (thesis §5.3.3). Under ZeRO-1/2 a parameter keeps its storage (a view of
+DeepSpeed's flat buffer), tagged once at install. Under ZeRO-3 every gather gives a parameter a new storage, so the
+partitioned-parameter coordinator's ``fetch_sub_module`` is wrapped on this engine: once a module's parameters are
+gathered, their storages are tagged, and the views of them that the module saves for backward are kept, not stored.
 Only the ``offload`` subsection of ``flowlane`` is read here; other subsections belong to other features.
 """
 
@@ -26,7 +31,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_plugin.config import flowlane_subsection
+from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
 
 
@@ -79,6 +84,35 @@ class DSOffload(OffloadHandle):
             undo()
         self._undo.clear()
         super().close()
+
+
+def _zero_stage(engine: Any) -> int:
+    stage = getattr(engine, "zero_optimization_stage", None)
+    return int(stage()) if callable(stage) else 0
+
+
+def _tag_gathered_parameters(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
+    """ZeRO-3: after the coordinator gathers a module's parameters, tag their (new) storages as parameters."""
+    coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+    had = "fetch_sub_module" in vars(coordinator)
+    previous = vars(coordinator).get("fetch_sub_module")
+    fetch = coordinator.fetch_sub_module
+
+    def fetch_sub_module(current_submodule: torch.nn.Module, forward: bool) -> Any:
+        out = fetch(current_submodule, forward)
+        own = list(current_submodule.parameters(recurse=False))
+        cache.register_parameters(p for p in (own or current_submodule.parameters()) if p.numel() > 0)
+        return out
+
+    coordinator.fetch_sub_module = fetch_sub_module
+
+    def undo() -> None:
+        if had:
+            coordinator.fetch_sub_module = previous
+        else:
+            vars(coordinator).pop("fetch_sub_module", None)
+
+    handle._undo.append(undo)
 
 
 def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
@@ -162,8 +196,8 @@ def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None = None
     """
     scopes = tuple(scope_classes)
     if config is None:
-        parsed = parse_offload_section(ds_config if ds_config is not None else getattr(engine, "_config", None)
-                                       and getattr(engine._config, "_param_dict", None))
+        parsed = validate_flowlane_section(ds_config if ds_config is not None else getattr(engine, "_config", None)
+                                           and getattr(engine._config, "_param_dict", None))["offload"]
         if parsed is None:
             return DSOffload(engine, None)
         config, scopes = parsed[0], scopes or parsed[1]
@@ -181,6 +215,8 @@ def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None = None
     for m in mods:
         cache.add_scope(m)
     handle = DSOffload(engine, cache)
+    if _zero_stage(engine) == 3:
+        _tag_gathered_parameters(engine, cache, handle)
     if pipeline:
         _patch_pipeline(engine, cache, handle)
     else:

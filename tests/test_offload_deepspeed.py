@@ -48,7 +48,7 @@ def _ds_config(offload: dict | None) -> dict:
     cfg = {"train_batch_size": MB * GAS, "train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": GAS,
            "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
     if offload is not None:
-        cfg["flowlane"] = {"offload": offload, "hermod": {"ignored": "by the offload parser"}}
+        cfg["flowlane"] = {"offload": offload, "hermod": {"enabled": False}}
     return cfg
 
 
@@ -119,6 +119,7 @@ def _both(rank: int, world: int, tmp: str) -> dict:
 
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the launcher's process group
     tmp = os.path.join(tmp, f"rank{rank}")  # one target per rank: a peer's live run dir is not a leftover
+    os.makedirs(tmp, exist_ok=True)  # offload dirs must exist (flowlane.offload.OffloadConfig.check_dirs)
     off = {"backend": "posix", "dirs": [tmp], "min_bytes": 4096, "keep_last_k": 1, "offload_cpu_tensors": True}
     # the plain engine first: a PipelineEngine leaves DeepSpeed's global model-parallel groups behind
     off_plain = dict(off, scope_classes=["Block"])
