@@ -85,7 +85,8 @@ class FullGraphConfig:
     bin_size: int = 1000
     """Initial bin size in nodes (seed: DGL batch size 1000)."""
     mem_budget_bytes: float | None = None
-    """Device memory budget; a bin uses at most half of it (§4.4.1). None: no cap."""
+    """Device memory budget; a bin uses at most half of it (§4.4.1). None: no cap. It sets the bin size only: autograd
+    keeps every bin's saved tensors until backward, so it does not bound peak memory (no recomputation yet)."""
     cache_halo_inputs: bool = False
     """Fetch layer-0 halo features once instead of every epoch (B6 #4)."""
     emulate_bandwidth: float | None = None
