@@ -12,8 +12,10 @@
  *   2. padding (_pad): dummy traffic brings every row and column sum to L, one greedy pass over the n*n cells in
  *      index order (bottleneck: by decreasing real entry, ties in index order), add = min(row deficit, col deficit).
  *   3. while real + dummy has a positive entry: take a perfect matching of its support --
- *      first:      Kuhn's augmenting paths, rows in index order, each row's DFS trying columns in index order with a
- *                  fresh `seen` set per row (the first matching that exact procedure finds);
+ *      first:      the previous phase's matching minus the pairs whose entry the phase emptied, completed by Kuhn's
+ *                  augmenting paths from the unmatched rows in index order, each row's DFS trying columns in index
+ *                  order with a fresh `seen` set per row (the first phase starts from the empty matching). A phase
+ *                  empties one or a few entries, so a phase costs one or a few searches instead of n;
  *      bottleneck: binary search over the sorted distinct positive entries for the highest threshold whose
  *                  entries >= threshold still hold a perfect matching (Kuhn as above on that support);
  *      w = smallest matched entry; each matched pair sends a = min(w, real) real units, the rest of w is dummy.
@@ -79,20 +81,13 @@ static int perfect(km_t *k) {
   return 1;
 }
 
-/* _perfect_matching restarted at row r: Kuhn's state after rows 0..i-1 (row_of_col) depends on the support of rows
- * 0..i-1 only (row i's search reaches matched rows, all < i), so when rows 0..r-1 kept their support since the last
- * call, the state saved before row r then (snap[r], n ints) is the state now, and rows r..n-1 are redone. Same result
- * as perfect(); snap has (n + 1) * n ints, snap[0] all -1. Fills col_of_row from row_of_col at the end. */
-static int perfect_from(km_t *k, int r, int *snap) {
-  const int n = k->n;
-  memcpy(k->row_of_col, snap + (size_t)r * n, sizeof(int) * (size_t)n);
-  for (int i = r; i < n; i++) {
-    if (i > r) memcpy(snap + (size_t)i * n, k->row_of_col, sizeof(int) * (size_t)n);
+/* _complete_matching: augment every unmatched row (cor[i] < 0) in index order; 1, or 0 if one has no path */
+static int complete(km_t *k) {
+  for (int i = 0; i < k->n; i++) {
+    if (k->col_of_row[i] >= 0) continue;
     memset(k->seen, 0, sizeof(word) * (size_t)k->W);
     if (!augment(k, i)) return 0;
   }
-  if (r < n) memcpy(snap + (size_t)n * n, k->row_of_col, sizeof(int) * (size_t)n);
-  for (int j = 0; j < n; j++) k->col_of_row[k->row_of_col[j]] = j;
   return 1;
 }
 
@@ -148,11 +143,10 @@ long flowlane_bvn(int n, const int64_t *T, int bottleneck, long cap_phases, long
   word *seen = calloc((size_t)W, sizeof(word));
   int *cor = malloc(sizeof(int) * (size_t)n), *roc = malloc(sizeof(int) * (size_t)n);
   int *best = malloc(sizeof(int) * (size_t)n);
-  int *snap = bottleneck ? NULL : malloc(sizeof(int) * (size_t)(n + 1) * n);
   int64_t *vals = bottleneck ? malloc(sizeof(int64_t) * nn) : NULL;
   cell_t *cells = bottleneck ? malloc(sizeof(cell_t) * nn) : NULL;
   if (!real || !dummy || !rows || !cols || !sup || !thr || !seen || !cor || !roc || !best ||
-      (bottleneck && (!vals || !cells)) || (!bottleneck && !snap))
+      (bottleneck && (!vals || !cells)))
     goto done;
   int64_t L = 0;
   for (int i = 0; i < n; i++)
@@ -192,16 +186,12 @@ long flowlane_bvn(int n, const int64_t *T, int bottleneck, long cap_phases, long
       nz++;
     }
   km_t k = {n, W, sup, seen, cor, roc};
-  int rmin = 0; /* first row whose support changed since the last matching */
-  if (snap)
-    for (int j = 0; j < n; j++) snap[j] = -1;
+  for (int i = 0; i < n; i++) cor[i] = roc[i] = -1;
   while (nz > 0) {
     const int *match;
     if (!bottleneck) {
       k.sup = sup;
-      int ok = perfect_from(&k, rmin, snap);
-      rmin = n;
-      if (!ok) {
+      if (!complete(&k)) {
         ret = -2;
         goto done;
       }
@@ -260,7 +250,7 @@ long flowlane_bvn(int n, const int64_t *T, int bottleneck, long cap_phases, long
       if (real[c] + dummy[c] == 0) {
         sup[(size_t)i * W + (j >> 6)] &= ~((word)1 << (j & 63));
         nz--;
-        if (i < rmin) rmin = i;
+        if (!bottleneck) cor[i] = roc[j] = -1; /* the pair is gone: row i is searched again next phase */
       }
       if (a > 0 && (ret = emit_send(&o, i, j, a)) < 0) goto done;
     }
@@ -278,7 +268,6 @@ done:
   free(cor);
   free(roc);
   free(best);
-  free(snap);
   free(vals);
   free(cells);
   return ret;
