@@ -64,6 +64,7 @@ _RANK_GRACE_S = 2.0  # a signalled rank blocked in native code past this runs it
 _CLEANUP_S = 5.0  # a stopping rank's wait for its exit hooks (atexit) before it exits without the rest
 _EXIT_GUARD_S = 30  # a rank's own exit (thread joins, atexit, interpreter teardown) past this ends by SIGALRM
 _PARENT_POLL_S = 0.5  # how often a rank checks that its launcher is alive
+_STARTUP_NOTE_S = 15.0  # while ranks start (imports take minutes on a busy host), say so this often
 _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
 _STACK_WAIT_S = 10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
 
@@ -423,7 +424,7 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
     failures: list[_Failure] = []
     first_failure = 0.0
     n_ready = n_imported = 0
-    t0 = time.monotonic()
+    t0 = last_note = time.monotonic()
 
     def fail(r: _Rank, severity: int, text: str, headline: str | None = None) -> None:
         nonlocal first_failure
@@ -490,6 +491,10 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
         if failures:
             continue
         now = time.monotonic()
+        if n_ready < len(ranks) and now - last_note >= _STARTUP_NOTE_S:
+            last_note = now
+            log.info("still starting (imports, rendezvous): %d/%d ranks ready after %.0f s (startup_timeout=%g s)",
+                     n_ready, len(ranks), now - t0, startup_timeout)
         late = [r.rank for r in ranks if r.ready is None and now - r.started > startup_timeout]
         if late:
             raise RankTimeoutError(late, startup_timeout, _dump_stacks(ranks, late, store_dir), phase="start-up")

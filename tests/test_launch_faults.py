@@ -244,3 +244,14 @@ def test_a_stack_is_read_only_once_the_rank_has_finished_writing_it(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# ------------------------------------------------------------------------------------------------ start-up display
+def test_a_slow_start_up_says_it_is_still_starting(monkeypatch, caplog):
+    """Minutes of imports on a busy host showed nothing between 'starting 4 rank(s)' and the first rank's 'ranks
+    started': the launcher now says every _STARTUP_NOTE_S that it is still starting, and against which limit."""
+    monkeypatch.setattr(L, "_STARTUP_NOTE_S", 0.5)
+    with caplog.at_level("INFO", logger="flowlane"):
+        assert L.launch(quick, 1, args=(_SlowToUnpickle(3),), timeout=60, backend=None) == [0]
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still starting")]
+    assert notes and "0/1 ranks ready after" in notes[0] and "startup_timeout=300 s" in notes[0], notes
