@@ -184,20 +184,24 @@ def test_adaptive_picks_the_shallowest_prefetch_that_hides_the_most(tmp_path: Pa
 
 
 def test_max_slowdown_lets_the_budget_offload_more(tmp_path: Path) -> None:
-    """Same model, same (configured) link: allowing 50 % of the step as waiting offloads more than hiding all."""
-    got = {}
-    for slow in (0.0, 0.5):
-        m, idx = _model(L)
-        ref = _reference(m, idx)
-        cfg = _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=2e-3, max_slowdown=slow)
-        with _bulk(m, cfg) as cache:
-            for _ in range(2):
-                m.zero_grad()
-                m(idx).backward()
-                assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
-            got[slow] = cache.stats_snapshot().profile
-    assert got[0.5]["total_bytes"] >= got[0.0]["total_bytes"]
-    assert got[0.5]["exposed_s"] <= 0.5 * got[0.5]["step_s"] + 1e-9 and got[0.0]["exposed_s"] == 0.0
+    """With 50 % of the step allowed as waiting, the cache's budget is at least the fully hidden one of the same
+    profile, and its modelled wait stays within the allowance."""
+    from flowlane.offload.budget import StepProfile, choose_budget
+
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    cfg = _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=2e-3, max_slowdown=0.5)
+    with _bulk(m, cfg) as cache:
+        for _ in range(2):
+            m.zero_grad()
+            m(idx).backward()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        prof = cache.stats_snapshot().profile
+    p = StepProfile(tuple(prof["sizes"]), tuple(prof["fwd_times_s"]), tuple(prof["bwd_times_s"]),
+                    prof["write_bandwidth_Bps"], prof["read_bandwidth_Bps"], prof["head_s"])
+    hidden = choose_budget(p, prefetch=prof["prefetch_groups"])
+    assert prof["total_bytes"] >= hidden.total_bytes
+    assert prof["exposed_s"] <= 0.5 * prof["step_s"] + 1e-9
 
 
 def test_adaptive_budget_on_measured_rates_keeps_gradients(tmp_path: Path) -> None:
