@@ -87,13 +87,8 @@ def check_offload(group: Mapping[str, Any]) -> None:
     if scopes is not None and not (isinstance(scopes, list | tuple) and all(isinstance(s, str) for s in scopes)):
         raise ConfigError(f"offload.scope_classes={scopes!r} must be a list of class names")
     cfg = _as_config_error(OffloadConfig.from_dict, d)
-    if not cfg.enabled:
-        return
-    for d in cfg.dirs:  # a typo must not become a new directory on some other disk
-        if not Path(d).is_dir():
-            raise ConfigError(f"offload.dirs entry {d!r} is not an existing folder; create it first or fix the path")
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise ConfigError(f"offload.dirs entry {d!r} is not writable")
+    if cfg.enabled:  # a typo must not become a new directory on some other disk
+        _as_config_error(cfg.check_dirs)
 
 
 def check_scheduler(group: Mapping[str, Any]) -> None:
