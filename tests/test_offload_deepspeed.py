@@ -115,8 +115,14 @@ def _plain_run(rank: int, world: int, offload: dict | None) -> dict:
 
 def _both(rank: int, world: int, tmp: str) -> dict:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
+    import sys
 
+    import deepspeed
+    import deepspeed.comm.torch  # noqa: F401
+
+    # test-only: skip DeepSpeed's JIT-built shared-memory allreduce; its build cache is shared with other sessions
+    # and a build in progress elsewhere blocks here on a file lock (sys.modules: the attribute is the torch package)
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the launcher's process group
     tmp = os.path.join(tmp, f"rank{rank}")  # one target per rank: a peer's live run dir is not a leftover
     os.makedirs(tmp, exist_ok=True)  # offload dirs must exist (flowlane.offload.OffloadConfig.check_dirs)
