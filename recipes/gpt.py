@@ -341,7 +341,8 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     for r in results:
         for k, v in r["bytes_by_kind"].items():
             total_bytes[k] = total_bytes.get(k, 0) + v
-    losses = next(r["losses"] for r in results if r["losses"])
+    # the last rank's: the one the progress bar shows (each data-parallel replica of the last stage has its own)
+    losses = results[-1]["losses"]
     metrics = {
         "recipe": asdict(recipe), "iteration_time_s": sum(steady) / len(steady), "iteration_times_s": steady,
         "loss": losses, "bytes_by_kind": total_bytes, "per_rank": results, "trace": str(trace_path),
@@ -363,7 +364,7 @@ def _print_summary(metrics: dict[str, Any], out_dir: Path) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("iteration time (steady, max over ranks)", f"{metrics['iteration_time_s'] * 1e3:.1f} ms")
-    t.add_row("loss first -> last", f"{metrics['loss'][0]:.4f} -> {metrics['loss'][-1]:.4f}")
+    t.add_row("loss first -> last (last rank)", f"{metrics['loss'][0]:.4f} -> {metrics['loss'][-1]:.4f}")
     for kind, b in sorted(metrics["bytes_by_kind"].items()):
         t.add_row(f"bytes sent, {kind} (all ranks, steady iterations)", f"{b:,}")
     offload = [r["feature_stats"]["SSDOffload"] for r in metrics["per_rank"] if "SSDOffload" in r["feature_stats"]]
