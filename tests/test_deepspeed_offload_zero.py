@@ -1,6 +1,6 @@
 """SSD offload under DeepSpeed ZeRO stages 1-3 (2 gloo ranks, CPU accelerator): losses and parameters are bitwise
 those of DeepSpeed's own run, and only activations are stored -- under ZeRO-3 the parameters gathered anew for every
-module are recognised per gather and kept, never written."""
+module are recognised per gather and kept, never written. Also ZeRO-3 with the offload and Hermod together."""
 
 from __future__ import annotations
 
@@ -43,27 +43,29 @@ class PlainT(nn.Module):
         return x.pow(2).mean()
 
 
-def _config(stage: int, world: int, offload: dict | None) -> dict:
+def _config(stage: int, world: int, offload: dict | None, hermod: dict | None = None) -> dict:
     cfg = {"train_batch_size": MB * GAS * world, "train_micro_batch_size_per_gpu": MB,
            "gradient_accumulation_steps": GAS, "steps_per_print": 1000, "zero_allow_untested_optimizer": True,
            "zero_optimization": {"stage": stage}}
     if stage == 3:
         cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    if offload is not None:
-        cfg["flowlane"] = {"offload": offload}
+    if offload is not None or hermod is not None:
+        cfg["flowlane"] = {k: v for k, v in (("offload", offload), ("hermod", hermod)) if v is not None}
     return cfg
 
 
-def _run(rank: int, world: int, stage: int, offload: dict | None) -> dict:
+def _run(rank: int, world: int, stage: int, offload: dict | None, hermod: dict | None = None) -> dict:
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param
 
+    from deepspeed_plugin import hermod as ds_hermod
     from deepspeed_plugin.ssd_offload import install
 
     torch.manual_seed(0)
     net = PlainT()
-    cfg = _config(stage, world, offload)
+    cfg = _config(stage, world, offload, hermod)
     engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
+    h = ds_hermod.install(engine, cfg)
     handle = install(engine, cfg)
     g = torch.Generator().manual_seed(10 + rank)
     losses = []
@@ -75,6 +77,8 @@ def _run(rank: int, world: int, stage: int, offload: dict | None) -> dict:
     handle.wait_io()
     stats = handle.stats.as_dict()
     handle.close()
+    if h is not None:
+        h.close()
     params = [(safe_get_full_fp32_param(p) if stage == 3 else p).detach().clone() for p in engine.module.parameters()]
     engine.destroy()
     return {"losses": losses, "params": params, "stats": stats}
@@ -98,11 +102,16 @@ def _stages(rank: int, world: int, tmp: str) -> dict:
         ref, mine = _run(rank, world, stage, None), _run(rank, world, stage, off)
         out[stage] = {"equal": ref["losses"] == mine["losses"] and all(
             torch.equal(a, b) for a, b in zip(ref["params"], mine["params"], strict=True)), "stats": mine["stats"]}
+    # both features at once under ZeRO-3: Hermod's deferred reduce-scatters and the offload's per-gather tags
+    both = _run(rank, world, 3, off, {"gate_timeout_s": 0.02})
+    ref3 = _run(rank, world, 3, None)
+    out["both"] = {"equal": ref3["losses"] == both["losses"] and all(
+        torch.equal(a, b) for a, b in zip(ref3["params"], both["params"], strict=True)), "stats": both["stats"]}
     out["left"] = os.listdir(tmp)
     return out
 
 
-@pytest.mark.slow  # 2 ranks x 6 DeepSpeed engines
+@pytest.mark.slow  # 2 ranks x 8 DeepSpeed engines
 def test_offload_under_zero_1_to_3_is_bitwise_and_stores_only_activations() -> None:
     from flowlane.launch import launch
 
@@ -117,3 +126,5 @@ def test_offload_under_zero_1_to_3_is_bitwise_and_stores_only_activations() -> N
             st = s["stats"]
             assert st["bytes_written"] + st["bytes_cancelled"] == GAS * 3 * A_T, (stage, st)
             assert st["param_skips"] >= GAS * 4, (stage, st)  # each block's W.t(), recognised as a parameter
+        assert r["both"]["equal"]
+        assert r["both"]["stats"]["bytes_written"] + r["both"]["stats"]["bytes_cancelled"] == GAS * 3 * A_T
