@@ -1,9 +1,15 @@
 """Simulator speed: one iteration of GPT-3 175B (table 5.5 strategy: TP 8, PP 8, mbs 8; DP grows with the GPU count)
 on Hermod's simulated fabric (100 Gbps, full bisection). Reports CPU seconds (single-threaded; robust to other load
 on the machine), events per CPU second, and how time grows with the number of flows. Writes
-results/sim/speed.json and speed.png. Goals (issue 3): 1,024 GPUs <= 10 s, 8,192 GPUs <= 120 s on one core.
+results/sim/speed.json and speed.png (``--name``). Goals (issue 3): 1,024 GPUs <= 10 s, 8,192 GPUs <= 120 s on one core.
 
     .venv-llm/bin/python benchmarks/sim_speed.py [--sizes 256,512,1024,2048,4096,8192] [--quantum 1e-4]
+        [--before OLD.json --before-label TEXT]
+
+``--before`` keeps a run of this benchmark on other code (e.g. the engine before a change) in the JSON beside this
+one, with the CPU-time ratio per row and whether the simulated iteration times are identical (they must be, bit for
+bit, for a change that only reorganises the engine). CPU seconds on a shared machine move with its load, so compare
+runs made back to back.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from flowlane.policies import make_policy
 from flowlane.sim import SimConfig, Simulator
 from flowlane.sim.workloads import build_workload
+from flowlane.testing.provenance import provenance
 
 
 def main() -> None:
@@ -24,7 +31,17 @@ def main() -> None:
     ap.add_argument("--quantum", type=float, default=1e-4, help="event batching window (s) for the scaled runs")
     ap.add_argument("--exact-up-to", type=int, default=8192, help="also run exact (quantum 0) up to this size")
     ap.add_argument("--out", default="results/sim")
+    ap.add_argument("--name", default="speed", help="output file stem (NAME.json, NAME.png)")
+    ap.add_argument("--before", type=Path, help="an earlier speed.json to record beside this run")
+    ap.add_argument("--before-label", default="", help="what the earlier run ran (e.g. its commit)")
     a = ap.parse_args()
+    before = None
+    if a.before is not None:
+        try:
+            before = json.loads(a.before.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--before: cannot read {a.before}: {e}")
+    env = provenance()
     rows = []
     from rich.console import Console
     from rich.table import Table
@@ -63,8 +80,22 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "sim_speed", "workload": "gpt3-175b (TP8 PP8 mbs8, 16 microbatches, ZeRO, 100 Gbps)",
            "note": "iteration times are simulated; CPU seconds measured on this machine, single-threaded",
-           "rows": rows, "goals": goals, "quantum_relative_error": exact_err}
-    (out / "speed.json").write_text(json.dumps(doc, indent=1))
+           "provenance": env, "rows": rows, "goals": goals, "quantum_relative_error": exact_err}
+    if before is not None:
+        old = {(r["gpus"], r["quantum_s"]): r for r in before["rows"]}
+        cmp = []
+        for r in rows:
+            o = old.get((r["gpus"], r["quantum_s"]))
+            if o is not None:
+                cmp.append({"gpus": r["gpus"], "quantum_s": r["quantum_s"], "sim_cpu_s_before": o["sim_cpu_s"],
+                            "sim_cpu_s_now": r["sim_cpu_s"], "before_over_now": o["sim_cpu_s"] / r["sim_cpu_s"],
+                            "iteration_time_identical": o["iteration_time_s_simulated"] == r["iteration_time_s_simulated"],
+                            "events_identical": o["events"] == r["events"]})
+        doc["before"] = {"label": a.before_label, "file": str(a.before), "rows": before["rows"],
+                         "provenance": before.get("provenance")}
+        doc["before_vs_now"] = cmp
+        con.print({"before_vs_now": cmp})
+    (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
     tab = Table(title="flowlane.sim speed (GPT-3 175B, one iteration)")
     for c in ("GPUs", "quantum", "flows", "events", "rate updates", "build cpu s", "sim cpu s", "events/cpu-s"):
         tab.add_column(c, justify="right")
@@ -90,7 +121,7 @@ def main() -> None:
     ax.set_title("flowlane.sim speed, GPT-3 175B iteration (simulated workload)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "speed.png", dpi=110)
+    fig.savefig(out / f"{a.name}.png", dpi=110)
 
 
 if __name__ == "__main__":
