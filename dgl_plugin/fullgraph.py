@@ -359,8 +359,9 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     n = 24
     src = torch.cat([torch.arange(n), torch.randint(0, n, (3 * n,), generator=gen)])
     dst = torch.cat([(torch.arange(n) + 1) % n, torch.randint(0, n, (3 * n,), generator=gen)])
-    g = dgl.graph((src, dst), num_nodes=n)
-    x = torch.randn(n, in_feats, generator=gen).to(dtype)
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    g = dgl.graph((src, dst), num_nodes=n).to(dev)
+    x = torch.randn(n, in_feats, generator=gen).to(dev, dtype)
     was = model.training
     model.eval()
     try:
@@ -397,7 +398,7 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
                 if out_full.shape != ref.shape or not torch.allclose(out_full, ref, rtol=1e-5, atol=1e-6):
                     raise ModelContractError("model.forward gives different results when its layers are called "
                                              "through the runtime; add forward_layer(k, block, h_src, h_dst)")
-                for half in (torch.arange(0, n, 2), torch.arange(1, n, 2)):
+                for half in (torch.arange(0, n, 2, device=dev), torch.arange(1, n, 2, device=dev)):
                     def part(k: int, h: torch.Tensor, half: torch.Tensor = half) -> torch.Tensor:
                         hin, hout = inputs[k]
                         if h.shape[0] != half.numel() or not torch.allclose(h, hin[half], rtol=1e-5, atol=1e-6):
