@@ -10,7 +10,9 @@ export DS_ACCELERATOR=cpu PYTHONDONTWRITEBYTECODE=1
 status=0
 run_lane() {  # lane, marker expression
   echo "=== lane $1: pytest -m \"$2\" ==="
-  ".venv-$1/bin/python" -m pytest -m "$2" --junitxml="results/test-reports/$1.xml" -p no:cacheprovider "${@:3}"
+  # --durations: the slowest tests in every CI log, to keep the suite inside its time budget
+  ".venv-$1/bin/python" -m pytest -m "$2" --junitxml="results/test-reports/$1.xml" -p no:cacheprovider \
+    --durations=20 --durations-min=20 "${@:3}"
   local rc=$?
   if [ $rc -eq 5 ]; then echo "lane $1: pytest collected no tests (exit 5) - treated as a failure" >&2; status=1
   elif [ $rc -ne 0 ]; then status=1; fi
