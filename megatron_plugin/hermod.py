@@ -14,7 +14,7 @@ megatron-core API (Megatron-core's own DistributedDataParallel, optimizer, final
     h.attach_pipeline()                       # the schedules' own P2PCommunicator (or h.attach_p2p(p2p))
     h.attach_ddp(model_chunks)                # Megatron DDP bucket groups: grad reductions and param gathers
     h.attach_finalize(config, get_num_microbatches)   # after config.finalize_model_grads_func (kept whole)
-    h.patch_moe_dispatcher()                  # MoE token-dispatcher all-to-all -> matched all-to-all
+    h.patch_moe_dispatcher(config)            # MoE alltoall dispatcher -> matched all-to-all
     ... train ...
     h.close()
 
@@ -404,13 +404,19 @@ class Hermod:
         """Drop-in for ``megatron.core.tensor_parallel.all_to_all`` (autograd-aware, matched phases)."""
         return _MatchedAllToAll.apply(self, group, input_, output_split_sizes, input_split_sizes)
 
-    def patch_moe_dispatcher(self) -> None:
+    def patch_moe_dispatcher(self, config: Any = None) -> None:
         """The ``alltoall`` token dispatcher's all-to-alls become matched all-to-alls, planned from the token
         counts Megatron's ``preprocess`` already all-gathers (no second gather of the split matrix): its gather over
-        the TP x EP group is kept, and ``token_dispatch`` / ``token_combine`` say which way the tokens flow."""
+        the TP x EP group is kept, and ``token_dispatch`` / ``token_combine`` say which way the tokens flow.
+        ``config`` (the model's TransformerConfig): a dispatcher other than ``alltoall`` is refused, since Hermod
+        would leave its traffic unscheduled."""
         import megatron.core.transformer.moe.token_dispatcher as td
 
         check_megatron_core_version("Hermod.patch_moe_dispatcher")
+        kind = getattr(config, "moe_token_dispatcher_type", "alltoall") if config is not None else "alltoall"
+        if kind != "alltoall":
+            raise ValueError(f"Hermod.patch_moe_dispatcher: moe_token_dispatcher_type={kind!r} is not scheduled; "
+                             "Hermod schedules the 'alltoall' dispatcher only (allgather and flex are not)")
         cls = td.MoEAlltoAllTokenDispatcher
         originals = (td.all_to_all, td.gather_from_sequence_parallel_region, cls.preprocess, cls.token_dispatch,
                      cls.token_combine)
@@ -596,7 +602,7 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
         h.attach_ddp([ctx.model])
         h.attach_finalize(ctx.config)
         if moe:
-            h.patch_moe_dispatcher()
+            h.patch_moe_dispatcher(ctx.config)
     except BaseException:
         h.close()  # never half-installed
         raise

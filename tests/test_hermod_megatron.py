@@ -200,6 +200,13 @@ def test_megatron_lm_configurations_hermod_cannot_schedule_are_refused_with_the_
     assert "allgather" in check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="allgather"))
     assert check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="alltoall")) == ""
     assert "--ddp-bucket-size" in check_hermod_args(args(hermod_chunk_bytes=1 << 20))
+    from types import SimpleNamespace
+
+    from megatron_plugin.hermod import Hermod
+
+    # the megatron-core API refuses the same dispatchers (checked before anything is patched)
+    with pytest.raises(ValueError, match="moe_token_dispatcher_type='flex' is not scheduled"):
+        Hermod.patch_moe_dispatcher(object(), SimpleNamespace(moe_token_dispatcher_type="flex"))  # type: ignore[arg-type]
     built = []
     hooks = FlowlaneHooks(lambda **kw: built.append(kw), lambda *a: None, get_args=lambda: args(overlap_grad_reduce=False))
     with pytest.raises(ValueError, match="cannot run with this configuration: add --overlap-grad-reduce"):

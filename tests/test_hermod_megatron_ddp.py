@@ -303,7 +303,7 @@ def _train_layout(name: str, hermod: bool) -> dict:
                 h.attach_ddp(chunks)
                 h.attach_finalize(config)
                 if lay["experts"]:
-                    h.patch_moe_dispatcher()
+                    h.patch_moe_dispatcher(config)
             fwd_bwd = get_forward_backward_func()
             losses = []
             for it in range(ITERATIONS):
