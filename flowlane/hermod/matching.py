@@ -233,14 +233,15 @@ def _max_weight_assignment(W: Matrix) -> list[int]:
     n = len(W)
     INF = float("inf")
     cost = [[-W[i][j] for j in range(n)] for i in range(n)]
-    u = [0] * (n + 1)
-    v = [0] * (n + 1)
+    # potentials and slacks hold integers; only an initial INF is a float (replaced before any arithmetic)
+    u: list[float] = [0] * (n + 1)
+    v: list[float] = [0] * (n + 1)
     p = [0] * (n + 1)  # p[col] = row (1-based)
     way = [0] * (n + 1)
     for i in range(1, n + 1):
         p[0] = i
         j0 = 0
-        minv = [INF] * (n + 1)
+        minv: list[float] = [INF] * (n + 1)
         used = [False] * (n + 1)
         while True:
             used[j0] = True
@@ -365,8 +366,8 @@ def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
     if impl not in IMPLS:
         raise ValueError(f"impl {impl!r} is not one of {list(IMPLS)}")
-    v = _fast_ints(matrix)
-    if v is not None and quantum > 1:
+    v: tuple[int, array] | Matrix | None = _fast_ints(matrix)
+    if isinstance(v, tuple) and quantum > 1:
         v = (v[0], array("q", [-(-x // quantum) for x in v[1]]))
     if v is None:  # anything but plain int64 entries: the original path, whose checks name a bad value
         v = _validated([[-(-int(x) // quantum) for x in row] for row in matrix])
