@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 
+from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.matching import AUTO_CANDIDATES, RUN_ALGORITHMS, check_candidates
 from flowlane.hermod.order import HermodOrder, HermodOrderConfig
@@ -155,39 +156,23 @@ class HermodConfig:
 
 # -- launch flags ------------------------------------------------------------------------------------------------------
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    d = HermodConfig()
+    """``--coflow-scheduler {none,hermod}`` and one ``--hermod-<field>`` flag per :class:`HermodConfig` field
+    (generated: :func:`flowlane.configs.add_dataclass_args`)."""
     g = parser.add_argument_group("flowlane hermod", "Hermod coflow scheduling (seed 000 ch.5)")
     g.add_argument("--coflow-scheduler", choices=["none", "hermod"], default="none",
                    help="cluster-wide coflow priority (MID > CType > LID) + matched all-to-all")
-    g.add_argument("--hermod-schedule", choices=["1f1b", "interleaved"], default=None,
-                   help="CType order (default: interleaved with --num-layers-per-virtual-pipeline-stage, else 1f1b)")
-    g.add_argument("--hermod-dp-mid", choices=["last", "consumer"], default=d.dp_mid)
-    g.add_argument("--hermod-chunk-bytes", type=int, default=d.chunk_bytes)
-    g.add_argument("--hermod-max-inflight-chunks", type=int, default=d.max_inflight_chunks)
-    g.add_argument("--hermod-gate-timeout-s", type=float, default=d.gate_timeout_s)
-    g.add_argument("--hermod-ep-algorithm", choices=list(EP_ALGORITHMS), default=d.ep_algorithm)
-    g.add_argument("--hermod-ep-auto-candidates", default=",".join(d.ep_auto_candidates),
-                   help="with --hermod-ep-algorithm auto: comma-separated algorithms it compares, in probe order")
-    g.add_argument("--hermod-ep-auto-probe-iterations", type=int, default=d.ep_auto_probe_iterations,
-                   help="with --hermod-ep-algorithm auto: iterations each candidate is timed")
-    g.add_argument("--hermod-ep-quantum", type=int, default=d.ep_quantum)
-    g.add_argument("--hermod-launch", choices=["auto", "pacer", "program_order"], default=d.launch,
-                   help="who launches deferred DP coflows (auto: program_order on NCCL, pacer on gloo)")
-    g.add_argument("--hermod-gloo-class-ifnames", default=d.gloo_class_ifnames,
-                   help="gloo: comma-separated interface per class (critical,pipeline,bulk) for wire priority")
+    add_dataclass_args(g, HermodConfig, "hermod-", skip=("name",), overrides={"schedule": {
+        "default": None, "help": "CType order (default: interleaved with --num-layers-per-virtual-pipeline-stage, "
+                                 "else 1f1b)"}})
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> HermodConfig:
     schedule = args.hermod_schedule or (
         "interleaved" if getattr(args, "virtual_pipeline_model_parallel_size", None) else "1f1b")
-    return HermodConfig(name=args.coflow_scheduler, schedule=schedule, dp_mid=args.hermod_dp_mid,
-                        chunk_bytes=args.hermod_chunk_bytes, max_inflight_chunks=args.hermod_max_inflight_chunks,
-                        gate_timeout_s=args.hermod_gate_timeout_s, ep_algorithm=args.hermod_ep_algorithm,
-                        ep_auto_candidates=args.hermod_ep_auto_candidates,
-                        ep_auto_probe_iterations=args.hermod_ep_auto_probe_iterations,
-                        ep_quantum=args.hermod_ep_quantum, gloo_class_ifnames=args.hermod_gloo_class_ifnames,
-                        launch=args.hermod_launch)
+    cfg: HermodConfig = config_from_namespace(HermodConfig, args, "hermod_", name=args.coflow_scheduler,
+                                              schedule=schedule)
+    return cfg
 
 
 # -- the runtime object ------------------------------------------------------------------------------------------------
