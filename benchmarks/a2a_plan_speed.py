@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--stream-quanta", default="1,64,512", help="quanta for the cache hit-rate stream")
     ap.add_argument("--stream-calls", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-phases", type=int, default=0,
+                    help="cap every plan at this many phases (0: none); rows then report the residual share")
     ap.add_argument("--out", default="results/hermod")
     a = ap.parse_args()
     impl = M.planner_impl()
@@ -78,25 +80,29 @@ def main() -> None:
         mats = [zipf_token_matrix(rng, ep, a.experts_per_rank * ep, a.tokens, a.top_k, a.skew).tolist()
                 for _ in range(a.matrices)]
         for alg in a.algorithms.split(","):
-            t_c, t_py, t_hit, phases, sends, totals = [], [], [], [], [], []
+            t_c, t_py, t_hit, phases, sends, totals, residual = [], [], [], [], [], [], []
             lb = [M.lower_bound(m) for m in mats]
             for k, m in enumerate(mats):
-                ts, ph = _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, cache=False), a.reps)
+                ts, ph = _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, cache=False, max_phases=a.max_phases), a.reps)
                 t_c += ts
                 phases.append(len(ph))
                 sends.append(sum(len(p.sends) for p in ph))
                 totals.append(M.phases_total(ph))
+                units = sum(a_ for p in ph for _, _, a_ in p.sends)
+                residual.append(sum(a_ for p in ph if p.residual for _, _, a_ in p.sends) / max(1, units))
                 M.plan_cache_clear()
-                M.plan_all_to_all(m, 1, alg)  # miss: fills the cache
-                t_hit += _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg), a.reps)[0]
+                M.plan_all_to_all(m, 1, alg, max_phases=a.max_phases)  # miss: fills the cache
+                t_hit += _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, max_phases=a.max_phases), a.reps)[0]
                 assert M.plan_cache_info()["hits"] == a.reps
                 if ep <= a.python_max_ep and k < a.python_matrices:
-                    ts, ref = _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, impl="python", cache=False), a.python_reps)
+                    ts, ref = _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, impl="python", cache=False,
+                                                                           max_phases=a.max_phases), a.python_reps)
                     t_py += ts
                     if ref != ph:
                         raise SystemExit(f"EP {ep} {alg} matrix {k}: compiled and Python plans differ")
             row = {"ep": ep, "algorithm": alg, "matrices": len(mats), "phases": phases, "sends": sends,
                    "phases_median": float(np.median(phases)), "total_units": totals, "lower_bound_units": lb,
+                   "max_phases": a.max_phases, "residual_unit_share": residual,
                    "compiled": _stats(t_c), "cached_hit": _stats(t_hit),
                    "python": _stats(t_py) if t_py else None,
                    "python_equal_to_compiled_on": min(a.python_matrices, len(mats)) if t_py else 0}
@@ -106,7 +112,10 @@ def main() -> None:
             py = f"{row['python']['median_ms']:9.2f}" if t_py else "        -"
             print(f"EP {ep:3d} {alg:15s} phases {row['phases_median']:7.0f}  python {py} ms  compiled "
                   f"{row['compiled']['median_ms']:8.3f} (p99 {row['compiled']['p99_ms']:8.3f}) ms  cached "
-                  f"{row['cached_hit']['median_ms']:7.4f} (p99 {row['cached_hit']['p99_ms']:7.4f}) ms", flush=True)
+                  f"{row['cached_hit']['median_ms']:7.4f} (p99 {row['cached_hit']['p99_ms']:7.4f}) ms"
+                  + (f"  residual {100 * float(np.median(residual)):.1f} % of units, total/L "
+                     f"{float(np.median([t / max(1, b) for t, b in zip(totals, lb, strict=True)])):.3f}" if a.max_phases else ""),
+                  flush=True)
         # cache hit rate on a stream of fresh matrices (one MoE call each), per planning quantum
         for q in [int(x) for x in a.stream_quanta.split(",")]:
             M.plan_cache_clear()

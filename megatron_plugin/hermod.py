@@ -114,6 +114,9 @@ class HermodConfig:
     candidates"). More help where iteration times are noisier than the gap to be found."""
     ep_quantum: int = 1
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
+    ep_max_phases: int = 0
+    """Cap on the matched all-to-all's phases (0: none). Past it, one last phase sends what is left at once (it may
+    incast): bounds planning time (~5 us a phase at EP 32) and the per-phase launch costs."""
     launch: Literal["auto", "pacer", "program_order"] = "auto"
     """Who launches the deferred DP coflows (flowlane.sched.scheduler): ``pacer`` (a thread, host-side gate: the
     measured gloo path), ``program_order`` (the training thread at the seal point, whole windows in key order; PP/EP
@@ -132,6 +135,8 @@ class HermodConfig:
         self.ep_auto_candidates = check_candidates(self.ep_auto_candidates)
         if not isinstance(self.ep_auto_probe_iterations, int) or self.ep_auto_probe_iterations < 1:
             raise ValueError(f"ep_auto_probe_iterations must be an integer >= 1, got {self.ep_auto_probe_iterations!r}")
+        if not isinstance(self.ep_max_phases, int) or self.ep_max_phases < 0:
+            raise ValueError(f"ep_max_phases must be an integer >= 0 (0: no cap), got {self.ep_max_phases!r}")
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
             raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
@@ -201,7 +206,7 @@ class Hermod:
                                                                     stage, num_stages)
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config(dist.get_backend(dp_group)))
-        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum,
+        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum, max_phases=config.ep_max_phases,
                                   probe_iterations=config.ep_auto_probe_iterations,
                                   candidates=config.ep_auto_candidates)
         self.dp_group = dp_group

@@ -178,3 +178,28 @@ def test_plan_cache_hits_return_the_same_plan_and_stay_bounded():
             plan_cache_clear(-1)
     finally:
         plan_cache_clear(16)
+
+
+def test_capped_plans_equal_python_keep_every_unit_and_end_in_one_residual_phase():
+    """``max_phases``: after max_phases - 1 matched phases, one residual phase sends what is left (may incast)."""
+    rng = random.Random(7)
+    for n in (3, 5, 8, 16):
+        for _ in range(4):
+            T = [[0 if i == j else rng.randint(0, 50) for j in range(n)] for i in range(n)]
+            for alg in ("bvn", "bvn_bottleneck"):
+                for cap in (1, 2, 5, 17):
+                    c = plan_all_to_all(T, algorithm=alg, impl="c", cache=False, max_phases=cap)
+                    assert c == plan_all_to_all(T, algorithm=alg, impl="python", cache=False, max_phases=cap)
+                    got = [[0] * n for _ in range(n)]
+                    for ph in c:
+                        for s, d, a in ph.sends:
+                            got[s][d] += a
+                    assert got == T and len(c) <= cap
+                    assert not any(ph.residual for ph in c[:-1])
+                    full = plan_all_to_all(T, algorithm=alg, impl="c", cache=False)
+                    if len(full) < cap:  # a plan shorter than the cap is the uncapped plan
+                        assert c == full
+    with pytest.raises(ValueError, match="max_phases must be an integer >= 0"):
+        plan_all_to_all([[0, 1], [1, 0]], max_phases=-1)
+    with pytest.raises(ValueError, match="not alg3"):
+        plan_all_to_all([[0, 1], [1, 0]], algorithm="alg3", max_phases=3, cache=False)

@@ -126,6 +126,7 @@ def test_matched_all_to_all_equals_all_to_all_single_on_four_ranks():
     for r in _results():
         a = r["a2a"]
         assert a["equal_bvn"] and a["equal_bvn_bottleneck"] and a["equal_alg3"] and a["equal_bvn_barrier"], a
+        assert a["equal_bvn_capped"], a
         assert a["phases_bvn"] <= a["phases_alg3_total"]
         assert a["bad_sync"].startswith("phase_sync 'global' is not one of"), a
 
@@ -257,6 +258,9 @@ def _a2a_rank(rank: int, world: int) -> dict:
     y = torch.full((sum(recv), 3), -1.0)
     matched_all_to_all(y, x, recv, splits, matrix, phase_sync="barrier")
     out["equal_bvn_barrier"] = bool(torch.equal(y, ref))
+    y = torch.full((sum(recv), 3), -1.0)  # a plan capped at 2 phases: the second sends everything left at once
+    capped = matched_all_to_all(y, x, recv, splits, matrix, max_phases=2)
+    out["equal_bvn_capped"] = bool(torch.equal(y, ref)) and len(capped) <= 2
     try:
         matched_all_to_all(y, x, recv, splits, matrix, phase_sync="global")  # type: ignore[arg-type]
     except ValueError as e:

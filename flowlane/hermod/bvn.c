@@ -32,6 +32,8 @@
  *   Hungarian potentials stay within +-2^52).
  *   Outputs: weight[k] and count[k] per phase k (at most cap_phases), sends (src[m], dst[m], amt[m]) of all phases
  *   concatenated in phase order, rows in increasing src order (at most cap_sends).
+ *   max_phases > 0 caps the plan (flowlane_bvn): after max_phases - 1 matched phases, one residual phase sends every
+ *   real entry left (*residual = 1 then). It bounds planning time and per-phase costs; the residual may incast.
  * Returns the number of phases (>= 0), or
  *   -1 out of memory, -2 no perfect matching (cannot happen for a valid input: the padded matrix is L times a
  *   doubly stochastic one), -3 more than cap_phases phases, -4 more than cap_sends sends (the caller retries with
@@ -132,7 +134,7 @@ static int emit_send(out_t *o, int i, int j, int64_t a) {
 }
 
 long flowlane_bvn(int n, const int64_t *T, int bottleneck, long cap_phases, long cap_sends, int64_t *weight,
-                  int32_t *count, int32_t *src, int32_t *dst, int64_t *amt) {
+                  int32_t *count, int32_t *src, int32_t *dst, int64_t *amt, long max_phases, int32_t *residual) {
   const size_t nn = (size_t)n * (size_t)n;
   const int W = (n + 63) / 64;
   out_t o = {0, 0, cap_phases, cap_sends, weight, amt, count, src, dst};
@@ -187,8 +189,30 @@ long flowlane_bvn(int n, const int64_t *T, int bottleneck, long cap_phases, long
     }
   km_t k = {n, W, sup, seen, cor, roc};
   for (int i = 0; i < n; i++) cor[i] = roc[i] = -1;
+  *residual = 0;
   while (nz > 0) {
     const int *match;
+    if (max_phases > 0 && o.np == max_phases - 1) {
+      /* the cap: one last phase sends every real entry left, several per rank (may incast); its weight is the
+       * residual's own bound, max(row sum, column sum). No phase at all if only dummy traffic is left. */
+      int64_t wr = 0;
+      for (int i = 0; i < n; i++) {
+        int64_t r = 0, c = 0;
+        for (int j = 0; j < n; j++) {
+          r += real[(size_t)i * n + j];
+          c += real[(size_t)j * n + i];
+        }
+        if (r > wr) wr = r;
+        if (c > wr) wr = c;
+      }
+      if (wr == 0) break;
+      if ((ret = emit_begin(&o, wr)) < 0) goto done;
+      for (size_t c = 0; c < nn; c++)
+        if (real[c] > 0 && (ret = emit_send(&o, (int)(c / n), (int)(c % n), real[c])) < 0) goto done;
+      o.np++;
+      *residual = 1;
+      break;
+    }
     if (!bottleneck) {
       k.sup = sup;
       if (!complete(&k)) {

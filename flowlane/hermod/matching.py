@@ -65,6 +65,9 @@ class Phase:
 
     weight: int
     sends: tuple[tuple[int, int, int], ...]  # (src, dst, amount), amount > 0
+    residual: bool = False
+    """The last phase of a plan capped at ``max_phases``: every send still left, several per rank (may incast);
+    its weight is the residual's own bound (max row or column sum)."""
 
     def partner_of(self, rank: int) -> tuple[int | None, int, int | None, int]:
         """(dst, amount_sent, src, amount_received) for ``rank`` in this phase (None = idle)."""
@@ -183,17 +186,18 @@ def _pad(real: Matrix, L: int, largest_first: bool) -> Matrix:
     return dummy
 
 
-def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "first", impl: Impl = "auto") -> list[Phase]:
+def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "first", impl: Impl = "auto",
+               max_phases: int = 0) -> list[Phase]:
     """Birkhoff-von Neumann decomposition of the padded matrix; sum of weights == :func:`lower_bound`.
     ``matching``: which perfect matching each step takes (module docstring): ``first`` (the previous one, repaired) or
     ``bottleneck`` (the largest smallest entry: fewer, longer phases). ``impl``: the compiled planner (``c``), the
     pure-Python one (``python``) or the compiled one where it can be built (``auto``); all give the same phases."""
     if matching not in BVN_MATCHINGS:
         raise ValueError(f"matching {matching!r} is not one of {list(BVN_MATCHINGS)}")
-    return _plan(_validated(T), "bvn_bottleneck" if matching == "bottleneck" else "bvn", impl)
+    return _plan(_validated(T), "bvn_bottleneck" if matching == "bottleneck" else "bvn", impl, max_phases)
 
 
-def _bvn_python(real: Matrix, matching: BvnMatching) -> list[Phase]:
+def _bvn_python(real: Matrix, matching: BvnMatching, max_phases: int = 0) -> list[Phase]:
     """The reference implementation (``real`` checked by :func:`_check`; consumed)."""
     n = len(real)
     L = lower_bound(real)
@@ -206,6 +210,12 @@ def _bvn_python(real: Matrix, matching: BvnMatching) -> list[Phase]:
     while True:
         tot = [[real[i][j] + dummy[i][j] for j in range(n)] for i in range(n)]
         if not any(v for r in tot for v in r):
+            break
+        if max_phases > 0 and len(phases) == max_phases - 1:  # the cap: one residual phase sends what is left
+            w_res = lower_bound(real)
+            if w_res:
+                phases.append(Phase(w_res, tuple((i, j, real[i][j]) for i in range(n) for j in range(n)
+                                                 if real[i][j] > 0), residual=True))
             break
         if matching == "bottleneck":
             match = _bottleneck_matching(tot)
@@ -355,13 +365,15 @@ def check_candidates(candidates: Sequence[str] | str) -> tuple[str, ...]:
 
 
 def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn",
-                    impl: Impl = "auto", cache: bool = True) -> list[Phase]:
+                    impl: Impl = "auto", cache: bool = True, max_phases: int = 0) -> list[Phase]:
     """Phases for ``matrix[i][j]`` rows from group rank i to j, planned in units of ``quantum`` rows (ceil), which
     bounds the number of phases (digest A2.6 "Units"). ``impl`` as for :func:`bvn_phases`. ``cache``: look the
     quantised matrix up in the bounded plan cache first (:func:`plan_cache_info`); a hit returns the same phases
     (a new list of the same immutable :class:`Phase` objects)."""
     if not isinstance(quantum, int) or quantum < 1:
         raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
+    if not isinstance(max_phases, int) or isinstance(max_phases, bool) or max_phases < 0:
+        raise ValueError(f"max_phases must be an integer >= 0 (0: no cap), got {max_phases!r}")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
     if impl not in IMPLS:
@@ -372,12 +384,12 @@ def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm
     if v is None:  # anything but plain int64 entries: the original path, whose checks name a bad value
         v = _validated([[-(-int(x) // quantum) for x in row] for row in matrix])
     if not cache or _CACHE.maxsize == 0 or not isinstance(v, tuple):
-        return _plan(v, algorithm, impl)
-    key = (algorithm, v[0], v[1].tobytes())
+        return _plan(v, algorithm, impl, max_phases)
+    key = (algorithm, max_phases, v[0], v[1].tobytes())
     hit = _CACHE.get(key)
     if hit is not None:
         return list(hit)
-    phases = _plan(v, algorithm, impl)
+    phases = _plan(v, algorithm, impl, max_phases)
     _CACHE.put(key, tuple(phases))
     return phases
 
@@ -392,7 +404,7 @@ _CFLAGS = ("-O2", "-shared", "-fPIC")
 def _declare(lib: ctypes.CDLL) -> None:
     P, L, N = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.flowlane_bvn.restype = L
-    lib.flowlane_bvn.argtypes = [N, P, N, L, L, P, P, P, P, P]
+    lib.flowlane_bvn.argtypes = [N, P, N, L, L, P, P, P, P, P, L, P]
     lib.flowlane_alg3.restype = L
     lib.flowlane_alg3.argtypes = [N, P, L, L, P, P, P, P, P]
 
@@ -443,9 +455,11 @@ def _validated(T: Sequence[Sequence[int]]) -> tuple[int, array] | Matrix:
         return M
 
 
-def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl) -> list[Phase]:
+def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl, max_phases: int = 0) -> list[Phase]:
     if impl not in IMPLS:
         raise ValueError(f"impl {impl!r} is not one of {list(IMPLS)}")
+    if max_phases and algorithm == "alg3":
+        raise ValueError("max_phases caps Birkhoff-von Neumann plans (bvn, bvn_bottleneck), not alg3")
     if isinstance(v, tuple):
         n, flat = v
         if n == 0:
@@ -453,7 +467,7 @@ def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl) -> list[Pha
         fits = max(flat) * n <= _C_LIMIT
         lib = _kernel() if impl != "python" and fits else None
         if lib is not None:
-            return _plan_c(lib, n, flat, algorithm)
+            return _plan_c(lib, n, flat, algorithm, max_phases)
         if impl == "c":
             why = "the C planner could not be built (no C compiler, or FLOWLANE_HERMOD_NO_C=1)" if fits else \
                 f"entries up to {max(flat)} exceed the C planner's range (n * max entry <= 2^50)"
@@ -465,12 +479,13 @@ def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl) -> list[Pha
         M = v
     if algorithm == "alg3":
         return _alg3_python(M)
-    return _bvn_python(M, "bottleneck" if algorithm == "bvn_bottleneck" else "first")
+    return _bvn_python(M, "bottleneck" if algorithm == "bvn_bottleneck" else "first", max_phases)
 
 
-def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str) -> list[Phase]:
+def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str, max_phases: int = 0) -> list[Phase]:
     cap_p = n * n + 1  # every phase zeroes an entry of the (padded) matrix: at most n^2 phases
     cap_s = n * n * n if n <= 64 else 16 * n * n
+    residual = ctypes.c_int32(0)
     while True:
         wb, ab = array("q", bytes(8 * cap_p)), array("q", bytes(8 * cap_s))
         cb, sb, db = array("i", bytes(4 * cap_p)), array("i", bytes(4 * cap_s)), array("i", bytes(4 * cap_s))
@@ -479,7 +494,8 @@ def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str) -> list[Phase
         if algorithm == "alg3":
             r = lib.flowlane_alg3(n, flat.buffer_info()[0], cap_p, cap_s, *outs)
         else:
-            r = lib.flowlane_bvn(n, flat.buffer_info()[0], int(algorithm == "bvn_bottleneck"), cap_p, cap_s, *outs)
+            r = lib.flowlane_bvn(n, flat.buffer_info()[0], int(algorithm == "bvn_bottleneck"), cap_p, cap_s, *outs,
+                                 max_phases, ctypes.byref(residual))
         if r == -4 and cap_s < n * n * n:
             cap_s = n * n * n
             continue
@@ -495,6 +511,8 @@ def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str) -> list[Phase
     for w, c in zip(wb[:r].tolist(), counts, strict=True):
         out.append(Phase(w, tuple(sends[k:k + c])))
         k += c
+    if residual.value:
+        out[-1] = Phase(out[-1].weight, out[-1].sends, residual=True)
     return out
 
 

@@ -57,9 +57,11 @@ def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGro
 def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
                        input_split_sizes: Sequence[int], matrix: Sequence[Sequence[int]],
                        group: dist.ProcessGroup | None = None, quantum: int = 1, algorithm: Algorithm = "bvn",
-                       kind: str = "ep", key: Any = None, phase_sync: PhaseSync = "pairwise") -> list[Phase]:
+                       kind: str = "ep", key: Any = None, phase_sync: PhaseSync = "pairwise",
+                       max_phases: int = 0) -> list[Phase]:
     """Same result as ``all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``, sent as
     incast-free phases. ``matrix`` must be identical on every rank (row i = group rank i's input splits).
+    ``max_phases`` > 0 caps the plan: its last phase then sends everything left at once (it may incast).
     ``phase_sync``: ``pairwise`` (each rank starts phase k+1 when its own phase-k ops are done) or ``barrier`` (the
     whole group finishes phase k first; module docstring)."""
     if phase_sync not in PHASE_SYNCS:
@@ -80,24 +82,25 @@ def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_s
         recv_off[j] = recv_off[j - 1] + output_split_sizes[j - 1]
     output[recv_off[me]:recv_off[me] + output_split_sizes[me]].copy_(
         input[send_off[me]:send_off[me] + input_split_sizes[me]])
-    phases = plan_all_to_all(matrix, quantum, algorithm)
+    phases = plan_all_to_all(matrix, quantum, algorithm, max_phases=max_phases)
     sent = [0] * n
     got = [0] * n
     for ph in phases:
-        dst, a_out, src, a_in = ph.partner_of(me)
         ops = []
-        if dst is not None:
-            a = min(a_out * quantum, input_split_sizes[dst] - sent[dst])
-            if a > 0:
-                t = input[send_off[dst] + sent[dst]: send_off[dst] + sent[dst] + a]
-                ops.append(dist.P2POp(dist.isend, t, ranks[dst], group))
-                sent[dst] += a
-        if src is not None:
-            a = min(a_in * quantum, output_split_sizes[src] - got[src])
-            if a > 0:
-                t = output[recv_off[src] + got[src]: recv_off[src] + got[src] + a]
-                ops.append(dist.P2POp(dist.irecv, t, ranks[src], group))
-                got[src] += a
+        # a matched phase gives each rank at most one send and one receive; a residual phase (capped plan) several
+        for s, d, units in ph.sends:
+            if s == me:
+                a = min(units * quantum, input_split_sizes[d] - sent[d])
+                if a > 0:
+                    t = input[send_off[d] + sent[d]: send_off[d] + sent[d] + a]
+                    ops.append(dist.P2POp(dist.isend, t, ranks[d], group))
+                    sent[d] += a
+            if d == me:
+                a = min(units * quantum, output_split_sizes[s] - got[s])
+                if a > 0:
+                    t = output[recv_off[s] + got[s]: recv_off[s] + got[s] + a]
+                    ops.append(dist.P2POp(dist.irecv, t, ranks[s], group))
+                    got[s] += a
         for w in comm.batch_isend_irecv(ops, kind=kind, key=key):
             w.wait()
         if phase_sync == "barrier" and ph is not phases[-1]:
@@ -141,14 +144,17 @@ class AllToAllRunner:
 
     def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_iterations: int = 2,
                  decision_group: dist.ProcessGroup | None = None,
-                 candidates: Sequence[str] | str = AUTO_CANDIDATES) -> None:
+                 candidates: Sequence[str] | str = AUTO_CANDIDATES, max_phases: int = 0) -> None:
         if algorithm not in RUN_ALGORITHMS:
             raise ValueError(f"all-to-all algorithm {algorithm!r} is not one of {list(RUN_ALGORITHMS)}")
         if not isinstance(probe_iterations, int) or probe_iterations < 1:
             raise ValueError(f"probe_iterations must be an integer >= 1, got {probe_iterations!r}")
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
+        if not isinstance(max_phases, int) or max_phases < 0:
+            raise ValueError(f"max_phases must be an integer >= 0 (0: no cap), got {max_phases!r}")
         self.algorithm, self.quantum, self.probe_iterations = algorithm, quantum, probe_iterations
+        self.max_phases = max_phases
         self.decision_group = decision_group
         self.candidates = check_candidates(candidates)
         self.iteration = 0
@@ -185,6 +191,7 @@ class AllToAllRunner:
         else:
             self.matrices_given += 1
         matched_all_to_all(output, input, output_split_sizes, input_split_sizes, matrix, group=group,
+                           max_phases=self.max_phases if algorithm != "alg3" else 0,
                            quantum=self.quantum, algorithm=algorithm, kind=kind, key=key)  # type: ignore[arg-type]
         return algorithm
 
