@@ -113,23 +113,8 @@ def _perfect_matching(support: list[list[bool]]) -> list[int] | None:
     """Deterministic perfect matching (Kuhn's augmenting paths, rows and columns in index order).
     Returns match[row] = col, or None if the support has none."""
     n = len(support)
-    col_of_row = [-1] * n
-    row_of_col = [-1] * n
-
-    def augment(i: int, seen: list[bool]) -> bool:
-        for j in range(n):
-            if support[i][j] and not seen[j]:
-                seen[j] = True
-                if row_of_col[j] < 0 or augment(row_of_col[j], seen):
-                    row_of_col[j] = i
-                    col_of_row[i] = j
-                    return True
-        return False
-
-    for i in range(n):
-        if not augment(i, [False] * n):
-            return None
-    return col_of_row
+    col_of_row, row_of_col = [-1] * n, [-1] * n
+    return col_of_row if _complete_matching(support, col_of_row, row_of_col) else None
 
 
 def _complete_matching(support: list[list[bool]], col_of_row: list[int], row_of_col: list[int]) -> bool:
