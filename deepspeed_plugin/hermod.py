@@ -32,7 +32,6 @@ Only the ``hermod`` subsection of ``flowlane`` is read here; ``offload`` belongs
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -48,6 +47,7 @@ from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.order import HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
 from flowlane.sched import CommScheduler, SchedulerConfig, build_class_groups
+from flowlane.versions import check_version_range
 
 #: deepspeed versions whose private functions the hooks wrap ([first, last) by (major, minor)); others are refused
 DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
@@ -55,15 +55,7 @@ DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
 
 def check_deepspeed_version() -> str:
     """The installed DeepSpeed version; raises when it is outside :data:`DEEPSPEED_VERSIONS`."""
-    from importlib.metadata import version  # noqa: PLC0415
-
-    v = version("deepspeed")
-    parts = tuple(int(x) for x in re.findall(r"\d+", v)[:2])
-    lo, hi = DEEPSPEED_VERSIONS
-    if not lo <= parts < hi:
-        raise RuntimeError(f"flowlane.hermod: deepspeed {v} is not supported (it wraps private functions checked "
-                           f"on {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}); pin deepspeed to that range")
-    return v
+    return check_version_range("deepspeed", DEEPSPEED_VERSIONS, "flowlane.hermod")
 
 
 @dataclass

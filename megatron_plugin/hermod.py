@@ -54,6 +54,7 @@ from flowlane.hermod.order import HermodOrder, HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
 from flowlane.policy import CoflowMeta
 from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build_class_groups
+from flowlane.versions import check_version_range
 
 if TYPE_CHECKING:
     from megatron_plugin.ddp_hooks import DDPHooks
@@ -69,14 +70,7 @@ MEGATRON_CORE_VERSIONS = ((0, 14), (0, 17))
 
 
 def check_megatron_core_version(what: str) -> None:
-    from importlib.metadata import version
-
-    v = version("megatron-core")
-    parts = tuple(int(x) for x in re.findall(r"\d+", v)[:2])
-    lo, hi = MEGATRON_CORE_VERSIONS
-    if not lo <= parts < hi:
-        raise RuntimeError(f"{what}: megatron-core {v} is not supported (it wraps private functions checked on "
-                           f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}); pin megatron-core to that range")
+    check_version_range("megatron-core", MEGATRON_CORE_VERSIONS, what)
 
 
 @dataclass
