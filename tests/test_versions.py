@@ -1,4 +1,4 @@
-"""flowlane.versions: the one version-pin check both LLM plugins use for the private functions they wrap."""
+"""flowlane.versions (the one version-pin check both LLM plugins use) and the result envelope's commit."""
 
 import re
 from importlib.metadata import version
@@ -17,3 +17,13 @@ def test_inside_the_range_returns_the_version_outside_it_names_dist_version_and_
     with pytest.raises(RuntimeError, match=rf"here: pytest {re.escape(v)} is not supported .* checked on 0\.1 to "
                                            r"0\.1\); pin pytest to that range"):
         check_version_range("pytest", ((0, 1), (0, 2)), "here")
+
+
+def test_provenance_takes_the_commit_its_sender_names_over_a_possibly_stale_git(monkeypatch) -> None:
+    from flowlane.testing.provenance import provenance
+
+    monkeypatch.setenv("FLOWLANE_COMMIT", "abc1234-dirty")
+    p = provenance(command="x")
+    assert (p["commit"], p["dirty"], p["command"]) == ("abc1234-dirty", None, "x")
+    monkeypatch.delenv("FLOWLANE_COMMIT")
+    assert provenance(command="x")["commit"] != "abc1234-dirty"

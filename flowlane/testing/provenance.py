@@ -1,8 +1,8 @@
 """What produced a result file: the shared envelope every benchmark and GPU check writes into its JSON.
 
 ``provenance()`` records the command line, the commit (and whether tracked files had local changes), the host, its
-CPU count and, where torch sees one, the GPU. A copy of the tree without ``.git`` (the GPU machine gets one) takes
-the commit from ``FLOWLANE_COMMIT``, set by whoever sent the tree there.
+CPU count and, where torch sees one, the GPU. A copy of the tree sent elsewhere (the GPU machine) takes the commit
+from ``FLOWLANE_COMMIT``, set by whoever sent it; it wins over a ``.git`` there, which may be stale.
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ def _git(*args: str) -> str:
 def provenance(command: str | None = None, device: str | None = None) -> dict[str, Any]:
     """The envelope: ``command`` (default: this process's own command line), ``commit``, ``dirty``, ``host``,
     ``cpus``, ``device`` (given, or the CUDA device torch sees, or ``cpu``) and the UTC time."""
-    commit = _git("rev-parse", "HEAD")
-    dirty: bool | None = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit else None
+    # whoever sent a copy of the tree elsewhere knows its commit; a .git beside that copy may be stale (the GPU
+    # machine's was the session's first commit), so FLOWLANE_COMMIT wins when it is set
+    sent = os.environ.get("FLOWLANE_COMMIT")
+    commit = sent or _git("rev-parse", "HEAD")
+    dirty: bool | None = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit and not sent else None
     if not commit:
-        commit = os.environ.get("FLOWLANE_COMMIT", "unknown (no .git and no FLOWLANE_COMMIT)")
+        commit = "unknown (no .git and no FLOWLANE_COMMIT)"
     if device is None:
         device = "cpu"
         torch = sys.modules.get("torch")  # never imports torch itself: a pure-core benchmark stays torch-free
