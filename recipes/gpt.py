@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -57,6 +57,13 @@ class GPTRecipe:
     timeout_s: float = 300.0
     output_dir: str = "results/train"
     progress: bool = True
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the ranks train. cpu: gloo, Megatron-core through megatron_plugin.cpu_shim (CUDA hidden from the
+    ranks). cuda: NCCL, one GPU per local rank; only under an external launcher (torchrun, srun), which starts one
+    process per rank. auto: cuda under an external launcher on a machine with CUDA, else cpu."""
+    bf16: bool = False
+    """Train in bf16 as Megatron-LM's --bf16 does: bf16 parameters and pipeline activations (Float16Module), fp32
+    main gradients and master weights in Megatron-core's optimizer."""
     # feature groups: name -> config dict (empty / {"name": "none"} = off)
     features: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -78,6 +85,7 @@ class GPTRecipe:
         need(self.hidden_size % self.num_attention_heads == 0,
              f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}")
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r} must be one of ['auto', 'cpu', 'cuda']")
         need(self.distributed_optimizer or not self.overlap_param_gather,
              "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)")
         need(self.overlap_param_gather <= self.overlap_grad_reduce,
@@ -150,28 +158,33 @@ def _loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, tor
 
 
 def _forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module,
-                  recipe: GPTRecipe) -> tuple[torch.Tensor, Any]:
+                  recipe: GPTRecipe, device: str = "cpu") -> tuple[torch.Tensor, Any]:
     batch = next(data_iterator)
-    tokens = batch["tokens"]
-    position_ids = torch.arange(recipe.seq_length).unsqueeze(0).expand_as(tokens)
+    tokens = batch["tokens"].to(device)
+    position_ids = torch.arange(recipe.seq_length, device=device).unsqueeze(0).expand_as(tokens)
     # GPTModel returns per-token losses on the last stage when labels are given, hidden states elsewhere
     # explicit causal mask (True = masked): Megatron's default mask is built on CUDA
-    mask = torch.triu(torch.ones(recipe.seq_length, recipe.seq_length, dtype=torch.bool), diagonal=1)
-    out = model(tokens, position_ids, mask.view(1, 1, *mask.shape), labels=batch["labels"])
+    mask = torch.triu(torch.ones(recipe.seq_length, recipe.seq_length, dtype=torch.bool, device=device), diagonal=1)
+    out = model(tokens, position_ids, mask.view(1, 1, *mask.shape), labels=batch["labels"].to(device))
     return out, _loss_func
 
 
-def build_model(recipe: GPTRecipe) -> tuple[torch.nn.Module, Any]:
+def build_model(recipe: GPTRecipe, device: str = "cpu") -> tuple[torch.nn.Module, Any]:
+    """This rank's pipeline stage of the GPT, on ``device``. Weights are initialised on the CPU (Megatron's
+    --use-cpu-initialization), so a CUDA run starts from the same weights as a CPU run; with ``recipe.bf16`` the
+    model is wrapped in Megatron-core's Float16Module as Megatron-LM's get_model does for --bf16."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    dtype = torch.bfloat16 if recipe.bf16 else torch.float32
     config = TransformerConfig(
         num_layers=recipe.num_layers, hidden_size=recipe.hidden_size,
         num_attention_heads=recipe.num_attention_heads, use_cpu_initialization=True,
         pipeline_model_parallel_size=recipe.pipeline_parallel, tensor_model_parallel_size=recipe.tensor_parallel,
-        pipeline_dtype=torch.float32, params_dtype=torch.float32, bf16=False, fp16=False,
+        pipeline_dtype=dtype, params_dtype=dtype, bf16=recipe.bf16, fp16=False,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
         hidden_dropout=0.0, attention_dropout=0.0, batch_p2p_sync=False,
@@ -187,6 +200,10 @@ def build_model(recipe: GPTRecipe) -> tuple[torch.nn.Module, Any]:
         post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False,
         position_embedding_type="learned_absolute",
     )
+    if device == "cuda":
+        model.cuda(torch.cuda.current_device())
+    if recipe.bf16:
+        model = Float16Module(config, model)
     return model, config
 
 
@@ -205,7 +222,7 @@ def _megatron_ddp(recipe: GPTRecipe, module: torch.nn.Module, config: Any) -> tu
         use_distributed_optimizer=recipe.distributed_optimizer, overlap_param_gather=recipe.overlap_param_gather,
         bucket_size=max(1, recipe.dp_bucket_bytes // 4))  # elements of fp32 gradients
     model = DistributedDataParallel(config, ddp_config, module)
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=recipe.lr,
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=recipe.lr, bf16=recipe.bf16,
                                                        use_distributed_optimizer=recipe.distributed_optimizer),
                                        [model])
     if recipe.overlap_grad_reduce:
@@ -224,8 +241,9 @@ def dp_bytes_per_iteration(model: Any) -> int:
 
 
 def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, Any]:
-    """One rank of the default recipe (run under flowlane.launch). Collective; the process groups it creates
-    (Megatron's, a feature's) are destroyed when it returns, so it can run again in the same process."""
+    """One rank of the default recipe (under flowlane.launch, torchrun or srun; ``device`` already resolved to
+    cpu or cuda by :func:`resolve_device`). Collective; the process groups it creates (Megatron's, a feature's)
+    are destroyed when it returns, so it can run again in the same process."""
     from flowlane import comm
 
     with comm.owned_process_groups():
@@ -233,7 +251,10 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
 
 
 def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
-    if not torch.cuda.is_available():
+    device = recipe.device
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: train_rank needs it resolved to 'cpu' or 'cuda' (resolve_device)")
+    if device == "cpu":
         from megatron_plugin import cpu_shim
 
         cpu_shim.apply()
@@ -251,7 +272,7 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     try:
         torch.manual_seed(recipe.seed)
         model_parallel_cuda_manual_seed(recipe.seed)
-        model, config = build_model(recipe)
+        model, config = build_model(recipe, device)
         p2p = FlowlaneP2PCommunicator(ps.get_pipeline_model_parallel_group(), config)
         # Megatron-core's own DDP, optimizer and finalize_model_grads, as Megatron-LM's train() sets them up
         model, optimizer = _megatron_ddp(recipe, model, config)
@@ -274,13 +295,15 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             model.zero_grad_buffer()
             optimizer.zero_grad()
             with trace.span("forward_backward", iteration=it):
-                out = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
+                out = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe, device=device),
                               data_iterator=synthetic_batches(recipe, dp_rank, it), model=[model],
                               num_microbatches=recipe.num_microbatches, seq_length=recipe.seq_length,
                               micro_batch_size=recipe.micro_batch_size, forward_only=False, p2p_communicator=p2p,
                               pg_collection=pg_collection)
             with trace.span("optimizer", iteration=it):
                 optimizer.step()
+            if device == "cuda":
+                torch.cuda.synchronize()
             iter_times.append(time.perf_counter() - t0)
             if is_last:
                 losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
@@ -324,14 +347,67 @@ def _progress(enabled: bool, total: int) -> Any:
     return update
 
 
+def resolve_device(recipe: GPTRecipe, ext: Any) -> str:
+    """"cpu" or "cuda" for this run (``ext``: the :class:`flowlane.launch.ExternalLaunch` or None). Raises
+    ValueError naming the key and the fix when the ranks cannot be placed there; nothing has started yet."""
+    from flowlane.launch import cuda_device_for
+
+    cuda = torch.cuda.is_available()
+    dev = recipe.device
+    if dev == "auto":
+        dev = "cuda" if ext is not None and cuda else "cpu"
+    if dev == "cuda":
+        if ext is None:
+            raise ValueError("device=cuda runs one process per GPU, started by torchrun or srun (flowlane-train "
+                             "alone starts CPU ranks): torchrun --nproc_per_node <GPUs> $(which flowlane-train) "
+                             "num_ranks=<GPUs> device=cuda")
+        if not cuda:
+            raise ValueError(f"device=cuda but torch {torch.__version__} sees no CUDA device here "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
+        cuda_device_for(ext)  # one GPU per local rank
+    elif ext is not None and cuda:
+        raise ValueError(f"device=cpu under {ext.launcher} on a machine with CUDA: the CPU ranks need CUDA hidden "
+                         "(start them with CUDA_VISIBLE_DEVICES= ) or use device=cuda")
+    return dev
+
+
+def launch_mode(recipe: GPTRecipe) -> tuple[Any, str]:
+    """(the external launcher or None, the resolved device): every launcher and placement check, before any
+    rank starts (flowlane.launch.LauncherEnvError / ValueError name the variable or key)."""
+    from flowlane.launch import check_world, detect_launcher
+
+    ext = detect_launcher()
+    if ext is not None:
+        check_world(ext, recipe.num_ranks, "num_ranks")
+    return ext, resolve_device(recipe, ext)
+
+
 def run(recipe: GPTRecipe) -> dict[str, Any]:
-    """Launch all ranks, gather results, write metrics JSON + Chrome trace, print a summary. Returns metrics."""
-    from flowlane.launch import launch
+    """Run every rank (local CPU ranks through flowlane.launch, or this process's rank under torchrun/srun), gather
+    the results to rank 0, which writes metrics JSON + Chrome trace into ``output_dir`` and prints a summary.
+    Returns the metrics (under an external launcher, on rank 0; the other ranks return ``{}``)."""
+    from flowlane.launch import launch, run_this_rank
     from flowlane.trace import write_chrome_trace
 
     recipe.validate()
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    results = launch(train_rank, recipe.num_ranks, args=(asdict(recipe),), timeout=recipe.timeout_s)
+    ext, device = launch_mode(recipe)
+    rdict = asdict(dataclasses.replace(recipe, device=device))
+    if ext is None:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # CPU ranks: CUDA hidden, so Megatron-core runs through the CPU shim even on a machine with GPUs
+        results = launch(train_rank, recipe.num_ranks, args=(rdict,), timeout=recipe.timeout_s,
+                         env={"CUDA_VISIBLE_DEVICES": ""})
+        mode = {"launcher": "flowlane.launch (local)", "world_size": recipe.num_ranks}
+        note = "measured on CPU ranks (gloo over loopback)"
+    else:
+        backend = "nccl" if device == "cuda" else "gloo"
+        gathered = run_this_rank(train_rank, ext, recipe.num_ranks, args=(rdict,), backend=backend,
+                                 op_timeout=recipe.timeout_s, key="num_ranks")
+        if gathered is None:
+            return {}  # rank 0 reports for every rank
+        results = gathered
+        mode = ext.describe()
+        note = f"measured on {ext.world_size} {device} ranks started by {ext.launcher} ({backend})"
     out_dir = Path(recipe.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = write_chrome_trace(out_dir / "trace.json", [e for r in results for e in r.pop("trace")])
@@ -344,10 +420,11 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     # the last rank's: the one the progress bar shows (each data-parallel replica of the last stage has its own)
     losses = results[-1]["losses"]
     metrics = {
-        "recipe": asdict(recipe), "iteration_time_s": sum(steady) / len(steady), "iteration_times_s": steady,
-        "loss": losses, "bytes_by_kind": total_bytes, "per_rank": results, "trace": str(trace_path),
-        "note": "measured on CPU ranks (gloo over loopback); iteration 0 excluded; pp/ep bytes counted at flowlane.comm, "
-                "dp bytes = the gradient buffers Megatron's DDP reduces each iteration",
+        "recipe": rdict, "launch": mode, "iteration_time_s": sum(steady) / len(steady),
+        "iteration_times_s": steady, "loss": losses, "bytes_by_kind": total_bytes, "per_rank": results,
+        "trace": str(trace_path),
+        "note": f"{note}; iteration 0 excluded; pp/ep bytes counted at flowlane.comm, dp bytes = the gradient "
+                "buffers Megatron's DDP reduces each iteration",
     }
     tmp = out_dir / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=1))
@@ -356,13 +433,31 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     return metrics
 
 
+class _PlainTable:
+    """rich's Table where rich is not installed (a bare GPU machine): the same rows as plain text."""
+
+    def __init__(self, title: str) -> None:
+        self.lines = [title]
+
+    def add_column(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def add_row(self, name: str, value: str) -> None:
+        self.lines.append(f"  {name}: {value}")
+
+
 def _print_summary(metrics: dict[str, Any], out_dir: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console, Table = None, _PlainTable  # type: ignore[assignment,misc]
 
     t = Table(title="flowlane-train summary")
     t.add_column("metric")
     t.add_column("value", justify="right")
+    t.add_row("ranks", f"{metrics['launch']['world_size']} ({metrics['launch']['launcher']}, "
+                       f"{metrics['recipe']['device']}{', bf16' if metrics['recipe']['bf16'] else ''})")
     t.add_row("iteration time (steady, max over ranks)", f"{metrics['iteration_time_s'] * 1e3:.1f} ms")
     t.add_row("loss first -> last (last rank)", f"{metrics['loss'][0]:.4f} -> {metrics['loss'][-1]:.4f}")
     for kind, b in sorted(metrics["bytes_by_kind"].items()):
@@ -373,4 +468,7 @@ def _print_summary(metrics: dict[str, Any], out_dir: Path) -> None:
                   f"{sum(o['bytes_written'] for o in offload):,} B written, {sum(o['bytes_read'] for o in offload):,} B read")
     t.add_row("metrics", str(out_dir / "metrics.json"))
     t.add_row("trace (open in ui.perfetto.dev)", metrics["trace"])
-    Console().print(t)
+    if Console is None:
+        print("\n".join(t.lines))  # type: ignore[attr-defined]
+    else:
+        Console().print(t)

@@ -4,6 +4,9 @@
     flowlane-train scheduler=hermod         # + Hermod coflow scheduling
     flowlane-train offload=ssd              # + SSDTrain activation offloading
     flowlane-train --config-name gnn_fullgraph
+
+Under torchrun or srun (one process per rank, started by them) each process runs its own rank only and rank 0
+writes the run's outputs; see docs/train.md for the commands (one node, several nodes, a Slurm job script).
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ def run_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
     from recipes.gpt import run
 
     metrics = run(check_gpt(cfg, FEATURE_GROUPS))
-    for line in feature_lines(cfg, metrics):
-        print(line)
+    if metrics:  # under torchrun/srun only rank 0 reports
+        for line in feature_lines(cfg, metrics):
+            print(line)
     return metrics
 
 
@@ -102,7 +106,7 @@ def _exit_code(e: BaseException) -> int:
 
 
 @hydra.main(config_path="conf", config_name="default", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     from flowlane.launch import LaunchError
 
     log = logging.getLogger("flowlane")
@@ -113,10 +117,30 @@ def main(cfg: DictConfig) -> None:
         log.setLevel(logging.INFO)
         log.propagate = False
     quiet_known_warnings(os.environ)
+    if os.environ.get("FLOWLANE_VERBOSE", "") in ("", "0"):
+        # Hydra sets INFO on the root logger of this process; under torchrun/srun it is also a rank, and
+        # Megatron-core would log every parameter name (the local launcher's ranks never had that logging)
+        logging.getLogger("megatron").setLevel(logging.WARNING)
     try:
         run_job(cfg)
     except (ConfigError, LaunchError) as e:
         sys.exit(_exit_code(e))
+
+
+def rank_overrides(argv: list[str], env: MutableMapping[str, str]) -> list[str]:
+    """Hydra overrides for one process of an externally launched run: every rank but 0 keeps out of Hydra's run
+    folder (no .hydra copy, no log file), so a run has one output folder however many ranks it has. Only the
+    rank number is read here; the launcher's whole environment is checked by the job, before any work."""
+    rank = env.get("RANK", env.get("SLURM_PROCID") if env.get("SLURM_STEP_ID") is not None else None)
+    if rank in (None, "0") or any(a.startswith(("hydra.output_subdir=", "hydra/job_logging=")) for a in argv):
+        return []
+    return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra.run.dir=."]
+
+
+def main() -> None:
+    """The ``flowlane-train`` command."""
+    sys.argv += rank_overrides(sys.argv[1:], os.environ)
+    _hydra_main()
 
 
 if __name__ == "__main__":

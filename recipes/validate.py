@@ -116,8 +116,17 @@ def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
         check_scheduler(cfg["scheduler"])
     recipe = GPTRecipe(**values, features={g: cfg[g] for g in feature_groups if g in cfg})
     _as_config_error(recipe.validate)
+    check_launch_gpt(recipe)
     check_output_dir(recipe.output_dir, "output_dir")
     return recipe
+
+
+def check_launch_gpt(recipe: Any) -> None:
+    """An external launcher's environment (torchrun, srun) against the recipe: its world size is ``num_ranks``,
+    its rendezvous is complete, each rank has a GPU for device=cuda (recipes.gpt.launch_mode)."""
+    from recipes.gpt import launch_mode
+
+    _as_config_error(launch_mode, recipe)
 
 
 # the gnn_fullgraph recipe: top-level keys and their checks (recipes/conf/gnn_fullgraph.yaml)
