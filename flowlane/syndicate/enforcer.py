@@ -1,0 +1,357 @@
+"""The enforcer (seed 004 §5.2, Pseudocode 2): every rank launches the plan's motifs in one order.
+
+The application submits comm-ops as usual, in its own (FIFO) order, through :class:`Enforcer`'s ``all_reduce``,
+``all_to_all_single`` and ``all_gather_into_tensor``. The enforcer matches the i-th submission of the iteration to
+the plan's i-th op by signature (kind, element count, dtype; digest §5 item 8), cuts it into motifs, and launches
+motifs strictly in the plan's sequence: motif ``k`` goes out once it and every motif before it have been submitted.
+
+* **Where launches happen.** The paper's progress thread busy-waits for the next sequence number. Here a motif is
+  launched by the thread whose submission makes it launchable, at that program point: the same order, with no
+  thread whose timing could change anything. The time a motif waits for an earlier one is recorded (``held_s``).
+* **FIFO fallback.** A submission that does not match the plan (a new op, a dynamic shape), or a ``wait()`` on an op
+  whose motifs sit behind an op not yet submitted (a host wait point the plan did not know: digest §5 item 9),
+  switches the rest of the iteration to FIFO: the motifs already submitted go out in submission order, then every
+  later op whole. Both triggers are program points, so every rank of an SPMD program falls back at the same one.
+* **Watchdog.** :meth:`Enforcer.install` compares the plan's digest on every rank and raises
+  :class:`PlanMismatchError` naming the ranks that differ; :meth:`Enforcer.step` (the iteration boundary) compares a
+  fingerprint of the iteration's launch sequence, so a rank that launched another order (which gloo may run
+  *silently* when two ops have one size) is named too; a rank that never arrives is named by the timeout.
+* **Paths.** Each plan path maps to a process group (gloo: one group per path, e.g. per netns interface; NCCL: a
+  communicator per path/traffic class, :mod:`flowlane.sched.groups`). Motifs of different paths overlap.
+* **With Hermod.** :func:`shape_for_hermod` hands one op's motifs to Hermod's
+  :class:`~flowlane.sched.CommScheduler` as its chunks: Hermod orders the coflows, SYNDICATE shapes them.
+
+Refused at install, never silently skipped: algorithms the backend cannot be told to use (``tree``, ``rs_ag``:
+gloo and torch expose no per-call algorithm), and paths with no process group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from flowlane.syndicate.motif import Motif
+from flowlane.syndicate.plan import PlanChannel, PlanError, PlanOp, Store, SyndicatePlan, disagreeing, exchange
+
+#: Option algorithms the enforcer runs: the backend's own collective (ring) or one message per destination (direct).
+RUNNABLE_ALGOS: tuple[str, ...] = ("ring", "direct")
+_KINDS = ("all_reduce", "all_to_all", "all_gather")
+
+
+class PlanMismatchError(PlanError):
+    """Ranks hold different plans or launched different sequences; the message names them."""
+
+
+@dataclass
+class EnforcerConfig:
+    """Knobs of :class:`Enforcer`."""
+
+    mode: Literal["plan", "fifo"] = "plan"
+    """``plan``: launch in the plan's order; ``fifo``: every op whole, at submission (the baseline)."""
+    check_every: int = 1
+    """Compare launch fingerprints across ranks every this many iterations (0: never)."""
+    timeout_s: float = 60.0
+    """How long install/step wait for the other ranks before naming the missing ones."""
+    namespace: str = "syndicate"
+    """Store key prefix (one per enforcer sharing a store)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("plan", "fifo"):
+            raise ValueError(f"EnforcerConfig.mode {self.mode!r} is not one of ['fifo', 'plan']")
+        if not isinstance(self.check_every, int) or self.check_every < 0:
+            raise ValueError(f"EnforcerConfig.check_every must be an integer >= 0, got {self.check_every!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"EnforcerConfig.timeout_s must be > 0, got {self.timeout_s!r}")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+@dataclass
+class _MotifRun:
+    """One motif ready to go: ``launch`` returns works; ``repack`` copies results into the op's output."""
+
+    launch: Callable[[], list[Any]]
+    repack: Callable[[], None] | None = None
+    works: list[Any] = field(default_factory=list)
+    launched: bool = False
+    submitted_at: float = 0.0
+
+
+def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Tensor, group: Any, rank: int,
+               world: int, tag_base: int) -> list[_MotifRun]:
+    """Closures that run ``motifs`` of one op on ``group``: segments as the backend's own collective on a slice,
+    splined motifs as isend/irecv to destinations ``(rank + t) % world`` (rule R2). Results equal the whole op's."""
+    es = inp.element_size()
+    runs: list[_MotifRun] = []
+    for m in motifs:
+        a, b = m.lo // es, m.hi // es
+        full = len(m.dests) == world
+        tag = tag_base + m.index
+        if kind == "all_reduce":
+            flat = out.view(-1)
+            runs.append(_MotifRun(lambda s=flat[a:b]: [dist.all_reduce(s, group=group, async_op=True)]))
+            continue
+        src = inp.view(world, -1) if kind == "all_to_all" else inp.view(1, -1)
+        dst = out.view(world, -1)
+        if full and (a, b) == (0, src.shape[1]):  # the whole op: the backend's collective, no copies
+            fn = dist.all_to_all_single if kind == "all_to_all" else dist.all_gather_into_tensor
+            runs.append(_MotifRun(lambda fn=fn: [fn(out, inp, group=group, async_op=True)]))
+        elif full:
+            seg_in = torch.empty((src.shape[0], b - a), dtype=inp.dtype)
+            seg_out = torch.empty((world, b - a), dtype=out.dtype)
+
+            def launch(seg_in=seg_in, seg_out=seg_out, a=a, b=b, kind=kind) -> list[Any]:
+                seg_in.copy_(src[:, a:b])
+                fn = dist.all_to_all_single if kind == "all_to_all" else dist.all_gather_into_tensor
+                return [fn(seg_out.view(-1) if kind == "all_gather" else seg_out, seg_in.view(-1) if kind ==
+                           "all_gather" else seg_in, group=group, async_op=True)]
+
+            runs.append(_MotifRun(launch, lambda seg_out=seg_out, a=a, b=b: dst[:, a:b].copy_(seg_out)))
+        else:
+            recv_bufs: list[tuple[int, torch.Tensor]] = []
+
+            def launch(m=m, a=a, b=b, tag=tag, recv_bufs=recv_bufs) -> list[Any]:
+                ops = []
+                for t in m.dests:
+                    to, frm = (rank + t) % world, (rank - t) % world
+                    row = to if kind == "all_to_all" else 0
+                    if t == 0:
+                        dst[rank, a:b].copy_(src[row if kind == "all_to_all" else 0, a:b])
+                        continue
+                    buf = torch.empty(b - a, dtype=out.dtype)
+                    recv_bufs.append((frm, buf))
+                    ops.append(dist.P2POp(dist.isend, src[row, a:b].contiguous(), to, group, tag))
+                    ops.append(dist.P2POp(dist.irecv, buf, frm, group, tag))
+                return list(dist.batch_isend_irecv(ops)) if ops else []
+
+            def repack(a=a, b=b, recv_bufs=recv_bufs) -> None:
+                for frm, buf in recv_bufs:
+                    dst[frm, a:b].copy_(buf)
+                recv_bufs.clear()
+
+            runs.append(_MotifRun(launch, repack))
+    return runs
+
+
+class Handle:
+    """Returned by a submission; ``wait()`` completes the op (launching held motifs if it must)."""
+
+    def __init__(self, enf: Enforcer, index: int, runs: list[_MotifRun], iteration: int) -> None:
+        self._enf, self._index, self._runs, self._iteration = enf, index, runs, iteration
+        self._done = False
+
+    def wait(self) -> bool:
+        if self._done:
+            return True
+        if any(not r.launched for r in self._runs):
+            self._enf._blocked_wait(self._index, self._iteration)
+        for r in self._runs:
+            for w in r.works:
+                w.wait()
+            if r.repack is not None:
+                r.repack()
+        self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+
+class Enforcer:
+    """Per-rank enforcer (see the module docstring). ``paths``: plan path name -> process group (None: WORLD).
+    ``store``: a key-value store every rank shares (``TCPStore``), for the watchdog and plan switches."""
+
+    def __init__(self, paths: Mapping[str, Any], store: Store, rank: int | None = None, world: int | None = None,
+                 config: EnforcerConfig | None = None, channel: PlanChannel | None = None) -> None:
+        self.config = config or EnforcerConfig()
+        self.paths = dict(paths)
+        self.store = store
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world = dist.get_world_size() if world is None else world
+        self.channel = channel
+        self.plan: SyndicatePlan | None = None
+        self.iteration = 0
+        self.log: list[tuple[int, int, int, int]] = []
+        """(iteration, launch position, op submission index, motif index) of every launch."""
+        self.events: list[tuple[int, str, str]] = []
+        """(iteration, event, detail): "fallback", "switch"."""
+        self.held_s = 0.0
+        """Seconds motifs waited, after submission, for an earlier motif of the order (the busy-wait)."""
+        self._verifies = 0
+        self._reset_iteration()
+
+    # -- plan ---------------------------------------------------------------------------------------------------
+    def install(self, plan: SyndicatePlan | None, verify: bool = True) -> None:
+        """Use ``plan`` from the next iteration boundary (now, if none has started). Refuses what cannot run;
+        with ``verify`` every rank must call it and all must hold the same digest."""
+        if plan is not None:
+            for i, op in enumerate(plan.ops):
+                if op.kind not in _KINDS:
+                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}): the enforcer runs {_KINDS}, "
+                                    f"not {op.kind!r}")
+                if op.option.algo not in RUNNABLE_ALGOS:
+                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} "
+                                    f"cannot be forced per call on torch.distributed; runnable: {RUNNABLE_ALGOS}")
+                if op.option.path not in self.paths:
+                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}): path {op.option.path!r} has no "
+                                    f"process group; paths: {sorted(self.paths)}")
+                if op.ranks != self.world:
+                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; this "
+                                    f"enforcer's paths span {self.world}")
+        if verify:
+            self._verifies += 1
+            digest = plan.digest() if plan is not None else "none"
+            got = exchange(self.store, self.rank, self.world, f"{self.config.namespace}/install/{self._verifies}",
+                           digest, self.config.timeout_s)
+            diff = disagreeing(got)
+            if diff:
+                raise PlanMismatchError(f"plan mismatch at install {self._verifies}: {diff}")
+        self.plan = plan
+        if self._sub == 0:  # nothing submitted this iteration yet: the plan applies from now
+            self._reset_iteration()
+
+    # -- submissions ----------------------------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor) -> Handle:
+        """In-place SUM all-reduce of a contiguous tensor."""
+        return self._submit("all_reduce", tensor, tensor)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> Handle:
+        """Equal-split all-to-all: block r of ``input`` goes to rank r."""
+        if input.numel() % self.world or output.numel() != input.numel():
+            raise ValueError(f"all_to_all_single: {input.numel()} input / {output.numel()} output elements must be "
+                             f"equal and split into {self.world} blocks")
+        return self._submit("all_to_all", output, input)
+
+    def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> Handle:
+        if output.numel() != input.numel() * self.world:
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, needs "
+                             f"{self.world} x {input.numel()}")
+        return self._submit("all_gather", output, input)
+
+    def step(self) -> None:
+        """The iteration boundary: launch what is left, compare fingerprints, take up a committed plan."""
+        if self._pending:
+            self._fallback("the iteration ended before the plan's remaining ops were submitted")
+        it = self.iteration
+        every = self.config.check_every
+        if every and it % every == 0:
+            fp = hashlib.sha256(repr([e[1:] for e in self.log if e[0] == it]).encode()).hexdigest()
+            got = exchange(self.store, self.rank, self.world, f"{self.config.namespace}/fp/{it}", fp,
+                           self.config.timeout_s)
+            diff = disagreeing(got)
+            if diff:
+                raise PlanMismatchError(f"iteration {it}: ranks launched different motif sequences: {diff}")
+        self.iteration += 1
+        if self.channel is not None:
+            new = self.channel.poll(self.iteration)
+            if new is not None and new is not self.plan:
+                self.install(new, verify=False)  # the two-phase commit already compared digests
+                self.events.append((self.iteration, "switch", f"v{new.version}"))
+        self._reset_iteration()
+
+    # -- internals ------------------------------------------------------------------------------------------------
+    def _reset_iteration(self) -> None:
+        self._sub = 0
+        self._pos = 0
+        self._launched = 0
+        self._fifo = self.config.mode == "fifo" or self.plan is None
+        self._ready: dict[tuple[int, int], _MotifRun] = {}
+        self._pending: list[tuple[int, int]] = []  # submitted, not launched, in submission order
+
+    def _submit(self, kind: str, out: torch.Tensor, inp: torch.Tensor) -> Handle:
+        if not (out.is_contiguous() and inp.is_contiguous()):
+            raise ValueError("the enforcer needs contiguous tensors")
+        i = self._sub
+        self._sub += 1
+        if not self._fifo:
+            op = self.plan.ops[i] if self.plan is not None and i < len(self.plan.ops) else None  # type: ignore[union-attr]
+            if op is None or (op.kind, op.numel, op.dtype) != (kind, inp.numel(), _dtype_name(inp)):
+                want = (op.kind, op.numel, op.dtype) if op else "no op"
+                self._fallback(f"submission {i} is ({kind}, {inp.numel()}, {_dtype_name(inp)}), plan has {want}")
+        if self._fifo:
+            block = inp.numel() // self.world if kind == "all_to_all" else inp.numel()
+            motifs = [Motif("op", 0, kind, 0, block * inp.element_size(), tuple(range(self.world)))]
+            group = self.paths.get("default", next(iter(self.paths.values()), None))
+            if self.plan is not None and i < len(self.plan.ops) and self.plan.ops[i].kind == kind:
+                group = self.paths[self.plan.ops[i].option.path]
+        else:
+            op = self.plan.ops[i]  # type: ignore[union-attr]
+            motifs = self.plan.motifs(i)  # type: ignore[union-attr]
+            group = self.paths[op.option.path]
+        runs = motif_runs(kind, motifs, out, inp, group, self.rank, self.world, tag_base=(i + 1) * 4096)
+        now = time.perf_counter()
+        for j, r in enumerate(runs):
+            r.submitted_at = now
+            self._ready[(i, j)] = r
+            self._pending.append((i, j))
+        if self._fifo:
+            self._launch_pending_fifo()
+        else:
+            self._advance()
+        return Handle(self, i, runs, self.iteration)
+
+    def _launch(self, key: tuple[int, int]) -> None:
+        r = self._ready.pop(key)
+        self._pending.remove(key)
+        self.held_s += time.perf_counter() - r.submitted_at
+        r.works = r.launch()
+        r.launched = True
+        self.log.append((self.iteration, self._launched, key[0], key[1]))
+        self._launched += 1
+
+    def _advance(self) -> None:
+        order = self.plan.order  # type: ignore[union-attr]
+        while self._pos < len(order) and order[self._pos] in self._ready:
+            self._launch(order[self._pos])
+            self._pos += 1
+
+    def _launch_pending_fifo(self) -> None:
+        for key in sorted(self._pending):
+            self._launch(key)
+
+    def _fallback(self, why: str) -> None:
+        if not self._fifo:
+            self.events.append((self.iteration, "fallback", why))
+            self._fifo = True
+        self._launch_pending_fifo()
+
+    def _blocked_wait(self, index: int, iteration: int) -> None:
+        if iteration != self.iteration:
+            raise PlanError(f"wait() on op {index} of iteration {iteration} after step() ended it unlaunched")
+        self._fallback(f"wait() on op {index}, whose motifs wait behind an op not yet submitted")
+
+
+def shape_for_hermod(sched: Any, meta: Any, op: PlanOp, kind: str, out: torch.Tensor, inp: torch.Tensor,
+                     group: Any, rank: int, world: int, tag_base: int) -> Any:
+    """Submit one op to Hermod's :class:`~flowlane.sched.CommScheduler` as its motifs: Hermod decides when the
+    coflow goes (its key order), SYNDICATE its shape (segments, spline, path ``group``, order within). Returns a
+    handle whose ``wait()`` also repacks the motif outputs. ``tag_base`` must advance identically on every rank."""
+    if op.option.algo not in RUNNABLE_ALGOS:
+        raise PlanError(f"op {op.name!r}: algorithm {op.option.algo!r} cannot be forced per call; runnable: "
+                        f"{RUNNABLE_ALGOS}")
+    from flowlane.syndicate.plan import element_size
+
+    motifs = op.option.motifs(op.comm_op(element_size(op.dtype)))
+    runs = motif_runs(kind, motifs, out, inp, group, rank, world, tag_base)
+    handle = sched.defer(meta, [lambda r=r: r.launch() for r in runs])
+
+    class _Shaped:
+        def wait(self, timeout: Any = None) -> bool:
+            handle.wait()
+            for r in runs:
+                if r.repack is not None:
+                    r.repack()
+            return True
+
+        def is_completed(self) -> bool:
+            return handle.is_completed()
+
+    return _Shaped()

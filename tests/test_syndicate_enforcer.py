@@ -1,0 +1,67 @@
+"""The SYNDICATE enforcer on gloo (3 ranks, one spawn for every scenario): one launch order on every rank under
+jitter, results equal to plain torch.distributed collectives, plan mismatches named, FIFO fallback, two-phase plan
+switch, and motifs shaped inside Hermod's CommScheduler."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowlane import launch as L
+from tests import syndicate_workers as W
+
+pytestmark = pytest.mark.once
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    store = tmp_path_factory.mktemp("syndicate") / "store"
+    return L.launch(W.enforcer_scenarios, 3, args=(str(store),), timeout=120)
+
+
+def test_every_rank_launches_the_plans_order_under_jitter(runs: list[dict]) -> None:
+    logs = [r["jitter"]["log"] for r in runs]
+    assert logs[0] == logs[1] == logs[2]
+    order = [tuple(e) for e in runs[0]["jitter"]["order"]]
+    for it in (0, 1):
+        assert [(i, j) for (i2, _, i, j) in logs[0] if i2 == it] == order
+    assert order != sorted(order)  # the plan really reorders motifs across ops
+    assert all(r["jitter"]["events"] == [] for r in runs)
+
+
+def test_motif_results_equal_plain_collectives(runs: list[dict]) -> None:
+    for r in runs:
+        for c in r["jitter"]["checks"]:
+            assert c == {"a2a_bitwise": True, "ag_bitwise": True, "ar64_close": True, "ar32_close": True}
+
+
+def test_a_rank_with_another_plan_is_named_at_install(runs: list[dict]) -> None:
+    for r in runs:
+        msg = r["install_mismatch"]
+        assert msg is not None and "ranks [1, 2] hold" in msg and "ranks [0] hold" in msg
+
+
+def test_a_silently_different_launch_order_is_named_at_the_iteration_boundary(runs: list[dict]) -> None:
+    for r in runs:
+        msg = r["step_mismatch"]
+        assert msg is not None and "iteration 0" in msg and "ranks [0] hold" in msg
+
+
+def test_unexpected_waits_and_shapes_fall_back_to_fifo_on_every_rank_alike(runs: list[dict]) -> None:
+    evs = [[(it, ev) for it, ev, _ in r["fallback"]["events"]] for r in runs]
+    assert evs[0] == evs[1] == evs[2] == [(0, "fallback"), (1, "fallback")]
+    assert runs[0]["fallback"]["log"] == runs[1]["fallback"]["log"] == runs[2]["fallback"]["log"]
+    for r in runs:
+        for c in r["fallback"]["checks"]:
+            assert all(c.values()), c
+
+
+def test_a_two_phase_plan_switch_lands_on_the_same_iteration_everywhere(runs: list[dict]) -> None:
+    for r in runs:
+        assert r["switch"]["events"] == [[3, "switch", "v2"]] or r["switch"]["events"] == [(3, "switch", "v2")]
+        assert r["switch"]["version"] == 2
+
+
+def test_hermod_orders_the_coflow_and_syndicate_shapes_it(runs: list[dict]) -> None:
+    for r in runs:
+        assert r["hermod_a2a_bitwise"] is True
+        assert r["hermod_chunks"] == 2 * 3  # 2 segments x 3-way spline
