@@ -37,7 +37,15 @@ import torch
 import torch.distributed as dist
 
 from flowlane.syndicate.motif import Motif
-from flowlane.syndicate.plan import PlanChannel, PlanError, PlanOp, Store, SyndicatePlan, disagreeing, exchange
+from flowlane.syndicate.plan import (
+    PlanChannel,
+    PlanError,
+    PlanOp,
+    Store,
+    SyndicatePlan,
+    disagreeing,
+    exchange,
+)
 
 #: Option algorithms the enforcer runs: the backend's own collective (ring) or one message per destination (direct).
 RUNNABLE_ALGOS: tuple[str, ...] = ("ring", "direct")
@@ -91,6 +99,8 @@ def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Ten
     splined motifs as isend/irecv to destinations ``(rank + t) % world`` (rule R2). Results equal the whole op's."""
     es = inp.element_size()
     runs: list[_MotifRun] = []
+    src = inp.view(world, -1) if kind == "all_to_all" else inp.view(1, -1)
+    dst = out.view(world, -1)
     for m in motifs:
         a, b = m.lo // es, m.hi // es
         full = len(m.dests) == world
@@ -99,8 +109,6 @@ def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Ten
             flat = out.view(-1)
             runs.append(_MotifRun(lambda s=flat[a:b]: [dist.all_reduce(s, group=group, async_op=True)]))
             continue
-        src = inp.view(world, -1) if kind == "all_to_all" else inp.view(1, -1)
-        dst = out.view(world, -1)
         if full and (a, b) == (0, src.shape[1]):  # the whole op: the backend's collective, no copies
             fn = dist.all_to_all_single if kind == "all_to_all" else dist.all_gather_into_tensor
             runs.append(_MotifRun(lambda fn=fn: [fn(out, inp, group=group, async_op=True)]))

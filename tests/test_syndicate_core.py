@@ -1,0 +1,320 @@
+"""SYNDICATE's framework-free core: the motif IR, the cost model, optSched, the MCMC search and plans."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+
+import pytest
+
+from flowlane.syndicate import (
+    Comm,
+    CommOp,
+    Compute,
+    CostModel,
+    MotifError,
+    Option,
+    OrderError,
+    PathCost,
+    SearchConfig,
+    TrainingDAG,
+    decompose,
+    exhaustive,
+    fit_path_cost,
+    mcmc_search,
+    opt_sched,
+    option_space,
+    validate,
+)
+from flowlane.syndicate.motif import Motif, transfers
+from flowlane.syndicate.plan import PlanChannel, PlanError, PlanOp, SyndicatePlan
+from flowlane.syndicate.search import SYSTEMS, ablation
+from flowlane.syndicate.workloads import dlrm_dag, linear_chain, random_dag, two_path_toy
+
+pytestmark = pytest.mark.once
+
+
+# -- motif IR -----------------------------------------------------------------------------------------------------
+def test_splined_all_to_all_is_the_digests_worked_example() -> None:
+    op = CommOp("a", "all_to_all", 8 * 64, 8)
+    ms = decompose(op, spline=2)
+    assert [m.dests for m in ms] == [(0, 1, 2, 3), (4, 5, 6, 7)]  # P_i sends to i..i+3, then i+4..i+7 (mod 8)
+    assert all(m.fan_in == 4 for m in ms)
+    whole = transfers(op, decompose(op))
+    assert transfers(op, ms) == whole
+    assert transfers(op, decompose(op, segments=2, spline=4)) != whole  # same pattern, finer byte ranges
+    assert len(decompose(op, segments=2, spline=4)) == 8  # 4-way splining + d = D/2: 8 motifs (digest §2.3)
+
+
+@pytest.mark.parametrize("kind,segs,spline,ring", [("all_to_all", 3, 4, False), ("all_gather", 2, 2, False),
+                                                   ("all_reduce", 4, 1, False), ("all_reduce", 2, 1, True),
+                                                   ("broadcast", 2, 2, False), ("reduce_scatter", 2, 1, False)])
+def test_every_cut_is_valid(kind: str, segs: int, spline: int, ring: bool) -> None:
+    op = CommOp("x", kind, 4 * 4 * 48, 4)
+    validate(op, decompose(op, segs, spline, ring))
+
+
+def test_validate_names_gaps_overlaps_and_broken_dependencies() -> None:
+    op = CommOp("x", "all_to_all", 4 * 64, 4)
+    ms = decompose(op, segments=2)
+    with pytest.raises(MotifError, match=r"bytes \[32, 64\) are never sent"):
+        validate(op, ms[:1])
+    dup = [ms[0], Motif("x", 1, "all_to_all", 0, 64, ms[0].dests)]
+    with pytest.raises(MotifError, match="sent twice"):
+        validate(op, dup)
+    ar = CommOp("y", "all_reduce", 4 * 64, 4)
+    rs, ag = decompose(ar, ring=True)
+    with pytest.raises(MotifError, match="does not follow the reduce-scatter"):
+        validate(ar, [rs, Motif("y", 1, "all_gather", ag.lo, ag.hi, ag.dests)])
+    with pytest.raises(MotifError, match="not allowed"):
+        validate(ar, [Motif("y", 0, "all_to_all", 0, 256, (0, 1, 2, 3))])
+
+
+@pytest.mark.parametrize("bad,match", [(dict(kind="gather"), "kind 'gather' is not one of"),
+                                       (dict(nbytes=6), "multiple of align=4"),
+                                       (dict(kind="all_to_all", nbytes=20), "must split into ranks=4")])
+def test_bad_comm_ops_name_the_value(bad: dict, match: str) -> None:
+    with pytest.raises(MotifError, match=match):
+        CommOp(**{"name": "x", "kind": "all_reduce", "nbytes": 64, "ranks": 4, **bad})
+
+
+def test_bad_cuts_are_refused() -> None:
+    with pytest.raises(MotifError, match="splining applies to"):
+        decompose(CommOp("x", "all_reduce", 64, 4), spline=2)
+    with pytest.raises(MotifError, match="dividing ranks=4"):
+        decompose(CommOp("x", "all_to_all", 64, 4), spline=3)
+    with pytest.raises(MotifError, match="exceeds the 4 elements"):
+        decompose(CommOp("x", "all_to_all", 64, 4), segments=5)
+
+
+# -- cost model ---------------------------------------------------------------------------------------------------
+def test_tree_wins_small_and_ring_large_and_delta_charges_every_motif() -> None:
+    cost = CostModel({"F": PathCost(10e-6, 1e-9, 5e-6)})
+    small, large = CommOp("s", "all_reduce", 4096, 16), CommOp("l", "all_reduce", 64 << 20, 16)
+    ring, tree = Option("F", "ring"), Option("F", "tree")
+    assert cost.standalone(small, tree) < cost.standalone(small, ring)
+    assert cost.standalone(large, ring) < cost.standalone(large, tree)
+    one, four = cost.standalone(large, ring), cost.standalone(large, Option("F", "ring", 4))
+    assert four - one == pytest.approx(3 * (5e-6 + 2 * 15 * 10e-6))
+
+
+def test_fit_path_cost_recovers_alpha_beta_delta() -> None:
+    true = PathCost(7e-6, 2e-9, 40e-6)
+    samples = []
+    for k, steps, wire in itertools.product((1, 4, 16), (2, 6), (1 << 16, 1 << 22)):
+        samples.append((k, steps, wire, k * (true.alpha * steps + true.delta) + true.beta * wire))
+    fit = fit_path_cost(samples)
+    assert fit.alpha == pytest.approx(true.alpha, rel=1e-6)
+    assert fit.beta == pytest.approx(true.beta, rel=1e-6)
+    assert fit.delta == pytest.approx(true.delta, rel=1e-6)
+
+
+def test_option_space_keeps_all_reduce_on_its_allowed_path() -> None:
+    cost = CostModel({"F": PathCost(0, 1e-9), "S": PathCost(0, 2e-9)}, allowed={"all_reduce": ("F",)})
+    opts = option_space(CommOp("x", "all_reduce", 4 * 1024, 4), cost)
+    assert {o.path for o in opts} == {"F"} and {o.algo for o in opts} == {"ring", "tree", "rs_ag"}
+    with pytest.raises(ValueError, match="unknown paths"):
+        CostModel({"F": PathCost(0, 1e-9)}, allowed={"all_reduce": ("Q",)})
+
+
+# -- optSched -----------------------------------------------------------------------------------------------------
+def _hand_dag() -> tuple[TrainingDAG, CostModel]:
+    """compute A (2) -> comm x (3, path F) -> compute C (1); comm y (4, path S) after A; compute B (2) after A.
+    Program order A, x, y, B, C. No carry: iteration 1 runs after iteration 0 only through the compute stream."""
+    cost = CostModel({"F": PathCost(0, 1.0), "S": PathCost(0, 1.0)})
+    x = CommOp("x", "all_reduce", 6, 2, align=1)  # ring over 2 ranks sends d: 6 * (2*1/2) = ... see below
+    y = CommOp("y", "all_reduce", 4, 2, align=1)
+    steps = [Compute("A", 2.0), Comm(x, ("A",), (Option("F", "ring"),)), Comm(y, ("A",), (Option("S", "ring"),)),
+             Compute("B", 2.0, ("A",)), Compute("C", 1.0, ("x",))]
+    return TrainingDAG("hand", steps, iterations=1), cost
+
+
+def test_opt_sched_matches_a_hand_computed_schedule() -> None:
+    dag, cost = _hand_dag()
+    s = opt_sched(dag, dag.default_plan(), cost)
+    # x takes 6 (ring over 2 ranks sends its 6 bytes once), y takes 4, on separate paths: both start at 2.
+    # B runs 2..4 on the compute stream; C waits for x (2 + 6 = 8) and runs 8..9.
+    assert [(m.op, m.start, m.finish) for m in s.motifs] == [("x", 2.0, 8.0), ("y", 2.0, 6.0)]
+    assert s.makespan == 9.0
+    assert [m.seq for m in s.motifs] == [0, 0]  # launched at one instant on disjoint paths: one sequence number
+    assert s.compute == [(0, "A", 0.0, 2.0), (0, "B", 2.0, 4.0), (0, "C", 8.0, 9.0)]
+
+
+def test_a_static_replay_of_the_schedule_gives_the_same_times_and_a_bad_order_is_refused() -> None:
+    dag, cost = dlrm_dag()
+    plan = dag.greedy_plan(cost)
+    s = opt_sched(dag, plan, cost, boosts={"ar-bottom-mlp": 2})
+    again = opt_sched(dag, plan, cost, order=s.order())
+    assert again.makespan == pytest.approx(s.makespan)
+    order = s.order()
+    i = next(k for k, e in enumerate(order) if e[1] == "a2a-emb-fwd" and e[0] == 0)
+    j = next(k for k, e in enumerate(order) if e[1] == "a2a-data-prep" and e[0] == 0)
+    order.insert(j, order.pop(i))  # the embedding all-to-all before the data it needs: would deadlock
+    with pytest.raises(OrderError, match="before a motif it depends on"):
+        opt_sched(dag, plan, cost, order=order)
+
+
+def test_fifo_on_one_path_serialises_and_critical_path_reorders() -> None:
+    dag, cost = linear_chain(layers=3)
+    plan = dag.greedy_plan(cost)
+    fifo = opt_sched(dag, plan, cost, order="fifo")
+    assert [m.op for m in fifo.motifs if m.iteration == 0] == ["ar-3", "ar-2", "ar-1"]
+    starts = [m.start for m in fifo.motifs]
+    assert starts == sorted(starts)
+
+
+# -- search -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("t_a_slow", [5.0, 9.5, 10.9, 11.1, 20.0])
+def test_e1_joint_plan_beats_greedy_fifo_exactly_when_the_closed_form_says(t_a_slow: float) -> None:
+    t_b, t_c, t_d, t_af = 2.0, 2.0, 3.5, 3.5
+    dag, cost = two_path_toy(t_b, t_c, t_d, t_af, t_a_slow)
+    greedy = opt_sched(dag, dag.greedy_plan(cost), cost, order="fifo").per_iteration
+    assert greedy == pytest.approx(t_b + t_c + t_d + t_af)
+    best = mcmc_search(dag, cost, SearchConfig(seed=1, max_iters=100, time_budget_s=60))
+    closed = min(t_b + t_c + t_d + t_af, max(t_a_slow, t_b + t_c + t_d))
+    assert best.cost == pytest.approx(closed)
+    assert (best.cost < greedy - 1e-9) == (t_a_slow < t_af + t_b + t_c + t_d)
+    assert (best.plan["a"].path == "S") == (best.cost < greedy - 1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mcmc_finds_the_exhaustive_optimum_on_small_instances(seed: int) -> None:
+    dag, cost = random_dag(seed, comms=4, options=3)
+    ex = exhaustive(dag, cost, search_plan=True, search_order=True, boost_levels=2)
+    got = mcmc_search(dag, cost, SearchConfig(seed=seed, max_iters=1500, time_budget_s=120, boost_levels=2))
+    assert got.cost == pytest.approx(ex.cost)
+
+
+def test_mcmc_is_deterministic_for_a_seed_and_returns_the_best_state_seen() -> None:
+    dag, cost = dlrm_dag()
+    a = mcmc_search(dag, cost, SearchConfig(seed=3, max_iters=150, time_budget_s=120))
+    b = mcmc_search(dag, cost, SearchConfig(seed=3, max_iters=150, time_budget_s=120))
+    assert (a.cost, a.plan, a.boosts) == (b.cost, b.plan, b.boosts)
+    assert a.cost <= a.start_cost
+    assert a.cost == pytest.approx(opt_sched(dag, a.plan, cost, boosts=a.boosts).per_iteration)
+    assert a.trace == sorted(a.trace, key=lambda e: e[0]) and all(x[1] > y[1] for x, y in zip(a.trace, a.trace[1:], strict=False))
+
+
+def test_the_time_budget_stops_the_search() -> None:
+    dag, cost = dlrm_dag()
+    r = mcmc_search(dag, cost, SearchConfig(seed=0, time_budget_s=0.3, min_time_s=10.0))
+    assert r.stopped_by == "time budget" and r.elapsed_s < 3.0
+
+
+def test_e2_ablation_orders_the_systems_as_the_seed_does() -> None:
+    dag, cost = dlrm_dag()
+    hand = {"a2a-data-prep": 0, "a2a-emb-fwd": 0, "a2a-emb-bwd": 0, "ar-top-mlp": 1, "ar-bottom-mlp": 1}
+    res = ablation(dag, cost, hand, seed=0, time_budget_s=60, max_iters=600)
+    assert tuple(res) == SYSTEMS
+    t = {k: r.cost for k, r in res.items()}
+    assert t["joint"] <= min(t["plan_search"], t["order_search"]) + 1e-12
+    assert max(t["plan_search"], t["order_search"]) < t["bs_lifo_seg"] <= t["fifo_greedy"]
+    assert t["hand_order"] <= t["bs_lifo_seg"]
+
+
+def test_bad_search_config_is_named() -> None:
+    with pytest.raises(ValueError, match="time_budget_s must be > 0"):
+        SearchConfig(time_budget_s=0)
+    with pytest.raises(ValueError, match="search_order needs order='critical_path'"):
+        SearchConfig(order="fifo")
+
+
+# -- plans --------------------------------------------------------------------------------------------------------
+def _ops() -> list[PlanOp]:
+    return [PlanOp("a", "all_reduce", 64, "float32", 4, Option("F", "rs_ag", 2)),
+            PlanOp("b", "all_to_all", 64, "float32", 4, Option("S", "direct", 1, 2))]
+
+
+def test_plan_digest_is_stable_and_json_round_trips() -> None:
+    p = SyndicatePlan.fifo(_ops(), version=3)
+    q = SyndicatePlan.from_json(p.to_json())
+    assert q == p and q.digest() == p.digest()
+    swapped = p.order[:-2] + (p.order[-1], p.order[-2])  # op b's two splined motifs the other way round
+    assert SyndicatePlan(3, p.ops, swapped).digest() != p.digest()
+
+
+def test_plan_orders_are_checked() -> None:
+    p = SyndicatePlan.fifo(_ops())
+    with pytest.raises(PlanError, match="missing"):
+        SyndicatePlan(0, p.ops, p.order[:-1])
+    bad = ((0, 1),) + tuple(e for e in p.order if e != (0, 1))  # an all-gather before its reduce-scatter
+    with pytest.raises(PlanError, match="before motif 0 it depends on"):
+        SyndicatePlan(0, p.ops, bad)
+    with pytest.raises(PlanError, match="not a SYNDICATE plan"):
+        SyndicatePlan.from_json("{}")
+
+
+class DictStore:
+    def __init__(self) -> None:
+        self.d: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def set(self, k: str, v: str | bytes) -> None:
+        with self.lock:
+            self.d[k] = v.encode() if isinstance(v, str) else v
+
+    def get(self, k: str) -> bytes:
+        while True:
+            with self.lock:
+                if k in self.d:
+                    return self.d[k]
+            time.sleep(1e-4)
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            return all(k in self.d for k in keys)
+
+
+def _ranks(store: DictStore, world: int, iters: int, propose_at: int, switch_at: int, late: int | None) -> list:
+    p1, p2 = SyndicatePlan.fifo(_ops(), 1), SyndicatePlan.fifo(_ops(), 2)
+    p2 = SyndicatePlan(2, p2.ops, tuple(reversed([e for e in p2.order if e[0] == 1])) +
+                       tuple(e for e in p2.order if e[0] == 0))
+    out: list = [None] * world
+
+    def run(rank: int) -> None:
+        ch = PlanChannel(store, rank, world, timeout_s=20)
+        ch.current = p1
+        rng = random.Random(rank)
+        seen = []
+        for it in range(iters):
+            if rank == 0 and it == propose_at:
+                ch.propose(p2, switch_at)
+                threading.Thread(target=ch.decide, args=(2,), daemon=True).start()
+            if rank == late and it == propose_at:
+                time.sleep(0.3)  # reaches the boundaries only after the others wait at switch_at
+            time.sleep(rng.uniform(0, 0.01))
+            start = it + (switch_at if rank == late else 0)  # the late rank jumps past switch_at
+            seen.append(ch.poll(start).version)
+        out[rank] = seen
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return out
+
+
+def test_two_phase_commit_switches_every_rank_at_the_same_iteration() -> None:
+    seen = _ranks(DictStore(), 4, 6, propose_at=1, switch_at=4, late=None)
+    assert all(s == [1, 1, 1, 1, 2, 2] for s in seen), seen
+
+
+def test_a_rank_that_sees_the_plan_too_late_aborts_it_everywhere() -> None:
+    seen = _ranks(DictStore(), 3, 6, propose_at=1, switch_at=3, late=2)
+    assert all(2 not in s for s in seen), seen
+
+
+def test_the_core_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nclass B:\n    def find_spec(self, n, p=None, t=None):\n"
+            "        if n == 'torch' or n.startswith('torch.'):\n            raise ImportError(n)\n"
+            "sys.meta_path.insert(0, B())\n"
+            "import flowlane.syndicate, flowlane.syndicate.plan, flowlane.syndicate.workloads\n"
+            "assert 'torch' not in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
