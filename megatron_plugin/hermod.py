@@ -3,7 +3,7 @@
 Launch flag (Megatron-LM ``extra_args_provider``, collected by :mod:`megatron_plugin.args`)::
 
     --coflow-scheduler {none,hermod}  --hermod-schedule {1f1b,interleaved}  --hermod-dp-mid {last,consumer}
-    --hermod-chunk-bytes N  --hermod-max-inflight-chunks N  --hermod-gate-timeout-s S
+    --hermod-launch {auto,pacer,program_order}  --hermod-max-inflight-buckets N  --hermod-gate-timeout-s S
     --hermod-ep-algorithm {bvn,bvn_bottleneck,alg3,plain,auto}  --hermod-ep-auto-candidates plain,bvn
     --hermod-ep-auto-probe-iterations N  --hermod-ep-quantum N
 
@@ -83,14 +83,14 @@ class HermodConfig:
     """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1)."""
     dp_mid: Literal["last", "consumer"] = "last"
     """MID of DP coflows (digest A2.4 / A6.1 #1)."""
-    chunk_bytes: int = 256 << 10
-    """DP buckets are sent in chunks of this size so PP/EP traffic can pass between them."""
-    max_inflight_chunks: int = 2
-    """DP chunks in flight at once. Two keep the link busy while the next chunk is launched; with one, each chunk's
-    launch gap left the link idle and the dense Megatron GPT was 11-25 % slower at every rate measured
-    (results/hermod/real_megatron_defaults.json)."""
+    max_inflight_buckets: int = 2
+    """``launch=pacer`` only: DP bucket groups (reduce-scatters / all-reduces, parameter gathers) on the wire at
+    once. Two keep the link busy while the next one is launched; with one, each launch gap left the link idle and the
+    dense Megatron GPT was 11-25 % slower at every rate measured (results/hermod/real_megatron_defaults.json).
+    There is no chunk size: Megatron-core's DDP sends a bucket group as one coflow, so its ``bucket_size``
+    (``--ddp-bucket-size``) sets how long PP/EP traffic can wait behind DP."""
     gate_timeout_s: float = 0.05
-    """Longest a DP chunk is held back while a PP/EP op is outstanding."""
+    """``launch=pacer`` only: longest a DP bucket group is held back while a PP/EP op is outstanding."""
     ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"] = "bvn"
     """MoE all-to-all: BvN matching (optimal: flowlane.hermod.matching), ``bvn_bottleneck`` (BvN in fewer, longer
     phases; slower on gloo, see flowlane.hermod.matching), the seed's Algorithm 3, plain all_to_all_single (EP
@@ -136,21 +136,43 @@ class HermodConfig:
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
         if self.launch not in ("auto", "pacer", "program_order"):
             raise ValueError(f"launch {self.launch!r} is not one of ['auto', 'pacer', 'program_order']")
-        self.scheduler_config()  # validates chunk / inflight / gate
+        if isinstance(self.max_inflight_buckets, bool) or not isinstance(self.max_inflight_buckets, int) or (
+                self.max_inflight_buckets < 1):
+            raise ValueError(f"max_inflight_buckets must be an integer >= 1, got {self.max_inflight_buckets!r}")
+        self.scheduler_config()  # validates gate_timeout_s
 
     def scheduler_config(self, backend: str = "gloo") -> SchedulerConfig:
-        """The runtime scheduler's knobs on a process-group ``backend`` (which resolves ``launch="auto"``)."""
+        """The runtime scheduler's knobs on a process-group ``backend`` (which resolves ``launch="auto"``). Pacer
+        knobs set away from their defaults under ``program_order`` are refused: they would have no effect there."""
         launch = self.launch if self.launch != "auto" else ("program_order" if backend == "nccl" else "pacer")
-        return SchedulerConfig(mode="hermod", chunk_bytes=self.chunk_bytes, launch=launch,
-                               max_inflight_chunks=self.max_inflight_chunks, gate_timeout_s=self.gate_timeout_s)
+        if launch == "program_order":
+            ignored = [f"{name}={getattr(self, name)!r}" for name in PACER_ONLY
+                       if getattr(self, name) != getattr(HermodConfig, name)]
+            if ignored:
+                raise ValueError(f"scheduler {', '.join(ignored)}: these pace the pacer thread and have no effect "
+                                 f"under launch=program_order (resolved from launch={self.launch!r} on {backend}); "
+                                 "leave them at their defaults or set launch=pacer")
+        # chunk_bytes: never split a bucket group (Megatron's bucket_size is the granularity)
+        return SchedulerConfig(mode="hermod", chunk_bytes=1 << 62, launch=launch,
+                               max_inflight_chunks=self.max_inflight_buckets, gate_timeout_s=self.gate_timeout_s)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HermodConfig:
         known = {f.name for f in fields(cls)}
+        if "chunk_bytes" in d:
+            raise ValueError(f"scheduler.chunk_bytes={d['chunk_bytes']!r}: Hermod sends each Megatron-core DDP "
+                             "bucket group as one coflow, never split; set the granularity with Megatron's "
+                             "bucket_size (--ddp-bucket-size) instead")
+        if "max_inflight_chunks" in d:
+            raise ValueError("scheduler.max_inflight_chunks is now max_inflight_buckets (bucket groups, not chunks)")
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown scheduler config key(s) {unknown}; known: {sorted(known)}")
         return cls(**d)
+
+
+PACER_ONLY = ("max_inflight_buckets", "gate_timeout_s")
+"""HermodConfig fields that only the pacer thread reads (launch=pacer)."""
 
 
 # -- launch flags ------------------------------------------------------------------------------------------------------

@@ -135,10 +135,6 @@ def check_hermod_args(args: argparse.Namespace) -> str:
                 f"({'interleaved' if vp else '1F1B'}); leave the flag out to follow it")
     if (getattr(args, "num_distributed_optimizer_instances", 1) or 1) > 1:
         return "--num-distributed-optimizer-instances > 1 is not supported"
-    chunk = getattr(args, "hermod_chunk_bytes", None)
-    if chunk is not None and chunk != hermod.HermodConfig().chunk_bytes:
-        return (f"--hermod-chunk-bytes {chunk}: under Megatron's DDP a bucket group is one coflow, never split; set "
-                "its size with --ddp-bucket-size instead")
     dispatcher = getattr(args, "moe_token_dispatcher_type", "alltoall")
     if getattr(args, "num_experts", None) and dispatcher != "alltoall":
         return (f"--moe-token-dispatcher-type {dispatcher}: Hermod schedules the alltoall dispatcher only "

@@ -34,7 +34,8 @@ def _cases(tmp: Path):
         ({"offload": {**ssd, "dirs": [str(tmp / "nvme0-typo")]}}, r"offload.dirs entry '.*nvme0-typo' is not an "
                                                                   r"existing folder"),
         ({"offload": {**ssd, "min_bytes": 1.5}}, r"offload.min_bytes=1.5 must be an integer"),
-        ({"scheduler": {"name": "hermod", "chunk_bytes": "big"}}, r"scheduler.chunk_bytes='big' must be an integer"),
+        ({"scheduler": {"name": "hermod", "max_inflight_buckets": "two"}},
+         r"scheduler.max_inflight_buckets='two' must be an integer"),
         ({"scheduler": {"name": "fifo"}}, r"scheduler.name='fifo' must be one of \['none', 'hermod'\]"),
         ({"lr": "abc"}, r"lr='abc' must be a finite number"),
         ({"iterations": True}, r"iterations=True must be an integer"),

@@ -17,7 +17,7 @@ pytest.importorskip("megatron.core")
 RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
               seq_length=16, micro_batch_size=2, num_microbatches=3, iterations=2, progress=False, timeout_s=150,
               dp_bucket_bytes=8192)
-HERMOD = {"name": "hermod", "chunk_bytes": 4096, "gate_timeout_s": 0.02}
+HERMOD = {"name": "hermod", "gate_timeout_s": 0.02}
 
 
 def _both(rank: int, world: int) -> dict:
@@ -62,16 +62,27 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
     from megatron_plugin.hermod import HermodConfig, config_from_args
 
     p = add_flowlane_args(argparse.ArgumentParser())
-    args = p.parse_args(["--coflow-scheduler", "hermod", "--hermod-dp-mid", "consumer", "--hermod-chunk-bytes", "65536"])
+    args = p.parse_args(["--coflow-scheduler", "hermod", "--hermod-dp-mid", "consumer",
+                         "--hermod-max-inflight-buckets", "1"])
     cfg = config_from_args(args)
-    assert cfg == HermodConfig(name="hermod", dp_mid="consumer", chunk_bytes=65536)
+    assert cfg == HermodConfig(name="hermod", dp_mid="consumer", max_inflight_buckets=1)
+    with pytest.raises(SystemExit):  # a bucket group is never split: there is no chunk size to set
+        p.parse_args(["--coflow-scheduler", "hermod", "--hermod-chunk-bytes", "65536"])
     assert config_from_args(p.parse_args([])).name == "none"
     with pytest.raises(SystemExit):
         p.parse_args(["--coflow-scheduler", "lina"])
     with pytest.raises(ValueError, match="unknown scheduler config key"):
         HermodConfig.from_dict({"name": "hermod", "chunk": 1})
-    with pytest.raises(ValueError, match="chunk_bytes"):
-        HermodConfig(chunk_bytes=0)
+    with pytest.raises(ValueError, match=r"scheduler.chunk_bytes=4096: .* bucket group as one coflow"):
+        HermodConfig.from_dict({"name": "hermod", "chunk_bytes": 4096})
+    with pytest.raises(ValueError, match="max_inflight_buckets must be an integer >= 1, got 0"):
+        HermodConfig(max_inflight_buckets=0)
+    # pacer knobs have no effect where NCCL's program-order launch runs: refused, not ignored
+    assert HermodConfig().scheduler_config("nccl").launch == "program_order"
+    with pytest.raises(ValueError, match=r"gate_timeout_s=0.02: .* no effect under launch=program_order .*auto.*nccl"):
+        HermodConfig(gate_timeout_s=0.02).scheduler_config("nccl")
+    assert HermodConfig(gate_timeout_s=0.02, launch="pacer").scheduler_config("nccl").gate_timeout_s == 0.02
+    assert HermodConfig(gate_timeout_s=0.02).scheduler_config("gloo").launch == "pacer"
     assert config_from_args(p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm",
                                           "bvn_bottleneck"])).ep_algorithm == "bvn_bottleneck"
     assert config_from_args(p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm",
@@ -199,7 +210,6 @@ def test_megatron_lm_configurations_hermod_cannot_schedule_are_refused_with_the_
     assert "does not match the pipeline schedule (1F1B)" in check_hermod_args(args(hermod_schedule="interleaved"))
     assert "allgather" in check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="allgather"))
     assert check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="alltoall")) == ""
-    assert "--ddp-bucket-size" in check_hermod_args(args(hermod_chunk_bytes=1 << 20))
     from types import SimpleNamespace
 
     from megatron_plugin.hermod import Hermod

@@ -292,8 +292,9 @@ def _train_layout(name: str, hermod: bool) -> dict:
             config.finalize_model_grads_func = finalize_model_grads
             h = None
             if hermod:
-                h = Hermod(HermodConfig(gate_timeout_s=0.02, schedule="interleaved" if vpp else "1f1b",
-                                        launch=lay.get("launch", "auto")),
+                launch = lay.get("launch", "auto")
+                h = Hermod(HermodConfig(gate_timeout_s=0.02 if launch != "program_order" else 0.05,
+                                        schedule="interleaved" if vpp else "1f1b", launch=launch),
                            num_microbatches=m, layers_per_stage=recipe.num_layers // lay["pp"],
                            stage=ps.get_pipeline_model_parallel_rank(), num_stages=lay["pp"],
                            dp_group=ps.get_data_parallel_group(with_context_parallel=True),

@@ -323,9 +323,10 @@ def test_hermod_real_megatron_workload_flags_and_bad_combinations(monkeypatch: p
 
     assert megatron_flags({"megatron": MEGATRON_BASELINES["fifo"]}) == {
         "distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True}
-    h = megatron_flags({"mode": "hermod", "chunk_bytes": 4096, "wire": 1})
+    h = megatron_flags({"mode": "hermod", "chunk_bytes": 4096, "max_inflight_chunks": 1, "wire": 1})
     assert h["distributed_optimizer"] is True
-    assert h["features"]["scheduler"] == {"name": "hermod", "chunk_bytes": 4096,
+    # the synthetic workload's chunk size has no Megatron counterpart (a bucket group is never split)
+    assert h["features"]["scheduler"] == {"name": "hermod", "max_inflight_buckets": 1,
                                           "gloo_class_ifnames": "eth0,eth0,bulk0"}
     assert "gloo_class_ifnames" not in megatron_flags({"mode": "hermod", "wire": 0})["features"]["scheduler"]
     # on the shared NIC Megatron's PP groups ({0,2},{1,3}) are placed in one server each; the synthetic ones already are

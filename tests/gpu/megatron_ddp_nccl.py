@@ -120,7 +120,9 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
             config.param_sync_func = model.start_param_sync
         m, iterations = MODEL["num_microbatches"], MODEL["iterations"]
         if hermod:
-            h = Hermod(HermodConfig(gate_timeout_s=0.02, launch=hermod), num_microbatches=m,
+            # gate_timeout_s paces the pacer thread only (refused under program_order, where it has no effect)
+            cfg = HermodConfig(launch=hermod, **({"gate_timeout_s": 0.02} if hermod == "pacer" else {}))
+            h = Hermod(cfg, num_microbatches=m,
                        layers_per_stage=MODEL["num_layers"] // PP, stage=ps.get_pipeline_model_parallel_rank(),
                        num_stages=PP, dp_group=ps.get_data_parallel_group(with_context_parallel=True))
             h.attach_pipeline()
