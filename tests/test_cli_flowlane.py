@@ -38,6 +38,13 @@ def test_sim_help_shows_defaults_and_policy_names_without_importing_torch():
     assert "hermod" in out and "fifo" in out
 
 
+def test_ssd_estimate_help_shows_every_default_without_importing_torch():
+    out, torch_loaded = _help_in_fresh_process("ssd-estimate", "--help")
+    assert not torch_loaded
+    assert "hidden size h (default: 8192)" in out and "(default: D7-P5620)" in out and "(default: 55.0)" in out
+    assert "Korthikanti" in out  # the description: the formula the estimate follows
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])

@@ -113,6 +113,30 @@ def test_offload_gradients_bitwise_equal_and_bytes_match_formula(tmp_path: Path)
             assert s.sync_loads == 0  # everything was prefetched
 
 
+def test_a_forward_that_offloads_nothing_is_reported_with_its_reasons(tmp_path: Path, caplog) -> None:
+    """issue 33: the documented example on a CPU model used to offload nothing, silently."""
+    m, idx = _model(2)
+    for kw, reason in (({"offload_cpu_tensors": False}, "on the CPU (set offload_cpu_tensors=True"),
+                       ({"min_bytes": 1 << 30}, f"smaller than min_bytes={1 << 30}")):
+        caplog.clear()
+        cache = install(m, _cfg(tmp_path, **kw), scope_classes=["Block"])
+        try:
+            with caplog.at_level("WARNING", logger="flowlane.offload"):
+                m(idx).backward()
+        finally:
+            cache.close()
+        assert "the first forward offloaded nothing" in caplog.text and reason in caplog.text, caplog.text
+    caplog.clear()
+    cache = install(m, _cfg(tmp_path), scope_classes=["Block"])
+    try:
+        with caplog.at_level("WARNING", logger="flowlane.offload"):
+            m(idx).backward()
+        assert cache.stats_snapshot().storages_offloaded > 0
+    finally:
+        cache.close()
+    assert "offloaded nothing" not in caplog.text
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_peak_resident_follows_one_minus_k_plus_one_over_L(tmp_path: Path, k: int) -> None:
     L = 6

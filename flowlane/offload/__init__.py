@@ -14,23 +14,50 @@ move while compute runs (``choose_budget``, from CUDA-event timings of a profile
 Framework adapters (megatron_plugin.ssd_offload, deepspeed_plugin.ssd_offload) add scope classes and schedule hints.
 """
 
-from flowlane.offload.adaptive import ProfileResult, choose_last_offloaded, keep_last_k_from_profile
-from flowlane.offload.backends import (
-    BackendUnavailableError,
-    IOBackend,
-    KvikioBackend,
-    NullBackend,
-    PinnedCpuBackend,
-    PosixBackend,
-    cleanup_stale,
-    kvikio_usable,
-    make_backend,
-)
-from flowlane.offload.budget import Budget, StepProfile, choose_budget, exposed_time
-from flowlane.offload.cache import OffloadHandle, OffloadStats, SavedHandle, TensorCache, install
-from flowlane.offload.config import OffloadConfig
-from flowlane.offload.pool import PinnedPool
-from flowlane.offload.residency import Residency, track_saved_tensors
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# Names load on first use (PEP 562), so the torch-free parts (``flowlane ssd-estimate``, config, budget) do not
+# import torch. Each public name and the module that defines it:
+_HOME = {
+    "ProfileResult": "adaptive", "choose_last_offloaded": "adaptive", "keep_last_k_from_profile": "adaptive",
+    "BackendUnavailableError": "backends", "IOBackend": "backends", "KvikioBackend": "backends",
+    "NullBackend": "backends", "PinnedCpuBackend": "backends", "PosixBackend": "backends",
+    "cleanup_stale": "backends", "kvikio_usable": "backends", "make_backend": "backends",
+    "Budget": "budget", "StepProfile": "budget", "choose_budget": "budget", "exposed_time": "budget",
+    "OffloadHandle": "cache", "OffloadStats": "cache", "SavedHandle": "cache", "TensorCache": "cache",
+    "install": "cache", "OffloadConfig": "config", "PinnedPool": "pool", "Residency": "residency",
+    "track_saved_tensors": "residency",
+}
+
+if TYPE_CHECKING:
+    from flowlane.offload.adaptive import ProfileResult, choose_last_offloaded, keep_last_k_from_profile
+    from flowlane.offload.backends import (
+        BackendUnavailableError,
+        IOBackend,
+        KvikioBackend,
+        NullBackend,
+        PinnedCpuBackend,
+        PosixBackend,
+        cleanup_stale,
+        kvikio_usable,
+        make_backend,
+    )
+    from flowlane.offload.budget import Budget, StepProfile, choose_budget, exposed_time
+    from flowlane.offload.cache import OffloadHandle, OffloadStats, SavedHandle, TensorCache, install
+    from flowlane.offload.config import OffloadConfig
+    from flowlane.offload.pool import PinnedPool
+    from flowlane.offload.residency import Residency, track_saved_tensors
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'flowlane.offload' has no attribute {name!r}")
+    value = getattr(import_module(f"flowlane.offload.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BackendUnavailableError", "Budget", "IOBackend", "KvikioBackend", "NullBackend", "OffloadConfig", "OffloadHandle",

@@ -30,6 +30,7 @@ GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import warnings
@@ -46,6 +47,8 @@ from flowlane.offload.budget import StepProfile, choose_budget
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.pool import HostBlock, PinnedPool, align_up
 from flowlane.offload.residency import Residency, mark_parameters, storage_uid
+
+log = logging.getLogger("flowlane.offload")
 
 _clock = time.perf_counter
 
@@ -296,6 +299,7 @@ class TensorCache:
         self._hooks_ctx: Any = None
         self._error: BaseException | None = None
         self._warned_fallback = False
+        self._first_backward_seen = False
         self._resident = Residency()
         self._resident_all = Residency()
         self._closed = False
@@ -765,8 +769,27 @@ class TensorCache:
             return True  # decided at later group starts (_on_group_start) or at the next stage
         return group >= n - k
 
+    def _say_why_nothing_was_offloaded(self) -> None:
+        """At the first backward: a warning naming the reasons when the first forward offloaded nothing (a config
+        that silently does nothing is worse than none)."""
+        st = self.stats
+        if st.storages_tracked or st.packs == 0:
+            return
+        reasons = [f"{n} {what}" for n, what in (
+            (st.cpu_skips, "on the CPU (set offload_cpu_tensors=True to offload CPU tensors)"),
+            (st.small_skips, f"smaller than min_bytes={self.config.min_bytes}"),
+            (st.outside_scope, "outside every scope class (pass scope_classes naming the model's layer classes)"),
+            (st.param_skips, "parameters (never offloaded)"),
+            (st.backward_packs, "saved during backward (recomputation: kept)"))
+            if n]
+        log.warning("flowlane offload: the first forward offloaded nothing: of %d saved tensors, %s",
+                    st.packs, "; ".join(reasons) or "none qualified")
+
     def _unpack(self, h: Any) -> torch.Tensor:
         """Alg. 5.2 lines 19-22."""
+        if not self._first_backward_seen:
+            self._first_backward_seen = True
+            self._say_why_nothing_was_offloaded()
         if isinstance(h, torch.Tensor):
             return h
         rec: _Record = h.rec

@@ -178,35 +178,41 @@ def _nonneg_int(v: str) -> int:
     return _int_at_least(v, 0)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default after its help."""
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ssd-estimate", help="activation bytes, write bandwidth and SSD lifespan (SSDTrain)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=_positive_int, default=8192)
-    p.add_argument("--heads", type=_positive_int, default=64)
+                              description=__doc__, formatter_class=_HelpFormatter)
+    p.add_argument("--hidden", type=_positive_int, default=8192, help="hidden size h")
+    p.add_argument("--heads", type=_positive_int, default=64, help="attention heads a")
     p.add_argument("--layers", type=_positive_int, default=4, help="transformer layers on this GPU (its pipeline stage)")
-    p.add_argument("--seq", type=_positive_int, default=1024)
-    p.add_argument("--micro-batch", type=_positive_int, default=16)
+    p.add_argument("--seq", type=_positive_int, default=1024, help="sequence length s")
+    p.add_argument("--micro-batch", type=_positive_int, default=16, help="micro-batch size b")
     p.add_argument("--micro-batches", type=_positive_int, default=1, help="micro-batches per step")
-    p.add_argument("--tp", type=_positive_int, default=2)
-    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--tp", type=_positive_int, default=2, help="tensor-parallel size t")
+    p.add_argument("--sequence-parallel", action="store_true", help="LN and dropout tensors split across TP ranks")
     p.add_argument("--flash-attention", action="store_true", help="no s^2 attention terms (FlashAttention)")
-    p.add_argument("--no-dropout", action="store_true")
+    p.add_argument("--no-dropout", action="store_true", help="no dropout masks or outputs saved")
     p.add_argument("--elem-bytes", type=_positive_int, default=2, help="2 for fp16/bf16, 4 for fp32")
     p.add_argument("--kept-layers", type=_nonneg_int, default=0, help="layers kept in GPU memory (not written)")
     p.add_argument("--step-time", type=_positive_float, default=None, help="measured step time in seconds")
     p.add_argument("--tflops", type=_positive_float, default=None,
                    help="achieved model TFLOP/s per GPU, to model the step time when --step-time is not given")
-    p.add_argument("--vocab", type=_positive_int, default=50257)
-    p.add_argument("--ssd", choices=sorted(SSD_ENDURANCE_PBW), default="D7-P5620")
-    p.add_argument("--ssds-per-gpu", type=_positive_int, default=4)
-    p.add_argument("--waf-gain", type=_positive_float, default=2.5)
+    p.add_argument("--vocab", type=_positive_int, default=50257, help="vocabulary size (FLOPs of the step model)")
+    p.add_argument("--ssd", choices=sorted(SSD_ENDURANCE_PBW), default="D7-P5620",
+                   help="drive model, for its rated endurance (thesis Table 5.1)")
+    p.add_argument("--ssds-per-gpu", type=_positive_int, default=4, help="drives sharing one GPU's writes")
+    p.add_argument("--waf-gain", type=_positive_float, default=2.5,
+                   help="how much lower the write amplification is than the JESD rating's")
     p.add_argument("--link-gbps", type=_positive_float, default=55.0,
                    help="GPU-host link for the byte budget, GB/s (55: PCIe D2H measured on an H200)")
     p.add_argument("--disk-gbps", type=_positive_float, default=None,
                    help="the SSDs' write rate per GPU, GB/s: the budget uses the slower of it and --link-gbps")
     p.add_argument("--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead (offload config)")
     p.add_argument("--thesis", action="store_true", help="print the thesis' 12.1 GB/s -> >= 3 years check")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
