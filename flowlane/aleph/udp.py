@@ -1,0 +1,149 @@
+"""Tier 1 of ALEPH's data plane from Python: build ``aleph_dataplane/src/aleph_udp.c`` and run a plan's tree of UDP
+aggregators (digest §5.4 tier 1).
+
+``run_tree(plan, inputs)`` starts one PS node, one aggregator node per cluster with members (its own worker is the
+cluster's child 0), and one worker process per worker, all on loopback (or, with ``host``, on addresses the caller
+provides inside network namespaces), and returns every worker's sums and every process's counters. The binary is
+built on first use with the system C compiler into ``$FLOWLANE_CACHE`` (the same private cache and checks as
+:mod:`flowlane._cbuild`), named by a hash of the sources and flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowlane._cbuild import _check_private
+from flowlane.aleph.cluster import Plan
+from flowlane.aleph.wire import MAX_CHILDREN
+
+SRC_DIR = Path(__file__).resolve().parents[2] / "aleph_dataplane"
+FLAGS = ("-O2", "-g", "-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Werror")
+SAN_FLAGS = ("-O1", "-g", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+             "-fno-omit-frame-pointer", "-fno-sanitize-recover=all")
+
+
+def build(sanitize: bool = False) -> Path:
+    """The aggregator binary (built on first use); ``sanitize``: an ASan + UBSan build. Raises
+    subprocess.CalledProcessError with the compiler's output when it does not compile."""
+    src = SRC_DIR / "src" / "aleph_udp.c"
+    hdr = SRC_DIR / "include" / "aleph_wire.h"
+    flags = SAN_FLAGS if sanitize else FLAGS
+    tag = hashlib.sha256(src.read_bytes() + hdr.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("FLOWLANE_CACHE", Path.home() / ".cache" / "flowlane"))
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(cache, os.stat(cache))
+    exe = cache / f"aleph_udp{'_san' if sanitize else ''}_{tag}"
+    if not exe.exists():
+        fd, tmp = tempfile.mkstemp(dir=cache)
+        os.close(fd)
+        try:
+            r = subprocess.run([os.environ.get("CC", "cc"), *flags, f"-I{hdr.parent}", "-o", tmp, str(src)],
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                raise subprocess.CalledProcessError(r.returncode, r.args, r.stdout, r.stderr)
+            os.chmod(tmp, 0o700)
+            os.replace(tmp, exe)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    _check_private(exe, os.lstat(exe))
+    return exe
+
+
+@dataclass
+class TreeRun:
+    """What :func:`run_tree` measured: ``outputs[w]`` (iters x elems int32 sums seen by worker w), the counters of
+    every process by role (``ps``, ``aggregator``, ``worker``), and the workers' wall time."""
+
+    outputs: np.ndarray
+    stats: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def _start(argv: list[str], wrap: Callable[[list[str]], list[str]] | None) -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen(wrap(argv) if wrap else argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.startswith("port "):
+        p.kill()
+        _, err = p.communicate(timeout=10)
+        raise RuntimeError(f"aleph_udp did not start ({' '.join(argv)}): {line!r} {err.strip()}")
+    return p, int(line.split()[1])
+
+
+def run_tree(plan: Plan, inputs: np.ndarray, *, drop: float = 0.0, seed: int = 0, rto_ms: int = 20,
+             scale: int = 0, timeout_s: float = 120.0, sanitize: bool = False,
+             hosts: Sequence[str] | None = None, ps_host: str | None = None,
+             wrap: Sequence[Callable[[list[str]], list[str]] | None] | None = None) -> TreeRun:
+    """Aggregate ``inputs`` (workers x iters x elems int32) through ``plan``'s tree; ``drop`` is the probability
+    each process drops a received datagram. ``hosts[w]`` / ``ps_host``: addresses (default 127.0.0.1) and
+    ``wrap[w]`` / ``wrap[n]`` (PS): argv wrappers (e.g. ``ip netns exec``) when ranks live in namespaces."""
+    inputs = np.ascontiguousarray(inputs, dtype="<i4")
+    if inputs.ndim != 3 or inputs.shape[0] != plan.n:
+        raise ValueError(f"inputs must be workers x iters x elems with {plan.n} workers, got shape {inputs.shape}")
+    if not 0 <= drop < 1:
+        raise ValueError(f"drop={drop!r} must be a probability in [0, 1)")
+    if plan.num_flows > MAX_CHILDREN or any(len(c.members) > MAX_CHILDREN for c in plan.clusters):
+        raise ValueError(f"a node takes at most {MAX_CHILDREN} children (the bitmap's width); plan has |D|="
+                         f"{plan.num_flows} and clusters of up to {max(len(c.members) for c in plan.clusters)}")
+    n, iters, elems = inputs.shape
+    hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n
+    ps_host = ps_host or "127.0.0.1"
+    wraps = list(wrap) if wrap is not None else [None] * (n + 1)
+    exe = str(build(sanitize))
+    common = ["--elems", str(elems), "--iters", str(iters), "--rto-ms", str(rto_ms), "--drop", repr(drop)]
+    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    with tempfile.TemporaryDirectory(prefix="aleph-udp-") as tmp:
+        try:
+            ps, ps_port = _start([exe, "node", "--children", str(plan.num_flows), "--seed", str(seed), *common],
+                                 wraps[n])
+            procs.append(("ps", ps))
+            parent_of: dict[int, tuple[str, int]] = {}
+            for i, c in enumerate(plan.clusters):
+                if len(c.members) == 1:
+                    parent_of[c.head] = (f"{ps_host}:{ps_port}", i)
+                    continue
+                agg, port = _start([exe, "node", "--children", str(len(c.members)), "--parent",
+                                    f"{ps_host}:{ps_port}", "--id", str(i), "--seed", str(seed * 1000 + i + 1),
+                                    *common], wraps[c.head])
+                procs.append(("aggregator", agg))
+                for j, m in enumerate(c.members):
+                    parent_of[m] = (f"{hosts[c.head]}:{port}", j)
+            t0 = time.perf_counter()
+            workers = []
+            for w in range(n):
+                inp, out = Path(tmp) / f"in{w}", Path(tmp) / f"out{w}"
+                inputs[w].tofile(inp)
+                parent, lid = parent_of[w]
+                p, _ = _start([exe, "worker", "--parent", parent, "--id", str(lid), "--scale", str(scale),
+                               "--in", str(inp), "--out", str(out), "--seed", str(seed * 7919 + w + 17), *common],
+                              wraps[w])
+                procs.append(("worker", p))
+                workers.append((p, out))
+            for p, _ in workers:
+                p.wait(timeout=timeout_s)
+            wall = time.perf_counter() - t0
+            stats: dict[str, list[dict[str, Any]]] = {"ps": [], "aggregator": [], "worker": []}
+            for role, p in procs:
+                out_text, err = p.communicate(timeout=timeout_s)
+                if p.returncode != 0:
+                    raise RuntimeError(f"aleph_udp {role} exited {p.returncode}: {err.strip()[-2000:]}")
+                stats[role].append(json.loads(out_text.strip().splitlines()[-1]))
+            outputs = np.stack([np.fromfile(o, dtype="<i4").reshape(iters, elems) for _, o in workers])
+        finally:
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return TreeRun(outputs, stats, wall)

@@ -1,0 +1,63 @@
+"""Module-level rank functions for ALEPH's multi-rank tests (spawned processes must import them)."""
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+from flowlane.aleph import Plan
+from flowlane.aleph.hook import HierarchicalAllReduce, install_aleph_hook
+from flowlane.aleph.probe import probe_bandwidth
+
+
+def _ddp_run(model: torch.nn.Module, plan: Plan | None, rank: int, steps: int = 3) -> list[torch.Tensor]:
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+    if plan is not None:
+        install_aleph_hook(ddp, plan)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(16, 12, generator=g)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
+    """For each (clusters, top): integer and float sums against dist.all_reduce; then DDP with the hook against
+    DDP's own all-reduce (all-singleton plan: bitwise; the first case's plan: close); then the bandwidth probe."""
+    out: dict = {"int_equal": [], "float_maxdiff": []}
+    for clusters, top in cases:
+        h = HierarchicalAllReduce(Plan.from_clusters(world, clusters), top=top)
+        x = torch.arange(5000, dtype=torch.int64) * (rank + 1) + rank ** 3 - 7
+        ref = x.clone()
+        dist.all_reduce(ref)
+        out["int_equal"].append(bool(torch.equal(h(x.clone()), ref)))
+        f = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
+        fref = f.clone()
+        dist.all_reduce(fref)
+        out["float_maxdiff"].append(float((h(f.clone()) - fref).abs().max()))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    ref = _ddp_run(copy.deepcopy(model), None, rank)
+    flat = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, [[w] for w in range(world)]), rank)
+    hier = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, cases[0][0]), rank)
+    out["ddp_singletons_bitwise"] = all(torch.equal(a, b) for a, b in zip(ref, flat, strict=True))
+    out["ddp_hier_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref, hier, strict=True))
+    out["ddp_moved"] = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters(), strict=True))
+    figures, rate = probe_bandwidth(nbytes=1 << 16)
+    out["probe"] = figures
+    out["mismatch"] = mismatched_plans(rank, world)
+    return out
+
+
+def mismatched_plans(rank: int, world: int) -> str:
+    """Rank 0 plans differently from the others: every rank must raise, none may hang."""
+    clusters = [[0, 1], *([w] for w in range(2, world))] if rank == 0 else [[w] for w in range(world)]
+    try:
+        HierarchicalAllReduce(Plan.from_clusters(world, clusters))
+    except ValueError as e:
+        return str(e)
+    return "no error"
