@@ -38,6 +38,7 @@ from flowlane.hector import (
     compact_rows,
     edge_softmax,
     fold_attention,
+    gather_dot,
     materialize,
     plan_fold,
     plan_side,
@@ -215,11 +216,11 @@ class HectorHGTConv(HGTConv):
             w_att = _typed_weight(self.relation_att[i])
             if side == "src":  # (k W_r) . q over unique (source, relation) rows
                 kw = materialize(k[:, i], w_att, rows, cfg.gemm)
-                a = (kw.index_select(0, rows.edge_row) * q[:, i].index_select(0, lay.dst)).sum(-1)
+                a = gather_dot(kw, rows.edge_row, q[:, i], lay.dst)
             else:  # k . (q W_r^T) over unique (destination, relation) rows
                 dr = lay.dst_rows
                 qw = materialize(q[:, i], w_att.transpose(1, 2), dr, cfg.gemm)
-                a = (k[:, i].index_select(0, lay.src) * qw.index_select(0, dr.edge_row)).sum(-1)
+                a = gather_dot(k[:, i], lay.src, qw, dr.edge_row)
             scores.append(a * self.relation_pri[i][lay.etype] / self.sqrt_d)
             msgs.append(materialize(v[:, i], _typed_weight(self.relation_msg[i]), rows, cfg.gemm))
         att = edge_softmax(torch.stack(scores, 1), lay.dst, lay.num_dst)

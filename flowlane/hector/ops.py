@@ -243,7 +243,54 @@ def materialize(x: Tensor, weight: Tensor, rows: RowIndex, gemm: str = "auto") -
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Traversals: aggregation into destination nodes and edge softmax
+# Traversals: edge dot products, aggregation into destination nodes, edge softmax
+
+#: edges per chunk of an edgewise traversal: bounds its (chunk, hidden) temporaries (Hector's fused kernels keep them
+#: in registers; thesis §3.3.4 "temporaries used only inside a fused operator are not materialised")
+EDGE_CHUNK = 1 << 16
+
+
+def _gather_dot_chunked(a: Tensor, ia: Tensor, b: Tensor, ib: Tensor) -> Tensor:
+    out = a.new_empty((ia.numel(),) + tuple(a.shape[1:-1]))
+    for s in range(0, ia.numel(), EDGE_CHUNK):
+        e = slice(s, s + EDGE_CHUNK)
+        out[e] = (a.index_select(0, ia[e]) * b.index_select(0, ib[e])).sum(-1)
+    return out
+
+
+def _gather_scale_add(out: Tensor, io: Tensor, g: Tensor, b: Tensor, ib: Tensor) -> Tensor:
+    """out[io[e]] += g[e] * b[ib[e]], in edge chunks."""
+    for s in range(0, io.numel(), EDGE_CHUNK):
+        e = slice(s, s + EDGE_CHUNK)
+        out.index_add_(0, io[e], g[e].unsqueeze(-1) * b.index_select(0, ib[e]))
+    return out
+
+
+class _GatherDot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, ia: Tensor, b: Tensor, ib: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, ia, b, ib)
+        return _gather_dot_chunked(a, ia, b, ib)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        a, ia, b, ib = ctx.saved_tensors
+        ga = _gather_scale_add(torch.zeros_like(a), ia, g, b, ib) if ctx.needs_input_grad[0] else None
+        gb = _gather_scale_add(torch.zeros_like(b), ib, g, a, ia) if ctx.needs_input_grad[2] else None
+        return ga, None, gb, None
+
+
+def gather_dot(a: Tensor, ia: Tensor, b: Tensor, ib: Tensor) -> Tensor:
+    """``out[e] = <a[ia[e]], b[ib[e]]>`` over the last dimension (SDDMM over row-indexed operands), e.g. HGT's
+    ``(k W_r)[src-row] . q[dst]``. Only the row tensors are kept for the backward, never (#edges, hidden) copies."""
+    if a.shape[1:] != b.shape[1:]:
+        raise ValueError(f"a and b must have the same row shape, got {tuple(a.shape[1:])} and {tuple(b.shape[1:])}")
+    if ia.shape != ib.shape or ia.dim() != 1:
+        raise ValueError(f"ia and ib must be 1-D with one entry per edge, got {tuple(ia.shape)} and "
+                         f"{tuple(ib.shape)}")
+    _check_index("ia", ia, a.shape[0])
+    _check_index("ib", ib, b.shape[0])
+    return _GatherDot.apply(a, ia.to(torch.int64), b, ib.to(torch.int64))
 
 
 class _SpMM(torch.autograd.Function):
@@ -260,9 +307,8 @@ class _SpMM(torch.autograd.Function):
         g = g.contiguous()
         gy = agg._apply(values, g, transpose=True) if ctx.needs_input_grad[2] else None
         gv = None
-        if ctx.needs_input_grad[1]:  # SDDMM: dvalue[e] = <g[dst[e]], y[col[e]]> (per head)
-            gv = (g.index_select(0, agg.dst) * y.index_select(0, agg.col)).sum(-1)
-            gv = gv.reshape(values.shape)
+        if ctx.needs_input_grad[1]:  # SDDMM: dvalue[e] = <g[dst[e]], y[col[e]]> (per head), in edge chunks
+            gv = _gather_dot_chunked(g, agg.dst, y, agg.col).reshape(values.shape)
         return None, gv, gy
 
 

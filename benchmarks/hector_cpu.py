@@ -1,0 +1,236 @@
+"""Hector's RGCN / RGAT / HGT layers vs DGL's own modules on CPU (issue 40): time and peak memory, equal results.
+
+For each synthetic skewed typed graph (flowlane.hector.typed_graph: hub sources, Zipf relations; 1e5-1e6 edges,
+10 edges per node, 16 relations, 4 node types; thesis settings: in = out = 64, one head, one layer) and each model:
+
+* DGL's module, given its best path: edges (and nodes) sorted by type and ``presorted=True`` (``segment_mm``), and
+  Hector's layer holding the same weights (``load_state_dict`` / ``HectorRGAT.from_dgl``). RGCN: ``RelGraphConv``;
+  HGT: ``HGTConv``; RGAT: ``HeteroGraphConv({r: GATConv})`` on the relation heterograph.
+* one training step = forward + backward of ``out.square().mean()``; both implementations alternate rep by rep in one
+  process (the machine is shared: alternating keeps their ratio honest), median of ``--reps``.
+* results: outputs and gradients (input and every parameter) compared, max abs / relative error recorded.
+* Hector's one-off preprocessing (sorting, unique (node, relation) rows, sparse structure; cached per graph) is timed
+  separately, on the first step.
+* peak memory: a fresh subprocess per (graph, model, implementation) runs one warm step after resetting the peak RSS
+  (``/proc/self/clear_refs`` 5); the figure is the rise of VmHWM over the RSS before the step.
+
+Label: measured on CPU (this machine, ``torch.get_num_threads()`` recorded). Writes ``results/hector/cpu.json`` and
+``cpu.png``. Usage: ``.venv-gnn/bin/python benchmarks/hector_cpu.py [--edges 100000 1000000] [--reps 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELS = ("rgcn", "rgat", "hgt")
+DIM, HEADS, NUM_RELS, NUM_NTYPES, DEGREE = 64, 1, 16, 4, 10
+
+
+def build(model: str, edges: int, seed: int = 0, hub_alpha: float = 2.5):
+    """Graph, inputs and the (DGL, Hector) pair with equal weights: returns (run_dgl, run_hector, hector_layer, x)."""
+    import dgl
+    import torch
+
+    from dgl_plugin.hector import (
+        HectorHGTConv,
+        HectorRelGraphConv,
+        HectorRGAT,
+        hetero_rgat_reference,
+        to_relation_graph,
+    )
+    from flowlane.hector import typed_graph
+
+    torch.manual_seed(seed)
+    n = max(edges // DEGREE, 16)
+    gd = typed_graph(num_nodes=n, num_edges=edges, num_etypes=NUM_RELS, num_ntypes=NUM_NTYPES, hub_alpha=hub_alpha,
+                     seed=seed)
+    order = torch.sort(gd["etype"], stable=True).indices  # DGL's best path: edges presorted by type
+    src, dst, et = gd["src"][order], gd["dst"][order], gd["etype"][order]
+    g = dgl.graph((src, dst), num_nodes=n)
+    x = torch.randn(n, DIM, requires_grad=True)
+    if model == "rgcn":
+        ref = dgl.nn.RelGraphConv(DIM, DIM, NUM_RELS, self_loop=True)
+        hec = HectorRelGraphConv(DIM, DIM, NUM_RELS, self_loop=True)
+        hec.load_state_dict(ref.state_dict())
+        return (lambda: ref(g, x, et, presorted=True)), (lambda: hec(g, x, et)), hec, ref, x
+    if model == "hgt":
+        nt = gd["ntype"]
+        ref = dgl.nn.HGTConv(DIM, DIM // HEADS, HEADS, NUM_NTYPES, NUM_RELS, dropout=0.0)
+        hec = HectorHGTConv(DIM, DIM // HEADS, HEADS, NUM_NTYPES, NUM_RELS, dropout=0.0)
+        hec.load_state_dict(ref.state_dict())
+        return (lambda: ref(g, x, nt, et, presorted=True)), (lambda: hec(g, x, nt, et, presorted=True)), hec, ref, x
+    if model == "rgat":
+        ref, names = hetero_rgat_reference(DIM, DIM // HEADS, HEADS, NUM_RELS)
+        hg = to_relation_graph(src, dst, et, n, NUM_RELS)
+        hec = HectorRGAT.from_dgl(ref, names)
+        return (lambda: ref(hg, {"n": x})["n"]), (lambda: hec(g, x, et)), hec, ref, x
+    raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+
+
+def _step(run, params):
+    import torch
+
+    out = run()
+    grads = torch.autograd.grad(out.square().mean(), params)
+    return out.detach(), [gr.detach() for gr in grads]
+
+
+def _ref_params(model, ref, x):
+    if model == "rgat":  # HectorRGAT stacks the per-relation GATConv weights: compare the input gradient + output
+        return [x]
+    return [x, *ref.parameters()]
+
+
+def _hec_params(model, hec, x):
+    return [x] if model == "rgat" else [x, *hec.parameters()]
+
+
+def time_case(model: str, edges: int, reps: int, hub_alpha: float) -> dict:
+    import torch
+
+    run_d, run_h, hec, ref, x = build(model, edges, hub_alpha=hub_alpha)
+    pd, ph = _ref_params(model, ref, x), _hec_params(model, hec, x)
+    t0 = time.perf_counter()
+    out_h, g_h = _step(run_h, ph)  # first call: preprocessing + one step
+    first_h = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out_d, g_d = _step(run_d, pd)
+    first_d = time.perf_counter() - t0
+    err = (out_h - out_d).abs().max().item()
+    scale = out_d.abs().max().item()
+    gerr = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30) for a, b in zip(g_h, g_d, strict=True))
+    td, th = [], []
+    for _ in range(reps):
+        for run, ps, acc in ((run_d, pd, td), (run_h, ph, th)):
+            t = time.perf_counter()
+            _step(run, ps)
+            acc.append(time.perf_counter() - t)
+    lay = hec._layouts._layout
+    rows = lay.src_rows
+    med_d, med_h = statistics.median(td), statistics.median(th)
+    res = {
+        "model": model, "edges": edges, "nodes": lay.num_src, "relations": NUM_RELS, "dim": DIM, "heads": HEADS,
+        "hub_alpha": hub_alpha, "compaction_ratio_src": round(rows.ratio, 4),
+        "compaction_ratio_dst": round(lay.dst_rows.ratio, 4), "materialization": "compact" if rows.compact else
+        "vanilla", "dgl_step_s": med_d, "hector_step_s": med_h, "speedup": med_d / med_h,
+        "dgl_steps_s": td, "hector_steps_s": th, "hector_first_step_s": first_h, "dgl_first_step_s": first_d,
+        "hector_preprocess_s_est": max(first_h - med_h, 0.0),
+        "max_abs_err_out": err, "max_rel_err_out": err / max(scale, 1e-30), "max_rel_err_grads": gerr,
+        "grads_compared": "input + every parameter" if model != "rgat" else "input (weights are restacked)",
+    }
+    if model == "rgat":
+        res["reorder_plan"] = {k: {"fold": p.fold, "reason": p.reason} for k, p in hec.last_plan.items()}
+    del torch
+    return res
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory_case(model: str, edges: int, impl: str, hub_alpha: float) -> dict:
+    run_d, run_h, hec, ref, x = build(model, edges, hub_alpha=hub_alpha)
+    run, ps = (run_d, _ref_params(model, ref, x)) if impl == "dgl" else (run_h, _hec_params(model, hec, x))
+    if impl == "hector":  # warm: Hector's cached layout belongs to the graph, not to a step
+        _step(run, ps)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _rss_kib("VmRSS")
+    _step(run, ps)
+    return {"peak_rise_mib": (_rss_kib("VmHWM") - base) / 1024}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [f"{r['model']}\n{r['edges']:,}\nratio {r['compaction_ratio_src']:.2f}" for r in rows]
+    xs = range(len(rows))
+    w = 0.38
+    axes[0].bar([i - w / 2 for i in xs], [r["dgl_step_s"] * 1e3 for r in rows], w, label="DGL module")
+    axes[0].bar([i + w / 2 for i in xs], [r["hector_step_s"] * 1e3 for r in rows], w, label="Hector layer")
+    for i, r in enumerate(rows):
+        axes[0].text(i, max(r["dgl_step_s"], r["hector_step_s"]) * 1e3, f"{r['speedup']:.2f}x", ha="center",
+                     va="bottom", fontsize=8)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("forward + backward (ms, median)")
+    axes[1].bar([i - w / 2 for i in xs], [r.get("dgl_peak_mib", 0) for r in rows], w, label="DGL module")
+    axes[1].bar([i + w / 2 for i in xs], [r.get("hector_peak_mib", 0) for r in rows], w, label="Hector layer")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("peak RSS rise in one step (MiB)")
+    for ax in axes:
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.legend(fontsize=8)
+    fig.suptitle("Hector vs DGL modules, CPU (measured), dim 64, 1 head, 16 relations")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--edges", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--hub-alpha", type=float, nargs="+", default=[2.5],
+                    help="source-weight Pareto tails to run (2.5: ~49 %% compaction; 2.0: ~25 %%, like FB15k's 26 %%)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the per-case peak-memory subprocesses")
+    ap.add_argument("--out", default=str(ROOT / "results" / "hector" / "cpu.json"))
+    ap.add_argument("--memory-case", nargs=3, metavar=("MODEL", "EDGES", "IMPL"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.memory_case:
+        m, e, impl = a.memory_case
+        print(json.dumps(memory_case(m, int(e), impl, a.hub_alpha[0])))
+        return
+    import torch
+
+    from flowlane.testing.provenance import provenance
+
+    prov = provenance()
+    rows = []
+    for e, alpha, m in ((e, alpha, m) for e in a.edges for alpha in a.hub_alpha for m in a.models):
+        r = time_case(m, e, a.reps, alpha)
+        if not a.no_memory:
+            for impl in ("dgl", "hector"):
+                p = subprocess.run([sys.executable, __file__, "--memory-case", m, str(e), impl, "--hub-alpha",
+                                    str(alpha)], capture_output=True, text=True, timeout=1800, cwd=ROOT)
+                if p.returncode != 0:
+                    raise RuntimeError(f"memory case {m} {e} {impl} failed: {p.stderr[-2000:]}")
+                r[f"{impl}_peak_mib"] = json.loads(p.stdout.strip().splitlines()[-1])["peak_rise_mib"]
+        rows.append(r)
+        print(f"{m:5s} {e:>9,} edges  alpha {alpha}  ratio {r['compaction_ratio_src']:.2f}  DGL {r['dgl_step_s'] * 1e3:8.1f} ms"
+              f"  Hector {r['hector_step_s'] * 1e3:8.1f} ms  {r['speedup']:.2f}x  peak MiB "
+              f"{r.get('dgl_peak_mib', float('nan')):.0f} -> {r.get('hector_peak_mib', float('nan')):.0f}  "
+              f"rel err out {r['max_rel_err_out']:.1e} grads {r['max_rel_err_grads']:.1e}", flush=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"label": "measured on CPU", "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "goal": ">= 1.5x faster than DGL's modules at equal results, no per-edge weight copies (issue 40)",
+           "step": "forward + backward of out.square().mean(), median of reps, DGL and Hector alternated",
+           "rows": rows, "provenance": prov}
+    import dgl
+
+    doc["dgl"] = dgl.__version__
+    out.write_text(json.dumps(doc, indent=1))
+    plot(rows, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
