@@ -99,7 +99,8 @@ def test_config_rejects_unknown_keys_and_bad_values_by_name():
     with pytest.raises(ValueError, match="unknown option.*'nf'"):
         DGSConfig.from_dict({"nf": 0.8})
     for key, val in (("n_f", 0.0), ("n_f", 1.2), ("epsilon", -0.1), ("t_ex", 0), ("t_ex", 2.5),
-                     ("base_sampler", "ladies"), ("node_sampling", "yes"), ("prob_floor", 0)):
+                     ("base_sampler", "ladies"), ("node_sampling", "yes"), ("prob_floor", 0),
+                     ("explainer_min_epochs", 51), ("synchronous", 1)):
         with pytest.raises(ValueError, match=f"bad {key}="):
             DGSConfig.from_dict({key: val})
 
@@ -132,5 +133,5 @@ def test_mask_training_ranks_the_informative_remote_node_and_feature_first():
     assert ex.sn.shape == (R,) and ex.sf.shape == (f,)
     assert ex.sn[0] > 0.9 and (ex.sn[1:] < 0.1).all()        # remote node 1 (edge 0) kept, the others dropped
     assert ex.sf[0] > 0.9 and (ex.sf[1:] < 0.1).all()        # feature 0 is the informative dimension
-    early = train_masks(forward, x, target, R, epochs=200, lr=0.05, loss_threshold=10.0)
-    assert early.early_stop and early.epochs == 1
+    early = train_masks(forward, x, target, R, epochs=200, min_epochs=5, lr=0.05, loss_threshold=10.0)
+    assert early.early_stop and early.epochs == 6              # the threshold applies after min_epochs

@@ -32,6 +32,9 @@ class DGSConfig:
     """Added to every node probability so a near-zero mask never starves a node (A6 #8)."""
     explainer_epochs: int = 50
     """Most mask-training epochs per explanation (seed 𝒯_E = 50)."""
+    explainer_min_epochs: int = 25
+    """Epochs before the ℒ test applies (A6 #7 decision: an untrained mask usually matches the target already,
+    measured fidelity 0.002 at epoch 1, and would stop before learning anything)."""
     explainer_lr: float = 0.01
     """Adam learning rate of the mask parameters (DGL GNNExplainer's default)."""
     loss_threshold: float = 0.01
@@ -45,8 +48,12 @@ class DGSConfig:
     """Feature-mask size penalty, on the mean mask value (DGL GNNExplainer default)."""
     beta2: float = 0.1
     """Feature-mask entropy penalty (DGL GNNExplainer default)."""
-    explainer_timeout_s: float = 120.0
-    """How long the trainer waits for the explainer to start, and at the end to stop, before it is an error."""
+    explainer_timeout_s: float = 300.0
+    """How long the trainer waits for the explainer (a synchronous explanation, or the stop at the end) before it
+    is an error; it covers the process's start (importing torch + DGL takes tens of seconds on a busy host)."""
+    synchronous: bool = False
+    """Wait for each snapshot's masks before the next iteration: reproducible runs (tests, benchmarks). The seed's
+    explainer runs asynchronously (False)."""
     explainer_threads: int = 1
     """torch threads in the explainer process (the seed runs it on spare CPU cores)."""
 
@@ -54,7 +61,7 @@ class DGSConfig:
         def bad(name: str, value: Any, why: str) -> None:
             raise ValueError(f"flowlane.dgs: bad {name}={value!r}: {why}")
 
-        for name in ("node_sampling", "feature_sampling"):
+        for name in ("node_sampling", "feature_sampling", "synchronous"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, getattr(self, name), "must be true or false")
         for name in ("n_f", "epsilon", "prob_floor", "explainer_lr", "loss_threshold", "alpha1", "alpha2", "beta1",
@@ -70,6 +77,9 @@ class DGSConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, v, "must be an integer >= 1")
+        v = self.explainer_min_epochs
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= self.explainer_epochs:
+            bad("explainer_min_epochs", v, f"must be an integer in [0, explainer_epochs={self.explainer_epochs}]")
         if self.base_sampler not in SAMPLERS:
             bad("base_sampler", self.base_sampler, f"choose one of {list(SAMPLERS)}")
         if not 0.0 < self.prob_floor < 1.0:

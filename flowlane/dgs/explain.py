@@ -56,23 +56,24 @@ def _entropy(m: torch.Tensor) -> torch.Tensor:
 
 
 def train_masks(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, target: torch.Tensor,
-                num_remote: int, *, epochs: int = 50, lr: float = 0.01, loss_threshold: float = 0.01,
+                num_remote: int, *, epochs: int = 50, min_epochs: int = 0, lr: float = 0.01,
+                loss_threshold: float = 0.01,
                 alpha1: float = 0.005, alpha2: float = 1.0, beta1: float = 1.0, beta2: float = 0.1,
-                warm: tuple[torch.Tensor, torch.Tensor] | None = None, seed: int = 0) -> Explanation:
+                warm: tuple[torch.Tensor, torch.Tensor] | None = None) -> Explanation:
     """Train the edge and feature masks of one explanation (Alg. 1 l. 21-26). ``forward(x_masked, edge_weight)``
     returns v_G's logits on E_i (``2 * num_remote + 1`` edges, :func:`star_edges` order); ``warm`` restarts from the
-    previous explanation's mask parameters (A2.10 [rec])."""
+    previous explanation's mask parameters (A2.10 [rec]); otherwise masks start equal (edges σ(1), features σ(0)), so
+    the ranking is learned, not drawn. ℒ is tested from epoch ``min_epochs + 1`` on."""
     n_edges = 2 * num_remote + 1
     if x.ndim != 2 or x.shape[0] != num_remote + 1:
         raise ValueError(f"x must be (num_remote + 1 = {num_remote + 1}, f), got {tuple(x.shape)}")
     if target.ndim != 1:
         raise ValueError(f"target must be a probability vector, got shape {tuple(target.shape)}")
-    gen = torch.Generator().manual_seed(seed)
     if warm is not None and warm[0].numel() == n_edges and warm[1].numel() == x.shape[1]:
         m0, f0 = warm[0].detach().clone(), warm[1].detach().clone()
-    else:  # GNNExplainer-style start: edges mostly on, features near 0.5
-        m0 = 1.0 + 0.1 * torch.randn(n_edges, generator=gen)
-        f0 = 0.1 * torch.randn(x.shape[1], generator=gen)
+    else:  # edges mostly on, features at 0.5: equal, so only the gradients rank them
+        m0 = torch.ones(n_edges)
+        f0 = torch.zeros(x.shape[1])
     m = m0.requires_grad_(True)
     f = f0.requires_grad_(True)
     opt = torch.optim.Adam([m, f], lr=lr)
@@ -83,7 +84,7 @@ def train_masks(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x
         out = forward(x * fm, em).reshape(-1)
         fid = torch.sum(t * (torch.log(t) - torch.log_softmax(out, dim=0)))
         fid_v = float(fid)
-        if fid_v <= loss_threshold:
+        if done > min_epochs and fid_v <= loss_threshold:
             stop = True
             break
         loss = (fid + alpha1 * em.sum() + alpha2 * _entropy(em).mean() + beta1 * fm.mean()

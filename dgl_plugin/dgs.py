@@ -1,0 +1,331 @@
+"""DGS on real DistDGL (seed 000 ch. 3; digest 000-dgs-g3.md A2.10, A2.14, A2.15, A6): registered RPC services, the
+block samplers for ``DistNodeDataLoader``, and the trainer-side runtime that pulls features and counts bytes.
+
+Three request types are registered with ``dgl.distributed.rpc.register_service`` (in every server *and* client process,
+before ``dgl.distributed.initialize``; :func:`register_services`). DGL itself is not patched:
+
+- ``ColumnPullRequest(name, ids, dims)``: DGL's KVStore pull handler has no slot for a column list (A2.15), so this
+  request runs the server's own pull handler for ``ids`` and answers only ``[:, dims]``.
+- ``QuotaSampleRequest``: one hop of DGS sampling on the server that owns the frontier nodes (their in-edges live in
+  its partition): the ε quota split relative to the *requesting* worker's partition (its local rows are free), then
+  weighted picks inside each quota (:func:`flowlane.dgs.pick`). A6 #11: the weight of a neighbour remote to the
+  requester is the owner's 𝒮𝒩 for its halo nodes, 1 for the owner's own nodes (no global synchronisation).
+- ``NodeWeightRequest(gids, w)``: a worker stores 𝒮𝒩 (+ floor) for its halo nodes on its own server, once per mask
+  version (A6 #12; the seed's "tensor interpreted from 𝒮𝒩 to the service").
+
+Bytes are counted here, where flowlane sends them (:class:`flowlane.dgs.ByteLedger`): remote feature pulls, sampling
+RPCs to servers of other partitions (DGL's own sampler's too, by the same payload formula), probability updates,
+and setup pulls. On one host DGL maps every trainer to machine 0 (it picks the machine by local IP), so "local" here
+is the trainer's own partition ``part_id``: the rows a trainer on that machine would read from shared memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import dgl
+import numpy as np
+import torch
+from dgl.distributed import rpc
+
+from flowlane.dgs import (
+    ByteLedger,
+    DGSConfig,
+    node_probabilities,
+    pick,
+    pull_bytes,
+    sampling_bytes,
+    top_columns,
+)
+
+SERVICE_COLUMN_PULL = 7_353_001
+SERVICE_QUOTA_SAMPLE = 7_353_002
+SERVICE_NODE_WEIGHT = 7_353_003
+
+
+def _ids(t) -> torch.Tensor:
+    return torch.as_tensor(t, dtype=torch.int64).reshape(-1)
+
+
+class ColumnPullResponse(rpc.Response):
+    def __init__(self, data: torch.Tensor):
+        self.data = data
+
+    def __getstate__(self):
+        return self.data
+
+    def __setstate__(self, state):
+        self.data = state
+
+
+class ColumnPullRequest(rpc.Request):
+    """Pull rows ``ids`` (global) of KVStore tensor ``name``, columns ``dims`` only (an empty ``dims``: all)."""
+
+    def __init__(self, name: str, ids: torch.Tensor, dims: torch.Tensor):
+        self.name, self.ids, self.dims = name, ids, dims
+
+    def __getstate__(self):
+        return self.name, self.ids, self.dims
+
+    def __setstate__(self, state):
+        self.name, self.ids, self.dims = state
+
+    def process_request(self, server_state):
+        kv = server_state.kv_store
+        if self.name not in kv.data_store:
+            raise RuntimeError(f"ColumnPullRequest: no KVStore tensor {self.name!r} on server {kv.server_id}")
+        local = kv.part_policy[self.name].to_local(self.ids)
+        rows = kv.pull_handlers[self.name](kv.data_store, self.name, local)
+        return ColumnPullResponse(rows[:, self.dims].contiguous() if self.dims.numel() else rows)
+
+
+@dataclass
+class _ServerGraph:
+    """The server's partition in CSC form, cached on its ServerState by the first DGS request."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    gid: np.ndarray
+    owner: np.ndarray
+    weight: np.ndarray
+    sorted_gid: np.ndarray
+    sorted_pos: np.ndarray
+    version: int = 0
+
+
+def _server_graph(server_state) -> _ServerGraph:
+    sg = getattr(server_state, "_flowlane_dgs", None)
+    if sg is None:
+        g = server_state.graph
+        indptr, indices, _ = g.adj_tensors("csc")
+        gid = g.ndata[dgl.NID].numpy().astype(np.int64)
+        owner = server_state.partition_book.nid2partid(torch.from_numpy(gid)).numpy().astype(np.int64)
+        order = np.argsort(gid)
+        sg = _ServerGraph(indptr.numpy().astype(np.int64), indices.numpy().astype(np.int64), gid, owner,
+                          np.ones(gid.size), gid[order], order)
+        server_state._flowlane_dgs = sg
+    return sg
+
+
+class QuotaSampleResponse(rpc.Response):
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor):
+        self.src, self.dst = src, dst
+
+    def __getstate__(self):
+        return self.src, self.dst
+
+    def __setstate__(self, state):
+        self.src, self.dst = state
+
+
+class QuotaSampleRequest(rpc.Request):
+    """One hop for ``seeds`` (global ids owned by the receiving server): see the module docstring."""
+
+    def __init__(self, seeds: torch.Tensor, fanout: int, epsilon: float, requester: int, weighted: bool,
+                 base: str, key: int):
+        self.seeds, self.fanout, self.epsilon, self.requester = seeds, fanout, epsilon, requester
+        self.weighted, self.base, self.key = weighted, base, key
+
+    def __getstate__(self):
+        return self.seeds, self.fanout, self.epsilon, self.requester, self.weighted, self.base, self.key
+
+    def __setstate__(self, state):
+        self.seeds, self.fanout, self.epsilon, self.requester, self.weighted, self.base, self.key = state
+
+    def process_request(self, server_state):
+        sg = _server_graph(server_state)
+        pb = server_state.partition_book
+        loc = pb.nid2localnid(self.seeds, pb.partid).numpy().astype(np.int64)
+        start, end = sg.indptr[loc], sg.indptr[loc + 1]
+        deg = end - start
+        offsets = np.concatenate([[0], np.cumsum(deg)])
+        cand = np.repeat(start - offsets[:-1], deg) + np.arange(offsets[-1])
+        nbr = sg.indices[cand]
+        local = sg.owner[nbr] == self.requester
+        w = np.where(local, 1.0, sg.weight[nbr]) if self.weighted else np.ones(nbr.size)
+        rng = np.random.default_rng((self.key, pb.partid))
+        keep = pick(offsets, sg.gid[nbr], local, w, self.fanout, self.epsilon, rng, self.base, self.key)
+        dst = np.repeat(self.seeds.numpy(), deg)
+        return QuotaSampleResponse(torch.from_numpy(sg.gid[nbr][keep]), torch.from_numpy(dst[keep]))
+
+
+class NodeWeightResponse(rpc.Response):
+    def __init__(self, version: int):
+        self.version = version
+
+    def __getstate__(self):
+        return self.version
+
+    def __setstate__(self, state):
+        self.version = state
+
+
+class NodeWeightRequest(rpc.Request):
+    """Set the sampling weight of nodes ``gids`` (halo nodes of the receiving server's partition)."""
+
+    def __init__(self, gids: torch.Tensor, weight: torch.Tensor):
+        self.gids, self.weight = gids, weight
+
+    def __getstate__(self):
+        return self.gids, self.weight
+
+    def __setstate__(self, state):
+        self.gids, self.weight = state
+
+    def process_request(self, server_state):
+        sg = _server_graph(server_state)
+        g = self.gids.numpy()
+        at = np.searchsorted(sg.sorted_gid, g).clip(max=max(sg.sorted_gid.size - 1, 0))
+        if g.size and not (sg.sorted_gid[at] == g).all():
+            raise RuntimeError("NodeWeightRequest: some ids are not in this server's partition")
+        sg.weight[sg.sorted_pos[at]] = self.weight.numpy()
+        sg.version += 1
+        return NodeWeightResponse(sg.version)
+
+
+def register_services() -> None:
+    """Register the three DGS request types (idempotent). Call in every server and client before initialize."""
+    rpc.register_service(SERVICE_COLUMN_PULL, ColumnPullRequest, ColumnPullResponse)
+    rpc.register_service(SERVICE_QUOTA_SAMPLE, QuotaSampleRequest, QuotaSampleResponse)
+    rpc.register_service(SERVICE_NODE_WEIGHT, NodeWeightRequest, NodeWeightResponse)
+
+
+def _check_registered() -> None:
+    if rpc.REQUEST_CLASS_TO_SERVICE_ID.get(ColumnPullRequest) != SERVICE_COLUMN_PULL:
+        raise RuntimeError("DGS services are not registered in this process: call dgl_plugin.dgs.register_services() "
+                           "before dgl.distributed.initialize() (servers too)")
+
+
+@dataclass
+class DGSRuntime:
+    """Trainer-side DGS state of one worker: the current masks (as column list and halo weights), the pulls and the
+    byte ledger. ``part_id`` is the worker's own partition (see the module docstring)."""
+
+    g: dgl.distributed.DistGraph
+    part_id: int
+    cfg: DGSConfig
+    feat: str = "feat"
+    ledger: ByteLedger = field(default_factory=ByteLedger)
+    dims: torch.Tensor | None = None
+    """Feature columns pulled for remote rows; None: all (before the first explanation, or feature sampling off)."""
+    mask_version: int = 0
+    stats: dict = field(default_factory=lambda: {"remote_rows": 0, "input_rows": 0, "batches": 0})
+
+    def __post_init__(self) -> None:
+        _check_registered()
+        self.pb = self.g.get_partition_book()
+        self.num_parts = self.pb.num_partitions()
+        if not 0 <= self.part_id < self.num_parts:
+            raise ValueError(f"part_id={self.part_id} must be in [0, {self.num_parts})")
+        self.tensor = self.g.ndata[self.feat]
+        self.key = self.tensor.kvstore_key
+        self.f = int(self.tensor.shape[1])
+        self.itemsize = torch.empty((), dtype=self.tensor.dtype).element_size()
+
+    def owner(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.pb.nid2partid(ids)
+
+    def pull(self, ids: torch.Tensor, dims: torch.Tensor | None = None, kind: str = "feature_remote") -> torch.Tensor:
+        """Feature rows ``ids``: own-partition rows in full through DGL's DistTensor; remote rows through DGL's pull
+        (``dims`` None) or the column service (``dims`` given: the other columns are zero-filled, A6 #10)."""
+        ids = _ids(ids)
+        own = self.owner(ids)
+        out = torch.zeros(ids.numel(), self.f, dtype=self.tensor.dtype)
+        mine = own == self.part_id
+        if mine.any():
+            out[mine] = self.tensor[ids[mine]]
+        rmt = ~mine
+        n_rmt = int(rmt.sum())
+        self.stats["remote_rows"] += n_rmt if kind == "feature_remote" else 0
+        self.stats["input_rows"] += ids.numel() if kind == "feature_remote" else 0
+        if not n_rmt:
+            return out
+        if dims is None or int(dims.numel()) == self.f:
+            out[rmt] = self.tensor[ids[rmt]]
+            self.ledger.add(kind, sum(pull_bytes(n_rmt, self.f, self.itemsize, self.f)))
+            return out
+        reqs, where = [], []
+        for p in torch.unique(own[rmt]).tolist():
+            sel = torch.nonzero(own == p).reshape(-1)
+            reqs.append((p, ColumnPullRequest(self.key, ids[sel], dims)))
+            where.append(sel)
+            self.ledger.add(kind, sum(pull_bytes(sel.numel(), dims.numel(), self.itemsize, self.f)))
+        for sel, res in zip(where, rpc.remote_call_to_machine(reqs), strict=True):
+            out[sel[:, None], dims[None, :]] = res.data
+        return out
+
+    def pull_inputs(self, input_nodes: torch.Tensor) -> torch.Tensor:
+        self.stats["batches"] += 1
+        return self.pull(input_nodes, self.dims if self.cfg.feature_sampling else None)
+
+    def apply_masks(self, halo_ids: np.ndarray, sn: torch.Tensor, sf: torch.Tensor, version: int) -> None:
+        """A new explanation (Alg. 1 l. 26): the column list from 𝒮ℱ, and 𝒮𝒩 (+ floor) to the own server."""
+        if self.cfg.feature_sampling:
+            self.dims = torch.from_numpy(top_columns(sf.numpy(), self.cfg.n_f))
+        if self.cfg.node_sampling and len(halo_ids):
+            w = torch.from_numpy(node_probabilities(sn.numpy(), self.cfg.prob_floor))
+            gids = torch.from_numpy(np.asarray(halo_ids, dtype=np.int64))
+            rpc.remote_call_to_machine([(self.part_id, NodeWeightRequest(gids, w))])
+            self.ledger.add("prob_update", gids.numel() * 8 + w.numel() * w.element_size())
+        self.mask_version = version
+
+
+class CountingNeighborSampler(dgl.dataloading.NeighborSampler):
+    """DGL's own ``NeighborSampler`` (the baseline path), with its sampling RPCs to other partitions counted by the
+    same payload formula as the DGS service: frontier ids in, (src, dst) per sampled edge out."""
+
+    def __init__(self, fanouts: list[int], runtime: DGSRuntime, **kw):
+        super().__init__(fanouts, **kw)
+        self.rt = runtime
+
+    def sample_blocks(self, g, seed_nodes, exclude_eids=None):
+        res = super().sample_blocks(g, seed_nodes, exclude_eids=exclude_eids)
+        for block in res[2]:
+            dst = block.dstdata[dgl.NID]
+            far = self.rt.owner(dst) != self.rt.part_id
+            n_edges = int(far[block.edges()[1]].sum())
+            self.rt.ledger.add("sampling_rpc", sum(sampling_bytes(int(far.sum()), n_edges)))
+        return res
+
+
+class DGSNeighborSampler(dgl.dataloading.BlockSampler):
+    """Block sampler for ``DistNodeDataLoader``: each hop through ``QuotaSampleRequest`` on the frontier's owners.
+
+    ``weighted`` uses the stored 𝒮𝒩 weights and ``epsilon`` the quota shift (NS); both off with ``base="labor"`` is
+    plain LABOR-0. Blocks are built as DGL's NeighborSampler builds them (``to_block`` of the frontier)."""
+
+    def __init__(self, fanouts: list[int], runtime: DGSRuntime, *, weighted: bool, epsilon: float,
+                 base: str = "uniform", seed: int = 0):
+        super().__init__()
+        if any((not isinstance(f, int)) or (f < 1 and f != -1) for f in fanouts):
+            raise ValueError(f"fanouts={fanouts!r}: each must be an integer >= 1, or -1 for all neighbours")
+        self.fanouts, self.rt, self.weighted, self.epsilon, self.base = list(fanouts), runtime, weighted, epsilon, base
+        self.calls = seed * 1_000_003
+
+    def _hop(self, g, seeds: torch.Tensor, fanout: int) -> dgl.DGLGraph:
+        own = self.rt.owner(seeds)
+        self.calls += 1
+        active = self.weighted and self.rt.mask_version > 0      # Alg. 1 l. 6-7: conventional until masks exist
+        reqs = []
+        for p in torch.unique(own).tolist():
+            s = seeds[own == p]
+            reqs.append((p, QuotaSampleRequest(s, fanout, self.epsilon if active else 0.0, self.rt.part_id,
+                                               active, self.base, self.calls)))
+        res = rpc.remote_call_to_machine(reqs)
+        for (p, req), r in zip(reqs, res, strict=True):
+            if p != self.rt.part_id:
+                self.rt.ledger.add("sampling_rpc", sum(sampling_bytes(req.seeds.numel(), r.src.numel())))
+        src = torch.cat([r.src for r in res]) if res else torch.zeros(0, dtype=torch.int64)
+        dst = torch.cat([r.dst for r in res]) if res else torch.zeros(0, dtype=torch.int64)
+        return dgl.graph((src, dst), num_nodes=g.num_nodes())
+
+    def sample_blocks(self, g, seed_nodes, exclude_eids=None):
+        if exclude_eids is not None:
+            raise ValueError("DGSNeighborSampler: exclude_eids is not supported (node classification only)")
+        seeds = _ids(seed_nodes)
+        output_nodes, blocks = seeds, []
+        for fanout in reversed(self.fanouts):
+            block = dgl.to_block(self._hop(g, seeds, fanout), seeds)
+            seeds = block.srcdata[dgl.NID]
+            blocks.insert(0, block)
+        return seeds, output_nodes, blocks

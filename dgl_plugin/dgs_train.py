@@ -1,0 +1,392 @@
+"""DGS training on real DistDGL on this host: partition, servers, trainers (one per partition) and explainers.
+
+``run_dgs(cfg) -> dict`` is the recipe entry for ``job: gnn_dgs`` (recipes/conf/gnn_dgs.yaml) and what the tests and
+benchmarks/dgs_bytes.py call. Layout (per partition p): one DistGraph server (``DGL_SERVER_ID=p``; servers of p >= 1
+get a private /dev/shm, because DGL names a partition's shared memory after the graph only, which needs root and
+``unshare``), one trainer (``python -m dgl_plugin.dgs_train <args.json>``: ``DistGraph``, ``DistNodeDataLoader``,
+gradients averaged by a gloo all-reduce each step) and, when DGS is on, that trainer's explainer process. Every
+process exits by itself: trainers at the end, servers when the last client leaves (DistDGL), explainers with their
+trainer; the parent kills whatever is left after ``timeout_s`` and reports it as an error.
+
+Trainer p trains on the training nodes of partition p (the same number of steps on every rank: a rank out of batches
+adds zero gradients). Evaluation (validation and test accuracy) samples all neighbours and pulls full features
+through DGL, for every configuration alike, and is not counted in the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+GRAPH_NAME = "dgs"
+
+
+def redundant_graph(num_nodes: int = 2000, avg_degree: float = 10.0, num_classes: int = 4, signal_dims: int = 8,
+                    redundant_dims: int = 16, noise_dims: int = 8, signal: float = 1.0, seed: int = 0, **kw: Any):
+    """A degree-corrected SBM graph (:mod:`dgl_plugin.synthetic`) whose features have redundant dimensions (digest
+    A5.2): ``signal_dims`` class-signal columns, ``redundant_dims`` random mixtures of them (plus small noise), and
+    ``noise_dims`` pure noise columns; so a model does not need every column of every neighbour."""
+    import dgl
+    import torch
+
+    from .synthetic import SyntheticSpec, synthetic_arrays
+
+    arr = synthetic_arrays(SyntheticSpec(num_nodes=num_nodes, avg_degree=avg_degree, num_classes=num_classes,
+                                         num_communities=max(4 * num_classes, 8), feat_dim=signal_dims,
+                                         signal=signal, seed=seed, **kw))
+    rng = np.random.default_rng(seed + 1)
+    base = arr["feat"]
+    mix = rng.normal(size=(signal_dims, redundant_dims)) / math.sqrt(signal_dims)
+    red = base @ mix + 0.1 * rng.normal(size=(num_nodes, redundant_dims))
+    noise = rng.normal(size=(num_nodes, noise_dims))
+    feat = np.concatenate([base, red, noise], axis=1).astype(np.float32)
+    g = dgl.graph((torch.from_numpy(arr["src"]), torch.from_numpy(arr["dst"])), num_nodes=num_nodes)
+    g.ndata["feat"] = torch.from_numpy(feat)
+    g.ndata["label"] = torch.from_numpy(arr["label"])
+    for k in ("train_mask", "val_mask", "test_mask"):
+        g.ndata[k] = torch.from_numpy(arr[k])
+    return g
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------ trainer process
+
+
+def _trainer(args: dict) -> dict:
+    import dgl
+    import torch
+    import torch.nn.functional as F
+
+    from flowlane import comm
+    from flowlane.dgs import DGSConfig
+
+    from .dgs import CountingNeighborSampler, DGSNeighborSampler, DGSRuntime, register_services
+    from .models import build_model
+
+    t_start = time.perf_counter()
+
+    def log(what: str) -> None:   # progress in the trainer's log (the parent shows its tail on failure)
+        print(f"dgs trainer: {what} at {time.perf_counter() - t_start:.1f} s", flush=True)
+
+    cfg = DGSConfig.from_dict(args["dgs"])
+    on = args["dgs_on"]
+    register_services()
+    dgl.distributed.initialize(args["ip_config"])
+    log("DistDGL client connected")
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    log(f"rank {rank}/{world} joined the gloo group")
+    torch.manual_seed(args["seed"] + rank)
+    g = dgl.distributed.DistGraph(GRAPH_NAME, part_config=args["part_config"])
+    pb = g.get_partition_book()
+    rt = DGSRuntime(g, rank, cfg)
+    own = pb.partid2nids(rank)
+    train = own[g.ndata["train_mask"][own].bool()]
+    model_kw = {"name": args["model"], "in_feats": rt.f, "hidden": args["hidden"], "n_classes": args["classes"],
+                "num_layers": len(args["fanouts"]), "seed": args["seed"]}
+    model = build_model(**model_kw)
+    opt = torch.optim.Adam(model.parameters(), lr=args["lr"])
+    fanouts = [int(f) for f in args["fanouts"]]
+    if on and (cfg.node_sampling or cfg.base_sampler == "labor"):
+        sampler = DGSNeighborSampler(fanouts, rt, weighted=cfg.node_sampling, epsilon=cfg.epsilon,
+                                     base=cfg.base_sampler, seed=args["seed"] * 100 + rank)
+    else:
+        sampler = CountingNeighborSampler(fanouts, rt)
+    loader = dgl.dataloading.DistNodeDataLoader(g, train, sampler, batch_size=args["batch"], shuffle=True,
+                                                drop_last=False)
+    counts = torch.tensor([float(len(train))])
+    comm.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, kind="setup")
+    steps = max(1, math.ceil(float(counts) / args["batch"]))
+
+    explainer = None
+    halo_ids = np.zeros(0, np.int64)
+    if on and cfg.needs_explainer:
+        from .dgs_explainer import ExplainerHandle, ExplainerSpec
+        from .fullgraph import load_local_partition
+
+        lp = load_local_partition(args["part_config"], rank, world)
+        halo_ids = lp.halo_ids
+        halo_x = rt.pull(torch.from_numpy(halo_ids), None, kind="setup")    # A6 #4: one setup pull, counted
+        x_all = torch.cat([lp.x.float(), halo_x])
+        spec = ExplainerSpec(lp.e_src, lp.e_dst, len(lp.inner_ids), model_kw, cfg, seed=args["seed"])
+        explainer = ExplainerHandle(spec, x_all, model)
+        log(f"explainer started (halo {len(halo_ids)} nodes)")
+
+    def run(blocks, x):
+        h = x
+        for k, blk in enumerate(blocks):
+            h = model.forward_layer(k, blk, h, h[:blk.num_dst_nodes()])
+        return h
+
+    hist, it, t_train, grad_bytes = [], 0, 0.0, 0
+    try:
+        for ep in range(args["epochs"]):
+            model.train()
+            t0 = time.perf_counter()
+            batches = iter(loader)
+            tot, n = 0.0, 0
+            for _ in range(steps):
+                if explainer is not None:
+                    new = explainer.poll()
+                    if new is not None:
+                        rt.apply_masks(halo_ids, *new)
+                batch = next(batches, None)
+                opt.zero_grad()
+                if batch is not None:
+                    inp, seeds, blocks = batch
+                    x = rt.pull_inputs(inp)
+                    loss = F.cross_entropy(run(blocks, x), g.ndata["label"][seeds])
+                    loss.backward()
+                    tot, n = tot + float(loss), n + 1
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                  for p in model.parameters()])
+                comm.all_reduce(flat, kind="dp")             # data parallel: average the gradients (what DDP does)
+                grad_bytes += flat.numel() * flat.element_size()
+                flat /= world
+                off = 0
+                for p in model.parameters():
+                    p.grad = flat[off:off + p.numel()].view_as(p).clone()
+                    off += p.numel()
+                opt.step()
+                it += 1
+                if explainer is not None and it % cfg.t_ex == 0:
+                    explainer.publish(model)
+                    if cfg.synchronous:
+                        rt.apply_masks(halo_ids, *explainer.wait())
+            for _ in batches:                                # DistNodeDataLoader must be drained
+                pass
+            dt = time.perf_counter() - t0
+            t_train += dt
+            hist.append({"epoch": ep, "loss": tot / max(n, 1), "epoch_s": dt, "mask_version": rt.mask_version})
+            log(f"epoch {ep} loss {hist[-1]['loss']:.4f} mask version {rt.mask_version}")
+        ex_stats = explainer.stop() if explainer is not None else {}
+        log("explainer stopped")
+    except BaseException:
+        if explainer is not None and explainer.proc.is_alive():
+            explainer.proc.kill()
+        raise
+    acc = _evaluate(g, pb, rank, model, run, args["batch"])
+    log(f"evaluated: {acc}")
+    out = {"rank": rank, "history": hist, "bytes": rt.ledger.as_dict(), "stats": dict(rt.stats),
+           "grad_allreduce_bytes": grad_bytes, "steps_per_epoch": steps, "train_nodes": int(len(train)),
+           "columns_pulled": None if rt.dims is None else int(rt.dims.numel()), "feat_dim": rt.f,
+           "explainer": ex_stats, "train_s": t_train, "trainer_cpu_s": time.process_time(),
+           "trainer_rss_bytes": _rss(), **acc}
+    dgl.distributed.exit_client()
+    return out
+
+
+def _rss() -> float:
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _evaluate(g, pb, rank, model, run, batch) -> dict:
+    import dgl
+    import torch
+
+    out = {}
+    own = pb.partid2nids(rank)
+    model.eval()
+    for key in ("val_mask", "test_mask"):
+        ids = own[g.ndata[key][own].bool()]
+        loader = dgl.dataloading.DistNodeDataLoader(g, ids, dgl.dataloading.NeighborSampler([-1] * len(model.layers)),
+                                                    batch_size=batch, shuffle=False, drop_last=False)
+        ok = torch.zeros(2)
+        with torch.no_grad():
+            for inp, seeds, blocks in loader:
+                pred = run(blocks, g.ndata["feat"][inp]).argmax(1)
+                ok += torch.tensor([float((pred == g.ndata["label"][seeds]).sum()), float(seeds.numel())])
+        torch.distributed.all_reduce(ok)
+        out[key.replace("_mask", "_acc")] = float(ok[0] / ok[1]) if ok[1] else float("nan")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ parent process
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def run_cluster(workdir: str | Path, part_config: str, num_parts: int, trainer_args: dict,
+                timeout_s: float = 600.0) -> list[dict]:
+    """Start ``num_parts`` DistGraph servers and trainers on localhost and return every trainer's result dict.
+    Raises RuntimeError (with the logs' tails) if a process fails or the run exceeds ``timeout_s``."""
+    if os.geteuid() != 0 or not _which("unshare"):
+        raise RuntimeError("run_cluster needs root and unshare(1): DistGraph servers of partitions >= 1 run with a "
+                           "private /dev/shm (DGL names shared memory after the graph only)")
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    ip_config = work / "ip_config.txt"
+    ip_config.write_text("".join(f"127.0.0.1 {_free_port()}\n" for _ in range(num_parts)))
+    env = dict(os.environ, DGL_IP_CONFIG=str(ip_config), DGL_NUM_SERVER="1", DGL_NUM_CLIENT=str(num_parts),
+               DGL_CONF_PATH=part_config, DGL_NUM_SAMPLER="0", OMP_NUM_THREADS="1", DGL_DIST_MODE="distributed",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    server_py = [sys.executable, "-c", "from dgl_plugin.dgs import register_services; register_services(); "
+                 f"import dgl; dgl.distributed.initialize({str(ip_config)!r})"]
+    procs: list[tuple[str, subprocess.Popen, Path]] = []
+    try:
+        for i in range(num_parts):
+            cmd = server_py if i == 0 else ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                            'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh", *server_py]
+            log = work / f"server{i}.log"
+            with open(log, "w") as fh:
+                procs.append((f"server {i}", subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                                              env=dict(env, DGL_ROLE="server",
+                                                                       DGL_SERVER_ID=str(i))), log))
+        port = _free_port()
+        results = []
+        for r in range(num_parts):
+            a = dict(trainer_args, ip_config=str(ip_config), part_config=part_config,
+                     result=str(work / f"trainer{r}.json"))
+            (work / f"trainer{r}.args.json").write_text(json.dumps(a))
+            results.append(work / f"trainer{r}.json")
+            log = work / f"trainer{r}.log"
+            with open(log, "w") as fh:
+                procs.append((f"trainer {r}", subprocess.Popen(
+                    [sys.executable, "-m", "dgl_plugin.dgs_train", str(work / f"trainer{r}.args.json")], cwd=ROOT,
+                    stdout=fh, stderr=subprocess.STDOUT,
+                    env=dict(env, DGL_ROLE="client", RANK=str(r), WORLD_SIZE=str(num_parts), MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(port))), log))
+        deadline = time.monotonic() + timeout_s
+        trainers = [p for p in procs if p[0].startswith("trainer")]
+        while any(p.poll() is None for _, p, _ in trainers):
+            bad = [(n, p.returncode, log) for n, p, log in procs if p.poll() not in (None, 0)]
+            if bad:
+                raise RuntimeError("DGS run failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}"
+                                                                  for n, rc, log in bad))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"DGS run exceeded timeout_s={timeout_s}; trainer logs:\n" +
+                                   "\n".join(f"{n}:\n{_tail(log)}" for n, _, log in trainers))
+            time.sleep(0.2)
+        bad = [(n, p.returncode, log) for n, p, log in trainers if p.returncode != 0]
+        if bad:
+            raise RuntimeError("DGS trainers failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}"
+                                                                  for n, rc, log in bad))
+        for _, p, _ in procs:
+            try:
+                p.wait(timeout=30)                 # servers leave when the last client has left
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return [json.loads(r.read_text()) for r in results]
+    finally:
+        for _, p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def _which(name: str) -> bool:
+    import shutil
+
+    return shutil.which(name) is not None
+
+
+RUN_KEYS = {"job", "world_size", "epochs", "lr", "seed", "timeout_s", "out_dir", "workdir", "batch_size", "fanouts",
+            "data", "model", "flowlane"}
+
+
+def check_config(c: dict) -> None:
+    """Reject unknown keys and bad values by name, before any process starts."""
+    from flowlane.dgs import DGSConfig
+
+    unknown = sorted(set(c) - RUN_KEYS)
+    if unknown:
+        raise ValueError(f"gnn_dgs: unknown key(s) {unknown}; known: {sorted(RUN_KEYS)}")
+    fl = dict(c.get("flowlane") or {})
+    extra = sorted(set(fl) - {"dgs"})
+    if extra:
+        raise ValueError(f"gnn_dgs: unknown flowlane section(s) {extra}; known: ['dgs']")
+    dgs = fl.get("dgs")
+    if dgs is not None:
+        DGSConfig.from_dict(dgs)
+    w = c.get("world_size", 2)
+    if isinstance(w, bool) or not isinstance(w, int) or w < 2:
+        raise ValueError(f"gnn_dgs: world_size={w!r} must be an integer >= 2 (one DistDGL partition per trainer)")
+    fan = c.get("fanouts", [10, 10])
+    if not isinstance(fan, list | tuple) or not fan or any(isinstance(f, bool) or not isinstance(f, int) or
+                                                          (f < 1 and f != -1) for f in fan):
+        raise ValueError(f"gnn_dgs: fanouts={fan!r} must be a list of integers >= 1 (or -1: all neighbours)")
+    for key in ("epochs", "batch_size"):
+        v = c.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"gnn_dgs: {key}={v!r} must be an integer >= 1")
+    model = (c.get("model") or {}).get("name", "sage")
+    if model not in ("sage", "gcn"):
+        raise ValueError(f"gnn_dgs: model.name={model!r}: choose 'sage' or 'gcn' (the explainer needs layers that "
+                         f"take edge weights)")
+
+
+def run_dgs(cfg: Any) -> dict:
+    """Partition a synthetic graph with redundant features, train on real DistDGL with ``flowlane.dgs`` (DGS off
+    when the section is null), return per-rank bytes and accuracy and write ``out_dir/summary.json``."""
+    import dgl
+
+    from .train import _plain
+
+    c = _plain(cfg)
+    check_config(c)
+    world = int(c.get("world_size", 2))
+    data = dict(c.get("data") or {})
+    model = dict(c.get("model") or {})
+    work = Path(c.get("workdir") or f"/tmp/flowlane_dgs_{os.getpid()}")
+    g = redundant_graph(seed=int(c.get("seed", 0)), **data)
+    dgl.distributed.partition_graph(g, GRAPH_NAME, world, str(work / "parts"), num_hops=1, part_method="metis",
+                                    balance_train=True, balance_edges=True)
+    dgs = (c.get("flowlane") or {}).get("dgs")
+    targs = {"dgs": dgs or {}, "dgs_on": dgs is not None, "seed": int(c.get("seed", 0)),
+             "epochs": int(c.get("epochs", 5)), "lr": float(c.get("lr", 0.01)), "batch": int(c.get("batch_size", 64)),
+             "fanouts": list(c.get("fanouts", [10, 10])), "model": model.get("name", "sage"),
+             "hidden": int(model.get("hidden", 32)), "classes": int(g.ndata["label"].max()) + 1}
+    t = time.perf_counter()
+    ranks = run_cluster(work / "run", str(work / "parts" / f"{GRAPH_NAME}.json"), world, targs,
+                        float(c.get("timeout_s", 600)))
+    out = {"job": "gnn_dgs", "world_size": world, "config": c, "wall_s": time.perf_counter() - t,
+           "val_acc": ranks[0]["val_acc"], "test_acc": ranks[0]["test_acc"],
+           "bytes": {k: sum(r["bytes"][k] for r in ranks) for k in ranks[0]["bytes"]},
+           "loss": [sum(r["history"][e]["loss"] for r in ranks) / world for e in range(len(ranks[0]["history"]))],
+           "ranks": ranks}
+    out_dir = c.get("out_dir")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        tmp = os.path.join(out_dir, "summary.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        os.replace(tmp, os.path.join(out_dir, "summary.json"))
+    print(f"gnn_dgs: {world} partitions, loss {out['loss'][0]:.3f} -> {out['loss'][-1]:.3f}, "
+          f"val {out['val_acc']:.3f}, test {out['test_acc']:.3f}, remote feature bytes {out['bytes']['feature_remote']:,}"
+          f", sampling RPC bytes {out['bytes']['sampling_rpc']:,}")
+    return out
+
+
+def main(argv: list[str]) -> None:
+    args = json.loads(Path(argv[0]).read_text())
+    res = _trainer(args)
+    tmp = args["result"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f)
+    os.replace(tmp, args["result"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
