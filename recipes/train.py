@@ -28,6 +28,7 @@ from recipes.validate import ConfigError, check_gnn, check_gpt
 JOBS: dict[str, str] = {
     "gpt": "recipes.train:run_gpt",
     "gnn_fullgraph": "dgl_plugin.train:run_fullgraph",
+    "gnn_dgs": "dgl_plugin.dgs_train:run_dgs",
 }
 FEATURE_GROUPS = ("scheduler", "offload")
 
@@ -48,8 +49,17 @@ def quiet_known_warnings(env: MutableMapping[str, str]) -> None:
     env["PYTHONWARNINGS"] = ",".join([w for w in (env.get("PYTHONWARNINGS"), *filters) if w])
 
 
+def check_dgs(cfg: dict[str, Any]) -> None:
+    from dgl_plugin.dgs_train import check_config
+
+    try:
+        check_config(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 # job -> its parent-side check (every key, feature group and the output folder, before any rank starts)
-CHECKS = {"gnn_fullgraph": check_gnn}
+CHECKS = {"gnn_fullgraph": check_gnn, "gnn_dgs": check_dgs}
 
 
 def feature_lines(cfg: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
