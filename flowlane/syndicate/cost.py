@@ -83,6 +83,9 @@ class CostModel:
     """Path name -> its parameters."""
     allowed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Collective kind -> paths it may use; a kind not listed may use every path."""
+    per_kind: Mapping[str, Mapping[str, PathCost]] = field(default_factory=dict)
+    """Collective kind -> path -> parameters fitted for that collective alone (digest §5 item 6: fit per collective
+    and path); overrides ``paths`` for that kind's motifs."""
 
     def __post_init__(self) -> None:
         if not self.paths:
@@ -91,6 +94,10 @@ class CostModel:
             bad = [p for p in ps if p not in self.paths]
             if bad:
                 raise ValueError(f"CostModel.allowed[{kind!r}] names unknown paths {bad}; paths: {sorted(self.paths)}")
+        for kind, pcs in self.per_kind.items():
+            bad = [p for p in pcs if p not in self.paths]
+            if bad:
+                raise ValueError(f"CostModel.per_kind[{kind!r}] names unknown paths {bad}; paths: {sorted(self.paths)}")
 
     def path(self, name: str) -> PathCost:
         if name not in self.paths:
@@ -99,7 +106,7 @@ class CostModel:
 
     def motif_time(self, op: CommOp, m: Motif, option: Option) -> float:
         """Seconds one motif holds its path."""
-        pc = self.path(option.path)
+        pc = self.per_kind.get(op.kind, {}).get(option.path) or self.path(option.path)
         n = op.ranks
         d = m.nbytes
         if m.kind == "all_reduce":
