@@ -1,6 +1,7 @@
 """Recipe entry for ``job: gnn_fullgraph``: ``run_fullgraph(cfg) -> dict`` (wired into recipes/train.py).
 
-Starts ``world_size`` local gloo ranks (flowlane.launch, one rank is allowed); every rank builds the model with the same
+Starts ``world_size`` local gloo ranks (flowlane.launch, one rank is allowed), or under torchrun/srun/DistDGL's
+launcher runs this process's rank only (NCCL when the model's device is CUDA) with results gathered to rank 0; every rank builds the model with the same
 seed and trains full-graph with :class:`dgl_plugin.fullgraph.FullGraphRuntime` (one update per epoch). Graph source:
 ``data.part_config`` (the JSON written by ``dgl.distributed.partition_graph`` with ``num_parts = world_size``): each
 rank loads only its own partition (inner nodes, halo, in-edges); otherwise every rank loads the whole graph
@@ -15,7 +16,7 @@ import os
 import time
 from typing import Any
 
-from flowlane.launch import heartbeat, launch
+from flowlane.launch import detect_launcher, heartbeat, launch, run_this_rank
 
 
 def _plain(cfg: Any) -> dict:
@@ -78,7 +79,19 @@ def run_fullgraph(cfg: Any) -> dict:
     world = int(c.get("world_size", 2))
     if world < 1:
         raise ValueError(f"world_size must be >= 1, got {world}")
-    res = launch(_rank_main, world, args=(c,), timeout=float(c.get("timeout_s", 1800)))
+    ext = detect_launcher()
+    if ext is None:
+        res = launch(_rank_main, world, args=(c,), timeout=float(c.get("timeout_s", 1800)))
+    else:  # torchrun, srun, DistDGL's trainers: this process's rank only; rank 0 reports for all
+        dev = ((c.get("flowlane") or {}).get("fullgraph") or {}).get("device", "auto")
+        import torch
+
+        backend = "nccl" if dev != "cpu" and torch.cuda.is_available() else "gloo"
+        gathered = run_this_rank(_rank_main, ext, world, args=(c,), backend=backend,
+                                 op_timeout=float(c.get("timeout_s", 1800)), key="world_size")
+        if gathered is None:
+            return {}
+        res = gathered
     out = {
         "job": "gnn_fullgraph", "world_size": world, "config": c,
         "history": res[0]["history"], "test_acc": res[0]["test_acc"],
