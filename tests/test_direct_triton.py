@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from flowlane.direct import DirectConfig, FeatureStore, zero_copy_gather
+from flowlane.direct.store import word_bytes
 
 pytestmark = pytest.mark.once
 
@@ -44,6 +45,20 @@ def test_zero_copy_kernel_is_bitwise_table_indexing(dtype, cols, aligned):
     idx = torch.tensor([39, 0, 7, 7, 13, 0, 25, 38, 1])
     out = zero_copy_gather(t, idx, "cpu", aligned=aligned)
     assert out.shape == (9, cols) and torch.equal(_bits(out), _bits(t[idx]))
+
+
+def test_row_windows_move_as_the_widest_word_that_divides_them_and_stay_bitwise():
+    t = _table(torch.bfloat16, 40, 64)  # 128-B rows
+    assert word_bytes(t, 0, 64) == 8 and word_bytes(t, 2, 60) == 4 and word_bytes(t, 1, 62) == 2
+    assert word_bytes(t[:, 1:], 0, 63) == 2  # a view starting 2 B into its row: the address decides
+    assert word_bytes(_table(torch.float32, 4, 3), 0, 3) == 4  # 12-B rows: no word wider than an element
+    idx = torch.tensor([39, 0, 7, 7, 13])
+    for cols in (None, range(2, 62), range(1, 64), range(4, 8)):
+        want = t[idx] if cols is None else t[idx][:, cols.start:cols.stop]
+        for widen in (True, False):
+            for aligned in (True, False):
+                out = zero_copy_gather(t, idx, "cpu", cols=cols, aligned=aligned, widen=widen)
+                assert out.dtype == t.dtype and torch.equal(_bits(out), _bits(want)), (cols, widen, aligned)
 
 
 @pytest.mark.parametrize("offset_rows", [1, 3])

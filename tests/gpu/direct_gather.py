@@ -4,7 +4,8 @@ One host table (``--table-gib``, default 2 GiB) is allocated pageable and pinned
 (cudaHostRegister, no second copy); views of it at each row size share the registration. Sections:
 
 1. ``sweep``: gather ``--gather-mib`` of random rows per row size (256 B .. 16 KiB fp32, plus 2052 B, and fp16/bf16 at
-   2048 B and 2050 B). Paths: zero-copy aligned (DGL's per-row 128-B scheme), zero-copy naive (unshifted), the CPU path
+   2048 B and 2050 B). Paths: zero-copy aligned (DGL's per-row 128-B scheme), zero-copy naive (unshifted), each with
+   rows moved as the widest word that divides them and (``*_elem``) one element per lane, the CPU path
    (index_select into a pinned buffer + non_blocking H2D: the thesis' "Py"), and the H2D ceiling (one contiguous
    pinned copy of the same bytes). Median of ``--reps`` wall-clock runs (CUDA synchronised), index checks excluded.
 2. ``masked``: 2048-B rows, 128 of 512 columns: an aligned range, a misaligned range, a sorted random column list,
@@ -177,8 +178,12 @@ class Run:
         ref_n = min(n, 4096)
         self.check(same(full_ref[:ref_n], tab[idx_cpu[:ref_n]]) and full_ref.shape == (n, tab.shape[1]),
                    f"cpu_gather {res['dtype']} {row_bytes} B rows equals table[idx]")
+        # aligned / naive: as the feature store runs them (rows moved as the widest word, flowlane.direct.word_bytes);
+        # *_elem: one element per lane (the first run's kernels), to see what widening gives
         for name, fn in (("zero_copy_aligned", lambda: zero_copy_gather(tab, idx, dev, aligned=True)),
-                         ("zero_copy_naive", lambda: zero_copy_gather(tab, idx, dev, aligned=False))):
+                         ("zero_copy_naive", lambda: zero_copy_gather(tab, idx, dev, aligned=False)),
+                         ("zero_copy_aligned_elem", lambda: zero_copy_gather(tab, idx, dev, aligned=True, widen=False)),
+                         ("zero_copy_naive_elem", lambda: zero_copy_gather(tab, idx, dev, aligned=False, widen=False))):
             s, out = timed(fn, a.reps, dev)
             res[f"{name}_s"] = s
             res[f"{name}_GBps"] = nbytes / s / 1e9
@@ -205,7 +210,8 @@ class Run:
         model = mean_requests(row_bytes, elem, n_rows=500) if row_bytes % elem == 0 else {}
         res["model_requests_per_row"] = {k: model[k] for k in ("row", "row_aligned", "min")} if model else {}
         print(f"  {res['dtype']:>8} {row_bytes:>6} B x {n:>8}: aligned {res['zero_copy_aligned_GBps']:6.1f} GB/s, "
-              f"naive {res['zero_copy_naive_GBps']:6.1f}, cpu {res['cpu_gather_GBps']:6.1f}, "
+              f"naive {res['zero_copy_naive_GBps']:6.1f} (per element: {res['zero_copy_aligned_elem_GBps']:6.1f} / "
+              f"{res['zero_copy_naive_elem_GBps']:6.1f}), cpu {res['cpu_gather_GBps']:6.1f}, "
               f"h2d {res['h2d_GBps']:6.1f} ({elapsed():.0f} s)", flush=True)
         return res
 
