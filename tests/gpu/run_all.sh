@@ -24,7 +24,8 @@ python3 -c 'import megatron.core as m; print("megatron-core", m.__version__)' 2>
 python3 -c 'import deepspeed as d; print("deepspeed", d.__version__)' 2>&1 | tail -1
 
 # check name, seconds allowed
-CHECKS=("megatron_ddp_nccl 150" "deepspeed_zero3_nccl 100" "offload_bench 130" "direct_gather 100")
+CHECKS=("megatron_ddp_nccl 150" "deepspeed_zero3_nccl 100" "offload_bench 130" "direct_gather 100" "hector_ops 100"
+        "recipe_torchrun_nccl 150")
 want=("$@")
 for entry in "${CHECKS[@]}"; do
   set -- $entry
