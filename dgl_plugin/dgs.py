@@ -161,7 +161,8 @@ class NodeWeightResponse(rpc.Response):
 
 
 class NodeWeightRequest(rpc.Request):
-    """Set the sampling weight of nodes ``gids`` (halo nodes of the receiving server's partition)."""
+    """Set the sampling weight of nodes ``gids`` (halo nodes of the receiving server's partition); no ids: reset
+    all to 1."""
 
     def __init__(self, gids: torch.Tensor, weight: torch.Tensor):
         self.gids, self.weight = gids, weight
@@ -175,6 +176,10 @@ class NodeWeightRequest(rpc.Request):
     def process_request(self, server_state):
         sg = _server_graph(server_state)
         g = self.gids.numpy()
+        if g.size == 0:                                # reset: every node back to weight 1
+            sg.weight[:] = 1.0
+            sg.version += 1
+            return NodeWeightResponse(sg.version)
         at = np.searchsorted(sg.sorted_gid, g).clip(max=max(sg.sorted_gid.size - 1, 0))
         if g.size and not (sg.sorted_gid[at] == g).all():
             raise RuntimeError("NodeWeightRequest: some ids are not in this server's partition")

@@ -58,6 +58,17 @@ def redundant_graph(num_nodes: int = 2000, avg_degree: float = 10.0, num_classes
     return g
 
 
+def partition_redundant(workdir: str | Path, num_parts: int, seed: int = 0, **data: Any) -> tuple[str, int]:
+    """:func:`redundant_graph` partitioned with DistDGL's METIS into ``workdir/parts``: (part_config, classes)."""
+    import dgl
+
+    g = redundant_graph(seed=seed, **data)
+    out = Path(workdir) / "parts"
+    dgl.distributed.partition_graph(g, GRAPH_NAME, num_parts, str(out), num_hops=1, part_method="metis",
+                                    balance_train=True, balance_edges=True)
+    return str(out / f"{GRAPH_NAME}.json"), int(g.ndata["label"].max()) + 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,34 +78,58 @@ def _free_port() -> int:
 # ------------------------------------------------------------------------------------------------ trainer process
 
 
-def _trainer(args: dict) -> dict:
+def _trainer(args: dict) -> list[dict]:
+    """One trainer process: connect, then train every entry of ``args["runs"]`` in turn (fresh model, sampler,
+    ledger and explainer each; the same partitions and servers), and return one result per run."""
     import dgl
     import torch
-    import torch.nn.functional as F
 
-    from flowlane import comm
-    from flowlane.dgs import DGSConfig
-
-    from .dgs import CountingNeighborSampler, DGSNeighborSampler, DGSRuntime, register_services
-    from .models import build_model
+    from .dgs import register_services
 
     t_start = time.perf_counter()
 
     def log(what: str) -> None:   # progress in the trainer's log (the parent shows its tail on failure)
         print(f"dgs trainer: {what} at {time.perf_counter() - t_start:.1f} s", flush=True)
 
-    cfg = DGSConfig.from_dict(args["dgs"])
-    on = args["dgs_on"]
     register_services()
     dgl.distributed.initialize(args["ip_config"])
     log("DistDGL client connected")
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     log(f"rank {rank}/{world} joined the gloo group")
-    torch.manual_seed(args["seed"] + rank)
     g = dgl.distributed.DistGraph(GRAPH_NAME, part_config=args["part_config"])
+    lp = None
+    out = []
+    for run in args["runs"]:
+        if run["dgs_on"] and lp is None:
+            from .fullgraph import load_local_partition
+
+            lp = load_local_partition(args["part_config"], rank, world)   # collective: every rank has DGS on
+        out.append(_train_one(g, rank, world, dict(args, **run), lp, log))
+        log(f"run {run.get('name', len(out))} done")
+    dgl.distributed.exit_client()
+    return out
+
+
+def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
+    import dgl
+    import torch
+    import torch.nn.functional as F
+    from dgl.distributed import rpc
+
+    from flowlane import comm
+    from flowlane.dgs import DGSConfig
+
+    from .dgs import CountingNeighborSampler, DGSNeighborSampler, DGSRuntime, NodeWeightRequest
+    from .models import build_model
+
+    cfg = DGSConfig.from_dict(args["dgs"])
+    on = args["dgs_on"]
+    torch.manual_seed(args["seed"] + rank)
     pb = g.get_partition_book()
     rt = DGSRuntime(g, rank, cfg)
+    # every run starts from uniform node weights on this partition's server (empty ids: reset)
+    rpc.remote_call_to_machine([(rank, NodeWeightRequest(torch.zeros(0, dtype=torch.int64), torch.zeros(0)))])
     own = pb.partid2nids(rank)
     train = own[g.ndata["train_mask"][own].bool()]
     model_kw = {"name": args["model"], "in_feats": rt.f, "hidden": args["hidden"], "n_classes": args["classes"],
@@ -115,13 +150,14 @@ def _trainer(args: dict) -> dict:
 
     explainer = None
     halo_ids = np.zeros(0, np.int64)
+    pull_check = None
     if on and cfg.needs_explainer:
         from .dgs_explainer import ExplainerHandle, ExplainerSpec
-        from .fullgraph import load_local_partition
 
-        lp = load_local_partition(args["part_config"], rank, world)
         halo_ids = lp.halo_ids
         halo_x = rt.pull(torch.from_numpy(halo_ids), None, kind="setup")    # A6 #4: one setup pull, counted
+        if args.get("self_check") and len(halo_ids):
+            pull_check = _check_column_pull(g, rt, torch.from_numpy(halo_ids[:50]))
         x_all = torch.cat([lp.x.float(), halo_x])
         spec = ExplainerSpec(lp.e_src, lp.e_dst, len(lp.inner_ids), model_kw, cfg, seed=args["seed"])
         explainer = ExplainerHandle(spec, x_all, model)
@@ -138,6 +174,8 @@ def _trainer(args: dict) -> dict:
         for ep in range(args["epochs"]):
             model.train()
             t0 = time.perf_counter()
+            before = rt.ledger.as_dict()
+            rows0 = dict(rt.stats)
             batches = iter(loader)
             tot, n = 0.0, 0
             for _ in range(steps):
@@ -172,23 +210,37 @@ def _trainer(args: dict) -> dict:
                 pass
             dt = time.perf_counter() - t0
             t_train += dt
-            hist.append({"epoch": ep, "loss": tot / max(n, 1), "epoch_s": dt, "mask_version": rt.mask_version})
+            after = rt.ledger.as_dict()
+            hist.append({"epoch": ep, "loss": tot / max(n, 1), "epoch_s": dt, "mask_version": rt.mask_version,
+                         "bytes": {k: after[k] - before[k] for k in after},
+                         "remote_rows": rt.stats["remote_rows"] - rows0["remote_rows"],
+                         "input_rows": rt.stats["input_rows"] - rows0["input_rows"]})
             log(f"epoch {ep} loss {hist[-1]['loss']:.4f} mask version {rt.mask_version}")
         ex_stats = explainer.stop() if explainer is not None else {}
-        log("explainer stopped")
     except BaseException:
         if explainer is not None and explainer.proc.is_alive():
             explainer.proc.kill()
         raise
     acc = _evaluate(g, pb, rank, model, run, args["batch"])
     log(f"evaluated: {acc}")
-    out = {"rank": rank, "history": hist, "bytes": rt.ledger.as_dict(), "stats": dict(rt.stats),
-           "grad_allreduce_bytes": grad_bytes, "steps_per_epoch": steps, "train_nodes": int(len(train)),
-           "columns_pulled": None if rt.dims is None else int(rt.dims.numel()), "feat_dim": rt.f,
-           "explainer": ex_stats, "train_s": t_train, "trainer_cpu_s": time.process_time(),
-           "trainer_rss_bytes": _rss(), **acc}
-    dgl.distributed.exit_client()
-    return out
+    return {"name": args.get("name"), "rank": rank, "history": hist, "bytes": rt.ledger.as_dict(),
+            "stats": dict(rt.stats), "grad_allreduce_bytes": grad_bytes, "steps_per_epoch": steps,
+            "train_nodes": int(len(train)), "columns_pulled": None if rt.dims is None else int(rt.dims.numel()),
+            "feat_dim": rt.f, "explainer": ex_stats, "train_s": t_train, "pull_check": pull_check, **acc}
+
+
+def _check_column_pull(g, rt, ids) -> dict:
+    """Self-check (tests): the column service returns exactly the requested columns of DGL's own pull, zeros
+    elsewhere, for remote rows."""
+    import torch
+
+    dims = torch.tensor(sorted({0, 2, rt.f - 1, rt.f // 2}), dtype=torch.int64)
+    got = rt.pull(ids, dims, kind="setup")
+    ref = g.ndata[rt.feat][ids]
+    other = torch.ones(rt.f, dtype=torch.bool)
+    other[dims] = False
+    return {"rows": int(ids.numel()), "cols": dims.tolist(), "remote_rows": int((rt.owner(ids) != rt.part_id).sum()),
+            "equal": bool(torch.equal(got[:, dims], ref[:, dims])), "zero_elsewhere": bool((got[:, other] == 0).all())}
 
 
 def _rss() -> float:
@@ -229,8 +281,9 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 
 def run_cluster(workdir: str | Path, part_config: str, num_parts: int, trainer_args: dict,
-                timeout_s: float = 600.0) -> list[dict]:
-    """Start ``num_parts`` DistGraph servers and trainers on localhost and return every trainer's result dict.
+                timeout_s: float = 600.0) -> list[list[dict]]:
+    """Start ``num_parts`` DistGraph servers and trainers on localhost and return every trainer's results (one per
+    entry of ``trainer_args["runs"]``).
     Raises RuntimeError (with the logs' tails) if a process fails or the run exceeds ``timeout_s``."""
     if os.geteuid() != 0 or not _which("unshare"):
         raise RuntimeError("run_cluster needs root and unshare(1): DistGraph servers of partitions >= 1 run with a "
@@ -340,8 +393,6 @@ def check_config(c: dict) -> None:
 def run_dgs(cfg: Any) -> dict:
     """Partition a synthetic graph with redundant features, train on real DistDGL with ``flowlane.dgs`` (DGS off
     when the section is null), return per-rank bytes and accuracy and write ``out_dir/summary.json``."""
-    import dgl
-
     from .train import _plain
 
     c = _plain(cfg)
@@ -350,17 +401,14 @@ def run_dgs(cfg: Any) -> dict:
     data = dict(c.get("data") or {})
     model = dict(c.get("model") or {})
     work = Path(c.get("workdir") or f"/tmp/flowlane_dgs_{os.getpid()}")
-    g = redundant_graph(seed=int(c.get("seed", 0)), **data)
-    dgl.distributed.partition_graph(g, GRAPH_NAME, world, str(work / "parts"), num_hops=1, part_method="metis",
-                                    balance_train=True, balance_edges=True)
+    part_config, classes = partition_redundant(work, world, seed=int(c.get("seed", 0)), **data)
     dgs = (c.get("flowlane") or {}).get("dgs")
-    targs = {"dgs": dgs or {}, "dgs_on": dgs is not None, "seed": int(c.get("seed", 0)),
+    targs = {"runs": [{"name": "gnn_dgs", "dgs": dgs or {}, "dgs_on": dgs is not None}], "seed": int(c.get("seed", 0)),
              "epochs": int(c.get("epochs", 5)), "lr": float(c.get("lr", 0.01)), "batch": int(c.get("batch_size", 64)),
              "fanouts": list(c.get("fanouts", [10, 10])), "model": model.get("name", "sage"),
-             "hidden": int(model.get("hidden", 32)), "classes": int(g.ndata["label"].max()) + 1}
+             "hidden": int(model.get("hidden", 32)), "classes": classes}
     t = time.perf_counter()
-    ranks = run_cluster(work / "run", str(work / "parts" / f"{GRAPH_NAME}.json"), world, targs,
-                        float(c.get("timeout_s", 600)))
+    ranks = [r[0] for r in run_cluster(work / "run", part_config, world, targs, float(c.get("timeout_s", 600)))]
     out = {"job": "gnn_dgs", "world_size": world, "config": c, "wall_s": time.perf_counter() - t,
            "val_acc": ranks[0]["val_acc"], "test_acc": ranks[0]["test_acc"],
            "bytes": {k: sum(r["bytes"][k] for r in ranks) for k in ranks[0]["bytes"]},
