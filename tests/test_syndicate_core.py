@@ -318,3 +318,18 @@ def test_the_core_imports_without_torch() -> None:
             "assert 'torch' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_flow_level_simulator_replays_a_plan_near_opt_sched_and_refuses_two_paths() -> None:
+    from flowlane.sim import SimSpecError
+    from flowlane.syndicate.flowsim import simulate
+
+    dag, cost = linear_chain(layers=3, ranks=8)
+    plan = {c.name: Option("F", "ring", 2) for c in dag.comms}
+    s = opt_sched(dag, plan, cost, order="lifo")
+    fl = simulate(dag, plan, s, cost)
+    assert fl == pytest.approx(s.per_iteration, rel=0.15)
+    toy, toy_cost = two_path_toy()
+    two = {**toy.greedy_plan(toy_cost), "a": Option("S", "direct")}
+    with pytest.raises(SimSpecError, match="one fabric"):
+        simulate(toy, two, opt_sched(toy, two, toy_cost), toy_cost)
