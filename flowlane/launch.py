@@ -757,7 +757,10 @@ def cuda_device_for(ext: ExternalLaunch, env: Mapping[str, str] | None = None) -
     if n == 0:
         raise LauncherEnvError("device=cuda but this rank sees no CUDA device (CUDA_VISIBLE_DEVICES="
                                f"{env.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
-    if ext.local_world_size > n and not env.get("NCCL_HOSTID"):
+    # srun --gpus-per-task=1 (or --gpu-bind) shows each task its own GPU as device 0: fewer visible GPUs than
+    # tasks is then the binding, and NCCL itself refuses a real duplicate when the process group starts
+    bound = ext.launcher == "slurm" and n == 1
+    if ext.local_world_size > n and not env.get("NCCL_HOSTID") and not bound:
         raise LauncherEnvError(f"{ext.local_world_size} ranks on this node (LOCAL_WORLD_SIZE) but {n} visible "
                                f"GPU(s): one rank per GPU (e.g. torchrun --nproc_per_node {n})")
     return ext.local_rank % n

@@ -27,7 +27,7 @@ from recipes.validate import ConfigError, check_gnn, check_gpt
 # job -> "module:function" taking the resolved config dict and returning metrics
 JOBS: dict[str, str] = {
     "gpt": "recipes.train:run_gpt",
-    "gnn_fullgraph": "dgl_plugin.train:run_fullgraph",
+    "gnn_fullgraph": "recipes.train:run_gnn",
     "gnn_dgs": "dgl_plugin.dgs_train:run_dgs",
 }
 FEATURE_GROUPS = ("scheduler", "offload")
@@ -91,6 +91,22 @@ def run_gpt(cfg: dict[str, Any]) -> dict[str, Any]:
         for line in feature_lines(cfg, metrics):
             print(line)
     return metrics
+
+
+def run_gnn(cfg: dict[str, Any]) -> dict[str, Any]:
+    """gnn_fullgraph: local ranks; this process's rank under torchrun/srun; or, under DistDGL's launcher, a graph
+    server (serves until the trainers finish) or a trainer (connects to the servers, then trains its partition)."""
+    from dgl_plugin import distdgl
+    from dgl_plugin.train import run_fullgraph
+    from recipes.validate import check_launch_gnn
+
+    cfg, role = check_launch_gnn(cfg)
+    if role is not None and role.role == "server":
+        distdgl.serve(role)
+        return {}
+    if role is not None:
+        distdgl.connect(role)
+    return run_fullgraph(cfg)
 
 
 def run_job(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:

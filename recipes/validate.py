@@ -181,3 +181,46 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
     _as_config_error(FullGraphConfig.from_dict, fg)
     if cfg.get("out_dir"):
         check_output_dir(cfg["out_dir"], "out_dir")
+
+
+def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """gnn_fullgraph under an external launcher: (the config, with ``data.part_config`` taken from DistDGL's
+    DGL_CONF_PATH where that launcher started the process, and its :class:`dgl_plugin.distdgl.DistDGLRole` or
+    None). Checks, before any rank, server or connection: the launcher's environment, world_size against the
+    trainers it started, and the partition count against world_size (one partition per trainer)."""
+    import json
+
+    from dgl_plugin.distdgl import check_full_graph_trainers, distdgl_role
+    from flowlane.launch import check_world, detect_launcher
+
+    cfg = dict(cfg)
+    role = _as_config_error(distdgl_role)
+    if role is not None:
+        data = dict(cfg.get("data") or {})
+        pc = data.get("part_config")
+        if pc is None:
+            data["part_config"] = role.part_config
+        elif os.path.realpath(pc) != os.path.realpath(role.part_config):
+            raise ConfigError(f"data.part_config={pc!r} but DistDGL's launcher gave DGL_CONF_PATH="
+                              f"{role.part_config!r}: servers and trainers must read one partitioning")
+        cfg["data"] = data
+        if role.role == "server":
+            return cfg, role
+    ext = _as_config_error(detect_launcher)
+    if role is not None and ext is None:
+        raise ConfigError("DGL_ROLE=client without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR...): "
+                          "DistDGL's launch.py starts trainers with python -m torch.distributed.run")
+    if ext is None:
+        return cfg, role
+    world = cfg.get("world_size", 2)
+    _as_config_error(check_world, ext, world, "world_size")
+    if role is not None:
+        _as_config_error(check_full_graph_trainers, role, world)
+    pc = (cfg.get("data") or {}).get("part_config")
+    if pc is not None:
+        with open(pc) as f:
+            parts = json.load(f).get("num_parts")
+        if parts != world:
+            raise ConfigError(f"data.part_config={pc!r} has num_parts={parts} but {world} trainers were started: "
+                              f"full-graph training needs one partition per trainer")
+    return cfg, role
