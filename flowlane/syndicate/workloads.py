@@ -138,3 +138,35 @@ def random_dag(seed: int, comms: int = 4, options: int = 3, ranks: int = 4) -> t
         names.append(op.name)
     steps.append(Compute("step", 0.1 / 1e3, tuple(n for n in names if n.startswith("x"))))
     return TrainingDAG(f"random-{seed}", steps, carry=[("step", "c0")]), cost
+
+
+def llm_dp_chain(preset: str, dp: int, buckets: int = 4, cost: CostModel | None = None,
+                 segments: Sequence[int] = (1, 2, 4)) -> tuple[TrainingDAG, CostModel]:
+    """One pipeline stage of an LLM preset (flowlane.sim.models, seed 000 table 5.5) as SYNDICATE sees its data
+    parallelism: forward and backward of the stage's layers in ``buckets`` groups, each backward group followed by
+    the DP all-reduce of its bf16 gradients (Megatron's overlapped buckets) over ``dp`` ranks. Per-layer parameters
+    12 h^2 / tp (dense); compute 2 (forward) and 4 (backward) FLOPs per parameter per token of one micro-batch, at
+    the preset GPU's effective FLOP/s. A linear chain: the E3 control at LLM sizes."""
+    from flowlane.sim.models import preset as llm_preset
+
+    job = llm_preset(preset)
+    m, par = job.model, job.parallel
+    if m.num_experts:
+        raise ValueError(f"llm_dp_chain models dense presets; {preset!r} is a mixture of experts")
+    layers = m.layers // par.pp
+    if not 1 <= buckets <= layers:
+        raise ValueError(f"buckets={buckets} must be in [1, {layers}] (the stage's layers)")
+    params = 12 * m.hidden ** 2 / par.tp * layers / buckets
+    tokens = par.micro_batch * m.seq_len
+    fwd = 2 * params * tokens / job.gpu.flops
+    cost = cost or CostModel({"F": PathCost(5e-6, 1 / 12.5e9, 20e-6)})
+    nbytes = int(params * 2) // (4 * dp) * 4 * dp
+    steps: list[Compute | Comm] = [Compute(f"fwd-{k}", fwd, (f"fwd-{k - 1}",) if k > 1 else ())
+                                   for k in range(1, buckets + 1)]
+    prev = f"fwd-{buckets}"
+    for k in range(buckets, 0, -1):
+        steps.append(Compute(f"bwd-{k}", 2 * fwd, (prev,)))
+        op = CommOp(f"ar-{k}", "all_reduce", nbytes, dp)
+        steps.append(Comm(op, (f"bwd-{k}",), option_space(op, cost, segments=segments)))
+        prev = f"bwd-{k}"
+    return TrainingDAG(f"{preset}-dp{dp}", steps, [(f"ar-{k}", f"fwd-{k}") for k in range(1, buckets + 1)]), cost
