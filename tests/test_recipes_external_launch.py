@@ -98,6 +98,11 @@ def test_more_local_ranks_than_gpus_is_refused_unless_each_has_its_own_nccl_host
     assert cuda_device_for(ext, {"NCCL_HOSTID": "h3"}) == 1
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert cuda_device_for(ext, {}) == 3
+    # srun --gpus-per-task=1: every task sees its own GPU as device 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert cuda_device_for(detect_launcher(_srun_env()), {}) == 0
+    with pytest.raises(LauncherEnvError, match=r"4 ranks on this node"):
+        cuda_device_for(ext, {})  # torchrun's ranks all see the one GPU: refused
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(LauncherEnvError, match="sees no CUDA device"):
         cuda_device_for(ext, {})
