@@ -25,8 +25,9 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from flowlane.aleph.config import AlephConfig
 
@@ -72,9 +73,9 @@ class Plan:
                 "clusters": [{"head": c.head, "members": list(c.members)} for c in self.clusters]}
 
     @classmethod
-    def from_clusters(cls, n: int, clusters: dict[int, Sequence[int]] | Sequence[Sequence[int]]) -> Plan:
+    def from_clusters(cls, n: int, clusters: Mapping[int, Sequence[int]] | Sequence[Sequence[int]]) -> Plan:
         """From ``{head: members}`` or a list of member lists (the first is the head); checks it partitions 0..n-1."""
-        items = clusters.items() if isinstance(clusters, dict) else [(ms[0], ms) for ms in clusters]
+        items = clusters.items() if isinstance(clusters, Mapping) else [(ms[0], ms) for ms in clusters]
         out = []
         for head, ms in items:
             rest = sorted(set(ms) - {head})
@@ -175,7 +176,7 @@ def _rounded(g: int) -> int:
     return 0 if g <= 0 else 1 << (g - 1).bit_length()
 
 
-def mwcha(capacity: Sequence[int], adj: Neighbours, variant: str = "fill", seed: int = 0,
+def mwcha(capacity: Sequence[int], adj: Neighbours, variant: Literal["paper", "fill"] = "fill", seed: int = 0,
           max_empty_rounds: int = 5) -> Plan:
     """M-WCHA (Alg. 1) on capacities g_w and open neighbourhoods ``adj``; seeded, so the same inputs give the same
     plan on every rank."""
