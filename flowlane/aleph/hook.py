@@ -1,15 +1,19 @@
-"""Tier 0 of ALEPH's data plane: hierarchical all-reduce over torch.distributed subgroups, and a DDP comm hook.
+"""Tier 0 of ALEPH's data plane: hierarchical all-reduce over torch.distributed (point-to-point stars inside clusters,
+a subgroup of aggregators on top), and a DDP comm hook.
 
 Digest §5.4 tier 0 / §6: for a :class:`flowlane.aleph.Plan` over the ranks of a data-parallel group,
 
-1. ``reduce`` inside each cluster to its aggregator (the paper's worker -> aggregator step);
-2. aggregators combine: ``all_reduce`` among them (``top="allreduce"``: no dedicated PS, digest §5.1 #12), or
-   ``reduce`` to the first aggregator and ``broadcast`` back (``top="ps"``: the first aggregator plays the PS);
-3. ``broadcast`` inside each cluster from its aggregator (the PS -> aggregator -> worker multicast).
+1. every member sends its tensor to its aggregator, which adds them (a star of point-to-point transfers, so each
+   member sends S once, as in the paper's worker -> aggregator step);
+2. aggregators combine: ``all_reduce`` among them (``top="allreduce"``: no dedicated PS, digest §5.1 #12), or a
+   star into the first aggregator and back (``top="ps"``: the first aggregator plays the PS; give the PS its own
+   rank, contributing zeros, to model a separate server);
+3. the aggregator sends the sum to each member (the PS -> aggregator -> worker multicast).
 
 Singleton clusters skip steps 1 and 3. Sums of integers are exact; float sums differ from ``all_reduce`` only in the
-order of additions. Subgroups are made with ``new_group`` on every rank in one order (torch requires it), at
-construction, never inside backward. The plan must be the same on every rank: the constructor all-gathers it and
+order of additions. The aggregators' subgroup is made with ``new_group`` on every rank (torch requires it), at
+construction, never inside backward. Steps 1 and 3 use ``isend``/``irecv`` rather than ``reduce``/``broadcast``,
+whose algorithms are the backend's choice, so the traffic is the paper's: S up and S down per member. The plan must be the same on every rank: the constructor all-gathers it and
 raises on every rank when two disagree (a mismatch would otherwise hang).
 
 The DDP hook (``DistributedDataParallel.register_comm_hook``) divides the bucket by the group size first, as DDP's
@@ -52,15 +56,8 @@ class HierarchicalAllReduce:
         me = dist.get_rank()
         self.me = self.ranks.index(me) if group is not None else me
         self.cluster = plan.cluster_of(self.me)
-        # every rank creates every group in the same order, also the ones it is not in
-        self._cluster_pg: Any = None
-        for c in plan.clusters:
-            if len(c.members) > 1:
-                pg = dist.new_group([self.ranks[m] for m in c.members])
-                if c is self.cluster:
-                    self._cluster_pg = pg
-        self._top_pg: Any = None
-        if plan.num_flows > 1:
+        self._top_pg: Any = None  # every rank creates it (new_group is collective), only heads keep it
+        if plan.num_flows > 1 and top == "allreduce":
             pg = dist.new_group([self.ranks[h] for h in plan.heads])
             if self.me in plan.heads:
                 self._top_pg = pg
@@ -69,19 +66,42 @@ class HierarchicalAllReduce:
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place (SUM only) and return it."""
-        head = self.ranks[self.cluster.head]
-        if self._cluster_pg is not None:
-            dist.reduce(tensor, dst=head, group=self._cluster_pg)
-        if self._top_pg is not None:
+        c = self.cluster
+        head = self.ranks[c.head]
+        if len(c.members) > 1:
+            self._gather_sum(tensor, head, [self.ranks[m] for m in c.members[1:]])
+        if self.plan.num_flows > 1 and self.me in self.plan.heads:
             if self.top == "allreduce":
                 dist.all_reduce(tensor, group=self._top_pg)
             else:
                 root = self.ranks[self.plan.heads[0]]
-                dist.reduce(tensor, dst=root, group=self._top_pg)
-                dist.broadcast(tensor, src=root, group=self._top_pg)
-        if self._cluster_pg is not None:
-            dist.broadcast(tensor, src=head, group=self._cluster_pg)
+                self._gather_sum(tensor, root, [self.ranks[h] for h in self.plan.heads[1:]])
+                self._scatter(tensor, root, [self.ranks[h] for h in self.plan.heads[1:]])
+        if len(c.members) > 1:
+            self._scatter(tensor, head, [self.ranks[m] for m in c.members[1:]])
         return tensor
+
+    def _gather_sum(self, tensor: torch.Tensor, root: int, others: list[int]) -> None:
+        """Star: every rank in ``others`` sends to ``root``, which adds them in list order (the aggregation service
+        of Sec. 5.3: one flow per member into its aggregator)."""
+        me = dist.get_rank()
+        if me == root:
+            bufs = [torch.empty_like(tensor) for _ in others]
+            for w in [dist.irecv(b, src=o) for b, o in zip(bufs, others, strict=True)]:
+                w.wait()
+            for b in bufs:
+                tensor.add_(b)
+        elif me in others:
+            dist.isend(tensor, dst=root).wait()
+
+    def _scatter(self, tensor: torch.Tensor, root: int, others: list[int]) -> None:
+        """Star: ``root`` sends the sum to every rank in ``others`` (the Gradient Forwarder's multicast, Sec. 5.4)."""
+        me = dist.get_rank()
+        if me == root:
+            for w in [dist.isend(tensor, dst=o) for o in others]:
+                w.wait()
+        elif me in others:
+            dist.irecv(tensor, src=root).wait()
 
 
 def aleph_comm_hook(state: "HierarchicalAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
