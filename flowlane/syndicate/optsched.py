@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from flowlane.syndicate.cost import CostModel, Option
+from flowlane.syndicate.cost import CostModel, Option, greedy_option
 from flowlane.syndicate.motif import CommOp, MotifError
 
 _EPS = 1e-12
@@ -83,7 +83,7 @@ class TrainingDAG:
 
     def greedy_plan(self, cost: CostModel) -> dict[str, Option]:
         """Every op's fastest standalone option (the greedy execution planner, seed 004 §3.1)."""
-        return {c.name: min(c.options, key=lambda o, c=c: cost.standalone(c.op, o)) for c in self.comms}
+        return {c.name: greedy_option(c.op, c.options, cost) for c in self.comms}
 
     def default_plan(self) -> dict[str, Option]:
         return {c.name: c.options[0] for c in self.comms}

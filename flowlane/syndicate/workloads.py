@@ -30,7 +30,7 @@ def two_path_toy(t_b: float = 2.0, t_c: float = 2.0, t_d: float = 3.5, t_a_fast:
         return Comm(CommOp(name, "all_reduce", round(t * unit), 2, align=1), ("start",), (Option("F", "ring"),))
 
     a = CommOp("a", "all_to_all", 2 * round(t_a_fast * unit), 2, align=1)
-    steps = [Compute("start", 0.0), ar("b", t_b), ar("c", t_c), ar("d", t_d),
+    steps: list[Compute | Comm] = [Compute("start", 0.0), ar("b", t_b), ar("c", t_c), ar("d", t_d),
              Comm(a, ("start",), (Option("F", "direct"), Option("S", "direct"))), Compute("end", 0.0, ("a", "b", "c", "d"))]
     return TrainingDAG("two-path-toy", steps, carry=[("end", "start")]), cost
 
@@ -80,7 +80,7 @@ def dlrm_dag(spec: DLRMSpec | None = None, cost: CostModel | None = None, segmen
         return Comm(op, deps, option_space(op, cost, segments=segments, splines=splines))
 
     fb, fe, ft, bt, bb, be = (x / 1e3 for x in s.compute_ms)
-    steps = [
+    steps: list[Compute | Comm] = [
         comm("a2a-data-prep", "all_to_all", s.a2a_data_mb, ()),
         Compute("fwd-emb", fe, ("a2a-data-prep",)),
         comm("a2a-emb-fwd", "all_to_all", s.a2a_emb_mb, ("fwd-emb",)),
