@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -49,7 +50,7 @@ def main() -> None:
     want = x.astype(np.int64).sum(0)
     segs = -(-a.elems // SEG_ELEMS)
     rows = []
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     for drop in DROPS:
         runs = []
         for rep in range(a.reps):
@@ -76,7 +77,8 @@ def main() -> None:
     res = {"label": "measured on loopback (CPU, one host); loss injected in userspace at every receiver", **provenance(),
            "plan": plan.to_dict(), "iters": a.iters, "elems": a.elems, "segments": segs, "rto_ms": a.rto_ms,
            "rows": rows, "slowdown_vs_no_loss": {str(r["drop"]): r["per_iter_ms_median"] / base for r in rows},
-           "all_exact": all(r["all_exact"] for r in rows), "wall_s": time.perf_counter() - t0}
+           "all_exact": all(r["all_exact"] for r in rows), "wall_s": time.perf_counter() - t0,
+           "loadavg_1m_before_after": [load0, os.getloadavg()[0]]}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")

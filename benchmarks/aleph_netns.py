@@ -123,7 +123,7 @@ def main() -> None:
     check_available()
     mbit = [PS_GBPS * 1000 * a.scale] + [g * 1000 * a.scale for g in WORKERS_GBPS]
     world = len(mbit)
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     res_path = Path(a.out).with_suffix(".ranks.tmp.json")
     with EmulatedNetwork(world, rate_mbit=mbit) as net:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -148,7 +148,8 @@ def main() -> None:
            "model_seconds": model,
            "speedup": {"aleph_vs_ring": med["ring"] / med["aleph"], "aleph_vs_ps": med["ps"] / med["aleph"]},
            "goal": {"what": "ALEPH >= 1.3x faster than ring all-reduce", "met": med["ring"] / med["aleph"] >= 1.3},
-           "cpu_s_per_rank": [q["cpu_s"] for q in ranks], "wall_s": time.perf_counter() - t0}
+           "cpu_s_per_rank": [q["cpu_s"] for q in ranks], "wall_s": time.perf_counter() - t0,
+           "loadavg_1m_before_after": [load0, os.getloadavg()[0]]}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
