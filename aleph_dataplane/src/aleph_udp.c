@@ -15,8 +15,9 @@
  * K results to --out.
  *
  * Reliability is receiver-driven and per hop (digest §5.2 #8): a child missing result segments --rto-ms after its
- * last progress sends NACKs; the parent answers with RESULTs it has, and with a RETX for segments where it lacks the
- * child's own DATA; the child resends those. Nodes keep the previous iteration's results to answer late NACKs
+ * last progress sends NACKs, doubling the wait (up to 1 s) until a result arrives, so a busy parent is not flooded;
+ * the parent answers with RESULTs it has, and with a RETX for segments where it lacks the child's own DATA; the
+ * child resends those. Nodes keep the previous iteration's results to answer late NACKs
  * (a parent can be at most one iteration ahead of a child). --drop P drops each received datagram with probability
  * P before parsing (seeded): the loss injection of the tests and of benchmarks/aleph_loss.py.
  */
@@ -43,6 +44,7 @@
 
 #define MAX_ITERS 1000000u
 #define MAX_ELEMS (1u << 26)
+#define RTO_MAX_MS 1000 /* NACK back-off cap */
 
 struct opts {
     int node, port, has_parent, rto_ms, linger_ms, scale, max_idle_ms;
@@ -219,7 +221,7 @@ static int node(struct opts *o) {
     }
     struct sockaddr_in child[ALEPH_MAX_CHILDREN];
     unsigned char child_known[ALEPH_MAX_CHILDREN] = {0};
-    int rc = 0;
+    int rc = 0, rto = o->rto_ms;
     unsigned cur = 0; /* iteration 0 is "complete": the first DATA of iteration 1 opens it */
     buf[0].known = nseg;
     long long last = now_ms(), last_nack = 0;
@@ -236,7 +238,7 @@ static int node(struct opts *o) {
             break;
         }
         /* an aggregator missing results asks its parent (it also answers its children's NACKs meanwhile) */
-        if (o->has_parent && cur > 0 && s->known < nseg && t - last >= o->rto_ms && t - last_nack >= o->rto_ms) {
+        if (o->has_parent && cur > 0 && s->known < nseg && t - last >= rto && t - last_nack >= rto) {
             for (unsigned base = 0; base < nseg; base += ALEPH_NACK_SPAN) {
                 uint32_t miss = 0;
                 for (unsigned k = 0; k < ALEPH_NACK_SPAN && base + k < nseg; k++)
@@ -250,9 +252,10 @@ static int node(struct opts *o) {
                 }
             }
             last_nack = t;
+            rto = rto * 2 > RTO_MAX_MS ? RTO_MAX_MS : rto * 2; /* back off until a result arrives */
         }
         struct sockaddr_in from;
-        ssize_t len = recv_pkt(pkt, &from, o->rto_ms);
+        ssize_t len = recv_pkt(pkt, &from, rto);
         if (len < 0)
             continue;
         if (o->drop > 0 && rnd() < o->drop) {
@@ -332,6 +335,7 @@ static int node(struct opts *o) {
             s->scale = h.scale;
             s->have[seg] = 1;
             s->known++;
+            rto = o->rto_ms;
             for (unsigned c = 0; c < n; c++)
                 if (child_known[c])
                     node_send_result(o, &child[c], s, seg);
@@ -397,6 +401,7 @@ static int worker(struct opts *o) {
             send_pkt(&o->parent, &h, mine + sg * ALEPH_SEG_ELEMS);
         }
         long long last = now_ms(), progress = last;
+        int rto = o->rto_ms;
         while (known < nseg) {
             if (now_ms() - progress >= o->max_idle_ms) {
                 fprintf(stderr, "aleph_udp worker %u: no result for %d ms in iteration %u; giving up\n", o->id,
@@ -404,9 +409,9 @@ static int worker(struct opts *o) {
                 return 3;
             }
             struct sockaddr_in from;
-            ssize_t len = recv_pkt(pkt, &from, (int)(last + o->rto_ms - now_ms()));
+            ssize_t len = recv_pkt(pkt, &from, (int)(last + rto - now_ms()));
             if (len < 0) {
-                if (now_ms() - last < o->rto_ms)
+                if (now_ms() - last < rto)
                     continue;
                 for (unsigned base = 0; base < nseg; base += ALEPH_NACK_SPAN) {
                     uint32_t miss = 0;
@@ -420,6 +425,7 @@ static int worker(struct opts *o) {
                     }
                 }
                 last = now_ms();
+                rto = rto * 2 > RTO_MAX_MS ? RTO_MAX_MS : rto * 2; /* back off until a result arrives */
                 continue;
             }
             if (o->drop > 0 && rnd() < o->drop) {
@@ -445,6 +451,7 @@ static int worker(struct opts *o) {
                 have[h.segment] = 1;
                 known++;
                 last = progress = now_ms();
+                rto = o->rto_ms;
             } else { /* RETX */
                 for (unsigned k = 0; k < ALEPH_NACK_SPAN && h.segment + k < nseg; k++)
                     if (h.bitmap & (1u << k)) {
