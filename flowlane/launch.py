@@ -707,7 +707,7 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
     torchrun wins where both are set (``srun torchrun ...``: one torchrun agent per node). Slurm counts only inside
     a job step (srun): a batch script running the command directly is no launcher. A partial or contradictory
     environment raises :class:`LauncherEnvError` naming the variable (a world size below the rank, a missing
-    rendezvous), before anything is started."""
+    rendezvous), before anything is started. A Slurm step of one task (``srun --pty bash``) is no launcher."""
     env = os.environ if env is None else env
     if any(n in env for n in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
         who = "torchrun"
@@ -725,6 +725,8 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
     if "SLURM_PROCID" in env and step is not None and step not in _SLURM_EXTRA_STEPS:
         who = "srun"
         world = _int_var(env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS", 1, who)
+        if world == 1:  # a one-task step (srun --pty bash, a one-task job): nothing to join; launch locally
+            return None
         rank = _int_var(env, "SLURM_PROCID", 0, who, world)
         node = int(env.get("SLURM_NODEID", "0") or 0)
         spec = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
@@ -789,8 +791,9 @@ def run_this_rank(fn: Callable[..., Any], ext: ExternalLaunch, nprocs: int, args
     if device is not None:
         torch.cuda.set_device(device)
     log.info("rank %d of %d (%s, %s)", ext.rank, ext.world_size, ext.launcher, backend)
+    bind = {} if device is None else {"device_id": device}  # (torch >= 2.3; the gnn lane's 2.2 has no device_id)
     dist.init_process_group(backend, init_method="env://", rank=ext.rank, world_size=ext.world_size,
-                            timeout=datetime.timedelta(seconds=op_timeout), device_id=device)
+                            timeout=datetime.timedelta(seconds=op_timeout), **bind)
     try:
         result = fn(ext.rank, ext.world_size, *args)
         gathered: list[Any] | None = [None] * ext.world_size if ext.rank == 0 else None

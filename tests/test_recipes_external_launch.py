@@ -45,6 +45,9 @@ def test_no_launcher_variables_mean_local_ranks():
     # a Slurm batch script running the command directly (no srun step) is no launcher either
     assert detect_launcher({"SLURM_JOB_ID": "123", "SLURM_PROCID": "0", "SLURM_NTASKS": "8"}) is None
     assert detect_launcher(_srun_env(SLURM_STEP_ID="batch")) is None
+    # nor an interactive one-task step (srun --pty bash), where flowlane-train starts its local ranks
+    assert detect_launcher(_srun_env(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0",
+                                     SLURM_TASKS_PER_NODE="1")) is None
 
 
 def test_torchrun_environment_is_read_as_this_ranks_place():
@@ -172,6 +175,8 @@ def _run(cmd: list[str], tmp: Path, name: str, env: dict[str, str] | None = None
 
 
 @pytest.mark.llm
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # two 4-rank runs: imports alone take minutes on a busy 2-core host
 def test_torchrun_with_four_gloo_ranks_gives_the_local_launchers_losses(tmp_path):
     pytest.importorskip("megatron.core")
     small = ["iterations=2", "num_layers=2", "progress=false"]
@@ -253,6 +258,8 @@ def _gnn_cmd(tmp: Path, name: str) -> list[str]:
 
 
 @pytest.mark.gnn
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launcher(tmp_path):
     """What DistDGL's tools/launch.py does for 2 machines x 1 trainer, on localhost: a graph server per machine
     (DGL_ROLE=server) and, per machine, the command under torch.distributed.run --nnodes 2 (DGL_ROLE=client)."""
