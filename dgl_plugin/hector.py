@@ -307,7 +307,7 @@ class HectorRGAT(nn.Module):
         first = conv.mods[rel_names[0]]
         layer = cls(first.fc.in_features, first._out_feats, first._num_heads, len(rel_names),
                     first.leaky_relu.negative_slope, first.has_explicit_bias, softmax, hector)
-        return layer.load_dgl(conv, rel_names)
+        return layer.to(first.fc.weight.device, first.fc.weight.dtype).load_dgl(conv, rel_names)
 
     def forward(self, g: dgl.DGLGraph, feat: Tensor, etypes: Tensor) -> Tensor:
         cfg = self.hector
