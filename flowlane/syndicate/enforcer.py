@@ -99,8 +99,9 @@ def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Ten
     splined motifs as isend/irecv to destinations ``(rank + t) % world`` (rule R2). Results equal the whole op's."""
     es = inp.element_size()
     runs: list[_MotifRun] = []
-    src = inp.view(world, -1) if kind == "all_to_all" else inp.view(1, -1)
-    dst = out.view(world, -1)
+    if kind != "all_reduce":  # the per-destination (all-to-all) or per-source (all-gather) block views
+        src = inp.view(world, -1) if kind == "all_to_all" else inp.view(1, -1)
+        dst = out.view(world, -1)
     for m in motifs:
         a, b = m.lo // es, m.hi // es
         full = len(m.dests) == world
