@@ -4,6 +4,7 @@
  *   aleph_udp worker --parent HOST:PORT --id I --elems E --iters K --in FILE --out FILE [options]
  *   options: --port P (node; 0 = any) --job J --rto-ms R --linger-ms L --drop P --seed S --scale K (worker)
  *            --max-idle-ms T (give up, exit 3, after T ms without progress; default 30000)
+ *            --wait-go 1 (worker: after printing its port, wait for a line on stdin before sending)
  *
  * A node aggregates its N children's DATA segments (int32 sums; a 32-bit bitmap per segment records who was
  * added, so a duplicate is never counted twice). With a --parent it is an aggregator: a completed segment goes up as
@@ -47,7 +48,7 @@
 #define RTO_MAX_MS 1000 /* NACK back-off cap */
 
 struct opts {
-    int node, port, has_parent, rto_ms, linger_ms, scale, max_idle_ms;
+    int node, port, has_parent, rto_ms, linger_ms, scale, max_idle_ms, wait_go;
     unsigned children, id, job, iters, elems;
     double drop;
     unsigned long long seed;
@@ -390,6 +391,11 @@ static int worker(struct opts *o) {
     if (!f || fread(in, 4, total, f) != total)
         die("--in: cannot read iters * elems int32 values");
     fclose(f);
+    if (o->wait_go) { /* start together with the other workers: the caller writes a line when all are up */
+        char line[16];
+        if (!fgets(line, sizeof line, stdin))
+            die("--wait-go: stdin closed before the go line");
+    }
     unsigned char pkt[ALEPH_MAX_PACKET + 1];
     for (unsigned it = 1; it <= o->iters; it++) {
         int32_t *mine = in + (size_t)(it - 1) * o->elems, *res = out + (size_t)(it - 1) * o->elems;
@@ -538,6 +544,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--seed")) o.seed = parse_num(k, v, 0, (unsigned long)-1);
         else if (!strcmp(k, "--scale")) o.scale = parse_int(k, v, -100, 100);
         else if (!strcmp(k, "--max-idle-ms")) o.max_idle_ms = (int)parse_num(k, v, 1, 3600000);
+        else if (!strcmp(k, "--wait-go")) o.wait_go = (int)parse_num(k, v, 0, 1);
         else if (!strcmp(k, "--in")) o.in = v;
         else if (!strcmp(k, "--out")) o.out = v;
         else if (!strcmp(k, "--drop")) {

@@ -64,7 +64,8 @@ def build(sanitize: bool = False) -> Path:
 @dataclass
 class TreeRun:
     """What :func:`run_tree` measured: ``outputs[w]`` (iters x elems int32 sums seen by worker w), the counters of
-    every process by role (``ps``, ``aggregator``, ``worker``), and the workers' wall time."""
+    every process by role (``ps``, ``aggregator``, ``worker``), and the workers' wall time from a common start (all
+    worker processes are up and told to go at once) to the last one's exit."""
 
     outputs: np.ndarray
     stats: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -72,7 +73,8 @@ class TreeRun:
 
 
 def _start(argv: list[str], wrap: Callable[[list[str]], list[str]] | None) -> tuple[subprocess.Popen[str], int]:
-    p = subprocess.Popen(wrap(argv) if wrap else argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(wrap(argv) if wrap else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None
     line = p.stdout.readline()
     if not line.startswith("port "):
@@ -120,17 +122,21 @@ def run_tree(plan: Plan, inputs: np.ndarray, *, drop: float = 0.0, seed: int = 0
                 procs.append(("aggregator", agg))
                 for j, m in enumerate(c.members):
                     parent_of[m] = (f"{hosts[c.head]}:{port}", j)
-            t0 = time.perf_counter()
             workers = []
             for w in range(n):
                 inp, out = Path(tmp) / f"in{w}", Path(tmp) / f"out{w}"
                 inputs[w].tofile(inp)
                 parent, lid = parent_of[w]
-                p, _ = _start([exe, "worker", "--parent", parent, "--id", str(lid), "--scale", str(scale),
-                               "--in", str(inp), "--out", str(out), "--seed", str(seed * 7919 + w + 17), *common],
-                              wraps[w])
+                p, _ = _start([exe, "worker", "--wait-go", "1", "--parent", parent, "--id", str(lid), "--scale",
+                               str(scale), "--in", str(inp), "--out", str(out), "--seed", str(seed * 7919 + w + 17),
+                               *common], wraps[w])
                 procs.append(("worker", p))
                 workers.append((p, out))
+            t0 = time.perf_counter()  # every worker is up: start them together (process start-up is not timed)
+            for p, _ in workers:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()  # (communicate() closes it)
             for p, _ in workers:
                 p.wait(timeout=timeout_s)
             wall = time.perf_counter() - t0
