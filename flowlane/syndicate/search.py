@@ -173,6 +173,7 @@ def exhaustive(dag: TrainingDAG, cost: CostModel, search_plan: bool = True, sear
             if best is None or s.per_iteration < best.cost - 1e-15:
                 best = SearchResult(plan, boosts, s.per_iteration, s, s.per_iteration)
     assert best is not None
+    best.start_cost = _score(dag, base, {c.name: 0 for c in dag.comms}, cost, order, cache).per_iteration
     best.evaluations = best.iters = count
     best.elapsed_s = time.perf_counter() - t0
     best.stopped_by = "exhaustive"
