@@ -1,0 +1,123 @@
+"""ALEPH on DeepSpeed's data-parallel gradient all-reduce (seed 002; digest §6 "DeepSpeed plugin": ZeRO 0 first).
+
+DeepSpeed routes all communication through the backend object ``deepspeed.comm.comm.cdb``; with ZeRO stage 0 the
+engine sums gradient buckets with ``cdb.all_reduce(bucket, SUM, dp_group)`` (``allreduce_bucket``), scaling before
+and after as it always does. :class:`AlephDeepSpeed` wraps that one method on the instance (the class is not
+patched; :meth:`close` restores it): a SUM all-reduce on the engine's data-parallel group runs through
+:class:`flowlane.aleph.hook.HierarchicalAllReduce` instead; every other call (other groups, MAX/MIN, other ops) goes
+to DeepSpeed's own. An ``async_op`` caller gets a completed handle (the hierarchy runs synchronously).
+
+Refused at install (never silently skipped): ZeRO stages 1-3 (their reductions are reduce-scatters or
+partitioned reductions: a per-shard hierarchy is future work), pipeline engines (their DP group is the mpu's; not
+tested), a backend another flowlane tap already wraps (Hermod), and a plan whose size is not the DP group's.
+
+Config: the ``"flowlane": {"aleph": {...}}`` section of the DeepSpeed config holds :class:`flowlane.aleph.AlephConfig`
+keys plus ``"enabled"`` and ``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or
+``"clusters"`` (an explicit plan: a list of member lists, aggregator first). :func:`install` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from flowlane.aleph import AlephConfig, Plan, plan_clusters
+from flowlane.aleph.hook import HierarchicalAllReduce
+
+SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters")
+
+
+class _Done:
+    """A finished work handle for ``async_op=True`` callers."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class AlephDeepSpeed:
+    """The wrap on ``cdb.all_reduce`` (see the module docstring); ``calls`` counts the all-reduces it took."""
+
+    def __init__(self, engine: Any, plan: Plan, top: str = "allreduce") -> None:
+        import deepspeed.comm.comm as dscomm  # noqa: PLC0415 - plugin-only dependency
+        from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
+
+        cdb = dscomm.cdb
+        if cdb is None:
+            raise RuntimeError("deepspeed.comm is not initialised: call deepspeed.initialize before ALEPH's install")
+        stage = engine.zero_optimization_stage()
+        if stage != 0:
+            raise ValueError(f"flowlane.aleph on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
+                             f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions")
+        if isinstance(engine, PipelineEngine):
+            raise ValueError("flowlane.aleph on DeepSpeed does not support PipelineEngine yet (its DP group is the "
+                             "pipeline grid's); use a plain engine or torch DDP with flowlane.aleph.hook")
+        if getattr(cdb, "_flowlane_tap", None) is not None or "all_reduce" in vars(cdb):
+            raise RuntimeError("deepspeed.comm's all_reduce is already wrapped (a Hermod tap or another ALEPH "
+                               "install); close it first: the two cannot share the DP all-reduce")
+        dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
+        self.ranks = tuple(dist.get_process_group_ranks(dp_group))
+        self.har = HierarchicalAllReduce(plan, dp_group, top)
+        self.cdb, self.calls = cdb, 0
+        original = cdb.all_reduce
+        world = tuple(range(dist.get_world_size()))
+
+        def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
+            ranks = world if group is None else tuple(dist.get_process_group_ranks(group))
+            if ranks == self.ranks and _is_sum(op) and tensor.is_contiguous():
+                self.calls += 1
+                self.har(tensor)
+                return _Done() if async_op else None
+            return original(tensor, op, group, async_op)
+
+        cdb.all_reduce = all_reduce
+
+    def close(self) -> None:
+        vars(self.cdb).pop("all_reduce", None)
+
+
+def _is_sum(op: Any) -> bool:
+    return op == dist.ReduceOp.SUM or getattr(op, "name", None) == "SUM"
+
+
+def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any]] | None:
+    """``ds_config["flowlane"]["aleph"]`` as (AlephConfig, the section's own keys), or None when absent/disabled.
+    Unknown keys are an error naming them and the allowed ones."""
+    section = (ds_config.get("flowlane") or {}).get("aleph")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ValueError(f"flowlane.aleph must be a mapping, got {type(section).__name__}")
+    own = {k: section[k] for k in SECTION_KEYS if k in section}
+    if not own.get("enabled", True):
+        return None
+    rest = {k: v for k, v in section.items() if k not in SECTION_KEYS}
+    try:
+        cfg = AlephConfig.from_dict(rest)
+    except ValueError as e:
+        raise ValueError(f"flowlane.aleph: {e} (section keys also allowed: {list(SECTION_KEYS)})") from None
+    if ("bandwidth_gbps" in own) == ("clusters" in own):
+        raise ValueError("flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
+                         "M-WCHA) or 'clusters' (an explicit plan)")
+    return cfg, own
+
+
+def install(engine: Any, ds_config: dict[str, Any]) -> AlephDeepSpeed | None:
+    """Install ALEPH on ``engine`` from its DeepSpeed config's ``flowlane.aleph`` section (None when absent)."""
+    parsed = parse_section(ds_config)
+    if parsed is None:
+        return None
+    cfg, own = parsed
+    n = dist.get_world_size(engine.seq_data_parallel_group)
+    if "clusters" in own:
+        clusters: Sequence[Sequence[int]] = own["clusters"]
+        plan = Plan.from_clusters(sum(len(c) for c in clusters), clusters)
+    else:
+        plan = plan_clusters(own["bandwidth_gbps"], config=cfg)
+    if plan.n != n:
+        raise ValueError(f"flowlane.aleph plans {plan.n} ranks but DeepSpeed's data-parallel group has {n}")
+    return AlephDeepSpeed(engine, plan, cfg.top)
