@@ -98,7 +98,7 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
         got = _iteration(enf, rank, world, it, jitter)
         checks.append(_same(got, _reference(rank, world, it)))
     out["jitter"] = {"log": enf.log, "order": [list(e) for e in plan.order], "checks": checks, "events": enf.events,
-                     "held_s": enf.held_s}
+                     "held_s": enf.held_s, "stats": enf.stats}
 
     # 2. rank 0 installs a different plan: caught at install, naming the ranks
     enf = Enforcer(paths, store, rank, world, EnforcerConfig(namespace="s2"))

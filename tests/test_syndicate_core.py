@@ -333,3 +333,16 @@ def test_the_flow_level_simulator_replays_a_plan_near_opt_sched_and_refuses_two_
     two = {**toy.greedy_plan(toy_cost), "a": Option("S", "direct")}
     with pytest.raises(SimSpecError, match="one fabric"):
         simulate(toy, two, opt_sched(toy, two, toy_cost), toy_cost)
+
+
+def test_the_replan_trigger_fires_on_a_consistently_high_median_then_cools_down() -> None:
+    from flowlane.syndicate.plan import ReplanTrigger
+
+    t = ReplanTrigger(window=3, threshold=0.05, cooldown=3)
+    fracs = [0.01, 0.2, 0.01, 0.01] + [0.1] * 8
+    fired = [it for it, f in enumerate(fracs) if t.observe(it, f, 1.0)]
+    # one spike (iteration 1) does not fire; two high of the last three do (5); 3 quiet iterations, then a fresh
+    # window of three (9-11)
+    assert fired == [5, 11] and t.fired == [5, 11]
+    with pytest.raises(ValueError, match="threshold must be in"):
+        ReplanTrigger(threshold=5)

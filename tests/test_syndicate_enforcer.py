@@ -26,6 +26,9 @@ def test_every_rank_launches_the_plans_order_under_jitter(runs: list[dict]) -> N
         assert [(i, j) for (i2, _, i, j) in logs[0] if i2 == it] == order
     assert order != sorted(order)  # the plan really reorders motifs across ops
     assert all(r["jitter"]["events"] == [] for r in runs)
+    for r in runs:  # the feedback the optimizer pulls: one (iteration, held, wall) row per iteration
+        assert [row[0] for row in r["jitter"]["stats"]] == [0, 1]
+        assert all(0 <= held <= r["jitter"]["held_s"] and wall > 0 for _, held, wall in r["jitter"]["stats"])
 
 
 def test_motif_results_equal_plain_collectives(runs: list[dict]) -> None:

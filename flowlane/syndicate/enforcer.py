@@ -41,6 +41,7 @@ from flowlane.syndicate.plan import (
     PlanChannel,
     PlanError,
     PlanOp,
+    ReplanTrigger,
     Store,
     SyndicatePlan,
     disagreeing,
@@ -179,7 +180,8 @@ class Enforcer:
     ``store``: a key-value store every rank shares (``TCPStore``), for the watchdog and plan switches."""
 
     def __init__(self, paths: Mapping[str, Any], store: Store, rank: int | None = None, world: int | None = None,
-                 config: EnforcerConfig | None = None, channel: PlanChannel | None = None) -> None:
+                 config: EnforcerConfig | None = None, channel: PlanChannel | None = None,
+                 trigger: ReplanTrigger | None = None) -> None:
         self.config = config or EnforcerConfig()
         self.paths = dict(paths)
         self.store = store
@@ -194,6 +196,12 @@ class Enforcer:
         """(iteration, event, detail): "fallback", "switch"."""
         self.held_s = 0.0
         """Seconds motifs waited, after submission, for an earlier motif of the order (the busy-wait)."""
+        self.trigger = trigger
+        self.stats: list[tuple[int, float, float]] = []
+        """(iteration, held seconds, wall seconds since the previous boundary): the feedback the optimizer pulls
+        (seed 004 §5.1 interface C); ``trigger`` turns it into "replan" events."""
+        self._held_at_start = 0.0
+        self._t_start = time.perf_counter()
         self._verifies = 0
         self._reset_iteration()
 
@@ -258,6 +266,12 @@ class Enforcer:
             diff = disagreeing(got)
             if diff:
                 raise PlanMismatchError(f"iteration {it}: ranks launched different motif sequences: {diff}")
+        now = time.perf_counter()
+        held, wall = self.held_s - self._held_at_start, now - self._t_start
+        self.stats.append((it, held, wall))
+        self._held_at_start, self._t_start = self.held_s, now
+        if self.trigger is not None and self.trigger.observe(it, held, wall):
+            self.events.append((it, "replan", f"held {held / wall:.1%} of the iteration"))
         self.iteration += 1
         if self.channel is not None:
             new = self.channel.poll(self.iteration)

@@ -247,3 +247,40 @@ def disagreeing(values: Sequence[str]) -> str:
         return ""
     parts = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
     return "; ".join(f"ranks {rs} hold {v[:16]}" for v, rs in parts)
+
+
+class ReplanTrigger:
+    """The enforcer's feedback rule (seed 004 §5.2: replan when the busy-wait "consistently" exceeds 5 % of the
+    iteration; digest §5 item 16 fills in the window): fire when the median held fraction of the last ``window``
+    iterations exceeds ``threshold``, then stay quiet for ``cooldown`` iterations and start a fresh window."""
+
+    def __init__(self, window: int = 20, threshold: float = 0.05, cooldown: int = 50) -> None:
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"ReplanTrigger.window must be an integer >= 1, got {window!r}")
+        if not 0 < threshold < 1:
+            raise ValueError(f"ReplanTrigger.threshold must be in (0, 1), got {threshold!r}")
+        if not isinstance(cooldown, int) or cooldown < 0:
+            raise ValueError(f"ReplanTrigger.cooldown must be an integer >= 0, got {cooldown!r}")
+        self.window, self.threshold, self.cooldown = window, threshold, cooldown
+        self._hist: list[float] = []
+        self._quiet_until = -1
+        self.fired: list[int] = []
+        """Iterations at which it fired."""
+
+    def observe(self, iteration: int, held_s: float, iteration_s: float) -> bool:
+        """Record one iteration's held time and wall time; True when a replan is due."""
+        if iteration < self._quiet_until:
+            return False
+        self._hist.append(held_s / iteration_s if iteration_s > 0 else 0.0)
+        self._hist = self._hist[-self.window:]
+        if len(self._hist) < self.window:
+            return False
+        ordered = sorted(self._hist)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        if median <= self.threshold:
+            return False
+        self.fired.append(iteration)
+        self._hist = []
+        self._quiet_until = iteration + 1 + self.cooldown
+        return True
