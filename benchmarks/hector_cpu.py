@@ -198,12 +198,19 @@ def main() -> None:
         m, e, impl = a.memory_case
         print(json.dumps(memory_case(m, int(e), impl, a.hub_alpha[0])))
         return
+    import dgl
     import torch
 
     from flowlane.testing.provenance import provenance
 
-    prov = provenance()
-    rows = []
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    doc = {"label": "measured on CPU", "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "dgl": dgl.__version__,
+           "goal": ">= 1.5x faster than DGL's modules at equal results, no per-edge weight copies (issue 40)",
+           "step": "forward + backward of out.square().mean(), median of reps, DGL and Hector alternated",
+           "complete": False, "rows": rows, "provenance": provenance()}
     for e, alpha, m in ((e, alpha, m) for e in a.edges for alpha in a.hub_alpha for m in a.models):
         r = time_case(m, e, a.reps, alpha)
         if not a.no_memory:
@@ -218,15 +225,8 @@ def main() -> None:
               f"  Hector {r['hector_step_s'] * 1e3:8.1f} ms  {r['speedup']:.2f}x  peak MiB "
               f"{r.get('dgl_peak_mib', float('nan')):.0f} -> {r.get('hector_peak_mib', float('nan')):.0f}  "
               f"rel err out {r['max_rel_err_out']:.1e} grads {r['max_rel_err_grads']:.1e}", flush=True)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"label": "measured on CPU", "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "goal": ">= 1.5x faster than DGL's modules at equal results, no per-edge weight copies (issue 40)",
-           "step": "forward + backward of out.square().mean(), median of reps, DGL and Hector alternated",
-           "rows": rows, "provenance": prov}
-    import dgl
-
-    doc["dgl"] = dgl.__version__
+        out.write_text(json.dumps(doc, indent=1))  # after every case: a long run keeps what it measured
+    doc["complete"] = True
     out.write_text(json.dumps(doc, indent=1))
     plot(rows, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
