@@ -115,8 +115,8 @@ def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Ten
             fn = dist.all_to_all_single if kind == "all_to_all" else dist.all_gather_into_tensor
             runs.append(_MotifRun(lambda fn=fn: [fn(out, inp, group=group, async_op=True)]))
         elif full:
-            seg_in = torch.empty((src.shape[0], b - a), dtype=inp.dtype)
-            seg_out = torch.empty((world, b - a), dtype=out.dtype)
+            seg_in = torch.empty((src.shape[0], b - a), dtype=inp.dtype, device=inp.device)
+            seg_out = torch.empty((world, b - a), dtype=out.dtype, device=out.device)
 
             def launch(seg_in=seg_in, seg_out=seg_out, a=a, b=b, kind=kind) -> list[Any]:
                 seg_in.copy_(src[:, a:b])
@@ -136,7 +136,7 @@ def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Ten
                     if t == 0:
                         dst[rank, a:b].copy_(src[row if kind == "all_to_all" else 0, a:b])
                         continue
-                    buf = torch.empty(b - a, dtype=out.dtype)
+                    buf = torch.empty(b - a, dtype=out.dtype, device=out.device)
                     recv_bufs.append((frm, buf))
                     ops.append(dist.P2POp(dist.isend, src[row, a:b].contiguous(), to, group, tag))
                     ops.append(dist.P2POp(dist.irecv, buf, frm, group, tag))
