@@ -188,8 +188,28 @@ def test_layers_refuse_bad_edge_types_and_mismatched_dgl_modules(graph):
         hec(g, _x(), torch.full((E,), R))
     with pytest.raises(ValueError, match=r"norm must hold one value per edge"):
         hec(g, _x(), gd["etype"], torch.ones(E + 1))
+    hgt = HectorHGTConv(12, 4, 2, NT, R, dropout=0.0).double()
+    with pytest.raises(ValueError, match="types are not sorted"):  # presorted=True promises type-sorted nodes
+        hgt(g, _x(), gd["ntype"].flip(0), gd["etype"], presorted=True)
     conv, names = hetero_rgat_reference(12, 4, 2, R, residual=True)
     with pytest.raises(ValueError, match=r"GATConv settings \['residual'"):
         HectorRGAT.from_dgl(conv, names)
     with pytest.raises(ValueError, match="num_heads=0 must be an int >= 1"):
         HectorRGAT(12, 4, 0, R)
+
+
+def test_auto_materialization_uses_compact_rows_only_up_to_the_configured_ratio(graph):
+    g, gd = graph
+    x = _x()
+    first = None
+    for cap, compact in ((1.0, True), (0.0, False)):
+        hec = HectorRelGraphConv(12, 6, R, hector=HectorConfig(compact_max_ratio=cap)).double()
+        if first is None:
+            first = hec
+        else:
+            hec.load_state_dict(first.state_dict())
+        out = hec(g, x, gd["etype"])
+        assert hec._layouts._layout.src_rows.compact is compact
+        if hec is first:
+            want = out
+    _close(out, want)
