@@ -11,8 +11,8 @@ For each synthetic skewed typed graph (flowlane.hector.typed_graph: hub sources,
 * results: outputs and gradients (input and every parameter) compared, max abs / relative error recorded.
 * Hector's one-off preprocessing (sorting, unique (node, relation) rows, sparse structure; cached per graph) is timed
   separately, on the first step.
-* peak memory: a fresh subprocess per (graph, model, implementation) runs one warm step after resetting the peak RSS
-  (``/proc/self/clear_refs`` 5); the figure is the rise of VmHWM over the RSS before the step.
+* peak memory: see ``MEMORY_METHOD`` (a fresh process per case, one warm step, freed heap returned to the OS, then
+  the rise of the peak RSS over one step). ``--refill-memory FILE`` re-measures it for the rows of a result file.
 
 Label: measured on CPU (this machine, ``torch.get_num_threads()`` recorded). Writes ``results/hector/cpu.json`` and
 ``cpu.png``. Usage: ``.venv-gnn/bin/python benchmarks/hector_cpu.py [--edges 100000 1000000] [--reps 5]``.
@@ -141,16 +141,36 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+MEMORY_METHOD = ("a fresh process per (graph, model, implementation): one warm step (Hector's graph layout is "
+                 "cached per graph), gc + malloc_trim(0) so freed heap goes back to the OS, peak RSS reset "
+                 "(/proc/self/clear_refs 5), one step; figure = VmHWM - VmRSS before that step")
+
+
 def memory_case(model: str, edges: int, impl: str, hub_alpha: float) -> dict:
+    import ctypes
+    import gc
+
     run_d, run_h, hec, ref, x = build(model, edges, hub_alpha=hub_alpha)
     run, ps = (run_d, _ref_params(model, ref, x)) if impl == "dgl" else (run_h, _hec_params(model, hec, x))
-    if impl == "hector":  # warm: Hector's cached layout belongs to the graph, not to a step
-        _step(run, ps)
+    _step(run, ps)  # warm, both implementations alike
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _rss_kib("VmRSS")
     _step(run, ps)
     return {"peak_rise_mib": (_rss_kib("VmHWM") - base) / 1024}
+
+
+def measure_memory(r: dict) -> None:
+    """Fill ``dgl_peak_mib`` / ``hector_peak_mib`` of one result row (subprocesses, see MEMORY_METHOD)."""
+    for impl in ("dgl", "hector"):
+        p = subprocess.run([sys.executable, __file__, "--memory-case", r["model"], str(r["edges"]), impl,
+                            "--hub-alpha", str(r["hub_alpha"])], capture_output=True, text=True, timeout=3600,
+                           cwd=ROOT)
+        if p.returncode != 0:
+            raise RuntimeError(f"memory case {r['model']} {r['edges']} {impl} failed: {p.stderr[-2000:]}")
+        r[f"{impl}_peak_mib"] = json.loads(p.stdout.strip().splitlines()[-1])["peak_rise_mib"]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -192,6 +212,7 @@ def main() -> None:
                     help="source-weight Pareto tails to run (2.5: ~49 %% compaction; 2.0: ~25 %%, like FB15k's 26 %%)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-case peak-memory subprocesses")
     ap.add_argument("--out", default=str(ROOT / "results" / "hector" / "cpu.json"))
+    ap.add_argument("--refill-memory", metavar="JSON", help="re-measure the peak memory of every row of a result file")
     ap.add_argument("--memory-case", nargs=3, metavar=("MODEL", "EDGES", "IMPL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.memory_case:
@@ -203,6 +224,18 @@ def main() -> None:
 
     from flowlane.testing.provenance import provenance
 
+    if a.refill_memory:
+        path = Path(a.refill_memory)
+        doc = json.loads(path.read_text())
+        for r in doc["rows"]:
+            measure_memory(r)
+            print(f"{r['model']:5s} {r['edges']:>9,} alpha {r['hub_alpha']}: peak MiB {r['dgl_peak_mib']:.0f} -> "
+                  f"{r['hector_peak_mib']:.0f}", flush=True)
+        doc["memory_method"], doc["memory_provenance"] = MEMORY_METHOD, provenance()
+        path.write_text(json.dumps(doc, indent=1))
+        plot(doc["rows"], path.with_suffix(".png"))
+        return
+
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -210,16 +243,11 @@ def main() -> None:
            "dgl": dgl.__version__,
            "goal": ">= 1.5x faster than DGL's modules at equal results, no per-edge weight copies (issue 40)",
            "step": "forward + backward of out.square().mean(), median of reps, DGL and Hector alternated",
-           "complete": False, "rows": rows, "provenance": provenance()}
+           "complete": False, "rows": rows, "memory_method": MEMORY_METHOD, "provenance": provenance()}
     for e, alpha, m in ((e, alpha, m) for e in a.edges for alpha in a.hub_alpha for m in a.models):
         r = time_case(m, e, a.reps, alpha)
         if not a.no_memory:
-            for impl in ("dgl", "hector"):
-                p = subprocess.run([sys.executable, __file__, "--memory-case", m, str(e), impl, "--hub-alpha",
-                                    str(alpha)], capture_output=True, text=True, timeout=1800, cwd=ROOT)
-                if p.returncode != 0:
-                    raise RuntimeError(f"memory case {m} {e} {impl} failed: {p.stderr[-2000:]}")
-                r[f"{impl}_peak_mib"] = json.loads(p.stdout.strip().splitlines()[-1])["peak_rise_mib"]
+            measure_memory(r)
         rows.append(r)
         print(f"{m:5s} {e:>9,} edges  alpha {alpha}  ratio {r['compaction_ratio_src']:.2f}  DGL {r['dgl_step_s'] * 1e3:8.1f} ms"
               f"  Hector {r['hector_step_s'] * 1e3:8.1f} ms  {r['speedup']:.2f}x  peak MiB "
