@@ -197,7 +197,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax in axes:
         ax.set_xticks(list(xs))
         ax.set_xticklabels(labels, fontsize=8)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     fig.suptitle("Hector vs DGL modules, CPU (measured), dim 64, 1 head, 16 relations")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
