@@ -212,9 +212,13 @@ def main() -> None:
                     help="source-weight Pareto tails to run (2.5: ~49 %% compaction; 2.0: ~25 %%, like FB15k's 26 %%)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-case peak-memory subprocesses")
     ap.add_argument("--out", default=str(ROOT / "results" / "hector" / "cpu.json"))
+    ap.add_argument("--replot", metavar="JSON", help="redraw the PNG of a result file")
     ap.add_argument("--refill-memory", metavar="JSON", help="re-measure the peak memory of every row of a result file")
     ap.add_argument("--memory-case", nargs=3, metavar=("MODEL", "EDGES", "IMPL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.replot:
+        plot(json.loads(Path(a.replot).read_text())["rows"], Path(a.replot).with_suffix(".png"))
+        return
     if a.memory_case:
         m, e, impl = a.memory_case
         print(json.dumps(memory_case(m, int(e), impl, a.hub_alpha[0])))
