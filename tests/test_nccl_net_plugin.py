@@ -171,6 +171,16 @@ def test_one_thread_per_comm_progresses_in_parallel_across_lanes(built: None, ap
 
 
 @pytest.mark.parametrize("api", ["v8", "v11"])
+def test_a_call_on_one_comm_does_no_work_for_the_others(built: None, api: str) -> None:
+    """Per-comm progress (issue 32): with frames waiting in three other comms' sockets, 200 test() calls on a fourth
+    comm must not read them or send their ACKs (the global-poll build did: this failed before the change); each
+    comm then completes intact when it is called."""
+    res = _driver("--api", api, "isolation")
+    _assert_pass(res, "isolation")
+    assert "200 test() calls on comm 0 left comms 1..3 alone" in res.stdout
+
+
+@pytest.mark.parametrize("api", ["v8", "v11"])
 def test_connection_without_the_handle_secret_is_refused_and_logged(built: None, api: str) -> None:
     res = _driver("--api", api, "badsecret")
     _assert_pass(res, "badsecret")

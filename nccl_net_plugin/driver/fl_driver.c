@@ -1284,6 +1284,157 @@ static void strangers_send(int to, int from) {
   net_finalize();
 }
 
+/* isolation (issue 32, per-comm progress): an API call on one comm does work
+ * only for that comm, so its cost does not grow with the number of comms.
+ * The receiver accepts ISO_COMMS connections opened from raw sockets by the
+ * other process (a peer with the secret, scripted with the wire codec) and
+ * posts one receive on each. The raw peer then sends a complete DATA frame to
+ * comms 1..ISO_COMMS-1, and the receiver calls test() only on comm 0's
+ * receive (which has no data) ISO_TESTS times. Loopback delivers the frames
+ * before those calls, so a progress pass over every socket (the old global
+ * poll) reads them and returns their ACKs during the calls on comm 0; per-comm
+ * progress sends no ACK until those comms are called. Then each comm is
+ * tested and must complete with its exact bytes, and its ACK must arrive.
+ * Only the order of events is checked, never a duration (the 300 ms wait for
+ * an ACK that must not come is a bound on an absence). */
+#define ISO_COMMS 4
+#define ISO_TESTS 200
+#define ISO_BYTES 3000
+
+static uint8_t iso_byte(int k, size_t i) { return (uint8_t)(mix((uint64_t)k * 1000003u + i) & 0xff); }
+
+static void iso_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc[ISO_COMMS];
+  void* mh[ISO_COMMS];
+  void* req[ISO_COMMS];
+  static uint8_t buf[ISO_COMMS][ISO_BYTES];
+  for (int k = 0; k < ISO_COMMS; k++) {
+    rc[k] = accept_blocking(lc); /* accept order, not connect order: the tag names the comm */
+    mh[k] = net_regmr(rc[k], buf[k], ISO_BYTES);
+    void* b = buf[k];
+    size_t sz = ISO_BYTES;
+    int tag = 100 + k;
+    req[k] = NULL;
+    while (!req[k])
+      if (net_irecv(rc[k], 1, &b, &sz, &tag, &mh[k], &req[k]) != ncclSuccess) FAILF("irecv on comm %d failed", k);
+  }
+  write_all(to, "p", 1); /* every receive is posted: the raw peer reads the CTS frames */
+  char c;
+  read_all(from, &c, 1); /* the frames for comms 1.. were written (and are in our sockets: loopback) */
+  for (int i = 0; i < ISO_TESTS; i++) {
+    int done = 0;
+    if (net_test(req[0], &done, NULL) != ncclSuccess) FAILF("test() on comm 0 returned an error");
+    if (done) FAILF("comm 0's receive completed although nothing was sent to it");
+  }
+  write_all(to, "t", 1);
+  read_all(from, &c, 1); /* the raw peer looked for ACKs */
+  for (int k = 1; k < ISO_COMMS; k++) {
+    int got = -1;
+    wait_req(req[k], &got);
+    if (got != ISO_BYTES) FAILF("comm %d received %d bytes, expected %d", k, got, ISO_BYTES);
+    for (size_t i = 0; i < ISO_BYTES; i++)
+      if (buf[k][i] != iso_byte(k, i)) FAILF("comm %d: byte %zu differs", k, i);
+  }
+  write_all(to, "r", 1);
+  int got = -1;
+  wait_req(req[0], &got); /* the raw peer now sends comm 0's message */
+  if (got != ISO_BYTES) FAILF("comm 0 received %d bytes, expected %d", got, ISO_BYTES);
+  for (size_t i = 0; i < ISO_BYTES; i++)
+    if (buf[0][i] != iso_byte(0, i)) FAILF("comm 0: byte %zu differs", i);
+  write_all(to, "e", 1);
+  read_all(from, &c, 1);
+  for (int k = 0; k < ISO_COMMS; k++) {
+    net_deregmr(rc[k], mh[k]);
+    net_close_recv(rc[k]);
+  }
+  net_close_listen(lc);
+  printf("[recv] %d test() calls on comm 0 left comms 1..%d alone; all %d comms then completed intact\n", ISO_TESTS,
+         ISO_COMMS - 1, ISO_COMMS);
+  net_finalize();
+}
+
+static void iso_read_frame(int fd, struct fl_frame* f, uint8_t* payload, size_t cap, const char* what) {
+  uint8_t hdr[FL_FRAME_HDR_BYTES];
+  char err[160];
+  read_all(fd, hdr, sizeof(hdr));
+  if (fl_frame_decode(hdr, sizeof(hdr), f, err, sizeof(err)) != 0) FAILF("%s: %s", what, err);
+  if (f->length > cap) FAILF("%s: %u payload bytes", what, f->length);
+  read_all(fd, payload, f->length);
+}
+
+/* 1 if fd has bytes to read within ms milliseconds. */
+static int iso_readable(int fd, int ms) {
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  return poll(&pf, 1, ms) == 1 && (pf.revents & POLLIN);
+}
+
+static void iso_send_data(int fd, int k, uint32_t seq) {
+  struct fl_frame f = {.type = FL_FRAME_DATA, .index = 0, .seq = seq, .offset = 0, .length = ISO_BYTES,
+                       .aux = 7000u + (uint32_t)k, .total = ISO_BYTES};
+  uint8_t b[FL_FRAME_HDR_BYTES + ISO_BYTES];
+  fl_frame_encode(b, &f);
+  for (size_t i = 0; i < ISO_BYTES; i++) b[FL_FRAME_HDR_BYTES + i] = iso_byte(k, i);
+  write_all(fd, b, sizeof(b));
+}
+
+static void iso_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  struct fl_handle h;
+  char err[160];
+  if (fl_handle_decode(handle, sizeof(handle), &h, err, sizeof(err)) != 0) FAILF("handle: %s", err);
+  if (h.addrs[0].family != 4) FAILF("isolation scenario needs an IPv4 listener");
+  int fds[ISO_COMMS];
+  for (int i = 0; i < ISO_COMMS; i++) {
+    fds[i] = st_connect(&h);
+    st_hello(fds[i], &h, 5000 + (uint64_t)i, 0, 1, 0, FL_HELLO_BYTES);
+  }
+  char c;
+  read_all(from, &c, 1);
+  int fd_of[ISO_COMMS];
+  uint32_t seq_of[ISO_COMMS];
+  for (int k = 0; k < ISO_COMMS; k++) fd_of[k] = -1;
+  for (int i = 0; i < ISO_COMMS; i++) { /* one CTS per connection; its tag says which comm it is */
+    struct fl_frame f;
+    uint8_t payload[FL_MAX_RECVS * FL_CTS_ENTRY_BYTES];
+    struct fl_cts_entry e[FL_MAX_RECVS];
+    iso_read_frame(fds[i], &f, payload, sizeof(payload), "CTS");
+    if (f.type != FL_FRAME_CTS || f.index != 1 || fl_cts_decode(payload, f.length, 1, e, err, sizeof(err)) != 0)
+      FAILF("connection %d: expected a one-entry CTS (type %u, n %u)", i, f.type, f.index);
+    int k = e[0].tag - 100;
+    if (k < 0 || k >= ISO_COMMS || fd_of[k] >= 0 || e[0].size != ISO_BYTES) FAILF("unexpected CTS tag %d", e[0].tag);
+    fd_of[k] = fds[i];
+    seq_of[k] = f.seq;
+  }
+  for (int k = 1; k < ISO_COMMS; k++) iso_send_data(fd_of[k], k, seq_of[k]);
+  write_all(to, "s", 1);
+  read_all(from, &c, 1); /* the receiver made its test() calls on comm 0 */
+  int progressed = 0;
+  for (int k = 1; k < ISO_COMMS; k++) progressed += iso_readable(fd_of[k], k == 1 ? 300 : 0);
+  if (progressed)
+    FAILF("%d of %d other comms sent ACKs during test() calls on comm 0 only: a call progresses every comm "
+          "(per-call work grows with the number of comms)", progressed, ISO_COMMS - 1);
+  write_all(to, "c", 1);
+  read_all(from, &c, 1); /* comms 1.. completed */
+  for (int k = 1; k < ISO_COMMS; k++) {
+    struct fl_frame f;
+    uint8_t none[1];
+    iso_read_frame(fd_of[k], &f, none, 0, "ACK");
+    if (f.type != FL_FRAME_ACK || f.seq != 7000u + (uint32_t)k)
+      FAILF("comm %d: expected the ACK of chunk %u", k, 7000u + (unsigned)k);
+  }
+  iso_send_data(fd_of[0], 0, seq_of[0]);
+  read_all(from, &c, 1);
+  write_all(to, "x", 1);
+  for (int i = 0; i < ISO_COMMS; i++) close(fds[i]);
+  printf("[send] no ACK from comms 1..%d while only comm 0 was called; each ACKed once called\n", ISO_COMMS - 1);
+  net_finalize();
+}
+
 static int scenario_props(void) {
   void* h = dlopen(O.plugin, RTLD_NOW | RTLD_LOCAL);
   if (!h) FAILF("dlopen %s: %s", O.plugin, dlerror());
@@ -1690,6 +1841,7 @@ static const struct scenario kScenarios[] = {
     {"closeload", closeload_recv, closeload_send},
     {"manycomms", manycomms_recv, manycomms_send},
     {"threads", threads_recv, threads_send},
+    {"isolation", iso_recv, iso_send},
     {"badsecret", badsecret_recv, badsecret_send},
     {"strangers", strangers_recv, strangers_send},
     {"peerdeath", fault_recv, fault_send},
@@ -1749,7 +1901,7 @@ static void usage(void) {
           "usage: fl_driver --plugin PATH [--api v8|v11] [--send-ns NS --recv-ns NS] [--send-ifname S --recv-ifname S]\n"
           "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
           "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
-          "scenarios: props integrity multirecv grouped closeload manycomms threads badsecret strangers peerdeath stall all\n"
+          "scenarios: props integrity multirecv grouped closeload manycomms threads isolation badsecret strangers peerdeath stall all\n"
           "           bench-stream bench-pingpong bench-comms\n");
   exit(2);
 }
@@ -1790,7 +1942,7 @@ int main(int argc, char** argv) {
   for (int k = 0; k < nscen; k++) {
     if (!strcmp(scen[k], "all")) {
       const char* list[] = {"props", "integrity", "multirecv", "grouped", "closeload", "manycomms", "threads",
-                            "badsecret", "strangers", "peerdeath", "stall"};
+                            "isolation", "badsecret", "strangers", "peerdeath", "stall"};
       int apis[] = {8, 11};
       for (int a = 0; a < 2; a++) {
         O.api = apis[a];
