@@ -166,6 +166,36 @@ static int find_interfaces(const char* spec, int allow_lo) {
 
 const struct fl_params* fl_get_params(void) { return &E.params; }
 
+static FILE* g_leo_trace; /* FLOWLANE_NET_LEO_TRACE: per-request choices and outcomes */
+static pthread_mutex_t g_leo_trace_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void leo_trace_choice(const struct fl_comm* c, uint64_t size, uint64_t t1, int pi) {
+  if (!g_leo_trace) return;
+  pthread_mutex_lock(&g_leo_trace_lock);
+  fprintf(g_leo_trace, "choose pid=%d comm=%llu sel=%s t1=%llu bytes=%llu path=%d", (int)getpid(),
+          (unsigned long long)c->id, fl_selector_name(c->sel.kind), (unsigned long long)t1, (unsigned long long)size, pi);
+  for (int p = 0; p < c->sel.npaths; p++) {
+    const struct fl_leo_path* st = &c->sel.st[p];
+    fprintf(g_leo_trace, " | p%d cost=%.0f bw=%.4f ttr=%.0f q=%.0f khat=%u infl=%d e2e=%.0f", p,
+            st->have_sample ? fl_leo_cost(st, size, t1) : -1.0, fl_leo_bw(st), st->t_tr_ns,
+            st->busy_until_ns > t1 ? (double)(st->busy_until_ns - t1) : 0.0, st->khat, st->inflight, st->last_e2e_ns);
+  }
+  fputc('\n', g_leo_trace);
+  fflush(g_leo_trace);
+  pthread_mutex_unlock(&g_leo_trace_lock);
+}
+
+static void leo_trace_done(const struct fl_comm* c, const struct fl_request* r, uint64_t t) {
+  if (!g_leo_trace) return;
+  pthread_mutex_lock(&g_leo_trace_lock);
+  fprintf(g_leo_trace, "done pid=%d comm=%llu path=%d bytes=%llu wait=%llu dwell=%llu e2e=%llu predicted=%.0f chunks=%u\n",
+          (int)getpid(), (unsigned long long)c->id, r->ticket.path, (unsigned long long)r->size,
+          (unsigned long long)(r->t2_ns - r->ticket.t1_ns), (unsigned long long)r->dwell_ns,
+          (unsigned long long)(t - r->ticket.t1_ns), r->ticket.predicted_ns, (unsigned)r->chunks_carved);
+  fflush(g_leo_trace);
+  pthread_mutex_unlock(&g_leo_trace_lock);
+}
+
 ncclResult_t fl_init(ncclDebugLogger_t logger) {
   pthread_mutex_lock(&E.lock);
   if (logger) fl_logger = logger;
@@ -190,6 +220,11 @@ ncclResult_t fl_init(ncclDebugLogger_t logger) {
   for (int i = 0; i < E.n_ifaces; i++)
     pos += snprintf(E.dev_name + pos, sizeof(E.dev_name) - (size_t)pos, "%s%s", i ? "+" : "", E.ifaces[i].name);
   E.initialized = 1;
+  const char* trace = getenv("FLOWLANE_NET_LEO_TRACE"); /* diagnostics: one line per path choice and completion */
+  if (trace && *trace && !g_leo_trace) {
+    g_leo_trace = fopen(trace, "a");
+    if (!g_leo_trace) FL_WARN("FLOWLANE_NET_LEO_TRACE=%s: %s (no trace written)", trace, strerror(errno));
+  }
   FL_INFO("using %s (%d interface(s)), %d lane(s), %d path(s)/connection, selector %s, chunk %llu B", E.dev_name,
           E.n_ifaces, E.params.lanes, E.params.paths ? E.params.paths : E.n_ifaces,
           fl_selector_name(E.params.selector), (unsigned long long)E.params.chunk_bytes);
@@ -910,7 +945,9 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
       r->dwell_ns += f->aux; /* the receiver's t4 - t3 for this sub-chunk */
       if (r->carved == r->size && r->chunks_acked == r->chunks_carved) {
         r->done = 1;
-        fl_selector_on_complete(&c->sel, &r->ticket, r->t2_ns, r->dwell_ns, now_ns()); /* t5 = t6 */
+        uint64_t t5 = now_ns();
+        fl_selector_on_complete(&c->sel, &r->ticket, r->t2_ns, r->dwell_ns, t5); /* t5 = t6 */
+        leo_trace_done(c, r, t5);
       }
       p->ring_head = (p->ring_head + 1) % FL_PATH_WINDOW;
       p->ring_count--;
@@ -1301,6 +1338,7 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
    * tolls and base times (fl_leo.h). */
   uint64_t t1 = now_ns();
   int pi = fl_selector_choose(&c->sel, size, t1);
+  leo_trace_choice(c, size, t1, pi);
   fl_selector_on_assign(&c->sel, pi, size, t1, &r->ticket);
   struct fl_path* pq = &c->paths[pi];
   if (pq->qtail) pq->qtail->path_next = r;
