@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-GRAPH_NAME = "dgs"
 
 
 def redundant_graph(num_nodes: int = 2000, avg_degree: float = 10.0, num_classes: int = 4, signal_dims: int = 8,
@@ -59,14 +58,22 @@ def redundant_graph(num_nodes: int = 2000, avg_degree: float = 10.0, num_classes
 
 
 def partition_redundant(workdir: str | Path, num_parts: int, seed: int = 0, **data: Any) -> tuple[str, int]:
-    """:func:`redundant_graph` partitioned with DistDGL's METIS into ``workdir/parts``: (part_config, classes)."""
+    """:func:`redundant_graph` partitioned with DistDGL's METIS into ``workdir/parts``: (part_config, classes).
+    The graph name is unique per call: DGL names a partition's shared memory after it, and two runs on one host
+    (a test beside a benchmark) must not share (and truncate) each other's segments."""
     import dgl
 
     g = redundant_graph(seed=seed, **data)
     out = Path(workdir) / "parts"
-    dgl.distributed.partition_graph(g, GRAPH_NAME, num_parts, str(out), num_hops=1, part_method="metis",
+    name = f"dgs{os.getpid()}x{int(time.time() * 1e3) % 10**9}"
+    dgl.distributed.partition_graph(g, name, num_parts, str(out), num_hops=1, part_method="metis",
                                     balance_train=True, balance_edges=True)
-    return str(out / f"{GRAPH_NAME}.json"), int(g.ndata["label"].max()) + 1
+    return str(out / f"{name}.json"), int(g.ndata["label"].max()) + 1
+
+
+def _graph_name(part_config: str) -> str:
+    with open(part_config) as f:
+        return json.load(f)["graph_name"]
 
 
 def _free_port() -> int:
@@ -97,7 +104,7 @@ def _trainer(args: dict) -> list[dict]:
     torch.distributed.init_process_group("gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     log(f"rank {rank}/{world} joined the gloo group")
-    g = dgl.distributed.DistGraph(GRAPH_NAME, part_config=args["part_config"])
+    g = dgl.distributed.DistGraph(_graph_name(args["part_config"]), part_config=args["part_config"])
     lp = None
     out = []
     for run in args["runs"]:
@@ -347,6 +354,9 @@ def run_cluster(workdir: str | Path, part_config: str, num_parts: int, trainer_a
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+        # server 0's shared-memory segments outlive it (DGL does not unlink them); the name is this run's own
+        for seg in Path("/dev/shm").glob(f"{_graph_name(part_config)}*"):
+            seg.unlink(missing_ok=True)
 
 
 def _which(name: str) -> bool:

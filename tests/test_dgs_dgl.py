@@ -85,3 +85,4 @@ def test_gnn_dgs_recipe_rejects_bad_keys_and_values_by_name_before_starting(over
 
     with pytest.raises(ConfigError, match=match):
         run_job({"job": "gnn_dgs", **override})
+
