@@ -53,9 +53,9 @@ def table_runs(t_ex: int) -> list[dict]:
 def sens_runs(t_ex: int) -> list[dict]:
     base = {"t_ex": t_ex, "synchronous": True}
     runs = [{"name": "uniform", "dgs": {}, "dgs_on": False}]
-    runs += [{"name": f"n_f={v}", "dgs": dict(base, n_f=v), "dgs_on": True} for v in (1.0, 0.7, 0.5, 0.3)]
-    runs += [{"name": f"epsilon={v}", "dgs": dict(base, epsilon=v), "dgs_on": True} for v in (0.0, 0.05, 0.2)]
-    runs += [{"name": f"t_ex={v}", "dgs": dict(base, t_ex=v), "dgs_on": True} for v in (2 * t_ex, 4 * t_ex)]
+    runs += [{"name": f"n_f={v}", "dgs": dict(base, n_f=v), "dgs_on": True} for v in (1.0, 0.7, 0.5)]
+    runs += [{"name": f"epsilon={v}", "dgs": dict(base, epsilon=v), "dgs_on": True} for v in (0.0, 0.2)]
+    runs += [{"name": f"t_ex={v}", "dgs": dict(base, t_ex=v), "dgs_on": True} for v in (3 * t_ex,)]
     runs += [{"name": "dgs_async", "dgs": {"t_ex": t_ex}, "dgs_on": True}]
     return runs
 
