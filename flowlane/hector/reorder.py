@@ -53,8 +53,8 @@ def plan_fold(rows: int, num_types: int, d_in: int, d_out: int, heads: int = 1, 
     if reorder != "auto":
         return FoldPlan(reorder == "always", unfolded, folded, f"reorder={reorder!r}")
     fold = folded < unfolded
-    return FoldPlan(fold, unfolded, folded, f"{'folded' if fold else 'unfolded'} is cheaper: {folded:,} vs "
-                                            f"{unfolded:,} multiply-adds")
+    return FoldPlan(fold, unfolded, folded, f"{'folded' if fold else 'unfolded'} is cheaper: folded {folded:,} vs "
+                                            f"unfolded {unfolded:,} multiply-adds")
 
 
 def fold_attention(weight: Tensor, attn: Tensor) -> Tensor:
