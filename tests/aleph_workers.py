@@ -10,10 +10,11 @@ from flowlane.aleph.hook import HierarchicalAllReduce, install_aleph_hook
 from flowlane.aleph.probe import probe_bandwidth
 
 
-def _ddp_run(model: torch.nn.Module, plan: Plan | None, rank: int, steps: int = 3) -> list[torch.Tensor]:
+def _ddp_run(model: torch.nn.Module, plan: Plan | None, rank: int, steps: int = 3,
+             top: str = "allreduce") -> list[torch.Tensor]:
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
     if plan is not None:
-        install_aleph_hook(ddp, plan)
+        install_aleph_hook(ddp, plan, top=top, chunk_bytes=1024)  # pipelined over several chunks with "ps"
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
@@ -30,7 +31,7 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     DDP's own all-reduce (all-singleton plan: bitwise; the first case's plan: close); then the bandwidth probe."""
     out: dict = {"int_equal": [], "float_maxdiff": []}
     for clusters, top in cases:
-        h = HierarchicalAllReduce(Plan.from_clusters(world, clusters), top=top)
+        h = HierarchicalAllReduce(Plan.from_clusters(world, clusters), top=top, chunk_bytes=4096)  # 40 KB: 10 chunks
         x = torch.arange(5000, dtype=torch.int64) * (rank + 1) + rank ** 3 - 7
         ref = x.clone()
         dist.all_reduce(ref)
@@ -44,8 +45,9 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     ref = _ddp_run(copy.deepcopy(model), None, rank)
     flat = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, [[w] for w in range(world)]), rank)
     hier = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, cases[0][0]), rank)
+    hier_ps = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, cases[0][0]), rank, top="ps")
     out["ddp_singletons_bitwise"] = all(torch.equal(a, b) for a, b in zip(ref, flat, strict=True))
-    out["ddp_hier_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref, hier, strict=True))
+    out["ddp_hier_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref + ref, hier + hier_ps, strict=True))
     out["ddp_moved"] = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters(), strict=True))
     figures, rate = probe_bandwidth(nbytes=1 << 16)
     out["probe"] = figures

@@ -10,6 +10,11 @@ Digest §5.4 tier 0 / §6: for a :class:`flowlane.aleph.Plan` over the ranks of 
    rank, contributing zeros, to model a separate server);
 3. the aggregator sends the sum to each member (the PS -> aggregator -> worker multicast).
 
+With ``top="ps"`` the whole tree is pipelined per ``chunk_bytes`` chunk, as the paper pipelines segments: a node
+forwards chunk k up as soon as its children's chunk k are in and relays the result's chunk k down as soon as it
+arrives, so the tree runs at its tightest link (the flow model of :mod:`flowlane.aleph.model`), not at the sum of
+four store-and-forward steps. With ``top="allreduce"`` the three steps run one after the other.
+
 Singleton clusters skip steps 1 and 3. Sums of integers are exact; float sums differ from ``all_reduce`` only in the
 order of additions. The aggregators' subgroup is made with ``new_group`` on every rank (torch requires it), at
 construction, never inside backward. Steps 1 and 3 use ``isend``/``irecv`` rather than ``reduce``/``broadcast``,
@@ -22,6 +27,7 @@ future: correct and simple, without overlap between buckets (tier 0 validates pl
 """
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -37,9 +43,13 @@ class HierarchicalAllReduce:
     """The three-step all-reduce of ``plan`` over ``group`` (default: the world); ``plan`` indexes positions in the
     group (0..size-1)."""
 
-    def __init__(self, plan: Plan, group: dist.ProcessGroup | None = None, top: str = "allreduce") -> None:
+    def __init__(self, plan: Plan, group: dist.ProcessGroup | None = None, top: str = "allreduce",
+                 chunk_bytes: int = 256 << 10) -> None:
         if top not in TOP_MODES:
             raise ValueError(f"top={top!r} is not one of {TOP_MODES}")
+        if not (isinstance(chunk_bytes, int) and chunk_bytes >= 1024):
+            raise ValueError(f"chunk_bytes={chunk_bytes!r} must be an integer >= 1024")
+        self.chunk_bytes = chunk_bytes
         if not dist.is_initialized():
             raise RuntimeError("HierarchicalAllReduce needs an initialised torch.distributed process group")
         self.group = group
@@ -61,25 +71,88 @@ class HierarchicalAllReduce:
             pg = dist.new_group([self.ranks[h] for h in plan.heads])
             if self.me in plan.heads:
                 self._top_pg = pg
+        # the PS-rooted tree: parent and children of this rank (global ranks)
+        root = plan.heads[0]
+        if self.me == self.cluster.head:
+            self._parent = None if self.me == root else self.ranks[root]
+            kids = list(self.cluster.members[1:]) + ([h for h in plan.heads if h != root] if self.me == root else [])
+        else:
+            self._parent, kids = self.ranks[self.cluster.head], []
+        self._children = [self.ranks[k] for k in kids]
         log.info("ALEPH hierarchical all-reduce: %d clusters (|D|), this rank in cluster of %d, top=%s",
                  plan.num_flows, self.cluster.head, top)
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place (SUM only) and return it."""
+        if not tensor.is_contiguous():
+            raise ValueError("HierarchicalAllReduce needs a contiguous tensor (DDP buckets and DeepSpeed's are)")
+        if self.top == "ps":
+            self._tree(tensor)
+            return tensor
         c = self.cluster
         head = self.ranks[c.head]
         if len(c.members) > 1:
             self._gather_sum(tensor, head, [self.ranks[m] for m in c.members[1:]])
-        if self.plan.num_flows > 1 and self.me in self.plan.heads:
-            if self.top == "allreduce":
-                dist.all_reduce(tensor, group=self._top_pg)
-            else:
-                root = self.ranks[self.plan.heads[0]]
-                self._gather_sum(tensor, root, [self.ranks[h] for h in self.plan.heads[1:]])
-                self._scatter(tensor, root, [self.ranks[h] for h in self.plan.heads[1:]])
+        if self._top_pg is not None:  # this rank is an aggregator (top="allreduce")
+            dist.all_reduce(tensor, group=self._top_pg)
         if len(c.members) > 1:
             self._scatter(tensor, head, [self.ranks[m] for m in c.members[1:]])
         return tensor
+
+    def _tree(self, tensor: torch.Tensor) -> None:
+        """The PS-rooted two-level tree, pipelined per chunk (the paper's per-segment pipelining, Sec. 3.3): a node
+        adds chunk k of all its children as soon as they are in and sends it up at once, and relays the parent's
+        result for chunk k down as soon as it arrives, so sending up and down overlap (full duplex). The root's sum is
+        the result. Children are added in plan order, so every run adds in the same order."""
+        flat = tensor.view(-1)
+        step = max(1, self.chunk_bytes // max(1, flat.element_size()))
+        mine = list(flat.split(step))
+        n = len(mine)
+        kids, parent = self._children, self._parent
+        bufs = [[torch.empty_like(x) for x in mine] for _ in kids]
+        ups = [[dist.irecv(b[k], src=c, tag=k) for k in range(n)] for b, c in zip(bufs, kids, strict=True)]
+        sends: list[Any] = []
+        if parent is None:  # the root (the PS): its sum of chunk k is the result, sent down at once
+            for k in range(n):
+                for u, b in zip(ups, bufs, strict=True):
+                    u[k].wait()
+                    mine[k].add_(b[k])
+                sends += [dist.isend(mine[k], dst=c, tag=k) for c in kids]
+            for w in sends:
+                w.wait()
+            return
+        out = [torch.empty_like(x) for x in mine]
+        downs = [dist.irecv(out[k], src=parent, tag=k) for k in range(n)]
+        relay_sends: list[Any] = []
+        errors: list[BaseException] = []
+
+        def relay() -> None:  # results down to the members as they arrive (gloo's wait releases the GIL)
+            try:
+                for k in range(n):
+                    downs[k].wait()
+                    relay_sends.extend(dist.isend(out[k], dst=c, tag=k) for c in kids)
+            except BaseException as e:  # re-raised by the caller after join
+                errors.append(e)
+
+        # (a gloo Work reports completion only once waited on, so the two directions get a thread each, not a poll)
+        relayer = threading.Thread(target=relay, name="aleph-relay", daemon=True) if kids else None
+        if relayer is not None:
+            relayer.start()
+        for k in range(n):  # partial sums up to the parent, chunk by chunk
+            for u, b in zip(ups, bufs, strict=True):
+                u[k].wait()
+                mine[k].add_(b[k])
+            sends.append(dist.isend(mine[k], dst=parent, tag=k))
+        if relayer is not None:
+            relayer.join()
+            if errors:
+                raise errors[0]
+        else:
+            for d in downs:
+                d.wait()
+        for w in sends + relay_sends:
+            w.wait()
+        torch.cat(out, out=flat)
 
     def _gather_sum(self, tensor: torch.Tensor, root: int, others: list[int]) -> None:
         """Star: every rank in ``others`` sends to ``root``, which adds them in list order (the aggregation service
@@ -115,11 +188,11 @@ def aleph_comm_hook(state: "HierarchicalAllReduce", bucket: dist.GradBucket) -> 
     return fut
 
 
-def install_aleph_hook(model: torch.nn.parallel.DistributedDataParallel, plan: Plan,
-                       top: str = "allreduce") -> HierarchicalAllReduce:
+def install_aleph_hook(model: torch.nn.parallel.DistributedDataParallel, plan: Plan, top: str = "allreduce",
+                       chunk_bytes: int = 256 << 10) -> HierarchicalAllReduce:
     """Register the ALEPH hook on a DDP model (its process group); returns the hook's state."""
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"install_aleph_hook needs a torch DistributedDataParallel model, got {type(model).__name__}")
-    state = HierarchicalAllReduce(plan, getattr(model, "process_group", None), top)
+    state = HierarchicalAllReduce(plan, getattr(model, "process_group", None), top, chunk_bytes)
     model.register_comm_hook(state, aleph_comm_hook)
     return state
