@@ -83,7 +83,7 @@ def train_masks(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x
         em, fm = torch.sigmoid(m), torch.sigmoid(f)
         out = forward(x * fm, em).reshape(-1)
         fid = torch.sum(t * (torch.log(t) - torch.log_softmax(out, dim=0)))
-        fid_v = float(fid)
+        fid_v = float(fid.detach())
         if done > min_epochs and fid_v <= loss_threshold:
             stop = True
             break
