@@ -5,7 +5,7 @@ benchmark's on/off competing TCP flow on the 400 path. Runs greedy and LEO in al
 load drifts hit both), each with FLOWLANE_NET_LEO_TRACE, and summarises per side (ping = sender -> receiver over
 the shaped paths; pong = the reverse direction, which scripts/netns.sh leaves unshaped): path placement, medians of
 t2 - t1, receiver dwell, end-to-end time and the intra JCT LEO predicted, the learnt BW(p) and T_tr(p), and the
-ping-pong RTT p50/p99. Writes results/nccl_net_plugin/leo_trace.json (with provenance). Needs root.
+ping-pong RTT p50/p99. Writes results/nccl_net_plugin/leo_paths.json (with provenance). Needs root.
 
     python nccl_net_plugin/bench/leo_trace.py [--repeats 3] [--iters 60]
 """
@@ -30,7 +30,7 @@ import nccl_net_plugin_bench as B  # noqa: E402  (Netns, competitor, _driver: th
 
 from flowlane.testing.provenance import provenance  # noqa: E402
 
-OUT = ROOT / "results" / "nccl_net_plugin" / "leo_trace.json"
+OUT = ROOT / "results" / "nccl_net_plugin" / "leo_paths.json"
 SCENARIOS = {"4to1": ("400,100", None), "4to1_varying": ("400,100", (0.5, 0.5))}
 
 

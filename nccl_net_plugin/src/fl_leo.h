@@ -42,6 +42,20 @@
  * T_tr(p) is learnt from completions that met no queue (min filter that
  * slowly forgets) instead of the thesis' offline profile; a path with no
  * sample yet is probed with the first request that finds it idle.
+ *
+ * Measured (issue 32, FLOWLANE_NET_LEO_TRACE, netns 400+100 Mbit/s,
+ * results/nccl_net_plugin/leo_paths.json): T_tr(p) comes out 0 on every
+ * path. The intra JCT excludes the network and BW(p) is fitted to the same
+ * dwell, so intra - S/BW(p) is (t2 - t1) plus zero-mean noise, which the min
+ * filter clamps at 0; the fixed per-request time (propagation, the ACK's
+ * return) is therefore not in T(p, S): harmless between paths of one RTT,
+ * blind to an RTT difference for small requests. BW(p) from dwell tracks a
+ * shaped path (about 400 and 98 Mbit/s learnt for 400 and 100) but is an
+ * upper bound where the receiver lags the wire (a CPU-bound path: the payload
+ * is buffered before its header is read, 0.5-1 ms dwell for 2 MiB against
+ * 8-15 ms end to end) and a lower bound where the receiver is descheduled
+ * mid-frame; a first sample taken in TCP slow start reads low (38-43 Mbit/s
+ * for the 100 path in two runs).
  */
 #ifndef FL_LEO_H
 #define FL_LEO_H
