@@ -86,3 +86,16 @@ def test_gnn_dgs_recipe_rejects_bad_keys_and_values_by_name_before_starting(over
     with pytest.raises(ConfigError, match=match):
         run_job({"job": "gnn_dgs", **override})
 
+
+
+def test_the_gnn_dgs_recipe_file_passes_its_own_checks():
+    from pathlib import Path
+
+    import yaml
+
+    from recipes.train import CHECKS, JOBS
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes/conf/gnn_dgs.yaml").read_text())
+    assert cfg["job"] == "gnn_dgs" and JOBS["gnn_dgs"] == "dgl_plugin.dgs_train:run_dgs"
+    CHECKS["gnn_dgs"](cfg)
+    assert DGSConfig.from_dict(cfg["flowlane"]["dgs"]).n_f == 0.85
