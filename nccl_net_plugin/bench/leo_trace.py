@@ -5,7 +5,9 @@ benchmark's on/off competing TCP flow on the 400 path. Runs greedy and LEO in al
 load drifts hit both), each with FLOWLANE_NET_LEO_TRACE, and summarises per side (ping = sender -> receiver over
 the shaped paths; pong = the reverse direction, which scripts/netns.sh leaves unshaped): path placement, medians of
 t2 - t1, receiver dwell, end-to-end time and the intra JCT LEO predicted, the learnt BW(p) and T_tr(p), and the
-ping-pong RTT p50/p99. Writes results/nccl_net_plugin/leo_paths.json (with provenance). Needs root.
+ping-pong RTT p50/p99. A crossed study (400+100, no flow) then sets the ping side's and the pong side's selector
+independently (fl_driver's FL_DRIVER_RECV_SELECTOR), to tell a selector's effect from run-to-run noise.
+Writes results/nccl_net_plugin/leo_paths.json (with provenance). Needs root.
 
     python nccl_net_plugin/bench/leo_trace.py [--repeats 3] [--iters 60]
 """
@@ -32,6 +34,7 @@ from flowlane.testing.provenance import provenance  # noqa: E402
 
 OUT = ROOT / "results" / "nccl_net_plugin" / "leo_paths.json"
 SCENARIOS = {"4to1": ("400,100", None), "4to1_varying": ("400,100", (0.5, 0.5))}
+CROSSED = (("greedy", "greedy"), ("leo", "greedy"), ("greedy", "leo"), ("leo", "leo"))  # (ping side, pong side)
 
 
 def _parse(trace: Path, warmup: int) -> dict:
@@ -89,16 +92,35 @@ def main() -> int:
                                  "load_1min": os.getloadavg()[0], **_parse(trace, 10)}
                             runs[sc][sel].append(r)
                             print(sc, sel, rep, json.dumps(r), flush=True)
+        crossed: dict = {f"ping_{a}_pong_{b}": [] for a, b in CROSSED}
+        with B.Netns("400,100") as ns:
+            for rep in range(args.repeats):
+                for a, b in (CROSSED if rep % 2 == 0 else CROSSED[::-1]):
+                    trace = Path(tmp) / f"crossed_{a}_{b}_{rep}.log"
+                    env = {"FLOWLANE_NET_PATH_SELECTOR": a, "FL_DRIVER_RECV_SELECTOR": b,
+                           "FLOWLANE_NET_LEO_TRACE": str(trace)}
+                    pp = B._driver(*ns.args(), "--ping-size", str(2 << 20), "--iters", str(args.iters),
+                                   "--ping-class", "2", "--timeout", "120", "bench-pingpong", env=env)
+                    r = {"rtt_ms_p50": pp["rtt_us_p50"] / 1e3, "rtt_ms_p99": pp["rtt_us_p99"] / 1e3,
+                         "load_1min": os.getloadavg()[0], **_parse(trace, 10)}
+                    crossed[f"ping_{a}_pong_{b}"].append(r)
+                    print("crossed", a, b, rep, json.dumps(r), flush=True)
     load.append(os.getloadavg()[0])
+    crossed_med = {k: {"rtt_ms_p50": statistics.median(r["rtt_ms_p50"] for r in v),
+                       "rtt_ms_p99": statistics.median(r["rtt_ms_p99"] for r in v),
+                       "ping_end_to_end_ms": statistics.median(r["ping"]["median_ms"]["end_to_end"] for r in v),
+                       "ping_end_to_end_ms_runs": [r["ping"]["median_ms"]["end_to_end"] for r in v]}
+                   for k, v in crossed.items()}
     med = {sc: {sel: {k: statistics.median(r[k] for r in v) for k in ("rtt_ms_p50", "rtt_ms_p99")}
                 for sel, v in d.items()} for sc, d in runs.items()}
     ratios = {sc: {k: m["leo"][k] / m["greedy"][k] for k in ("rtt_ms_p50", "rtt_ms_p99")} for sc, m in med.items()}
     out = {"label": B.LABEL + "; per-request trace (FLOWLANE_NET_LEO_TRACE)", "scenarios": SCENARIOS,
            "ping_bytes": 2 << 20, "iters": args.iters, "load_average_1min_at_start_and_end": load,
-           "runs": runs, "median": med, "leo_over_greedy": ratios, "provenance": provenance()}
+           "runs": runs, "median": med, "leo_over_greedy": ratios, "crossed_runs": crossed, "crossed_median": crossed_med,
+           "provenance": provenance()}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2))
-    print(json.dumps({"median": med, "leo_over_greedy": ratios}, indent=2))
+    print(json.dumps({"median": med, "leo_over_greedy": ratios, "crossed_median": crossed_med}, indent=2))
     return 0
 
 

@@ -282,6 +282,8 @@ static void run_pair(role_fn recv_role, role_fn send_role, int* recv_status, int
     close(s2r[1]);
     enter_netns(O.recv_ns);
     if (O.recv_ifname) setenv(FL_ENV_SOCKET_IFNAME, O.recv_ifname, 1);
+    /* diagnostics: a different path selector on the receiving side (its sends: pongs, ACK-free) */
+    if (getenv("FL_DRIVER_RECV_SELECTOR")) setenv(FL_ENV_PATH_SELECTOR, getenv("FL_DRIVER_RECV_SELECTOR"), 1);
     net_load();
     recv_role(r2s[1], s2r[0]);
     fflush(NULL);
