@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 class HierarchicalAllReduce:
     """The three-step all-reduce of ``plan`` over ``group`` (default: the world); ``plan`` indexes positions in the
-    group (0..size-1)."""
+    group (0..size-1). Construct it on every rank of the world (with ``top="allreduce"`` it calls ``new_group``,
+    which torch requires of every rank), the same plan everywhere."""
 
     def __init__(self, plan: Plan, group: dist.ProcessGroup | None = None, top: str = "allreduce",
                  chunk_bytes: int = 256 << 10) -> None:
@@ -64,7 +65,9 @@ class HierarchicalAllReduce:
                              f"{plans[diff]}; plan with the same inputs and seed everywhere")
         self.plan, self.top = plan, top
         me = dist.get_rank()
-        self.me = self.ranks.index(me) if group is not None else me
+        if me not in self.ranks:
+            raise ValueError(f"rank {me} is not in the group {self.ranks} this all-reduce is for")
+        self.me = self.ranks.index(me)
         self.cluster = plan.cluster_of(self.me)
         self._top_pg: Any = None  # every rank creates it (new_group is collective), only heads keep it
         if plan.num_flows > 1 and top == "allreduce":
