@@ -52,10 +52,10 @@
  * blind to an RTT difference for small requests. BW(p) from dwell tracks a
  * shaped path (about 400 and 98 Mbit/s learnt for 400 and 100) but is an
  * upper bound where the receiver lags the wire (a CPU-bound path: the payload
- * is buffered before its header is read, 0.5-1 ms dwell for 2 MiB against
- * 8-15 ms end to end) and a lower bound where the receiver is descheduled
+ * is buffered before its header is read, under 1 ms dwell for 2 MiB against
+ * 4-15 ms end to end) and a lower bound where the receiver is descheduled
  * mid-frame; a first sample taken in TCP slow start reads low (38-43 Mbit/s
- * for the 100 path in two runs).
+ * for the 100 path in two runs at load 26).
  */
 #ifndef FL_LEO_H
 #define FL_LEO_H
