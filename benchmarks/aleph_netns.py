@@ -50,7 +50,8 @@ def with_ps(workers_plan: Plan) -> Plan:
                                                          for c in workers_plan.clusters])
 
 
-def worker(rank: int, world: int, master: str, mb: float, reps: int, out_path: str, plan_from: str) -> None:
+def worker(rank: int, world: int, master: str, mb: float, reps: int, out_path: str, plan_from: str,
+           chunk_kb: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -67,8 +68,10 @@ def worker(rank: int, world: int, master: str, mb: float, reps: int, out_path: s
     wk = [f * 1000 for f in figures[1:]]
     probed = plan_clusters(wk, config=AlephConfig(seed=0, b_gbps=0.85 * min(wk)))
     nominal = plan_clusters(WORKERS_GBPS, config=AlephConfig(seed=0))
-    aleph = HierarchicalAllReduce(with_ps(probed if plan_from == "probe" else nominal), top="ps")
-    ps = HierarchicalAllReduce(Plan.from_clusters(world, [[r] for r in range(world)]), top="ps")
+    aleph = HierarchicalAllReduce(with_ps(probed if plan_from == "probe" else nominal), top="ps",
+                                  chunk_bytes=chunk_kb << 10)
+    ps = HierarchicalAllReduce(Plan.from_clusters(world, [[r] for r in range(world)]), top="ps",
+                               chunk_bytes=chunk_kb << 10)
     ring_pg = dist.new_group(list(range(1, world)))
     n = int(mb * 2 ** 20 / 4)
     x = torch.randn(n, generator=torch.Generator().manual_seed(rank)) if rank else torch.zeros(n)
@@ -115,11 +118,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "results" / "aleph" / "e4_netns.json"))
     ap.add_argument("--plan-from", choices=("nominal", "probe"), default="nominal",
                     help="plan from the configured link rates (as the paper's testbed) or from the start-up probe")
-    ap.add_argument("--worker", nargs=7, metavar=("RANK", "WORLD", "MASTER", "MB", "REPS", "OUT", "PLAN_FROM"))
+    ap.add_argument("--chunk-kb", type=int, default=256, help="the tree's pipelining chunk (HierarchicalAllReduce)")
+    ap.add_argument("--worker", nargs=8, metavar=("RANK", "WORLD", "MASTER", "MB", "REPS", "OUT", "PLAN_FROM", "CHUNK_KB"))
     a = ap.parse_args()
     if a.worker:
-        r, w, m, mb, reps, out, plan_from = a.worker
-        worker(int(r), int(w), m, float(mb), int(reps), out, plan_from)
+        r, w, m, mb, reps, out, plan_from, chunk_kb = a.worker
+        worker(int(r), int(w), m, float(mb), int(reps), out, plan_from, int(chunk_kb))
         return
     from flowlane.testing.netem import EmulatedNetwork, check_available
 
@@ -131,7 +135,7 @@ def main() -> None:
     with EmulatedNetwork(world, rate_mbit=mbit) as net:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         argvs = [[sys.executable, str(Path(__file__).resolve()), "--worker", str(r), str(world), net.ips[0],
-                  str(a.mb), str(a.reps), str(res_path), a.plan_from] for r in range(world)]
+                  str(a.mb), str(a.reps), str(res_path), a.plan_from, str(a.chunk_kb)] for r in range(world)]
         net.run_ranks(argvs, timeout_s=a.timeout, env=env, cwd=str(ROOT))
         described = net.describe()
     ranks = sorted(json.loads(res_path.read_text()), key=lambda q: q["rank"])
@@ -145,7 +149,7 @@ def main() -> None:
              "ring": ring_time(size_mbit, wk).time}
     res = {"label": "measured on CPU with emulated links (netns + tbf, gloo over TCP)", **provenance(),
            "rates_mbit": {"ps": mbit[0], "workers": wk}, "tensor_mb": a.mb, "reps": a.reps, "netem": described,
-           "plan_from": a.plan_from, "plan_used": used.to_dict(),
+           "plan_from": a.plan_from, "plan_used": used.to_dict(), "chunk_kb": a.chunk_kb,
            "probe_gbps": ranks[0]["probe_gbps"], "probed_plan": ranks[0]["probed_plan"],
            "nominal_plan": ranks[0]["nominal_plan"], "sums_agree": all(q["agree"] for q in ranks),
            "seconds": {s: {"median": med[s], "all": per_rep[s]} for s in SCHEMES},
