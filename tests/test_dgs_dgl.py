@@ -25,6 +25,8 @@ DGS = {"t_ex": 4, "synchronous": True, "explainer_epochs": 20, "explainer_min_ep
 
 
 @needs_root
+@pytest.mark.slow
+@pytest.mark.timeout(1000)   # six processes import torch + DGL: 2-6 min on a loaded 2-core host; run_cluster stops at 900
 def test_dgs_on_two_distdgl_partitions_pulls_exact_columns_explains_and_converges(tmp_path):
     part_config, classes = partition_redundant(tmp_path, 2, seed=0, num_nodes=600, avg_degree=8)
     args = {"runs": [{"name": "dgs", "dgs": DGS, "dgs_on": True, "self_check": True}], "seed": 0, "epochs": 6,
