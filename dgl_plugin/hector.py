@@ -240,6 +240,14 @@ class HectorHGTConv(HGTConv):
 # RGAT
 
 
+def _head_dot_weight(attn: Tensor) -> Tensor:
+    """(types, heads, D) attention vectors as (types, heads*D, heads) matrices: ``y @ M[t]`` is the per-head dot
+    product of a (heads*D) row with ``attn[t]`` (block-diagonal: head h reads only its own D columns)."""
+    t, h, d = attn.shape
+    eye = torch.eye(h, dtype=attn.dtype, device=attn.device)
+    return torch.einsum("thd,hk->thdk", attn, eye).reshape(t, h * d, h)
+
+
 class HectorRGAT(nn.Module):
     """Relational GAT: per relation r, GAT attention ``leaky_relu(a_l,r . h_u W_r + a_r,r . h_v W_r)``, softmax over
     the in-edges of each destination within r (``softmax="relation"``, DGL's ``HeteroGraphConv`` of ``GATConv``) or
@@ -320,14 +328,14 @@ class HectorRGAT(nn.Module):
         self.last_plan = {"src": pl, "dst": pr}
         if pl.fold:
             el = materialize(feat, fold_attention(self.W, self.attn_l), rows, cfg.gemm)
-        else:
-            el = (msg.view(-1, H, D) * self.attn_l.index_select(0, rows.etype)).sum(-1)
+        else:  # (h W_r) . a_r as a typed linear of the message rows: no per-row copy of the attention vectors
+            el = segment_mm(msg, _head_dot_weight(self.attn_l), rows.ptr, cfg.gemm)
         x_dst = feat[: g.num_dst_nodes()]
         if pr.fold:
             er = materialize(x_dst, fold_attention(self.W, self.attn_r), drows, cfg.gemm)
         else:
-            er = (materialize(x_dst, self.W, drows, cfg.gemm).view(-1, H, D)
-                  * self.attn_r.index_select(0, drows.etype)).sum(-1)
+            er = segment_mm(materialize(x_dst, self.W, drows, cfg.gemm), _head_dot_weight(self.attn_r), drows.ptr,
+                            cfg.gemm)
         e = F.leaky_relu(el.index_select(0, rows.edge_row) + er.index_select(0, drows.edge_row), self.negative_slope)
         if self.softmax == "relation":
             grp = lay.groups
