@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -59,24 +58,19 @@ def elapsed() -> float:
 
 
 def provenance(argv: list[str]) -> dict[str, Any]:
-    def git(*a: str) -> str:
-        try:
-            r = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False)
-            return r.stdout.strip()
-        except Exception:  # noqa: BLE001 - no git in this copy of the tree
-            return ""
+    """flowlane's result envelope (FLOWLANE_COMMIT wins over a stale .git in a copy sent to the GPU machine), plus
+    the Triton version and the CPU threads torch uses."""
+    from flowlane.testing.provenance import provenance as envelope
 
-    commit = git("rev-parse", "HEAD") or os.environ.get("FLOWLANE_COMMIT", "unknown (no git in this copy)")
     try:
         import triton
 
         tv = triton.__version__
     except Exception as e:  # noqa: BLE001
         tv = f"unavailable: {e}"
-    return {"command": "python3 tests/gpu/direct_gather.py " + " ".join(argv), "commit": commit,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "host": platform.node(),
+    return {**envelope("python3 tests/gpu/direct_gather.py " + " ".join(argv),
+                       torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)"),
             "python": platform.python_version(), "torch": torch.__version__, "triton": tv,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)",
             "cpu_threads": torch.get_num_threads()}
 
 
