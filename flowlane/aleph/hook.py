@@ -21,8 +21,9 @@ construction, never inside backward. Steps 1 and 3 use ``isend``/``irecv`` rathe
 whose algorithms are the backend's choice, so the traffic is the paper's: S up and S down per member. The plan must be the same on every rank: the constructor all-gathers it and
 raises on every rank when two disagree (a mismatch would otherwise hang).
 
-The DDP hook (``DistributedDataParallel.register_comm_hook``) divides the bucket by the group size first, as DDP's
-default ``allreduce_hook`` does, then runs the three steps. It runs them synchronously and returns a completed
+The DDP hook (``DistributedDataParallel.register_comm_hook``) multiplies the bucket by 1/size, as DDP's built-in
+reducer does, then runs the three steps. (torch's Python ``allreduce_hook`` divides by the size instead, and dividing
+after the sum rounds differently again: at 7 ranks neither is bitwise DDP's own; a power-of-two size hides it.) It runs them synchronously and returns a completed
 future: correct and simple, without overlap between buckets (tier 0 validates plan semantics and traffic shape).
 """
 
@@ -181,10 +182,10 @@ class HierarchicalAllReduce:
 
 
 def aleph_comm_hook(state: "HierarchicalAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: the bucket's mean over the group through the plan's hierarchy (no ``from __future__ import
+    """DDP comm hook: the bucket's mean over the group through the plan's hierarchy, scaled by 1/size first (no ``from __future__ import
     annotations`` in this module: DDP checks that ``bucket`` is annotated with the class itself)."""
     buf = bucket.buffer()
-    buf.div_(len(state.ranks))
+    buf.mul_(1.0 / len(state.ranks))  # DDP's built-in reducer scales by 1/size before the sum: bitwise at any size
     state(buf)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
