@@ -14,7 +14,7 @@ Edgewise typed linear ``Y[e] = X[src[e]] @ W[etype[e]]`` in bf16 on skewed synth
 Times are CUDA-event medians of ``--reps`` (forward; and forward + backward for loop / grouped_mm / compact), peak
 memory is ``torch.cuda.max_memory_allocated`` above the inputs. Checks (exit 1 on failure): every variant's output
 equals the loop's (bf16: max |diff| <= 2e-2 x max |y|; bitwise equality is recorded), gradients of grouped_mm and
-compact equal the loop's, compact rows == #unique (src, type) pairs. Without CUDA it runs tiny sizes on the CPU
+compact are as close to an fp32 reference as the bf16 loop's (within 2e-2, or 1.5x the loop's own error), compact rows == #unique (src, type) pairs. Without CUDA it runs tiny sizes on the CPU
 (float32, same checks) so the logic can be tried anywhere.
 
 Run: ``python3 tests/gpu/hector_ops.py --out $OUT/hector_ops.json``.
@@ -151,17 +151,25 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
         return xx.grad, ww.grad
 
     kinds = ["loop", "compact"] + (["grouped_mm"] if res["path_auto_picks"] == "grouped_mm" else [])
-    grads_ref = None
+    # Gradients are checked against an fp32 reference (the loop on upcast inputs), not against the bf16 loop: dx
+    # sums the rows of every edge of a source (hub sources: thousands), and bf16 sums in different orders differ by
+    # far more than one rounding. A flowlane path passes when it is within tol of the reference or no further from
+    # it than 1.5x the bf16 loop (the baseline's own error).
+    xx32, ww32 = x.detach().float().clone().requires_grad_(), w.detach().float().clone().requires_grad_()
+    segment_mm(xx32.index_select(0, src_sorted), ww32, ptr, gemm="loop").backward(gy.float())
+    grads_ref = (xx32.grad, ww32.grad)
+    loop_err: dict[str, float] = {}
     for kind in kinds:
         try:
             gx, gw = fb(kind)
-            if grads_ref is None:
-                grads_ref = (gx, gw)
             for gname, a_, b_ in (("dx", gx, grads_ref[0]), ("dW", gw, grads_ref[1])):
                 e = _err(a_, b_)
-                res.setdefault("grad_equality_vs_loop", {})[f"{kind}.{gname}"] = e
-                if e["rel"] > tol:
-                    res["failed"].append(f"{kind}: {gname} differs from the loop's (rel {e['rel']:.2e} > {tol})")
+                res.setdefault("grad_error_vs_fp32", {})[f"{kind}.{gname}"] = e
+                if kind == "loop":
+                    loop_err[gname] = e["rel"]
+                bound = max(tol, 1.5 * loop_err.get(gname, 0.0))
+                if e["rel"] > bound:
+                    res["failed"].append(f"{kind}: {gname} is {e['rel']:.2e} from the fp32 reference (> {bound:.2e})")
             res["fwd_bwd_s"][kind] = t(lambda k=kind: fb(k))
         except Exception as exc:  # noqa: BLE001 - recorded as a failure of that flowlane path
             res["errors"][f"fwd_bwd.{kind}"] = f"{type(exc).__name__}: {exc}"[:400]
