@@ -18,6 +18,7 @@ from flowlane.hector import (
     edge_softmax,
     fold_attention,
     gather_dot,
+    gather_rows,
     grouped_mm_available,
     materialize,
     plan_fold,
@@ -272,3 +273,20 @@ def test_typed_graph_is_seeded_skewed_and_validated():
                                                                                    8).ratio
     with pytest.raises(ValueError, match="bad hub_alpha=1.0"):
         typed_graph(TypedGraphSpec(hub_alpha=1.0))
+
+
+def test_gather_rows_sums_a_hub_rows_edge_gradients_in_fp32_for_bf16():
+    """A compact row feeds every edge of its (source, type) pair: 4,096 edges of one hub row in bf16."""
+    y = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
+    index = torch.tensor([0] * 4096 + [1, 2, 2])
+    g = torch.randn(index.numel(), 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    out = gather_rows(y, index)
+    assert torch.equal(out, y.detach().index_select(0, index))
+    out.backward(g)
+    want = torch.zeros(3, 8).index_add_(0, index, g.float())
+    assert torch.equal(y.grad, want.to(torch.bfloat16))  # one rounding, at the end
+    y2 = y.detach().clone().requires_grad_()
+    y2.index_select(0, index).backward(g)  # torch's own bf16 index_add rounds on the way
+    assert (y2.grad.float() - want).abs().max() >= (y.grad.float() - want).abs().max()
+    with pytest.raises(ValueError, match=r"index holds 3, outside the allowed range \[0, 3\)"):
+        gather_rows(y, torch.tensor([3]))

@@ -10,7 +10,8 @@ Public API::
     out = EdgeAggregator(dst, rows.edge_row, N, rows.num_rows)(msg, values)   # sum over in-edges (SpMM)
     plan = plan_fold(rows.num_rows, R, d_in, d_out, heads)   # linear-operator reordering, by a cost model
 
-Also: :func:`typed_linear` (rows in any order), :func:`vanilla_rows`, :func:`edge_softmax`, :func:`gather_dot`, :func:`fold_attention`,
+Also: :func:`typed_linear` (rows in any order), :func:`vanilla_rows`, :func:`edge_softmax`, :func:`gather_dot`,
+:func:`gather_rows` (compact rows to edges, fp32 gradient sums), :func:`fold_attention`,
 :func:`plan_side`, :class:`HectorConfig`, and synthetic skewed typed graphs (:func:`typed_graph`). Nothing happens on
 import. The DGL layers (RelGraphConv-compatible RGCN, RGAT, HGT) are in ``dgl_plugin.hector``.
 """
@@ -23,6 +24,7 @@ from flowlane.hector.ops import (
     compact_rows,
     edge_softmax,
     gather_dot,
+    gather_rows,
     grouped_mm_available,
     materialize,
     replicated_typed_linear,
@@ -37,7 +39,8 @@ from flowlane.hector.synthetic import TypedGraphSpec, typed_graph
 
 __all__ = [
     "GEMMS", "MATERIALIZATIONS", "REORDERS", "EdgeAggregator", "FoldPlan", "HectorConfig", "RowIndex", "SidePlan",
-    "TypedGraphSpec", "choose_gemm", "compact_rows", "edge_softmax", "fold_attention", "gather_dot", "grouped_mm_available",
+    "TypedGraphSpec", "choose_gemm", "compact_rows", "edge_softmax", "fold_attention", "gather_dot", "gather_rows",
+    "grouped_mm_available",
     "materialize", "plan_fold", "plan_side", "replicated_typed_linear", "segment_mm", "segment_ptr", "type_order",
     "typed_graph", "typed_linear", "vanilla_rows",
 ]

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from flowlane.hector import compact_rows, materialize, segment_mm, type_order, typed_graph  # noqa: E402
+from flowlane.hector import compact_rows, gather_rows, materialize, segment_mm, type_order, typed_graph  # noqa: E402
 from flowlane.testing.provenance import provenance  # noqa: E402
 
 GPU_CASES = [(2_000_000, 8, 64), (2_000_000, 64, 64), (1_000_000, 16, 256)]
@@ -105,7 +105,7 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
                 "grouped_mm": lambda: torch._grouped_mm(x.index_select(0, src_sorted), w, offs=offs),
                 "flowlane_auto": lambda: segment_mm(x.index_select(0, src_sorted), w, ptr, gemm="auto"),
                 "compact_rows": lambda: materialize(x, w, rows, gemm="auto"),
-                "compact": lambda: materialize(x, w, rows, gemm="auto").index_select(0, rows.edge_row)}
+                "compact": lambda: gather_rows(materialize(x, w, rows, gemm="auto"), rows.edge_row)}
     need = edges * dim * dim * x.element_size()
     free = torch.cuda.mem_get_info()[0] if dev.type == "cuda" else None
     if free is not None and need > 0.85 * free:
@@ -145,7 +145,7 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
     def fb(kind: str):
         xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
         if kind == "compact":
-            materialize(xx, ww, rows, gemm="auto").index_select(0, rows.edge_row).backward(gy_edges)
+            gather_rows(materialize(xx, ww, rows, gemm="auto"), rows.edge_row).backward(gy_edges)
         else:
             segment_mm(xx.index_select(0, src_sorted), ww, ptr, gemm=kind).backward(gy)
         return xx.grad, ww.grad
