@@ -241,8 +241,8 @@ def dp_bytes_per_iteration(model: Any) -> int:
 
 
 def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, Any]:
-    """One rank of the default recipe (under flowlane.launch, torchrun or srun; ``device`` already resolved to
-    cpu or cuda by :func:`resolve_device`). Collective; the process groups it creates (Megatron's, a feature's)
+    """One rank of the default recipe (under flowlane.launch, torchrun or srun; ``device`` resolved to cpu or cuda
+    by :func:`resolve_device`, or ``auto``, which means the local launcher's CPU ranks). Collective; the process groups it creates (Megatron's, a feature's)
     are destroyed when it returns, so it can run again in the same process."""
     from flowlane import comm
 
@@ -252,6 +252,8 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
 
 def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     device = recipe.device
+    if device == "auto":  # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
+        device = resolve_device(recipe, None)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}: train_rank needs it resolved to 'cpu' or 'cuda' (resolve_device)")
     if device == "cpu":
