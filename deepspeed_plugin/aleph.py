@@ -12,7 +12,7 @@ partitioned reductions: a per-shard hierarchy is future work), pipeline engines 
 tested), a backend another flowlane tap already wraps (Hermod), and a plan whose size is not the DP group's.
 
 Config: the ``"flowlane": {"aleph": {...}}`` section of the DeepSpeed config holds :class:`flowlane.aleph.AlephConfig`
-keys plus ``"enabled"`` and ``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or
+keys (except ``replan_every`` / ``hysteresis``: no re-planning here, refused) plus ``"enabled"`` and ``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or
 ``"clusters"`` (an explicit plan: a list of member lists, aggregator first). :func:`install` reads it.
 """
 
@@ -27,6 +27,9 @@ from flowlane.aleph import AlephConfig, Plan, plan_clusters
 from flowlane.aleph.hook import HierarchicalAllReduce
 
 SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters")
+NOT_APPLIED = ("replan_every", "hysteresis")
+"""AlephConfig keys this adapter refuses: the plan is fixed at install (no Replanner runs here), so they would
+have no effect."""
 
 
 class _Done:
@@ -96,6 +99,10 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
     if not own.get("enabled", True):
         return None
     rest = {k: v for k, v in section.items() if k not in SECTION_KEYS}
+    ignored = sorted(k for k in NOT_APPLIED if k in rest)
+    if ignored:
+        raise ValueError(f"flowlane.aleph: {ignored} would have no effect on DeepSpeed: the plan is fixed at install "
+                         "(re-planning is not wired into this adapter); remove them")
     try:
         cfg = AlephConfig.from_dict(rest)
     except ValueError as e:

@@ -26,5 +26,7 @@ def test_aleph_section_is_parsed_strictly():
     assert cfg.variant == "paper" and own["bandwidth_gbps"] == [30, 10]
     with pytest.raises(ValueError, match="unknown aleph config key"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0]], "bogus": 1}}})
+    with pytest.raises(ValueError, match=r"\['replan_every'\] would have no effect on DeepSpeed"):
+        parse_section({"flowlane": {"aleph": {"clusters": [[0]], "replan_every": 10}}})
     with pytest.raises(ValueError, match="exactly one of 'bandwidth_gbps'"):
         parse_section({"flowlane": {"aleph": {"top": "ps"}}})
