@@ -13,7 +13,6 @@ Run: .venv-llm/bin/python benchmarks/syndicate_delta.py [--reps 5]   -> results/
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flowlane.syndicate.cost import Option, fit_path_cost  # noqa: E402
-from flowlane.testing.provenance import provenance  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -127,10 +126,7 @@ def main() -> int:
            "enforcer_overhead_k1_vs_plain": {str(w): {str(row["mb"]): row["k"][1] / row["plain_s"] - 1
                                                       for row in r["all_reduce"]} for w, r in runs.items()}}
     print("fit:", doc["fit"], "min useful motif bytes:", doc["min_useful_motif_bytes"])
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
-    print("wrote", out)
+    print("wrote", write_result(a.out, doc))
     return 0
 
 

@@ -10,7 +10,6 @@ Run: .venv-llm/bin/python benchmarks/syndicate_flowsim.py   -> results/syndicate
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flowlane.syndicate import SearchConfig, mcmc_search, opt_sched  # noqa: E402
 from flowlane.syndicate.flowsim import simulate  # noqa: E402
 from flowlane.syndicate.workloads import linear_chain, llm_dp_chain  # noqa: E402
-from flowlane.testing.provenance import provenance  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 
 def main() -> int:
@@ -46,10 +45,7 @@ def main() -> int:
                   {k: round(v, 3) for k, v in row["flow_level_ms"].items()}, flush=True)
     doc = {"label": "simulated (optSched cost model and flowlane.sim flow-level engine; assumed path parameters)",
            "rows": rows}
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
-    print("wrote", out)
+    print("wrote", write_result(a.out, doc))
     return 0
 
 

@@ -43,7 +43,7 @@ from flowlane.syndicate import (  # noqa: E402  # noqa: E402
     mcmc_search,
     opt_sched,
 )
-from flowlane.testing.provenance import provenance  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 PORT = 29731
 AR_MB = (1.0, 1.0, 1.5)
@@ -242,10 +242,7 @@ def main() -> int:
                 "held_s": [r["held_s"] for r in ranks], "wall_s": time.perf_counter() - t_start})
     print(f"measured fifo {med['fifo']:.3f} s, joint {med['joint']:.3f} s -> {doc['measured_speedup']:.2f}x "
           f"(predicted {doc['predicted_speedup']:.2f}x); equal outputs {doc['outputs_bitwise_equal_fifo_vs_joint']}")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
-    print("wrote", out)
+    print("wrote", write_result(a.out, doc))
     return 0
 
 

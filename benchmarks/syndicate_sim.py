@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flowlane.syndicate import SearchConfig, exhaustive, mcmc_search, opt_sched  # noqa: E402
 from flowlane.syndicate.search import SYSTEMS, ablation, space_size  # noqa: E402
 from flowlane.syndicate.workloads import dlrm_dag, linear_chain, random_dag, two_path_toy  # noqa: E402
-from flowlane.testing.provenance import provenance  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 HAND = {"a2a-data-prep": 0, "a2a-emb-fwd": 0, "a2a-emb-bwd": 0, "ar-top-mlp": 1, "ar-bottom-mlp": 1}
 
@@ -108,10 +108,7 @@ def main() -> int:
     print("E3 joint vs BS+:", round(doc["e3_linear_chain"]["joint_vs_bs_lifo_seg"], 4), flush=True)
     doc["search"] = search_quality(a.budget_s, a.skip_exhaustive)
     print("search:", json.dumps(doc["search"], indent=None)[:800], flush=True)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
-    print("wrote", out)
+    print("wrote", write_result(a.out, doc))
     return 0
 
 

@@ -27,3 +27,18 @@ def test_provenance_takes_the_commit_its_sender_names_over_a_possibly_stale_git(
     assert (p["commit"], p["dirty"], p["command"]) == ("abc1234-dirty", None, "x")
     monkeypatch.delenv("FLOWLANE_COMMIT")
     assert provenance(command="x")["commit"] != "abc1234-dirty"
+
+
+def test_write_result_records_the_envelope_and_replaces_the_file_whole(tmp_path, monkeypatch) -> None:
+    import json
+
+    from flowlane.testing.provenance import write_result
+
+    monkeypatch.setenv("FLOWLANE_COMMIT", "abc1234")
+    out = write_result(tmp_path / "sub" / "r.json", {"figure": 1.5}, command="bench --x 1")
+    doc = json.loads(out.read_text())
+    assert doc["figure"] == 1.5 and doc["provenance"]["command"] == "bench --x 1"
+    assert doc["provenance"]["commit"] == "abc1234"
+    write_result(out, {"figure": 2.0})
+    assert json.loads(out.read_text())["figure"] == 2.0
+    assert [p.name for p in out.parent.iterdir()] == ["r.json"]  # no temporary file left behind

@@ -7,6 +7,7 @@ from ``FLOWLANE_COMMIT``, set by whoever sent it; it wins over a ``.git`` there,
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -48,3 +49,14 @@ def provenance(command: str | None = None, device: str | None = None) -> dict[st
                                                     else [argv0]) + sys.argv[1:])
     return {"command": command, "commit": commit, "dirty": dirty, "host": platform.node(), "cpus": os.cpu_count(),
             "device": device, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_result(path: str | os.PathLike[str], doc: dict[str, Any], command: str | None = None) -> Path:
+    """Write ``doc`` with its :func:`provenance` envelope as indented JSON to ``path`` (folders made), atomically:
+    a crash leaves the previous file, never half a new one. Returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**doc, "provenance": provenance(command)}, indent=1))
+    os.replace(tmp, out)
+    return out
