@@ -15,24 +15,42 @@ from typing import Any
 
 def add_pool_args(ap: argparse.ArgumentParser, budget_s: float, quantum: float = 1e-4) -> None:
     """The options every pool-driven simulation benchmark takes: --quantum, --workers, --budget-s."""
-    ap.add_argument("--quantum", type=float, default=quantum, help=f"simulator time quantum (s; default {quantum:g})")
+    ap.add_argument(
+        "--quantum", type=float, default=quantum, help=f"simulator time quantum (s; default {quantum:g})"
+    )
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=budget_s, help="stop starting new points after this (wall s)")
+    ap.add_argument(
+        "--budget-s", type=float, default=budget_s, help="stop starting new points after this (wall s)"
+    )
 
 
-def run_points(tasks: Sequence[tuple], fn: Callable[..., dict], extra: tuple, workers: int, budget_s: float,
-               label: str, describe: Callable[[tuple, dict], str],
-               after_each: Callable[[list[dict], list], None], points: list[dict] | None = None,
-               skipped: list | None = None) -> tuple[list[dict], list]:
+def run_points(
+    tasks: Sequence[tuple],
+    fn: Callable[..., dict],
+    extra: tuple,
+    workers: int,
+    budget_s: float,
+    label: str,
+    describe: Callable[[tuple, dict], str],
+    after_each: Callable[[list[dict], list], None],
+    points: list[dict] | None = None,
+    skipped: list | None = None,
+) -> tuple[list[dict], list]:
     """``fn(*task, *extra)`` for every task; returns (points, skipped [(task, why)])."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     t0 = time.time()
     points = [] if points is None else points
     skipped = [] if skipped is None else skipped
-    with ProcessPoolExecutor(max_workers=workers) as ex, Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn()) as prog:
+    with (
+        ProcessPoolExecutor(max_workers=workers) as ex,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        ) as prog,
+    ):
         bar = prog.add_task(label, total=len(tasks))
         futs: dict[Any, tuple] = {}
         pending = list(tasks)

@@ -32,8 +32,12 @@ from flowlane.sim.workloads import zipf_token_matrix
 
 def _stats(ts: list[float]) -> dict[str, float]:
     a = np.array(ts) * 1e3
-    return {"median_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "min_ms": float(a.min()),
-            "calls": len(ts)}
+    return {
+        "median_ms": float(np.median(a)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "min_ms": float(a.min()),
+        "calls": len(ts),
+    }
 
 
 def _time(fn, reps: int) -> tuple[list[float], object]:
@@ -49,7 +53,9 @@ def _commit() -> str:
     if os.environ.get("FLOWLANE_COMMIT"):  # a copy of the tree sent elsewhere: its sender knows the commit
         return os.environ["FLOWLANE_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -60,7 +66,9 @@ def main() -> None:
     ap.add_argument("--matrices", type=int, default=5, help="Zipf matrices per EP size")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per matrix (compiled, cached)")
     ap.add_argument("--python-reps", type=int, default=1, help="timed calls per matrix, pure Python")
-    ap.add_argument("--python-max-ep", type=int, default=32, help="time pure Python only up to this EP (slow)")
+    ap.add_argument(
+        "--python-max-ep", type=int, default=32, help="time pure Python only up to this EP (slow)"
+    )
     ap.add_argument("--python-matrices", type=int, default=2, help="matrices timed in pure Python per EP")
     ap.add_argument("--algorithms", default="bvn,bvn_bottleneck")
     ap.add_argument("--tokens", type=int, default=4096)
@@ -70,8 +78,12 @@ def main() -> None:
     ap.add_argument("--stream-quanta", default="1,64,512", help="quanta for the cache hit-rate stream")
     ap.add_argument("--stream-calls", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-phases", type=int, default=0,
-                    help="cap every plan at this many phases (0: none); rows then report the residual share")
+    ap.add_argument(
+        "--max-phases",
+        type=int,
+        default=0,
+        help="cap every plan at this many phases (0: none); rows then report the residual share",
+    )
     ap.add_argument("--out", default="results/hermod")
     a = ap.parse_args()
     impl = M.planner_impl()
@@ -80,13 +92,18 @@ def main() -> None:
     rows, streams = [], []
     for ep in [int(x) for x in a.eps.split(",")]:
         rng = np.random.default_rng(a.seed + ep)
-        mats = [zipf_token_matrix(rng, ep, a.experts_per_rank * ep, a.tokens, a.top_k, a.skew).tolist()
-                for _ in range(a.matrices)]
+        mats = [
+            zipf_token_matrix(rng, ep, a.experts_per_rank * ep, a.tokens, a.top_k, a.skew).tolist()
+            for _ in range(a.matrices)
+        ]
         for alg in a.algorithms.split(","):
             t_c, t_py, t_hit, phases, sends, totals, residual = [], [], [], [], [], [], []
             lb = [M.lower_bound(m) for m in mats]
             for k, m in enumerate(mats):
-                ts, ph = _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, cache=False, max_phases=a.max_phases), a.reps)
+                ts, ph = _time(
+                    lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, cache=False, max_phases=a.max_phases),
+                    a.reps,
+                )
                 t_c += ts
                 phases.append(len(ph))
                 sends.append(sum(len(p.sends) for p in ph))
@@ -95,30 +112,52 @@ def main() -> None:
                 residual.append(sum(a_ for p in ph if p.residual for _, _, a_ in p.sends) / max(1, units))
                 M.plan_cache_clear()
                 M.plan_all_to_all(m, 1, alg, max_phases=a.max_phases)  # miss: fills the cache
-                t_hit += _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, max_phases=a.max_phases), a.reps)[0]
+                t_hit += _time(
+                    lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, max_phases=a.max_phases), a.reps
+                )[0]
                 assert M.plan_cache_info()["hits"] == a.reps
                 if ep <= a.python_max_ep and k < a.python_matrices:
-                    ts, ref = _time(lambda m=m, alg=alg: M.plan_all_to_all(m, 1, alg, impl="python", cache=False,
-                                                                           max_phases=a.max_phases), a.python_reps)
+                    ts, ref = _time(
+                        lambda m=m, alg=alg: M.plan_all_to_all(
+                            m, 1, alg, impl="python", cache=False, max_phases=a.max_phases
+                        ),
+                        a.python_reps,
+                    )
                     t_py += ts
                     if ref != ph:
                         raise SystemExit(f"EP {ep} {alg} matrix {k}: compiled and Python plans differ")
-            row = {"ep": ep, "algorithm": alg, "matrices": len(mats), "phases": phases, "sends": sends,
-                   "phases_median": float(np.median(phases)), "total_units": totals, "lower_bound_units": lb,
-                   "max_phases": a.max_phases, "residual_unit_share": residual,
-                   "compiled": _stats(t_c), "cached_hit": _stats(t_hit),
-                   "python": _stats(t_py) if t_py else None,
-                   "python_equal_to_compiled_on": min(a.python_matrices, len(mats)) if t_py else 0}
+            row = {
+                "ep": ep,
+                "algorithm": alg,
+                "matrices": len(mats),
+                "phases": phases,
+                "sends": sends,
+                "phases_median": float(np.median(phases)),
+                "total_units": totals,
+                "lower_bound_units": lb,
+                "max_phases": a.max_phases,
+                "residual_unit_share": residual,
+                "compiled": _stats(t_c),
+                "cached_hit": _stats(t_hit),
+                "python": _stats(t_py) if t_py else None,
+                "python_equal_to_compiled_on": min(a.python_matrices, len(mats)) if t_py else 0,
+            }
             if t_py:
                 row["speedup_compiled_vs_python"] = row["python"]["median_ms"] / row["compiled"]["median_ms"]
             rows.append(row)
             py = f"{row['python']['median_ms']:9.2f}" if t_py else "        -"
-            print(f"EP {ep:3d} {alg:15s} phases {row['phases_median']:7.0f}  python {py} ms  compiled "
-                  f"{row['compiled']['median_ms']:8.3f} (p99 {row['compiled']['p99_ms']:8.3f}) ms  cached "
-                  f"{row['cached_hit']['median_ms']:7.4f} (p99 {row['cached_hit']['p99_ms']:7.4f}) ms"
-                  + (f"  residual {100 * float(np.median(residual)):.1f} % of units, total/L "
-                     f"{float(np.median([t / max(1, b) for t, b in zip(totals, lb, strict=True)])):.3f}" if a.max_phases else ""),
-                  flush=True)
+            print(
+                f"EP {ep:3d} {alg:15s} phases {row['phases_median']:7.0f}  python {py} ms  compiled "
+                f"{row['compiled']['median_ms']:8.3f} (p99 {row['compiled']['p99_ms']:8.3f}) ms  cached "
+                f"{row['cached_hit']['median_ms']:7.4f} (p99 {row['cached_hit']['p99_ms']:7.4f}) ms"
+                + (
+                    f"  residual {100 * float(np.median(residual)):.1f} % of units, total/L "
+                    f"{float(np.median([t / max(1, b) for t, b in zip(totals, lb, strict=True)])):.3f}"
+                    if a.max_phases
+                    else ""
+                ),
+                flush=True,
+            )
         # cache hit rate on a stream of fresh matrices (one MoE call each), per planning quantum
         for q in [int(x) for x in a.stream_quanta.split(",")]:
             M.plan_cache_clear()
@@ -127,21 +166,45 @@ def main() -> None:
                 m = zipf_token_matrix(srng, ep, a.experts_per_rank * ep, a.tokens, a.top_k, a.skew).tolist()
                 M.plan_all_to_all(m, q, "bvn")
             info = M.plan_cache_info()
-            streams.append({"ep": ep, "quantum": q, "calls": a.stream_calls, "hits": info["hits"],
-                            "misses": info["misses"]})
+            streams.append(
+                {
+                    "ep": ep,
+                    "quantum": q,
+                    "calls": a.stream_calls,
+                    "hits": info["hits"],
+                    "misses": info["misses"],
+                }
+            )
             print(f"EP {ep:3d} stream quantum {q:4d}: {info['hits']}/{a.stream_calls} cache hits", flush=True)
     M.plan_cache_clear()
     goal = [r for r in rows if r["ep"] == 32]
-    out = {"label": "measured", "argv": sys.argv, "commit": _commit(), "host": socket.gethostname(),
-           "platform": platform.platform(), "python": platform.python_version(), "planner_impl": impl,
-           "workload": {"generator": "flowlane.sim.workloads.zipf_token_matrix", "tokens": a.tokens,
-                        "top_k": a.top_k, "experts_per_rank": a.experts_per_rank, "skew": a.skew, "seed": a.seed},
-           "note": "wall-clock ms per plan_all_to_all call on a shared machine (other load present); 'compiled' "
-                   "includes validation and building the Phase objects; 'cached_hit' is a plan-cache hit",
-           "goal": {"ep": 32, "limit_ms": 1.0,
-                    "compiled_median_ms": {r["algorithm"]: r["compiled"]["median_ms"] for r in goal},
-                    "cached_hit_median_ms": {r["algorithm"]: r["cached_hit"]["median_ms"] for r in goal}},
-           "rows": rows, "cache_stream": streams}
+    out = {
+        "label": "measured",
+        "argv": sys.argv,
+        "commit": _commit(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "planner_impl": impl,
+        "workload": {
+            "generator": "flowlane.sim.workloads.zipf_token_matrix",
+            "tokens": a.tokens,
+            "top_k": a.top_k,
+            "experts_per_rank": a.experts_per_rank,
+            "skew": a.skew,
+            "seed": a.seed,
+        },
+        "note": "wall-clock ms per plan_all_to_all call on a shared machine (other load present); 'compiled' "
+        "includes validation and building the Phase objects; 'cached_hit' is a plan-cache hit",
+        "goal": {
+            "ep": 32,
+            "limit_ms": 1.0,
+            "compiled_median_ms": {r["algorithm"]: r["compiled"]["median_ms"] for r in goal},
+            "cached_hit_median_ms": {r["algorithm"]: r["cached_hit"]["median_ms"] for r in goal},
+        },
+        "rows": rows,
+        "cache_stream": streams,
+    }
     od = Path(a.out)
     od.mkdir(parents=True, exist_ok=True)
     (od / "plan_speed.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -161,13 +224,22 @@ def main() -> None:
         for key, c in (("python", "C3"), ("compiled", "C0"), ("cached_hit", "C2")):
             pts = [(r["ep"], r[key]["median_ms"]) for r in rs if r.get(key)]
             if pts:
-                ax[0].plot([p[0] for p in pts], [p[1] for p in pts], ls, color=c, marker="o", label=f"{key} ({alg})")
+                ax[0].plot(
+                    [p[0] for p in pts], [p[1] for p in pts], ls, color=c, marker="o", label=f"{key} ({alg})"
+                )
         ax[1].plot(eps, [r["phases_median"] for r in rs], ls, marker="o", label=alg)
     ax[0].axhline(1.0, color="k", lw=0.8, ls=":", label="goal 1 ms")
-    ax[0].set(xscale="log", yscale="log", xlabel="EP group size", ylabel="ms per plan (median)",
-              title="all-to-all planning time (measured)")
+    ax[0].set(
+        xscale="log",
+        yscale="log",
+        xlabel="EP group size",
+        ylabel="ms per plan (median)",
+        title="all-to-all planning time (measured)",
+    )
     ax[0].set_xticks(sorted({r["ep"] for r in rows}), [str(e) for e in sorted({r["ep"] for r in rows})])
-    ax[1].set(xscale="log", yscale="log", xlabel="EP group size", ylabel="phases (median)", title="phase count")
+    ax[1].set(
+        xscale="log", yscale="log", xlabel="EP group size", ylabel="phases (median)", title="phase count"
+    )
     ax[1].set_xticks(sorted({r["ep"] for r in rows}), [str(e) for e in sorted({r["ep"] for r in rows})])
     for x in ax:
         x.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())

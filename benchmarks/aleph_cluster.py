@@ -107,10 +107,16 @@ def fig13(seeds: int) -> list[dict]:
             ps_only.append(100 * ps_time(size, bw, 100.0).rate)
             ring_x.append(ring_time(size, bw).time / al.time)
             single.append(ps_time(size, bw, 10.0).time / aleph_time(size, plan, bw, 10.0).time)
-        out.append({"sigma": sigma, "aleph_worker_usage_gbps": statistics.mean(ws),
-                    "aleph_ps_usage_gbps": statistics.mean(ps), "ps_only_worker_usage_gbps": statistics.mean(ps_only),
-                    "ring_time_over_aleph": statistics.mean(ring_x),
-                    "single_10g_ps_time_over_aleph": statistics.mean(single)})
+        out.append(
+            {
+                "sigma": sigma,
+                "aleph_worker_usage_gbps": statistics.mean(ws),
+                "aleph_ps_usage_gbps": statistics.mean(ps),
+                "ps_only_worker_usage_gbps": statistics.mean(ps_only),
+                "ring_time_over_aleph": statistics.mean(ring_x),
+                "single_10g_ps_time_over_aleph": statistics.mean(single),
+            }
+        )
     return out
 
 
@@ -128,9 +134,11 @@ def leaf_spine(seeds: int) -> dict:
             rows[scheme]["time_s"].append(r.time)
             rows[scheme]["link_gbytes"].append(r.link_bytes / 8)
             rows[scheme]["mean_hops"].append(r.mean_hops)
-    return {"setup": "n=150, 15 leaves x 10, leaf uplink 100 Gbit/s, PS tier 100 Gbit/s on its own leaf, sigma 0.3, "
-                     "97 MB gradients; paper Fig. 14 (fat-tree, 150 workers): ALEPH 51.7, BytePS 85.3, Horovod 64.8 GB",
-            **{k: {m: statistics.mean(v) for m, v in d.items()} for k, d in rows.items()}}
+    return {
+        "setup": "n=150, 15 leaves x 10, leaf uplink 100 Gbit/s, PS tier 100 Gbit/s on its own leaf, sigma 0.3, "
+        "97 MB gradients; paper Fig. 14 (fat-tree, 150 workers): ALEPH 51.7, BytePS 85.3, Horovod 64.8 GB",
+        **{k: {m: statistics.mean(v) for m, v in d.items()} for k, d in rows.items()},
+    }
 
 
 def main() -> None:
@@ -145,21 +153,33 @@ def main() -> None:
             for sigma in SIGMAS:
                 points.append(point(n, sigma, graph, a.seeds))
                 p = points[-1]
-                print(f"n={n:3d} {graph:8s} sigma={sigma:.1f}: paper {p['paper']['mean']:6.1f}  fill "
-                      f"{p['fill']['mean']:6.1f}  greedy {p['greedy']['mean']:6.1f}  opt {p['opt']['mean']:6.1f}  "
-                      f"fill/opt {p['fill_over_opt']:.3f}")
+                print(
+                    f"n={n:3d} {graph:8s} sigma={sigma:.1f}: paper {p['paper']['mean']:6.1f}  fill "
+                    f"{p['fill']['mean']:6.1f}  greedy {p['greedy']['mean']:6.1f}  opt {p['opt']['mean']:6.1f}  "
+                    f"fill/opt {p['fill_over_opt']:.3f}"
+                )
     goal = next(p for p in points if p["n"] == 100 and p["graph"] == "complete" and p["sigma"] == 0.3)
-    res = {"label": "simulated (planner and flow model; nothing sent)", **provenance(),
-           "setup": "bandwidth = 10 Gbit/s x clip(Normal(0.5, sigma), 0.1, 0.9); b = min; CPU unconstrained; "
-                    "paper = Alg. 1 literal (R = 1), fill = fill-to-capacity (R = 5)",
-           "goal": {"what": "fill within 1.1x of optimal |D| at sigma 0.3, n = 100 (complete graph)",
-                    "fill_over_opt": goal["fill_over_opt"], "met": goal["fill_over_opt"] <= 1.1},
-           "points": points, "fig13_n100": fig13(a.seeds), "leaf_spine_n150": leaf_spine(a.seeds),
-           "wall_s": time.perf_counter() - t0}
+    res = {
+        "label": "simulated (planner and flow model; nothing sent)",
+        **provenance(),
+        "setup": "bandwidth = 10 Gbit/s x clip(Normal(0.5, sigma), 0.1, 0.9); b = min; CPU unconstrained; "
+        "paper = Alg. 1 literal (R = 1), fill = fill-to-capacity (R = 5)",
+        "goal": {
+            "what": "fill within 1.1x of optimal |D| at sigma 0.3, n = 100 (complete graph)",
+            "fill_over_opt": goal["fill_over_opt"],
+            "met": goal["fill_over_opt"] <= 1.1,
+        },
+        "points": points,
+        "fig13_n100": fig13(a.seeds),
+        "leaf_spine_n150": leaf_spine(a.seeds),
+        "wall_s": time.perf_counter() - t0,
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"goal fill/opt at sigma 0.3, n=100: {goal['fill_over_opt']:.3f} (met: {res['goal']['met']}); -> {out}")
+    print(
+        f"goal fill/opt at sigma 0.3, n=100: {goal['fill_over_opt']:.3f} (met: {res['goal']['met']}); -> {out}"
+    )
     try:
         import matplotlib
 

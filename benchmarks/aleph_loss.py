@@ -46,7 +46,7 @@ def main() -> None:
     a = ap.parse_args()
     plan = plan_clusters(TESTBED, config=AlephConfig(seed=0))
     rng = np.random.default_rng(0)
-    x = rng.integers(-(2 ** 27), 2 ** 27, size=(plan.n, a.iters, a.elems), dtype=np.int64).astype(np.int32)
+    x = rng.integers(-(2**27), 2**27, size=(plan.n, a.iters, a.elems), dtype=np.int64).astype(np.int32)
     want = x.astype(np.int64).sum(0)
     segs = -(-a.elems // SEG_ELEMS)
     rows = []
@@ -57,28 +57,50 @@ def main() -> None:
             r = run_tree(plan, x, drop=drop, seed=rep + 1, rto_ms=a.rto_ms)
             every = [s for role in r.stats.values() for s in role]
             nodes = r.stats["ps"] + r.stats["aggregator"]
-            data_in = a.iters * segs * sum(len(c.members) for c in plan.clusters if len(c.members) > 1) + \
-                a.iters * segs * plan.num_flows  # DATA packets the nodes must add (aggregators' members + PS's)
-            runs.append({"exact": bool(np.array_equal(r.outputs, np.broadcast_to(want, r.outputs.shape))),
-                         "wall_s": r.wall_s, "per_iter_ms": 1e3 * r.wall_s / a.iters,
-                         "injected_drops": sum(s["injected_drops"] for s in every),
-                         "nacks": sum(s["nacks"] for s in every),
-                         "retx_requests": sum(s["retx_requests"] for s in every),
-                         "dup_refused": sum(s["dup"] for s in every),
-                         "bad": sum(sum(s["bad"].values()) for s in every),
-                         "node_cpu_us_per_data_packet": 1e6 * sum(s["cpu_s"] for s in nodes) / data_in})
-        row = {"drop": drop, "runs": runs, "all_exact": all(q["exact"] for q in runs),
-               "per_iter_ms_median": statistics.median(q["per_iter_ms"] for q in runs)}
+            data_in = (
+                a.iters * segs * sum(len(c.members) for c in plan.clusters if len(c.members) > 1)
+                + a.iters * segs * plan.num_flows
+            )  # DATA packets the nodes must add (aggregators' members + PS's)
+            runs.append(
+                {
+                    "exact": bool(np.array_equal(r.outputs, np.broadcast_to(want, r.outputs.shape))),
+                    "wall_s": r.wall_s,
+                    "per_iter_ms": 1e3 * r.wall_s / a.iters,
+                    "injected_drops": sum(s["injected_drops"] for s in every),
+                    "nacks": sum(s["nacks"] for s in every),
+                    "retx_requests": sum(s["retx_requests"] for s in every),
+                    "dup_refused": sum(s["dup"] for s in every),
+                    "bad": sum(sum(s["bad"].values()) for s in every),
+                    "node_cpu_us_per_data_packet": 1e6 * sum(s["cpu_s"] for s in nodes) / data_in,
+                }
+            )
+        row = {
+            "drop": drop,
+            "runs": runs,
+            "all_exact": all(q["exact"] for q in runs),
+            "per_iter_ms_median": statistics.median(q["per_iter_ms"] for q in runs),
+        }
         rows.append(row)
-        print(f"drop {drop:6.3%}: exact {row['all_exact']}  {row['per_iter_ms_median']:7.1f} ms/iteration  "
-              f"drops {[q['injected_drops'] for q in runs]}  nacks {[q['nacks'] for q in runs]}  "
-              f"cpu us/pkt {[round(q['node_cpu_us_per_data_packet'], 2) for q in runs]}")
+        print(
+            f"drop {drop:6.3%}: exact {row['all_exact']}  {row['per_iter_ms_median']:7.1f} ms/iteration  "
+            f"drops {[q['injected_drops'] for q in runs]}  nacks {[q['nacks'] for q in runs]}  "
+            f"cpu us/pkt {[round(q['node_cpu_us_per_data_packet'], 2) for q in runs]}"
+        )
     base = rows[0]["per_iter_ms_median"]
-    res = {"label": "measured on loopback (CPU, one host); loss injected in userspace at every receiver", **provenance(),
-           "plan": plan.to_dict(), "iters": a.iters, "elems": a.elems, "segments": segs, "rto_ms": a.rto_ms,
-           "rows": rows, "slowdown_vs_no_loss": {str(r["drop"]): r["per_iter_ms_median"] / base for r in rows},
-           "all_exact": all(r["all_exact"] for r in rows), "wall_s": time.perf_counter() - t0,
-           "loadavg_1m_before_after": [load0, os.getloadavg()[0]]}
+    res = {
+        "label": "measured on loopback (CPU, one host); loss injected in userspace at every receiver",
+        **provenance(),
+        "plan": plan.to_dict(),
+        "iters": a.iters,
+        "elems": a.elems,
+        "segments": segs,
+        "rto_ms": a.rto_ms,
+        "rows": rows,
+        "slowdown_vs_no_loss": {str(r["drop"]): r["per_iter_ms_median"] / base for r in rows},
+        "all_exact": all(r["all_exact"] for r in rows),
+        "wall_s": time.perf_counter() - t0,
+        "loadavg_1m_before_after": [load0, os.getloadavg()[0]],
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")

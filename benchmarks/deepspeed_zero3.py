@@ -45,17 +45,28 @@ LABEL = "measured on CPU (4 gloo ranks) with emulated links (netem namespaces, t
 def _ds_config(hidden: int, world: int, hermod: dict[str, Any] | None) -> dict[str, Any]:
     bucket = hidden * (hidden + 1) + 8  # one Linear per bucket
     cfg: dict[str, Any] = {
-        "train_batch_size": 8 * 2 * world, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
-        "steps_per_print": 10_000, "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": bucket,
-                              "stage3_prefetch_bucket_size": bucket, "stage3_param_persistence_threshold": 0,
-                              "stage3_max_live_parameters": 4 * bucket}}
+        "train_batch_size": 8 * 2 * world,
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 2,
+        "steps_per_print": 10_000,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {
+            "stage": 3,
+            "overlap_comm": True,
+            "reduce_bucket_size": bucket,
+            "stage3_prefetch_bucket_size": bucket,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": 4 * bucket,
+        },
+    }
     if hermod is not None:
         cfg["flowlane"] = {"hermod": hermod}
     return cfg
 
 
-def _run_variant(rank: int, world: int, hermod: dict[str, Any] | None, work: dict[str, Any]) -> dict[str, Any]:
+def _run_variant(
+    rank: int, world: int, hermod: dict[str, Any] | None, work: dict[str, Any]
+) -> dict[str, Any]:
     import deepspeed
     import torch
     from deepspeed.utils import safe_get_full_fp32_param
@@ -77,7 +88,9 @@ def _run_variant(rank: int, world: int, hermod: dict[str, Any] | None, work: dic
     torch.manual_seed(0)
     net = Net()
     cfg = _ds_config(hidden, world, hermod)
-    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01), config=cfg)
+    engine, *_ = deepspeed.initialize(
+        model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01), config=cfg
+    )
     h = install(engine, cfg)
     g = torch.Generator().manual_seed(7 + rank)
     times, losses = [], []
@@ -102,16 +115,29 @@ def _run_variant(rank: int, world: int, hermod: dict[str, Any] | None, work: dic
     return {"times": times[1:], "digest": [digest.hexdigest(), losses], "paced_reductions": pacer}
 
 
-def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, Any], work: dict[str, Any]) -> None:
+def worker(
+    rank: int, world: int, master: str, rounds: int, variants: dict[str, Any], work: dict[str, Any]
+) -> None:
     import torch
     import torch.distributed as dist
 
     # each rank stands for a host of its own: local rank 0 (DeepSpeed reads these)
-    os.environ.update(DS_ACCELERATOR="cpu", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                      MASTER_ADDR=master, MASTER_PORT=str(PORT))
+    os.environ.update(
+        DS_ACCELERATOR="cpu",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK="0",
+        MASTER_ADDR=master,
+        MASTER_PORT=str(PORT),
+    )
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master}:{PORT}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
+    )
     import deepspeed
     import deepspeed.comm.torch  # noqa: F401
 
@@ -134,17 +160,41 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
     dist.destroy_process_group()
 
 
-def run_all(rate: float, rounds: int, variants: dict[str, Any], work: dict[str, Any]) -> tuple[list[Any], dict]:
+def run_all(
+    rate: float, rounds: int, variants: dict[str, Any], work: dict[str, Any]
+) -> tuple[list[Any], dict]:
     from flowlane.testing.netem import EmulatedNetwork
 
     n = 4
-    with EmulatedNetwork(n, rate_mbit=rate, subnet="10.214.0.0/24", bulk_subnet="10.214.1.0/24",
-                         prefix="fld") as net:
+    with EmulatedNetwork(
+        n, rate_mbit=rate, subnet="10.214.0.0/24", bulk_subnet="10.214.1.0/24", prefix="fld"
+    ) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-        outs = net.run_ranks([[sys.executable, "-m", "benchmarks.deepspeed_zero3", "--worker", str(r),
-                               "--world", str(n), "--master", net.ips[0], "--rounds", str(rounds),
-                               "--variants-json", json.dumps(variants), "--work-json", json.dumps(work)]
-                              for r in range(n)], timeout_s=3000, env=env, cwd=REPO)
+        outs = net.run_ranks(
+            [
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.deepspeed_zero3",
+                    "--worker",
+                    str(r),
+                    "--world",
+                    str(n),
+                    "--master",
+                    net.ips[0],
+                    "--rounds",
+                    str(rounds),
+                    "--variants-json",
+                    json.dumps(variants),
+                    "--work-json",
+                    json.dumps(work),
+                ]
+                for r in range(n)
+            ],
+            timeout_s=3000,
+            env=env,
+            cwd=REPO,
+        )
         desc = {**net.describe(), "class_bytes_at_end": net.class_bytes()}
     line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))
     return json.loads(line[7:]), desc
@@ -152,12 +202,17 @@ def run_all(rate: float, rounds: int, variants: dict[str, Any], work: dict[str, 
 
 def summarise(res: list[Any], variants: dict[str, Any]) -> dict[str, Any]:
     modes = list(variants)
-    per_step = {m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes}
+    per_step = {
+        m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes
+    }
     med = {m: statistics.median(v) for m, v in per_step.items()}
-    return {"step_s_median": med, "step_s_all": per_step,
-            "ratio_deepspeed_over_hermod": med["deepspeed"] / med["hermod"],
-            "bitwise_equal": all(r["hermod"]["digest"] == r["deepspeed"]["digest"] for r in res),
-            "paced_reductions_per_run": [r["hermod"]["paced_reductions"] for r in res]}
+    return {
+        "step_s_median": med,
+        "step_s_all": per_step,
+        "ratio_deepspeed_over_hermod": med["deepspeed"] / med["hermod"],
+        "bitwise_equal": all(r["hermod"]["digest"] == r["deepspeed"]["digest"] for r in res),
+        "paced_reductions_per_run": [r["hermod"]["paced_reductions"] for r in res],
+    }
 
 
 def main() -> int:
@@ -192,20 +247,32 @@ def main() -> int:
         print(f"cannot emulate the network here: {why}")
         return 2
     work = {"hidden": a.hidden, "layers": a.layers, "steps": a.steps}
-    variants = {"deepspeed": None,
-                "hermod": {"gate_timeout_s": a.gate_timeout_s, "gloo_class_ifnames": "eth0,eth0,bulk0"}}
+    variants = {
+        "deepspeed": None,
+        "hermod": {"gate_timeout_s": a.gate_timeout_s, "gloo_class_ifnames": "eth0,eth0,bulk0"},
+    }
     t0 = time.perf_counter()
     res, net = run_all(a.rate_mbit, a.rounds, variants, work)
     summary = summarise(res, variants)
-    out = {"label": LABEL, "rate_mbit": a.rate_mbit, "rounds": a.rounds, "work": work, "variants": variants,
-           "network": net, **summary, "wall_s": time.perf_counter() - t0,
-           **provenance("python -m benchmarks.deepspeed_zero3 " + " ".join(sys.argv[1:]))}
+    out = {
+        "label": LABEL,
+        "rate_mbit": a.rate_mbit,
+        "rounds": a.rounds,
+        "work": work,
+        "variants": variants,
+        "network": net,
+        **summary,
+        "wall_s": time.perf_counter() - t0,
+        **provenance("python -m benchmarks.deepspeed_zero3 " + " ".join(sys.argv[1:])),
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     med = summary["step_s_median"]
-    print(f"ZeRO-3, 4 ranks, {a.rate_mbit:g} Mbit/s ({LABEL}): deepspeed {med['deepspeed']:.3f} s/step, "
-          f"hermod {med['hermod']:.3f} s/step, ratio {summary['ratio_deepspeed_over_hermod']:.3f}x, "
-          f"bitwise equal {summary['bitwise_equal']} -> {a.out}")
+    print(
+        f"ZeRO-3, 4 ranks, {a.rate_mbit:g} Mbit/s ({LABEL}): deepspeed {med['deepspeed']:.3f} s/step, "
+        f"hermod {med['hermod']:.3f} s/step, ratio {summary['ratio_deepspeed_over_hermod']:.3f}x, "
+        f"bitwise equal {summary['bitwise_equal']} -> {a.out}"
+    )
     return 0 if summary["bitwise_equal"] else 1
 
 

@@ -43,8 +43,11 @@ def table_runs(t_ex: int) -> list[dict]:
         {"name": "ns_only", "dgs": dict(base, feature_sampling=False), "dgs_on": True},
         {"name": "fs_only", "dgs": dict(base, node_sampling=False), "dgs_on": True},
         {"name": "dgs", "dgs": dict(base), "dgs_on": True},
-        {"name": "labor", "dgs": {"node_sampling": False, "feature_sampling": False, "base_sampler": "labor"},
-         "dgs_on": True},
+        {
+            "name": "labor",
+            "dgs": {"node_sampling": False, "feature_sampling": False, "base_sampler": "labor"},
+            "dgs_on": True,
+        },
         {"name": "dgs_labor", "dgs": dict(base, base_sampler="labor"), "dgs_on": True},
         {"name": "full", "dgs": {}, "dgs_on": False, "fanouts": [-1, -1]},
     ]
@@ -70,15 +73,24 @@ def summarise(name: str, ranks: list[dict]) -> dict:
 
     rows = sum(h[e]["remote_rows"] for h in hist for e in steady) / len(steady)
     inputs = sum(h[e]["input_rows"] for h in hist for e in steady) / len(steady)
-    out = {"name": name, "feature_remote_per_epoch": per_epoch("feature_remote"),
-           "sampling_rpc_per_epoch": per_epoch("sampling_rpc"), "prob_update_per_epoch": per_epoch("prob_update"),
-           "setup_bytes": sum(r["bytes"]["setup"] for r in ranks), "remote_rows_per_epoch": rows,
-           "input_rows_per_epoch": inputs, "val_acc": ranks[0]["val_acc"], "test_acc": ranks[0]["test_acc"],
-           "loss_last": sum(h[-1]["loss"] for h in hist) / len(hist),
-           "train_s": max(r["train_s"] for r in ranks), "columns_pulled": ranks[0]["columns_pulled"],
-           "explainer": [r["explainer"] for r in ranks]}
-    out["total_per_epoch"] = out["feature_remote_per_epoch"] + out["sampling_rpc_per_epoch"] + \
-        out["prob_update_per_epoch"]
+    out = {
+        "name": name,
+        "feature_remote_per_epoch": per_epoch("feature_remote"),
+        "sampling_rpc_per_epoch": per_epoch("sampling_rpc"),
+        "prob_update_per_epoch": per_epoch("prob_update"),
+        "setup_bytes": sum(r["bytes"]["setup"] for r in ranks),
+        "remote_rows_per_epoch": rows,
+        "input_rows_per_epoch": inputs,
+        "val_acc": ranks[0]["val_acc"],
+        "test_acc": ranks[0]["test_acc"],
+        "loss_last": sum(h[-1]["loss"] for h in hist) / len(hist),
+        "train_s": max(r["train_s"] for r in ranks),
+        "columns_pulled": ranks[0]["columns_pulled"],
+        "explainer": [r["explainer"] for r in ranks],
+    }
+    out["total_per_epoch"] = (
+        out["feature_remote_per_epoch"] + out["sampling_rpc_per_epoch"] + out["prob_update_per_epoch"]
+    )
     return out
 
 
@@ -103,8 +115,17 @@ def main() -> None:
     data = {"num_nodes": a.nodes, "avg_degree": a.degree, "train_frac": 0.5, "val_frac": 0.2}
     part_config, classes = partition_redundant(work, a.parts, seed=a.seed, **data)
     runs = table_runs(a.t_ex) if a.suite == "table" else sens_runs(a.t_ex)
-    args = {"runs": runs, "seed": a.seed, "epochs": a.epochs, "lr": 0.01, "batch": a.batch,
-            "fanouts": [int(x) for x in a.fanout.split(",")], "model": "sage", "hidden": 32, "classes": classes}
+    args = {
+        "runs": runs,
+        "seed": a.seed,
+        "epochs": a.epochs,
+        "lr": 0.01,
+        "batch": a.batch,
+        "fanouts": [int(x) for x in a.fanout.split(",")],
+        "model": "sage",
+        "hidden": 32,
+        "classes": classes,
+    }
     t = time.perf_counter()
     per_rank = run_cluster(work / "run", part_config, a.parts, args, timeout_s=a.timeout_s)
     wall = time.perf_counter() - t
@@ -112,21 +133,33 @@ def main() -> None:
     base = next(r for r in res if r["name"] == "uniform")
     for r in res:
         for k in ("feature_remote_per_epoch", "total_per_epoch"):
-            r[k.replace("_per_epoch", "_vs_uniform_pct")] = 100.0 * (r[k] / base[k] - 1.0) if base[k] else None
-    out = {"label": "measured on a shared 2-core CPU VM: real DistDGL (servers + trainers + explainer processes) on "
-                    "localhost loopback, NOT shaped; bytes are payload bytes counted at flowlane's pull/sampling "
-                    "layer (the seed counted NIC bytes); times are not meaningful on this host",
-           "args": vars(a), "data": data, "classes": classes, "wall_s": wall, "runs": res,
-           "raw": {run["name"]: [r[i] for r in per_rank] for i, run in enumerate(runs)},
-           "provenance": provenance()}
+            r[k.replace("_per_epoch", "_vs_uniform_pct")] = (
+                100.0 * (r[k] / base[k] - 1.0) if base[k] else None
+            )
+    out = {
+        "label": "measured on a shared 2-core CPU VM: real DistDGL (servers + trainers + explainer processes) on "
+        "localhost loopback, NOT shaped; bytes are payload bytes counted at flowlane's pull/sampling "
+        "layer (the seed counted NIC bytes); times are not meaningful on this host",
+        "args": vars(a),
+        "data": data,
+        "classes": classes,
+        "wall_s": wall,
+        "runs": res,
+        "raw": {run["name"]: [r[i] for r in per_rank] for i, run in enumerate(runs)},
+        "provenance": provenance(),
+    }
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{a.suite}.json"
     path.write_text(json.dumps(out, indent=1))
-    print(f"{'config':<12} {'remote feat B/ep':>16} {'vs uniform':>10} {'sampling B/ep':>14} {'total vs unif':>13} "
-          f"{'test acc':>8}")
+    print(
+        f"{'config':<12} {'remote feat B/ep':>16} {'vs uniform':>10} {'sampling B/ep':>14} {'total vs unif':>13} "
+        f"{'test acc':>8}"
+    )
     for r in res:
-        print(f"{r['name']:<12} {r['feature_remote_per_epoch']:>16,.0f} {r['feature_remote_vs_uniform_pct']:>9.1f}% "
-              f"{r['sampling_rpc_per_epoch']:>14,.0f} {r['total_vs_uniform_pct']:>12.1f}% {r['test_acc']:>8.3f}")
+        print(
+            f"{r['name']:<12} {r['feature_remote_per_epoch']:>16,.0f} {r['feature_remote_vs_uniform_pct']:>9.1f}% "
+            f"{r['sampling_rpc_per_epoch']:>14,.0f} {r['total_vs_uniform_pct']:>12.1f}% {r['test_acc']:>8.3f}"
+        )
     _plot(res, OUT / f"{a.suite}.png", a)
     print(f"wrote {path}")
 

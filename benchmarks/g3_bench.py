@@ -49,14 +49,25 @@ def provenance() -> dict:
         r = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
         return r.stdout.strip()
 
-    return {"command": "python benchmarks/g3_bench.py " + " ".join(sys.argv[1:]), "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--", "dgl_plugin", "flowlane/plan", "benchmarks/g3_bench.py")),
-            "host": platform.node(), "cpus": os.cpu_count()}
+    return {
+        "command": "python benchmarks/g3_bench.py " + " ".join(sys.argv[1:]),
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(
+            git("status", "--porcelain", "--", "dgl_plugin", "flowlane/plan", "benchmarks/g3_bench.py")
+        ),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+    }
 
 
 PARTITIONERS = (  # (name, stage-1 method, stage 2, Algorithm 2 variant)
-    ("random", "random", False, None), ("chunk", "chunk", False, None), ("dgl-metis", "dgl-metis", False, None),
-    ("metis", "metis", False, None), ("g3", "metis", True, "checked"), ("g3-literal", "metis", True, "literal"))
+    ("random", "random", False, None),
+    ("chunk", "chunk", False, None),
+    ("dgl-metis", "dgl-metis", False, None),
+    ("metis", "metis", False, None),
+    ("g3", "metis", True, "checked"),
+    ("g3-literal", "metis", True, "literal"),
+)
 
 
 def bench_partition(quick: bool) -> dict:
@@ -67,23 +78,34 @@ def bench_partition(quick: bool) -> dict:
         block = []
         for name, method, refine, variant in PARTITIONERS:
             t = time.perf_counter()
-            _, st = g3_partition(a["src"], a["dst"], n, parts, stage1_method=method, refine_stage2=refine,
-                                 variant=variant or "checked", seed=0)
+            _, st = g3_partition(
+                a["src"],
+                a["dst"],
+                n,
+                parts,
+                stage1_method=method,
+                refine_stage2=refine,
+                variant=variant or "checked",
+                seed=0,
+            )
             d = st.as_dict()
             d.update(partitioner=name, parts=parts, seconds=time.perf_counter() - t)
             block.append(d)
         base = next(d for d in block if d["partitioner"] == "metis")
-        for d in block:           # Eq. 4.4 objective and balance relative to (seeded) METIS alone
+        for d in block:  # Eq. 4.4 objective and balance relative to (seeded) METIS alone
             d["max_remote_vs_metis"] = d["max_remote"] / base["max_remote"] - 1
             d["size_imbalance_metis"] = base["size_imbalance"]
             d["degree_imbalance_metis"] = base["degree_imbalance"]
-            print(f"{d['partitioner']:10s} p={parts:2d} max|V_remote|={d['max_remote']} "
-                  f"({100 * d['max_remote_vs_metis']:+.1f}% vs METIS) spread={d['remote_spread']:.4f} "
-                  f"total={d['total_remote']} size={d['size_imbalance']:.3f} deg={d['degree_imbalance']:.3f} "
-                  f"swaps={d['iterations']} {d['stop_reason']} {d['seconds']:.1f}s", flush=True)
+            print(
+                f"{d['partitioner']:10s} p={parts:2d} max|V_remote|={d['max_remote']} "
+                f"({100 * d['max_remote_vs_metis']:+.1f}% vs METIS) spread={d['remote_spread']:.4f} "
+                f"total={d['total_remote']} size={d['size_imbalance']:.3f} deg={d['degree_imbalance']:.3f} "
+                f"swaps={d['iterations']} {d['stop_reason']} {d['seconds']:.1f}s",
+                flush=True,
+            )
         rows += block
     track = []
-    for nn in ((10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)):
+    for nn in (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000):
         b = synthetic_arrays(SyntheticSpec(num_nodes=nn, avg_degree=10, seed=1))
         indptr, indices = symmetric_csr(b["src"], b["dst"], nn)
         part = np.random.default_rng(0).integers(0, 8, nn)
@@ -97,11 +119,19 @@ def bench_partition(quick: bool) -> dict:
         for _ in range(3):
             remote_counts(indptr, indices, part, 8)
         full = (time.perf_counter() - t) / 3
-        track.append({"num_nodes": nn, "incremental_s_per_move": inc, "recount_s": full, "speedup": full / inc})
+        track.append(
+            {"num_nodes": nn, "incremental_s_per_move": inc, "recount_s": full, "speedup": full / inc}
+        )
         print(f"track n={nn}: incremental {inc * 1e6:.0f} us/move vs recount {full * 1e3:.1f} ms", flush=True)
-    res = {"label": "measured (CPU); partition quality on a synthetic power-law community graph; objective = Eq. 4.4 "
-                    "(largest |V_i^remote|); metis = pymetis k-way, 2 constraints (nodes, degree), edge cut, seed 0",
-           "num_nodes": n, "avg_degree": 20, "rows": rows, "tracking": track, "provenance": provenance()}
+    res = {
+        "label": "measured (CPU); partition quality on a synthetic power-law community graph; objective = Eq. 4.4 "
+        "(largest |V_i^remote|); metis = pymetis k-way, 2 constraints (nodes, degree), edge cut, seed 0",
+        "num_nodes": n,
+        "avg_degree": 20,
+        "rows": rows,
+        "tracking": track,
+        "provenance": provenance(),
+    }
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for name in ("dgl-metis", "metis", "g3", "g3-literal"):
@@ -129,11 +159,11 @@ def bench_volume(quick: bool) -> dict:
     from flowlane.plan import CommRelation
 
     n = 20_000 if quick else 100_000
-    parts, d_in, hidden = 4, 100, 16            # seed: products-like 100-dim features, hidden 16 (B4.3)
+    parts, d_in, hidden = 4, 100, 16  # seed: products-like 100-dim features, hidden 16 (B4.3)
     a = synthetic_arrays(SyntheticSpec(num_nodes=n, avg_degree=20, seed=0, feat_dim=8))
     part, _ = g3_partition(a["src"], a["dst"], n, parts)
     rel = CommRelation.from_edges(a["src"], a["dst"], part, parts)
-    halo = rel.num_pairs                          # Σ_i |V_i^remote| (rows per exchange)
+    halo = rel.num_pairs  # Σ_i |V_i^remote| (rows per exchange)
     g = dgl.graph((torch.from_numpy(a["src"]), torch.from_numpy(a["dst"])), num_nodes=n)
     train = np.nonzero(a["train_mask"])[0]
     rows = []
@@ -146,25 +176,53 @@ def bench_volume(quick: bool) -> dict:
         mb_bytes, mb_edges = 0, 0
         for r in range(parts):
             seeds = torch.from_numpy(train[part[train] == r])
-            loader = dgl.dataloading.DataLoader(g, seeds, sampler, batch_size=1000, shuffle=True, drop_last=False)
+            loader = dgl.dataloading.DataLoader(
+                g, seeds, sampler, batch_size=1000, shuffle=True, drop_last=False
+            )
             for input_nodes, _, blocks in loader:
                 mb_bytes += 4 * d_in * int((part[input_nodes.numpy()] != r).sum())
                 mb_edges += sum(b.num_edges() for b in blocks)
             if quick and r == 0:
                 mb_bytes, mb_edges = mb_bytes * parts, mb_edges * parts
                 break
-        rows.append({"layers": L, "fanouts": fo, "g3_bytes_per_epoch": g3_bytes,
-                     "minibatch_bytes_per_epoch": mb_bytes, "minibatch_over_g3": mb_bytes / g3_bytes,
-                     "minibatch_edges_per_epoch": mb_edges, "g3_edges_per_epoch": int(len(a["src"]) * L)})
-        print(f"L={L}: G3 {g3_bytes / 1e6:.1f} MB vs mini-batch {mb_bytes / 1e6:.1f} MB "
-              f"({mb_bytes / g3_bytes:.2f}x)", flush=True)
-    res = {"label": "counted exactly (bytes of remote rows), no timing; 4 partitions, fp32, batch 1000",
-           "num_nodes": n, "d_in": d_in, "hidden": hidden, "halo_rows": halo, "rows": rows}
+        rows.append(
+            {
+                "layers": L,
+                "fanouts": fo,
+                "g3_bytes_per_epoch": g3_bytes,
+                "minibatch_bytes_per_epoch": mb_bytes,
+                "minibatch_over_g3": mb_bytes / g3_bytes,
+                "minibatch_edges_per_epoch": mb_edges,
+                "g3_edges_per_epoch": int(len(a["src"]) * L),
+            }
+        )
+        print(
+            f"L={L}: G3 {g3_bytes / 1e6:.1f} MB vs mini-batch {mb_bytes / 1e6:.1f} MB "
+            f"({mb_bytes / g3_bytes:.2f}x)",
+            flush=True,
+        )
+    res = {
+        "label": "counted exactly (bytes of remote rows), no timing; 4 partitions, fp32, batch 1000",
+        "num_nodes": n,
+        "d_in": d_in,
+        "hidden": hidden,
+        "halo_rows": halo,
+        "rows": rows,
+    }
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["layers"] for r in rows], [r["g3_bytes_per_epoch"] / 1e6 for r in rows], "o-", label="G3 full-graph")
-    ax.plot([r["layers"] for r in rows], [r["minibatch_bytes_per_epoch"] / 1e6 for r in rows], "s-",
-            label="mini-batch (DistDGL-style)")
+    ax.plot(
+        [r["layers"] for r in rows],
+        [r["g3_bytes_per_epoch"] / 1e6 for r in rows],
+        "o-",
+        label="G3 full-graph",
+    )
+    ax.plot(
+        [r["layers"] for r in rows],
+        [r["minibatch_bytes_per_epoch"] / 1e6 for r in rows],
+        "s-",
+        label="mini-batch (DistDGL-style)",
+    )
     ax.set_xlabel("GNN layers")
     ax.set_ylabel("MB per epoch (all ranks)")
     ax.set_yscale("log")
@@ -190,8 +248,9 @@ def _rt_worker(rank, world, spec, bw, epochs, mb_epochs):
     part = None
     for sched in ("sequential", "pipelined"):
         model = build_model("sage", d, 64, ncls, 2, seed=0)
-        rt = FullGraphRuntime(g, model, FullGraphConfig(schedule=sched, emulate_bandwidth=bw, bin_size=2000),
-                              part=part)
+        rt = FullGraphRuntime(
+            g, model, FullGraphConfig(schedule=sched, emulate_bandwidth=bw, bin_size=2000), part=part
+        )
         part = rt.part
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         comm.get_recorder().clear()
@@ -203,8 +262,13 @@ def _rt_worker(rank, world, spec, bw, epochs, mb_epochs):
             rt.train_step(opt)
             times.append(time.perf_counter() - t)
             hist.append({"t": time.perf_counter() - t_start, "val_acc": rt.evaluate("val_mask")})
-        out["schedules"][sched] = {"epoch_s": times, "history": hist, "test_acc": rt.evaluate("test_mask"),
-                                   "bytes": comm.get_recorder().bytes_by_kind(), "summary": rt.summary()}
+        out["schedules"][sched] = {
+            "epoch_s": times,
+            "history": hist,
+            "test_acc": rt.evaluate("test_mask"),
+            "bytes": comm.get_recorder().bytes_by_kind(),
+            "summary": rt.summary(),
+        }
     # DistDGL-style mini-batch baseline on the same partition
     import dgl
 
@@ -221,19 +285,19 @@ def _rt_worker(rank, world, spec, bw, epochs, mb_epochs):
     gen = torch.Generator().manual_seed(rank)
     for _ in range(mb_epochs):
         perm = mine[torch.randperm(mine.numel(), generator=gen)]
-        for s in range(steps):            # every rank takes the same number of steps (padding with empty batches)
-            seeds = perm[s * 1000:(s + 1) * 1000]
+        for s in range(steps):  # every rank takes the same number of steps (padding with empty batches)
+            seeds = perm[s * 1000 : (s + 1) * 1000]
             model.train()
             if seeds.numel():
                 inp, outn, blocks = sampler.sample_blocks(g, seeds)
                 remote = int((torch.from_numpy(part)[inp] != rank).sum())
                 fetched += remote
                 pull = g.ndata["feat"][inp][:remote].contiguous() if remote else torch.zeros(0)
-                time.sleep(4 * d * remote / bw)           # emulated pull of remote feature rows, same link speed
+                time.sleep(4 * d * remote / bw)  # emulated pull of remote feature rows, same link speed
                 del pull
                 h = g.ndata["feat"][inp]
                 for k, blk in enumerate(blocks):
-                    h = model.forward_layer(k, blk, h, h[:blk.num_dst_nodes()])
+                    h = model.forward_layer(k, blk, h, h[: blk.num_dst_nodes()])
                 loss = torch.nn.functional.cross_entropy(h, g.ndata["label"][outn], reduction="sum") / 1000
             else:
                 loss = sum(p.sum() * 0 for p in model.parameters())
@@ -243,27 +307,43 @@ def _rt_worker(rank, world, spec, bw, epochs, mb_epochs):
             comm.all_reduce(flat, kind="dp")
             off = 0
             for p in model.parameters():
-                p.grad.copy_(flat[off:off + p.numel()].view_as(p) / world)
+                p.grad.copy_(flat[off : off + p.numel()].view_as(p) / world)
                 off += p.numel()
             opt.step()
         model.eval()
         with torch.no_grad():
             pred = model(g, g.ndata["feat"]).argmax(1)
         vm = g.ndata["val_mask"]
-        hist.append({"t": time.perf_counter() - t_start, "val_acc": float((pred[vm] == g.ndata["label"][vm])
-                                                                            .float().mean())})
+        hist.append(
+            {
+                "t": time.perf_counter() - t_start,
+                "val_acc": float((pred[vm] == g.ndata["label"][vm]).float().mean()),
+            }
+        )
     tm = g.ndata["test_mask"]
-    out["minibatch"] = {"history": hist, "test_acc": float((pred[tm] == g.ndata["label"][tm]).float().mean()),
-                        "remote_rows": fetched, "bytes": comm.get_recorder().bytes_by_kind(), "n_train": n_global}
+    out["minibatch"] = {
+        "history": hist,
+        "test_acc": float((pred[tm] == g.ndata["label"][tm]).float().mean()),
+        "remote_rows": fetched,
+        "bytes": comm.get_recorder().bytes_by_kind(),
+        "n_train": n_global,
+    }
     return out
 
 
 def bench_runtime(quick: bool) -> dict:
     from flowlane.launch import launch
 
-    spec = dict(num_nodes=10_000 if quick else 30_000, avg_degree=15, num_classes=8, num_communities=32,
-                feat_dim=64, seed=0, signal=0.4)
-    bw = 12.5e6       # emulated 100 Mbit/s per peer link (the seed's 10 Gb/s scaled to CPU compute speed)
+    spec = dict(
+        num_nodes=10_000 if quick else 30_000,
+        avg_degree=15,
+        num_classes=8,
+        num_communities=32,
+        feat_dim=64,
+        seed=0,
+        signal=0.4,
+    )
+    bw = 12.5e6  # emulated 100 Mbit/s per peer link (the seed's 10 Gb/s scaled to CPU compute speed)
     epochs, mb_epochs = (15, 15) if quick else (60, 30)
     res = launch(_rt_worker, 2, args=(spec, bw, epochs, mb_epochs), timeout=3000)
     r0 = res[0]
@@ -278,24 +358,36 @@ def bench_runtime(quick: bool) -> dict:
                 return h["t"]
         return None
 
-    out = {"label": "measured on a shared 2-core CPU VM, 2 gloo ranks, EMULATED 100 Mbit/s per-peer links "
-                    "(sleep bytes/B); mini-batch baseline is DistDGL-style, not DistDGL",
-           "graph": spec, "emulated_bandwidth_Bps": bw,
-           "epoch_s_sequential_median": seq, "epoch_s_pipelined_median": pip, "pipeline_speedup": seq / pip,
-           "target_val_acc": target, "tta_g3_s": tta(r0["schedules"]["pipelined"]["history"]),
-           "tta_minibatch_s": tta(r0["minibatch"]["history"]),
-           "final_test_acc_g3": r0["schedules"]["pipelined"]["test_acc"],
-           "final_test_acc_minibatch": r0["minibatch"]["test_acc"], "ranks": res}
+    out = {
+        "label": "measured on a shared 2-core CPU VM, 2 gloo ranks, EMULATED 100 Mbit/s per-peer links "
+        "(sleep bytes/B); mini-batch baseline is DistDGL-style, not DistDGL",
+        "graph": spec,
+        "emulated_bandwidth_Bps": bw,
+        "epoch_s_sequential_median": seq,
+        "epoch_s_pipelined_median": pip,
+        "pipeline_speedup": seq / pip,
+        "target_val_acc": target,
+        "tta_g3_s": tta(r0["schedules"]["pipelined"]["history"]),
+        "tta_minibatch_s": tta(r0["minibatch"]["history"]),
+        "final_test_acc_g3": r0["schedules"]["pipelined"]["test_acc"],
+        "final_test_acc_minibatch": r0["minibatch"]["test_acc"],
+        "ranks": res,
+    }
     if out["tta_g3_s"] and out["tta_minibatch_s"]:
         out["tta_speedup_g3_over_minibatch"] = out["tta_minibatch_s"] / out["tta_g3_s"]
-    print(f"epoch sequential {seq:.3f}s pipelined {pip:.3f}s ({seq / pip:.2f}x); TTA g3 {out['tta_g3_s']} "
-          f"minibatch {out['tta_minibatch_s']} target {target:.3f}", flush=True)
+    print(
+        f"epoch sequential {seq:.3f}s pipelined {pip:.3f}s ({seq / pip:.2f}x); TTA g3 {out['tta_g3_s']} "
+        f"minibatch {out['tta_minibatch_s']} target {target:.3f}",
+        flush=True,
+    )
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     ax[0].bar(["sequential", "pipelined"], [seq, pip])
     ax[0].set_ylabel("median epoch s (2 ranks, emulated 100 Mbit/s)")
-    for name, hist in (("G3 full-graph", r0["schedules"]["pipelined"]["history"]),
-                       ("mini-batch (DistDGL-style)", r0["minibatch"]["history"])):
+    for name, hist in (
+        ("G3 full-graph", r0["schedules"]["pipelined"]["history"]),
+        ("mini-batch (DistDGL-style)", r0["minibatch"]["history"]),
+    ):
         ax[1].plot([h["t"] for h in hist], [h["val_acc"] for h in hist], label=name)
     ax[1].axhline(target, ls=":", c="k")
     ax[1].set_xlabel("wall s (incl. evaluation)")

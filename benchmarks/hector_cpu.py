@@ -51,8 +51,14 @@ def build(model: str, edges: int, seed: int = 0, hub_alpha: float = 2.5):
 
     torch.manual_seed(seed)
     n = max(edges // DEGREE, 16)
-    gd = typed_graph(num_nodes=n, num_edges=edges, num_etypes=NUM_RELS, num_ntypes=NUM_NTYPES, hub_alpha=hub_alpha,
-                     seed=seed)
+    gd = typed_graph(
+        num_nodes=n,
+        num_edges=edges,
+        num_etypes=NUM_RELS,
+        num_ntypes=NUM_NTYPES,
+        hub_alpha=hub_alpha,
+        seed=seed,
+    )
     order = torch.sort(gd["etype"], stable=True).indices  # DGL's best path: edges presorted by type
     src, dst, et = gd["src"][order], gd["dst"][order], gd["etype"][order]
     g = dgl.graph((src, dst), num_nodes=n)
@@ -67,7 +73,13 @@ def build(model: str, edges: int, seed: int = 0, hub_alpha: float = 2.5):
         ref = dgl.nn.HGTConv(DIM, DIM // HEADS, HEADS, NUM_NTYPES, NUM_RELS, dropout=0.0)
         hec = HectorHGTConv(DIM, DIM // HEADS, HEADS, NUM_NTYPES, NUM_RELS, dropout=0.0)
         hec.load_state_dict(ref.state_dict())
-        return (lambda: ref(g, x, nt, et, presorted=True)), (lambda: hec(g, x, nt, et, presorted=True)), hec, ref, x
+        return (
+            (lambda: ref(g, x, nt, et, presorted=True)),
+            (lambda: hec(g, x, nt, et, presorted=True)),
+            hec,
+            ref,
+            x,
+        )
     if model == "rgat":
         ref, names = hetero_rgat_reference(DIM, DIM // HEADS, HEADS, NUM_RELS)
         hg = to_relation_graph(src, dst, et, n, NUM_RELS)
@@ -85,7 +97,9 @@ def _step(run, params):
 
 
 def _ref_params(model, ref, x):
-    if model == "rgat":  # HectorRGAT stacks the per-relation GATConv weights: compare the input gradient + output
+    if (
+        model == "rgat"
+    ):  # HectorRGAT stacks the per-relation GATConv weights: compare the input gradient + output
         return [x]
     return [x, *ref.parameters()]
 
@@ -107,7 +121,9 @@ def time_case(model: str, edges: int, reps: int, hub_alpha: float) -> dict:
     first_d = time.perf_counter() - t0
     err = (out_h - out_d).abs().max().item()
     scale = out_d.abs().max().item()
-    gerr = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30) for a, b in zip(g_h, g_d, strict=True))
+    gerr = max(
+        (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30) for a, b in zip(g_h, g_d, strict=True)
+    )
     td, th = [], []
     for _ in range(reps):
         for run, ps, acc in ((run_d, pd, td), (run_h, ph, th)):
@@ -118,13 +134,27 @@ def time_case(model: str, edges: int, reps: int, hub_alpha: float) -> dict:
     rows = lay.src_rows
     med_d, med_h = statistics.median(td), statistics.median(th)
     res = {
-        "model": model, "edges": edges, "nodes": lay.num_src, "relations": NUM_RELS, "dim": DIM, "heads": HEADS,
-        "hub_alpha": hub_alpha, "compaction_ratio_src": round(rows.ratio, 4),
-        "compaction_ratio_dst": round(lay.dst_rows.ratio, 4), "materialization": "compact" if rows.compact else
-        "vanilla", "dgl_step_s": med_d, "hector_step_s": med_h, "speedup": med_d / med_h,
-        "dgl_steps_s": td, "hector_steps_s": th, "hector_first_step_s": first_h, "dgl_first_step_s": first_d,
+        "model": model,
+        "edges": edges,
+        "nodes": lay.num_src,
+        "relations": NUM_RELS,
+        "dim": DIM,
+        "heads": HEADS,
+        "hub_alpha": hub_alpha,
+        "compaction_ratio_src": round(rows.ratio, 4),
+        "compaction_ratio_dst": round(lay.dst_rows.ratio, 4),
+        "materialization": "compact" if rows.compact else "vanilla",
+        "dgl_step_s": med_d,
+        "hector_step_s": med_h,
+        "speedup": med_d / med_h,
+        "dgl_steps_s": td,
+        "hector_steps_s": th,
+        "hector_first_step_s": first_h,
+        "dgl_first_step_s": first_d,
         "hector_preprocess_s_est": max(first_h - med_h, 0.0),
-        "max_abs_err_out": err, "max_rel_err_out": err / max(scale, 1e-30), "max_rel_err_grads": gerr,
+        "max_abs_err_out": err,
+        "max_rel_err_out": err / max(scale, 1e-30),
+        "max_rel_err_grads": gerr,
         "grads_compared": "input + every parameter" if model != "rgat" else "input (weights are restacked)",
     }
     if model == "rgat":
@@ -141,9 +171,11 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-MEMORY_METHOD = ("a fresh process per (graph, model, implementation): one warm step (Hector's graph layout is "
-                 "cached per graph), gc + malloc_trim(0) so freed heap goes back to the OS, peak RSS reset "
-                 "(/proc/self/clear_refs 5), one step; figure = VmHWM - VmRSS before that step")
+MEMORY_METHOD = (
+    "a fresh process per (graph, model, implementation): one warm step (Hector's graph layout is "
+    "cached per graph), gc + malloc_trim(0) so freed heap goes back to the OS, peak RSS reset "
+    "(/proc/self/clear_refs 5), one step; figure = VmHWM - VmRSS before that step"
+)
 
 
 def memory_case(model: str, edges: int, impl: str, hub_alpha: float) -> dict:
@@ -165,9 +197,22 @@ def memory_case(model: str, edges: int, impl: str, hub_alpha: float) -> dict:
 def measure_memory(r: dict) -> None:
     """Fill ``dgl_peak_mib`` / ``hector_peak_mib`` of one result row (subprocesses, see MEMORY_METHOD)."""
     for impl in ("dgl", "hector"):
-        p = subprocess.run([sys.executable, __file__, "--memory-case", r["model"], str(r["edges"]), impl,
-                            "--hub-alpha", str(r["hub_alpha"])], capture_output=True, text=True, timeout=3600,
-                           cwd=ROOT)
+        p = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--memory-case",
+                r["model"],
+                str(r["edges"]),
+                impl,
+                "--hub-alpha",
+                str(r["hub_alpha"]),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            cwd=ROOT,
+        )
         if p.returncode != 0:
             raise RuntimeError(f"memory case {r['model']} {r['edges']} {impl} failed: {p.stderr[-2000:]}")
         r[f"{impl}_peak_mib"] = json.loads(p.stdout.strip().splitlines()[-1])["peak_rise_mib"]
@@ -186,8 +231,14 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[0].bar([i - w / 2 for i in xs], [r["dgl_step_s"] * 1e3 for r in rows], w, label="DGL module")
     axes[0].bar([i + w / 2 for i in xs], [r["hector_step_s"] * 1e3 for r in rows], w, label="Hector layer")
     for i, r in enumerate(rows):
-        axes[0].text(i, max(r["dgl_step_s"], r["hector_step_s"]) * 1e3, f"{r['speedup']:.2f}x", ha="center",
-                     va="bottom", fontsize=8)
+        axes[0].text(
+            i,
+            max(r["dgl_step_s"], r["hector_step_s"]) * 1e3,
+            f"{r['speedup']:.2f}x",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     axes[0].set_yscale("log")
     axes[0].set_ylabel("forward + backward (ms, median)")
     axes[1].bar([i - w / 2 for i in xs], [r.get("dgl_peak_mib", 0) for r in rows], w, label="DGL module")
@@ -208,12 +259,19 @@ def main() -> None:
     ap.add_argument("--edges", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--hub-alpha", type=float, nargs="+", default=[2.5],
-                    help="source-weight Pareto tails to run (2.5: ~49 %% compaction; 2.0: ~25 %%, like FB15k's 26 %%)")
+    ap.add_argument(
+        "--hub-alpha",
+        type=float,
+        nargs="+",
+        default=[2.5],
+        help="source-weight Pareto tails to run (2.5: ~49 %% compaction; 2.0: ~25 %%, like FB15k's 26 %%)",
+    )
     ap.add_argument("--no-memory", action="store_true", help="skip the per-case peak-memory subprocesses")
     ap.add_argument("--out", default=str(ROOT / "results" / "hector" / "cpu.json"))
     ap.add_argument("--replot", metavar="JSON", help="redraw the PNG of a result file")
-    ap.add_argument("--refill-memory", metavar="JSON", help="re-measure the peak memory of every row of a result file")
+    ap.add_argument(
+        "--refill-memory", metavar="JSON", help="re-measure the peak memory of every row of a result file"
+    )
     ap.add_argument("--memory-case", nargs=3, metavar=("MODEL", "EDGES", "IMPL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.replot:
@@ -233,8 +291,11 @@ def main() -> None:
         doc = json.loads(path.read_text())
         for r in doc["rows"]:
             measure_memory(r)
-            print(f"{r['model']:5s} {r['edges']:>9,} alpha {r['hub_alpha']}: peak MiB {r['dgl_peak_mib']:.0f} -> "
-                  f"{r['hector_peak_mib']:.0f}", flush=True)
+            print(
+                f"{r['model']:5s} {r['edges']:>9,} alpha {r['hub_alpha']}: peak MiB {r['dgl_peak_mib']:.0f} -> "
+                f"{r['hector_peak_mib']:.0f}",
+                flush=True,
+            )
         doc["memory_method"], doc["memory_provenance"] = MEMORY_METHOD, provenance()
         path.write_text(json.dumps(doc, indent=1))
         plot(doc["rows"], path.with_suffix(".png"))
@@ -243,20 +304,30 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    doc = {"label": "measured on CPU", "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "dgl": dgl.__version__,
-           "goal": ">= 1.5x faster than DGL's modules at equal results, no per-edge weight copies (issue 40)",
-           "step": "forward + backward of out.square().mean(), median of reps, DGL and Hector alternated",
-           "complete": False, "rows": rows, "memory_method": MEMORY_METHOD, "provenance": provenance()}
+    doc = {
+        "label": "measured on CPU",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "dgl": dgl.__version__,
+        "goal": ">= 1.5x faster than DGL's modules at equal results, no per-edge weight copies (issue 40)",
+        "step": "forward + backward of out.square().mean(), median of reps, DGL and Hector alternated",
+        "complete": False,
+        "rows": rows,
+        "memory_method": MEMORY_METHOD,
+        "provenance": provenance(),
+    }
     for e, alpha, m in ((e, alpha, m) for e in a.edges for alpha in a.hub_alpha for m in a.models):
         r = time_case(m, e, a.reps, alpha)
         if not a.no_memory:
             measure_memory(r)
         rows.append(r)
-        print(f"{m:5s} {e:>9,} edges  alpha {alpha}  ratio {r['compaction_ratio_src']:.2f}  DGL {r['dgl_step_s'] * 1e3:8.1f} ms"
-              f"  Hector {r['hector_step_s'] * 1e3:8.1f} ms  {r['speedup']:.2f}x  peak MiB "
-              f"{r.get('dgl_peak_mib', float('nan')):.0f} -> {r.get('hector_peak_mib', float('nan')):.0f}  "
-              f"rel err out {r['max_rel_err_out']:.1e} grads {r['max_rel_err_grads']:.1e}", flush=True)
+        print(
+            f"{m:5s} {e:>9,} edges  alpha {alpha}  ratio {r['compaction_ratio_src']:.2f}  DGL {r['dgl_step_s'] * 1e3:8.1f} ms"
+            f"  Hector {r['hector_step_s'] * 1e3:8.1f} ms  {r['speedup']:.2f}x  peak MiB "
+            f"{r.get('dgl_peak_mib', float('nan')):.0f} -> {r.get('hector_peak_mib', float('nan')):.0f}  "
+            f"rel err out {r['max_rel_err_out']:.1e} grads {r['max_rel_err_grads']:.1e}",
+            flush=True,
+        )
         out.write_text(json.dumps(doc, indent=1))  # after every case: a long run keeps what it measured
     doc["complete"] = True
     out.write_text(json.dumps(doc, indent=1))

@@ -68,8 +68,12 @@ def draw_matrices(cfg: dict[str, Any]) -> list[list[list[int]]]:
     """The run's dispatch matrices (token counts), identical on every rank (one seeded generator)."""
     rng = np.random.default_rng(cfg["seed"])
     n = cfg["ranks"]
-    return [zipf_token_matrix(rng, n, n * cfg["experts_per_rank"], cfg["tokens"], cfg["top_k"],
-                              cfg["skew"]).tolist() for _ in range(cfg["matrices"])]
+    return [
+        zipf_token_matrix(
+            rng, n, n * cfg["experts_per_rank"], cfg["tokens"], cfg["top_k"], cfg["skew"]
+        ).tolist()
+        for _ in range(cfg["matrices"])
+    ]
 
 
 def lower_bound_s(matrix: list[list[int]], row_bytes: int, rate_mbit: float) -> float:
@@ -87,8 +91,13 @@ def worker(rank: int, master: str, cfg: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     world = cfg["ranks"]
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=cfg["timeout_s"]))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master}:{PORT}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=cfg["timeout_s"]),
+    )
     hidden = cfg["hidden"]
     times: dict[str, list[list[float]]] = {a: [] for a in cfg["algorithms"]}
     warm = torch.ones(world * 64, hidden)
@@ -101,7 +110,10 @@ def worker(rank: int, master: str, cfg: dict[str, Any]) -> None:
         for a in cfg["algorithms"]:
             times[a].append([])
         for r in range(cfg["rounds"]):
-            order = cfg["algorithms"][r % len(cfg["algorithms"]):] + cfg["algorithms"][:r % len(cfg["algorithms"])]
+            order = (
+                cfg["algorithms"][r % len(cfg["algorithms"]) :]
+                + cfg["algorithms"][: r % len(cfg["algorithms"])]
+            )
             for a in order:  # rotated every round: no algorithm always runs first
                 out = torch.full((sum(recv), hidden), float("nan"))
                 dist.barrier()
@@ -110,15 +122,24 @@ def worker(rank: int, master: str, cfg: dict[str, Any]) -> None:
                     dist.all_to_all_single(out, inp, recv, send)
                 else:  # as the runtime does it: the split matrix is gathered, then planned alike on every rank
                     full = gather_split_matrix(send)
-                    matched_all_to_all(out, inp, recv, send, full, quantum=cfg["quantum"],
-                                       algorithm="bvn" if a == "bvn_barrier" else a,
-                                       phase_sync="barrier" if a == "bvn_barrier" else "pairwise")
+                    matched_all_to_all(
+                        out,
+                        inp,
+                        recv,
+                        send,
+                        full,
+                        quantum=cfg["quantum"],
+                        algorithm="bvn" if a == "bvn_barrier" else a,
+                        phase_sync="barrier" if a == "bvn_barrier" else "pairwise",
+                    )
                 times[a][mi].append(time.perf_counter() - t0)
                 if ref is None:
                     ref = out
                 elif not torch.equal(out, ref):
-                    raise RuntimeError(f"rank {rank}: {a} all-to-all output differs from "
-                                       f"{cfg['algorithms'][0]}'s on matrix {mi}")
+                    raise RuntimeError(
+                        f"rank {rank}: {a} all-to-all output differs from "
+                        f"{cfg['algorithms'][0]}'s on matrix {mi}"
+                    )
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, times)
     if rank == 0:
@@ -132,22 +153,55 @@ def run_fabric(cfg: dict[str, Any], buffer_kb: float) -> dict[str, Any]:
     collective times (slowest rank per round) and the fabric's description."""
     n = cfg["ranks"]
     sysctls = {"net.ipv4.tcp_wmem": cfg["tcp_wmem"]} if cfg.get("tcp_wmem") else None
-    with EmulatedNetwork(n, rate_mbit=cfg["rate_mbit"], switch_buffer_kb=buffer_kb, prefix="fli",
-                         subnet="10.214.0.0/24", sysctls=sysctls) as net:
+    with EmulatedNetwork(
+        n,
+        rate_mbit=cfg["rate_mbit"],
+        switch_buffer_kb=buffer_kb,
+        prefix="fli",
+        subnet="10.214.0.0/24",
+        sysctls=sysctls,
+    ) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        outs = net.run_ranks([[sys.executable, "-m", "benchmarks.hermod_intra_real", "--worker", str(r),
-                               "--master", net.ips[0], "--cfg-json", json.dumps(cfg)] for r in range(n)],
-                             timeout_s=cfg["timeout_s"] * 4, env=env, cwd=REPO)
+        outs = net.run_ranks(
+            [
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.hermod_intra_real",
+                    "--worker",
+                    str(r),
+                    "--master",
+                    net.ips[0],
+                    "--cfg-json",
+                    json.dumps(cfg),
+                ]
+                for r in range(n)
+            ],
+            timeout_s=cfg["timeout_s"] * 4,
+            env=env,
+            cwd=REPO,
+        )
         desc = net.describe()
     ranks = json.loads(next(x for x in outs[0].splitlines() if x.startswith("RESULT "))[7:])
-    cct = {a: [[max(rk[a][mi][r] for rk in ranks) for r in range(cfg["rounds"])]
-               for mi in range(cfg["matrices"])] for a in cfg["algorithms"]}
+    cct = {
+        a: [
+            [max(rk[a][mi][r] for rk in ranks) for r in range(cfg["rounds"])] for mi in range(cfg["matrices"])
+        ]
+        for a in cfg["algorithms"]
+    }
     return {"buffer_kb": buffer_kb, "cct_s": cct, "network": desc}
 
 
 # -- the simulator, calibrated -------------------------------------------------------------------------------------
-def simulate_cct(matrix: list[list[int]], row_bytes: int, rate_mbit: float, mode: str, alpha: float,
-                 quantum: int = 1, phase_overhead_s: float = 0.0) -> float:
+def simulate_cct(
+    matrix: list[list[int]],
+    row_bytes: int,
+    rate_mbit: float,
+    mode: str,
+    alpha: float,
+    quantum: int = 1,
+    phase_overhead_s: float = 0.0,
+) -> float:
     """One all-to-all of ``matrix`` on a simulated star at ``rate_mbit`` with an incast penalty ``alpha``;
     ``mode`` plain (every flow at once) or phases (the BvN schedule as the runtime sends it, planned in units of
     ``quantum`` rows; each unit simulated full, so the last one of a pair is rounded up). ``phase_overhead_s``: the
@@ -163,8 +217,14 @@ def simulate_cct(matrix: list[list[int]], row_bytes: int, rate_mbit: float, mode
     m = np.array(matrix, dtype=np.float64)
     if mode == "phases":
         m = np.ceil(m / quantum)
-    C.all_to_all(w, range(n), m, CoflowMeta("ep"), mode=mode,
-                 unit_bytes=float(row_bytes * (quantum if mode == "phases" else 1)))
+    C.all_to_all(
+        w,
+        range(n),
+        m,
+        CoflowMeta("ep"),
+        mode=mode,
+        unit_bytes=float(row_bytes * (quantum if mode == "phases" else 1)),
+    )
     inc = IncastModel(alpha=alpha) if alpha > 0 else None
     return Simulator(topo, SimConfig(incast=inc, launch_overhead=phase_overhead_s)).run(w).makespan
 
@@ -182,19 +242,29 @@ def _solve_increasing(f: Any, hi: float, iters: int = 30) -> float:
     return (lo + hi) / 2
 
 
-def fit_alpha(matrix: list[list[int]], row_bytes: int, rate_mbit: float, measured_s: float,
-              hi: float = 8.0) -> float:
+def fit_alpha(
+    matrix: list[list[int]], row_bytes: int, rate_mbit: float, measured_s: float, hi: float = 8.0
+) -> float:
     """The incast penalty for which the simulated plain all-to-all takes ``measured_s`` (the simulated time grows
     with alpha). 0 when even alpha 0 is slower; ``hi`` when even ``hi`` is faster."""
-    return _solve_increasing(lambda a: simulate_cct(matrix, row_bytes, rate_mbit, "plain", a) - measured_s, hi)
+    return _solve_increasing(
+        lambda a: simulate_cct(matrix, row_bytes, rate_mbit, "plain", a) - measured_s, hi
+    )
 
 
-def fit_phase_overhead(matrix: list[list[int]], row_bytes: int, rate_mbit: float, measured_s: float,
-                       quantum: int = 1, hi: float = 0.05) -> float:
+def fit_phase_overhead(
+    matrix: list[list[int]],
+    row_bytes: int,
+    rate_mbit: float,
+    measured_s: float,
+    quantum: int = 1,
+    hi: float = 0.05,
+) -> float:
     """The per-phase-flow overhead (s) for which the simulated phases, without incast, take ``measured_s``: what
     launching and waiting for each phase costs the runtime beyond its bytes."""
-    return _solve_increasing(lambda o: simulate_cct(matrix, row_bytes, rate_mbit, "phases", 0.0, quantum, o)
-                             - measured_s, hi)
+    return _solve_increasing(
+        lambda o: simulate_cct(matrix, row_bytes, rate_mbit, "phases", 0.0, quantum, o) - measured_s, hi
+    )
 
 
 def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -210,40 +280,66 @@ def summarise(cfg: dict[str, Any], fabrics: list[dict[str, Any]]) -> dict[str, A
     # goodput: the deepest buffer has no incast, so the simulated rate is scaled to match its plain times -- unless
     # it is given: at wide fan-in even a deep buffer loses (16 ranks here: bufferbloat, then spurious timeouts)
     goodput = cfg.get("goodput") or statistics.median(
-        simulate_cct(m, row_bytes, cfg["rate_mbit"], "plain", 0.0) / deep_med["plain"][mi] for mi, m in enumerate(mats))
+        simulate_cct(m, row_bytes, cfg["rate_mbit"], "plain", 0.0) / deep_med["plain"][mi]
+        for mi, m in enumerate(mats)
+    )
     rate_eff = cfg["rate_mbit"] * goodput
-    overhead = statistics.median(fit_phase_overhead(m, row_bytes, rate_eff, deep_med["bvn"][mi], q)
-                                 for mi, m in enumerate(mats)) if "bvn" in cfg["algorithms"] else 0.0
+    overhead = (
+        statistics.median(
+            fit_phase_overhead(m, row_bytes, rate_eff, deep_med["bvn"][mi], q) for mi, m in enumerate(mats)
+        )
+        if "bvn" in cfg["algorithms"]
+        else 0.0
+    )
     rows = []
     for f in sorted(fabrics, key=lambda f: -f["buffer_kb"]):
         med = {a: [statistics.median(v) for v in f["cct_s"][a]] for a in cfg["algorithms"]}
         alphas = [fit_alpha(m, row_bytes, rate_eff, med["plain"][mi]) for mi, m in enumerate(mats)]
         alpha = statistics.median(alphas)
-        rows.append({
-            "buffer_kb": f["buffer_kb"],
-            "median_cct_s": {a: statistics.median(v) for a, v in med.items()},
-            "cct_over_lower_bound": {a: statistics.median(v / b for v, b in zip(med[a], bounds, strict=True))
-                                     for a in cfg["algorithms"]},
-            "speedup_vs_plain": {a: statistics.median(p / v for p, v in zip(med["plain"], med[a], strict=True))
-                                 for a in cfg["algorithms"] if a != "plain"},
-            "fitted_incast_alpha": alpha,
-            "fitted_incast_alpha_per_matrix": alphas,
-            "simulated_at_fitted_alpha_s": {
-                mode: statistics.median(simulate_cct(m, row_bytes, rate_eff, mode, alpha, q,
-                                                     overhead if mode == "phases" else 0.0) for m in mats)
-                for mode in ("plain", "phases")},
-        })
+        rows.append(
+            {
+                "buffer_kb": f["buffer_kb"],
+                "median_cct_s": {a: statistics.median(v) for a, v in med.items()},
+                "cct_over_lower_bound": {
+                    a: statistics.median(v / b for v, b in zip(med[a], bounds, strict=True))
+                    for a in cfg["algorithms"]
+                },
+                "speedup_vs_plain": {
+                    a: statistics.median(p / v for p, v in zip(med["plain"], med[a], strict=True))
+                    for a in cfg["algorithms"]
+                    if a != "plain"
+                },
+                "fitted_incast_alpha": alpha,
+                "fitted_incast_alpha_per_matrix": alphas,
+                "simulated_at_fitted_alpha_s": {
+                    mode: statistics.median(
+                        simulate_cct(
+                            m, row_bytes, rate_eff, mode, alpha, q, overhead if mode == "phases" else 0.0
+                        )
+                        for m in mats
+                    )
+                    for mode in ("plain", "phases")
+                },
+            }
+        )
     from flowlane.hermod.matching import plan_all_to_all
 
-    phases = {alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_bottleneck", "alg3")}
-    return {"lower_bound_s": bounds, "goodput_fraction": goodput,
-            "goodput_source": "given (--goodput)" if cfg.get("goodput") else "fitted on the deepest buffer",
-            "phase_overhead_s": overhead,
-            "phases_per_matrix": phases, "rows": rows}
+    phases = {
+        alg: [len(plan_all_to_all(m, q, alg)) for m in mats] for alg in ("bvn", "bvn_bottleneck", "alg3")
+    }
+    return {
+        "lower_bound_s": bounds,
+        "goodput_fraction": goodput,
+        "goodput_source": "given (--goodput)" if cfg.get("goodput") else "fitted on the deepest buffer",
+        "phase_overhead_s": overhead,
+        "phases_per_matrix": phases,
+        "rows": rows,
+    }
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -252,20 +348,36 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     w = 0.8 / (len(algs) + 1)
     for k, a in enumerate(algs):
-        ax.bar([i + k * w for i in range(len(rows))], [r["cct_over_lower_bound"][a] for r in rows], w, label=a)
-    ax.bar([i + len(algs) * w for i in range(len(rows))],
-           [r["simulated_at_fitted_alpha_s"]["phases"] / statistics.median(doc["summary"]["lower_bound_s"])
-            for r in rows], w, label="bvn phases, calibrated simulator" if "bvn" in algs else
-           "bvn phases, simulator (no per-phase cost: bvn not measured)", color="C7")
-    ax.set_xticks([i + w * len(algs) / 2 for i in range(len(rows))],
-                  [f"{r['buffer_kb']:g} KiB buffer\nalpha {r['fitted_incast_alpha']:.2f}" for r in rows], fontsize=8)
+        ax.bar(
+            [i + k * w for i in range(len(rows))], [r["cct_over_lower_bound"][a] for r in rows], w, label=a
+        )
+    ax.bar(
+        [i + len(algs) * w for i in range(len(rows))],
+        [
+            r["simulated_at_fitted_alpha_s"]["phases"] / statistics.median(doc["summary"]["lower_bound_s"])
+            for r in rows
+        ],
+        w,
+        label="bvn phases, calibrated simulator"
+        if "bvn" in algs
+        else "bvn phases, simulator (no per-phase cost: bvn not measured)",
+        color="C7",
+    )
+    ax.set_xticks(
+        [i + w * len(algs) / 2 for i in range(len(rows))],
+        [f"{r['buffer_kb']:g} KiB buffer\nalpha {r['fitted_incast_alpha']:.2f}" for r in rows],
+        fontsize=8,
+    )
     ax.axhline(1.0, color="k", lw=0.5)
-    ax.set_ylim(0, 1.35 * max(p.get_height() for p in ax.patches))   # room for the legend above the bars
+    ax.set_ylim(0, 1.35 * max(p.get_height() for p in ax.patches))  # room for the legend above the bars
     ax.set_ylabel("all-to-all time / lower bound")
     c = doc["config"]
     wmem = f", tcp_wmem max {int(c['tcp_wmem'].split()[2]) // 1024} KiB" if c.get("tcp_wmem") else ""
-    ax.set_title(f"EP all-to-all, {c['ranks']} ranks, {c['rate_mbit']:g} Mbit/s, Zipf {c['skew']:g}{wmem} "
-                 f"(measured, emulated links)", fontsize=9)
+    ax.set_title(
+        f"EP all-to-all, {c['ranks']} ranks, {c['rate_mbit']:g} Mbit/s, Zipf {c['skew']:g}{wmem} "
+        f"(measured, emulated links)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -286,31 +398,52 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--rate-mbit", type=float, default=100.0)
-    ap.add_argument("--buffers-kb", default="1024,128,64",
-                    help="switch port buffers to compare; the largest calibrates goodput (no incast)")
+    ap.add_argument(
+        "--buffers-kb",
+        default="1024,128,64",
+        help="switch port buffers to compare; the largest calibrates goodput (no incast)",
+    )
     ap.add_argument("--matrices", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=1024, help="tokens per rank")
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--experts-per-rank", type=int, default=4)
-    ap.add_argument("--skew", type=float, default=0.5, help="Zipf exponent of expert popularity (the sim's default)")
+    ap.add_argument(
+        "--skew", type=float, default=0.5, help="Zipf exponent of expert popularity (the sim's default)"
+    )
     ap.add_argument("--hidden", type=int, default=256, help="float32 values per token")
-    ap.add_argument("--quantum", type=int, default=1,
-                    help="tokens per planning unit of the phases (the Megatron plugin's --hermod-ep-quantum)")
+    ap.add_argument(
+        "--quantum",
+        type=int,
+        default=1,
+        help="tokens per planning unit of the phases (the Megatron plugin's --hermod-ep-quantum)",
+    )
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    ap.add_argument("--tcp-wmem", default="",
-                    help="the ranks' net.ipv4.tcp_wmem ('min default max' bytes; default: the host's): a small max "
-                         "bounds how far gloo's completed sends run ahead of the wire")
-    ap.add_argument("--goodput", type=float, default=None,
-                    help="fraction of the link rate TCP delivers without incast, in (0, 1]; default: fitted on the "
-                         "deepest buffer's plain all-to-all. Give it (e.g. from a run with fewer ranks at the same "
-                         "rate) where even the deepest buffer loses to fan-in; with --summarise-only it replaces "
-                         "the stored setting")
+    ap.add_argument(
+        "--tcp-wmem",
+        default="",
+        help="the ranks' net.ipv4.tcp_wmem ('min default max' bytes; default: the host's): a small max "
+        "bounds how far gloo's completed sends run ahead of the wire",
+    )
+    ap.add_argument(
+        "--goodput",
+        type=float,
+        default=None,
+        help="fraction of the link rate TCP delivers without incast, in (0, 1]; default: fitted on the "
+        "deepest buffer's plain all-to-all. Give it (e.g. from a run with fewer ranks at the same "
+        "rate) where even the deepest buffer loses to fan-in; with --summarise-only it replaces "
+        "the stored setting",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout-s", type=int, default=300, help="a rank that waits longer on a peer fails the run")
+    ap.add_argument(
+        "--timeout-s", type=int, default=300, help="a rank that waits longer on a peer fails the run"
+    )
     ap.add_argument("--out", default="results/hermod/intra_real.json")
-    ap.add_argument("--summarise-only", action="store_true",
-                    help="measure nothing: recompute the summary and plot of --out from its stored times")
+    ap.add_argument(
+        "--summarise-only",
+        action="store_true",
+        help="measure nothing: recompute the summary and plot of --out from its stored times",
+    )
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--cfg-json", help=argparse.SUPPRESS)
@@ -319,15 +452,31 @@ def main(argv: list[str] | None = None) -> int:
         worker(a.worker, a.master, json.loads(a.cfg_json))
         return 0
     algorithms = [x for x in a.algorithms.split(",") if x]
-    if algorithms[:1] != ["plain"] or len(set(algorithms)) != len(algorithms) or \
-            any(x not in ALGORITHMS for x in algorithms):
-        raise SystemExit(f"--algorithms must start with plain and name each of {list(ALGORITHMS)} at most once, "
-                         f"got {a.algorithms!r}")
-    for name in ("ranks", "matrices", "rounds", "tokens", "top_k", "experts_per_rank", "hidden", "quantum",
-                 "timeout_s"):
+    if (
+        algorithms[:1] != ["plain"]
+        or len(set(algorithms)) != len(algorithms)
+        or any(x not in ALGORITHMS for x in algorithms)
+    ):
+        raise SystemExit(
+            f"--algorithms must start with plain and name each of {list(ALGORITHMS)} at most once, "
+            f"got {a.algorithms!r}"
+        )
+    for name in (
+        "ranks",
+        "matrices",
+        "rounds",
+        "tokens",
+        "top_k",
+        "experts_per_rank",
+        "hidden",
+        "quantum",
+        "timeout_s",
+    ):
         if getattr(a, name) < (3 if name == "ranks" else 1):
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= {3 if name == 'ranks' else 1} "
-                             f"(an EP group of two has no incast), got {getattr(a, name)}")
+            raise SystemExit(
+                f"--{name.replace('_', '-')} must be >= {3 if name == 'ranks' else 1} "
+                f"(an EP group of two has no incast), got {getattr(a, name)}"
+            )
     if not a.skew >= 0:
         raise SystemExit(f"--skew must be >= 0, got {a.skew}")
     if a.tcp_wmem and not re.fullmatch(r"[1-9]\d* [1-9]\d* [1-9]\d*", a.tcp_wmem):
@@ -345,10 +494,23 @@ def main(argv: list[str] | None = None) -> int:
         doc["summary"] = summarise(doc["config"], doc["fabrics"])
         _write(doc, out)
         return 0
-    cfg = {"ranks": a.ranks, "rate_mbit": a.rate_mbit, "matrices": a.matrices, "rounds": a.rounds,
-           "tokens": a.tokens, "top_k": a.top_k, "experts_per_rank": a.experts_per_rank, "skew": a.skew,
-           "hidden": a.hidden, "quantum": a.quantum, "algorithms": algorithms, "seed": a.seed,
-           "timeout_s": a.timeout_s, "tcp_wmem": a.tcp_wmem or None, "goodput": a.goodput}
+    cfg = {
+        "ranks": a.ranks,
+        "rate_mbit": a.rate_mbit,
+        "matrices": a.matrices,
+        "rounds": a.rounds,
+        "tokens": a.tokens,
+        "top_k": a.top_k,
+        "experts_per_rank": a.experts_per_rank,
+        "skew": a.skew,
+        "hidden": a.hidden,
+        "quantum": a.quantum,
+        "algorithms": algorithms,
+        "seed": a.seed,
+        "timeout_s": a.timeout_s,
+        "tcp_wmem": a.tcp_wmem or None,
+        "goodput": a.goodput,
+    }
     try:
         check_available()
     except NetemError as e:
@@ -358,9 +520,14 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     fabrics = [run_fabric(cfg, b) for b in track(buffers, description="fabrics (one per switch buffer)")]
-    doc = {"what": "EP all-to-all on an emulated star (measured on CPU with emulated links: gloo over real TCP in "
-                   "network namespaces, tc tbf); plain vs Hermod's incast-free phases; simulator calibrated to it",
-           "config": cfg, "fabrics": fabrics, "summary": summarise(cfg, fabrics), "wall_s": time.time() - t0}
+    doc = {
+        "what": "EP all-to-all on an emulated star (measured on CPU with emulated links: gloo over real TCP in "
+        "network namespaces, tc tbf); plain vs Hermod's incast-free phases; simulator calibrated to it",
+        "config": cfg,
+        "fabrics": fabrics,
+        "summary": summarise(cfg, fabrics),
+        "wall_s": time.time() - t0,
+    }
     _write(doc, out)
     return 0
 
@@ -372,14 +539,19 @@ def _write(doc: dict[str, Any], out: Path) -> None:
     tmp.replace(out)  # never a half-written result
     _plot(doc, out.with_suffix(".png"))
     s = doc["summary"]
-    print(f"goodput {s['goodput_fraction']:.3f} of the link rate, phase overhead {s['phase_overhead_s'] * 1e3:.2f} ms")
+    print(
+        f"goodput {s['goodput_fraction']:.3f} of the link rate, phase overhead {s['phase_overhead_s'] * 1e3:.2f} ms"
+    )
     for r in s["rows"]:
-        print(f"buffer {r['buffer_kb']:g} KiB: median CCT " +
-              ", ".join(f"{k} {v:.3f}s" for k, v in r["median_cct_s"].items()) +
-              " | speedup vs plain " + ", ".join(f"{k} {v:.3f}x" for k, v in r["speedup_vs_plain"].items()) +
-              f" | fitted alpha {r['fitted_incast_alpha']:.3f}; calibrated sim: plain "
-              f"{r['simulated_at_fitted_alpha_s']['plain']:.3f}s, phases "
-              f"{r['simulated_at_fitted_alpha_s']['phases']:.3f}s")
+        print(
+            f"buffer {r['buffer_kb']:g} KiB: median CCT "
+            + ", ".join(f"{k} {v:.3f}s" for k, v in r["median_cct_s"].items())
+            + " | speedup vs plain "
+            + ", ".join(f"{k} {v:.3f}x" for k, v in r["speedup_vs_plain"].items())
+            + f" | fitted alpha {r['fitted_incast_alpha']:.3f}; calibrated sim: plain "
+            f"{r['simulated_at_fitted_alpha_s']['plain']:.3f}s, phases "
+            f"{r['simulated_at_fitted_alpha_s']['phases']:.3f}s"
+        )
     print(f"wrote {out}")
 
 

@@ -68,10 +68,14 @@ VARIANTS = {  # name -> (policy, all-to-all mode)
     "hermod-nccl-phases-bn": ("hermod-nccl", "phases_bottleneck"),
 }
 SMALL = ("qwen-moe-12l", 32, 2)  # model, GPUs, GPUs per server
-SCALE = {"mixtral-8x22b": ("fifo", "hermod-inter", "hermod-matched", "hermod-phases", "hermod-phases-bn"),
-         "qwen-moe-24l": ("fifo", "hermod-inter", "hermod-matched")}
-SCALE_OPT_IN = {"mixtral-8x22b": ("hermod-nccl-phases-bn",),
-                "qwen-moe-24l": ("hermod-phases-bn", "hermod-nccl-phases-bn")}  # run only when --scale-variants names them (CPU, above)
+SCALE = {
+    "mixtral-8x22b": ("fifo", "hermod-inter", "hermod-matched", "hermod-phases", "hermod-phases-bn"),
+    "qwen-moe-24l": ("fifo", "hermod-inter", "hermod-matched"),
+}
+SCALE_OPT_IN = {
+    "mixtral-8x22b": ("hermod-nccl-phases-bn",),
+    "qwen-moe-24l": ("hermod-phases-bn", "hermod-nccl-phases-bn"),
+}  # run only when --scale-variants names them (CPU, above)
 # Cost: the incast penalty gives every receiver port its own capacity, so max-min filling needs many more rounds;
 # a 1,024-GPU point costs ~10x its no-incast time (measured: 3-15 CPU-minutes plain or matched, 25 for phases).
 
@@ -93,13 +97,20 @@ def measured_costs(plan_speed: Path, gpu_check: Path) -> dict:
         issue_s = float(t["phase_issue_s"])
     except (KeyError, TypeError):
         raise ValueError(f"{gpu_check}: no nets.flowlane.checks.timings.phase_issue_s") from None
-    return {"plan_ms": plan, "plan_hit_ms": hit, "plan_cache": RUNTIME_PLAN_CACHE, "phase_issue_us": issue_s * 1e6,
-            "sources": {"plan_ms": f"{plan_speed} rows[].compiled.median_ms (label {ps.get('label')!r}, commit "
-                                   f"{ps.get('commit')}, planner {ps.get('planner_impl')})",
-                        "plan_hit_ms": f"{plan_speed} rows[].cached_hit.median_ms",
-                        "plan_cache": "flowlane.hermod.matching FLOWLANE_HERMOD_PLAN_CACHE default",
-                        "phase_issue_us": f"{gpu_check} nets.flowlane.checks.timings.phase_issue_s (device "
-                                          f"{gc['nets']['flowlane']['checks'].get('device')})"}}
+    return {
+        "plan_ms": plan,
+        "plan_hit_ms": hit,
+        "plan_cache": RUNTIME_PLAN_CACHE,
+        "phase_issue_us": issue_s * 1e6,
+        "sources": {
+            "plan_ms": f"{plan_speed} rows[].compiled.median_ms (label {ps.get('label')!r}, commit "
+            f"{ps.get('commit')}, planner {ps.get('planner_impl')})",
+            "plan_hit_ms": f"{plan_speed} rows[].cached_hit.median_ms",
+            "plan_cache": "flowlane.hermod.matching FLOWLANE_HERMOD_PLAN_CACHE default",
+            "phase_issue_us": f"{gpu_check} nets.flowlane.checks.timings.phase_issue_s (device "
+            f"{gc['nets']['flowlane']['checks'].get('device')})",
+        },
+    }
 
 
 def _cost_s(v: float | dict | None, mode: str, ep: int, what: str) -> float:
@@ -114,9 +125,20 @@ def _cost_s(v: float | dict | None, mode: str, ep: int, what: str) -> float:
     return float(v) * 1e-3
 
 
-def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float, variant: str, alpha: float,
-              microbatches: int, quantum: float, op_overhead_s: float = 0.0, incast_count: str = "port",
-              costs: dict | None = None) -> dict:
+def run_point(
+    section: str,
+    model: str,
+    gpus: int,
+    per_server: int,
+    gbps: float,
+    variant: str,
+    alpha: float,
+    microbatches: int,
+    quantum: float,
+    op_overhead_s: float = 0.0,
+    incast_count: str = "port",
+    costs: dict | None = None,
+) -> dict:
     from flowlane.policies import make_policy
     from flowlane.sim import IncastModel, SimConfig, Simulator
     from flowlane.sim.models import preset
@@ -128,24 +150,42 @@ def run_point(section: str, model: str, gpus: int, per_server: int, gbps: float,
     topo, wl = build_llm(job, gpus, gbps, topology=cluster(gpus, gbps, gpus_per_server=per_server))
     c = costs or COSTS_OFF
     ep = job.parallel.ep
-    charged = {"plan_time": _cost_s(c["plan_ms"], mode, ep, "plan_ms"),
-               "plan_hit_time": _cost_s(c["plan_hit_ms"], mode, ep, "plan_hit_ms"),
-               "plan_cache_entries": int(c["plan_cache"]),
-               "phase_issue_time": float(c["phase_issue_us"]) * 1e-6 if mode in PLAN_ALGORITHM else 0.0}
-    cfg = SimConfig(time_quantum=quantum, incast=IncastModel(alpha=alpha, count=incast_count) if alpha > 0 else None,
-                    launch_overhead=op_overhead_s, **charged)
+    charged = {
+        "plan_time": _cost_s(c["plan_ms"], mode, ep, "plan_ms"),
+        "plan_hit_time": _cost_s(c["plan_hit_ms"], mode, ep, "plan_hit_ms"),
+        "plan_cache_entries": int(c["plan_cache"]),
+        "phase_issue_time": float(c["phase_issue_us"]) * 1e-6 if mode in PLAN_ALGORITHM else 0.0,
+    }
+    cfg = SimConfig(
+        time_quantum=quantum,
+        incast=IncastModel(alpha=alpha, count=incast_count) if alpha > 0 else None,
+        launch_overhead=op_overhead_s,
+        **charged,
+    )
     r = Simulator(topo, cfg).run(wl, make_policy(policy))
     ends = r.iteration_ends
     extra = {}
     if any(charged[k] for k in ("plan_time", "plan_hit_time", "phase_issue_time")):
         extra = {"charged": charged, "plan_hits": r.plan_hits, "plan_misses": r.plan_misses}
-    return {"section": section, "model": model, "gpus": gpus, "gpus_per_server": per_server, "bandwidth_gbps": gbps,
-            "variant": variant, "policy": policy, "a2a_mode": mode, "incast_alpha": alpha, "op_overhead_s": op_overhead_s,
-            "incast_count": incast_count, **extra,
-            "iteration_time_s": ends[-1] - ends[-2], "cct_mean_ms": {k: v["mean_s"] * 1e3 for k, v in
-                                                                    r.cct_by_ctype().items()},
-            "ep_crosses_servers": wl.info.get("ep_crosses_servers"), "flows": r.num_flows,
-            "cpu_s": time.process_time() - t0}
+    return {
+        "section": section,
+        "model": model,
+        "gpus": gpus,
+        "gpus_per_server": per_server,
+        "bandwidth_gbps": gbps,
+        "variant": variant,
+        "policy": policy,
+        "a2a_mode": mode,
+        "incast_alpha": alpha,
+        "op_overhead_s": op_overhead_s,
+        "incast_count": incast_count,
+        **extra,
+        "iteration_time_s": ends[-1] - ends[-2],
+        "cct_mean_ms": {k: v["mean_s"] * 1e3 for k, v in r.cct_by_ctype().items()},
+        "ep_crosses_servers": wl.info.get("ep_crosses_servers"),
+        "flows": r.num_flows,
+        "cpu_s": time.process_time() - t0,
+    }
 
 
 def _key(p: dict | tuple) -> tuple:
@@ -155,8 +195,13 @@ def _key(p: dict | tuple) -> tuple:
     return p["section"], p["model"], p["gpus"], p["variant"], p["incast_alpha"]
 
 
-def plan(alphas: list[float], only: set[str], scale_variants: set[str] | None = None,
-         models: set[str] | None = None, gpus: int = 1024) -> list[tuple]:
+def plan(
+    alphas: list[float],
+    only: set[str],
+    scale_variants: set[str] | None = None,
+    models: set[str] | None = None,
+    gpus: int = 1024,
+) -> list[tuple]:
     t = []
     if "small" in only:
         model, gpus, per = SMALL
@@ -167,7 +212,9 @@ def plan(alphas: list[float], only: set[str], scale_variants: set[str] | None = 
         for a in alphas:
             for model, vs in SCALE.items():
                 for v in (*vs, *(SCALE_OPT_IN.get(model, ()) if scale_variants else ())):
-                    if (scale_variants is None or v in scale_variants) and (models is None or model in models):
+                    if (scale_variants is None or v in scale_variants) and (
+                        models is None or model in models
+                    ):
                         t.append(("scale", model, gpus, 8, 100.0, v, a))
     return t
 
@@ -178,9 +225,14 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
         groups.setdefault((p["section"], p["model"], p["gpus"], p["incast_alpha"]), {})[p["variant"]] = p
     rows = []
     for (sec, model, gpus, alpha), vs in sorted(groups.items()):
-        row = {"section": sec, "model": model, "gpus": gpus, "incast_alpha": alpha,
-               "iteration_time_s": {v: p["iteration_time_s"] for v, p in vs.items()},
-               "ep_cct_mean_ms": {v: p["cct_mean_ms"].get("ep") for v, p in vs.items()}}
+        row = {
+            "section": sec,
+            "model": model,
+            "gpus": gpus,
+            "incast_alpha": alpha,
+            "iteration_time_s": {v: p["iteration_time_s"] for v, p in vs.items()},
+            "ep_cct_mean_ms": {v: p["cct_mean_ms"].get("ep") for v, p in vs.items()},
+        }
         if "fifo" in vs:
             base = vs["fifo"]["iteration_time_s"]
             row["speedup_vs_fifo"] = {v: base / p["iteration_time_s"] for v, p in vs.items()}
@@ -188,15 +240,23 @@ def summarise(points: list[dict], skipped: list, args: argparse.Namespace, wall:
     costs = args.costs
     on = costs["plan_ms"] is not None or costs["plan_hit_ms"] is not None or costs["phase_issue_us"] > 0
     return {
-        "benchmark": "hermod_intra_sim", "label": "simulated (with measured costs charged)" if on else "simulated",
+        "benchmark": "hermod_intra_sim",
+        "label": "simulated (with measured costs charged)" if on else "simulated",
         "provenance": args.provenance,
         "runtime_costs": costs if on else None,
         "note": "flowlane.sim flow-level simulation with the phenomenological incast model (capacity / (1 + alpha "
-                "(k - 1)) on switch ports feeding a NIC; alpha assumed, swept; 0 = no incast). Speedup = FIFO "
-                "iteration time / variant iteration time, steady (2nd) iteration. Thesis Fig. 5.11 (testbed, "
-                "32 GPUs): inter only 1.12-1.40x, both components 1.24-1.40x; intra adds ~1.11x on MoE models.",
-        "config": {"microbatches": args.microbatches, "time_quantum_s": args.quantum, "alphas": args.alphas,
-                   "op_overhead_s": args.op_overhead_s, "incast_count": args.incast_count, "workers": args.workers, "wall_s": round(wall, 1)},
+        "(k - 1)) on switch ports feeding a NIC; alpha assumed, swept; 0 = no incast). Speedup = FIFO "
+        "iteration time / variant iteration time, steady (2nd) iteration. Thesis Fig. 5.11 (testbed, "
+        "32 GPUs): inter only 1.12-1.40x, both components 1.24-1.40x; intra adds ~1.11x on MoE models.",
+        "config": {
+            "microbatches": args.microbatches,
+            "time_quantum_s": args.quantum,
+            "alphas": args.alphas,
+            "op_overhead_s": args.op_overhead_s,
+            "incast_count": args.incast_count,
+            "workers": args.workers,
+            "wall_s": round(wall, 1),
+        },
         "variants": {k: {"policy": p, "a2a_mode": m} for k, (p, m) in VARIANTS.items()},
         "rows": rows,
         "skipped": [{"point": list(t), "why": why} for t, why in skipped],
@@ -218,22 +278,42 @@ def _plot(res: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
     w = 0.8 / len(names)
     for j, v in enumerate(names):
-        ax.bar([i + j * w for i in range(len(rows))], [r["speedup_vs_fifo"].get(v, float("nan")) for r in rows],
-               w, label=v)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(rows))],
-                  [f"{r['model']}\n{r['gpus']} GPUs, alpha {r['incast_alpha']:g}" for r in rows], fontsize=7)
+        ax.bar(
+            [i + j * w for i in range(len(rows))],
+            [r["speedup_vs_fifo"].get(v, float("nan")) for r in rows],
+            w,
+            label=v,
+        )
+    ax.set_xticks(
+        [i + 0.4 - w / 2 for i in range(len(rows))],
+        [f"{r['model']}\n{r['gpus']} GPUs, alpha {r['incast_alpha']:g}" for r in rows],
+        fontsize=7,
+    )
     ax.axhline(1.0, color="k", lw=0.5)
     lo = min(v for r in rows for v in r["speedup_vs_fifo"].values())
     ax.set_ylim(bottom=min(0.8, lo - 0.05))
     ax.set_ylabel("speedup vs FIFO (plain all-to-all)")
     o = res["config"].get("op_overhead_s", 0.0)
-    extra = ([f"{o * 1e6:g} us per communication op"] if o else []) + \
-        (["incast fan-in counted per priority class (a switch queue per class)"]
-         if res["config"].get("incast_count") == "class" else []) + \
-        ([f"phased all-to-alls charged planning and {res['runtime_costs']['phase_issue_us']:.0f} us issue per phase "
-          f"(measured costs)"] if res.get("runtime_costs") else [])
-    ax.set_title("\n".join(["Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)", *extra]),
-                 fontsize=9)
+    extra = (
+        ([f"{o * 1e6:g} us per communication op"] if o else [])
+        + (
+            ["incast fan-in counted per priority class (a switch queue per class)"]
+            if res["config"].get("incast_count") == "class"
+            else []
+        )
+        + (
+            [
+                f"phased all-to-alls charged planning and {res['runtime_costs']['phase_issue_us']:.0f} us issue per phase "
+                f"(measured costs)"
+            ]
+            if res.get("runtime_costs")
+            else []
+        )
+    )
+    ax.set_title(
+        "\n".join(["Hermod inter- vs intra-coflow under an assumed incast penalty (simulated)", *extra]),
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -243,39 +323,62 @@ def _plot(res: dict, path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--alphas", default="0.05,0.1", help="incast penalties to sweep (0 = none is always in 'small')")
+    ap.add_argument(
+        "--alphas", default="0.05,0.1", help="incast penalties to sweep (0 = none is always in 'small')"
+    )
     ap.add_argument("--only", default="small,scale", help="sections: small, scale")
     ap.add_argument("--microbatches", type=int, default=8)
     # 10 us, not the other benchmarks' 100 us: the quantum lets each event slip by up to one quantum, and a phased
     # all-to-all chains ~180 dependent phase steps of ~80 us, so at 100 us it lost up to ~7 ms per all-to-all
     # (Qwen-MoE-24L, 256 GPUs: 5.168 s at 100 us, 4.186 s at 10 us; FIFO 7.341 s / 7.303 s; results/hermod/README.md)
     add_pool_args(ap, budget_s=3600.0, quantum=1e-5)
-    ap.add_argument("--scale-variants", help=f"comma-separated subset of {list(VARIANTS)} for the scale section")
+    ap.add_argument(
+        "--scale-variants", help=f"comma-separated subset of {list(VARIANTS)} for the scale section"
+    )
     ap.add_argument("--scale-models", help=f"comma-separated subset of {list(SCALE)} for the scale section")
     ap.add_argument("--scale-gpus", type=int, default=1024, help="GPUs in the scale section (default 1024)")
     ap.add_argument("--out", default="results/hermod")
     ap.add_argument("--name", default="intra", help="output file stem (NAME.json, NAME.png)")
-    ap.add_argument("--op-overhead-us", type=float, default=0.0,
-                    help="fixed cost of every communication op in microseconds (SimConfig.launch_overhead): one per "
-                         "collective, p2p, plain or matched all-to-all, one per phase flow of a phased all-to-all (default 0)")
-    ap.add_argument("--incast-count", default="port", choices=INCAST_COUNTS,
-                    help="who adds to a port's incast fan-in: every flow on it (port, default: one shared queue) or "
-                         "the flows of the same priority class (class: a switch queue per class)")
-    ap.add_argument("--measured-costs", action="store_true",
-                    help="charge phased all-to-alls the runtime's measured planning and per-phase issue costs "
-                         "(--plan-speed-json, --gpu-check-json; module docstring)")
+    ap.add_argument(
+        "--op-overhead-us",
+        type=float,
+        default=0.0,
+        help="fixed cost of every communication op in microseconds (SimConfig.launch_overhead): one per "
+        "collective, p2p, plain or matched all-to-all, one per phase flow of a phased all-to-all (default 0)",
+    )
+    ap.add_argument(
+        "--incast-count",
+        default="port",
+        choices=INCAST_COUNTS,
+        help="who adds to a port's incast fan-in: every flow on it (port, default: one shared queue) or "
+        "the flows of the same priority class (class: a switch queue per class)",
+    )
+    ap.add_argument(
+        "--measured-costs",
+        action="store_true",
+        help="charge phased all-to-alls the runtime's measured planning and per-phase issue costs "
+        "(--plan-speed-json, --gpu-check-json; module docstring)",
+    )
     ap.add_argument("--plan-speed-json", type=Path, default=Path("results/hermod/plan_speed.json"))
     ap.add_argument("--gpu-check-json", type=Path, default=Path("results/gpu/nccl_gpu_check.json"))
-    ap.add_argument("--plan-ms", type=float, help="planning time per phased all-to-all on a plan-cache miss (ms)")
+    ap.add_argument(
+        "--plan-ms", type=float, help="planning time per phased all-to-all on a plan-cache miss (ms)"
+    )
     ap.add_argument("--plan-hit-ms", type=float, help="planning time on a plan-cache hit (ms)")
     ap.add_argument("--plan-cache", type=int, help="plan-cache entries per rank (0 = none)")
     ap.add_argument("--phase-issue-us", type=float, help="host time to issue one phase on a rank (us)")
-    ap.add_argument("--fifo-from", type=Path,
-                    help="take the FIFO points from this stored run instead of re-running them (same quantum, op "
-                         "overhead and incast count; plain all-to-alls are never charged the runtime costs, so FIFO "
-                         "is the same with and without them); each carried point names its file")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the points already in NAME.json and run only the missing ones")
+    ap.add_argument(
+        "--fifo-from",
+        type=Path,
+        help="take the FIFO points from this stored run instead of re-running them (same quantum, op "
+        "overhead and incast count; plain all-to-alls are never charged the runtime costs, so FIFO "
+        "is the same with and without them); each carried point names its file",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the points already in NAME.json and run only the missing ones",
+    )
     a = ap.parse_args(argv)
     try:
         alphas = [float(x) for x in a.alphas.split(",") if x]
@@ -298,14 +401,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--op-overhead-us must be a finite number >= 0, got {a.op_overhead_us}")
     if a.scale_gpus < 1:
         ap.error(f"--scale-gpus must be >= 1, got {a.scale_gpus}")
-    a.op_overhead_s = op_overhead_s = round(a.op_overhead_us * 1e-6, 12)  # seconds, once, for points and summary
+    a.op_overhead_s = op_overhead_s = round(
+        a.op_overhead_us * 1e-6, 12
+    )  # seconds, once, for points and summary
     costs = dict(COSTS_OFF)
     if a.measured_costs:
         try:
             costs = measured_costs(a.plan_speed_json, a.gpu_check_json)
         except (OSError, ValueError, KeyError) as e:
             ap.error(f"--measured-costs: {e}")
-    for flag, key in (("plan_ms", "plan_ms"), ("plan_hit_ms", "plan_hit_ms"), ("phase_issue_us", "phase_issue_us")):
+    for flag, key in (
+        ("plan_ms", "plan_ms"),
+        ("plan_hit_ms", "plan_hit_ms"),
+        ("phase_issue_us", "phase_issue_us"),
+    ):
         v = getattr(a, flag)
         if v is not None:
             if not (v >= 0 and math.isfinite(v)):
@@ -323,15 +432,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.resume and (out / f"{a.name}.json").exists():
         stored = json.loads((out / f"{a.name}.json").read_text())
         # a resumed file must hold one setting: points at another quantum, op overhead or count are not comparable
-        was = (stored["config"].get("time_quantum_s"), stored["config"].get("op_overhead_s", 0.0),
-               stored["config"].get("incast_count", "port"))
+        was = (
+            stored["config"].get("time_quantum_s"),
+            stored["config"].get("op_overhead_s", 0.0),
+            stored["config"].get("incast_count", "port"),
+        )
         now = (a.quantum, op_overhead_s, a.incast_count)
-        if was != now or stored.get("runtime_costs") != (costs if summarise([], [], a, 0)["runtime_costs"] else None):
+        if was != now or stored.get("runtime_costs") != (
+            costs if summarise([], [], a, 0)["runtime_costs"] else None
+        ):
             if was == now:
-                ap.error(f"--resume: {a.name}.json was run with other runtime costs ({stored.get('runtime_costs')}); "
-                         f"use another --name")
-            ap.error(f"--resume: {a.name}.json was run with quantum {was[0]:g} s, op overhead {was[1]:g} s and incast "
-                     f"count {was[2]}, not {now[0]:g} s, {now[1]:g} s and {now[2]}; use another --name")
+                ap.error(
+                    f"--resume: {a.name}.json was run with other runtime costs ({stored.get('runtime_costs')}); "
+                    f"use another --name"
+                )
+            ap.error(
+                f"--resume: {a.name}.json was run with quantum {was[0]:g} s, op overhead {was[1]:g} s and incast "
+                f"count {was[2]}, not {now[0]:g} s, {now[1]:g} s and {now[2]}; use another --name"
+            )
         done = stored["points"]
         have = {_key(p) for p in done}
         tasks = [t for t in tasks if _key(t) not in have]
@@ -342,15 +460,24 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--fifo-from: cannot read {a.fifo_from}: {e}")
         rc = ref.get("config", {})
-        if (rc.get("time_quantum_s"), rc.get("op_overhead_s", 0.0), rc.get("incast_count", "port"), rc.get("microbatches")) != \
-                (a.quantum, op_overhead_s, a.incast_count, a.microbatches):
-            ap.error(f"--fifo-from: {a.fifo_from} was run with quantum {rc.get('time_quantum_s')}, op overhead "
-                     f"{rc.get('op_overhead_s', 0.0)}, incast count {rc.get('incast_count', 'port')}, microbatches "
-                     f"{rc.get('microbatches')}; this run has {a.quantum}, {op_overhead_s}, {a.incast_count}, "
-                     f"{a.microbatches}")
+        if (
+            rc.get("time_quantum_s"),
+            rc.get("op_overhead_s", 0.0),
+            rc.get("incast_count", "port"),
+            rc.get("microbatches"),
+        ) != (a.quantum, op_overhead_s, a.incast_count, a.microbatches):
+            ap.error(
+                f"--fifo-from: {a.fifo_from} was run with quantum {rc.get('time_quantum_s')}, op overhead "
+                f"{rc.get('op_overhead_s', 0.0)}, incast count {rc.get('incast_count', 'port')}, microbatches "
+                f"{rc.get('microbatches')}; this run has {a.quantum}, {op_overhead_s}, {a.incast_count}, "
+                f"{a.microbatches}"
+            )
         have = {_key(p) for p in done}
-        carried = [{**p, "carried_from": str(a.fifo_from)} for p in ref["points"]
-                   if p["variant"] == "fifo" and _key(p) in {_key(t) for t in tasks} and _key(p) not in have]
+        carried = [
+            {**p, "carried_from": str(a.fifo_from)}
+            for p in ref["points"]
+            if p["variant"] == "fifo" and _key(p) in {_key(t) for t in tasks} and _key(p) not in have
+        ]
         if not carried:
             ap.error(f"--fifo-from: {a.fifo_from} holds no FIFO point this run needs")
         done = [*done, *carried]
@@ -363,13 +490,26 @@ def main(argv: list[str] | None = None) -> int:
         write_json(out / f"{a.name}.json", summarise(points, skipped, a, time.time() - t0))
 
     points, skipped = run_points(
-        tasks, run_point, (a.microbatches, a.quantum, op_overhead_s, a.incast_count, costs), a.workers, a.budget_s, "hermod intra (simulated)",
-        lambda t, p: f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
-                     f"(cpu {p['cpu_s']:.0f} s)", save, points=done)
+        tasks,
+        run_point,
+        (a.microbatches, a.quantum, op_overhead_s, a.incast_count, costs),
+        a.workers,
+        a.budget_s,
+        "hermod intra (simulated)",
+        lambda t, p: (
+            f"{t[1]:14s} {t[2]:5d} GPUs alpha {t[6]:<5g} {t[5]:15s} {p['iteration_time_s']:8.4f} s  "
+            f"(cpu {p['cpu_s']:.0f} s)"
+        ),
+        save,
+        points=done,
+    )
     res = summarise(points, skipped, a, time.time() - t0)
     write_json(out / f"{a.name}.json", res)
     drawn = _plot(res, out / f"{a.name}.png")
-    print(f"wrote {out / a.name}.json" + (f" and {a.name}.png" if drawn else " (no plot: no FIFO point to compare with)"))
+    print(
+        f"wrote {out / a.name}.json"
+        + (f" and {a.name}.png" if drawn else " (no plot: no FIFO point to compare with)")
+    )
     return 0
 
 

@@ -66,8 +66,17 @@ from flowlane.testing.netem import BULK_IFNAME, PIPELINE_IFNAME, EmulatedNetwork
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL = "measured on CPU with emulated links (netns + tc)"
-WORK = dict(pp=2, layers_per_stage=2, microbatches=4, iterations=3, act_elems=32768, param_elems=262144, moe=True,
-            fwd_s=0.01, opt_s=0.005)
+WORK = dict(
+    pp=2,
+    layers_per_stage=2,
+    microbatches=4,
+    iterations=3,
+    act_elems=32768,
+    param_elems=262144,
+    moe=True,
+    fwd_s=0.01,
+    opt_s=0.005,
+)
 DEFAULT_VARIANT = {"chunk_bytes": 128 << 10, "max_inflight_chunks": 1, "gate_timeout_s": 0.05}
 # The thesis' baselines (seed 000 §5.5.1) beside "fifo" (Megatron with --overlap-grad-reduce/--overlap-param-gather:
 # every op launched when issued, gathers one layer ahead): "megatron" is Megatron-LM's defaults (no DP overlap: gathers before the first
@@ -75,7 +84,13 @@ DEFAULT_VARIANT = {"chunk_bytes": 128 << 10, "max_inflight_chunks": 1, "gate_tim
 # all-to-alls before DP, DP partitioned into chunks; DP in issue order, PP not prioritised).
 BASELINES: dict[str, dict[str, Any]] = {
     "megatron": {"mode": "fifo", "overlap_dp": False, "ep_algorithm": "plain"},
-    "lina": {"mode": "hermod", **DEFAULT_VARIANT, "gate_ctypes": ["ep"], "order": "fifo", "ep_algorithm": "plain"},
+    "lina": {
+        "mode": "hermod",
+        **DEFAULT_VARIANT,
+        "gate_ctypes": ["ep"],
+        "order": "fifo",
+        "ep_algorithm": "plain",
+    },
 }
 # the default order's all-to-all: one all_to_all_single, every flow at once (as NCCL's); EP groups of two run it in
 # every variant anyway (flowlane.sched.alltoall.needs_matching)
@@ -84,9 +99,21 @@ PORT = 29561
 # --workload megatron: the default recipe's Megatron-core GPT (recipes.gpt) with Megatron's distributed optimizer,
 # real compute; sized so that one iteration's DP traffic (reduce-scatter + gather of ~7.4 MB per stage) takes about
 # as long as its compute at 200 Mbit/s
-MEGATRON_WORK = dict(num_ranks=4, pipeline_parallel=2, num_layers=4, hidden_size=256, num_attention_heads=4,
-                     vocab_size=1024, seq_length=64, micro_batch_size=2, num_microbatches=4, iterations=3,
-                     dp_bucket_bytes=1 << 20, progress=False, timeout_s=600.0)
+MEGATRON_WORK = dict(
+    num_ranks=4,
+    pipeline_parallel=2,
+    num_layers=4,
+    hidden_size=256,
+    num_attention_heads=4,
+    vocab_size=1024,
+    seq_length=64,
+    micro_batch_size=2,
+    num_microbatches=4,
+    iterations=3,
+    dp_bucket_bytes=1 << 20,
+    progress=False,
+    timeout_s=600.0,
+)
 MEGATRON_MOE = dict(num_moe_experts=4, expert_parallel=2, moe_router_topk=2)
 # the Megatron flags of each baseline (fifo = Megatron with both overlap flags, megatron = its defaults)
 MEGATRON_BASELINES: dict[str, dict[str, Any]] = {
@@ -116,21 +143,43 @@ def _run_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, A
     # microbatches) on an address the fabric serves after the critical one (the oldest in-flight microbatch)
     wire = sched.pop("wire", 0)
     ifnames = {0: None, 1: ["eth0", "eth0", BULK_IFNAME], 2: ["eth0", PIPELINE_IFNAME, BULK_IFNAME]}[wire]
-    dag = {k: sched.pop(k) for k in ("overlap_dp", "order", "ep_algorithm", "ep_auto_probe_iterations")
-           if k in sched}  # workload knobs
+    dag = {
+        k: sched.pop(k)
+        for k in ("overlap_dp", "order", "ep_algorithm", "ep_auto_probe_iterations")
+        if k in sched
+    }  # workload knobs
     if "ep_auto_candidates" in sched:  # "plain+bvn+alg3" on the command line
         dag["ep_auto_candidates"] = sched.pop("ep_auto_candidates").split("+")
-    r = run_rank(rank, world, asdict(WorkloadConfig(**work, **dag, sched=sched, dp_mid=dp_mid,
-                                                    gloo_class_ifnames=ifnames, ep_wire_classes=wire == 2)))
+    r = run_rank(
+        rank,
+        world,
+        asdict(
+            WorkloadConfig(
+                **work,
+                **dag,
+                sched=sched,
+                dp_mid=dp_mid,
+                gloo_class_ifnames=ifnames,
+                ep_wire_classes=wire == 2,
+            )
+        ),
+    )
     # the first iteration warms up; ep_algorithm=auto's probe iterations (most of them the slower algorithms) are
     # reported apart: the steady state is what it chose
     auto = r["ep_auto"]
     skip = 1 + (len(auto["candidates"]) * auto["probe_iterations"] if auto else 0)
     steady = [o for o in r["ops"] if o[3] >= r["iter_starts"][skip]]
     t_last = r["iter_starts"][-1]
-    timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last]
-    return {"times": r["times"][skip:], "digest": r["digest"], "ops": _op_stats(steady), "timeline": timeline,
-            "ep_auto": r["ep_auto"] and {**r["ep_auto"], "probe_iteration_times": r["times"][1:skip]}}
+    timeline = [
+        (o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in r["ops"] if o[3] >= t_last
+    ]
+    return {
+        "times": r["times"][skip:],
+        "digest": r["digest"],
+        "ops": _op_stats(steady),
+        "timeline": timeline,
+        "ep_auto": r["ep_auto"] and {**r["ep_auto"], "probe_iteration_times": r["times"][1:skip]},
+    }
 
 
 def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
@@ -140,15 +189,27 @@ def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
     if v.pop("mode", None) != "hermod":
         return dict(v["megatron"])
     wire = v.pop("wire", 0)
-    v.pop("chunk_bytes", None)  # Megatron-core DDP sends a bucket group whole: its bucket size is the granularity
+    v.pop(
+        "chunk_bytes", None
+    )  # Megatron-core DDP sends a bucket group whole: its bucket size is the granularity
     if "max_inflight_chunks" in v:
         v["max_inflight_buckets"] = v.pop("max_inflight_chunks")
     # Hermod hooks Megatron-core DDP's overlapped reductions and parameter gathers (the fifo baseline's flags)
-    return {**MEGATRON_BASELINES["fifo"], "features": {"scheduler": {
-        "name": "hermod", **v, **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {})}}}
+    return {
+        **MEGATRON_BASELINES["fifo"],
+        "features": {
+            "scheduler": {
+                "name": "hermod",
+                **v,
+                **({"gloo_class_ifnames": f"eth0,eth0,{BULK_IFNAME}"} if wire else {}),
+            }
+        },
+    }
 
 
-def _run_megatron_variant(rank: int, world: int, sched: dict[str, Any], work: dict[str, Any]) -> dict[str, Any]:
+def _run_megatron_variant(
+    rank: int, world: int, sched: dict[str, Any], work: dict[str, Any]
+) -> dict[str, Any]:
     """One run of the Megatron recipe with a baseline's flags (``sched["megatron"]``) or Hermod on the distributed
     optimizer (``sched["mode"] == "hermod"``: its reduce-scatters and parameter gathers, pipeline p2p)."""
     from flowlane import comm
@@ -156,24 +217,38 @@ def _run_megatron_variant(rank: int, world: int, sched: dict[str, Any], work: di
 
     with comm.recording():  # a fresh recorder per run (train_rank records steady iterations only)
         r = train_rank(rank, world, {**work, **megatron_flags(sched)})
-    ops = [(e["args"]["kind"], e["name"], e["args"]["bytes"], e["ts"] / 1e6, e["dur"] / 1e6) for e in r["trace"]
-           if e.get("ph") == "X" and "kind" in e.get("args", {})]
+    ops = [
+        (e["args"]["kind"], e["name"], e["args"]["bytes"], e["ts"] / 1e6, e["dur"] / 1e6)
+        for e in r["trace"]
+        if e.get("ph") == "X" and "kind" in e.get("args", {})
+    ]
     t_last = max((e["ts"] / 1e6 for e in r["trace"] if e.get("name") == "forward_backward"), default=0.0)
     timeline = [(o[0], o[1], o[2], round(o[3] - t_last, 4), round(o[4], 4)) for o in ops if o[3] >= t_last]
-    return {"times": r["iteration_times"][1:], "digest": [r["param_digest"], r["losses"]], "ops": _op_stats(ops),
-            "timeline": timeline, "stage": r["pp_stage"]}
+    return {
+        "times": r["iteration_times"][1:],
+        "digest": [r["param_digest"], r["losses"]],
+        "ops": _op_stats(ops),
+        "timeline": timeline,
+        "stage": r["pp_stage"],
+    }
 
 
-def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, dict[str, Any]],
-           work: dict[str, Any]) -> None:
+def worker(
+    rank: int, world: int, master: str, rounds: int, variants: dict[str, dict[str, Any]], work: dict[str, Any]
+) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master}:{PORT}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=300),
+    )
     dist.all_reduce(torch.ones(1024))  # connections up before timing
     run = _run_megatron_variant if "pipeline_parallel" in work else _run_variant
     out: dict[str, Any] = {m: {"times": [], "ops": [], "digest": None, "timeline": []} for m in variants}
@@ -198,8 +273,13 @@ def worker(rank: int, world: int, master: str, rounds: int, variants: dict[str, 
 FABRICS = ("per-rank", "shared-nic", "star")
 
 
-def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None = None, ranks: int = 4,
-                    switch_buffer_kb: float | None = None) -> EmulatedNetwork:
+def emulated_fabric(
+    rate_mbit: float,
+    fabric: str,
+    bulk_lane_mbit: float | None = None,
+    ranks: int = 4,
+    switch_buffer_kb: float | None = None,
+) -> EmulatedNetwork:
     """``ranks`` rank namespaces (4 unless ``--ranks``) with priority classes (flowlane.testing.netem, ``bulk_subnet``: a
     macvlan ``bulk0`` per rank whose traffic every shaped port queues behind the rest; not on ``star``).
 
@@ -213,12 +293,25 @@ def emulated_fabric(rate_mbit: float, fabric: str, bulk_lane_mbit: float | None 
     if fabric not in FABRICS:
         raise ValueError(f"fabric {fabric!r} is not one of {list(FABRICS)}")
     if fabric == "star":
-        return EmulatedNetwork(ranks, rate_mbit=rate_mbit, switch_buffer_kb=switch_buffer_kb,
-                               subnet="10.213.0.0/24", prefix="flh")
+        return EmulatedNetwork(
+            ranks,
+            rate_mbit=rate_mbit,
+            switch_buffer_kb=switch_buffer_kb,
+            subnet="10.213.0.0/24",
+            prefix="flh",
+        )
     shared = fabric == "shared-nic"
-    return EmulatedNetwork(ranks, rate_mbit=rate_mbit, ranks_per_server=2 if shared else 1, shape_downlink=shared,
-                           subnet="10.213.0.0/24", bulk_subnet="10.213.1.0/24", bulk_lane_mbit=bulk_lane_mbit,
-                           pipeline_subnet="10.213.2.0/24", prefix="flh")
+    return EmulatedNetwork(
+        ranks,
+        rate_mbit=rate_mbit,
+        ranks_per_server=2 if shared else 1,
+        shape_downlink=shared,
+        subnet="10.213.0.0/24",
+        bulk_subnet="10.213.1.0/24",
+        bulk_lane_mbit=bulk_lane_mbit,
+        pipeline_subnet="10.213.2.0/24",
+        prefix="flh",
+    )
 
 
 def rank_slots(megatron: bool, fabric: str, ranks: int = 4) -> list[int]:
@@ -229,26 +322,61 @@ def rank_slots(megatron: bool, fabric: str, ranks: int = 4) -> list[int]:
     return [0, 2, 1, 3] if megatron and fabric == "shared-nic" else list(range(ranks))
 
 
-def run_all(rate: float, rounds: int, variants: dict[str, dict[str, Any]], fabric: str = "per-rank",
-            work: dict[str, Any] = WORK, bulk_lane_mbit: float | None = None,
-            slots: list[int] | None = None, switch_buffer_kb: float | None = None) -> tuple[list[Any], dict[str, Any]]:
+def run_all(
+    rate: float,
+    rounds: int,
+    variants: dict[str, dict[str, Any]],
+    fabric: str = "per-rank",
+    work: dict[str, Any] = WORK,
+    bulk_lane_mbit: float | None = None,
+    slots: list[int] | None = None,
+    switch_buffer_kb: float | None = None,
+) -> tuple[list[Any], dict[str, Any]]:
     slots = slots or [0, 1, 2, 3]
     n = len(slots)
     with emulated_fabric(rate, fabric, bulk_lane_mbit, n, switch_buffer_kb) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        outs = net.run_ranks([[sys.executable, "-m", "benchmarks.hermod_real", "--worker", str(r), "--world", str(n),
-                               "--master", net.ips[slots[0]], "--rounds", str(rounds),
-                               "--variants-json", json.dumps(variants), "--work-json", json.dumps(work)]
-                              for r in range(n)], slots=slots, timeout_s=1800, env=env, cwd=REPO)
-        desc = {"fabric": fabric, **net.describe(), "rank_slots": slots,
-                "class_bytes_at_end": net.class_bytes() if net.bulk_net is not None else None}
+        outs = net.run_ranks(
+            [
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.hermod_real",
+                    "--worker",
+                    str(r),
+                    "--world",
+                    str(n),
+                    "--master",
+                    net.ips[slots[0]],
+                    "--rounds",
+                    str(rounds),
+                    "--variants-json",
+                    json.dumps(variants),
+                    "--work-json",
+                    json.dumps(work),
+                ]
+                for r in range(n)
+            ],
+            slots=slots,
+            timeout_s=1800,
+            env=env,
+            cwd=REPO,
+        )
+        desc = {
+            "fabric": fabric,
+            **net.describe(),
+            "rank_slots": slots,
+            "class_bytes_at_end": net.class_bytes() if net.bulk_net is not None else None,
+        }
     line = next(x for x in outs[0].splitlines() if x.startswith("RESULT "))
     return json.loads(line[7:]), desc
 
 
 def summarise(res: list[Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     modes = list(variants)
-    per_iter = {m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes}
+    per_iter = {
+        m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes
+    }
     med = {m: statistics.median(v) for m, v in per_iter.items()}
     same = {m: all(r[m]["digest"] == r["fifo"]["digest"] for r in res) for m in modes}
     # over DP > 2 a chunked all-reduce sums each element in another order (CommScheduler.chunk_bounds): parameters
@@ -264,19 +392,38 @@ def summarise(res: list[Any], variants: dict[str, dict[str, Any]]) -> dict[str, 
             for k in kinds:
                 runs = [run[k] for r in ranks for run in r[m]["ops"] if k in run]
                 iters = sum(len(r[m]["times"]) for r in ranks)  # steady iterations, all runs
-                row[k] = {"median_op_s": statistics.median(x["median_s"] for x in runs),
-                          "op_time_per_iter_s": sum(x["sum_s"] for x in runs) / iters,
-                          "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters}
+                row[k] = {
+                    "median_op_s": statistics.median(x["median_s"] for x in runs),
+                    "op_time_per_iter_s": sum(x["sum_s"] for x in runs) / iters,
+                    "bytes_sent_per_iter": sum(x["bytes_sent"] for x in runs) / iters,
+                }
             ops[m][f"stage{stage}"] = row
     # ep_algorithm=auto, per round: the choice and the probe's summed seconds (the same on every rank), and the
     # probe iterations' times (max over ranks)
-    choices = {m: [{"choice": a["choice"], "probe_seconds_all_ranks": a["probe_seconds"],
-                    "probe_iteration_times": [max(r[m]["ep_auto"][i]["probe_iteration_times"][k] for r in res)
-                                              for k in range(len(a["probe_iteration_times"]))]}
-                   for i, a in enumerate(res[0][m]["ep_auto"])]
-               for m in modes if res[0][m].get("ep_auto")}
-    return {"per_iter": per_iter, "median": med, "speedup": {m: med["fifo"] / med[m] for m in modes},
-            "math_identical": same, "digest_max_rel_diff": drift, "ops": ops, "ep_auto": choices}
+    choices = {
+        m: [
+            {
+                "choice": a["choice"],
+                "probe_seconds_all_ranks": a["probe_seconds"],
+                "probe_iteration_times": [
+                    max(r[m]["ep_auto"][i]["probe_iteration_times"][k] for r in res)
+                    for k in range(len(a["probe_iteration_times"]))
+                ],
+            }
+            for i, a in enumerate(res[0][m]["ep_auto"])
+        ]
+        for m in modes
+        if res[0][m].get("ep_auto")
+    }
+    return {
+        "per_iter": per_iter,
+        "median": med,
+        "speedup": {m: med["fifo"] / med[m] for m in modes},
+        "math_identical": same,
+        "digest_max_rel_diff": drift,
+        "ops": ops,
+        "ep_auto": choices,
+    }
 
 
 def _rel_diff(a: Any, b: Any) -> float:
@@ -290,6 +437,7 @@ def _overlap(timeline: list[Any]) -> dict[str, float]:
     """One rank's last iteration: how long DP was on the wire together with a PP/EP op of the same rank (the only
     contention sender-side ordering can resolve on per-rank links), and how much DP time is exposed before the first
     and after the last PP/EP op (parameter gathers feeding the first forward; reductions feeding the optimizer)."""
+
     def merged(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
         out: list[tuple[float, float]] = []
         for a, b in sorted(iv):
@@ -300,13 +448,18 @@ def _overlap(timeline: list[Any]) -> dict[str, float]:
         return out
 
     dp = merged([(o[3], o[3] + o[4]) for o in timeline if o[0] == "dp"])
-    crit = merged([(o[3], o[3] + o[4]) for o in timeline if o[0] in ("pp", "ep") and o[1] not in ("recv", "irecv")])
+    crit = merged(
+        [(o[3], o[3] + o[4]) for o in timeline if o[0] in ("pp", "ep") and o[1] not in ("recv", "irecv")]
+    )
     both = sum(max(0.0, min(b, d) - max(a, c)) for a, b in dp for c, d in crit)
     first = min((a for a, _ in crit), default=0.0)
     last = max((b for _, b in crit), default=0.0)
-    return {"dp_wire_s": sum(b - a for a, b in dp), "dp_overlapping_pp_ep_sends_s": both,
-            "dp_before_first_pp_ep_s": sum(max(0.0, min(b, first) - a) for a, b in dp),
-            "dp_after_last_pp_ep_s": sum(max(0.0, b - max(a, last)) for a, b in dp)}
+    return {
+        "dp_wire_s": sum(b - a for a, b in dp),
+        "dp_overlapping_pp_ep_sends_s": both,
+        "dp_before_first_pp_ep_s": sum(max(0.0, min(b, first) - a) for a, b in dp),
+        "dp_after_last_pp_ep_s": sum(max(0.0, b - max(a, last)) for a, b in dp),
+    }
 
 
 def _wrap(name: str) -> str:
@@ -325,8 +478,7 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
     names = list(per_iter)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 3.8))
     ax.boxplot([per_iter[m] for m in names])
-    ax.set_xticks(range(1, len(names) + 1),
-                  [_wrap(m) + f"\n{speedup[m]:.2f}x" for m in names], fontsize=7)
+    ax.set_xticks(range(1, len(names) + 1), [_wrap(m) + f"\n{speedup[m]:.2f}x" for m in names], fontsize=7)
     ax.set_ylabel("iteration time (s, max over ranks)")
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
@@ -364,20 +516,38 @@ def _parse_variant(s: str) -> dict[str, Any]:
         raise ValueError(f"ep_auto_probe_iterations={out['ep_auto_probe_iterations']} must be >= 1")
     cands = out.get("ep_auto_candidates", AUTO_CANDIDATES).split("+")
     if len(cands) < 2 or len(set(cands)) != len(cands) or not set(cands) <= set(EP_ALGORITHMS) - {"auto"}:
-        raise ValueError(f"ep_auto_candidates={out['ep_auto_candidates']} must be two or more distinct names of "
-                         f"{[x for x in EP_ALGORITHMS if x != 'auto']} joined by '+'")
+        raise ValueError(
+            f"ep_auto_candidates={out['ep_auto_candidates']} must be two or more distinct names of "
+            f"{[x for x in EP_ALGORITHMS if x != 'auto']} joined by '+'"
+        )
     if out.get("wire", 0) not in (0, 1, 2):
-        raise ValueError(f"wire={out['wire']} is not one of 0 (host order), 1 (DP in the bulk class), "
-                         "2 (and each all-to-all in its MID class)")
+        raise ValueError(
+            f"wire={out['wire']} is not one of 0 (host order), 1 (DP in the bulk class), "
+            "2 (and each all-to-all in its MID class)"
+        )
     return out
 
 
-def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, Any]], work: dict[str, Any],
-             baselines: list[str], megatron: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _measure(
+    a: argparse.Namespace,
+    rate: float,
+    variants: dict[str, dict[str, Any]],
+    work: dict[str, Any],
+    baselines: list[str],
+    megatron: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One run at ``rate`` Mbit/s: every variant, alternating round after round; the result document."""
     t0 = time.time()
-    res, net = run_all(rate, a.rounds, variants, a.fabric, work, a.bulk_lane_mbit,
-                       rank_slots(megatron, a.fabric, a.ranks), a.switch_buffer_kb)
+    res, net = run_all(
+        rate,
+        a.rounds,
+        variants,
+        a.fabric,
+        work,
+        a.bulk_lane_mbit,
+        rank_slots(megatron, a.fabric, a.ranks),
+        a.switch_buffer_kb,
+    )
     s = summarise(res, variants)
     # with a bulk lane the wire variants' DP is off the link: a bound, not a schedule's result
     bounds = [m for m, v in variants.items() if a.bulk_lane_mbit and v.get("wire")]
@@ -388,45 +558,77 @@ def _measure(a: argparse.Namespace, rate: float, variants: dict[str, dict[str, A
     # the goal is judged against the fastest baseline of the run: Megatron's overlap flags can make it slower than
     # its defaults, and a gain over the slower of the two is not a gain a user would see
     fastest = min(vs, key=vs.get) if vs else None
-    layout = (("Megatron: rank = stage * 2 + dp; PP groups {0,2},{1,3}; DP groups {0,1},{2,3}; "
-               + ("EP groups = DP groups (expert-DP size 1)" if a.megatron_moe else "dense GPT (no EP)")
-               + ("; servers = ranks {0,2},{1,3} (PP inside a server, DP/EP across the NIC)"
-                  if a.fabric == "shared-nic" else ""))
-              if megatron else f"rank = dp * {a.pp} + stage ({a.ranks} ranks, PP {a.pp}); DP = EP groups "
-                               f"= the ranks of one stage (EP {a.ranks // a.pp})")
-    doc = {"benchmark": "hermod_real", "label": LABEL, "network": net, "workload_kind": a.workload,
-           "workload": work, "layout": layout,
-           "rounds": a.rounds, "alternation": "each round runs every variant once, in the order listed",
-           "variants": variants, "iteration_time_s": s["per_iter"], "median_iteration_time_s": s["median"],
-           "speedup_vs_fifo": s["speedup"], "best_variant": best,
-           "speedup_hermod_vs_fifo": s["speedup"][best] if best else None,
-           "math_identical": s["math_identical"], "digest_max_rel_diff": s["digest_max_rel_diff"],
-           "op_timings": s["ops"], **({"ep_auto": s["ep_auto"]} if s["ep_auto"] else {}),
-           "goal": ">= 1.15x",
-           "goal_met": fastest is not None and vs[fastest] >= 1.15,
-           "goal_judged_against": fastest,
-           "baselines": ({"fifo": "the Megatron recipe with --use-distributed-optimizer --overlap-grad-reduce "
-                                  "--overlap-param-gather: reduce-scatters in the last backward, gathers one bucket "
-                                  "ahead of the forward (forward pre-hooks)",
-                          "megatron": "the Megatron recipe with --use-distributed-optimizer, overlap off: "
-                                      "reduce-scatters after the backward, gathers at the end of the step",
-                          "hermod": "fifo's flags with --coflow-scheduler hermod: Megatron DDP's bucket-group "
-                                    "reduce-scatters deferred in Hermod order behind pipeline p2p, gathers in key "
-                                    "order (lowest layer first), pipeline p2p critical"} if megatron else
-                         {"fifo": "Megatron with --overlap-grad-reduce --overlap-param-gather: every op launched "
-                                  "when issued, parameter gathers one layer ahead (forward pre-hooks)",
-                          "megatron": "Megatron-LM's defaults (overlap off): the thesis' 'vanilla Megatron-LM'",
-                          "lina": "Lina as the thesis re-implemented it: EP before DP, DP chunked, in issue order"}),
-           "speedup_best_hermod_vs_baseline": vs,
-           "wall_s": time.time() - t0}
+    layout = (
+        (
+            "Megatron: rank = stage * 2 + dp; PP groups {0,2},{1,3}; DP groups {0,1},{2,3}; "
+            + ("EP groups = DP groups (expert-DP size 1)" if a.megatron_moe else "dense GPT (no EP)")
+            + (
+                "; servers = ranks {0,2},{1,3} (PP inside a server, DP/EP across the NIC)"
+                if a.fabric == "shared-nic"
+                else ""
+            )
+        )
+        if megatron
+        else f"rank = dp * {a.pp} + stage ({a.ranks} ranks, PP {a.pp}); DP = EP groups "
+        f"= the ranks of one stage (EP {a.ranks // a.pp})"
+    )
+    doc = {
+        "benchmark": "hermod_real",
+        "label": LABEL,
+        "network": net,
+        "workload_kind": a.workload,
+        "workload": work,
+        "layout": layout,
+        "rounds": a.rounds,
+        "alternation": "each round runs every variant once, in the order listed",
+        "variants": variants,
+        "iteration_time_s": s["per_iter"],
+        "median_iteration_time_s": s["median"],
+        "speedup_vs_fifo": s["speedup"],
+        "best_variant": best,
+        "speedup_hermod_vs_fifo": s["speedup"][best] if best else None,
+        "math_identical": s["math_identical"],
+        "digest_max_rel_diff": s["digest_max_rel_diff"],
+        "op_timings": s["ops"],
+        **({"ep_auto": s["ep_auto"]} if s["ep_auto"] else {}),
+        "goal": ">= 1.15x",
+        "goal_met": fastest is not None and vs[fastest] >= 1.15,
+        "goal_judged_against": fastest,
+        "baselines": (
+            {
+                "fifo": "the Megatron recipe with --use-distributed-optimizer --overlap-grad-reduce "
+                "--overlap-param-gather: reduce-scatters in the last backward, gathers one bucket "
+                "ahead of the forward (forward pre-hooks)",
+                "megatron": "the Megatron recipe with --use-distributed-optimizer, overlap off: "
+                "reduce-scatters after the backward, gathers at the end of the step",
+                "hermod": "fifo's flags with --coflow-scheduler hermod: Megatron DDP's bucket-group "
+                "reduce-scatters deferred in Hermod order behind pipeline p2p, gathers in key "
+                "order (lowest layer first), pipeline p2p critical",
+            }
+            if megatron
+            else {
+                "fifo": "Megatron with --overlap-grad-reduce --overlap-param-gather: every op launched "
+                "when issued, parameter gathers one layer ahead (forward pre-hooks)",
+                "megatron": "Megatron-LM's defaults (overlap off): the thesis' 'vanilla Megatron-LM'",
+                "lina": "Lina as the thesis re-implemented it: EP before DP, DP chunked, in issue order",
+            }
+        ),
+        "speedup_best_hermod_vs_baseline": vs,
+        "wall_s": time.time() - t0,
+    }
     if bounds:
         doc["bound_speedup"] = max(s["speedup"][m] for m in bounds)
-        doc["bound_note"] = (f"'(bound)' variants: Hermod with DP on its own {a.bulk_lane_mbit:g} Mbit/s lane beside "
-                             "the link, so DP never competes with PP/EP; FIFO / them bounds what any order of the DP "
-                             "traffic could gain here (not a schedule's result; excluded from best_variant)")
+        doc["bound_note"] = (
+            f"'(bound)' variants: Hermod with DP on its own {a.bulk_lane_mbit:g} Mbit/s lane beside "
+            "the link, so DP never competes with PP/EP; FIFO / them bounds what any order of the DP "
+            "traffic could gain here (not a schedule's result; excluded from best_variant)"
+        )
     if a.timeline:
         doc["overlap_last_iteration"] = {m: [_overlap(r[m]["timeline"]) for r in res] for m in variants}
-        ov = {m: {k: statistics.mean(o[k] for o in v) for k in v[0]} for m, v in doc["overlap_last_iteration"].items()}
+        ov = {
+            m: {k: statistics.mean(o[k] for o in v) for k in v[0]}
+            for m, v in doc["overlap_last_iteration"].items()
+        }
         doc["overlap_mean_over_ranks_s"] = ov
         # sender-side priority can at most remove the time DP shares a rank's link with that rank's PP/EP sends
         doc["fifo_contention_share"] = ov["fifo"]["dp_overlapping_pp_ep_sends_s"] / s["median"]["fifo"]
@@ -441,18 +643,34 @@ def rate_sweep(docs: dict[float, dict[str, Any]], baselines: list[str]) -> dict[
     rates = sorted(docs)
     first = docs[rates[0]]
     base = ["fifo", *baselines]
-    spd = {b: {m: {f"{r:g}": docs[r]["median_iteration_time_s"][b] / docs[r]["median_iteration_time_s"][m]
-                   for r in rates} for m in first["variants"] if m != b} for b in base}
-    return {"benchmark": "hermod_real", "sweep": "rate_mbit", "label": LABEL, "rates_mbit": rates,
-            "workload_kind": first["workload_kind"], "workload": first["workload"], "rounds": first["rounds"],
-            "variants": first["variants"],
-            "speedup_vs_baseline": spd,
-            "best_hermod_vs_baseline": {f"{r:g}": docs[r]["speedup_best_hermod_vs_baseline"] for r in rates},
-            "goal": first["goal"],
-            "goal_met_at": {f"{r:g}": docs[r]["goal_met"] for r in rates},
-            "math_identical": all(all(d["math_identical"].values()) for d in docs.values()),
-            "points": {f"{r:g}": docs[r] for r in rates},
-            "wall_s": sum(d["wall_s"] for d in docs.values())}
+    spd = {
+        b: {
+            m: {
+                f"{r:g}": docs[r]["median_iteration_time_s"][b] / docs[r]["median_iteration_time_s"][m]
+                for r in rates
+            }
+            for m in first["variants"]
+            if m != b
+        }
+        for b in base
+    }
+    return {
+        "benchmark": "hermod_real",
+        "sweep": "rate_mbit",
+        "label": LABEL,
+        "rates_mbit": rates,
+        "workload_kind": first["workload_kind"],
+        "workload": first["workload"],
+        "rounds": first["rounds"],
+        "variants": first["variants"],
+        "speedup_vs_baseline": spd,
+        "best_hermod_vs_baseline": {f"{r:g}": docs[r]["speedup_best_hermod_vs_baseline"] for r in rates},
+        "goal": first["goal"],
+        "goal_met_at": {f"{r:g}": docs[r]["goal_met"] for r in rates},
+        "math_identical": all(all(d["math_identical"].values()) for d in docs.values()),
+        "points": {f"{r:g}": docs[r] for r in rates},
+        "wall_s": sum(d["wall_s"] for d in docs.values()),
+    }
 
 
 def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
@@ -466,7 +684,13 @@ def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, len(bases), figsize=(5.2 * len(bases), 3.8), squeeze=False)
     for ax, b in zip(axes[0], bases, strict=True):
         for m, row in sweep["speedup_vs_baseline"][b].items():
-            ax.plot(rates, [row[f"{r:g}"] for r in rates], marker="o", label=m, ls="--" if "hermod" not in m else "-")
+            ax.plot(
+                rates,
+                [row[f"{r:g}"] for r in rates],
+                marker="o",
+                label=m,
+                ls="--" if "hermod" not in m else "-",
+            )
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.axhline(1.15, color="tab:red", lw=0.8, ls=":", label="goal 1.15x")
         ax.set_xscale("log")
@@ -482,13 +706,18 @@ def _plot_sweep(sweep: dict[str, Any], path: Path, title: str) -> None:
 
 def _title(a: argparse.Namespace, megatron: bool, rate: float | None) -> str:
     what = ("Megatron MoE GPT" if a.megatron_moe else "Megatron GPT") if megatron else "synthetic"
-    where = {"per-rank": "per-rank egress (htb)", "shared-nic": "one NIC per 2-rank server (htb)",
-             "star": "one switch, {kb:g} KiB port buffers (tbf)"}[a.fabric].format(kb=a.switch_buffer_kb or 0)
+    where = {
+        "per-rank": "per-rank egress (htb)",
+        "shared-nic": "one NIC per 2-rank server (htb)",
+        "star": "one switch, {kb:g} KiB port buffers (tbf)",
+    }[a.fabric].format(kb=a.switch_buffer_kb or 0)
     at = f"{rate:g} Mbit/s, " if rate is not None else ""
     pp = 2 if megatron else a.pp
     dp = a.ranks // pp
-    return (f"{a.ranks} ranks PP{pp}xDP{dp}{'' if megatron and not a.megatron_moe else f'xEP{dp}'} ({what}), "
-            f"{at}{where}\n{LABEL}")
+    return (
+        f"{a.ranks} ranks PP{pp}xDP{dp}{'' if megatron and not a.megatron_moe else f'xEP{dp}'} ({what}), "
+        f"{at}{where}\n{LABEL}"
+    )
 
 
 def provenance() -> dict[str, Any]:
@@ -500,16 +729,22 @@ def provenance() -> dict[str, Any]:
         r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
         return r.stdout.strip()
 
-    return {"command": "python -m benchmarks.hermod_real " + " ".join(sys.argv[1:]), "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "host": platform.node(),
-            "cpus": os.cpu_count()}
+    return {
+        "command": "python -m benchmarks.hermod_real " + " ".join(sys.argv[1:]),
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def _parse_rates(s: str) -> list[float]:
     try:
         rates = [float(x) for x in s.split(",")]
     except ValueError:
-        raise ValueError(f"--rate-mbit must be a rate or a comma-separated list of rates in Mbit/s, got {s!r}") from None
+        raise ValueError(
+            f"--rate-mbit must be a rate or a comma-separated list of rates in Mbit/s, got {s!r}"
+        ) from None
     if any(not r > 0 for r in rates) or len(set(rates)) != len(rates):
         raise ValueError(f"--rate-mbit rates must be > 0 Mbit/s and distinct, got {s!r}")
     return sorted(rates)
@@ -517,57 +752,109 @@ def _parse_rates(s: str) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rate-mbit", default="200",
-                    help="link rate in Mbit/s; a comma-separated list runs a sweep (one run per rate) into one file")
+    ap.add_argument(
+        "--rate-mbit",
+        default="200",
+        help="link rate in Mbit/s; a comma-separated list runs a sweep (one run per rate) into one file",
+    )
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default="results/hermod")
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
-    ap.add_argument("--variant", action="append", default=[],
-                    help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
-                         "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]"
-                         "[,ep_auto_probe_iterations=N][,wire=1|2] (repeatable); wire=1 puts the "
-                         "bulk class on its own address, queued by priority; wire=2 also puts each all-to-all in "
-                         "its class (critical: oldest in-flight microbatch, pipeline: later ones), the pipeline class "
-                         "on a third address")
-    ap.add_argument("--fabric", choices=FABRICS, default="per-rank",
-                    help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
-                         "NIC each; star: one switch, links shaped both ways, --switch-buffer-kb (see emulated_fabric)")
-    ap.add_argument("--ranks", type=int, default=4,
-                    help="synthetic workload: PP x DP(ranks/PP), EP = DP (8: EP groups of four, where matching "
-                         "matters); shared-nic and --workload megatron need 4")
-    ap.add_argument("--pp", type=int, default=WORK["pp"], choices=(1, 2),
-                    help="synthetic workload's pipeline stages (1: no PP; 4 ranks then form one EP group of four)")
-    ap.add_argument("--switch-buffer-kb", type=float,
-                    help="star fabric: KiB each switch port towards a rank queues (shallow: incast drops)")
-    ap.add_argument("--timeline", action="store_true",
-                    help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant")
-    ap.add_argument("--layers-per-stage", type=int, default=WORK["layers_per_stage"],
-                    help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls "
-                         "(--workload megatron: the GPT's num_layers = 2 x this, each layer its full size)")
-    ap.add_argument("--param-elems", type=int,
-                    help=f"parameters per layer (float32): the size of each layer's DP gather and reduction (synthetic "
-                         f"workload only; default {WORK['param_elems']})")
-    ap.add_argument("--act-elems", type=int,
-                    help=f"activation elements (float32) per microbatch: the size of each pipeline send and of each "
-                         f"rank's all-to-all input (synthetic workload only; default {WORK['act_elems']})")
-    ap.add_argument("--bulk-lane-mbit", type=float,
-                    help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
-                         "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
-                         "FIFO / that variant is then the most any order of the DP traffic could gain")
-    ap.add_argument("--baselines",
-                    help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none; default "
-                         "megatron,lina, with --workload megatron: megatron): megatron = Megatron-LM's defaults (no "
-                         "DP overlap), lina = EP-first with chunked DP (synthetic workload only)")
-    ap.add_argument("--iterations", type=int, default=WORK["iterations"],
-                    help="iterations per run, the first a warm-up (synthetic workload; ep_algorithm=auto also "
-                         "spends ep_auto_probe_iterations (2) per candidate on its probe: >= 6 with the default two "
-                         "candidates)")
-    ap.add_argument("--workload", choices=("synthetic", "megatron"), default="synthetic",
-                    help="synthetic: flowlane.testing.workload (sleep compute, MoE); megatron: the default recipe's "
-                         "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)")
-    ap.add_argument("--megatron-moe", action="store_true",
-                    help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
-                         "groups, so the token all-to-alls share each rank's link with the DP traffic)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="a Hermod variant: chunk_bytes=N,max_inflight_chunks=N,gate_timeout_s=S[,dp_mid=consumer]"
+        "[,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]"
+        "[,ep_auto_probe_iterations=N][,wire=1|2] (repeatable); wire=1 puts the "
+        "bulk class on its own address, queued by priority; wire=2 also puts each all-to-all in "
+        "its class (critical: oldest in-flight microbatch, pipeline: later ones), the pipeline class "
+        "on a third address",
+    )
+    ap.add_argument(
+        "--fabric",
+        choices=FABRICS,
+        default="per-rank",
+        help="per-rank: each rank's own shaped link; shared-nic: 2 servers of 2 ranks behind one shaped "
+        "NIC each; star: one switch, links shaped both ways, --switch-buffer-kb (see emulated_fabric)",
+    )
+    ap.add_argument(
+        "--ranks",
+        type=int,
+        default=4,
+        help="synthetic workload: PP x DP(ranks/PP), EP = DP (8: EP groups of four, where matching "
+        "matters); shared-nic and --workload megatron need 4",
+    )
+    ap.add_argument(
+        "--pp",
+        type=int,
+        default=WORK["pp"],
+        choices=(1, 2),
+        help="synthetic workload's pipeline stages (1: no PP; 4 ranks then form one EP group of four)",
+    )
+    ap.add_argument(
+        "--switch-buffer-kb",
+        type=float,
+        help="star fabric: KiB each switch port towards a rank queues (shallow: incast drops)",
+    )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="store every rank's ops (kind, op, bytes, start, duration) of the last iteration per variant",
+    )
+    ap.add_argument(
+        "--layers-per-stage",
+        type=int,
+        default=WORK["layers_per_stage"],
+        help="layers per pipeline stage (seed testbed: 3-16); each has its own DP bucket and all-to-alls "
+        "(--workload megatron: the GPT's num_layers = 2 x this, each layer its full size)",
+    )
+    ap.add_argument(
+        "--param-elems",
+        type=int,
+        help=f"parameters per layer (float32): the size of each layer's DP gather and reduction (synthetic "
+        f"workload only; default {WORK['param_elems']})",
+    )
+    ap.add_argument(
+        "--act-elems",
+        type=int,
+        help=f"activation elements (float32) per microbatch: the size of each pipeline send and of each "
+        f"rank's all-to-all input (synthetic workload only; default {WORK['act_elems']})",
+    )
+    ap.add_argument(
+        "--bulk-lane-mbit",
+        type=float,
+        help="a bound, not a schedule: the bulk class gets its own lane of this rate beside the link, so "
+        "wire=1 variants' DP traffic no longer competes with PP/EP at all (FIFO never uses it); "
+        "FIFO / that variant is then the most any order of the DP traffic could gain",
+    )
+    ap.add_argument(
+        "--baselines",
+        help=f"comma-separated baselines run beside fifo, from {list(BASELINES)} ('' for none; default "
+        "megatron,lina, with --workload megatron: megatron): megatron = Megatron-LM's defaults (no "
+        "DP overlap), lina = EP-first with chunked DP (synthetic workload only)",
+    )
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=WORK["iterations"],
+        help="iterations per run, the first a warm-up (synthetic workload; ep_algorithm=auto also "
+        "spends ep_auto_probe_iterations (2) per candidate on its probe: >= 6 with the default two "
+        "candidates)",
+    )
+    ap.add_argument(
+        "--workload",
+        choices=("synthetic", "megatron"),
+        default="synthetic",
+        help="synthetic: flowlane.testing.workload (sleep compute, MoE); megatron: the default recipe's "
+        "Megatron-core GPT with Megatron's distributed optimizer and real compute (per-rank fabric)",
+    )
+    ap.add_argument(
+        "--megatron-moe",
+        action="store_true",
+        help="--workload megatron with MoE layers: 4 experts, top-2, expert parallel 2 (EP groups = DP "
+        "groups, so the token all-to-alls share each rank's link with the DP traffic)",
+    )
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work-json", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
@@ -583,57 +870,93 @@ def main() -> int:
     except ValueError as e:
         ap.error(str(e))
     if (a.param_elems is not None or a.act_elems is not None) and a.workload == "megatron":
-        ap.error("--param-elems / --act-elems size the synthetic workload; --workload megatron has its GPT's own")
+        ap.error(
+            "--param-elems / --act-elems size the synthetic workload; --workload megatron has its GPT's own"
+        )
     param_elems = WORK["param_elems"] if a.param_elems is None else a.param_elems
     act_elems = WORK["act_elems"] if a.act_elems is None else a.act_elems
     if a.layers_per_stage < 1 or act_elems < 64 or act_elems % 64 or param_elems < act_elems:
         # a layer's weights cover one activation; activations are rows of 64
-        ap.error(f"--layers-per-stage must be >= 1, --act-elems a multiple of 64 and --param-elems >= --act-elems, "
-                 f"got {a.layers_per_stage}, {act_elems} and {param_elems}")
+        ap.error(
+            f"--layers-per-stage must be >= 1, --act-elems a multiple of 64 and --param-elems >= --act-elems, "
+            f"got {a.layers_per_stage}, {act_elems} and {param_elems}"
+        )
     if a.bulk_lane_mbit is not None and not any(v.get("wire") for v in hv):
         ap.error("--bulk-lane-mbit needs a variant with wire=1 (only those use the bulk class)")
     megatron = a.workload == "megatron"
     if a.ranks < 4 or a.ranks % 2 or (a.ranks != 4 and (megatron or a.fabric == "shared-nic")):
-        ap.error(f"--ranks must be an even number >= 4 (PP x DP ranks/PP), and 4 with --workload megatron or "
-                 f"--fabric shared-nic; got {a.ranks}")
+        ap.error(
+            f"--ranks must be an even number >= 4 (PP x DP ranks/PP), and 4 with --workload megatron or "
+            f"--fabric shared-nic; got {a.ranks}"
+        )
     if a.pp != WORK["pp"] and (megatron or a.fabric == "shared-nic"):
-        ap.error(f"--pp {a.pp} needs the synthetic workload on per-rank or star links (the shared-NIC servers hold "
-                 f"PP pairs; --workload megatron has its own PP 2)")
+        ap.error(
+            f"--pp {a.pp} needs the synthetic workload on per-rank or star links (the shared-NIC servers hold "
+            f"PP pairs; --workload megatron has its own PP 2)"
+        )
     if (a.switch_buffer_kb is not None) != (a.fabric == "star"):
         ap.error("--switch-buffer-kb goes with --fabric star, and --fabric star needs it")
     if a.fabric == "star" and (any(v.get("wire") for v in hv) or a.bulk_lane_mbit is not None):
-        ap.error("--fabric star has no priority classes: wire=1|2 variants and --bulk-lane-mbit need per-rank or "
-                 "shared-nic")
+        ap.error(
+            "--fabric star has no priority classes: wire=1|2 variants and --bulk-lane-mbit need per-rank or "
+            "shared-nic"
+        )
     allowed = ["megatron"] if megatron else list(BASELINES)
     baselines = [b for b in (a.baselines if a.baselines is not None else ",".join(allowed)).split(",") if b]
     if set(baselines) - set(allowed):
-        ap.error(f"--baselines: unknown {sorted(set(baselines) - set(allowed))} for --workload {a.workload}; "
-                 f"choose from {allowed}")
+        ap.error(
+            f"--baselines: unknown {sorted(set(baselines) - set(allowed))} for --workload {a.workload}; "
+            f"choose from {allowed}"
+        )
     if megatron and any(v.get("wire", 0) == 2 for v in hv):
         ap.error("wire=2 (all-to-alls in their classes) needs the synthetic MoE workload; use wire=1")
     if a.megatron_moe and not megatron:
         ap.error("--megatron-moe needs --workload megatron")
     auto = any(v.get("ep_algorithm") == "auto" for v in hv)
     # warm-up + the probe (ep_auto_probe_iterations, default 2, per candidate) + one steady iteration
-    least = max((2 + v.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS)
-                 * len(v.get("ep_auto_candidates", AUTO_CANDIDATES).split("+"))
-                 for v in hv if v.get("ep_algorithm") == "auto"), default=2)
+    least = max(
+        (
+            2
+            + v.get("ep_auto_probe_iterations", AUTO_PROBE_ITERATIONS)
+            * len(v.get("ep_auto_candidates", AUTO_CANDIDATES).split("+"))
+            for v in hv
+            if v.get("ep_algorithm") == "auto"
+        ),
+        default=2,
+    )
     if megatron and (auto or a.iterations != WORK["iterations"]):
-        ap.error("ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
-                 "iterations, too few for auto's probe, and its EP groups of two never match anyway)")
+        ap.error(
+            "ep_algorithm=auto and --iterations need the synthetic workload (the Megatron recipe runs 3 "
+            "iterations, too few for auto's probe, and its EP groups of two never match anyway)"
+        )
     if a.iterations < least:
-        ap.error(f"--iterations must be >= 2 (one warm-up), and with ep_algorithm=auto >= 2 + its probe "
-                 f"(warm-up, probe, one steady iteration): >= {least} here; got {a.iterations}")
+        ap.error(
+            f"--iterations must be >= 2 (one warm-up), and with ep_algorithm=auto >= 2 + its probe "
+            f"(warm-up, probe, one steady iteration): >= {least} here; got {a.iterations}"
+        )
     if megatron:
-        work: dict[str, Any] = dict(MEGATRON_WORK, **(MEGATRON_MOE if a.megatron_moe else {}),
-                                    num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage)
-        variants: dict[str, dict[str, Any]] = {b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]}
+        work: dict[str, Any] = dict(
+            MEGATRON_WORK,
+            **(MEGATRON_MOE if a.megatron_moe else {}),
+            num_layers=MEGATRON_WORK["pipeline_parallel"] * a.layers_per_stage,
+        )
+        variants: dict[str, dict[str, Any]] = {
+            b: {"megatron": MEGATRON_BASELINES[b]} for b in ["fifo", *baselines]
+        }
     else:
-        work = {**WORK, "pp": a.pp, "layers_per_stage": a.layers_per_stage, "param_elems": param_elems,
-                "act_elems": act_elems, "iterations": a.iterations}
+        work = {
+            **WORK,
+            "pp": a.pp,
+            "layers_per_stage": a.layers_per_stage,
+            "param_elems": param_elems,
+            "act_elems": act_elems,
+            "iterations": a.iterations,
+        }
         variants = {"fifo": dict(FIFO), **{b: BASELINES[b] for b in baselines}}
     for v in hv:
-        name = f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
+        name = (
+            f"hermod c{v['chunk_bytes'] >> 10}k i{v['max_inflight_chunks']} g{v['gate_timeout_s'] * 1e3:g}ms"
+        )
         if v.get("dp_mid", "last") != "last":
             name += f" {v['dp_mid']}"
         if v.get("ep_algorithm", "bvn") != "bvn":
@@ -658,13 +981,33 @@ def main() -> int:
         if len(rates) == 1:
             (out / f"{a.name}.json").write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
             _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png", _title(a, megatron, rate))
-        print(f"-- {rate:g} Mbit/s", json.dumps({k: doc[k] for k in (
-            "median_iteration_time_s", "speedup_vs_fifo", "math_identical", "speedup_best_hermod_vs_baseline",
-            "goal_judged_against", "goal_met")}, indent=1))
+        print(
+            f"-- {rate:g} Mbit/s",
+            json.dumps(
+                {
+                    k: doc[k]
+                    for k in (
+                        "median_iteration_time_s",
+                        "speedup_vs_fifo",
+                        "math_identical",
+                        "speedup_best_hermod_vs_baseline",
+                        "goal_judged_against",
+                        "goal_met",
+                    )
+                },
+                indent=1,
+            ),
+        )
         for m in variants:
             for st, row in s["ops"][m].items():
-                print(m, st, {k: f"{v['op_time_per_iter_s'] * 1e3:.0f}ms/it med {v['median_op_s'] * 1e3:.1f}ms"
-                              for k, v in row.items()})
+                print(
+                    m,
+                    st,
+                    {
+                        k: f"{v['op_time_per_iter_s'] * 1e3:.0f}ms/it med {v['median_op_s'] * 1e3:.1f}ms"
+                        for k, v in row.items()
+                    },
+                )
     if len(rates) > 1:
         sweep = rate_sweep(docs, baselines)
         (out / f"{a.name}.json").write_text(json.dumps({**sweep, "provenance": provenance()}, indent=1))

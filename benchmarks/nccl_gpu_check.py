@@ -41,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = ROOT / "nccl_net_plugin" / "build"
 
 # the synthetic iteration of flowlane.testing.workload, as tests/test_sched_runtime.py runs it on gloo
-BASE = dict(pp=2, layers_per_stage=2, microbatches=3, iterations=2, act_elems=1024, param_elems=4096, moe=True)
+BASE = dict(
+    pp=2, layers_per_stage=2, microbatches=3, iterations=2, act_elems=1024, param_elems=4096, moe=True
+)
 RUNS: dict[str, dict[str, Any]] = {
     "fifo": dict(sched={"mode": "fifo"}),
     "hermod": dict(sched={"mode": "hermod", "chunk_bytes": 4096}),
@@ -56,12 +58,23 @@ RUNS: dict[str, dict[str, Any]] = {
 def net_env(net: str, log_dir: Path) -> dict[str, str]:
     """NCCL's environment for one transport. LD_LIBRARY_PATH must be set before the ranks start (ld.so reads it
     at process start), so the parent sets all of it and the spawned ranks inherit it."""
-    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-           "NCCL_DEBUG_FILE": str(log_dir / f"nccl-{net}.%h.%p.log"), "NCCL_SOCKET_IFNAME": "lo",
-           "NCCL_IB_DISABLE": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    env = {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_DEBUG_FILE": str(log_dir / f"nccl-{net}.%h.%p.log"),
+        "NCCL_SOCKET_IFNAME": "lo",
+        "NCCL_IB_DISABLE": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
     if net == "flowlane":
-        env.update({"NCCL_NET_PLUGIN": "flowlane", "NCCL_NET": "flowlane", "FLOWLANE_SOCKET_IFNAME": "lo",
-                    "LD_LIBRARY_PATH": f"{PLUGIN_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}"})
+        env.update(
+            {
+                "NCCL_NET_PLUGIN": "flowlane",
+                "NCCL_NET": "flowlane",
+                "FLOWLANE_SOCKET_IFNAME": "lo",
+                "LD_LIBRARY_PATH": f"{PLUGIN_DIR}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+            }
+        )
     elif net == "socket":
         env.update({"NCCL_NET_PLUGIN": "none", "NCCL_NET": "Socket"})
     else:
@@ -80,8 +93,13 @@ def _init(rank: int, world: int, backend: str, device: str) -> Any:
         # one host hash per rank: NCCL sees `world` hosts with one GPU each instead of a duplicated GPU
         os.environ["NCCL_HOSTID"] = f"flowlane-check-host{rank}"
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", 0),
-                                timeout=datetime.timedelta(seconds=90))
+        dist.init_process_group(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            device_id=torch.device("cuda", 0),
+            timeout=datetime.timedelta(seconds=90),
+        )
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
     return torch.device(device)
@@ -146,7 +164,12 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
 
     def collectives() -> dict:
         res = {}
-        for n in (1, 1000, 1 << 20, 1 << 22):  # integers in float32: every reduction order gives the exact sum
+        for n in (
+            1,
+            1000,
+            1 << 20,
+            1 << 22,
+        ):  # integers in float32: every reduction order gives the exact sum
             t = torch.full((n,), float(rank + 1), device=dev)
             dist.all_reduce(t)
             res[f"all_reduce_{n}"] = bool(torch.all(t == world * (world + 1) / 2).item())
@@ -161,8 +184,10 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
             want += [100 * i + start + k for k in range(recv[i])]
         res["all_to_all_single"] = y.tolist() == [float(v) for v in want]
         buf = torch.empty(4096, device=dev)
-        ops = [dist.P2POp(dist.isend, torch.full((4096,), float(rank), device=dev), (rank + 1) % world),
-               dist.P2POp(dist.irecv, buf, (rank - 1) % world)]
+        ops = [
+            dist.P2POp(dist.isend, torch.full((4096,), float(rank), device=dev), (rank + 1) % world),
+            dist.P2POp(dist.irecv, buf, (rank - 1) % world),
+        ]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         res["send_recv_ring"] = bool(torch.all(buf == (rank - 1) % world).item())
@@ -178,8 +203,10 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
         n = len(cg.groups[tuple(range(world))])
         tc = None
         if backend == "nccl":  # what each clone's NCCL backend was created with
-            tc = [g._get_backend(torch.device("cuda")).options.config.traffic_class
-                  for g in cg.groups[tuple(range(world))]]
+            tc = [
+                g._get_backend(torch.device("cuda")).options.config.traffic_class
+                for g in cg.groups[tuple(range(world))]
+            ]
         return {"sums": sums, "clones": n, "traffic_classes": tc}
 
     def alltoall() -> dict:
@@ -220,8 +247,13 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
 
         def phase() -> None:
             t0 = time.perf_counter()
-            works = comm.batch_isend_irecv([dist.P2POp(dist.isend, a, (rank + 1) % world),
-                                            dist.P2POp(dist.irecv, b, (rank - 1) % world)], kind="ep")
+            works = comm.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, a, (rank + 1) % world),
+                    dist.P2POp(dist.irecv, b, (rank - 1) % world),
+                ],
+                kind="ep",
+            )
             issue.append(time.perf_counter() - t0)
             for w in works:
                 w.wait()
@@ -240,14 +272,20 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
         res["a2a_bytes_sent"] = sum(splits) * 1024 * 4
         return res
 
-    for name, fn in (("collectives", collectives), ("classes", classes), ("alltoall", alltoall),
-                     ("timings", timings)):
+    for name, fn in (
+        ("collectives", collectives),
+        ("classes", classes),
+        ("alltoall", alltoall),
+        ("timings", timings),
+    ):
         _part(out, name, fn)
         _save_partial(partial, rank, out)
     return out
 
 
-def workload_rank(rank: int, world: int, backend: str, device: str, partial: str, runs: list[str]) -> dict[str, Any]:
+def workload_rank(
+    rank: int, world: int, backend: str, device: str, partial: str, runs: list[str]
+) -> dict[str, Any]:
     import torch
 
     from flowlane.testing.workload import WorkloadConfig, run_rank
@@ -259,9 +297,16 @@ def workload_rank(rank: int, world: int, backend: str, device: str, partial: str
         t0 = time.perf_counter()
         try:
             r = run_rank(rank, world, cfg)
-            out[name] = {"ok": True, "params": r["params"], "digest": r["digest"], "times": r["times"],
-                         "ep_classes": r["ep_classes"], "ep_auto": r["ep_auto"], "stage": r["stage"],
-                         "chunks": sum(1 for e in r["log"] if e[0] == "chunk")}
+            out[name] = {
+                "ok": True,
+                "params": r["params"],
+                "digest": r["digest"],
+                "times": r["times"],
+                "ep_classes": r["ep_classes"],
+                "ep_auto": r["ep_auto"],
+                "stage": r["stage"],
+                "chunks": sum(1 for e in r["log"] if e[0] == "chunk"),
+            }
         except Exception:  # noqa: BLE001
             out[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
         out[name]["seconds"] = time.perf_counter() - t0
@@ -272,7 +317,9 @@ def workload_rank(rank: int, world: int, backend: str, device: str, partial: str
 
 
 # -- parent ----------------------------------------------------------------------------------------------------
-CONNECTED = re.compile(r"NET/flowlane : (send|recv) comm \d+ (?:connected|accepted): class (-?\d+) lane (\d+)")
+CONNECTED = re.compile(
+    r"NET/flowlane : (send|recv) comm \d+ (?:connected|accepted): class (-?\d+) lane (\d+)"
+)
 
 
 def read_logs(log_dir: Path, net: str) -> dict[str, Any]:
@@ -284,11 +331,23 @@ def read_logs(log_dir: Path, net: str) -> dict[str, Any]:
         k = f"{m.group(1)} class {m.group(2)} lane {m.group(3)}"
         classes[k] = classes.get(k, 0) + 1
     using = sorted(set(re.findall(r"Using network (\S+)", text)))
-    plugin_lines = sorted({line.split("NCCL INFO ", 1)[-1].strip() for line in text.splitlines()
-                           if "NET/Plugin" in line or "NET/flowlane : using" in line})[:12]
-    warns = sorted({line.split("NCCL WARN ", 1)[-1].strip() for line in text.splitlines() if "WARN" in line})[:20]
-    return {"using_network": using, "plugin_lines": plugin_lines, "connections_by_class": classes,
-            "warnings": warns, "log_bytes": len(text)}
+    plugin_lines = sorted(
+        {
+            line.split("NCCL INFO ", 1)[-1].strip()
+            for line in text.splitlines()
+            if "NET/Plugin" in line or "NET/flowlane : using" in line
+        }
+    )[:12]
+    warns = sorted({line.split("NCCL WARN ", 1)[-1].strip() for line in text.splitlines() if "WARN" in line})[
+        :20
+    ]
+    return {
+        "using_network": using,
+        "plugin_lines": plugin_lines,
+        "connections_by_class": classes,
+        "warnings": warns,
+        "log_bytes": len(text),
+    }
 
 
 def compare_workloads(ranks: list[dict]) -> dict[str, Any]:
@@ -298,12 +357,17 @@ def compare_workloads(ranks: list[dict]) -> dict[str, Any]:
         base = "fifo_ep4" if RUNS[name].get("pp") == 1 else "fifo"
         oks = [r.get(name, {}).get("ok") and r.get(base, {}).get("ok") for r in ranks]
         equal = all(oks) and all(r[name]["params"] == r[base]["params"] for r in ranks)
-        res[name] = {"ran": all(bool(r.get(name, {}).get("ok")) for r in ranks), "params_equal_to": base,
-                     "equal": bool(equal),
-                     "iteration_s_median": statistics.median(t for r in ranks if r.get(name, {}).get("ok")
-                                                             for t in r[name]["times"][1:])
-                     if all(bool(r.get(name, {}).get("ok")) for r in ranks) else None,
-                     "errors": [r[name]["error"] for r in ranks if name in r and not r[name]["ok"]][:1]}
+        res[name] = {
+            "ran": all(bool(r.get(name, {}).get("ok")) for r in ranks),
+            "params_equal_to": base,
+            "equal": bool(equal),
+            "iteration_s_median": statistics.median(
+                t for r in ranks if r.get(name, {}).get("ok") for t in r[name]["times"][1:]
+            )
+            if all(bool(r.get(name, {}).get("ok")) for r in ranks)
+            else None,
+            "errors": [r[name]["error"] for r in ranks if name in r and not r[name]["ok"]][:1],
+        }
         if name == "hermod_ep" and res[name]["ran"]:
             res[name]["ep_classes_seen"] = sorted({c for r in ranks for *_, c in r[name]["ep_classes"]})
         if name == "auto_ep4" and res[name]["ran"]:
@@ -314,7 +378,9 @@ def compare_workloads(ranks: list[dict]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/nccl_gpu")
-    ap.add_argument("--nets", default="flowlane,socket", help="flowlane (the plugin) and/or socket (NCCL's own)")
+    ap.add_argument(
+        "--nets", default="flowlane,socket", help="flowlane (the plugin) and/or socket (NCCL's own)"
+    )
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--ranks", type=int, default=4)
@@ -325,18 +391,24 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in runs if r not in RUNS]
     if bad:
         ap.error(f"--runs {bad} not in {list(RUNS)}")
-    if args.backend == "gloo":  # gloo has one clone per group unless given an interface per class (tested elsewhere)
+    if (
+        args.backend == "gloo"
+    ):  # gloo has one clone per group unless given an interface per class (tested elsewhere)
         runs = [r for r in runs if r != "hermod_ep"]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     nets = args.nets.split(",") if args.backend == "nccl" else ["gloo"]
-    label = ("measured on one GPU; ranks time-share it and reach each other over loopback (NCCL_HOSTID per "
-             "rank): correctness is the point, timings are not a network's") if args.backend == "nccl" else \
-        "dry run on CPU (gloo): the script's logic only"
-    result: dict[str, Any] = {"label": label,
-                              "backend": args.backend, "ranks": args.ranks, "nets": {}}
+    label = (
+        (
+            "measured on one GPU; ranks time-share it and reach each other over loopback (NCCL_HOSTID per "
+            "rank): correctness is the point, timings are not a network's"
+        )
+        if args.backend == "nccl"
+        else "dry run on CPU (gloo): the script's logic only"
+    )
+    result: dict[str, Any] = {"label": label, "backend": args.backend, "ranks": args.ranks, "nets": {}}
     saved_env = dict(os.environ)
     failed = False
     for net in nets:
@@ -350,18 +422,27 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             partial = str(out_dir / f"partial-{net}-{part}")
             try:
-                ranks = launch(fn, args.ranks, args=(args.backend, args.device, partial, *extra), backend=None,
-                               timeout=args.timeout)
+                ranks = launch(
+                    fn,
+                    args.ranks,
+                    args=(args.backend, args.device, partial, *extra),
+                    backend=None,
+                    timeout=args.timeout,
+                )
                 entry[part] = ranks[0] if part == "checks" else compare_workloads(ranks)
                 if part == "checks":
-                    entry["checks_all_ranks_ok"] = all(all(v.get("ok") for v in r.values() if isinstance(v, dict))
-                                                       for r in ranks)
-                    entry["checks_other_ranks"] = [{k: v for k, v in r.items() if k not in ("timings",)}
-                                                   for r in ranks[1:]]
+                    entry["checks_all_ranks_ok"] = all(
+                        all(v.get("ok") for v in r.values() if isinstance(v, dict)) for r in ranks
+                    )
+                    entry["checks_other_ranks"] = [
+                        {k: v for k, v in r.items() if k not in ("timings",)} for r in ranks[1:]
+                    ]
             except Exception:  # noqa: BLE001 - one part failing must not lose the others' results
                 entry[part] = {"ok": False, "error": traceback.format_exc()[-4000:]}
-                entry[f"{part}_partial"] = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob(
-                    f"partial-{net}-{part}.rank*.json"))]
+                entry[f"{part}_partial"] = [
+                    json.loads(p.read_text())
+                    for p in sorted(Path(out_dir).glob(f"partial-{net}-{part}.rank*.json"))
+                ]
                 failed = True
             entry[f"{part}_wall_s"] = time.perf_counter() - t0
             if net != "gloo":
@@ -390,15 +471,19 @@ def summarize(result: dict[str, Any]) -> bool:
                 ok = False
         t = c.get("timings", {})
         if t.get("ok"):
-            print(f"  all_reduce 64 MiB {t['all_reduce_64MiB_s'] * 1e3:.1f} ms ({t['all_reduce_64MiB_busbw_GBps']:.2f}"
-                  f" GB/s bus), 8 B {t['all_reduce_8B_s'] * 1e3:.2f} ms; one phase: issue "
-                  f"{t['phase_issue_s'] * 1e6:.0f} us, total {t['phase_total_s'] * 1e3:.2f} ms; skewed a2a plain "
-                  f"{t['a2a_plain_s'] * 1e3:.1f} ms, bvn {t['a2a_bvn_s'] * 1e3:.1f} ms")
+            print(
+                f"  all_reduce 64 MiB {t['all_reduce_64MiB_s'] * 1e3:.1f} ms ({t['all_reduce_64MiB_busbw_GBps']:.2f}"
+                f" GB/s bus), 8 B {t['all_reduce_8B_s'] * 1e3:.2f} ms; one phase: issue "
+                f"{t['phase_issue_s'] * 1e6:.0f} us, total {t['phase_total_s'] * 1e3:.2f} ms; skewed a2a plain "
+                f"{t['a2a_plain_s'] * 1e3:.1f} ms, bvn {t['a2a_bvn_s'] * 1e3:.1f} ms"
+            )
         for name, w in (e.get("workloads") or {}).items():
             if isinstance(w, dict) and "equal" in w:
-                print(f"  workload {name}: ran {w['ran']}, params == {w['params_equal_to']}: {w['equal']}"
-                      + (f", ep classes {w['ep_classes_seen']}" if "ep_classes_seen" in w else "")
-                      + (f", auto chose {w['choices']}" if "choices" in w else ""))
+                print(
+                    f"  workload {name}: ran {w['ran']}, params == {w['params_equal_to']}: {w['equal']}"
+                    + (f", ep classes {w['ep_classes_seen']}" if "ep_classes_seen" in w else "")
+                    + (f", auto chose {w['choices']}" if "choices" in w else "")
+                )
                 ok &= bool(w["equal"])
             elif isinstance(w, str):
                 print(f"  workloads: {w[-300:]}")
@@ -407,7 +492,9 @@ def summarize(result: dict[str, Any]) -> bool:
             ok = False
         log = e.get("nccl_log")
         if log:
-            print(f"  NCCL used {log['using_network']}; plugin connections by class: {log['connections_by_class']}")
+            print(
+                f"  NCCL used {log['using_network']}; plugin connections by class: {log['connections_by_class']}"
+            )
             for w in log["warnings"][:5]:
                 print(f"  NCCL WARN {w[:200]}")
         ok &= bool(e.get("checks_all_ranks_ok"))

@@ -59,9 +59,13 @@ def provenance() -> dict:
     """What produced a result file: the command and the commit (and whether tracked files had local changes)."""
     commit = _git("rev-parse", "HEAD") or "unknown (no git)"
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", "nccl_net_plugin", "benchmarks"))
-    return {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "commit": commit,
-            "plugin_tree_dirty": dirty, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "cpus": os.cpu_count()}
+    return {
+        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
+        "commit": commit,
+        "plugin_tree_dirty": dirty,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+    }
 
 
 def _json_line(text: str) -> dict:
@@ -76,14 +80,20 @@ def _json_line(text: str) -> dict:
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 300) -> str:
-    res = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(
+        cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
     if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+        )
     return res.stdout
 
 
 def _driver(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> dict:
-    out = _run([str(BUILD / "fl_driver"), "--plugin", str(BUILD / "libnccl-net-flowlane.so"), *args], env, timeout)
+    out = _run(
+        [str(BUILD / "fl_driver"), "--plugin", str(BUILD / "libnccl-net-flowlane.so"), *args], env, timeout
+    )
     return _json_line(out)
 
 
@@ -96,8 +106,13 @@ class Netns:
 
     def __enter__(self) -> Netns:
         try:
-            subprocess.run(["sh", str(NETNS), "up", self.prefix, self.rates, self.mode], check=True,
-                           capture_output=True, text=True, timeout=60)
+            subprocess.run(
+                ["sh", str(NETNS), "up", self.prefix, self.rates, self.mode],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         except BaseException:
             self.__exit__()
             raise
@@ -108,8 +123,16 @@ class Netns:
 
     def args(self, ifname_suffix: str = "v") -> list[str]:
         p = self.prefix
-        return ["--send-ns", f"{p}a", "--recv-ns", f"{p}b", "--send-ifname", f"{p}{ifname_suffix}",
-                "--recv-ifname", f"{p}{ifname_suffix}"]
+        return [
+            "--send-ns",
+            f"{p}a",
+            "--recv-ns",
+            f"{p}b",
+            "--send-ifname",
+            f"{p}{ifname_suffix}",
+            "--recv-ifname",
+            f"{p}{ifname_suffix}",
+        ]
 
 
 def bench_throughput(repeats: int, quick: bool) -> dict:
@@ -117,46 +140,82 @@ def bench_throughput(repeats: int, quick: bool) -> dict:
     plain, flowlane = [], []
     for _ in range(repeats):  # interleaved so both see the same machine state
         plain.append(_json_line(_run([str(BUILD / "plain_stream"), str(size), str(iters)]))["gbytes_per_s"])
-        flowlane.append(_driver("--bytes", str(size), "--iters", str(iters), "--window", "2", "bench-stream",
-                                env={"FLOWLANE_SOCKET_IFNAME": "lo"})["gbytes_per_s"])
+        flowlane.append(
+            _driver(
+                "--bytes",
+                str(size),
+                "--iters",
+                str(iters),
+                "--window",
+                "2",
+                "bench-stream",
+                env={"FLOWLANE_SOCKET_IFNAME": "lo"},
+            )["gbytes_per_s"]
+        )
     p, f = statistics.median(plain), statistics.median(flowlane)
     # Each flowlane run is compared with the plain run just before it, so a burst of load from other work on the
     # machine hits both sides of a pair; the reported ratio is the median over pairs.
     pair_ratios = [fl / pl for fl, pl in zip(flowlane, plain, strict=True)]
     ratio = statistics.median(pair_ratios)
-    return {"label": LABEL, "link": "loopback", "message_bytes": size, "messages": iters,
-            "plain_socket_gbytes_per_s": plain, "flowlane_gbytes_per_s": flowlane, "pair_ratios": pair_ratios,
-            "median_plain": p, "median_flowlane": f, "ratio_flowlane_over_plain": ratio, "goal_ratio": 0.95,
-            "goal_met": ratio >= 0.95}
+    return {
+        "label": LABEL,
+        "link": "loopback",
+        "message_bytes": size,
+        "messages": iters,
+        "plain_socket_gbytes_per_s": plain,
+        "flowlane_gbytes_per_s": flowlane,
+        "pair_ratios": pair_ratios,
+        "median_plain": p,
+        "median_flowlane": f,
+        "ratio_flowlane_over_plain": ratio,
+        "goal_ratio": 0.95,
+        "goal_met": ratio >= 0.95,
+    }
 
 
 def bench_priority(repeats: int, quick: bool) -> dict:
     iters = "100" if quick else "300"
-    runs: dict[str, list[dict]] = {"unloaded": [], "loaded_priorities_on": [], "loaded_priorities_off": [],
-                                   "loaded_on_fifo_qdisc": []}
+    runs: dict[str, list[dict]] = {
+        "unloaded": [],
+        "loaded_priorities_on": [],
+        "loaded_priorities_off": [],
+        "loaded_on_fifo_qdisc": [],
+    }
     for _ in range(repeats):
         with Netns("100", "prio") as ns:
             base = [*ns.args(), "--iters", iters, "--ping-size", "1024"]
             runs["unloaded"].append(_driver(*base, "bench-pingpong"))
             runs["loaded_priorities_on"].append(_driver(*base, "--bulk", "bench-pingpong"))
-            runs["loaded_priorities_off"].append(_driver(*base, "--bulk", "bench-pingpong",
-                                                         env={"FLOWLANE_NET_LANES": "1"}))
+            runs["loaded_priorities_off"].append(
+                _driver(*base, "--bulk", "bench-pingpong", env={"FLOWLANE_NET_LANES": "1"})
+            )
         with Netns("100", "fifo") as ns:  # no band-aware qdisc: only the plugin's own lane cap helps
-            runs["loaded_on_fifo_qdisc"].append(_driver(*ns.args(), "--iters", iters, "--ping-size", "1024",
-                                                        "--bulk", "bench-pingpong"))
-    med = {k: {q: statistics.median(r[q] for r in v) for q in ("rtt_us_p50", "rtt_us_p90", "rtt_us_p99")}
-           for k, v in runs.items()}
+            runs["loaded_on_fifo_qdisc"].append(
+                _driver(*ns.args(), "--iters", iters, "--ping-size", "1024", "--bulk", "bench-pingpong")
+            )
+    med = {
+        k: {q: statistics.median(r[q] for r in v) for q in ("rtt_us_p50", "rtt_us_p90", "rtt_us_p99")}
+        for k, v in runs.items()
+    }
     un = med["unloaded"]["rtt_us_p50"]
     ratios = {k: med[k]["rtt_us_p50"] / un for k in med}
     # On a CPU-starved box the idle pinger is descheduled between pings; an unloaded RTT above the loaded one
     # means the baseline measured the scheduler, not the link, so no verdict is given.
     sane = un <= med["loaded_priorities_on"]["rtt_us_p50"]
-    return {"label": LABEL, "link": "1 path, tbf 100 Mbit/s (+ pfifo_fast child honouring SO_PRIORITY)",
-            "ping_bytes": 1024, "bulk": "4 MiB messages, 4 in flight, class 3", "runs": runs, "median": med,
-            "p50_ratio_vs_unloaded": ratios, "goal": "loaded p50 with priorities on <= 2x unloaded p50",
-            "baseline_sane": sane,
-            "goal_met": (ratios["loaded_priorities_on"] <= 2.0) if sane else None,
-            "off_over_on_p50": med["loaded_priorities_off"]["rtt_us_p50"] / med["loaded_priorities_on"]["rtt_us_p50"]}
+    return {
+        "label": LABEL,
+        "link": "1 path, tbf 100 Mbit/s (+ pfifo_fast child honouring SO_PRIORITY)",
+        "ping_bytes": 1024,
+        "bulk": "4 MiB messages, 4 in flight, class 3",
+        "runs": runs,
+        "median": med,
+        "p50_ratio_vs_unloaded": ratios,
+        "goal": "loaded p50 with priorities on <= 2x unloaded p50",
+        "baseline_sane": sane,
+        "goal_met": (ratios["loaded_priorities_on"] <= 2.0) if sane else None,
+        "off_over_on_p50": med["loaded_priorities_off"]["rtt_us_p50"]
+        / med["loaded_priorities_on"]["rtt_us_p50"],
+    }
 
 
 _COMPETITOR_SERVER = """
@@ -190,13 +249,44 @@ while True:
 def competitor(ns: Netns, path: int, on_s: float, off_s: float) -> Iterator[dict]:
     """A plain TCP flow on one path that sends for on_s, pauses for off_s, and so on (time-varying load)."""
     addr, port = f"10.77.{path + 1}.2", 5999
-    procs = [subprocess.Popen(["ip", "netns", "exec", f"{ns.prefix}b", sys.executable, "-c", _COMPETITOR_SERVER,
-                               addr, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                f"{ns.prefix}b",
+                sys.executable,
+                "-c",
+                _COMPETITOR_SERVER,
+                addr,
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
         time.sleep(0.3)
-        procs.append(subprocess.Popen(["ip", "netns", "exec", f"{ns.prefix}a", sys.executable, "-c",
-                                       _COMPETITOR_CLIENT, addr, str(port), str(on_s), str(off_s)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    f"{ns.prefix}a",
+                    sys.executable,
+                    "-c",
+                    _COMPETITOR_CLIENT,
+                    addr,
+                    str(port),
+                    str(on_s),
+                    str(off_s),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         time.sleep(0.5)
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("the competing flow did not start")
@@ -227,11 +317,13 @@ def bench_multipath(repeats: int, quick: bool) -> dict:
     one_path: list[float] = []
     competing = None
     for rep in range(repeats):
-        order = SELECTORS[rep % 3:] + SELECTORS[:rep % 3]  # rotate so no selector always runs first
+        order = SELECTORS[rep % 3 :] + SELECTORS[: rep % 3]  # rotate so no selector always runs first
         for sc, (rates, comp) in MP_SCENARIOS.items():
             with Netns(rates) as ns:
                 if sc == "equal":
-                    one_path.append(_driver(*ns.args("v0"), *stream_args, "bench-stream")["gbytes_per_s"] * 1e3)
+                    one_path.append(
+                        _driver(*ns.args("v0"), *stream_args, "bench-stream")["gbytes_per_s"] * 1e3
+                    )
                 ctx = competitor(ns, 0, *comp) if comp else contextlib.nullcontext()
                 with ctx as comp_info:
                     if comp_info:
@@ -240,12 +332,20 @@ def bench_multipath(repeats: int, quick: bool) -> dict:
                         env = {"FLOWLANE_NET_PATH_SELECTOR": sel}
                         st = _driver(*ns.args(), *stream_args, "bench-stream", env=env)
                         pp = _driver(*ns.args(), *pp_args, "bench-pingpong", env=env)
-                        runs[sc][sel].append({"mbytes_per_s": st["gbytes_per_s"] * 1e3, "lat_ms_p50": st["lat_ms_p50"],
-                                              "lat_ms_p99": st["lat_ms_p99"], "rtt_ms_p50": pp["rtt_us_p50"] / 1e3,
-                                              "rtt_ms_p99": pp["rtt_us_p99"] / 1e3})
+                        runs[sc][sel].append(
+                            {
+                                "mbytes_per_s": st["gbytes_per_s"] * 1e3,
+                                "lat_ms_p50": st["lat_ms_p50"],
+                                "lat_ms_p99": st["lat_ms_p99"],
+                                "rtt_ms_p50": pp["rtt_us_p50"] / 1e3,
+                                "rtt_ms_p99": pp["rtt_us_p99"] / 1e3,
+                            }
+                        )
     keys = ("mbytes_per_s", "lat_ms_p50", "lat_ms_p99", "rtt_ms_p50", "rtt_ms_p99")
-    med = {sc: {sel: {k: statistics.median(r[k] for r in v) for k in keys} for sel, v in d.items()}
-           for sc, d in runs.items()}
+    med = {
+        sc: {sel: {k: statistics.median(r[k] for r in v) for k in keys} for sel, v in d.items()}
+        for sc, d in runs.items()
+    }
     verdict: dict = {}
     for sc, m in med.items():
         leo, gr = m["leo"], m["greedy"]
@@ -257,35 +357,63 @@ def bench_multipath(repeats: int, quick: bool) -> dict:
         }
         v = verdict[sc]
         v["goal_tput_ge_greedy"] = v["tput_leo_over_greedy"] >= 1.0
-        v["goal_p99_within_10pct_of_greedy"] = (v["stream_p99_leo_over_greedy"] <= 1.10
-                                               and v["pingpong_p99_leo_over_greedy"] <= 1.10)
-    verdict["4to1"]["goal_strictly_better_on_loaded_fast_path"] = verdict["4to1"]["tput_leo_over_greedy"] > 1.0
+        v["goal_p99_within_10pct_of_greedy"] = (
+            v["stream_p99_leo_over_greedy"] <= 1.10 and v["pingpong_p99_leo_over_greedy"] <= 1.10
+        )
+    verdict["4to1"]["goal_strictly_better_on_loaded_fast_path"] = (
+        verdict["4to1"]["tput_leo_over_greedy"] > 1.0
+    )
     two_over_one = med["equal"]["leo"]["mbytes_per_s"] / statistics.median(one_path)
-    goal_met = (all(v["goal_tput_ge_greedy"] and v["goal_p99_within_10pct_of_greedy"] for v in verdict.values())
-                and verdict["4to1"]["goal_strictly_better_on_loaded_fast_path"] and two_over_one >= 1.9)
-    return {"label": LABEL, "unit": {"throughput": "MB/s", "latency": "ms"},
-            "stream": {"message_bytes": msg, "messages": iters, "in_flight": window,
-                       "latency": "isend accepted -> test() done, per message, at the sender"},
-            "pingpong": {"bytes": pp_size, "iters": pp_iters, "rtt": "both directions over the paths"},
-            "scenarios": {sc: {"rates_mbit": [int(x) for x in r.split(",")], "competing_flow_on_path0": c is not None}
-                          for sc, (r, c) in MP_SCENARIOS.items()},
-            "competing_flow": competing, "runs": runs, "median": med, "verdict": verdict,
-            "equal_paths_one_path_mbytes_per_s": one_path, "equal_paths_two_over_one": two_over_one,
-            "ideal_mbytes_per_s": {"equal": 400 / 8, "4to1": 500 / 8}, "goal_met": goal_met}
+    goal_met = (
+        all(v["goal_tput_ge_greedy"] and v["goal_p99_within_10pct_of_greedy"] for v in verdict.values())
+        and verdict["4to1"]["goal_strictly_better_on_loaded_fast_path"]
+        and two_over_one >= 1.9
+    )
+    return {
+        "label": LABEL,
+        "unit": {"throughput": "MB/s", "latency": "ms"},
+        "stream": {
+            "message_bytes": msg,
+            "messages": iters,
+            "in_flight": window,
+            "latency": "isend accepted -> test() done, per message, at the sender",
+        },
+        "pingpong": {"bytes": pp_size, "iters": pp_iters, "rtt": "both directions over the paths"},
+        "scenarios": {
+            sc: {"rates_mbit": [int(x) for x in r.split(",")], "competing_flow_on_path0": c is not None}
+            for sc, (r, c) in MP_SCENARIOS.items()
+        },
+        "competing_flow": competing,
+        "runs": runs,
+        "median": med,
+        "verdict": verdict,
+        "equal_paths_one_path_mbytes_per_s": one_path,
+        "equal_paths_two_over_one": two_over_one,
+        "ideal_mbytes_per_s": {"equal": 400 / 8, "4to1": 500 / 8},
+        "goal_met": goal_met,
+    }
 
 
 def _baseline_plugin(tmp: Path) -> Path | None:
     """Build the plugin as it was at BASELINE_COMMIT (needs the git history); None with a printed reason if not."""
     archive = tmp / "base.tar"
-    res = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), BASELINE_COMMIT, "nccl_net_plugin"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "-o", str(archive), BASELINE_COMMIT, "nccl_net_plugin"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if res.returncode != 0:
         print(f"scaling: no baseline build ({res.stderr.strip()[:200]})", file=sys.stderr)
         return None
     with tarfile.open(archive) as tf:
         tf.extractall(tmp, filter="data")
-    subprocess.run(["make", "-s", "-C", str(tmp / "nccl_net_plugin"), "build/libnccl-net-flowlane.so"], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        ["make", "-s", "-C", str(tmp / "nccl_net_plugin"), "build/libnccl-net-flowlane.so"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return tmp / "nccl_net_plugin" / "build" / "libnccl-net-flowlane.so"
 
 
@@ -299,21 +427,49 @@ def bench_scaling(repeats: int, quick: bool) -> dict:
         for _ in range(repeats):
             for k in counts:
                 for name, so in plugins.items():  # interleaved: both see the same machine state
-                    out = _run([str(BUILD / "fl_driver"), "--plugin", str(so), "--comms", str(k), "--bytes", "4096",
-                                "--iters", str(max(20, total // k)), "--timeout", "120", "bench-comms"],
-                               {"FLOWLANE_SOCKET_IFNAME": "lo"})
+                    out = _run(
+                        [
+                            str(BUILD / "fl_driver"),
+                            "--plugin",
+                            str(so),
+                            "--comms",
+                            str(k),
+                            "--bytes",
+                            "4096",
+                            "--iters",
+                            str(max(20, total // k)),
+                            "--timeout",
+                            "120",
+                            "bench-comms",
+                        ],
+                        {"FLOWLANE_SOCKET_IFNAME": "lo"},
+                    )
                     runs[name][str(k)].append(_json_line(out))
-    med = {name: {k: {q: statistics.median(r[q] for r in v) for q in ("msgs_per_s", "recv_us_per_call",
-                                                                     "send_us_per_call")}
-                  for k, v in d.items()} for name, d in runs.items()}
+    med = {
+        name: {
+            k: {
+                q: statistics.median(r[q] for r in v)
+                for q in ("msgs_per_s", "recv_us_per_call", "send_us_per_call")
+            }
+            for k, v in d.items()
+        }
+        for name, d in runs.items()
+    }
     fl = med["flowlane"]
     growth = fl["64"]["recv_us_per_call"] / fl["1"]["recv_us_per_call"]
-    out = {"label": "measured on CPU, loopback", "message_bytes": 4096, "in_flight_per_comm": 1,
-           "us_per_call": "wall time of the loop / plugin calls on that side (includes time the 2 shared cores ran "
-                          "other work)",
-           "baseline_commit": BASELINE_COMMIT if base else None, "runs": runs, "median": med,
-           "flowlane_call_cost_64_over_1": growth, "goal": "per-call cost at 64 comms <= 2x at 1 comm",
-           "goal_met": growth <= 2.0}
+    out = {
+        "label": "measured on CPU, loopback",
+        "message_bytes": 4096,
+        "in_flight_per_comm": 1,
+        "us_per_call": "wall time of the loop / plugin calls on that side (includes time the 2 shared cores ran "
+        "other work)",
+        "baseline_commit": BASELINE_COMMIT if base else None,
+        "runs": runs,
+        "median": med,
+        "flowlane_call_cost_64_over_1": growth,
+        "goal": "per-call cost at 64 comms <= 2x at 1 comm",
+        "goal_met": growth <= 2.0,
+    }
     if base:
         b = med["baseline"]
         out["baseline_call_cost_64_over_1"] = b["64"]["recv_us_per_call"] / b["1"]["recv_us_per_call"]
@@ -330,7 +486,9 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))  # scaling is in scaling.json (a table reads better)
     t = results.get("throughput")
     if t:
-        axes[0].bar(["plain socket", "flowlane"], [t["median_plain"], t["median_flowlane"]], color=["grey", "C0"])
+        axes[0].bar(
+            ["plain socket", "flowlane"], [t["median_plain"], t["median_flowlane"]], color=["grey", "C0"]
+        )
         axes[0].set_ylabel("GB/s (loopback)")
         axes[0].set_title(f"Throughput: flowlane/plain = {t['ratio_flowlane_over_plain']:.2f}")
     p = results.get("priority")
@@ -348,7 +506,9 @@ def plot(results: dict, path: Path) -> None:
         scs = list(m["median"])
         x = np.arange(len(scs))
         for i, sel in enumerate(SELECTORS):
-            axes[2].bar(x + (i - 1) * 0.27, [m["median"][sc][sel]["mbytes_per_s"] for sc in scs], 0.27, label=sel)
+            axes[2].bar(
+                x + (i - 1) * 0.27, [m["median"][sc][sel]["mbytes_per_s"] for sc in scs], 0.27, label=sel
+            )
         axes[2].set_xticks(x, ["200+200", "400+100", "400+100\n+on/off flow"])
         axes[2].set_ylabel("stream MB/s (median)")
         axes[2].legend()
@@ -362,8 +522,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration (medians are reported)")
     ap.add_argument("--quick", action="store_true", help="smaller transfers, for smoke runs")
-    ap.add_argument("--only", choices=["throughput", "priority", "multipath", "scaling"], action="append",
-                    help="run only these studies (repeatable); others keep their previous JSON")
+    ap.add_argument(
+        "--only",
+        choices=["throughput", "priority", "multipath", "scaling"],
+        action="append",
+        help="run only these studies (repeatable); others keep their previous JSON",
+    )
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -373,7 +537,12 @@ def main() -> int:
     t0 = time.time()
     load0 = os.getloadavg()[0]  # other work on the machine skews timings; recorded so readers can judge
     only = set(args.only or ["throughput", "priority", "multipath", "scaling"])
-    for name in ("throughput", "priority", "multipath", "scaling"):  # studies not rerun keep their last results
+    for name in (
+        "throughput",
+        "priority",
+        "multipath",
+        "scaling",
+    ):  # studies not rerun keep their last results
         if name not in only and (OUT / f"{name}.json").exists():
             results[name] = json.loads((OUT / f"{name}.json").read_text())
     if "throughput" in only:
@@ -386,19 +555,31 @@ def main() -> int:
         if "multipath" in only:
             results["multipath"] = bench_multipath(args.repeats, args.quick)
     else:
-        print("skipping priority and multi-path studies: they need root for network namespaces", file=sys.stderr)
+        print(
+            "skipping priority and multi-path studies: they need root for network namespaces", file=sys.stderr
+        )
     prov = provenance()
     for name, res in results.items():
         if name in only:
             res["provenance"] = prov
         (OUT / f"{name}.json").write_text(json.dumps(res, indent=2))
-    summary = {"label": LABEL, "seconds": time.time() - t0, "repeats": args.repeats, "quick": args.quick,
-               "load_average_1min_at_start_and_end": [load0, os.getloadavg()[0]], "cpus": os.cpu_count(),
-               "studies_run_now": sorted(only),
-               "throughput_ratio": results["throughput"]["ratio_flowlane_over_plain"]}
+    summary = {
+        "label": LABEL,
+        "seconds": time.time() - t0,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "load_average_1min_at_start_and_end": [load0, os.getloadavg()[0]],
+        "cpus": os.cpu_count(),
+        "studies_run_now": sorted(only),
+        "throughput_ratio": results["throughput"]["ratio_flowlane_over_plain"],
+    }
     if "priority" in results:
-        summary["priority_p50_ratio_on_vs_unloaded"] = results["priority"]["p50_ratio_vs_unloaded"]["loaded_priorities_on"]
-        summary["priority_p50_ratio_off_vs_unloaded"] = results["priority"]["p50_ratio_vs_unloaded"]["loaded_priorities_off"]
+        summary["priority_p50_ratio_on_vs_unloaded"] = results["priority"]["p50_ratio_vs_unloaded"][
+            "loaded_priorities_on"
+        ]
+        summary["priority_p50_ratio_off_vs_unloaded"] = results["priority"]["p50_ratio_vs_unloaded"][
+            "loaded_priorities_off"
+        ]
     if "verdict" in results.get("multipath", {}):
         summary["multipath_two_over_one"] = results["multipath"]["equal_paths_two_over_one"]
         summary["multipath_leo_vs_greedy"] = results["multipath"]["verdict"]

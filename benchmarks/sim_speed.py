@@ -28,8 +28,12 @@ from flowlane.testing.provenance import provenance
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="256,512,1024,2048,4096,8192")
-    ap.add_argument("--quantum", type=float, default=1e-4, help="event batching window (s) for the scaled runs")
-    ap.add_argument("--exact-up-to", type=int, default=8192, help="also run exact (quantum 0) up to this size")
+    ap.add_argument(
+        "--quantum", type=float, default=1e-4, help="event batching window (s) for the scaled runs"
+    )
+    ap.add_argument(
+        "--exact-up-to", type=int, default=8192, help="also run exact (quantum 0) up to this size"
+    )
     ap.add_argument("--out", default="results/sim")
     ap.add_argument("--name", default="speed", help="output file stem (NAME.json, NAME.png)")
     ap.add_argument("--before", type=Path, help="an earlier speed.json to record beside this run")
@@ -55,11 +59,21 @@ def main() -> None:
             c1 = time.process_time()
             r = Simulator(topo, SimConfig(time_quantum=q)).run(wl, make_policy("fifo"))
             sim_cpu = time.process_time() - c1
-            row = {"gpus": g, "quantum_s": q, "flows": r.num_flows, "coflows": len(r.coflow_nodes),
-                   "nodes": len(wl.nodes), "events": r.events, "rate_updates": r.rate_updates,
-                   "build_cpu_s": build_cpu, "sim_cpu_s": sim_cpu, "total_cpu_s": build_cpu + sim_cpu,
-                   "sim_wall_s": r.wall_s, "events_per_cpu_s": r.events / sim_cpu,
-                   "iteration_time_s_simulated": r.iteration_time}
+            row = {
+                "gpus": g,
+                "quantum_s": q,
+                "flows": r.num_flows,
+                "coflows": len(r.coflow_nodes),
+                "nodes": len(wl.nodes),
+                "events": r.events,
+                "rate_updates": r.rate_updates,
+                "build_cpu_s": build_cpu,
+                "sim_cpu_s": sim_cpu,
+                "total_cpu_s": build_cpu + sim_cpu,
+                "sim_wall_s": r.wall_s,
+                "events_per_cpu_s": r.events / sim_cpu,
+                "iteration_time_s_simulated": r.iteration_time,
+            }
             rows.append(row)
             con.print(row)
         del topo, wl
@@ -68,41 +82,81 @@ def main() -> None:
         rs = [r for r in rows if r["gpus"] == g]
         if rs:
             best = min(rs, key=lambda r: r["total_cpu_s"])
-            goals[str(g)] = {"limit_s": lim, "total_cpu_s": best["total_cpu_s"], "quantum_s": best["quantum_s"],
-                             "met": best["total_cpu_s"] <= lim}
+            goals[str(g)] = {
+                "limit_s": lim,
+                "total_cpu_s": best["total_cpu_s"],
+                "quantum_s": best["quantum_s"],
+                "met": best["total_cpu_s"] <= lim,
+            }
     exact_err = {}
     for g in {r["gpus"] for r in rows}:
         e = [r for r in rows if r["gpus"] == g and r["quantum_s"] == 0]
         q = [r for r in rows if r["gpus"] == g and r["quantum_s"] > 0]
         if e and q:
-            exact_err[str(g)] = abs(q[0]["iteration_time_s_simulated"] / e[0]["iteration_time_s_simulated"] - 1)
+            exact_err[str(g)] = abs(
+                q[0]["iteration_time_s_simulated"] / e[0]["iteration_time_s_simulated"] - 1
+            )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "sim_speed", "workload": "gpt3-175b (TP8 PP8 mbs8, 16 microbatches, ZeRO, 100 Gbps)",
-           "note": "iteration times are simulated; CPU seconds measured on this machine, single-threaded",
-           "provenance": env, "rows": rows, "goals": goals, "quantum_relative_error": exact_err}
+    doc = {
+        "benchmark": "sim_speed",
+        "workload": "gpt3-175b (TP8 PP8 mbs8, 16 microbatches, ZeRO, 100 Gbps)",
+        "note": "iteration times are simulated; CPU seconds measured on this machine, single-threaded",
+        "provenance": env,
+        "rows": rows,
+        "goals": goals,
+        "quantum_relative_error": exact_err,
+    }
     if before is not None:
         old = {(r["gpus"], r["quantum_s"]): r for r in before["rows"]}
         cmp = []
         for r in rows:
             o = old.get((r["gpus"], r["quantum_s"]))
             if o is not None:
-                cmp.append({"gpus": r["gpus"], "quantum_s": r["quantum_s"], "sim_cpu_s_before": o["sim_cpu_s"],
-                            "sim_cpu_s_now": r["sim_cpu_s"], "before_over_now": o["sim_cpu_s"] / r["sim_cpu_s"],
-                            "iteration_time_identical": o["iteration_time_s_simulated"] == r["iteration_time_s_simulated"],
-                            "events_identical": o["events"] == r["events"]})
-        doc["before"] = {"label": a.before_label, "file": str(a.before), "rows": before["rows"],
-                         "provenance": before.get("provenance")}
+                cmp.append(
+                    {
+                        "gpus": r["gpus"],
+                        "quantum_s": r["quantum_s"],
+                        "sim_cpu_s_before": o["sim_cpu_s"],
+                        "sim_cpu_s_now": r["sim_cpu_s"],
+                        "before_over_now": o["sim_cpu_s"] / r["sim_cpu_s"],
+                        "iteration_time_identical": o["iteration_time_s_simulated"]
+                        == r["iteration_time_s_simulated"],
+                        "events_identical": o["events"] == r["events"],
+                    }
+                )
+        doc["before"] = {
+            "label": a.before_label,
+            "file": str(a.before),
+            "rows": before["rows"],
+            "provenance": before.get("provenance"),
+        }
         doc["before_vs_now"] = cmp
         con.print({"before_vs_now": cmp})
     (out / f"{a.name}.json").write_text(json.dumps(doc, indent=1))
     tab = Table(title="flowlane.sim speed (GPT-3 175B, one iteration)")
-    for c in ("GPUs", "quantum", "flows", "events", "rate updates", "build cpu s", "sim cpu s", "events/cpu-s"):
+    for c in (
+        "GPUs",
+        "quantum",
+        "flows",
+        "events",
+        "rate updates",
+        "build cpu s",
+        "sim cpu s",
+        "events/cpu-s",
+    ):
         tab.add_column(c, justify="right")
     for r in rows:
-        tab.add_row(str(r["gpus"]), f"{r['quantum_s']:g}", f"{r['flows']:,}", f"{r['events']:,}",
-                    f"{r['rate_updates']:,}", f"{r['build_cpu_s']:.1f}", f"{r['sim_cpu_s']:.1f}",
-                    f"{r['events_per_cpu_s']:,.0f}")
+        tab.add_row(
+            str(r["gpus"]),
+            f"{r['quantum_s']:g}",
+            f"{r['flows']:,}",
+            f"{r['events']:,}",
+            f"{r['rate_updates']:,}",
+            f"{r['build_cpu_s']:.1f}",
+            f"{r['sim_cpu_s']:.1f}",
+            f"{r['events_per_cpu_s']:,.0f}",
+        )
     con.print(tab)
     con.print({"goals": goals, "quantum_relative_error": exact_err})
     import matplotlib

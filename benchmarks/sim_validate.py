@@ -114,8 +114,23 @@ def main() -> int:
     with EmulatedNetwork(n, rate_mbit=a.rate_mbit, burst_kb=32, tbf_latency_ms=100) as bed:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         try:
-            outs = bed.run_ranks([[sys.executable, __file__, "--worker", str(r), str(nbytes), str(a.reps),
-                                   "--master", bed.ips[0]] for r in range(n)], timeout_s=300, env=env)
+            outs = bed.run_ranks(
+                [
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        str(r),
+                        str(nbytes),
+                        str(a.reps),
+                        "--master",
+                        bed.ips[0],
+                    ]
+                    for r in range(n)
+                ],
+                timeout_s=300,
+                env=env,
+            )
         except RuntimeError as e:
             print(e, file=sys.stderr)
             return 1
@@ -125,19 +140,35 @@ def main() -> int:
     rows = {}
     for k, v in res.items():
         meas = statistics.median(v) - barrier  # each phase ends with one barrier
-        rows[k] = {"measured_s": meas, "measured_all_s": v, "simulated_s": sim[k],
-                   "error": abs(sim[k] - meas) / meas}
+        rows[k] = {
+            "measured_s": meas,
+            "measured_all_s": v,
+            "simulated_s": sim[k],
+            "error": abs(sim[k] - meas) / meas,
+        }
     worst = max(r["error"] for r in rows.values())
-    doc = {"benchmark": "sim_validate", "note": "measured on CPU with emulated links (netns + veth + tc tbf); "
-           "simulated with flowlane.sim on a star of the same rate (no fitted parameters)",
-           "rate_mbit": a.rate_mbit, "bytes": nbytes, "ranks": n, "reps": a.reps, "barrier_s": barrier,
-           "phases": rows, "max_error": worst, "goal": 0.15, "met": worst <= 0.15}
+    doc = {
+        "benchmark": "sim_validate",
+        "note": "measured on CPU with emulated links (netns + veth + tc tbf); "
+        "simulated with flowlane.sim on a star of the same rate (no fitted parameters)",
+        "rate_mbit": a.rate_mbit,
+        "bytes": nbytes,
+        "ranks": n,
+        "reps": a.reps,
+        "barrier_s": barrier,
+        "phases": rows,
+        "max_error": worst,
+        "goal": 0.15,
+        "met": worst <= 0.15,
+    }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "validate.json").write_text(json.dumps(doc, indent=1))
     for k, r in rows.items():
-        print(f"{k:12s} measured {r['measured_s']:.3f} s  simulated {r['simulated_s']:.3f} s  "
-              f"error {100 * r['error']:.1f} %")
+        print(
+            f"{k:12s} measured {r['measured_s']:.3f} s  simulated {r['simulated_s']:.3f} s  "
+            f"error {100 * r['error']:.1f} %"
+        )
     print(f"max error {100 * worst:.1f} % (goal <= 15 %): {'met' if worst <= 0.15 else 'MISSED'}")
     import matplotlib
 
@@ -147,8 +178,12 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     names = list(rows)
     x = range(len(names))
-    ax.bar([i - 0.2 for i in x], [rows[k]["measured_s"] for k in names], 0.4,
-           label="measured (CPU, emulated links)")
+    ax.bar(
+        [i - 0.2 for i in x],
+        [rows[k]["measured_s"] for k in names],
+        0.4,
+        label="measured (CPU, emulated links)",
+    )
     ax.bar([i + 0.2 for i in x], [rows[k]["simulated_s"] for k in names], 0.4, label="simulated")
     ax.set_xticks(list(x), names)
     ax.set_ylabel("time (s)")

@@ -60,14 +60,32 @@ def _gpt(a: argparse.Namespace, recompute: bool):
 
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
-    extra = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
-    cfg = TransformerConfig(num_layers=a.layers, hidden_size=a.hidden, num_attention_heads=a.heads,
-                            use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0,
-                            bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-                            bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-                            **extra)
-    m = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=a.vocab,
-                 max_sequence_length=a.seq)
+    extra = (
+        dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        if recompute
+        else {}
+    )
+    cfg = TransformerConfig(
+        num_layers=a.layers,
+        hidden_size=a.hidden,
+        num_attention_heads=a.heads,
+        use_cpu_initialization=True,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        **extra,
+    )
+    m = GPTModel(
+        config=cfg,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=a.vocab,
+        max_sequence_length=a.seq,
+    )
     return m.to(a.device)
 
 
@@ -88,10 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(ROOT / "results" / "ssd_offload"))
     p.add_argument("--tag", default=None)
-    p.add_argument("--compute-threads", type=int, default=None,
-                   help="torch intra-op threads for the model (default: torch's choice). On a CPU-only machine, "
-                        "leaving a core to the store/load workers is the analogue of a GPU computing while the "
-                        "host does the I/O; all three strategies use the same setting")
+    p.add_argument(
+        "--compute-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads for the model (default: torch's choice). On a CPU-only machine, "
+        "leaving a core to the store/load workers is the analogue of a GPU computing while the "
+        "host does the I/O; all three strategies use the same setting",
+    )
     a = p.parse_args(argv)
     if a.compute_threads is not None:
         if a.compute_threads < 1:
@@ -103,9 +125,18 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = tempfile.TemporaryDirectory(prefix="ssd-bench-", dir=a.dir)
     models = {"keep": _gpt(a, False), "offload": _gpt(a, False), "recompute": _gpt(a, True)}
-    handle = install(models["offload"], OffloadConfig(
-        backend=a.backend, dirs=(tmp.name,), min_bytes=a.min_bytes, keep_last_k=a.keep_last_k,
-        offload_cpu_tensors=True, o_direct=a.o_direct), schedule_hints=False)
+    handle = install(
+        models["offload"],
+        OffloadConfig(
+            backend=a.backend,
+            dirs=(tmp.name,),
+            min_bytes=a.min_bytes,
+            keep_last_k=a.keep_last_k,
+            offload_cpu_tensors=True,
+            o_direct=a.o_direct,
+        ),
+        schedule_hints=False,
+    )
     cache = handle.cache
     cache.deactivate()
     backend_info = cache.backend.describe()
@@ -113,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(1)
     tok = torch.randint(0, a.vocab, (a.micro_batch, a.seq), generator=g).to(a.device)
     pos = torch.arange(a.seq, device=a.device).unsqueeze(0).expand(a.micro_batch, a.seq)
-    mask = torch.tril(torch.ones(a.seq, a.seq, dtype=torch.bool, device=a.device)).logical_not().view(
-        1, 1, a.seq, a.seq)
+    mask = (
+        torch.tril(torch.ones(a.seq, a.seq, dtype=torch.bool, device=a.device))
+        .logical_not()
+        .view(1, 1, a.seq, a.seq)
+    )
 
     cpu_times: dict[str, list[float]] = {n: [] for n in models}
 
@@ -160,21 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     step("offload")
     s = cache.stats_snapshot()
     peaks["offload"] = s.peak_resident_all_bytes
-    grads_equal = all(torch.equal(x.grad, y.grad) for x, y in zip(models["keep"].parameters(),
-                                                                     models["offload"].parameters(), strict=True))
+    grads_equal = all(
+        torch.equal(x.grad, y.grad)
+        for x, y in zip(models["keep"].parameters(), models["offload"].parameters(), strict=True)
+    )
     handle.close()
     tmp.cleanup()
 
     med = {n: statistics.median(v) for n, v in times.items()}
     best = {n: min(v) for n, v in times.items()}  # least disturbed by other processes on a shared machine
-    cpu = {n: statistics.median(v[1:1 + a.steps]) for n, v in cpu_times.items()}  # process CPU s (all threads)
-    per_layer = activation_bytes_per_layer(LayerShape(a.seq, a.micro_batch, a.hidden, a.heads, dropout=False,
-                                                      elem_bytes=4))
+    cpu = {
+        n: statistics.median(v[1 : 1 + a.steps]) for n, v in cpu_times.items()
+    }  # process CPU s (all threads)
+    per_layer = activation_bytes_per_layer(
+        LayerShape(a.seq, a.micro_batch, a.hidden, a.heads, dropout=False, elem_bytes=4)
+    )
     bytes_per_step = (w1.bytes_written - w0.bytes_written) / a.steps
     result = {
         "what": "keep vs SSD offload vs Megatron full recompute, tiny Megatron-core GPT",
         "measured_on": f"{a.device} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores); "
-                       "peak = logical residency of saved-activation storages (digest A6), not allocator peak",
+        "peak = logical residency of saved-activation storages (digest A6), not allocator peak",
         "load_average_1m": os.getloadavg()[0],
         "config": vars(a) | {"backend_info": backend_info, "torch_threads": torch.get_num_threads()},
         "step_time_s_median": med,
@@ -197,20 +236,36 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_written_per_step": bytes_per_step,
             "formula_bytes_per_step": (a.layers - a.keep_last_k) * per_layer,
             "expected_peak_reduction_in_layers": 1 - (a.keep_last_k + 1) / a.layers,
-            "forwards": w1.forwards - w0.forwards, "cancellations": w1.cancellations - w0.cancellations,
-            "sync_loads": w1.sync_loads - w0.sync_loads, "dedup_hits_per_step": (w1.dedup_hits - w0.dedup_hits)
-            / a.steps, "grads_bitwise_equal_to_keep": grads_equal,
+            "forwards": w1.forwards - w0.forwards,
+            "cancellations": w1.cancellations - w0.cancellations,
+            "sync_loads": w1.sync_loads - w0.sync_loads,
+            "dedup_hits_per_step": (w1.dedup_hits - w0.dedup_hits) / a.steps,
+            "grads_bitwise_equal_to_keep": grads_equal,
         },
-        "goal": {"peak_reduction_ge_50pct": 1 - peaks["offload"] / peaks["keep"] >= 0.5,
-                 "overhead_le_3pct": med["offload"] / med["keep"] - 1 <= 0.03},
+        "goal": {
+            "peak_reduction_ge_50pct": 1 - peaks["offload"] / peaks["keep"] >= 0.5,
+            "overhead_le_3pct": med["offload"] / med["keep"] - 1 <= 0.03,
+        },
     }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = a.tag or f"{a.device}_{a.backend}_L{a.layers}"
     (out / f"bench_{tag}.json").write_text(json.dumps(result, indent=2))
     _plot(result, out / f"bench_{tag}.png")
-    print(json.dumps({"step_time_s_median": med, "step_time_s_min": best, "cpu_s": cpu, "peak_MiB": {k: v / 2**20 for k, v in peaks.items()},
-                      "ratios": result["ratios"], "goal": result["goal"], "offload": result["offload"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "step_time_s_median": med,
+                "step_time_s_min": best,
+                "cpu_s": cpu,
+                "peak_MiB": {k: v / 2**20 for k, v in peaks.items()},
+                "ratios": result["ratios"],
+                "goal": result["goal"],
+                "offload": result["offload"],
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -235,8 +290,11 @@ def _plot(r: dict, path: Path) -> None:
         for i, v in enumerate(vals):
             axis.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
     c = r["config"]
-    fig.suptitle(f"SSDTrain on {c['device']}: {c['layers']} layers, h={c['hidden']}, s={c['seq']}, "
-                 f"b={c['micro_batch']}, backend={c['backend']} (measured, logical residency)", fontsize=9)
+    fig.suptitle(
+        f"SSDTrain on {c['device']}: {c['layers']} layers, h={c['hidden']}, s={c['seq']}, "
+        f"b={c['micro_batch']}, backend={c['backend']} (measured, logical residency)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -57,7 +57,9 @@ def worker(rank: int, world: int, sizes_mb: list[float], reps: int, store_path: 
         for k in KS:
             if k > n:
                 continue
-            plan = SyndicatePlan.fifo([PlanOp("ar", "all_reduce", n, "float32", world, Option("F", "ring", k))], 1)
+            plan = SyndicatePlan.fifo(
+                [PlanOp("ar", "all_reduce", n, "float32", world, Option("F", "ring", k))], 1
+            )
             enf.install(plan, verify=False)
             got = base.clone()
 
@@ -72,11 +74,21 @@ def worker(rank: int, world: int, sizes_mb: list[float], reps: int, store_path: 
         x = torch.randn(n, generator=torch.Generator().manual_seed(10 + rank))
         ref_a = torch.empty_like(x)
         dist.all_to_all_single(ref_a, x)
-        arow = {"mb": mb, "plain_s": timed(lambda x=x: dist.all_to_all_single(torch.empty_like(x), x)), "cuts": {}}
-        for label, opt in (("S1", Option("F", "direct")), ("S4", Option("F", "direct", 4)),
-                           ("S16", Option("F", "direct", 16)), (f"P{world}", Option("F", "direct", 1, world)),
-                           (f"S4P{world}", Option("F", "direct", 4, world))):
-            enf.install(SyndicatePlan.fifo([PlanOp("a2a", "all_to_all", n, "float32", world, opt)], 1), verify=False)
+        arow = {
+            "mb": mb,
+            "plain_s": timed(lambda x=x: dist.all_to_all_single(torch.empty_like(x), x)),
+            "cuts": {},
+        }
+        for label, opt in (
+            ("S1", Option("F", "direct")),
+            ("S4", Option("F", "direct", 4)),
+            ("S16", Option("F", "direct", 16)),
+            (f"P{world}", Option("F", "direct", 1, world)),
+            (f"S4P{world}", Option("F", "direct", 4, world)),
+        ):
+            enf.install(
+                SyndicatePlan.fifo([PlanOp("a2a", "all_to_all", n, "float32", world, opt)], 1), verify=False
+            )
             got = torch.empty_like(x)
 
             def run_a(got=got, x=x) -> None:
@@ -110,21 +122,32 @@ def main() -> int:
             wire = 2 * (world - 1) / world * row["numel"] * 4
             for k, t in row["k"].items():
                 samples.append((int(k), 2 * (world - 1), wire, t))
-        print(f"world {world}: equal={r0['equal_all_ranks']}",
-              {row["mb"]: {k: round(v * 1e3, 2) for k, v in row["k"].items()} for row in r0["all_reduce"]}, flush=True)
+        print(
+            f"world {world}: equal={r0['equal_all_ranks']}",
+            {row["mb"]: {k: round(v * 1e3, 2) for k, v in row["k"].items()} for row in r0["all_reduce"]},
+            flush=True,
+        )
     fit = fit_path_cost(samples)
     min_motif = {}
     for world in a.worlds:
         fixed = fit.delta + fit.alpha * 2 * (world - 1)
         per_byte = fit.beta * 2 * (world - 1) / world
         min_motif[world] = 9 * fixed / per_byte if per_byte > 0 else None  # fixed part = 10 % of the motif
-    doc = {"label": "measured (gloo, loopback, this host's CPUs; no emulated links)",
-           "runs": {str(w): r for w, r in runs.items()},
-           "fit": {"alpha_s": fit.alpha, "beta_s_per_byte": fit.beta, "delta_s": fit.delta,
-                   "bandwidth_GBps": 1 / fit.beta / 1e9 if fit.beta else None},
-           "min_useful_motif_bytes": {str(w): v for w, v in min_motif.items()},
-           "enforcer_overhead_k1_vs_plain": {str(w): {str(row["mb"]): row["k"][1] / row["plain_s"] - 1
-                                                      for row in r["all_reduce"]} for w, r in runs.items()}}
+    doc = {
+        "label": "measured (gloo, loopback, this host's CPUs; no emulated links)",
+        "runs": {str(w): r for w, r in runs.items()},
+        "fit": {
+            "alpha_s": fit.alpha,
+            "beta_s_per_byte": fit.beta,
+            "delta_s": fit.delta,
+            "bandwidth_GBps": 1 / fit.beta / 1e9 if fit.beta else None,
+        },
+        "min_useful_motif_bytes": {str(w): v for w, v in min_motif.items()},
+        "enforcer_overhead_k1_vs_plain": {
+            str(w): {str(row["mb"]): row["k"][1] / row["plain_s"] - 1 for row in r["all_reduce"]}
+            for w, r in runs.items()
+        },
+    }
     print("fit:", doc["fit"], "min useful motif bytes:", doc["min_useful_motif_bytes"])
     print("wrote", write_result(a.out, doc))
     return 0

@@ -29,22 +29,37 @@ def main() -> int:
     a = ap.parse_args()
     rows = []
     for gpus in a.gpus:
-        for name, (dag, cost) in (("linear-chain", linear_chain(ranks=gpus)), ("gpt3-13b-dp", llm_dp_chain("gpt3-13b", gpus))):
+        for name, (dag, cost) in (
+            ("linear-chain", linear_chain(ranks=gpus)),
+            ("gpt3-13b-dp", llm_dp_chain("gpt3-13b", gpus)),
+        ):
             greedy = dag.greedy_plan(cost)
             fifo = opt_sched(dag, greedy, cost, order="fifo")
             best = mcmc_search(dag, cost, SearchConfig(seed=0, time_budget_s=a.budget_s))
-            row = {"workload": name, "gpus": gpus,
-                   "optsched_ms": {"fifo_greedy": fifo.per_iteration * 1e3, "joint": best.cost * 1e3},
-                   "flow_level_ms": {"fifo_greedy": simulate(dag, greedy, fifo, cost) * 1e3,
-                                     "joint": simulate(dag, best.plan, best.schedule, cost) * 1e3},
-                   "joint_plan": {k: v.label() for k, v in best.plan.items()}}
+            row = {
+                "workload": name,
+                "gpus": gpus,
+                "optsched_ms": {"fifo_greedy": fifo.per_iteration * 1e3, "joint": best.cost * 1e3},
+                "flow_level_ms": {
+                    "fifo_greedy": simulate(dag, greedy, fifo, cost) * 1e3,
+                    "joint": simulate(dag, best.plan, best.schedule, cost) * 1e3,
+                },
+                "joint_plan": {k: v.label() for k, v in best.plan.items()},
+            }
             row["flow_level_speedup"] = row["flow_level_ms"]["fifo_greedy"] / row["flow_level_ms"]["joint"]
             row["optsched_speedup"] = row["optsched_ms"]["fifo_greedy"] / row["optsched_ms"]["joint"]
             rows.append(row)
-            print(name, gpus, {k: round(v, 3) for k, v in row["optsched_ms"].items()},
-                  {k: round(v, 3) for k, v in row["flow_level_ms"].items()}, flush=True)
-    doc = {"label": "simulated (optSched cost model and flowlane.sim flow-level engine; assumed path parameters)",
-           "rows": rows}
+            print(
+                name,
+                gpus,
+                {k: round(v, 3) for k, v in row["optsched_ms"].items()},
+                {k: round(v, 3) for k, v in row["flow_level_ms"].items()},
+                flush=True,
+            )
+    doc = {
+        "label": "simulated (optSched cost model and flowlane.sim flow-level engine; assumed path parameters)",
+        "rows": rows,
+    }
     print("wrote", write_result(a.out, doc))
     return 0
 

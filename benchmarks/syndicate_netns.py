@@ -51,8 +51,10 @@ A2A_MB = 4.0
 
 
 def build(world: int, fast_mbit: float, slow_mbit: float) -> tuple[TrainingDAG, CostModel]:
-    cost = CostModel({"F": PathCost(2e-3, 8 / (fast_mbit * 1e6)), "S": PathCost(2e-3, 8 / (slow_mbit * 1e6))},
-                     allowed={"all_reduce": ("F",)})
+    cost = CostModel(
+        {"F": PathCost(2e-3, 8 / (fast_mbit * 1e6)), "S": PathCost(2e-3, 8 / (slow_mbit * 1e6))},
+        allowed={"all_reduce": ("F",)},
+    )
     mb = 1 << 20
     steps: list = [Compute("start", 0.0)]
     for name, size in zip("bcd", AR_MB, strict=True):
@@ -73,21 +75,39 @@ def plan_from(world: int, cal: dict[str, float]) -> tuple:
     ops = {c.name: c.op for c in dag.comms}
     wire_a = ops["a"].nbytes * (world - 1) / world
     wire_bcd = sum(2 * (world - 1) / world * ops[n].nbytes for n in "bcd")
-    cost = CostModel({"F": PathCost(0.0, cal["bcd_on_F"] / wire_bcd), "S": PathCost(0.0, cal["a_on_S"] / wire_a)},
-                     allowed={"all_reduce": ("F",)},
-                     per_kind={"all_to_all": {"F": PathCost(0.0, cal["a_on_F"] / wire_a),
-                                              "S": PathCost(0.0, cal["a_on_S"] / wire_a)}})
+    cost = CostModel(
+        {"F": PathCost(0.0, cal["bcd_on_F"] / wire_bcd), "S": PathCost(0.0, cal["a_on_S"] / wire_a)},
+        allowed={"all_reduce": ("F",)},
+        per_kind={
+            "all_to_all": {
+                "F": PathCost(0.0, cal["a_on_F"] / wire_a),
+                "S": PathCost(0.0, cal["a_on_S"] / wire_a),
+            }
+        },
+    )
     greedy = dag.greedy_plan(cost)
     fifo_s = opt_sched(dag, greedy, cost, order="fifo")
     best = mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=200, time_budget_s=60))
 
     def plan_ops(plan: dict) -> list:
-        return [PlanOp(c.name, c.op.kind, c.op.nbytes // 4, "float32", world, plan[c.name]) for c in dag.comms]
+        return [
+            PlanOp(c.name, c.op.kind, c.op.nbytes // 4, "float32", world, plan[c.name]) for c in dag.comms
+        ]
 
-    plans = {"fifo": SyndicatePlan.from_schedule(plan_ops(greedy), fifo_s.order(), version=1),
-             "joint": SyndicatePlan.from_schedule(plan_ops(best.plan), best.schedule.order(), version=2)}
-    return dag, cost, plans, {"fifo": fifo_s.per_iteration, "joint": best.cost,
-                              "model_a_on_F": cost.standalone(ops["a"], Option("F", "direct"))}
+    plans = {
+        "fifo": SyndicatePlan.from_schedule(plan_ops(greedy), fifo_s.order(), version=1),
+        "joint": SyndicatePlan.from_schedule(plan_ops(best.plan), best.schedule.order(), version=2),
+    }
+    return (
+        dag,
+        cost,
+        plans,
+        {
+            "fifo": fifo_s.per_iteration,
+            "joint": best.cost,
+            "model_a_on_F": cost.standalone(ops["a"], Option("F", "direct")),
+        },
+    )
 
 
 # -- rank side -------------------------------------------------------------------------------------------------------
@@ -99,10 +119,16 @@ def worker(rank: int, world: int, master: str, spec_path: str, out_path: str, st
 
     from flowlane.sched.groups import build_class_groups
     from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig
+
     torch.set_num_threads(1)
     spec = json.loads(Path(spec_path).read_text())
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{PORT}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=240))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master}:{PORT}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=240),
+    )
     cg = build_class_groups([list(range(world))], gloo_class_ifnames="eth0,bulk0")
     clones = cg.groups[tuple(range(world))]
     paths = {"F": clones[0], "S": clones[1]}
@@ -113,11 +139,17 @@ def worker(rank: int, world: int, master: str, spec_path: str, out_path: str, st
     inputs = {n: torch.randn(op.nbytes // 4, generator=g) for n, op in ops.items()}
     # 1. calibrate: each op alone on each path it may use (plain gloo calls), slowest rank's median
     solo: dict[str, float] = {}
-    for name, fn in (("a_on_F", lambda: dist.all_to_all_single(torch.empty_like(inputs["a"]), inputs["a"],
-                                                               group=paths["F"])),
-                     ("a_on_S", lambda: dist.all_to_all_single(torch.empty_like(inputs["a"]), inputs["a"],
-                                                               group=paths["S"])),
-                     ("bcd_on_F", lambda: [dist.all_reduce(inputs[n].clone(), group=paths["F"]) for n in "bcd"])):
+    for name, fn in (
+        (
+            "a_on_F",
+            lambda: dist.all_to_all_single(torch.empty_like(inputs["a"]), inputs["a"], group=paths["F"]),
+        ),
+        (
+            "a_on_S",
+            lambda: dist.all_to_all_single(torch.empty_like(inputs["a"]), inputs["a"], group=paths["S"]),
+        ),
+        ("bcd_on_F", lambda: [dist.all_reduce(inputs[n].clone(), group=paths["F"]) for n in "bcd"]),
+    ):
         fn()  # connections
         ts = []
         for _ in range(3):
@@ -159,17 +191,26 @@ def worker(rank: int, world: int, master: str, spec_path: str, out_path: str, st
     same = all(torch.equal(x, y) for x, y in zip(res["fifo"], res["joint"], strict=True))
     times: dict[str, list[float]] = {k: [] for k in plans}
     for rep in range(spec["reps"]):
-        for k in (("fifo", "joint") if rep % 2 == 0 else ("joint", "fifo")):
+        for k in ("fifo", "joint") if rep % 2 == 0 else ("joint", "fifo"):
             dist.barrier()
             t0 = time.perf_counter()
             iteration(k)
             dist.barrier()
             times[k].append(time.perf_counter() - t0)
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "times": times, "same": same, "solo": solo, "calibrated": cal,
-                                      "predicted": predicted, "plans": {k: {o.name: o.option.label() for o in p.ops}
-                                                                        for k, p in plans.items()},
-                                      "held_s": {k: e.held_s for k, e in enfs.items()}})
+    dist.all_gather_object(
+        gathered,
+        {
+            "rank": rank,
+            "times": times,
+            "same": same,
+            "solo": solo,
+            "calibrated": cal,
+            "predicted": predicted,
+            "plans": {k: {o.name: o.option.label() for o in p.ops} for k, p in plans.items()},
+            "held_s": {k: e.held_s for k, e in enfs.items()},
+        },
+    )
     if rank == 0:
         Path(out_path).write_text(json.dumps(gathered))
     dist.barrier()
@@ -196,20 +237,49 @@ def main() -> int:
 
     check_available()
     world = a.ranks
-    doc: dict = {"label": "measured on CPU with emulated links (netns + tc), gloo", "ranks": world,
-                 "fast_mbit": a.fast_mbit, "slow_mbit": a.slow_mbit, "ar_mb": AR_MB, "a2a_mb": A2A_MB,
-                 "goal_speedup": 1.15}
+    doc: dict = {
+        "label": "measured on CPU with emulated links (netns + tc), gloo",
+        "ranks": world,
+        "fast_mbit": a.fast_mbit,
+        "slow_mbit": a.slow_mbit,
+        "ar_mb": AR_MB,
+        "a2a_mb": A2A_MB,
+        "goal_speedup": 1.15,
+    }
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fl_syn_netns") as tmp:
         spec, res = os.path.join(tmp, "spec.json"), os.path.join(tmp, "res.json")
         Path(spec).write_text(json.dumps({"reps": a.reps}))
-        with contextlib.ExitStack() as stack, EmulatedNetwork(world, rate_mbit=a.fast_mbit, bulk_subnet="10.214.9.0/24",
-                                                              bulk_lane_mbit=a.slow_mbit) as net:
+        with (
+            contextlib.ExitStack() as stack,
+            EmulatedNetwork(
+                world, rate_mbit=a.fast_mbit, bulk_subnet="10.214.9.0/24", bulk_lane_mbit=a.slow_mbit
+            ) as net,
+        ):
             env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
             logs = [stack.enter_context(open(os.path.join(tmp, f"rank{r}.log"), "w+")) for r in range(world)]
-            procs = [net.popen(r, [sys.executable, "-m", "benchmarks.syndicate_netns", "--worker", str(r), str(world),
-                                   net.ips[0], spec, res, os.path.join(tmp, "store")], env=net.env(r, env),
-                               cwd=str(REPO), stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
+            procs = [
+                net.popen(
+                    r,
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.syndicate_netns",
+                        "--worker",
+                        str(r),
+                        str(world),
+                        net.ips[0],
+                        spec,
+                        res,
+                        os.path.join(tmp, "store"),
+                    ],
+                    env=net.env(r, env),
+                    cwd=str(REPO),
+                    stdout=logs[r],
+                    stderr=subprocess.STDOUT,
+                )
+                for r in range(world)
+            ]
             deadline = time.monotonic() + a.timeout
             failed = False
             for p in procs:
@@ -227,21 +297,34 @@ def main() -> int:
                 f.seek(0)
                 errs.append(f.read())
         if failed or any(p.returncode for p in procs):
-            detail = "\n".join(f"--- rank {r} (rc {procs[r].returncode}):\n{errs[r][-2000:]}" for r in range(world))
+            detail = "\n".join(
+                f"--- rank {r} (rc {procs[r].returncode}):\n{errs[r][-2000:]}" for r in range(world)
+            )
             raise RuntimeError(f"E7 ranks failed or timed out\n{detail}")
         ranks = sorted(json.loads(Path(res).read_text()), key=lambda r: r["rank"])
     plans = ("fifo", "joint")
     meas = {k: [max(r["times"][k][i] for r in ranks) for i in range(a.reps)] for k in plans}
     med = {k: statistics.median(v) for k, v in meas.items()}
     pred = ranks[0]["predicted"]
-    doc.update({"calibrated_solo_s": ranks[0]["calibrated"], "plans": ranks[0]["plans"], "predicted_s": pred,
-                "predicted_speedup": pred["fifo"] / pred["joint"], "measured_s": meas, "measured_median_s": med,
-                "measured_speedup": med["fifo"] / med["joint"],
-                "measured_over_predicted": {k: med[k] / pred[k] for k in plans},
-                "outputs_bitwise_equal_fifo_vs_joint": all(r["same"] for r in ranks),
-                "held_s": [r["held_s"] for r in ranks], "wall_s": time.perf_counter() - t_start})
-    print(f"measured fifo {med['fifo']:.3f} s, joint {med['joint']:.3f} s -> {doc['measured_speedup']:.2f}x "
-          f"(predicted {doc['predicted_speedup']:.2f}x); equal outputs {doc['outputs_bitwise_equal_fifo_vs_joint']}")
+    doc.update(
+        {
+            "calibrated_solo_s": ranks[0]["calibrated"],
+            "plans": ranks[0]["plans"],
+            "predicted_s": pred,
+            "predicted_speedup": pred["fifo"] / pred["joint"],
+            "measured_s": meas,
+            "measured_median_s": med,
+            "measured_speedup": med["fifo"] / med["joint"],
+            "measured_over_predicted": {k: med[k] / pred[k] for k in plans},
+            "outputs_bitwise_equal_fifo_vs_joint": all(r["same"] for r in ranks),
+            "held_s": [r["held_s"] for r in ranks],
+            "wall_s": time.perf_counter() - t_start,
+        }
+    )
+    print(
+        f"measured fifo {med['fifo']:.3f} s, joint {med['joint']:.3f} s -> {doc['measured_speedup']:.2f}x "
+        f"(predicted {doc['predicted_speedup']:.2f}x); equal outputs {doc['outputs_bitwise_equal_fifo_vs_joint']}"
+    )
     print("wrote", write_result(a.out, doc))
     return 0
 

@@ -33,12 +33,29 @@ def e1() -> dict:
         greedy = opt_sched(dag, dag.greedy_plan(cost), cost, order="fifo").per_iteration
         best = mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=200, time_budget_s=60))
         closed_joint = min(t_b + t_c + t_d + t_af, max(t_as, t_b + t_c + t_d))
-        rows.append({"t_a_slow": t_as, "greedy_fifo": greedy, "joint": best.cost, "closed_form_joint": closed_joint,
-                     "a_path": best.plan["a"].path, "joint_wins": best.cost < greedy - 1e-9,
-                     "closed_form_says_wins": t_as < t_af + t_b + t_c + t_d})
-    return {"label": "simulated (our own durations, units)", "t_b": t_b, "t_c": t_c, "t_d": t_d, "t_a_fast": t_af,
-            "rows": rows, "all_match": all(r["joint_wins"] == r["closed_form_says_wins"] and
-                                           abs(r["joint"] - r["closed_form_joint"]) < 1e-9 for r in rows)}
+        rows.append(
+            {
+                "t_a_slow": t_as,
+                "greedy_fifo": greedy,
+                "joint": best.cost,
+                "closed_form_joint": closed_joint,
+                "a_path": best.plan["a"].path,
+                "joint_wins": best.cost < greedy - 1e-9,
+                "closed_form_says_wins": t_as < t_af + t_b + t_c + t_d,
+            }
+        )
+    return {
+        "label": "simulated (our own durations, units)",
+        "t_b": t_b,
+        "t_c": t_c,
+        "t_d": t_d,
+        "t_a_fast": t_af,
+        "rows": rows,
+        "all_match": all(
+            r["joint_wins"] == r["closed_form_says_wins"] and abs(r["joint"] - r["closed_form_joint"]) < 1e-9
+            for r in rows
+        ),
+    }
 
 
 def _plan_labels(res) -> dict:
@@ -50,24 +67,41 @@ def e2(budget: float) -> dict:
     t0 = time.perf_counter()
     res = ablation(dag, cost, HAND, seed=0, time_budget_s=budget)
     base = res["fifo_greedy"].cost
-    systems = {k: {"iteration_ms": r.cost * 1e3, "speedup_vs_fifo_greedy": base / r.cost,
-                   "compute_idle": r.schedule.compute_idle(), "plan": _plan_labels(r), "boosts": r.boosts,
-                   "search_iters": r.iters, "search_s": r.elapsed_s, "stopped_by": r.stopped_by}
-               for k, r in res.items()}
+    systems = {
+        k: {
+            "iteration_ms": r.cost * 1e3,
+            "speedup_vs_fifo_greedy": base / r.cost,
+            "compute_idle": r.schedule.compute_idle(),
+            "plan": _plan_labels(r),
+            "boosts": r.boosts,
+            "search_iters": r.iters,
+            "search_s": r.elapsed_s,
+            "stopped_by": r.stopped_by,
+        }
+        for k, r in res.items()
+    }
     order = sorted(SYSTEMS, key=lambda k: res[k].cost)
-    return {"label": "simulated (assumed alpha/beta/delta/incast; workloads.DLRMSpec)", "systems": systems,
-            "fastest_first": order, "goal_joint_speedup": 1.3, "joint_speedup": base / res["joint"].cost,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "label": "simulated (assumed alpha/beta/delta/incast; workloads.DLRMSpec)",
+        "systems": systems,
+        "fastest_first": order,
+        "goal_joint_speedup": 1.3,
+        "joint_speedup": base / res["joint"].cost,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def e3(budget: float) -> dict:
     dag, cost = linear_chain()
     res = ablation(dag, cost, {}, seed=0, time_budget_s=budget)
     base = res["bs_lifo_seg"].cost
-    return {"label": "simulated; one path, DP chain", "iteration_ms": {k: r.cost * 1e3 for k, r in res.items()},
-            "joint_vs_bs_lifo_seg": base / res["joint"].cost,
-            "note": "the model charges delta per motif to every system alike; the enforcer's own cost is measured in "
-                    "results/syndicate/delta_gloo.json (held/launch overhead)"}
+    return {
+        "label": "simulated; one path, DP chain",
+        "iteration_ms": {k: r.cost * 1e3 for k, r in res.items()},
+        "joint_vs_bs_lifo_seg": base / res["joint"].cost,
+        "note": "the model charges delta per motif to every system alike; the enforcer's own cost is measured in "
+        "results/syndicate/delta_gloo.json (held/launch overhead)",
+    }
 
 
 def search_quality(budget: float, skip_exhaustive: bool) -> dict:
@@ -76,19 +110,38 @@ def search_quality(budget: float, skip_exhaustive: bool) -> dict:
         dag, cost = random_dag(seed, comms=c, options=3)
         ex = exhaustive(dag, cost, search_plan=True, search_order=True, boost_levels=2)
         mc = mcmc_search(dag, cost, SearchConfig(seed=seed, time_budget_s=budget, boost_levels=2))
-        out["random_dags"].append({"comm_ops": c, "states": ex.evaluations, "exhaustive_s": ex.elapsed_s,
-                                   "exhaustive_cost": ex.cost, "mcmc_cost": mc.cost, "mcmc_s": mc.elapsed_s,
-                                   "mcmc_iters": mc.iters, "gap": mc.cost / ex.cost - 1, "stopped_by": mc.stopped_by})
+        out["random_dags"].append(
+            {
+                "comm_ops": c,
+                "states": ex.evaluations,
+                "exhaustive_s": ex.elapsed_s,
+                "exhaustive_cost": ex.cost,
+                "mcmc_cost": mc.cost,
+                "mcmc_s": mc.elapsed_s,
+                "mcmc_iters": mc.iters,
+                "gap": mc.cost / ex.cost - 1,
+                "stopped_by": mc.stopped_by,
+            }
+        )
     dag, cost = dlrm_dag()
     mc = mcmc_search(dag, cost, SearchConfig(seed=0, time_budget_s=budget))
-    e2q = {"mcmc_cost": mc.cost, "mcmc_s": mc.elapsed_s, "mcmc_iters": mc.iters, "stopped_by": mc.stopped_by,
-           "plan_space": space_size(dag)}
+    e2q = {
+        "mcmc_cost": mc.cost,
+        "mcmc_s": mc.elapsed_s,
+        "mcmc_iters": mc.iters,
+        "stopped_by": mc.stopped_by,
+        "plan_space": space_size(dag),
+    }
     if not skip_exhaustive:
         ex = exhaustive(dag, cost, search_plan=True, search_order=False)
-        e2q.update(exhaustive_plans_cost=ex.cost, exhaustive_s=ex.elapsed_s, states=ex.evaluations,
-                   gap_vs_exhaustive_plans=mc.cost / ex.cost - 1,
-                   note="exhaustive over every plan with the plain critical-path order (boosts not enumerated: "
-                        f"{space_size(dag, True, True)} states); MCMC also searches boosts, so a negative gap is possible")
+        e2q.update(
+            exhaustive_plans_cost=ex.cost,
+            exhaustive_s=ex.elapsed_s,
+            states=ex.evaluations,
+            gap_vs_exhaustive_plans=mc.cost / ex.cost - 1,
+            note="exhaustive over every plan with the plain critical-path order (boosts not enumerated: "
+            f"{space_size(dag, True, True)} states); MCMC also searches boosts, so a negative gap is possible",
+        )
     out["dlrm_e2"] = e2q
     return out
 
@@ -96,14 +149,19 @@ def search_quality(budget: float, skip_exhaustive: bool) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-s", type=float, default=10.0, help="MCMC time budget per search (default 10)")
-    ap.add_argument("--skip-exhaustive", action="store_true", help="skip the exhaustive E2 plan search (minutes)")
+    ap.add_argument(
+        "--skip-exhaustive", action="store_true", help="skip the exhaustive E2 plan search (minutes)"
+    )
     ap.add_argument("--out", default="results/syndicate/sim.json")
     a = ap.parse_args()
     doc = {"e1_two_path_toy": e1()}
     print("E1 closed form matched:", doc["e1_two_path_toy"]["all_match"], flush=True)
     doc["e2_dlrm_ablation"] = e2(a.budget_s)
-    print("E2:", {k: round(v["speedup_vs_fifo_greedy"], 3) for k, v in doc["e2_dlrm_ablation"]["systems"].items()},
-          flush=True)
+    print(
+        "E2:",
+        {k: round(v["speedup_vs_fifo_greedy"], 3) for k, v in doc["e2_dlrm_ablation"]["systems"].items()},
+        flush=True,
+    )
     doc["e3_linear_chain"] = e3(a.budget_s)
     print("E3 joint vs BS+:", round(doc["e3_linear_chain"]["joint_vs_bs_lifo_seg"], 4), flush=True)
     doc["search"] = search_quality(a.budget_s, a.skip_exhaustive)

@@ -51,17 +51,25 @@ class AlephDeepSpeed:
 
         cdb = dscomm.cdb
         if cdb is None:
-            raise RuntimeError("deepspeed.comm is not initialised: call deepspeed.initialize before ALEPH's install")
+            raise RuntimeError(
+                "deepspeed.comm is not initialised: call deepspeed.initialize before ALEPH's install"
+            )
         stage = engine.zero_optimization_stage()
         if stage != 0:
-            raise ValueError(f"flowlane.aleph on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
-                             f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions")
+            raise ValueError(
+                f"flowlane.aleph on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
+                f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions"
+            )
         if isinstance(engine, PipelineEngine):
-            raise ValueError("flowlane.aleph on DeepSpeed does not support PipelineEngine yet (its DP group is the "
-                             "pipeline grid's); use a plain engine or torch DDP with flowlane.aleph.hook")
+            raise ValueError(
+                "flowlane.aleph on DeepSpeed does not support PipelineEngine yet (its DP group is the "
+                "pipeline grid's); use a plain engine or torch DDP with flowlane.aleph.hook"
+            )
         if getattr(cdb, "_flowlane_tap", None) is not None or "all_reduce" in vars(cdb):
-            raise RuntimeError("deepspeed.comm's all_reduce is already wrapped (a Hermod tap or another ALEPH "
-                               "install); close it first: the two cannot share the DP all-reduce")
+            raise RuntimeError(
+                "deepspeed.comm's all_reduce is already wrapped (a Hermod tap or another ALEPH "
+                "install); close it first: the two cannot share the DP all-reduce"
+            )
         dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
         self.ranks = tuple(dist.get_process_group_ranks(dp_group))
         self.har = HierarchicalAllReduce(plan, dp_group, top)
@@ -69,7 +77,9 @@ class AlephDeepSpeed:
         original = cdb.all_reduce
         world = tuple(range(dist.get_world_size()))
 
-        def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
+        def all_reduce(
+            tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
+        ) -> Any:
             ranks = world if group is None else tuple(dist.get_process_group_ranks(group))
             if ranks == self.ranks and _is_sum(op) and tensor.is_contiguous():
                 self.calls += 1
@@ -101,15 +111,19 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
     rest = {k: v for k, v in section.items() if k not in SECTION_KEYS}
     ignored = sorted(k for k in NOT_APPLIED if k in rest)
     if ignored:
-        raise ValueError(f"flowlane.aleph: {ignored} would have no effect on DeepSpeed: the plan is fixed at install "
-                         "(re-planning is not wired into this adapter); remove them")
+        raise ValueError(
+            f"flowlane.aleph: {ignored} would have no effect on DeepSpeed: the plan is fixed at install "
+            "(re-planning is not wired into this adapter); remove them"
+        )
     try:
         cfg = AlephConfig.from_dict(rest)
     except ValueError as e:
         raise ValueError(f"flowlane.aleph: {e} (section keys also allowed: {list(SECTION_KEYS)})") from None
     if ("bandwidth_gbps" in own) == ("clusters" in own):
-        raise ValueError("flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
-                         "M-WCHA) or 'clusters' (an explicit plan)")
+        raise ValueError(
+            "flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
+            "M-WCHA) or 'clusters' (an explicit plan)"
+        )
     return cfg, own
 
 

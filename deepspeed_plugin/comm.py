@@ -31,9 +31,22 @@ from flowlane.policy import CoflowMeta
 from flowlane.sched import ClassGroups
 
 #: ``deepspeed.comm`` backend methods that move data (the ones that take a ``group``)
-COLLECTIVES = ("all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor",
-               "all_gather", "all_gather_coalesced", "all_reduce_coalesced", "broadcast", "all_to_all_single",
-               "send", "recv", "isend", "irecv")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce",
+    "reduce_scatter_tensor",
+    "reduce_scatter",
+    "all_gather_into_tensor",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "broadcast",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+)
 
 
 @dataclass(frozen=True)
@@ -73,13 +86,21 @@ def _real_signature(cls: type, name: str) -> inspect.Signature:
         sig = inspect.signature(fn)
         if not any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
             return sig
-        inner = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
-                      if inspect.isfunction(c.cell_contents) and c.cell_contents.__name__ == name), None)
+        inner = next(
+            (
+                c.cell_contents
+                for c in (getattr(fn, "__closure__", None) or ())
+                if inspect.isfunction(c.cell_contents) and c.cell_contents.__name__ == name
+            ),
+            None,
+        )
         if inner is None:
             break
         fn = inner
-    raise RuntimeError(f"flowlane.hermod: cannot read the signature of deepspeed.comm's {cls.__name__}.{name}; "
-                       "this DeepSpeed version is not supported")
+    raise RuntimeError(
+        f"flowlane.hermod: cannot read the signature of deepspeed.comm's {cls.__name__}.{name}; "
+        "this DeepSpeed version is not supported"
+    )
 
 
 class CommTap:
@@ -90,10 +111,14 @@ class CommTap:
 
         cdb = dscomm.cdb
         if cdb is None:
-            raise RuntimeError("deepspeed.comm is not initialised: call deepspeed.init_distributed (or "
-                               "deepspeed.initialize) before installing flowlane.hermod")
+            raise RuntimeError(
+                "deepspeed.comm is not initialised: call deepspeed.init_distributed (or "
+                "deepspeed.initialize) before installing flowlane.hermod"
+            )
         if getattr(cdb, "_flowlane_tap", None) is not None:
-            raise RuntimeError("deepspeed.comm already has a flowlane tap: close the previous Hermod install first")
+            raise RuntimeError(
+                "deepspeed.comm already has a flowlane tap: close the previous Hermod install first"
+            )
         self.cdb, self.classes = cdb, classes
         self.records: deque[CommRecord] = deque(maxlen=max_records)
         self._local = threading.local()
@@ -115,14 +140,23 @@ class CommTap:
             bound = sig.bind_partial(cdb, *args, **kwargs)
             group = bound.arguments.get("group")
             cls = getattr(local, "cls", None)
-            records.append(CommRecord(name, _numel(bound.arguments), _ranks(group),
-                                      "pacer" if cls is not None else "main", getattr(local, "meta", None)))
+            records.append(
+                CommRecord(
+                    name,
+                    _numel(bound.arguments),
+                    _ranks(group),
+                    "pacer" if cls is not None else "main",
+                    getattr(local, "meta", None),
+                )
+            )
             if cls is not None and has_group:
                 clone = self.classes.get(group, cls) if self.classes is not None else None
                 if clone is None or clone is group:
-                    raise RuntimeError(f"flowlane.hermod: deferred {name} on group {list(_ranks(group))} has no "
-                                       "Hermod class clone; it would share a communicator with the training "
-                                       "thread's ops")
+                    raise RuntimeError(
+                        f"flowlane.hermod: deferred {name} on group {list(_ranks(group))} has no "
+                        "Hermod class clone; it would share a communicator with the training "
+                        "thread's ops"
+                    )
                 bound.arguments["group"] = clone
                 return original(*bound.args[1:], **bound.kwargs)
             return original(*args, **kwargs)

@@ -35,11 +35,16 @@ def validate_flowlane_section(ds_config: Mapping[str, Any] | str | Path | None) 
         except (ValueError, TypeError) as e:
             errors.append(str(e))
     if errors:
-        raise ValueError(f'{len(errors)} error(s) in DeepSpeed config "flowlane":\n' + "\n".join(f"  - {e}" for e in errors))
+        raise ValueError(
+            f'{len(errors)} error(s) in DeepSpeed config "flowlane":\n'
+            + "\n".join(f"  - {e}" for e in errors)
+        )
     return out
 
 
-def flowlane_subsection(ds_config: Mapping[str, Any] | str | Path | None, name: str) -> Mapping[str, Any] | None:
+def flowlane_subsection(
+    ds_config: Mapping[str, Any] | str | Path | None, name: str
+) -> Mapping[str, Any] | None:
     """``ds_config["flowlane"][name]``, or None when either level is absent.
 
     ``ds_config`` may be the dict given to ``deepspeed.initialize`` or a path to its JSON file.
@@ -57,7 +62,9 @@ def flowlane_subsection(ds_config: Mapping[str, Any] | str | Path | None, name: 
         raise ValueError(f'DeepSpeed config "flowlane" must be an object, got {type(section).__name__}')
     unknown = sorted(set(section) - set(SUBSECTIONS))
     if unknown:
-        raise ValueError(f'unknown key(s) {unknown} in DeepSpeed config "flowlane"; known: {list(SUBSECTIONS)}')
+        raise ValueError(
+            f'unknown key(s) {unknown} in DeepSpeed config "flowlane"; known: {list(SUBSECTIONS)}'
+        )
     sub = section.get(name)
     if sub is None:
         return None

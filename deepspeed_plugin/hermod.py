@@ -86,14 +86,24 @@ class HermodDSConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"flowlane.hermod.enabled must be true or false, got {self.enabled!r}")
-        if isinstance(self.gate_timeout_s, bool) or not isinstance(self.gate_timeout_s, int | float) or not (
-                self.gate_timeout_s >= 0):
-            raise ValueError(f"flowlane.hermod.gate_timeout_s must be a number of seconds >= 0, "
-                             f"got {self.gate_timeout_s!r}")
-        if isinstance(self.max_inflight_buckets, bool) or not isinstance(self.max_inflight_buckets, int) or (
-                self.max_inflight_buckets < 1):
-            raise ValueError(f"flowlane.hermod.max_inflight_buckets must be an integer >= 1, "
-                             f"got {self.max_inflight_buckets!r}")
+        if (
+            isinstance(self.gate_timeout_s, bool)
+            or not isinstance(self.gate_timeout_s, int | float)
+            or not (self.gate_timeout_s >= 0)
+        ):
+            raise ValueError(
+                f"flowlane.hermod.gate_timeout_s must be a number of seconds >= 0, "
+                f"got {self.gate_timeout_s!r}"
+            )
+        if (
+            isinstance(self.max_inflight_buckets, bool)
+            or not isinstance(self.max_inflight_buckets, int)
+            or (self.max_inflight_buckets < 1)
+        ):
+            raise ValueError(
+                f"flowlane.hermod.max_inflight_buckets must be an integer >= 1, "
+                f"got {self.max_inflight_buckets!r}"
+            )
         for name in ("schedule", "dp_mid"):
             allowed = {"schedule": ["1f1b", "interleaved"], "dp_mid": ["consumer", "last"]}[name]
             if getattr(self, name) not in allowed:
@@ -103,14 +113,22 @@ class HermodDSConfig:
             raise ValueError(f"flowlane.hermod.window {self.window!r} is not one of ['backward', 'bucket']")
         self.scheduler_config()
         if not isinstance(self.layers_per_stage, int) or self.layers_per_stage < 1:
-            raise ValueError(f"flowlane.hermod.layers_per_stage must be an integer >= 1, got {self.layers_per_stage!r}")
+            raise ValueError(
+                f"flowlane.hermod.layers_per_stage must be an integer >= 1, got {self.layers_per_stage!r}"
+            )
         if not isinstance(self.gloo_class_ifnames, str):
-            raise ValueError(f"flowlane.hermod.gloo_class_ifnames must be a string, got {self.gloo_class_ifnames!r}")
+            raise ValueError(
+                f"flowlane.hermod.gloo_class_ifnames must be a string, got {self.gloo_class_ifnames!r}"
+            )
 
     def scheduler_config(self) -> SchedulerConfig:
         # a bucket is one coflow: DeepSpeed's reduce_bucket_size sets the granularity, Hermod does not split it
-        return SchedulerConfig(mode="hermod", chunk_bytes=1 << 62, max_inflight_chunks=self.max_inflight_buckets,
-                               gate_timeout_s=self.gate_timeout_s)
+        return SchedulerConfig(
+            mode="hermod",
+            chunk_bytes=1 << 62,
+            max_inflight_chunks=self.max_inflight_buckets,
+            gate_timeout_s=self.gate_timeout_s,
+        )
 
 
 def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> HermodDSConfig | None:
@@ -121,13 +139,20 @@ def parse_hermod_section(ds_config: Mapping[str, Any] | str | Path | None) -> He
     known = {f.name for f in fields(HermodDSConfig)}
     bad = sorted(set(sub) - known)
     if bad:
-        raise ValueError(f'unknown key(s) {bad} in DeepSpeed config "flowlane.hermod"; known: {sorted(known)}')
+        raise ValueError(
+            f'unknown key(s) {bad} in DeepSpeed config "flowlane.hermod"; known: {sorted(known)}'
+        )
     cfg = HermodDSConfig(**sub)
     return cfg if cfg.enabled else None
 
 
 #: PipelineEngine instruction -> the p2p direction of flowlane.hermod.keys
-_P2P = {"SendActivation": "send_next", "RecvActivation": "recv_prev", "SendGrad": "send_prev", "RecvGrad": "recv_next"}
+_P2P = {
+    "SendActivation": "send_next",
+    "RecvActivation": "recv_prev",
+    "SendGrad": "send_prev",
+    "RecvGrad": "recv_next",
+}
 
 
 def _is_pipeline_engine(engine: Any) -> bool:
@@ -143,8 +168,10 @@ class DeepSpeedHermod:
         from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: PLC0415
 
         if not isinstance(engine, DeepSpeedEngine):
-            raise TypeError(f"flowlane.hermod needs a DeepSpeed engine (deepspeed.initialize), got "
-                            f"{type(engine).__name__}")
+            raise TypeError(
+                f"flowlane.hermod needs a DeepSpeed engine (deepspeed.initialize), got "
+                f"{type(engine).__name__}"
+            )
         self.engine, self.cfg = engine, cfg
         self.pipeline = _is_pipeline_engine(engine)
         self.M = int(engine.micro_batches) if self.pipeline else int(engine.gradient_accumulation_steps())
@@ -153,12 +180,18 @@ class DeepSpeedHermod:
         self.sched: CommScheduler | None = None
         self.tap: CommTap | None = None
         self.zero = ZeroHooks(self)  # every check first; nothing is patched before the clones exist
-        ranks = [tuple(range(dist.get_world_size())) if g is None else tuple(dist.get_process_group_ranks(g))
-                 for g in self.zero.groups()]
+        ranks = [
+            tuple(range(dist.get_world_size())) if g is None else tuple(dist.get_process_group_ranks(g))
+            for g in self.zero.groups()
+        ]
         self.classes = build_class_groups(ranks, gloo_class_ifnames=cfg.gloo_class_ifnames or None)
         self.sched = CommScheduler(self.policy, cfg.scheduler_config())
-        self.keys = HermodKeys(num_microbatches=self.M, layers_per_stage=cfg.layers_per_stage, stage=self.stage,
-                               next_seq=self.sched.next_seq)
+        self.keys = HermodKeys(
+            num_microbatches=self.M,
+            layers_per_stage=cfg.layers_per_stage,
+            stage=self.stage,
+            next_seq=self.sched.next_seq,
+        )
         try:
             self.tap = CommTap(self.classes)
             self.zero.attach()
@@ -204,6 +237,7 @@ class DeepSpeedHermod:
             meta = self.keys.pp(direction)
             with self.sched.critical_section(meta), self.tap.keyed(meta):
                 return MethodType(fn, engine)(**kw)
+
         return hook
 
     def _step_hook(self, fn: Any) -> Any:
@@ -212,6 +246,7 @@ class DeepSpeedHermod:
             out = MethodType(fn, engine)(**kw)
             self.keys.end_iteration()
             return out
+
         return hook
 
     def close(self) -> None:

@@ -35,8 +35,9 @@ from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_secti
 from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
 
 
-def parse_offload_section(ds_config: Mapping[str, Any] | str | Path | None
-                          ) -> tuple[OffloadConfig, tuple[str, ...]] | None:
+def parse_offload_section(
+    ds_config: Mapping[str, Any] | str | Path | None,
+) -> tuple[OffloadConfig, tuple[str, ...]] | None:
     """(config, scope class names) from ``ds_config["flowlane"]["offload"]``; None when absent or disabled.
 
     ``ds_config`` may be the dict given to ``deepspeed.initialize`` or a path to its JSON file.
@@ -62,7 +63,9 @@ def _is_pipeline_engine(engine: Any) -> bool:
     return isinstance(engine, PipelineEngine)
 
 
-def _scope_modules(module: torch.nn.Module, scope_classes: tuple[str, ...], pipeline: bool) -> list[torch.nn.Module]:
+def _scope_modules(
+    module: torch.nn.Module, scope_classes: tuple[str, ...], pipeline: bool
+) -> list[torch.nn.Module]:
     if scope_classes:
         return [m for m in module.modules() if type(m).__name__ in scope_classes]
     if pipeline:  # a PipelineModule's own layers (built from LayerSpecs)
@@ -140,8 +143,9 @@ def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
             if not train:
                 continue
             if isinstance(cmd, S.ForwardPass):  # set_next_stage: keep only if our own backward is next
-                nxt_compute = next((c for c in cmds[i + 1:] if isinstance(c, (S.ForwardPass, S.BackwardPass))),
-                                   None)
+                nxt_compute = next(
+                    (c for c in cmds[i + 1 :] if isinstance(c, (S.ForwardPass, S.BackwardPass))), None
+                )
                 own = isinstance(nxt_compute, S.BackwardPass) and nxt_compute.buffer_id == cmd.buffer_id
                 cache.forward_end(("pipe", cmd.buffer_id), next_is_own_backward=own)
             elif isinstance(cmd, S.BackwardPass):
@@ -188,16 +192,23 @@ def _patch_plain(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
     handle._undo.append(undo)
 
 
-def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None = None,
-            config: OffloadConfig | None = None, scope_classes: Iterable[str] = ()) -> DSOffload:
+def install(
+    engine: Any,
+    ds_config: Mapping[str, Any] | str | Path | None = None,
+    config: OffloadConfig | None = None,
+    scope_classes: Iterable[str] = (),
+) -> DSOffload:
     """Offload ``engine``'s activations as configured by ``ds_config["flowlane"]["offload"]`` (or ``config``).
 
     Call after ``deepspeed.initialize`` and before training, in the thread that runs forward.
     """
     scopes = tuple(scope_classes)
     if config is None:
-        parsed = validate_flowlane_section(ds_config if ds_config is not None else getattr(engine, "_config", None)
-                                           and getattr(engine._config, "_param_dict", None))["offload"]
+        parsed = validate_flowlane_section(
+            ds_config
+            if ds_config is not None
+            else getattr(engine, "_config", None) and getattr(engine._config, "_param_dict", None)
+        )["offload"]
         if parsed is None:
             return DSOffload(engine, None)
         config, scopes = parsed[0], scopes or parsed[1]
@@ -207,8 +218,10 @@ def install(engine: Any, ds_config: Mapping[str, Any] | str | Path | None = None
     module = engine.module
     mods = _scope_modules(module, scopes, pipeline)
     if not mods:
-        raise ValueError(f'flowlane.offload: no scope modules found (scope_classes={list(scopes)}); set '
-                         '"scope_classes" to the class names of the transformer layers')
+        raise ValueError(
+            f"flowlane.offload: no scope modules found (scope_classes={list(scopes)}); set "
+            '"scope_classes" to the class names of the transformer layers'
+        )
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     cache = TensorCache(config, rank=rank)
     cache.register_parameters(module.parameters())

@@ -43,8 +43,19 @@ if TYPE_CHECKING:
 #: Hermod's bulk class (flowlane.hermod.wire.WireEncoder.nccl_class: DP traffic)
 BULK_CLASS = 2
 #: the fields of DeepSpeed's bucket dataclasses that a detach knows how to split (checked at install)
-IPG_BUCKET_FIELDS = frozenset({"buffer", "params", "grads", "elements", "index", "has_moe_params", "ready_events",
-                               "reuse_events", "copy_streams"})
+IPG_BUCKET_FIELDS = frozenset(
+    {
+        "buffer",
+        "params",
+        "grads",
+        "elements",
+        "index",
+        "has_moe_params",
+        "ready_events",
+        "reuse_events",
+        "copy_streams",
+    }
+)
 IPG_BUCKET_Z3_FIELDS = frozenset({"buffer", "buffer_meta", "params", "elements", "process_group"})
 Z3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 
@@ -60,8 +71,9 @@ def layer_of_parameters(module: torch.nn.Module) -> dict[int, int]:
     funcs = getattr(module, "forward_funcs", None)
     if funcs is not None:
         start = int(getattr(module, "_local_start", 0))
-        layers: list[tuple[int, torch.nn.Module]] = [(start + i, f) for i, f in enumerate(funcs)
-                                                     if isinstance(f, torch.nn.Module)]
+        layers: list[tuple[int, torch.nn.Module]] = [
+            (start + i, f) for i, f in enumerate(funcs) if isinstance(f, torch.nn.Module)
+        ]
     else:
         lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
         blocks = list(max(lists, key=len)) if lists else list(module.children())
@@ -135,37 +147,59 @@ class ZeroHooks:
     def _check(self) -> None:
         e, opt = self.engine, self.opt
         if getattr(e, "is_deepcompile_active", lambda: False)():
-            raise ValueError("flowlane.hermod does not support DeepCompile: it compiles DeepSpeed's reductions into "
-                             "the graph, where Hermod cannot order them")
+            raise ValueError(
+                "flowlane.hermod does not support DeepCompile: it compiles DeepSpeed's reductions into "
+                "the graph, where Hermod cannot order them"
+            )
         if self.stage in (1, 2):
             from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer, IPGBucket  # noqa: PLC0415
+
             if not isinstance(opt, DeepSpeedZeroOptimizer):
-                raise TypeError(f"flowlane.hermod: ZeRO stage {self.stage} optimizer is a {type(opt).__name__}, "
-                                "not deepspeed's DeepSpeedZeroOptimizer")
+                raise TypeError(
+                    f"flowlane.hermod: ZeRO stage {self.stage} optimizer is a {type(opt).__name__}, "
+                    "not deepspeed's DeepSpeedZeroOptimizer"
+                )
             got = {f.name for f in fields(IPGBucket)}
             if got != IPG_BUCKET_FIELDS:
-                raise RuntimeError(f"flowlane.hermod: DeepSpeed's IPGBucket fields {sorted(got)} differ from the "
-                                   f"ones it was written for {sorted(IPG_BUCKET_FIELDS)}")
+                raise RuntimeError(
+                    f"flowlane.hermod: DeepSpeed's IPGBucket fields {sorted(got)} differ from the "
+                    f"ones it was written for {sorted(IPG_BUCKET_FIELDS)}"
+                )
             if opt.cpu_offload or getattr(opt, "zenflow", False):
-                raise ValueError('flowlane.hermod does not support ZeRO "offload_optimizer" or ZenFlow: their '
-                                 "reductions copy into host buffers on streams Hermod does not order")
+                raise ValueError(
+                    'flowlane.hermod does not support ZeRO "offload_optimizer" or ZenFlow: their '
+                    "reductions copy into host buffers on streams Hermod does not order"
+                )
         elif self.stage == 3:
             from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3, IPGBucketZ3  # noqa: PLC0415
+
             if not isinstance(opt, DeepSpeedZeroOptimizer_Stage3) or Z3_REDUCE not in vars(
-                    DeepSpeedZeroOptimizer_Stage3):
-                raise TypeError(f"flowlane.hermod: ZeRO-3 optimizer is a {type(opt).__name__} without "
-                                f"{Z3_REDUCE.split('__')[-1]}")
+                DeepSpeedZeroOptimizer_Stage3
+            ):
+                raise TypeError(
+                    f"flowlane.hermod: ZeRO-3 optimizer is a {type(opt).__name__} without "
+                    f"{Z3_REDUCE.split('__')[-1]}"
+                )
             got = {f.name for f in fields(IPGBucketZ3)}
             if got != IPG_BUCKET_Z3_FIELDS:
-                raise RuntimeError(f"flowlane.hermod: DeepSpeed's IPGBucketZ3 fields {sorted(got)} differ from the "
-                                   f"ones it was written for {sorted(IPG_BUCKET_Z3_FIELDS)}")
-            if getattr(opt, "offload_optimizer", False) or getattr(opt, "offload_param", False) or getattr(
-                    opt, "zenflow", False):
-                raise ValueError('flowlane.hermod does not support ZeRO-3 "offload_param"/"offload_optimizer" or '
-                                 "ZenFlow: their swaps run on streams Hermod does not order")
+                raise RuntimeError(
+                    f"flowlane.hermod: DeepSpeed's IPGBucketZ3 fields {sorted(got)} differ from the "
+                    f"ones it was written for {sorted(IPG_BUCKET_Z3_FIELDS)}"
+                )
+            if (
+                getattr(opt, "offload_optimizer", False)
+                or getattr(opt, "offload_param", False)
+                or getattr(opt, "zenflow", False)
+            ):
+                raise ValueError(
+                    'flowlane.hermod does not support ZeRO-3 "offload_param"/"offload_optimizer" or '
+                    "ZenFlow: their swaps run on streams Hermod does not order"
+                )
             if getattr(opt, "all2all_process_group", None) is not None:
-                raise ValueError('flowlane.hermod does not support "zero_quantized_gradients" (its all-to-all '
-                                 "reduction uses groups Hermod has no clone of)")
+                raise ValueError(
+                    'flowlane.hermod does not support "zero_quantized_gradients" (its all-to-all '
+                    "reduction uses groups Hermod has no clone of)"
+                )
         elif self.stage != 0:
             raise ValueError(f"flowlane.hermod: unknown ZeRO stage {self.stage}")
 
@@ -178,6 +212,7 @@ class ZeroHooks:
             out.append(mpu.get_data_parallel_group())
         else:
             from deepspeed.utils import groups  # noqa: PLC0415
+
             out.append(groups._get_sequence_data_parallel_group())
         for name in ("dp_process_group", "real_dp_process_group", "expert_dp_process_group"):
             g = getattr(opt, name, None)
@@ -188,8 +223,13 @@ class ZeroHooks:
             elif g is not None:
                 out.append(g)
         if self.stage == 3:
-            out.extend({id(p.ds_process_group): p.ds_process_group for p in e.module.parameters()
-                        if getattr(p, "ds_process_group", None) is not None}.values())
+            out.extend(
+                {
+                    id(p.ds_process_group): p.ds_process_group
+                    for p in e.module.parameters()
+                    if getattr(p, "ds_process_group", None) is not None
+                }.values()
+            )
         return out
 
     # -- the deferral ----------------------------------------------------------------------------------------------
@@ -234,8 +274,11 @@ class ZeroHooks:
         allreduce_gradients, allreduce_and_copy = e.allreduce_gradients, e.allreduce_and_copy
 
         def hooked_allreduce_gradients(*args: Any, **kwargs: Any) -> Any:
-            self._grad_layer = {p.grad.data_ptr(): self.layers.get(id(p), self.hi) for p in e.module.parameters()
-                                if p.grad is not None and not p.grad.is_sparse}
+            self._grad_layer = {
+                p.grad.data_ptr(): self.layers.get(id(p), self.hi)
+                for p in e.module.parameters()
+                if p.grad is not None and not p.grad.is_sparse
+            }
             self._batch = True
             try:
                 out = allreduce_gradients(*args, **kwargs)
@@ -244,10 +287,13 @@ class ZeroHooks:
             self.flush()
             return out
 
-        def hooked_allreduce_and_copy(small_bucket: list[torch.Tensor], dp_group: Any,
-                                      dp_world_size: Any = None) -> None:
+        def hooked_allreduce_and_copy(
+            small_bucket: list[torch.Tensor], dp_group: Any, dp_world_size: Any = None
+        ) -> None:
             layer = max((self._grad_layer.get(t.data_ptr(), self.hi) for t in small_bucket), default=self.hi)
-            self._defer(layer, "all_reduce", lambda: allreduce_and_copy(small_bucket, dp_group, dp_world_size))
+            self._defer(
+                layer, "all_reduce", lambda: allreduce_and_copy(small_bucket, dp_group, dp_world_size)
+            )
 
         self._set(e, "allreduce_gradients", hooked_allreduce_gradients)
         self._set(e, "allreduce_and_copy", hooked_allreduce_and_copy)
@@ -277,15 +323,22 @@ class ZeroHooks:
                 bucket = opt.ipg_buckets[dt]
                 if not bucket.params:
                     continue
-                snap = copy.copy(bucket)  # the detached bucket keeps the containers and the filled buffer slot
+                snap = copy.copy(
+                    bucket
+                )  # the detached bucket keeps the containers and the filled buffer slot
                 bucket.params, bucket.grads, bucket.elements, bucket.has_moe_params = [], [], 0, False
                 bucket.ready_events, bucket.copy_streams = {}, set()
                 if bucket.buffer:
                     bucket.buffer = list(bucket.buffer)
                     bucket.buffer[bucket.index] = torch.empty_like(bucket.buffer[bucket.index])
                 xl = opt.extra_large_param_to_reduce.pop(dt, None)
-                view = _BucketView(opt, {"ipg_buckets": {dt: snap},
-                                         "extra_large_param_to_reduce": {} if xl is None else {dt: xl}})
+                view = _BucketView(
+                    opt,
+                    {
+                        "ipg_buckets": {dt: snap},
+                        "extra_large_param_to_reduce": {} if xl is None else {dt: xl},
+                    },
+                )
                 layer = self._layer_of(opt.bit16_groups[i][j] for i, j, _ in snap.params)
                 self._defer(layer, op, lambda view=view, dt=dt: reduce_ipg_grads(view, comm_dtype=dt))
 
@@ -308,8 +361,11 @@ class ZeroHooks:
             if bucket.buffer is not None:
                 bucket.buffer = torch.empty_like(bucket.buffer)
             view = _BucketView(opt, {"ipg_buckets": {communication_data_type: snap}})
-            self._defer(self._layer_of(snap.params), "reduce_scatter",
-                        lambda: reduce_and_partition(view, communication_data_type))
+            self._defer(
+                self._layer_of(snap.params),
+                "reduce_scatter",
+                lambda: reduce_and_partition(view, communication_data_type),
+            )
 
         def defer_leftovers() -> None:
             for dt in list(opt.ipg_buckets):
@@ -319,8 +375,10 @@ class ZeroHooks:
         self._hook_epilogue(defer_leftovers)
 
         # parameter gathers: DeepSpeed's coordinator fetches (and prefetches) as critical ops
-        module_layer = {id(m): min((self.layers.get(id(p), self.hi) for p in m.parameters()), default=0)
-                        for m in self.engine.module.modules()}
+        module_layer = {
+            id(m): min((self.layers.get(id(p), self.hi) for p in m.parameters()), default=0)
+            for m in self.engine.module.modules()
+        }
         coordinator = opt.parameter_offload.get_param_coordinator()
         fetch = coordinator.fetch_sub_module
         gas = max(1, int(self.engine.gradient_accumulation_steps()))

@@ -29,8 +29,9 @@ def _split(g: dgl.DGLGraph, seed: int, train: float = 0.6, val: float = 0.2) -> 
     return g
 
 
-def load_graph(name: str = "synthetic", root: str | None = None, seed: int = 0, feat_dim: int = 16,
-               **synthetic: object) -> dgl.DGLGraph:
+def load_graph(
+    name: str = "synthetic", root: str | None = None, seed: int = 0, feat_dim: int = 16, **synthetic: object
+) -> dgl.DGLGraph:
     if name == "synthetic":
         return synthetic_graph(SyntheticSpec(seed=seed, **synthetic))  # type: ignore[arg-type]
     if name.startswith("dgl-bin:"):
@@ -42,8 +43,10 @@ def load_graph(name: str = "synthetic", root: str | None = None, seed: int = 0, 
         root = root or os.environ.get("OGB_ROOT", "dataset")
         folder = os.path.join(root, name.replace("-", "_"))
         if not os.path.isdir(folder):
-            raise FileNotFoundError(f"dataset {name!r}: not on disk under {folder!r}; no network here, so it "
-                                    f"cannot be downloaded; use name='synthetic'")
+            raise FileNotFoundError(
+                f"dataset {name!r}: not on disk under {folder!r}; no network here, so it "
+                f"cannot be downloaded; use name='synthetic'"
+            )
         from ogb.nodeproppred import DglNodePropPredDataset  # type: ignore[import-not-found]
 
         ds = DglNodePropPredDataset(name, root=root)
@@ -56,14 +59,22 @@ def load_graph(name: str = "synthetic", root: str | None = None, seed: int = 0, 
             m[idx[part]] = True
             g.ndata[k] = m
         return g
-    offline = {"karate": "KarateClubDataset", "bacommunity": "BACommunityDataset", "bashape": "BAShapeDataset",
-               "treecycle": "TreeCycleDataset"}
+    offline = {
+        "karate": "KarateClubDataset",
+        "bacommunity": "BACommunityDataset",
+        "bashape": "BAShapeDataset",
+        "treecycle": "TreeCycleDataset",
+    }
     if name in offline:
         g = getattr(dgl.data, offline[name])()[0]
         if "feat" not in g.ndata:
-            g.ndata["feat"] = torch.randn(g.num_nodes(), feat_dim, generator=torch.Generator().manual_seed(seed))
+            g.ndata["feat"] = torch.randn(
+                g.num_nodes(), feat_dim, generator=torch.Generator().manual_seed(seed)
+            )
         g.ndata["label"] = g.ndata["label"].long()
         g = dgl.to_bidirected(dgl.remove_self_loop(g), copy_ndata=True)
         return _split(g, seed)
-    raise ValueError(f"unknown dataset {name!r}: use 'synthetic', 'dgl-bin:<path>', 'ogbn-<name>' (on disk) or "
-                     f"one of {sorted(offline)}")
+    raise ValueError(
+        f"unknown dataset {name!r}: use 'synthetic', 'dgl-bin:<path>', 'ogbn-<name>' (on disk) or "
+        f"one of {sorted(offline)}"
+    )

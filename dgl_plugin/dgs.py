@@ -101,8 +101,15 @@ def _server_graph(server_state) -> _ServerGraph:
         gid = g.ndata[dgl.NID].numpy().astype(np.int64)
         owner = server_state.partition_book.nid2partid(torch.from_numpy(gid)).numpy().astype(np.int64)
         order = np.argsort(gid)
-        sg = _ServerGraph(indptr.numpy().astype(np.int64), indices.numpy().astype(np.int64), gid, owner,
-                          np.ones(gid.size), gid[order], order)
+        sg = _ServerGraph(
+            indptr.numpy().astype(np.int64),
+            indices.numpy().astype(np.int64),
+            gid,
+            owner,
+            np.ones(gid.size),
+            gid[order],
+            order,
+        )
         server_state._flowlane_dgs = sg
     return sg
 
@@ -121,8 +128,16 @@ class QuotaSampleResponse(rpc.Response):
 class QuotaSampleRequest(rpc.Request):
     """One hop for ``seeds`` (global ids owned by the receiving server): see the module docstring."""
 
-    def __init__(self, seeds: torch.Tensor, fanout: int, epsilon: float, requester: int, weighted: bool,
-                 base: str, key: int):
+    def __init__(
+        self,
+        seeds: torch.Tensor,
+        fanout: int,
+        epsilon: float,
+        requester: int,
+        weighted: bool,
+        base: str,
+        key: int,
+    ):
         self.seeds, self.fanout, self.epsilon, self.requester = seeds, fanout, epsilon, requester
         self.weighted, self.base, self.key = weighted, base, key
 
@@ -176,7 +191,7 @@ class NodeWeightRequest(rpc.Request):
     def process_request(self, server_state):
         sg = _server_graph(server_state)
         g = self.gids.numpy()
-        if g.size == 0:                                # reset: every node back to weight 1
+        if g.size == 0:  # reset: every node back to weight 1
             sg.weight[:] = 1.0
             sg.version += 1
             return NodeWeightResponse(sg.version)
@@ -197,8 +212,10 @@ def register_services() -> None:
 
 def _check_registered() -> None:
     if rpc.REQUEST_CLASS_TO_SERVICE_ID.get(ColumnPullRequest) != SERVICE_COLUMN_PULL:
-        raise RuntimeError("DGS services are not registered in this process: call dgl_plugin.dgs.register_services() "
-                           "before dgl.distributed.initialize() (servers too)")
+        raise RuntimeError(
+            "DGS services are not registered in this process: call dgl_plugin.dgs.register_services() "
+            "before dgl.distributed.initialize() (servers too)"
+        )
 
 
 @dataclass
@@ -230,7 +247,9 @@ class DGSRuntime:
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
         return self.pb.nid2partid(ids)
 
-    def pull(self, ids: torch.Tensor, dims: torch.Tensor | None = None, kind: str = "feature_remote") -> torch.Tensor:
+    def pull(
+        self, ids: torch.Tensor, dims: torch.Tensor | None = None, kind: str = "feature_remote"
+    ) -> torch.Tensor:
         """Feature rows ``ids``: own-partition rows in full through DGL's DistTensor; remote rows through DGL's pull
         (``dims`` None) or the column service (``dims`` given: the other columns are zero-filled, A6 #10)."""
         ids = _ids(ids)
@@ -299,23 +318,49 @@ class DGSNeighborSampler(dgl.dataloading.BlockSampler):
     ``weighted`` uses the stored 𝒮𝒩 weights and ``epsilon`` the quota shift (NS); both off with ``base="labor"`` is
     plain LABOR-0. Blocks are built as DGL's NeighborSampler builds them (``to_block`` of the frontier)."""
 
-    def __init__(self, fanouts: list[int], runtime: DGSRuntime, *, weighted: bool, epsilon: float,
-                 base: str = "uniform", seed: int = 0):
+    def __init__(
+        self,
+        fanouts: list[int],
+        runtime: DGSRuntime,
+        *,
+        weighted: bool,
+        epsilon: float,
+        base: str = "uniform",
+        seed: int = 0,
+    ):
         super().__init__()
         if any((not isinstance(f, int)) or (f < 1 and f != -1) for f in fanouts):
             raise ValueError(f"fanouts={fanouts!r}: each must be an integer >= 1, or -1 for all neighbours")
-        self.fanouts, self.rt, self.weighted, self.epsilon, self.base = list(fanouts), runtime, weighted, epsilon, base
+        self.fanouts, self.rt, self.weighted, self.epsilon, self.base = (
+            list(fanouts),
+            runtime,
+            weighted,
+            epsilon,
+            base,
+        )
         self.calls = seed * 1_000_003
 
     def _hop(self, g, seeds: torch.Tensor, fanout: int) -> dgl.DGLGraph:
         own = self.rt.owner(seeds)
         self.calls += 1
-        active = self.weighted and self.rt.mask_version > 0      # Alg. 1 l. 6-7: conventional until masks exist
+        active = self.weighted and self.rt.mask_version > 0  # Alg. 1 l. 6-7: conventional until masks exist
         reqs = []
         for p in torch.unique(own).tolist():
             s = seeds[own == p]
-            reqs.append((p, QuotaSampleRequest(s, fanout, self.epsilon if active else 0.0, self.rt.part_id,
-                                               active, self.base, self.calls)))
+            reqs.append(
+                (
+                    p,
+                    QuotaSampleRequest(
+                        s,
+                        fanout,
+                        self.epsilon if active else 0.0,
+                        self.rt.part_id,
+                        active,
+                        self.base,
+                        self.calls,
+                    ),
+                )
+            )
         res = rpc.remote_call_to_machine(reqs)
         for (p, req), r in zip(reqs, res, strict=True):
             if p != self.rt.part_id:

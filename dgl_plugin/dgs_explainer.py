@@ -51,7 +51,7 @@ def _load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
     off = 0
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(flat[off:off + p.numel()].view_as(p))
+            p.copy_(flat[off : off + p.numel()].view_as(p))
             off += p.numel()
 
 
@@ -66,6 +66,7 @@ def _star_forward(model, sg):
             if k < len(model.layers) - 1:
                 h = F.relu(h)
         return h[0]
+
     return forward
 
 
@@ -76,12 +77,14 @@ def explainer_main(spec: ExplainerSpec, sh: dict, lock, parent: int) -> None:
     from flowlane.dgs import pooled_target, star_edges, train_masks
 
     torch.set_num_threads(spec.cfg.explainer_threads)
-    x_all = sh["x"]                                    # [inner | halo] input features
+    x_all = sh["x"]  # [inner | halo] input features
     n_inner, n_halo = spec.n_inner, x_all.shape[0] - spec.n_inner
     part_g = dgl.graph((torch.from_numpy(spec.e_src), torch.from_numpy(spec.e_dst)), num_nodes=x_all.shape[0])
     s, d = star_edges(n_halo)
     sg = dgl.graph((s, d), num_nodes=n_halo + 1)
-    x_e = torch.cat([x_all[:n_inner].mean(0, keepdim=True), x_all[n_inner:]])    # A6 #3: v_G = mean of local rows
+    x_e = torch.cat(
+        [x_all[:n_inner].mean(0, keepdim=True), x_all[n_inner:]]
+    )  # A6 #3: v_G = mean of local rows
     model = build_model(**spec.model_kw)
     model.eval()
     for p in model.parameters():
@@ -90,7 +93,7 @@ def explainer_main(spec: ExplainerSpec, sh: dict, lock, parent: int) -> None:
     seen, warm, cpu0 = 0, None, time.process_time()
     ctl[CTL_READY] = 1
     while not int(ctl[CTL_STOP]):
-        if os.getppid() != parent:          # the trainer is gone: nobody will read the masks
+        if os.getppid() != parent:  # the trainer is gone: nobody will read the masks
             os._exit(3)
         if int(ctl[CTL_MODEL]) == seen:
             time.sleep(0.01)
@@ -99,12 +102,23 @@ def explainer_main(spec: ExplainerSpec, sh: dict, lock, parent: int) -> None:
             seen = int(ctl[CTL_MODEL])
             flat = sh["params"].clone()
         _load_flat(model, flat)
-        with torch.no_grad():                          # Alg. 1 l. 19: inference on the whole partition, CPU
+        with torch.no_grad():  # Alg. 1 l. 19: inference on the whole partition, CPU
             target = pooled_target(model(part_g, x_all)[:n_inner])
-        ex = train_masks(_star_forward(model, sg), x_e, target, n_halo, epochs=spec.cfg.explainer_epochs,
-                         min_epochs=spec.cfg.explainer_min_epochs,
-                         lr=spec.cfg.explainer_lr, loss_threshold=spec.cfg.loss_threshold, alpha1=spec.cfg.alpha1,
-                         alpha2=spec.cfg.alpha2, beta1=spec.cfg.beta1, beta2=spec.cfg.beta2, warm=warm)
+        ex = train_masks(
+            _star_forward(model, sg),
+            x_e,
+            target,
+            n_halo,
+            epochs=spec.cfg.explainer_epochs,
+            min_epochs=spec.cfg.explainer_min_epochs,
+            lr=spec.cfg.explainer_lr,
+            loss_threshold=spec.cfg.loss_threshold,
+            alpha1=spec.cfg.alpha1,
+            alpha2=spec.cfg.alpha2,
+            beta1=spec.cfg.beta1,
+            beta2=spec.cfg.beta2,
+            warm=warm,
+        )
         warm = (ex.edge_logits, ex.feat_logits)
         with lock:
             sh["sn"].copy_(ex.sn)
@@ -139,22 +153,31 @@ class ExplainerHandle:
         self.cfg = spec.cfg
         ctx = mp.get_context("spawn")
         flat = _flat(model)
-        self.sh = {"x": x_all.float().contiguous().share_memory_(), "params": flat.clone().share_memory_(),
-                   "sn": torch.zeros(x_all.shape[0] - spec.n_inner).share_memory_(),
-                   "sf": torch.zeros(x_all.shape[1]).share_memory_(),
-                   "ctl": torch.zeros(6, dtype=torch.int64).share_memory_(),
-                   "stats": torch.zeros(3, dtype=torch.float64).share_memory_()}
+        self.sh = {
+            "x": x_all.float().contiguous().share_memory_(),
+            "params": flat.clone().share_memory_(),
+            "sn": torch.zeros(x_all.shape[0] - spec.n_inner).share_memory_(),
+            "sf": torch.zeros(x_all.shape[1]).share_memory_(),
+            "ctl": torch.zeros(6, dtype=torch.int64).share_memory_(),
+            "stats": torch.zeros(3, dtype=torch.float64).share_memory_(),
+        }
         self.lock = ctx.Lock()
-        self.proc = ctx.Process(target=explainer_main, args=(spec, self.sh, self.lock, os.getpid()), daemon=True,
-                                name="dgs-explainer")
+        self.proc = ctx.Process(
+            target=explainer_main,
+            args=(spec, self.sh, self.lock, os.getpid()),
+            daemon=True,
+            name="dgs-explainer",
+        )
         self.proc.start()
         self.published = 0
         self.taken = 0
 
     def _check_alive(self) -> None:
         if not self.proc.is_alive():
-            raise ExplainerError(f"DGS explainer (pid {self.proc.pid}) exited with code {self.proc.exitcode} while "
-                                 f"the trainer runs; see its traceback above")
+            raise ExplainerError(
+                f"DGS explainer (pid {self.proc.pid}) exited with code {self.proc.exitcode} while "
+                f"the trainer runs; see its traceback above"
+            )
 
     def publish(self, model: torch.nn.Module) -> None:
         """Alg. 1 l. 18: the newest model snapshot (A6 #13), without waiting for the explainer."""
@@ -182,8 +205,10 @@ class ExplainerHandle:
         while int(self.sh["ctl"][CTL_MASK]) < self.published:
             self._check_alive()
             if time.monotonic() > deadline:
-                raise ExplainerError(f"DGS explainer (pid {self.proc.pid}) gave no masks for snapshot "
-                                     f"{self.published} within explainer_timeout_s={self.cfg.explainer_timeout_s}")
+                raise ExplainerError(
+                    f"DGS explainer (pid {self.proc.pid}) gave no masks for snapshot "
+                    f"{self.published} within explainer_timeout_s={self.cfg.explainer_timeout_s}"
+                )
             time.sleep(0.01)
         new = self.poll()
         assert new is not None
@@ -191,9 +216,14 @@ class ExplainerHandle:
 
     def stats(self) -> dict:
         ctl, st = self.sh["ctl"], self.sh["stats"]
-        return {"explanations": int(ctl[CTL_EXPLAINED]), "early_stops": int(ctl[CTL_EARLY]),
-                "snapshots": self.published, "explainer_cpu_s": float(st[0]), "last_fidelity": float(st[1]),
-                "explainer_rss_bytes": float(st[2])}
+        return {
+            "explanations": int(ctl[CTL_EXPLAINED]),
+            "early_stops": int(ctl[CTL_EARLY]),
+            "snapshots": self.published,
+            "explainer_cpu_s": float(st[0]),
+            "last_fidelity": float(st[1]),
+            "explainer_rss_bytes": float(st[2]),
+        }
 
     def stop(self) -> dict:
         """Stop with the trainer; an explainer that does not exit within ``explainer_timeout_s`` is killed and an
@@ -203,8 +233,10 @@ class ExplainerHandle:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(10)
-            raise ExplainerError(f"DGS explainer (pid {self.proc.pid}) did not stop within "
-                                 f"{self.cfg.explainer_timeout_s} s; killed")
+            raise ExplainerError(
+                f"DGS explainer (pid {self.proc.pid}) did not stop within "
+                f"{self.cfg.explainer_timeout_s} s; killed"
+            )
         if self.proc.exitcode != 0:
             raise ExplainerError(f"DGS explainer (pid {self.proc.pid}) exited with code {self.proc.exitcode}")
         return self.stats()

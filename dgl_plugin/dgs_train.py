@@ -30,8 +30,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def redundant_graph(num_nodes: int = 2000, avg_degree: float = 10.0, num_classes: int = 4, signal_dims: int = 8,
-                    redundant_dims: int = 16, noise_dims: int = 8, signal: float = 1.0, seed: int = 0, **kw: Any):
+def redundant_graph(
+    num_nodes: int = 2000,
+    avg_degree: float = 10.0,
+    num_classes: int = 4,
+    signal_dims: int = 8,
+    redundant_dims: int = 16,
+    noise_dims: int = 8,
+    signal: float = 1.0,
+    seed: int = 0,
+    **kw: Any,
+):
     """A degree-corrected SBM graph (:mod:`dgl_plugin.synthetic`) whose features have redundant dimensions (digest
     A5.2): ``signal_dims`` class-signal columns, ``redundant_dims`` random mixtures of them (plus small noise), and
     ``noise_dims`` pure noise columns; so a model does not need every column of every neighbour."""
@@ -40,9 +49,18 @@ def redundant_graph(num_nodes: int = 2000, avg_degree: float = 10.0, num_classes
 
     from .synthetic import SyntheticSpec, synthetic_arrays
 
-    arr = synthetic_arrays(SyntheticSpec(num_nodes=num_nodes, avg_degree=avg_degree, num_classes=num_classes,
-                                         num_communities=max(4 * num_classes, 8), feat_dim=signal_dims,
-                                         signal=signal, seed=seed, **kw))
+    arr = synthetic_arrays(
+        SyntheticSpec(
+            num_nodes=num_nodes,
+            avg_degree=avg_degree,
+            num_classes=num_classes,
+            num_communities=max(4 * num_classes, 8),
+            feat_dim=signal_dims,
+            signal=signal,
+            seed=seed,
+            **kw,
+        )
+    )
     rng = np.random.default_rng(seed + 1)
     base = arr["feat"]
     mix = rng.normal(size=(signal_dims, redundant_dims)) / math.sqrt(signal_dims)
@@ -66,8 +84,9 @@ def partition_redundant(workdir: str | Path, num_parts: int, seed: int = 0, **da
     g = redundant_graph(seed=seed, **data)
     out = Path(workdir) / "parts"
     name = f"dgs{os.getpid()}x{int(time.time() * 1e3) % 10**9}"
-    dgl.distributed.partition_graph(g, name, num_parts, str(out), num_hops=1, part_method="metis",
-                                    balance_train=True, balance_edges=True)
+    dgl.distributed.partition_graph(
+        g, name, num_parts, str(out), num_hops=1, part_method="metis", balance_train=True, balance_edges=True
+    )
     return str(out / f"{name}.json"), int(g.ndata["label"].max()) + 1
 
 
@@ -95,7 +114,7 @@ def _trainer(args: dict) -> list[dict]:
 
     t_start = time.perf_counter()
 
-    def log(what: str) -> None:   # progress in the trainer's log (the parent shows its tail on failure)
+    def log(what: str) -> None:  # progress in the trainer's log (the parent shows its tail on failure)
         print(f"dgs trainer: {what} at {time.perf_counter() - t_start:.1f} s", flush=True)
 
     register_services()
@@ -111,7 +130,7 @@ def _trainer(args: dict) -> list[dict]:
         if run["dgs_on"] and lp is None:
             from .fullgraph import load_local_partition
 
-            lp = load_local_partition(args["part_config"], rank, world)   # collective: every rank has DGS on
+            lp = load_local_partition(args["part_config"], rank, world)  # collective: every rank has DGS on
         out.append(_train_one(g, rank, world, dict(args, **run), lp, log))
         log(f"run {run.get('name', len(out))} done")
     dgl.distributed.exit_client()
@@ -139,18 +158,31 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     rpc.remote_call_to_machine([(rank, NodeWeightRequest(torch.zeros(0, dtype=torch.int64), torch.zeros(0)))])
     own = pb.partid2nids(rank)
     train = own[g.ndata["train_mask"][own].bool()]
-    model_kw = {"name": args["model"], "in_feats": rt.f, "hidden": args["hidden"], "n_classes": args["classes"],
-                "num_layers": len(args["fanouts"]), "seed": args["seed"]}
+    model_kw = {
+        "name": args["model"],
+        "in_feats": rt.f,
+        "hidden": args["hidden"],
+        "n_classes": args["classes"],
+        "num_layers": len(args["fanouts"]),
+        "seed": args["seed"],
+    }
     model = build_model(**model_kw)
     opt = torch.optim.Adam(model.parameters(), lr=args["lr"])
     fanouts = [int(f) for f in args["fanouts"]]
     if on and (cfg.node_sampling or cfg.base_sampler == "labor"):
-        sampler = DGSNeighborSampler(fanouts, rt, weighted=cfg.node_sampling, epsilon=cfg.epsilon,
-                                     base=cfg.base_sampler, seed=args["seed"] * 100 + rank)
+        sampler = DGSNeighborSampler(
+            fanouts,
+            rt,
+            weighted=cfg.node_sampling,
+            epsilon=cfg.epsilon,
+            base=cfg.base_sampler,
+            seed=args["seed"] * 100 + rank,
+        )
     else:
         sampler = CountingNeighborSampler(fanouts, rt)
-    loader = dgl.dataloading.DistNodeDataLoader(g, train, sampler, batch_size=args["batch"], shuffle=True,
-                                                drop_last=False)
+    loader = dgl.dataloading.DistNodeDataLoader(
+        g, train, sampler, batch_size=args["batch"], shuffle=True, drop_last=False
+    )
     counts = torch.tensor([float(len(train))])
     comm.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, kind="setup")
     steps = max(1, math.ceil(float(counts) / args["batch"]))
@@ -162,7 +194,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
         from .dgs_explainer import ExplainerHandle, ExplainerSpec
 
         halo_ids = lp.halo_ids
-        halo_x = rt.pull(torch.from_numpy(halo_ids), None, kind="setup")    # A6 #4: one setup pull, counted
+        halo_x = rt.pull(torch.from_numpy(halo_ids), None, kind="setup")  # A6 #4: one setup pull, counted
         if args.get("self_check") and len(halo_ids):
             pull_check = _check_column_pull(g, rt, torch.from_numpy(halo_ids[:50]))
         x_all = torch.cat([lp.x.float(), halo_x])
@@ -173,7 +205,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     def run(blocks, x):
         h = x
         for k, blk in enumerate(blocks):
-            h = model.forward_layer(k, blk, h, h[:blk.num_dst_nodes()])
+            h = model.forward_layer(k, blk, h, h[: blk.num_dst_nodes()])
         return h
 
     hist, it, t_train, grad_bytes = [], 0, 0.0, 0
@@ -198,14 +230,18 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
                     loss = F.cross_entropy(run(blocks, x), g.ndata["label"][seeds])
                     loss.backward()
                     tot, n = tot + float(loss), n + 1
-                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                                  for p in model.parameters()])
-                comm.all_reduce(flat, kind="dp")             # data parallel: average the gradients (what DDP does)
+                flat = torch.cat(
+                    [
+                        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                        for p in model.parameters()
+                    ]
+                )
+                comm.all_reduce(flat, kind="dp")  # data parallel: average the gradients (what DDP does)
                 grad_bytes += flat.numel() * flat.element_size()
                 flat /= world
                 off = 0
                 for p in model.parameters():
-                    p.grad = flat[off:off + p.numel()].view_as(p).clone()
+                    p.grad = flat[off : off + p.numel()].view_as(p).clone()
                     off += p.numel()
                 opt.step()
                 it += 1
@@ -213,15 +249,22 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
                     explainer.publish(model)
                     if cfg.synchronous:
                         rt.apply_masks(halo_ids, *explainer.wait())
-            for _ in batches:                                # DistNodeDataLoader must be drained
+            for _ in batches:  # DistNodeDataLoader must be drained
                 pass
             dt = time.perf_counter() - t0
             t_train += dt
             after = rt.ledger.as_dict()
-            hist.append({"epoch": ep, "loss": tot / max(n, 1), "epoch_s": dt, "mask_version": rt.mask_version,
-                         "bytes": {k: after[k] - before[k] for k in after},
-                         "remote_rows": rt.stats["remote_rows"] - rows0["remote_rows"],
-                         "input_rows": rt.stats["input_rows"] - rows0["input_rows"]})
+            hist.append(
+                {
+                    "epoch": ep,
+                    "loss": tot / max(n, 1),
+                    "epoch_s": dt,
+                    "mask_version": rt.mask_version,
+                    "bytes": {k: after[k] - before[k] for k in after},
+                    "remote_rows": rt.stats["remote_rows"] - rows0["remote_rows"],
+                    "input_rows": rt.stats["input_rows"] - rows0["input_rows"],
+                }
+            )
             log(f"epoch {ep} loss {hist[-1]['loss']:.4f} mask version {rt.mask_version}")
         ex_stats = explainer.stop() if explainer is not None else {}
     except BaseException:
@@ -230,10 +273,22 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
         raise
     acc = _evaluate(g, pb, rank, model, run, args["batch"])
     log(f"evaluated: {acc}")
-    return {"name": args.get("name"), "rank": rank, "history": hist, "bytes": rt.ledger.as_dict(),
-            "stats": dict(rt.stats), "grad_allreduce_bytes": grad_bytes, "steps_per_epoch": steps,
-            "train_nodes": int(len(train)), "columns_pulled": None if rt.dims is None else int(rt.dims.numel()),
-            "feat_dim": rt.f, "explainer": ex_stats, "train_s": t_train, "pull_check": pull_check, **acc}
+    return {
+        "name": args.get("name"),
+        "rank": rank,
+        "history": hist,
+        "bytes": rt.ledger.as_dict(),
+        "stats": dict(rt.stats),
+        "grad_allreduce_bytes": grad_bytes,
+        "steps_per_epoch": steps,
+        "train_nodes": int(len(train)),
+        "columns_pulled": None if rt.dims is None else int(rt.dims.numel()),
+        "feat_dim": rt.f,
+        "explainer": ex_stats,
+        "train_s": t_train,
+        "pull_check": pull_check,
+        **acc,
+    }
 
 
 def _check_column_pull(g, rt, ids) -> dict:
@@ -246,8 +301,13 @@ def _check_column_pull(g, rt, ids) -> dict:
     ref = g.ndata[rt.feat][ids]
     other = torch.ones(rt.f, dtype=torch.bool)
     other[dims] = False
-    return {"rows": int(ids.numel()), "cols": dims.tolist(), "remote_rows": int((rt.owner(ids) != rt.part_id).sum()),
-            "equal": bool(torch.equal(got[:, dims], ref[:, dims])), "zero_elsewhere": bool((got[:, other] == 0).all())}
+    return {
+        "rows": int(ids.numel()),
+        "cols": dims.tolist(),
+        "remote_rows": int((rt.owner(ids) != rt.part_id).sum()),
+        "equal": bool(torch.equal(got[:, dims], ref[:, dims])),
+        "zero_elsewhere": bool((got[:, other] == 0).all()),
+    }
 
 
 def _rss() -> float:
@@ -265,8 +325,14 @@ def _evaluate(g, pb, rank, model, run, batch) -> dict:
     model.eval()
     for key in ("val_mask", "test_mask"):
         ids = own[g.ndata[key][own].bool()]
-        loader = dgl.dataloading.DistNodeDataLoader(g, ids, dgl.dataloading.NeighborSampler([-1] * len(model.layers)),
-                                                    batch_size=batch, shuffle=False, drop_last=False)
+        loader = dgl.dataloading.DistNodeDataLoader(
+            g,
+            ids,
+            dgl.dataloading.NeighborSampler([-1] * len(model.layers)),
+            batch_size=batch,
+            shuffle=False,
+            drop_last=False,
+        )
         ok = torch.zeros(2)
         with torch.no_grad():
             for inp, seeds, blocks in loader:
@@ -287,65 +353,131 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
-def run_cluster(workdir: str | Path, part_config: str, num_parts: int, trainer_args: dict,
-                timeout_s: float = 600.0) -> list[list[dict]]:
+def run_cluster(
+    workdir: str | Path, part_config: str, num_parts: int, trainer_args: dict, timeout_s: float = 600.0
+) -> list[list[dict]]:
     """Start ``num_parts`` DistGraph servers and trainers on localhost and return every trainer's results (one per
     entry of ``trainer_args["runs"]``).
     Raises RuntimeError (with the logs' tails) if a process fails or the run exceeds ``timeout_s``."""
     if os.geteuid() != 0 or not _which("unshare"):
-        raise RuntimeError("run_cluster needs root and unshare(1): DistGraph servers of partitions >= 1 run with a "
-                           "private /dev/shm (DGL names shared memory after the graph only)")
+        raise RuntimeError(
+            "run_cluster needs root and unshare(1): DistGraph servers of partitions >= 1 run with a "
+            "private /dev/shm (DGL names shared memory after the graph only)"
+        )
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     ip_config = work / "ip_config.txt"
     ip_config.write_text("".join(f"127.0.0.1 {_free_port()}\n" for _ in range(num_parts)))
-    env = dict(os.environ, DGL_IP_CONFIG=str(ip_config), DGL_NUM_SERVER="1", DGL_NUM_CLIENT=str(num_parts),
-               DGL_CONF_PATH=part_config, DGL_NUM_SAMPLER="0", OMP_NUM_THREADS="1", DGL_DIST_MODE="distributed",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    server_py = [sys.executable, "-c", "from dgl_plugin.dgs import register_services; register_services(); "
-                 f"import dgl; dgl.distributed.initialize({str(ip_config)!r})"]
+    env = dict(
+        os.environ,
+        DGL_IP_CONFIG=str(ip_config),
+        DGL_NUM_SERVER="1",
+        DGL_NUM_CLIENT=str(num_parts),
+        DGL_CONF_PATH=part_config,
+        DGL_NUM_SAMPLER="0",
+        OMP_NUM_THREADS="1",
+        DGL_DIST_MODE="distributed",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
+    server_py = [
+        sys.executable,
+        "-c",
+        "from dgl_plugin.dgs import register_services; register_services(); "
+        f"import dgl; dgl.distributed.initialize({str(ip_config)!r})",
+    ]
     procs: list[tuple[str, subprocess.Popen, Path]] = []
     try:
         for i in range(num_parts):
-            cmd = server_py if i == 0 else ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                                            'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh", *server_py]
+            cmd = (
+                server_py
+                if i == 0
+                else [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
+                    "sh",
+                    *server_py,
+                ]
+            )
             log = work / f"server{i}.log"
             with open(log, "w") as fh:
-                procs.append((f"server {i}", subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-                                                              env=dict(env, DGL_ROLE="server",
-                                                                       DGL_SERVER_ID=str(i))), log))
+                procs.append(
+                    (
+                        f"server {i}",
+                        subprocess.Popen(
+                            cmd,
+                            cwd=ROOT,
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            env=dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(i)),
+                        ),
+                        log,
+                    )
+                )
         port = _free_port()
         results = []
         for r in range(num_parts):
-            a = dict(trainer_args, ip_config=str(ip_config), part_config=part_config,
-                     result=str(work / f"trainer{r}.json"))
+            a = dict(
+                trainer_args,
+                ip_config=str(ip_config),
+                part_config=part_config,
+                result=str(work / f"trainer{r}.json"),
+            )
             (work / f"trainer{r}.args.json").write_text(json.dumps(a))
             results.append(work / f"trainer{r}.json")
             log = work / f"trainer{r}.log"
             with open(log, "w") as fh:
-                procs.append((f"trainer {r}", subprocess.Popen(
-                    [sys.executable, "-m", "dgl_plugin.dgs_train", str(work / f"trainer{r}.args.json")], cwd=ROOT,
-                    stdout=fh, stderr=subprocess.STDOUT,
-                    env=dict(env, DGL_ROLE="client", RANK=str(r), WORLD_SIZE=str(num_parts), MASTER_ADDR="127.0.0.1",
-                             MASTER_PORT=str(port))), log))
+                procs.append(
+                    (
+                        f"trainer {r}",
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "dgl_plugin.dgs_train",
+                                str(work / f"trainer{r}.args.json"),
+                            ],
+                            cwd=ROOT,
+                            stdout=fh,
+                            stderr=subprocess.STDOUT,
+                            env=dict(
+                                env,
+                                DGL_ROLE="client",
+                                RANK=str(r),
+                                WORLD_SIZE=str(num_parts),
+                                MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(port),
+                            ),
+                        ),
+                        log,
+                    )
+                )
         deadline = time.monotonic() + timeout_s
         trainers = [p for p in procs if p[0].startswith("trainer")]
         while any(p.poll() is None for _, p, _ in trainers):
             bad = [(n, p.returncode, log) for n, p, log in procs if p.poll() not in (None, 0)]
             if bad:
-                raise RuntimeError("DGS run failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}"
-                                                                  for n, rc, log in bad))
+                raise RuntimeError(
+                    "DGS run failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}" for n, rc, log in bad)
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"DGS run exceeded timeout_s={timeout_s}; trainer logs:\n" +
-                                   "\n".join(f"{n}:\n{_tail(log)}" for n, _, log in trainers))
+                raise RuntimeError(
+                    f"DGS run exceeded timeout_s={timeout_s}; trainer logs:\n"
+                    + "\n".join(f"{n}:\n{_tail(log)}" for n, _, log in trainers)
+                )
             time.sleep(0.2)
         bad = [(n, p.returncode, log) for n, p, log in trainers if p.returncode != 0]
         if bad:
-            raise RuntimeError("DGS trainers failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}"
-                                                                  for n, rc, log in bad))
+            raise RuntimeError(
+                "DGS trainers failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}" for n, rc, log in bad)
+            )
         for _, p, _ in procs:
             try:
-                p.wait(timeout=30)                 # servers leave when the last client has left
+                p.wait(timeout=30)  # servers leave when the last client has left
             except subprocess.TimeoutExpired:
                 p.kill()
         return [json.loads(r.read_text()) for r in results]
@@ -365,8 +497,21 @@ def _which(name: str) -> bool:
     return shutil.which(name) is not None
 
 
-RUN_KEYS = {"job", "world_size", "epochs", "lr", "seed", "timeout_s", "out_dir", "workdir", "batch_size", "fanouts",
-            "data", "model", "flowlane"}
+RUN_KEYS = {
+    "job",
+    "world_size",
+    "epochs",
+    "lr",
+    "seed",
+    "timeout_s",
+    "out_dir",
+    "workdir",
+    "batch_size",
+    "fanouts",
+    "data",
+    "model",
+    "flowlane",
+}
 
 
 def check_config(c: dict) -> None:
@@ -385,10 +530,15 @@ def check_config(c: dict) -> None:
         DGSConfig.from_dict(dgs)
     w = c.get("world_size", 2)
     if isinstance(w, bool) or not isinstance(w, int) or w < 2:
-        raise ValueError(f"gnn_dgs: world_size={w!r} must be an integer >= 2 (one DistDGL partition per trainer)")
+        raise ValueError(
+            f"gnn_dgs: world_size={w!r} must be an integer >= 2 (one DistDGL partition per trainer)"
+        )
     fan = c.get("fanouts", [10, 10])
-    if not isinstance(fan, list | tuple) or not fan or any(isinstance(f, bool) or not isinstance(f, int) or
-                                                          (f < 1 and f != -1) for f in fan):
+    if (
+        not isinstance(fan, list | tuple)
+        or not fan
+        or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fan)
+    ):
         raise ValueError(f"gnn_dgs: fanouts={fan!r} must be a list of integers >= 1 (or -1: all neighbours)")
     for key in ("epochs", "batch_size"):
         v = c.get(key, 1)
@@ -396,8 +546,10 @@ def check_config(c: dict) -> None:
             raise ValueError(f"gnn_dgs: {key}={v!r} must be an integer >= 1")
     model = (c.get("model") or {}).get("name", "sage")
     if model not in ("sage", "gcn"):
-        raise ValueError(f"gnn_dgs: model.name={model!r}: choose 'sage' or 'gcn' (the explainer needs layers that "
-                         f"take edge weights)")
+        raise ValueError(
+            f"gnn_dgs: model.name={model!r}: choose 'sage' or 'gcn' (the explainer needs layers that "
+            f"take edge weights)"
+        )
 
 
 def run_dgs(cfg: Any) -> dict:
@@ -413,17 +565,34 @@ def run_dgs(cfg: Any) -> dict:
     work = Path(c.get("workdir") or f"/tmp/flowlane_dgs_{os.getpid()}")
     part_config, classes = partition_redundant(work, world, seed=int(c.get("seed", 0)), **data)
     dgs = (c.get("flowlane") or {}).get("dgs")
-    targs = {"runs": [{"name": "gnn_dgs", "dgs": dgs or {}, "dgs_on": dgs is not None}], "seed": int(c.get("seed", 0)),
-             "epochs": int(c.get("epochs", 5)), "lr": float(c.get("lr", 0.01)), "batch": int(c.get("batch_size", 64)),
-             "fanouts": list(c.get("fanouts", [10, 10])), "model": model.get("name", "sage"),
-             "hidden": int(model.get("hidden", 32)), "classes": classes}
+    targs = {
+        "runs": [{"name": "gnn_dgs", "dgs": dgs or {}, "dgs_on": dgs is not None}],
+        "seed": int(c.get("seed", 0)),
+        "epochs": int(c.get("epochs", 5)),
+        "lr": float(c.get("lr", 0.01)),
+        "batch": int(c.get("batch_size", 64)),
+        "fanouts": list(c.get("fanouts", [10, 10])),
+        "model": model.get("name", "sage"),
+        "hidden": int(model.get("hidden", 32)),
+        "classes": classes,
+    }
     t = time.perf_counter()
-    ranks = [r[0] for r in run_cluster(work / "run", part_config, world, targs, float(c.get("timeout_s", 600)))]
-    out = {"job": "gnn_dgs", "world_size": world, "config": c, "wall_s": time.perf_counter() - t,
-           "val_acc": ranks[0]["val_acc"], "test_acc": ranks[0]["test_acc"],
-           "bytes": {k: sum(r["bytes"][k] for r in ranks) for k in ranks[0]["bytes"]},
-           "loss": [sum(r["history"][e]["loss"] for r in ranks) / world for e in range(len(ranks[0]["history"]))],
-           "ranks": ranks}
+    ranks = [
+        r[0] for r in run_cluster(work / "run", part_config, world, targs, float(c.get("timeout_s", 600)))
+    ]
+    out = {
+        "job": "gnn_dgs",
+        "world_size": world,
+        "config": c,
+        "wall_s": time.perf_counter() - t,
+        "val_acc": ranks[0]["val_acc"],
+        "test_acc": ranks[0]["test_acc"],
+        "bytes": {k: sum(r["bytes"][k] for r in ranks) for k in ranks[0]["bytes"]},
+        "loss": [
+            sum(r["history"][e]["loss"] for r in ranks) / world for e in range(len(ranks[0]["history"]))
+        ],
+        "ranks": ranks,
+    }
     out_dir = c.get("out_dir")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -431,9 +600,11 @@ def run_dgs(cfg: Any) -> dict:
         with open(tmp, "w") as f:
             json.dump(out, f, indent=1, default=str)
         os.replace(tmp, os.path.join(out_dir, "summary.json"))
-    print(f"gnn_dgs: {world} partitions, loss {out['loss'][0]:.3f} -> {out['loss'][-1]:.3f}, "
-          f"val {out['val_acc']:.3f}, test {out['test_acc']:.3f}, remote feature bytes {out['bytes']['feature_remote']:,}"
-          f", sampling RPC bytes {out['bytes']['sampling_rpc']:,}")
+    print(
+        f"gnn_dgs: {world} partitions, loss {out['loss'][0]:.3f} -> {out['loss'][-1]:.3f}, "
+        f"val {out['val_acc']:.3f}, test {out['test_acc']:.3f}, remote feature bytes {out['bytes']['feature_remote']:,}"
+        f", sampling RPC bytes {out['bytes']['sampling_rpc']:,}"
+    )
     return out
 
 

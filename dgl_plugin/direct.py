@@ -44,26 +44,36 @@ def direct_config(config: DirectConfig | Mapping[str, Any] | None) -> DirectConf
 
             config = OmegaConf.to_container(config, resolve=True)  # type: ignore[assignment]
         except Exception:  # noqa: BLE001
-            raise TypeError(f"direct config must be a DirectConfig or a mapping, got {type(config).__name__}") from None
+            raise TypeError(
+                f"direct config must be a DirectConfig or a mapping, got {type(config).__name__}"
+            ) from None
     return DirectConfig.from_dict(config)  # type: ignore[arg-type]
 
 
 class DirectFeatureStorage(FeatureStorage):
     """A DGL feature storage backed by :class:`flowlane.direct.FeatureStore` (zero-copy or cpu-gather)."""
 
-    def __init__(self, features: torch.Tensor, config: DirectConfig | Mapping[str, Any] | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        features: torch.Tensor,
+        config: DirectConfig | Mapping[str, Any] | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         self.store = FeatureStore(features, direct_config(config), device=device)
 
     def fetch(self, indices: Any, device: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
         """``features[indices]`` on ``device`` (DGL's FeatureStorage contract); ``pin_memory`` is DGL's hint for its
         own CPU path and is not needed here (the cpu-gather path always stages through pinned memory)."""
         if isinstance(indices, Mapping):
-            raise ValueError(f"DirectFeatureStorage holds one node feature table (homogeneous graphs); got indices for "
-                             f"types {sorted(indices)}")
+            raise ValueError(
+                f"DirectFeatureStorage holds one node feature table (homogeneous graphs); got indices for "
+                f"types {sorted(indices)}"
+            )
         if torch.device(device) != self.store.device:
-            raise ValueError(f"the DataLoader fetches onto {torch.device(device)} but this storage gathers onto "
-                             f"{self.store.device}; build it with device=loader.device (attach_direct_features does)")
+            raise ValueError(
+                f"the DataLoader fetches onto {torch.device(device)} but this storage gathers onto "
+                f"{self.store.device}; build it with device=loader.device (attach_direct_features does)"
+            )
         return self.store.gather(indices)
 
     def close(self) -> None:
@@ -80,28 +90,39 @@ class DirectSampler(Sampler):
         if not hasattr(sampler, "sample"):
             raise TypeError(f"sampler must be a dgl.dataloading.Sampler, got {type(sampler).__name__}")
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name={name!r} must be a non-empty string (the name given to attach_direct_features)")
+            raise ValueError(
+                f"name={name!r} must be a non-empty string (the name given to attach_direct_features)"
+            )
         self.sampler, self.name = sampler, name
 
     def sample(self, g: Any, indices: Any) -> tuple:
         out = self.sampler.sample(g, indices)
         if not (isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor)):
-            raise TypeError(f"{type(self.sampler).__name__}.sample returned {type(out).__name__} whose first item is "
-                            f"not a tensor of input node IDs; DirectSampler wraps samplers returning "
-                            f"(input_nodes, output_nodes, blocks) on homogeneous graphs")
+            raise TypeError(
+                f"{type(self.sampler).__name__}.sample returned {type(out).__name__} whose first item is "
+                f"not a tensor of input node IDs; DirectSampler wraps samplers returning "
+                f"(input_nodes, output_nodes, blocks) on homogeneous graphs"
+            )
         return (*out, LazyFeature(self.name, out[0]))
 
 
-def attach_direct_features(loader: Any, features: torch.Tensor,
-                           config: DirectConfig | Mapping[str, Any] | None = None,
-                           name: str = "feat") -> DirectFeatureStorage:
+def attach_direct_features(
+    loader: Any,
+    features: torch.Tensor,
+    config: DirectConfig | Mapping[str, Any] | None = None,
+    name: str = "feat",
+) -> DirectFeatureStorage:
     """Register ``features`` under ``name`` on a ``dgl.dataloading.DataLoader`` (its ``attach_data``), gathered onto
     ``loader.device`` by the configured path. Returns the storage (``storage.store.path`` says which path runs)."""
     if not hasattr(loader, "attach_data"):
-        raise TypeError(f"loader must be a dgl.dataloading.DataLoader (it has attach_data), got {type(loader).__name__}")
+        raise TypeError(
+            f"loader must be a dgl.dataloading.DataLoader (it has attach_data), got {type(loader).__name__}"
+        )
     if not isinstance(loader.graph_sampler, DirectSampler) or loader.graph_sampler.name != name:
-        raise ValueError(f"the loader's sampler must be DirectSampler(..., name={name!r}) so that its samples ask for "
-                         f"{name!r}; got {type(loader.graph_sampler).__name__}")
+        raise ValueError(
+            f"the loader's sampler must be DirectSampler(..., name={name!r}) so that its samples ask for "
+            f"{name!r}; got {type(loader.graph_sampler).__name__}"
+        )
     storage = DirectFeatureStorage(features, config, device=loader.device)
     loader.attach_data(name, storage)
     return storage

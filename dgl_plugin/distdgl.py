@@ -57,38 +57,58 @@ def distdgl_role(env: Mapping[str, str] | None = None) -> DistDGLRole | None:
     need = _COMMON + (("DGL_SERVER_ID",) if role == "server" else ())
     missing = [n for n in need if not env.get(n)]
     if missing:
-        raise LauncherEnvError(f"DGL_ROLE={role} but {missing} not set: DistDGL's launch.py sets them; start the "
-                               f"job with it (or set them as it does)")
+        raise LauncherEnvError(
+            f"DGL_ROLE={role} but {missing} not set: DistDGL's launch.py sets them; start the "
+            f"job with it (or set them as it does)"
+        )
     ints = {}
-    for n in ("DGL_NUM_SERVER", "DGL_NUM_CLIENT", "DGL_NUM_SAMPLER") + (("DGL_SERVER_ID",) if role == "server" else ()):
+    for n in ("DGL_NUM_SERVER", "DGL_NUM_CLIENT", "DGL_NUM_SAMPLER") + (
+        ("DGL_SERVER_ID",) if role == "server" else ()
+    ):
         raw = env.get(n, "0")
         try:
             ints[n] = int(raw)
         except ValueError:
             raise LauncherEnvError(f"{n}={raw!r} must be an integer") from None
         if ints[n] < (1 if n in ("DGL_NUM_SERVER", "DGL_NUM_CLIENT") else 0):
-            raise LauncherEnvError(f"{n}={ints[n]} must be >= {1 if n in ('DGL_NUM_SERVER', 'DGL_NUM_CLIENT') else 0}")
+            raise LauncherEnvError(
+                f"{n}={ints[n]} must be >= {1 if n in ('DGL_NUM_SERVER', 'DGL_NUM_CLIENT') else 0}"
+            )
     for n in ("DGL_IP_CONFIG", "DGL_CONF_PATH"):
         if not os.path.isfile(env[n]):
-            raise LauncherEnvError(f"{n}={env[n]!r} is not a file (paths are relative to the folder the launcher "
-                                   f"ran the command in: its --workspace)")
+            raise LauncherEnvError(
+                f"{n}={env[n]!r} is not a file (paths are relative to the folder the launcher "
+                f"ran the command in: its --workspace)"
+            )
     if role == "client" and env.get("DGL_DIST_MODE") != "distributed":
-        raise LauncherEnvError(f"DGL_ROLE=client needs DGL_DIST_MODE=distributed (got "
-                               f"{env.get('DGL_DIST_MODE')!r}); DistDGL's launch.py sets it for trainers")
-    return DistDGLRole(role, env["DGL_IP_CONFIG"], env["DGL_CONF_PATH"], ints["DGL_NUM_SERVER"],
-                       ints["DGL_NUM_CLIENT"], ints["DGL_NUM_SAMPLER"])
+        raise LauncherEnvError(
+            f"DGL_ROLE=client needs DGL_DIST_MODE=distributed (got "
+            f"{env.get('DGL_DIST_MODE')!r}); DistDGL's launch.py sets it for trainers"
+        )
+    return DistDGLRole(
+        role,
+        env["DGL_IP_CONFIG"],
+        env["DGL_CONF_PATH"],
+        ints["DGL_NUM_SERVER"],
+        ints["DGL_NUM_CLIENT"],
+        ints["DGL_NUM_SAMPLER"],
+    )
 
 
 def check_full_graph_trainers(r: DistDGLRole, world_size: int) -> None:
     """Full-graph training under DistDGL's launcher: every client is a trainer (no samplers: nothing is sampled), so
     DGL_NUM_CLIENT must be the trainers torchrun started, or the servers would wait for clients that never come."""
     if r.num_samplers:
-        raise LauncherEnvError(f"DGL_NUM_SAMPLER={r.num_samplers}: full-graph training samples nothing; launch with "
-                               f"--num_samplers 0")
+        raise LauncherEnvError(
+            f"DGL_NUM_SAMPLER={r.num_samplers}: full-graph training samples nothing; launch with "
+            f"--num_samplers 0"
+        )
     if r.num_clients != world_size:
-        raise LauncherEnvError(f"DGL_NUM_CLIENT={r.num_clients} but {world_size} trainers were started "
-                               f"(WORLD_SIZE): launch.py counts trainers x machines; give world_size={r.num_clients} "
-                               f"or launch that many trainers")
+        raise LauncherEnvError(
+            f"DGL_NUM_CLIENT={r.num_clients} but {world_size} trainers were started "
+            f"(WORLD_SIZE): launch.py counts trainers x machines; give world_size={r.num_clients} "
+            f"or launch that many trainers"
+        )
 
 
 def serve(r: DistDGLRole) -> None:

@@ -122,8 +122,9 @@ class FullGraphConfig:
         if world < 1:
             bad("world size", world, "must be >= 1")
         dev = self.device
-        if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or
-                                            (dev.startswith("cuda:") and dev[5:].isdigit())):
+        if not isinstance(dev, str) or not (
+            dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())
+        ):
             bad("device", dev, "choose 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
         if dev.startswith("cuda") and not torch.cuda.is_available():
             bad("device", dev, "CUDA is not available here; use 'auto' or 'cpu'")
@@ -151,12 +152,16 @@ def check_graph(g: dgl.DGLGraph, feat: str = "feat", label: str = "label") -> No
             raise ValueError(f"graph lacks ndata[{key!r}]; has {sorted(g.ndata.keys())}")
     x = g.ndata[feat]
     if x.dim() != 2 or not torch.is_floating_point(x):
-        raise ValueError(f"ndata[{feat!r}] must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}")
+        raise ValueError(
+            f"ndata[{feat!r}] must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}"
+        )
     if not torch.isfinite(x).all():
         raise ValueError(f"ndata[{feat!r}] contains NaN or inf")
     y = g.ndata[label]
     if y.dim() != 1 or torch.is_floating_point(y) or (y.numel() and y.min() < 0):
-        raise ValueError(f"ndata[{label!r}] must be a 1-D non-negative integer tensor, got {y.dtype} {tuple(y.shape)}")
+        raise ValueError(
+            f"ndata[{label!r}] must be a 1-D non-negative integer tensor, got {y.dtype} {tuple(y.shape)}"
+        )
 
 
 @dataclass
@@ -185,8 +190,9 @@ class LocalPartition:
     stats: dict = field(default_factory=dict)
 
 
-def local_from_graph(g: dgl.DGLGraph, part: np.ndarray, rank: int, world: int, feat: str = "feat",
-                     label: str = "label") -> LocalPartition:
+def local_from_graph(
+    g: dgl.DGLGraph, part: np.ndarray, rank: int, world: int, feat: str = "feat", label: str = "label"
+) -> LocalPartition:
     """The in-memory path (small graphs): cut rank ``rank``'s partition out of the whole graph ``g``."""
     n = g.num_nodes()
     src, dst = (t.numpy().astype(np.int64) for t in g.edges())
@@ -200,12 +206,28 @@ def local_from_graph(g: dgl.DGLGraph, part: np.ndarray, rank: int, world: int, f
     out_deg = np.bincount(src, minlength=n).astype(np.float64)
     lid = torch.from_numpy(inner)
     masks = {k: g.ndata[k][lid].bool() for k in ("train_mask", "val_mask", "test_mask") if k in g.ndata}
-    return LocalPartition(inner, halo, pos[src[mine]], pos[dst[mine]], g.ndata[feat][lid], g.ndata[label][lid],
-                          masks, int(g.ndata["train_mask"].sum()), rel, out_deg[np.concatenate([inner, halo])])
+    return LocalPartition(
+        inner,
+        halo,
+        pos[src[mine]],
+        pos[dst[mine]],
+        g.ndata[feat][lid],
+        g.ndata[label][lid],
+        masks,
+        int(g.ndata["train_mask"].sum()),
+        rel,
+        out_deg[np.concatenate([inner, halo])],
+    )
 
 
-def load_local_partition(part_config: str, rank: int, world: int, group: dist.ProcessGroup | None = None,
-                         feat: str = "feat", label: str = "label") -> LocalPartition:
+def load_local_partition(
+    part_config: str,
+    rank: int,
+    world: int,
+    group: dist.ProcessGroup | None = None,
+    feat: str = "feat",
+    label: str = "label",
+) -> LocalPartition:
     """Load only partition ``rank`` of a ``dgl.distributed.partition_graph`` output (``part_config``: its JSON) and
     build the exchange relation from the partition book plus every rank's halo list (one all-gather of halo ids).
     Collective when ``world > 1``."""
@@ -213,17 +235,23 @@ def load_local_partition(part_config: str, rank: int, world: int, group: dist.Pr
     import os
 
     if not isinstance(part_config, str) or not os.path.isfile(part_config):
-        raise FileNotFoundError(f"part_config={part_config!r} is not a file (give the JSON written by "
-                                f"dgl.distributed.partition_graph)")
+        raise FileNotFoundError(
+            f"part_config={part_config!r} is not a file (give the JSON written by "
+            f"dgl.distributed.partition_graph)"
+        )
     with open(part_config) as f:
         meta = json.load(f)
     n_parts = int(meta.get("num_parts", -1))
     if n_parts != world:
-        raise ValueError(f"part_config={part_config!r} has num_parts={n_parts} but world_size={world}: one rank per "
-                         f"partition (repartition with dgl.distributed.partition_graph(..., num_parts={world}))")
+        raise ValueError(
+            f"part_config={part_config!r} has num_parts={n_parts} but world_size={world}: one rank per "
+            f"partition (repartition with dgl.distributed.partition_graph(..., num_parts={world}))"
+        )
     lg, node_feats, _ef, gpb, *_ = dgl.distributed.load_partition(part_config, rank)
     if not gpb.is_homogeneous:
-        raise ValueError(f"part_config={part_config!r}: graph must be homogeneous, got node types {gpb.ntypes}")
+        raise ValueError(
+            f"part_config={part_config!r}: graph must be homogeneous, got node types {gpb.ntypes}"
+        )
     nt = gpb.ntypes[0]
 
     def nf(key: str) -> torch.Tensor | None:
@@ -231,15 +259,17 @@ def load_local_partition(part_config: str, rank: int, world: int, group: dist.Pr
 
     for key in (feat, label, "train_mask"):
         if nf(key) is None:
-            raise ValueError(f"part_config={part_config!r}: partition {rank} has no node data {key!r}; has "
-                             f"{sorted(node_feats)} (partition a graph whose ndata holds {feat}, {label}, train_mask)")
+            raise ValueError(
+                f"part_config={part_config!r}: partition {rank} has no node data {key!r}; has "
+                f"{sorted(node_feats)} (partition a graph whose ndata holds {feat}, {label}, train_mask)"
+            )
     is_inner = lg.ndata["inner_node"].bool().numpy()
     n_inner = int(is_inner.sum())
     if not is_inner[:n_inner].all():
         raise ValueError(f"part_config={part_config!r}: inner nodes of partition {rank} are not listed first")
     gid = lg.ndata[dgl.NID].numpy().astype(np.int64)
     ls, ld = (t.numpy().astype(np.int64) for t in lg.edges())
-    keep = ld < n_inner                             # in-edges of inner nodes (the partition also holds halo edges)
+    keep = ld < n_inner  # in-edges of inner nodes (the partition also holds halo edges)
     ls, ld = ls[keep], ld[keep]
     halo_rows = np.unique(ls[ls >= n_inner])
     halo_ids = gid[halo_rows]
@@ -256,11 +286,24 @@ def load_local_partition(part_config: str, rank: int, world: int, group: dist.Pr
     n_train = torch.tensor([float(masks["train_mask"].sum())], dtype=torch.float64)
     if world > 1:
         comm.all_reduce(n_train, group=group, kind="setup")
-    return LocalPartition(gid[:n_inner], halo_ids, pos[ls], ld, nf(feat), nf(label), masks, int(n_train.item()),
-                          rel, None, {"part_config": part_config, "n_halo_loaded": int((~is_inner).sum())})
+    return LocalPartition(
+        gid[:n_inner],
+        halo_ids,
+        pos[ls],
+        ld,
+        nf(feat),
+        nf(label),
+        masks,
+        int(n_train.item()),
+        rel,
+        None,
+        {"part_config": part_config, "n_halo_loaded": int((~is_inner).sum())},
+    )
 
 
-def _bfs_boundary_first(n_inner: int, e_src: np.ndarray, e_dst: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+def _bfs_boundary_first(
+    n_inner: int, e_src: np.ndarray, e_dst: np.ndarray, boundary: np.ndarray
+) -> np.ndarray:
     """§4.4.3 step 1: BFS over the partition's inner nodes (edges taken both ways) from every component, then boundary
     nodes first (stable). Returns inner row indices."""
     inner = e_src < n_inner
@@ -279,7 +322,7 @@ def _bfs_boundary_first(n_inner: int, e_src: np.ndarray, e_dst: np.ndarray, boun
         while q:
             v = q.popleft()
             order.append(v)
-            for w in b[indptr[v]:indptr[v + 1]].tolist():
+            for w in b[indptr[v] : indptr[v + 1]].tolist():
                 if not seen[w]:
                     seen[w] = True
                     q.append(w)
@@ -299,7 +342,8 @@ class _NoGraph:
         raise ModelContractError(
             f"model.forward uses graph.{name} outside model.layers; full-graph training holds only a partition, so "
             f"a forward may only pass the graph to its layers. Add forward_layer(k, block, h_src, h_dst) (layer k plus "
-            f"what follows it) to the model instead")
+            f"what follows it) to the model instead"
+        )
 
 
 class ModelContractError(ValueError):
@@ -315,11 +359,15 @@ class _LayerCall(torch.nn.Module):
 
     def forward(self, graph: Any, h: Any, *args: Any, **kw: Any) -> torch.Tensor:
         if args or kw:
-            raise ModelContractError(f"model.forward calls layers[{self.k}] with extra arguments {args or kw}; the "
-                                     f"runtime supports layer(graph, h) only. Add forward_layer(k, block, h_src, h_dst)")
+            raise ModelContractError(
+                f"model.forward calls layers[{self.k}] with extra arguments {args or kw}; the "
+                f"runtime supports layer(graph, h) only. Add forward_layer(k, block, h_src, h_dst)"
+            )
         if not isinstance(h, torch.Tensor):
-            raise ModelContractError(f"model.forward calls layers[{self.k}] with {type(h).__name__}, not one tensor of "
-                                     f"node rows. Add forward_layer(k, block, h_src, h_dst)")
+            raise ModelContractError(
+                f"model.forward calls layers[{self.k}] with {type(h).__name__}, not one tensor of "
+                f"node rows. Add forward_layer(k, block, h_src, h_dst)"
+            )
         return self.fn(self.k, h)
 
 
@@ -347,13 +395,17 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         raise ModelContractError(
             "model must keep its graph layers in `self.layers` (a non-empty nn.ModuleList of dgl.nn convolutions), as "
-            "DGL's full-graph examples do; found " + (type(layers).__name__ if layers is not None else "no `layers`"))
+            "DGL's full-graph examples do; found "
+            + (type(layers).__name__ if layers is not None else "no `layers`")
+        )
     in_layers = {id(m) for layer in layers for m in layer.modules()}
     for name, m in model.named_modules():
         if id(m) not in in_layers and isinstance(m, _NODE_MIXING):
-            raise ModelContractError(f"model.{name} ({type(m).__name__}) normalises across all nodes; per-partition "
-                                     f"statistics would differ from single-process training. Remove it, or use "
-                                     f"LayerNorm (row by row)")
+            raise ModelContractError(
+                f"model.{name} ({type(m).__name__}) normalises across all nodes; per-partition "
+                f"statistics would differ from single-process training. Remove it, or use "
+                f"LayerNorm (row by row)"
+            )
     mode = "forward_layer" if callable(getattr(model, "forward_layer", None)) else "forward"
     gen = torch.Generator().manual_seed(0)
     n = 24
@@ -369,22 +421,28 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
             try:
                 ref = model(g, x)
             except Exception as e:
-                raise ModelContractError(f"model(g, x) failed on a full graph ({type(e).__name__}: {e}); the runtime "
-                                         f"needs DGL's full-graph convention forward(graph, features)") from e
+                raise ModelContractError(
+                    f"model(g, x) failed on a full graph ({type(e).__name__}: {e}); the runtime "
+                    f"needs DGL's full-graph convention forward(graph, features)"
+                ) from e
             if mode == "forward_layer":
                 h = x
                 for k in range(len(layers)):
                     h = model.forward_layer(k, g, h, h)
                 if h.shape != ref.shape or not torch.allclose(h, ref, rtol=1e-5, atol=1e-6):
-                    raise ModelContractError("chaining model.forward_layer(k, ...) over model.layers does not give "
-                                             "model(g, x); make forward_layer run layer k plus exactly what follows it")
+                    raise ModelContractError(
+                        "chaining model.forward_layer(k, ...) over model.layers does not give "
+                        "model(g, x); make forward_layer run layer k plus exactly what follows it"
+                    )
                 return mode
             inputs: list = []
 
             def full(k: int, h: torch.Tensor) -> torch.Tensor:
                 if len(inputs) != k:
-                    raise ModelContractError(f"model.forward calls layers[{k}] out of order (after {len(inputs)} "
-                                             f"layer calls); layers must run once each, in order")
+                    raise ModelContractError(
+                        f"model.forward calls layers[{k}] out of order (after {len(inputs)} "
+                        f"layer calls); layers must run once each, in order"
+                    )
                 out = layers_saved[k](g, h)
                 inputs.append((h, out))
                 return out
@@ -393,28 +451,40 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
             try:
                 out_full = model(_NoGraph(), x)
                 if len(inputs) != len(layers_saved):
-                    raise ModelContractError(f"model.forward called {len(inputs)} of its {len(layers_saved)} layers; "
-                                             f"each must run once, in order")
+                    raise ModelContractError(
+                        f"model.forward called {len(inputs)} of its {len(layers_saved)} layers; "
+                        f"each must run once, in order"
+                    )
                 if out_full.shape != ref.shape or not torch.allclose(out_full, ref, rtol=1e-5, atol=1e-6):
-                    raise ModelContractError("model.forward gives different results when its layers are called "
-                                             "through the runtime; add forward_layer(k, block, h_src, h_dst)")
+                    raise ModelContractError(
+                        "model.forward gives different results when its layers are called "
+                        "through the runtime; add forward_layer(k, block, h_src, h_dst)"
+                    )
                 for half in (torch.arange(0, n, 2, device=dev), torch.arange(1, n, 2, device=dev)):
+
                     def part(k: int, h: torch.Tensor, half: torch.Tensor = half) -> torch.Tensor:
                         hin, hout = inputs[k]
-                        if h.shape[0] != half.numel() or not torch.allclose(h, hin[half], rtol=1e-5, atol=1e-6):
+                        if h.shape[0] != half.numel() or not torch.allclose(
+                            h, hin[half], rtol=1e-5, atol=1e-6
+                        ):
                             raise ModelContractError(
                                 f"model.forward mixes nodes outside its graph layers (the input of layers[{k}] "
                                 f"depends on other nodes' rows); the runtime would compute a different function. "
-                                f"Add forward_layer(k, block, h_src, h_dst) to the model")
+                                f"Add forward_layer(k, block, h_src, h_dst) to the model"
+                            )
                         return hout[half]
 
                     for k in range(len(layers_saved)):
                         model.layers[k] = _LayerCall(k, part)
                     out = model(_NoGraph(), x[half])
-                    if out.shape != ref[half].shape or not torch.allclose(out, ref[half], rtol=1e-5, atol=1e-6):
-                        raise ModelContractError("model.forward mixes nodes after its last graph layer; the runtime "
-                                                 "would compute a different function. Add forward_layer(k, block, "
-                                                 "h_src, h_dst)")
+                    if out.shape != ref[half].shape or not torch.allclose(
+                        out, ref[half], rtol=1e-5, atol=1e-6
+                    ):
+                        raise ModelContractError(
+                            "model.forward mixes nodes after its last graph layer; the runtime "
+                            "would compute a different function. Add forward_layer(k, block, "
+                            "h_src, h_dst)"
+                        )
             finally:
                 _restore_layers(model, layers_saved)
     finally:
@@ -441,9 +511,16 @@ class FullGraphRuntime:
     or this rank's :class:`LocalPartition` (e.g. from :func:`load_local_partition` on ``partition_graph`` output).
     The model is moved to ``cfg.device``."""
 
-    def __init__(self, source: dgl.DGLGraph | LocalPartition, model: torch.nn.Module,
-                 cfg: FullGraphConfig | None = None, feat: str = "feat", label: str = "label",
-                 group: dist.ProcessGroup | None = None, part: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        source: dgl.DGLGraph | LocalPartition,
+        model: torch.nn.Module,
+        cfg: FullGraphConfig | None = None,
+        feat: str = "feat",
+        label: str = "label",
+        group: dist.ProcessGroup | None = None,
+        part: np.ndarray | None = None,
+    ) -> None:
         self.cfg = cfg = cfg or FullGraphConfig()
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -455,8 +532,9 @@ class FullGraphRuntime:
                 raise ValueError("part= applies to a whole graph, not to a LocalPartition")
             lp = source
             if lp.relation.num_ranks != self.world:
-                raise ValueError(f"the partition was made for {lp.relation.num_ranks} ranks, world size is "
-                                 f"{self.world}")
+                raise ValueError(
+                    f"the partition was made for {lp.relation.num_ranks} ranks, world size is {self.world}"
+                )
         else:
             check_graph(source, feat, label)
             n = source.num_nodes()
@@ -465,8 +543,17 @@ class FullGraphRuntime:
                 if self.rank == 0:
                     src, dst = (t.numpy().astype(np.int64) for t in source.edges())
                     method = "metis" if cfg.partition == "g3" else cfg.partition
-                    p, stats = g3_partition(src, dst, n, self.world, cfg.gamma, method, cfg.objtype,
-                                            refine_stage2=cfg.partition == "g3", seed=cfg.seed)
+                    p, stats = g3_partition(
+                        src,
+                        dst,
+                        n,
+                        self.world,
+                        cfg.gamma,
+                        method,
+                        cfg.objtype,
+                        refine_stage2=cfg.partition == "g3",
+                        seed=cfg.seed,
+                    )
                     part_t = torch.from_numpy(p)
                     self.part_stats = stats.as_dict()
                 if self.world > 1:
@@ -480,7 +567,9 @@ class FullGraphRuntime:
         self.part = part if not isinstance(source, LocalPartition) else None
         x = lp.x
         if x.dim() != 2 or not torch.is_floating_point(x):
-            raise ValueError(f"node features must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}")
+            raise ValueError(
+                f"node features must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}"
+            )
         self.mode = check_model(model, x.shape[1], x.dtype)
         self.device = resolve_device(cfg.device)
         self.model = model.to(self.device)
@@ -508,36 +597,48 @@ class FullGraphRuntime:
             if len(set(digests)) != 1:
                 raise RuntimeError(f"ranks planned different exchanges: {digests}")
         owner = np.asarray(rel.owner)
-        local_ids = [self.local_ids if r == self.rank else np.nonzero(owner == r)[0] for r in range(self.world)]
+        local_ids = [
+            self.local_ids if r == self.rank else np.nonzero(owner == r)[0] for r in range(self.world)
+        ]
         self.tables = compile_tables(self.plan, rel, local_ids)[self.rank]
         # The halo exchange gets its own process group: its p2p ops run on a helper thread (pipelined schedule)
         # while layer all-reduces are in flight, and gloo only orders ops within one group, so sharing a group
         # lets the two streams interleave differently on different ranks (a timing-dependent hang).
         xgroup = None
         if self.world > 1:
-            ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+            ranks = (
+                list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+            )
             xgroup = dist.new_group(ranks)
         self.exchange = GraphExchange(self.tables, group=xgroup, emulate_bandwidth=cfg.emulate_bandwidth)
         # gloo moves CPU tensors only: with a CUDA device on gloo the exchange stages through host memory
-        self._host_exchange = self.device.type != "cpu" and self.world > 1 and \
-            dist.get_backend(xgroup) == "gloo"
+        self._host_exchange = (
+            self.device.type != "cpu" and self.world > 1 and dist.get_backend(xgroup) == "gloo"
+        )
         self.n_remote = self.tables.num_remote
         # -- global degrees (GCN normalisation, B6 #14): in-degree = local in-edges (all present); out-degree of
         #    halo rows needs the owners' totals: partial counts summed along the reversed plan, then sent forward --
         in_deg = np.bincount(e_dst, minlength=self.n_local).clip(min=1).astype(np.float64)
         if lp.out_deg is not None:
-            full_out = np.concatenate([lp.out_deg[:self.n_local][order], lp.out_deg[self.n_local:]])
+            full_out = np.concatenate([lp.out_deg[: self.n_local][order], lp.out_deg[self.n_local :]])
         else:
             full_out = self._global_out_degree(e_src, xgroup)
         out_deg = full_out.clip(min=1)
-        norms = {"both": out_deg[e_src] ** -0.5 * in_deg[e_dst] ** -0.5, "left": 1.0 / out_deg[e_src],
-                 "right": 1.0 / in_deg[e_dst]}
+        norms = {
+            "both": out_deg[e_src] ** -0.5 * in_deg[e_dst] ** -0.5,
+            "left": 1.0 / out_deg[e_src],
+            "right": 1.0 / in_deg[e_dst],
+        }
         # -- groups and bins (§4.4.3 steps 2-3) ----------------------------------------------------------------
         needs_halo = np.zeros(self.n_local, bool)
         needs_halo[e_dst[e_src >= self.n_local]] = True
         is_b = np.arange(self.n_local) < self.n_boundary
-        groups = {"A": is_b & ~needs_halo, "D": ~is_b & ~needs_halo, "C": is_b & needs_halo,
-                  "E": ~is_b & needs_halo}
+        groups = {
+            "A": is_b & ~needs_halo,
+            "D": ~is_b & ~needs_halo,
+            "C": is_b & needs_halo,
+            "E": ~is_b & needs_halo,
+        }
         d_in = x.shape[1]
         eo = np.argsort(e_dst, kind="stable")
         e_src, e_dst = e_src[eo], e_dst[eo]
@@ -549,20 +650,30 @@ class FullGraphRuntime:
         for name, mask in groups.items():
             rows = np.nonzero(mask)[0]
             for s in range(0, rows.size, self._bin_limit):
-                b = rows[s:s + self._bin_limit]
-                eidx = np.concatenate([np.arange(eptr[r], eptr[r + 1]) for r in b]) if b.size else \
-                    np.zeros(0, np.int64)
+                b = rows[s : s + self._bin_limit]
+                eidx = (
+                    np.concatenate([np.arange(eptr[r], eptr[r + 1]) for r in b])
+                    if b.size
+                    else np.zeros(0, np.int64)
+                )
                 dst_pos = np.repeat(np.arange(b.size), eptr[b + 1] - eptr[b])
                 n_src = self.n_local if name in ("A", "D") else self.n_local + self.n_remote
-                blk = dgl.create_block((torch.from_numpy(e_src[eidx]), torch.from_numpy(dst_pos)),
-                                       num_src_nodes=n_src, num_dst_nodes=b.size)
+                blk = dgl.create_block(
+                    (torch.from_numpy(e_src[eidx]), torch.from_numpy(dst_pos)),
+                    num_src_nodes=n_src,
+                    num_dst_nodes=b.size,
+                )
                 for k, w in norms.items():
                     blk.edata[f"norm_{k}"] = w[torch.from_numpy(eidx)]
                 self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
-        self._boundary_rows = torch.cat([b for nm in ("A", "C") for b, _ in self.bins[nm]] or
-                                        [torch.zeros(0, dtype=torch.long, device=self.device)])
-        perm = torch.cat([b for k in ("A", "D", "C", "E") for b, _ in self.bins[k]] or
-                         [torch.zeros(0, dtype=torch.long, device=self.device)])
+        self._boundary_rows = torch.cat(
+            [b for nm in ("A", "C") for b, _ in self.bins[nm]]
+            or [torch.zeros(0, dtype=torch.long, device=self.device)]
+        )
+        perm = torch.cat(
+            [b for k in ("A", "D", "C", "E") for b, _ in self.bins[k]]
+            or [torch.zeros(0, dtype=torch.long, device=self.device)]
+        )
         self._inv = torch.empty_like(perm)
         self._inv[perm] = torch.arange(perm.numel(), device=self.device)
         # -- data ----------------------------------------------------------------------------------------------
@@ -589,7 +700,7 @@ class FullGraphRuntime:
         each way, DGCL plan reversed then forward)."""
         ex = GraphExchange(self.tables, group=xgroup, kind="setup")
         cnt = torch.from_numpy(np.bincount(e_src, minlength=self.n_local + self.n_remote).astype(np.float64))
-        total = ex.backward_raw(cnt[:, None].contiguous())          # own counts + the halo counts of other ranks
+        total = ex.backward_raw(cnt[:, None].contiguous())  # own counts + the halo counts of other ranks
         return ex.forward_raw(total)[:, 0].numpy()
 
     def _allgather(self, h: torch.Tensor) -> torch.Tensor:
@@ -610,7 +721,9 @@ class FullGraphRuntime:
         """Bin size: min(initial, (M / 2) / bytes per node) (§4.4.3 step 2; B6 #8), bytes for the widest layer."""
         if self.cfg.mem_budget_bytes is None:
             return self.cfg.bin_size
-        widths = [d_in] + [p.shape[0] for layer in self.model.layers for p in layer.parameters() if p.dim() == 2]
+        widths = [d_in] + [
+            p.shape[0] for layer in self.model.layers for p in layer.parameters() if p.dim() == 2
+        ]
         per_node = 4 * max(widths) * (2 + self.avg_in_degree)
         return max(1, min(self.cfg.bin_size, int(0.5 * self.cfg.mem_budget_bytes / per_node)))
 
@@ -622,7 +735,7 @@ class FullGraphRuntime:
             h_dst = h_src[rows]
             if isinstance(layer, GraphConv) and layer._norm != "none":
                 saved = layer._norm
-                layer._norm = "none"          # B6 #14: global-degree normalisation folded into edge weights
+                layer._norm = "none"  # B6 #14: global-degree normalisation folded into edge weights
                 try:
                     h = layer(blk, (h_src, h_dst), edge_weight=blk.edata[f"norm_{saved}"].to(h_src.dtype))
                 finally:
@@ -649,25 +762,30 @@ class FullGraphRuntime:
         if self.cfg.schedule == "sequential" or self.world == 1:
             for k in range(L):
                 full = self._halo0 if (k == 0 and self._halo0 is not None) else self._allgather(h)
-                outs = [o for name in ("A", "D", "C", "E")
-                        for o in self._run_bins(k, name, full if name in "CE" else full[:self.n_local], layers[k])]
+                outs = [
+                    o
+                    for name in ("A", "D", "C", "E")
+                    for o in self._run_bins(
+                        k, name, full if name in "CE" else full[: self.n_local], layers[k]
+                    )
+                ]
                 h = self._assemble(outs)
             return h
         pending = None if self._halo0 is not None else self._start(h)
         for k in range(L):
-            outs_a = self._run_bins(k, "A", h, layers[k])               # ready boundary nodes first
-            outs_d = self._run_bins(k, "D", h, layers[k])               # eager: overlaps the running exchange
+            outs_a = self._run_bins(k, "A", h, layers[k])  # ready boundary nodes first
+            outs_d = self._run_bins(k, "D", h, layers[k])  # eager: overlaps the running exchange
             full = self._halo0 if pending is None else self._attach(h, pending)
             outs_c = self._run_bins(k, "C", full, layers[k])
             pending = None
             bnd = outs_a + outs_c
-            if k < L - 1 and bnd:                                       # inter-layer pipeline: send boundary now
+            if k < L - 1 and bnd:  # inter-layer pipeline: send boundary now
                 send = bnd[0].new_zeros((self.n_local, bnd[0].shape[1]))
                 send[self._boundary_rows] = torch.cat(bnd).detach()
                 pending = self._start(send)
             outs_e = self._run_bins(k, "E", full, layers[k])
             h = self._assemble(outs_a + outs_d + outs_c + outs_e)
-            if k < L - 1 and not bnd:                                   # nothing to send early: still receive
+            if k < L - 1 and not bnd:  # nothing to send early: still receive
                 pending = self._start(h)
         return h
 
@@ -682,12 +800,19 @@ class FullGraphRuntime:
 
         def dist_layer(k: int, h: torch.Tensor) -> torch.Tensor:
             if h.shape[0] != self.n_local:
-                raise ModelContractError(f"layers[{k}] got {h.shape[0]} rows, expected this rank's {self.n_local}")
+                raise ModelContractError(
+                    f"layers[{k}] got {h.shape[0]} rows, expected this rank's {self.n_local}"
+                )
             cached = k == 0 and self._halo0 is not None and h is self.x
             if cached or not pipelined:
                 full = self._halo0 if cached else self._allgather(h)
-                outs = [o for name in ("A", "D", "C", "E")
-                        for o in self._run_bins(k, name, full if name in "CE" else full[:self.n_local], layers[k])]
+                outs = [
+                    o
+                    for name in ("A", "D", "C", "E")
+                    for o in self._run_bins(
+                        k, name, full if name in "CE" else full[: self.n_local], layers[k]
+                    )
+                ]
                 return self._assemble(outs)
             pending = self._start(h)
             outs = self._run_bins(k, "A", h, layers[k]) + self._run_bins(k, "D", h, layers[k])
@@ -709,10 +834,16 @@ class FullGraphRuntime:
             if not force and not self._ready[self._next_ar]:
                 return
             for p in params:
-                if p.grad is None:          # a layer this rank's loss did not reach still joins the all-reduce
+                if p.grad is None:  # a layer this rank's loss did not reach still joins the all-reduce
                     p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in params]) if params else torch.zeros(0, device=self.device)
-            work = comm.all_reduce(flat, group=self.group, kind="dp", key=f"layer{self._next_ar}", async_op=True)
+            flat = (
+                torch.cat([p.grad.reshape(-1) for p in params])
+                if params
+                else torch.zeros(0, device=self.device)
+            )
+            work = comm.all_reduce(
+                flat, group=self.group, kind="dp", key=f"layer{self._next_ar}", async_op=True
+            )
             self._pending_ar.append((params, flat, work))
             self._next_ar -= 1
 
@@ -742,7 +873,7 @@ class FullGraphRuntime:
             work.wait()
             off = 0
             for p in ps:
-                p.grad.copy_(flat[off:off + p.numel()].view_as(p.grad))
+                p.grad.copy_(flat[off : off + p.numel()].view_as(p.grad))
                 off += p.numel()
         self._pending_ar.clear()
 
@@ -781,18 +912,28 @@ class FullGraphRuntime:
         self.model.eval()
         pred = self.forward().argmax(1)
         m = self.masks[mask]
-        t = torch.tensor([float((pred[m] == self.y[m]).sum()), float(m.sum())])   # on CPU (gloo)
+        t = torch.tensor([float((pred[m] == self.y[m]).sum()), float(m.sum())])  # on CPU (gloo)
         if self.world > 1:
             comm.all_reduce(t, group=self.group, kind="metric")
         return float(t[0] / t[1].clamp(min=1))
 
     def summary(self) -> dict:
-        return {"rank": self.rank, "n_local": self.n_local, "n_remote": self.n_remote, "n_relay": self.tables.num_relay,
-                "n_boundary": self.n_boundary, "bins": {k: len(v) for k, v in self.bins.items()},
-                "bin_limit": self._bin_limit, "plan_method": self.plan.method, "plan_stages": self.plan.num_stages,
-                "plan_transfers": self.plan.num_transfers,
-                "plan_cost": self.plan.cost, "p2p_cost": self.plan.info.get("p2p_cost"),
-                "config": asdict(self.cfg), "partition": self.part_stats}
+        return {
+            "rank": self.rank,
+            "n_local": self.n_local,
+            "n_remote": self.n_remote,
+            "n_relay": self.tables.num_relay,
+            "n_boundary": self.n_boundary,
+            "bins": {k: len(v) for k, v in self.bins.items()},
+            "bin_limit": self._bin_limit,
+            "plan_method": self.plan.method,
+            "plan_stages": self.plan.num_stages,
+            "plan_transfers": self.plan.num_transfers,
+            "plan_cost": self.plan.cost,
+            "p2p_cost": self.plan.info.get("p2p_cost"),
+            "config": asdict(self.cfg),
+            "partition": self.part_stats,
+        }
 
 
 def _post(model: torch.nn.Module, k: int, h: torch.Tensor) -> torch.Tensor:

@@ -53,15 +53,24 @@ class PartitionStats:
 
     def as_dict(self) -> dict:
         return {
-            "num_parts": self.num_parts, "sizes": self.sizes, "degree_sums": self.degree_sums, "remote": self.remote,
-            "remote_spread": self.spread(self.remote), "stage1_remote": self.stage1_remote,
-            "max_remote": int(max(self.remote)), "stage1_max_remote": int(max(self.stage1_remote)),
-            "stage1_remote_spread": self.spread(self.stage1_remote), "total_remote": int(sum(self.remote)),
+            "num_parts": self.num_parts,
+            "sizes": self.sizes,
+            "degree_sums": self.degree_sums,
+            "remote": self.remote,
+            "remote_spread": self.spread(self.remote),
+            "stage1_remote": self.stage1_remote,
+            "max_remote": int(max(self.remote)),
+            "stage1_max_remote": int(max(self.stage1_remote)),
+            "stage1_remote_spread": self.spread(self.stage1_remote),
+            "total_remote": int(sum(self.remote)),
             "stage1_total_remote": int(sum(self.stage1_remote)),
             "size_imbalance": max(self.sizes) / (sum(self.sizes) / self.num_parts),
             "degree_imbalance": max(self.degree_sums) / max(sum(self.degree_sums) / self.num_parts, 1),
-            "iterations": self.iterations, "stop_reason": self.stop_reason,
-            "seconds_stage1": self.seconds_stage1, "seconds_stage2": self.seconds_stage2, **self.extra,
+            "iterations": self.iterations,
+            "stop_reason": self.stop_reason,
+            "seconds_stage1": self.seconds_stage1,
+            "seconds_stage2": self.seconds_stage2,
+            **self.extra,
         }
 
 
@@ -103,8 +112,9 @@ def stage1(indptr, indices, n: int, method: str = "metis", objtype: str = "cut",
 
         rows = np.repeat(np.arange(N), np.diff(indptr))
         g = dgl.graph((torch.from_numpy(indices), torch.from_numpy(rows)), num_nodes=N)
-        part = dgl.metis_partition_assignment(g, n, balance_ntypes=torch.zeros(N, dtype=torch.int64),
-                                              balance_edges=True, objtype=objtype)
+        part = dgl.metis_partition_assignment(
+            g, n, balance_ntypes=torch.zeros(N, dtype=torch.int64), balance_edges=True, objtype=objtype
+        )
         return part.numpy().astype(np.int64)
     if method in ("metis", "pymetis"):
         import pymetis
@@ -134,7 +144,7 @@ class _Tracker:
         key, c = np.unique(pv[cross] * N + indices[cross], return_counts=True)
         for k, cc in zip(key.tolist(), c.tolist(), strict=True):
             self.cnt[k // N][k % N] = cc
-        self.rem = np.bincount(rows[cross], minlength=N).astype(np.int64)   # |v^remote|
+        self.rem = np.bincount(rows[cross], minlength=N).astype(np.int64)  # |v^remote|
         # nbr_in[v, i] = #neighbours of v inside V_i (for line 10's |N(v) - V_max| = deg(v) - nbr_in[v, max])
         self.nbr_in = np.zeros((N, n), np.int32)
         np.add.at(self.nbr_in, (rows, pu), 1)
@@ -160,15 +170,15 @@ class _Tracker:
 
     def move(self, v: int, s: int, t: int) -> None:
         part, cnt, rem = self.part, self.cnt, self.rem
-        nb = self.indices[self.indptr[v]:self.indptr[v + 1]]
+        nb = self.indices[self.indptr[v] : self.indptr[v + 1]]
         np.subtract.at(self.nbr_in[:, s], nb, 1)
         np.add.at(self.nbr_in[:, t], nb, 1)
         for w in nb.tolist():
             pw = part[w]
-            if pw == s:                       # v leaves w's partition: v becomes remote to s through w
+            if pw == s:  # v leaves w's partition: v becomes remote to s through w
                 cnt[s][v] = cnt[s].get(v, 0) + 1
                 rem[w] += 1
-            else:                             # w loses its in-s neighbour v
+            else:  # w loses its in-s neighbour v
                 c = cnt[s][w] - 1
                 if c:
                     cnt[s][w] = c
@@ -191,8 +201,17 @@ def _key(R: list[int]) -> list[int]:
     return sorted(R, reverse=True)
 
 
-def refine(indptr, indices, part: np.ndarray, n: int, gamma: float = 0.005, max_iters: int | None = None,
-           patience: int = 200, variant: str = "checked", deg_tol: float = 0.05) -> tuple[np.ndarray, int, str]:
+def refine(
+    indptr,
+    indices,
+    part: np.ndarray,
+    n: int,
+    gamma: float = 0.005,
+    max_iters: int | None = None,
+    patience: int = 200,
+    variant: str = "checked",
+    deg_tol: float = 0.05,
+) -> tuple[np.ndarray, int, str]:
     """Algorithm 2 on ``part`` (copied). Returns (partition, iterations = accepted swaps, stop reason).
 
     ``variant="literal"``: the printed algorithm (swap ``v_max``/``v_min`` until γ or a repeated pair). Measured, it
@@ -214,12 +233,12 @@ def refine(indptr, indices, part: np.ndarray, n: int, gamma: float = 0.005, max_
     it, rejects, reason = 0, 0, "max_iters"
     while it < max_iters:
         R = tr.R
-        a, b = int(np.argmax(R)), int(np.argmin(R))                       # lines 4-5
-        if R[a] == 0 or PartitionStats.spread(R) <= gamma:                # line 7 (B6 #5 reading)
+        a, b = int(np.argmax(R)), int(np.argmin(R))  # lines 4-5
+        if R[a] == 0 or PartitionStats.spread(R) <= gamma:  # line 7 (B6 #5 reading)
             reason = "gamma"
             break
-        v_max = tr.top(a)                                                 # line 9
-        members = np.nonzero((part == b) & ~tr.locked)[0]                 # line 10: argmin |N(v) - V_max|
+        v_max = tr.top(a)  # line 9
+        members = np.nonzero((part == b) & ~tr.locked)[0]  # line 10: argmin |N(v) - V_max|
         if v_max is None or members.size == 0:
             reason = "no_candidate" if variant == "literal" else "no_improving_swap"
             break
@@ -230,7 +249,7 @@ def refine(indptr, indices, part: np.ndarray, n: int, gamma: float = 0.005, max_
                 reason = "cycle"
                 break
             seen.add(pair)
-            tr.move(v_max, a, b)                                          # lines 11-12
+            tr.move(v_max, a, b)  # lines 11-12
             tr.move(v_min, b, a)
             it += 1
             continue
@@ -240,14 +259,14 @@ def refine(indptr, indices, part: np.ndarray, n: int, gamma: float = 0.005, max_
             tr.move(v_max, a, b)
             tr.move(v_min, b, a)
             ok = _key(tr.R) < _key(R)
-            if not ok:                                                    # undo: O(d_v) each
+            if not ok:  # undo: O(d_v) each
                 tr.move(v_min, a, b)
                 tr.move(v_max, b, a)
         if ok:
             dsum[a], dsum[b] = da, db
             it += 1
             rejects = 0
-            tr.locked[tried] = False                                      # skipped candidates may help again
+            tr.locked[tried] = False  # skipped candidates may help again
             for v in tried:
                 heapq.heappush(tr.heaps[int(part[v])], (-int(tr.rem[v]), v))
             tried.clear()
@@ -261,10 +280,20 @@ def refine(indptr, indices, part: np.ndarray, n: int, gamma: float = 0.005, max_
     return part, it, reason
 
 
-def g3_partition(src: np.ndarray, dst: np.ndarray, num_nodes: int, num_parts: int, gamma: float = 0.005,
-                 stage1_method: str = "metis", objtype: str = "cut", refine_stage2: bool = True,
-                 max_iters: int | None = None, seed: int = 0, variant: str = "checked", deg_tol: float = 0.05
-                 ) -> tuple[np.ndarray, PartitionStats]:
+def g3_partition(
+    src: np.ndarray,
+    dst: np.ndarray,
+    num_nodes: int,
+    num_parts: int,
+    gamma: float = 0.005,
+    stage1_method: str = "metis",
+    objtype: str = "cut",
+    refine_stage2: bool = True,
+    max_iters: int | None = None,
+    seed: int = 0,
+    variant: str = "checked",
+    deg_tol: float = 0.05,
+) -> tuple[np.ndarray, PartitionStats]:
     """G3 partition of the graph with edges ``src -> dst``. Returns (``part[v]``, stats)."""
     if not isinstance(num_parts, int | np.integer) or num_parts < 1:
         raise PartitionError(f"num_parts must be an integer >= 1, got {num_parts!r}")
@@ -278,22 +307,42 @@ def g3_partition(src: np.ndarray, dst: np.ndarray, num_nodes: int, num_parts: in
         raise PartitionError(f"stage-1 method must be one of {STAGE1}, got {stage1_method!r}")
     indptr, indices = symmetric_csr(src, dst, num_nodes)
     t0 = time.perf_counter()
-    part = stage1(indptr, indices, num_parts, stage1_method, objtype, seed) if num_parts > 1 else \
-        np.zeros(num_nodes, np.int64)
+    part = (
+        stage1(indptr, indices, num_parts, stage1_method, objtype, seed)
+        if num_parts > 1
+        else np.zeros(num_nodes, np.int64)
+    )
     t1 = time.perf_counter()
     r1 = remote_counts(indptr, indices, part, num_parts)
     deg = np.diff(indptr)
     s1, d1 = np.bincount(part, minlength=num_parts), np.bincount(part, weights=deg, minlength=num_parts)
-    first = {"stage1_size_imbalance": float(s1.max() / s1.mean()),
-             "stage1_degree_imbalance": float(d1.max() / max(d1.mean(), 1))}
+    first = {
+        "stage1_size_imbalance": float(s1.max() / s1.mean()),
+        "stage1_degree_imbalance": float(d1.max() / max(d1.mean(), 1)),
+    }
     it, reason = 0, "disabled"
     if refine_stage2 and num_parts > 1:
-        part, it, reason = refine(indptr, indices, part, num_parts, gamma, max_iters, variant=variant,
-                                  deg_tol=deg_tol)
+        part, it, reason = refine(
+            indptr, indices, part, num_parts, gamma, max_iters, variant=variant, deg_tol=deg_tol
+        )
     t2 = time.perf_counter()
-    stats = PartitionStats(num_parts, np.bincount(part, minlength=num_parts).tolist(),
-                           np.bincount(part, weights=deg, minlength=num_parts).astype(int).tolist(),
-                           remote_counts(indptr, indices, part, num_parts), r1, it, reason, t1 - t0, t2 - t1,
-                           {"stage1": stage1_method, "objtype": objtype, "gamma": gamma, "variant": variant, "seed": seed,
-                            **first})
+    stats = PartitionStats(
+        num_parts,
+        np.bincount(part, minlength=num_parts).tolist(),
+        np.bincount(part, weights=deg, minlength=num_parts).astype(int).tolist(),
+        remote_counts(indptr, indices, part, num_parts),
+        r1,
+        it,
+        reason,
+        t1 - t0,
+        t2 - t1,
+        {
+            "stage1": stage1_method,
+            "objtype": objtype,
+            "gamma": gamma,
+            "variant": variant,
+            "seed": seed,
+            **first,
+        },
+    )
     return part, stats

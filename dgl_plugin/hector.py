@@ -76,8 +76,11 @@ class GraphLayout:
         if key not in self._cache:
             node, n = (self.src, self.num_src) if side == "src" else (self.dst, self.num_dst)
             mat = self.config.materialization
-            rows = vanilla_rows(node, self.etype, n, self.num_types) if mat == "vanilla" else \
-                compact_rows(node, self.etype, n, self.num_types)
+            rows = (
+                vanilla_rows(node, self.etype, n, self.num_types)
+                if mat == "vanilla"
+                else compact_rows(node, self.etype, n, self.num_types)
+            )
             if mat == "auto" and rows.ratio > self.config.compact_max_ratio:
                 rows = vanilla_rows(node, self.etype, n, self.num_types)
             self._cache[key] = rows
@@ -118,15 +121,37 @@ class _LayoutCache:
 
     def get(self, g: dgl.DGLGraph, etypes: Tensor, num_types: int, config: HectorConfig) -> GraphLayout:
         if not isinstance(etypes, Tensor) or etypes.dim() != 1 or etypes.numel() != g.num_edges():
-            raise ValueError(f"etypes must be a 1-D tensor with one type per edge ({g.num_edges()} edges), got "
-                             f"{tuple(etypes.shape) if isinstance(etypes, Tensor) else type(etypes).__name__}")
-        key = (g.num_edges(), g.num_src_nodes(), g.num_dst_nodes(), etypes._version, num_types, id(config),
-               config.materialization, config.compact_max_ratio)
-        if self._key is not None and self._key[0]() is g and self._key[1]() is etypes and self._key[2:] == key:
+            raise ValueError(
+                f"etypes must be a 1-D tensor with one type per edge ({g.num_edges()} edges), got "
+                f"{tuple(etypes.shape) if isinstance(etypes, Tensor) else type(etypes).__name__}"
+            )
+        key = (
+            g.num_edges(),
+            g.num_src_nodes(),
+            g.num_dst_nodes(),
+            etypes._version,
+            num_types,
+            id(config),
+            config.materialization,
+            config.compact_max_ratio,
+        )
+        if (
+            self._key is not None
+            and self._key[0]() is g
+            and self._key[1]() is etypes
+            and self._key[2:] == key
+        ):
             return self._layout  # type: ignore[return-value]
         src, dst = g.edges(order="eid")
-        self._layout = GraphLayout(src.to(torch.int64), dst.to(torch.int64), etypes.to(torch.int64),
-                                   g.num_src_nodes(), g.num_dst_nodes(), num_types, config)
+        self._layout = GraphLayout(
+            src.to(torch.int64),
+            dst.to(torch.int64),
+            etypes.to(torch.int64),
+            g.num_src_nodes(),
+            g.num_dst_nodes(),
+            num_types,
+            config,
+        )
         self._key = (weakref.ref(g), weakref.ref(etypes), *key)
         return self._layout
 
@@ -171,8 +196,9 @@ class HectorRelGraphConv(RelGraphConv):
         msg = materialize(feat, _typed_weight(self.linear_r), rows, self.hector.gemm)
         if norm is not None:
             if norm.numel() != g.num_edges():
-                raise ValueError(f"norm must hold one value per edge ({g.num_edges()}), got shape "
-                                 f"{tuple(norm.shape)}")
+                raise ValueError(
+                    f"norm must hold one value per edge ({g.num_edges()}), got shape {tuple(norm.shape)}"
+                )
             norm = norm.reshape(-1)
         h = lay.aggregator(msg, norm)
         if self.layer_norm:
@@ -258,16 +284,34 @@ class HectorRGAT(nn.Module):
     ``forward(g, feat, etypes)`` returns (dst nodes, heads, out).
     """
 
-    def __init__(self, in_feats: int, out_feats: int, num_heads: int, num_rels: int, negative_slope: float = 0.2,
-                 bias: bool = True, softmax: str = "relation", hector: HectorConfig | None = None) -> None:
+    def __init__(
+        self,
+        in_feats: int,
+        out_feats: int,
+        num_heads: int,
+        num_rels: int,
+        negative_slope: float = 0.2,
+        bias: bool = True,
+        softmax: str = "relation",
+        hector: HectorConfig | None = None,
+    ) -> None:
         super().__init__()
-        for name, val in (("in_feats", in_feats), ("out_feats", out_feats), ("num_heads", num_heads),
-                          ("num_rels", num_rels)):
+        for name, val in (
+            ("in_feats", in_feats),
+            ("out_feats", out_feats),
+            ("num_heads", num_heads),
+            ("num_rels", num_rels),
+        ):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"HectorRGAT: {name}={val!r} must be an int >= 1")
         if softmax not in ("relation", "node"):
             raise ValueError(f"HectorRGAT: softmax={softmax!r} is not one of ('relation', 'node')")
-        self.in_feats, self.out_feats, self.num_heads, self.num_rels = in_feats, out_feats, num_heads, num_rels
+        self.in_feats, self.out_feats, self.num_heads, self.num_rels = (
+            in_feats,
+            out_feats,
+            num_heads,
+            num_rels,
+        )
         self.negative_slope, self.softmax = negative_slope, softmax
         self.hector = hector or HectorConfig()
         hd = out_feats * num_heads
@@ -285,22 +329,34 @@ class HectorRGAT(nn.Module):
     def load_dgl(self, conv: HeteroGraphConv, rel_names: list[str]) -> HectorRGAT:
         """Copy the weights of ``HeteroGraphConv({rel_names[r]: GATConv})``; relation r is ``rel_names[r]``."""
         if not isinstance(conv, HeteroGraphConv) or len(rel_names) != self.num_rels:
-            raise ValueError(f"load_dgl needs a dgl.nn.HeteroGraphConv and {self.num_rels} relation names, got "
-                             f"{type(conv).__name__} and {len(rel_names)} names")
+            raise ValueError(
+                f"load_dgl needs a dgl.nn.HeteroGraphConv and {self.num_rels} relation names, got "
+                f"{type(conv).__name__} and {len(rel_names)} names"
+            )
         for r, name in enumerate(rel_names):
             mod = conv.mods[name] if name in conv.mods else None  # noqa: SIM401 - ModuleDict has no get
             if not isinstance(mod, GATConv):
                 raise ValueError(f"relation {name!r}: expected a dgl.nn.GATConv, got {type(mod).__name__}")
-            bad = [k for k, ok in (("fc_src/fc_dst", hasattr(mod, "fc")), ("residual", mod.res_fc is None),
-                                   ("activation", mod.activation is None),
-                                   ("feat_drop", mod.feat_drop.p == 0), ("attn_drop", mod.attn_drop.p == 0),
-                                   ("heads", mod._num_heads == self.num_heads),
-                                   ("out_feats", mod._out_feats == self.out_feats),
-                                   ("negative_slope", mod.leaky_relu.negative_slope == self.negative_slope),
-                                   ("bias", mod.has_explicit_bias == (self.bias is not None))) if not ok]
+            bad = [
+                k
+                for k, ok in (
+                    ("fc_src/fc_dst", hasattr(mod, "fc")),
+                    ("residual", mod.res_fc is None),
+                    ("activation", mod.activation is None),
+                    ("feat_drop", mod.feat_drop.p == 0),
+                    ("attn_drop", mod.attn_drop.p == 0),
+                    ("heads", mod._num_heads == self.num_heads),
+                    ("out_feats", mod._out_feats == self.out_feats),
+                    ("negative_slope", mod.leaky_relu.negative_slope == self.negative_slope),
+                    ("bias", mod.has_explicit_bias == (self.bias is not None)),
+                )
+                if not ok
+            ]
             if bad:
-                raise ValueError(f"relation {name!r}: GATConv settings {bad} differ from what HectorRGAT computes "
-                                 f"(one fc, no residual, activation or dropout; same heads/out/slope/bias)")
+                raise ValueError(
+                    f"relation {name!r}: GATConv settings {bad} differ from what HectorRGAT computes "
+                    f"(one fc, no residual, activation or dropout; same heads/out/slope/bias)"
+                )
             self.W[r].copy_(mod.fc.weight.t())
             self.attn_l[r].copy_(mod.attn_l[0])
             self.attn_r[r].copy_(mod.attn_r[0])
@@ -309,12 +365,25 @@ class HectorRGAT(nn.Module):
         return self
 
     @classmethod
-    def from_dgl(cls, conv: HeteroGraphConv, rel_names: list[str], softmax: str = "relation",
-                 hector: HectorConfig | None = None) -> HectorRGAT:
+    def from_dgl(
+        cls,
+        conv: HeteroGraphConv,
+        rel_names: list[str],
+        softmax: str = "relation",
+        hector: HectorConfig | None = None,
+    ) -> HectorRGAT:
         """A HectorRGAT holding the weights of ``HeteroGraphConv({name: GATConv})`` (``aggregate="sum"``)."""
         first = conv.mods[rel_names[0]]
-        layer = cls(first.fc.in_features, first._out_feats, first._num_heads, len(rel_names),
-                    first.leaky_relu.negative_slope, first.has_explicit_bias, softmax, hector)
+        layer = cls(
+            first.fc.in_features,
+            first._out_feats,
+            first._num_heads,
+            len(rel_names),
+            first.leaky_relu.negative_slope,
+            first.has_explicit_bias,
+            softmax,
+            hector,
+        )
         return layer.to(first.fc.weight.device, first.fc.weight.dtype).load_dgl(conv, rel_names)
 
     def forward(self, g: dgl.DGLGraph, feat: Tensor, etypes: Tensor) -> Tensor:
@@ -322,7 +391,7 @@ class HectorRGAT(nn.Module):
         lay = self._layouts.get(g, etypes, self.num_rels, cfg)
         H, D, hd = self.num_heads, self.out_feats, self.num_heads * self.out_feats
         rows, drows = lay.src_rows, lay.dst_rows
-        msg = materialize(feat, self.W, rows, cfg.gemm)                        # h_u W_r per (source, relation)
+        msg = materialize(feat, self.W, rows, cfg.gemm)  # h_u W_r per (source, relation)
         pl = plan_fold(rows.num_rows, self.num_rels, self.in_feats, hd, H, True, cfg.reorder)
         pr = plan_fold(drows.num_rows, self.num_rels, self.in_feats, hd, H, False, cfg.reorder)
         self.last_plan = {"src": pl, "dst": pr}
@@ -334,9 +403,15 @@ class HectorRGAT(nn.Module):
         if pr.fold:
             er = materialize(x_dst, fold_attention(self.W, self.attn_r), drows, cfg.gemm)
         else:
-            er = segment_mm(materialize(x_dst, self.W, drows, cfg.gemm), _head_dot_weight(self.attn_r), drows.ptr,
-                            cfg.gemm)
-        e = F.leaky_relu(el.index_select(0, rows.edge_row) + er.index_select(0, drows.edge_row), self.negative_slope)
+            er = segment_mm(
+                materialize(x_dst, self.W, drows, cfg.gemm),
+                _head_dot_weight(self.attn_r),
+                drows.ptr,
+                cfg.gemm,
+            )
+        e = F.leaky_relu(
+            el.index_select(0, rows.edge_row) + er.index_select(0, drows.edge_row), self.negative_slope
+        )
         if self.softmax == "relation":
             grp = lay.groups
             a = edge_softmax(e, grp.edge_row, grp.num_rows)
@@ -381,13 +456,17 @@ def install_hector(model: nn.Module, config: HectorConfig | dict | None = None) 
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         else:
-            raise ValueError("install_hector: pass the model that holds the layer, not the layer itself "
-                             "(or build HectorRelGraphConv / HectorHGTConv directly)")
+            raise ValueError(
+                "install_hector: pass the model that holds the layer, not the layer itself "
+                "(or build HectorRelGraphConv / HectorHGTConv directly)"
+            )
         swapped[name] = new_cls.__name__
     if not swapped:
         kinds = sorted({type(m).__name__ for m in model.modules() if type(m).__module__.startswith("dgl.nn")})
-        raise ValueError(f"install_hector: the model holds no dgl.nn.RelGraphConv or dgl.nn.HGTConv to replace "
-                         f"(dgl.nn modules found: {kinds or 'none'}); set hector.enabled=false to run without it")
+        raise ValueError(
+            f"install_hector: the model holds no dgl.nn.RelGraphConv or dgl.nn.HGTConv to replace "
+            f"(dgl.nn modules found: {kinds or 'none'}); set hector.enabled=false to run without it"
+        )
     logger.info("Hector layers swapped in: %s", swapped)
     return swapped
 
@@ -397,7 +476,9 @@ def hetero_rgat_reference(in_feats: int, out_feats: int, num_heads: int, num_rel
     names: the module :meth:`HectorRGAT.from_dgl` loads (tests and benchmarks)."""
     names = [f"r{i}" for i in range(num_rels)]
     gat_kw.setdefault("allow_zero_in_degree", True)
-    conv = HeteroGraphConv({n: GATConv(in_feats, out_feats, num_heads, **gat_kw) for n in names}, aggregate="sum")
+    conv = HeteroGraphConv(
+        {n: GATConv(in_feats, out_feats, num_heads, **gat_kw) for n in names}, aggregate="sum"
+    )
     return conv, names
 
 
@@ -407,5 +488,14 @@ def to_relation_graph(src: Tensor, dst: Tensor, etype: Tensor, num_nodes: int, n
     return dgl.heterograph(data, num_nodes_dict={"n": num_nodes})
 
 
-__all__ = ["DGL_RANGE", "GraphLayout", "HectorConfig", "HectorHGTConv", "HectorRGAT", "HectorRelGraphConv",
-           "hetero_rgat_reference", "install_hector", "to_relation_graph"]
+__all__ = [
+    "DGL_RANGE",
+    "GraphLayout",
+    "HectorConfig",
+    "HectorHGTConv",
+    "HectorRGAT",
+    "HectorRelGraphConv",
+    "hetero_rgat_reference",
+    "install_hector",
+    "to_relation_graph",
+]

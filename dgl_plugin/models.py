@@ -29,18 +29,24 @@ class _Stacked(nn.Module):
 
 
 class SAGE(_Stacked):
-    def __init__(self, in_feats: int, hidden: int, n_classes: int, num_layers: int = 2, aggregator: str = "mean"):
+    def __init__(
+        self, in_feats: int, hidden: int, n_classes: int, num_layers: int = 2, aggregator: str = "mean"
+    ):
         super().__init__()
         dims = [in_feats] + [hidden] * (num_layers - 1) + [n_classes]
-        self.layers = nn.ModuleList(SAGEConv(a, b, aggregator) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.layers = nn.ModuleList(
+            SAGEConv(a, b, aggregator) for a, b in zip(dims[:-1], dims[1:], strict=True)
+        )
 
 
 class GCN(_Stacked):
     def __init__(self, in_feats: int, hidden: int, n_classes: int, num_layers: int = 2):
         super().__init__()
         dims = [in_feats] + [hidden] * (num_layers - 1) + [n_classes]
-        self.layers = nn.ModuleList(GraphConv(a, b, norm="both", allow_zero_in_degree=True)
-                                    for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.layers = nn.ModuleList(
+            GraphConv(a, b, norm="both", allow_zero_in_degree=True)
+            for a, b in zip(dims[:-1], dims[1:], strict=True)
+        )
 
 
 class GAT(_Stacked):
@@ -50,8 +56,9 @@ class GAT(_Stacked):
         d = in_feats
         for k in range(num_layers):
             last = k == num_layers - 1
-            self.layers.append(GATConv(d, n_classes if last else hidden, 1 if last else heads,
-                                       allow_zero_in_degree=True))
+            self.layers.append(
+                GATConv(d, n_classes if last else hidden, 1 if last else heads, allow_zero_in_degree=True)
+            )
             d = hidden * heads
 
     def forward_layer(self, k, block, h_src, h_dst):

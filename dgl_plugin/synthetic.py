@@ -35,19 +35,27 @@ class SyntheticSpec:
             ("num_nodes", self.num_nodes, self.num_nodes >= 2),
             ("avg_degree", self.avg_degree, 0 < self.avg_degree < self.num_nodes),
             ("num_classes", self.num_classes, self.num_classes >= 2),
-            ("num_communities", self.num_communities,
-             self.num_classes <= self.num_communities <= self.num_nodes),
+            (
+                "num_communities",
+                self.num_communities,
+                self.num_classes <= self.num_communities <= self.num_nodes,
+            ),
             ("p_in", self.p_in, 0.0 <= self.p_in <= 1.0),
             ("alpha", self.alpha, self.alpha > 1.0),
             ("feat_dim", self.feat_dim, self.feat_dim >= 1),
             ("label_noise", self.label_noise, 0.0 <= self.label_noise < 1.0),
-            ("train_frac + val_frac", self.train_frac + self.val_frac,
-             self.train_frac > 0 and self.val_frac >= 0 and self.train_frac + self.val_frac < 1.0),
+            (
+                "train_frac + val_frac",
+                self.train_frac + self.val_frac,
+                self.train_frac > 0 and self.val_frac >= 0 and self.train_frac + self.val_frac < 1.0,
+            ),
         ]
         for name, value, ok in checks:
             if not ok:
-                raise ValueError(f"synthetic graph: bad {name}={value!r} (num_nodes={self.num_nodes}, "
-                                 f"num_classes={self.num_classes})")
+                raise ValueError(
+                    f"synthetic graph: bad {name}={value!r} (num_nodes={self.num_nodes}, "
+                    f"num_classes={self.num_classes})"
+                )
 
 
 def synthetic_arrays(spec: SyntheticSpec) -> dict[str, np.ndarray]:
@@ -55,11 +63,12 @@ def synthetic_arrays(spec: SyntheticSpec) -> dict[str, np.ndarray]:
     spec.validate()
     rng = np.random.default_rng(spec.seed)
     n, C = spec.num_nodes, spec.num_communities
-    theta = rng.pareto(spec.alpha - 1.0, n) + 1.0               # power-law tail: P(θ > x) ~ x^-(alpha-1)
+    theta = rng.pareto(spec.alpha - 1.0, n) + 1.0  # power-law tail: P(θ > x) ~ x^-(alpha-1)
     comm = rng.integers(0, C, n)
-    comm_class = np.concatenate([np.arange(spec.num_classes), rng.integers(0, spec.num_classes,
-                                                                          C - spec.num_classes)])
-    order = np.argsort(comm, kind="stable")                     # nodes grouped by community
+    comm_class = np.concatenate(
+        [np.arange(spec.num_classes), rng.integers(0, spec.num_classes, C - spec.num_classes)]
+    )
+    order = np.argsort(comm, kind="stable")  # nodes grouped by community
     cum = np.cumsum(theta[order])
     bounds = np.searchsorted(comm[order], np.arange(C + 1))
     lo = np.concatenate([[0.0], cum])[bounds[:-1]]
@@ -85,9 +94,16 @@ def synthetic_arrays(spec: SyntheticSpec) -> dict[str, np.ndarray]:
     ntr, nva = int(spec.train_frac * n), int(spec.val_frac * n)
     masks = {name: np.zeros(n, bool) for name in ("train_mask", "val_mask", "test_mask")}
     masks["train_mask"][perm[:ntr]] = True
-    masks["val_mask"][perm[ntr:ntr + nva]] = True
-    masks["test_mask"][perm[ntr + nva:]] = True
-    return {"src": a, "dst": b, "feat": feat, "label": label.astype(np.int64), "num_nodes": np.array(n), **masks}
+    masks["val_mask"][perm[ntr : ntr + nva]] = True
+    masks["test_mask"][perm[ntr + nva :]] = True
+    return {
+        "src": a,
+        "dst": b,
+        "feat": feat,
+        "label": label.astype(np.int64),
+        "num_nodes": np.array(n),
+        **masks,
+    }
 
 
 def synthetic_graph(spec: SyntheticSpec | None = None, **kw):

@@ -55,8 +55,14 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
     if world > 1:
         comm.all_reduce(top, op=torch.distributed.ReduceOp.MAX, kind="setup")
     m = c.get("model", {})
-    model = build_model(m.get("name", "sage"), feat.shape[1], m.get("hidden", 64), int(top) + 1,
-                        m.get("num_layers", 2), seed=c.get("seed", 0))
+    model = build_model(
+        m.get("name", "sage"),
+        feat.shape[1],
+        m.get("hidden", 64),
+        int(top) + 1,
+        m.get("num_layers", 2),
+        seed=c.get("seed", 0),
+    )
     rt = FullGraphRuntime(source, model, fg)
     setup_s = time.perf_counter() - t0
     opt = torch.optim.Adam(model.parameters(), lr=c.get("lr", 0.01))
@@ -69,8 +75,13 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
         hist.append({"epoch": ep, "loss": loss, "epoch_s": dt, "val_acc": val})
         heartbeat()  # progress: the launcher's stall timeout counts from the last epoch, not from the start
     test = rt.evaluate("test_mask") if "test_mask" in rt.masks else float("nan")
-    return {"summary": rt.summary(), "history": hist, "test_acc": test, "setup_s": setup_s,
-            "bytes_by_kind": rec.bytes_by_kind()}
+    return {
+        "summary": rt.summary(),
+        "history": hist,
+        "test_acc": test,
+        "setup_s": setup_s,
+        "bytes_by_kind": rec.bytes_by_kind(),
+    }
 
 
 def run_fullgraph(cfg: Any) -> dict:
@@ -87,18 +98,30 @@ def run_fullgraph(cfg: Any) -> dict:
         import torch
 
         backend = "nccl" if dev != "cpu" and torch.cuda.is_available() else "gloo"
-        gathered = run_this_rank(_rank_main, ext, world, args=(c,), backend=backend,
-                                 op_timeout=float(c.get("timeout_s", 1800)), key="world_size")
+        gathered = run_this_rank(
+            _rank_main,
+            ext,
+            world,
+            args=(c,),
+            backend=backend,
+            op_timeout=float(c.get("timeout_s", 1800)),
+            key="world_size",
+        )
         if gathered is None:
             return {}
         res = gathered
     out = {
-        "job": "gnn_fullgraph", "world_size": world, "config": c,
-        "history": res[0]["history"], "test_acc": res[0]["test_acc"],
+        "job": "gnn_fullgraph",
+        "world_size": world,
+        "config": c,
+        "history": res[0]["history"],
+        "test_acc": res[0]["test_acc"],
         "graph_bytes_total": sum(r["bytes_by_kind"].get("graph", 0) for r in res),
         "dp_bytes_total": sum(r["bytes_by_kind"].get("dp", 0) for r in res),
-        "ranks": [{"summary": r["summary"], "setup_s": r["setup_s"], "bytes_by_kind": r["bytes_by_kind"]}
-                  for r in res],
+        "ranks": [
+            {"summary": r["summary"], "setup_s": r["setup_s"], "bytes_by_kind": r["bytes_by_kind"]}
+            for r in res
+        ],
     }
     out_dir = c.get("out_dir")
     if out_dir:  # atomically: a reader (or a crash) never sees half a summary
@@ -123,7 +146,10 @@ def _print_summary(out: dict, out_dir: str | None) -> None:
     t.add_row("epochs", str(len(hist)))
     if hist:
         steady = hist[1:] or hist
-        t.add_row("epoch time (mean, epochs after the first)", f"{sum(h['epoch_s'] for h in steady) / len(steady):.3f} s")
+        t.add_row(
+            "epoch time (mean, epochs after the first)",
+            f"{sum(h['epoch_s'] for h in steady) / len(steady):.3f} s",
+        )
         t.add_row("loss first -> last", f"{hist[0]['loss']:.4f} -> {hist[-1]['loss']:.4f}")
         t.add_row("validation accuracy (last)", f"{hist[-1]['val_acc']:.4f}")
     t.add_row("test accuracy", f"{out['test_acc']:.4f}")

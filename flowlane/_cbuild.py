@@ -37,7 +37,9 @@ def build_and_load(src: Path, stem: str, flags: tuple[str, ...]) -> ctypes.CDLL:
         with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
             tmp_path = tmp.name
         try:
-            subprocess.run([cc, *flags, "-o", tmp_path, str(src)], check=True, capture_output=True, timeout=120)
+            subprocess.run(
+                [cc, *flags, "-o", tmp_path, str(src)], check=True, capture_output=True, timeout=120
+            )
             os.chmod(tmp_path, 0o700)
             os.replace(tmp_path, so)
         finally:
@@ -52,13 +54,19 @@ def build_and_load(src: Path, stem: str, flags: tuple[str, ...]) -> ctypes.CDLL:
 
 def _check_private(path: Path, st: os.stat_result) -> None:
     """Only this user can have written ``path``: owned by this user, not writable by group or others."""
-    fix = ("remove it (it is rebuilt on next use)" if path.suffix == ".so" else
-           "make it private (chmod 700) or set FLOWLANE_CACHE to a folder only you can write")
+    fix = (
+        "remove it (it is rebuilt on next use)"
+        if path.suffix == ".so"
+        else "make it private (chmod 700) or set FLOWLANE_CACHE to a folder only you can write"
+    )
     if st.st_uid != os.getuid():
-        raise OSError(f"refusing to load {path}: owned by uid {st.st_uid}, not by this user (uid {os.getuid()}); "
-                      f"{fix}")
+        raise OSError(
+            f"refusing to load {path}: owned by uid {st.st_uid}, not by this user (uid {os.getuid()}); {fix}"
+        )
     if st.st_mode & 0o022:
-        raise OSError(f"refusing to load {path}: writable by group or others (mode {oct(st.st_mode & 0o777)}); {fix}")
+        raise OSError(
+            f"refusing to load {path}: writable by group or others (mode {oct(st.st_mode & 0o777)}); {fix}"
+        )
 
 
 class CKernel:
@@ -66,8 +74,15 @@ class CKernel:
     cannot be built, :meth:`load` warns once (``"<what> unavailable (<reason>); <fallback>"``) and returns None from
     then on, and the caller runs its Python implementation. ``lib`` is False until the first try."""
 
-    def __init__(self, src: Path, stem: str, flags: tuple[str, ...], declare: Callable[[ctypes.CDLL], None],
-                 what: str, fallback: str) -> None:
+    def __init__(
+        self,
+        src: Path,
+        stem: str,
+        flags: tuple[str, ...],
+        declare: Callable[[ctypes.CDLL], None],
+        what: str,
+        fallback: str,
+    ) -> None:
         self.src, self.stem, self.flags, self.declare = src, stem, flags, declare
         self.what, self.fallback = what, fallback
         self.lib: ctypes.CDLL | None | bool = False

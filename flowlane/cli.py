@@ -12,14 +12,22 @@ from collections.abc import Sequence
 # `flowlane --help` and `flowlane sim ...` never pay for torch.
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("flowlane.doctor", "show what this machine and environment (lane) can use"),
-    "sim": ("flowlane.sim.cli", "flow-level training simulator: iteration time per scheduling policy (simulated)"),
-    "ssd-estimate": ("flowlane.offload.estimate", "activation bytes, write bandwidth and SSD lifespan (SSDTrain)"),
+    "sim": (
+        "flowlane.sim.cli",
+        "flow-level training simulator: iteration time per scheduling policy (simulated)",
+    ),
+    "ssd-estimate": (
+        "flowlane.offload.estimate",
+        "activation bytes, write bandwidth and SSD lifespan (SSDTrain)",
+    ),
 }
 
-EPILOG = ("Examples:\n"
-          "  flowlane doctor\n"
-          "  flowlane sim --workload gpt3-13b --gpus 32 --policy fifo,hermod\n"
-          "  flowlane <command> --help     options of one command, with their defaults")
+EPILOG = (
+    "Examples:\n"
+    "  flowlane doctor\n"
+    "  flowlane sim --workload gpt3-13b --gpus 32 --policy fifo,hermod\n"
+    "  flowlane <command> --help     options of one command, with their defaults"
+)
 
 
 def version() -> str:
@@ -38,8 +46,12 @@ def _command(argv: Sequence[str]) -> str | None:
 
 def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str, object]]:
     """The parser for ``argv``: the command it names is built by its module, the others by name only."""
-    parser = argparse.ArgumentParser(prog="flowlane", description=__doc__, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="flowlane",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"flowlane {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = _command(argv)
@@ -53,8 +65,10 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str
         except ModuleNotFoundError as e:
             if e.name is None or path.startswith(e.name):
                 raise
-            parser.error(f"'{name}' needs the package {e.name!r}, which this environment does not have "
-                         f"(python: {sys.executable}); use the lane that has it, e.g. .venv-llm/bin/flowlane")
+            parser.error(
+                f"'{name}' needs the package {e.name!r}, which this environment does not have "
+                f"(python: {sys.executable}); use the lane that has it, e.g. .venv-llm/bin/flowlane"
+            )
         mods[name].add_parser(sub)  # type: ignore[attr-defined]
     return parser, mods
 

@@ -144,10 +144,12 @@ def _group_ranks(group: dist.ProcessGroup | None) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group))
 
 
-def _start(kind: str, op: str, group: dist.ProcessGroup | None, peers: Sequence[int], nbytes: int,
-           key: Any) -> CommOp:
-    return _recorder.add(CommOp(kind, op, _group_ranks(group), tuple(peers), nbytes, _clock(), None, key,
-                                dist.get_rank()))
+def _start(
+    kind: str, op: str, group: dist.ProcessGroup | None, peers: Sequence[int], nbytes: int, key: Any
+) -> CommOp:
+    return _recorder.add(
+        CommOp(kind, op, _group_ranks(group), tuple(peers), nbytes, _clock(), None, key, dist.get_rank())
+    )
 
 
 class RecordedWork:
@@ -186,34 +188,39 @@ def _finish(work: Any, ops: Sequence[CommOp], async_op: bool) -> RecordedWork | 
 
 
 # -- point to point ------------------------------------------------------------------------------------------------
-def send(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
-         key: Any = None) -> None:
+def send(
+    tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None, kind: str = "p2p", key: Any = None
+) -> None:
     op = _start(kind, "send", group, [dst], _nbytes(tensor), key)
     dist.send(tensor, dst, group=group)
     op.end = _clock()
 
 
-def recv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
-         key: Any = None) -> None:
+def recv(
+    tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p", key: Any = None
+) -> None:
     op = _start(kind, "recv", group, [src], _nbytes(tensor), key)
     dist.recv(tensor, src, group=group)
     op.end = _clock()
 
 
-def isend(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
-          key: Any = None) -> RecordedWork:
+def isend(
+    tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None, kind: str = "p2p", key: Any = None
+) -> RecordedWork:
     op = _start(kind, "isend", group, [dst], _nbytes(tensor), key)
     return RecordedWork(dist.isend(tensor, dst, group=group), [op])
 
 
-def irecv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
-          key: Any = None) -> RecordedWork:
+def irecv(
+    tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p", key: Any = None
+) -> RecordedWork:
     op = _start(kind, "irecv", group, [src], _nbytes(tensor), key)
     return RecordedWork(dist.irecv(tensor, src, group=group), [op])
 
 
-def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any = None,
-                      keys: Sequence[Any] | None = None) -> list[RecordedWork]:
+def batch_isend_irecv(
+    p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any = None, keys: Sequence[Any] | None = None
+) -> list[RecordedWork]:
     """Like ``dist.batch_isend_irecv``; one CommOp per P2POp (with ``keys[i]``, or ``key`` for all).
     Global peer ranks, as torch expects. Like torch, returns one handle per op where the backend gives one (gloo) and
     one handle for the whole batch where it coalesces (NCCL); wait on every handle returned."""
@@ -224,7 +231,9 @@ def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any
     recs = []
     for i, p in enumerate(p2p_ops):
         name = "isend" if p.op in (dist.isend, dist.send) else "irecv"
-        recs.append(_start(kind, name, p.group, [p.peer], _nbytes(p.tensor), keys[i] if keys is not None else key))
+        recs.append(
+            _start(kind, name, p.group, [p.peer], _nbytes(p.tensor), keys[i] if keys is not None else key)
+        )
     works = dist.batch_isend_irecv(list(p2p_ops))
     if len(works) == len(recs):  # gloo: one Work per op
         return [RecordedWork(w, [r]) for w, r in zip(works, recs, strict=True)]
@@ -233,38 +242,72 @@ def batch_isend_irecv(p2p_ops: Sequence[dist.P2POp], kind: str = "p2p", key: Any
 
 
 # -- collectives ---------------------------------------------------------------------------------------------------
-def all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
-               group: dist.ProcessGroup | None = None, kind: str = "dp", key: Any = None,
-               async_op: bool = False) -> RecordedWork | None:
+def all_reduce(
+    tensor: torch.Tensor,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    kind: str = "dp",
+    key: Any = None,
+    async_op: bool = False,
+) -> RecordedWork | None:
     rec = _start(kind, "all_reduce", group, (), _nbytes(tensor), key)
     return _finish(dist.all_reduce(tensor, op=op, group=group, async_op=async_op), [rec], async_op)
 
 
-def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None = None,
-                           kind: str = "dp", key: Any = None, async_op: bool = False) -> RecordedWork | None:
+def all_gather_into_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    kind: str = "dp",
+    key: Any = None,
+    async_op: bool = False,
+) -> RecordedWork | None:
     rec = _start(kind, "all_gather", group, (), _nbytes(input), key)
-    return _finish(dist.all_gather_into_tensor(output, input, group=group, async_op=async_op), [rec], async_op)
+    return _finish(
+        dist.all_gather_into_tensor(output, input, group=group, async_op=async_op), [rec], async_op
+    )
 
 
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
-                          op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None,
-                          kind: str = "dp", key: Any = None, async_op: bool = False) -> RecordedWork | None:
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    kind: str = "dp",
+    key: Any = None,
+    async_op: bool = False,
+) -> RecordedWork | None:
     rec = _start(kind, "reduce_scatter", group, (), _nbytes(input), key)
-    return _finish(dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op), [rec],
-                   async_op)
+    return _finish(
+        dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op), [rec], async_op
+    )
 
 
-def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
-                      input_split_sizes: list[int] | None = None, group: dist.ProcessGroup | None = None,
-                      kind: str = "ep", key: Any = None, async_op: bool = False) -> RecordedWork | None:
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: list[int] | None = None,
+    input_split_sizes: list[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+    kind: str = "ep",
+    key: Any = None,
+    async_op: bool = False,
+) -> RecordedWork | None:
     rec = _start(kind, "all_to_all", group, (), _nbytes(input), key)
-    work = dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group,
-                                  async_op=async_op)
+    work = dist.all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+    )
     return _finish(work, [rec], async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str = "p2p",
-              key: Any = None, async_op: bool = False) -> RecordedWork | None:
+def broadcast(
+    tensor: torch.Tensor,
+    src: int,
+    group: dist.ProcessGroup | None = None,
+    kind: str = "p2p",
+    key: Any = None,
+    async_op: bool = False,
+) -> RecordedWork | None:
     nbytes = _nbytes(tensor) if dist.get_rank() == src else 0
     rec = _start(kind, "broadcast", group, [src], nbytes, key)
     return _finish(dist.broadcast(tensor, src, group=group, async_op=async_op), [rec], async_op)

@@ -23,8 +23,13 @@ def field_docs(cls: type) -> dict[str, str]:
         raise TypeError(f"field_docs: {cls!r} is not a class")
     docs: dict[str, str] = {}
     for stmt, nxt in zip(node.body, node.body[1:], strict=False):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -34,8 +39,14 @@ def _first_sentence(text: str) -> str:
     return head.replace("%", "%%")  # argparse formats help with %
 
 
-def add_dataclass_args(group: Any, cls: type, prefix: str, *, skip: tuple[str, ...] = (),
-                       overrides: dict[str, dict[str, Any]] | None = None) -> None:
+def add_dataclass_args(
+    group: Any,
+    cls: type,
+    prefix: str,
+    *,
+    skip: tuple[str, ...] = (),
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> None:
     """One ``--<prefix><field>`` flag per field of dataclass ``cls`` on ``group`` (a parser or argument group):
     ``Literal`` fields get choices, ``bool`` fields ``--x/--no-x``, ``tuple[str, ...]`` fields a comma-separated
     string; the default is the dataclass's, the help the first sentence of the field's docstring. ``overrides``
@@ -59,8 +70,10 @@ def add_dataclass_args(group: Any, cls: type, prefix: str, *, skip: tuple[str, .
         elif t in (int, float, str):
             kw["type"] = t
         else:
-            raise TypeError(f"add_dataclass_args: field {cls.__name__}.{f.name} has type {t!r}, which has no flag "
-                            "form (use int, float, str, bool, a Literal or tuple[str, ...], or skip it)")
+            raise TypeError(
+                f"add_dataclass_args: field {cls.__name__}.{f.name} has type {t!r}, which has no flag "
+                "form (use int, float, str, bool, a Literal or tuple[str, ...], or skip it)"
+            )
         doc = _first_sentence(docs.get(f.name, ""))
         kw["help"] = f"{doc} (default: {kw['default']})" if doc else f"(default: {kw['default']})"
         kw.update((overrides or {}).get(f.name, {}))
@@ -71,6 +84,8 @@ def config_from_namespace(cls: type, args: argparse.Namespace, prefix: str, **gi
     """``cls`` built from the flags :func:`add_dataclass_args` added with ``prefix`` (fields absent from ``args``
     keep their defaults); ``given`` values win. The dataclass validates them (its ``__post_init__``)."""
     dest = prefix.replace("-", "_")
-    values = {f.name: getattr(args, dest + f.name) for f in dataclasses.fields(cls) if hasattr(args, dest + f.name)}
+    values = {
+        f.name: getattr(args, dest + f.name) for f in dataclasses.fields(cls) if hasattr(args, dest + f.name)
+    }
     values.update(given)
     return cls(**values)

@@ -43,8 +43,10 @@ def _torch_checks() -> list[Check]:
         import torch.distributed as dist
     except Exception as e:  # noqa: BLE001
         return [Check("torch", False, f"import fails: {e}")]
-    out = [Check("torch", True, torch.__version__),
-           Check("gloo", dist.is_available() and dist.is_gloo_available(), "torch.distributed gloo backend")]
+    out = [
+        Check("torch", True, torch.__version__),
+        Check("gloo", dist.is_available() and dist.is_gloo_available(), "torch.distributed gloo backend"),
+    ]
     cuda = torch.cuda.is_available()
     out.append(Check("CUDA", cuda, f"{torch.cuda.device_count()} device(s)" if cuda else "no GPU / driver"))
     try:
@@ -70,8 +72,12 @@ def _kvikio() -> Check:
         getter = getattr(kvikio.defaults, "get", None)
         compat = getter("compat_mode") if getter else kvikio.defaults.compat_mode()
         gds = os.path.exists("/run/udev") and shutil.which("gdscheck") is not None
-        return Check("kvikio/GDS", True, f"{v}; compat mode {compat}; GDS tools {'found' if gds else 'absent'}"
-                     f"{'' if _has_libcuda() else '; no libcuda: file I/O unavailable, posix backend is used'}")
+        return Check(
+            "kvikio/GDS",
+            True,
+            f"{v}; compat mode {compat}; GDS tools {'found' if gds else 'absent'}"
+            f"{'' if _has_libcuda() else '; no libcuda: file I/O unavailable, posix backend is used'}",
+        )
     except Exception as e:  # noqa: BLE001
         return Check("kvikio/GDS", False, f"{v} import fails: {e}")
 
@@ -111,10 +117,13 @@ def environment() -> Check:
 
 def checks() -> list[Check]:
     out = [environment(), *_torch_checks()]
-    out += [_package("megatron-core", "megatron-core", "megatron.core"),
-            _package("deepspeed", "deepspeed"),
-            _package("DGL", "dgl"),
-            _kvikio(), _netns()]
+    out += [
+        _package("megatron-core", "megatron-core", "megatron.core"),
+        _package("deepspeed", "deepspeed"),
+        _package("DGL", "dgl"),
+        _kvikio(),
+        _netns(),
+    ]
     try:  # PyTorch-Direct (issue 39): which feature-gather path a FeatureStore picks here, and why
         from flowlane.direct import default_choice
 
@@ -122,16 +131,29 @@ def checks() -> list[Check]:
         out.append(Check("PyTorch-Direct gather", c.path == "zero-copy", f"{c.path}: {c.reason}"))
     except Exception as e:  # noqa: BLE001
         out.append(Check("PyTorch-Direct gather", False, f"unavailable: {e}"))
-    so = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "nccl_net_plugin", "build",
-                      "libnccl-net-flowlane.so")
-    out.append(Check("NCCL net plugin", os.path.exists(so), so if os.path.exists(so) else "not built (make -C nccl_net_plugin)"))
+    so = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "nccl_net_plugin",
+        "build",
+        "libnccl-net-flowlane.so",
+    )
+    out.append(
+        Check(
+            "NCCL net plugin",
+            os.path.exists(so),
+            so if os.path.exists(so) else "not built (make -C nccl_net_plugin)",
+        )
+    )
     return out
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("doctor", help="show what this machine and environment (lane) can use",
-                   description="What this machine can use, as seen from this Python environment (lane): run it "
-                               "from each lane, e.g. .venv-llm/bin/flowlane doctor and .venv-gnn/bin/flowlane doctor.")
+    sub.add_parser(
+        "doctor",
+        help="show what this machine and environment (lane) can use",
+        description="What this machine can use, as seen from this Python environment (lane): run it "
+        "from each lane, e.g. .venv-llm/bin/flowlane doctor and .venv-gnn/bin/flowlane doctor.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -59,14 +59,18 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LAUNCHER_DIED = signal.SIGRTMIN + 7
 _RANK_BLOCKED = (*_FORWARDED, _LAUNCHER_DIED)  # taken by the rank's signal thread only
 _BEAT_EVERY_S = 0.5  # a rank reports progress at most this often; stall timeouts are seconds or more
-_SETTLE_S = 2.0  # after the first failure: time for its cause to show (a killed peer's exit, the others' errors)
+_SETTLE_S = (
+    2.0  # after the first failure: time for its cause to show (a killed peer's exit, the others' errors)
+)
 _RANK_GRACE_S = 2.0  # a signalled rank blocked in native code past this runs its atexit cleanup and exits
 _CLEANUP_S = 5.0  # a stopping rank's wait for its exit hooks (atexit) before it exits without the rest
 _EXIT_GUARD_S = 30  # a rank's own exit (thread joins, atexit, interpreter teardown) past this ends by SIGALRM
 _PARENT_POLL_S = 0.5  # how often a rank checks that its launcher is alive
 _STARTUP_NOTE_S = 15.0  # while ranks start (imports take minutes on a busy host), say so this often
 _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
-_STACK_WAIT_S = 10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
+_STACK_WAIT_S = (
+    10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
+)
 
 
 class LaunchError(RuntimeError):
@@ -83,15 +87,26 @@ class RankFailedError(LaunchError):
 
 
 class RankTimeoutError(LaunchError):
-    def __init__(self, ranks: Sequence[int], timeout: float, stacks: Mapping[int, str], phase: str = "stall",
-                 culprit: int | None = None, note: str = "") -> None:
+    def __init__(
+        self,
+        ranks: Sequence[int],
+        timeout: float,
+        stacks: Mapping[int, str],
+        phase: str = "stall",
+        culprit: int | None = None,
+        note: str = "",
+    ) -> None:
         where = "\n".join(f"--- rank {r} stack ---\n{stacks.get(r) or '(no stack captured)'}" for r in ranks)
         if phase == "start-up":
-            what = (f"rank(s) {list(ranks)} did not start within {timeout:g} s (spawn, imports, process-group "
-                    f"rendezvous; raise startup_timeout on a slow machine)")
+            what = (
+                f"rank(s) {list(ranks)} did not start within {timeout:g} s (spawn, imports, process-group "
+                f"rendezvous; raise startup_timeout on a slow machine)"
+            )
         else:
-            what = (f"rank(s) {list(ranks)} made no progress for {timeout:g} s (stuck; progress is "
-                    f"flowlane.launch.heartbeat() or a finished flowlane.trace.span)")
+            what = (
+                f"rank(s) {list(ranks)} made no progress for {timeout:g} s (stuck; progress is "
+                f"flowlane.launch.heartbeat() or a finished flowlane.trace.span)"
+            )
         super().__init__(f"{what}:\n{note}{where}")
         self.ranks = list(ranks)
         self.timeout = timeout
@@ -103,8 +118,10 @@ class LaunchInterrupted(LaunchError):
     """The launcher got SIGTERM/SIGINT/SIGHUP: every rank was stopped and its directories removed."""
 
     def __init__(self, signum: int, nprocs: int) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name}: all {nprocs} ranks were stopped "
-                         "and their launch and offload directories removed")
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name}: all {nprocs} ranks were stopped "
+            "and their launch and offload directories removed"
+        )
         self.signum = signum
 
 
@@ -129,8 +146,10 @@ def check_output_dir(path: str | os.PathLike, key: str) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ValueError(f"{key}={str(path)!r} is not a writable folder ({e.strerror or e}); "
-                         f"pick another with {key} <folder>") from None
+        raise ValueError(
+            f"{key}={str(path)!r} is not a writable folder ({e.strerror or e}); "
+            f"pick another with {key} <folder>"
+        ) from None
     return p
 
 
@@ -245,8 +264,12 @@ def _remove_offload_dirs() -> None:
 def _install_rank_signals(parent_pid: int, store_dir: str) -> None:
     for s in _RANK_BLOCKED:
         signal.signal(s, _raise_interrupted)
-    signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)  # (already, from the launcher) and for new threads
-    threading.Thread(target=_watch, args=(parent_pid, store_dir), name="flowlane-signals", daemon=True).start()
+    signal.pthread_sigmask(
+        signal.SIG_BLOCK, _RANK_BLOCKED
+    )  # (already, from the launcher) and for new threads
+    threading.Thread(
+        target=_watch, args=(parent_pid, store_dir), name="flowlane-signals", daemon=True
+    ).start()
     with contextlib.suppress(Exception):  # Linux: a signal when the launcher dies, however it dies
         ctypes.CDLL(None, use_errno=True).prctl(1, int(_LAUNCHER_DIED), 0, 0, 0)  # PR_SET_PDEATHSIG
 
@@ -264,14 +287,26 @@ def _leave(ch: _Channel) -> None:
     signal.alarm(_EXIT_GUARD_S)
 
 
-def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: str | None, store_dir: str,
-           op_timeout: float, env: Mapping[str, str], conn: Connection, threads: int, parent_pid: int) -> None:
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    args: tuple,
+    backend: str | None,
+    store_dir: str,
+    op_timeout: float,
+    env: Mapping[str, str],
+    conn: Connection,
+    threads: int,
+    parent_pid: int,
+) -> None:
     global _CHANNEL
     _CHANNEL = ch = _Channel(conn)
     _install_rank_signals(parent_pid, store_dir)
     os.environ.update(env)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world)})
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
+    )
     stack_file = open(Path(store_dir) / f"stack.{rank}", "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
@@ -280,9 +315,16 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, backend: 
             import torch.distributed as dist
 
             torch.set_num_threads(threads)
-            _arrive(store_dir, rank, world, ch)  # every rank has its imports done: the rendezvous below is quick
-            dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=op_timeout))
+            _arrive(
+                store_dir, rank, world, ch
+            )  # every rank has its imports done: the rendezvous below is quick
+            dist.init_process_group(
+                backend,
+                init_method=f"file://{store_dir}/store",
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=op_timeout),
+            )
         ch.send("ready")
         # plain pickle (not the multiprocessing reducer): tensors are copied into the message instead of being
         # shared through file descriptors that vanish when this process exits. Sent from this thread, before
@@ -369,9 +411,18 @@ class _Interrupts:
             raise LaunchInterrupted(self.signum, self.nprocs)
 
 
-def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeout: float = 120.0,
-           backend: str | None = "gloo", env: Mapping[str, str] | None = None, threads_per_rank: int = 1, *,
-           startup_timeout: float | None = None, op_timeout: float | None = None) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: Sequence[Any] = (),
+    timeout: float = 120.0,
+    backend: str | None = "gloo",
+    env: Mapping[str, str] | None = None,
+    threads_per_rank: int = 1,
+    *,
+    startup_timeout: float | None = None,
+    op_timeout: float | None = None,
+) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` local ranks and return the results in rank order.
 
     ``timeout``: seconds a started rank may go without progress (:func:`heartbeat`, a finished trace span, its
@@ -389,17 +440,37 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeou
         if not (isinstance(v, int | float) and v > 0):
             raise ValueError(f"{name} must be > 0 seconds, got {v!r}")
     ctx = mp.get_context("spawn")
-    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo",
-                "OMP_NUM_THREADS": str(threads_per_rank), **(env or {})}
+    base_env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": str(threads_per_rank),
+        **(env or {}),
+    }
     ranks: list[_Rank] = []
     with _Interrupts(nprocs) as intr, tempfile.TemporaryDirectory(prefix="flowlane-launch-") as store_dir:
         try:
             log.info("starting %d rank(s) (%s)", nprocs, backend or "no process group")
             for r in range(nprocs):
                 reader, writer = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_child, args=(fn, r, nprocs, tuple(args), backend, store_dir, op_timeout,
-                                                     base_env, writer, threads_per_rank, os.getpid()),
-                                name=f"flowlane-rank{r}", daemon=False)
+                p = ctx.Process(
+                    target=_child,
+                    args=(
+                        fn,
+                        r,
+                        nprocs,
+                        tuple(args),
+                        backend,
+                        store_dir,
+                        op_timeout,
+                        base_env,
+                        writer,
+                        threads_per_rank,
+                        os.getpid(),
+                    ),
+                    name=f"flowlane-rank{r}",
+                    daemon=False,
+                )
                 # the rank starts with the forwarded signals blocked (the mask survives fork and exec), so every
                 # thread its imports start leaves them to its signal thread
                 old = signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)
@@ -452,7 +523,12 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
             tb, signum = payload
             if signum is not None:  # someone else signalled this rank (the launcher's own stop comes later)
                 name = signal.Signals(signum).name
-                fail(r, 0, tb, f"rank {r.rank} was stopped by {name} (signal {signum}) from outside the launcher")
+                fail(
+                    r,
+                    0,
+                    tb,
+                    f"rank {r.rank} was stopped by {name} (signal {signum}) from outside the launcher",
+                )
             else:
                 fail(r, 2, tb)
 
@@ -493,19 +569,31 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
         now = time.monotonic()
         if n_ready < len(ranks) and now - last_note >= _STARTUP_NOTE_S:
             last_note = now
-            log.info("still starting (imports, rendezvous): %d/%d ranks ready after %.0f s (startup_timeout=%g s)",
-                     n_ready, len(ranks), now - t0, startup_timeout)
+            log.info(
+                "still starting (imports, rendezvous): %d/%d ranks ready after %.0f s (startup_timeout=%g s)",
+                n_ready,
+                len(ranks),
+                now - t0,
+                startup_timeout,
+            )
         late = [r.rank for r in ranks if r.ready is None and now - r.started > startup_timeout]
         if late:
-            raise RankTimeoutError(late, startup_timeout, _dump_stacks(ranks, late, store_dir), phase="start-up")
+            raise RankTimeoutError(
+                late, startup_timeout, _dump_stacks(ranks, late, store_dir), phase="start-up"
+            )
         stuck = [r.rank for r in ranks if r.ready is not None and not r.done and now - r.progress > timeout]
         if stuck:
             running = [r.rank for r in ranks if not r.done and not r.exited]
             stopped = [i for i in running if _stopped(ranks[i].proc.pid)]
             stuck = sorted(set(stuck) | set(stopped))
             note = "".join(f"{_stopped_text(i)}\n" for i in stopped)
-            raise RankTimeoutError(stuck, timeout, _dump_stacks(ranks, stuck, store_dir), culprit=next(iter(stopped),
-                                   None), note=note)
+            raise RankTimeoutError(
+                stuck,
+                timeout,
+                _dump_stacks(ranks, stuck, store_dir),
+                culprit=next(iter(stopped), None),
+                note=note,
+            )
     if not failures:
         return
     for r in ranks:  # a stopped rank is the one its peers' errors are about
@@ -515,9 +603,14 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
     stacks = _dump_stacks(ranks, running, store_dir) if running else {}
     cause = min(failures, key=lambda f: (f.severity, f.seq))
     parts = [cause.text] if cause.text else []
-    parts += [f"--- then rank {f.rank}: {f.headline or 'failed'} ---\n{f.text[-3000:]}"
-              for f in sorted(failures, key=lambda f: f.seq) if f is not cause]
-    parts += [f"--- rank {i} still running, at ---\n{stacks.get(i) or '(no stack captured)'}" for i in running]
+    parts += [
+        f"--- then rank {f.rank}: {f.headline or 'failed'} ---\n{f.text[-3000:]}"
+        for f in sorted(failures, key=lambda f: f.seq)
+        if f is not cause
+    ]
+    parts += [
+        f"--- rank {i} still running, at ---\n{stacks.get(i) or '(no stack captured)'}" for i in running
+    ]
     raise RankFailedError(cause.rank, "\n".join(parts) or "(no further detail)", cause.headline)
 
 
@@ -528,10 +621,16 @@ def _exit_failure(rank: int, code: int | None) -> tuple[int, str, str | None]:
         name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
         if sig == signal.SIGABRT:  # a library's abort on a lost peer: a consequence as often as a cause
             return 2, f"process aborted ({name}, signal {sig}) without a result", None
-        why = {signal.SIGKILL: "kill -9 or the kernel's OOM killer",
-               signal.SIGSEGV: "a crash in native code", signal.SIGBUS: "a crash in native code"}.get(sig, "")
-        return 0, f"it returned no result{f' ({why})' if why else ''}", \
-            f"rank {rank} was killed by {name} (signal {sig})"
+        why = {
+            signal.SIGKILL: "kill -9 or the kernel's OOM killer",
+            signal.SIGSEGV: "a crash in native code",
+            signal.SIGBUS: "a crash in native code",
+        }.get(sig, "")
+        return (
+            0,
+            f"it returned no result{f' ({why})' if why else ''}",
+            f"rank {rank} was killed by {name} (signal {sig})",
+        )
     return 1, f"process exited with code {code} without a result", None
 
 
@@ -563,8 +662,10 @@ def _signal_state(pid: int | None, signum: int) -> tuple[bool, frozenset[str]]:
 
 
 def _stopped_text(rank: int) -> str:
-    return (f"rank {rank} is stopped (process state T: SIGSTOP, Ctrl-Z or a debugger) and not answering; "
-            "the other ranks wait for it")
+    return (
+        f"rank {rank} is stopped (process state T: SIGSTOP, Ctrl-Z or a debugger) and not answering; "
+        "the other ranks wait for it"
+    )
 
 
 def _dump_stacks(ranks: Sequence[_Rank], which: Sequence[int], store_dir: str) -> dict[int, str]:
@@ -621,8 +722,15 @@ def _stop(procs: Sequence[Any], graceful: bool) -> None:
 # its own rank only. The rendezvous is the launcher's (MASTER_ADDR/MASTER_PORT, torch's env:// init); nothing here
 # spawns or supervises (the launcher restarts or kills the group). DistDGL's tools/launch.py starts its trainers with
 # torch.distributed.run, so its trainers are torchrun ranks too (its servers are the DGL plugin's business).
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "TORCHELASTIC_RUN_ID")
+_TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 _SLURM_EXTRA_STEPS = {"batch", "extern", "interactive", "4294967294", "4294967291", "4294967290"}
 
 
@@ -653,15 +761,22 @@ class ExternalLaunch:
     """The job's id as the launcher names it: TORCHELASTIC_RUN_ID, or SLURM_JOB_ID.SLURM_STEP_ID."""
 
     def describe(self) -> dict[str, Any]:
-        return {"launcher": self.launcher, "world_size": self.world_size, "run_id": self.run_id,
-                "master": f"{self.master_addr}:{self.master_port}", "local_world_size": self.local_world_size}
+        return {
+            "launcher": self.launcher,
+            "world_size": self.world_size,
+            "run_id": self.run_id,
+            "master": f"{self.master_addr}:{self.master_port}",
+            "local_world_size": self.local_world_size,
+        }
 
 
 def _int_var(env: Mapping[str, str], name: str, low: int, who: str, high: int | None = None) -> int:
     raw = env.get(name)
     if raw is None:
-        raise LauncherEnvError(f"{name} is not set, but {who} sets it: this environment is not a complete "
-                               f"{who} rank (unset the partial variables, or start the job with {who})")
+        raise LauncherEnvError(
+            f"{name} is not set, but {who} sets it: this environment is not a complete "
+            f"{who} rank (unset the partial variables, or start the job with {who})"
+        )
     try:
         v = int(raw)
     except ValueError:
@@ -676,8 +791,9 @@ def _rendezvous(env: Mapping[str, str], who: str, hint: str) -> tuple[str, int]:
     addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
     if not addr or not port:
         missing = [n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if not v]
-        raise LauncherEnvError(f"{' and '.join(missing)} not set under {who}: the ranks have no rendezvous. "
-                               f"{hint}")
+        raise LauncherEnvError(
+            f"{' and '.join(missing)} not set under {who}: the ranks have no rendezvous. {hint}"
+        )
     try:
         p = int(port)
     except ValueError:
@@ -717,14 +833,21 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
         local_rank = _int_var(env, "LOCAL_RANK", 0, who, local_world)
         if local_world > world:
             raise LauncherEnvError(f"LOCAL_WORLD_SIZE={local_world} must be <= WORLD_SIZE={world}")
-        addr, port = _rendezvous(env, who, "torchrun sets them; with a hand-made environment set both "
-                                           "(MASTER_ADDR=<rank 0's host> MASTER_PORT=<free port>)")
-        return ExternalLaunch(who, rank, world, local_rank, local_world, addr, port,
-                              env.get("TORCHELASTIC_RUN_ID", "none"))
+        addr, port = _rendezvous(
+            env,
+            who,
+            "torchrun sets them; with a hand-made environment set both "
+            "(MASTER_ADDR=<rank 0's host> MASTER_PORT=<free port>)",
+        )
+        return ExternalLaunch(
+            who, rank, world, local_rank, local_world, addr, port, env.get("TORCHELASTIC_RUN_ID", "none")
+        )
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     if "SLURM_PROCID" in env and step is not None and step not in _SLURM_EXTRA_STEPS:
         who = "srun"
-        world = _int_var(env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS", 1, who)
+        world = _int_var(
+            env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS", 1, who
+        )
         if world == 1:  # a one-task step (srun --pty bash, a one-task job): nothing to join; launch locally
             return None
         rank = _int_var(env, "SLURM_PROCID", 0, who, world)
@@ -732,20 +855,34 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
         spec = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", ""))
         local_world = _slurm_tasks_on_node(spec, node) or world
         local_rank = _int_var(env, "SLURM_LOCALID", 0, who, local_world)
-        addr, port = _rendezvous(env, who, "srun does not choose a rendezvous: in the job script, export "
-                                           "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) "
-                                           "and MASTER_PORT=<a free port, e.g. 29500>")
-        return ExternalLaunch("slurm", rank, world, local_rank, local_world, addr, port,
-                              f"{env.get('SLURM_JOB_ID', '?')}.{step}")
+        addr, port = _rendezvous(
+            env,
+            who,
+            "srun does not choose a rendezvous: in the job script, export "
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) '
+            "and MASTER_PORT=<a free port, e.g. 29500>",
+        )
+        return ExternalLaunch(
+            "slurm",
+            rank,
+            world,
+            local_rank,
+            local_world,
+            addr,
+            port,
+            f"{env.get('SLURM_JOB_ID', '?')}.{step}",
+        )
     return None
 
 
 def check_world(ext: ExternalLaunch, nprocs: int, key: str) -> None:
     """The job's parallel layout (``nprocs`` ranks, the recipe's ``key``) must be what the launcher started."""
     if nprocs != ext.world_size:
-        raise LauncherEnvError(f"{key}={nprocs} does not match the {ext.world_size} ranks {ext.launcher} started "
-                               f"(WORLD_SIZE={ext.world_size}): pass {key}={ext.world_size}, or start "
-                               f"{nprocs} ranks")
+        raise LauncherEnvError(
+            f"{key}={nprocs} does not match the {ext.world_size} ranks {ext.launcher} started "
+            f"(WORLD_SIZE={ext.world_size}): pass {key}={ext.world_size}, or start "
+            f"{nprocs} ranks"
+        )
 
 
 def cuda_device_for(ext: ExternalLaunch, env: Mapping[str, str] | None = None) -> int:
@@ -757,19 +894,30 @@ def cuda_device_for(ext: ExternalLaunch, env: Mapping[str, str] | None = None) -
     env = os.environ if env is None else env
     n = torch.cuda.device_count()
     if n == 0:
-        raise LauncherEnvError("device=cuda but this rank sees no CUDA device (CUDA_VISIBLE_DEVICES="
-                               f"{env.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
+        raise LauncherEnvError(
+            "device=cuda but this rank sees no CUDA device (CUDA_VISIBLE_DEVICES="
+            f"{env.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})"
+        )
     # srun --gpus-per-task=1 (or --gpu-bind) shows each task its own GPU as device 0: fewer visible GPUs than
     # tasks is then the binding, and NCCL itself refuses a real duplicate when the process group starts
     bound = ext.launcher == "slurm" and n == 1
     if ext.local_world_size > n and not env.get("NCCL_HOSTID") and not bound:
-        raise LauncherEnvError(f"{ext.local_world_size} ranks on this node (LOCAL_WORLD_SIZE) but {n} visible "
-                               f"GPU(s): one rank per GPU (e.g. torchrun --nproc_per_node {n})")
+        raise LauncherEnvError(
+            f"{ext.local_world_size} ranks on this node (LOCAL_WORLD_SIZE) but {n} visible "
+            f"GPU(s): one rank per GPU (e.g. torchrun --nproc_per_node {n})"
+        )
     return ext.local_rank % n
 
 
-def run_this_rank(fn: Callable[..., Any], ext: ExternalLaunch, nprocs: int, args: Sequence[Any] = (),
-                  backend: str = "gloo", op_timeout: float = 300.0, key: str = "nprocs") -> list[Any] | None:
+def run_this_rank(
+    fn: Callable[..., Any],
+    ext: ExternalLaunch,
+    nprocs: int,
+    args: Sequence[Any] = (),
+    backend: str = "gloo",
+    op_timeout: float = 300.0,
+    key: str = "nprocs",
+) -> list[Any] | None:
     """Run ``fn(rank, world, *args)`` for this process's rank of an externally launched job, then gather every
     rank's result to rank 0: returns the list in rank order on rank 0, None on the others.
 
@@ -785,15 +933,30 @@ def run_this_rank(fn: Callable[..., Any], ext: ExternalLaunch, nprocs: int, args
     if backend == "nccl":
         device = torch.device("cuda", cuda_device_for(ext))
     # torchrun sets these; under srun they are derived here, for code that reads them (devices, Megatron)
-    os.environ.update({"RANK": str(ext.rank), "WORLD_SIZE": str(ext.world_size), "LOCAL_RANK": str(ext.local_rank),
-                       "LOCAL_WORLD_SIZE": str(ext.local_world_size), "MASTER_ADDR": ext.master_addr,
-                       "MASTER_PORT": str(ext.master_port)})
+    os.environ.update(
+        {
+            "RANK": str(ext.rank),
+            "WORLD_SIZE": str(ext.world_size),
+            "LOCAL_RANK": str(ext.local_rank),
+            "LOCAL_WORLD_SIZE": str(ext.local_world_size),
+            "MASTER_ADDR": ext.master_addr,
+            "MASTER_PORT": str(ext.master_port),
+        }
+    )
     if device is not None:
         torch.cuda.set_device(device)
     log.info("rank %d of %d (%s, %s)", ext.rank, ext.world_size, ext.launcher, backend)
-    bind = {} if device is None else {"device_id": device}  # (torch >= 2.3; the gnn lane's 2.2 has no device_id)
-    dist.init_process_group(backend, init_method="env://", rank=ext.rank, world_size=ext.world_size,
-                            timeout=datetime.timedelta(seconds=op_timeout), **bind)
+    bind = (
+        {} if device is None else {"device_id": device}
+    )  # (torch >= 2.3; the gnn lane's 2.2 has no device_id)
+    dist.init_process_group(
+        backend,
+        init_method="env://",
+        rank=ext.rank,
+        world_size=ext.world_size,
+        timeout=datetime.timedelta(seconds=op_timeout),
+        **bind,
+    )
     try:
         result = fn(ext.rank, ext.world_size, *args)
         gathered: list[Any] | None = [None] * ext.world_size if ext.rank == 0 else None

@@ -26,8 +26,17 @@ CTYPES: tuple[str, ...] = ("dp", "pp", "ep", "tp", "cp")
 
 #: Operation names a coflow may carry (informational; policies may key on them).
 OPS: tuple[str, ...] = (
-    "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "dispatch", "combine", "send_fwd", "send_bwd",
-    "p2p", "ring_attn", "other",
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "all_to_all",
+    "dispatch",
+    "combine",
+    "send_fwd",
+    "send_bwd",
+    "p2p",
+    "ring_attn",
+    "other",
 )
 
 Key = tuple[float | int | str, ...]
@@ -112,7 +121,9 @@ class PriorityByKeyPolicy(SchedulingPolicy):
             if f not in allowed:
                 raise ValueError(f"PriorityByKeyPolicy: field {f!r} is not one of {allowed}")
         self.fields = tuple(fields)
-        self.ctype_rank = dict(ctype_rank if ctype_rank is not None else {"ep": 0, "pp": 0, "cp": 0, "tp": 0, "dp": 1})
+        self.ctype_rank = dict(
+            ctype_rank if ctype_rank is not None else {"ep": 0, "pp": 0, "cp": 0, "tp": 0, "dp": 1}
+        )
         for c in self.ctype_rank:
             if c not in CTYPES:
                 raise ValueError(f"PriorityByKeyPolicy: ctype {c!r} in ctype_rank is not one of {CTYPES}")
@@ -135,5 +146,6 @@ class CtypeFirstPolicy(PriorityByKeyPolicy):
     def __init__(self, first: str) -> None:
         if first not in CTYPES:
             raise ValueError(f"CtypeFirstPolicy: first={first!r} is not one of {CTYPES}")
-        super().__init__(fields=("ctype",), ctype_rank={c: (0 if c == first else 1) for c in CTYPES},
-                         name=f"{first}-first")
+        super().__init__(
+            fields=("ctype",), ctype_rank={c: (0 if c == first else 1) for c in CTYPES}, name=f"{first}-first"
+        )

@@ -119,17 +119,26 @@ class Topology:
         return dev
 
     def add_link(
-        self, src: str, dst: str, bandwidth: float, latency: float = 0.0, kind: str = "generic",
+        self,
+        src: str,
+        dst: str,
+        bandwidth: float,
+        latency: float = 0.0,
+        kind: str = "generic",
         bidirectional: bool = True,
     ) -> None:
         """Add a link (both directions by default; each direction is its own hop with full bandwidth)."""
         for end in (src, dst):
             if end not in self.devices:
-                raise TopologyError(f"link {src}->{dst}: unknown device {end!r}; known: {sorted(self.devices)[:8]}...")
+                raise TopologyError(
+                    f"link {src}->{dst}: unknown device {end!r}; known: {sorted(self.devices)[:8]}..."
+                )
         if src == dst:
             raise TopologyError(f"link {src}->{dst}: a link must join two different devices")
         if not (isinstance(bandwidth, int | float) and math.isfinite(bandwidth) and bandwidth > 0):
-            raise TopologyError(f"link {src}->{dst}: bandwidth must be a finite number > 0 bytes/s, got {bandwidth!r}")
+            raise TopologyError(
+                f"link {src}->{dst}: bandwidth must be a finite number > 0 bytes/s, got {bandwidth!r}"
+            )
         if not (isinstance(latency, int | float) and math.isfinite(latency) and latency >= 0):
             raise TopologyError(f"link {src}->{dst}: latency must be a finite number >= 0 s, got {latency!r}")
         pairs = [(src, dst), (dst, src)] if bidirectional else [(src, dst)]
@@ -249,12 +258,19 @@ QPI_BW = gBps(9.6)
 NIC_100G = gbps(100)
 
 # DGX-1 hybrid cube-mesh: two quads (0-3, 4-7) fully connected inside, plus i <-> i+4 (DGCL seed 001 fig. 1).
-DGX1_NVLINK_PAIRS = (
-    [(a, b) for q in (0, 4) for a in range(q, q + 4) for b in range(a + 1, q + 4)] + [(i, i + 4) for i in range(4)]
-)
+DGX1_NVLINK_PAIRS = [(a, b) for q in (0, 4) for a in range(q, q + 4) for b in range(a + 1, q + 4)] + [
+    (i, i + 4) for i in range(4)
+]
 
 
-def dgx1(nvlink_bw: float = NVLINK_BW, pcie_bw: float = PCIE3_X16_BW, qpi_bw: float = QPI_BW, server: int = 0, topo: Topology | None = None, prefix: str = "") -> Topology:
+def dgx1(
+    nvlink_bw: float = NVLINK_BW,
+    pcie_bw: float = PCIE3_X16_BW,
+    qpi_bw: float = QPI_BW,
+    server: int = 0,
+    topo: Topology | None = None,
+    prefix: str = "",
+) -> Topology:
     """DGX-1-like server: 8 GPUs, NVLink hybrid cube-mesh, 4 PCIe switches (2 GPUs each), 2 CPUs joined by QPI,
     one NIC on the first PCIe switch."""
     t = topo or Topology(name="dgx1")
@@ -277,11 +293,18 @@ def dgx1(nvlink_bw: float = NVLINK_BW, pcie_bw: float = PCIE3_X16_BW, qpi_bw: fl
     return t
 
 
-def pcie_server(num_gpus: int = 8, pcie_bw: float = PCIE3_X16_BW, qpi_bw: float = QPI_BW, gpus_per_switch: int = 2,
-                nic_bw: float = NIC_100G) -> Topology:
+def pcie_server(
+    num_gpus: int = 8,
+    pcie_bw: float = PCIE3_X16_BW,
+    qpi_bw: float = QPI_BW,
+    gpus_per_switch: int = 2,
+    nic_bw: float = NIC_100G,
+) -> Topology:
     """8-GPU PCIe-only server: GPUs behind PCIe switches, switches on two CPU sockets joined by QPI."""
     if num_gpus < 1 or num_gpus % gpus_per_switch:
-        raise TopologyError(f"num_gpus={num_gpus} must be a positive multiple of gpus_per_switch={gpus_per_switch}")
+        raise TopologyError(
+            f"num_gpus={num_gpus} must be a positive multiple of gpus_per_switch={gpus_per_switch}"
+        )
     t = Topology(name="pcie")
     nsw = num_gpus // gpus_per_switch
     for i in range(num_gpus):
@@ -302,22 +325,37 @@ def pcie_server(num_gpus: int = 8, pcie_bw: float = PCIE3_X16_BW, qpi_bw: float 
     return t
 
 
-def leaf_spine(servers: int, gpus_per_server: int = 8, nic_bw: float = NIC_100G, oversubscription: float = 1.0,
-               servers_per_leaf: int = 4, intra_bw: float = gBps(150), latency: float = 1e-6,
-               nics_per_server: int = 0) -> Topology:
+def leaf_spine(
+    servers: int,
+    gpus_per_server: int = 8,
+    nic_bw: float = NIC_100G,
+    oversubscription: float = 1.0,
+    servers_per_leaf: int = 4,
+    intra_bw: float = gBps(150),
+    latency: float = 1e-6,
+    nics_per_server: int = 0,
+) -> Topology:
     """Leaf-spine cluster. Each server: GPUs on an intra-server fabric (NVSwitch-like, ``intra_bw`` per GPU) and
     ``nics_per_server`` NICs (``nic_bw`` each; 0 = one per GPU, rail-style) to its leaf; GPU g sends through NIC
     ``g * nics_per_server // gpus_per_server`` over its own PCIe link. Spine count is chosen so that leaf uplink
     capacity equals downlink capacity / ``oversubscription``."""
-    for nm, v in (("servers", servers), ("gpus_per_server", gpus_per_server), ("servers_per_leaf", servers_per_leaf)):
+    for nm, v in (
+        ("servers", servers),
+        ("gpus_per_server", gpus_per_server),
+        ("servers_per_leaf", servers_per_leaf),
+    ):
         if not isinstance(v, int) or v < 1:
             raise TopologyError(f"leaf_spine: {nm} must be an integer >= 1, got {v!r}")
     nics = nics_per_server or gpus_per_server
     if not isinstance(nics, int) or nics < 1 or gpus_per_server % nics:
-        raise TopologyError(f"leaf_spine: nics_per_server must be 0 (one per GPU) or an integer >= 1 dividing "
-                            f"gpus_per_server={gpus_per_server}, got {nics_per_server!r}")
+        raise TopologyError(
+            f"leaf_spine: nics_per_server must be 0 (one per GPU) or an integer >= 1 dividing "
+            f"gpus_per_server={gpus_per_server}, got {nics_per_server!r}"
+        )
     if not (oversubscription >= 1.0 and math.isfinite(oversubscription)):
-        raise TopologyError(f"leaf_spine: oversubscription must be >= 1 (1 = non-blocking), got {oversubscription!r}")
+        raise TopologyError(
+            f"leaf_spine: oversubscription must be >= 1 (1 = non-blocking), got {oversubscription!r}"
+        )
     t = Topology(name=f"leaf_spine_{servers}x{gpus_per_server}")
     nleaf = math.ceil(servers / servers_per_leaf)
     down = servers_per_leaf * nics * nic_bw
@@ -345,8 +383,9 @@ def leaf_spine(servers: int, gpus_per_server: int = 8, nic_bw: float = NIC_100G,
     return t
 
 
-def _leaf_spine_router(servers_per_leaf: int, nspine: int,
-                       gpus_per_nic: int = 1) -> Callable[[Topology, str, str], tuple[Route, ...] | None]:
+def _leaf_spine_router(
+    servers_per_leaf: int, nspine: int, gpus_per_nic: int = 1
+) -> Callable[[Topology, str, str], tuple[Route, ...] | None]:
     """Analytic ECMP routes between GPUs of :func:`leaf_spine` (equal to the Dijkstra answer, which is too slow for
     thousands of GPUs): candidate path families are costed with :meth:`Topology._cost` and the cheapest kept."""
 
@@ -372,8 +411,10 @@ def _leaf_spine_router(servers_per_leaf: int, nspine: int,
         if la == lb:
             cands.append((*up, *down))
         else:
-            cands += [(*up, lk[(f"leaf{la}", f"spine{p}")], lk[(f"spine{p}", f"leaf{lb}")], *down)
-                      for p in range(nspine)]
+            cands += [
+                (*up, lk[(f"leaf{la}", f"spine{p}")], lk[(f"spine{p}", f"leaf{lb}")], *down)
+                for p in range(nspine)
+            ]
         costs = [sum(t._cost(x) for x in c) for c in cands]
         best = min(costs)
         keep = [c for c, k in zip(cands, costs, strict=True) if abs(k - best) <= 1e-12 * max(1.0, best)]
@@ -382,7 +423,9 @@ def _leaf_spine_router(servers_per_leaf: int, nspine: int,
     return router
 
 
-def star(access_bandwidths: Iterable[float], latency: float = 5e-6, names: Sequence[str] | None = None) -> Topology:
+def star(
+    access_bandwidths: Iterable[float], latency: float = 5e-6, names: Sequence[str] | None = None
+) -> Topology:
     """Hosts on one switch with heterogeneous access links (ALEPH seed 002's heterogeneous-bandwidth setting)."""
     bws = list(access_bandwidths)
     if len(bws) < 2:
@@ -409,7 +452,13 @@ def two_servers(nic_bw: float = NIC_100G, **kw: float) -> Topology:
     return t
 
 
-PRESETS = {"dgx1": dgx1, "pcie": pcie_server, "leaf_spine": leaf_spine, "star": star, "two_servers": two_servers}
+PRESETS = {
+    "dgx1": dgx1,
+    "pcie": pcie_server,
+    "leaf_spine": leaf_spine,
+    "star": star,
+    "two_servers": two_servers,
+}
 
 
 def preset(name: str, **kwargs: object) -> Topology:

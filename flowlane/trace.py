@@ -43,18 +43,38 @@ def chrome_events(rank: int, ops: Iterable[CommOp], spans: Iterable[ComputeSpan]
     events: list[dict] = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}]
     tids: dict[str, int] = {"compute": 0}
     for s in spans:
-        events.append({"name": s.name, "ph": "X", "pid": rank, "tid": 0, "ts": (s.start - t0) * 1e6,
-                       "dur": (s.end - s.start) * 1e6, "args": {k: _jsonable(v) for k, v in s.args.items()}})
+        events.append(
+            {
+                "name": s.name,
+                "ph": "X",
+                "pid": rank,
+                "tid": 0,
+                "ts": (s.start - t0) * 1e6,
+                "dur": (s.end - s.start) * 1e6,
+                "args": {k: _jsonable(v) for k, v in s.args.items()},
+            }
+        )
     for op in ops:
         if op.end is None:
             continue
         tid = tids.setdefault(f"comm:{op.kind}", len(tids))
-        events.append({
-            "name": f"{op.op}", "ph": "X", "pid": rank, "tid": tid, "ts": (op.start - t0) * 1e6,
-            "dur": (op.end - op.start) * 1e6,
-            "args": {"kind": op.kind, "bytes": op.nbytes, "peers": list(op.peers), "group": list(op.group_ranks),
-                     "key": _jsonable(op.key)},
-        })
+        events.append(
+            {
+                "name": f"{op.op}",
+                "ph": "X",
+                "pid": rank,
+                "tid": tid,
+                "ts": (op.start - t0) * 1e6,
+                "dur": (op.end - op.start) * 1e6,
+                "args": {
+                    "kind": op.kind,
+                    "bytes": op.nbytes,
+                    "peers": list(op.peers),
+                    "group": list(op.group_ranks),
+                    "key": _jsonable(op.key),
+                },
+            }
+        )
     for name, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}})
     return events

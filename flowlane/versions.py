@@ -13,6 +13,8 @@ def check_version_range(dist: str, versions: tuple[tuple[int, int], tuple[int, i
     parts = tuple(int(x) for x in re.findall(r"\d+", v)[:2])
     lo, hi = versions
     if not lo <= parts < hi:
-        raise RuntimeError(f"{what}: {dist} {v} is not supported (it wraps private functions checked on "
-                           f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}); pin {dist} to that range")
+        raise RuntimeError(
+            f"{what}: {dist} {v} is not supported (it wraps private functions checked on "
+            f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}); pin {dist} to that range"
+        )
     return v

@@ -54,8 +54,10 @@ def layer_of_parameters(chunk: torch.nn.Module) -> dict[int, int]:
             for p in module.parameters():
                 in_layer.setdefault(id(p), int(module.layer_number) - 1)
     if not in_layer:
-        raise ValueError(f"no Megatron transformer layer in model chunk {type(chunk).__name__}: Hermod keys DP "
-                         "buckets by the layer_number of megatron.core's TransformerLayer")
+        raise ValueError(
+            f"no Megatron transformer layer in model chunk {type(chunk).__name__}: Hermod keys DP "
+            "buckets by the layer_number of megatron.core's TransformerLayer"
+        )
     lo, hi = min(in_layer.values()), max(in_layer.values())
     order = [id(p) for p in chunk.parameters()]
     first = next(i for i, pid in enumerate(order) if pid in in_layer)
@@ -73,17 +75,23 @@ class DDPHooks:
             raise ValueError("Hermod.attach_ddp: no model chunks given")
         for i, c in enumerate(chunks):
             if not isinstance(c, DistributedDataParallel):
-                raise TypeError(f"Hermod.attach_ddp: model chunk {i} is a {type(c).__name__}, not "
-                                "megatron.core.distributed.DistributedDataParallel")
+                raise TypeError(
+                    f"Hermod.attach_ddp: model chunk {i} is a {type(c).__name__}, not "
+                    "megatron.core.distributed.DistributedDataParallel"
+                )
             cfg = c.ddp_config
             if not cfg.overlap_grad_reduce:
-                raise ValueError("Hermod.attach_ddp needs DistributedDataParallelConfig(overlap_grad_reduce=True): "
-                                 "without it Megatron reduces every bucket synchronously inside "
-                                 "finalize_model_grads, after the step's pipeline traffic, so there is nothing to "
-                                 "schedule")
+                raise ValueError(
+                    "Hermod.attach_ddp needs DistributedDataParallelConfig(overlap_grad_reduce=True): "
+                    "without it Megatron reduces every bucket synchronously inside "
+                    "finalize_model_grads, after the step's pipeline traffic, so there is nothing to "
+                    "schedule"
+                )
             if cfg.num_distributed_optimizer_instances != 1:
-                raise ValueError(f"Hermod.attach_ddp supports num_distributed_optimizer_instances=1, got "
-                                 f"{cfg.num_distributed_optimizer_instances}")
+                raise ValueError(
+                    f"Hermod.attach_ddp supports num_distributed_optimizer_instances=1, got "
+                    f"{cfg.num_distributed_optimizer_instances}"
+                )
         self.h = h
         self._pending: dict[int, Any] = {}
         self._gathers: dict[int, Any] = {}
@@ -99,9 +107,11 @@ class DDPHooks:
                 clone = h.classes.get(group, BULK_CLASS)
                 if clone is group and group.size() > 1:
                     ranks = torch.distributed.get_process_group_ranks(group)
-                    raise ValueError(f"Hermod has no bulk-class clone of the data-parallel group {ranks} that "
-                                     "Megatron's DDP reduces over; build Hermod with dp_group (and expert_dp_group) "
-                                     "set to the groups the DDP uses")
+                    raise ValueError(
+                        f"Hermod has no bulk-class clone of the data-parallel group {ranks} that "
+                        "Megatron's DDP reduces over; build Hermod with dp_group (and expert_dp_group) "
+                        "set to the groups the DDP uses"
+                    )
                 layer = max(layers[id(p)] for p in bg.params)
                 plans.append((bg, attr, clone, layer, "reduce_scatter" if dist_opt else "all_reduce"))
                 if dist_opt and c.ddp_config.overlap_param_gather:
@@ -172,7 +182,9 @@ class DDPHooks:
                 return bg.param_gather_handle
 
             pending[id(bg)] = sched.defer(keys.dp_gather(layer), [launch])
-            bg.param_gather_dispatched = True  # Megatron's own flag: finish_param_sync must not dispatch it again
+            bg.param_gather_dispatched = (
+                True  # Megatron's own flag: finish_param_sync must not dispatch it again
+            )
             sched.seal()
 
         def finish_param_sync(skip_next_bucket_dispatch: bool = False) -> None:

@@ -63,7 +63,9 @@ log = logging.getLogger("flowlane.hermod")
 
 #: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
 CRITICAL_CLASS = 0
-EP_ALGORITHMS = RUN_ALGORITHMS  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
+EP_ALGORITHMS = (
+    RUN_ALGORITHMS  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
+)
 #: megatron-core versions whose private ``P2PCommunicator._communicate`` and DDP bucket-group methods Hermod wraps
 #: ([first, last) by (major, minor)); others are refused at install
 MEGATRON_CORE_VERSIONS = ((0, 14), (0, 17))
@@ -128,7 +130,9 @@ class HermodConfig:
             raise ValueError(f"ep_algorithm {self.ep_algorithm!r} is not one of {list(EP_ALGORITHMS)}")
         self.ep_auto_candidates = check_candidates(self.ep_auto_candidates)
         if not isinstance(self.ep_auto_probe_iterations, int) or self.ep_auto_probe_iterations < 1:
-            raise ValueError(f"ep_auto_probe_iterations must be an integer >= 1, got {self.ep_auto_probe_iterations!r}")
+            raise ValueError(
+                f"ep_auto_probe_iterations must be an integer >= 1, got {self.ep_auto_probe_iterations!r}"
+            )
         if not isinstance(self.ep_max_phases, int) or self.ep_max_phases < 0:
             raise ValueError(f"ep_max_phases must be an integer >= 0 (0: no cap), got {self.ep_max_phases!r}")
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
@@ -136,9 +140,14 @@ class HermodConfig:
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
         if self.launch not in ("auto", "pacer", "program_order"):
             raise ValueError(f"launch {self.launch!r} is not one of ['auto', 'pacer', 'program_order']")
-        if isinstance(self.max_inflight_buckets, bool) or not isinstance(self.max_inflight_buckets, int) or (
-                self.max_inflight_buckets < 1):
-            raise ValueError(f"max_inflight_buckets must be an integer >= 1, got {self.max_inflight_buckets!r}")
+        if (
+            isinstance(self.max_inflight_buckets, bool)
+            or not isinstance(self.max_inflight_buckets, int)
+            or (self.max_inflight_buckets < 1)
+        ):
+            raise ValueError(
+                f"max_inflight_buckets must be an integer >= 1, got {self.max_inflight_buckets!r}"
+            )
         self.scheduler_config()  # validates gate_timeout_s
 
     def scheduler_config(self, backend: str = "gloo") -> SchedulerConfig:
@@ -146,25 +155,39 @@ class HermodConfig:
         knobs set away from their defaults under ``program_order`` are refused: they would have no effect there."""
         launch = self.launch if self.launch != "auto" else ("program_order" if backend == "nccl" else "pacer")
         if launch == "program_order":
-            ignored = [f"{name}={getattr(self, name)!r}" for name in PACER_ONLY
-                       if getattr(self, name) != getattr(HermodConfig, name)]
+            ignored = [
+                f"{name}={getattr(self, name)!r}"
+                for name in PACER_ONLY
+                if getattr(self, name) != getattr(HermodConfig, name)
+            ]
             if ignored:
-                raise ValueError(f"scheduler {', '.join(ignored)}: these pace the pacer thread and have no effect "
-                                 f"under launch=program_order (resolved from launch={self.launch!r} on {backend}); "
-                                 "leave them at their defaults or set launch=pacer")
+                raise ValueError(
+                    f"scheduler {', '.join(ignored)}: these pace the pacer thread and have no effect "
+                    f"under launch=program_order (resolved from launch={self.launch!r} on {backend}); "
+                    "leave them at their defaults or set launch=pacer"
+                )
         # chunk_bytes: never split a bucket group (Megatron's bucket_size is the granularity)
-        return SchedulerConfig(mode="hermod", chunk_bytes=1 << 62, launch=launch,
-                               max_inflight_chunks=self.max_inflight_buckets, gate_timeout_s=self.gate_timeout_s)
+        return SchedulerConfig(
+            mode="hermod",
+            chunk_bytes=1 << 62,
+            launch=launch,
+            max_inflight_chunks=self.max_inflight_buckets,
+            gate_timeout_s=self.gate_timeout_s,
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HermodConfig:
         known = {f.name for f in fields(cls)}
         if "chunk_bytes" in d:
-            raise ValueError(f"scheduler.chunk_bytes={d['chunk_bytes']!r}: Hermod sends each Megatron-core DDP "
-                             "bucket group as one coflow, never split; set the granularity with Megatron's "
-                             "bucket_size (--ddp-bucket-size) instead")
+            raise ValueError(
+                f"scheduler.chunk_bytes={d['chunk_bytes']!r}: Hermod sends each Megatron-core DDP "
+                "bucket group as one coflow, never split; set the granularity with Megatron's "
+                "bucket_size (--ddp-bucket-size) instead"
+            )
         if "max_inflight_chunks" in d:
-            raise ValueError("scheduler.max_inflight_chunks is now max_inflight_buckets (bucket groups, not chunks)")
+            raise ValueError(
+                "scheduler.max_inflight_chunks is now max_inflight_buckets (bucket groups, not chunks)"
+            )
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown scheduler config key(s) {unknown}; known: {sorted(known)}")
@@ -180,19 +203,35 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--coflow-scheduler {none,hermod}`` and one ``--hermod-<field>`` flag per :class:`HermodConfig` field
     (generated: :func:`flowlane.configs.add_dataclass_args`)."""
     g = parser.add_argument_group("flowlane hermod", "Hermod coflow scheduling (seed 000 ch.5)")
-    g.add_argument("--coflow-scheduler", choices=["none", "hermod"], default="none",
-                   help="cluster-wide coflow priority (MID > CType > LID) + matched all-to-all")
-    add_dataclass_args(g, HermodConfig, "hermod-", skip=("name",), overrides={"schedule": {
-        "default": None, "help": "CType order (default: interleaved with --num-layers-per-virtual-pipeline-stage, "
-                                 "else 1f1b)"}})
+    g.add_argument(
+        "--coflow-scheduler",
+        choices=["none", "hermod"],
+        default="none",
+        help="cluster-wide coflow priority (MID > CType > LID) + matched all-to-all",
+    )
+    add_dataclass_args(
+        g,
+        HermodConfig,
+        "hermod-",
+        skip=("name",),
+        overrides={
+            "schedule": {
+                "default": None,
+                "help": "CType order (default: interleaved with --num-layers-per-virtual-pipeline-stage, "
+                "else 1f1b)",
+            }
+        },
+    )
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> HermodConfig:
     schedule = args.hermod_schedule or (
-        "interleaved" if getattr(args, "virtual_pipeline_model_parallel_size", None) else "1f1b")
-    cfg: HermodConfig = config_from_namespace(HermodConfig, args, "hermod_", name=args.coflow_scheduler,
-                                              schedule=schedule)
+        "interleaved" if getattr(args, "virtual_pipeline_model_parallel_size", None) else "1f1b"
+    )
+    cfg: HermodConfig = config_from_namespace(
+        HermodConfig, args, "hermod_", name=args.coflow_scheduler, schedule=schedule
+    )
     return cfg
 
 
@@ -203,39 +242,69 @@ _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 class Hermod:
     """Per-rank Hermod state for one Megatron model chunk (1F1B, non-interleaved)."""
 
-    def __init__(self, config: HermodConfig, *, num_microbatches: int, layers_per_stage: int, stage: int,
-                 dp_group: dist.ProcessGroup | None, num_stages: int = 1,
-                 expert_dp_group: dist.ProcessGroup | None = None, virtual_chunks: int = 1,
-                 microbatch_group: int | None = None) -> None:
+    def __init__(
+        self,
+        config: HermodConfig,
+        *,
+        num_microbatches: int,
+        layers_per_stage: int,
+        stage: int,
+        dp_group: dist.ProcessGroup | None,
+        num_stages: int = 1,
+        expert_dp_group: dist.ProcessGroup | None = None,
+        virtual_chunks: int = 1,
+        microbatch_group: int | None = None,
+    ) -> None:
         """``layers_per_stage``: all layers this stage holds (every model chunk's); ``virtual_chunks`` and
         ``microbatch_group``: Megatron's virtual pipeline size and ``microbatch_group_size_per_vp_stage`` for the
         interleaved schedule (which needs ``HermodConfig(schedule="interleaved")``)."""
         if num_microbatches < 1 or layers_per_stage < 1 or stage < 0:
-            raise ValueError(f"need num_microbatches >= 1, layers_per_stage >= 1, stage >= 0; got "
-                             f"{num_microbatches}, {layers_per_stage}, {stage}")
+            raise ValueError(
+                f"need num_microbatches >= 1, layers_per_stage >= 1, stage >= 0; got "
+                f"{num_microbatches}, {layers_per_stage}, {stage}"
+            )
         if (virtual_chunks > 1) != (config.schedule == "interleaved"):
-            raise ValueError(f"Hermod: virtual_chunks={virtual_chunks} with schedule={config.schedule!r}: the "
-                             "interleaved pipeline schedule (virtual_chunks > 1) takes schedule='interleaved' "
-                             "(--hermod-schedule interleaved; CType order EP > PP > DP, seed 000 §5.3.1), and "
-                             "'interleaved' needs virtual_chunks > 1")
-        self.config, self.M, self.L, self.stage, self.num_stages = (config, num_microbatches, layers_per_stage,
-                                                                    stage, num_stages)
+            raise ValueError(
+                f"Hermod: virtual_chunks={virtual_chunks} with schedule={config.schedule!r}: the "
+                "interleaved pipeline schedule (virtual_chunks > 1) takes schedule='interleaved' "
+                "(--hermod-schedule interleaved; CType order EP > PP > DP, seed 000 §5.3.1), and "
+                "'interleaved' needs virtual_chunks > 1"
+            )
+        self.config, self.M, self.L, self.stage, self.num_stages = (
+            config,
+            num_microbatches,
+            layers_per_stage,
+            stage,
+            num_stages,
+        )
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config(dist.get_backend(dp_group)))
-        self.a2a = AllToAllRunner(config.ep_algorithm, quantum=config.ep_quantum, max_phases=config.ep_max_phases,
-                                  probe_iterations=config.ep_auto_probe_iterations,
-                                  candidates=config.ep_auto_candidates)
+        self.a2a = AllToAllRunner(
+            config.ep_algorithm,
+            quantum=config.ep_quantum,
+            max_phases=config.ep_max_phases,
+            probe_iterations=config.ep_auto_probe_iterations,
+            candidates=config.ep_auto_candidates,
+        )
         self.dp_group = dp_group
         self.expert_dp_group = expert_dp_group
-        ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))
+        ranks = (
+            dist.get_process_group_ranks(dp_group)
+            if dp_group is not None
+            else list(range(dist.get_world_size()))
+        )
         mine = [ranks]
         if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
             mine.append(dist.get_process_group_ranks(expert_dp_group))
         from megatron.core import parallel_state as ps
 
         if num_stages > 1:  # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a
-            mine.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))  # high-priority stream)
-        if expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1:  # MoE all-to-alls too
+            mine.append(
+                dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+            )  # high-priority stream)
+        if (
+            expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1
+        ):  # MoE all-to-alls too
             mine.append(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
         # collective: every rank constructs its Hermod together
         self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
@@ -243,9 +312,15 @@ class Hermod:
         # one clone per class (NCCL, or gloo with an interface per class): the all-to-alls take the critical one.
         # With a single gloo clone it would be the DP traffic's too, which a pacer thread launches: they stay put.
         self._ep_on_class = self.classes.backend == "nccl" or bool(config.gloo_class_ifnames)
-        self.keys = HermodKeys(num_microbatches=num_microbatches, layers_per_stage=layers_per_stage, stage=stage,
-                               next_seq=self.sched.next_seq, num_stages=num_stages, virtual_chunks=virtual_chunks,
-                               microbatch_group=microbatch_group)
+        self.keys = HermodKeys(
+            num_microbatches=num_microbatches,
+            layers_per_stage=layers_per_stage,
+            stage=stage,
+            next_seq=self.sched.next_seq,
+            num_stages=num_stages,
+            virtual_chunks=virtual_chunks,
+            microbatch_group=microbatch_group,
+        )
         self._held: list[_HeldRequests] = []  # overlapped p2p (wait_on_reqs=False) still holding the gate
         # MoE: the dispatcher's gathered token counts and the direction of the all-to-all now running
         self._capturing: Any = None
@@ -277,7 +352,9 @@ class Hermod:
     def end_iteration(self) -> None:
         """The end of this rank's iteration (:meth:`attach_finalize` calls it; without it, call it yourself
         once per iteration on every rank, or ``ep_algorithm="auto"`` never leaves its warm-up)."""
-        if self.a2a.choice is None:  # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
+        if (
+            self.a2a.choice is None
+        ):  # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
             self.a2a.end_iteration(key=self.keys.ep(self.M - 1, self.keys.first_layer, "auto_decision"))
         else:
             self.a2a.end_iteration()
@@ -305,42 +382,79 @@ class Hermod:
         from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
         check_megatron_core_version("Hermod.attach_pipeline")
-        if "_communicate" in vars(P2PCommunicator) and getattr(P2PCommunicator._communicate, "_flowlane", False):
+        if "_communicate" in vars(P2PCommunicator) and getattr(
+            P2PCommunicator._communicate, "_flowlane", False
+        ):
             raise RuntimeError("Hermod.attach_pipeline: P2PCommunicator is already hooked by another Hermod")
         original = P2PCommunicator._communicate
         wrapped = self._keyed_communicate(original)
         wrapped._flowlane = True  # type: ignore[attr-defined]
         P2PCommunicator._communicate = wrapped
         self._restore.append(lambda: setattr(P2PCommunicator, "_communicate", original))
-        log.info("Hermod: pipeline p2p of Megatron-core's schedules keyed (%s), on the critical class",
-                 self.config.schedule)
+        log.info(
+            "Hermod: pipeline p2p of Megatron-core's schedules keyed (%s), on the critical class",
+            self.config.schedule,
+        )
 
     def _keyed_communicate(self, original: Callable[..., Any], bound_to: Any = None) -> Callable[..., Any]:
         """``original`` (bound to ``bound_to``, or the class's function taking the communicator first) with keys,
         a critical section (the gate for DP traffic stays closed while the step's sends and receives run) and the
         pipeline group's critical-class clone in place of the group while it runs."""
 
-        def communicate(*args: Any, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
-                        **kw: Any) -> Any:
+        def communicate(
+            *args: Any,
+            tensor_send_next: Any,
+            tensor_send_prev: Any,
+            recv_prev: bool,
+            recv_next: bool,
+            **kw: Any,
+        ) -> Any:
             p2p = bound_to if bound_to is not None else args[0]
             group = p2p.pp_group
             p2p.pp_group = self.classes.get(group, CRITICAL_CLASS)
             try:
-                return keyed(*args, tensor_send_next=tensor_send_next, tensor_send_prev=tensor_send_prev,
-                             recv_prev=recv_prev, recv_next=recv_next, **kw)
+                return keyed(
+                    *args,
+                    tensor_send_next=tensor_send_next,
+                    tensor_send_prev=tensor_send_prev,
+                    recv_prev=recv_prev,
+                    recv_next=recv_next,
+                    **kw,
+                )
             finally:
                 p2p.pp_group = group
 
-        def keyed(*args: Any, tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool,
-                  **kw: Any) -> Any:
-            present = {"send_prev": tensor_send_prev is not None, "recv_prev": bool(recv_prev),
-                       "send_next": tensor_send_next is not None, "recv_next": bool(recv_next)}
+        def keyed(
+            *args: Any,
+            tensor_send_next: Any,
+            tensor_send_prev: Any,
+            recv_prev: bool,
+            recv_next: bool,
+            **kw: Any,
+        ) -> Any:
+            present = {
+                "send_prev": tensor_send_prev is not None,
+                "recv_prev": bool(recv_prev),
+                "send_next": tensor_send_next is not None,
+                "recv_next": bool(recv_next),
+            }
             self._keys = {d: self.keys.pp(d) for d, on in present.items() if on}
             if self._keys.get("send_next") is not None or self._keys.get("recv_prev") is not None:
-                self._fwd_mb = max(self._fwd_mb, min(m.microbatch for d, m in self._keys.items()
-                                                     if d in ("send_next", "recv_prev")))
-            call = lambda: original(*args, tensor_send_next=tensor_send_next,  # noqa: E731
-                                    tensor_send_prev=tensor_send_prev, recv_prev=recv_prev, recv_next=recv_next, **kw)
+                self._fwd_mb = max(
+                    self._fwd_mb,
+                    min(m.microbatch for d, m in self._keys.items() if d in ("send_next", "recv_prev")),
+                )
+
+            def call():
+                return original(
+                    *args,
+                    tensor_send_next=tensor_send_next,
+                    tensor_send_prev=tensor_send_prev,
+                    recv_prev=recv_prev,
+                    recv_next=recv_next,
+                    **kw,
+                )
+
             if not self._keys:
                 return call()
             meta = min(self._keys.values(), key=self.policy.order)
@@ -371,9 +485,12 @@ class Hermod:
         check_megatron_core_version("Hermod.attach_ddp")
         hooks = DDPHooks(self, model_chunks)
         self._restore.append(hooks.remove)
-        log.info("Hermod: %d DDP bucket group(s) and %d parameter gather(s) of Megatron-core scheduled (launch: %s)",
-                 hooks.bucket_groups, hooks.param_gather_groups,
-                 "program order" if self.sched.program_order else "pacer thread")
+        log.info(
+            "Hermod: %d DDP bucket group(s) and %d parameter gather(s) of Megatron-core scheduled (launch: %s)",
+            hooks.bucket_groups,
+            hooks.param_gather_groups,
+            "program order" if self.sched.program_order else "pacer thread",
+        )
         return hooks
 
     def attach_finalize(self, config: Any, num_microbatches: Callable[[], int] | None = None) -> None:
@@ -382,8 +499,10 @@ class Hermod:
         ``get_num_microbatches``) is read there, so keys follow a batch-size ramp-up."""
         finalize = getattr(config, "finalize_model_grads_func", None)
         if finalize is None:
-            raise ValueError("Hermod.attach_finalize: config.finalize_model_grads_func is not set; set it to "
-                             "megatron.core.distributed.finalize_model_grads (Megatron-LM's train() does) first")
+            raise ValueError(
+                "Hermod.attach_finalize: config.finalize_model_grads_func is not set; set it to "
+                "megatron.core.distributed.finalize_model_grads (Megatron-LM's train() does) first"
+            )
 
         def finalize_then_end_iteration(*args: Any, **kwargs: Any) -> Any:
             out = finalize(*args, **kwargs)
@@ -402,11 +521,17 @@ class Hermod:
         if num_microbatches == self.M:
             return
         self.M = self.keys.num_microbatches = num_microbatches
-        self.policy.hermod_order = HermodOrder(replace(self.policy.hermod_order.config,
-                                                       num_microbatches=num_microbatches))
+        self.policy.hermod_order = HermodOrder(
+            replace(self.policy.hermod_order.config, num_microbatches=num_microbatches)
+        )
 
-    def all_to_all(self, group: dist.ProcessGroup, input_: torch.Tensor, output_split_sizes: Any = None,
-                   input_split_sizes: Any = None) -> torch.Tensor:
+    def all_to_all(
+        self,
+        group: dist.ProcessGroup,
+        input_: torch.Tensor,
+        output_split_sizes: Any = None,
+        input_split_sizes: Any = None,
+    ) -> torch.Tensor:
         """Drop-in for ``megatron.core.tensor_parallel.all_to_all`` (autograd-aware, matched phases)."""
         return _MatchedAllToAll.apply(self, group, input_, output_split_sizes, input_split_sizes)
 
@@ -421,11 +546,18 @@ class Hermod:
         check_megatron_core_version("Hermod.patch_moe_dispatcher")
         kind = getattr(config, "moe_token_dispatcher_type", "alltoall") if config is not None else "alltoall"
         if kind != "alltoall":
-            raise ValueError(f"Hermod.patch_moe_dispatcher: moe_token_dispatcher_type={kind!r} is not scheduled; "
-                             "Hermod schedules the 'alltoall' dispatcher only (allgather and flex are not)")
+            raise ValueError(
+                f"Hermod.patch_moe_dispatcher: moe_token_dispatcher_type={kind!r} is not scheduled; "
+                "Hermod schedules the 'alltoall' dispatcher only (allgather and flex are not)"
+            )
         cls = td.MoEAlltoAllTokenDispatcher
-        originals = (td.all_to_all, td.gather_from_sequence_parallel_region, cls.preprocess, cls.token_dispatch,
-                     cls.token_combine)
+        originals = (
+            td.all_to_all,
+            td.gather_from_sequence_parallel_region,
+            cls.preprocess,
+            cls.token_dispatch,
+            cls.token_combine,
+        )
         a2a, gather, preprocess, dispatch, combine = originals
         h = self
 
@@ -450,6 +582,7 @@ class Hermod:
                     return fn(disp, *args, **kw)
                 finally:
                     h._a2a_direction = None
+
             return run
 
         td.all_to_all, td.gather_from_sequence_parallel_region = self.all_to_all, counting_gather
@@ -461,8 +594,10 @@ class Hermod:
             cls.preprocess, cls.token_dispatch, cls.token_combine = preprocess, dispatch, combine
 
         self._restore.append(undo)
-        log.info("Hermod: MoE alltoall dispatcher's all-to-alls matched (%s), planned from its token counts",
-                 self.config.ep_algorithm)
+        log.info(
+            "Hermod: MoE alltoall dispatcher's all-to-alls matched (%s), planned from its token counts",
+            self.config.ep_algorithm,
+        )
 
     def dispatcher_split_matrix(self, group: dist.ProcessGroup) -> list[list[int]] | None:
         """The split matrix of the all-to-all now running on ``group`` (row i: what EP rank i sends to each rank),
@@ -471,7 +606,9 @@ class Hermod:
         if self._ep_counts is None or self._a2a_direction is None:
             return None
         disp, counts = self._ep_counts
-        if disp.tp_size != 1 or dist.get_process_group_ranks(disp.ep_group) != dist.get_process_group_ranks(group):
+        if disp.tp_size != 1 or dist.get_process_group_ranks(disp.ep_group) != dist.get_process_group_ranks(
+            group
+        ):
             return None
         n, nl = disp.ep_size, disp.num_local_experts
         m = counts.reshape(n, n, nl).sum(-1).tolist()  # experts are laid out by EP rank, nl each
@@ -479,8 +616,10 @@ class Hermod:
 
     @property
     def stats(self) -> HermodStats:
-        return HermodStats(ep_matrices_from_dispatcher=self.a2a.matrices_given,
-                           ep_matrices_gathered=self.a2a.matrices_gathered)
+        return HermodStats(
+            ep_matrices_from_dispatcher=self.a2a.matrices_given,
+            ep_matrices_gathered=self.a2a.matrices_gathered,
+        )
 
     def close(self) -> None:
         self.sched.close()
@@ -548,13 +687,20 @@ class HermodStats:
 
 class _MatchedAllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, h: Hermod, group: Any, input_: torch.Tensor, out_splits: Any, in_splits: Any) -> Any:
+    def forward(
+        ctx: Any, h: Hermod, group: Any, input_: torch.Tensor, out_splits: Any, in_splits: Any
+    ) -> Any:
         matrix = h.dispatcher_split_matrix(group)
-        if matrix is not None and in_splits is not None and \
-                matrix[dist.get_rank(group)] != [int(v) for v in in_splits]:
-            raise RuntimeError(f"Hermod: the MoE dispatcher's token counts give this rank the input splits "
-                               f"{matrix[dist.get_rank(group)]}, the all-to-all has {list(in_splits)}; the "
-                               "dispatcher changed in a way Hermod does not know (megatron-core version?)")
+        if (
+            matrix is not None
+            and in_splits is not None
+            and matrix[dist.get_rank(group)] != [int(v) for v in in_splits]
+        ):
+            raise RuntimeError(
+                f"Hermod: the MoE dispatcher's token counts give this rank the input splits "
+                f"{matrix[dist.get_rank(group)]}, the all-to-all has {list(in_splits)}; the "
+                "dispatcher changed in a way Hermod does not know (megatron-core version?)"
+            )
         op = h._a2a_direction or "all_to_all"
         ctx.h, ctx.group, ctx.splits, ctx.op = h, group, (out_splits, in_splits), op
         ctx.matrix_t = None if matrix is None else [list(col) for col in zip(*matrix, strict=True)]
@@ -563,12 +709,26 @@ class _MatchedAllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         out_splits, in_splits = ctx.splits
-        return None, None, _run_a2a(ctx.h, ctx.group, grad.contiguous(), in_splits, out_splits,
-                                    f"{ctx.op}_backward", ctx.matrix_t), None, None
+        return (
+            None,
+            None,
+            _run_a2a(
+                ctx.h, ctx.group, grad.contiguous(), in_splits, out_splits, f"{ctx.op}_backward", ctx.matrix_t
+            ),
+            None,
+            None,
+        )
 
 
-def _run_a2a(h: Hermod, group: Any, x: torch.Tensor, out_splits: Any, in_splits: Any, op: str,
-             matrix: list[list[int]] | None = None) -> torch.Tensor:
+def _run_a2a(
+    h: Hermod,
+    group: Any,
+    x: torch.Tensor,
+    out_splits: Any,
+    in_splits: Any,
+    op: str,
+    matrix: list[list[int]] | None = None,
+) -> torch.Tensor:
     n = dist.get_world_size(group)
     x = x.contiguous()
     if in_splits is None:
@@ -599,10 +759,15 @@ def install_from_config(cfg: dict[str, Any], ctx: Any) -> Hermod | None:
 
     r = ctx.recipe
     moe = bool(getattr(r, "num_moe_experts", None))
-    h = Hermod(hc, num_microbatches=r.num_microbatches, layers_per_stage=r.num_layers // r.pipeline_parallel,
-               stage=ps.get_pipeline_model_parallel_rank(), num_stages=r.pipeline_parallel,
-               dp_group=ps.get_data_parallel_group(with_context_parallel=True),
-               expert_dp_group=ps.get_expert_data_parallel_group() if moe else None)
+    h = Hermod(
+        hc,
+        num_microbatches=r.num_microbatches,
+        layers_per_stage=r.num_layers // r.pipeline_parallel,
+        stage=ps.get_pipeline_model_parallel_rank(),
+        num_stages=r.pipeline_parallel,
+        dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+        expert_dp_group=ps.get_expert_data_parallel_group() if moe else None,
+    )
     try:
         h.attach_p2p(ctx.p2p_communicator)
         h.attach_ddp([ctx.model])

@@ -48,8 +48,12 @@ def _megatron_lm_get_args() -> argparse.Namespace:
 class FlowlaneHooks:
     """The model provider and forward step of a ``pretrain`` call, with flowlane's features (see the module)."""
 
-    def __init__(self, model_provider: Callable[..., torch.nn.Module], forward_step: Callable[..., Any],
-                 get_args: Callable[[], argparse.Namespace] = _megatron_lm_get_args) -> None:
+    def __init__(
+        self,
+        model_provider: Callable[..., torch.nn.Module],
+        forward_step: Callable[..., Any],
+        get_args: Callable[[], argparse.Namespace] = _megatron_lm_get_args,
+    ) -> None:
         self._model_provider, self._forward_step, self._get_args = model_provider, forward_step, get_args
         self.hermod: hermod.Hermod | None = None
         self.offload: ssd_offload.SSDOffload | None = None
@@ -86,8 +90,10 @@ class FlowlaneHooks:
     # -- set-up ---------------------------------------------------------------------------------------------------
     def _setup(self, args: argparse.Namespace) -> None:
         if not hasattr(args, "coflow_scheduler") or not hasattr(args, "ssd_offload"):
-            raise ValueError("flowlane_hooks: the flowlane flags are not in Megatron's args; pass "
-                             "extra_args_provider=megatron_plugin.args.add_flowlane_args to pretrain")
+            raise ValueError(
+                "flowlane_hooks: the flowlane flags are not in Megatron's args; pass "
+                "extra_args_provider=megatron_plugin.args.add_flowlane_args to pretrain"
+            )
         cfg = hermod.config_from_args(args)
         vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
         self._expected_chunks = int(vp) if vp else 1
@@ -101,13 +107,16 @@ class FlowlaneHooks:
 
         moe = bool(getattr(args, "num_experts", None))
         self.hermod = h = hermod.Hermod(
-            cfg, num_microbatches=get_num_microbatches(),
+            cfg,
+            num_microbatches=get_num_microbatches(),
             layers_per_stage=max(1, args.num_layers // args.pipeline_model_parallel_size),
-            stage=ps.get_pipeline_model_parallel_rank(), num_stages=args.pipeline_model_parallel_size,
+            stage=ps.get_pipeline_model_parallel_rank(),
+            num_stages=args.pipeline_model_parallel_size,
             dp_group=ps.get_data_parallel_group(with_context_parallel=True),
             expert_dp_group=ps.get_expert_data_parallel_group() if moe else None,
             virtual_chunks=self._expected_chunks,
-            microbatch_group=getattr(args, "microbatch_group_size_per_vp_stage", None))
+            microbatch_group=getattr(args, "microbatch_group_size_per_vp_stage", None),
+        )
         h.attach_pipeline()
         if moe:
             h.patch_moe_dispatcher()
@@ -126,25 +135,33 @@ def check_hermod_args(args: argparse.Namespace) -> str:
     if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
         return "FSDP is not supported (Hermod hooks Megatron-core's DistributedDataParallel)"
     if not getattr(args, "overlap_grad_reduce", False):
-        return ("add --overlap-grad-reduce: without it Megatron reduces every bucket synchronously after the "
-                "step's pipeline traffic, so there is nothing to schedule")
+        return (
+            "add --overlap-grad-reduce: without it Megatron reduces every bucket synchronously after the "
+            "step's pipeline traffic, so there is nothing to schedule"
+        )
     vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
     schedule = getattr(args, "hermod_schedule", None)
     if schedule and (schedule == "interleaved") != bool(vp):
-        return (f"--hermod-schedule {schedule} does not match the pipeline schedule "
-                f"({'interleaved' if vp else '1F1B'}); leave the flag out to follow it")
+        return (
+            f"--hermod-schedule {schedule} does not match the pipeline schedule "
+            f"({'interleaved' if vp else '1F1B'}); leave the flag out to follow it"
+        )
     if (getattr(args, "num_distributed_optimizer_instances", 1) or 1) > 1:
         return "--num-distributed-optimizer-instances > 1 is not supported"
     dispatcher = getattr(args, "moe_token_dispatcher_type", "alltoall")
     if getattr(args, "num_experts", None) and dispatcher != "alltoall":
-        return (f"--moe-token-dispatcher-type {dispatcher}: Hermod schedules the alltoall dispatcher only "
-                "(allgather and flex are not scheduled)")
+        return (
+            f"--moe-token-dispatcher-type {dispatcher}: Hermod schedules the alltoall dispatcher only "
+            "(allgather and flex are not scheduled)"
+        )
     return ""
 
 
-def flowlane_hooks(model_provider: Callable[..., torch.nn.Module], forward_step: Callable[..., Any],
-                   get_args: Callable[[], argparse.Namespace] = _megatron_lm_get_args
-                   ) -> tuple[Callable[..., torch.nn.Module], Callable[..., Any]]:
+def flowlane_hooks(
+    model_provider: Callable[..., torch.nn.Module],
+    forward_step: Callable[..., Any],
+    get_args: Callable[[], argparse.Namespace] = _megatron_lm_get_args,
+) -> tuple[Callable[..., torch.nn.Module], Callable[..., Any]]:
     """``(model_provider, forward_step)`` for ``megatron.training.pretrain`` with the flowlane flags in effect."""
     hooks = FlowlaneHooks(model_provider, forward_step, get_args)
     return hooks.model_provider, hooks.forward_step

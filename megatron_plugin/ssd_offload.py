@@ -44,43 +44,87 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """Megatron extra-args provider for SSD offloading."""
     d = OffloadConfig()
     g = parser.add_argument_group("flowlane SSD activation offloading (SSDTrain)")
-    g.add_argument("--ssd-offload", action="store_true", help="offload saved activations to SSD (or another tier)")
+    g.add_argument(
+        "--ssd-offload", action="store_true", help="offload saved activations to SSD (or another tier)"
+    )
     g.add_argument("--ssd-offload-dirs", nargs="+", default=[], help="target directories, used round-robin")
-    g.add_argument("--ssd-offload-backend", choices=list(BACKENDS), default=d.backend,
-                   help="pinned_cpu on CUDA: bulk per-layer copies on their own streams, no host waits")
-    g.add_argument("--ssd-offload-min-bytes", type=int, default=d.min_bytes,
-                   help="saved tensors smaller than this stay in memory")
-    g.add_argument("--ssd-offload-keep-last-k", type=int, default=d.keep_last_k,
-                   help="trailing transformer layers kept in memory")
-    g.add_argument("--ssd-offload-adaptive", action="store_true",
-                   help="choose keep-last-k from a profiled micro-batch (thesis §5.3.5)")
+    g.add_argument(
+        "--ssd-offload-backend",
+        choices=list(BACKENDS),
+        default=d.backend,
+        help="pinned_cpu on CUDA: bulk per-layer copies on their own streams, no host waits",
+    )
+    g.add_argument(
+        "--ssd-offload-min-bytes",
+        type=int,
+        default=d.min_bytes,
+        help="saved tensors smaller than this stay in memory",
+    )
+    g.add_argument(
+        "--ssd-offload-keep-last-k",
+        type=int,
+        default=d.keep_last_k,
+        help="trailing transformer layers kept in memory",
+    )
+    g.add_argument(
+        "--ssd-offload-adaptive",
+        action="store_true",
+        help="choose keep-last-k from a profiled micro-batch (thesis §5.3.5)",
+    )
     g.add_argument("--ssd-offload-profile-step", type=int, default=d.profile_step)
     g.add_argument("--ssd-offload-store-workers", type=int, default=d.store_workers)
     g.add_argument("--ssd-offload-load-workers", type=int, default=d.load_workers)
     g.add_argument("--ssd-offload-on-io-error", choices=["keep", "raise"], default=d.on_io_error)
     g.add_argument("--ssd-offload-o-direct", choices=["auto", "on", "off"], default=d.o_direct)
-    g.add_argument("--ssd-offload-cpu-tensors", action="store_true", help="also offload CPU tensors (CPU runs)")
-    g.add_argument("--ssd-offload-prefetch-groups", type=int, default=d.prefetch_groups,
-                   help="CUDA tiers: layers reloaded ahead of the one in backward")
-    g.add_argument("--ssd-offload-link-gbps", type=float, default=d.link_GBps,
-                   help="with --ssd-offload-adaptive: link rate for the byte budget in GB/s (0 = measure it)")
-    g.add_argument("--ssd-offload-max-slowdown", type=float, default=d.max_slowdown,
-                   help="with --ssd-offload-adaptive: step time the budget may add, as a fraction (0.03 = 3 %%)")
-    g.add_argument("--ssd-offload-pinned-pool-bytes", type=int, default=d.pinned_pool_bytes,
-                   help="host pool capacity in bytes (0 = unbounded); exhausting it keeps activations on the GPU")
+    g.add_argument(
+        "--ssd-offload-cpu-tensors", action="store_true", help="also offload CPU tensors (CPU runs)"
+    )
+    g.add_argument(
+        "--ssd-offload-prefetch-groups",
+        type=int,
+        default=d.prefetch_groups,
+        help="CUDA tiers: layers reloaded ahead of the one in backward",
+    )
+    g.add_argument(
+        "--ssd-offload-link-gbps",
+        type=float,
+        default=d.link_GBps,
+        help="with --ssd-offload-adaptive: link rate for the byte budget in GB/s (0 = measure it)",
+    )
+    g.add_argument(
+        "--ssd-offload-max-slowdown",
+        type=float,
+        default=d.max_slowdown,
+        help="with --ssd-offload-adaptive: step time the budget may add, as a fraction (0.03 = 3 %%)",
+    )
+    g.add_argument(
+        "--ssd-offload-pinned-pool-bytes",
+        type=int,
+        default=d.pinned_pool_bytes,
+        help="host pool capacity in bytes (0 = unbounded); exhausting it keeps activations on the GPU",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> OffloadConfig:
     """The OffloadConfig described by the ``--ssd-offload*`` flags."""
     return OffloadConfig(
-        enabled=bool(args.ssd_offload), backend=args.ssd_offload_backend, dirs=tuple(args.ssd_offload_dirs),
-        min_bytes=args.ssd_offload_min_bytes, keep_last_k=args.ssd_offload_keep_last_k,
-        adaptive=bool(args.ssd_offload_adaptive), profile_step=args.ssd_offload_profile_step,
-        store_workers=args.ssd_offload_store_workers, load_workers=args.ssd_offload_load_workers,
-        on_io_error=args.ssd_offload_on_io_error, o_direct=args.ssd_offload_o_direct,
-        offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors), prefetch_groups=args.ssd_offload_prefetch_groups,
-        link_GBps=args.ssd_offload_link_gbps, pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
-        max_slowdown=args.ssd_offload_max_slowdown)
+        enabled=bool(args.ssd_offload),
+        backend=args.ssd_offload_backend,
+        dirs=tuple(args.ssd_offload_dirs),
+        min_bytes=args.ssd_offload_min_bytes,
+        keep_last_k=args.ssd_offload_keep_last_k,
+        adaptive=bool(args.ssd_offload_adaptive),
+        profile_step=args.ssd_offload_profile_step,
+        store_workers=args.ssd_offload_store_workers,
+        load_workers=args.ssd_offload_load_workers,
+        on_io_error=args.ssd_offload_on_io_error,
+        o_direct=args.ssd_offload_o_direct,
+        offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors),
+        prefetch_groups=args.ssd_offload_prefetch_groups,
+        link_GBps=args.ssd_offload_link_gbps,
+        pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
+        max_slowdown=args.ssd_offload_max_slowdown,
+    )
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:
@@ -125,8 +169,9 @@ class _ScheduleHints:
             self.fifo.append(key)
         return out
 
-    def backward_step(self, input_tensor: Any, output_tensor: Any, output_tensor_grad: Any, *rest: Any,
-                      **kw: Any) -> Any:
+    def backward_step(
+        self, input_tensor: Any, output_tensor: Any, output_tensor_grad: Any, *rest: Any, **kw: Any
+    ) -> Any:
         t = _first_tensor(output_tensor)
         key = self.by_output.pop(id(t), None) if t is not None else None
         if key is None and self.fifo:
@@ -167,9 +212,13 @@ def _chunks(model: torch.nn.Module | Iterable[torch.nn.Module]) -> list[torch.nn
     return [model] if isinstance(model, torch.nn.Module) else list(model)
 
 
-def install(model: torch.nn.Module | Iterable[torch.nn.Module], config: OffloadConfig,
-            scope_classes: Iterable[str] = DEFAULT_SCOPES, schedule_hints: bool = True,
-            rank: int | None = None) -> SSDOffload:
+def install(
+    model: torch.nn.Module | Iterable[torch.nn.Module],
+    config: OffloadConfig,
+    scope_classes: Iterable[str] = DEFAULT_SCOPES,
+    schedule_hints: bool = True,
+    rank: int | None = None,
+) -> SSDOffload:
     """Offload ``model``'s activations (configure_tensor_cache, Alg. 5.1 lines 1-5).
 
     Registers parameters, makes every ``TransformerLayer``/``SelfAttention``/``MLP`` a scope, wraps Megatron's
@@ -191,14 +240,17 @@ def install(model: torch.nn.Module | Iterable[torch.nn.Module], config: OffloadC
                 found += 1
     if found == 0:
         cache.close()
-        raise ValueError(f"--ssd-offload: no module of class {sorted(names)} in the model; nothing to offload")
+        raise ValueError(
+            f"--ssd-offload: no module of class {sorted(names)} in the model; nothing to offload"
+        )
     hints = _ScheduleHints(cache) if schedule_hints else None
     cache.activate()
     return SSDOffload(cache, hints)
 
 
-def install_from_config(cfg: Mapping[str, Any] | None, model: torch.nn.Module | Iterable[torch.nn.Module]
-                        ) -> SSDOffload:
+def install_from_config(
+    cfg: Mapping[str, Any] | None, model: torch.nn.Module | Iterable[torch.nn.Module]
+) -> SSDOffload:
     """Entry point for the recipe (``offload=ssd`` / ``offload=none``).
 
     ``cfg`` is the Hydra ``offload`` group as a plain dict (``OmegaConf.to_container(cfg.offload)``): the

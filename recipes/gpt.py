@@ -72,42 +72,72 @@ class GPTRecipe:
             if not cond:
                 raise ValueError(msg)
 
-        for name in ("num_ranks", "pipeline_parallel", "tensor_parallel", "num_layers", "hidden_size",
-                     "num_attention_heads", "vocab_size", "seq_length", "micro_batch_size", "num_microbatches",
-                     "iterations"):
+        for name in (
+            "num_ranks",
+            "pipeline_parallel",
+            "tensor_parallel",
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "vocab_size",
+            "seq_length",
+            "micro_batch_size",
+            "num_microbatches",
+            "iterations",
+        ):
             v = getattr(self, name)
             need(isinstance(v, int) and v >= 1, f"{name} must be an integer >= 1, got {v!r}")
         mp = self.pipeline_parallel * self.tensor_parallel
-        need(self.num_ranks % mp == 0, f"num_ranks={self.num_ranks} must be a multiple of pipeline_parallel x "
-                                       f"tensor_parallel = {mp}")
-        need(self.num_layers % self.pipeline_parallel == 0,
-             f"num_layers={self.num_layers} must be divisible by pipeline_parallel={self.pipeline_parallel}")
-        need(self.hidden_size % self.num_attention_heads == 0,
-             f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}")
+        need(
+            self.num_ranks % mp == 0,
+            f"num_ranks={self.num_ranks} must be a multiple of pipeline_parallel x tensor_parallel = {mp}",
+        )
+        need(
+            self.num_layers % self.pipeline_parallel == 0,
+            f"num_layers={self.num_layers} must be divisible by pipeline_parallel={self.pipeline_parallel}",
+        )
+        need(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}",
+        )
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        need(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r} must be one of ['auto', 'cpu', 'cuda']")
-        need(self.distributed_optimizer or not self.overlap_param_gather,
-             "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)")
-        need(self.overlap_param_gather <= self.overlap_grad_reduce,
-             "overlap_param_gather=True needs overlap_grad_reduce=True (as Megatron's --overlap-param-gather)")
+        need(
+            self.device in ("auto", "cpu", "cuda"),
+            f"device={self.device!r} must be one of ['auto', 'cpu', 'cuda']",
+        )
+        need(
+            self.distributed_optimizer or not self.overlap_param_gather,
+            "overlap_param_gather=True needs distributed_optimizer=True (as Megatron's --overlap-param-gather)",
+        )
+        need(
+            self.overlap_param_gather <= self.overlap_grad_reduce,
+            "overlap_param_gather=True needs overlap_grad_reduce=True (as Megatron's --overlap-param-gather)",
+        )
         if (self.features.get("scheduler") or {}).get("name", "none") != "none":
-            need(self.overlap_grad_reduce, "scheduler=hermod needs overlap_grad_reduce=true: Hermod orders the "
-                 "overlapped bucket reductions of Megatron's DDP (without the flag they run synchronously at the "
-                 "end of the step, after the pipeline traffic, and there is nothing to schedule)")
+            need(
+                self.overlap_grad_reduce,
+                "scheduler=hermod needs overlap_grad_reduce=true: Hermod orders the "
+                "overlapped bucket reductions of Megatron's DDP (without the flag they run synchronously at the "
+                "end of the step, after the pipeline traffic, and there is nothing to schedule)",
+            )
         if self.num_moe_experts is not None:
-            need(self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
-                 f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
-                 f"expert_parallel={self.expert_parallel}")
-            need(1 <= self.moe_router_topk <= self.num_moe_experts,
-                 f"moe_router_topk={self.moe_router_topk} must be in [1, num_moe_experts={self.num_moe_experts}]")
-        need(self.data_parallel % self.expert_parallel == 0,
-             f"expert_parallel={self.expert_parallel} must divide the data-parallel size {self.data_parallel}")
+            need(
+                self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
+                f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
+                f"expert_parallel={self.expert_parallel}",
+            )
+            need(
+                1 <= self.moe_router_topk <= self.num_moe_experts,
+                f"moe_router_topk={self.moe_router_topk} must be in [1, num_moe_experts={self.num_moe_experts}]",
+            )
+        need(
+            self.data_parallel % self.expert_parallel == 0,
+            f"expert_parallel={self.expert_parallel} must divide the data-parallel size {self.data_parallel}",
+        )
 
     @property
     def data_parallel(self) -> int:
         return self.num_ranks // (self.pipeline_parallel * self.tensor_parallel)
-
-
 
 
 @dataclass
@@ -157,14 +187,20 @@ def _loss_func(output_tensor: torch.Tensor) -> tuple[torch.Tensor, dict[str, tor
     return loss, {"lm loss": loss.detach().clone()}
 
 
-def _forward_step(data_iterator: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module,
-                  recipe: GPTRecipe, device: str = "cpu") -> tuple[torch.Tensor, Any]:
+def _forward_step(
+    data_iterator: Iterator[dict[str, torch.Tensor]],
+    model: torch.nn.Module,
+    recipe: GPTRecipe,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, Any]:
     batch = next(data_iterator)
     tokens = batch["tokens"].to(device)
     position_ids = torch.arange(recipe.seq_length, device=device).unsqueeze(0).expand_as(tokens)
     # GPTModel returns per-token losses on the last stage when labels are given, hidden states elsewhere
     # explicit causal mask (True = masked): Megatron's default mask is built on CUDA
-    mask = torch.triu(torch.ones(recipe.seq_length, recipe.seq_length, dtype=torch.bool, device=device), diagonal=1)
+    mask = torch.triu(
+        torch.ones(recipe.seq_length, recipe.seq_length, dtype=torch.bool, device=device), diagonal=1
+    )
     out = model(tokens, position_ids, mask.view(1, 1, *mask.shape), labels=batch["labels"].to(device))
     return out, _loss_func
 
@@ -181,23 +217,48 @@ def build_model(recipe: GPTRecipe, device: str = "cpu") -> tuple[torch.nn.Module
 
     dtype = torch.bfloat16 if recipe.bf16 else torch.float32
     config = TransformerConfig(
-        num_layers=recipe.num_layers, hidden_size=recipe.hidden_size,
-        num_attention_heads=recipe.num_attention_heads, use_cpu_initialization=True,
-        pipeline_model_parallel_size=recipe.pipeline_parallel, tensor_model_parallel_size=recipe.tensor_parallel,
-        pipeline_dtype=dtype, params_dtype=dtype, bf16=recipe.bf16, fp16=False,
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-        hidden_dropout=0.0, attention_dropout=0.0, batch_p2p_sync=False,
-        **({} if recipe.num_moe_experts is None else dict(
-            num_moe_experts=recipe.num_moe_experts, moe_router_topk=recipe.moe_router_topk,
-            expert_model_parallel_size=recipe.expert_parallel, moe_token_dispatcher_type="alltoall",
-            moe_grouped_gemm=False, moe_aux_loss_coeff=0.0)),
+        num_layers=recipe.num_layers,
+        hidden_size=recipe.hidden_size,
+        num_attention_heads=recipe.num_attention_heads,
+        use_cpu_initialization=True,
+        pipeline_model_parallel_size=recipe.pipeline_parallel,
+        tensor_model_parallel_size=recipe.tensor_parallel,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=recipe.bf16,
+        fp16=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        batch_p2p_sync=False,
+        **(
+            {}
+            if recipe.num_moe_experts is None
+            else dict(
+                num_moe_experts=recipe.num_moe_experts,
+                moe_router_topk=recipe.moe_router_topk,
+                expert_model_parallel_size=recipe.expert_parallel,
+                moe_token_dispatcher_type="alltoall",
+                moe_grouped_gemm=False,
+                moe_aux_loss_coeff=0.0,
+            )
+        ),
     )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=recipe.num_moe_experts, moe_grouped_gemm=False), vocab_size=recipe.vocab_size,
-        max_sequence_length=recipe.seq_length, pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(), share_embeddings_and_output_weights=False,
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=recipe.num_moe_experts, moe_grouped_gemm=False
+        ),
+        vocab_size=recipe.vocab_size,
+        max_sequence_length=recipe.seq_length,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=False,
         position_embedding_type="learned_absolute",
     )
     if device == "cuda":
@@ -218,13 +279,22 @@ def _megatron_ddp(recipe: GPTRecipe, module: torch.nn.Module, config: Any) -> tu
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=recipe.overlap_grad_reduce,
-        use_distributed_optimizer=recipe.distributed_optimizer, overlap_param_gather=recipe.overlap_param_gather,
-        bucket_size=max(1, recipe.dp_bucket_bytes // 4))  # elements of fp32 gradients
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=recipe.overlap_grad_reduce,
+        use_distributed_optimizer=recipe.distributed_optimizer,
+        overlap_param_gather=recipe.overlap_param_gather,
+        bucket_size=max(1, recipe.dp_bucket_bytes // 4),
+    )  # elements of fp32 gradients
     model = DistributedDataParallel(config, ddp_config, module)
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=recipe.lr, bf16=recipe.bf16,
-                                                       use_distributed_optimizer=recipe.distributed_optimizer),
-                                       [model])
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=recipe.lr,
+            bf16=recipe.bf16,
+            use_distributed_optimizer=recipe.distributed_optimizer,
+        ),
+        [model],
+    )
     if recipe.overlap_grad_reduce:
         config.no_sync_func = model.no_sync
     if recipe.overlap_param_gather:
@@ -236,8 +306,11 @@ def _megatron_ddp(recipe: GPTRecipe, module: torch.nn.Module, config: Any) -> tu
 def dp_bytes_per_iteration(model: Any) -> int:
     """Bytes Megatron's DDP reduces per iteration on this rank: every bucket's gradient buffer (padding included),
     dense and expert. Megatron issues these collectives itself, so flowlane.comm does not see them."""
-    return sum(b.grad_data.numel() * b.grad_data.element_size()
-               for buf in [*model.buffers, *model.expert_parallel_buffers] for b in buf.buckets)
+    return sum(
+        b.grad_data.numel() * b.grad_data.element_size()
+        for buf in [*model.buffers, *model.expert_parallel_buffers]
+        for b in buf.buckets
+    )
 
 
 def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, Any]:
@@ -252,10 +325,14 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
 
 def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     device = recipe.device
-    if device == "auto":  # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
+    if (
+        device == "auto"
+    ):  # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
         device = resolve_device(recipe, None)
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: train_rank needs it resolved to 'cpu' or 'cuda' (resolve_device)")
+        raise ValueError(
+            f"device={device!r}: train_rank needs it resolved to 'cpu' or 'cuda' (resolve_device)"
+        )
     if device == "cpu":
         from megatron_plugin import cpu_shim
 
@@ -268,9 +345,11 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     from flowlane import comm, trace
     from megatron_plugin.comm_hooks import FlowlaneP2PCommunicator
 
-    ps.initialize_model_parallel(tensor_model_parallel_size=recipe.tensor_parallel,
-                                 pipeline_model_parallel_size=recipe.pipeline_parallel,
-                                 expert_model_parallel_size=recipe.expert_parallel)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=recipe.tensor_parallel,
+        pipeline_model_parallel_size=recipe.pipeline_parallel,
+        expert_model_parallel_size=recipe.expert_parallel,
+    )
     try:
         torch.manual_seed(recipe.seed)
         model_parallel_cuda_manual_seed(recipe.seed)
@@ -297,11 +376,17 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             model.zero_grad_buffer()
             optimizer.zero_grad()
             with trace.span("forward_backward", iteration=it):
-                out = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe, device=device),
-                              data_iterator=synthetic_batches(recipe, dp_rank, it), model=[model],
-                              num_microbatches=recipe.num_microbatches, seq_length=recipe.seq_length,
-                              micro_batch_size=recipe.micro_batch_size, forward_only=False, p2p_communicator=p2p,
-                              pg_collection=pg_collection)
+                out = fwd_bwd(
+                    forward_step_func=partial(_forward_step, recipe=recipe, device=device),
+                    data_iterator=synthetic_batches(recipe, dp_rank, it),
+                    model=[model],
+                    num_microbatches=recipe.num_microbatches,
+                    seq_length=recipe.seq_length,
+                    micro_batch_size=recipe.micro_batch_size,
+                    forward_only=False,
+                    p2p_communicator=p2p,
+                    pg_collection=pg_collection,
+                )
             with trace.span("optimizer", iteration=it):
                 optimizer.step()
             if device == "cuda":
@@ -323,11 +408,20 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             if hasattr(h, "close"):
                 h.close()
         grads_digest = float(sum(p.detach().double().sum() for p in model.parameters()))
-        return {"rank": rank, "pp_stage": ps.get_pipeline_model_parallel_rank(), "dp_rank": dp_rank,
-                "losses": losses, "iteration_times": iter_times, "bytes_by_kind": bytes_by_kind,
-                "ops_by_kind": rec.count_by_kind(), "param_digest": grads_digest,
-                "num_params": sum(p.numel() for p in model.parameters()), "feature_stats": feature_stats,
-                "trace": trace.rank_events(rank, t_start), "wall": time.perf_counter() - t_start}
+        return {
+            "rank": rank,
+            "pp_stage": ps.get_pipeline_model_parallel_rank(),
+            "dp_rank": dp_rank,
+            "losses": losses,
+            "iteration_times": iter_times,
+            "bytes_by_kind": bytes_by_kind,
+            "ops_by_kind": rec.count_by_kind(),
+            "param_digest": grads_digest,
+            "num_params": sum(p.numel() for p in model.parameters()),
+            "feature_stats": feature_stats,
+            "trace": trace.rank_events(rank, t_start),
+            "wall": time.perf_counter() - t_start,
+        }
     finally:
         ps.destroy_model_parallel()
 
@@ -350,7 +444,7 @@ def _progress(enabled: bool, total: int) -> Any:
 
 
 def resolve_device(recipe: GPTRecipe, ext: Any) -> str:
-    """"cpu" or "cuda" for this run (``ext``: the :class:`flowlane.launch.ExternalLaunch` or None). Raises
+    """ "cpu" or "cuda" for this run (``ext``: the :class:`flowlane.launch.ExternalLaunch` or None). Raises
     ValueError naming the key and the fix when the ranks cannot be placed there; nothing has started yet."""
     from flowlane.launch import cuda_device_for
 
@@ -360,16 +454,22 @@ def resolve_device(recipe: GPTRecipe, ext: Any) -> str:
         dev = "cuda" if ext is not None and cuda else "cpu"
     if dev == "cuda":
         if ext is None:
-            raise ValueError("device=cuda runs one process per GPU, started by torchrun or srun (flowlane-train "
-                             "alone starts CPU ranks): torchrun --nproc_per_node <GPUs> $(which flowlane-train) "
-                             "num_ranks=<GPUs> device=cuda")
+            raise ValueError(
+                "device=cuda runs one process per GPU, started by torchrun or srun (flowlane-train "
+                "alone starts CPU ranks): torchrun --nproc_per_node <GPUs> $(which flowlane-train) "
+                "num_ranks=<GPUs> device=cuda"
+            )
         if not cuda:
-            raise ValueError(f"device=cuda but torch {torch.__version__} sees no CUDA device here "
-                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
+            raise ValueError(
+                f"device=cuda but torch {torch.__version__} sees no CUDA device here "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})"
+            )
         cuda_device_for(ext)  # one GPU per local rank
     elif ext is not None and cuda:
-        raise ValueError(f"device=cpu under {ext.launcher} on a machine with CUDA: the CPU ranks need CUDA hidden "
-                         "(start them with CUDA_VISIBLE_DEVICES= ) or use device=cuda")
+        raise ValueError(
+            f"device=cpu under {ext.launcher} on a machine with CUDA: the CPU ranks need CUDA hidden "
+            "(start them with CUDA_VISIBLE_DEVICES= ) or use device=cuda"
+        )
     return dev
 
 
@@ -397,14 +497,26 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     if ext is None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         # CPU ranks: CUDA hidden, so Megatron-core runs through the CPU shim even on a machine with GPUs
-        results = launch(train_rank, recipe.num_ranks, args=(rdict,), timeout=recipe.timeout_s,
-                         env={"CUDA_VISIBLE_DEVICES": ""})
+        results = launch(
+            train_rank,
+            recipe.num_ranks,
+            args=(rdict,),
+            timeout=recipe.timeout_s,
+            env={"CUDA_VISIBLE_DEVICES": ""},
+        )
         mode = {"launcher": "flowlane.launch (local)", "world_size": recipe.num_ranks}
         note = "measured on CPU ranks (gloo over loopback)"
     else:
         backend = "nccl" if device == "cuda" else "gloo"
-        gathered = run_this_rank(train_rank, ext, recipe.num_ranks, args=(rdict,), backend=backend,
-                                 op_timeout=recipe.timeout_s, key="num_ranks")
+        gathered = run_this_rank(
+            train_rank,
+            ext,
+            recipe.num_ranks,
+            args=(rdict,),
+            backend=backend,
+            op_timeout=recipe.timeout_s,
+            key="num_ranks",
+        )
         if gathered is None:
             return {}  # rank 0 reports for every rank
         results = gathered
@@ -413,8 +525,9 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     out_dir = Path(recipe.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_path = write_chrome_trace(out_dir / "trace.json", [e for r in results for e in r.pop("trace")])
-    steady = [max(r["iteration_times"][i] for r in results) for i in range(1, recipe.iterations)] or \
-        [max(r["iteration_times"][0] for r in results)]
+    steady = [max(r["iteration_times"][i] for r in results) for i in range(1, recipe.iterations)] or [
+        max(r["iteration_times"][0] for r in results)
+    ]
     total_bytes: dict[str, int] = {}
     for r in results:
         for k, v in r["bytes_by_kind"].items():
@@ -422,11 +535,16 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     # the last rank's: the one the progress bar shows (each data-parallel replica of the last stage has its own)
     losses = results[-1]["losses"]
     metrics = {
-        "recipe": rdict, "launch": mode, "iteration_time_s": sum(steady) / len(steady),
-        "iteration_times_s": steady, "loss": losses, "bytes_by_kind": total_bytes, "per_rank": results,
+        "recipe": rdict,
+        "launch": mode,
+        "iteration_time_s": sum(steady) / len(steady),
+        "iteration_times_s": steady,
+        "loss": losses,
+        "bytes_by_kind": total_bytes,
+        "per_rank": results,
         "trace": str(trace_path),
         "note": f"{note}; iteration 0 excluded; pp/ep bytes counted at flowlane.comm, dp bytes = the gradient "
-                "buffers Megatron's DDP reduces each iteration",
+        "buffers Megatron's DDP reduces each iteration",
     }
     tmp = out_dir / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=1))
@@ -458,16 +576,23 @@ def _print_summary(metrics: dict[str, Any], out_dir: Path) -> None:
     t = Table(title="flowlane-train summary")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    t.add_row("ranks", f"{metrics['launch']['world_size']} ({metrics['launch']['launcher']}, "
-                       f"{metrics['recipe']['device']}{', bf16' if metrics['recipe']['bf16'] else ''})")
+    t.add_row(
+        "ranks",
+        f"{metrics['launch']['world_size']} ({metrics['launch']['launcher']}, "
+        f"{metrics['recipe']['device']}{', bf16' if metrics['recipe']['bf16'] else ''})",
+    )
     t.add_row("iteration time (steady, max over ranks)", f"{metrics['iteration_time_s'] * 1e3:.1f} ms")
     t.add_row("loss first -> last (last rank)", f"{metrics['loss'][0]:.4f} -> {metrics['loss'][-1]:.4f}")
     for kind, b in sorted(metrics["bytes_by_kind"].items()):
         t.add_row(f"bytes sent, {kind} (all ranks, steady iterations)", f"{b:,}")
-    offload = [r["feature_stats"]["SSDOffload"] for r in metrics["per_rank"] if "SSDOffload" in r["feature_stats"]]
+    offload = [
+        r["feature_stats"]["SSDOffload"] for r in metrics["per_rank"] if "SSDOffload" in r["feature_stats"]
+    ]
     if offload:
-        t.add_row("activations offloaded (all ranks, all iterations)",
-                  f"{sum(o['bytes_written'] for o in offload):,} B written, {sum(o['bytes_read'] for o in offload):,} B read")
+        t.add_row(
+            "activations offloaded (all ranks, all iterations)",
+            f"{sum(o['bytes_written'] for o in offload):,} B written, {sum(o['bytes_read'] for o in offload):,} B read",
+        )
     t.add_row("metrics", str(out_dir / "metrics.json"))
     t.add_row("trace (open in ui.perfetto.dev)", metrics["trace"])
     if Console is None:

@@ -36,7 +36,11 @@ FEATURE_GROUPS = ("scheduler", "offload")
 # Third-party notices every CPU run prints once per rank and module (no Transformer Engine or Apex on CPU; a
 # megatron-core deprecation raised by its own defaults): hidden unless FLOWLANE_VERBOSE=1. Each entry is the start
 # of the message (PYTHONWARNINGS syntax: no ':' or ',').
-KNOWN_NOISE = ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated")
+KNOWN_NOISE = (
+    "Transformer Engine and Apex are not installed",
+    "Apex is not installed",
+    "full scope is deprecated",
+)
 
 
 def quiet_known_warnings(env: MutableMapping[str, str]) -> None:
@@ -73,13 +77,18 @@ def feature_lines(cfg: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
         dirs = ", ".join(off.get("dirs") or []) or "system temp folder"
         on.append(f"offload={off.get('backend', 'posix')} ({dirs})")
     lines = [f"features: {'; '.join(on) if on else 'none'}"]
-    stats = [r["feature_stats"]["SSDOffload"] for r in metrics.get("per_rank", [])
-             if "SSDOffload" in r.get("feature_stats", {})]
+    stats = [
+        r["feature_stats"]["SSDOffload"]
+        for r in metrics.get("per_rank", [])
+        if "SSDOffload" in r.get("feature_stats", {})
+    ]
     fallbacks = sum(s.get("fallbacks", 0) for s in stats)
     if fallbacks:
         errors = sum(s.get("io_errors", 0) for s in stats)
-        lines.append(f"warning: {fallbacks:,} offload writes fell back to memory ({errors:,} I/O errors, e.g. a full "
-                     "disk; offload.on_io_error=raise makes them errors)")
+        lines.append(
+            f"warning: {fallbacks:,} offload writes fell back to memory ({errors:,} I/O errors, e.g. a full "
+            "disk; offload.on_io_error=raise makes them errors)"
+        )
     return lines
 
 

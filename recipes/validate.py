@@ -36,14 +36,19 @@ def _kind(tp: Any) -> tuple[str, Any]:
     if tp is int:
         return "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
     if tp is float:
-        return "a finite number", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        return (
+            "a finite number",
+            lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+        )
     if tp is str:
         return "a string", lambda v: isinstance(v, str)
     if origin in (tuple, list) or tp in (tuple, list):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
         item = _kind(args[0]) if args else ("anything", lambda v: True)
-        return f"a list of {item[0]}s" if args else "a list", \
-            lambda v: isinstance(v, list | tuple) and all(item[1](x) for x in v)
+        return (
+            f"a list of {item[0]}s" if args else "a list",
+            lambda v: isinstance(v, list | tuple) and all(item[1](x) for x in v),
+        )
     return "anything", lambda v: True  # dicts, Any: the owner's from_dict checks them
 
 
@@ -84,7 +89,9 @@ def check_offload(group: Mapping[str, Any]) -> None:
     d = {k: v for k, v in group.items() if k != "scope_classes"}
     check_types(OffloadConfig, d, "offload.")
     scopes = group.get("scope_classes")
-    if scopes is not None and not (isinstance(scopes, list | tuple) and all(isinstance(s, str) for s in scopes)):
+    if scopes is not None and not (
+        isinstance(scopes, list | tuple) and all(isinstance(s, str) for s in scopes)
+    ):
         raise ConfigError(f"offload.scope_classes={scopes!r} must be a list of class names")
     cfg = _as_config_error(OffloadConfig.from_dict, d)
     if cfg.enabled:  # a typo must not become a new directory on some other disk
@@ -170,8 +177,9 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"data={data!r} must be a group with a string data.name")
     pc = data.get("part_config")
     if pc is not None and not (isinstance(pc, str) and os.path.isfile(pc)):
-        raise ConfigError(f"data.part_config={pc!r} is not a file (the JSON written by "
-                          f"dgl.distributed.partition_graph)")
+        raise ConfigError(
+            f"data.part_config={pc!r} is not a file (the JSON written by dgl.distributed.partition_graph)"
+        )
     fl = cfg.get("flowlane") or {}
     unknown = sorted(set(fl) - {"fullgraph"}) if isinstance(fl, Mapping) else ["<not a group>"]
     if unknown:
@@ -201,15 +209,19 @@ def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
         if pc is None:
             data["part_config"] = role.part_config
         elif os.path.realpath(pc) != os.path.realpath(role.part_config):
-            raise ConfigError(f"data.part_config={pc!r} but DistDGL's launcher gave DGL_CONF_PATH="
-                              f"{role.part_config!r}: servers and trainers must read one partitioning")
+            raise ConfigError(
+                f"data.part_config={pc!r} but DistDGL's launcher gave DGL_CONF_PATH="
+                f"{role.part_config!r}: servers and trainers must read one partitioning"
+            )
         cfg["data"] = data
         if role.role == "server":
             return cfg, role
     ext = _as_config_error(detect_launcher)
     if role is not None and ext is None:
-        raise ConfigError("DGL_ROLE=client without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR...): "
-                          "DistDGL's launch.py starts trainers with python -m torch.distributed.run")
+        raise ConfigError(
+            "DGL_ROLE=client without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR...): "
+            "DistDGL's launch.py starts trainers with python -m torch.distributed.run"
+        )
     if ext is None:
         return cfg, role
     world = cfg.get("world_size", 2)
@@ -221,6 +233,8 @@ def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
         with open(pc) as f:
             parts = json.load(f).get("num_parts")
         if parts != world:
-            raise ConfigError(f"data.part_config={pc!r} has num_parts={parts} but {world} trainers were started: "
-                              f"full-graph training needs one partition per trainer")
+            raise ConfigError(
+                f"data.part_config={pc!r} has num_parts={parts} but {world} trainers were started: "
+                f"full-graph training needs one partition per trainer"
+            )
     return cfg, role

@@ -10,8 +10,9 @@ from flowlane.aleph.hook import HierarchicalAllReduce, install_aleph_hook
 from flowlane.aleph.probe import probe_bandwidth
 
 
-def _ddp_run(model: torch.nn.Module, plan: Plan | None, rank: int, steps: int = 3,
-             top: str = "allreduce") -> list[torch.Tensor]:
+def _ddp_run(
+    model: torch.nn.Module, plan: Plan | None, rank: int, steps: int = 3, top: str = "allreduce"
+) -> list[torch.Tensor]:
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
     if plan is not None:
         install_aleph_hook(ddp, plan, top=top, chunk_bytes=1024)  # pipelined over several chunks with "ps"
@@ -31,8 +32,10 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     DDP's own all-reduce (all-singleton plan: bitwise; the first case's plan: close); then the bandwidth probe."""
     out: dict = {"int_equal": [], "float_maxdiff": []}
     for clusters, top in cases:
-        h = HierarchicalAllReduce(Plan.from_clusters(world, clusters), top=top, chunk_bytes=4096)  # 40 KB: 10 chunks
-        x = torch.arange(5000, dtype=torch.int64) * (rank + 1) + rank ** 3 - 7
+        h = HierarchicalAllReduce(
+            Plan.from_clusters(world, clusters), top=top, chunk_bytes=4096
+        )  # 40 KB: 10 chunks
+        x = torch.arange(5000, dtype=torch.int64) * (rank + 1) + rank**3 - 7
         ref = x.clone()
         dist.all_reduce(ref)
         out["int_equal"].append(bool(torch.equal(h(x.clone()), ref)))
@@ -47,7 +50,9 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     hier = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, cases[0][0]), rank)
     hier_ps = _ddp_run(copy.deepcopy(model), Plan.from_clusters(world, cases[0][0]), rank, top="ps")
     out["ddp_singletons_bitwise"] = all(torch.equal(a, b) for a, b in zip(ref, flat, strict=True))
-    out["ddp_hier_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref + ref, hier + hier_ps, strict=True))
+    out["ddp_hier_maxdiff"] = max(
+        float((a - b).abs().max()) for a, b in zip(ref + ref, hier + hier_ps, strict=True)
+    )
     out["ddp_moved"] = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters(), strict=True))
     figures, rate = probe_bandwidth(nbytes=1 << 16)
     out["probe"] = figures
@@ -81,13 +86,21 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
     out: dict = {}
-    for name, zero, aleph in (("own", 0, None), ("aleph", 0, {"clusters": [[3, 1, 2], [0]], "top": "ps"}),
-                              ("zero1", 1, {"clusters": [[3, 1, 2], [0]]})):
+    for name, zero, aleph in (
+        ("own", 0, None),
+        ("aleph", 0, {"clusters": [[3, 1, 2], [0]], "top": "ps"}),
+        ("zero1", 1, {"clusters": [[3, 1, 2], [0]]}),
+    ):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-        cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
-               "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": zero},
-               "zero_allow_untested_optimizer": True}
+        cfg = {
+            "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 2,
+            "steps_per_print": 1000,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "zero_optimization": {"stage": zero},
+            "zero_allow_untested_optimizer": True,
+        }
         if aleph is not None:
             cfg["flowlane"] = {"aleph": aleph}
         engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)

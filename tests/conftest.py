@@ -16,9 +16,18 @@ _WIRE_FILES = ("test_nccl_net_plugin.py",)
 # Hermod's pure model and the simulator import no framework and nothing in the gnn lane (DGL's plugin) uses them:
 # run them once too (llm lane). The core modules the DGL plugin does use (plan, comm, launch, trace, topology) keep
 # running in both lanes.
-_ONCE_FILES = ("test_core_imports.py", "test_hermod_keys.py", "test_hermod_order.py", "test_hermod_matching.py",
-               "test_hermod_bvn_c.py", "test_sim_alltoall.py", "test_sim_engine.py", "test_sim_hermod.py",
-               "test_sim_waterfill_c.py", "test_sim_workloads.py")
+_ONCE_FILES = (
+    "test_core_imports.py",
+    "test_hermod_keys.py",
+    "test_hermod_order.py",
+    "test_hermod_matching.py",
+    "test_hermod_bvn_c.py",
+    "test_sim_alltoall.py",
+    "test_sim_engine.py",
+    "test_sim_hermod.py",
+    "test_sim_waterfill_c.py",
+    "test_sim_workloads.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,14 +20,23 @@ def comm_roundtrip(rank: int, world: int) -> dict:
         peer = rank ^ 1
         buf = torch.empty(1000)
         with trace.span("p2p", rank=rank):
-            works = comm.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(1000) * rank, peer),
-                                            dist.P2POp(dist.irecv, buf, peer)], kind="pp", keys=["s", "r"])
+            works = comm.batch_isend_irecv(
+                [dist.P2POp(dist.isend, torch.ones(1000) * rank, peer), dist.P2POp(dist.irecv, buf, peer)],
+                kind="pp",
+                keys=["s", "r"],
+            )
             for w in works:
                 w.wait()
         events = trace.rank_events(rank)
-        return {"sum": t[0].item(), "gathered": out.tolist(), "a2a": a2a_out.tolist(), "recv": buf[0].item(),
-                "bytes": rec.bytes_by_kind(), "ops": [(o.kind, o.op, o.nbytes, o.key, o.end is not None)
-                                                     for o in rec.ops], "events": events}
+        return {
+            "sum": t[0].item(),
+            "gathered": out.tolist(),
+            "a2a": a2a_out.tolist(),
+            "recv": buf[0].item(),
+            "bytes": rec.bytes_by_kind(),
+            "ops": [(o.kind, o.op, o.nbytes, o.key, o.end is not None) for o in rec.ops],
+            "events": events,
+        }
 
 
 def raise_on_rank_one(rank: int, world: int) -> None:

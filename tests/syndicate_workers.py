@@ -15,10 +15,12 @@ from flowlane.syndicate.plan import PlanChannel, PlanOp, SyndicatePlan
 
 def plan_ops(world: int) -> list[PlanOp]:
     """Four ops in submission order: float64 all-reduce, float32 all-to-all, int64 all-gather, float32 all-reduce."""
-    return [PlanOp("ar0", "all_reduce", 1024, "float64", world, Option("F", "ring", 4)),
-            PlanOp("a2a", "all_to_all", world * 96, "float32", world, Option("S", "direct", 2, world)),
-            PlanOp("ag", "all_gather", 64, "int64", world, Option("F", "direct", 2, world)),
-            PlanOp("ar1", "all_reduce", 999, "float32", world, Option("S", "ring", 2))]
+    return [
+        PlanOp("ar0", "all_reduce", 1024, "float64", world, Option("F", "ring", 4)),
+        PlanOp("a2a", "all_to_all", world * 96, "float32", world, Option("S", "direct", 2, world)),
+        PlanOp("ag", "all_gather", 64, "int64", world, Option("F", "direct", 2, world)),
+        PlanOp("ar1", "all_reduce", 999, "float32", world, Option("S", "ring", 2)),
+    ]
 
 
 def shuffled_plan(world: int, seed: int = 7, version: int = 1) -> SyndicatePlan:
@@ -30,10 +32,12 @@ def shuffled_plan(world: int, seed: int = 7, version: int = 1) -> SyndicatePlan:
 
 def _inputs(rank: int, world: int, it: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * it + rank)
-    return [torch.randn(1024, dtype=torch.float64, generator=g),
-            torch.randn(world * 96, generator=g),
-            torch.randint(-1000, 1000, (64,), generator=g),
-            torch.randn(999, generator=g)]
+    return [
+        torch.randn(1024, dtype=torch.float64, generator=g),
+        torch.randn(world * 96, generator=g),
+        torch.randint(-1000, 1000, (64,), generator=g),
+        torch.randn(999, generator=g),
+    ]
 
 
 def _reference(rank: int, world: int, it: int) -> list[torch.Tensor]:
@@ -48,8 +52,15 @@ def _reference(rank: int, world: int, it: int) -> list[torch.Tensor]:
     return [x[0], a2a, ag, x[3]]
 
 
-def _iteration(enf: Enforcer, rank: int, world: int, it: int, jitter: random.Random | None,
-               wait_early: bool = False, bad_numel: bool = False) -> list[torch.Tensor]:
+def _iteration(
+    enf: Enforcer,
+    rank: int,
+    world: int,
+    it: int,
+    jitter: random.Random | None,
+    wait_early: bool = False,
+    bad_numel: bool = False,
+) -> list[torch.Tensor]:
     x = _inputs(rank, world, it)
     a2a = torch.empty_like(x[1])
     ag = torch.empty(world * 64, dtype=torch.int64)
@@ -78,9 +89,12 @@ def _iteration(enf: Enforcer, rank: int, world: int, it: int, jitter: random.Ran
 
 
 def _same(got: list[torch.Tensor], ref: list[torch.Tensor]) -> dict:
-    return {"a2a_bitwise": torch.equal(got[1], ref[1]), "ag_bitwise": torch.equal(got[2], ref[2]),
-            "ar64_close": bool(torch.allclose(got[0], ref[0], rtol=1e-12, atol=1e-12)),
-            "ar32_close": bool(torch.allclose(got[3], ref[3][:got[3].numel()], rtol=1e-5, atol=1e-6))}
+    return {
+        "a2a_bitwise": torch.equal(got[1], ref[1]),
+        "ag_bitwise": torch.equal(got[2], ref[2]),
+        "ar64_close": bool(torch.allclose(got[0], ref[0], rtol=1e-12, atol=1e-12)),
+        "ar32_close": bool(torch.allclose(got[3], ref[3][: got[3].numel()], rtol=1e-5, atol=1e-6)),
+    }
 
 
 def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
@@ -97,8 +111,14 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
     for it in range(2):
         got = _iteration(enf, rank, world, it, jitter)
         checks.append(_same(got, _reference(rank, world, it)))
-    out["jitter"] = {"log": enf.log, "order": [list(e) for e in plan.order], "checks": checks, "events": enf.events,
-                     "held_s": enf.held_s, "stats": enf.stats}
+    out["jitter"] = {
+        "log": enf.log,
+        "order": [list(e) for e in plan.order],
+        "checks": checks,
+        "events": enf.events,
+        "held_s": enf.held_s,
+        "stats": enf.stats,
+    }
 
     # 2. rank 0 installs a different plan: caught at install, naming the ranks
     enf = Enforcer(paths, store, rank, world, EnforcerConfig(namespace="s2"))
@@ -132,8 +152,11 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
     x = _inputs(rank, world, 1)[3][:998].contiguous()
     dist.all_reduce(x)
     ref2[3] = x
-    out["fallback"] = {"events": enf.events, "log": enf.log, "checks": [_same(got, _reference(rank, world, 0)),
-                                                                         _same(got2, ref2)]}
+    out["fallback"] = {
+        "events": enf.events,
+        "log": enf.log,
+        "checks": [_same(got, _reference(rank, world, 0)), _same(got2, ref2)],
+    }
 
     # 5. two-phase plan switch with random delays: every rank switches at the same iteration
     chan = PlanChannel(store, rank, world, prefix="s5chan", timeout_s=60)
@@ -147,7 +170,11 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
         _iteration(enf, rank, world, it, None)
         if it == 1 and rank == 0:
             chan.decide(2)
-    out["switch"] = {"events": enf.events, "channel": chan.log, "version": enf.plan.version if enf.plan else None}
+    out["switch"] = {
+        "events": enf.events,
+        "channel": chan.log,
+        "version": enf.plan.version if enf.plan else None,
+    }
 
     # 6. with Hermod: its CommScheduler orders the coflow, SYNDICATE shapes it into motifs
     from flowlane.policy import CoflowMeta
@@ -158,8 +185,18 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
     ref = torch.empty_like(x[1])
     dist.all_to_all_single(ref, x[1])
     got = torch.empty_like(x[1])
-    h = shape_for_hermod(sched, CoflowMeta("ep", op="all_to_all"), plan_ops(world)[1], "all_to_all", got, x[1],
-                         paths["S"], rank, world, tag_base=1 << 20)
+    h = shape_for_hermod(
+        sched,
+        CoflowMeta("ep", op="all_to_all"),
+        plan_ops(world)[1],
+        "all_to_all",
+        got,
+        x[1],
+        paths["S"],
+        rank,
+        world,
+        tag_base=1 << 20,
+    )
     sched.seal()
     h.wait()
     sched.close()

@@ -54,8 +54,11 @@ def test_table1_times_follow_exactly_from_the_flow_model():
     bw, S, P = [10, 10, 10, 30], 4.2, 20
     plan = Plan.from_clusters(4, {3: [3, 1, 2], 0: [0]})  # Fig. 1: w3 aggregates w1, w2; w0 goes direct
     assert mwcha(capacities(bw), adjacency_complete(4)).num_flows == 2
-    for ft, (traffic, rate, t) in ((ps_time(S, bw, P), (4.2, 5, 0.84)), (ring_time(S, bw), (6.3, 10, 0.63)),
-                                   (aleph_time(S, plan, bw, P), (4.2, 10, 0.42))):
+    for ft, (traffic, rate, t) in (
+        (ps_time(S, bw, P), (4.2, 5, 0.84)),
+        (ring_time(S, bw), (6.3, 10, 0.63)),
+        (aleph_time(S, plan, bw, P), (4.2, 10, 0.42)),
+    ):
         assert (ft.traffic, ft.rate, ft.time) == pytest.approx((traffic, rate, t), rel=1e-12)
 
 
@@ -167,7 +170,9 @@ def test_treesim_orders_aleph_before_ring_before_ps_on_the_testbed_star():
     assert t["ring"] == pytest.approx(2 * 7 / 8 / 10)
     ls = Fabric.leaf_spine(TESTBED, 40, hosts_per_leaf=4, leaf_uplink=20)
     assert ls.leaf_of is not None
-    rack = plan_clusters(TESTBED, adjacency_same_switch(ls.leaf_of))  # members one switch hop from their aggregator
+    rack = plan_clusters(
+        TESTBED, adjacency_same_switch(ls.leaf_of)
+    )  # members one switch hop from their aggregator
     r = {s: simulate(s, ls, 1.0, rack) for s in ("ps", "ring", "aleph")}
     assert r["aleph"].link_bytes < r["ps"].link_bytes
     assert r["aleph"].mean_hops <= r["ps"].mean_hops < r["ring"].mean_hops

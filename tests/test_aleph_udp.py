@@ -19,15 +19,27 @@ PLAN = Plan.from_clusters(6, [[0, 1, 2], [3, 4], [5]])  # two aggregators and a 
 
 def test_python_header_matches_the_c_header():
     text = (SRC_DIR / "include" / "aleph_wire.h").read_text()
-    defines = {k: int(v.rstrip("u"), 0) for k, v in re.findall(r"#define (ALEPH_\w+) (0x[0-9A-Fa-f]+u?|\d+u?)", text)}
-    assert defines == {"ALEPH_MAGIC": W.MAGIC, "ALEPH_VERSION": W.VERSION, "ALEPH_SEG_ELEMS": W.SEG_ELEMS,
-                       "ALEPH_MAX_CHILDREN": W.MAX_CHILDREN, "ALEPH_NACK_SPAN": W.NACK_SPAN}
+    defines = {
+        k: int(v.rstrip("u"), 0) for k, v in re.findall(r"#define (ALEPH_\w+) (0x[0-9A-Fa-f]+u?|\d+u?)", text)
+    }
+    assert defines == {
+        "ALEPH_MAGIC": W.MAGIC,
+        "ALEPH_VERSION": W.VERSION,
+        "ALEPH_SEG_ELEMS": W.SEG_ELEMS,
+        "ALEPH_MAX_CHILDREN": W.MAX_CHILDREN,
+        "ALEPH_NACK_SPAN": W.NACK_SPAN,
+    }
     start = text.index("struct __attribute__((packed)) aleph_hdr {")
-    body = text[start:text.index("};", start)]
+    body = text[start : text.index("};", start)]
     ctypes = re.findall(r"^\s+(u?int\d+)_t (\w+);", body, re.M)
     codes = {"uint8": "B", "int8": "b", "uint16": "H", "uint32": "I"}
     assert "<" + "".join(codes[t] for t, _ in ctypes) == W.HEADER.format and W.HEADER.size == 24
-    assert dict(re.findall(r"ALEPH_(\w+) = (\d)", text)) == {"DATA": "1", "RESULT": "2", "NACK": "3", "RETX": "4"}
+    assert dict(re.findall(r"ALEPH_(\w+) = (\d)", text)) == {
+        "DATA": "1",
+        "RESULT": "2",
+        "NACK": "3",
+        "RETX": "4",
+    }
 
 
 def test_fixed_point_has_log2_n_headroom_and_round_trips():
@@ -36,7 +48,7 @@ def test_fixed_point_has_log2_n_headroom_and_round_trips():
         x = rng.standard_normal((n, 512)) * 3.7
         k = W.scale_exponent(float(np.abs(x).max()), n)
         q = np.stack([W.encode(r, k) for r in x]).astype(np.int64)
-        assert np.abs(q.sum(0)).max() < 2 ** 31 and np.abs(q).max() <= 2 ** (30 - int(np.ceil(np.log2(n))))
+        assert np.abs(q.sum(0)).max() < 2**31 and np.abs(q).max() <= 2 ** (30 - int(np.ceil(np.log2(n))))
         assert np.abs(W.decode(q.sum(0), k) - x.sum(0)).max() <= n * 2.0 ** -(k + 1)
     with pytest.raises(ValueError, match="do not fit int32"):
         W.encode(np.array([1e9]), 10)
@@ -47,10 +59,12 @@ def test_fixed_point_has_log2_n_headroom_and_round_trips():
 @pytest.mark.parametrize("drop", [0.0, 0.001, 0.01])
 def test_udp_tree_sums_exactly_under_loss_without_double_counting(drop):
     rng = np.random.default_rng(1)
-    x = rng.integers(-(2 ** 27), 2 ** 27, size=(6, 4, 40 * 128 + 77), dtype=np.int64).astype(np.int32)
+    x = rng.integers(-(2**27), 2**27, size=(6, 4, 40 * 128 + 77), dtype=np.int64).astype(np.int32)
     run = run_tree(PLAN, x, drop=drop, seed=3, rto_ms=15)
     want = x.astype(np.int64).sum(0)
-    assert np.array_equal(run.outputs, np.broadcast_to(want, run.outputs.shape))  # every worker, every iteration
+    assert np.array_equal(
+        run.outputs, np.broadcast_to(want, run.outputs.shape)
+    )  # every worker, every iteration
     every = [s for role in run.stats.values() for s in role]
     assert all(s["overflow"] == 0 and sum(s["bad"].values()) == 0 for s in every)
     if drop >= 0.01:  # loss really happened and was repaired (the seeds make this deterministic enough)
@@ -64,17 +78,39 @@ def test_float_gradients_through_fixed_point_match_the_float_sum():
     k = W.scale_exponent(float(np.abs(g).max()), 6)
     q = np.stack([W.encode(r, k) for r in g])
     run = run_tree(PLAN, q, scale=k)
-    np.testing.assert_allclose(W.decode(run.outputs[0, 0], k), g[:, 0].astype(np.float64).sum(0), atol=6 * 2.0 ** -k)
+    np.testing.assert_allclose(
+        W.decode(run.outputs[0, 0], k), g[:, 0].astype(np.float64).sum(0), atol=6 * 2.0**-k
+    )
 
 
 def test_bad_packets_are_dropped_and_counted_by_reason():
     exe = str(build(sanitize=True))  # ASan + UBSan: a bounds slip would abort the node
-    node = subprocess.Popen([exe, "node", "--children", "2", "--elems", "200", "--iters", "1", "--linger-ms", "200",
-                             "--max-idle-ms", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node = subprocess.Popen(
+        [
+            exe,
+            "node",
+            "--children",
+            "2",
+            "--elems",
+            "200",
+            "--iters",
+            "1",
+            "--linger-ms",
+            "200",
+            "--max-idle-ms",
+            "20000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert node.stdout is not None
         port = int(node.stdout.readline().split()[1])
-        a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        a, b = (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM),
+        )
         for s in (a, b):
             s.bind(("127.0.0.1", 0))
             s.settimeout(10)
@@ -101,7 +137,9 @@ def test_bad_packets_are_dropped_and_counted_by_reason():
                 sock.sendto(W.pack(W.DATA, 1, sg, v * (src + 1), src=src, scale=4), to)
         a.sendto(W.pack(W.DATA, 1, 0, segs[0], src=0, scale=4), to)  # a duplicate: must not be added twice
         b.sendto(W.pack(W.DATA, 1, 1, segs[1], src=0, scale=4), to)  # child 0's id from another address
-        a.sendto(W.pack(W.DATA, 1, 1, segs[1], src=0, scale=5), to)  # another fixed-point scale this iteration
+        a.sendto(
+            W.pack(W.DATA, 1, 1, segs[1], src=0, scale=5), to
+        )  # another fixed-point scale this iteration
         got = {}
         while len(got) < 2:
             fields, vals = W.unpack(a.recv(2048))
@@ -114,16 +152,51 @@ def test_bad_packets_are_dropped_and_counted_by_reason():
             node.kill()
     assert node.returncode == 0, err
     stats = json.loads(out.strip().splitlines()[-1])
-    assert stats["bad"] == {"len": 2, "magic": 1, "version": 1, "type": 1, "job": 1, "src": 1, "seg": 1, "count": 1,
-                            "scale": 1, "flags": 1, "addr": 1, "iter": 1}
+    assert stats["bad"] == {
+        "len": 2,
+        "magic": 1,
+        "version": 1,
+        "type": 1,
+        "job": 1,
+        "src": 1,
+        "seg": 1,
+        "count": 1,
+        "scale": 1,
+        "flags": 1,
+        "addr": 1,
+        "iter": 1,
+    }
     assert stats["dup"] == 1
 
 
 def test_bad_command_lines_name_the_value():
     exe = str(build())
-    r = subprocess.run([exe, "node", "--children", "40", "--elems", "10", "--iters", "1"], capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [exe, "node", "--children", "40", "--elems", "10", "--iters", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "--children=40 must be an integer in [1, 32]" in r.stderr
-    r = subprocess.run([exe, "worker", "--parent", "nohost:1", "--id", "0", "--elems", "1", "--iters", "1", "--in",
-                        "x", "--out", "y"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            exe,
+            "worker",
+            "--parent",
+            "nohost:1",
+            "--id",
+            "0",
+            "--elems",
+            "1",
+            "--iters",
+            "1",
+            "--in",
+            "x",
+            "--out",
+            "y",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2 and "nohost is not an IPv4 address" in r.stderr

@@ -41,7 +41,9 @@ def test_a_cached_library_others_can_write_is_refused(cache):
     cache_dir, src = cache
     _cbuild.build_and_load(src, "probe", FLAGS)
     _built(cache_dir).chmod(0o777)
-    with pytest.raises(OSError, match=r"refusing to load .*probe_\w+\.so: writable by group or others \(mode 0o777\)"):
+    with pytest.raises(
+        OSError, match=r"refusing to load .*probe_\w+\.so: writable by group or others \(mode 0o777\)"
+    ):
         _cbuild.build_and_load(src, "probe", FLAGS)
 
 
@@ -49,7 +51,9 @@ def test_a_cache_folder_others_can_write_is_refused(cache):
     cache_dir, src = cache
     _cbuild.build_and_load(src, "probe", FLAGS)
     cache_dir.chmod(0o777)
-    with pytest.raises(OSError, match=r"refusing to load .*cache: writable by group or others \(mode 0o777\)"):
+    with pytest.raises(
+        OSError, match=r"refusing to load .*cache: writable by group or others \(mode 0o777\)"
+    ):
         _cbuild.build_and_load(src, "probe", FLAGS)
 
 
@@ -58,7 +62,9 @@ def test_a_cached_library_another_user_owns_is_refused(cache, monkeypatch):
     _cbuild.build_and_load(src, "probe", FLAGS)
     me = os.getuid()
     monkeypatch.setattr(os, "getuid", lambda: me + 4242)  # as seen by another user of the same cache
-    with pytest.raises(OSError, match=rf"refusing to load .*: owned by uid {me}, not by this user \(uid {me + 4242}\)"):
+    with pytest.raises(
+        OSError, match=rf"refusing to load .*: owned by uid {me}, not by this user \(uid {me + 4242}\)"
+    ):
         _cbuild.build_and_load(src, "probe", FLAGS)
 
 

@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _help_in_fresh_process(*argv: str) -> tuple[str, bool]:
-    code = ("import sys\nfrom flowlane.cli import main\n"
-            f"try:\n    main({list(argv)!r})\nexcept SystemExit:\n    pass\n"
-            "print('TORCH', 'torch' in sys.modules)\n")
+    code = (
+        "import sys\nfrom flowlane.cli import main\n"
+        f"try:\n    main({list(argv)!r})\nexcept SystemExit:\n    pass\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return r.stdout, "TORCH True" in r.stdout
@@ -41,7 +43,9 @@ def test_sim_help_shows_defaults_and_policy_names_without_importing_torch():
 def test_ssd_estimate_help_shows_every_default_without_importing_torch():
     out, torch_loaded = _help_in_fresh_process("ssd-estimate", "--help")
     assert not torch_loaded
-    assert "hidden size h (default: 8192)" in out and "(default: D7-P5620)" in out and "(default: 55.0)" in out
+    assert (
+        "hidden size h (default: 8192)" in out and "(default: D7-P5620)" in out and "(default: 55.0)" in out
+    )
     assert "Korthikanti" in out  # the description: the formula the estimate follows
 
 
@@ -56,20 +60,23 @@ def _no_simulation(*a, **kw):
     raise AssertionError("simulated before the input was checked")
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--policy", ","], r"--policy ',' names no policy; choose from .*fifo"),
-    (["--policy", "fifo,nosuch"], r"nosuch"),
-    (["--microbatches", "0"], r"argument --microbatches: must be an integer >= 1, got '0'"),
-    (["--iterations", "0"], r"argument --iterations: must be an integer >= 1, got '0'"),
-    (["--incast-alpha", "-1"], r"argument --incast-alpha: must be a finite number >= 0, got '-1'"),
-    (["--gpus", "1048576"], r"argument --gpus: must be an integer in \[1, 16384\], got '1048576'"),
-    (["--gpus", "abc"], r"argument --gpus: must be an integer in \[1, 16384\], got 'abc'"),
-    (["--bandwidth", "nan"], r"argument --bandwidth: must be a finite number > 0, got 'nan'"),
-    (["--bandwidth", "0"], r"argument --bandwidth: must be a finite number > 0, got '0'"),
-    (["--nics-per-server", "9"], r"argument --nics-per-server: must be an integer in \[0, 8\], got '9'"),
-    (["--workload", "gpt5"], r"argument --workload: invalid choice: 'gpt5'"),
-    (["--out", "{tmp}/a_file/out"], r"--out='.*a_file/out' is not a writable folder"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--policy", ","], r"--policy ',' names no policy; choose from .*fifo"),
+        (["--policy", "fifo,nosuch"], r"nosuch"),
+        (["--microbatches", "0"], r"argument --microbatches: must be an integer >= 1, got '0'"),
+        (["--iterations", "0"], r"argument --iterations: must be an integer >= 1, got '0'"),
+        (["--incast-alpha", "-1"], r"argument --incast-alpha: must be a finite number >= 0, got '-1'"),
+        (["--gpus", "1048576"], r"argument --gpus: must be an integer in \[1, 16384\], got '1048576'"),
+        (["--gpus", "abc"], r"argument --gpus: must be an integer in \[1, 16384\], got 'abc'"),
+        (["--bandwidth", "nan"], r"argument --bandwidth: must be a finite number > 0, got 'nan'"),
+        (["--bandwidth", "0"], r"argument --bandwidth: must be a finite number > 0, got '0'"),
+        (["--nics-per-server", "9"], r"argument --nics-per-server: must be an integer in \[0, 8\], got '9'"),
+        (["--workload", "gpt5"], r"argument --workload: invalid choice: 'gpt5'"),
+        (["--out", "{tmp}/a_file/out"], r"--out='.*a_file/out' is not a writable folder"),
+    ],
+)
 def test_sim_refuses_bad_input_before_simulating(argv, match, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("flowlane.sim.cli.Simulator", _no_simulation)
     (tmp_path / "a_file").write_text("")
@@ -94,8 +101,23 @@ def test_sim_plot_labels_show_a_tenth_of_a_percent_and_zoom_when_bars_are_close(
 
 
 def test_sim_runs_and_writes_its_results(tmp_path, capsys):
-    assert main(["sim", "--workload", "resnet50", "--gpus", "8", "--policy", "fifo,priority", "--no-plot",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--workload",
+                "resnet50",
+                "--gpus",
+                "8",
+                "--policy",
+                "fifo,priority",
+                "--no-plot",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "sim.json").exists() and "speedup" in capsys.readouterr().out
 
 
@@ -104,7 +126,9 @@ def test_doctor_says_which_environment_it_reports_on():
 
     c = environment()
     assert sys.executable in c.detail and "Python 3." in c.detail
-    assert ("lane 'llm'" in c.detail or "lane 'gnn'" in c.detail) == (Path(sys.prefix).name.startswith(".venv-"))
+    assert ("lane 'llm'" in c.detail or "lane 'gnn'" in c.detail) == (
+        Path(sys.prefix).name.startswith(".venv-")
+    )
 
 
 def test_default_output_folders_are_not_tracked_by_git():
@@ -114,8 +138,10 @@ def test_default_output_folders_are_not_tracked_by_git():
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
         pytest.skip("not a git checkout")
     conf = ROOT / "recipes" / "conf"
-    outs = [yaml.safe_load((conf / f"{n}.yaml").read_text()).get(k) for n, k in
-            (("default", "output_dir"), ("moe", "output_dir"), ("gnn_fullgraph", "out_dir"))]
+    outs = [
+        yaml.safe_load((conf / f"{n}.yaml").read_text()).get(k)
+        for n, k in (("default", "output_dir"), ("moe", "output_dir"), ("gnn_fullgraph", "out_dir"))
+    ]
     from flowlane.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser()
@@ -126,10 +152,13 @@ def test_default_output_folders_are_not_tracked_by_git():
         assert r.returncode == 0, f"{out} is tracked by git"
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--kept-layers", "9", "--step-time", "1"], r"--kept-layers 9 is more than --layers 4"),
-    ([], r"give --step-time \(seconds\) or --tflops"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--kept-layers", "9", "--step-time", "1"], r"--kept-layers 9 is more than --layers 4"),
+        ([], r"give --step-time \(seconds\) or --tflops"),
+    ],
+)
 def test_a_command_that_refuses_its_input_exits_2_like_argparse(argv, match, capsys):
     """Usage errors exit 2 (argparse's code, what scripts test for), also those a command finds after parsing
     (ssd-estimate raised SystemExit with a message: exit 1, as if the estimate itself had failed)."""

@@ -31,11 +31,16 @@ def _cases(tmp: Path):
         ({"output_dir": str(tmp / "a_file" / "out")}, r"output_dir='.*a_file/out' is not a writable folder"),
         ({"offload": {**ssd, "backend": "foo"}}, r"offload.backend='foo' must be one of \['posix'"),
         ({"offload": {"enabled": "no"}}, r"offload.enabled='no' must be true or false"),
-        ({"offload": {**ssd, "dirs": [str(tmp / "nvme0-typo")]}}, r"offload.dirs entry '.*nvme0-typo' is not an "
-                                                                  r"existing folder"),
+        (
+            {"offload": {**ssd, "dirs": [str(tmp / "nvme0-typo")]}},
+            r"offload.dirs entry '.*nvme0-typo' is not an "
+            r"existing folder",
+        ),
         ({"offload": {**ssd, "min_bytes": 1.5}}, r"offload.min_bytes=1.5 must be an integer"),
-        ({"scheduler": {"name": "hermod", "max_inflight_buckets": "two"}},
-         r"scheduler.max_inflight_buckets='two' must be an integer"),
+        (
+            {"scheduler": {"name": "hermod", "max_inflight_buckets": "two"}},
+            r"scheduler.max_inflight_buckets='two' must be an integer",
+        ),
         ({"scheduler": {"name": "fifo"}}, r"scheduler.name='fifo' must be one of \['none', 'hermod'\]"),
         ({"lr": "abc"}, r"lr='abc' must be a finite number"),
         ({"iterations": True}, r"iterations=True must be an integer"),
@@ -53,8 +58,18 @@ def test_a_bad_gpt_config_is_refused_before_any_rank_starts(tmp_path, no_launch,
 
 def test_flowlane_train_prints_one_clear_error_and_exits_2(tmp_path):
     exe = Path(sys.executable).parent / "flowlane-train"
-    r = subprocess.run([str(exe), "offload=ssd", "offload.backend=foo", f"output_dir={tmp_path}/out",
-                        f"hydra.run.dir={tmp_path}/hydra"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            str(exe),
+            "offload=ssd",
+            "offload.backend=foo",
+            f"output_dir={tmp_path}/out",
+            f"hydra.run.dir={tmp_path}/hydra",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "flowlane-train: error: offload.backend='foo' must be one of" in r.stderr
     assert "Traceback" not in r.stderr and "rank" not in r.stderr
@@ -63,10 +78,12 @@ def test_flowlane_train_prints_one_clear_error_and_exits_2(tmp_path):
 def test_known_third_party_noise_is_filtered_in_the_ranks_unless_verbose():
     from recipes.train import quiet_known_warnings
 
-    code = ("import warnings\n"
-            "warnings.warn('Apex is not installed. Falling back to Torch Norm')\n"
-            "warnings.warn('Transformer Engine and Apex are not installed. Falling back to Torch optimizers.')\n"
-            "warnings.warn('a warning of our own')\n")
+    code = (
+        "import warnings\n"
+        "warnings.warn('Apex is not installed. Falling back to Torch Norm')\n"
+        "warnings.warn('Transformer Engine and Apex are not installed. Falling back to Torch optimizers.')\n"
+        "warnings.warn('a warning of our own')\n"
+    )
     for verbose, hidden in (("", True), ("1", False)):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
         env["FLOWLANE_VERBOSE"] = verbose
@@ -91,9 +108,13 @@ def test_flowlane_train_exit_codes(capsys):
 def test_the_summary_says_which_features_were_on_and_what_fell_back():
     from recipes.train import feature_lines
 
-    assert feature_lines({"scheduler": {"name": "none"}, "offload": {"enabled": False}}, {}) == ["features: none"]
+    assert feature_lines({"scheduler": {"name": "none"}, "offload": {"enabled": False}}, {}) == [
+        "features: none"
+    ]
     per_rank = [{"feature_stats": {"SSDOffload": {"fallbacks": 147, "io_errors": 147}}}] * 2
-    lines = feature_lines({"scheduler": {"name": "hermod"}, "offload": {"enabled": True, "backend": "posix"}},
-                          {"per_rank": per_rank})
+    lines = feature_lines(
+        {"scheduler": {"name": "hermod"}, "offload": {"enabled": True, "backend": "posix"}},
+        {"per_rank": per_rank},
+    )
     assert lines[0] == "features: scheduler=hermod (ep_algorithm=bvn); offload=posix (system temp folder)"
     assert lines[1].startswith("warning: 294 offload writes fell back to memory (294 I/O errors")

@@ -45,8 +45,13 @@ def test_a_rank_that_dies_without_a_result_is_an_error_not_a_hang():
         L.launch(W.die_on_rank_zero, 2, timeout=60)
 
 
-@pytest.mark.parametrize("kw, match", [({"nprocs": 0}, "nprocs must be an integer >= 1, got 0"),
-                                       ({"nprocs": 2, "timeout": -1}, "timeout must be > 0 seconds, got -1")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"nprocs": 0}, "nprocs must be an integer >= 1, got 0"),
+        ({"nprocs": 2, "timeout": -1}, "timeout must be > 0 seconds, got -1"),
+    ],
+)
 def test_launch_rejects_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
         L.launch(W.hang_on_rank_two, **kw)
@@ -87,8 +92,10 @@ def test_a_coalesced_batch_gives_one_handle_that_completes_every_op(monkeypatch,
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops: [OneWork()])
     # what comm reads of a P2POp (a real one needs an initialised process group)
-    ops = [SimpleNamespace(op=fn, tensor=torch.ones(4), peer=1, group=None)
-           for fn in (dist.isend, dist.irecv, dist.isend)]
+    ops = [
+        SimpleNamespace(op=fn, tensor=torch.ones(4), peer=1, group=None)
+        for fn in (dist.isend, dist.irecv, dist.isend)
+    ]
     try:
         with comm.recording() as rec:
             works = comm.batch_isend_irecv(ops, kind="pp")

@@ -43,15 +43,20 @@ def test_flags_carry_types_choices_defaults_and_the_docstrings_first_sentence() 
     assert field_docs(_Example)["mode"] == "How to run. Second sentence, not in the help."
     p = _parser()
     assert config_from_namespace(_Example, p.parse_args([]), "ex_") == _Example()
-    got = config_from_namespace(_Example, p.parse_args(["--ex-mode", "fast", "--ex-rate-mbit", "2.5", "--ex-verbose",
-                                                        "--ex-names", "x,y,z"]), "ex_")
+    got = config_from_namespace(
+        _Example,
+        p.parse_args(["--ex-mode", "fast", "--ex-rate-mbit", "2.5", "--ex-verbose", "--ex-names", "x,y,z"]),
+        "ex_",
+    )
     assert got == _Example(mode="fast", rate_mbit=2.5, verbose=True, names=("x", "y", "z"))
     text = p.format_help()
     assert "How to run (default: safe)" in text and "Second sentence" not in text
     assert "20 % headroom (default: 100.0)" in text and "rounds per rate" in text
     with pytest.raises(SystemExit):
         p.parse_args(["--ex-mode", "slow"])
-    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):  # the dataclass validates what was read
+    with pytest.raises(
+        ValueError, match="rounds must be >= 1, got 0"
+    ):  # the dataclass validates what was read
         config_from_namespace(_Example, p.parse_args(["--ex-rounds", "0"]), "ex_")
     assert config_from_namespace(_Example, p.parse_args([]), "ex_", rounds=7).rounds == 7  # given values win
 

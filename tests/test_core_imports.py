@@ -9,9 +9,20 @@ import pytest
 
 # each is imported first in a fresh interpreter, so a circle through it fails here (an import circle only bites when
 # one particular module of it is entered first)
-PURE = ("flowlane.policy", "flowlane.policies", "flowlane.hermod", "flowlane.hermod.order", "flowlane.hermod.wire",
-        "flowlane.hermod.keys", "flowlane.hermod.policy", "flowlane.hermod.matching", "flowlane.wire_classes",
-        "flowlane.sim", "flowlane.sim.cli", "flowlane.sim.collectives")
+PURE = (
+    "flowlane.policy",
+    "flowlane.policies",
+    "flowlane.hermod",
+    "flowlane.hermod.order",
+    "flowlane.hermod.wire",
+    "flowlane.hermod.keys",
+    "flowlane.hermod.policy",
+    "flowlane.hermod.matching",
+    "flowlane.wire_classes",
+    "flowlane.sim",
+    "flowlane.sim.cli",
+    "flowlane.sim.collectives",
+)
 
 _BLOCK_TORCH = """
 import sys
@@ -31,7 +42,9 @@ def test_module_imports_first_and_without_torch(module: str) -> None:
 
 
 def test_every_policy_builds_and_the_simulator_runs_without_torch() -> None:
-    code = _BLOCK_TORCH + """
+    code = (
+        _BLOCK_TORCH
+        + """
 from flowlane.policies import POLICIES, make_policy
 from flowlane.policy import CoflowMeta
 from flowlane.sim import SimConfig, Simulator
@@ -42,7 +55,16 @@ t = Simulator(topo, SimConfig()).run(w, make_policy("hermod")).iteration_time
 assert t > 0 and "torch" not in sys.modules
 print(" ".join(sorted(keys)))
 """
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["dp-first", "ep-first", "fifo", "hermod", "hermod-dscp", "hermod-nccl", "pp-first",
-                                  "priority"]
+    assert out.stdout.split() == [
+        "dp-first",
+        "ep-first",
+        "fifo",
+        "hermod",
+        "hermod-dscp",
+        "hermod-nccl",
+        "pp-first",
+        "priority",
+    ]

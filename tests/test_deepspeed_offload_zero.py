@@ -44,9 +44,14 @@ class PlainT(nn.Module):
 
 
 def _config(stage: int, world: int, offload: dict | None, hermod: dict | None = None) -> dict:
-    cfg = {"train_batch_size": MB * GAS * world, "train_micro_batch_size_per_gpu": MB,
-           "gradient_accumulation_steps": GAS, "steps_per_print": 1000, "zero_allow_untested_optimizer": True,
-           "zero_optimization": {"stage": stage}}
+    cfg = {
+        "train_batch_size": MB * GAS * world,
+        "train_micro_batch_size_per_gpu": MB,
+        "gradient_accumulation_steps": GAS,
+        "steps_per_print": 1000,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": stage},
+    }
     if stage == 3:
         cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     if offload is not None or hermod is not None:
@@ -64,7 +69,9 @@ def _run(rank: int, world: int, stage: int, offload: dict | None, hermod: dict |
     torch.manual_seed(0)
     net = PlainT()
     cfg = _config(stage, world, offload, hermod)
-    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
+    engine, *_ = deepspeed.initialize(
+        model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg
+    )
     h = ds_hermod.install(engine, cfg)
     handle = install(engine, cfg)
     g = torch.Generator().manual_seed(10 + rank)
@@ -79,7 +86,10 @@ def _run(rank: int, world: int, stage: int, offload: dict | None, hermod: dict |
     handle.close()
     if h is not None:
         h.close()
-    params = [(safe_get_full_fp32_param(p) if stage == 3 else p).detach().clone() for p in engine.module.parameters()]
+    params = [
+        (safe_get_full_fp32_param(p) if stage == 3 else p).detach().clone()
+        for p in engine.module.parameters()
+    ]
     engine.destroy()
     return {"losses": losses, "params": params, "stats": stats}
 
@@ -95,18 +105,30 @@ def _stages(rank: int, world: int, tmp: str) -> dict:
     deepspeed.init_distributed("gloo")
     tmp = os.path.join(tmp, f"rank{rank}")
     os.makedirs(tmp, exist_ok=True)  # offload dirs must exist (flowlane.offload.OffloadConfig.check_dirs)
-    off = {"backend": "posix", "dirs": [tmp], "min_bytes": 4096, "keep_last_k": 1, "offload_cpu_tensors": True,
-           "scope_classes": ["BlockT"]}
+    off = {
+        "backend": "posix",
+        "dirs": [tmp],
+        "min_bytes": 4096,
+        "keep_last_k": 1,
+        "offload_cpu_tensors": True,
+        "scope_classes": ["BlockT"],
+    }
     out = {}
     for stage in (1, 2, 3):
         ref, mine = _run(rank, world, stage, None), _run(rank, world, stage, off)
-        out[stage] = {"equal": ref["losses"] == mine["losses"] and all(
-            torch.equal(a, b) for a, b in zip(ref["params"], mine["params"], strict=True)), "stats": mine["stats"]}
+        out[stage] = {
+            "equal": ref["losses"] == mine["losses"]
+            and all(torch.equal(a, b) for a, b in zip(ref["params"], mine["params"], strict=True)),
+            "stats": mine["stats"],
+        }
     # both features at once under ZeRO-3: Hermod's deferred reduce-scatters and the offload's per-gather tags
     both = _run(rank, world, 3, off, {"gate_timeout_s": 0.02})
     ref3 = _run(rank, world, 3, None)
-    out["both"] = {"equal": ref3["losses"] == both["losses"] and all(
-        torch.equal(a, b) for a, b in zip(ref3["params"], both["params"], strict=True)), "stats": both["stats"]}
+    out["both"] = {
+        "equal": ref3["losses"] == both["losses"]
+        and all(torch.equal(a, b) for a, b in zip(ref3["params"], both["params"], strict=True)),
+        "stats": both["stats"],
+    }
     out["left"] = os.listdir(tmp)
     return out
 

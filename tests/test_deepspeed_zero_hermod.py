@@ -20,15 +20,24 @@ def _zero(stage: int) -> dict:
     if stage == 2:
         z.update(overlap_comm=True, contiguous_gradients=True, allgather_bucket_size=BUCKET)
     if stage == 3:
-        z.update(overlap_comm=True, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=BUCKET,
-                 stage3_max_live_parameters=4 * BUCKET)
+        z.update(
+            overlap_comm=True,
+            stage3_param_persistence_threshold=0,
+            stage3_prefetch_bucket_size=BUCKET,
+            stage3_max_live_parameters=4 * BUCKET,
+        )
     return z
 
 
 def _ds_config(stage: int, world: int, hermod: dict | None) -> dict:
-    cfg = {"train_batch_size": MB * GAS * world, "train_micro_batch_size_per_gpu": MB,
-           "gradient_accumulation_steps": GAS, "steps_per_print": 1000, "zero_optimization": _zero(stage),
-           "zero_allow_untested_optimizer": True}
+    cfg = {
+        "train_batch_size": MB * GAS * world,
+        "train_micro_batch_size_per_gpu": MB,
+        "gradient_accumulation_steps": GAS,
+        "steps_per_print": 1000,
+        "zero_optimization": _zero(stage),
+        "zero_allow_untested_optimizer": True,
+    }
     if hermod is not None:
         cfg["flowlane"] = {"hermod": hermod}
     return cfg
@@ -81,15 +90,20 @@ def _run(rank: int, world: int, stage: int, hermod: dict | None, delay_s: float 
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    records = [(r.op, r.numel, r.thread, None if r.meta is None else (r.meta.iteration, r.meta.layer, r.meta.op))
-               for r in tap.records]
-    sched_log = [(e.event, e.window, e.meta.iteration, e.meta.layer, e.meta.op) for e in h.sched.log] if h else []
+    records = [
+        (r.op, r.numel, r.thread, None if r.meta is None else (r.meta.iteration, r.meta.layer, r.meta.op))
+        for r in tap.records
+    ]
+    sched_log = (
+        [(e.event, e.window, e.meta.iteration, e.meta.layer, e.meta.op) for e in h.sched.log] if h else []
+    )
     if h is not None:
         h.close()
     else:
         tap.close()
     if stage == 3:
         from deepspeed.utils import safe_get_full_fp32_param
+
         params = [safe_get_full_fp32_param(p).detach().clone() for p in engine.module.parameters()]
     else:
         params = [p.detach().clone() for p in engine.module.parameters()]
@@ -112,10 +126,14 @@ def _stages(rank: int, world: int, stages: tuple[int, ...], hermod: dict, delay_
     out = {}
     for stage in stages:
         base, herm = _run(rank, world, stage, None), _run(rank, world, stage, hermod, delay_s)
-        out[stage] = {"equal_losses": base["losses"] == herm["losses"],
-                      "equal_params": len(base["params"]) == len(herm["params"]) and all(
-                          torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
-                      "base": base["records"], "hermod": herm["records"], "log": herm["log"]}
+        out[stage] = {
+            "equal_losses": base["losses"] == herm["losses"],
+            "equal_params": len(base["params"]) == len(herm["params"])
+            and all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
+            "base": base["records"],
+            "hermod": herm["records"],
+            "log": herm["log"],
+        }
     return out
 
 
@@ -123,7 +141,9 @@ _REDUCE_OPS = {"all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter"
 
 
 def _reductions(records: list, thread: str | None = None) -> list:
-    return [(op, n) for op, n, t, _ in records if op in _REDUCE_OPS and n > 1 and (thread is None or t == thread)]
+    return [
+        (op, n) for op, n, t, _ in records if op in _REDUCE_OPS and n > 1 and (thread is None or t == thread)
+    ]
 
 
 @pytest.mark.slow  # 2 ranks x 8 DeepSpeed engines
@@ -152,14 +172,20 @@ def test_hermod_on_zero_0_to_3_is_bitwise_deepspeed_and_reorders_backward_bucket
             assert [e[3] for e in z2 if e[1] == w] == list(range(LAYERS))
         sizes_base = [n for _, n in _reductions(r[2]["base"])]
         sizes_hermod = [n for _, n in _reductions(r[2]["hermod"], "pacer")]
-        assert sizes_base[:LAYERS] == sizes_hermod[:LAYERS][::-1] != sizes_hermod[:LAYERS], (sizes_base, sizes_hermod)
+        assert sizes_base[:LAYERS] == sizes_hermod[:LAYERS][::-1] != sizes_hermod[:LAYERS], (
+            sizes_base,
+            sizes_hermod,
+        )
         # ZeRO-3: every coordinator fetch is a keyed critical op; its gathers are issued under a gather key
         assert any(e[0] == "critical" and e[4] == "all_gather" for e in r[3]["log"])
         gathers = [x for x in r[3]["hermod"] if x[0] in ("all_gather_into_tensor", "all_gather")]
-        assert gathers and all(t == "main" and m is not None and m[2] == "all_gather" for _, _, t, m in gathers)
+        assert gathers and all(
+            t == "main" and m is not None and m[2] == "all_gather" for _, _, t, m in gathers
+        )
     # the same launch sequence on both ranks (no mismatched collectives)
-    assert [[e for e in r[s]["log"] if e[0] == "chunk"] for s in (0, 1, 2, 3) for r in res[:1]] == \
-        [[e for e in r[s]["log"] if e[0] == "chunk"] for s in (0, 1, 2, 3) for r in res[1:]]
+    assert [[e for e in r[s]["log"] if e[0] == "chunk"] for s in (0, 1, 2, 3) for r in res[:1]] == [
+        [e for e in r[s]["log"] if e[0] == "chunk"] for s in (0, 1, 2, 3) for r in res[1:]
+    ]
 
 
 @pytest.mark.slow  # 2 ranks x 2 DeepSpeed engines
@@ -172,5 +198,9 @@ def test_hermod_on_zero3_with_injected_delays_neither_deadlocks_nor_changes_the_
     for r in res:
         s = r[3]
         assert s["equal_losses"] and s["equal_params"]
-        assert sorted(_reductions([x for x in s["hermod"] if x[2] == "pacer"])) == sorted(_reductions(s["base"]))
-    assert [e for e in res[0][3]["log"] if e[0] == "chunk"] == [e for e in res[1][3]["log"] if e[0] == "chunk"]
+        assert sorted(_reductions([x for x in s["hermod"] if x[2] == "pacer"])) == sorted(
+            _reductions(s["base"])
+        )
+    assert [e for e in res[0][3]["log"] if e[0] == "chunk"] == [
+        e for e in res[1][3]["log"] if e[0] == "chunk"
+    ]

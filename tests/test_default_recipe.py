@@ -48,8 +48,19 @@ def test_bad_recipe_values_are_rejected_with_the_value_named():
 
 def _train(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, dict]:
     exe = Path(sys.executable).parent / "flowlane-train"
-    r = subprocess.run([str(exe), "iterations=3", f"output_dir={out}", "progress=false", f"hydra.run.dir={out}/hydra",
-                        *overrides], capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [
+            str(exe),
+            "iterations=3",
+            f"output_dir={out}",
+            "progress=false",
+            f"hydra.run.dir={out}/hydra",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads((out / "metrics.json").read_text())
 

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gnn
-dgl = pytest.importorskip("dgl")  # the llm lane collects this file without DGL; tests/test_dgl_lane.py guards the lane
+dgl = pytest.importorskip(
+    "dgl"
+)  # the llm lane collects this file without DGL; tests/test_dgl_lane.py guards the lane
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
@@ -29,9 +31,9 @@ CASES = [  # (model, schedule, comm_plan, bin_size, cache_halo_inputs)
     ("sage", "sequential", "p2p", 1000, False),
     ("gcn", "pipelined", "spst", 50, True),
     ("gat", "sequential", "spst", 13, False),
-    ("dglsage", "pipelined", "spst", 11, False),     # DGL-style: layers + activation in the user's own forward
+    ("dglsage", "pipelined", "spst", 11, False),  # DGL-style: layers + activation in the user's own forward
 ]
-DISK_CASES = [("gcn", "pipelined"), ("dglsage", "sequential")]   # from partition_graph output on disk
+DISK_CASES = [("gcn", "pipelined"), ("dglsage", "sequential")]  # from partition_graph output on disk
 
 
 class DGLStyleSAGE(nn.Module):
@@ -80,16 +82,28 @@ def _reference(name):
 def _run(rt, model):
     logits = rt.forward()
     rt.backward(rt.loss(logits))
-    return {"ids": rt.local_ids, "logits": logits.detach().numpy(),
-            "grads": {k: p.grad.numpy() for k, p in model.named_parameters()}, "summary": rt.summary()}
+    return {
+        "ids": rt.local_ids,
+        "logits": logits.detach().numpy(),
+        "grads": {k: p.grad.numpy() for k, p in model.named_parameters()},
+        "summary": rt.summary(),
+    }
 
 
 def _worker(rank, world, part_config):
     out = []
     for name, schedule, plan, bins, cache in CASES:
         model = _model(name)
-        cfg = FullGraphConfig(partition="g3", comm_plan=plan, topology="dgx1", devices=["gpu0", "gpu5", "gpu6"],
-                              schedule=schedule, bin_size=bins, cache_halo_inputs=cache, device="cpu")
+        cfg = FullGraphConfig(
+            partition="g3",
+            comm_plan=plan,
+            topology="dgx1",
+            devices=["gpu0", "gpu5", "gpu6"],
+            schedule=schedule,
+            bin_size=bins,
+            cache_halo_inputs=cache,
+            device="cpu",
+        )
         with comm.recording() as rec:
             rt = FullGraphRuntime(_graph(), model, cfg)
             res = _run(rt, model)
@@ -110,14 +124,17 @@ def _worker(rank, world, part_config):
 @pytest.fixture(scope="module")
 def partitioned(tmp_path_factory):
     d = tmp_path_factory.mktemp("parts")
-    orig, _ = dgl.distributed.partition_graph(_graph(), "g", RANKS, str(d), num_hops=1, part_method="metis",
-                                              return_mapping=True)
+    orig, _ = dgl.distributed.partition_graph(
+        _graph(), "g", RANKS, str(d), num_hops=1, part_method="metis", return_mapping=True
+    )
     return str(d / "g.json"), orig.numpy()
 
 
 @pytest.fixture(scope="module")
 def results(partitioned):
-    res = launch(_worker, RANKS, args=(partitioned[0],), timeout=600)  # generous: the shared box is often loaded
+    res = launch(
+        _worker, RANKS, args=(partitioned[0],), timeout=600
+    )  # generous: the shared box is often loaded
     return [r[0] for r in res], [r[1] for r in res]
 
 
@@ -130,7 +147,7 @@ def _check_exact(per_rank, name, ids_to_orig=None):
         seen[ids] += 1
         for k, gr in ref_grads.items():
             np.testing.assert_allclose(res["grads"][k], gr, rtol=1e-8, atol=1e-11, err_msg=k)
-    assert (seen == 1).all()                      # every node computed by exactly one rank
+    assert (seen == 1).all()  # every node computed by exactly one rank
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -153,7 +170,7 @@ def test_spst_plan_uses_relays_and_bins_respect_limit(results):
     for r in range(RANKS):
         rows = results[0][r][0]["bin_rows"]
         assert sum(map(sum, rows.values())) == results[0][r][0]["summary"]["n_local"]
-        for sizes in rows.values():   # every bin of a group is full (7 nodes) except the group's last one
+        for sizes in rows.values():  # every bin of a group is full (7 nodes) except the group's last one
             assert all(s == 7 for s in sizes[:-1]) and all(1 <= s <= 7 for s in sizes)
     assert any(results[0][r][0]["summary"]["plan_stages"] >= 2 for r in range(RANKS))
     assert any(results[0][r][0]["summary"]["n_relay"] > 0 for r in range(RANKS))
@@ -206,27 +223,33 @@ class _NoLayers(nn.Module):
         return self.conv(g, x)
 
 
-@pytest.mark.parametrize("cls,match", [
-    (_MixesNodes, r"mixes nodes outside its graph layers .* Add forward_layer"),
-    (_UsesGraph, r"uses graph.local_scope outside model.layers.* Add forward_layer"),
-    (_BatchNorm, r"model.bn \(BatchNorm1d\) normalises across all nodes"),
-    (_NoLayers, r"keep its graph layers in `self.layers`"),
-])
+@pytest.mark.parametrize(
+    "cls,match",
+    [
+        (_MixesNodes, r"mixes nodes outside its graph layers .* Add forward_layer"),
+        (_UsesGraph, r"uses graph.local_scope outside model.layers.* Add forward_layer"),
+        (_BatchNorm, r"model.bn \(BatchNorm1d\) normalises across all nodes"),
+        (_NoLayers, r"keep its graph layers in `self.layers`"),
+    ],
+)
 def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match):
     model = (cls() if cls is _NoLayers else cls(6, 8, 4)).double()
     with pytest.raises(ModelContractError, match=match):
         FullGraphRuntime(_graph(), model, FullGraphConfig(device="cpu"))
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(partition="kahip"), "bad partition='kahip'"),
-    (dict(gamma=1.5), "bad gamma=1.5"),
-    (dict(comm_plan="ring"), "bad comm_plan='ring'"),
-    (dict(bin_size=0), "bad bin_size=0"),
-    (dict(topology="torus"), "bad topology='torus'"),
-    (dict(schedule="async"), "bad schedule='async'"),
-    (dict(device="tpu"), "bad device='tpu'"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(partition="kahip"), "bad partition='kahip'"),
+        (dict(gamma=1.5), "bad gamma=1.5"),
+        (dict(comm_plan="ring"), "bad comm_plan='ring'"),
+        (dict(bin_size=0), "bad bin_size=0"),
+        (dict(topology="torus"), "bad topology='torus'"),
+        (dict(schedule="async"), "bad schedule='async'"),
+        (dict(device="tpu"), "bad device='tpu'"),
+    ],
+)
 def test_bad_configs_are_rejected_naming_the_value(bad, match):
     with pytest.raises(ValueError, match=match):
         FullGraphConfig(**bad).validate(2)

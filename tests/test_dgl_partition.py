@@ -19,13 +19,15 @@ def graph():
 def test_algorithm2_lowers_largest_remote_count_and_keeps_sizes_and_degree_balance(graph, parts):
     part, st = g3_partition(graph["src"], graph["dst"], 6000, parts, gamma=0.005)
     d = st.as_dict()
-    assert d["max_remote"] < d["stage1_max_remote"]            # Eq. 4.4 lowered (measured -0.5 % / -2.4 %)
+    assert d["max_remote"] < d["stage1_max_remote"]  # Eq. 4.4 lowered (measured -0.5 % / -2.4 %)
     assert d["remote_spread"] < d["stage1_remote_spread"]
     indptr, indices = symmetric_csr(graph["src"], graph["dst"], 6000)
-    assert remote_counts(indptr, indices, part, parts) == d["remote"]      # tracked counts equal a recount
+    assert remote_counts(indptr, indices, part, parts) == d["remote"]  # tracked counts equal a recount
     ref, _ = g3_partition(graph["src"], graph["dst"], 6000, parts, refine_stage2=False)
-    assert (part != ref).any()                                  # stage 2 moved nodes ...
-    assert np.bincount(part, minlength=parts).tolist() == np.bincount(ref, minlength=parts).tolist()  # ... 1 for 1
+    assert (part != ref).any()  # stage 2 moved nodes ...
+    assert (
+        np.bincount(part, minlength=parts).tolist() == np.bincount(ref, minlength=parts).tolist()
+    )  # ... 1 for 1
     assert d["degree_imbalance"] <= max(d["stage1_degree_imbalance"], 1.05) + 1e-9
 
 
@@ -33,7 +35,9 @@ def test_seed_reaches_metis():
     a = synthetic_arrays(SyntheticSpec(num_nodes=2000, avg_degree=8, seed=4))
     p0, _ = g3_partition(a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=0)
     p0b, _ = g3_partition(a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=0)
-    p1, _ = g3_partition(a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=2)   # METIS: seeds 0 and 1 agree
+    p1, _ = g3_partition(
+        a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=2
+    )  # METIS: seeds 0 and 1 agree
     assert np.array_equal(p0, p0b) and not np.array_equal(p0, p1)
 
 
@@ -60,21 +64,24 @@ def test_literal_algorithm2_stops_on_cycles(graph):
 def test_synthetic_graph_is_power_law_homophilous_and_symmetric():
     a = synthetic_arrays(SyntheticSpec(num_nodes=20000, avg_degree=10, seed=0))
     deg = np.bincount(a["src"], minlength=20000)
-    assert deg.max() > 20 * np.median(deg)                      # heavy tail
+    assert deg.max() > 20 * np.median(deg)  # heavy tail
     same = (a["label"][a["src"]] == a["label"][a["dst"]]).mean()
-    assert same > 0.5                                           # 8 classes: random would be ~0.125
+    assert same > 0.5  # 8 classes: random would be ~0.125
     key = set(zip(a["src"].tolist(), a["dst"].tolist(), strict=True))
     assert all((d, s) in key for s, d in list(key)[:500]) and not (a["src"] == a["dst"]).any()
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(num_parts=0), "num_parts must be"),
-    (dict(gamma=2.0), "gamma must be"),
-    (dict(objtype="edges"), "objtype must be"),
-    (dict(stage1_method="spectral"), "stage-1 method must be"),
-    (dict(variant="locked"), "variant must be"),
-    (dict(num_parts=7000), "cannot split 6000 nodes"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(num_parts=0), "num_parts must be"),
+        (dict(gamma=2.0), "gamma must be"),
+        (dict(objtype="edges"), "objtype must be"),
+        (dict(stage1_method="spectral"), "stage-1 method must be"),
+        (dict(variant="locked"), "variant must be"),
+        (dict(num_parts=7000), "cannot split 6000 nodes"),
+    ],
+)
 def test_bad_partition_options_rejected(graph, kw, match):
     args = dict(num_parts=4) | kw
     with pytest.raises(PartitionError, match=match):

@@ -21,11 +21,17 @@ from flowlane.dgs import (
 def test_quota_split_is_proportional_and_epsilon_moves_fanout_to_local_keeping_the_total():
     nl, nr = np.array([5, 2, 20, 0, 3]), np.array([15, 30, 1, 40, 2])
     q_loc0, q_rmt0 = quota_split(nl, nr, 10, 0.0)
-    assert q_loc0.tolist() == [3, 1, 10, 0, 3] and q_rmt0.tolist() == [7, 9, 0, 10, 2]   # 10*5/20=2.5 rounds up
-    q_loc, q_rmt = quota_split(nl, nr, 10, 0.1)                  # round(0.1 * 10) = 1 moves to local
+    assert q_loc0.tolist() == [3, 1, 10, 0, 3] and q_rmt0.tolist() == [
+        7,
+        9,
+        0,
+        10,
+        2,
+    ]  # 10*5/20=2.5 rounds up
+    q_loc, q_rmt = quota_split(nl, nr, 10, 0.1)  # round(0.1 * 10) = 1 moves to local
     assert q_loc.tolist() == [4, 2, 10, 0, 3] and q_rmt.tolist() == [6, 8, 0, 10, 2]
     big = np.array([50]), np.array([50])
-    assert [int(a[0]) for a in quota_split(*big, 20, 0.2)] == [14, 6]   # 10 + 4 local, total stays 20
+    assert [int(a[0]) for a in quota_split(*big, 20, 0.2)] == [14, 6]  # 10 + 4 local, total stays 20
     assert (q_loc + q_rmt == np.minimum(nl + nr, 10)).all()
     assert [x.tolist() for x in quota_split(nl, nr, -1, 0.1)] == [nl.tolist(), nr.tolist()]
 
@@ -48,29 +54,31 @@ def test_one_remote_pick_follows_the_node_probabilities():
     rng = np.random.default_rng(0)
     n = 8000
     counts = sum(pick(offsets, np.arange(7), local, w, 2, 0.5, rng).astype(np.int64) for _ in range(n))
-    assert counts[0] == n                                        # the local quota takes the only local node
+    assert counts[0] == n  # the local quota takes the only local node
     freq = counts[1:] / n
     expect = w[1:] / w[1:].sum()
-    assert np.abs(freq - expect).max() < 0.02                    # 3-sigma at n=8000 is about 0.014
+    assert np.abs(freq - expect).max() < 0.02  # 3-sigma at n=8000 is about 0.014
 
 
 def test_labor_inclusion_matches_its_probability_and_shares_decisions_across_seeds():
     offsets = np.array([0, 6, 12])
-    nbr = np.array([10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15])   # two seeds, same six remote neighbours
+    nbr = np.array([10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15])  # two seeds, same six remote neighbours
     local = np.zeros(12, bool)
     w = np.tile(np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0]), 2)
     n = 6000
-    keep = np.array([pick(offsets, nbr, local, w, 3, 0.0, np.random.default_rng(0), "labor", k) for k in range(n)])
-    assert (keep[:, :6] == keep[:, 6:]).all()                    # shared variate: both seeds decide alike
+    keep = np.array(
+        [pick(offsets, nbr, local, w, 3, 0.0, np.random.default_rng(0), "labor", k) for k in range(n)]
+    )
+    assert (keep[:, :6] == keep[:, 6:]).all()  # shared variate: both seeds decide alike
     pi = np.minimum(1.0, 3 * w[:6] / w[:6].sum())
     assert np.abs(keep[:, :6].mean(0) - pi).max() < 0.03
-    assert abs(keep[:, :6].sum(1).mean() - 3.0) < 0.1             # expected count = the quota
+    assert abs(keep[:, :6].sum(1).mean() - 3.0) < 0.1  # expected count = the quota
 
 
 def test_top_columns_keeps_the_ceiling_fraction_with_largest_importance():
     sf = np.array([0.1, 0.9, 0.5, 0.9, 0.2, 0.7])
     assert top_columns(sf, 0.5).tolist() == [1, 3, 5]
-    assert top_columns(sf, 0.51).tolist() == [1, 2, 3, 5]          # ceil(3.06) = 4
+    assert top_columns(sf, 0.51).tolist() == [1, 2, 3, 5]  # ceil(3.06) = 4
     assert top_columns(sf, 1.0).tolist() == list(range(6))
     with pytest.raises(ValueError, match="n_f=0"):
         top_columns(sf, 0)
@@ -98,9 +106,18 @@ def test_config_rejects_unknown_keys_and_bad_values_by_name():
     assert DGSConfig.from_dict({}) == DGSConfig()
     with pytest.raises(ValueError, match="unknown option.*'nf'"):
         DGSConfig.from_dict({"nf": 0.8})
-    for key, val in (("n_f", 0.0), ("n_f", 1.2), ("epsilon", -0.1), ("t_ex", 0), ("t_ex", 2.5),
-                     ("base_sampler", "ladies"), ("node_sampling", "yes"), ("prob_floor", 0),
-                     ("explainer_min_epochs", 51), ("synchronous", 1)):
+    for key, val in (
+        ("n_f", 0.0),
+        ("n_f", 1.2),
+        ("epsilon", -0.1),
+        ("t_ex", 0),
+        ("t_ex", 2.5),
+        ("base_sampler", "ladies"),
+        ("node_sampling", "yes"),
+        ("prob_floor", 0),
+        ("explainer_min_epochs", 51),
+        ("synchronous", 1),
+    ):
         with pytest.raises(ValueError, match=f"bad {key}="):
             DGSConfig.from_dict({key: val})
 
@@ -126,12 +143,12 @@ def test_mask_training_ranks_the_informative_remote_node_and_feature_first():
 
     def forward(xm, ew):
         msg = (xm[src] * ew[:, None])[dst == 0]
-        return (msg.mean(0) @ w)
+        return msg.mean(0) @ w
 
     target = pooled_target(torch.tensor([[6.0, 0.0], [5.0, 0.0]]))
     ex = train_masks(forward, x, target, R, epochs=100, lr=0.1, loss_threshold=0.0)
     assert ex.sn.shape == (R,) and ex.sf.shape == (f,)
-    assert ex.sn[0] > 0.9 and (ex.sn[1:] < 0.1).all()        # remote node 1 (edge 0) kept, the others dropped
-    assert ex.sf[0] > 0.9 and (ex.sf[1:] < 0.1).all()        # feature 0 is the informative dimension
+    assert ex.sn[0] > 0.9 and (ex.sn[1:] < 0.1).all()  # remote node 1 (edge 0) kept, the others dropped
+    assert ex.sf[0] > 0.9 and (ex.sf[1:] < 0.1).all()  # feature 0 is the informative dimension
     early = train_masks(forward, x, target, R, epochs=200, min_epochs=5, lr=0.05, loss_threshold=10.0)
-    assert early.early_stop and early.epochs == 6              # the threshold applies after min_epochs
+    assert early.early_stop and early.epochs == 6  # the threshold applies after min_epochs

@@ -74,7 +74,9 @@ def test_int32_indices_give_the_same_rows_as_int64():
     assert torch.equal(a, t[torch.tensor([1, 2, 2])])
 
 
-@pytest.mark.parametrize(("idx", "bad", "pos"), [([0, 5, 23, 3], 23, 2), ([4, -1], -1, 1), ([10**12], 10**12, 0)])
+@pytest.mark.parametrize(
+    ("idx", "bad", "pos"), [([0, 5, 23, 3], 23, 2), ([4, -1], -1, 1), ([10**12], 10**12, 0)]
+)
 def test_an_out_of_range_index_is_refused_naming_it_and_its_position(idx, bad, pos):
     store = FeatureStore(_table(torch.float32), device="cpu")
     with pytest.raises(IndexError) as e:
@@ -91,12 +93,17 @@ def test_indices_of_another_dtype_or_shape_are_refused():
         check_indices([1, 2], 4)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("cols", [slice(1, 4), range(0, 5), range(2, 2), torch.tensor([4, 0, 2]), torch.tensor([1, 2, 3])],
-                         ids=["slice", "all", "empty", "list", "contiguous-list"])
+@pytest.mark.parametrize(
+    "cols",
+    [slice(1, 4), range(0, 5), range(2, 2), torch.tensor([4, 0, 2]), torch.tensor([1, 2, 3])],
+    ids=["slice", "all", "empty", "list", "contiguous-list"],
+)
 def test_column_selection_equals_indexing_the_gathered_rows(cols):
     t = _table(torch.float16)
     idx = torch.tensor([5, 5, 0, 22])
-    want = t[idx][:, cols if isinstance(cols, slice | torch.Tensor) else torch.tensor(list(cols), dtype=torch.int64)]
+    want = t[idx][
+        :, cols if isinstance(cols, slice | torch.Tensor) else torch.tensor(list(cols), dtype=torch.int64)
+    ]
     assert torch.equal(FeatureStore(t, device="cpu").gather(idx, cols=cols), want)
 
 
@@ -135,7 +142,9 @@ def test_without_cuda_the_auto_path_is_cpu_gather_and_says_why(monkeypatch):
 def test_zero_copy_is_refused_at_construction_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(RuntimeError, match="direct.path='zero-copy' cannot run here: the target device is the CPU"):
+    with pytest.raises(
+        RuntimeError, match="direct.path='zero-copy' cannot run here: the target device is the CPU"
+    ):
         FeatureStore(torch.zeros(3, 2), DirectConfig(path="zero-copy"), device="cpu")
 
 
@@ -148,7 +157,9 @@ def test_a_dtype_outside_the_kernel_set_takes_the_cpu_path_with_the_reason(monke
 
 
 def test_config_refuses_bad_values_naming_the_key_and_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"direct.path='gpu' is not one of \('auto', 'zero-copy', 'cpu-gather'\)"):
+    with pytest.raises(
+        ValueError, match=r"direct.path='gpu' is not one of \('auto', 'zero-copy', 'cpu-gather'\)"
+    ):
         DirectConfig(path="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="direct.aligned='yes' must be true or false"):
         DirectConfig(aligned="yes")  # type: ignore[arg-type]

@@ -26,8 +26,12 @@ def _graph(dtype=torch.float32):
 
 
 def _batches(g, config=None):
-    sampler = DirectSampler(dgl.dataloading.NeighborSampler([4, 3], prefetch_node_feats=["feat"]), name="direct_feat")
-    loader = dgl.dataloading.DataLoader(g, torch.arange(0, 300, 2), sampler, batch_size=32, shuffle=True, device="cpu")
+    sampler = DirectSampler(
+        dgl.dataloading.NeighborSampler([4, 3], prefetch_node_feats=["feat"]), name="direct_feat"
+    )
+    loader = dgl.dataloading.DataLoader(
+        g, torch.arange(0, 300, 2), sampler, batch_size=32, shuffle=True, device="cpu"
+    )
     storage = attach_direct_features(loader, g.ndata["feat"], config, name="direct_feat")
     return storage, list(loader)
 
@@ -76,8 +80,9 @@ def test_the_adapter_refuses_what_cannot_apply():
     plain = dgl.dataloading.DataLoader(g, torch.arange(4), dgl.dataloading.NeighborSampler([2]), batch_size=2)
     with pytest.raises(ValueError, match="must be DirectSampler"):
         attach_direct_features(plain, g.ndata["feat"])
-    loader = dgl.dataloading.DataLoader(g, torch.arange(4), DirectSampler(dgl.dataloading.NeighborSampler([2]), "x"),
-                                        batch_size=2)
+    loader = dgl.dataloading.DataLoader(
+        g, torch.arange(4), DirectSampler(dgl.dataloading.NeighborSampler([2]), "x"), batch_size=2
+    )
     with pytest.raises(ValueError, match=r"unknown direct key\(s\) \['mode'\]"):
         attach_direct_features(loader, g.ndata["feat"], {"mode": "uva"}, name="x")
     storage = DirectFeatureStorage(g.ndata["feat"], device="cpu")

@@ -24,15 +24,23 @@ def test_request_model_reproduces_the_thesis_scaled_example_7_to_5():
 
 def test_per_row_schemes_against_a_hand_count():
     # one fp32 row of 33 elements starting 4 B into line 1 (row 1 at base 0): lines 1 and 2
-    assert request_counts([1], 33, 4, "row")[0] == 3  # lanes 0-31 straddle lines 1-2, lane 32 reads line 2 again
-    assert request_counts([1], 33, 4, "row_aligned")[0] == 2  # lane 0 idles; lanes 1-31 line 1; lanes 32-33 line 2
+    assert (
+        request_counts([1], 33, 4, "row")[0] == 3
+    )  # lanes 0-31 straddle lines 1-2, lane 32 reads line 2 again
+    assert (
+        request_counts([1], 33, 4, "row_aligned")[0] == 2
+    )  # lane 0 idles; lanes 1-31 line 1; lanes 32-33 line 2
     assert request_counts([1], 33, 4, "min")[0] == 2
 
 
 def test_request_model_matches_the_digest_table_for_2048_to_2076_byte_rows():
     # digest research/003 §3.2.5 ([proto], 2,000 random rows): naive flattened / thesis shift / DGL aligned / minimum
-    table = {2048: (16.0, 16.0, 16.0, 16.0), 2052: (32.45, 18.39, 17.0, 17.0), 2060: (32.58, 18.46, 17.07, 17.07),
-             2076: (32.82, 18.57, 17.19, 17.19)}
+    table = {
+        2048: (16.0, 16.0, 16.0, 16.0),
+        2052: (32.45, 18.39, 17.0, 17.0),
+        2060: (32.58, 18.46, 17.07, 17.07),
+        2076: (32.82, 18.57, 17.19, 17.19),
+    }
     for row_bytes, want in table.items():
         got = mean_requests(row_bytes, 4, n_rows=2000, seed=0)  # as many random rows as the digest drew
         for scheme, w in zip(("flat", "flat_shift", "row_aligned", "min"), want, strict=True):
@@ -53,8 +61,14 @@ def test_the_aligned_per_row_scheme_reaches_the_minimum_for_fp32(row_bytes, base
 def test_column_windows_and_lists_count_only_the_lines_they_touch():
     # 2048-B rows start on a line: columns 64..191 are bytes 256..767 of the row, exactly 4 lines
     assert list(request_counts([3, 9], 512, 4, "row_aligned", cols=(64, 128))) == [4, 4]
-    assert list(request_counts([3, 9], 512, 4, "row", cols=(1, 128))) == [8, 8]  # 4 B off: each of 4 warps reads 2 lines
-    assert list(request_counts([3, 9], 512, 4, "row_aligned", cols=(1, 128))) == [5, 5]  # the 5 lines it overlaps
+    assert list(request_counts([3, 9], 512, 4, "row", cols=(1, 128))) == [
+        8,
+        8,
+    ]  # 4 B off: each of 4 warps reads 2 lines
+    assert list(request_counts([3, 9], 512, 4, "row_aligned", cols=(1, 128))) == [
+        5,
+        5,
+    ]  # the 5 lines it overlaps
     assert list(request_counts([0], 512, 4, "min", cols=[0, 1, 40])) == [2]
     assert list(request_counts([0], 512, 4, "row", cols=[0, 1, 40])) == [2]
     assert list(request_counts([], 512, 4, "row")) == []
@@ -88,7 +102,9 @@ PLACEMENT = [
 ]
 
 
-@pytest.mark.parametrize(("ops", "compute", "output", "rule"), PLACEMENT, ids=[f"{p[3]}-{'+'.join(p[0])}" for p in PLACEMENT])
+@pytest.mark.parametrize(
+    ("ops", "compute", "output", "rule"), PLACEMENT, ids=[f"{p[3]}-{'+'.join(p[0])}" for p in PLACEMENT]
+)
 def test_placement_follows_table_4_2(ops, compute, output, rule):
     p = place(ops)
     assert (p.compute, p.output, p.rule) == (compute, output, rule)

@@ -54,7 +54,7 @@ def test_row_windows_move_as_the_widest_word_that_divides_them_and_stay_bitwise(
     assert word_bytes(_table(torch.float32, 4, 3), 0, 3) == 4  # 12-B rows: no word wider than an element
     idx = torch.tensor([39, 0, 7, 7, 13])
     for cols in (None, range(2, 62), range(1, 64), range(4, 8)):
-        want = t[idx] if cols is None else t[idx][:, cols.start:cols.stop]
+        want = t[idx] if cols is None else t[idx][:, cols.start : cols.stop]
         for widen in (True, False):
             for aligned in (True, False):
                 out = zero_copy_gather(t, idx, "cpu", cols=cols, aligned=aligned, widen=widen)
@@ -63,7 +63,9 @@ def test_row_windows_move_as_the_widest_word_that_divides_them_and_stay_bitwise(
 
 @pytest.mark.parametrize("offset_rows", [1, 3])
 def test_a_table_that_starts_off_a_128_byte_line_is_gathered_exactly(offset_rows):
-    big = _table(torch.float32, 30, 33)  # 132-B rows: a view from row 1 starts 4 B past the allocation's alignment
+    big = _table(
+        torch.float32, 30, 33
+    )  # 132-B rows: a view from row 1 starts 4 B past the allocation's alignment
     t = big[offset_rows:]
     assert (t.data_ptr() % 128) != 0
     idx = torch.arange(t.shape[0]).flip(0)
@@ -78,8 +80,11 @@ def test_many_rows_span_several_programs_and_a_partial_last_tile():
     assert torch.equal(_bits(out), _bits(t[idx]))
 
 
-@pytest.mark.parametrize("cols", [range(1, 40), range(32, 64), torch.tensor([0, 5, 6, 63, 2]), torch.tensor([10, 11, 12])],
-                         ids=["misaligned-range", "aligned-range", "list", "contiguous-list"])
+@pytest.mark.parametrize(
+    "cols",
+    [range(1, 40), range(32, 64), torch.tensor([0, 5, 6, 63, 2]), torch.tensor([10, 11, 12])],
+    ids=["misaligned-range", "aligned-range", "list", "contiguous-list"],
+)
 def test_column_masked_kernels_equal_indexing_the_gathered_rows(cols):
     t = _table(torch.float16, 50, 64)
     idx = torch.tensor([49, 3, 3, 20])

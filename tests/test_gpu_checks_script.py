@@ -34,8 +34,9 @@ def test_scratch_paths_are_private_unpredictable_and_removed(tmp_path):
         (bin_dir / tool).write_text(STUB.format(log=log))
         (bin_dir / tool).chmod(0o755)
     # `timeout N cmd ...` runs the stub for timeout itself; make it run cmd so the python3 stub sees the arguments
-    (bin_dir / "timeout").write_text('#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\n'
-                                     'exec "$@"\n')
+    (bin_dir / "timeout").write_text(
+        '#!/usr/bin/env bash\nwhile [[ $1 == -* ]]; do shift 2; done\nshift\nexec "$@"\n'
+    )
     wheels = ROOT / ".whl"
     made_wheel_dir = not wheels.exists()
     wheels.mkdir(exist_ok=True)
@@ -44,16 +45,27 @@ def test_scratch_paths_are_private_unpredictable_and_removed(tmp_path):
     try:
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp), "OUT": str(out)}
         env.pop("PYTHONPATH", None)
-        r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_checks.sh")], env=env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "gpu_checks.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         wheel.unlink()
         if made_wheel_dir:
             wheels.rmdir()
     calls = log.read_text()
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "/tmp/site" not in calls and "/tmp/nccl_gpu" not in calls and "/tmp/flowlane-offload" not in calls, calls
-    (site,) = {w.split("=", 1)[1].split(":")[0] for w in calls.split() if w.startswith("PYTHONPATH=") and w[-1] != "="}
+    assert (
+        "/tmp/site" not in calls and "/tmp/nccl_gpu" not in calls and "/tmp/flowlane-offload" not in calls
+    ), calls
+    (site,) = {
+        w.split("=", 1)[1].split(":")[0]
+        for w in calls.split()
+        if w.startswith("PYTHONPATH=") and w[-1] != "="
+    }
     scratch = Path(site).parent
     assert scratch.parent == tmp and scratch.name.startswith("flowlane-gpu-checks."), calls
     assert f"TMPDIR={scratch}" in calls  # the checks' own temporary files go there too

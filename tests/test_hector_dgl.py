@@ -59,9 +59,18 @@ def _same_step(ref_out, hec_out, ref_inputs, hec_inputs):
 def test_rgcn_equals_dgl_relgraphconv_forward_and_backward(graph, reg, materialization):
     g, gd = graph
     torch.manual_seed(0)
-    ref = dgl.nn.RelGraphConv(12, 6, R, regularizer=reg, num_bases=2 if reg else None, layer_norm=True).double()
-    hec = HectorRelGraphConv(12, 6, R, regularizer=reg, num_bases=2 if reg else None, layer_norm=True,
-                             hector=HectorConfig(materialization=materialization, gemm="loop")).double()
+    ref = dgl.nn.RelGraphConv(
+        12, 6, R, regularizer=reg, num_bases=2 if reg else None, layer_norm=True
+    ).double()
+    hec = HectorRelGraphConv(
+        12,
+        6,
+        R,
+        regularizer=reg,
+        num_bases=2 if reg else None,
+        layer_norm=True,
+        hector=HectorConfig(materialization=materialization, gemm="loop"),
+    ).double()
     hec.load_state_dict(ref.state_dict())
     x, x2 = _x(), _x()
     norm = torch.rand(E, 1, dtype=F64, generator=torch.Generator().manual_seed(3))
@@ -69,8 +78,11 @@ def test_rgcn_equals_dgl_relgraphconv_forward_and_backward(graph, reg, materiali
     _same_step(out_ref, out_hec, [x, *ref.parameters()], [x2, *hec.parameters()])
     rows = hec._layouts._layout.src_rows
     assert rows.compact == (materialization == "compact")
-    assert rows.num_rows == (len(set(zip(gd["src"].tolist(), gd["etype"].tolist(), strict=True)))
-                             if materialization == "compact" else E)
+    assert rows.num_rows == (
+        len(set(zip(gd["src"].tolist(), gd["etype"].tolist(), strict=True)))
+        if materialization == "compact"
+        else E
+    )
 
 
 def test_rgcn_equals_dgl_on_edges_presorted_by_type(graph):
@@ -82,8 +94,12 @@ def test_rgcn_equals_dgl_on_edges_presorted_by_type(graph):
     hec.load_state_dict(ref.state_dict())
     x, x2 = _x(), _x()
     et = gd["etype"][order]
-    _same_step(ref(gs, x, et, presorted=True), hec(gs, x2, et, presorted=True), [x, *ref.parameters()],
-               [x2, *hec.parameters()])
+    _same_step(
+        ref(gs, x, et, presorted=True),
+        hec(gs, x2, et, presorted=True),
+        [x, *ref.parameters()],
+        [x2, *hec.parameters()],
+    )
 
 
 @pytest.mark.parametrize("reorder", ["never", "always", "auto"])
@@ -91,27 +107,39 @@ def test_hgt_equals_dgl_hgtconv_forward_and_backward(graph, reorder):
     g, gd = graph
     torch.manual_seed(0)
     ref = dgl.nn.HGTConv(12, 4, 2, NT, R, dropout=0.0, use_norm=True).double()
-    hec = HectorHGTConv(12, 4, 2, NT, R, dropout=0.0, use_norm=True,
-                        hector=HectorConfig(reorder=reorder)).double()
+    hec = HectorHGTConv(
+        12, 4, 2, NT, R, dropout=0.0, use_norm=True, hector=HectorConfig(reorder=reorder)
+    ).double()
     hec.load_state_dict(ref.state_dict())
     x, x2 = _x(), _x()
-    _same_step(ref(g, x, gd["ntype"], gd["etype"]), hec(g, x2, gd["ntype"], gd["etype"]), [x, *ref.parameters()],
-               [x2, *hec.parameters()])
-    order = torch.sort(gd["etype"], stable=True).indices  # presorted: nodes (already) and edges sorted by type
+    _same_step(
+        ref(g, x, gd["ntype"], gd["etype"]),
+        hec(g, x2, gd["ntype"], gd["etype"]),
+        [x, *ref.parameters()],
+        [x2, *hec.parameters()],
+    )
+    order = torch.sort(
+        gd["etype"], stable=True
+    ).indices  # presorted: nodes (already) and edges sorted by type
     gs = dgl.graph((gd["src"][order], gd["dst"][order]), num_nodes=N)
     x, x2 = _x(), _x()
-    _same_step(ref(gs, x, gd["ntype"], gd["etype"][order], presorted=True),
-               hec(gs, x2, gd["ntype"], gd["etype"][order], presorted=True), [x, *ref.parameters()],
-               [x2, *hec.parameters()])
+    _same_step(
+        ref(gs, x, gd["ntype"], gd["etype"][order], presorted=True),
+        hec(gs, x2, gd["ntype"], gd["etype"][order], presorted=True),
+        [x, *ref.parameters()],
+        [x2, *hec.parameters()],
+    )
 
 
 def _stacked_dgl_grads(conv, names, grads):
     """DGL's per-relation GATConv gradients in HectorRGAT's stacked layout (W, attn_l, attn_r, bias)."""
     by = dict(zip([n for n, _ in conv.named_parameters()], grads, strict=True))
-    return [torch.stack([by[f"mods.{r}.fc.weight"].t() for r in names]),
-            torch.stack([by[f"mods.{r}.attn_l"][0] for r in names]),
-            torch.stack([by[f"mods.{r}.attn_r"][0] for r in names]),
-            torch.stack([by[f"mods.{r}.bias"] for r in names])]
+    return [
+        torch.stack([by[f"mods.{r}.fc.weight"].t() for r in names]),
+        torch.stack([by[f"mods.{r}.attn_l"][0] for r in names]),
+        torch.stack([by[f"mods.{r}.attn_r"][0] for r in names]),
+        torch.stack([by[f"mods.{r}.bias"] for r in names]),
+    ]
 
 
 @pytest.mark.parametrize("reorder", ["never", "always", "auto"])
@@ -141,11 +169,11 @@ def test_rgat_node_softmax_equals_listing_3_1_in_plain_torch(graph):
     x = _x()
     out = hec(g, x, gd["etype"])
     src, dst, et = gd["src"], gd["dst"], gd["etype"]
-    hs = torch.einsum("ei,eio->eo", x[src], hec.W[et]).view(E, 2, 4)   # e.src.feature * W[e.etype]
+    hs = torch.einsum("ei,eio->eo", x[src], hec.W[et]).view(E, 2, 4)  # e.src.feature * W[e.etype]
     ht = torch.einsum("ei,eio->eo", x[dst], hec.W[et]).view(E, 2, 4)
     att = torch.nn.functional.leaky_relu((hs * hec.attn_l[et]).sum(-1) + (ht * hec.attn_r[et]).sum(-1), 0.2)
     att = att.exp()
-    att = att / torch.zeros(N, 2, dtype=F64).index_add(0, dst, att)[dst]   # softmax over all in-edges of dst
+    att = att / torch.zeros(N, 2, dtype=F64).index_add(0, dst, att)[dst]  # softmax over all in-edges of dst
     ref = torch.zeros(N, 2, 4, dtype=F64).index_add(0, dst, hs * att.unsqueeze(-1))
     _close(out, ref)
 
@@ -169,11 +197,16 @@ def test_install_hector_swaps_dgl_modules_in_place_sharing_parameters(graph):
     swapped = install_hector(net, {"gemm": "loop"})
     assert swapped == {"rgcn": "HectorRelGraphConv", "hgt": "HectorHGTConv"}
     assert isinstance(net.rgcn, HectorRelGraphConv) and isinstance(net.hgt, dgl.nn.HGTConv)
-    assert all(a is b for a, b in zip(params, net.parameters(), strict=True))  # an optimizer built before still applies
+    assert all(
+        a is b for a, b in zip(params, net.parameters(), strict=True)
+    )  # an optimizer built before still applies
     _close(net(g, x), before)
     assert install_hector(nn.Sequential(dgl.nn.GraphConv(4, 4)), {"enabled": False}) == {}
-    with pytest.raises(ValueError, match=r"holds no dgl.nn.RelGraphConv or dgl.nn.HGTConv.*\['GraphConv'\].*"
-                                         r"hector.enabled=false"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds no dgl.nn.RelGraphConv or dgl.nn.HGTConv.*\['GraphConv'\].*"
+        r"hector.enabled=false",
+    ):
         install_hector(nn.Sequential(dgl.nn.GraphConv(4, 4)))
     with pytest.raises(ValueError, match=r"unknown hector key\(s\) \['tile'\]"):
         install_hector(net, {"tile": 16})
@@ -240,10 +273,14 @@ def test_no_layer_materialises_per_edge_weights(graph):
     with _LargestTensor() as probe:
         replicated_typed_linear(_x(d_in)[gd["src"]], gd["etype"], torch.randn(R, d_in, d_out, dtype=F64))
     assert probe.largest >= per_edge_weights
-    layers = [(HectorRelGraphConv(d_in, d_out, R).double(), lambda m, x: m(g, x, gd["etype"])),
-              (HectorHGTConv(d_in, 4, 2, NT, R, dropout=0.0).double(),
-               lambda m, x: m(g, x, gd["ntype"], gd["etype"])),
-              (HectorRGAT(d_in, 4, 2, R).double(), lambda m, x: m(g, x, gd["etype"]))]
+    layers = [
+        (HectorRelGraphConv(d_in, d_out, R).double(), lambda m, x: m(g, x, gd["etype"])),
+        (
+            HectorHGTConv(d_in, 4, 2, NT, R, dropout=0.0).double(),
+            lambda m, x: m(g, x, gd["ntype"], gd["etype"]),
+        ),
+        (HectorRGAT(d_in, 4, 2, R).double(), lambda m, x: m(g, x, gd["etype"])),
+    ]
     for layer, call in layers:
         x = _x(d_in)
         call(layer, x)  # graph layout built and cached outside the probe

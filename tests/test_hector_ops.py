@@ -60,8 +60,9 @@ def test_segment_mm_equals_one_matmul_per_type_forward_bitwise_and_backward():
     assert ptr.tolist() == [0, 3, 3, 5, 9]
     x, w = _leaf(9, 6), _leaf(4, 6, 5, seed=1)
     y = segment_mm(x, w, ptr, gemm="loop")
-    ref = torch.cat([x[a:b] @ w[t] for t, (a, b) in enumerate(zip(ptr[:-1].tolist(), ptr[1:].tolist(),
-                                                                   strict=True))])
+    ref = torch.cat(
+        [x[a:b] @ w[t] for t, (a, b) in enumerate(zip(ptr[:-1].tolist(), ptr[1:].tolist(), strict=True))]
+    )
     assert torch.equal(y, ref)
     got, want = _grads(y, [x, w]), _grads(ref, [x, w])
     for a, b in zip(got, want, strict=True):
@@ -132,7 +133,9 @@ def test_compact_rows_counts_unique_source_type_pairs_exactly():
     g = _graph()
     rows = compact_rows(g["src"], g["etype"], 60, 5)
     assert rows.num_rows == len(set(zip(g["src"].tolist(), g["etype"].tolist(), strict=True)))
-    assert torch.equal(rows.node[rows.edge_row], g["src"]) and torch.equal(rows.etype[rows.edge_row], g["etype"])
+    assert torch.equal(rows.node[rows.edge_row], g["src"]) and torch.equal(
+        rows.etype[rows.edge_row], g["etype"]
+    )
     van = vanilla_rows(g["src"], g["etype"], 60, 5)
     assert van.num_rows == 700 and van.ratio == 1.0 and not van.compact
     assert torch.equal(van.node[van.edge_row], g["src"]) and torch.equal(van.etype[van.edge_row], g["etype"])
@@ -226,7 +229,10 @@ def test_fold_attention_reorders_without_changing_the_score():
 def test_plan_fold_counts_multiply_adds_and_picks_the_cheaper_order():
     # destination term (no product reused): unfolded rows*in*out + rows*out, folded types*in*out + rows*in*heads
     p = plan_fold(rows=1000, num_types=4, d_in=64, d_out=64, heads=1)
-    assert (p.macs_unfolded, p.macs_folded) == (1000 * 64 * 64 + 1000 * 64, 4 * 64 * 64 + 1000 * 64) and p.fold
+    assert (p.macs_unfolded, p.macs_folded) == (
+        1000 * 64 * 64 + 1000 * 64,
+        4 * 64 * 64 + 1000 * 64,
+    ) and p.fold
     # source term whose message h W_r is computed anyway: only the dot product is extra, so folding loses
     p = plan_fold(rows=1000, num_types=4, d_in=64, d_out=64, heads=1, product_available=True)
     assert p.macs_unfolded == 1000 * 64 and not p.fold
@@ -259,8 +265,10 @@ def test_hector_config_refuses_unknown_keys_and_bad_values_by_name():
 
 
 def test_typed_graph_is_seeded_skewed_and_validated():
-    a, b = typed_graph(num_nodes=500, num_edges=5000, num_etypes=8), typed_graph(num_nodes=500, num_edges=5000,
-                                                                               num_etypes=8)
+    a, b = (
+        typed_graph(num_nodes=500, num_edges=5000, num_etypes=8),
+        typed_graph(num_nodes=500, num_edges=5000, num_etypes=8),
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert a["src"].shape == a["dst"].shape == a["etype"].shape == (5000,) and a["ntype"].shape == (500,)
     counts = torch.bincount(a["etype"], minlength=8)
@@ -269,8 +277,10 @@ def test_typed_graph_is_seeded_skewed_and_validated():
     assert deg[:5].sum() > 0.05 * 5000  # hub sources: 1 % of the nodes hold > 5 % of the edges
     assert torch.equal(a["ntype"], a["ntype"].sort().values) and int(a["ntype"].max()) == 3
     heavy = typed_graph(num_nodes=500, num_edges=5000, num_etypes=8, hub_alpha=2.0)
-    assert compact_rows(heavy["src"], heavy["etype"], 500, 8).ratio < compact_rows(a["src"], a["etype"], 500,
-                                                                                   8).ratio
+    assert (
+        compact_rows(heavy["src"], heavy["etype"], 500, 8).ratio
+        < compact_rows(a["src"], a["etype"], 500, 8).ratio
+    )
     with pytest.raises(ValueError, match="bad hub_alpha=1.0"):
         typed_graph(TypedGraphSpec(hub_alpha=1.0))
 

@@ -25,25 +25,33 @@ from flowlane.hermod.matching import (
 from flowlane.sim.workloads import zipf_token_matrix
 
 HAVE_CC = shutil.which(os.environ.get("CC", "cc")) is not None
-needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler ($CC or cc) on PATH: only the Python planner exists")
+needs_cc = pytest.mark.skipif(
+    not HAVE_CC, reason="no C compiler ($CC or cc) on PATH: only the Python planner exists"
+)
 
 
 def _random(r: random.Random, n: int) -> list[list[int]]:
     skew = r.random() * 2
     dens = r.choice((0.1, 0.5, 0.8, 1.0))
-    return [[int(r.paretovariate(1 + skew) * 5) if r.random() < dens else 0 for _ in range(n)] for _ in range(n)]
+    return [
+        [int(r.paretovariate(1 + skew) * 5) if r.random() < dens else 0 for _ in range(n)] for _ in range(n)
+    ]
 
 
 def _adversarial(n: int) -> list[tuple[str, list[list[int]]]]:
     one_row = [[7] * n] + [[0] * n for _ in range(n - 1)]
     one_col = [[5 if j == 0 else 0 for j in range(n)] for _ in range(n)]
-    return [("zeros", [[0] * n for _ in range(n)]), ("one hot row", one_row), ("one hot column", one_col),
-            ("all equal", [[3] * n for _ in range(n)]),
-            ("skewed", [[(i * 7 + j * 3) % 11 * 10 ** ((i + j) % 4) for j in range(n)] for i in range(n)]),
-            ("single entry", [[9 if (i, j) == (n - 1, 0) else 0 for j in range(n)] for i in range(n)]),
-            ("diagonal only", [[4 if i == j else 0 for j in range(n)] for i in range(n)]),
-            ("permutation", [[2 ** 20 if j == (i + 1) % n else 0 for j in range(n)] for i in range(n)]),
-            ("big values", [[(i + 1) * (j + 2) * 10 ** 9 for j in range(n)] for i in range(n)])]
+    return [
+        ("zeros", [[0] * n for _ in range(n)]),
+        ("one hot row", one_row),
+        ("one hot column", one_col),
+        ("all equal", [[3] * n for _ in range(n)]),
+        ("skewed", [[(i * 7 + j * 3) % 11 * 10 ** ((i + j) % 4) for j in range(n)] for i in range(n)]),
+        ("single entry", [[9 if (i, j) == (n - 1, 0) else 0 for j in range(n)] for i in range(n)]),
+        ("diagonal only", [[4 if i == j else 0 for j in range(n)] for i in range(n)]),
+        ("permutation", [[2**20 if j == (i + 1) % n else 0 for j in range(n)] for i in range(n)]),
+        ("big values", [[(i + 1) * (j + 2) * 10**9 for j in range(n)] for i in range(n)]),
+    ]
 
 
 def _same(T, algorithms=("bvn", "bvn_bottleneck", "alg3")) -> None:
@@ -82,10 +90,12 @@ def test_compiled_planner_equals_python_on_zipf_dispatch_matrices(ep):
     for skew in (0.0, 1.2):
         m = zipf_token_matrix(rng, ep, 4 * ep, 512 if ep > 8 else 4096, 2, skew).tolist()
         for alg in ("bvn", "bvn_bottleneck"):
-            assert plan_all_to_all(m, 1, alg, impl="c", cache=False) == \
-                plan_all_to_all(m, 1, alg, impl="python", cache=False)
-        assert plan_all_to_all(m, 16, "bvn", impl="c", cache=False) == \
-            plan_all_to_all(m, 16, "bvn", impl="python", cache=False)
+            assert plan_all_to_all(m, 1, alg, impl="c", cache=False) == plan_all_to_all(
+                m, 1, alg, impl="python", cache=False
+            )
+        assert plan_all_to_all(m, 16, "bvn", impl="c", cache=False) == plan_all_to_all(
+            m, 16, "bvn", impl="python", cache=False
+        )
 
 
 @needs_cc
@@ -113,8 +123,14 @@ def test_fallback_when_the_compiler_is_missing(monkeypatch, tmp_path):
     """A fresh kernel whose build fails (no compiler): one warning, then the Python planner, same plans."""
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("FLOWLANE_CACHE", str(tmp_path))
-    k = M.CKernel(M._KERNEL.src, "bvn_test", M._CFLAGS, M._declare, "flowlane.hermod: C phase planner",
-                  "using the pure-Python planner")
+    k = M.CKernel(
+        M._KERNEL.src,
+        "bvn_test",
+        M._CFLAGS,
+        M._declare,
+        "flowlane.hermod: C phase planner",
+        "using the pure-Python planner",
+    )
     monkeypatch.setattr(M, "_KERNEL", k)
     T = [[0, 1, 2], [2, 0, 1], [1, 2, 0]]
     with pytest.warns(UserWarning, match="C phase planner unavailable"):
@@ -145,13 +161,13 @@ def test_bad_input_is_refused_naming_the_value(impl):
 
 
 def test_values_beyond_the_kernels_range_use_the_python_planner():
-    T = [[0, 2 ** 62], [5, 0]]
+    T = [[0, 2**62], [5, 0]]
     assert bvn_phases(T) == bvn_phases(T, impl="python")
-    T = [[0, 2 ** 70], [5, 0]]  # beyond int64
+    T = [[0, 2**70], [5, 0]]  # beyond int64
     ph = bvn_phases(T)
     check_phases(T, ph)
     with pytest.raises(ValueError, match="impl='c' requested"):
-        bvn_phases([[0, 2 ** 62], [5, 0]], impl="c")
+        bvn_phases([[0, 2**62], [5, 0]], impl="c")
 
 
 def test_plan_cache_hits_return_the_same_plan_and_stay_bounded():
@@ -165,8 +181,12 @@ def test_plan_cache_hits_return_the_same_plan_and_stay_bounded():
         b.clear()  # the caller owns the list it got
         assert plan_all_to_all(T) == a
         assert plan_cache_info()["hits"] == 2
-        assert plan_all_to_all(T, algorithm="bvn_bottleneck") == bvn_phases(T, "bottleneck")  # keyed by algorithm
-        assert plan_all_to_all(T, quantum=2) == bvn_phases([[0, 3, 1], [2, 0, 1], [2, 2, 0]])  # and by quantum
+        assert plan_all_to_all(T, algorithm="bvn_bottleneck") == bvn_phases(
+            T, "bottleneck"
+        )  # keyed by algorithm
+        assert plan_all_to_all(T, quantum=2) == bvn_phases(
+            [[0, 3, 1], [2, 0, 1], [2, 2, 0]]
+        )  # and by quantum
         for k in range(5):
             plan_all_to_all([[0, k + 1], [1, 0]])
         assert plan_cache_info()["size"] == 3

@@ -15,9 +15,16 @@ from deepspeed_plugin.hermod import parse_hermod_section  # noqa: E402
 
 
 def _ds_config(hermod: bool, zero: int) -> dict:
-    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
-           "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.05}}, "wall_clock_breakdown": False,
-           "zero_optimization": {"stage": zero, "reduce_bucket_size": 200}, "zero_allow_untested_optimizer": True}
+    cfg = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 4,
+        "steps_per_print": 1000,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+        "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": zero, "reduce_bucket_size": 200},
+        "zero_allow_untested_optimizer": True,
+    }
     if hermod:
         cfg["flowlane"] = {"hermod": {"enabled": True, "gate_timeout_s": 0.02, "layers_per_stage": 2}}
     return cfg
@@ -43,9 +50,17 @@ def _train(rank: int, world: int) -> dict:
     out = {}
     for zero, hermod in ((0, False), (0, True), (1, False), (1, True)):
         torch.manual_seed(0)
-        net = PipelineModule([LayerSpec(torch.nn.Linear, 8, 16), LayerSpec(torch.nn.ReLU),
-                              LayerSpec(torch.nn.Linear, 16, 16), LayerSpec(torch.nn.Linear, 16, 4)],
-                             num_stages=2, loss_fn=torch.nn.CrossEntropyLoss(), partition_method="uniform")
+        net = PipelineModule(
+            [
+                LayerSpec(torch.nn.Linear, 8, 16),
+                LayerSpec(torch.nn.ReLU),
+                LayerSpec(torch.nn.Linear, 16, 16),
+                LayerSpec(torch.nn.Linear, 16, 4),
+            ],
+            num_stages=2,
+            loss_fn=torch.nn.CrossEntropyLoss(),
+            partition_method="uniform",
+        )
         cfg = _ds_config(hermod, zero)
         engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
         h = install(engine, cfg)
@@ -81,13 +96,19 @@ def test_deepspeed_pipeline_hermod_keeps_the_math_and_keys_p2p_with_microbatch_i
                 for op in {e[1] for e in log if e[0] == "critical"}:
                     mbs = [e[2] for e in log if e[0] == "critical" and e[1] == op and e[3] == it]
                     assert mbs == list(range(4)), (zero, op, it, mbs)  # microbatch ids in schedule order
-                assert [e for e in log if e[0] == "chunk" and e[3] == it], zero  # ReduceGrads went through the pacer
+                assert [e for e in log if e[0] == "chunk" and e[3] == it], (
+                    zero
+                )  # ReduceGrads went through the pacer
             # every gradient reduction of DeepSpeed's own run is issued by the pacer under a DP key
             reduce_ops = ("all_reduce", "reduce", "reduce_scatter_tensor")
-            ours = sorted((op, n) for op, n, t, c in herm["records"] if op in reduce_ops and t == "pacer" and c == "dp")
+            ours = sorted(
+                (op, n) for op, n, t, c in herm["records"] if op in reduce_ops and t == "pacer" and c == "dp"
+            )
             theirs = sorted((op, n) for op, n, t, _ in base["records"] if op in reduce_ops and n > 1)
             assert ours == theirs and ours, zero
-            assert not [x for x in herm["records"] if x[0] in reduce_ops and x[2] == "main" and x[1] > 1], zero
+            assert not [x for x in herm["records"] if x[0] in reduce_ops and x[2] == "main" and x[1] > 1], (
+                zero
+            )
 
 
 def test_hermod_section_is_parsed_strictly_and_only_its_own_subsection():

@@ -16,7 +16,9 @@ def test_pp_keys_count_microbatches_per_direction_and_name_the_boundary_layer() 
     assert {m.layer for m in sends} == {7} and {m.ctype for m in sends} == {"pp"}
     assert k.pp("recv_prev").microbatch == 0  # each direction counts on its own
     assert k.pp("recv_prev").layer == 3 and k.pp("send_prev").layer == 3 and k.pp("recv_next").layer == 7
-    assert HermodKeys(num_microbatches=2, layers_per_stage=4, stage=0).pp("recv_prev").layer == 0  # clamped at 0
+    assert (
+        HermodKeys(num_microbatches=2, layers_per_stage=4, stage=0).pp("recv_prev").layer == 0
+    )  # clamped at 0
     k.end_iteration()
     m = k.pp("send_next")
     assert (m.iteration, m.microbatch) == (1, 0)
@@ -30,7 +32,9 @@ def test_dp_reductions_carry_the_last_microbatch_and_gathers_the_first() -> None
     # with dp_mid="consumer" the gather of the next iteration's first layer goes before this iteration's reduction
     p = HermodPolicy(HermodOrderConfig(4, dp_mid="consumer"))
     assert p.priority(k.dp_gather(4, iteration=1)) < p.priority(r)
-    assert HermodPolicy(HermodOrderConfig(4)).priority(k.pp("send_next")) < HermodPolicy(HermodOrderConfig(4)).priority(r)
+    assert HermodPolicy(HermodOrderConfig(4)).priority(k.pp("send_next")) < HermodPolicy(
+        HermodOrderConfig(4)
+    ).priority(r)
 
 
 def test_keys_are_numbered_in_issue_order_by_the_given_sequence() -> None:
@@ -65,14 +69,36 @@ def test_interleaved_pp_keys_follow_the_virtual_microbatch_order_of_each_directi
     s0 = HermodKeys(num_microbatches=4, layers_per_stage=2, stage=0, num_stages=2, virtual_chunks=2)
     assert s0.chunk_layers(0) == (0, 0) and s0.chunk_layers(1) == (2, 2)
     sends = [s0.pp("send_next") for _ in range(8)]  # every forward of both chunks goes to stage 1
-    assert [(m.microbatch, m.layer) for m in sends] == [(0, 0), (1, 0), (0, 2), (1, 2), (2, 0), (3, 0), (2, 2), (3, 2)]
+    assert [(m.microbatch, m.layer) for m in sends] == [
+        (0, 0),
+        (1, 0),
+        (0, 2),
+        (1, 2),
+        (2, 0),
+        (3, 0),
+        (2, 2),
+        (3, 2),
+    ]
     # stage 0's chunk 0 is the first virtual stage: only chunk 1 receives activations (from stage 1's chunk 0)
     recvs = [s0.pp("recv_prev") for _ in range(4)]
     assert [(m.microbatch, m.layer) for m in recvs] == [(0, 1), (1, 1), (2, 1), (3, 1)]
     s1 = HermodKeys(num_microbatches=4, layers_per_stage=2, stage=1, num_stages=2, virtual_chunks=2)
     # stage 1's chunk 1 is the last virtual stage: only chunk 0 sends on; backward runs the chunks in reverse
-    assert [(m.microbatch, m.layer) for m in (s1.pp("send_next") for _ in range(4))] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert [(m.microbatch, m.layer) for m in (s1.pp("send_next") for _ in range(4))] == [
+        (0, 1),
+        (1, 1),
+        (2, 1),
+        (3, 1),
+    ]
     assert [(m.microbatch, m.layer) for m in (s1.pp("send_prev") for _ in range(8))] == [
-        (0, 2), (1, 2), (0, 0), (1, 0), (2, 2), (3, 2), (2, 0), (3, 0)]
+        (0, 2),
+        (1, 2),
+        (0, 0),
+        (1, 0),
+        (2, 2),
+        (3, 2),
+        (2, 0),
+        (3, 0),
+    ]
     with pytest.raises(ValueError, match="layers_per_stage=3 must be divisible by virtual_chunks=2"):
         HermodKeys(num_microbatches=4, layers_per_stage=3, stage=0, num_stages=2, virtual_chunks=2)

@@ -13,7 +13,9 @@ from flowlane.hermod.matching import algorithm3_phases, bvn_phases, check_phases
 def _random_matrix(r: random.Random) -> list[list[int]]:
     n = r.randint(2, 7)
     skew = r.random() * 2
-    return [[int(r.paretovariate(1 + skew) * 5) if r.random() < 0.8 else 0 for _ in range(n)] for _ in range(n)]
+    return [
+        [int(r.paretovariate(1 + skew) * 5) if r.random() < 0.8 else 0 for _ in range(n)] for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("matching", ["bottleneck", "first"])
@@ -134,8 +136,11 @@ def test_auto_candidates_are_checked_and_the_warm_up_uses_the_first_matched_one(
     assert check_candidates("plain, alg3,bvn") == ("plain", "alg3", "bvn")
     assert check_candidates(["bvn_bottleneck", "bvn"]) == ("bvn_bottleneck", "bvn")
     for bad in ("plain", "plain,plain", "plain,auto", "bvn,fastest", ""):
-        with pytest.raises(ValueError, match=r"auto candidates \[.*\] must be two or more distinct names of "
-                                             r"\['bvn', 'bvn_bottleneck', 'alg3', 'plain'\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"auto candidates \[.*\] must be two or more distinct names of "
+            r"\['bvn', 'bvn_bottleneck', 'alg3', 'plain'\]",
+        ):
             check_candidates(bad)
     runner = AllToAllRunner("auto", candidates=("plain", "alg3", "bvn"))
     assert runner.current == "alg3" and list(runner.probe_seconds) == ["plain", "alg3", "bvn"]

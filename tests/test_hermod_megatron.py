@@ -14,9 +14,21 @@ import pytest
 pytestmark = pytest.mark.llm
 pytest.importorskip("megatron.core")
 
-RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
-              seq_length=16, micro_batch_size=2, num_microbatches=3, iterations=2, progress=False, timeout_s=150,
-              dp_bucket_bytes=8192)
+RECIPE = dict(
+    num_ranks=4,
+    pipeline_parallel=2,
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    vocab_size=64,
+    seq_length=16,
+    micro_batch_size=2,
+    num_microbatches=3,
+    iterations=2,
+    progress=False,
+    timeout_s=150,
+    dp_bucket_bytes=8192,
+)
 HERMOD = {"name": "hermod", "gate_timeout_s": 0.02}
 
 
@@ -25,16 +37,28 @@ def _both(rank: int, world: int) -> dict:
 
     out = {}
     keep = ("losses", "param_digest", "pp_stage", "bytes_by_kind")
-    ops = lambda r: [e["args"] | {"name": e["name"]} for e in r["trace"] if e.get("ph") == "X" and "kind" in e.get("args", {})]  # noqa: E731
+
+    def ops(r):
+        return [
+            e["args"] | {"name": e["name"]}
+            for e in r["trace"]
+            if e.get("ph") == "X" and "kind" in e.get("args", {})
+        ]
+
     seen = 0  # the process-wide recorder is append-only: each run's ops follow the earlier runs'
     # Megatron-core's DDP with --overlap-grad-reduce (the recipe's default), then with its distributed optimizer
     # and --overlap-param-gather, each without and with Hermod
-    for name, flags in (("ddp", {}), ("dist_opt", {"distributed_optimizer": True, "overlap_param_gather": True})):
+    for name, flags in (
+        ("ddp", {}),
+        ("dist_opt", {"distributed_optimizer": True, "overlap_param_gather": True}),
+    ):
         base = train_rank(rank, world, asdict(GPTRecipe(**RECIPE, **flags)))
         herm = train_rank(rank, world, asdict(GPTRecipe(**RECIPE, **flags, features={"scheduler": HERMOD})))
         base_ops, herm_ops = ops(base), ops(herm)
-        out[name] = {"base": {k: base[k] for k in keep} | {"ops": base_ops[seen:]},
-                     "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops[len(base_ops):]}}
+        out[name] = {
+            "base": {k: base[k] for k in keep} | {"ops": base_ops[seen:]},
+            "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops[len(base_ops) :]},
+        }
         seen = len(herm_ops)
     return out
 
@@ -50,8 +74,13 @@ def test_recipe_on_megatron_ddp_bitwise_equal_with_and_without_hermod_and_pp_ops
             assert b["param_digest"] == h["param_digest"], name
             # Megatron's own buckets (the recorder's pp/ep counts are cumulative over the process's runs)
             assert b["bytes_by_kind"]["dp"] == h["bytes_by_kind"]["dp"] > 0, name
-            pp_mbs = {int(m.group(1)) for o in h["ops"] if o["kind"] == "pp"
-                      for m in [re.search(r"microbatch=(\d+)", o["key"] or "")] if m}
+            pp_mbs = {
+                int(m.group(1))
+                for o in h["ops"]
+                if o["kind"] == "pp"
+                for m in [re.search(r"microbatch=(\d+)", o["key"] or "")]
+                if m
+            }
             assert pp_mbs == set(range(RECIPE["num_microbatches"])), name
             assert all(o["key"] is None for o in b["ops"]), name
     assert any(x["hermod"]["losses"] for r in res for x in r.values())
@@ -62,8 +91,9 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
     from megatron_plugin.hermod import HermodConfig, config_from_args
 
     p = add_flowlane_args(argparse.ArgumentParser())
-    args = p.parse_args(["--coflow-scheduler", "hermod", "--hermod-dp-mid", "consumer",
-                         "--hermod-max-inflight-buckets", "1"])
+    args = p.parse_args(
+        ["--coflow-scheduler", "hermod", "--hermod-dp-mid", "consumer", "--hermod-max-inflight-buckets", "1"]
+    )
     cfg = config_from_args(args)
     assert cfg == HermodConfig(name="hermod", dp_mid="consumer", max_inflight_buckets=1)
     with pytest.raises(SystemExit):  # a bucket group is never split: there is no chunk size to set
@@ -79,32 +109,69 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
         HermodConfig(max_inflight_buckets=0)
     # pacer knobs have no effect where NCCL's program-order launch runs: refused, not ignored
     assert HermodConfig().scheduler_config("nccl").launch == "program_order"
-    with pytest.raises(ValueError, match=r"gate_timeout_s=0.02: .* no effect under launch=program_order .*auto.*nccl"):
+    with pytest.raises(
+        ValueError, match=r"gate_timeout_s=0.02: .* no effect under launch=program_order .*auto.*nccl"
+    ):
         HermodConfig(gate_timeout_s=0.02).scheduler_config("nccl")
     assert HermodConfig(gate_timeout_s=0.02, launch="pacer").scheduler_config("nccl").gate_timeout_s == 0.02
     assert HermodConfig(gate_timeout_s=0.02).scheduler_config("gloo").launch == "pacer"
-    assert config_from_args(p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm",
-                                          "bvn_bottleneck"])).ep_algorithm == "bvn_bottleneck"
-    assert config_from_args(p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm",
-                                          "auto"])).ep_algorithm == "auto"
-    with pytest.raises(ValueError, match=r"ep_algorithm 'bvm' is not one of \['bvn', 'bvn_bottleneck', 'alg3', "
-                                         r"'plain', 'auto'\]"):
+    assert (
+        config_from_args(
+            p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm", "bvn_bottleneck"])
+        ).ep_algorithm
+        == "bvn_bottleneck"
+    )
+    assert (
+        config_from_args(
+            p.parse_args(["--coflow-scheduler", "hermod", "--hermod-ep-algorithm", "auto"])
+        ).ep_algorithm
+        == "auto"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"ep_algorithm 'bvm' is not one of \['bvn', 'bvn_bottleneck', 'alg3', "
+        r"'plain', 'auto'\]",
+    ):
         HermodConfig(ep_algorithm="bvm")  # type: ignore[arg-type]
     assert config_from_args(p.parse_args([])).ep_auto_candidates == ("plain", "bvn")
-    assert config_from_args(p.parse_args(["--hermod-ep-algorithm", "auto", "--hermod-ep-auto-candidates",
-                                          "plain,bvn,alg3"])).ep_auto_candidates == ("plain", "bvn", "alg3")
-    assert HermodConfig.from_dict({"ep_auto_candidates": ["alg3", "plain"]}).ep_auto_candidates == ("alg3", "plain")
-    assert config_from_args(p.parse_args(["--hermod-ep-auto-probe-iterations", "4"])).ep_auto_probe_iterations == 4
+    assert config_from_args(
+        p.parse_args(["--hermod-ep-algorithm", "auto", "--hermod-ep-auto-candidates", "plain,bvn,alg3"])
+    ).ep_auto_candidates == ("plain", "bvn", "alg3")
+    assert HermodConfig.from_dict({"ep_auto_candidates": ["alg3", "plain"]}).ep_auto_candidates == (
+        "alg3",
+        "plain",
+    )
+    assert (
+        config_from_args(p.parse_args(["--hermod-ep-auto-probe-iterations", "4"])).ep_auto_probe_iterations
+        == 4
+    )
     with pytest.raises(ValueError, match="ep_auto_probe_iterations must be an integer >= 1, got 0"):
         HermodConfig(ep_auto_probe_iterations=0)
-    with pytest.raises(ValueError, match=r"auto candidates \['plain', 'bvm'\] must be two or more distinct names"):
+    with pytest.raises(
+        ValueError, match=r"auto candidates \['plain', 'bvm'\] must be two or more distinct names"
+    ):
         config_from_args(p.parse_args(["--hermod-ep-auto-candidates", "plain,bvm"]))
 
 
 # -- MoE: expert parameters over the expert-DP group, EP all-to-all through flowlane.comm ---------------------------
-MOE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
-           seq_length=16, micro_batch_size=2, num_microbatches=3, iterations=2, progress=False, timeout_s=200,
-           dp_bucket_bytes=8192, num_moe_experts=4, expert_parallel=2, moe_router_topk=2)
+MOE = dict(
+    num_ranks=4,
+    pipeline_parallel=2,
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    vocab_size=64,
+    seq_length=16,
+    micro_batch_size=2,
+    num_microbatches=3,
+    iterations=2,
+    progress=False,
+    timeout_s=200,
+    dp_bucket_bytes=8192,
+    num_moe_experts=4,
+    expert_parallel=2,
+    moe_router_topk=2,
+)
 
 
 # EP 4 over PP1 x DP4: the matched all-to-all runs as incast-free phases (isend/irecv); EP 2 has no incast to avoid
@@ -117,25 +184,48 @@ def _both_moe(rank: int, world: int, cfg: dict, hermod: dict) -> dict:
 
     base = train_rank(rank, world, asdict(GPTRecipe(**cfg)))
     herm = train_rank(rank, world, asdict(GPTRecipe(**cfg, features={"scheduler": hermod})))
-    ops = lambda r: [e["args"] | {"name": e["name"]} for e in r["trace"] if e.get("ph") == "X" and "kind" in e.get("args", {})]  # noqa: E731
+
+    def ops(r):
+        return [
+            e["args"] | {"name": e["name"]}
+            for e in r["trace"]
+            if e.get("ph") == "X" and "kind" in e.get("args", {})
+        ]
+
     base_ops = ops(base)
-    herm_ops = ops(herm)[len(base_ops):]
+    herm_ops = ops(herm)[len(base_ops) :]
     keep = ("losses", "param_digest", "pp_stage", "bytes_by_kind", "feature_stats")
-    return {"base": {k: base[k] for k in keep} | {"ops": base_ops}, "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops}}
+    return {
+        "base": {k: base[k] for k in keep} | {"ops": base_ops},
+        "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops},
+    }
 
 
-@pytest.mark.parametrize(("cfg", "hermod", "ep_ops"), [
-    # EP 4 with one gloo communicator per Hermod class (all on loopback): the all-to-alls on the critical clone
-    (MOE, HERMOD, {"all_to_all"}), (MOE_EP4, {**HERMOD, "gloo_class_ifnames": "lo,lo,lo"}, {"isend", "irecv"}),
-    # auto over 6 iterations, three candidates timed one iteration each: 0 warms up (not recorded), 1-3 run plain,
-    # BvN and Algorithm 3 phases, the end of 3 decides (all-reduce + broadcast, on every rank through
-    # Hermod.end_iteration; with the default two probe iterations it would not decide within 6), 4-5 run the choice
-    (dict(MOE_EP4, iterations=6), {**HERMOD, "ep_algorithm": "auto", "ep_auto_candidates": "plain,bvn,alg3",
-                                   "ep_auto_probe_iterations": 1},
-     {"all_to_all", "isend", "irecv", "all_reduce", "broadcast"}),
-], ids=["pp2-ep2", "pp1-ep4", "pp1-ep4-auto"])
-def test_moe_identical_with_and_without_hermod_experts_stay_off_the_dp_group(cfg: dict, hermod: dict,
-                                                                             ep_ops: set) -> None:
+@pytest.mark.parametrize(
+    ("cfg", "hermod", "ep_ops"),
+    [
+        # EP 4 with one gloo communicator per Hermod class (all on loopback): the all-to-alls on the critical clone
+        (MOE, HERMOD, {"all_to_all"}),
+        (MOE_EP4, {**HERMOD, "gloo_class_ifnames": "lo,lo,lo"}, {"isend", "irecv"}),
+        # auto over 6 iterations, three candidates timed one iteration each: 0 warms up (not recorded), 1-3 run plain,
+        # BvN and Algorithm 3 phases, the end of 3 decides (all-reduce + broadcast, on every rank through
+        # Hermod.end_iteration; with the default two probe iterations it would not decide within 6), 4-5 run the choice
+        (
+            dict(MOE_EP4, iterations=6),
+            {
+                **HERMOD,
+                "ep_algorithm": "auto",
+                "ep_auto_candidates": "plain,bvn,alg3",
+                "ep_auto_probe_iterations": 1,
+            },
+            {"all_to_all", "isend", "irecv", "all_reduce", "broadcast"},
+        ),
+    ],
+    ids=["pp2-ep2", "pp1-ep4", "pp1-ep4-auto"],
+)
+def test_moe_identical_with_and_without_hermod_experts_stay_off_the_dp_group(
+    cfg: dict, hermod: dict, ep_ops: set
+) -> None:
     """Bitwise at DP 2 and DP 4: Hermod defers Megatron's own bucket-group reductions, it does not re-chunk them."""
     from flowlane.launch import launch
     from recipes.gpt import GPTRecipe
@@ -173,7 +263,12 @@ def _repeated_runs(rank: int, world: int) -> list:
 
     dist_opt = {"distributed_optimizer": True, "overlap_param_gather": True}
     seen = []
-    for kw in ({**dist_opt, "features": {"scheduler": HERMOD}}, dist_opt, {"features": {"scheduler": HERMOD}}, {}):
+    for kw in (
+        {**dist_opt, "features": {"scheduler": HERMOD}},
+        dist_opt,
+        {"features": {"scheduler": HERMOD}},
+        {},
+    ):
         train_rank(rank, world, asdict(GPTRecipe(**dict(RECIPE, iterations=2), **kw)))
         seen.append((threads(), len(c10d._world.pg_map)))
     return seen
@@ -206,8 +301,11 @@ def test_megatron_lm_configurations_hermod_cannot_schedule_are_refused_with_the_
     assert "FSDP" in check_hermod_args(args(use_torch_fsdp2=True))
     assert check_hermod_args(args(virtual_pipeline_model_parallel_size=2)) == ""  # the interleaved schedule
     assert "does not match the pipeline schedule (interleaved)" in check_hermod_args(
-        args(virtual_pipeline_model_parallel_size=2, hermod_schedule="1f1b"))
-    assert "does not match the pipeline schedule (1F1B)" in check_hermod_args(args(hermod_schedule="interleaved"))
+        args(virtual_pipeline_model_parallel_size=2, hermod_schedule="1f1b")
+    )
+    assert "does not match the pipeline schedule (1F1B)" in check_hermod_args(
+        args(hermod_schedule="interleaved")
+    )
     assert "allgather" in check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="allgather"))
     assert check_hermod_args(args(num_experts=4, moe_token_dispatcher_type="alltoall")) == ""
     from types import SimpleNamespace
@@ -218,7 +316,9 @@ def test_megatron_lm_configurations_hermod_cannot_schedule_are_refused_with_the_
     with pytest.raises(ValueError, match="moe_token_dispatcher_type='flex' is not scheduled"):
         Hermod.patch_moe_dispatcher(object(), SimpleNamespace(moe_token_dispatcher_type="flex"))  # type: ignore[arg-type]
     built = []
-    hooks = FlowlaneHooks(lambda **kw: built.append(kw), lambda *a: None, get_args=lambda: args(overlap_grad_reduce=False))
+    hooks = FlowlaneHooks(
+        lambda **kw: built.append(kw), lambda *a: None, get_args=lambda: args(overlap_grad_reduce=False)
+    )
     with pytest.raises(ValueError, match="cannot run with this configuration: add --overlap-grad-reduce"):
         hooks.model_provider(pre_process=True, post_process=True)
     assert built == []  # refused before the model is built

@@ -21,8 +21,18 @@ M, ITERATIONS = 3, 3
 #: microbatches per iteration in the API runs: a changing count (batch-size ramp-up); Megatron's no_sync marks the
 #: last microbatch, Hermod reads the next count at the end of each iteration
 RAMP = (3, 2, 4)
-RECIPE = dict(num_ranks=4, pipeline_parallel=2, num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64,
-              seq_length=16, micro_batch_size=2, num_microbatches=M, iterations=ITERATIONS)
+RECIPE = dict(
+    num_ranks=4,
+    pipeline_parallel=2,
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    vocab_size=64,
+    seq_length=16,
+    micro_batch_size=2,
+    num_microbatches=M,
+    iterations=ITERATIONS,
+)
 
 
 def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) * ITERATIONS) -> dict:
@@ -58,32 +68,54 @@ def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) 
     hooks = None
     with comm.owned_process_groups():
         ps.initialize_model_parallel(pipeline_model_parallel_size=2)
-        init_num_microbatches_calculator(torch.distributed.get_rank(), None, M * recipe.micro_batch_size * 2,
-                                         recipe.micro_batch_size, 2)
+        init_num_microbatches_calculator(
+            torch.distributed.get_rank(), None, M * recipe.micro_batch_size * 2, recipe.micro_batch_size, 2
+        )
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
             if mode == "megatron_lm":  # what pretrain_gpt.py + add_flowlane_args give a Megatron-LM run
                 os.makedirs(tmp, exist_ok=True)  # offload.dirs must exist (OffloadConfig creates none)
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(
-                    ["--coflow-scheduler", "hermod", "--hermod-gate-timeout-s", "0.02", "--ssd-offload",
-                     "--ssd-offload-dirs", tmp, "--ssd-offload-cpu-tensors", "--ssd-offload-min-bytes", "4096",
-                     "--ssd-offload-keep-last-k", "0"])
+                    [
+                        "--coflow-scheduler",
+                        "hermod",
+                        "--hermod-gate-timeout-s",
+                        "0.02",
+                        "--ssd-offload",
+                        "--ssd-offload-dirs",
+                        tmp,
+                        "--ssd-offload-cpu-tensors",
+                        "--ssd-offload-min-bytes",
+                        "4096",
+                        "--ssd-offload-keep-last-k",
+                        "0",
+                    ]
+                )
                 args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, 2
                 args.overlap_grad_reduce, args.use_distributed_optimizer = True, dist_opt
-                hooks = FlowlaneHooks(lambda **kw: build_model(recipe)[0], forward_step, get_args=lambda: args)
-                module = hooks.model_provider(pre_process=ps.is_pipeline_first_stage(),
-                                              post_process=ps.is_pipeline_last_stage())
+                hooks = FlowlaneHooks(
+                    lambda **kw: build_model(recipe)[0], forward_step, get_args=lambda: args
+                )
+                module = hooks.model_provider(
+                    pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage()
+                )
                 config = module.config
                 forward_step = hooks.forward_step
             else:
                 module, config = build_model(recipe)
-            ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
-                                                       use_distributed_optimizer=dist_opt,
-                                                       overlap_param_gather=dist_opt, bucket_size=3000)
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=True,
+                use_distributed_optimizer=dist_opt,
+                overlap_param_gather=dist_opt,
+                bucket_size=3000,
+            )
             model = DistributedDataParallel(config, ddp_config, module)
-            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0,
-                                                         use_distributed_optimizer=dist_opt), [model])
+            opt = get_megatron_optimizer(
+                OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0, use_distributed_optimizer=dist_opt),
+                [model],
+            )
             config.no_sync_func = model.no_sync
             config.finalize_model_grads_func = finalize_model_grads
             if dist_opt:
@@ -91,9 +123,14 @@ def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) 
             out: dict = {"refused": None}
             h = None
             if mode == "api":
-                h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=ms[0], layers_per_stage=1,
-                           stage=ps.get_pipeline_model_parallel_rank(), num_stages=2,
-                           dp_group=ps.get_data_parallel_group(with_context_parallel=True))
+                h = Hermod(
+                    HermodConfig(gate_timeout_s=0.02),
+                    num_microbatches=ms[0],
+                    layers_per_stage=1,
+                    stage=ps.get_pipeline_model_parallel_rank(),
+                    num_stages=2,
+                    dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+                )
                 try:
                     h.attach_ddp([module])
                 except TypeError as e:
@@ -101,23 +138,35 @@ def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) 
                 h.attach_pipeline()
                 ddp_hooks = h.attach_ddp([model])
                 h.attach_finalize(config, iter(ms[1:] + ms[-1:]).__next__)
-                groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
-                          for bg in model.bucket_groups]
-                out["on_clones"] = all(g is not ps.get_data_parallel_group(with_context_parallel=True)
-                                       and torch.distributed.get_process_group_ranks(g)
-                                       == torch.distributed.get_process_group_ranks(
-                                           ps.get_data_parallel_group(with_context_parallel=True)) for g in groups)
+                groups = [
+                    bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
+                    for bg in model.bucket_groups
+                ]
+                out["on_clones"] = all(
+                    g is not ps.get_data_parallel_group(with_context_parallel=True)
+                    and torch.distributed.get_process_group_ranks(g)
+                    == torch.distributed.get_process_group_ranks(
+                        ps.get_data_parallel_group(with_context_parallel=True)
+                    )
+                    for g in groups
+                )
                 out["bucket_groups"] = ddp_hooks.bucket_groups
             fwd_bwd = get_forward_backward_func()
             losses = []
             for it in range(ITERATIONS):
                 model.zero_grad_buffer()
                 opt.zero_grad()
-                res = fwd_bwd(forward_step_func=forward_step,
-                              data_iterator=synthetic_batches(replace(recipe, num_microbatches=ms[it]),
-                                                              ps.get_data_parallel_rank(), it), model=[model],
-                              num_microbatches=ms[it], seq_length=recipe.seq_length,
-                              micro_batch_size=recipe.micro_batch_size, forward_only=False)
+                res = fwd_bwd(
+                    forward_step_func=forward_step,
+                    data_iterator=synthetic_batches(
+                        replace(recipe, num_microbatches=ms[it]), ps.get_data_parallel_rank(), it
+                    ),
+                    model=[model],
+                    num_microbatches=ms[it],
+                    seq_length=recipe.seq_length,
+                    micro_batch_size=recipe.micro_batch_size,
+                    forward_only=False,
+                )
                 opt.step()
                 if res:
                     losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
@@ -125,25 +174,34 @@ def _train(dist_opt: bool, mode: str, tmp: str = "", ms: tuple[int, ...] = (M,) 
                 h = hooks.hermod
                 hooks.offload.wait_io()  # a store still queued counts when it runs
                 out["offloaded"] = hooks.offload.stats.bytes_written + hooks.offload.stats.bytes_cancelled
-                groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
-                          for bg in model.bucket_groups]
-                out["on_clones"] = all(g is not ps.get_data_parallel_group(with_context_parallel=True)
-                                       for g in groups)
+                groups = [
+                    bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
+                    for bg in model.bucket_groups
+                ]
+                out["on_clones"] = all(
+                    g is not ps.get_data_parallel_group(with_context_parallel=True) for g in groups
+                )
                 out["bucket_groups"] = len(model.bucket_groups)
             if dist_opt:
                 model.start_param_sync(force_sync=True)  # the last step's shards, gathered
             out["params"] = [p.detach().clone() for p in model.parameters()]
             out["losses"] = losses
             if h is not None:
-                out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
-                              for e in h.sched.log]
+                out["log"] = [
+                    (e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
+                    for e in h.sched.log
+                ]
                 if hooks is not None:
                     hooks.close()
                 else:
                     h.close()
-                groups = [bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
-                          for bg in model.bucket_groups]
-                out["restored"] = all(g is ps.get_data_parallel_group(with_context_parallel=True) for g in groups)
+                groups = [
+                    bg.intra_distributed_optimizer_instance_group if dist_opt else bg.data_parallel_group
+                    for bg in model.bucket_groups
+                ]
+                out["restored"] = all(
+                    g is ps.get_data_parallel_group(with_context_parallel=True) for g in groups
+                )
             return out
         finally:
             destroy_num_microbatches_calculator()
@@ -163,13 +221,22 @@ def _both(rank: int, world: int, tmp: str) -> dict:
     res = {}
     for dist_opt, mode in ((False, "api"), (True, "megatron_lm")):
         ms = RAMP if mode == "api" else (M,) * ITERATIONS
-        base, herm = _train(dist_opt, "stock", ms=ms), _train(dist_opt, mode, os.path.join(tmp, f"rank{rank}"), ms)
-        res[dist_opt] = {"offloaded": herm.get("offloaded"),
-            "losses_equal": base["losses"] == herm["losses"], "losses": herm["losses"],
-            "params_equal": len(base["params"]) == len(herm["params"]) and all(
-                torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
-            "log": herm["log"], "on_clones": herm["on_clones"], "restored": herm["restored"],
-            "bucket_groups": herm["bucket_groups"], "refused": herm["refused"]}
+        base, herm = (
+            _train(dist_opt, "stock", ms=ms),
+            _train(dist_opt, mode, os.path.join(tmp, f"rank{rank}"), ms),
+        )
+        res[dist_opt] = {
+            "offloaded": herm.get("offloaded"),
+            "losses_equal": base["losses"] == herm["losses"],
+            "losses": herm["losses"],
+            "params_equal": len(base["params"]) == len(herm["params"])
+            and all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
+            "log": herm["log"],
+            "on_clones": herm["on_clones"],
+            "restored": herm["restored"],
+            "bucket_groups": herm["bucket_groups"],
+            "refused": herm["refused"],
+        }
     return res
 
 
@@ -194,7 +261,9 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             # one deferred coflow per bucket group and iteration, keyed (MID M-1, DP, the group's highest layer)
             assert len(dp) == x["bucket_groups"] * ITERATIONS, (rank, dist_opt, dp)
             ms = (M,) * ITERATIONS if dist_opt else RAMP
-            assert {e[1] for e in dp} == {"dp"} and all(e[4] == ms[e[3]] - 1 for e in dp)  # MID M-1 of its iteration
+            assert {e[1] for e in dp} == {"dp"} and all(
+                e[4] == ms[e[3]] - 1 for e in dp
+            )  # MID M-1 of its iteration
             assert {e[2] for e in dp} == {"reduce_scatter" if dist_opt else "all_reduce"}
             assert {e[3] for e in dp} == set(range(ITERATIONS))
             assert {e[5] for e in dp} <= {stage}  # one layer per stage
@@ -203,11 +272,15 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             gathers = [e for e in log if e[0] == "chunk" and e[2] == "all_gather"]
             if dist_opt:
                 assert gathers and {e[1] for e in gathers} == {"dp"} and {e[4] for e in gathers} == {0}
-                assert {e[3] for e in gathers} <= set(range(ITERATIONS + 1)) and {e[5] for e in gathers} <= {stage}
+                assert {e[3] for e in gathers} <= set(range(ITERATIONS + 1)) and {e[5] for e in gathers} <= {
+                    stage
+                }
             else:
                 assert gathers == []
             pp = [e for e in log if e[0] == "critical"]
-            for it in range(ITERATIONS):  # every microbatch's p2p is a critical op, keyed with its microbatch id
+            for it in range(
+                ITERATIONS
+            ):  # every microbatch's p2p is a critical op, keyed with its microbatch id
                 mbs = sorted(e[4] for e in pp if e[3] == it)
                 assert mbs and set(mbs) == set(range(ms[it])), (rank, it, mbs)
         if stage == 1:
@@ -251,38 +324,90 @@ def _train_layout(name: str, hermod: bool) -> dict:
 
     lay = LAYOUTS[name]
     vpp, m = lay.get("vpp"), lay.get("m", M)
-    recipe = GPTRecipe(**{**RECIPE, "pipeline_parallel": lay["pp"], "num_layers": 4 if vpp else RECIPE["num_layers"],
-                          "num_microbatches": m})
+    recipe = GPTRecipe(
+        **{
+            **RECIPE,
+            "pipeline_parallel": lay["pp"],
+            "num_layers": 4 if vpp else RECIPE["num_layers"],
+            "num_microbatches": m,
+        }
+    )
     with comm.owned_process_groups():
-        ps.initialize_model_parallel(tensor_model_parallel_size=lay["tp"], pipeline_model_parallel_size=lay["pp"],
-                                     expert_model_parallel_size=lay["ep"], virtual_pipeline_model_parallel_size=vpp)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=lay["tp"],
+            pipeline_model_parallel_size=lay["pp"],
+            expert_model_parallel_size=lay["ep"],
+            virtual_pipeline_model_parallel_size=vpp,
+        )
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
-            moe = {} if lay["experts"] is None else dict(
-                num_moe_experts=lay["experts"], moe_router_topk=2, expert_model_parallel_size=lay["ep"],
-                moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False, moe_aux_loss_coeff=0.0)
-            interleaved = {} if vpp is None else dict(virtual_pipeline_model_parallel_size=vpp,
-                                                      overlap_p2p_comm=True, batch_p2p_comm=False)
+            moe = (
+                {}
+                if lay["experts"] is None
+                else dict(
+                    num_moe_experts=lay["experts"],
+                    moe_router_topk=2,
+                    expert_model_parallel_size=lay["ep"],
+                    moe_token_dispatcher_type="alltoall",
+                    moe_grouped_gemm=False,
+                    moe_aux_loss_coeff=0.0,
+                )
+            )
+            interleaved = (
+                {}
+                if vpp is None
+                else dict(
+                    virtual_pipeline_model_parallel_size=vpp, overlap_p2p_comm=True, batch_p2p_comm=False
+                )
+            )
             config = TransformerConfig(
-                num_layers=recipe.num_layers, hidden_size=recipe.hidden_size,
-                num_attention_heads=recipe.num_attention_heads, use_cpu_initialization=True,
-                pipeline_model_parallel_size=lay["pp"], tensor_model_parallel_size=lay["tp"],
-                sequence_parallel=lay["sp"], pipeline_dtype=torch.float32, params_dtype=torch.float32,
-                bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-                bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-                hidden_dropout=0.0, attention_dropout=0.0, **moe, **interleaved)
+                num_layers=recipe.num_layers,
+                hidden_size=recipe.hidden_size,
+                num_attention_heads=recipe.num_attention_heads,
+                use_cpu_initialization=True,
+                pipeline_model_parallel_size=lay["pp"],
+                tensor_model_parallel_size=lay["tp"],
+                sequence_parallel=lay["sp"],
+                pipeline_dtype=torch.float32,
+                params_dtype=torch.float32,
+                bias_activation_fusion=False,
+                masked_softmax_fusion=False,
+                persist_layer_norm=False,
+                bias_dropout_fusion=False,
+                gradient_accumulation_fusion=False,
+                apply_rope_fusion=False,
+                hidden_dropout=0.0,
+                attention_dropout=0.0,
+                **moe,
+                **interleaved,
+            )
             chunks = []
             for vp in range(vpp or 1):  # as Megatron-LM's get_model builds the model chunks
                 stage = dict(ignore_virtual=False, vp_stage=vp) if vpp else {}
-                module = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(
-                    num_experts=lay["experts"], moe_grouped_gemm=False), vocab_size=recipe.vocab_size,
-                    max_sequence_length=recipe.seq_length, pre_process=ps.is_pipeline_first_stage(**stage),
-                    post_process=ps.is_pipeline_last_stage(**stage), share_embeddings_and_output_weights=lay["tied"],
-                    position_embedding_type="learned_absolute", **({"vp_stage": vp} if vpp else {}))
-                chunks.append(DistributedDataParallel(config, DistributedDataParallelConfig(
-                    grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=3000), module,
-                    disable_bucketing=vp > 0))
+                module = GPTModel(
+                    config=config,
+                    transformer_layer_spec=get_gpt_layer_local_spec(
+                        num_experts=lay["experts"], moe_grouped_gemm=False
+                    ),
+                    vocab_size=recipe.vocab_size,
+                    max_sequence_length=recipe.seq_length,
+                    pre_process=ps.is_pipeline_first_stage(**stage),
+                    post_process=ps.is_pipeline_last_stage(**stage),
+                    share_embeddings_and_output_weights=lay["tied"],
+                    position_embedding_type="learned_absolute",
+                    **({"vp_stage": vp} if vpp else {}),
+                )
+                chunks.append(
+                    DistributedDataParallel(
+                        config,
+                        DistributedDataParallelConfig(
+                            grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=3000
+                        ),
+                        module,
+                        disable_bucketing=vp > 0,
+                    )
+                )
             opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), chunks)
             if vpp:  # what Megatron-LM's train() sets for several chunks
                 config.no_sync_func = [c.no_sync for c in chunks]
@@ -293,13 +418,20 @@ def _train_layout(name: str, hermod: bool) -> dict:
             h = None
             if hermod:
                 launch = lay.get("launch", "auto")
-                h = Hermod(HermodConfig(gate_timeout_s=0.02 if launch != "program_order" else 0.05,
-                                        schedule="interleaved" if vpp else "1f1b", launch=launch),
-                           num_microbatches=m, layers_per_stage=recipe.num_layers // lay["pp"],
-                           stage=ps.get_pipeline_model_parallel_rank(), num_stages=lay["pp"],
-                           dp_group=ps.get_data_parallel_group(with_context_parallel=True),
-                           expert_dp_group=ps.get_expert_data_parallel_group() if lay["experts"] else None,
-                           virtual_chunks=vpp or 1)
+                h = Hermod(
+                    HermodConfig(
+                        gate_timeout_s=0.02 if launch != "program_order" else 0.05,
+                        schedule="interleaved" if vpp else "1f1b",
+                        launch=launch,
+                    ),
+                    num_microbatches=m,
+                    layers_per_stage=recipe.num_layers // lay["pp"],
+                    stage=ps.get_pipeline_model_parallel_rank(),
+                    num_stages=lay["pp"],
+                    dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+                    expert_dp_group=ps.get_expert_data_parallel_group() if lay["experts"] else None,
+                    virtual_chunks=vpp or 1,
+                )
                 h.attach_pipeline()
                 h.attach_ddp(chunks)
                 h.attach_finalize(config)
@@ -312,18 +444,28 @@ def _train_layout(name: str, hermod: bool) -> dict:
                     c.zero_grad_buffer()
                 opt.zero_grad()
                 data = [synthetic_batches(recipe, ps.get_data_parallel_rank(), it) for _ in chunks]
-                res = fwd_bwd(forward_step_func=partial(_forward_step, recipe=recipe),
-                              data_iterator=data if vpp else data[0], model=chunks,
-                              num_microbatches=m, seq_length=recipe.seq_length,
-                              micro_batch_size=recipe.micro_batch_size, forward_only=False)
+                res = fwd_bwd(
+                    forward_step_func=partial(_forward_step, recipe=recipe),
+                    data_iterator=data if vpp else data[0],
+                    model=chunks,
+                    num_microbatches=m,
+                    seq_length=recipe.seq_length,
+                    micro_batch_size=recipe.micro_batch_size,
+                    forward_only=False,
+                )
                 opt.step()
                 if res:
                     losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
-            out = {"params": [p.detach().clone() for c in chunks for p in c.parameters()], "losses": losses,
-                   "expert_groups": sum(len(c.expert_parallel_bucket_groups) for c in chunks)}
+            out = {
+                "params": [p.detach().clone() for c in chunks for p in c.parameters()],
+                "losses": losses,
+                "expert_groups": sum(len(c.expert_parallel_bucket_groups) for c in chunks),
+            }
             if h is not None:
-                out["log"] = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
-                              for e in h.sched.log]
+                out["log"] = [
+                    (e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer)
+                    for e in h.sched.log
+                ]
                 h.close()
             return out
         finally:
@@ -341,15 +483,21 @@ def _layouts(rank: int, world: int, tmp: str) -> dict:
     res = {}
     for name in LAYOUTS:
         base, herm = _train_layout(name, False), _train_layout(name, True)
-        res[name] = {"losses_equal": base["losses"] == herm["losses"], "losses": herm["losses"],
-                     "params_equal": len(base["params"]) == len(herm["params"]) and all(
-                         torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
-                     "log": herm["log"], "expert_groups": herm["expert_groups"]}
+        res[name] = {
+            "losses_equal": base["losses"] == herm["losses"],
+            "losses": herm["losses"],
+            "params_equal": len(base["params"]) == len(herm["params"])
+            and all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
+            "log": herm["log"],
+            "expert_groups": herm["expert_groups"],
+        }
     base = _checkpoint_resume(False, os.path.join(tmp, "stock"))
     herm = _checkpoint_resume(True, os.path.join(tmp, "hermod"))
-    res["checkpoint"] = {"restored": base["restored"] and herm["restored"], "log": herm["log"],
-                         "params_equal": all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"],
-                                                                               strict=True))}
+    res["checkpoint"] = {
+        "restored": base["restored"] and herm["restored"],
+        "log": herm["log"],
+        "params_equal": all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
+    }
     return res
 
 
@@ -368,7 +516,11 @@ def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise
         for name, x in r.items():
             assert x["losses_equal"] and x["params_equal"], (rank, name)
             dp = [e for e in x["log"] if e[0] == "chunk"]
-            assert {e[3] for e in dp} == set(range(ITERATIONS)), (rank, name, dp)  # reductions every iteration
+            assert {e[3] for e in dp} == set(range(ITERATIONS)), (
+                rank,
+                name,
+                dp,
+            )  # reductions every iteration
         il = [e for e in r["interleaved_vpp2"]["log"] if e[0] == "critical" and e[1] == "pp"]
         stage = rank // 2
         # every microbatch's overlapped p2p is a keyed critical op; the layers name both chunks' boundaries
@@ -410,16 +562,29 @@ def _checkpoint_resume(hermod: bool, ckpt_dir: str) -> dict:
         torch.manual_seed(0)
         model_parallel_cuda_manual_seed(0)
         module, config = build_model(recipe)
-        model = DistributedDataParallel(config, DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=True, bucket_size=3000),
-            module)
-        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True),
-                                     [model])
+        model = DistributedDataParallel(
+            config,
+            DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=True,
+                use_distributed_optimizer=True,
+                bucket_size=3000,
+            ),
+            module,
+        )
+        opt = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True), [model]
+        )
         config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
         if hermod:
-            h = Hermod(HermodConfig(gate_timeout_s=0.02), num_microbatches=M, layers_per_stage=1,
-                       stage=ps.get_pipeline_model_parallel_rank(), num_stages=2,
-                       dp_group=ps.get_data_parallel_group(with_context_parallel=True))
+            h = Hermod(
+                HermodConfig(gate_timeout_s=0.02),
+                num_microbatches=M,
+                layers_per_stage=1,
+                stage=ps.get_pipeline_model_parallel_rank(),
+                num_stages=2,
+                dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+            )
             h.attach_pipeline()
             h.attach_ddp([model])
             h.attach_finalize(config)
@@ -430,9 +595,14 @@ def _checkpoint_resume(hermod: bool, ckpt_dir: str) -> dict:
         model.zero_grad_buffer()
         opt.zero_grad()
         get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, recipe=recipe), model=[model],
-            data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it), num_microbatches=M,
-            seq_length=recipe.seq_length, micro_batch_size=recipe.micro_batch_size, forward_only=False)
+            forward_step_func=partial(_forward_step, recipe=recipe),
+            model=[model],
+            data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it),
+            num_microbatches=M,
+            seq_length=recipe.seq_length,
+            micro_batch_size=recipe.micro_batch_size,
+            forward_only=False,
+        )
         opt.step()
 
     with comm.owned_process_groups():
@@ -445,7 +615,9 @@ def _checkpoint_resume(hermod: bool, ckpt_dir: str) -> dict:
             if torch.distributed.get_rank() == 0:
                 os.makedirs(ckpt_dir, exist_ok=True)
             torch.distributed.barrier()
-            dist_checkpointing.save({"model": sd, "optimizer": opt.sharded_state_dict(sd, metadata=meta)}, ckpt_dir)
+            dist_checkpointing.save(
+                {"model": sd, "optimizer": opt.sharded_state_dict(sd, metadata=meta)}, ckpt_dir
+            )
             saved = [p.detach().clone() for p in model.parameters()]
             for h in hermods:
                 h.close()
@@ -455,14 +627,19 @@ def _checkpoint_resume(hermod: bool, ckpt_dir: str) -> dict:
             opt2.chained_optimizers[0]._init_optimizer_states_with_dummy_values()
             sd2 = model2.module.sharded_state_dict()
             loaded = dist_checkpointing.load(
-                {"model": sd2, "optimizer": opt2.sharded_state_dict(sd2, is_loading=True, metadata=meta)}, ckpt_dir)
+                {"model": sd2, "optimizer": opt2.sharded_state_dict(sd2, is_loading=True, metadata=meta)},
+                ckpt_dir,
+            )
             model2.module.load_state_dict(loaded["model"])
             with torch.no_grad():
                 opt2.load_state_dict(loaded["optimizer"])
             restored = all(torch.equal(a, b) for a, b in zip(saved, model2.parameters(), strict=True))
             step(model2, opt2, 2)
-            out = {"restored": restored, "params": [p.detach().clone() for p in model2.parameters()],
-                   "log": [e.event for h in hermods for e in h.sched.log]}
+            out = {
+                "restored": restored,
+                "params": [p.detach().clone() for p in model2.parameters()],
+                "log": [e.event for h in hermods for e in h.sched.log],
+            }
             for h in hermods:
                 h.close()
             return out

@@ -15,12 +15,20 @@ from flowlane.policy import CTYPES
 def _random_keys(n: int, seed: int) -> list[CoflowKey]:
     r = random.Random(seed)
     ops = ["all_gather", "reduce_scatter", "dispatch", "send_fwd"]
-    return [CoflowKey(r.randint(0, 2), r.randint(0, 5), r.choice(CTYPES), r.randint(0, 7), r.choice(ops))
-            for _ in range(n)]
+    return [
+        CoflowKey(r.randint(0, 2), r.randint(0, 5), r.choice(CTYPES), r.randint(0, 7), r.choice(ops))
+        for _ in range(n)
+    ]
 
 
-@pytest.mark.parametrize("cfg", [HermodOrderConfig(6, "1f1b", "last"), HermodOrderConfig(6, "interleaved", "consumer"),
-                                 HermodOrderConfig(None, "1f1b", "consumer")])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        HermodOrderConfig(6, "1f1b", "last"),
+        HermodOrderConfig(6, "interleaved", "consumer"),
+        HermodOrderConfig(None, "1f1b", "consumer"),
+    ],
+)
 def test_order_is_transitive_antisymmetric_and_total_on_random_keys(cfg):
     order = HermodOrder(cfg)
     keys = list(set(_random_keys(60, 7)))
@@ -36,7 +44,11 @@ def test_printed_conditional_rule_has_a_cycle_but_lexicographic_order_does_not()
     b = CoflowKey(0, 0, "dp", 2)
     c = CoflowKey(0, 2, "ep", 1)
     # digest A2.4: A > C by MID, C > B by LID, B > A by LID
-    assert thesis_conditional_before(a, c) and thesis_conditional_before(c, b) and thesis_conditional_before(b, a)
+    assert (
+        thesis_conditional_before(a, c)
+        and thesis_conditional_before(c, b)
+        and thesis_conditional_before(b, a)
+    )
     order = HermodOrder(HermodOrderConfig(4))
     ranked = sorted([a, b, c], key=order.sort_key)
     assert ranked == [a, c, b]

@@ -90,14 +90,22 @@ def test_a_healthy_run_longer_than_the_stall_timeout_is_not_killed():
 
 def test_start_up_has_its_own_timeout():
     # a start-up (imports, rendezvous) slower than the stall timeout is not a stall
-    assert L.launch(quick, 2, args=(_SlowToUnpickle(6),), timeout=2, startup_timeout=300, backend=None) == [0, 1]
+    assert L.launch(quick, 2, args=(_SlowToUnpickle(6),), timeout=2, startup_timeout=300, backend=None) == [
+        0,
+        1,
+    ]
     with pytest.raises(L.RankTimeoutError, match=r"did not start within 1 s") as e:
         L.launch(quick, 2, args=(_SlowToUnpickle(60),), timeout=300, startup_timeout=1, backend=None)
     assert e.value.ranks == [0, 1] and e.value.phase == "start-up"
 
 
-@pytest.mark.parametrize("kw, match", [({"startup_timeout": 0}, "startup_timeout must be > 0 seconds, got 0"),
-                                       ({"op_timeout": -1}, "op_timeout must be > 0 seconds, got -1")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"startup_timeout": 0}, "startup_timeout must be > 0 seconds, got 0"),
+        ({"op_timeout": -1}, "op_timeout must be > 0 seconds, got -1"),
+    ],
+)
 def test_launch_rejects_bad_timeouts(kw, match):
     with pytest.raises(ValueError, match=match):
         L.launch(quick, 2, args=(None,), **kw)
@@ -131,25 +139,34 @@ def test_a_stopped_rank_is_blamed_when_its_peers_collectives_time_out_first():
 
 
 # ------------------------------------------------------------------------------------------------ 3. signals
-def _start_launcher(tmp_path: Path, world: int, exit_hook_hangs: bool = False
-                    ) -> tuple[subprocess.Popen, Path, Path, Path]:
+def _start_launcher(
+    tmp_path: Path, world: int, exit_hook_hangs: bool = False
+) -> tuple[subprocess.Popen, Path, Path, Path]:
     target, pids, tmp = tmp_path / "offload", tmp_path / "pids", tmp_path / "tmp"
     for d in (target, pids, tmp):
         d.mkdir()
-    code = ("import sys\n"
-            "from flowlane import launch as L\n"
-            "from tests.test_launch_faults import hold_a_run_dir\n"
-            "try:\n"
-            f"    L.launch(hold_a_run_dir, {world}, args=({str(target)!r}, {str(pids)!r}, {exit_hook_hangs}),"
-            " timeout=600,"
-            " backend=None)\n"
-            "except L.LaunchInterrupted as e:\n"
-            "    sys.exit(128 + e.signum)\n")
+    code = (
+        "import sys\n"
+        "from flowlane import launch as L\n"
+        "from tests.test_launch_faults import hold_a_run_dir\n"
+        "try:\n"
+        f"    L.launch(hold_a_run_dir, {world}, args=({str(target)!r}, {str(pids)!r}, {exit_hook_hangs}),"
+        " timeout=600,"
+        " backend=None)\n"
+        "except L.LaunchInterrupted as e:\n"
+        "    sys.exit(128 + e.signum)\n"
+    )
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
     # output to a file, not a pipe: an orphaned rank would hold a pipe open and hide the launcher's exit
     with open(tmp_path / "launcher.log", "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 300
     while len(list(pids.glob("*.pid"))) < world:
         assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
@@ -166,8 +183,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("signum, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
-                         ids=["SIGTERM to the launcher", "Ctrl-C to the process group"])
+@pytest.mark.parametrize(
+    "signum, to_group",
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["SIGTERM to the launcher", "Ctrl-C to the process group"],
+)
 def test_a_signal_to_the_launcher_stops_every_rank_and_removes_their_directories(tmp_path, signum, to_group):
     world = 2
     proc, target, pids, tmp = _start_launcher(tmp_path, world)
@@ -222,20 +242,23 @@ def test_a_stack_is_read_only_once_the_rank_has_finished_writing_it(tmp_path):
     rest; the launcher waits for it instead of reading the first bytes."""
     from types import SimpleNamespace
 
-    code = ("import faulthandler, signal, sys, time\n"
-            "f = open(sys.argv[1], 'w')\n"
-            "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)\n"
-            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
-            "f.write('first thread\\n'); f.flush()\n"
-            "print('ready', flush=True)\n"
-            "while signal.SIGUSR1 not in signal.sigpending():\n"
-            "    time.sleep(0.01)\n"
-            "time.sleep(0.5)\n"
-            "f.write('the main thread, where it is stuck\\n'); f.flush()\n"
-            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})\n"
-            "time.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "stack.0")], stdout=subprocess.PIPE,
-                            text=True)
+    code = (
+        "import faulthandler, signal, sys, time\n"
+        "f = open(sys.argv[1], 'w')\n"
+        "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+        "f.write('first thread\\n'); f.flush()\n"
+        "print('ready', flush=True)\n"
+        "while signal.SIGUSR1 not in signal.sigpending():\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(0.5)\n"
+        "f.write('the main thread, where it is stuck\\n'); f.flush()\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "stack.0")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline() == "ready\n"
         rank = SimpleNamespace(proc=SimpleNamespace(pid=proc.pid, is_alive=lambda: proc.poll() is None))

@@ -16,9 +16,20 @@ def test_ruff_reports_no_problems():
         ruff = shutil.which("ruff")
     if ruff is None:
         pytest.fail("ruff is not installed in this lane (it is in the dev dependency group)")
-    paths = ["flowlane", "megatron_plugin", "deepspeed_plugin", "dgl_plugin", "recipes", "benchmarks", "tests"]
+    paths = [
+        "flowlane",
+        "megatron_plugin",
+        "deepspeed_plugin",
+        "dgl_plugin",
+        "recipes",
+        "benchmarks",
+        "tests",
+    ]
     r = subprocess.run([str(ruff), "check", *paths], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:]
+    # formatted once with `ruff format` (the commit is in .git-blame-ignore-revs) and kept so
+    r = subprocess.run([str(ruff), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, "run `ruff format .`:\n" + r.stdout[-4000:]
 
 
 @pytest.mark.once

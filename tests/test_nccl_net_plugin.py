@@ -25,8 +25,10 @@ SO = BUILD / "libnccl-net-flowlane.so"
 DRIVER = BUILD / "fl_driver"
 NETNS = PLUGIN_DIR / "scripts" / "netns.sh"
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,
-                                reason="needs make and gcc to build the plugin")
+pytestmark = pytest.mark.skipif(
+    shutil.which("make") is None or shutil.which("gcc") is None,
+    reason="needs make and gcc to build the plugin",
+)
 
 
 def _make(*targets: str) -> None:
@@ -38,11 +40,17 @@ def built() -> None:
     _make("all")
 
 
-def _driver(*args: str, env: dict[str, str] | None = None, timeout: int = 60, driver: Path = DRIVER,
-            plugin: Path = SO) -> subprocess.CompletedProcess[str]:
+def _driver(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 60, driver: Path = DRIVER, plugin: Path = SO
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "FLOWLANE_SOCKET_IFNAME": "lo", **(env or {})}
-    return subprocess.run([str(driver), "--plugin", str(plugin), *args], env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(driver), "--plugin", str(plugin), *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _assert_pass(res: subprocess.CompletedProcess[str], scenario: str) -> None:
@@ -52,9 +60,13 @@ def _assert_pass(res: subprocess.CompletedProcess[str], scenario: str) -> None:
 
 # -- contract with the Python side ---------------------------------------------------------------------------------
 
+
 def _c_defines() -> dict[str, str]:
     text = (PLUGIN_DIR / "include" / "flowlane_net.h").read_text()
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^#define\s+(\w+)\s+(.+?)\s*(?:/\*.*)?$", text, re.M)}
+    return {
+        m.group(1): m.group(2).strip()
+        for m in re.finditer(r"^#define\s+(\w+)\s+(.+?)\s*(?:/\*.*)?$", text, re.M)
+    }
 
 
 def _c_int(defs: dict[str, str], name: str) -> int:
@@ -71,17 +83,30 @@ def _c_str(defs: dict[str, str], name: str) -> str:
 
 def test_python_class_constants_match_the_c_header() -> None:
     d = _c_defines()
-    assert (_c_int(d, "FL_CLASS_CRITICAL"), _c_int(d, "FL_CLASS_HIGH"), _c_int(d, "FL_CLASS_DEFAULT"),
-            _c_int(d, "FL_CLASS_BULK")) == (wc.CLASS_CRITICAL, wc.CLASS_HIGH, wc.CLASS_DEFAULT, wc.CLASS_BULK)
+    assert (
+        _c_int(d, "FL_CLASS_CRITICAL"),
+        _c_int(d, "FL_CLASS_HIGH"),
+        _c_int(d, "FL_CLASS_DEFAULT"),
+        _c_int(d, "FL_CLASS_BULK"),
+    ) == (wc.CLASS_CRITICAL, wc.CLASS_HIGH, wc.CLASS_DEFAULT, wc.CLASS_BULK)
     assert _c_int(d, "FL_NUM_CLASSES") == wc.NUM_CLASSES
     assert tuple(_c_int(d, f"FL_DSCP_CLASS{i}") for i in range(wc.NUM_CLASSES)) == wc.CLASS_DSCP
     assert tuple(_c_int(d, f"FL_SOPRIO_CLASS{i}") for i in range(wc.NUM_CLASSES)) == wc.CLASS_SO_PRIORITY
-    assert (_c_int(d, "FL_SELECTOR_LEO"), _c_int(d, "FL_SELECTOR_ROUND_ROBIN"),
-            _c_int(d, "FL_SELECTOR_GREEDY")) == (wc.SELECTOR_LEO, wc.SELECTOR_ROUND_ROBIN, wc.SELECTOR_GREEDY)
-    for c_name, py in [("FL_ENV_SOCKET_IFNAME", wc.ENV_SOCKET_IFNAME), ("FL_ENV_LANES", wc.ENV_LANES),
-                       ("FL_ENV_TRAFFIC_CLASS", wc.ENV_TRAFFIC_CLASS), ("FL_ENV_PATHS", wc.ENV_PATHS),
-                       ("FL_ENV_PATH_SELECTOR", wc.ENV_PATH_SELECTOR), ("FL_ENV_CHUNK_BYTES", wc.ENV_CHUNK_BYTES),
-                       ("FL_ENV_LANE_CAP_BYTES", wc.ENV_LANE_CAP_BYTES), ("FL_ENV_TIMEOUT_MS", wc.ENV_TIMEOUT_MS)]:
+    assert (
+        _c_int(d, "FL_SELECTOR_LEO"),
+        _c_int(d, "FL_SELECTOR_ROUND_ROBIN"),
+        _c_int(d, "FL_SELECTOR_GREEDY"),
+    ) == (wc.SELECTOR_LEO, wc.SELECTOR_ROUND_ROBIN, wc.SELECTOR_GREEDY)
+    for c_name, py in [
+        ("FL_ENV_SOCKET_IFNAME", wc.ENV_SOCKET_IFNAME),
+        ("FL_ENV_LANES", wc.ENV_LANES),
+        ("FL_ENV_TRAFFIC_CLASS", wc.ENV_TRAFFIC_CLASS),
+        ("FL_ENV_PATHS", wc.ENV_PATHS),
+        ("FL_ENV_PATH_SELECTOR", wc.ENV_PATH_SELECTOR),
+        ("FL_ENV_CHUNK_BYTES", wc.ENV_CHUNK_BYTES),
+        ("FL_ENV_LANE_CAP_BYTES", wc.ENV_LANE_CAP_BYTES),
+        ("FL_ENV_TIMEOUT_MS", wc.ENV_TIMEOUT_MS),
+    ]:
         assert _c_str(d, c_name) == py, c_name
     assert _c_int(d, "FL_DEFAULT_LANES") == wc.DEFAULT_LANES
     assert _c_int(d, "FL_DEFAULT_TRAFFIC_CLASS") == wc.DEFAULT_TRAFFIC_CLASS
@@ -102,8 +127,11 @@ def test_hermod_classes_map_onto_plugin_classes_in_priority_order() -> None:
 
 # -- build and ABI ---------------------------------------------------------------------------------------------------
 
+
 def test_library_exports_exactly_the_v8_to_v11_tables(built: None) -> None:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(SO)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(SO)], capture_output=True, text=True, check=True
+    ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.split()[-2] in "DdRr"}
     assert {"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11"} <= exported
     assert not any(s.startswith("fl_") for s in exported), "internal symbols leak out of the plugin"
@@ -117,6 +145,7 @@ def test_properties_are_consistent_across_versions_and_cuda_memory_is_rejected(b
 
 # -- LEO path model (issue 32 item 4) -------------------------------------------------------------------------------
 
+
 def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: None) -> None:
     """Pure-model cases with synthetic timestamps (nccl_net_plugin/test/leo_test.c, ASan+UBSan): a queued fast path is
     joined until the idle slow one is cheaper (seed 000 §6.2.2's trade-off), our own queue never counts into k_hat
@@ -129,6 +158,7 @@ def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: Non
 
 
 # -- loopback scenarios, both API versions ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("api", ["v8", "v11"])
 def test_loopback_data_integrity_from_0_bytes_to_256_mib(built: None, api: str) -> None:
@@ -152,7 +182,9 @@ def test_grouped_receives_with_out_of_order_sends_retry_on_a_null_request(built:
 
 
 @pytest.mark.parametrize("api", ["v8", "v11"])
-def test_close_send_under_load_and_with_a_silent_peer_neither_waits_nor_loses_data(built: None, api: str) -> None:
+def test_close_send_under_load_and_with_a_silent_peer_neither_waits_nor_loses_data(
+    built: None, api: str
+) -> None:
     _assert_pass(_driver("--api", api, "closeload", timeout=120), "closeload")
 
 
@@ -194,8 +226,12 @@ def test_strangers_cannot_lock_the_genuine_peer_out_of_a_listen_comm(built: None
     groups from a peer with the secret. The genuine peer gets through after A and after D."""
     res = _driver("strangers", timeout=180)
     _assert_pass(res, "strangers")
-    for phase in ("A: 48 idle strangers did not lock the genuine peer out", "B: the silent stranger was closed first",
-                  "C: 40 wrong-secret strangers refused", "D: 6 half-open multi-path connections did not lock"):
+    for phase in (
+        "A: 48 idle strangers did not lock the genuine peer out",
+        "B: the silent stranger was closed first",
+        "C: 40 wrong-secret strangers refused",
+        "D: 6 half-open multi-path connections did not lock",
+    ):
         assert phase in res.stdout, res.stdout
     assert "2 genuine connection(s) accepted among strangers" in res.stdout
 
@@ -222,11 +258,18 @@ def test_invalid_env_value_fails_init_with_a_message_naming_it(built: None) -> N
 
 # -- sanitizers and fuzzing ------------------------------------------------------------------------------------------
 
+
 def test_all_scenarios_are_asan_and_ubsan_clean(built: None) -> None:
     _make("asan")
-    res = _driver("--max-bytes", str(16 << 20), "all", driver=BUILD / "asan" / "fl_driver",
-                  plugin=BUILD / "asan" / "libnccl-net-flowlane.so", timeout=150,
-                  env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0", "UBSAN_OPTIONS": "print_stacktrace=1"})
+    res = _driver(
+        "--max-bytes",
+        str(16 << 20),
+        "all",
+        driver=BUILD / "asan" / "fl_driver",
+        plugin=BUILD / "asan" / "libnccl-net-flowlane.so",
+        timeout=150,
+        env={"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0", "UBSAN_OPTIONS": "print_stacktrace=1"},
+    )
     out = res.stdout + res.stderr
     assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-4000:]
     assert res.returncode == 0 and out.count("PASS") == 21, out[-4000:]  # 19 + isolation on v8 and v11
@@ -245,8 +288,13 @@ def test_whole_connections_survive_a_bounded_stateful_fuzz_run(built: None) -> N
     garbage and early closes, under ASan/UBSan. Its fixed programs come first, among them issue 32's overlap on two
     paths, which made test() report a receive done while the other path kept writing into the buffer."""
     _make("fuzz")
-    res = subprocess.run([str(BUILD / "fuzz_conn"), "--seconds", "5"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"})
+    res = subprocess.run(
+        [str(BUILD / "fuzz_conn"), "--seconds", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"},
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "no crash" in res.stdout and "receives completed" in res.stdout
 
@@ -270,16 +318,33 @@ def two_paths() -> str:
 
 
 def _ns_args(prefix: str) -> list[str]:
-    return ["--send-ns", f"{prefix}a", "--recv-ns", f"{prefix}b", "--send-ifname", f"{prefix}v",
-            "--recv-ifname", f"{prefix}v"]
+    return [
+        "--send-ns",
+        f"{prefix}a",
+        "--recv-ns",
+        f"{prefix}b",
+        "--send-ifname",
+        f"{prefix}v",
+        "--recv-ifname",
+        f"{prefix}v",
+    ]
 
 
 @pytest.mark.netns
 @pytest.mark.parametrize("api", ["v8", "v11"])
-def test_multipath_over_two_veth_paths_keeps_data_intact_and_uses_both(built: None, two_paths: str,
-                                                                       api: str) -> None:
-    res = _driver("--api", api, *_ns_args(two_paths), "--max-bytes", str(64 << 20), "integrity", timeout=90,
-                  env={"FLOWLANE_NET_DEBUG": "1", "FLOWLANE_NET_PATH_SELECTOR": "rr"})
+def test_multipath_over_two_veth_paths_keeps_data_intact_and_uses_both(
+    built: None, two_paths: str, api: str
+) -> None:
+    res = _driver(
+        "--api",
+        api,
+        *_ns_args(two_paths),
+        "--max-bytes",
+        str(64 << 20),
+        "integrity",
+        timeout=90,
+        env={"FLOWLANE_NET_DEBUG": "1", "FLOWLANE_NET_PATH_SELECTOR": "rr"},
+    )
     _assert_pass(res, "integrity over netns")
     requests = [int(m) for m in re.findall(r"path \d: (\d+) requests", res.stderr)]
     assert len(requests) >= 2 and min(requests) > 0, f"expected traffic on both paths, got {requests}"
@@ -287,10 +352,13 @@ def test_multipath_over_two_veth_paths_keeps_data_intact_and_uses_both(built: No
 
 @pytest.mark.netns
 def test_leo_selector_over_netns_multirecv_and_peer_death(built: None, two_paths: str) -> None:
-    _assert_pass(_driver(*_ns_args(two_paths), "multirecv", env={"FLOWLANE_NET_PATH_SELECTOR": "leo"}),
-                 "multirecv over netns")
-    _assert_pass(_driver(*_ns_args(two_paths), "peerdeath", env={"FL_DRIVER_VICTIM": "send"}),
-                 "peerdeath over netns")
+    _assert_pass(
+        _driver(*_ns_args(two_paths), "multirecv", env={"FLOWLANE_NET_PATH_SELECTOR": "leo"}),
+        "multirecv over netns",
+    )
+    _assert_pass(
+        _driver(*_ns_args(two_paths), "peerdeath", env={"FL_DRIVER_VICTIM": "send"}), "peerdeath over netns"
+    )
 
 
 @pytest.mark.netns

@@ -49,9 +49,14 @@ def test_exposed_time_never_falls_when_bytes_are_added_front_to_back() -> None:
     rng = random.Random(3)
     for _ in range(30):
         n = rng.randint(1, 8)
-        p = StepProfile(tuple(rng.randint(0, 1000) for _ in range(n)), tuple(rng.uniform(0, 2) for _ in range(n)),
-                        tuple(rng.uniform(0, 4) for _ in range(n)), store_Bps=rng.uniform(50, 1000),
-                        load_Bps=rng.uniform(50, 1000), head_s=rng.uniform(0, 1))
+        p = StepProfile(
+            tuple(rng.randint(0, 1000) for _ in range(n)),
+            tuple(rng.uniform(0, 2) for _ in range(n)),
+            tuple(rng.uniform(0, 4) for _ in range(n)),
+            store_Bps=rng.uniform(50, 1000),
+            load_Bps=rng.uniform(50, 1000),
+            head_s=rng.uniform(0, 1),
+        )
         prev = 0.0
         for total in range(0, sum(p.group_bytes) + 1, 37):
             allow, left = [], total
@@ -69,8 +74,10 @@ def test_exposed_time_never_falls_when_bytes_are_added_front_to_back() -> None:
 
 def test_prefetching_two_layers_ahead_hides_more_when_backward_is_short() -> None:
     p = StepProfile((10,) * 6, (1.0,) * 6, (0.5,) * 6, store_Bps=10.0, load_Bps=10.0, head_s=0.0)
-    assert choose_budget(p, prefetch=2, granularity=1).total_bytes > choose_budget(p, prefetch=1,
-                                                                                  granularity=1).total_bytes
+    assert (
+        choose_budget(p, prefetch=2, granularity=1).total_bytes
+        > choose_budget(p, prefetch=1, granularity=1).total_bytes
+    )
 
 
 def test_slack_adds_bytes_only_while_waiting_is_cheaper_than_recompute() -> None:
@@ -86,13 +93,16 @@ def test_slack_adds_bytes_only_while_waiting_is_cheaper_than_recompute() -> None
     assert 10 < b3.total_bytes < 20 and b3.exposed_s <= 1.0
 
 
-@pytest.mark.parametrize(("kw", "msg"), [
-    ({"fwd_s": (1.0,)}, "one entry per layer"),
-    ({"store_Bps": 0.0}, "store_Bps=0.0 must be > 0"),
-    ({"load_Bps": float("nan")}, "load_Bps=nan must be > 0"),
-    ({"bwd_s": (1.0, float("inf"))}, "bwd_s entry inf must be a finite number"),
-    ({"group_bytes": (-1, 3)}, "group_bytes entry -1"),
-])
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({"fwd_s": (1.0,)}, "one entry per layer"),
+        ({"store_Bps": 0.0}, "store_Bps=0.0 must be > 0"),
+        ({"load_Bps": float("nan")}, "load_Bps=nan must be > 0"),
+        ({"bwd_s": (1.0, float("inf"))}, "bwd_s entry inf must be a finite number"),
+        ({"group_bytes": (-1, 3)}, "group_bytes entry -1"),
+    ],
+)
 def test_profile_refuses_bad_input_naming_it(kw: dict, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         _two_layers(**kw)

@@ -65,7 +65,10 @@ def test_pinned_tier_one_block_per_layer_from_a_persistent_pool_bitwise(tmp_path
             assert s.sync_loads == 0 and s.late_loads == 0  # every reload was issued a layer ahead
             pools.append(s.pool)
     # first step: layer count unknown, kept layers stored late; from the second step on no new host memory
-    assert pools[2]["misses"] == pools[1]["misses"] and pools[2]["allocated_bytes"] == pools[1]["allocated_bytes"]
+    assert (
+        pools[2]["misses"] == pools[1]["misses"]
+        and pools[2]["allocated_bytes"] == pools[1]["allocated_bytes"]
+    )
     assert pools[2]["hits"] > pools[1]["hits"]
     assert pools[2]["in_use_bytes"] == 0
 
@@ -102,8 +105,10 @@ def test_a_failed_block_write_keeps_the_host_copy_and_exact_gradients(tmp_path: 
 
     m, idx = _model(L)
     ref = _reference(m, idx)
-    with pytest.warns(RuntimeWarning, match="keeping activations in memory"), \
-            _bulk(m, _cfg(tmp_path, keep_last_k=0), backend=Full((str(tmp_path),))) as cache:
+    with (
+        pytest.warns(RuntimeWarning, match="keeping activations in memory"),
+        _bulk(m, _cfg(tmp_path, keep_last_k=0), backend=Full((str(tmp_path),))) as cache,
+    ):
         loss = m(idx)
         cache.wait_io()
         loss.backward()
@@ -161,7 +166,9 @@ def test_pool_is_sized_before_the_profiled_step_so_no_pinning_is_timed(tmp_path:
 
     monkeypatch.setattr(PinnedPool, "_new", spy)
     with cache:
-        m(idx).backward()  # step 0: the last layer kept (stored late), so one block fewer than the profile needs
+        m(
+            idx
+        ).backward()  # step 0: the last layer kept (stored late), so one block fewer than the profile needs
         misses0 = cache.stats_snapshot().pool["misses"]
         m(idx).backward()  # step 1: profiled, every layer offloaded
         s = cache.stats_snapshot()
@@ -172,7 +179,9 @@ def test_pool_is_sized_before_the_profiled_step_so_no_pinning_is_timed(tmp_path:
 def test_adaptive_picks_the_shallowest_prefetch_that_hides_the_most(tmp_path: Path) -> None:
     m, idx = _model(L)
     ref = _reference(m, idx)
-    cfg = _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=1e6, prefetch_groups=3)
+    cfg = _cfg(
+        tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=1e6, prefetch_groups=3
+    )
     with _bulk(m, cfg) as cache:
         for _ in range(2):
             m.zero_grad()
@@ -190,15 +199,23 @@ def test_max_slowdown_lets_the_budget_offload_more(tmp_path: Path) -> None:
 
     m, idx = _model(L)
     ref = _reference(m, idx)
-    cfg = _cfg(tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=2e-3, max_slowdown=0.5)
+    cfg = _cfg(
+        tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=2e-3, max_slowdown=0.5
+    )
     with _bulk(m, cfg) as cache:
         for _ in range(2):
             m.zero_grad()
             m(idx).backward()
             assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
         prof = cache.stats_snapshot().profile
-    p = StepProfile(tuple(prof["sizes"]), tuple(prof["fwd_times_s"]), tuple(prof["bwd_times_s"]),
-                    prof["write_bandwidth_Bps"], prof["read_bandwidth_Bps"], prof["head_s"])
+    p = StepProfile(
+        tuple(prof["sizes"]),
+        tuple(prof["fwd_times_s"]),
+        tuple(prof["bwd_times_s"]),
+        prof["write_bandwidth_Bps"],
+        prof["read_bandwidth_Bps"],
+        prof["head_s"],
+    )
     hidden = choose_budget(p, prefetch=prof["prefetch_groups"])
     assert prof["total_bytes"] >= hidden.total_bytes
     assert prof["exposed_s"] <= 0.5 * prof["step_s"] + 1e-9

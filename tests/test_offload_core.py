@@ -103,8 +103,9 @@ def test_offload_gradients_bitwise_equal_and_bytes_match_formula(tmp_path: Path)
             s = cache.stats_snapshot()
             assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
             written = s.bytes_written - before.bytes_written
-            per_layer = activation_bytes_per_layer(LayerShape(S, B, H, NH, flash_attention=True, dropout=False,
-                                                              elem_bytes=4))
+            per_layer = activation_bytes_per_layer(
+                LayerShape(S, B, H, NH, flash_attention=True, dropout=False, elem_bytes=4)
+            )
             assert per_layer == A
             assert written == (6 - 1) * per_layer  # (L - k) x 16 sbh x elem (digest E3)
             assert s.bytes_read - before.bytes_read == written
@@ -116,8 +117,10 @@ def test_offload_gradients_bitwise_equal_and_bytes_match_formula(tmp_path: Path)
 def test_a_forward_that_offloads_nothing_is_reported_with_its_reasons(tmp_path: Path, caplog) -> None:
     """issue 33: the documented example on a CPU model used to offload nothing, silently."""
     m, idx = _model(2)
-    for kw, reason in (({"offload_cpu_tensors": False}, "on the CPU (set offload_cpu_tensors=True"),
-                       ({"min_bytes": 1 << 30}, f"smaller than min_bytes={1 << 30}")):
+    for kw, reason in (
+        ({"offload_cpu_tensors": False}, "on the CPU (set offload_cpu_tensors=True"),
+        ({"min_bytes": 1 << 30}, f"smaller than min_bytes={1 << 30}"),
+    ):
         caplog.clear()
         cache = install(m, _cfg(tmp_path, **kw), scope_classes=["Block"])
         try:
@@ -235,8 +238,10 @@ def test_disk_full_injected_falls_back_to_memory_with_exact_gradients(tmp_path: 
     m, idx = _model()
     ref = _reference(m, idx)
     full = _FullDisk((str(tmp_path),), 2 * A)
-    with pytest.warns(RuntimeWarning, match="keeping activations in memory"), \
-            _with_backend(m, _cfg(tmp_path, keep_last_k=0), full) as cache:
+    with (
+        pytest.warns(RuntimeWarning, match="keeping activations in memory"),
+        _with_backend(m, _cfg(tmp_path, keep_last_k=0), full) as cache,
+    ):
         loss = m(idx)
         cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
         loss.backward()
@@ -248,8 +253,10 @@ def test_disk_full_injected_falls_back_to_memory_with_exact_gradients(tmp_path: 
 def test_disk_full_injected_raises_clear_error(tmp_path: Path) -> None:
     m, idx = _model()
     full = _FullDisk((str(tmp_path),), 2 * A)
-    with _with_backend(m, _cfg(tmp_path, keep_last_k=0, on_io_error="raise"), full) as cache, \
-            pytest.raises(RuntimeError, match="No space left on device.*on_io_error='keep'"):
+    with (
+        _with_backend(m, _cfg(tmp_path, keep_last_k=0, on_io_error="raise"), full) as cache,
+        pytest.raises(RuntimeError, match="No space left on device.*on_io_error='keep'"),
+    ):
         loss = m(idx)
         cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
         loss.backward()
@@ -267,8 +274,10 @@ def test_a_store_failing_with_any_exception_falls_back_instead_of_hanging(tmp_pa
     load of it waited forever (or its bytes survived only by luck, through the exception's traceback)."""
     m, idx = _model()
     ref = _reference(m, idx)
-    with pytest.warns(RuntimeWarning, match="unsupported buffer"), \
-            _with_backend(m, _cfg(tmp_path, keep_last_k=0), _BrokenWriter((str(tmp_path),))) as cache:
+    with (
+        pytest.warns(RuntimeWarning, match="unsupported buffer"),
+        _with_backend(m, _cfg(tmp_path, keep_last_k=0), _BrokenWriter((str(tmp_path),))) as cache,
+    ):
         loss = m(idx)
         cache.wait_io()  # every store runs (and fails) before backward, however loaded the machine is
         loss.backward()
@@ -327,7 +336,9 @@ def test_run_directory_private_and_removed_at_exit_and_after_crash(tmp_path: Pat
     """)
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120).stdout
     lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
-    assert lines["exit"] == "[]" and lines["term"] == "[]", out  # atexit / SIGTERM handler removed the run dir
+    assert lines["exit"] == "[]" and lines["term"] == "[]", (
+        out
+    )  # atexit / SIGTERM handler removed the run dir
     left = [p for p in tmp_path.iterdir() if p.name.startswith(RUN_PREFIX)]
     assert len(left) == 1 and list(left[0].iterdir())  # SIGKILL skips every handler
     assert cleanup_stale(tmp_path) == left  # the next run removes it
@@ -451,17 +462,23 @@ def test_config_errors_name_the_bad_value() -> None:
         OffloadConfig.from_dict({"keep_last": 2})
 
 
-@pytest.mark.parametrize(("kw", "msg"), [
-    ({"enabled": "no"}, "offload.enabled='no' must be true or false"),
-    ({"adaptive": 1}, "offload.adaptive=1 must be true or false"),
-    ({"backend": "foo"}, r"offload.backend='foo' is not one of \('posix', 'kvikio', 'pinned_cpu', 'null', 'auto'\)"),
-    ({"keep_last_k": "2"}, "offload.keep_last_k='2' must be an integer >= 0"),
-    ({"prefetch_groups": 0}, "offload.prefetch_groups=0 must be an integer >= 1"),
-    ({"link_GBps": float("nan")}, "offload.link_GBps=nan must be a finite number >= 0"),
-    ({"max_slowdown": 1.5}, r"offload.max_slowdown=1.5 must be a fraction in \[0, 1\)"),
-    ({"dirs": ("",)}, "offload.dirs=.* must be a list of directory paths"),
-    ({"dirs": 5}, "offload.dirs=5 must be a list of directory paths"),
-])
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({"enabled": "no"}, "offload.enabled='no' must be true or false"),
+        ({"adaptive": 1}, "offload.adaptive=1 must be true or false"),
+        (
+            {"backend": "foo"},
+            r"offload.backend='foo' is not one of \('posix', 'kvikio', 'pinned_cpu', 'null', 'auto'\)",
+        ),
+        ({"keep_last_k": "2"}, "offload.keep_last_k='2' must be an integer >= 0"),
+        ({"prefetch_groups": 0}, "offload.prefetch_groups=0 must be an integer >= 1"),
+        ({"link_GBps": float("nan")}, "offload.link_GBps=nan must be a finite number >= 0"),
+        ({"max_slowdown": 1.5}, r"offload.max_slowdown=1.5 must be a fraction in \[0, 1\)"),
+        ({"dirs": ("",)}, "offload.dirs=.* must be a list of directory paths"),
+        ({"dirs": 5}, "offload.dirs=5 must be a list of directory paths"),
+    ],
+)
 def test_config_refuses_wrong_types_naming_value_and_allowed(kw: dict, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         OffloadConfig(**kw)
@@ -485,18 +502,38 @@ def test_ssd_estimate_cli_prints_thesis_check(capsys: pytest.CaptureFixture[str]
 
     assert main(["ssd-estimate", "--thesis", "--json"]) == 0
     assert '"lifespan_years": 3.42' in capsys.readouterr().out
-    assert main(["ssd-estimate", "--hidden", "8192", "--layers", "4", "--tp", "2", "--flash-attention",
-                 "--step-time", "1.15"]) == 0
+    assert (
+        main(
+            [
+                "ssd-estimate",
+                "--hidden",
+                "8192",
+                "--layers",
+                "4",
+                "--tp",
+                "2",
+                "--flash-attention",
+                "--step-time",
+                "1.15",
+            ]
+        )
+        == 0
+    )
     assert "required_write_GBps" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("argv", "msg"), [
-    (["--tflops", "0"], "argument --tflops: '0' must be a finite number > 0"),
-    (["--step-time", "nan"], "argument --step-time: 'nan' must be a finite number > 0"),
-    (["--ssds-per-gpu", "0"], "argument --ssds-per-gpu: '0' must be >= 1"),
-    (["--link-gbps", "-1", "--step-time", "1"], "argument --link-gbps: '-1' must be a finite number > 0"),
-])
-def test_ssd_estimate_refuses_bad_numbers(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "msg"),
+    [
+        (["--tflops", "0"], "argument --tflops: '0' must be a finite number > 0"),
+        (["--step-time", "nan"], "argument --step-time: 'nan' must be a finite number > 0"),
+        (["--ssds-per-gpu", "0"], "argument --ssds-per-gpu: '0' must be >= 1"),
+        (["--link-gbps", "-1", "--step-time", "1"], "argument --link-gbps: '-1' must be a finite number > 0"),
+    ],
+)
+def test_ssd_estimate_refuses_bad_numbers(
+    argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flowlane.cli import main
 
     with pytest.raises(SystemExit) as e:
@@ -511,19 +548,70 @@ def test_ssd_estimate_reports_the_cache_budget(capsys: pytest.CaptureFixture[str
     from flowlane.cli import main
     from flowlane.offload.budget import StepProfile, choose_budget
 
-    assert main(["ssd-estimate", "--hidden", "8192", "--heads", "64", "--seq", "4096", "--micro-batch", "1",
-                 "--layers", "4", "--tp", "1", "--flash-attention", "--no-dropout", "--step-time", "0.13",
-                 "--link-gbps", "55", "--json"]) == 0
+    assert (
+        main(
+            [
+                "ssd-estimate",
+                "--hidden",
+                "8192",
+                "--heads",
+                "64",
+                "--seq",
+                "4096",
+                "--micro-batch",
+                "1",
+                "--layers",
+                "4",
+                "--tp",
+                "1",
+                "--flash-attention",
+                "--no-dropout",
+                "--step-time",
+                "0.13",
+                "--link-gbps",
+                "55",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     per_layer = int(out["activation_bytes_per_layer"])
     want = choose_budget(StepProfile((per_layer,) * 4, (0.13 / 12,) * 4, (0.26 / 12,) * 4, 55e9, 55e9))
     assert out["budget_bytes_per_microbatch"] == want.total_bytes > 0
     assert out["budget_layers_kept_resident"] == want.keep_last_k >= 1 and out["budget_exposed_s"] == 0.0
-    assert main(["ssd-estimate", "--hidden", "8192", "--heads", "64", "--seq", "4096", "--micro-batch", "1",
-                 "--layers", "4", "--tp", "1", "--flash-attention", "--no-dropout", "--step-time", "0.13",
-                 "--disk-gbps", "2", "--json"]) == 0
+    assert (
+        main(
+            [
+                "ssd-estimate",
+                "--hidden",
+                "8192",
+                "--heads",
+                "64",
+                "--seq",
+                "4096",
+                "--micro-batch",
+                "1",
+                "--layers",
+                "4",
+                "--tp",
+                "1",
+                "--flash-attention",
+                "--no-dropout",
+                "--step-time",
+                "0.13",
+                "--disk-gbps",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     slow = json.loads(capsys.readouterr().out)
-    assert slow["budget_link_GBps"] == 2.0 and slow["budget_bytes_per_microbatch"] < out["budget_bytes_per_microbatch"]
+    assert (
+        slow["budget_link_GBps"] == 2.0
+        and slow["budget_bytes_per_microbatch"] < out["budget_bytes_per_microbatch"]
+    )
 
 
 def test_baseline_tracker_counts_all_layers() -> None:

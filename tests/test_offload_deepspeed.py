@@ -45,8 +45,13 @@ class Plain(nn.Module):
 
 
 def _ds_config(offload: dict | None) -> dict:
-    cfg = {"train_batch_size": MB * GAS, "train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": GAS,
-           "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    cfg = {
+        "train_batch_size": MB * GAS,
+        "train_micro_batch_size_per_gpu": MB,
+        "gradient_accumulation_steps": GAS,
+        "steps_per_print": 1000,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
     if offload is not None:
         cfg["flowlane"] = {"offload": offload, "hermod": {"enabled": False}}
     return cfg
@@ -73,8 +78,9 @@ def _pipeline_run(rank: int, world: int, offload: dict | None) -> dict:
 
     torch.manual_seed(0)
     layers = [LayerSpec(Block) for _ in range(4)]
-    net = PipelineModule(layers=layers, num_stages=2, partition_method="type:Block",
-                         loss_fn=lambda out, y: F.mse_loss(out, y))
+    net = PipelineModule(
+        layers=layers, num_stages=2, partition_method="type:Block", loss_fn=lambda out, y: F.mse_loss(out, y)
+    )
     cfg = _ds_config(offload)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
     handle = install(engine, cfg)
@@ -126,7 +132,13 @@ def _both(rank: int, world: int, tmp: str) -> dict:
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the launcher's process group
     tmp = os.path.join(tmp, f"rank{rank}")  # one target per rank: a peer's live run dir is not a leftover
     os.makedirs(tmp, exist_ok=True)  # offload dirs must exist (flowlane.offload.OffloadConfig.check_dirs)
-    off = {"backend": "posix", "dirs": [tmp], "min_bytes": 4096, "keep_last_k": 1, "offload_cpu_tensors": True}
+    off = {
+        "backend": "posix",
+        "dirs": [tmp],
+        "min_bytes": 4096,
+        "keep_last_k": 1,
+        "offload_cpu_tensors": True,
+    }
     # the plain engine first: a PipelineEngine leaves DeepSpeed's global model-parallel groups behind
     off_plain = dict(off, scope_classes=["Block"])
     out = {"plain_ref": _plain_run(rank, world, None), "plain_off": _plain_run(rank, world, off_plain)}
@@ -134,16 +146,22 @@ def _both(rank: int, world: int, tmp: str) -> dict:
     out["pipe_off"] = _pipeline_run(rank, world, off)
     left = os.listdir(tmp)
     # compare in the rank (tensors do not survive the trip through the launcher's queue after the rank exits)
-    return {"pipe_equal": _equal(out["pipe_ref"]["grads"], out["pipe_off"]["grads"]),
-            "plain_equal": _equal(out["plain_ref"]["grads"], out["plain_off"]["grads"]),
-            "n_snaps": (len(out["pipe_ref"]["grads"]), len(out["plain_ref"]["grads"])),
-            "pipe_stats": out["pipe_off"]["stats"], "plain_stats": out["plain_off"]["stats"],
-            "stage": out["pipe_off"]["stage"], "left": left}
+    return {
+        "pipe_equal": _equal(out["pipe_ref"]["grads"], out["pipe_off"]["grads"]),
+        "plain_equal": _equal(out["plain_ref"]["grads"], out["plain_off"]["grads"]),
+        "n_snaps": (len(out["pipe_ref"]["grads"]), len(out["plain_ref"]["grads"])),
+        "pipe_stats": out["pipe_off"]["stats"],
+        "plain_stats": out["plain_off"]["stats"],
+        "stage": out["pipe_off"]["stage"],
+        "left": left,
+    }
 
 
 def _equal(a: list, b: list) -> bool:
     return len(a) == len(b) and all(
-        len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y, strict=True)) for x, y in zip(a, b, strict=True))
+        len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 @pytest.mark.slow  # 2 ranks x 4 DeepSpeed engines: ~60 s on a 2-core machine
@@ -174,7 +192,9 @@ def test_flowlane_section_parser_reads_only_offload() -> None:
     assert parse_offload_section({"train_batch_size": 1}) is None
     assert parse_offload_section({"flowlane": {"hermod": {}}}) is None
     assert parse_offload_section({"flowlane": {"offload": {"enabled": False}}}) is None
-    cfg, scopes = parse_offload_section({"flowlane": {"offload": {"keep_last_k": 2, "scope_classes": ["Block"]}}})
+    cfg, scopes = parse_offload_section(
+        {"flowlane": {"offload": {"keep_last_k": 2, "scope_classes": ["Block"]}}}
+    )
     assert cfg.keep_last_k == 2 and scopes == ("Block",)
     with pytest.raises(ValueError, match=r"unknown offload option\(s\) \['dir'\]"):
         parse_offload_section({"flowlane": {"offload": {"dir": "/x"}}})

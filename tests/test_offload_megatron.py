@@ -54,13 +54,32 @@ def _gpt(recompute: bool = False):
 
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
-    extra = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
-    cfg = TransformerConfig(num_layers=L, hidden_size=HID, num_attention_heads=HEADS, use_cpu_initialization=True,
-                            attention_dropout=0.0, hidden_dropout=0.0, bias_activation_fusion=False,
-                            masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
-                            gradient_accumulation_fusion=False, apply_rope_fusion=False, **extra)
-    return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                    max_sequence_length=SEQ)
+    extra = (
+        dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        if recompute
+        else {}
+    )
+    cfg = TransformerConfig(
+        num_layers=L,
+        hidden_size=HID,
+        num_attention_heads=HEADS,
+        use_cpu_initialization=True,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        **extra,
+    )
+    return GPTModel(
+        config=cfg,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+    )
 
 
 def _batches(n: int) -> list[tuple[torch.Tensor, ...]]:
@@ -79,9 +98,15 @@ def _step(model, n_micro: int = 2) -> list[torch.Tensor]:
         return out, lambda o: (o.float().mean(), {"loss": o.detach().float().mean()})
 
     model.zero_grad()
-    get_forward_backward_func()(forward_step_func=forward_step_func, data_iterator=iter(_batches(n_micro)),
-                                model=[model], num_microbatches=n_micro, seq_length=SEQ, micro_batch_size=MB,
-                                forward_only=False)
+    get_forward_backward_func()(
+        forward_step_func=forward_step_func,
+        data_iterator=iter(_batches(n_micro)),
+        model=[model],
+        num_microbatches=n_micro,
+        seq_length=SEQ,
+        micro_batch_size=MB,
+        forward_only=False,
+    )
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -90,8 +115,14 @@ def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_pa
 
     model = _gpt()
     ref = _step(model)
-    cfg = {"enabled": True, "backend": "posix", "dirs": [str(tmp_path)], "min_bytes": MIN_BYTES,
-           "keep_last_k": 1, "offload_cpu_tensors": True}
+    cfg = {
+        "enabled": True,
+        "backend": "posix",
+        "dirs": [str(tmp_path)],
+        "min_bytes": MIN_BYTES,
+        "keep_last_k": 1,
+        "offload_cpu_tensors": True,
+    }
     with install_from_config(cfg, model) as h:
         for _ in range(2):
             before = h.stats
@@ -99,9 +130,13 @@ def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_pa
             h.wait_io()  # a store still queued counts its bytes when it runs: however loaded the machine is
             after = h.stats
             assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
-            per_layer = activation_bytes_per_layer(LayerShape(SEQ, MB, HID, HEADS, dropout=False, elem_bytes=4))
+            per_layer = activation_bytes_per_layer(
+                LayerShape(SEQ, MB, HID, HEADS, dropout=False, elem_bytes=4)
+            )
             # two micro-batches; each keeps its last layer because its backward follows its forward
-            stored = after.bytes_written + after.bytes_cancelled - before.bytes_written - before.bytes_cancelled
+            stored = (
+                after.bytes_written + after.bytes_cancelled - before.bytes_written - before.bytes_cancelled
+            )
             assert stored == 2 * (L - 1) * per_layer  # written, or forwarded before the write began
             assert after.records - before.records == 2
             # per layer: k and v share q's QKV storage (2), softmax output saved by softmax and bmm (1)
@@ -111,8 +146,9 @@ def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_pa
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(megatron_env, tmp_path: Path, monkeypatch,
-                                                                 adaptive: bool) -> None:
+def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
+    megatron_env, tmp_path: Path, monkeypatch, adaptive: bool
+) -> None:
     """The CUDA tiers' bulk path (one host block per TransformerLayer, reloads in stream order, the byte budget)
     driven by Megatron's own schedule and hints; forced onto CPU tensors, where its copies are synchronous."""
     from flowlane.offload import TensorCache
@@ -121,8 +157,15 @@ def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(megatron_env, tm
     monkeypatch.setattr(TensorCache, "_is_bulk", lambda self, device: self._bulk_backend)
     model = _gpt()
     ref = _step(model)
-    cfg = {"backend": "pinned_cpu", "min_bytes": MIN_BYTES, "keep_last_k": 1, "offload_cpu_tensors": True,
-           "adaptive": adaptive, "profile_step": 0, "link_GBps": 1e6 if adaptive else 0.0}
+    cfg = {
+        "backend": "pinned_cpu",
+        "min_bytes": MIN_BYTES,
+        "keep_last_k": 1,
+        "offload_cpu_tensors": True,
+        "adaptive": adaptive,
+        "profile_step": 0,
+        "link_GBps": 1e6 if adaptive else 0.0,
+    }
     with install_from_config(cfg, model) as h:
         for _ in range(2):
             before = h.stats
@@ -147,15 +190,43 @@ def test_megatron_flags_build_the_config() -> None:
     from megatron_plugin.ssd_offload import config_from_args
 
     p = add_flowlane_args(argparse.ArgumentParser())
-    a = p.parse_args(["--ssd-offload", "--ssd-offload-dirs", "/a", "/b", "--ssd-offload-keep-last-k", "2",
-                      "--ssd-offload-adaptive", "--ssd-offload-min-bytes", "1024"])
+    a = p.parse_args(
+        [
+            "--ssd-offload",
+            "--ssd-offload-dirs",
+            "/a",
+            "/b",
+            "--ssd-offload-keep-last-k",
+            "2",
+            "--ssd-offload-adaptive",
+            "--ssd-offload-min-bytes",
+            "1024",
+        ]
+    )
     c = config_from_args(a)
     assert c.enabled and c.dirs == ("/a", "/b") and c.keep_last_k == 2 and c.adaptive and c.min_bytes == 1024
-    a = p.parse_args(["--ssd-offload", "--ssd-offload-backend", "pinned_cpu", "--ssd-offload-prefetch-groups", "2",
-                      "--ssd-offload-link-gbps", "55", "--ssd-offload-pinned-pool-bytes", "1048576",
-                      "--ssd-offload-max-slowdown", "0.03"])
+    a = p.parse_args(
+        [
+            "--ssd-offload",
+            "--ssd-offload-backend",
+            "pinned_cpu",
+            "--ssd-offload-prefetch-groups",
+            "2",
+            "--ssd-offload-link-gbps",
+            "55",
+            "--ssd-offload-pinned-pool-bytes",
+            "1048576",
+            "--ssd-offload-max-slowdown",
+            "0.03",
+        ]
+    )
     c = config_from_args(a)
-    assert c.backend == "pinned_cpu" and c.prefetch_groups == 2 and c.link_GBps == 55.0 and c.max_slowdown == 0.03
+    assert (
+        c.backend == "pinned_cpu"
+        and c.prefetch_groups == 2
+        and c.link_GBps == 55.0
+        and c.max_slowdown == 0.03
+    )
     assert c.pinned_pool_bytes == 1 << 20
     with pytest.raises(SystemExit):
         p.parse_args(["--ssd-offload-backend", "gds"])
@@ -192,22 +263,49 @@ def _pp_rank(rank: int, world: int, tmp: str) -> dict:
     def build():
         torch.manual_seed(0)
         model_parallel_cuda_manual_seed(0)
-        cfg = TransformerConfig(num_layers=4, hidden_size=HID, num_attention_heads=HEADS, use_cpu_initialization=True,
-                                attention_dropout=0.0, hidden_dropout=0.0, bias_activation_fusion=False,
-                                masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
-                                gradient_accumulation_fusion=False, apply_rope_fusion=False,
-                                pipeline_model_parallel_size=2, pipeline_dtype=torch.float32)
-        return GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                        max_sequence_length=SEQ, pre_process=first, post_process=last)
+        cfg = TransformerConfig(
+            num_layers=4,
+            hidden_size=HID,
+            num_attention_heads=HEADS,
+            use_cpu_initialization=True,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            bias_dropout_fusion=False,
+            gradient_accumulation_fusion=False,
+            apply_rope_fusion=False,
+            pipeline_model_parallel_size=2,
+            pipeline_dtype=torch.float32,
+        )
+        return GPTModel(
+            config=cfg,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=VOCAB,
+            max_sequence_length=SEQ,
+            pre_process=first,
+            post_process=last,
+        )
 
     def run(model):
         def fsf(it, m):
             tok, pos, mask = next(it)
-            return m(tok, pos, mask, labels=tok), lambda o: (o.float().mean(), {"l": o.detach().float().mean()})
+            return m(tok, pos, mask, labels=tok), lambda o: (
+                o.float().mean(),
+                {"l": o.detach().float().mean()},
+            )
 
         model.zero_grad()
-        get_forward_backward_func()(forward_step_func=fsf, data_iterator=iter(_batches(4)), model=[model],
-                                    num_microbatches=4, seq_length=SEQ, micro_batch_size=MB, forward_only=False)
+        get_forward_backward_func()(
+            forward_step_func=fsf,
+            data_iterator=iter(_batches(4)),
+            model=[model],
+            num_microbatches=4,
+            seq_length=SEQ,
+            micro_batch_size=MB,
+            forward_only=False,
+        )
         return [p.grad.clone() for p in model.parameters()]
 
     model = build()
@@ -218,8 +316,13 @@ def _pp_rank(rank: int, world: int, tmp: str) -> dict:
         h.wait_io()
         stats = h.stats.as_dict()
     parallel_state.destroy_model_parallel()
-    return {"equal": all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)), "last": last,
-            "written": stats["bytes_written"] + stats["bytes_cancelled"], "records": stats["records"], "sync_loads": stats["sync_loads"]}
+    return {
+        "equal": all(torch.equal(a, b) for a, b in zip(ref, got, strict=True)),
+        "last": last,
+        "written": stats["bytes_written"] + stats["bytes_cancelled"],
+        "records": stats["records"],
+        "sync_loads": stats["sync_loads"],
+    }
 
 
 @pytest.mark.slow  # 2 spawned ranks importing Megatron: ~30 s on a 2-core machine

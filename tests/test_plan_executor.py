@@ -19,12 +19,14 @@ def _problem(method):
     # ranks on gpu0, gpu1, gpu5, gpu6 of a DGX-1: some pairs only via PCIe/QPI -> multi-stage plans with relays
     lm = LinkModel.from_topology(T.dgx1(), devices=["gpu0", "gpu1", "gpu5", "gpu6"])
     plan = build_plan(rel, lm, method=method)
-    local_ids = [rng.permutation(np.nonzero(owner == r)[0]) for r in range(RANKS)]  # arbitrary local row order
+    local_ids = [
+        rng.permutation(np.nonzero(owner == r)[0]) for r in range(RANKS)
+    ]  # arbitrary local row order
     return rel, plan, local_ids
 
 
 def _worker(rank, world):
-    return {m: _one(rank, m) for m in ("spst", "p2p")}          # one launch for both plans (spawning is slow)
+    return {m: _one(rank, m) for m in ("spst", "p2p")}  # one launch for both plans (spawning is slow)
 
 
 def _one(rank, method):
@@ -43,10 +45,14 @@ def _one(rank, method):
 
 
 def _reference_grad(rel, local_ids):
-    x = torch.randn(N, DIM, generator=torch.Generator().manual_seed(0), dtype=torch.float64).requires_grad_(True)
+    x = torch.randn(N, DIM, generator=torch.Generator().manual_seed(0), dtype=torch.float64).requires_grad_(
+        True
+    )
     w = torch.randn(N, DIM, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    loss = sum((x[torch.from_numpy(ids)] * w[torch.from_numpy(ids)] * (r + 1)).sum()
-               for r, ids in enumerate(np.concatenate([local_ids[r], rel.needs[r]]) for r in range(RANKS)))
+    loss = sum(
+        (x[torch.from_numpy(ids)] * w[torch.from_numpy(ids)] * (r + 1)).sum()
+        for r, ids in enumerate(np.concatenate([local_ids[r], rel.needs[r]]) for r in range(RANKS))
+    )
     loss.backward()
     return x.detach(), x.grad
 
@@ -61,16 +67,18 @@ def _check(method):
     res = [_RESULTS[r][method] for r in range(RANKS)]
     x, gx = _reference_grad(rel, local_ids)
     for r, (ids, out, grad, _fwd_bytes, _stages, _) in enumerate(res):
-        assert np.array_equal(out, x[torch.from_numpy(ids)].numpy())                        # bit-exact forward
-        torch.testing.assert_close(torch.from_numpy(grad), gx[torch.from_numpy(local_ids[r])])       # summed at relays
+        assert np.array_equal(out, x[torch.from_numpy(ids)].numpy())  # bit-exact forward
+        torch.testing.assert_close(
+            torch.from_numpy(grad), gx[torch.from_numpy(local_ids[r])]
+        )  # summed at relays
     sent = sum(r[3] for r in res)
-    assert sent == plan.num_transfers * DIM * 8                                   # every transfer counted once
+    assert sent == plan.num_transfers * DIM * 8  # every transfer counted once
     return res
 
 
 def test_spst_allgather_matches_gather_and_autograd_with_relays():
     res = _check("spst")
-    assert res[0][4] >= 2 and sum(r[5] for r in res) > 0                          # relays were exercised
+    assert res[0][4] >= 2 and sum(r[5] for r in res) > 0  # relays were exercised
 
 
 def test_p2p_allgather_matches_gather_and_autograd():

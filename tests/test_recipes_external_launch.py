@@ -25,16 +25,31 @@ BIN = Path(sys.executable).parent
 
 
 def _torchrun_env(**kw: str) -> dict[str, str]:
-    env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job7"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "job7",
+    }
     env.update(kw)
     return {k: v for k, v in env.items() if v is not None}
 
 
 def _srun_env(**kw: str) -> dict[str, str]:
-    env = {"SLURM_JOB_ID": "123", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
-           "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "node01",
-           "MASTER_PORT": "29500"}
+    env = {
+        "SLURM_JOB_ID": "123",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "4(x2)",
+        "MASTER_ADDR": "node01",
+        "MASTER_PORT": "29500",
+    }
     env.update(kw)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -46,8 +61,12 @@ def test_no_launcher_variables_mean_local_ranks():
     assert detect_launcher({"SLURM_JOB_ID": "123", "SLURM_PROCID": "0", "SLURM_NTASKS": "8"}) is None
     assert detect_launcher(_srun_env(SLURM_STEP_ID="batch")) is None
     # nor an interactive one-task step (srun --pty bash), where flowlane-train starts its local ranks
-    assert detect_launcher(_srun_env(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0",
-                                     SLURM_TASKS_PER_NODE="1")) is None
+    assert (
+        detect_launcher(
+            _srun_env(SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_TASKS_PER_NODE="1")
+        )
+        is None
+    )
 
 
 def test_torchrun_environment_is_read_as_this_ranks_place():
@@ -59,25 +78,34 @@ def test_srun_environment_is_read_with_tasks_per_node():
     ext = detect_launcher(_srun_env())
     assert ext == ExternalLaunch("slurm", 5, 8, 1, 4, "node01", 29500, "123.0")
     # uneven nodes: "4(x2),3" puts 3 tasks on the third node; the step's own count wins over the job's
-    ext = detect_launcher(_srun_env(SLURM_NODEID="2", SLURM_TASKS_PER_NODE="4(x2),3", SLURM_STEP_NUM_TASKS="11",
-                                    SLURM_PROCID="9"))
+    ext = detect_launcher(
+        _srun_env(
+            SLURM_NODEID="2", SLURM_TASKS_PER_NODE="4(x2),3", SLURM_STEP_NUM_TASKS="11", SLURM_PROCID="9"
+        )
+    )
     assert (ext.world_size, ext.local_world_size) == (11, 3)
     # srun torchrun ...: torchrun's variables win
     both = {**_srun_env(), **_torchrun_env()}
     assert detect_launcher(both).launcher == "torchrun"
 
 
-@pytest.mark.parametrize("env, match", [
-    (_torchrun_env(WORLD_SIZE=None), r"WORLD_SIZE is not set, but torchrun sets it"),
-    (_torchrun_env(RANK="4"), r"RANK=4 must be >= 0 and < 4"),
-    (_torchrun_env(WORLD_SIZE="four"), r"WORLD_SIZE='four' must be an integer"),
-    (_torchrun_env(MASTER_ADDR=None), r"MASTER_ADDR not set under torchrun: the ranks have no rendezvous"),
-    (_torchrun_env(MASTER_ADDR=None, MASTER_PORT=None), r"MASTER_ADDR and MASTER_PORT not set"),
-    (_torchrun_env(MASTER_PORT="70000"), r"MASTER_PORT='70000' must be a TCP port"),
-    (_torchrun_env(LOCAL_RANK="4"), r"LOCAL_RANK=4 must be >= 0 and < 4"),
-    (_srun_env(MASTER_ADDR=None), r"MASTER_ADDR not set under srun.*scontrol show hostnames"),
-    (_srun_env(SLURM_PROCID="8"), r"SLURM_PROCID=8 must be >= 0 and < 8"),
-])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        (_torchrun_env(WORLD_SIZE=None), r"WORLD_SIZE is not set, but torchrun sets it"),
+        (_torchrun_env(RANK="4"), r"RANK=4 must be >= 0 and < 4"),
+        (_torchrun_env(WORLD_SIZE="four"), r"WORLD_SIZE='four' must be an integer"),
+        (
+            _torchrun_env(MASTER_ADDR=None),
+            r"MASTER_ADDR not set under torchrun: the ranks have no rendezvous",
+        ),
+        (_torchrun_env(MASTER_ADDR=None, MASTER_PORT=None), r"MASTER_ADDR and MASTER_PORT not set"),
+        (_torchrun_env(MASTER_PORT="70000"), r"MASTER_PORT='70000' must be a TCP port"),
+        (_torchrun_env(LOCAL_RANK="4"), r"LOCAL_RANK=4 must be >= 0 and < 4"),
+        (_srun_env(MASTER_ADDR=None), r"MASTER_ADDR not set under srun.*scontrol show hostnames"),
+        (_srun_env(SLURM_PROCID="8"), r"SLURM_PROCID=8 must be >= 0 and < 8"),
+    ],
+)
 def test_a_partial_or_contradictory_launcher_environment_is_refused(env, match):
     with pytest.raises(LauncherEnvError, match=match):
         detect_launcher(env)
@@ -86,8 +114,11 @@ def test_a_partial_or_contradictory_launcher_environment_is_refused(env, match):
 def test_the_launchers_world_must_be_the_jobs():
     ext = detect_launcher(_torchrun_env())
     check_world(ext, 4, "num_ranks")
-    with pytest.raises(LauncherEnvError, match=r"num_ranks=2 does not match the 4 ranks torchrun started "
-                                               r"\(WORLD_SIZE=4\): pass num_ranks=4"):
+    with pytest.raises(
+        LauncherEnvError,
+        match=r"num_ranks=2 does not match the 4 ranks torchrun started "
+        r"\(WORLD_SIZE=4\): pass num_ranks=4",
+    ):
         check_world(ext, 2, "num_ranks")
 
 
@@ -96,7 +127,9 @@ def test_more_local_ranks_than_gpus_is_refused_unless_each_has_its_own_nccl_host
 
     ext = detect_launcher(_torchrun_env(RANK="3", LOCAL_RANK="3"))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(LauncherEnvError, match=r"4 ranks on this node \(LOCAL_WORLD_SIZE\) but 2 visible GPU"):
+    with pytest.raises(
+        LauncherEnvError, match=r"4 ranks on this node \(LOCAL_WORLD_SIZE\) but 2 visible GPU"
+    ):
         cuda_device_for(ext, {})
     assert cuda_device_for(ext, {"NCCL_HOSTID": "h3"}) == 1
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
@@ -117,8 +150,11 @@ def test_hydra_keeps_one_run_folder_rank_zero_writes_it():
 
     assert rank_overrides([], {}) == []
     assert rank_overrides([], {"RANK": "0"}) == []
-    assert rank_overrides([], {"RANK": "2"}) == ["hydra.output_subdir=null", "hydra/job_logging=disabled",
-                                                 "hydra.run.dir=."]
+    assert rank_overrides([], {"RANK": "2"}) == [
+        "hydra.output_subdir=null",
+        "hydra/job_logging=disabled",
+        "hydra.run.dir=.",
+    ]
     assert rank_overrides([], {"SLURM_PROCID": "1", "SLURM_STEP_ID": "0"})[0] == "hydra.output_subdir=null"
     assert rank_overrides([], {"SLURM_PROCID": "1"}) == []  # a batch script, not an srun task
 
@@ -129,24 +165,45 @@ def _no_ranks(*a, **kw):
 
 
 @pytest.mark.llm
-@pytest.mark.parametrize("env, override, match", [
-    (_torchrun_env(), {"num_ranks": 2, "pipeline_parallel": 2},
-     r"num_ranks=2 does not match the 4 ranks torchrun started"),
-    (_torchrun_env(WORLD_SIZE="6", LOCAL_WORLD_SIZE="6"), {"num_ranks": 6, "pipeline_parallel": 4},
-     r"num_ranks=6 must be a multiple of pipeline_parallel x tensor_parallel = 4"),
-    (_torchrun_env(MASTER_PORT=None), {}, r"MASTER_PORT not set under torchrun"),
-    (_torchrun_env(), {"device": "cuda"}, r"device=cuda but torch .* sees no CUDA device"),
-    ({}, {"device": "cuda"}, r"device=cuda runs one process per GPU, started by torchrun or srun"),
-    (_srun_env(SLURM_NTASKS="4", SLURM_TASKS_PER_NODE="2(x2)", SLURM_PROCID="3"), {"num_ranks": 8},
-     r"num_ranks=8 does not match the 4 ranks slurm started"),
-])
+@pytest.mark.parametrize(
+    "env, override, match",
+    [
+        (
+            _torchrun_env(),
+            {"num_ranks": 2, "pipeline_parallel": 2},
+            r"num_ranks=2 does not match the 4 ranks torchrun started",
+        ),
+        (
+            _torchrun_env(WORLD_SIZE="6", LOCAL_WORLD_SIZE="6"),
+            {"num_ranks": 6, "pipeline_parallel": 4},
+            r"num_ranks=6 must be a multiple of pipeline_parallel x tensor_parallel = 4",
+        ),
+        (_torchrun_env(MASTER_PORT=None), {}, r"MASTER_PORT not set under torchrun"),
+        (_torchrun_env(), {"device": "cuda"}, r"device=cuda but torch .* sees no CUDA device"),
+        ({}, {"device": "cuda"}, r"device=cuda runs one process per GPU, started by torchrun or srun"),
+        (
+            _srun_env(SLURM_NTASKS="4", SLURM_TASKS_PER_NODE="2(x2)", SLURM_PROCID="3"),
+            {"num_ranks": 8},
+            r"num_ranks=8 does not match the 4 ranks slurm started",
+        ),
+    ],
+)
 def test_a_bad_launcher_environment_is_refused_before_any_work(tmp_path, monkeypatch, env, override, match):
     pytest.importorskip("megatron.core")
     from recipes.train import run_job
     from recipes.validate import ConfigError
 
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_PROCID"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_STEP_ID",
+        "SLURM_PROCID",
+    ):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -163,13 +220,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(cmd: list[str], tmp: Path, name: str, env: dict[str, str] | None = None,
-         timeout: float = 600) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], tmp: Path, name: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     # output to a file, not a pipe: an orphaned rank must never hold the test's pipe open
     log = tmp / f"{name}.log"
     with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=tmp,
-                           env={**os.environ, **(env or {})})
+        r = subprocess.run(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            cwd=tmp,
+            env={**os.environ, **(env or {})},
+        )
     r.stdout = log.read_text(errors="replace")
     return r
 
@@ -181,12 +246,29 @@ def test_torchrun_with_four_gloo_ranks_gives_the_local_launchers_losses(tmp_path
     pytest.importorskip("megatron.core")
     small = ["iterations=2", "num_layers=2", "progress=false"]
     train = str(BIN / "flowlane-train")
-    local = _run([train, *small, f"output_dir={tmp_path}/local", f"hydra.run.dir={tmp_path}/local/hydra"],
-                 tmp_path, "local")
+    local = _run(
+        [train, *small, f"output_dir={tmp_path}/local", f"hydra.run.dir={tmp_path}/local/hydra"],
+        tmp_path,
+        "local",
+    )
     assert local.returncode == 0, local.stdout[-3000:]
-    tr = _run([str(BIN / "torchrun"), "--nproc_per_node", "4", "--master_addr", "127.0.0.1", "--master_port",
-               str(_free_port()), train, *small, f"output_dir={tmp_path}/torchrun",
-               f"hydra.run.dir={tmp_path}/torchrun/hydra"], tmp_path, "torchrun")
+    tr = _run(
+        [
+            str(BIN / "torchrun"),
+            "--nproc_per_node",
+            "4",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            train,
+            *small,
+            f"output_dir={tmp_path}/torchrun",
+            f"hydra.run.dir={tmp_path}/torchrun/hydra",
+        ],
+        tmp_path,
+        "torchrun",
+    )
     assert tr.returncode == 0, tr.stdout[-3000:]
     a = json.loads((tmp_path / "local" / "metrics.json").read_text())
     b = json.loads((tmp_path / "torchrun" / "metrics.json").read_text())
@@ -200,7 +282,11 @@ def test_torchrun_with_four_gloo_ranks_gives_the_local_launchers_losses(tmp_path
     trace = json.loads((tmp_path / "torchrun" / "trace.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1, 2, 3}
     assert tr.stdout.count("flowlane-train summary") == 1
-    assert sorted(p.name for p in (tmp_path / "torchrun").iterdir()) == ["hydra", "metrics.json", "trace.json"]
+    assert sorted(p.name for p in (tmp_path / "torchrun").iterdir()) == [
+        "hydra",
+        "metrics.json",
+        "trace.json",
+    ]
     assert not (tmp_path / "outputs").exists()  # no stray Hydra folders from the other ranks
 
 
@@ -210,7 +296,9 @@ def _partition(tmp: Path) -> Path:
 
     from dgl_plugin.datasets import load_graph
 
-    g = load_graph("synthetic", seed=0, num_nodes=600, avg_degree=8, num_classes=4, num_communities=8, feat_dim=8)
+    g = load_graph(
+        "synthetic", seed=0, num_nodes=600, avg_degree=8, num_classes=4, num_communities=8, feat_dim=8
+    )
     dgl.distributed.partition_graph(g, "syn", 2, str(tmp / "parts"), num_hops=1, part_method="metis")
     return tmp / "parts" / "syn.json"
 
@@ -227,19 +315,36 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
     monkeypatch.setattr("dgl_plugin.distdgl.serve", _no_ranks)
     monkeypatch.setattr("dgl_plugin.distdgl.connect", _no_ranks)
     monkeypatch.setattr("flowlane.launch.run_this_rank", _no_ranks)
-    client = {"DGL_ROLE": "client", "DGL_DIST_MODE": "distributed", "DGL_IP_CONFIG": str(ip),
-              "DGL_CONF_PATH": str(part), "DGL_NUM_SERVER": "1", "DGL_NUM_CLIENT": "2", "DGL_NUM_SAMPLER": "0",
-              **_torchrun_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")}
+    client = {
+        "DGL_ROLE": "client",
+        "DGL_DIST_MODE": "distributed",
+        "DGL_IP_CONFIG": str(ip),
+        "DGL_CONF_PATH": str(part),
+        "DGL_NUM_SERVER": "1",
+        "DGL_NUM_CLIENT": "2",
+        "DGL_NUM_SAMPLER": "0",
+        **_torchrun_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1"),
+    }
     cases = [
         ({"DGL_NUM_CLIENT": "4"}, {}, r"DGL_NUM_CLIENT=4 but 2 trainers were started"),
         ({"DGL_NUM_SAMPLER": "1"}, {}, r"DGL_NUM_SAMPLER=1: full-graph training samples nothing"),
         ({"DGL_CONF_PATH": str(tmp_path / "nope.json")}, {}, r"DGL_CONF_PATH='.*nope.json' is not a file"),
         ({"DGL_IP_CONFIG": None}, {}, r"DGL_ROLE=client but \['DGL_IP_CONFIG'\] not set"),
-        ({"RANK": None, "WORLD_SIZE": None, "TORCHELASTIC_RUN_ID": None}, {},
-         r"DGL_ROLE=client without torchrun's variables"),
-        ({"WORLD_SIZE": "3", "DGL_NUM_CLIENT": "3"}, {}, r"world_size=2 does not match the 3 ranks torchrun started"),
-        ({}, {"data": {"name": "synthetic", "part_config": str(tmp_path / "other.json")}},
-         r"data.part_config='.*other.json' but DistDGL's launcher gave DGL_CONF_PATH"),
+        (
+            {"RANK": None, "WORLD_SIZE": None, "TORCHELASTIC_RUN_ID": None},
+            {},
+            r"DGL_ROLE=client without torchrun's variables",
+        ),
+        (
+            {"WORLD_SIZE": "3", "DGL_NUM_CLIENT": "3"},
+            {},
+            r"world_size=2 does not match the 3 ranks torchrun started",
+        ),
+        (
+            {},
+            {"data": {"name": "synthetic", "part_config": str(tmp_path / "other.json")}},
+            r"data.part_config='.*other.json' but DistDGL's launcher gave DGL_CONF_PATH",
+        ),
     ]
     (tmp_path / "other.json").write_text("{}")
     for env, override, match in cases:
@@ -253,8 +358,16 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
 
 
 def _gnn_cmd(tmp: Path, name: str) -> list[str]:
-    return [str(BIN / "flowlane-train"), "--config-name", "gnn_fullgraph", "world_size=2", "epochs=3",
-            "model.hidden=16", f"out_dir={tmp}/{name}", f"hydra.run.dir={tmp}/{name}/hydra"]
+    return [
+        str(BIN / "flowlane-train"),
+        "--config-name",
+        "gnn_fullgraph",
+        "world_size=2",
+        "epochs=3",
+        "model.hidden=16",
+        f"out_dir={tmp}/{name}",
+        f"hydra.run.dir={tmp}/{name}/hydra",
+    ]
 
 
 @pytest.mark.gnn
@@ -270,25 +383,53 @@ def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launch
     ports = [_free_port() for _ in range(3)]
     ip = tmp_path / "ip_config.txt"
     ip.write_text(f"127.0.0.1 {ports[0]}\n127.0.0.1 {ports[1]}\n")
-    common = {"DGL_NUM_SAMPLER": "0", "DGL_NUM_CLIENT": "2", "DGL_CONF_PATH": str(part), "DGL_IP_CONFIG": str(ip),
-              "DGL_NUM_SERVER": "1", "DGL_GRAPH_FORMAT": "csc", "OMP_NUM_THREADS": "1"}
+    common = {
+        "DGL_NUM_SAMPLER": "0",
+        "DGL_NUM_CLIENT": "2",
+        "DGL_CONF_PATH": str(part),
+        "DGL_IP_CONFIG": str(ip),
+        "DGL_NUM_SERVER": "1",
+        "DGL_GRAPH_FORMAT": "csc",
+        "OMP_NUM_THREADS": "1",
+    }
     procs: list[subprocess.Popen] = []
     logs = []
 
     def start(cmd: list[str], env: dict[str, str], name: str) -> None:
         f = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed below
         logs.append(f)
-        procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
-                                      env={**os.environ, **common, **env}))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=tmp_path,
+                start_new_session=True,
+                env={**os.environ, **common, **env},
+            )
+        )
 
     try:
         for i in range(2):
-            start(_gnn_cmd(tmp_path, "distdgl"), {"DGL_ROLE": "server", "DGL_SERVER_ID": str(i)}, f"server{i}")
+            start(
+                _gnn_cmd(tmp_path, "distdgl"), {"DGL_ROLE": "server", "DGL_SERVER_ID": str(i)}, f"server{i}"
+            )
         for node in range(2):
-            start([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--nnodes=2",
-                   f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={ports[2]}",
-                   *_gnn_cmd(tmp_path, "distdgl")],
-                  {"DGL_DIST_MODE": "distributed", "DGL_ROLE": "client", "DGL_GROUP_ID": "0"}, f"trainer{node}")
+            start(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc_per_node=1",
+                    "--nnodes=2",
+                    f"--node_rank={node}",
+                    "--master_addr=127.0.0.1",
+                    f"--master_port={ports[2]}",
+                    *_gnn_cmd(tmp_path, "distdgl"),
+                ],
+                {"DGL_DIST_MODE": "distributed", "DGL_ROLE": "client", "DGL_GROUP_ID": "0"},
+                f"trainer{node}",
+            )
         deadline = time.monotonic() + 480
         for p in procs:  # the trainers finish, then the first one shuts the servers down
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -299,8 +440,10 @@ def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launch
                 p.wait()
         for f in logs:
             f.close()
-    out = {n: (tmp_path / f"{n}.log").read_text(errors="replace") for n in ("server0", "server1", "trainer0",
-                                                                            "trainer1")}
+    out = {
+        n: (tmp_path / f"{n}.log").read_text(errors="replace")
+        for n in ("server0", "server1", "trainer0", "trainer1")
+    }
     assert all(p.returncode == 0 for p in procs), "\n".join(f"--- {n}\n{t[-2000:]}" for n, t in out.items())
     a = json.loads((tmp_path / "local" / "summary.json").read_text())
     b = json.loads((tmp_path / "distdgl" / "summary.json").read_text())
@@ -308,4 +451,6 @@ def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launch
     # same partitions, seed and op order: the same float values as the local launcher's run
     assert [h["loss"] for h in b["history"]] == [h["loss"] for h in a["history"]]
     assert b["graph_bytes_total"] == a["graph_bytes_total"] > 0
-    assert out["trainer0"].count("gnn_fullgraph summary") + out["trainer1"].count("gnn_fullgraph summary") == 1
+    assert (
+        out["trainer0"].count("gnn_fullgraph summary") + out["trainer1"].count("gnn_fullgraph summary") == 1
+    )

@@ -45,10 +45,13 @@ def test_a_non_gating_critical_op_still_seals_its_window():
     try:
         order: list[str] = []
         with sched.critical_section(CoflowMeta("ep", microbatch=0, layer=0, op="dispatch")):
-            a = sched.defer(CoflowMeta("dp", microbatch=3, layer=2, op="reduce_scatter"), [lambda: order.append("a")])
+            a = sched.defer(
+                CoflowMeta("dp", microbatch=3, layer=2, op="reduce_scatter"), [lambda: order.append("a")]
+            )
             with sched.critical_section(CoflowMeta("pp", microbatch=0, layer=0, op="send_fwd")):
-                b = sched.defer(CoflowMeta("dp", microbatch=3, layer=0, op="reduce_scatter"),
-                                [lambda: order.append("b")])
+                b = sched.defer(
+                    CoflowMeta("dp", microbatch=3, layer=0, op="reduce_scatter"), [lambda: order.append("b")]
+                )
         t0 = time.monotonic()
         b.wait()
         a.wait()
@@ -103,13 +106,18 @@ def test_the_pacer_keeps_one_chunk_in_flight_and_trusts_wait():
     events: list[str] = []
     sched = CommScheduler(config=SchedulerConfig(max_inflight_chunks=1))
     try:
+
         def launch(name: str):
             def go():
                 events.append(f"{name} launched")
                 return _NeverCompletes(0.1, events, name)
+
             return go
+
         t0 = time.monotonic()
-        h = sched.defer(CoflowMeta("dp", microbatch=0, layer=0, op="reduce_scatter"), [launch("a"), launch("b")])
+        h = sched.defer(
+            CoflowMeta("dp", microbatch=0, layer=0, op="reduce_scatter"), [launch("a"), launch("b")]
+        )
         sched.seal()
         while not h.is_completed() and time.monotonic() - t0 < 10:  # no wait(): that would make the op urgent
             time.sleep(0.01)
@@ -163,12 +171,16 @@ def test_program_order_launches_each_sealed_window_at_once_in_key_order_on_the_s
     policy = HermodPolicy(HermodOrderConfig(4))
     sched = CommScheduler(policy, SchedulerConfig(launch="program_order"))
     seen: list[tuple[str, str]] = []
-    metas = {"l0": CoflowMeta("dp", microbatch=3, layer=0, op="all_reduce", seq=1),
-             "l5": CoflowMeta("dp", microbatch=3, layer=5, op="all_reduce", seq=2)}
+    metas = {
+        "l0": CoflowMeta("dp", microbatch=3, layer=0, op="all_reduce", seq=1),
+        "l5": CoflowMeta("dp", microbatch=3, layer=5, op="all_reduce", seq=2),
+    }
     try:
         assert sched._thread is None
-        handles = {name: sched.defer(m, [lambda name=name: seen.append((name, threading.current_thread().name))])
-                   for name, m in metas.items()}
+        handles = {
+            name: sched.defer(m, [lambda name=name: seen.append((name, threading.current_thread().name))])
+            for name, m in metas.items()
+        }
         assert seen == []  # nothing goes out before a seal point
         release = sched.hold(CoflowMeta("pp", microbatch=0, layer=0, op="send_next"))  # outstanding: no gate
         sched.seal()

@@ -56,13 +56,17 @@ def test_nccl_clones_carry_each_class_traffic_class_in_the_same_order_on_every_r
 
 
 @pytest.mark.llm
-def test_nccl_options_set_the_traffic_class_or_say_what_the_torch_build_lacks(monkeypatch: pytest.MonkeyPatch):
+def test_nccl_options_set_the_traffic_class_or_say_what_the_torch_build_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+):
     import torch.distributed as dist
 
     from flowlane.hermod.wire import nccl_traffic_class
     from flowlane.sched.groups import _nccl_options
 
-    assert [_nccl_options(c).config.traffic_class for c in range(3)] == [nccl_traffic_class(c) for c in range(3)]
+    assert [_nccl_options(c).config.traffic_class for c in range(3)] == [
+        nccl_traffic_class(c) for c in range(3)
+    ]
     with pytest.raises(ValueError, match="hermod_class must be an integer in"):
         _nccl_options(3)
 
@@ -107,8 +111,16 @@ def test_the_bulk_class_leaves_from_its_own_interface_address():
     With classes (eth0, eth0, bulk0) the bulk clone's connections use the bulk addresses; without, none does."""
     with EmulatedNetwork(2, subnet="10.214.0.0/24", bulk_subnet="10.214.1.0/24") as net:
         for ifnames, bulk_used in (("eth0,eth0,bulk0", True), ("", False)):
-            procs = [net.popen(r, [sys.executable, "-c", _RANK, str(r), net.ips[0], ifnames],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+            procs = [
+                net.popen(
+                    r,
+                    [sys.executable, "-c", _RANK, str(r), net.ips[0], ifnames],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for r in range(2)
+            ]
             outs = [p.communicate(timeout=90) for p in procs]
             for p, (_, e) in zip(procs, outs, strict=True):
                 assert p.returncode == 0, e[-2000:]

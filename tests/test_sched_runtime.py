@@ -8,16 +8,26 @@ from flowlane.hermod.order import CoflowKey, HermodOrder, HermodOrderConfig
 from flowlane.launch import launch
 from flowlane.testing.workload import WorkloadConfig, run_rank
 
-BASE = dict(pp=2, layers_per_stage=2, microbatches=3, iterations=2, act_elems=1024, param_elems=4096, moe=True)
+BASE = dict(
+    pp=2, layers_per_stage=2, microbatches=3, iterations=2, act_elems=1024, param_elems=4096, moe=True
+)
 RUNS = {
     "fifo": dict(sched={"mode": "fifo"}),
     "hermod": dict(sched={"mode": "hermod", "chunk_bytes": 4096}),
     "fifo1": dict(sched={"mode": "fifo"}, iterations=1, moe=False),
-    "delayed": dict(sched={"mode": "hermod", "chunk_bytes": 2048, "gate_timeout_s": 0.01}, iterations=1,
-                    moe=False, delay_s=0.01),
+    "delayed": dict(
+        sched={"mode": "hermod", "chunk_bytes": 2048, "gate_timeout_s": 0.01},
+        iterations=1,
+        moe=False,
+        delay_s=0.01,
+    ),
     # EP all-to-alls on their wire class's clone (3 clones on loopback), with injected delays
-    "hermod_ep": dict(sched={"mode": "hermod", "chunk_bytes": 4096}, ep_wire_classes=True,
-                      gloo_class_ifnames=["lo", "lo", "lo"], delay_s=0.003),
+    "hermod_ep": dict(
+        sched={"mode": "hermod", "chunk_bytes": 4096},
+        ep_wire_classes=True,
+        gloo_class_ifnames=["lo", "lo", "lo"],
+        delay_s=0.003,
+    ),
     # the thesis' baselines (seed 000 §5.5.1): Megatron-LM's defaults (no DP overlap) and Lina (EP before DP, DP
     # chunked in issue order)
     "megatron": dict(sched={"mode": "fifo"}, overlap_dp=False),
@@ -60,7 +70,9 @@ def test_hermod_and_fifo_give_identical_parameters_and_the_order_respects_priori
         for e in chunks:
             by_window.setdefault(e[7], []).append(e)
         for w, es in by_window.items():
-            keys = [(order.sort_key(CoflowKey(it, mb, c, layer, op)), ch) for _, c, op, it, mb, layer, ch, _ in es]
+            keys = [
+                (order.sort_key(CoflowKey(it, mb, c, layer, op)), ch) for _, c, op, it, mb, layer, ch, _ in es
+            ]
             assert keys == sorted(keys), (h["rank"], w, es)
         # Case III: Hermod takes all parameter gathers at once and sends the lowest layer first
         first_gather = next(e for e in chunks if e[2] == "all_gather")
@@ -71,7 +83,7 @@ def test_hermod_and_fifo_give_identical_parameters_and_the_order_respects_priori
             g = [i for i, e in enumerate(es) if e[2] == "all_gather"]
             assert [es[i][5] for i in g] == [h["stage"] * BASE["layers_per_stage"] + k for k in range(len(g))]
             if h["stage"] == 1:
-                assert any(e[0] == "critical" for e in es[g[0]:g[1]]), (it, es[:6])
+                assert any(e[0] == "critical" for e in es[g[0] : g[1]]), (it, es[:6])
     # same decisions on every rank of a DP group: identical deferred launch sequences
     for stage in range(2):
         seqs = [[e[1:7] for e in r["log"] if e[0] == "chunk"] for r in herm if r["stage"] == stage]
@@ -107,11 +119,17 @@ def test_auto_all_to_all_in_the_workload_probes_by_iteration_and_keeps_the_math(
         a, f = r["auto_ep4"], r["fifo_ep4"]
         assert a["params"] == f["params"]
         ends = [*a["iter_starts"][1:], float("inf")]
-        ep_ops = [{o[1] for o in a["ops"] if o[0] == "ep" and s <= o[3] < e and o[1] != "all_gather"}
-                  for s, e in zip(a["iter_starts"], ends, strict=True)]
+        ep_ops = [
+            {o[1] for o in a["ops"] if o[0] == "ep" and s <= o[3] < e and o[1] != "all_gather"}
+            for s, e in zip(a["iter_starts"], ends, strict=True)
+        ]
         assert ep_ops[1] == ep_ops[3] == {"all_to_all"} and ep_ops[2] == {"isend", "irecv"}, ep_ops
-        assert ep_ops[4] == {"isend", "irecv", "all_reduce", "broadcast"}, ep_ops  # the decision ends iteration 4
-        assert ep_ops[5] == ({"all_to_all"} if a["ep_auto"]["choice"] == "plain" else {"isend", "irecv"}), ep_ops
+        assert ep_ops[4] == {"isend", "irecv", "all_reduce", "broadcast"}, (
+            ep_ops
+        )  # the decision ends iteration 4
+        assert ep_ops[5] == ({"all_to_all"} if a["ep_auto"]["choice"] == "plain" else {"isend", "irecv"}), (
+            ep_ops
+        )
     assert len({r["auto_ep4"]["ep_auto"]["choice"] for r in res}) == 1
     assert res[0]["fifo_ep4"]["ep_auto"] is None
 
@@ -143,7 +161,9 @@ def test_auto_all_to_all_probes_whole_iterations_keeps_the_faster_and_agrees_acr
         assert a["used"][:5] == ["bvn", "plain", "bvn", "plain", "bvn"], a
         assert a["used"][5:] == [a["choice"]] * 2, a
         assert a["slow_plain"] == "bvn" and a["slow_bvn"] == "plain", a
-        assert a["slow_bvn_seconds"]["bvn"] > a["slow_bvn_seconds"]["plain"] + 0.1, a  # 2 x 2 iterations x 50 ms
+        assert a["slow_bvn_seconds"]["bvn"] > a["slow_bvn_seconds"]["plain"] + 0.1, (
+            a
+        )  # 2 x 2 iterations x 50 ms
         assert a["fixed"] == ["alg3"] * 3, a  # a fixed algorithm never probes
         # three candidates: warm-up with the first matched one, then two cycles in the given order, then the choice
         assert a["three"] == ["bvn", "plain", "bvn", "alg3", "plain", "bvn", "alg3", "alg3"], a
@@ -184,15 +204,20 @@ def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
     used, ok = iterations(runner, 7)
     out = {"used": used, "all_equal": ok, "choice": runner.choice}
 
-    def slowed(fn, delay_s: float = 0.025):  # rank 1 lags in one algorithm only, as behind an incast-prone port
+    def slowed(
+        fn, delay_s: float = 0.025
+    ):  # rank 1 lags in one algorithm only, as behind an incast-prone port
         def wrapper(*args, **kw):
             if rank == 1:
                 time.sleep(delay_s)
             return fn(*args, **kw)
+
         return wrapper
 
-    for name, mod, attr in (("slow_plain", flowlane.comm, "all_to_all_single"),
-                            ("slow_bvn", a2a, "matched_all_to_all")):
+    for name, mod, attr in (
+        ("slow_plain", flowlane.comm, "all_to_all_single"),
+        ("slow_bvn", a2a, "matched_all_to_all"),
+    ):
         orig = getattr(mod, attr)
         setattr(mod, attr, slowed(orig))
         try:
@@ -208,7 +233,10 @@ def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
     def matched_slow_unless_alg3(*args, **kw):
         return (orig_matched if kw.get("algorithm") == "alg3" else slowed(orig_matched, 0.1))(*args, **kw)
 
-    flowlane.comm.all_to_all_single, a2a.matched_all_to_all = slowed(orig_plain, 0.1), matched_slow_unless_alg3
+    flowlane.comm.all_to_all_single, a2a.matched_all_to_all = (
+        slowed(orig_plain, 0.1),
+        matched_slow_unless_alg3,
+    )
     try:
         runner = AllToAllRunner("auto", probe_iterations=2, candidates="plain,bvn,alg3")
         out["three"], _ = iterations(runner, 8)
@@ -258,7 +286,9 @@ def _a2a_rank(rank: int, world: int) -> dict:
     y = torch.full((sum(recv), 3), -1.0)
     matched_all_to_all(y, x, recv, splits, matrix, phase_sync="barrier")
     out["equal_bvn_barrier"] = bool(torch.equal(y, ref))
-    y = torch.full((sum(recv), 3), -1.0)  # a plan capped at 2 phases: the second sends everything left at once
+    y = torch.full(
+        (sum(recv), 3), -1.0
+    )  # a plan capped at 2 phases: the second sends everything left at once
     capped = matched_all_to_all(y, x, recv, splits, matrix, max_phases=2)
     out["equal_bvn_capped"] = bool(torch.equal(y, ref)) and len(capped) <= 2
     try:
@@ -289,10 +319,12 @@ def test_megatron_defaults_gather_before_and_reduce_after_the_schedule_with_the_
         for name, run in (("megatron", meg), ("fifo", fifo)):
             for it, es in _iterations(run["log"]).items():
                 crit = [i for i, e in enumerate(es) if e[0] == "critical"]
-                inside = [e for e in es[crit[0]:crit[-1]] if e[0] == "chunk"]
+                inside = [e for e in es[crit[0] : crit[-1]] if e[0] == "chunk"]
                 if name == "megatron":
                     assert inside == [], (r["rank"], it, inside)
-                    assert [e[2] for e in es if e[0] == "chunk"] == ["all_gather"] * 2 + ["reduce_scatter"] * 2
+                    assert [e[2] for e in es if e[0] == "chunk"] == ["all_gather"] * 2 + [
+                        "reduce_scatter"
+                    ] * 2
                 elif inside:
                     overlapped_reduces_early = True
     assert overlapped_reduces_early  # the check above can tell the two DAGs apart
@@ -311,7 +343,11 @@ def test_lina_chunks_dp_in_issue_order_and_keeps_the_math():
         # each op's chunks back to back, the ops in issue order: FIFO's sequence (it logs one chunk per op)
         assert ops == [(e[3], e[2], e[5]) for e in fifo["log"] if e[0] == "chunk"]
     for stage in range(2):
-        seqs = [[e[1:7] for e in r["lina"]["log"] if e[0] == "chunk"] for r in _results() if r["lina"]["stage"] == stage]
+        seqs = [
+            [e[1:7] for e in r["lina"]["log"] if e[0] == "chunk"]
+            for r in _results()
+            if r["lina"]["stage"] == stage
+        ]
         assert all(s == seqs[0] for s in seqs)
 
 

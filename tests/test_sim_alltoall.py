@@ -20,8 +20,9 @@ T = np.array([[0, 2, 1, 3], [6, 0, 2, 1], [5, 1, 0, 2], [3, 4, 1, 0]])
 L = 14
 
 
-def _run(mode: str, incast: IncastModel | None, matrix: np.ndarray = T,
-         op_overhead: float = 0.0) -> tuple[float, Workload]:
+def _run(
+    mode: str, incast: IncastModel | None, matrix: np.ndarray = T, op_overhead: float = 0.0
+) -> tuple[float, Workload]:
     topo = star([B] * len(matrix), latency=0.0)
     w = Workload(topo.gpus)
     C.all_to_all(w, range(len(matrix)), matrix, CoflowMeta("ep", op="dispatch"), mode=mode, unit_bytes=UNIT)
@@ -71,7 +72,9 @@ def test_phases_mode_sends_each_flow_alone_into_its_receiver(phased: str) -> Non
 
 
 @pytest.mark.parametrize("phased", ["phases", "phases_bottleneck"])
-def test_a_per_op_overhead_is_paid_once_by_plain_and_once_per_phase_by_the_phased_all_to_all(phased: str) -> None:
+def test_a_per_op_overhead_is_paid_once_by_plain_and_once_per_phase_by_the_phased_all_to_all(
+    phased: str,
+) -> None:
     # benchmarks.hermod_intra_sim --op-overhead-us: the phase flows are ops of their own, so a rank that takes part
     # in k phases pays the overhead k times in sequence, where the plain all-to-all pays it once
     o = 1e-3
@@ -112,8 +115,10 @@ def _expanded(w: Workload) -> Workload:
             start = out.join(d)
             ids: list[int] = []
             for f in range(len(node.src)):
-                pre = [ids[q] for q in node.pred_idx[node.pred_ptr[f]:node.pred_ptr[f + 1]]]
-                ids.append(out.coflow(([node.src[f]], [node.dst[f]], [node.nbytes[f]]), node.meta, pre or [start]))
+                pre = [ids[q] for q in node.pred_idx[node.pred_ptr[f] : node.pred_ptr[f + 1]]]
+                ids.append(
+                    out.coflow(([node.src[f]], [node.dst[f]], [node.nbytes[f]]), node.meta, pre or [start])
+                )
             new_id.append(out.join(ids or [start]))
         else:
             out.nodes.append(node)
@@ -147,7 +152,9 @@ def test_a_moe_iteration_with_phased_all_to_alls_matches_its_expanded_form() -> 
     from flowlane.policies import make_policy
     from flowlane.sim.workloads import build_workload
 
-    topo, w = build_workload("qwen-moe-12l", 32, 100.0, num_microbatches=2, iterations=2, ep_a2a="phases_bottleneck")
+    topo, w = build_workload(
+        "qwen-moe-12l", 32, 100.0, num_microbatches=2, iterations=2, ep_a2a="phases_bottleneck"
+    )
     _, w_plain = build_workload("qwen-moe-12l", 32, 100.0, num_microbatches=2, iterations=2, ep_a2a="plain")
     assert len(w.nodes) == len(w_plain.nodes)  # one node per all-to-all, however many phases
     cfg = SimConfig(routing="first", incast=IncastModel(alpha=0.13), time_quantum=1e-4)
@@ -213,15 +220,33 @@ def test_sim_cli_takes_the_all_to_all_mode_and_records_it(tmp_path) -> None:
 
     from flowlane.sim import cli as sim_cli
 
-    args = ["sim", "--workload", "qwen-moe-12l", "--gpus", "32", "--bandwidth", "10", "--policy", "fifo,hermod",
-            "--microbatches", "2", "--iterations", "1", "--incast-alpha", "0.1", "--no-plot"]
+    args = [
+        "sim",
+        "--workload",
+        "qwen-moe-12l",
+        "--gpus",
+        "32",
+        "--bandwidth",
+        "10",
+        "--policy",
+        "fifo,hermod",
+        "--microbatches",
+        "2",
+        "--iterations",
+        "1",
+        "--incast-alpha",
+        "0.1",
+        "--no-plot",
+    ]
     rc = sim_cli.main([*args, "--ep-a2a", "matched", "--out", str(tmp_path / "m")])
     assert rc == 0
     doc = json.loads((tmp_path / "m" / "sim.json").read_text())
     assert doc["config"]["ep_a2a"] == "matched"
     with pytest.raises(SystemExit):  # argparse names the allowed choices
         sim_cli.main([*args, "--ep-a2a", "bvn", "--out", str(tmp_path / "x")])
-    assert sim_cli.main(["sim", "--workload", "dlrm", "--ep-a2a", "matched", "--out", str(tmp_path / "d")]) == 2
+    assert (
+        sim_cli.main(["sim", "--workload", "dlrm", "--ep-a2a", "matched", "--out", str(tmp_path / "d")]) == 2
+    )
 
 
 def test_sim_cli_shared_nics_and_megatron_defaults_cost_time(tmp_path) -> None:
@@ -229,16 +254,34 @@ def test_sim_cli_shared_nics_and_megatron_defaults_cost_time(tmp_path) -> None:
 
     from flowlane.sim import cli as sim_cli
 
-    args = ["sim", "--workload", "gpt3-13b", "--gpus", "32", "--bandwidth", "10", "--policy", "fifo",
-            "--microbatches", "4", "--no-plot"]
+    args = [
+        "sim",
+        "--workload",
+        "gpt3-13b",
+        "--gpus",
+        "32",
+        "--bandwidth",
+        "10",
+        "--policy",
+        "fifo",
+        "--microbatches",
+        "4",
+        "--no-plot",
+    ]
     times = {}
-    for name, extra in (("rail", []), ("nic1", ["--nics-per-server", "1"]),
-                        ("nic1_megatron", ["--nics-per-server", "1", "--no-overlap"])):
+    for name, extra in (
+        ("rail", []),
+        ("nic1", ["--nics-per-server", "1"]),
+        ("nic1_megatron", ["--nics-per-server", "1", "--no-overlap"]),
+    ):
         assert sim_cli.main([*args, *extra, "--out", str(tmp_path / name)]) == 0
         doc = json.loads((tmp_path / name / "sim.json").read_text())
         times[name] = doc["results"]["fifo"]["iteration_time_s"]
     assert doc["config"]["nics_per_server"] == 1 and doc["config"]["overlap_grad_reduce"] is False
     # 8 GPUs share one 10 Gb/s NIC: slower than one NIC per GPU; no DP overlap: slower still
     assert times["rail"] < times["nic1"] < times["nic1_megatron"]
-    assert sim_cli.main(["sim", "--workload", "dlrm", "--nics-per-server", "1", "--out", str(tmp_path / "d")]) == 2
+    assert (
+        sim_cli.main(["sim", "--workload", "dlrm", "--nics-per-server", "1", "--out", str(tmp_path / "d")])
+        == 2
+    )
     assert sim_cli.main([*args, "--nics-per-server", "3", "--out", str(tmp_path / "bad")]) == 2

@@ -81,8 +81,9 @@ def _random_workload(topo: Topology, seed: int, ncof: int = 30) -> Workload:
         ct = ["dp", "pp", "ep", "cp"][i % 4]
         deps = [int(rng.choice(prev))] if prev and rng.random() < 0.5 else []
         c = w.compute(f"g{int(src[0])}", float(rng.random() * 0.05), deps)
-        prev.append(w.coflow((src, dst, rng.random(k) * 1e8 + 1), CoflowMeta(ct, microbatch=i % 3, layer=i % 5),
-                             [c]))
+        prev.append(
+            w.coflow((src, dst, rng.random(k) * 1e8 + 1), CoflowMeta(ct, microbatch=i % 3, layer=i % 5), [c])
+        )
     return w
 
 
@@ -212,8 +213,10 @@ def _two_class_incast(high: int, low: int, count: str, sender_bw: float = B) -> 
     the senders' links have ``sender_bw``. Returns the rates (high flows first)."""
     topo = star([B] + [sender_bw] * (high + low), latency=0.0)
     sim = Simulator(topo, SimConfig(incast=IncastModel(threshold=1, alpha=0.25, count=count)))
-    routes = [[sim.link_index[(lk.src, lk.dst)] for lk in topo.route(topo.gpus[s], topo.gpus[0]).links]
-              for s in range(1, high + low + 1)]
+    routes = [
+        [sim.link_index[(lk.src, lk.dst)] for lk in topo.route(topo.gpus[s], topo.gpus[0]).links]
+        for s in range(1, high + low + 1)
+    ]
     hops = np.array(routes, np.int64)
     cls = np.array([0] * high + [1] * low)
     return allocate(hops, cls, sim.capacity, "strict", 0.5, sim.cfg.incast, sim.incast_links)
@@ -254,7 +257,10 @@ def test_class_count_with_one_class_is_the_port_count_and_c_equals_numpy(monkeyp
             monkeypatch.setenv("FLOWLANE_SIM_NO_C", "1")
             ref = allocate(*args)
             monkeypatch.delenv("FLOWLANE_SIM_NO_C")
-            assert np.array_equal(c, ref), (sharing, cls[:5])  # bit for bit: the same operations in the same order
+            assert np.array_equal(c, ref), (
+                sharing,
+                cls[:5],
+            )  # bit for bit: the same operations in the same order
             if not cls.any():
                 port = allocate(hops, cls, cap, sharing, 0.5, IncastModel(alpha=0.3), links, grp)
                 assert c == pytest.approx(port, rel=1e-12)

@@ -14,13 +14,16 @@ from flowlane.sim import cli as sim_cli
 from flowlane.sim.models import LLMJob, ModelConfig, ParallelConfig
 from flowlane.sim.workloads import build_llm, cluster
 
-TINY_MOE = ModelConfig("tiny-moe", layers=4, hidden=256, heads=4, vocab=1, seq_len=256, num_experts=8, top_k=2)
+TINY_MOE = ModelConfig(
+    "tiny-moe", layers=4, hidden=256, heads=4, vocab=1, seq_len=256, num_experts=8, top_k=2
+)
 TINY_DENSE = ModelConfig("tiny", layers=8, hidden=1024, heads=8, vocab=1, seq_len=512)
 
 
 def _moe(**kw: object) -> LLMJob:
-    return LLMJob(TINY_MOE, ParallelConfig(**{"tp": 4, "pp": 2, "ep": 4, "micro_batch": 1, "num_microbatches": 4,
-                                              **kw}))
+    return LLMJob(
+        TINY_MOE, ParallelConfig(**{"tp": 4, "pp": 2, "ep": 4, "micro_batch": 1, "num_microbatches": 4, **kw})
+    )
 
 
 def _servers(w, idx: np.ndarray) -> np.ndarray:
@@ -34,7 +37,7 @@ def test_ep_layout_dp_puts_the_all_to_all_across_servers_and_fold_keeps_it_insid
     cross = sum(float(c.nbytes[_servers(w, c.src) != _servers(w, c.dst)].sum()) for c in ep)
     assert cross > 0.4 * sum(c.total_bytes for c in ep)  # 2 of 4 peers are in another server
     for c in ep:  # an EP group is DP replicas with the same TP rank (Megatron order tp-cp-ep-dp-pp)
-        assert len({w.devices[i].split("gpu")[1] for i in np.r_[c.src, c.dst]} ) <= 2
+        assert len({w.devices[i].split("gpu")[1] for i in np.r_[c.src, c.dst]}) <= 2
     _, wf = build_llm(_moe(ep_layout="fold"), 64, 10.0)
     assert wf.info["ep_layout"] == "fold" and not wf.info["ep_crosses_servers"]
     for c in (c for c in wf.coflows if c.meta.ctype == "ep"):
@@ -71,8 +74,11 @@ def test_param_all_gathers_overlap_the_next_forward_case_iii() -> None:
     assert ag0 and all(nodes[r.coflow_nodes[k]].meta.iteration == 1 for k in ag0)  # keyed by the consumer
     ag_end = max(r.coflow_end[k] for k in ag0)
     assert min(r.coflow_start[k] for k in ag0) >= r.iteration_ends[0] - 1e-12  # after the step
-    fwd1 = [r.compute_start[k] for k, i in enumerate(r.compute_nodes)
-            if nodes[i].cat == "fwd" and r.compute_start[k] >= r.iteration_ends[0]]
+    fwd1 = [
+        r.compute_start[k]
+        for k, i in enumerate(r.compute_nodes)
+        if nodes[i].cat == "fwd" and r.compute_start[k] >= r.iteration_ends[0]
+    ]
     assert min(fwd1) < ag_end  # iteration 1's forward runs while iteration 0's all-gathers still move
     # without the overlap every all-gather finishes before the stage's next forward: slower
     topo2, w2 = build_llm(_moe(iterations=2, bucket_params=1, overlap_param_gather=False), 64, 10.0)
@@ -86,10 +92,16 @@ def test_reduce_scatters_overlap_the_remaining_backward_case_ii() -> None:
     r = Simulator(topo).run(w, make_policy("fifo"))
     nodes = w.nodes
     end0 = r.iteration_ends[0]
-    rs_start = min(r.coflow_start[k] for k, i in enumerate(r.coflow_nodes)
-                   if nodes[i].meta.op == "reduce_scatter" and nodes[i].meta.iteration == 0)
-    last_bwd = max(r.compute_end[k] for k, i in enumerate(r.compute_nodes)
-                   if nodes[i].cat == "bwd" and r.compute_end[k] <= end0)
+    rs_start = min(
+        r.coflow_start[k]
+        for k, i in enumerate(r.coflow_nodes)
+        if nodes[i].meta.op == "reduce_scatter" and nodes[i].meta.iteration == 0
+    )
+    last_bwd = max(
+        r.compute_end[k]
+        for k, i in enumerate(r.compute_nodes)
+        if nodes[i].cat == "bwd" and r.compute_end[k] <= end0
+    )
     assert rs_start < last_bwd  # the first bucket is reduced while other stages still run backward
 
 
@@ -97,8 +109,12 @@ def test_without_overlap_grad_reduce_reductions_wait_for_the_stage_backward() ->
     """Megatron-LM's default (--overlap-grad-reduce off): finalize_model_grads reduces after the whole backward."""
 
     def run(overlap: bool):
-        job = LLMJob(TINY_DENSE, ParallelConfig(tp=2, pp=4, micro_batch=1, num_microbatches=8, bucket_params=1,
-                                                overlap_grad_reduce=overlap))
+        job = LLMJob(
+            TINY_DENSE,
+            ParallelConfig(
+                tp=2, pp=4, micro_batch=1, num_microbatches=8, bucket_params=1, overlap_grad_reduce=overlap
+            ),
+        )
         topo, w = build_llm(job, 32, 10.0)
         r = Simulator(topo).run(w, make_policy("fifo"))
         nodes = w.nodes
@@ -107,8 +123,11 @@ def test_without_overlap_grad_reduce_reductions_wait_for_the_stage_backward() ->
             if nodes[i].cat == "bwd" and r.compute_end[k] <= r.iteration_ends[0]:
                 st = int(nodes[i].executor.split(".")[0][2:])
                 last_bwd[st] = max(last_bwd.get(st, 0.0), r.compute_end[k])
-        early = [r.coflow_start[k] < last_bwd[nodes[i].meta.stage] - 1e-12 for k, i in enumerate(r.coflow_nodes)
-                 if nodes[i].meta.op == "reduce_scatter" and nodes[i].meta.iteration == 0]
+        early = [
+            r.coflow_start[k] < last_bwd[nodes[i].meta.stage] - 1e-12
+            for k, i in enumerate(r.coflow_nodes)
+            if nodes[i].meta.op == "reduce_scatter" and nodes[i].meta.iteration == 0
+        ]
         return r.iteration_time, early
 
     t_off, early_off = run(False)
@@ -129,8 +148,24 @@ def test_steady_iteration_is_reproducible_over_three_iterations() -> None:
 
 def test_the_sim_cli_runs_the_hermod_policies(tmp_path) -> None:
     # that they import without torch: tests/test_core_imports.py
-    rc = sim_cli.main(["sim", "--workload", "qwen-moe-12l", "--gpus", "32", "--bandwidth", "10", "--policy",
-                       "fifo,hermod,hermod-nccl", "--microbatches", "4", "--out", str(tmp_path), "--no-plot"])
+    rc = sim_cli.main(
+        [
+            "sim",
+            "--workload",
+            "qwen-moe-12l",
+            "--gpus",
+            "32",
+            "--bandwidth",
+            "10",
+            "--policy",
+            "fifo,hermod,hermod-nccl",
+            "--microbatches",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--no-plot",
+        ]
+    )
     assert rc == 0
     doc = json.loads((tmp_path / "sim.json").read_text())
     assert set(doc["results"]) == {"fifo", "hermod", "hermod-nccl"}
@@ -175,7 +210,9 @@ def test_hermod_sim_analysis_ep_cct_alone_and_with_its_set() -> None:
     assert isolated_ep_cct_s("mixtral-8x22b", 512, 50.0, 8, 2, 0)[0] == pytest.approx(2 * rail[0])
 
 
-def test_hermod_sim_plan_runs_the_thesis_baselines_in_the_sweeps_and_filters_name_bad_values(tmp_path) -> None:
+def test_hermod_sim_plan_runs_the_thesis_baselines_in_the_sweeps_and_filters_name_bad_values(
+    tmp_path,
+) -> None:
     """Figs. 5.12/5.13 compare Hermod with vanilla Megatron-LM and Lina: the sweeps carry ``megatron`` for every
     model and ``ep-first`` (Lina's rule) for the MoE ones only (without EP it equals FIFO by construction)."""
     from benchmarks.hermod_sim import MOE, main, plan
@@ -184,8 +221,13 @@ def test_hermod_sim_plan_runs_the_thesis_baselines_in_the_sweeps_and_filters_nam
     for m, g, b, _ in list(sweep):
         assert (m, g, b, "megatron") in sweep
         assert ((m, g, b, "ep-first") in sweep) == (m in MOE)
-    for bad in (["--models", "gpt3-13x"], ["--gpus", "3000"], ["--policies", "lina"], ["--bandwidths", "300"],
-                ["--bandwidths", "fast"]):
+    for bad in (
+        ["--models", "gpt3-13x"],
+        ["--gpus", "3000"],
+        ["--policies", "lina"],
+        ["--bandwidths", "300"],
+        ["--bandwidths", "fast"],
+    ):
         with pytest.raises(SystemExit) as e:
             main([*bad, "--out", str(tmp_path)])
         assert e.value.code == 2
@@ -198,8 +240,11 @@ def test_hermod_intra_sim_runs_qwen_phases_only_when_named_and_filters_name_bad_
 
     default = {(m, v) for _, m, _, _, _, v, _ in plan([0.1], {"scale"})}
     assert ("mixtral-8x22b", "hermod-phases-bn") in default
-    assert not {v for m, v in default if m == "qwen-moe-24l"} & {"hermod-phases", "hermod-phases-bn",
-                                                                  "hermod-nccl-phases-bn"}
+    assert not {v for m, v in default if m == "qwen-moe-24l"} & {
+        "hermod-phases",
+        "hermod-phases-bn",
+        "hermod-nccl-phases-bn",
+    }
     assert ("mixtral-8x22b", "hermod-nccl-phases-bn") not in default  # a per-class-queue experiment: opt-in
     named = plan([0.13], {"scale"}, {"fifo", "hermod-phases-bn"}, {"qwen-moe-24l"}, 256)
     assert named == [("scale", "qwen-moe-24l", 256, 8, 100.0, v, 0.13) for v in ("fifo", "hermod-phases-bn")]
@@ -222,13 +267,47 @@ def test_hermod_intra_sim_refuses_a_bad_op_overhead_and_a_resume_at_another_sett
         assert e.value.code == 2
     (tmp_path / "old.json").write_text(json.dumps({"config": {"time_quantum_s": 1e-4}, "points": []}))
     with pytest.raises(SystemExit) as e:
-        main(["--only", "scale", "--scale-models", "mixtral-8x22b", "--scale-variants", "fifo", "--scale-gpus", "64",
-              "--op-overhead-us", "20", "--resume", "--name", "old", "--out", str(tmp_path)])
+        main(
+            [
+                "--only",
+                "scale",
+                "--scale-models",
+                "mixtral-8x22b",
+                "--scale-variants",
+                "fifo",
+                "--scale-gpus",
+                "64",
+                "--op-overhead-us",
+                "20",
+                "--resume",
+                "--name",
+                "old",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert e.value.code == 2
     assert "op overhead 0 s and incast count port, not 1e-05 s, 2e-05 s and port" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        main(["--only", "scale", "--scale-models", "mixtral-8x22b", "--scale-variants", "fifo", "--scale-gpus", "64",
-              "--incast-count", "class", "--resume", "--name", "old", "--out", str(tmp_path)])
+        main(
+            [
+                "--only",
+                "scale",
+                "--scale-models",
+                "mixtral-8x22b",
+                "--scale-variants",
+                "fifo",
+                "--scale-gpus",
+                "64",
+                "--incast-count",
+                "class",
+                "--resume",
+                "--name",
+                "old",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert e.value.code == 2
     assert "incast count port, not 1e-05 s, 0 s and class" in capsys.readouterr().err
 

@@ -24,7 +24,9 @@ def _work(matrices: list[np.ndarray], mode: str = "phases_bottleneck") -> tuple[
     w = Workload(topo.gpus)
     prev: list[int] = []
     for m in matrices:
-        prev = [C.all_to_all(w, range(4), m, CoflowMeta("ep", op="dispatch"), prev, mode=mode, unit_bytes=UNIT)]
+        prev = [
+            C.all_to_all(w, range(4), m, CoflowMeta("ep", op="dispatch"), prev, mode=mode, unit_bytes=UNIT)
+        ]
     return topo, w
 
 
@@ -75,8 +77,9 @@ def test_the_cache_key_is_the_matrix_and_the_mode() -> None:
 def test_issue_slots_count_the_phases_each_rank_takes_part_in() -> None:
     w = Workload(["a", "b", "c", "d"])
     # phase 0: 0->1, 2->3; phase 1: 0->2; phase 2: 3->1
-    w.phased_all_to_all([0, 2, 0, 3], [1, 3, 2, 1], [1.0] * 4, [0, 0, 1, 2], [[], [], [0], [1, 0]],
-                        CoflowMeta("ep"))
+    w.phased_all_to_all(
+        [0, 2, 0, 3], [1, 3, 2, 1], [1.0] * 4, [0, 0, 1, 2], [[], [], [0], [1, 0]], CoflowMeta("ep")
+    )
     x = _phased(w)[0]
     # flow 2 (phase 1, ranks 0 and 2): both in their 2nd phase; flow 3 (phase 2): rank 3's 2nd, rank 1's 2nd
     assert issue_ordinals(x).tolist() == [1, 1, 2, 2]
@@ -102,12 +105,15 @@ def test_plain_all_to_alls_and_collectives_are_never_charged() -> None:
     assert a.makespan == b.makespan and np.array_equal(a.coflow_end, b.coflow_end)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("plan_time", -1.0, r"SimConfig.plan_time must be a finite number >= 0 s, got -1.0"),
-    ("plan_hit_time", float("inf"), r"SimConfig.plan_hit_time must be a finite number >= 0 s, got inf"),
-    ("phase_issue_time", "1", r"SimConfig.phase_issue_time must be a finite number >= 0 s, got '1'"),
-    ("plan_cache_entries", -2, r"SimConfig.plan_cache_entries must be an integer >= 0, got -2"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("plan_time", -1.0, r"SimConfig.plan_time must be a finite number >= 0 s, got -1.0"),
+        ("plan_hit_time", float("inf"), r"SimConfig.plan_hit_time must be a finite number >= 0 s, got inf"),
+        ("phase_issue_time", "1", r"SimConfig.phase_issue_time must be a finite number >= 0 s, got '1'"),
+        ("plan_cache_entries", -2, r"SimConfig.plan_cache_entries must be an integer >= 0, got -2"),
+    ],
+)
 def test_bad_cost_settings_are_refused_by_name(field: str, value: object, match: str) -> None:
     with pytest.raises(SimSpecError, match=match):
         SimConfig(**{field: value})  # type: ignore[arg-type]

@@ -22,19 +22,37 @@ from flowlane.topology import leaf_spine
 
 
 def test_table_5_5_presets_have_the_seed_degrees() -> None:
-    expect = {"qwen-moe-12l": (12, 64, 4, 1, 8, 4096, 4), "mixtral-8x7b": (32, 8, 2, 1, 8, 4096, 4),
-              "gpt3-13b": (40, 0, 4, 4, 1, 2048, 4), "qwen-moe-24l": (24, 64, 8, 8, 32, 4096, 8),
-              "mixtral-8x22b": (32, 8, 8, 8, 8, 4096, 8), "gpt3-175b": (96, 0, 8, 8, 1, 2048, 8)}
+    expect = {
+        "qwen-moe-12l": (12, 64, 4, 1, 8, 4096, 4),
+        "mixtral-8x7b": (32, 8, 2, 1, 8, 4096, 4),
+        "gpt3-13b": (40, 0, 4, 4, 1, 2048, 4),
+        "qwen-moe-24l": (24, 64, 8, 8, 32, 4096, 8),
+        "mixtral-8x22b": (32, 8, 8, 8, 8, 4096, 8),
+        "gpt3-175b": (96, 0, 8, 8, 1, 2048, 8),
+    }
     for name, (layers, experts, pp, tp, ep, seq, mbs) in expect.items():
         m, p = MODELS[name], STRATEGIES[name]
-        assert (m.layers, m.num_experts, p.pp, p.tp, p.ep, m.seq_len, p.micro_batch) == \
-            (layers, experts, pp, tp, ep, seq, mbs)
+        assert (m.layers, m.num_experts, p.pp, p.tp, p.ep, m.seq_len, p.micro_batch) == (
+            layers,
+            experts,
+            pp,
+            tp,
+            ep,
+            seq,
+            mbs,
+        )
     assert MODELS["gpt3-175b"].total_params() == pytest.approx(175e9, rel=0.03)
 
 
 def test_1f1b_order_matches_megatron() -> None:
-    assert _pipeline_order(4, 0, 6, 1, False)[:6] == [("F", 0, 0), ("F", 0, 1), ("F", 0, 2), ("F", 0, 3),
-                                                     ("B", 0, 0), ("F", 0, 4)]
+    assert _pipeline_order(4, 0, 6, 1, False)[:6] == [
+        ("F", 0, 0),
+        ("F", 0, 1),
+        ("F", 0, 2),
+        ("F", 0, 3),
+        ("B", 0, 0),
+        ("F", 0, 4),
+    ]
     assert _pipeline_order(4, 3, 2, 1, False) == [("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)]
     order = _pipeline_order(2, 0, 4, 2, True)
     for ch in range(2):
@@ -55,12 +73,22 @@ def test_pipeline_bubble_matches_1f1b_closed_form_when_the_network_is_fast() -> 
     step = next(n.duration for n in w.nodes if getattr(n, "cat", "") == "step")
     tb = 2 * tf
     M, P = 8, 4
-    assert r.iteration_time == pytest.approx((M + P - 1) * (tf + tb) + step, rel=1e-4)  # vocab=1 logits: ~1e-5
+    assert r.iteration_time == pytest.approx(
+        (M + P - 1) * (tf + tb) + step, rel=1e-4
+    )  # vocab=1 logits: ~1e-5
 
 
-@pytest.mark.parametrize("kw", [{}, {"schedule": "interleaved"}, {"zero": False, "dp_algo": "tree", "dp_chunks": 2},
-                                {"cp": 2, "tp_comm": "flows"}, {"iterations": 2},
-                                {"async_p2p": True}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"schedule": "interleaved"},
+        {"zero": False, "dp_algo": "tree", "dp_chunks": 2},
+        {"cp": 2, "tp_comm": "flows"},
+        {"iterations": 2},
+        {"async_p2p": True},
+    ],
+)
 def test_llm_builder_variants_run_and_move_the_expected_pp_bytes(kw: dict) -> None:
     job = _tiny(**kw)
     gpus = 32
@@ -100,7 +128,10 @@ def test_dlrm_and_dp_workloads_run() -> None:
         topo, w = build_dp(model, 8)
         r = Simulator(topo).run(w)
         slowest = 10e9 / 8  # ALEPH's slowest worker, 10 Gbps
-        assert r.iteration_time >= 2 * 7 / 8 * sum(c.total_bytes for c in w.coflows) / 8 / (2 * 7 / 8) / slowest * 0.99
+        assert (
+            r.iteration_time
+            >= 2 * 7 / 8 * sum(c.total_bytes for c in w.coflows) / 8 / (2 * 7 / 8) / slowest * 0.99
+        )
 
 
 @pytest.mark.parametrize(
@@ -149,7 +180,11 @@ def test_policies_interface() -> None:
     assert a.key() == (0, 1, "ep", 3)
     fifo, pri = FifoPolicy(), PriorityByKeyPolicy()
     assert fifo.priority(a) == fifo.priority(b) == ()
-    assert sorted([a, b, c], key=pri.priority) == [b, c, a]  # microbatch first, then ctype (ep=pp), then layer
+    assert sorted([a, b, c], key=pri.priority) == [
+        b,
+        c,
+        a,
+    ]  # microbatch first, then ctype (ep=pp), then layer
     assert make_policy("dp-first").priority(b) < make_policy("dp-first").priority(a)
 
     class Reverse(SchedulingPolicy):
@@ -163,8 +198,24 @@ def test_policies_interface() -> None:
 
 
 def test_cli_prints_table_and_writes_json(tmp_path, capsys) -> None:
-    rc = sim_cli.main(["sim", "--workload", "gpt3-13b", "--gpus", "32", "--bandwidth", "10", "--policy",
-                       "fifo,priority,dp-first", "--microbatches", "4", "--out", str(tmp_path), "--trace"])
+    rc = sim_cli.main(
+        [
+            "sim",
+            "--workload",
+            "gpt3-13b",
+            "--gpus",
+            "32",
+            "--bandwidth",
+            "10",
+            "--policy",
+            "fifo,priority,dp-first",
+            "--microbatches",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--trace",
+        ]
+    )
     assert rc == 0
     doc = json.loads((tmp_path / "sim.json").read_text())
     assert doc["simulated"] and set(doc["results"]) == {"fifo", "priority", "dp-first"}

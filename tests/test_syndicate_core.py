@@ -48,9 +48,17 @@ def test_splined_all_to_all_is_the_digests_worked_example() -> None:
     assert len(decompose(op, segments=2, spline=4)) == 8  # 4-way splining + d = D/2: 8 motifs (digest §2.3)
 
 
-@pytest.mark.parametrize("kind,segs,spline,ring", [("all_to_all", 3, 4, False), ("all_gather", 2, 2, False),
-                                                   ("all_reduce", 4, 1, False), ("all_reduce", 2, 1, True),
-                                                   ("broadcast", 2, 2, False), ("reduce_scatter", 2, 1, False)])
+@pytest.mark.parametrize(
+    "kind,segs,spline,ring",
+    [
+        ("all_to_all", 3, 4, False),
+        ("all_gather", 2, 2, False),
+        ("all_reduce", 4, 1, False),
+        ("all_reduce", 2, 1, True),
+        ("broadcast", 2, 2, False),
+        ("reduce_scatter", 2, 1, False),
+    ],
+)
 def test_every_cut_is_valid(kind: str, segs: int, spline: int, ring: bool) -> None:
     op = CommOp("x", kind, 4 * 4 * 48, 4)
     validate(op, decompose(op, segs, spline, ring))
@@ -72,9 +80,14 @@ def test_validate_names_gaps_overlaps_and_broken_dependencies() -> None:
         validate(ar, [Motif("y", 0, "all_to_all", 0, 256, (0, 1, 2, 3))])
 
 
-@pytest.mark.parametrize("bad,match", [(dict(kind="gather"), "kind 'gather' is not one of"),
-                                       (dict(nbytes=6), "multiple of align=4"),
-                                       (dict(kind="all_to_all", nbytes=20), "must split into ranks=4")])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(kind="gather"), "kind 'gather' is not one of"),
+        (dict(nbytes=6), "multiple of align=4"),
+        (dict(kind="all_to_all", nbytes=20), "must split into ranks=4"),
+    ],
+)
 def test_bad_comm_ops_name_the_value(bad: dict, match: str) -> None:
     with pytest.raises(MotifError, match=match):
         CommOp(**{"name": "x", "kind": "all_reduce", "nbytes": 64, "ranks": 4, **bad})
@@ -126,8 +139,13 @@ def _hand_dag() -> tuple[TrainingDAG, CostModel]:
     cost = CostModel({"F": PathCost(0, 1.0), "S": PathCost(0, 1.0)})
     x = CommOp("x", "all_reduce", 6, 2, align=1)  # ring over 2 ranks sends d: 6 * (2*1/2) = ... see below
     y = CommOp("y", "all_reduce", 4, 2, align=1)
-    steps = [Compute("A", 2.0), Comm(x, ("A",), (Option("F", "ring"),)), Comm(y, ("A",), (Option("S", "ring"),)),
-             Compute("B", 2.0, ("A",)), Compute("C", 1.0, ("x",))]
+    steps = [
+        Compute("A", 2.0),
+        Comm(x, ("A",), (Option("F", "ring"),)),
+        Comm(y, ("A",), (Option("S", "ring"),)),
+        Compute("B", 2.0, ("A",)),
+        Compute("C", 1.0, ("x",)),
+    ]
     return TrainingDAG("hand", steps, iterations=1), cost
 
 
@@ -138,7 +156,10 @@ def test_opt_sched_matches_a_hand_computed_schedule() -> None:
     # B runs 2..4 on the compute stream; C waits for x (2 + 6 = 8) and runs 8..9.
     assert [(m.op, m.start, m.finish) for m in s.motifs] == [("x", 2.0, 8.0), ("y", 2.0, 6.0)]
     assert s.makespan == 9.0
-    assert [m.seq for m in s.motifs] == [0, 0]  # launched at one instant on disjoint paths: one sequence number
+    assert [m.seq for m in s.motifs] == [
+        0,
+        0,
+    ]  # launched at one instant on disjoint paths: one sequence number
     assert s.compute == [(0, "A", 0.0, 2.0), (0, "B", 2.0, 4.0), (0, "C", 8.0, 9.0)]
 
 
@@ -194,7 +215,9 @@ def test_mcmc_is_deterministic_for_a_seed_and_returns_the_best_state_seen() -> N
     assert (a.cost, a.plan, a.boosts) == (b.cost, b.plan, b.boosts)
     assert a.cost <= a.start_cost
     assert a.cost == pytest.approx(opt_sched(dag, a.plan, cost, boosts=a.boosts).per_iteration)
-    assert a.trace == sorted(a.trace, key=lambda e: e[0]) and all(x[1] > y[1] for x, y in zip(a.trace, a.trace[1:], strict=False))
+    assert a.trace == sorted(a.trace, key=lambda e: e[0]) and all(
+        x[1] > y[1] for x, y in zip(a.trace, a.trace[1:], strict=False)
+    )
 
 
 def test_the_time_budget_stops_the_search() -> None:
@@ -223,8 +246,10 @@ def test_bad_search_config_is_named() -> None:
 
 # -- plans --------------------------------------------------------------------------------------------------------
 def _ops() -> list[PlanOp]:
-    return [PlanOp("a", "all_reduce", 64, "float32", 4, Option("F", "rs_ag", 2)),
-            PlanOp("b", "all_to_all", 64, "float32", 4, Option("S", "direct", 1, 2))]
+    return [
+        PlanOp("a", "all_reduce", 64, "float32", 4, Option("F", "rs_ag", 2)),
+        PlanOp("b", "all_to_all", 64, "float32", 4, Option("S", "direct", 1, 2)),
+    ]
 
 
 def test_plan_digest_is_stable_and_json_round_trips() -> None:
@@ -267,10 +292,15 @@ class DictStore:
             return all(k in self.d for k in keys)
 
 
-def _ranks(store: DictStore, world: int, iters: int, propose_at: int, switch_at: int, late: int | None) -> list:
+def _ranks(
+    store: DictStore, world: int, iters: int, propose_at: int, switch_at: int, late: int | None
+) -> list:
     p1, p2 = SyndicatePlan.fifo(_ops(), 1), SyndicatePlan.fifo(_ops(), 2)
-    p2 = SyndicatePlan(2, p2.ops, tuple(reversed([e for e in p2.order if e[0] == 1])) +
-                       tuple(e for e in p2.order if e[0] == 0))
+    p2 = SyndicatePlan(
+        2,
+        p2.ops,
+        tuple(reversed([e for e in p2.order if e[0] == 1])) + tuple(e for e in p2.order if e[0] == 0),
+    )
     out: list = [None] * world
 
     def run(rank: int) -> None:
@@ -311,11 +341,13 @@ def test_the_core_imports_without_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nclass B:\n    def find_spec(self, n, p=None, t=None):\n"
-            "        if n == 'torch' or n.startswith('torch.'):\n            raise ImportError(n)\n"
-            "sys.meta_path.insert(0, B())\n"
-            "import flowlane.syndicate, flowlane.syndicate.plan, flowlane.syndicate.workloads\n"
-            "assert 'torch' not in sys.modules\n")
+    code = (
+        "import sys\nclass B:\n    def find_spec(self, n, p=None, t=None):\n"
+        "        if n == 'torch' or n.startswith('torch.'):\n            raise ImportError(n)\n"
+        "sys.meta_path.insert(0, B())\n"
+        "import flowlane.syndicate, flowlane.syndicate.plan, flowlane.syndicate.workloads\n"
+        "assert 'torch' not in sys.modules\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
 

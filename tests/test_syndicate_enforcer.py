@@ -60,7 +60,9 @@ def test_unexpected_waits_and_shapes_fall_back_to_fifo_on_every_rank_alike(runs:
 
 def test_a_two_phase_plan_switch_lands_on_the_same_iteration_everywhere(runs: list[dict]) -> None:
     for r in runs:
-        assert r["switch"]["events"] == [[3, "switch", "v2"]] or r["switch"]["events"] == [(3, "switch", "v2")]
+        assert r["switch"]["events"] == [[3, "switch", "v2"]] or r["switch"]["events"] == [
+            (3, "switch", "v2")
+        ]
         assert r["switch"]["version"] == 2
 
 

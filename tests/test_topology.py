@@ -33,7 +33,10 @@ def test_leaf_spine_ecmp_set_spans_all_spines_and_hash_picks_deterministically()
 def test_leaf_spine_oversubscription_scales_uplinks():
     full = T.leaf_spine(servers=8, gpus_per_server=4, oversubscription=1.0)
     over = T.leaf_spine(servers=8, gpus_per_server=4, oversubscription=4.0)
-    up = lambda t: sum(lk.bandwidth for (a, b), lk in t.links.items() if a == "leaf0" and b.startswith("spine"))  # noqa: E731
+
+    def up(t):
+        return sum(lk.bandwidth for (a, b), lk in t.links.items() if a == "leaf0" and b.startswith("spine"))
+
     down = sum(lk.bandwidth for (a, b), lk in full.links.items() if b == "leaf0" and "/nic" in a)
     assert up(full) == pytest.approx(down)
     assert up(over) == pytest.approx(down / 4)
@@ -43,8 +46,11 @@ def test_leaf_spine_shared_nics_carry_several_gpus_and_keep_full_bisection():
     t = T.leaf_spine(servers=8, gpus_per_server=8, servers_per_leaf=4, nics_per_server=2)
     nics = {a for a in t.devices if "/nic" in a}
     assert len(nics) == 16  # 2 per server
+
     # GPUs 0-3 share NIC 0, GPUs 4-7 NIC 1: their off-server routes cross the same NIC uplink
-    first_eth = lambda g: {lk.name for r in t.routes(f"s0/gpu{g}", "s5/gpu0") for lk in r.links if lk.kind == "eth"}  # noqa: E731
+    def first_eth(g):
+        return {lk.name for r in t.routes(f"s0/gpu{g}", "s5/gpu0") for lk in r.links if lk.kind == "eth"}
+
     assert "s0/nic0->leaf0" in first_eth(0) and "s0/nic0->leaf0" in first_eth(3)
     assert "s0/nic1->leaf0" in first_eth(4) and "s0/nic0->leaf0" not in first_eth(4)
     up = sum(lk.bandwidth for (a, b), lk in t.links.items() if a == "leaf0" and b.startswith("spine"))

@@ -14,8 +14,11 @@ def test_inside_the_range_returns_the_version_outside_it_names_dist_version_and_
     v = version("pytest")
     major, minor = (int(x) for x in re.findall(r"\d+", v)[:2])
     assert check_version_range("pytest", ((major, minor), (major, minor + 1)), "here") == v
-    with pytest.raises(RuntimeError, match=rf"here: pytest {re.escape(v)} is not supported .* checked on 0\.1 to "
-                                           r"0\.1\); pin pytest to that range"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"here: pytest {re.escape(v)} is not supported .* checked on 0\.1 to "
+        r"0\.1\); pin pytest to that range",
+    ):
         check_version_range("pytest", ((0, 1), (0, 2)), "here")
 
 

@@ -35,7 +35,22 @@ from flowlane.aleph.model import aleph_time, ps_feasibility, ps_time, ring_time
 from flowlane.aleph.replan import Replanner
 
 __all__ = [
-    "AlephConfig", "Cluster", "Plan", "Replanner", "adjacency_complete", "adjacency_rtt", "adjacency_same_switch",
-    "aleph_time", "capacities", "greedy_by_capacity", "mwcha", "optimum_brute_force", "optimum_cliques",
-    "optimum_complete", "plan_clusters", "ps_feasibility", "ps_time", "ring_time",
+    "AlephConfig",
+    "Cluster",
+    "Plan",
+    "Replanner",
+    "adjacency_complete",
+    "adjacency_rtt",
+    "adjacency_same_switch",
+    "aleph_time",
+    "capacities",
+    "greedy_by_capacity",
+    "mwcha",
+    "optimum_brute_force",
+    "optimum_cliques",
+    "optimum_complete",
+    "plan_clusters",
+    "ps_feasibility",
+    "ps_time",
+    "ring_time",
 ]

@@ -69,8 +69,11 @@ class Plan:
         raise ValueError(f"worker {w} is in no cluster of this plan (n={self.n})")
 
     def to_dict(self) -> dict[str, object]:
-        return {"n": self.n, "num_flows": self.num_flows,
-                "clusters": [{"head": c.head, "members": list(c.members)} for c in self.clusters]}
+        return {
+            "n": self.n,
+            "num_flows": self.num_flows,
+            "clusters": [{"head": c.head, "members": list(c.members)} for c in self.clusters],
+        }
 
     @classmethod
     def from_clusters(cls, n: int, clusters: Mapping[int, Sequence[int]] | Sequence[Sequence[int]]) -> Plan:
@@ -82,8 +85,10 @@ class Plan:
             out.append(Cluster(int(head), (int(head), *rest)))
         seen = [w for c in out for w in c.members]
         if sorted(seen) != list(range(n)):
-            raise ValueError(f"clusters {[list(c.members) for c in out]} do not partition workers 0..{n - 1} "
-                             f"exactly once each")
+            raise ValueError(
+                f"clusters {[list(c.members) for c in out]} do not partition workers 0..{n - 1} "
+                f"exactly once each"
+            )
         return cls(n, tuple(sorted(out, key=lambda c: c.head)))
 
     def violations(self, capacity: Sequence[int], adj: Neighbours | None = None) -> list[str]:
@@ -91,14 +96,20 @@ class Plan:
         bad = []
         for c in self.clusters:
             if len(c.members) - 1 > capacity[c.head]:
-                bad.append(f"aggregator {c.head} has {len(c.members) - 1} members > capacity {capacity[c.head]}")
+                bad.append(
+                    f"aggregator {c.head} has {len(c.members) - 1} members > capacity {capacity[c.head]}"
+                )
             if adj is not None:
-                bad += [f"member {m} is not adjacent to aggregator {c.head}" for m in c.members[1:]
-                        if m not in adj[c.head]]
+                bad += [
+                    f"member {m} is not adjacent to aggregator {c.head}"
+                    for m in c.members[1:]
+                    if m not in adj[c.head]
+                ]
         return bad
 
 
 # --- adjacency plug-ins (digest §5.1 #9) ---------------------------------------------------------------------------
+
 
 def adjacency_complete(n: int) -> Neighbours:
     """Every worker can reach every other (one datacentre switch fabric)."""
@@ -121,11 +132,15 @@ def adjacency_rtt(rtt_ms: Sequence[Sequence[float]], threshold_ms: float) -> Nei
     n = len(rtt_ms)
     _check_n(n)
     if any(len(row) != n for row in rtt_ms):
-        raise ValueError(f"rtt_ms must be an n x n matrix (n={n}); got row lengths {[len(r) for r in rtt_ms]}")
+        raise ValueError(
+            f"rtt_ms must be an n x n matrix (n={n}); got row lengths {[len(r) for r in rtt_ms]}"
+        )
     if not threshold_ms > 0:
         raise ValueError(f"threshold_ms={threshold_ms!r} must be > 0")
-    return [frozenset(j for j in range(n) if j != i and max(rtt_ms[i][j], rtt_ms[j][i]) <= threshold_ms)
-            for i in range(n)]
+    return [
+        frozenset(j for j in range(n) if j != i and max(rtt_ms[i][j], rtt_ms[j][i]) <= threshold_ms)
+        for i in range(n)
+    ]
 
 
 def _check_n(n: int) -> None:
@@ -148,8 +163,10 @@ def _check_adj(adj: Neighbours, n: int) -> None:
 
 # --- capacity (Eq. 1) ---------------------------------------------------------------------------------------------
 
-def capacities(bandwidth: Sequence[float], b: float | None = None, cpu: Sequence[float] | None = None,
-               c: float = 0.0) -> list[int]:
+
+def capacities(
+    bandwidth: Sequence[float], b: float | None = None, cpu: Sequence[float] | None = None, c: float = 0.0
+) -> list[int]:
     """g_w = floor(min(B_w/b - 1, C_w/c)) clamped at 0; ``b`` defaults to min B (§4.1); c = 0 ignores CPU."""
     if not bandwidth:
         raise ValueError("bandwidth must name at least one worker")
@@ -171,13 +188,19 @@ def capacities(bandwidth: Sequence[float], b: float | None = None, cpu: Sequence
 
 # --- M-WCHA (Alg. 1) ----------------------------------------------------------------------------------------------
 
+
 def _rounded(g: int) -> int:
     """Eq. 3: the smallest power of two >= g; 0 stays 0 (a worker that can aggregate nobody is never a CA)."""
     return 0 if g <= 0 else 1 << (g - 1).bit_length()
 
 
-def mwcha(capacity: Sequence[int], adj: Neighbours, variant: Literal["paper", "fill"] = "fill", seed: int = 0,
-          max_empty_rounds: int = 5) -> Plan:
+def mwcha(
+    capacity: Sequence[int],
+    adj: Neighbours,
+    variant: Literal["paper", "fill"] = "fill",
+    seed: int = 0,
+    max_empty_rounds: int = 5,
+) -> Plan:
     """M-WCHA (Alg. 1) on capacities g_w and open neighbourhoods ``adj``; seeded, so the same inputs give the same
     plan on every rank."""
     n = len(capacity)
@@ -224,9 +247,9 @@ def mwcha(capacity: Sequence[int], adj: Neighbours, variant: Literal["paper", "f
             cand = sorted(x for x in nbU[w] if x not in clustered)
             if variant == "paper":
                 rng.shuffle(cand)
-                members = [x for x in cand if rng.random() < alpha[w]][:gbar[w]]
+                members = [x for x in cand if rng.random() < alpha[w]][: gbar[w]]
             else:
-                members = sorted(cand, key=lambda x: (capacity[x], rng.random()))[:gbar[w]]
+                members = sorted(cand, key=lambda x: (capacity[x], rng.random()))[: gbar[w]]
             heads[w] |= set(members)
             clustered |= set(members)
     for w in set(range(n)) - clustered:
@@ -234,8 +257,12 @@ def mwcha(capacity: Sequence[int], adj: Neighbours, variant: Literal["paper", "f
     return Plan.from_clusters(n, {h: sorted(ms) for h, ms in heads.items()})
 
 
-def plan_clusters(bandwidth: Sequence[float], adj: Neighbours | None = None, config: AlephConfig | None = None,
-                  cpu: Sequence[float] | None = None) -> Plan:
+def plan_clusters(
+    bandwidth: Sequence[float],
+    adj: Neighbours | None = None,
+    config: AlephConfig | None = None,
+    cpu: Sequence[float] | None = None,
+) -> Plan:
     """The control plane's entry point: capacities from ``bandwidth`` (Gbit/s, one per worker) and ``config``, then
     M-WCHA over ``adj`` (default: complete)."""
     config = config or AlephConfig()
@@ -254,13 +281,14 @@ def greedy_by_capacity(capacity: Sequence[int], adj: Neighbours) -> Plan:
     while len(clustered) < n:
         U = [w for w in range(n) if w not in clustered]
         w = max(U, key=lambda x: (min(capacity[x], len(adj[x] - clustered)), -x))
-        cand = sorted(adj[w] - clustered, key=lambda x: (capacity[x], x))[:capacity[w]]
+        cand = sorted(adj[w] - clustered, key=lambda x: (capacity[x], x))[: capacity[w]]
         heads[w] = [w, *cand]
         clustered |= {w, *cand}
     return Plan.from_clusters(n, heads)
 
 
 # --- exact optimum ------------------------------------------------------------------------------------------------
+
 
 def optimum_complete(capacity: Sequence[int]) -> int:
     """Exact min |D| on a complete graph: the largest (1 + g) first until they cover every worker."""
@@ -289,8 +317,9 @@ def optimum_cliques(capacity: Sequence[int], adj: Neighbours) -> int | None:
     return total
 
 
-def _match(heads: Sequence[int], rest: Sequence[int], capacity: Sequence[int],
-           adj: Neighbours) -> dict[int, list[int]] | None:
+def _match(
+    heads: Sequence[int], rest: Sequence[int], capacity: Sequence[int], adj: Neighbours
+) -> dict[int, list[int]] | None:
     """Assign every worker in ``rest`` to an adjacent head without exceeding capacities (Kuhn's matching with each
     head repeated capacity times): ``{head: [head, members...]}``, or None when impossible."""
     slots = [h for h in heads for _ in range(capacity[h])]
@@ -321,8 +350,10 @@ def optimum_brute_force(capacity: Sequence[int], adj: Neighbours) -> Plan:
     n = len(capacity)
     _check_adj(adj, n)
     if n > BRUTE_FORCE_MAX_N:
-        raise ValueError(f"brute force is exponential: n={n} > {BRUTE_FORCE_MAX_N}; use optimum_complete / "
-                         f"optimum_cliques where the adjacency allows")
+        raise ValueError(
+            f"brute force is exponential: n={n} > {BRUTE_FORCE_MAX_N}; use optimum_complete / "
+            f"optimum_cliques where the adjacency allows"
+        )
     for k in range(1, n + 1):
         for heads in itertools.combinations(range(n), k):
             found = _match(heads, [w for w in range(n) if w not in heads], capacity, adj)

@@ -48,7 +48,9 @@ class AlephConfig:
         if self.ps_gbps is not None and not self.ps_gbps > 0:
             raise ValueError(f"aleph ps_gbps={self.ps_gbps!r} must be > 0 (or None to skip the check)")
         if not self.cpu_per_member >= 0:
-            raise ValueError(f"aleph cpu_per_member={self.cpu_per_member!r} must be >= 0 (0 = CPU unconstrained)")
+            raise ValueError(
+                f"aleph cpu_per_member={self.cpu_per_member!r} must be >= 0 (0 = CPU unconstrained)"
+            )
         if not (isinstance(self.max_empty_rounds, int) and self.max_empty_rounds >= 1):
             raise ValueError(f"aleph max_empty_rounds={self.max_empty_rounds!r} must be an integer >= 1")
         if not (isinstance(self.replan_every, int) and self.replan_every >= 0):

@@ -45,8 +45,13 @@ class HierarchicalAllReduce:
     group (0..size-1). Construct it on every rank of the world (with ``top="allreduce"`` it calls ``new_group``,
     which torch requires of every rank), the same plan everywhere."""
 
-    def __init__(self, plan: Plan, group: dist.ProcessGroup | None = None, top: str = "allreduce",
-                 chunk_bytes: int = 256 << 10) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        group: dist.ProcessGroup | None = None,
+        top: str = "allreduce",
+        chunk_bytes: int = 256 << 10,
+    ) -> None:
         if top not in TOP_MODES:
             raise ValueError(f"top={top!r} is not one of {TOP_MODES}")
         if not (isinstance(chunk_bytes, int) and chunk_bytes >= 1024):
@@ -55,15 +60,19 @@ class HierarchicalAllReduce:
         if not dist.is_initialized():
             raise RuntimeError("HierarchicalAllReduce needs an initialised torch.distributed process group")
         self.group = group
-        self.ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        self.ranks = (
+            dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        )
         if plan.n != len(self.ranks):
             raise ValueError(f"plan covers {plan.n} workers but the group has {len(self.ranks)} ranks")
         plans = [None] * len(self.ranks)
         dist.all_gather_object(plans, plan.to_dict(), group=group)
         if any(p != plans[0] for p in plans):
             diff = next(i for i, p in enumerate(plans) if p != plans[0])
-            raise ValueError(f"ranks disagree on the ALEPH plan: position 0 has {plans[0]}, position {diff} has "
-                             f"{plans[diff]}; plan with the same inputs and seed everywhere")
+            raise ValueError(
+                f"ranks disagree on the ALEPH plan: position 0 has {plans[0]}, position {diff} has "
+                f"{plans[diff]}; plan with the same inputs and seed everywhere"
+            )
         self.plan, self.top = plan, top
         me = dist.get_rank()
         if me not in self.ranks:
@@ -79,17 +88,25 @@ class HierarchicalAllReduce:
         root = plan.heads[0]
         if self.me == self.cluster.head:
             self._parent = None if self.me == root else self.ranks[root]
-            kids = list(self.cluster.members[1:]) + ([h for h in plan.heads if h != root] if self.me == root else [])
+            kids = list(self.cluster.members[1:]) + (
+                [h for h in plan.heads if h != root] if self.me == root else []
+            )
         else:
             self._parent, kids = self.ranks[self.cluster.head], []
         self._children = [self.ranks[k] for k in kids]
-        log.info("ALEPH hierarchical all-reduce: %d clusters (|D|), this rank in cluster of %d, top=%s",
-                 plan.num_flows, self.cluster.head, top)
+        log.info(
+            "ALEPH hierarchical all-reduce: %d clusters (|D|), this rank in cluster of %d, top=%s",
+            plan.num_flows,
+            self.cluster.head,
+            top,
+        )
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place (SUM only) and return it."""
         if not tensor.is_contiguous():
-            raise ValueError("HierarchicalAllReduce needs a contiguous tensor (DDP buckets and DeepSpeed's are)")
+            raise ValueError(
+                "HierarchicalAllReduce needs a contiguous tensor (DDP buckets and DeepSpeed's are)"
+            )
         if self.top == "ps":
             self._tree(tensor)
             return tensor
@@ -181,22 +198,32 @@ class HierarchicalAllReduce:
             dist.irecv(tensor, src=root).wait()
 
 
-def aleph_comm_hook(state: "HierarchicalAllReduce", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def aleph_comm_hook(
+    state: "HierarchicalAllReduce", bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's mean over the group through the plan's hierarchy, scaled by 1/size first (no ``from __future__ import
     annotations`` in this module: DDP checks that ``bucket`` is annotated with the class itself)."""
     buf = bucket.buffer()
-    buf.mul_(1.0 / len(state.ranks))  # DDP's built-in reducer scales by 1/size before the sum: bitwise at any size
+    buf.mul_(
+        1.0 / len(state.ranks)
+    )  # DDP's built-in reducer scales by 1/size before the sum: bitwise at any size
     state(buf)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
 
 
-def install_aleph_hook(model: torch.nn.parallel.DistributedDataParallel, plan: Plan, top: str = "allreduce",
-                       chunk_bytes: int = 256 << 10) -> HierarchicalAllReduce:
+def install_aleph_hook(
+    model: torch.nn.parallel.DistributedDataParallel,
+    plan: Plan,
+    top: str = "allreduce",
+    chunk_bytes: int = 256 << 10,
+) -> HierarchicalAllReduce:
     """Register the ALEPH hook on a DDP model (its process group); returns the hook's state."""
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"install_aleph_hook needs a torch DistributedDataParallel model, got {type(model).__name__}")
+        raise TypeError(
+            f"install_aleph_hook needs a torch DistributedDataParallel model, got {type(model).__name__}"
+        )
     state = HierarchicalAllReduce(plan, getattr(model, "process_group", None), top, chunk_bytes)
     model.register_comm_hook(state, aleph_comm_hook)
     return state

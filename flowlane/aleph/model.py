@@ -102,8 +102,9 @@ def multi_ps_split(ps_bandwidths: Sequence[float]) -> list[float]:
     return [p / total for p in ps_bandwidths]
 
 
-def multi_ps_time(size: float, num_flows: int, ps_bandwidths: Sequence[float],
-                  split: Sequence[float] | None = None) -> float:
+def multi_ps_time(
+    size: float, num_flows: int, ps_bandwidths: Sequence[float], split: Sequence[float] | None = None
+) -> float:
     """Time for the PS tier to absorb ``num_flows`` flows of ``size`` each when flow parts go to the PSs by
     ``split`` (default: proportional, Sec. 7); the slowest PS finishes last."""
     split = multi_ps_split(ps_bandwidths) if split is None else list(split)

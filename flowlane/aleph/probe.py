@@ -18,11 +18,14 @@ import torch
 import torch.distributed as dist
 
 
-def probe_bandwidth(nbytes: int = 1 << 22, rounds: int | None = None,
-                    group: dist.ProcessGroup | None = None) -> tuple[list[float], list[list[float]]]:
+def probe_bandwidth(
+    nbytes: int = 1 << 22, rounds: int | None = None, group: dist.ProcessGroup | None = None
+) -> tuple[list[float], list[list[float]]]:
     """(per-rank figure in Gbit/s, matrix rate[src][dst] in Gbit/s, 0 where not probed) over ``group``'s ranks."""
     if not (isinstance(nbytes, int) and nbytes >= 1024):
-        raise ValueError(f"nbytes={nbytes!r} must be an integer >= 1024 (smaller transfers time only latency)")
+        raise ValueError(
+            f"nbytes={nbytes!r} must be an integer >= 1024 (smaller transfers time only latency)"
+        )
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     n = len(ranks)
     rounds = n - 1 if rounds is None else rounds

@@ -32,8 +32,13 @@ class ReplanDecision:
 class Replanner:
     """Holds the plan in force and the bandwidth figures it was made from."""
 
-    def __init__(self, bandwidth: Sequence[float], config: AlephConfig | None = None,
-                 adj: Neighbours | None = None, cpu: Sequence[float] | None = None) -> None:
+    def __init__(
+        self,
+        bandwidth: Sequence[float],
+        config: AlephConfig | None = None,
+        adj: Neighbours | None = None,
+        cpu: Sequence[float] | None = None,
+    ) -> None:
         self.config = config or AlephConfig()
         self.adj = adjacency_complete(len(bandwidth)) if adj is None else adj
         self.cpu = None if cpu is None else list(cpu)
@@ -56,8 +61,11 @@ class Replanner:
         if len(bandwidth) != len(self.bandwidth):
             raise ValueError(f"{len(bandwidth)} bandwidth figures for {len(self.bandwidth)} workers")
         h = self.config.hysteresis
-        moved = [w for w, (old, new) in enumerate(zip(self.bandwidth, bandwidth, strict=True))
-                 if abs(new - old) > h * old]
+        moved = [
+            w
+            for w, (old, new) in enumerate(zip(self.bandwidth, bandwidth, strict=True))
+            if abs(new - old) > h * old
+        ]
         if not moved:
             return ReplanDecision(False, f"no worker moved by more than {h:.0%}", self.plan)
         for w in moved:
@@ -70,5 +78,9 @@ class Replanner:
         if fresh.num_flows < self.plan.num_flows:
             old, self.plan = self.plan.num_flows, fresh
             return ReplanDecision(True, f"workers {moved} moved; |D| {old} -> {fresh.num_flows}", fresh)
-        return ReplanDecision(False, f"workers {moved} moved; plan still feasible and no better one "
-                                     f"(|D| {self.plan.num_flows} vs {fresh.num_flows})", self.plan)
+        return ReplanDecision(
+            False,
+            f"workers {moved} moved; plan still feasible and no better one "
+            f"(|D| {self.plan.num_flows} vs {fresh.num_flows})",
+            self.plan,
+        )

@@ -41,7 +41,9 @@ class Fabric:
 
     def __post_init__(self) -> None:
         if not self.bandwidth or any(not b > 0 for b in self.bandwidth) or not self.ps_bandwidth > 0:
-            raise ValueError(f"bandwidths must be > 0: workers {list(self.bandwidth)}, PS {self.ps_bandwidth}")
+            raise ValueError(
+                f"bandwidths must be > 0: workers {list(self.bandwidth)}, PS {self.ps_bandwidth}"
+            )
         if self.leaf_of is not None and len(self.leaf_of) != len(self.bandwidth):
             raise ValueError(f"leaf_of names {len(self.leaf_of)} workers, bandwidth {len(self.bandwidth)}")
         if not self.leaf_uplink > 0:
@@ -52,8 +54,9 @@ class Fabric:
         return cls(tuple(bandwidth), ps_bandwidth)
 
     @classmethod
-    def leaf_spine(cls, bandwidth: Sequence[float], ps_bandwidth: float, hosts_per_leaf: int,
-                   leaf_uplink: float) -> Fabric:
+    def leaf_spine(
+        cls, bandwidth: Sequence[float], ps_bandwidth: float, hosts_per_leaf: int, leaf_uplink: float
+    ) -> Fabric:
         """Workers fill leaves in index order, ``hosts_per_leaf`` each; the PS sits on a leaf of its own."""
         if not (isinstance(hosts_per_leaf, int) and hosts_per_leaf >= 1):
             raise ValueError(f"hosts_per_leaf={hosts_per_leaf!r} must be an integer >= 1")
@@ -92,8 +95,9 @@ class TreeResult:
     worker_send_rate: float
 
 
-def flows(scheme: str, n: int, plan: Plan | None = None, ring_order: Sequence[int] | None = None
-          ) -> list[tuple[int, int]]:
+def flows(
+    scheme: str, n: int, plan: Plan | None = None, ring_order: Sequence[int] | None = None
+) -> list[tuple[int, int]]:
     """(src, dst) pairs of ``scheme`` on n workers; the PS is host n."""
     ps = n
     if scheme == "ps":
@@ -114,8 +118,13 @@ def flows(scheme: str, n: int, plan: Plan | None = None, ring_order: Sequence[in
     raise ValueError(f"scheme={scheme!r} is not one of {SCHEMES}")
 
 
-def simulate(scheme: str, fabric: Fabric, size: float, plan: Plan | None = None,
-             ring_order: Sequence[int] | None = None) -> TreeResult:
+def simulate(
+    scheme: str,
+    fabric: Fabric,
+    size: float,
+    plan: Plan | None = None,
+    ring_order: Sequence[int] | None = None,
+) -> TreeResult:
     """One iteration of ``scheme`` on ``fabric`` with ``size`` per worker gradient."""
     n = len(fabric.bandwidth)
     fl = flows(scheme, n, plan, ring_order)
@@ -132,7 +141,12 @@ def simulate(scheme: str, fabric: Fabric, size: float, plan: Plan | None = None,
         hops = sum(fabric.switches(w, ps) for w in range(n)) / n
     else:
         assert plan is not None
-        hops = sum(fabric.switches(c.head, ps) + sum(fabric.switches(m, c.head) for m in c.members[1:])
-                   for c in plan.clusters) / n
+        hops = (
+            sum(
+                fabric.switches(c.head, ps) + sum(fabric.switches(m, c.head) for m in c.members[1:])
+                for c in plan.clusters
+            )
+            / n
+        )
     send = sum(rate for s, _ in fl if s < n)
     return TreeResult(scheme, per_flow / rate, rate, link_bytes, hops, send)

@@ -29,8 +29,17 @@ from flowlane.aleph.wire import MAX_CHILDREN
 
 SRC_DIR = Path(__file__).resolve().parents[2] / "aleph_dataplane"
 FLAGS = ("-O2", "-g", "-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Werror")
-SAN_FLAGS = ("-O1", "-g", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
-             "-fno-omit-frame-pointer", "-fno-sanitize-recover=all")
+SAN_FLAGS = (
+    "-O1",
+    "-g",
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-fsanitize=address,undefined",
+    "-fno-omit-frame-pointer",
+    "-fno-sanitize-recover=all",
+)
 
 
 def build(sanitize: bool = False) -> Path:
@@ -48,8 +57,12 @@ def build(sanitize: bool = False) -> Path:
         fd, tmp = tempfile.mkstemp(dir=cache)
         os.close(fd)
         try:
-            r = subprocess.run([os.environ.get("CC", "cc"), *flags, f"-I{hdr.parent}", "-o", tmp, str(src)],
-                               capture_output=True, text=True, timeout=120)
+            r = subprocess.run(
+                [os.environ.get("CC", "cc"), *flags, f"-I{hdr.parent}", "-o", tmp, str(src)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if r.returncode != 0:
                 raise subprocess.CalledProcessError(r.returncode, r.args, r.stdout, r.stderr)
             os.chmod(tmp, 0o700)
@@ -72,9 +85,16 @@ class TreeRun:
     wall_s: float = 0.0
 
 
-def _start(argv: list[str], wrap: Callable[[list[str]], list[str]] | None) -> tuple[subprocess.Popen[str], int]:
-    p = subprocess.Popen(wrap(argv) if wrap else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+def _start(
+    argv: list[str], wrap: Callable[[list[str]], list[str]] | None
+) -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen(
+        wrap(argv) if wrap else argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None
     line = p.stdout.readline()
     if not line.startswith("port "):
@@ -84,21 +104,35 @@ def _start(argv: list[str], wrap: Callable[[list[str]], list[str]] | None) -> tu
     return p, int(line.split()[1])
 
 
-def run_tree(plan: Plan, inputs: np.ndarray, *, drop: float = 0.0, seed: int = 0, rto_ms: int = 20,
-             scale: int = 0, timeout_s: float = 120.0, sanitize: bool = False,
-             hosts: Sequence[str] | None = None, ps_host: str | None = None,
-             wrap: Sequence[Callable[[list[str]], list[str]] | None] | None = None) -> TreeRun:
+def run_tree(
+    plan: Plan,
+    inputs: np.ndarray,
+    *,
+    drop: float = 0.0,
+    seed: int = 0,
+    rto_ms: int = 20,
+    scale: int = 0,
+    timeout_s: float = 120.0,
+    sanitize: bool = False,
+    hosts: Sequence[str] | None = None,
+    ps_host: str | None = None,
+    wrap: Sequence[Callable[[list[str]], list[str]] | None] | None = None,
+) -> TreeRun:
     """Aggregate ``inputs`` (workers x iters x elems int32) through ``plan``'s tree; ``drop`` is the probability
     each process drops a received datagram. ``hosts[w]`` / ``ps_host``: addresses (default 127.0.0.1) and
     ``wrap[w]`` / ``wrap[n]`` (PS): argv wrappers (e.g. ``ip netns exec``) when ranks live in namespaces."""
     inputs = np.ascontiguousarray(inputs, dtype="<i4")
     if inputs.ndim != 3 or inputs.shape[0] != plan.n:
-        raise ValueError(f"inputs must be workers x iters x elems with {plan.n} workers, got shape {inputs.shape}")
+        raise ValueError(
+            f"inputs must be workers x iters x elems with {plan.n} workers, got shape {inputs.shape}"
+        )
     if not 0 <= drop < 1:
         raise ValueError(f"drop={drop!r} must be a probability in [0, 1)")
     if plan.num_flows > MAX_CHILDREN or any(len(c.members) > MAX_CHILDREN for c in plan.clusters):
-        raise ValueError(f"a node takes at most {MAX_CHILDREN} children (the bitmap's width); plan has |D|="
-                         f"{plan.num_flows} and clusters of up to {max(len(c.members) for c in plan.clusters)}")
+        raise ValueError(
+            f"a node takes at most {MAX_CHILDREN} children (the bitmap's width); plan has |D|="
+            f"{plan.num_flows} and clusters of up to {max(len(c.members) for c in plan.clusters)}"
+        )
     n, iters, elems = inputs.shape
     hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n
     ps_host = ps_host or "127.0.0.1"
@@ -108,17 +142,31 @@ def run_tree(plan: Plan, inputs: np.ndarray, *, drop: float = 0.0, seed: int = 0
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     with tempfile.TemporaryDirectory(prefix="aleph-udp-") as tmp:
         try:
-            ps, ps_port = _start([exe, "node", "--children", str(plan.num_flows), "--seed", str(seed), *common],
-                                 wraps[n])
+            ps, ps_port = _start(
+                [exe, "node", "--children", str(plan.num_flows), "--seed", str(seed), *common], wraps[n]
+            )
             procs.append(("ps", ps))
             parent_of: dict[int, tuple[str, int]] = {}
             for i, c in enumerate(plan.clusters):
                 if len(c.members) == 1:
                     parent_of[c.head] = (f"{ps_host}:{ps_port}", i)
                     continue
-                agg, port = _start([exe, "node", "--children", str(len(c.members)), "--parent",
-                                    f"{ps_host}:{ps_port}", "--id", str(i), "--seed", str(seed * 1000 + i + 1),
-                                    *common], wraps[c.head])
+                agg, port = _start(
+                    [
+                        exe,
+                        "node",
+                        "--children",
+                        str(len(c.members)),
+                        "--parent",
+                        f"{ps_host}:{ps_port}",
+                        "--id",
+                        str(i),
+                        "--seed",
+                        str(seed * 1000 + i + 1),
+                        *common,
+                    ],
+                    wraps[c.head],
+                )
                 procs.append(("aggregator", agg))
                 for j, m in enumerate(c.members):
                     parent_of[m] = (f"{hosts[c.head]}:{port}", j)
@@ -127,12 +175,33 @@ def run_tree(plan: Plan, inputs: np.ndarray, *, drop: float = 0.0, seed: int = 0
                 inp, out = Path(tmp) / f"in{w}", Path(tmp) / f"out{w}"
                 inputs[w].tofile(inp)
                 parent, lid = parent_of[w]
-                p, _ = _start([exe, "worker", "--wait-go", "1", "--parent", parent, "--id", str(lid), "--scale",
-                               str(scale), "--in", str(inp), "--out", str(out), "--seed", str(seed * 7919 + w + 17),
-                               *common], wraps[w])
+                p, _ = _start(
+                    [
+                        exe,
+                        "worker",
+                        "--wait-go",
+                        "1",
+                        "--parent",
+                        parent,
+                        "--id",
+                        str(lid),
+                        "--scale",
+                        str(scale),
+                        "--in",
+                        str(inp),
+                        "--out",
+                        str(out),
+                        "--seed",
+                        str(seed * 7919 + w + 17),
+                        *common,
+                    ],
+                    wraps[w],
+                )
                 procs.append(("worker", p))
                 workers.append((p, out))
-            t0 = time.perf_counter()  # every worker is up: start them together (process start-up is not timed)
+            t0 = (
+                time.perf_counter()
+            )  # every worker is up: start them together (process start-up is not timed)
             for p, _ in workers:
                 assert p.stdin is not None
                 p.stdin.write("go\n")

@@ -24,6 +24,17 @@ from flowlane.dgs.sampling import (
 )
 
 __all__ = [
-    "ByteLedger", "DGSConfig", "Explanation", "node_probabilities", "pick", "pooled_target", "pull_bytes",
-    "quota_split", "sampling_bytes", "shared_uniform", "star_edges", "top_columns", "train_masks",
+    "ByteLedger",
+    "DGSConfig",
+    "Explanation",
+    "node_probabilities",
+    "pick",
+    "pooled_target",
+    "pull_bytes",
+    "quota_split",
+    "sampling_bytes",
+    "shared_uniform",
+    "star_edges",
+    "top_columns",
+    "train_masks",
 ]

@@ -64,22 +64,40 @@ class DGSConfig:
         for name in ("node_sampling", "feature_sampling", "synchronous"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, getattr(self, name), "must be true or false")
-        for name in ("n_f", "epsilon", "prob_floor", "explainer_lr", "loss_threshold", "alpha1", "alpha2", "beta1",
-                     "beta2", "explainer_timeout_s"):
+        for name in (
+            "n_f",
+            "epsilon",
+            "prob_floor",
+            "explainer_lr",
+            "loss_threshold",
+            "alpha1",
+            "alpha2",
+            "beta1",
+            "beta2",
+            "explainer_timeout_s",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 bad(name, v, "must be a finite number")
         if not 0.0 < self.n_f <= 1.0:
             bad("n_f", self.n_f, "must be in (0, 1] (fraction of feature dimensions kept)")
         if not 0.0 <= self.epsilon <= 1.0:
-            bad("epsilon", self.epsilon, "must be in [0, 1] (fraction of the fanout moved to local; seed 0-0.1)")
+            bad(
+                "epsilon",
+                self.epsilon,
+                "must be in [0, 1] (fraction of the fanout moved to local; seed 0-0.1)",
+            )
         for name in ("t_ex", "explainer_epochs", "explainer_threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, v, "must be an integer >= 1")
         v = self.explainer_min_epochs
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= self.explainer_epochs:
-            bad("explainer_min_epochs", v, f"must be an integer in [0, explainer_epochs={self.explainer_epochs}]")
+            bad(
+                "explainer_min_epochs",
+                v,
+                f"must be an integer in [0, explainer_epochs={self.explainer_epochs}]",
+            )
         if self.base_sampler not in SAMPLERS:
             bad("base_sampler", self.base_sampler, f"choose one of {list(SAMPLERS)}")
         if not 0.0 < self.prob_floor < 1.0:

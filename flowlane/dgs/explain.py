@@ -55,11 +55,22 @@ def _entropy(m: torch.Tensor) -> torch.Tensor:
     return -(m * torch.log(m + 1e-15) + (1 - m) * torch.log(1 - m + 1e-15))
 
 
-def train_masks(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: torch.Tensor, target: torch.Tensor,
-                num_remote: int, *, epochs: int = 50, min_epochs: int = 0, lr: float = 0.01,
-                loss_threshold: float = 0.01,
-                alpha1: float = 0.005, alpha2: float = 1.0, beta1: float = 1.0, beta2: float = 0.1,
-                warm: tuple[torch.Tensor, torch.Tensor] | None = None) -> Explanation:
+def train_masks(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    target: torch.Tensor,
+    num_remote: int,
+    *,
+    epochs: int = 50,
+    min_epochs: int = 0,
+    lr: float = 0.01,
+    loss_threshold: float = 0.01,
+    alpha1: float = 0.005,
+    alpha2: float = 1.0,
+    beta1: float = 1.0,
+    beta2: float = 0.1,
+    warm: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Explanation:
     """Train the edge and feature masks of one explanation (Alg. 1 l. 21-26). ``forward(x_masked, edge_weight)``
     returns v_G's logits on E_i (``2 * num_remote + 1`` edges, :func:`star_edges` order); ``warm`` restarts from the
     previous explanation's mask parameters (A2.10 [rec]); otherwise masks start equal (edges σ(1), features σ(0)), so
@@ -87,11 +98,23 @@ def train_masks(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x
         if done > min_epochs and fid_v <= loss_threshold:
             stop = True
             break
-        loss = (fid + alpha1 * em.sum() + alpha2 * _entropy(em).mean() + beta1 * fm.mean()
-                + beta2 * _entropy(fm).mean())
+        loss = (
+            fid
+            + alpha1 * em.sum()
+            + alpha2 * _entropy(em).mean()
+            + beta1 * fm.mean()
+            + beta2 * _entropy(fm).mean()
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        return Explanation(torch.sigmoid(m[:num_remote]).detach().clone(), torch.sigmoid(f).detach().clone(),
-                           m.detach().clone(), f.detach().clone(), done, fid_v, stop)
+        return Explanation(
+            torch.sigmoid(m[:num_remote]).detach().clone(),
+            torch.sigmoid(f).detach().clone(),
+            m.detach().clone(),
+            f.detach().clone(),
+            done,
+            fid_v,
+            stop,
+        )

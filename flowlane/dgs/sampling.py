@@ -20,12 +20,15 @@ def node_probabilities(sn: np.ndarray, floor: float = 1e-6) -> np.ndarray:
     """A6 #8: a node-mask value in [0, 1] (σ of the mask parameter) plus a floor, so no node is starved."""
     sn = np.asarray(sn, dtype=np.float64)
     if sn.size and (not np.isfinite(sn).all() or sn.min() < 0 or sn.max() > 1):
-        raise ValueError(f"node mask values must be finite and in [0, 1]; got min={sn.min()!r} max={sn.max()!r}")
+        raise ValueError(
+            f"node mask values must be finite and in [0, 1]; got min={sn.min()!r} max={sn.max()!r}"
+        )
     return sn + floor
 
 
-def quota_split(n_local: np.ndarray, n_remote: np.ndarray, fanout: int, epsilon: float
-                ) -> tuple[np.ndarray, np.ndarray]:
+def quota_split(
+    n_local: np.ndarray, n_remote: np.ndarray, fanout: int, epsilon: float
+) -> tuple[np.ndarray, np.ndarray]:
     """A2.10 / A6 #9: per frontier node, how many local and remote neighbours to pick. The fanout is split in
     proportion to the local/remote neighbour counts, then ``round(ε · fanout)`` moves from remote to local, and the
     total stays the fanout ("remaining the number of total sampled nodes unchanged"); a node with at most ``fanout``
@@ -62,8 +65,17 @@ def shared_uniform(ids: np.ndarray, key: int) -> np.ndarray:
     return (_mix64(x) >> _U64(11)).astype(np.float64) / float(1 << 53)
 
 
-def pick(offsets: np.ndarray, nbr: np.ndarray, local: np.ndarray, weight: np.ndarray, fanout: int,
-         epsilon: float, rng: np.random.Generator, base: str = "uniform", labor_key: int = 0) -> np.ndarray:
+def pick(
+    offsets: np.ndarray,
+    nbr: np.ndarray,
+    local: np.ndarray,
+    weight: np.ndarray,
+    fanout: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    base: str = "uniform",
+    labor_key: int = 0,
+) -> np.ndarray:
     """Which candidates one hop keeps (a boolean mask over the candidates).
 
     Quotas come from :func:`quota_split`. ``base="uniform"``: inside each quota, weighted sampling without replacement
@@ -76,8 +88,10 @@ def pick(offsets: np.ndarray, nbr: np.ndarray, local: np.ndarray, weight: np.nda
     weight = np.asarray(weight, dtype=np.float64)
     n_cand = int(offsets[-1]) if offsets.size else 0
     if local.size != n_cand or weight.size != n_cand or np.asarray(nbr).size != n_cand:
-        raise ValueError(f"candidate arrays must all have offsets[-1]={n_cand} entries; got local={local.size}, "
-                         f"weight={weight.size}, nbr={np.asarray(nbr).size}")
+        raise ValueError(
+            f"candidate arrays must all have offsets[-1]={n_cand} entries; got local={local.size}, "
+            f"weight={weight.size}, nbr={np.asarray(nbr).size}"
+        )
     if n_cand and (weight.min() < 0 or not np.isfinite(weight).all()):
         raise ValueError("candidate weights must be finite and >= 0")
     if base not in ("uniform", "labor"):
@@ -86,12 +100,12 @@ def pick(offsets: np.ndarray, nbr: np.ndarray, local: np.ndarray, weight: np.nda
     n_loc = np.bincount(seg, weights=local, minlength=offsets.size - 1).astype(np.int64)
     n_rmt = np.diff(offsets) - n_loc
     q_loc, q_rmt = quota_split(n_loc, n_rmt, fanout, epsilon)
-    group = seg * 2 + (~local)                      # (frontier node, side)
+    group = seg * 2 + (~local)  # (frontier node, side)
     quota = np.stack([q_loc, q_rmt], axis=1).reshape(-1)
     if base == "labor":
         wsum = np.bincount(group, weights=weight, minlength=quota.size)
         size = np.bincount(group, minlength=quota.size)
-        full = quota >= size                        # take the whole side
+        full = quota >= size  # take the whole side
         pi = np.minimum(1.0, quota[group] * weight / np.maximum(wsum[group], 1e-300))
         return full[group] | (shared_uniform(nbr, labor_key) <= pi)
     u = rng.random(n_cand)
@@ -116,7 +130,7 @@ def top_columns(sf: np.ndarray, n_f: float) -> np.ndarray:
     return np.sort(np.argsort(-sf, kind="stable")[:k]).astype(np.int64)
 
 
-ID_BYTES = 8   # int64 node / column ids on the wire
+ID_BYTES = 8  # int64 node / column ids on the wire
 
 
 def pull_bytes(rows: int, cols: int, itemsize: int, total_cols: int) -> tuple[int, int]:

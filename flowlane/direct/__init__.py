@@ -32,7 +32,24 @@ from flowlane.direct.store import (
 )
 
 __all__ = [
-    "LINE_BYTES", "OPERANDS", "PATHS", "SCHEMES", "ZERO_COPY_DTYPES", "DirectConfig", "FeatureStore", "PathChoice",
-    "Placement", "check_indices", "choose_path", "cpu_gather", "default_choice", "group_columns_", "interpreting", "launch_shape", "mean_requests",
-    "place", "request_counts", "zero_copy_gather",
+    "LINE_BYTES",
+    "OPERANDS",
+    "PATHS",
+    "SCHEMES",
+    "ZERO_COPY_DTYPES",
+    "DirectConfig",
+    "FeatureStore",
+    "PathChoice",
+    "Placement",
+    "check_indices",
+    "choose_path",
+    "cpu_gather",
+    "default_choice",
+    "group_columns_",
+    "interpreting",
+    "launch_shape",
+    "mean_requests",
+    "place",
+    "request_counts",
+    "zero_copy_gather",
 ]

@@ -18,8 +18,22 @@ import triton.language as tl
 
 # sizes and offsets change per call: one compiled kernel per (dtype, tile) instead of one per divisibility pattern
 @triton.jit(do_not_specialize=["n_idx", "n_cols", "src_stride", "out_stride", "col0", "base_off", "n_chunks"])
-def gather_rows_kernel(src, idx, out, n_idx, n_cols, src_stride, out_stride, col0, base_off, n_chunks,
-                       LINE_ELEMS: tl.constexpr, ALIGNED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def gather_rows_kernel(
+    src,
+    idx,
+    out,
+    n_idx,
+    n_cols,
+    src_stride,
+    out_stride,
+    col0,
+    base_off,
+    n_chunks,
+    LINE_ELEMS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """out[r, c] = src[idx[r], col0 + c] for r < n_idx, c < n_cols.
 
     ``src`` points ``base_off`` elements past a 128-B boundary (``base_off = (address % 128) / element size``), so
@@ -46,8 +60,19 @@ def gather_rows_kernel(src, idx, out, n_idx, n_cols, src_stride, out_stride, col
 
 
 @triton.jit(do_not_specialize=["n_idx", "n_sel", "src_stride", "out_stride", "n_chunks"])
-def gather_cols_kernel(src, idx, cols, out, n_idx, n_sel, src_stride, out_stride, n_chunks,
-                       ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def gather_cols_kernel(
+    src,
+    idx,
+    cols,
+    out,
+    n_idx,
+    n_sel,
+    src_stride,
+    out_stride,
+    n_chunks,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """out[r, j] = src[idx[r], cols[j]]: the column-masked gather for an arbitrary column list."""
     pid = tl.program_id(0)
     r = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)

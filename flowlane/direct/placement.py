@@ -42,8 +42,10 @@ def place(operands: Iterable[Operand]) -> Placement:
     if bad:
         raise ValueError(f"operand kind(s) {bad} not allowed; allowed: {OPERANDS}")
     if not any(o.startswith("unified") for o in ops):
-        raise ValueError(f"Table 4.2 places operators with at least one unified operand; got {ops} (plain PyTorch "
-                         f"dispatch applies)")
+        raise ValueError(
+            f"Table 4.2 places operators with at least one unified operand; got {ops} (plain PyTorch "
+            f"dispatch applies)"
+        )
     cpu, cuda = "cpu" in ops, "cuda" in ops
     gpu_affine = cuda or "unified_gpu" in ops
     if "unified_host" not in ops:  # case A

@@ -42,9 +42,16 @@ def _distinct_per_row(row_of: np.ndarray, group: np.ndarray, line: np.ndarray, n
     return np.bincount(uniq // (gs * ls), minlength=n_rows).astype(np.int64)
 
 
-def request_counts(row_ids: Sequence[int] | np.ndarray, row_elems: int, elem_bytes: int, scheme: Scheme,
-                   warp: int = 32, line_bytes: int = 128, base_bytes: int = 0,
-                   cols: tuple[int, int] | Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+def request_counts(
+    row_ids: Sequence[int] | np.ndarray,
+    row_elems: int,
+    elem_bytes: int,
+    scheme: Scheme,
+    warp: int = 32,
+    line_bytes: int = 128,
+    base_bytes: int = 0,
+    cols: tuple[int, int] | Sequence[int] | np.ndarray | None = None,
+) -> np.ndarray:
     """Requests (distinct lines per warp instruction) needed for each gathered row, in gather order.
 
     ``row_ids``: the gathered rows of a table of ``row_elems`` elements of ``elem_bytes`` each. ``cols``: the
@@ -53,12 +60,19 @@ def request_counts(row_ids: Sequence[int] | np.ndarray, row_elems: int, elem_byt
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme={scheme!r} is not one of {SCHEMES}")
-    for name, v in (("row_elems", row_elems), ("elem_bytes", elem_bytes), ("warp", warp), ("line_bytes", line_bytes)):
+    for name, v in (
+        ("row_elems", row_elems),
+        ("elem_bytes", elem_bytes),
+        ("warp", warp),
+        ("line_bytes", line_bytes),
+    ):
         if not isinstance(v, int | np.integer) or v < 1:
             raise ValueError(f"{name}={v!r} must be an integer >= 1")
     if line_bytes % elem_bytes or base_bytes % elem_bytes or base_bytes < 0:
-        raise ValueError(f"line_bytes={line_bytes} and base_bytes={base_bytes} must be multiples of elem_bytes="
-                         f"{elem_bytes} (and base_bytes >= 0)")
+        raise ValueError(
+            f"line_bytes={line_bytes} and base_bytes={base_bytes} must be multiples of elem_bytes="
+            f"{elem_bytes} (and base_bytes >= 0)"
+        )
     rows = np.asarray(row_ids, dtype=np.int64).reshape(-1)
     n = rows.size
     le = line_bytes // elem_bytes  # elements per line
@@ -69,14 +83,18 @@ def request_counts(row_ids: Sequence[int] | np.ndarray, row_elems: int, elem_byt
     elif isinstance(cols, tuple) and len(cols) == 2:
         col0, width = int(cols[0]), int(cols[1])
         if col0 < 0 or width < 0 or col0 + width > row_elems:
-            raise ValueError(f"cols=(start={col0}, count={width}) must lie within the {row_elems} columns of a row")
+            raise ValueError(
+                f"cols=(start={col0}, count={width}) must lie within the {row_elems} columns of a row"
+            )
     else:
         col_list = np.asarray(cols, dtype=np.int64).reshape(-1)
         if col_list.size and (col_list.min() < 0 or col_list.max() >= row_elems):
             raise ValueError(f"cols must lie in 0..{row_elems - 1}, got {col_list.min()}..{col_list.max()}")
         if scheme not in ("row", "min"):
-            raise ValueError(f"a column list is gathered by the 'row' lane mapping only (or counted by 'min'), "
-                             f"not {scheme!r}")
+            raise ValueError(
+                f"a column list is gathered by the 'row' lane mapping only (or counted by 'min'), "
+                f"not {scheme!r}"
+            )
         col0, width = 0, col_list.size
     if n == 0 or width == 0:
         return np.zeros(n, dtype=np.int64)
@@ -85,7 +103,9 @@ def request_counts(row_ids: Sequence[int] | np.ndarray, row_elems: int, elem_byt
     if scheme == "min":
         if col_list is not None:
             elem = base + rows[:, None] * row_elems + col_list[None, :]
-            return _distinct_per_row(np.repeat(r, width), np.zeros(n * width, np.int64), (elem // le).reshape(-1), n)
+            return _distinct_per_row(
+                np.repeat(r, width), np.zeros(n * width, np.int64), (elem // le).reshape(-1), n
+            )
         return (start + width - 1) // le - start // le + 1
     if scheme in ("flat", "flat_shift"):
         t = np.arange(n * width, dtype=np.int64)  # thread t copies output element t
@@ -112,11 +132,19 @@ def request_counts(row_ids: Sequence[int] | np.ndarray, row_elems: int, elem_byt
     return _distinct_per_row(row_of, group, elem // le, n)
 
 
-def mean_requests(row_bytes: int, elem_bytes: int = 4, n_rows: int = 2000, table_rows: int = 1_000_000,
-                  seed: int = 0, **kw: object) -> dict[str, float]:
+def mean_requests(
+    row_bytes: int,
+    elem_bytes: int = 4,
+    n_rows: int = 2000,
+    table_rows: int = 1_000_000,
+    seed: int = 0,
+    **kw: object,
+) -> dict[str, float]:
     """Mean 128-B requests per gathered row, per scheme, for ``n_rows`` random rows of ``row_bytes`` each."""
     if row_bytes % elem_bytes:
         raise ValueError(f"row_bytes={row_bytes} must be a multiple of elem_bytes={elem_bytes}")
     rows = np.random.default_rng(seed).integers(0, table_rows, n_rows)
-    return {s: float(request_counts(rows, row_bytes // elem_bytes, elem_bytes, s, **kw).mean())  # type: ignore[arg-type]
-            for s in SCHEMES}
+    return {
+        s: float(request_counts(rows, row_bytes // elem_bytes, elem_bytes, s, **kw).mean())  # type: ignore[arg-type]
+        for s in SCHEMES
+    }

@@ -61,8 +61,12 @@ def triton_status() -> tuple[bool, str]:
     return True, f"Triton {triton.__version__}"
 
 
-def choose_path(device: torch.device | str, dtype: torch.dtype = torch.float32, pinned: bool = True,
-                requested: str = "auto") -> PathChoice:
+def choose_path(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    pinned: bool = True,
+    requested: str = "auto",
+) -> PathChoice:
     """Pick the gather path for a table of ``dtype`` gathered onto ``device`` (pure, apart from probing CUDA/Triton).
 
     Zero-copy needs a CUDA target device, CUDA available, Triton importable, a pinned (or pinnable) table and a dtype in
@@ -121,8 +125,10 @@ def check_indices(idx: torch.Tensor, n_rows: int) -> torch.Tensor:
         lo, hi = torch.aminmax(idx)
         if int(lo) < 0 or int(hi) >= n_rows:
             bad = ((idx < 0) | (idx >= n_rows)).nonzero()[0, 0]
-            raise IndexError(f"index {int(idx[bad])} at position {int(bad)} is out of range for a feature table of "
-                             f"{n_rows} rows (allowed: 0..{n_rows - 1})")
+            raise IndexError(
+                f"index {int(idx[bad])} at position {int(bad)} is out of range for a feature table of "
+                f"{n_rows} rows (allowed: 0..{n_rows - 1})"
+            )
     return idx
 
 
@@ -133,27 +139,37 @@ def _columns(cols: Columns, n_cols: int) -> tuple[int, int] | torch.Tensor | Non
     if isinstance(cols, slice | range):
         r = range(n_cols)[cols] if isinstance(cols, slice) else cols
         if r.step != 1:
-            raise ValueError(f"column selection {cols!r} must have step 1 (or pass a tensor of column indices)")
+            raise ValueError(
+                f"column selection {cols!r} must have step 1 (or pass a tensor of column indices)"
+            )
         if len(r) and not (r.start >= 0 and r.stop <= n_cols):
-            raise IndexError(f"column range {r.start}..{r.stop - 1} is out of range for {n_cols} columns "
-                             f"(allowed: 0..{n_cols - 1})")
+            raise IndexError(
+                f"column range {r.start}..{r.stop - 1} is out of range for {n_cols} columns "
+                f"(allowed: 0..{n_cols - 1})"
+            )
         return (r.start if len(r) else 0, len(r))
     if not isinstance(cols, torch.Tensor) or cols.dtype not in (torch.int64, torch.int32) or cols.dim() != 1:
-        raise TypeError(f"columns must be None, a slice/range with step 1, or a 1-D int64 tensor, got {cols!r}")
+        raise TypeError(
+            f"columns must be None, a slice/range with step 1, or a 1-D int64 tensor, got {cols!r}"
+        )
     c = cols.detach().to("cpu", torch.int64)
     if c.numel():
         lo, hi = torch.aminmax(c)
         if int(lo) < 0 or int(hi) >= n_cols:
             bad = ((c < 0) | (c >= n_cols)).nonzero()[0, 0]
-            raise IndexError(f"column {int(c[bad])} at position {int(bad)} is out of range for {n_cols} columns "
-                             f"(allowed: 0..{n_cols - 1})")
+            raise IndexError(
+                f"column {int(c[bad])} at position {int(bad)} is out of range for {n_cols} columns "
+                f"(allowed: 0..{n_cols - 1})"
+            )
         if c.numel() > 1 and bool((c[1:] - c[:-1] == 1).all()):
             return (int(c[0]), int(c.numel()))  # contiguous: the aligned range kernel applies
     return c
 
 
 # ------------------------------------------------------------------------------------------------ the two paths
-def cpu_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.device | str, cols: Columns = None) -> torch.Tensor:
+def cpu_gather(
+    table: torch.Tensor, idx: torch.Tensor, device: torch.device | str, cols: Columns = None
+) -> torch.Tensor:
     """``table[idx]`` (``[:, cols]``) by CPU ``index_select`` into a pinned buffer and a non_blocking copy to ``device``.
 
     ``table`` is a 2-D CPU tensor and ``idx`` already checked (:func:`check_indices`). On a CPU ``device`` the buffer
@@ -168,7 +184,7 @@ def cpu_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.device | st
     if sel is None:
         torch.index_select(table, 0, idx, out=buf)
     elif isinstance(sel, tuple):
-        torch.index_select(table[:, sel[0]:sel[0] + sel[1]], 0, idx, out=buf)
+        torch.index_select(table[:, sel[0] : sel[0] + sel[1]], 0, idx, out=buf)
     else:
         buf.copy_(table[idx[:, None], sel[None, :]])
     return buf.to(dev, non_blocking=True) if dev.type != "cpu" else buf
@@ -187,7 +203,9 @@ class _UVA:
         return self._ptr
 
 
-def launch_shape(n_cols: int, elem_bytes: int, aligned: bool, rows_per_program: int = 0) -> tuple[int, int, int]:
+def launch_shape(
+    n_cols: int, elem_bytes: int, aligned: bool, rows_per_program: int = 0
+) -> tuple[int, int, int]:
     """(BLOCK, n_chunks, ROWS) for a row window of ``n_cols`` elements.
 
     Aligned rows need up to ``LINE/elem - 1`` extra leading lanes. BLOCK is the power of two (64..1024) with the fewest
@@ -216,14 +234,22 @@ def word_bytes(table: torch.Tensor, col0: int, width: int) -> int:
     bf16 row is 256 int64 loads per row instead of 1024 two-byte ones (same lines read, 4x fewer load instructions)."""
     elem = table.element_size()
     for w in (8, 4, 2, 1):
-        if w >= elem and all(v % w == 0 for v in (table.data_ptr(), table.stride(0) * elem, col0 * elem,
-                                                    width * elem)):
+        if w >= elem and all(
+            v % w == 0 for v in (table.data_ptr(), table.stride(0) * elem, col0 * elem, width * elem)
+        ):
             return w
     return elem
 
 
-def zero_copy_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.device | str, cols: Columns = None,
-                     aligned: bool = True, rows_per_program: int = 0, widen: bool = True) -> torch.Tensor:
+def zero_copy_gather(
+    table: torch.Tensor,
+    idx: torch.Tensor,
+    device: torch.device | str,
+    cols: Columns = None,
+    aligned: bool = True,
+    rows_per_program: int = 0,
+    widen: bool = True,
+) -> torch.Tensor:
     """``table[idx]`` (``[:, cols]``) gathered by the Triton kernel reading ``table`` in place.
 
     ``table``: 2-D contiguous CPU tensor, pinned when ``device`` is CUDA (the caller's duty: :class:`FeatureStore`);
@@ -242,8 +268,19 @@ def zero_copy_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.devic
         out = torch.empty((n, sel.numel()), dtype=table.dtype, device=dev)
         if n and sel.numel():
             block, chunks, rows = launch_shape(sel.numel(), elem, False, rows_per_program)
-            kernels.gather_cols_kernel[(-(-n // rows),)](src, idx, sel.to(dev), out, n, sel.numel(), table.stride(0),
-                                                         out.stride(0), chunks, ROWS=rows, BLOCK=block)
+            kernels.gather_cols_kernel[(-(-n // rows),)](
+                src,
+                idx,
+                sel.to(dev),
+                out,
+                n,
+                sel.numel(),
+                table.stride(0),
+                out.stride(0),
+                chunks,
+                ROWS=rows,
+                BLOCK=block,
+            )
         return out
     col0, width = (0, n_cols) if sel is None else sel
     word = word_bytes(table, col0, width) if widen else elem
@@ -255,10 +292,22 @@ def zero_copy_gather(table: torch.Tensor, idx: torch.Tensor, device: torch.devic
     if n and width:
         block, chunks, rows = launch_shape(width // k, word, aligned, rows_per_program)
         base_off = (table.data_ptr() % LINE_BYTES) // word
-        kernels.gather_rows_kernel[(-(-n // rows),)](src, idx, out, n, width // k, table.stride(0) // k,
-                                                     out.stride(0), col0 // k, base_off, chunks,
-                                                     LINE_ELEMS=LINE_BYTES // word, ALIGNED=aligned, ROWS=rows,
-                                                     BLOCK=block)
+        kernels.gather_rows_kernel[(-(-n // rows),)](
+            src,
+            idx,
+            out,
+            n,
+            width // k,
+            table.stride(0) // k,
+            out.stride(0),
+            col0 // k,
+            base_off,
+            chunks,
+            LINE_ELEMS=LINE_BYTES // word,
+            ALIGNED=aligned,
+            ROWS=rows,
+            BLOCK=block,
+        )
     return out if k == 1 else out.view(table.dtype)
 
 
@@ -274,15 +323,18 @@ def group_columns_(table: torch.Tensor, first: torch.Tensor, chunk_rows: int = 6
         raise ValueError(f"group_columns_ needs a 2-D table, got shape {tuple(table.shape)}")
     n_cols = table.shape[1]
     sel = _columns(first, n_cols)
-    first = torch.arange(sel[0], sel[0] + sel[1]) if isinstance(sel, tuple) else (sel if sel is not None else
-                                                                                   torch.arange(n_cols))
+    first = (
+        torch.arange(sel[0], sel[0] + sel[1])
+        if isinstance(sel, tuple)
+        else (sel if sel is not None else torch.arange(n_cols))
+    )
     if first.unique().numel() != first.numel():
         raise ValueError(f"columns to group must be distinct, got {first.tolist()}")
     rest = torch.ones(n_cols, dtype=torch.bool)
     rest[first] = False
     perm = torch.cat([first, rest.nonzero().flatten()])
     for s in range(0, table.shape[0], chunk_rows):
-        blk = table[s:s + chunk_rows]
+        blk = table[s : s + chunk_rows]
         blk.copy_(blk[:, perm])
     return perm
 
@@ -291,8 +343,10 @@ def group_columns_(table: torch.Tensor, first: torch.Tensor, chunk_rows: int = 6
 def _register(t: torch.Tensor) -> None:
     rc = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0))
     if rc != 0:
-        raise RuntimeError(f"cudaHostRegister of the {t.numel() * t.element_size():,}-byte feature table failed with "
-                           f"cudaError {rc} (712 = already registered: pin it once, or pass a pinned tensor)")
+        raise RuntimeError(
+            f"cudaHostRegister of the {t.numel() * t.element_size():,}-byte feature table failed with "
+            f"cudaError {rc} (712 = already registered: pin it once, or pass a pinned tensor)"
+        )
 
 
 def _unregister(ptr: int) -> None:
@@ -325,28 +379,45 @@ class FeatureStore:
     >>> store.close()
     """
 
-    def __init__(self, table: torch.Tensor, config: DirectConfig | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        table: torch.Tensor,
+        config: DirectConfig | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         self.config = config or DirectConfig()
         if not isinstance(table, torch.Tensor):
             raise TypeError(f"table must be a torch.Tensor, got {type(table).__name__}")
         if table.device.type != "cpu":
-            raise ValueError(f"table is on {table.device}; a FeatureStore holds a host (CPU) table. A table already in "
-                             f"GPU memory needs no zero-copy: use table[idx]")
+            raise ValueError(
+                f"table is on {table.device}; a FeatureStore holds a host (CPU) table. A table already in "
+                f"GPU memory needs no zero-copy: use table[idx]"
+            )
         if table.dim() < 1 or not table.is_contiguous():
-            raise ValueError(f"table must be a contiguous tensor of >= 1 dimension (got shape {tuple(table.shape)}, "
-                             f"contiguous={table.is_contiguous()}); pinning in place needs one contiguous range, and "
-                             f".contiguous() would make the second copy this store avoids")
+            raise ValueError(
+                f"table must be a contiguous tensor of >= 1 dimension (got shape {tuple(table.shape)}, "
+                f"contiguous={table.is_contiguous()}); pinning in place needs one contiguous range, and "
+                f".contiguous() would make the second copy this store avoids"
+            )
         self.table = table
         self.row_shape = tuple(table.shape[1:])
         self._flat = table if table.dim() == 2 else table.view(table.shape[0], math.prod(self.row_shape))
-        self.device = torch.device(device) if device is not None else (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (
+                torch.device("cuda", torch.cuda.current_device())
+                if torch.cuda.is_available()
+                else torch.device("cpu")
+            )
+        )
         self._finalizer: weakref.finalize | None = None
         self._closed = False
         want_pin = self.config.pin and torch.cuda.is_available() and self.config.path != "cpu-gather"
         pinned = table.is_pinned() if torch.cuda.is_available() else False
-        self.choice = choose_path(self.device, table.dtype, pinned=pinned or want_pin, requested=self.config.path)
+        self.choice = choose_path(
+            self.device, table.dtype, pinned=pinned or want_pin, requested=self.config.path
+        )
         if self.choice.path == "zero-copy" and self.device.type == "cuda" and not pinned and table.numel():
             _register(table)  # in place: the table's own pages become pinned and mapped (UVA)
             self._finalizer = weakref.finalize(self, _unregister, table.data_ptr())
@@ -373,9 +444,13 @@ class FeatureStore:
         elif idx.dtype != torch.int64:
             idx = idx.long()
         if cols is not None and self.table.dim() != 2:
-            raise ValueError(f"a column selection needs a 2-D table; this one has shape {tuple(self.table.shape)}")
+            raise ValueError(
+                f"a column selection needs a 2-D table; this one has shape {tuple(self.table.shape)}"
+            )
         if self.path == "zero-copy":
-            out = zero_copy_gather(self._flat, idx, self.device, cols, self.config.aligned, self.config.rows_per_program)
+            out = zero_copy_gather(
+                self._flat, idx, self.device, cols, self.config.aligned, self.config.rows_per_program
+            )
         else:
             out = cpu_gather(self._flat, idx, self.device, cols)
         return out if cols is not None or self.table.dim() == 2 else out.reshape(-1, *self.row_shape)
@@ -394,5 +469,7 @@ class FeatureStore:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"FeatureStore(rows={self.num_rows}, row_shape={self.row_shape}, dtype={self.table.dtype}, "
-                f"device={self.device}, path={self.path!r}: {self.choice.reason})")
+        return (
+            f"FeatureStore(rows={self.num_rows}, row_shape={self.row_shape}, dtype={self.table.dtype}, "
+            f"device={self.device}, path={self.path!r}: {self.choice.reason})"
+        )

@@ -27,8 +27,10 @@ from flowlane.hector.config import GEMMS
 
 def _check_index(name: str, t: Tensor, bound: int) -> None:
     if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"{name} must be a 1-D int32/int64 tensor, got "
-                         f"{type(t).__name__ if not isinstance(t, Tensor) else f'{t.dtype} shape {tuple(t.shape)}'}")
+        raise ValueError(
+            f"{name} must be a 1-D int32/int64 tensor, got "
+            f"{type(t).__name__ if not isinstance(t, Tensor) else f'{t.dtype} shape {tuple(t.shape)}'}"
+        )
     if t.numel():
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi >= bound:
@@ -50,8 +52,10 @@ def segment_ptr(types: Tensor, num_types: int) -> Tensor:
     _check_index("types", types, num_types)
     if types.numel() > 1 and bool((types[1:] < types[:-1]).any()):
         first = int(torch.nonzero(types[1:] < types[:-1])[0, 0]) + 1
-        raise ValueError(f"types are not sorted: row {first} has type {int(types[first])} after type "
-                         f"{int(types[first - 1])}; sort the rows by type first (type_order)")
+        raise ValueError(
+            f"types are not sorted: row {first} has type {int(types[first])} after type "
+            f"{int(types[first - 1])}; sort the rows by type first (type_order)"
+        )
     counts = torch.bincount(types.to("cpu", torch.int64), minlength=num_types)
     return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
@@ -65,12 +69,16 @@ def type_order(types: Tensor, num_types: int) -> tuple[Tensor, Tensor]:
 
 def _check_ptr(seg_ptr: Tensor, rows: int, num_types: int) -> list[int]:
     if not isinstance(seg_ptr, Tensor) or seg_ptr.dim() != 1 or seg_ptr.numel() != num_types + 1:
-        raise ValueError(f"seg_ptr must be a 1-D tensor of num_types + 1 = {num_types + 1} offsets, got "
-                         f"{tuple(seg_ptr.shape) if isinstance(seg_ptr, Tensor) else type(seg_ptr).__name__}")
+        raise ValueError(
+            f"seg_ptr must be a 1-D tensor of num_types + 1 = {num_types + 1} offsets, got "
+            f"{tuple(seg_ptr.shape) if isinstance(seg_ptr, Tensor) else type(seg_ptr).__name__}"
+        )
     p = seg_ptr.tolist()
     if p[0] != 0 or p[-1] != rows or any(b < a for a, b in zip(p[:-1], p[1:], strict=True)):
-        raise ValueError(f"seg_ptr must rise from 0 to the row count {rows} without decreasing, got {p[:8]}"
-                         f"{'...' if len(p) > 8 else ''}")
+        raise ValueError(
+            f"seg_ptr must rise from 0 to the row count {rows} without decreasing, got {p[:8]}"
+            f"{'...' if len(p) > 8 else ''}"
+        )
     return p
 
 
@@ -122,8 +130,10 @@ def _grouped_mm_ok(x: Tensor, weight: Tensor) -> str | None:
         if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
             return f"on CUDA torch._grouped_mm takes bf16 operands, got {x.dtype} x {weight.dtype}"
         if (x.shape[1] * 2) % 16 or (weight.shape[2] * 2) % 16:
-            return (f"on CUDA torch._grouped_mm needs 16-byte-aligned feature sizes (multiples of 8 bf16), got "
-                    f"in={x.shape[1]} out={weight.shape[2]}")
+            return (
+                f"on CUDA torch._grouped_mm needs 16-byte-aligned feature sizes (multiples of 8 bf16), got "
+                f"in={x.shape[1]} out={weight.shape[2]}"
+            )
     return None
 
 
@@ -145,14 +155,20 @@ def segment_mm(x: Tensor, weight: Tensor, seg_ptr: Tensor, gemm: str = "auto") -
     No per-row weight copy is made. Differentiable in ``x`` and ``weight``.
     """
     if not isinstance(x, Tensor) or x.dim() != 2:
-        raise ValueError(f"x must be a 2-D (rows, in) tensor, got shape "
-                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        raise ValueError(
+            f"x must be a 2-D (rows, in) tensor, got shape "
+            f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}"
+        )
     if not isinstance(weight, Tensor) or weight.dim() != 3 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"weight must be (types, in={x.shape[1]}, out), got shape "
-                         f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+        raise ValueError(
+            f"weight must be (types, in={x.shape[1]}, out), got shape "
+            f"{tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}"
+        )
     if weight.dtype != x.dtype or weight.device != x.device:
-        raise ValueError(f"x ({x.dtype}, {x.device}) and weight ({weight.dtype}, {weight.device}) must share dtype "
-                         f"and device")
+        raise ValueError(
+            f"x ({x.dtype}, {x.device}) and weight ({weight.dtype}, {weight.device}) must share dtype "
+            f"and device"
+        )
     bounds = _check_ptr(seg_ptr, x.shape[0], weight.shape[0])
     path = choose_gemm(x, weight, gemm)
     if path == "grouped_mm":
@@ -163,9 +179,16 @@ def segment_mm(x: Tensor, weight: Tensor, seg_ptr: Tensor, gemm: str = "auto") -
 
 def typed_linear(x: Tensor, types: Tensor, weight: Tensor, gemm: str = "auto") -> Tensor:
     """``Y[i] = x[i] @ weight[types[i]]`` for rows in any order (sorted internally, then put back)."""
-    if not isinstance(x, Tensor) or x.dim() != 2 or not isinstance(types, Tensor) or types.shape != x.shape[:1]:
-        raise ValueError(f"x must be (rows, in) and types (rows,), got "
-                         f"{tuple(getattr(x, 'shape', ()))} and {tuple(getattr(types, 'shape', ()))}")
+    if (
+        not isinstance(x, Tensor)
+        or x.dim() != 2
+        or not isinstance(types, Tensor)
+        or types.shape != x.shape[:1]
+    ):
+        raise ValueError(
+            f"x must be (rows, in) and types (rows,), got "
+            f"{tuple(getattr(x, 'shape', ()))} and {tuple(getattr(types, 'shape', ()))}"
+        )
     order, ptr = type_order(types, weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 3 else 1)
     y_sorted = segment_mm(x.index_select(0, order), weight, ptr, gemm)
     return y_sorted.index_select(0, torch.argsort(order))
@@ -214,31 +237,41 @@ def compact_rows(node: Tensor, etype: Tensor, num_nodes: int, num_types: int) ->
     _check_index("node", node, num_nodes)
     _check_index("etype", etype, num_types)
     if node.shape != etype.shape:
-        raise ValueError(f"node and etype must have one entry per edge, got {tuple(node.shape)} and "
-                         f"{tuple(etype.shape)}")
+        raise ValueError(
+            f"node and etype must have one entry per edge, got {tuple(node.shape)} and {tuple(etype.shape)}"
+        )
     key = etype.to(torch.int64) * num_nodes + node.to(torch.int64)
     uniq, edge_row = torch.unique(key, sorted=True, return_inverse=True)
     ut = uniq // num_nodes
-    return RowIndex(node=uniq - ut * num_nodes, etype=ut, ptr=segment_ptr(ut, num_types), edge_row=edge_row,
-                    compact=True)
+    return RowIndex(
+        node=uniq - ut * num_nodes, etype=ut, ptr=segment_ptr(ut, num_types), edge_row=edge_row, compact=True
+    )
 
 
 def vanilla_rows(node: Tensor, etype: Tensor, num_nodes: int, num_types: int) -> RowIndex:
     """One row per edge, edges taken in edge-type order (stable)."""
     _check_index("node", node, num_nodes)
     if node.shape != etype.shape:
-        raise ValueError(f"node and etype must have one entry per edge, got {tuple(node.shape)} and "
-                         f"{tuple(etype.shape)}")
+        raise ValueError(
+            f"node and etype must have one entry per edge, got {tuple(node.shape)} and {tuple(etype.shape)}"
+        )
     order, ptr = type_order(etype, num_types)
-    return RowIndex(node=node[order].to(torch.int64), etype=etype[order].to(torch.int64), ptr=ptr,
-                    edge_row=torch.argsort(order), compact=False)
+    return RowIndex(
+        node=node[order].to(torch.int64),
+        etype=etype[order].to(torch.int64),
+        ptr=ptr,
+        edge_row=torch.argsort(order),
+        compact=False,
+    )
 
 
 def materialize(x: Tensor, weight: Tensor, rows: RowIndex, gemm: str = "auto") -> Tensor:
     """``Y[i] = x[rows.node[i]] @ weight[rows.etype[i]]`` for each row: the GEMM template's gather + segment GEMM."""
     if not isinstance(weight, Tensor) or weight.dim() != 3 or weight.shape[0] != rows.ptr.numel() - 1:
-        raise ValueError(f"weight must be (types={rows.ptr.numel() - 1}, in, out), got "
-                         f"{tuple(getattr(weight, 'shape', ()))}")
+        raise ValueError(
+            f"weight must be (types={rows.ptr.numel() - 1}, in, out), got "
+            f"{tuple(getattr(weight, 'shape', ()))}"
+        )
     return segment_mm(x.index_select(0, rows.node), weight, rows.ptr, gemm)
 
 
@@ -307,10 +340,13 @@ def gather_dot(a: Tensor, ia: Tensor, b: Tensor, ib: Tensor) -> Tensor:
     """``out[e] = <a[ia[e]], b[ib[e]]>`` over the last dimension (SDDMM over row-indexed operands), e.g. HGT's
     ``(k W_r)[src-row] . q[dst]``. Only the row tensors are kept for the backward, never (#edges, hidden) copies."""
     if a.shape[1:] != b.shape[1:]:
-        raise ValueError(f"a and b must have the same row shape, got {tuple(a.shape[1:])} and {tuple(b.shape[1:])}")
+        raise ValueError(
+            f"a and b must have the same row shape, got {tuple(a.shape[1:])} and {tuple(b.shape[1:])}"
+        )
     if ia.shape != ib.shape or ia.dim() != 1:
-        raise ValueError(f"ia and ib must be 1-D with one entry per edge, got {tuple(ia.shape)} and "
-                         f"{tuple(ib.shape)}")
+        raise ValueError(
+            f"ia and ib must be 1-D with one entry per edge, got {tuple(ia.shape)} and {tuple(ib.shape)}"
+        )
     _check_index("ia", ia, a.shape[0])
     _check_index("ib", ib, b.shape[0])
     return _GatherDot.apply(a, ia.to(torch.int64), b, ib.to(torch.int64))
@@ -347,14 +383,17 @@ class EdgeAggregator:
         _check_index("dst", dst, num_dst)
         _check_index("col", col, num_cols)
         if dst.shape != col.shape:
-            raise ValueError(f"dst and col must have one entry per edge, got {tuple(dst.shape)} and "
-                             f"{tuple(col.shape)}")
+            raise ValueError(
+                f"dst and col must have one entry per edge, got {tuple(dst.shape)} and {tuple(col.shape)}"
+            )
         self.dst, self.col = dst.to(torch.int64), col.to(torch.int64)
         self.num_dst, self.num_cols = num_dst, num_cols
         self.perm = torch.argsort(self.dst * num_cols + self.col)
         self.perm_t = torch.argsort(self.col * num_dst + self.dst)
         self.crow = torch.cat([self.dst.new_zeros(1), torch.bincount(self.dst, minlength=num_dst).cumsum(0)])
-        self.crow_t = torch.cat([self.dst.new_zeros(1), torch.bincount(self.col, minlength=num_cols).cumsum(0)])
+        self.crow_t = torch.cat(
+            [self.dst.new_zeros(1), torch.bincount(self.col, minlength=num_cols).cumsum(0)]
+        )
         self.col_sorted = self.col[self.perm]
         self.dst_sorted_t = self.dst[self.perm_t]
 
@@ -365,16 +404,24 @@ class EdgeAggregator:
 
     def _csr(self, v: Tensor, transpose: bool) -> Tensor:
         if transpose:
-            return torch.sparse_csr_tensor(self.crow_t, self.dst_sorted_t, v[self.perm_t],
-                                           (self.num_cols, self.num_dst))
-        return torch.sparse_csr_tensor(self.crow, self.col_sorted, v[self.perm], (self.num_dst, self.num_cols))
+            return torch.sparse_csr_tensor(
+                self.crow_t, self.dst_sorted_t, v[self.perm_t], (self.num_cols, self.num_dst)
+            )
+        return torch.sparse_csr_tensor(
+            self.crow, self.col_sorted, v[self.perm], (self.num_dst, self.num_cols)
+        )
 
     def _apply(self, values: Tensor | None, y: Tensor, transpose: bool) -> Tensor:
         if y.dim() == 2:
             v = values if values is not None else y.new_ones(self.dst.numel())
             return self._matrix(v.reshape(-1).to(y.dtype), transpose) @ y
-        heads = [self._matrix((values[:, h] if values is not None else y.new_ones(self.dst.numel())).to(y.dtype),
-                              transpose) @ y[:, h].contiguous() for h in range(y.shape[1])]
+        heads = [
+            self._matrix(
+                (values[:, h] if values is not None else y.new_ones(self.dst.numel())).to(y.dtype), transpose
+            )
+            @ y[:, h].contiguous()
+            for h in range(y.shape[1])
+        ]
         return torch.stack(heads, 1)
 
     def __call__(self, y: Tensor, values: Tensor | None = None) -> Tensor:
@@ -383,11 +430,16 @@ class EdgeAggregator:
         if values is not None:
             want = (self.dst.numel(),) if y.dim() == 2 else (self.dst.numel(), y.shape[1])
             if values.reshape(-1).numel() != self.dst.numel() * (1 if y.dim() == 2 else y.shape[1]):
-                raise ValueError(f"values must have shape {want} (one per edge{' and head' if y.dim() > 2 else ''}),"
-                                 f" got {tuple(values.shape)}")
+                raise ValueError(
+                    f"values must have shape {want} (one per edge{' and head' if y.dim() > 2 else ''}),"
+                    f" got {tuple(values.shape)}"
+                )
             if y.dim() > 2:
                 values = values.reshape(want)
-        if y.dtype not in (torch.float32, torch.float64):  # no sparse CSR product for this dtype: gather + index_add
+        if y.dtype not in (
+            torch.float32,
+            torch.float64,
+        ):  # no sparse CSR product for this dtype: gather + index_add
             m = y.index_select(0, self.col)
             if values is not None:
                 m = m * values.reshape(values.shape + (1,) * (m.dim() - values.dim()))
@@ -403,7 +455,9 @@ def edge_softmax(scores: Tensor, group: Tensor, num_groups: int) -> Tensor:
         raise ValueError(f"scores has {scores.shape[0]} rows for {group.numel()} edges")
     idx = group.to(torch.int64).view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
     shape = (num_groups,) + tuple(scores.shape[1:])
-    with torch.no_grad():  # the max only shifts for stability; softmax's value and gradient do not depend on it
+    with (
+        torch.no_grad()
+    ):  # the max only shifts for stability; softmax's value and gradient do not depend on it
         top = scores.new_full(shape, float("-inf")).scatter_reduce(0, idx, scores, "amax", include_self=True)
     e = torch.exp(scores - top.gather(0, idx))
     z = scores.new_zeros(shape).index_add(0, group.to(torch.int64), e)

@@ -34,8 +34,15 @@ class FoldPlan:
     reason: str
 
 
-def plan_fold(rows: int, num_types: int, d_in: int, d_out: int, heads: int = 1, product_available: bool = False,
-              reorder: str = "auto") -> FoldPlan:
+def plan_fold(
+    rows: int,
+    num_types: int,
+    d_in: int,
+    d_out: int,
+    heads: int = 1,
+    product_available: bool = False,
+    reorder: str = "auto",
+) -> FoldPlan:
     """Decide reordering for one attention term over ``rows`` (node, type) rows.
 
     ``d_out`` is the full output width (heads x head size). ``product_available``: ``h W_r`` is computed for these
@@ -43,7 +50,13 @@ def plan_fold(rows: int, num_types: int, d_in: int, d_out: int, heads: int = 1, 
     """
     if reorder not in REORDERS:
         raise ValueError(f"reorder={reorder!r} is not one of {REORDERS}")
-    for name, v in (("rows", rows), ("num_types", num_types), ("d_in", d_in), ("d_out", d_out), ("heads", heads)):
+    for name, v in (
+        ("rows", rows),
+        ("num_types", num_types),
+        ("d_in", d_in),
+        ("d_out", d_out),
+        ("heads", heads),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "rows" else 1):
             raise ValueError(f"{name}={v!r} must be an int >= {0 if name == 'rows' else 1}")
     if d_out % heads:
@@ -53,8 +66,13 @@ def plan_fold(rows: int, num_types: int, d_in: int, d_out: int, heads: int = 1, 
     if reorder != "auto":
         return FoldPlan(reorder == "always", unfolded, folded, f"reorder={reorder!r}")
     fold = folded < unfolded
-    return FoldPlan(fold, unfolded, folded, f"{'folded' if fold else 'unfolded'} is cheaper: folded {folded:,} vs "
-                                            f"unfolded {unfolded:,} multiply-adds")
+    return FoldPlan(
+        fold,
+        unfolded,
+        folded,
+        f"{'folded' if fold else 'unfolded'} is cheaper: folded {folded:,} vs "
+        f"unfolded {unfolded:,} multiply-adds",
+    )
 
 
 def fold_attention(weight: Tensor, attn: Tensor) -> Tensor:
@@ -63,7 +81,9 @@ def fold_attention(weight: Tensor, attn: Tensor) -> Tensor:
     One batched matmul over types (the thesis rewrites weight products with BMM)."""
     t, d_in, d_out = weight.shape
     if attn.dim() != 3 or attn.shape[0] != t or attn.shape[1] * attn.shape[2] != d_out:
-        raise ValueError(f"attn must be (types={t}, heads, D) with heads*D = {d_out}, got {tuple(attn.shape)}")
+        raise ValueError(
+            f"attn must be (types={t}, heads, D) with heads*D = {d_out}, got {tuple(attn.shape)}"
+        )
     h, d = attn.shape[1], attn.shape[2]
     return torch.einsum("tihd,thd->tih", weight.view(t, d_in, h, d), attn)
 
@@ -87,4 +107,6 @@ def plan_side(src_rows: int, dst_rows: int, reorder: str = "auto") -> SidePlan:
     if reorder != "auto":
         return SidePlan("dst" if reorder == "always" else "src", src_rows, dst_rows, f"reorder={reorder!r}")
     side = "dst" if dst_rows < src_rows else "src"
-    return SidePlan(side, src_rows, dst_rows, f"{side} has fewer rows: {src_rows:,} (src) vs {dst_rows:,} (dst)")
+    return SidePlan(
+        side, src_rows, dst_rows, f"{side} has fewer rows: {src_rows:,} (src) vs {dst_rows:,} (dst)"
+    )

@@ -41,16 +41,21 @@ class TypedGraphSpec:
             ("num_nodes", self.num_nodes, isinstance(self.num_nodes, int) and self.num_nodes >= 1),
             ("num_edges", self.num_edges, isinstance(self.num_edges, int) and self.num_edges >= 0),
             ("num_etypes", self.num_etypes, isinstance(self.num_etypes, int) and self.num_etypes >= 1),
-            ("num_ntypes", self.num_ntypes, isinstance(self.num_ntypes, int) and 1 <= self.num_ntypes
-             <= max(self.num_nodes, 1)),
+            (
+                "num_ntypes",
+                self.num_ntypes,
+                isinstance(self.num_ntypes, int) and 1 <= self.num_ntypes <= max(self.num_nodes, 1),
+            ),
             ("hub_alpha", self.hub_alpha, self.hub_alpha > 1.0),
             ("relation_skew", self.relation_skew, self.relation_skew >= 0.0),
         ]
         for name, value, ok in checks:
             if not ok:
-                raise ValueError(f"typed graph: bad {name}={value!r} (allowed: num_nodes >= 1, num_edges >= 0, "
-                                 f"num_etypes >= 1, 1 <= num_ntypes <= num_nodes, hub_alpha > 1, "
-                                 f"relation_skew >= 0)")
+                raise ValueError(
+                    f"typed graph: bad {name}={value!r} (allowed: num_nodes >= 1, num_edges >= 0, "
+                    f"num_etypes >= 1, 1 <= num_ntypes <= num_nodes, hub_alpha > 1, "
+                    f"relation_skew >= 0)"
+                )
 
 
 def typed_graph(spec: TypedGraphSpec | None = None, **kw: object) -> dict[str, Tensor]:
@@ -66,5 +71,7 @@ def typed_graph(spec: TypedGraphSpec | None = None, **kw: object) -> dict[str, T
     etype = rng.choice(spec.num_etypes, size=m, p=rel_p / rel_p.sum())
     dst = rng.integers(0, n, m)
     ntype = (np.arange(n) * spec.num_ntypes) // n
-    return {k: torch.from_numpy(np.ascontiguousarray(v).astype(np.int64))
-            for k, v in (("src", src), ("dst", dst), ("etype", etype), ("ntype", ntype))}
+    return {
+        k: torch.from_numpy(np.ascontiguousarray(v).astype(np.int64))
+        for k, v in (("src", src), ("dst", dst), ("etype", etype), ("ntype", ntype))
+    }

@@ -17,6 +17,16 @@ from flowlane.hermod.policy import HermodPolicy, QuantisationConfig, QuantisedHe
 from flowlane.hermod.wire import NCCL_NUM_CLASSES, WireConfig, WireEncoder, nccl_traffic_class
 
 __all__ = [
-    "P2P_DIRECTIONS", "NCCL_NUM_CLASSES", "CoflowKey", "HermodKeys", "HermodOrder", "HermodOrderConfig",
-    "HermodPolicy", "QuantisationConfig", "QuantisedHermodPolicy", "WireConfig", "WireEncoder", "nccl_traffic_class",
+    "P2P_DIRECTIONS",
+    "NCCL_NUM_CLASSES",
+    "CoflowKey",
+    "HermodKeys",
+    "HermodOrder",
+    "HermodOrderConfig",
+    "HermodPolicy",
+    "QuantisationConfig",
+    "QuantisedHermodPolicy",
+    "WireConfig",
+    "WireEncoder",
+    "nccl_traffic_class",
 ]

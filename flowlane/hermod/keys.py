@@ -39,11 +39,16 @@ P2P_DIRECTIONS: tuple[str, ...] = get_args(P2PDirection)
 _TOWARD_NEXT = frozenset({"send_next", "recv_next"})
 
 
-def interleaved_order(num_microbatches: int, virtual_chunks: int, microbatch_group: int) -> list[tuple[int, int]]:
+def interleaved_order(
+    num_microbatches: int, virtual_chunks: int, microbatch_group: int
+) -> list[tuple[int, int]]:
     """The forward order of an interleaved pipeline schedule as ``(microbatch, chunk)`` pairs: microbatches in groups
     of ``microbatch_group`` (the last group takes the rest), each group through chunk 0, 1, .., V-1 in turn."""
-    for name, v in (("num_microbatches", num_microbatches), ("virtual_chunks", virtual_chunks),
-                    ("microbatch_group", microbatch_group)):
+    for name, v in (
+        ("num_microbatches", num_microbatches),
+        ("virtual_chunks", virtual_chunks),
+        ("microbatch_group", microbatch_group),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"interleaved_order: {name} must be an integer >= 1, got {v!r}")
     order: list[tuple[int, int]] = []
@@ -62,16 +67,31 @@ class HermodKeys:
     these share one sequence. Call :meth:`end_iteration` once per iteration on every rank, at the same program point.
     """
 
-    def __init__(self, *, num_microbatches: int, layers_per_stage: int, stage: int,
-                 next_seq: Callable[[], int] | None = None, num_stages: int = 1, virtual_chunks: int = 1,
-                 microbatch_group: int | None = None) -> None:
-        for name, v, lo in (("num_microbatches", num_microbatches, 1), ("layers_per_stage", layers_per_stage, 1),
-                            ("stage", stage, 0), ("num_stages", num_stages, 1), ("virtual_chunks", virtual_chunks, 1)):
+    def __init__(
+        self,
+        *,
+        num_microbatches: int,
+        layers_per_stage: int,
+        stage: int,
+        next_seq: Callable[[], int] | None = None,
+        num_stages: int = 1,
+        virtual_chunks: int = 1,
+        microbatch_group: int | None = None,
+    ) -> None:
+        for name, v, lo in (
+            ("num_microbatches", num_microbatches, 1),
+            ("layers_per_stage", layers_per_stage, 1),
+            ("stage", stage, 0),
+            ("num_stages", num_stages, 1),
+            ("virtual_chunks", virtual_chunks, 1),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"HermodKeys: {name} must be an integer >= {lo}, got {v!r}")
         if layers_per_stage % virtual_chunks:
-            raise ValueError(f"HermodKeys: layers_per_stage={layers_per_stage} must be divisible by "
-                             f"virtual_chunks={virtual_chunks}")
+            raise ValueError(
+                f"HermodKeys: layers_per_stage={layers_per_stage} must be divisible by "
+                f"virtual_chunks={virtual_chunks}"
+            )
         if stage >= num_stages and virtual_chunks > 1:
             raise ValueError(f"HermodKeys: stage={stage} must be < num_stages={num_stages}")
         self.num_microbatches, self.layers_per_stage, self.stage = num_microbatches, layers_per_stage, stage
@@ -96,11 +116,19 @@ class HermodKeys:
     def last_layer(self) -> int:
         return (self.stage + 1) * self.layers_per_stage - 1
 
-    def meta(self, ctype: str, microbatch: int, layer: int, op: str, iteration: int | None = None) -> CoflowMeta:
+    def meta(
+        self, ctype: str, microbatch: int, layer: int, op: str, iteration: int | None = None
+    ) -> CoflowMeta:
         """A key with the microbatch clamped to ``M-1`` and the layer at 0 or above."""
-        return CoflowMeta(ctype, iteration=self.iteration if iteration is None else iteration,
-                          microbatch=min(microbatch, self.num_microbatches - 1), layer=max(layer, 0),
-                          stage=self.stage, op=op, seq=self._next_seq())
+        return CoflowMeta(
+            ctype,
+            iteration=self.iteration if iteration is None else iteration,
+            microbatch=min(microbatch, self.num_microbatches - 1),
+            layer=max(layer, 0),
+            stage=self.stage,
+            op=op,
+            seq=self._next_seq(),
+        )
 
     def chunk_layers(self, chunk: int) -> tuple[int, int]:
         """First and last global layer of this stage's model chunk ``chunk``."""

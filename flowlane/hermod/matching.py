@@ -171,8 +171,9 @@ def _pad(real: Matrix, L: int, largest_first: bool) -> Matrix:
     return dummy
 
 
-def bvn_phases(T: Sequence[Sequence[int]], matching: BvnMatching = "first", impl: Impl = "auto",
-               max_phases: int = 0) -> list[Phase]:
+def bvn_phases(
+    T: Sequence[Sequence[int]], matching: BvnMatching = "first", impl: Impl = "auto", max_phases: int = 0
+) -> list[Phase]:
     """Birkhoff-von Neumann decomposition of the padded matrix; sum of weights == :func:`lower_bound`.
     ``matching``: which perfect matching each step takes (module docstring): ``first`` (the previous one, repaired) or
     ``bottleneck`` (the largest smallest entry: fewer, longer phases). ``impl``: the compiled planner (``c``), the
@@ -199,14 +200,22 @@ def _bvn_python(real: Matrix, matching: BvnMatching, max_phases: int = 0) -> lis
         if max_phases > 0 and len(phases) == max_phases - 1:  # the cap: one residual phase sends what is left
             w_res = lower_bound(real)
             if w_res:
-                phases.append(Phase(w_res, tuple((i, j, real[i][j]) for i in range(n) for j in range(n)
-                                                 if real[i][j] > 0), residual=True))
+                phases.append(
+                    Phase(
+                        w_res,
+                        tuple((i, j, real[i][j]) for i in range(n) for j in range(n) if real[i][j] > 0),
+                        residual=True,
+                    )
+                )
             break
         if matching == "bottleneck":
             match = _bottleneck_matching(tot)
         else:
-            match = col_of_row if _complete_matching([[v > 0 for v in r] for r in tot], col_of_row,
-                                                      row_of_col) else None
+            match = (
+                col_of_row
+                if _complete_matching([[v > 0 for v in r] for r in tot], col_of_row, row_of_col)
+                else None
+            )
         if match is None:  # cannot happen: a padded matrix is L times a doubly stochastic one (Birkhoff)
             raise RuntimeError("no perfect matching on the support (matrix is not balanced)")
         w = min(tot[i][match[i]] for i in range(n))
@@ -341,16 +350,26 @@ def needs_matching(group_size: int) -> bool:
 def check_candidates(candidates: Sequence[str] | str) -> tuple[str, ...]:
     """``auto``'s candidates as a tuple (a comma-separated string is split): at least two distinct names of
     :data:`ALGORITHMS` or ``plain``."""
-    names = tuple(c.strip() for c in candidates.split(",")) if isinstance(candidates, str) else tuple(candidates)
+    names = (
+        tuple(c.strip() for c in candidates.split(",")) if isinstance(candidates, str) else tuple(candidates)
+    )
     allowed = (*ALGORITHMS, "plain")
     bad = [c for c in names if c not in allowed]
     if bad or len(names) < 2 or len(set(names)) != len(names):
-        raise ValueError(f"auto candidates {list(names)} must be two or more distinct names of {list(allowed)}")
+        raise ValueError(
+            f"auto candidates {list(names)} must be two or more distinct names of {list(allowed)}"
+        )
     return names
 
 
-def plan_all_to_all(matrix: Sequence[Sequence[int]], quantum: int = 1, algorithm: Algorithm = "bvn",
-                    impl: Impl = "auto", cache: bool = True, max_phases: int = 0) -> list[Phase]:
+def plan_all_to_all(
+    matrix: Sequence[Sequence[int]],
+    quantum: int = 1,
+    algorithm: Algorithm = "bvn",
+    impl: Impl = "auto",
+    cache: bool = True,
+    max_phases: int = 0,
+) -> list[Phase]:
     """Phases for ``matrix[i][j]`` rows from group rank i to j, planned in units of ``quantum`` rows (ceil), which
     bounds the number of phases (digest A2.6 "Units"). ``impl`` as for :func:`bvn_phases`. ``cache``: look the
     quantised matrix up in the bounded plan cache first (:func:`plan_cache_info`); a hit returns the same phases
@@ -394,8 +413,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.flowlane_alg3.argtypes = [N, P, L, L, P, P, P, P, P]
 
 
-_KERNEL = CKernel(Path(__file__).with_name("bvn.c"), "bvn", _CFLAGS, _declare, "flowlane.hermod: C phase planner",
-                  "using the pure-Python planner (same plans, slower)")
+_KERNEL = CKernel(
+    Path(__file__).with_name("bvn.c"),
+    "bvn",
+    _CFLAGS,
+    _declare,
+    "flowlane.hermod: C phase planner",
+    "using the pure-Python planner (same plans, slower)",
+)
 
 
 def _kernel() -> ctypes.CDLL | None:
@@ -454,10 +479,13 @@ def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl, max_phases:
         if lib is not None:
             return _plan_c(lib, n, flat, algorithm, max_phases)
         if impl == "c":
-            why = "the C planner could not be built (no C compiler, or FLOWLANE_HERMOD_NO_C=1)" if fits else \
-                f"entries up to {max(flat)} exceed the C planner's range (n * max entry <= 2^50)"
+            why = (
+                "the C planner could not be built (no C compiler, or FLOWLANE_HERMOD_NO_C=1)"
+                if fits
+                else f"entries up to {max(flat)} exceed the C planner's range (n * max entry <= 2^50)"
+            )
             raise ValueError(f"impl='c' requested but {why}")
-        M = [flat[i * n:(i + 1) * n].tolist() for i in range(n)]
+        M = [flat[i * n : (i + 1) * n].tolist() for i in range(n)]
     else:
         if impl == "c":
             raise ValueError("impl='c' requested but the matrix has entries beyond int64")
@@ -474,27 +502,42 @@ def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str, max_phases: i
     while True:
         wb, ab = array("q", bytes(8 * cap_p)), array("q", bytes(8 * cap_s))
         cb, sb, db = array("i", bytes(4 * cap_p)), array("i", bytes(4 * cap_s)), array("i", bytes(4 * cap_s))
-        outs = (wb.buffer_info()[0], cb.buffer_info()[0], sb.buffer_info()[0], db.buffer_info()[0],
-                ab.buffer_info()[0])
+        outs = (
+            wb.buffer_info()[0],
+            cb.buffer_info()[0],
+            sb.buffer_info()[0],
+            db.buffer_info()[0],
+            ab.buffer_info()[0],
+        )
         if algorithm == "alg3":
             r = lib.flowlane_alg3(n, flat.buffer_info()[0], cap_p, cap_s, *outs)
         else:
-            r = lib.flowlane_bvn(n, flat.buffer_info()[0], int(algorithm == "bvn_bottleneck"), cap_p, cap_s, *outs,
-                                 max_phases, ctypes.byref(residual))
+            r = lib.flowlane_bvn(
+                n,
+                flat.buffer_info()[0],
+                int(algorithm == "bvn_bottleneck"),
+                cap_p,
+                cap_s,
+                *outs,
+                max_phases,
+                ctypes.byref(residual),
+            )
         if r == -4 and cap_s < n * n * n:
             cap_s = n * n * n
             continue
         break
     if r < 0:
         why = {-1: "out of memory", -2: "no perfect matching on the support (matrix is not balanced)"}
-        raise RuntimeError(f"C phase planner failed ({r}: {why.get(r, 'output buffer too small')}) on a {n}x{n} matrix")
+        raise RuntimeError(
+            f"C phase planner failed ({r}: {why.get(r, 'output buffer too small')}) on a {n}x{n} matrix"
+        )
     counts = cb[:r].tolist()
     m = sum(counts)
     sends = list(zip(sb[:m].tolist(), db[:m].tolist(), ab[:m].tolist(), strict=True))
     out = []
     k = 0
     for w, c in zip(wb[:r].tolist(), counts, strict=True):
-        out.append(Phase(w, tuple(sends[k:k + c])))
+        out.append(Phase(w, tuple(sends[k : k + c])))
         k += c
     if residual.value:
         out[-1] = Phase(out[-1].weight, out[-1].sends, residual=True)
@@ -534,7 +577,12 @@ _CACHE = _PlanCache(int(os.environ.get("FLOWLANE_HERMOD_PLAN_CACHE", "16")))
 def plan_cache_info() -> dict[str, int]:
     """``hits``, ``misses``, ``size`` and ``maxsize`` of the plan cache of :func:`plan_all_to_all`."""
     with _CACHE._lock:
-        return {"hits": _CACHE.hits, "misses": _CACHE.misses, "size": len(_CACHE._d), "maxsize": _CACHE.maxsize}
+        return {
+            "hits": _CACHE.hits,
+            "misses": _CACHE.misses,
+            "size": len(_CACHE._d),
+            "maxsize": _CACHE.maxsize,
+        }
 
 
 def plan_cache_clear(maxsize: int | None = None) -> None:

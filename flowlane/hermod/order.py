@@ -73,8 +73,15 @@ class CoflowKey:
         return cls(meta.iteration, meta.microbatch, meta.ctype, meta.layer, meta.op)
 
     def to_meta(self, stage: int = 0, seq: int = 0) -> CoflowMeta:
-        return CoflowMeta(ctype=self.ctype, iteration=self.iteration, microbatch=self.microbatch, layer=self.layer,
-                          stage=stage, op=self.op, seq=seq)
+        return CoflowMeta(
+            ctype=self.ctype,
+            iteration=self.iteration,
+            microbatch=self.microbatch,
+            layer=self.layer,
+            stage=stage,
+            op=self.op,
+            seq=seq,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,9 @@ class HermodOrderConfig:
     M-1). Digest A2.4 / A6.1 #1."""
 
     def __post_init__(self) -> None:
-        if self.num_microbatches is not None and (not isinstance(self.num_microbatches, int)
-                                                  or self.num_microbatches < 1):
+        if self.num_microbatches is not None and (
+            not isinstance(self.num_microbatches, int) or self.num_microbatches < 1
+        ):
             raise ValueError(f"num_microbatches must be an integer >= 1, got {self.num_microbatches!r}")
         if self.schedule not in CTYPE_RANK:
             raise ValueError(f"schedule {self.schedule!r} is not one of {sorted(CTYPE_RANK)}")
@@ -121,8 +129,15 @@ class HermodOrder:
         return _MID_LAST if m is None else m - 1
 
     def sort_key(self, key: CoflowKey) -> SortKey:
-        return (self.effective_mid(key), self._rank[key.ctype], key.layer, key.iteration,
-                CTYPE_INDEX[key.ctype], key.microbatch, key.op)
+        return (
+            self.effective_mid(key),
+            self._rank[key.ctype],
+            key.layer,
+            key.iteration,
+            CTYPE_INDEX[key.ctype],
+            key.microbatch,
+            key.op,
+        )
 
     def before(self, a: CoflowKey, b: CoflowKey) -> bool:
         """True when ``a`` is served strictly before ``b``."""

@@ -42,13 +42,20 @@ class QuantisationConfig:
 class QuantisedHermodPolicy(SchedulingPolicy):
     """Hermod with the key quantised to a wire class (ties inside a class share fairly)."""
 
-    def __init__(self, config: HermodOrderConfig | None = None, quant: QuantisationConfig | None = None) -> None:
+    def __init__(
+        self, config: HermodOrderConfig | None = None, quant: QuantisationConfig | None = None
+    ) -> None:
         self.hermod_order = HermodOrder(config)
         self.quant = quant or QuantisationConfig()
         sched = self.hermod_order.config.schedule
-        self.encoder = WireEncoder(self.hermod_order, WireConfig(
-            ctype_bits=2 if sched == "interleaved" else 1, lid_bits=1 if sched == "interleaved" else 2,
-            layers_per_stage=self.quant.layers_per_stage))
+        self.encoder = WireEncoder(
+            self.hermod_order,
+            WireConfig(
+                ctype_bits=2 if sched == "interleaved" else 1,
+                lid_bits=1 if sched == "interleaved" else 2,
+                layers_per_stage=self.quant.layers_per_stage,
+            ),
+        )
         self.name = f"hermod-{self.quant.target}"
 
     def priority(self, meta: CoflowMeta) -> Key:
@@ -56,4 +63,3 @@ class QuantisedHermodPolicy(SchedulingPolicy):
         if self.quant.target == "dscp":
             return (self.encoder.dscp(key, self.quant.oldest_mid),)
         return (self.encoder.nccl_class(key, self.quant.oldest_mid),)
-

@@ -34,11 +34,15 @@ class WireConfig:
 
     def __post_init__(self) -> None:
         if self.mid_bits < 0 or self.ctype_bits < 0 or self.lid_bits < 0:
-            raise ValueError(f"bit widths must be >= 0, got mid={self.mid_bits} ctype={self.ctype_bits} "
-                             f"lid={self.lid_bits}")
+            raise ValueError(
+                f"bit widths must be >= 0, got mid={self.mid_bits} ctype={self.ctype_bits} "
+                f"lid={self.lid_bits}"
+            )
         if self.mid_bits + self.ctype_bits + self.lid_bits != 6:
-            raise ValueError(f"DSCP has 6 bits; mid_bits + ctype_bits + lid_bits = "
-                             f"{self.mid_bits + self.ctype_bits + self.lid_bits}")
+            raise ValueError(
+                f"DSCP has 6 bits; mid_bits + ctype_bits + lid_bits = "
+                f"{self.mid_bits + self.ctype_bits + self.lid_bits}"
+            )
         if self.layers_per_stage < 1:
             raise ValueError(f"layers_per_stage must be >= 1, got {self.layers_per_stage}")
 
@@ -48,8 +52,10 @@ class WireEncoder:
 
     def __init__(self, order: HermodOrder, wire: WireConfig | None = None) -> None:
         self.order = order
-        self.wire = wire or WireConfig(ctype_bits=2 if order.config.schedule == "interleaved" else 1,
-                                       lid_bits=1 if order.config.schedule == "interleaved" else 2)
+        self.wire = wire or WireConfig(
+            ctype_bits=2 if order.config.schedule == "interleaved" else 1,
+            lid_bits=1 if order.config.schedule == "interleaved" else 2,
+        )
 
     def dscp(self, key: CoflowKey, oldest_mid: int = 0) -> int:
         """6-bit DSCP: MID_rel | CType | LID bucket (seed 000 §5.4; quantisation per digest A6.1 #3)."""

@@ -37,7 +37,7 @@ def required_bandwidth(sizes: Sequence[int], fwd_times: Sequence[float], m: int)
     if not 0 <= m < len(sizes):
         raise ValueError(f"m={m} out of range for {len(sizes)} modules")
     t_f = sum(fwd_times)
-    window = t_f + 2.0 * sum(fwd_times[m + 1:])
+    window = t_f + 2.0 * sum(fwd_times[m + 1 :])
     if window <= 0:
         return float("inf")
     return (sum(sizes[: m + 1]) + sizes[m]) / window
@@ -55,8 +55,9 @@ def choose_last_offloaded(sizes: Sequence[int], fwd_times: Sequence[float], writ
     return -1
 
 
-def keep_last_k_from_profile(sizes: Sequence[int], fwd_times: Sequence[float], write_bandwidth: float,
-                             min_keep: int = 1) -> ProfileResult:
+def keep_last_k_from_profile(
+    sizes: Sequence[int], fwd_times: Sequence[float], write_bandwidth: float, min_keep: int = 1
+) -> ProfileResult:
     """keep_last_k = modules after the chosen m (at least ``min_keep``: the last module's backward follows its forward
     immediately, so offloading it only delays frees; thesis §5.3.4)."""
     m = choose_last_offloaded(sizes, fwd_times, write_bandwidth)

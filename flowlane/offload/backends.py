@@ -115,7 +115,10 @@ def _install_exit_cleanup() -> None:
         return
     atexit.register(_remove_live_run_dirs)
     # SIGTERM skips atexit; take it over only when nobody else did and we can (main thread)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    ):
         signal.signal(signal.SIGTERM, _on_sigterm)
     _SIGTERM_INSTALLED = True
 
@@ -125,7 +128,9 @@ def make_run_dir(target: str | os.PathLike) -> Path:
     a mistyped ``offload.dirs`` entry is an error, never a new directory somewhere else."""
     t = Path(target)
     if not t.is_dir():
-        raise ValueError(f"offload.dirs entry {str(target)!r} is not an existing folder; create it first or fix the path")
+        raise ValueError(
+            f"offload.dirs entry {str(target)!r} is not an existing folder; create it first or fix the path"
+        )
     cleanup_stale(t)
     pid = os.getpid()
     d = t / f"{RUN_PREFIX}-{_host()}-{pid}-{_proc_start_time(pid)}-{os.urandom(4).hex()}"
@@ -235,7 +240,9 @@ class PosixBackend(IOBackend):
         if o_direct == "on" and not all(probes):
             bad = [str(t) for t, ok in zip(targets, probes, strict=True) if not ok]
             self.close()
-            raise ValueError(f"offload.o_direct='on' but O_DIRECT is not supported in {bad}; use 'auto' or 'off'")
+            raise ValueError(
+                f"offload.o_direct='on' but O_DIRECT is not supported in {bad}; use 'auto' or 'off'"
+            )
         self.o_direct = probes
         self._rr = itertools.cycle(range(len(self.run_dirs)))
         self._rr_lock = threading.Lock()
@@ -246,8 +253,13 @@ class PosixBackend(IOBackend):
         self.direct_fallbacks = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "o_direct": list(self.o_direct),
-                "block_writes_o_direct": self.direct_writes, "block_writes_o_direct_refused": self.direct_fallbacks}
+        return {
+            "backend": self.name,
+            "dirs": [str(d) for d in self.run_dirs],
+            "o_direct": list(self.o_direct),
+            "block_writes_o_direct": self.direct_writes,
+            "block_writes_o_direct_refused": self.direct_fallbacks,
+        }
 
     def _bounce_buf(self) -> tuple[mmap.mmap, torch.Tensor]:
         b = self._bounce
@@ -271,7 +283,7 @@ class PosixBackend(IOBackend):
                 off = 0
                 while off < n:
                     m = min(_CHUNK, n - off)
-                    view[:m].copy_(host[off:off + m])
+                    view[:m].copy_(host[off : off + m])
                     padded = (m + _ALIGN - 1) // _ALIGN * _ALIGN
                     _full_pwrite(fd, memoryview(buf)[:padded], off)
                     off += m
@@ -299,8 +311,10 @@ class PosixBackend(IOBackend):
                     padded = (m + _ALIGN - 1) // _ALIGN * _ALIGN
                     got = os.preadv(fd, [memoryview(buf)[:padded]], off)
                     if got < m:
-                        raise OSError(errno.EIO, f"short read from {handle.path}: {off + got} of {nbytes} bytes")
-                    host[off:off + m].copy_(view[:m])
+                        raise OSError(
+                            errno.EIO, f"short read from {handle.path}: {off + got} of {nbytes} bytes"
+                        )
+                    host[off : off + m].copy_(view[:m])
                     off += m
             else:
                 mv = memoryview(host.numpy())
@@ -326,7 +340,7 @@ class PosixBackend(IOBackend):
         path = self.run_dirs[i] / f"r{self.rank}-{key}.bin"
         mv = memoryview(buf.numpy())[:nbytes]
         direct = self.o_direct[i] and nbytes % _ALIGN == 0 and buf.data_ptr() % _ALIGN == 0
-        for attempt_direct in ((True, False) if direct else (False,)):
+        for attempt_direct in (True, False) if direct else (False,):
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if attempt_direct else 0)
             fd = os.open(path, flags, 0o600)
             try:
@@ -403,7 +417,8 @@ class KvikioBackend(IOBackend):
         if not torch.cuda.is_available():
             raise BackendUnavailableError(
                 "offload.backend='kvikio' needs a CUDA driver: kvikio cannot do file I/O without libcuda, even in "
-                "compat mode; use backend='posix' (or 'auto') on this machine")
+                "compat mode; use backend='posix' (or 'auto') on this machine"
+            )
         if "kvikio" not in sys.modules and compat_mode != "auto":
             os.environ["KVIKIO_COMPAT_MODE"] = compat_mode.upper()
         try:
@@ -412,7 +427,8 @@ class KvikioBackend(IOBackend):
         except Exception as e:  # noqa: BLE001 - ImportError, or a RuntimeError when libcufile cannot be loaded
             raise BackendUnavailableError(
                 f"offload.backend='kvikio' but kvikio is not usable ({type(e).__name__}: {e}); install "
-                "kvikio-cu12/cu13 (and libcufile) or use backend='posix'") from e
+                "kvikio-cu12/cu13 (and libcufile) or use backend='posix'"
+            ) from e
         self._kvikio = kvikio
         self.rank = rank
         targets = [Path(d) for d in (dirs or (tempfile.gettempdir(),))]
@@ -431,7 +447,9 @@ class KvikioBackend(IOBackend):
         with self._rr_lock:
             i = next(self._rr)
         path = self.run_dirs[i] / f"r{self.rank}-{key}.bin"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # create private, then let kvikio write
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+        )  # create private, then let kvikio write
         os.close(fd)
         try:
             f = self._kvikio.CuFile(str(path), "r+")
@@ -485,8 +503,11 @@ class PinnedCpuBackend(IOBackend):
         n = data.numel()
         with self._lock:
             if self.pool_bytes and self.used + n > self.pool_bytes:
-                raise OSError(errno.ENOSPC, f"pinned_cpu pool full: {self.used} + {n} > {self.pool_bytes} bytes "
-                                            "(raise offload.pinned_pool_bytes)")
+                raise OSError(
+                    errno.ENOSPC,
+                    f"pinned_cpu pool full: {self.used} + {n} > {self.pool_bytes} bytes "
+                    "(raise offload.pinned_pool_bytes)",
+                )
             self.used += n
         host = torch.empty(n, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         host.copy_(data)
@@ -547,4 +568,6 @@ def make_backend(cfg: OffloadConfig, rank: int = 0) -> IOBackend:
         return PinnedCpuBackend(cfg.pinned_pool_bytes)
     if name == "null":
         return NullBackend()
-    raise ValueError(f"offload.backend={cfg.backend!r} is not one of {('posix', 'kvikio', 'pinned_cpu', 'null', 'auto')}")
+    raise ValueError(
+        f"offload.backend={cfg.backend!r} is not one of {('posix', 'kvikio', 'pinned_cpu', 'null', 'auto')}"
+    )

@@ -52,8 +52,10 @@ class StepProfile:
     def __post_init__(self) -> None:
         n = len(self.group_bytes)
         if len(self.fwd_s) != n or len(self.bwd_s) != n:
-            raise ValueError(f"group_bytes ({n}), fwd_s ({len(self.fwd_s)}) and bwd_s ({len(self.bwd_s)}) must have "
-                             "one entry per layer")
+            raise ValueError(
+                f"group_bytes ({n}), fwd_s ({len(self.fwd_s)}) and bwd_s ({len(self.bwd_s)}) must have "
+                "one entry per layer"
+            )
         for name, xs in (("group_bytes", self.group_bytes), ("fwd_s", self.fwd_s), ("bwd_s", self.bwd_s)):
             for x in xs:
                 if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
@@ -101,10 +103,15 @@ class Budget:
         return k
 
     def as_dict(self) -> dict:
-        return {"allow_bytes": list(self.allow_bytes), "total_bytes": self.total_bytes, "exposed_s": self.exposed_s,
-                "step_s": self.step_s, "keep_last_k": self.keep_last_k,
-                "recompute_cheaper": list(self.recompute_cheaper), "resident_bytes_at_backward_start":
-                self.resident_bytes}
+        return {
+            "allow_bytes": list(self.allow_bytes),
+            "total_bytes": self.total_bytes,
+            "exposed_s": self.exposed_s,
+            "step_s": self.step_s,
+            "keep_last_k": self.keep_last_k,
+            "recompute_cheaper": list(self.recompute_cheaper),
+            "resident_bytes_at_backward_start": self.resident_bytes,
+        }
 
 
 def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> float:
@@ -178,7 +185,9 @@ def _fill(p: StepProfile, total: int, eligible: Sequence[bool]) -> list[int]:
     return out
 
 
-def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granularity: int = 1 << 16) -> Budget:
+def choose_budget(
+    p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granularity: int = 1 << 16
+) -> Budget:
     """The most bytes, filled front to back, whose modelled exposed time is <= ``slack_s`` (module docstring).
 
     ``granularity`` rounds the bisection (bytes); a layer's share is a byte allowance, which the cache fills with
@@ -233,5 +242,10 @@ def choose_budget(p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granu
                 break
             chosen = full
     allow = _fill(p, chosen, eligible)
-    return Budget(tuple(allow), exposed_time(p, allow, prefetch), p.step_s, tuple(cheaper),
-                  resident_at_backward_start(p, allow))
+    return Budget(
+        tuple(allow),
+        exposed_time(p, allow, prefetch),
+        p.step_s,
+        tuple(cheaper),
+        resident_at_backward_start(p, allow),
+    )

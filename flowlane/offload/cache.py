@@ -138,8 +138,25 @@ class _Scope:
 class _Stored:
     """One storage of one micro-batch record."""
 
-    __slots__ = ("sid", "nbytes", "device", "group", "scopes", "state", "ref", "weak", "handle", "load_fut",
-                 "event", "dirty", "error", "released", "where", "slab", "offset")
+    __slots__ = (
+        "sid",
+        "nbytes",
+        "device",
+        "group",
+        "scopes",
+        "state",
+        "ref",
+        "weak",
+        "handle",
+        "load_fut",
+        "event",
+        "dirty",
+        "error",
+        "released",
+        "where",
+        "slab",
+        "offset",
+    )
 
     def __init__(self, sid: int, nbytes: int, device: torch.device, group: int, where: str) -> None:
         self.sid = sid
@@ -165,8 +182,20 @@ class _Slab:
     """One layer's storages in one host block (bulk tiers). ``alive``: members not yet released; ``block`` is
     returned to the pool once no member needs the host copy (``last_use``: the event of the last copy from it)."""
 
-    __slots__ = ("key", "block", "nbytes", "payload", "members", "alive", "d2h_done", "last_use", "handle",
-                 "writing", "write_fut", "t_copy")
+    __slots__ = (
+        "key",
+        "block",
+        "nbytes",
+        "payload",
+        "members",
+        "alive",
+        "d2h_done",
+        "last_use",
+        "handle",
+        "writing",
+        "write_fut",
+        "t_copy",
+    )
 
     def __init__(self, key: str, block: HostBlock, members: list[_Stored]) -> None:
         self.key = key
@@ -197,7 +226,9 @@ class _Record:
         self.group_t0: list[float] = []
         self.group_time: list[float] = []
         self.storages: dict[int, _Stored] = {}
-        self.watches: list[tuple[weakref.ref, int, int, str]] = []  # (tensor base, version at pack, sid, desc)
+        self.watches: list[
+            tuple[weakref.ref, int, int, str]
+        ] = []  # (tensor base, version at pack, sid, desc)
         self.profiling = profiling
         self.store_t0 = float("inf")
         self.store_t1 = 0.0
@@ -205,7 +236,9 @@ class _Record:
         self.callback_queued = False
         self.futures: list[Future] = []
         self.released: dict[int, str] = {}  # sid -> why (diagnostics)
-        self.pending: dict[int, list[_Stored]] = {}  # bulk tiers: group -> storages waiting for the layer's end
+        self.pending: dict[
+            int, list[_Stored]
+        ] = {}  # bulk tiers: group -> storages waiting for the layer's end
         self.assigned: list[int] = []  # bytes of each group given to the budget so far
         self.slabs: list[_Slab] = []
         # profiling (adaptive): per group backward times, the head time, the copy spans
@@ -277,8 +310,13 @@ class TensorCache:
     end-of-backward callback closes it.
     """
 
-    def __init__(self, config: OffloadConfig | None = None, rank: int = 0,
-                 backend: IOBackend | None = None, bulk_on_cpu: bool = False) -> None:
+    def __init__(
+        self,
+        config: OffloadConfig | None = None,
+        rank: int = 0,
+        backend: IOBackend | None = None,
+        bulk_on_cpu: bool = False,
+    ) -> None:
         """``bulk_on_cpu`` (tests): CPU tensors take the CUDA tiers' bulk path too (copies are synchronous there),
         so that its bookkeeping, pool and O_DIRECT writes run in CPU CI."""
         self.config = config or OffloadConfig()
@@ -307,12 +345,17 @@ class TensorCache:
         self._bulk_on_cpu = bulk_on_cpu
         # CUDA tiers with bulk copies: pinned host memory, and posix staged through it (kvikio and null: threads)
         self._bulk_backend = self.backend.name == "pinned_cpu" or (
-            self.backend.name == "posix" and hasattr(self.backend, "write_block"))
+            self.backend.name == "posix" and hasattr(self.backend, "write_block")
+        )
         self._pool: PinnedPool | None = None
-        self._streams: dict[int, tuple[Any, Any]] = {}  # device index -> (device-to-host, host-to-device) stream
+        self._streams: dict[
+            int, tuple[Any, Any]
+        ] = {}  # device index -> (device-to-host, host-to-device) stream
         self._allow: dict[Any, list[int]] = {}  # family -> bytes per group the budget offloads (adaptive)
         self._prefetch = self.config.prefetch_groups  # layers reloaded ahead (adaptive: the budget's choice)
-        self._warm: dict[Any, list[int]] = {}  # family -> host block size per layer (to size the pool before profiling)
+        self._warm: dict[
+            Any, list[int]
+        ] = {}  # family -> host block size per layer (to size the pool before profiling)
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -329,10 +372,14 @@ class TensorCache:
     def add_scope(self, module: torch.nn.Module, name: str | None = None) -> None:
         """Make ``module`` a scope (Alg. 5.2 lines 1-10). Outermost scopes are the prefetch/keep groups."""
         label = name or type(module).__name__
-        self._module_handles.append(module.register_forward_pre_hook(
-            lambda m, a, kw: self._scope_pre(label, a, kw), with_kwargs=True))
-        self._module_handles.append(module.register_forward_hook(
-            lambda m, a, kw, out: self._scope_post(out), with_kwargs=True, always_call=True))
+        self._module_handles.append(
+            module.register_forward_pre_hook(lambda m, a, kw: self._scope_pre(label, a, kw), with_kwargs=True)
+        )
+        self._module_handles.append(
+            module.register_forward_hook(
+                lambda m, a, kw, out: self._scope_post(out), with_kwargs=True, always_call=True
+            )
+        )
 
     def activate(self) -> TensorCache:
         """Install the pack/unpack hooks in this thread (forward must run in it)."""
@@ -361,7 +408,9 @@ class TensorCache:
         for h in self._module_handles:
             h.remove()
         self._module_handles.clear()
-        with contextlib.suppress(RuntimeError, OSError):  # closing must not fail on an I/O error already reported
+        with contextlib.suppress(
+            RuntimeError, OSError
+        ):  # closing must not fail on an I/O error already reported
             self.wait_io()
         self._store_pool.shutdown(wait=True)
         self._load_pool.shutdown(wait=True)
@@ -606,11 +655,13 @@ class TensorCache:
     def _begin_hook(self, rec: _Record, sid: int) -> Any:
         def hook(grad: torch.Tensor | None) -> None:
             self._scope_backward_begin(rec, sid)
+
         return hook
 
     def _end_hook(self, rec: _Record, sid: int) -> Any:
         def hook(grad: torch.Tensor) -> None:
             self._scope_backward_end(rec, sid)
+
         return hook
 
     def _scope_backward_begin(self, rec: _Record, sid: int) -> None:
@@ -675,7 +726,9 @@ class TensorCache:
             self._raise_pending_error()
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided:
             return t
-        if type(t) is not torch.Tensor:  # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
+        if (
+            type(t) is not torch.Tensor
+        ):  # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
             raise RuntimeError(_subclass_msg(t, f"a saved activation {tuple(t.shape)}"))
         if t.device.type == "cpu" and not self.config.offload_cpu_tensors:
             self.stats.cpu_skips += 1
@@ -729,7 +782,9 @@ class TensorCache:
                     stored.ref = base
                     self.stats.storages_kept += 1
                 elif bulk:
-                    stored.state = "pending"  # copied with the rest of its layer when the layer's forward ends
+                    stored.state = (
+                        "pending"  # copied with the rest of its layer when the layer's forward ends
+                    )
                     stored.ref = base
                     rec.pending.setdefault(sc.group, []).append(stored)
                 else:
@@ -738,8 +793,9 @@ class TensorCache:
             if self.config.check_versions:
                 root = t._base if t._base is not None else t
                 watch = len(rec.watches)
-                rec.watches.append((weakref.ref(root), t._version, uid,
-                                    f"{tuple(t.shape)} {t.dtype} saved in {sc.name}"))
+                rec.watches.append(
+                    (weakref.ref(root), t._version, uid, f"{tuple(t.shape)} {t.dtype} saved in {sc.name}")
+                )
             return SavedHandle(rec, uid, t, watch)
 
     def _is_bulk(self, device: torch.device) -> bool:
@@ -775,15 +831,25 @@ class TensorCache:
         st = self.stats
         if st.storages_tracked or st.packs == 0:
             return
-        reasons = [f"{n} {what}" for n, what in (
-            (st.cpu_skips, "on the CPU (set offload_cpu_tensors=True to offload CPU tensors)"),
-            (st.small_skips, f"smaller than min_bytes={self.config.min_bytes}"),
-            (st.outside_scope, "outside every scope class (pass scope_classes naming the model's layer classes)"),
-            (st.param_skips, "parameters (never offloaded)"),
-            (st.backward_packs, "saved during backward (recomputation: kept)"))
-            if n]
-        log.warning("flowlane offload: the first forward offloaded nothing: of %d saved tensors, %s",
-                    st.packs, "; ".join(reasons) or "none qualified")
+        reasons = [
+            f"{n} {what}"
+            for n, what in (
+                (st.cpu_skips, "on the CPU (set offload_cpu_tensors=True to offload CPU tensors)"),
+                (st.small_skips, f"smaller than min_bytes={self.config.min_bytes}"),
+                (
+                    st.outside_scope,
+                    "outside every scope class (pass scope_classes naming the model's layer classes)",
+                ),
+                (st.param_skips, "parameters (never offloaded)"),
+                (st.backward_packs, "saved during backward (recomputation: kept)"),
+            )
+            if n
+        ]
+        log.warning(
+            "flowlane offload: the first forward offloaded nothing: of %d saved tensors, %s",
+            st.packs,
+            "; ".join(reasons) or "none qualified",
+        )
 
     def _unpack(self, h: Any) -> torch.Tensor:
         """Alg. 5.2 lines 19-22."""
@@ -799,7 +865,8 @@ class TensorCache:
                 raise RuntimeError(
                     f"flowlane offload: a saved activation {h.shape} {h.dtype} of micro-batch {rec.key!r} (phase "
                     f"{rec.phase}) was already released{rec.released.get(h.sid, '')} (was backward run twice over "
-                    "an offloaded graph? retain_graph=True is not supported with activation offloading)")
+                    "an offloaded graph? retain_graph=True is not supported with activation offloading)"
+                )
             if h.watch >= 0:
                 self._check_watch(rec, h.watch)
             if st.dirty is not None:
@@ -807,7 +874,8 @@ class TensorCache:
                 raise RuntimeError(
                     f"flowlane offload: one of the variables needed for gradient computation has been modified by an "
                     f"inplace operation after it was saved ({st.dirty}); the offloaded copy would give a wrong "
-                    "gradient")
+                    "gradient"
+                )
             base = self._materialize(rec, st)
         if base.is_cuda and st.event is not None and st.state == "loaded":
             torch.cuda.current_stream().wait_event(st.event)
@@ -837,8 +905,10 @@ class TensorCache:
             self._lock.acquire()
         if st.ref is None:
             err = st.error
-            raise RuntimeError(f"flowlane offload: reading back a saved activation ({st.nbytes} bytes, "
-                               f"{st.where}) failed: {err}; the gradient cannot be computed") from err
+            raise RuntimeError(
+                f"flowlane offload: reading back a saved activation ({st.nbytes} bytes, "
+                f"{st.where}) failed: {err}; the gradient cannot be computed"
+            ) from err
         return st.ref
 
     def _try_forward(self, st: _Stored) -> torch.Tensor | None:
@@ -888,7 +958,9 @@ class TensorCache:
         for g, sts in sorted(bulk.items()):
             self._store_bulk(rec, g, sts)
 
-    def _submit_store(self, rec: _Record, st: _Stored, base: torch.Tensor, storage: torch.UntypedStorage) -> None:
+    def _submit_store(
+        self, rec: _Record, st: _Stored, base: torch.Tensor, storage: torch.UntypedStorage
+    ) -> None:
         st.state = "storing"
         st.weak = weakref.ref(storage)
         self.stats.storages_offloaded += 1
@@ -937,14 +1009,18 @@ class TensorCache:
                 self.stats.fallbacks += 1
                 if not self._warned_fallback:
                     self._warned_fallback = True
-                    warnings.warn(f"flowlane offload: storing an activation failed ({e}); keeping activations in "
-                                  f"memory when this happens (offload.on_io_error='keep')", RuntimeWarning,
-                                  stacklevel=1)
+                    warnings.warn(
+                        f"flowlane offload: storing an activation failed ({e}); keeping activations in "
+                        f"memory when this happens (offload.on_io_error='keep')",
+                        RuntimeWarning,
+                        stacklevel=1,
+                    )
             elif self._error is None:
                 self._error = RuntimeError(
                     f"flowlane offload: writing a saved activation ({st.nbytes} bytes, {st.where}) to "
                     f"{self.backend.describe()} failed: {e}. Free space in the target directories, add more with "
-                    f"offload.dirs, or set offload.on_io_error='keep' to keep activations in memory instead")
+                    f"offload.dirs, or set offload.on_io_error='keep' to keep activations in memory instead"
+                )
                 self._error.__cause__ = e
 
     def _raise_pending_error(self) -> None:
@@ -1000,7 +1076,9 @@ class TensorCache:
         try:
             with _io_stream(st.device):
                 buf = self.backend.read(handle, st.nbytes, st.device)
-                if buf.is_cuda:  # on this worker's I/O stream; backward's stream waits for it before the unpack
+                if (
+                    buf.is_cuda
+                ):  # on this worker's I/O stream; backward's stream waits for it before the unpack
                     ev = torch.cuda.Event()
                     ev.record()
                 else:
@@ -1056,12 +1134,20 @@ class TensorCache:
                 timer = "cuda events"
                 torch.cuda.synchronize()
                 fwd = [rec.fwd_ev[g][0].elapsed_time(rec.fwd_ev[g][1]) / 1e3 for g in range(n)]
-                bwd = [rec.bwd_ev[g][0].elapsed_time(rec.bwd_ev[g][1]) / 1e3 if g in rec.bwd_ev else 0.0
-                       for g in range(n)]
-                head = (rec.fwd_end.elapsed_time(rec.bwd_start) / 1e3
-                        if rec.fwd_end is not None and rec.bwd_start is not None else 0.0)
-                spans = [(sl.t_copy[0].elapsed_time(sl.t_copy[1]) / 1e3, sl.payload) for sl in rec.slabs
-                         if sl.t_copy is not None]
+                bwd = [
+                    rec.bwd_ev[g][0].elapsed_time(rec.bwd_ev[g][1]) / 1e3 if g in rec.bwd_ev else 0.0
+                    for g in range(n)
+                ]
+                head = (
+                    rec.fwd_end.elapsed_time(rec.bwd_start) / 1e3
+                    if rec.fwd_end is not None and rec.bwd_start is not None
+                    else 0.0
+                )
+                spans = [
+                    (sl.t_copy[0].elapsed_time(sl.t_copy[1]) / 1e3, sl.payload)
+                    for sl in rec.slabs
+                    if sl.t_copy is not None
+                ]
                 store_s = sum(t for t, _ in spans)
                 store = sum(b for _, b in spans) / store_s if store_s > 0 else 0.0
                 load_s = sum(a.elapsed_time(b) / 1e3 for a, b, _ in rec.load_spans)
@@ -1076,8 +1162,11 @@ class TensorCache:
                 timer = "clock"
                 fwd = list(rec.group_time)
                 bwd = [rec.bwd_time.get(g, 0.0) for g in range(n)]
-                head = (rec.bwd_start - rec.fwd_end) if isinstance(rec.bwd_start, float) and \
-                    isinstance(rec.fwd_end, float) else 0.0
+                head = (
+                    (rec.bwd_start - rec.fwd_end)
+                    if isinstance(rec.bwd_start, float) and isinstance(rec.fwd_end, float)
+                    else 0.0
+                )
                 window = rec.store_t1 - rec.store_t0
                 store = rec.store_bytes / window if window > 0 else 0.0
                 load = rec.load_bytes / rec.load_s if rec.load_s > 0 else 0.0
@@ -1086,10 +1175,18 @@ class TensorCache:
             store = store or load
             load = load or store
             if not store:
-                raise ValueError("no copy ran in the profiled micro-batch (everything was forwarded or kept); set "
-                                 "offload.link_GBps")
-            prof = StepProfile(tuple(rec.group_bytes), tuple(max(0.0, x) for x in fwd),
-                               tuple(max(0.0, x) for x in bwd), store, load, max(0.0, head))
+                raise ValueError(
+                    "no copy ran in the profiled micro-batch (everything was forwarded or kept); set "
+                    "offload.link_GBps"
+                )
+            prof = StepProfile(
+                tuple(rec.group_bytes),
+                tuple(max(0.0, x) for x in fwd),
+                tuple(max(0.0, x) for x in bwd),
+                store,
+                load,
+                max(0.0, head),
+            )
             # the shallowest prefetch (<= prefetch_groups) that hides the most bytes: deeper reloads hold memory longer
             slack = self.config.max_slowdown * prof.step_s
             budget, depth = choose_budget(prof, prefetch=1, slack_s=slack), 1
@@ -1098,18 +1195,29 @@ class TensorCache:
                 if b.total_bytes > budget.total_bytes:
                     budget, depth = b, d
         except Exception as e:  # noqa: BLE001 - a profile that cannot be read must not fail the training step
-            warnings.warn(f"flowlane offload: adaptive profiling could not set a byte budget ({e}); keeping "
-                          f"keep_last_k={self._k}", RuntimeWarning, stacklevel=1)
+            warnings.warn(
+                f"flowlane offload: adaptive profiling could not set a byte budget ({e}); keeping "
+                f"keep_last_k={self._k}",
+                RuntimeWarning,
+                stacklevel=1,
+            )
             self.stats.profile = {"error": str(e)}
             return
         self._allow[rec.family] = list(budget.allow_bytes)
         self._prefetch = depth
         self._k = budget.keep_last_k
         self.stats.keep_last_k = budget.keep_last_k
-        self.stats.profile = {"timer": timer, "sizes": list(rec.group_bytes), "fwd_times_s": fwd,
-                              "bwd_times_s": bwd, "head_s": head, "write_bandwidth_Bps": store,
-                              "read_bandwidth_Bps": load, "prefetch_groups": depth,
-                              **budget.as_dict()}
+        self.stats.profile = {
+            "timer": timer,
+            "sizes": list(rec.group_bytes),
+            "fwd_times_s": fwd,
+            "bwd_times_s": bwd,
+            "head_s": head,
+            "write_bandwidth_Bps": store,
+            "read_bandwidth_Bps": load,
+            "prefetch_groups": depth,
+            **budget.as_dict(),
+        }
 
     # ------------------------------------------------------------------------------------------ bulk tiers
     def _cuda_streams(self, device: torch.device) -> tuple[Any, Any]:
@@ -1157,7 +1265,7 @@ class TensorCache:
                     blk.ready = None
                 start = _timing_event(dev) if rec.profiling else None
                 for st, o in zip(sts, offsets, strict=True):
-                    blk.buf[o:o + st.nbytes].copy_(st.ref, non_blocking=True)
+                    blk.buf[o : o + st.nbytes].copy_(st.ref, non_blocking=True)
                     st.ref.record_stream(d2h)
                 done = torch.cuda.Event(enable_timing=rec.profiling)
                 done.record(d2h)
@@ -1166,7 +1274,7 @@ class TensorCache:
                 slab.t_copy = (start, done)
         else:
             for st, o in zip(sts, offsets, strict=True):
-                blk.buf[o:o + st.nbytes].copy_(st.ref)
+                blk.buf[o : o + st.nbytes].copy_(st.ref)
         for st, o in zip(sts, offsets, strict=True):
             st.slab, st.offset = slab, o
             st.weak = weakref.ref(st.ref.untyped_storage())
@@ -1237,13 +1345,18 @@ class TensorCache:
             self.stats.fallbacks += 1
             if not self._warned_fallback:
                 self._warned_fallback = True
-                warnings.warn(f"flowlane offload: storing an activation failed ({e}); keeping activations in "
-                              f"memory when this happens (offload.on_io_error='keep')", RuntimeWarning, stacklevel=1)
+                warnings.warn(
+                    f"flowlane offload: storing an activation failed ({e}); keeping activations in "
+                    f"memory when this happens (offload.on_io_error='keep')",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
         elif self._error is None:
             self._error = RuntimeError(
                 f"flowlane offload: writing saved activations ({nbytes} bytes, {where}) to "
                 f"{self.backend.describe()} failed: {e}. Free space in the target directories, add more with "
-                f"offload.dirs, or set offload.on_io_error='keep' to keep activations in memory instead")
+                f"offload.dirs, or set offload.on_io_error='keep' to keep activations in memory instead"
+            )
             self._error.__cause__ = e
 
     def _load_bulk(self, rec: _Record, sts: list[_Stored]) -> None:
@@ -1282,7 +1395,7 @@ class TensorCache:
                 start = _timing_event(dev) if rec.profiling else None
                 for m in members:
                     d = torch.empty(m.nbytes, dtype=torch.uint8, device=dev)
-                    d.copy_(blk.buf[m.offset:m.offset + m.nbytes], non_blocking=True)
+                    d.copy_(blk.buf[m.offset : m.offset + m.nbytes], non_blocking=True)
                     outs.append(d)
                 ev = torch.cuda.Event(enable_timing=rec.profiling)
                 ev.record(h2d)
@@ -1291,7 +1404,7 @@ class TensorCache:
                 rec.load_spans.append((start, ev, sum(m.nbytes for m in members)))
         else:
             t0 = _clock()
-            outs = [blk.buf[m.offset:m.offset + m.nbytes].clone() for m in members]
+            outs = [blk.buf[m.offset : m.offset + m.nbytes].clone() for m in members]
             if rec.profiling:
                 rec.load_s += _clock() - t0
                 rec.load_bytes += sum(m.nbytes for m in members)
@@ -1351,8 +1464,10 @@ class TensorCache:
                 self._lock.acquire()
         if st.ref is None:
             err = st.error
-            raise RuntimeError(f"flowlane offload: reading back a saved activation ({st.nbytes} bytes, "
-                               f"{st.where}) failed: {err}; the gradient cannot be computed") from err
+            raise RuntimeError(
+                f"flowlane offload: reading back a saved activation ({st.nbytes} bytes, "
+                f"{st.where}) failed: {err}; the gradient cannot be computed"
+            ) from err
         return st.ref
 
     def _slab_member_done(self, slab: _Slab, sid: int) -> None:
@@ -1380,9 +1495,11 @@ class TensorCache:
 
 
 def _subclass_msg(t: Any, what: str) -> str:
-    return (f"flowlane offload: {what} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); activation "
-            "offloading moves plain tensors' storage bytes and cannot rebuild a subclass (DTensor, FP8 tensors) "
-            "correctly. Offload a model whose activations are plain tensors, or leave offloading off")
+    return (
+        f"flowlane offload: {what} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); activation "
+        "offloading moves plain tensors' storage bytes and cannot rebuild a subclass (DTensor, FP8 tensors) "
+        "correctly. Offload a model whose activations are plain tensors, or leave offloading off"
+    )
 
 
 def _key_str(key: Any) -> str:
@@ -1400,8 +1517,12 @@ class ScopeSpec:
         return type(module).__name__ in self.class_names
 
 
-def install(model: torch.nn.Module | Iterable[torch.nn.Module], config: OffloadConfig,
-            scope_classes: Iterable[str], rank: int = 0) -> TensorCache:
+def install(
+    model: torch.nn.Module | Iterable[torch.nn.Module],
+    config: OffloadConfig,
+    scope_classes: Iterable[str],
+    rank: int = 0,
+) -> TensorCache:
     """configure_tensor_cache (Alg. 5.1 lines 1-5) for a framework-neutral model: parameters registered, every
     module whose class name is in ``scope_classes`` made a scope, hooks activated in this thread."""
     models = [model] if isinstance(model, torch.nn.Module) else list(model)
@@ -1416,8 +1537,10 @@ def install(model: torch.nn.Module | Iterable[torch.nn.Module], config: OffloadC
                 n += 1
     if n == 0:
         cache.close()
-        raise ValueError(f"no module of class {sorted(spec.class_names)} found in the model; offloading would do "
-                         "nothing (set scope classes to the model's layer class names)")
+        raise ValueError(
+            f"no module of class {sorted(spec.class_names)} found in the model; offloading would do "
+            "nothing (set scope classes to the model's layer class names)"
+        )
     return cache.activate()
 
 

@@ -81,7 +81,9 @@ class OffloadConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"offload.backend={self.backend!r} is not one of {BACKENDS}")
         if not isinstance(self.dirs, tuple) or not all(isinstance(d, str) and d for d in self.dirs):
-            raise ValueError(f"offload.dirs={self.dirs!r} must be a list of directory paths (non-empty strings)")
+            raise ValueError(
+                f"offload.dirs={self.dirs!r} must be a list of directory paths (non-empty strings)"
+            )
         for name in ("min_bytes", "keep_last_k", "profile_step", "pinned_pool_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -101,14 +103,18 @@ class OffloadConfig:
         if self.on_io_error not in ("keep", "raise"):
             raise ValueError(f"offload.on_io_error={self.on_io_error!r} must be 'keep' or 'raise'")
         if self.kvikio_compat_mode not in ("auto", "on", "off"):
-            raise ValueError(f"offload.kvikio_compat_mode={self.kvikio_compat_mode!r} must be 'auto', 'on' or 'off'")
+            raise ValueError(
+                f"offload.kvikio_compat_mode={self.kvikio_compat_mode!r} must be 'auto', 'on' or 'off'"
+            )
 
     def check_dirs(self) -> None:
         """Every ``dirs`` entry is an existing, writable folder: a typo must not become a new directory on another
         disk (the backends never create a target). Call it before any rank starts (the launcher does)."""
         for d in self.dirs:
             if not Path(d).is_dir():
-                raise ValueError(f"offload.dirs entry {d!r} is not an existing folder; create it first or fix the path")
+                raise ValueError(
+                    f"offload.dirs entry {d!r} is not an existing folder; create it first or fix the path"
+                )
             if not os.access(d, os.W_OK | os.X_OK):
                 raise ValueError(f"offload.dirs entry {d!r} is not writable")
 

@@ -65,7 +65,9 @@ def activation_bytes_per_layer(x: LayerShape) -> float:
     return replicated + split / x.tp
 
 
-def activation_bytes_per_step(x: LayerShape, layers: int, micro_batches: int = 1, kept_layers: int = 0) -> float:
+def activation_bytes_per_step(
+    x: LayerShape, layers: int, micro_batches: int = 1, kept_layers: int = 0
+) -> float:
     """Bytes offloaded per step per GPU: (layers - kept) per micro-batch (the thesis keeps the last module)."""
     if kept_layers > layers:
         raise ValueError(f"kept_layers={kept_layers} > layers={layers}")
@@ -111,17 +113,32 @@ class Estimate:
     lifespan_years: float
 
 
-def estimate(x: LayerShape, layers: int, micro_batches: int, kept_layers: int, step_time_s: float,
-             ssd: str, ssds_per_gpu: int, waf_gain: float) -> Estimate:
+def estimate(
+    x: LayerShape,
+    layers: int,
+    micro_batches: int,
+    kept_layers: int,
+    step_time_s: float,
+    ssd: str,
+    ssds_per_gpu: int,
+    waf_gain: float,
+) -> Estimate:
     per_step = activation_bytes_per_step(x, layers, micro_batches, kept_layers)
     bw = required_write_bandwidth(per_step, step_time_s)
     end = effective_endurance_bytes(ssd, ssds_per_gpu, waf_gain)
-    return Estimate(activation_bytes_per_layer(x), per_step, step_time_s, bw / 1e9, end / 1e15,
-                    lifespan_years(end, bw))
+    return Estimate(
+        activation_bytes_per_layer(x), per_step, step_time_s, bw / 1e9, end / 1e15, lifespan_years(end, bw)
+    )
 
 
-def modelled_budget(x: LayerShape, layers: int, step_time_s: float, link_GBps: float,
-                    disk_GBps: float | None = None, prefetch: int = 1) -> dict[str, float | int]:
+def modelled_budget(
+    x: LayerShape,
+    layers: int,
+    step_time_s: float,
+    link_GBps: float,
+    disk_GBps: float | None = None,
+    prefetch: int = 1,
+) -> dict[str, float | int]:
     """The byte budget of ``budget.choose_budget`` for one micro-batch of ``layers`` equal layers: forward is a third
     of the step and backward two thirds (the usual 1:2), split evenly over layers; the store and load links run at
     ``link_GBps`` (PCIe), or at ``disk_GBps`` when the SSD is slower. The tensor cache computes the same budget from
@@ -135,13 +152,24 @@ def modelled_budget(x: LayerShape, layers: int, step_time_s: float, link_GBps: f
         raise ValueError(f"layers={layers} must be >= 1")
     rate = min(link_GBps, disk_GBps or link_GBps) * 1e9
     per_layer = int(activation_bytes_per_layer(x))
-    prof = StepProfile((per_layer,) * layers, (step_time_s / 3 / layers,) * layers,
-                       (2 * step_time_s / 3 / layers,) * layers, rate, rate)
+    prof = StepProfile(
+        (per_layer,) * layers,
+        (step_time_s / 3 / layers,) * layers,
+        (2 * step_time_s / 3 / layers,) * layers,
+        rate,
+        rate,
+    )
     b = choose_budget(prof, prefetch=prefetch)
-    return {"budget_link_GBps": rate / 1e9, "budget_bytes_per_microbatch": b.total_bytes,
-            "budget_share_of_activations": b.total_bytes / (per_layer * layers) if per_layer else 0.0,
-            "budget_layers_kept_resident": b.keep_last_k, "budget_exposed_s": b.exposed_s,
-            "budget_resident_share_at_backward_start": b.resident_bytes / (per_layer * layers) if per_layer else 0.0}
+    return {
+        "budget_link_GBps": rate / 1e9,
+        "budget_bytes_per_microbatch": b.total_bytes,
+        "budget_share_of_activations": b.total_bytes / (per_layer * layers) if per_layer else 0.0,
+        "budget_layers_kept_resident": b.keep_last_k,
+        "budget_exposed_s": b.exposed_s,
+        "budget_resident_share_at_backward_start": b.resident_bytes / (per_layer * layers)
+        if per_layer
+        else 0.0,
+    }
 
 
 def thesis_check() -> dict[str, float]:
@@ -183,34 +211,68 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ssd-estimate", help="activation bytes, write bandwidth and SSD lifespan (SSDTrain)",
-                              description=__doc__, formatter_class=_HelpFormatter)
+    p = subparsers.add_parser(
+        "ssd-estimate",
+        help="activation bytes, write bandwidth and SSD lifespan (SSDTrain)",
+        description=__doc__,
+        formatter_class=_HelpFormatter,
+    )
     p.add_argument("--hidden", type=_positive_int, default=8192, help="hidden size h")
     p.add_argument("--heads", type=_positive_int, default=64, help="attention heads a")
-    p.add_argument("--layers", type=_positive_int, default=4, help="transformer layers on this GPU (its pipeline stage)")
+    p.add_argument(
+        "--layers", type=_positive_int, default=4, help="transformer layers on this GPU (its pipeline stage)"
+    )
     p.add_argument("--seq", type=_positive_int, default=1024, help="sequence length s")
     p.add_argument("--micro-batch", type=_positive_int, default=16, help="micro-batch size b")
     p.add_argument("--micro-batches", type=_positive_int, default=1, help="micro-batches per step")
     p.add_argument("--tp", type=_positive_int, default=2, help="tensor-parallel size t")
-    p.add_argument("--sequence-parallel", action="store_true", help="LN and dropout tensors split across TP ranks")
+    p.add_argument(
+        "--sequence-parallel", action="store_true", help="LN and dropout tensors split across TP ranks"
+    )
     p.add_argument("--flash-attention", action="store_true", help="no s^2 attention terms (FlashAttention)")
     p.add_argument("--no-dropout", action="store_true", help="no dropout masks or outputs saved")
     p.add_argument("--elem-bytes", type=_positive_int, default=2, help="2 for fp16/bf16, 4 for fp32")
-    p.add_argument("--kept-layers", type=_nonneg_int, default=0, help="layers kept in GPU memory (not written)")
+    p.add_argument(
+        "--kept-layers", type=_nonneg_int, default=0, help="layers kept in GPU memory (not written)"
+    )
     p.add_argument("--step-time", type=_positive_float, default=None, help="measured step time in seconds")
-    p.add_argument("--tflops", type=_positive_float, default=None,
-                   help="achieved model TFLOP/s per GPU, to model the step time when --step-time is not given")
-    p.add_argument("--vocab", type=_positive_int, default=50257, help="vocabulary size (FLOPs of the step model)")
-    p.add_argument("--ssd", choices=sorted(SSD_ENDURANCE_PBW), default="D7-P5620",
-                   help="drive model, for its rated endurance (thesis Table 5.1)")
+    p.add_argument(
+        "--tflops",
+        type=_positive_float,
+        default=None,
+        help="achieved model TFLOP/s per GPU, to model the step time when --step-time is not given",
+    )
+    p.add_argument(
+        "--vocab", type=_positive_int, default=50257, help="vocabulary size (FLOPs of the step model)"
+    )
+    p.add_argument(
+        "--ssd",
+        choices=sorted(SSD_ENDURANCE_PBW),
+        default="D7-P5620",
+        help="drive model, for its rated endurance (thesis Table 5.1)",
+    )
     p.add_argument("--ssds-per-gpu", type=_positive_int, default=4, help="drives sharing one GPU's writes")
-    p.add_argument("--waf-gain", type=_positive_float, default=2.5,
-                   help="how much lower the write amplification is than the JESD rating's")
-    p.add_argument("--link-gbps", type=_positive_float, default=55.0,
-                   help="GPU-host link for the byte budget, GB/s (55: PCIe D2H measured on an H200)")
-    p.add_argument("--disk-gbps", type=_positive_float, default=None,
-                   help="the SSDs' write rate per GPU, GB/s: the budget uses the slower of it and --link-gbps")
-    p.add_argument("--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead (offload config)")
+    p.add_argument(
+        "--waf-gain",
+        type=_positive_float,
+        default=2.5,
+        help="how much lower the write amplification is than the JESD rating's",
+    )
+    p.add_argument(
+        "--link-gbps",
+        type=_positive_float,
+        default=55.0,
+        help="GPU-host link for the byte budget, GB/s (55: PCIe D2H measured on an H200)",
+    )
+    p.add_argument(
+        "--disk-gbps",
+        type=_positive_float,
+        default=None,
+        help="the SSDs' write rate per GPU, GB/s: the budget uses the slower of it and --link-gbps",
+    )
+    p.add_argument(
+        "--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead (offload config)"
+    )
     p.add_argument("--thesis", action="store_true", help="print the thesis' 12.1 GB/s -> >= 3 years check")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -219,19 +281,52 @@ def run(args: argparse.Namespace) -> int:
     if args.thesis:
         out: dict = {"thesis_check": thesis_check()}
     else:
-        x = LayerShape(args.seq, args.micro_batch, args.hidden, args.heads, args.tp, args.sequence_parallel,
-                       args.flash_attention, not args.no_dropout, args.elem_bytes)
+        x = LayerShape(
+            args.seq,
+            args.micro_batch,
+            args.hidden,
+            args.heads,
+            args.tp,
+            args.sequence_parallel,
+            args.flash_attention,
+            not args.no_dropout,
+            args.elem_bytes,
+        )
         step = args.step_time
         if step is None:
             if args.tflops is None:
-                raise SystemExit("ssd-estimate: give --step-time (seconds) or --tflops (achieved TFLOP/s per GPU)")
-            step = gpt_model_flops_per_step(x, args.layers, args.vocab, args.micro_batches) / (args.tflops * 1e12)
+                raise SystemExit(
+                    "ssd-estimate: give --step-time (seconds) or --tflops (achieved TFLOP/s per GPU)"
+                )
+            step = gpt_model_flops_per_step(x, args.layers, args.vocab, args.micro_batches) / (
+                args.tflops * 1e12
+            )
         if args.kept_layers > args.layers:
-            raise SystemExit(f"ssd-estimate: --kept-layers {args.kept_layers} is more than --layers {args.layers}")
-        out = asdict(estimate(x, args.layers, args.micro_batches, args.kept_layers, step, args.ssd,
-                              args.ssds_per_gpu, args.waf_gain))
-        out.update(modelled_budget(x, args.layers, step / args.micro_batches, args.link_gbps, args.disk_gbps,
-                                   args.prefetch_groups))
+            raise SystemExit(
+                f"ssd-estimate: --kept-layers {args.kept_layers} is more than --layers {args.layers}"
+            )
+        out = asdict(
+            estimate(
+                x,
+                args.layers,
+                args.micro_batches,
+                args.kept_layers,
+                step,
+                args.ssd,
+                args.ssds_per_gpu,
+                args.waf_gain,
+            )
+        )
+        out.update(
+            modelled_budget(
+                x,
+                args.layers,
+                step / args.micro_batches,
+                args.link_gbps,
+                args.disk_gbps,
+                args.prefetch_groups,
+            )
+        )
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -75,10 +75,12 @@ class PinnedPool:
     def _new(self, cap: int) -> HostBlock:
         if self.pin:
             buf = torch.empty(cap, dtype=torch.uint8, pin_memory=True)
-            if buf.data_ptr() % ALIGN:  # the caching host allocator returns page-aligned blocks; never assume it
+            if (
+                buf.data_ptr() % ALIGN
+            ):  # the caching host allocator returns page-aligned blocks; never assume it
                 raw = torch.empty(cap + ALIGN, dtype=torch.uint8, pin_memory=True)
                 shift = (-raw.data_ptr()) % ALIGN
-                buf = raw[shift:shift + cap]
+                buf = raw[shift : shift + cap]
             return HostBlock(buf, cap)
         m = mmap.mmap(-1, cap)
         return HostBlock(torch.frombuffer(m, dtype=torch.uint8), cap, keep=m)
@@ -98,8 +100,11 @@ class PinnedPool:
                             self._free[c].pop()
                             self.allocated -= c
                 if self.capacity and self.allocated + cap > self.capacity:
-                    raise OSError(errno.ENOSPC, f"host pool full: {self.in_use} bytes in use + {cap} > "
-                                                f"{self.capacity} bytes (raise offload.pinned_pool_bytes)")
+                    raise OSError(
+                        errno.ENOSPC,
+                        f"host pool full: {self.in_use} bytes in use + {cap} > "
+                        f"{self.capacity} bytes (raise offload.pinned_pool_bytes)",
+                    )
                 self.allocated += cap
                 self.misses += 1
                 blk = None
@@ -124,8 +129,13 @@ class PinnedPool:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"allocated_bytes": self.allocated, "in_use_bytes": self.in_use,
-                    "peak_in_use_bytes": self.peak_in_use, "hits": self.hits, "misses": self.misses}
+            return {
+                "allocated_bytes": self.allocated,
+                "in_use_bytes": self.in_use,
+                "peak_in_use_bytes": self.peak_in_use,
+                "hits": self.hits,
+                "misses": self.misses,
+            }
 
     def clear(self) -> None:
         with self._lock:

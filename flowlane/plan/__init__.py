@@ -12,8 +12,20 @@ from .spst import METHODS, Plan, build_plan, link_class_breakdown, p2p_plan
 from .tables import RankTables, StageTable, compile_tables
 
 __all__ = [
-    "METHODS", "CommRelation", "LinkModel", "Plan", "PlanError", "RankTables", "StageTable", "build_plan",
-    "compile_tables", "evaluate", "full_mesh", "link_class_breakdown", "mesh_from_matrix", "p2p_plan",
+    "METHODS",
+    "CommRelation",
+    "LinkModel",
+    "Plan",
+    "PlanError",
+    "RankTables",
+    "StageTable",
+    "build_plan",
+    "compile_tables",
+    "evaluate",
+    "full_mesh",
+    "link_class_breakdown",
+    "mesh_from_matrix",
+    "p2p_plan",
     "stage_hop_loads",
 ]
 

@@ -34,9 +34,9 @@ class LinkModel:
     devices: tuple[str, ...]
     hop_names: tuple[str, ...]
     hop_kinds: tuple[str, ...]
-    hop_bw: np.ndarray          # [H] bytes/s
-    link_hops: np.ndarray       # [R, R, maxh] hop ids, -1 padded; [a, a] and missing links are all -1
-    latency: np.ndarray         # [R, R] seconds per direct route
+    hop_bw: np.ndarray  # [H] bytes/s
+    link_hops: np.ndarray  # [R, R, maxh] hop ids, -1 padded; [a, a] and missing links are all -1
+    latency: np.ndarray  # [R, R] seconds per direct route
 
     @property
     def num_ranks(self) -> int:
@@ -63,8 +63,9 @@ class LinkModel:
         return self.hop_kinds[int(hs[np.argmin(self.hop_bw[hs])])]
 
     @classmethod
-    def from_topology(cls, topo: Topology, devices: Sequence[str] | None = None,
-                      num_ranks: int | None = None) -> LinkModel:
+    def from_topology(
+        cls, topo: Topology, devices: Sequence[str] | None = None, num_ranks: int | None = None
+    ) -> LinkModel:
         """Links between ``devices`` (default: the topology's first ``num_ranks`` GPUs/hosts, in order)."""
         if devices is None:
             eps = topo.gpus
@@ -88,7 +89,9 @@ class LinkModel:
                 try:
                     r = topo.route(devices[a], devices[b])
                 except TopologyError as e:
-                    raise PlanError(f"no route between ranks {a} ({devices[a]}) and {b} ({devices[b]}): {e}") from e
+                    raise PlanError(
+                        f"no route between ranks {a} ({devices[a]}) and {b} ({devices[b]}): {e}"
+                    ) from e
                 routes[a, b] = r
                 for lk in r.links:
                     hop_index.setdefault((lk.src, lk.dst), len(hop_index))
@@ -96,7 +99,7 @@ class LinkModel:
         link_hops = np.full((n, n, maxh), -1, np.int32)
         lat = np.zeros((n, n))
         for (a, b), r in routes.items():
-            link_hops[a, b, :len(r)] = [hop_index[(lk.src, lk.dst)] for lk in r.links]
+            link_hops[a, b, : len(r)] = [hop_index[(lk.src, lk.dst)] for lk in r.links]
             lat[a, b] = r.latency
         names = sorted(hop_index, key=lambda k: hop_index[k])
         bw = np.array([topo.links[k].bandwidth for k in names], dtype=np.float64)
@@ -133,22 +136,33 @@ def mesh_from_matrix(bw: np.ndarray, latency: float = 0.0, name: str = "mesh") -
     return t
 
 
-def stage_hop_loads(plan_stage: np.ndarray, plan_src: np.ndarray, plan_dst: np.ndarray, lm: LinkModel,
-                    num_stages: int | None = None) -> np.ndarray:
+def stage_hop_loads(
+    plan_stage: np.ndarray,
+    plan_src: np.ndarray,
+    plan_dst: np.ndarray,
+    lm: LinkModel,
+    num_stages: int | None = None,
+) -> np.ndarray:
     """``c_h^k``: embeddings crossing hop ``h`` in stage ``k`` (row ``k-1``), shape [stages, H]."""
     s = int(num_stages if num_stages is not None else (plan_stage.max() if plan_stage.size else 0))
     load = np.zeros((max(s, 1), lm.hop_bw.size))
     if plan_stage.size == 0:
         return load
-    hops = lm.link_hops[plan_src, plan_dst]                      # [T, maxh]
+    hops = lm.link_hops[plan_src, plan_dst]  # [T, maxh]
     st = np.broadcast_to((plan_stage - 1)[:, None], hops.shape)
     ok = hops >= 0
     np.add.at(load, (st[ok], hops[ok]), 1.0)
     return load
 
 
-def evaluate(plan_stage: np.ndarray, plan_src: np.ndarray, plan_dst: np.ndarray, lm: LinkModel,
-             unit_bytes: float = 1.0, alpha: float = 0.0) -> float:
+def evaluate(
+    plan_stage: np.ndarray,
+    plan_src: np.ndarray,
+    plan_dst: np.ndarray,
+    lm: LinkModel,
+    unit_bytes: float = 1.0,
+    alpha: float = 0.0,
+) -> float:
     """``t(S)`` in seconds for embeddings of ``unit_bytes`` bytes (+ ``alpha`` seconds per used stage)."""
     load = stage_hop_loads(plan_stage, plan_src, plan_dst, lm)
     per_stage = (load * (unit_bytes * lm.hop_inv_bw)[None, :]).max(axis=1)

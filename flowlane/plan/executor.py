@@ -32,8 +32,13 @@ from .tables import RankTables
 class GraphExchange:
     """Executor of one rank's tables. ``group``: process group whose ranks are the plan's ranks (default world)."""
 
-    def __init__(self, tables: RankTables, group: dist.ProcessGroup | None = None, kind: str = "graph",
-                 emulate_bandwidth: float | None = None) -> None:
+    def __init__(
+        self,
+        tables: RankTables,
+        group: dist.ProcessGroup | None = None,
+        kind: str = "graph",
+        emulate_bandwidth: float | None = None,
+    ) -> None:
         """``emulate_bandwidth`` (bytes/s, benchmarks only): after each stage, sleep as long as the largest message
         to or from one peer would take on a dedicated link of that speed (an *emulated* link, labelled as such)."""
         if emulate_bandwidth is not None and not emulate_bandwidth > 0:
@@ -56,51 +61,59 @@ class GraphExchange:
     def _stages(self, device: torch.device) -> list[tuple[list, list]]:
         if device not in self._idx:
             self._idx[device] = [
-                ([(self._peer(p), torch.from_numpy(ix).to(device)) for p, ix in st.sends],
-                 [(self._peer(p), torch.from_numpy(ix).to(device)) for p, ix in st.recvs])
-                for st in self.tables.stages]
+                (
+                    [(self._peer(p), torch.from_numpy(ix).to(device)) for p, ix in st.sends],
+                    [(self._peer(p), torch.from_numpy(ix).to(device)) for p, ix in st.recvs],
+                )
+                for st in self.tables.stages
+            ]
         return self._idx[device]
 
     def _check(self, x: torch.Tensor, rows: int, what: str) -> None:
         if x.dim() < 1 or x.shape[0] != rows:
-            raise ValueError(f"{what}: expected {rows} rows on rank {self.tables.rank}, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{what}: expected {rows} rows on rank {self.tables.rank}, got shape {tuple(x.shape)}"
+            )
 
     def forward_raw(self, local: torch.Tensor, key: Any = None) -> torch.Tensor:
         t = self.tables
         self._check(local, t.num_local, "graph_allgather input")
         buf = local.new_zeros((t.num_rows, *local.shape[1:]))
-        buf[:t.num_local] = local
+        buf[: t.num_local] = local
         for sends, recvs in self._stages(local.device):
             if not sends and not recvs:
                 continue
             got = [(ix, buf.new_empty((ix.numel(), *buf.shape[1:]))) for _, ix in recvs]
-            works = [comm.irecv(g, p, kind=self.kind, key=key) for (p, _), (_, g) in zip(recvs, got,
-                                                                                                  strict=True)]
+            works = [
+                comm.irecv(g, p, kind=self.kind, key=key) for (p, _), (_, g) in zip(recvs, got, strict=True)
+            ]
             works += [comm.isend(buf.index_select(0, ix), p, kind=self.kind, key=key) for p, ix in sends]
             for w in works:
                 w.wait()
             self._emulate(sends, recvs, buf)
             for ix, g in got:
                 buf.index_copy_(0, ix, g)
-        return buf[:self.num_out]
+        return buf[: self.num_out]
 
     def backward_raw(self, grad: torch.Tensor, key: Any = None) -> torch.Tensor:
         t = self.tables
         self._check(grad, self.num_out, "graph_allgather gradient")
         buf = grad.new_zeros((t.num_rows, *grad.shape[1:]))
-        buf[:self.num_out] = grad
+        buf[: self.num_out] = grad
         for sends, recvs in reversed(self._stages(grad.device)):
             if not sends and not recvs:
                 continue
             got = [(ix, buf.new_empty((ix.numel(), *buf.shape[1:]))) for _, ix in sends]
-            works = [comm.irecv(g, p, kind=self.kind, key=key) for (p, _), (_, g) in zip(sends, got, strict=True)]
+            works = [
+                comm.irecv(g, p, kind=self.kind, key=key) for (p, _), (_, g) in zip(sends, got, strict=True)
+            ]
             works += [comm.isend(buf.index_select(0, ix), p, kind=self.kind, key=key) for p, ix in recvs]
             for w in works:
                 w.wait()
             self._emulate(sends, recvs, buf)
             for ix, g in got:
                 buf.index_add_(0, ix, g)
-        return buf[:t.num_local].contiguous()
+        return buf[: t.num_local].contiguous()
 
     def _emulate(self, sends: list, recvs: list, buf: torch.Tensor) -> None:
         if self.emulate_bandwidth is None:
@@ -153,7 +166,7 @@ class _Attach(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, local: torch.Tensor, full: torch.Tensor, ex: GraphExchange) -> torch.Tensor:  # type: ignore[override]
         ctx.ex = ex
-        return torch.cat([local.detach(), full[local.shape[0]:]])
+        return torch.cat([local.detach(), full[local.shape[0] :]])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
@@ -166,7 +179,7 @@ def attach(local: torch.Tensor, pending: PendingExchange, exchange: GraphExchang
     full = pending.wait()
     if local.requires_grad:
         return _Attach.apply(local, full, exchange)
-    return torch.cat([local, full[local.shape[0]:]])
+    return torch.cat([local, full[local.shape[0] :]])
 
 
 def graph_allgather(local_embeddings: torch.Tensor, exchange: GraphExchange, key: Any = None) -> torch.Tensor:

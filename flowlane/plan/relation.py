@@ -41,7 +41,9 @@ class CommRelation:
         for d, ids in enumerate(self.needs):
             ids = np.asarray(ids)
             if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-                raise PlanError(f"needs[{d}] must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+                raise PlanError(
+                    f"needs[{d}] must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}"
+                )
             if ids.size == 0:
                 continue
             if ids.min() < 0 or ids.max() >= owner.size:
@@ -67,14 +69,17 @@ class CommRelation:
         return int(sum(len(x) for x in self.needs))
 
     @classmethod
-    def from_edges(cls, src: np.ndarray, dst: np.ndarray, owner: np.ndarray, num_ranks: int | None = None
-                   ) -> CommRelation:
+    def from_edges(
+        cls, src: np.ndarray, dst: np.ndarray, owner: np.ndarray, num_ranks: int | None = None
+    ) -> CommRelation:
         """Relation of a graph with edges ``src[i] -> dst[i]`` (messages flow src to dst) under ``owner``."""
         owner = np.asarray(owner)
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
         if src.shape != dst.shape or src.ndim != 1:
-            raise PlanError(f"src and dst must be 1-D arrays of equal length, got {src.shape} and {dst.shape}")
+            raise PlanError(
+                f"src and dst must be 1-D arrays of equal length, got {src.shape} and {dst.shape}"
+            )
         if owner.ndim != 1 or not np.issubdtype(owner.dtype, np.integer):
             raise PlanError(f"owner must be a 1-D integer array, got shape {owner.shape} dtype {owner.dtype}")
         nv = owner.size
@@ -88,7 +93,7 @@ class CommRelation:
         key = np.unique(dd[cross].astype(np.int64) * nv + src[cross])
         ranks, verts = key // max(nv, 1), key % max(nv, 1)
         bounds = np.searchsorted(ranks, np.arange(n + 1))
-        needs = tuple(verts[bounds[d]:bounds[d + 1]].astype(np.int64) for d in range(n))
+        needs = tuple(verts[bounds[d] : bounds[d + 1]].astype(np.int64) for d in range(n))
         return cls(owner.astype(np.int64), needs)
 
     def destinations(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

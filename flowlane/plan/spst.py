@@ -100,15 +100,23 @@ def _p2p_loads(rel: CommRelation, lm: LinkModel, dest) -> np.ndarray:
     verts, ptr, dests = dest
     R = rel.num_ranks
     src = np.repeat(np.asarray(rel.owner)[verts], np.diff(ptr))
-    pairs = np.bincount(src * R + dests, minlength=R * R).astype(np.float64)     # exact integer counts
+    pairs = np.bincount(src * R + dests, minlength=R * R).astype(np.float64)  # exact integer counts
     lh = lm.link_hops.reshape(R * R, -1)
     ok = lh >= 0
     w = np.broadcast_to(pairs[:, None], lh.shape)[ok]
     return np.bincount(lh[ok], weights=w, minlength=lm.hop_bw.size)[None, :]
 
 
-def build_plan(rel: CommRelation, lm: LinkModel, method: str = "auto", seed: int = 0, max_depth: int | None = None,
-               alpha: float = 0.0, unit_bytes: float = 1.0, impl: str | None = None) -> Plan:
+def build_plan(
+    rel: CommRelation,
+    lm: LinkModel,
+    method: str = "auto",
+    seed: int = 0,
+    max_depth: int | None = None,
+    alpha: float = 0.0,
+    unit_bytes: float = 1.0,
+    impl: str | None = None,
+) -> Plan:
     """Plan the embedding exchange of ``rel`` over ``lm``.
 
     ``method``: "spst", "p2p", or "auto" (SPST, falling back to P2P where P2P is cheaper under the model).
@@ -124,25 +132,42 @@ def build_plan(rel: CommRelation, lm: LinkModel, method: str = "auto", seed: int
     if not (unit_bytes > 0 and np.isfinite(unit_bytes)):
         raise PlanError(f"unit_bytes must be > 0, got {unit_bytes!r}")
     R = rel.num_ranks
-    S = max(R - 1, 1) if max_depth is None else int(max_depth)   # one rank: nothing to send, depth 1 is moot
+    S = max(R - 1, 1) if max_depth is None else int(max_depth)  # one rank: nothing to send, depth 1 is moot
     if not 1 <= S <= max(R - 1, 1):
         raise PlanError(f"max_depth must be in [1, {max(R - 1, 1)}] for {R} ranks, got {max_depth!r}")
     dest = rel.destinations()
-    if rel.num_pairs == 0:          # e.g. one rank: nothing to exchange, the empty plan (cost 0) under any method
-        return Plan(*_p2p_arrays(rel, dest), R, 0.0, "p2p" if method == "p2p" else "spst",
-                    {"p2p_cost": 0.0, "seed": seed, "plan_seconds": 0.0, "max_depth": S, "pairs": 0})
+    if rel.num_pairs == 0:  # e.g. one rank: nothing to exchange, the empty plan (cost 0) under any method
+        return Plan(
+            *_p2p_arrays(rel, dest),
+            R,
+            0.0,
+            "p2p" if method == "p2p" else "spst",
+            {"p2p_cost": 0.0, "seed": seed, "plan_seconds": 0.0, "max_depth": S, "pairs": 0},
+        )
     p2p_cost = _cost_from_loads(_p2p_loads(rel, lm, dest), lm, unit_bytes, alpha)
     if method == "p2p":
-        return Plan(*_p2p_arrays(rel, dest), R, p2p_cost, "p2p", {"p2p_cost": p2p_cost, "seed": seed,
-                                                                   "plan_seconds": 0.0})
+        return Plan(
+            *_p2p_arrays(rel, dest),
+            R,
+            p2p_cost,
+            "p2p",
+            {"p2p_cost": p2p_cost, "seed": seed, "plan_seconds": 0.0},
+        )
     t0 = time.perf_counter()
     # plan in per-byte units (alpha rescaled): the plan is then exactly independent of the embedding size, as the
     # dimension-invariance property (§5.1) says it should be, not only up to floating-point rounding of ties
     u, st, a, b, load, impl_used = _spst(rel, lm, S, seed, alpha / unit_bytes, 1.0, impl, dest)
     secs = time.perf_counter() - t0
-    cost = _cost_from_loads(load[1:1 + (int(st.max()) if st.size else 0)], lm, unit_bytes, alpha)
-    info = {"p2p_cost": p2p_cost, "spst_cost": cost, "seed": seed, "plan_seconds": secs, "impl": impl_used,
-            "max_depth": S, "pairs": rel.num_pairs}
+    cost = _cost_from_loads(load[1 : 1 + (int(st.max()) if st.size else 0)], lm, unit_bytes, alpha)
+    info = {
+        "p2p_cost": p2p_cost,
+        "spst_cost": cost,
+        "seed": seed,
+        "plan_seconds": secs,
+        "impl": impl_used,
+        "max_depth": S,
+        "pairs": rel.num_pairs,
+    }
     if method == "auto" and p2p_cost < cost:
         return Plan(*_p2p_arrays(rel, dest), R, p2p_cost, "p2p", {**info, "fallback": True})
     return Plan(u, st, a, b, R, cost, "spst", {**info, "fallback": False})
@@ -180,7 +205,7 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
     inv_l = inv.tolist()
     raw_l = raw.ravel().tolist()
     lh = [[int(h) for h in lm.link_hops[a, b] if h >= 0] for a in range(R) for b in range(R)]
-    load = [[0.0] * H for _ in range(S + 1)]          # row k = stage k (row 0 unused)
+    load = [[0.0] * H for _ in range(S + 1)]  # row k = stage k (row 0 unused)
     T = [0.0] * (S + 1)
     used = [False] * (S + 1)
     out_u: list[int] = []
@@ -190,7 +215,7 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
     verts_l, ptr_l, dests_l, srcs_l = verts.tolist(), ptr.tolist(), dests.tolist(), srcs.tolist()
     for i in order.tolist():
         u = verts_l[i]
-        D = set(dests_l[ptr_l[i]:ptr_l[i + 1]])
+        D = set(dests_l[ptr_l[i] : ptr_l[i + 1]])
         depth = {srcs_l[i]: 0}
         remaining = len(D)
         while remaining:
@@ -242,8 +267,10 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
                         pred[s2] = st
                         heapq.heappush(heap, (nk[0], nk[1], nk[2], g2, k))
             if target is None:
-                raise PlanError(f"vertex {u}: no path from the ranks holding it {sorted(depth)} to "
-                                f"{sorted(D - set(depth))} within max_depth={S}")
+                raise PlanError(
+                    f"vertex {u}: no path from the ranks holding it {sorted(depth)} to "
+                    f"{sorted(D - set(depth))} within max_depth={S}"
+                )
             chain = []
             p = target
             while p is not None:
@@ -265,8 +292,13 @@ def _spst_python(lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
                 out_b.append(gb)
                 if gb in D:
                     remaining -= 1
-    return (np.array(out_u, np.int64), np.array(out_k, np.int32), np.array(out_a, np.int32),
-            np.array(out_b, np.int32), np.array(load, np.float64).reshape(S + 1, H))
+    return (
+        np.array(out_u, np.int64),
+        np.array(out_k, np.int32),
+        np.array(out_a, np.int32),
+        np.array(out_b, np.int32),
+        np.array(load, np.float64).reshape(S + 1, H),
+    )
 
 
 # portable flags only (no -march=native: the cached .so is keyed by source + flags, not by the CPU it was built on)
@@ -276,12 +308,38 @@ _CFLAGS = ("-O3", "-shared", "-fPIC")
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     lib.flowlane_spst.restype = ctypes.c_long
-    lib.flowlane_spst.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, P, P, P, ctypes.c_double,
-                                  ctypes.c_long, P, P, P, P, P, P, P, P, P, ctypes.c_long, P]
+    lib.flowlane_spst.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        P,
+        P,
+        P,
+        ctypes.c_double,
+        ctypes.c_long,
+        P,
+        P,
+        P,
+        P,
+        P,
+        P,
+        P,
+        P,
+        P,
+        ctypes.c_long,
+        P,
+    ]
 
 
-_KERNEL = CKernel(Path(__file__).with_name("_spst.c"), "spst", _CFLAGS, _declare, "flowlane.plan: C SPST kernel",
-                  "using the pure-Python planner")
+_KERNEL = CKernel(
+    Path(__file__).with_name("_spst.c"),
+    "spst",
+    _CFLAGS,
+    _declare,
+    "flowlane.plan: C SPST kernel",
+    "using the pure-Python planner",
+)
 
 
 def _spst_c(lib, lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, order, inv, raw):
@@ -295,8 +353,28 @@ def _spst_c(lib, lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
     out_k, out_a, out_b = (np.empty(cap, np.int32) for _ in range(3))
     load = np.zeros((S + 1, H), np.float64)
     p = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    n = lib.flowlane_spst(R, S, H, maxh, p(inv), p(lh), p(raw), float(alpha), verts.size, p(order), p(verts),
-                          p(srcs), p(ptr), p(dests), p(out_u), p(out_k), p(out_a), p(out_b), cap, p(load))
+    n = lib.flowlane_spst(
+        R,
+        S,
+        H,
+        maxh,
+        p(inv),
+        p(lh),
+        p(raw),
+        float(alpha),
+        verts.size,
+        p(order),
+        p(verts),
+        p(srcs),
+        p(ptr),
+        p(dests),
+        p(out_u),
+        p(out_k),
+        p(out_a),
+        p(out_b),
+        cap,
+        p(load),
+    )
     if n == -1:
         raise PlanError(f"some destination is unreachable within max_depth={S} (check the topology's links)")
     if n < 0:

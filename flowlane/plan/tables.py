@@ -19,8 +19,8 @@ from .spst import Plan
 @dataclass(frozen=True)
 class StageTable:
     stage: int
-    sends: tuple[tuple[int, np.ndarray], ...]   # (peer, buffer rows to send, in message order)
-    recvs: tuple[tuple[int, np.ndarray], ...]   # (peer, buffer rows to fill, in message order)
+    sends: tuple[tuple[int, np.ndarray], ...]  # (peer, buffer rows to send, in message order)
+    recvs: tuple[tuple[int, np.ndarray], ...]  # (peer, buffer rows to fill, in message order)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ def check_plan(plan: Plan, rel: CommRelation) -> None:
     uniq, cnt = np.unique(key, return_counts=True)
     if (cnt > 1).any():
         k = int(uniq[cnt > 1][0])
-        raise PlanError(f"rank {k // nv} receives vertex {k % nv} {int(cnt[cnt > 1][0])} times (must be once)")
+        raise PlanError(
+            f"rank {k // nv} receives vertex {k % nv} {int(cnt[cnt > 1][0])} times (must be once)"
+        )
     if (owner[plan.u] == plan.dst).any():
         i = int(np.nonzero(owner[plan.u] == plan.dst)[0][0])
         raise PlanError(f"vertex {int(plan.u[i])} is sent to its own owner {int(plan.dst[i])}")
@@ -75,8 +77,9 @@ def check_plan(plan: Plan, rel: CommRelation) -> None:
             raise PlanError(f"rank {d} never receives vertex {int(np.asarray(ids)[~got][0])} that it needs")
 
 
-def compile_tables(plan: Plan, rel: CommRelation, local_ids: Sequence[np.ndarray] | None = None,
-                   check: bool = True) -> list[RankTables]:
+def compile_tables(
+    plan: Plan, rel: CommRelation, local_ids: Sequence[np.ndarray] | None = None, check: bool = True
+) -> list[RankTables]:
     """Per-rank tables. ``local_ids[r]``: global ids owned by ``r`` in the caller's row order (default sorted)."""
     if plan.num_ranks != rel.num_ranks:
         raise PlanError(f"plan has {plan.num_ranks} ranks, relation has {rel.num_ranks}")
@@ -94,9 +97,13 @@ def compile_tables(plan: Plan, rel: CommRelation, local_ids: Sequence[np.ndarray
     for r in range(R):
         loc = np.asarray(local_ids[r], np.int64)
         if loc.size and not (owner[loc] == r).all():
-            raise PlanError(f"local_ids[{r}] lists vertex {int(loc[owner[loc] != r][0])} not owned by rank {r}")
+            raise PlanError(
+                f"local_ids[{r}] lists vertex {int(loc[owner[loc] != r][0])} not owned by rank {r}"
+            )
         if loc.size != int((owner == r).sum()) or np.unique(loc).size != loc.size:
-            raise PlanError(f"local_ids[{r}] must list each of the {int((owner == r).sum())} owned vertices once")
+            raise PlanError(
+                f"local_ids[{r}] must list each of the {int((owner == r).sum())} owned vertices once"
+            )
         remote = np.asarray(rel.needs[r], np.int64)
         relay = np.setdiff1d(u[dst == r], remote)
         ids = np.concatenate([loc, remote, relay])

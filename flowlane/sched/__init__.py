@@ -10,6 +10,11 @@ from flowlane.sched.groups import ClassGroups, build_class_groups
 from flowlane.sched.scheduler import CommScheduler, DeferredHandle, SchedulerConfig
 
 __all__ = [
-    "AllToAllRunner", "ClassGroups", "CommScheduler", "DeferredHandle", "SchedulerConfig", "build_class_groups",
+    "AllToAllRunner",
+    "ClassGroups",
+    "CommScheduler",
+    "DeferredHandle",
+    "SchedulerConfig",
+    "build_class_groups",
     "matched_all_to_all",
 ]

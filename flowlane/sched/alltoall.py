@@ -44,7 +44,9 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None) -> list[list[int]]:
+def gather_split_matrix(
+    input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None
+) -> list[list[int]]:
     """Every rank's input splits -> the full matrix (what Megatron's dispatcher already all-gathers)."""
     n = dist.get_world_size(group)
     device = collective_device(group)
@@ -54,11 +56,20 @@ def gather_split_matrix(input_split_sizes: Sequence[int], group: dist.ProcessGro
     return [t.tolist() for t in out]
 
 
-def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
-                       input_split_sizes: Sequence[int], matrix: Sequence[Sequence[int]],
-                       group: dist.ProcessGroup | None = None, quantum: int = 1, algorithm: Algorithm = "bvn",
-                       kind: str = "ep", key: Any = None, phase_sync: PhaseSync = "pairwise",
-                       max_phases: int = 0) -> list[Phase]:
+def matched_all_to_all(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: Sequence[int],
+    input_split_sizes: Sequence[int],
+    matrix: Sequence[Sequence[int]],
+    group: dist.ProcessGroup | None = None,
+    quantum: int = 1,
+    algorithm: Algorithm = "bvn",
+    kind: str = "ep",
+    key: Any = None,
+    phase_sync: PhaseSync = "pairwise",
+    max_phases: int = 0,
+) -> list[Phase]:
     """Same result as ``all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``, sent as
     incast-free phases. ``matrix`` must be identical on every rank (row i = group rank i's input splits).
     ``max_phases`` > 0 caps the plan: its last phase then sends everything left at once (it may incast).
@@ -80,8 +91,9 @@ def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_s
     for j in range(1, n):
         send_off[j] = send_off[j - 1] + input_split_sizes[j - 1]
         recv_off[j] = recv_off[j - 1] + output_split_sizes[j - 1]
-    output[recv_off[me]:recv_off[me] + output_split_sizes[me]].copy_(
-        input[send_off[me]:send_off[me] + input_split_sizes[me]])
+    output[recv_off[me] : recv_off[me] + output_split_sizes[me]].copy_(
+        input[send_off[me] : send_off[me] + input_split_sizes[me]]
+    )
     phases = plan_all_to_all(matrix, quantum, algorithm, max_phases=max_phases)
     sent = [0] * n
     got = [0] * n
@@ -92,21 +104,22 @@ def matched_all_to_all(output: torch.Tensor, input: torch.Tensor, output_split_s
             if s == me:
                 a = min(units * quantum, input_split_sizes[d] - sent[d])
                 if a > 0:
-                    t = input[send_off[d] + sent[d]: send_off[d] + sent[d] + a]
+                    t = input[send_off[d] + sent[d] : send_off[d] + sent[d] + a]
                     ops.append(dist.P2POp(dist.isend, t, ranks[d], group))
                     sent[d] += a
             if d == me:
                 a = min(units * quantum, output_split_sizes[s] - got[s])
                 if a > 0:
-                    t = output[recv_off[s] + got[s]: recv_off[s] + got[s] + a]
+                    t = output[recv_off[s] + got[s] : recv_off[s] + got[s] + a]
                     ops.append(dist.P2POp(dist.irecv, t, ranks[s], group))
                     got[s] += a
         for w in comm.batch_isend_irecv(ops, kind=kind, key=key):
             w.wait()
         if phase_sync == "barrier" and ph is not phases[-1]:
             dist.barrier(group=group)
-    if sent != [input_split_sizes[j] if j != me else 0 for j in range(n)] or \
-            got != [output_split_sizes[i] if i != me else 0 for i in range(n)]:
+    if sent != [input_split_sizes[j] if j != me else 0 for j in range(n)] or got != [
+        output_split_sizes[i] if i != me else 0 for i in range(n)
+    ]:
         raise RuntimeError(f"matched all-to-all incomplete on group rank {me}: sent {sent}, received {got}")
     return phases
 
@@ -142,9 +155,15 @@ class AllToAllRunner:
     iteration (Megatron's loss reduction does). On NCCL it ran on one GPU (results/gpu/README.md).
     """
 
-    def __init__(self, algorithm: RunAlgorithm = "bvn", quantum: int = 1, probe_iterations: int = 2,
-                 decision_group: dist.ProcessGroup | None = None,
-                 candidates: Sequence[str] | str = AUTO_CANDIDATES, max_phases: int = 0) -> None:
+    def __init__(
+        self,
+        algorithm: RunAlgorithm = "bvn",
+        quantum: int = 1,
+        probe_iterations: int = 2,
+        decision_group: dist.ProcessGroup | None = None,
+        candidates: Sequence[str] | str = AUTO_CANDIDATES,
+        max_phases: int = 0,
+    ) -> None:
         if algorithm not in RUN_ALGORITHMS:
             raise ValueError(f"all-to-all algorithm {algorithm!r} is not one of {list(RUN_ALGORITHMS)}")
         if not isinstance(probe_iterations, int) or probe_iterations < 1:
@@ -174,25 +193,50 @@ class AllToAllRunner:
             return next(c for c in self.candidates if c != "plain")
         return self.candidates[(self.iteration - 1) % len(self.candidates)]
 
-    def __call__(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
-                 input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None,
-                 matrix: Sequence[Sequence[int]] | None = None, kind: str = "ep", key: Any = None) -> str:
+    def __call__(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        group: dist.ProcessGroup | None = None,
+        matrix: Sequence[Sequence[int]] | None = None,
+        kind: str = "ep",
+        key: Any = None,
+    ) -> str:
         """Same result as ``all_to_all_single``. ``matrix``: the group's split matrix if the caller already has it
         (Megatron's dispatcher gathers it anyway); gathered here when a matched algorithm needs it. Returns the
         algorithm that ran."""
         algorithm = self.current if needs_matching(dist.get_world_size(group)) else "plain"
         if algorithm == "plain":
-            comm.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes), group=group,
-                                   kind=kind, key=key)
+            comm.all_to_all_single(
+                output,
+                input,
+                list(output_split_sizes),
+                list(input_split_sizes),
+                group=group,
+                kind=kind,
+                key=key,
+            )
             return algorithm
         if matrix is None:
             matrix = gather_split_matrix(input_split_sizes, group)
             self.matrices_gathered += 1
         else:
             self.matrices_given += 1
-        matched_all_to_all(output, input, output_split_sizes, input_split_sizes, matrix, group=group,
-                           max_phases=self.max_phases if algorithm != "alg3" else 0,
-                           quantum=self.quantum, algorithm=algorithm, kind=kind, key=key)  # type: ignore[arg-type]
+        matched_all_to_all(
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
+            matrix,
+            group=group,
+            max_phases=self.max_phases if algorithm != "alg3" else 0,
+            quantum=self.quantum,
+            algorithm=algorithm,
+            kind=kind,
+            key=key,
+        )  # type: ignore[arg-type]
         return algorithm
 
     def end_iteration(self, key: Any = None) -> None:
@@ -213,11 +257,15 @@ class AllToAllRunner:
         a transport's reduction were to round differently per rank."""
         g = self.decision_group
         device = collective_device(g)
-        stats = torch.tensor([self.probe_seconds[c] for c in self.candidates], dtype=torch.float64, device=device)
+        stats = torch.tensor(
+            [self.probe_seconds[c] for c in self.candidates], dtype=torch.float64, device=device
+        )
         comm.all_reduce(stats, group=g, kind="ep", key=key)
         self.probe_seconds = dict(zip(self.candidates, stats.tolist(), strict=True))
         totals = stats.tolist()
-        pick = torch.tensor([totals.index(min(totals))], dtype=torch.long, device=device)  # ties: the earlier one
+        pick = torch.tensor(
+            [totals.index(min(totals))], dtype=torch.long, device=device
+        )  # ties: the earlier one
         first = 0 if g is None else dist.get_process_group_ranks(g)[0]
         comm.broadcast(pick, src=first, group=g, kind="ep", key=key)
         return self.candidates[int(pick.item())]

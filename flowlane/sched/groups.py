@@ -38,8 +38,11 @@ class ClassGroups:
 
     def get(self, group: dist.ProcessGroup | None, hermod_class: int) -> dist.ProcessGroup | None:
         """The clone of ``group`` for a class; falls back to ``group`` itself when it was not cloned."""
-        ranks = tuple(range(dist.get_world_size())) if group is None or group is dist.GroupMember.WORLD \
+        ranks = (
+            tuple(range(dist.get_world_size()))
+            if group is None or group is dist.GroupMember.WORLD
             else tuple(dist.get_process_group_ranks(group))
+        )
         clones = self.groups.get(ranks)
         if clones is None:
             return group
@@ -49,8 +52,10 @@ class ClassGroups:
 def _nccl_options(hermod_class: int) -> object:
     opts = dist.ProcessGroupNCCL.Options()
     if not hasattr(opts, "config") or not hasattr(opts.config, "traffic_class"):
-        raise RuntimeError("this torch build's ProcessGroupNCCL.Options().config has no 'traffic_class' "
-                           "(needs NCCL >= 2.24 and a torch that exposes ncclConfig_t.trafficClass)")
+        raise RuntimeError(
+            "this torch build's ProcessGroupNCCL.Options().config has no 'traffic_class' "
+            "(needs NCCL >= 2.24 and a torch that exposes ncclConfig_t.trafficClass)"
+        )
     opts.config.traffic_class = nccl_traffic_class(hermod_class)
     # the critical and pipeline classes' kernels go on high-priority CUDA streams, so the GPU schedules them
     # ahead of the bulk class's (seed 000 §5.4: PP/EP before DP, on the device as on the wire)
@@ -68,8 +73,10 @@ def parse_class_ifnames(value: str | Sequence[str] | None) -> list[str] | None:
         return None
     names = [n.strip() for n in value.split(",")] if isinstance(value, str) else [str(n) for n in value]
     if not 1 <= len(names) <= NCCL_NUM_CLASSES or any(not n for n in names):
-        raise ValueError(f"gloo class interfaces {value!r}: need 1..{NCCL_NUM_CLASSES} non-empty interface names, "
-                         f"one per Hermod class (critical, pipeline, bulk)")
+        raise ValueError(
+            f"gloo class interfaces {value!r}: need 1..{NCCL_NUM_CLASSES} non-empty interface names, "
+            f"one per Hermod class (critical, pipeline, bulk)"
+        )
     known = [n for _, n in socket.if_nameindex()]
     for n in names:
         if n not in known:
@@ -90,8 +97,11 @@ def _gloo_interface(ifname: str) -> Iterator[None]:
             os.environ["GLOO_SOCKET_IFNAME"] = old
 
 
-def build_class_groups(my_groups: Sequence[Sequence[int]], backend: str | None = None,
-                       gloo_class_ifnames: str | Sequence[str] | None = None) -> ClassGroups:
+def build_class_groups(
+    my_groups: Sequence[Sequence[int]],
+    backend: str | None = None,
+    gloo_class_ifnames: str | Sequence[str] | None = None,
+) -> ClassGroups:
     """Collective over the world: every rank passes the rank lists of the groups *it* wants cloned; the union is
     created on every rank in a fixed (sorted) order, as ``new_group`` requires. ``gloo_class_ifnames`` (default:
     ``$FLOWLANE_GLOO_CLASS_IFNAMES``) gives gloo one clone per class, each on its class's interface."""
@@ -99,8 +109,11 @@ def build_class_groups(my_groups: Sequence[Sequence[int]], backend: str | None =
     ifnames, error = None, ""
     if backend == "gloo":
         try:
-            ifnames = parse_class_ifnames(gloo_class_ifnames if gloo_class_ifnames is not None
-                                          else os.environ.get(GLOO_CLASS_IFNAMES_ENV))
+            ifnames = parse_class_ifnames(
+                gloo_class_ifnames
+                if gloo_class_ifnames is not None
+                else os.environ.get(GLOO_CLASS_IFNAMES_ENV)
+            )
         except ValueError as e:  # raised on every rank below, so no peer is left waiting in a collective
             error = str(e)
     mine = sorted({tuple(sorted(g)) for g in my_groups})
@@ -112,8 +125,10 @@ def build_class_groups(my_groups: Sequence[Sequence[int]], backend: str | None =
     # every rank must create the same number of groups, or new_group would hang: agree on wire classes first
     with_classes = [r for r, (_, has, _) in enumerate(everyone) if has]
     if with_classes and len(with_classes) != len(everyone):
-        raise ValueError(f"gloo class interfaces are set on ranks {with_classes} only; set "
-                         f"{GLOO_CLASS_IFNAMES_ENV} (or gloo_class_ifnames) on every rank or on none")
+        raise ValueError(
+            f"gloo class interfaces are set on ranks {with_classes} only; set "
+            f"{GLOO_CLASS_IFNAMES_ENV} (or gloo_class_ifnames) on every rank or on none"
+        )
     union = sorted({g for lst, _, _ in everyone for g in lst})
     n_classes = NCCL_NUM_CLASSES if backend == "nccl" or ifnames else 1
     out: dict[tuple[int, ...], list[dist.ProcessGroup]] = {}

@@ -77,20 +77,26 @@ class SchedulerConfig:
         if self.mode not in ("hermod", "fifo"):
             raise ValueError(f"SchedulerConfig.mode {self.mode!r} is not one of ['fifo', 'hermod']")
         if self.launch not in ("pacer", "program_order"):
-            raise ValueError(f"SchedulerConfig.launch {self.launch!r} is not one of ['pacer', 'program_order']")
+            raise ValueError(
+                f"SchedulerConfig.launch {self.launch!r} is not one of ['pacer', 'program_order']"
+            )
         if not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 1:
             raise ValueError(f"SchedulerConfig.chunk_bytes must be an integer >= 1, got {self.chunk_bytes!r}")
         if not isinstance(self.max_inflight_chunks, int) or self.max_inflight_chunks < 1:
-            raise ValueError(f"SchedulerConfig.max_inflight_chunks must be an integer >= 1, "
-                             f"got {self.max_inflight_chunks!r}")
+            raise ValueError(
+                f"SchedulerConfig.max_inflight_chunks must be an integer >= 1, "
+                f"got {self.max_inflight_chunks!r}"
+            )
         if not self.gate_timeout_s >= 0:
             raise ValueError(f"SchedulerConfig.gate_timeout_s must be >= 0, got {self.gate_timeout_s!r}")
         if not self.wait_timeout_s > 0:
             raise ValueError(f"SchedulerConfig.wait_timeout_s must be > 0, got {self.wait_timeout_s!r}")
         if self.gate_ctypes is not None:
             if isinstance(self.gate_ctypes, str) or not all(isinstance(c, str) for c in self.gate_ctypes):
-                raise ValueError(f"SchedulerConfig.gate_ctypes must be a sequence of coflow type names or None, "
-                                 f"got {self.gate_ctypes!r}")
+                raise ValueError(
+                    f"SchedulerConfig.gate_ctypes must be a sequence of coflow type names or None, "
+                    f"got {self.gate_ctypes!r}"
+                )
             self.gate_ctypes = tuple(self.gate_ctypes)
 
 
@@ -170,15 +176,19 @@ class DeferredHandle:
         self._sched._make_urgent(self._op)
         if self._sched.program_order:
             if not self._op.done.is_set():
-                _wait(self._op.works)  # the backend's own wait (NCCL: the caller's stream waits, the host does not)
+                _wait(
+                    self._op.works
+                )  # the backend's own wait (NCCL: the caller's stream waits, the host does not)
                 self._op.done.set()
                 with self._sched._cond:
                     self._sched._live.pop(id(self._op), None)
             return True
         limit = self._sched.config.wait_timeout_s
         if not self._op.done.wait(limit):
-            raise TimeoutError(f"deferred coflow {self._op.meta} did not complete within {limit:.0f} s "
-                               f"(wait_timeout_s); a peer rank is stuck or issued a different sequence")
+            raise TimeoutError(
+                f"deferred coflow {self._op.meta} did not complete within {limit:.0f} s "
+                f"(wait_timeout_s); a peer rank is stuck or issued a different sequence"
+            )
         if self._op.error is not None:
             raise RuntimeError(f"deferred coflow {self._op.meta} failed") from self._op.error
         return True
@@ -426,7 +436,9 @@ class CommScheduler:
                 if wait_stream is None and self._cuda_device is not None:
                     torch.cuda.set_device(self._cuda_device)
                     wait_stream = torch.cuda.Stream()
-                chunk, work = inflight[0]  # wait for the oldest chunk on the wire; it stays listed until done,
+                chunk, work = inflight[
+                    0
+                ]  # wait for the oldest chunk on the wire; it stays listed until done,
                 _wait_done(work, wait_stream)  # so that a failure fails its op too
                 inflight.popleft()
                 chunk.op.remaining -= 1

@@ -13,6 +13,16 @@ from flowlane.sim.graph import Coflow, ComputeTask, PhasedAllToAll, SimSpecError
 from flowlane.sim.network import IncastModel, allocate, waterfill
 
 __all__ = [
-    "ROUTING", "Coflow", "ComputeTask", "IncastModel", "PhasedAllToAll", "SimConfig", "SimResult", "SimSpecError", "Simulator",
-    "Workload", "allocate", "waterfill",
+    "ROUTING",
+    "Coflow",
+    "ComputeTask",
+    "IncastModel",
+    "PhasedAllToAll",
+    "SimConfig",
+    "SimResult",
+    "SimSpecError",
+    "Simulator",
+    "Workload",
+    "allocate",
+    "waterfill",
 ]

@@ -19,7 +19,9 @@ from flowlane.sim.workloads import WORKLOADS, build_workload, cluster
 MAX_GPUS = 16384
 
 
-def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], object]:
+def _number(
+    kind: type, low: float, high: float | None = None, low_open: bool = False
+) -> Callable[[str], object]:
     """An argparse type: an int or finite float in range; argparse names the flag, this names the value."""
     what = "an integer" if kind is int else "a finite number"
     rng = f"in [{low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
@@ -29,7 +31,13 @@ def _number(kind: type, low: float, high: float | None = None, low_open: bool = 
             v = kind(text)
         except ValueError:
             v = None
-        if v is None or not math.isfinite(v) or v < low or (low_open and v == low) or (high is not None and v > high):
+        if (
+            v is None
+            or not math.isfinite(v)
+            or v < low
+            or (low_open and v == low)
+            or (high is not None and v > high)
+        ):
             raise argparse.ArgumentTypeError(f"must be {what} {rng}, got {text!r}")
         return v
 
@@ -37,41 +45,80 @@ def _number(kind: type, low: float, high: float | None = None, low_open: bool = 
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("sim", help="flow-level training simulator (simulated times)",
-                              description="Simulate one training workload under several scheduling policies "
-                                          "(all times are simulated).",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--workload", default="gpt3-13b", choices=WORKLOADS, metavar="NAME",
-                   help=f"one of {', '.join(WORKLOADS)}")
-    p.add_argument("--gpus", type=_number(int, 1, MAX_GPUS), default=32,
-                   help="number of GPUs (DP degree follows for LLM presets)")
-    p.add_argument("--bandwidth", type=_number(float, 0, low_open=True), default=100.0, help="NIC bandwidth in Gbps")
-    p.add_argument("--policy", default="fifo,priority",
-                   help=f"comma-separated scheduling policies, the first is the speedup baseline; "
-                        f"from: {', '.join(policy_names())}")
+    p = subparsers.add_parser(
+        "sim",
+        help="flow-level training simulator (simulated times)",
+        description="Simulate one training workload under several scheduling policies "
+        "(all times are simulated).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--workload",
+        default="gpt3-13b",
+        choices=WORKLOADS,
+        metavar="NAME",
+        help=f"one of {', '.join(WORKLOADS)}",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_number(int, 1, MAX_GPUS),
+        default=32,
+        help="number of GPUs (DP degree follows for LLM presets)",
+    )
+    p.add_argument(
+        "--bandwidth", type=_number(float, 0, low_open=True), default=100.0, help="NIC bandwidth in Gbps"
+    )
+    p.add_argument(
+        "--policy",
+        default="fifo,priority",
+        help=f"comma-separated scheduling policies, the first is the speedup baseline; "
+        f"from: {', '.join(policy_names())}",
+    )
     p.add_argument("--routing", default="ecmp", choices=ROUTING)
     p.add_argument("--sharing", default="strict", choices=SHARING)
-    p.add_argument("--incast-alpha", type=_number(float, 0), default=0.0, help="incast penalty alpha (0 = off)")
-    p.add_argument("--incast-count", default="port", choices=INCAST_COUNTS,
-                   help="who adds to a port's incast fan-in: every flow (port: one shared queue) or the flows of the "
-                        "same priority class (class: a switch queue per class)")
+    p.add_argument(
+        "--incast-alpha", type=_number(float, 0), default=0.0, help="incast penalty alpha (0 = off)"
+    )
+    p.add_argument(
+        "--incast-count",
+        default="port",
+        choices=INCAST_COUNTS,
+        help="who adds to a port's incast fan-in: every flow (port: one shared queue) or the flows of the "
+        "same priority class (class: a switch queue per class)",
+    )
     p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
     p.add_argument("--microbatches", type=_number(int, 1), help="microbatches per iteration (LLM presets)")
-    p.add_argument("--iterations", type=_number(int, 1),
-                   help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)")
-    p.add_argument("--ep-a2a", choices=EP_A2A,
-                   help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
-                        "as the runtime sends them (phases_bottleneck: with bottleneck BvN, fewer phases); "
-                        "matched = their fluid abstraction (seed 000 §5.3.2)")
-    p.add_argument("--nics-per-server", type=_number(int, 0, 8), default=0,
-                   help="NICs per 8-GPU server (LLM presets; 0 = one per GPU; the seed does not say, 1 is its literal "
-                        "reading)")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="Megatron-LM's defaults: DP reductions after the backward, gathers before the next forward "
-                        "(LLM presets; default: both overlapped)")
+    p.add_argument(
+        "--iterations",
+        type=_number(int, 1),
+        help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)",
+    )
+    p.add_argument(
+        "--ep-a2a",
+        choices=EP_A2A,
+        help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
+        "as the runtime sends them (phases_bottleneck: with bottleneck BvN, fewer phases); "
+        "matched = their fluid abstraction (seed 000 §5.3.2)",
+    )
+    p.add_argument(
+        "--nics-per-server",
+        type=_number(int, 0, 8),
+        default=0,
+        help="NICs per 8-GPU server (LLM presets; 0 = one per GPU; the seed does not say, 1 is its literal "
+        "reading)",
+    )
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="Megatron-LM's defaults: DP reductions after the backward, gathers before the next forward "
+        "(LLM presets; default: both overlapped)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="outputs/sim", help="output folder for sim.json, trace and plot (outputs/ is "
-                                                          "not tracked by git)")
+    p.add_argument(
+        "--out",
+        default="outputs/sim",
+        help="output folder for sim.json, trace and plot (outputs/ is not tracked by git)",
+    )
     p.add_argument("--trace", action="store_true", help="write a Chrome trace per policy")
     p.add_argument("--no-plot", action="store_true", help="do not draw sim.png")
     return p
@@ -85,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     pols = [x.strip() for x in args.policy.split(",") if x.strip()]
     try:
         if not pols:
-            raise ValueError(f"--policy {args.policy!r} names no policy; choose from {', '.join(policy_names())}")
+            raise ValueError(
+                f"--policy {args.policy!r} names no policy; choose from {', '.join(policy_names())}"
+            )
         policies = [make_policy(x) for x in pols]
         out = check_output_dir(args.out, "--out")  # before the work: its results must have somewhere to go
     except ValueError as e:
@@ -105,19 +154,31 @@ def run(args: argparse.Namespace) -> int:
         over.update(overlap_grad_reduce=False, overlap_param_gather=False)
     try:
         if (over or args.nics_per_server) and args.workload not in WORKLOADS[:6]:
-            raise SimSpecError("--schedule/--microbatches/--iterations/--ep-a2a/--nics-per-server/--no-overlap apply "
-                               f"to LLM presets, not {args.workload!r}")
-        topo_kw = {"topology": cluster(args.gpus, args.bandwidth, nics_per_server=args.nics_per_server)} \
-            if args.nics_per_server else {}
+            raise SimSpecError(
+                "--schedule/--microbatches/--iterations/--ep-a2a/--nics-per-server/--no-overlap apply "
+                f"to LLM presets, not {args.workload!r}"
+            )
+        topo_kw = (
+            {"topology": cluster(args.gpus, args.bandwidth, nics_per_server=args.nics_per_server)}
+            if args.nics_per_server
+            else {}
+        )
         topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over, **topo_kw)
-        cfg = SimConfig(routing=args.routing, sharing=args.sharing, seed=args.seed,
-                        incast=IncastModel(alpha=args.incast_alpha, count=args.incast_count)
-                        if args.incast_alpha > 0 else None)
+        cfg = SimConfig(
+            routing=args.routing,
+            sharing=args.sharing,
+            seed=args.seed,
+            incast=IncastModel(alpha=args.incast_alpha, count=args.incast_count)
+            if args.incast_alpha > 0
+            else None,
+        )
     except (SimSpecError, ValueError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
-    con.print(f"[bold]{wl.name}[/bold]: {len(wl.nodes)} nodes, {len(wl.coflows)} coflows, {wl.num_flows} flows "
-              f"on {topo.name} ({args.bandwidth:g} Gbps) — simulated")
+    con.print(
+        f"[bold]{wl.name}[/bold]: {len(wl.nodes)} nodes, {len(wl.coflows)} coflows, {wl.num_flows} flows "
+        f"on {topo.name} ({args.bandwidth:g} Gbps) — simulated"
+    )
     results: dict[str, SimResult] = {}
     from rich.progress import Progress, TaskID
 
@@ -132,20 +193,42 @@ def run(args: argparse.Namespace) -> int:
     base = next(iter(results.values())).iteration_time
     ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
     tab = Table(title=f"{wl.name} — simulated iteration time")
-    for col in ["policy", "iteration (s)", "speedup", *[f"{c} CCT (ms)" for c in ctypes], "events/cpu-s", "cpu (s)"]:
+    for col in [
+        "policy",
+        "iteration (s)",
+        "speedup",
+        *[f"{c} CCT (ms)" for c in ctypes],
+        "events/cpu-s",
+        "cpu (s)",
+    ]:
         tab.add_column(col, justify="right")
     for name, r in results.items():
         cc = r.cct_by_ctype()
-        tab.add_row(name, f"{r.iteration_time:.4f}", f"{base / r.iteration_time:.3f}x",
-                    *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
-                    f"{r.events / max(r.cpu_s, 1e-9):,.0f}", f"{r.cpu_s:.2f}")
+        tab.add_row(
+            name,
+            f"{r.iteration_time:.4f}",
+            f"{base / r.iteration_time:.3f}x",
+            *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
+            f"{r.events / max(r.cpu_s, 1e-9):,.0f}",
+            f"{r.cpu_s:.2f}",
+        )
     con.print(tab)
-    doc = {"simulated": True, "workload": args.workload, "gpus": args.gpus, "bandwidth_gbps": args.bandwidth,
-           "config": {"routing": args.routing, "sharing": args.sharing, "seed": args.seed, **over,
-                      "nics_per_server": args.nics_per_server or "one per GPU",
-                      "iterations": len(wl.info.get("iteration_end", [])) or 1},
-           "baseline": pols[0],
-           "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()}}
+    doc = {
+        "simulated": True,
+        "workload": args.workload,
+        "gpus": args.gpus,
+        "bandwidth_gbps": args.bandwidth,
+        "config": {
+            "routing": args.routing,
+            "sharing": args.sharing,
+            "seed": args.seed,
+            **over,
+            "nics_per_server": args.nics_per_server or "one per GPU",
+            "iterations": len(wl.info.get("iteration_end", [])) or 1,
+        },
+        "baseline": pols[0],
+        "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()},
+    }
     write_json(out / "sim.json", doc)
     if args.trace:
         for n, r in results.items():

@@ -66,22 +66,39 @@ def tree_flows(g: np.ndarray, per_tree: float) -> tuple[np.ndarray, np.ndarray, 
     return np.array(src, np.int64), np.array(dst, np.int64), np.full(len(src), per_tree), max(1, 2 * depth)
 
 
-def _emit(w: Workload, flows, meta: CoflowMeta, deps, name, stream, steps, chunks: int, matched: bool = False) -> int:
+def _emit(
+    w: Workload, flows, meta: CoflowMeta, deps, name, stream, steps, chunks: int, matched: bool = False
+) -> int:
     if not isinstance(chunks, int) or chunks < 1:
         raise SimSpecError(f"{name}: chunks must be an integer >= 1, got {chunks!r}")
     src, dst, nb = flows
     prev: list[int | None] = list(deps)
     last = -1
     for c in range(chunks):
-        last = w.coflow((src, dst, np.asarray(nb) / chunks), replace(meta, seq=0), prev,
-                        name if chunks == 1 else f"{name}[{c}]", stream, steps, matched=matched)
+        last = w.coflow(
+            (src, dst, np.asarray(nb) / chunks),
+            replace(meta, seq=0),
+            prev,
+            name if chunks == 1 else f"{name}[{c}]",
+            stream,
+            steps,
+            matched=matched,
+        )
         prev = [last]
     return last
 
 
-def all_reduce(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, meta: CoflowMeta,
-               deps: Iterable[int | None] = (),
-               algo: str = "ring", chunks: int = 1, stream: str | None = None, name: str | None = None) -> int:
+def all_reduce(
+    w: Workload,
+    group: Sequence[int] | np.ndarray,
+    nbytes: float,
+    meta: CoflowMeta,
+    deps: Iterable[int | None] = (),
+    algo: str = "ring",
+    chunks: int = 1,
+    stream: str | None = None,
+    name: str | None = None,
+) -> int:
     """All-reduce of ``nbytes`` per rank. ring: n flows of 2(n-1)/n*S; tree: double binary tree."""
     g = _group(w, group, "all_reduce")
     s = _size(nbytes, "all_reduce")
@@ -98,9 +115,16 @@ def all_reduce(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, me
     raise SimSpecError(f"all_reduce: algo {algo!r} is not one of {ALGOS}")
 
 
-def reduce_scatter(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, meta: CoflowMeta,
-                   deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
-                   name: str | None = None) -> int:
+def reduce_scatter(
+    w: Workload,
+    group: Sequence[int] | np.ndarray,
+    nbytes: float,
+    meta: CoflowMeta,
+    deps: Iterable[int | None] = (),
+    chunks: int = 1,
+    stream: str | None = None,
+    name: str | None = None,
+) -> int:
     """Ring reduce-scatter of an ``nbytes`` buffer per rank: n flows of (n-1)/n*S, n-1 steps."""
     g = _group(w, group, "reduce_scatter")
     s = _size(nbytes, "reduce_scatter")
@@ -108,13 +132,28 @@ def reduce_scatter(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float
     if n == 1:
         return w.join(deps)
     meta = replace(meta, op="reduce_scatter")
-    return _emit(w, ring_flows(g, (n - 1) / n * s), meta, deps, name or f"{meta.ctype}:reduce_scatter", stream,
-                 n - 1, chunks)
+    return _emit(
+        w,
+        ring_flows(g, (n - 1) / n * s),
+        meta,
+        deps,
+        name or f"{meta.ctype}:reduce_scatter",
+        stream,
+        n - 1,
+        chunks,
+    )
 
 
-def all_gather(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, meta: CoflowMeta,
-               deps: Iterable[int | None] = (),
-               chunks: int = 1, stream: str | None = None, name: str | None = None) -> int:
+def all_gather(
+    w: Workload,
+    group: Sequence[int] | np.ndarray,
+    nbytes: float,
+    meta: CoflowMeta,
+    deps: Iterable[int | None] = (),
+    chunks: int = 1,
+    stream: str | None = None,
+    name: str | None = None,
+) -> int:
     """Ring all-gather producing an ``nbytes`` buffer per rank: n flows of (n-1)/n*S, n-1 steps."""
     g = _group(w, group, "all_gather")
     s = _size(nbytes, "all_gather")
@@ -122,13 +161,30 @@ def all_gather(w: Workload, group: Sequence[int] | np.ndarray, nbytes: float, me
     if n == 1:
         return w.join(deps)
     meta = replace(meta, op="all_gather")
-    return _emit(w, ring_flows(g, (n - 1) / n * s), meta, deps, name or f"{meta.ctype}:all_gather", stream,
-                 n - 1, chunks)
+    return _emit(
+        w,
+        ring_flows(g, (n - 1) / n * s),
+        meta,
+        deps,
+        name or f"{meta.ctype}:all_gather",
+        stream,
+        n - 1,
+        chunks,
+    )
 
 
-def all_to_all(w: Workload, group: Sequence[int] | np.ndarray, matrix: np.ndarray, meta: CoflowMeta,
-               deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
-               name: str | None = None, mode: str = "plain", unit_bytes: float = 1.0) -> int:
+def all_to_all(
+    w: Workload,
+    group: Sequence[int] | np.ndarray,
+    matrix: np.ndarray,
+    meta: CoflowMeta,
+    deps: Iterable[int | None] = (),
+    chunks: int = 1,
+    stream: str | None = None,
+    name: str | None = None,
+    mode: str = "plain",
+    unit_bytes: float = 1.0,
+) -> int:
     """All-to-all with ``matrix[i, j] * unit_bytes`` bytes from group rank i to rank j (diagonal = local, not sent).
     ``mode``: one of :data:`A2A_MODES` (module docstring); the phased modes need an integer matrix (token counts)."""
     g = _group(w, group, "all_to_all")
@@ -147,12 +203,31 @@ def all_to_all(w: Workload, group: Sequence[int] | np.ndarray, matrix: np.ndarra
     if mode in ("phases", "phases_bottleneck"):
         return _a2a_phases(w, g, m, meta, deps, chunks, stream, name, unit_bytes, mode)
     ii, jj = np.nonzero(~np.eye(n, dtype=bool))
-    return _emit(w, (g[ii], g[jj], m[ii, jj] * unit_bytes), meta, deps, name, stream, 1, chunks,
-                 matched=mode == "matched")
+    return _emit(
+        w,
+        (g[ii], g[jj], m[ii, jj] * unit_bytes),
+        meta,
+        deps,
+        name,
+        stream,
+        1,
+        chunks,
+        matched=mode == "matched",
+    )
 
 
-def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, deps, chunks: int,
-                stream: str | None, name: str, unit_bytes: float, mode: str) -> int:
+def _a2a_phases(
+    w: Workload,
+    g: np.ndarray,
+    m: np.ndarray,
+    meta: CoflowMeta,
+    deps,
+    chunks: int,
+    stream: str | None,
+    name: str,
+    unit_bytes: float,
+    mode: str,
+) -> int:
     """The incast-free schedule as the runtime runs it (flowlane.sched.alltoall.matched_all_to_all): every rank
     walks the phases in order and posts phase k's send and receive once its own phase k-1 ops have completed; no
     global barrier. So the flow i -> j of phase k is an op of its own, started when ranks i and j have both finished
@@ -164,9 +239,13 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
     from flowlane.hermod.matching import bvn_phases
 
     if chunks != 1:
-        raise SimSpecError(f"{name}: mode {mode!r} already splits the all-to-all; chunks must be 1, got {chunks}")
+        raise SimSpecError(
+            f"{name}: mode {mode!r} already splits the all-to-all; chunks must be 1, got {chunks}"
+        )
     if (m != np.round(m)).any():
-        raise SimSpecError(f"{name}: mode {mode!r} needs an integer matrix (e.g. token counts); got fractions")
+        raise SimSpecError(
+            f"{name}: mode {mode!r} needs an integer matrix (e.g. token counts); got fractions"
+        )
     t = np.round(m).astype(np.int64)
     np.fill_diagonal(t, 0)  # local traffic never enters the network
     plan = bvn_phases(t.tolist(), matching="bottleneck" if mode == "phases_bottleneck" else "first")
@@ -186,13 +265,31 @@ def _a2a_phases(w: Workload, g: np.ndarray, m: np.ndarray, meta: CoflowMeta, dep
     arr = np.array(sends, dtype=np.int64).reshape(-1, 4)  # (phase, src, dst, amount) per flow
     # the runtime's plan-cache key: algorithm + the matrix with its diagonal zeroed (plan_all_to_all)
     key = hashlib.blake2b(mode.encode() + t.tobytes(), digest_size=16).digest()
-    return w.phased_all_to_all(g[arr[:, 1]], g[arr[:, 2]], arr[:, 3] * unit_bytes, arr[:, 0], preds,
-                               replace(meta, seq=0), deps, name, plan_key=key, group=g.tolist())
+    return w.phased_all_to_all(
+        g[arr[:, 1]],
+        g[arr[:, 2]],
+        arr[:, 3] * unit_bytes,
+        arr[:, 0],
+        preds,
+        replace(meta, seq=0),
+        deps,
+        name,
+        plan_key=key,
+        group=g.tolist(),
+    )
 
 
-def p2p(w: Workload, src: Sequence[int] | int, dst: Sequence[int] | int, nbytes: float | Sequence[float],
-        meta: CoflowMeta, deps: Iterable[int | None] = (), chunks: int = 1, stream: str | None = None,
-        name: str | None = None) -> int:
+def p2p(
+    w: Workload,
+    src: Sequence[int] | int,
+    dst: Sequence[int] | int,
+    nbytes: float | Sequence[float],
+    meta: CoflowMeta,
+    deps: Iterable[int | None] = (),
+    chunks: int = 1,
+    stream: str | None = None,
+    name: str | None = None,
+) -> int:
     """Point-to-point send(s): one flow per (src[i], dst[i]) pair, grouped as one coflow."""
     s = np.atleast_1d(np.asarray(src, dtype=np.int64))
     d = np.atleast_1d(np.asarray(dst, dtype=np.int64))

@@ -77,9 +77,13 @@ class SimConfig:
         if not (0 < self.weight_ratio <= 1):
             raise SimSpecError(f"SimConfig.weight_ratio must be in (0, 1], got {self.weight_ratio!r}")
         if not (self.launch_overhead >= 0 and math.isfinite(self.launch_overhead)):
-            raise SimSpecError(f"SimConfig.launch_overhead must be a finite number >= 0 s, got {self.launch_overhead!r}")
+            raise SimSpecError(
+                f"SimConfig.launch_overhead must be a finite number >= 0 s, got {self.launch_overhead!r}"
+            )
         if not (self.time_quantum >= 0 and math.isfinite(self.time_quantum)):
-            raise SimSpecError(f"SimConfig.time_quantum must be a finite number >= 0 s, got {self.time_quantum!r}")
+            raise SimSpecError(
+                f"SimConfig.time_quantum must be a finite number >= 0 s, got {self.time_quantum!r}"
+            )
         if not (0 <= self.compute_jitter < 1):
             raise SimSpecError(f"SimConfig.compute_jitter must be in [0, 1), got {self.compute_jitter!r}")
         for name in ("plan_time", "plan_hit_time", "phase_issue_time"):
@@ -87,7 +91,9 @@ class SimConfig:
             if not (isinstance(v, int | float) and v >= 0 and math.isfinite(v)):
                 raise SimSpecError(f"SimConfig.{name} must be a finite number >= 0 s, got {v!r}")
         if not (isinstance(self.plan_cache_entries, int) and self.plan_cache_entries >= 0):
-            raise SimSpecError(f"SimConfig.plan_cache_entries must be an integer >= 0, got {self.plan_cache_entries!r}")
+            raise SimSpecError(
+                f"SimConfig.plan_cache_entries must be an integer >= 0, got {self.plan_cache_entries!r}"
+            )
 
 
 @dataclass
@@ -107,12 +113,16 @@ class SimResult:
     link_names: list[str]
     link_capacity: np.ndarray
     link_bytes: np.ndarray  # offered: sum over flows of bytes x links on their routes
-    link_bytes_moved: np.ndarray  # integrated: sum over time of rate x dt (equals link_bytes: byte conservation)
+    link_bytes_moved: (
+        np.ndarray
+    )  # integrated: sum over time of rate x dt (equals link_bytes: byte conservation)
     num_flows: int
     events: int
     rate_updates: int
     wall_s: float
-    cpu_s: float  # process CPU time of run() (robust to other load on the machine; the sim is single-threaded)
+    cpu_s: (
+        float  # process CPU time of run() (robust to other load on the machine; the sim is single-threaded)
+    )
     workload_ref: Workload = field(repr=False)
     plan_hits: int = 0  # phased all-to-alls planned from the plan cache (SimConfig.plan_cache_entries)
     plan_misses: int = 0  # ... and planned afresh (counted only where planning is charged)
@@ -131,12 +141,20 @@ class SimResult:
     def cct_by_ctype(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         nodes = self.workload_ref.nodes
-        ct = np.array([nodes[i].meta.ctype for i in self.coflow_nodes]) if len(self.coflow_nodes) else np.array([])
+        ct = (
+            np.array([nodes[i].meta.ctype for i in self.coflow_nodes])
+            if len(self.coflow_nodes)
+            else np.array([])
+        )
         cct = self.coflow_end - self.coflow_start
         for c in sorted(set(ct.tolist())):
             sel = cct[ct == c]
-            out[c] = {"count": int(sel.size), "mean_s": float(sel.mean()), "max_s": float(sel.max()),
-                      "total_bytes": float(self.coflow_bytes[ct == c].sum())}
+            out[c] = {
+                "count": int(sel.size),
+                "mean_s": float(sel.mean()),
+                "max_s": float(sel.max()),
+                "total_bytes": float(self.coflow_bytes[ct == c].sum()),
+            }
         return out
 
 
@@ -148,7 +166,9 @@ class _PhasedRun:
     waits: np.ndarray  # flow -> predecessors not yet completed
     succ_ptr: np.ndarray  # CSR: flow f's successors are succ_idx[succ_ptr[f]:succ_ptr[f + 1]]
     succ_idx: np.ndarray
-    earliest: np.ndarray | None = None  # flow -> earliest start (plan and issue costs), None = as soon as ready
+    earliest: np.ndarray | None = (
+        None  # flow -> earliest start (plan and issue costs), None = as soon as ready
+    )
 
 
 def issue_ordinals(x: PhasedAllToAll) -> np.ndarray:
@@ -189,12 +209,18 @@ class Simulator:
         inc = self.cfg.incast
         self.incast_links = None
         if inc is not None:
-            self.incast_links = np.array([
-                topology.links[k].kind in inc.kinds and topology.devices[k[0]].kind == "switch"
-                for k in self.link_keys], dtype=np.int64)
+            self.incast_links = np.array(
+                [
+                    topology.links[k].kind in inc.kinds and topology.devices[k[0]].kind == "switch"
+                    for k in self.link_keys
+                ],
+                dtype=np.int64,
+            )
 
     # -- routes ---------------------------------------------------------------------------------------------
-    def _route_table(self, w: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    def _route_table(
+        self, w: Workload
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """Unique (src, dst) pairs -> rows of a padded link-index matrix (all ECMP routes of each pair)."""
         nd = len(w.devices)
         codes = [c.src * nd + c.dst for c in w.coflows if len(c.src)]
@@ -234,8 +260,12 @@ class Simulator:
         return row, float(self.latency[idx].sum())
 
     # -- main loop ------------------------------------------------------------------------------------------
-    def run(self, w: Workload, policy: SchedulingPolicy | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+    def run(
+        self,
+        w: Workload,
+        policy: SchedulingPolicy | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> SimResult:
         """Simulate ``w`` under ``policy`` (default FIFO) until every node has completed."""
         policy = policy or FifoPolicy()
         t_wall = time.perf_counter()
@@ -266,8 +296,15 @@ class _ActiveFlows:
         self.lat = np.zeros(0)
         self.new: tuple[list[np.ndarray], ...] = ([], [], [], [], [], [])  # h, rem, cls, unit, grp, lat
 
-    def add(self, h: np.ndarray, nb: np.ndarray, cls: np.ndarray, unit: np.ndarray, grp: np.ndarray,
-            lat: np.ndarray) -> None:
+    def add(
+        self,
+        h: np.ndarray,
+        nb: np.ndarray,
+        cls: np.ndarray,
+        unit: np.ndarray,
+        grp: np.ndarray,
+        lat: np.ndarray,
+    ) -> None:
         for lst, x in zip(self.new, (h, nb, cls, unit, grp, lat), strict=True):
             lst.append(x)
 
@@ -288,8 +325,13 @@ class _ActiveFlows:
 
     def keep(self, keep: np.ndarray) -> None:
         """Drop the finished flows (``keep`` False); their rates go with the next rate update."""
-        self.h, self.rem, self.cls, self.unit, self.lat = (self.h[keep], self.rem[keep], self.cls[keep],
-                                                          self.unit[keep], self.lat[keep])
+        self.h, self.rem, self.cls, self.unit, self.lat = (
+            self.h[keep],
+            self.rem[keep],
+            self.cls[keep],
+            self.unit[keep],
+            self.lat[keep],
+        )
         self.grp = self.grp[keep]
 
 
@@ -307,7 +349,9 @@ class _EventLoop:
         self.incast_links = sim.incast_links
         self.link_keys = sim.link_keys
         self.path_row = sim._path_row
-        nodes: list[Any] = w.nodes  # a node's kind is checked where it matters (isinstance), not typed per use
+        nodes: list[Any] = (
+            w.nodes
+        )  # a node's kind is checked where it matters (isinstance), not typed per use
         self.nodes = nodes
         n = self.n = len(nodes)
         self.pairs, self.rfirst, self.rcount, self.table, self.rlat, self.hmax = sim._route_table(w)
@@ -376,8 +420,16 @@ class _EventLoop:
         self.n_deferred = 0
 
     # -- flows ------------------------------------------------------------------------------------------------
-    def route(self, unit: np.ndarray, src: np.ndarray, dst: np.ndarray, nb: np.ndarray, hkey: np.ndarray, steps: int,
-              spray: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def route(
+        self,
+        unit: np.ndarray,
+        src: np.ndarray,
+        dst: np.ndarray,
+        nb: np.ndarray,
+        hkey: np.ndarray,
+        steps: int,
+        spray: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Route flows: spread over every equal-cost route (spray), or one route each (an ECMP hash of ``hkey``,
         or the first). Flow k completes unit ``unit[k]`` (a coflow node or one phase flow). Returns the routed
         flows' (hops, bytes, latency, unit)."""
@@ -398,13 +450,21 @@ class _EventLoop:
             else:
                 sel = np.zeros(len(code), np.int64)
             rows = self.rfirst[p] + sel
-        return self.table[rows], np.asarray(nb, np.float64), self.rlat[rows] * steps + cfg.launch_overhead, unit
+        return (
+            self.table[rows],
+            np.asarray(nb, np.float64),
+            self.rlat[rows] * steps + cfg.launch_overhead,
+            unit,
+        )
 
-    def activate(self, unit: np.ndarray, h: np.ndarray, nb: np.ndarray, lat: np.ndarray, cls: int, grp: int,
-                 now: float) -> None:
+    def activate(
+        self, unit: np.ndarray, h: np.ndarray, nb: np.ndarray, lat: np.ndarray, cls: int, grp: int, now: float
+    ) -> None:
         np.add.at(self.pending, unit, 1)
         self.last_arrival[unit] = now
-        np.add.at(self.link_bytes, h.ravel(), np.repeat(nb, self.hmax))  # offered bytes per link (routes x sizes)
+        np.add.at(
+            self.link_bytes, h.ravel(), np.repeat(nb, self.hmax)
+        )  # offered bytes per link (routes x sizes)
         self.flows.add(h, nb, np.full(len(nb), cls, np.int64), unit, np.full(len(nb), grp, np.int64), lat)
         self.num_flows += len(nb)
 
@@ -417,8 +477,15 @@ class _EventLoop:
             return
         k = len(c.src)
         hkey = np.uint64(i) * np.uint64(1_000_003) + np.arange(k, dtype=np.uint64) * np.uint64(7919)
-        h, nb, lat, unit = self.route(np.full(k, i, np.int64), c.src, c.dst, c.nbytes, hkey, c.steps,
-                                      cfg.routing == "spray" and not c.paths)
+        h, nb, lat, unit = self.route(
+            np.full(k, i, np.int64),
+            c.src,
+            c.dst,
+            c.nbytes,
+            hkey,
+            c.steps,
+            cfg.routing == "spray" and not c.paths,
+        )
         if c.paths:
             # explicit multi-path: replace the listed flows by sub-flows on the given device paths
             devices, hmax = self.w.devices, self.hmax
@@ -433,7 +500,9 @@ class _EventLoop:
                 keep[fi] = False
                 for path, frac in splits:
                     if path[0] != devices[c.src[fi]] or path[-1] != devices[c.dst[fi]]:
-                        raise SimSpecError(f"coflow {c.name!r}: path {path!r} does not join the ends of flow {fi}")
+                        raise SimSpecError(
+                            f"coflow {c.name!r}: path {path!r} does not join the ends of flow {fi}"
+                        )
                     row, plat = self.path_row(tuple(path), hmax)
                     xs_h.append(row)
                     xs_nb.append(c.nbytes[fi] * frac / tot)
@@ -448,8 +517,15 @@ class _EventLoop:
     def start_phase_flows(self, i: int, fs: np.ndarray, now: float) -> None:
         x: PhasedAllToAll = self.nodes[i]
         v = self.vbase[i] + fs
-        h, nb, lat, unit = self.route(v, x.src[fs], x.dst[fs], x.nbytes[fs], v.astype(np.uint64) * np.uint64(1_000_003),
-                                      1, self.cfg.routing == "spray")
+        h, nb, lat, unit = self.route(
+            v,
+            x.src[fs],
+            x.dst[fs],
+            x.nbytes[fs],
+            v.astype(np.uint64) * np.uint64(1_000_003),
+            1,
+            self.cfg.routing == "spray",
+        )
         self.activate(unit, h, nb, lat, self.node_cls[i], -1, now)
 
     def plan_cost(self, x: PhasedAllToAll) -> float:
@@ -506,7 +582,7 @@ class _EventLoop:
         i = int(self.v_node[np.searchsorted(self.v_first, u, side="right") - 1])
         st = self.running[i]
         f = u - self.vbase[i]
-        nxt = st.succ_idx[st.succ_ptr[f]:st.succ_ptr[f + 1]]
+        nxt = st.succ_idx[st.succ_ptr[f] : st.succ_ptr[f + 1]]
         if len(nxt):
             st.waits[nxt] -= 1
             go = nxt[st.waits[nxt] == 0]
@@ -605,8 +681,16 @@ class _EventLoop:
             if fl.admit() or flows_left_changed:
                 moved += load * (t - t_load)  # integrate the previous rates: bytes actually carried per link
                 t_load = t
-                fl.rate = allocate(fl.h, fl.cls, self.capacity, cfg.sharing, cfg.weight_ratio, cfg.incast,
-                                   self.incast_links, fl.grp)
+                fl.rate = allocate(
+                    fl.h,
+                    fl.cls,
+                    self.capacity,
+                    cfg.sharing,
+                    cfg.weight_ratio,
+                    cfg.incast,
+                    self.incast_links,
+                    fl.grp,
+                )
                 self.rate_updates += 1
                 load = np.bincount(fl.h.ravel(), weights=np.repeat(fl.rate, hmax), minlength=pad + 1)
             flows_left_changed = False
@@ -620,7 +704,9 @@ class _EventLoop:
             t_next = min(tf, th)
             if t_next == math.inf:
                 break
-            if q > 0:  # batch every event that falls within [t_next, t_next + q]: fewer rate updates, error < q
+            if (
+                q > 0
+            ):  # batch every event that falls within [t_next, t_next + q]: fewer rate updates, error < q
                 win = t_next + q
                 cand = [t_next]
                 if tf <= win:
@@ -665,8 +751,10 @@ class _EventLoop:
             on_progress(self.done, n)
         if self.done < n:
             stuck = [i for i in range(n) if np.isnan(self.end_t[i])][:5]
-            raise SimSpecError(f"simulation stalled with {n - self.done} unfinished nodes, e.g. {stuck}: "
-                               f"a flow has no bandwidth or a dependency is never met")
+            raise SimSpecError(
+                f"simulation stalled with {n - self.done} unfinished nodes, e.g. {stuck}: "
+                f"a flow has no bandwidth or a dependency is never met"
+            )
 
     def result(self, wall_s: float, cpu_s: float) -> SimResult:
         w, n, nodes = self.w, self.n, self.nodes
@@ -675,11 +763,28 @@ class _EventLoop:
         start_t, end_t = self.start_t, self.end_t
         ends = [float(end_t[i]) for i in w.info.get("iteration_end", [])]
         return SimResult(
-            workload=w.name, policy=self.policy.name, makespan=float(np.nanmax(end_t)) if n else 0.0,
-            iteration_ends=ends, coflow_nodes=cof, coflow_ready=self.ready_t[cof], coflow_start=start_t[cof],
-            coflow_end=end_t[cof], coflow_bytes=np.array([nodes[i].total_bytes for i in self.cof_ids]),
-            compute_nodes=comp, compute_start=start_t[comp], compute_end=end_t[comp],
-            link_names=[f"{a}->{b}" for a, b in self.link_keys], link_capacity=self.capacity,
-            link_bytes=self.link_bytes[:-1].copy(), link_bytes_moved=self.moved[:-1].copy(), num_flows=self.num_flows,
-            events=self.events, rate_updates=self.rate_updates, wall_s=wall_s, cpu_s=cpu_s, workload_ref=w,
-            plan_hits=self.plan_hits, plan_misses=self.plan_misses)
+            workload=w.name,
+            policy=self.policy.name,
+            makespan=float(np.nanmax(end_t)) if n else 0.0,
+            iteration_ends=ends,
+            coflow_nodes=cof,
+            coflow_ready=self.ready_t[cof],
+            coflow_start=start_t[cof],
+            coflow_end=end_t[cof],
+            coflow_bytes=np.array([nodes[i].total_bytes for i in self.cof_ids]),
+            compute_nodes=comp,
+            compute_start=start_t[comp],
+            compute_end=end_t[comp],
+            link_names=[f"{a}->{b}" for a, b in self.link_keys],
+            link_capacity=self.capacity,
+            link_bytes=self.link_bytes[:-1].copy(),
+            link_bytes_moved=self.moved[:-1].copy(),
+            num_flows=self.num_flows,
+            events=self.events,
+            rate_updates=self.rate_updates,
+            wall_s=wall_s,
+            cpu_s=cpu_s,
+            workload_ref=w,
+            plan_hits=self.plan_hits,
+            plan_misses=self.plan_misses,
+        )

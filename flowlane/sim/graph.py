@@ -39,8 +39,12 @@ class Coflow:
     name: str
     stream: str | None = None
     steps: int = 1  # sequential algorithm steps: each adds one route latency (ring all-reduce: 2(n-1))
-    paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = None  # flow index -> [(device path, fraction)]
-    matched: bool = False  # incast-free (Hermod's matching all-to-all): one flow per link for the incast model
+    paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = (
+        None  # flow index -> [(device path, fraction)]
+    )
+    matched: bool = (
+        False  # incast-free (Hermod's matching all-to-all): one flow per link for the incast model
+    )
 
     @property
     def total_bytes(self) -> float:
@@ -65,11 +69,15 @@ class PhasedAllToAll:
     pred_idx: np.ndarray  # int32 flow indices, each < the flow that waits on it
     meta: CoflowMeta
     name: str
-    stream: None = None  # the phase flows are not serialised on a stream (each waits on its own ranks instead)
+    stream: None = (
+        None  # the phase flows are not serialised on a stream (each waits on its own ranks instead)
+    )
     # the plan's identity for the runtime's plan cache (flowlane.hermod.matching.plan_all_to_all: algorithm + the
     # matrix, diagonal ignored); b"" = never a cache hit. Read only where SimConfig charges planning (issue 30)
     plan_key: bytes = b""
-    group: tuple[int, ...] = ()  # the EP group's device indices: whose plan cache it is (each rank keeps its own)
+    group: tuple[
+        int, ...
+    ] = ()  # the EP group's device indices: whose plan cache it is (each rank keeps its own)
 
     @property
     def total_bytes(self) -> float:
@@ -87,7 +95,9 @@ class Workload:
 
     devices: list[str]
     name: str = "workload"
-    nodes: list[ComputeTask | Coflow | PhasedAllToAll | None] = field(default_factory=list)  # None = join (no-op) node
+    nodes: list[ComputeTask | Coflow | PhasedAllToAll | None] = field(
+        default_factory=list
+    )  # None = join (no-op) node
     deps: list[tuple[int, ...]] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     _dev_index: dict[str, int] = field(default_factory=dict, repr=False)
@@ -103,24 +113,38 @@ class Workload:
         try:
             return self._dev_index[name]
         except KeyError:
-            raise SimSpecError(f"unknown device {name!r}; the workload has {len(self.devices)} devices, "
-                               f"e.g. {self.devices[:4]}") from None
+            raise SimSpecError(
+                f"unknown device {name!r}; the workload has {len(self.devices)} devices, "
+                f"e.g. {self.devices[:4]}"
+            ) from None
 
     def _check_deps(self, deps: Iterable[int | None]) -> tuple[int, ...]:
         out = tuple(d for d in deps if d is not None)
         n = len(self.nodes)
         for d in out:
             if not isinstance(d, int | np.integer) or not 0 <= d < n:
-                raise SimSpecError(f"dependency {d!r} is not an existing node id (0..{n - 1}); add nodes in "
-                                   f"topological order")
+                raise SimSpecError(
+                    f"dependency {d!r} is not an existing node id (0..{n - 1}); add nodes in "
+                    f"topological order"
+                )
         return tuple(int(d) for d in out)
 
-    def compute(self, executor: str, duration: float, deps: Iterable[int | None] = (), name: str = "compute",
-                cat: str = "compute") -> int:
+    def compute(
+        self,
+        executor: str,
+        duration: float,
+        deps: Iterable[int | None] = (),
+        name: str = "compute",
+        cat: str = "compute",
+    ) -> int:
         if not (isinstance(duration, int | float) and math.isfinite(duration) and duration >= 0):
-            raise SimSpecError(f"compute task {name!r}: duration must be a finite number >= 0 s, got {duration!r}")
+            raise SimSpecError(
+                f"compute task {name!r}: duration must be a finite number >= 0 s, got {duration!r}"
+            )
         if not executor:
-            raise SimSpecError(f"compute task {name!r}: executor must be a non-empty string, got {executor!r}")
+            raise SimSpecError(
+                f"compute task {name!r}: executor must be a non-empty string, got {executor!r}"
+            )
         d = self._check_deps(deps)
         self.nodes.append(ComputeTask(executor, float(duration), name, cat))
         self.deps.append(d)
@@ -150,24 +174,33 @@ class Workload:
             meta = CoflowMeta(meta)
         if meta.seq == 0:
             self._seq += 1
-            meta = CoflowMeta(meta.ctype, meta.iteration, meta.microbatch, meta.layer, meta.stage, meta.op, self._seq)
+            meta = CoflowMeta(
+                meta.ctype, meta.iteration, meta.microbatch, meta.layer, meta.stage, meta.op, self._seq
+            )
         src = np.asarray(flows[0], dtype=np.int64).ravel()
         dst = np.asarray(flows[1], dtype=np.int64).ravel()
         nb = np.asarray(flows[2], dtype=np.float64).ravel()
         nm = name or f"{meta.ctype}:{meta.op}"
         if not (len(src) == len(dst) == len(nb)):
-            raise SimSpecError(f"coflow {nm!r}: src/dst/bytes lengths differ ({len(src)}, {len(dst)}, {len(nb)})")
+            raise SimSpecError(
+                f"coflow {nm!r}: src/dst/bytes lengths differ ({len(src)}, {len(dst)}, {len(nb)})"
+            )
         nd = len(self.devices)
         if len(src) and (src.min() < 0 or dst.min() < 0 or src.max() >= nd or dst.max() >= nd):
-            bad = int(src[(src < 0) | (src >= nd)][0]) if ((src < 0) | (src >= nd)).any() else \
-                int(dst[(dst < 0) | (dst >= nd)][0])
+            bad = (
+                int(src[(src < 0) | (src >= nd)][0])
+                if ((src < 0) | (src >= nd)).any()
+                else int(dst[(dst < 0) | (dst >= nd)][0])
+            )
             raise SimSpecError(f"coflow {nm!r}: device index {bad} out of range 0..{nd - 1}")
         if (src == dst).any():
             i = int(np.flatnonzero(src == dst)[0])
             raise SimSpecError(f"coflow {nm!r}: flow {i} goes from device {self.devices[src[i]]!r} to itself")
         if len(nb) and (not np.isfinite(nb).all() or nb.min() < 0):
             bad_size = float(nb[~np.isfinite(nb) | (nb < 0)][0])
-            raise SimSpecError(f"coflow {nm!r}: flow size must be a finite number >= 0 bytes, got {bad_size!r}")
+            raise SimSpecError(
+                f"coflow {nm!r}: flow size must be a finite number >= 0 bytes, got {bad_size!r}"
+            )
         if not isinstance(steps, int) or steps < 1:
             raise SimSpecError(f"coflow {nm!r}: steps must be an integer >= 1, got {steps!r}")
         keep = nb > 0
@@ -178,9 +211,19 @@ class Workload:
         self.deps.append(d)
         return len(self.nodes) - 1
 
-    def phased_all_to_all(self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, phase: np.ndarray,
-                          preds: Sequence[Sequence[int]], meta: CoflowMeta, deps: Iterable[int | None] = (),
-                          name: str | None = None, plan_key: bytes = b"", group: Sequence[int] = ()) -> int:
+    def phased_all_to_all(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        nbytes: np.ndarray,
+        phase: np.ndarray,
+        preds: Sequence[Sequence[int]],
+        meta: CoflowMeta,
+        deps: Iterable[int | None] = (),
+        name: str | None = None,
+        plan_key: bytes = b"",
+        group: Sequence[int] = (),
+    ) -> int:
         """Add a :class:`PhasedAllToAll`: ``preds[f]`` lists the earlier flows flow ``f`` waits for; ``plan_key`` and
         ``group`` as in the class (the plan cache's key and owner)."""
         nm = name or f"{meta.ctype}:{meta.op}"
@@ -190,16 +233,22 @@ class Workload:
         ph = np.asarray(phase, dtype=np.int32).ravel()
         nf, nd = len(src), len(self.devices)
         if not (len(dst) == len(nb) == len(ph) == len(preds) == nf):
-            raise SimSpecError(f"phased all-to-all {nm!r}: src/dst/bytes/phase/preds lengths differ "
-                               f"({nf}, {len(dst)}, {len(nb)}, {len(ph)}, {len(preds)})")
+            raise SimSpecError(
+                f"phased all-to-all {nm!r}: src/dst/bytes/phase/preds lengths differ "
+                f"({nf}, {len(dst)}, {len(nb)}, {len(ph)}, {len(preds)})"
+            )
         if nf and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= nd):
             raise SimSpecError(f"phased all-to-all {nm!r}: a device index is outside 0..{nd - 1}")
         if (src == dst).any():
-            raise SimSpecError(f"phased all-to-all {nm!r}: flow {int(np.flatnonzero(src == dst)[0])} goes from a "
-                               f"device to itself")
+            raise SimSpecError(
+                f"phased all-to-all {nm!r}: flow {int(np.flatnonzero(src == dst)[0])} goes from a "
+                f"device to itself"
+            )
         if nf and (not np.isfinite(nb).all() or nb.min() <= 0):
-            raise SimSpecError(f"phased all-to-all {nm!r}: flow sizes must be finite numbers > 0 bytes, got "
-                               f"{float(nb[~np.isfinite(nb) | (nb <= 0)][0])!r}")
+            raise SimSpecError(
+                f"phased all-to-all {nm!r}: flow sizes must be finite numbers > 0 bytes, got "
+                f"{float(nb[~np.isfinite(nb) | (nb <= 0)][0])!r}"
+            )
         if nf and (ph.min() < 0 or (np.diff(ph) < 0).any()):
             raise SimSpecError(f"phased all-to-all {nm!r}: phase indices must be >= 0 and non-decreasing")
         ptr = np.zeros(nf + 1, np.int64)
@@ -208,17 +257,24 @@ class Workload:
         own = np.repeat(np.arange(nf), np.diff(ptr))
         if len(idx) and ((idx < 0) | (idx >= own)).any():
             f = int(own[(idx < 0) | (idx >= own)][0])
-            raise SimSpecError(f"phased all-to-all {nm!r}: flow {f} waits for {list(preds[f])}; a flow may only wait "
-                               f"for earlier flows (0..{f - 1})")
+            raise SimSpecError(
+                f"phased all-to-all {nm!r}: flow {f} waits for {list(preds[f])}; a flow may only wait "
+                f"for earlier flows (0..{f - 1})"
+            )
         if meta.seq == 0:
             self._seq += 1
-            meta = CoflowMeta(meta.ctype, meta.iteration, meta.microbatch, meta.layer, meta.stage, meta.op, self._seq)
+            meta = CoflowMeta(
+                meta.ctype, meta.iteration, meta.microbatch, meta.layer, meta.stage, meta.op, self._seq
+            )
         d = self._check_deps(deps)
         grp = tuple(int(x) for x in group)
         if any(not 0 <= x < nd for x in grp):
-            raise SimSpecError(f"phased all-to-all {nm!r}: group {grp} has a device index outside 0..{nd - 1}")
-        self.nodes.append(PhasedAllToAll(src, dst, nb, ph, ptr, idx.astype(np.int32), meta, nm, None, bytes(plan_key),
-                                         grp))
+            raise SimSpecError(
+                f"phased all-to-all {nm!r}: group {grp} has a device index outside 0..{nd - 1}"
+            )
+        self.nodes.append(
+            PhasedAllToAll(src, dst, nb, ph, ptr, idx.astype(np.int32), meta, nm, None, bytes(plan_key), grp)
+        )
         self.deps.append(d)
         return len(self.nodes) - 1
 

@@ -48,7 +48,11 @@ class GPUSpec:
         return self.peak_flops * self.efficiency
 
 
-GPUS = {"A100": GPUSpec(), "H100": GPUSpec("H100", 989e12, 0.45, 3.35e12), "V100": GPUSpec("V100", 125e12, 0.45, 0.9e12)}
+GPUS = {
+    "A100": GPUSpec(),
+    "H100": GPUSpec("H100", 989e12, 0.45, 3.35e12),
+    "V100": GPUSpec("V100", 125e12, 0.45, 0.9e12),
+}
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,15 @@ class ModelConfig:
         for nm in ("ffn_hidden", "kv_heads", "num_experts", "moe_ffn_hidden", "shared_expert_ffn"):
             _pos_int(self, nm, getattr(self, nm), 0)
         if self.hidden % self.heads:
-            raise SimSpecError(f"ModelConfig {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}")
+            raise SimSpecError(
+                f"ModelConfig {self.name!r}: hidden={self.hidden} is not divisible by heads={self.heads}"
+            )
         if self.num_experts:
             _pos_int(self, "top_k", self.top_k)
             if self.top_k > self.num_experts:
-                raise SimSpecError(f"ModelConfig {self.name!r}: top_k={self.top_k} > num_experts={self.num_experts}")
+                raise SimSpecError(
+                    f"ModelConfig {self.name!r}: top_k={self.top_k} > num_experts={self.num_experts}"
+                )
 
     @property
     def moe(self) -> bool:
@@ -108,7 +116,9 @@ class ModelConfig:
 
     def dense_mlp_flops_per_token(self) -> float:
         if self.moe:
-            return 2 * self.hidden * self.num_experts + 2 * self.hidden * self.shared_expert_ffn * self.mlp_mats
+            return (
+                2 * self.hidden * self.num_experts + 2 * self.hidden * self.shared_expert_ffn * self.mlp_mats
+            )
         return 2 * self.hidden * self.f * self.mlp_mats
 
     def expert_flops_per_token(self) -> float:
@@ -127,8 +137,10 @@ class ModelConfig:
         return self.hidden * self.f_moe * self.mlp_mats
 
     def total_params(self) -> float:
-        return self.layers * (self.dense_params_per_layer() + self.num_experts * self.expert_params()) + \
-            self.vocab * self.hidden
+        return (
+            self.layers * (self.dense_params_per_layer() + self.num_experts * self.expert_params())
+            + self.vocab * self.hidden
+        )
 
 
 @dataclass(frozen=True)
@@ -164,7 +176,9 @@ class ParallelConfig:
     num_microbatches: int = 0  # 0 -> 2 * pp (global batch is not stated in the seed, table 5.5)
     schedule: str = "1f1b"
     virtual_stages: int = 2  # model chunks per device for interleaved 1F1B
-    zero: bool = True  # ZeRO-2 / distributed optimizer: RS + AG (the thesis' default, §5.2.2); False: all-reduce
+    zero: bool = (
+        True  # ZeRO-2 / distributed optimizer: RS + AG (the thesis' default, §5.2.2); False: all-reduce
+    )
     bucket_params: int = 0  # 0 -> Megatron's max(40M, 1M * dp) elements per bucket [ext]
     dp_algo: str = "ring"
     dp_chunks: int = 1
@@ -176,13 +190,25 @@ class ParallelConfig:
     async_p2p: bool = False  # 1F1B sends do not block the sender's next op (thesis Case I, FlexFlow task DAG)
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool = True
-    ep_a2a: str = "plain"  # MoE all-to-all: plain (NCCL), matched / phases / phases_bottleneck (Hermod, §5.3.2)
+    ep_a2a: str = (
+        "plain"  # MoE all-to-all: plain (NCCL), matched / phases / phases_bottleneck (Hermod, §5.3.2)
+    )
     bytes_per_elem: int = 2
     grad_bytes: int = 2
 
     def __post_init__(self) -> None:
-        for nm in ("tp", "pp", "ep", "cp", "micro_batch", "virtual_stages", "dp_chunks", "iterations",
-                   "bytes_per_elem", "grad_bytes"):
+        for nm in (
+            "tp",
+            "pp",
+            "ep",
+            "cp",
+            "micro_batch",
+            "virtual_stages",
+            "dp_chunks",
+            "iterations",
+            "bytes_per_elem",
+            "grad_bytes",
+        ):
             _pos_int(self, nm, getattr(self, nm))
         for nm in ("dp", "num_microbatches", "bucket_params"):
             _pos_int(self, nm, getattr(self, nm), 0)
@@ -208,23 +234,33 @@ class ParallelConfig:
         _pos_int(self, "gpus", gpus)
         per = self.tp * self.pp * self.cp
         if gpus % per:
-            raise SimSpecError(f"gpus={gpus} is not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {per}")
+            raise SimSpecError(
+                f"gpus={gpus} is not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {per}"
+            )
         dp = gpus // per
         if self.dp and self.dp != dp:
             raise SimSpecError(f"ParallelConfig.dp={self.dp} but gpus/(tp*pp*cp) = {dp}")
         p = replace(self, dp=dp)
         vs = p.pp * (p.virtual_stages if p.schedule == "interleaved" else 1)
         if model.layers % vs:
-            raise SimSpecError(f"model {model.name!r}: layers={model.layers} is not divisible by the number of "
-                               f"(virtual) pipeline stages {vs}")
+            raise SimSpecError(
+                f"model {model.name!r}: layers={model.layers} is not divisible by the number of "
+                f"(virtual) pipeline stages {vs}"
+            )
         if p.schedule == "interleaved" and p.microbatches % p.pp:
-            raise SimSpecError(f"interleaved 1F1B needs num_microbatches ({p.microbatches}) divisible by pp={p.pp}")
+            raise SimSpecError(
+                f"interleaved 1F1B needs num_microbatches ({p.microbatches}) divisible by pp={p.pp}"
+            )
         if model.moe:
             ranks = p.tp * p.cp * dp
             if p.ep > ranks or ranks % p.ep:
-                raise SimSpecError(f"ep={p.ep} must divide tp*cp*dp = {ranks} (EP is folded into a stage's ranks)")
+                raise SimSpecError(
+                    f"ep={p.ep} must divide tp*cp*dp = {ranks} (EP is folded into a stage's ranks)"
+                )
             if model.num_experts % p.ep:
-                raise SimSpecError(f"model {model.name!r}: num_experts={model.num_experts} is not divisible by ep={p.ep}")
+                raise SimSpecError(
+                    f"model {model.name!r}: num_experts={model.num_experts} is not divisible by ep={p.ep}"
+                )
             if p.ep_layout == "dp" and dp % p.ep:
                 raise SimSpecError(f"ep_layout='dp' needs ep={p.ep} to divide dp={dp}; use ep_layout='fold'")
             if p.ep_layout == "auto":
@@ -240,14 +276,60 @@ class ParallelConfig:
 # from the public model cards [ext]; where the table differs from the card (Mixtral-8x22B has 56 layers, Qwen1.5-MoE
 # 60 routed experts) the table wins, since it is what the thesis simulated.
 MODELS: dict[str, ModelConfig] = {
-    "qwen-moe-12l": ModelConfig("qwen-moe-12l", 12, 2048, 16, ffn_hidden=5632, vocab=151936, seq_len=4096,
-                                swiglu=True, num_experts=64, top_k=4, moe_ffn_hidden=1408, shared_expert_ffn=5632),
-    "qwen-moe-24l": ModelConfig("qwen-moe-24l", 24, 2048, 16, ffn_hidden=5632, vocab=151936, seq_len=4096,
-                                swiglu=True, num_experts=64, top_k=4, moe_ffn_hidden=1408, shared_expert_ffn=5632),
-    "mixtral-8x7b": ModelConfig("mixtral-8x7b", 32, 4096, 32, ffn_hidden=14336, kv_heads=8, vocab=32000,
-                                seq_len=4096, swiglu=True, num_experts=8, top_k=2),
-    "mixtral-8x22b": ModelConfig("mixtral-8x22b", 32, 6144, 48, ffn_hidden=16384, kv_heads=8, vocab=32768,
-                                 seq_len=4096, swiglu=True, num_experts=8, top_k=2),
+    "qwen-moe-12l": ModelConfig(
+        "qwen-moe-12l",
+        12,
+        2048,
+        16,
+        ffn_hidden=5632,
+        vocab=151936,
+        seq_len=4096,
+        swiglu=True,
+        num_experts=64,
+        top_k=4,
+        moe_ffn_hidden=1408,
+        shared_expert_ffn=5632,
+    ),
+    "qwen-moe-24l": ModelConfig(
+        "qwen-moe-24l",
+        24,
+        2048,
+        16,
+        ffn_hidden=5632,
+        vocab=151936,
+        seq_len=4096,
+        swiglu=True,
+        num_experts=64,
+        top_k=4,
+        moe_ffn_hidden=1408,
+        shared_expert_ffn=5632,
+    ),
+    "mixtral-8x7b": ModelConfig(
+        "mixtral-8x7b",
+        32,
+        4096,
+        32,
+        ffn_hidden=14336,
+        kv_heads=8,
+        vocab=32000,
+        seq_len=4096,
+        swiglu=True,
+        num_experts=8,
+        top_k=2,
+    ),
+    "mixtral-8x22b": ModelConfig(
+        "mixtral-8x22b",
+        32,
+        6144,
+        48,
+        ffn_hidden=16384,
+        kv_heads=8,
+        vocab=32768,
+        seq_len=4096,
+        swiglu=True,
+        num_experts=8,
+        top_k=2,
+    ),
     "gpt3-13b": ModelConfig("gpt3-13b", 40, 5120, 40, seq_len=2048),
     "gpt3-175b": ModelConfig("gpt3-175b", 96, 12288, 96, seq_len=2048),
 }

@@ -44,7 +44,7 @@ from flowlane._cbuild import CKernel
 
 SHARING = ("strict", "weighted")
 INCAST_COUNTS = ("port", "class")
-_RTOL = 1e-9                    # allocate's freeze tolerance (waterfill's default)
+_RTOL = 1e-9  # allocate's freeze tolerance (waterfill's default)
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,15 @@ def waterfill(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: floa
     hops = _check_hops(hops)
     n = hops.shape[0]
     if not isinstance(cap, np.ndarray) or cap.ndim != 1 or cap.size == 0:
-        raise ValueError(f"cap must be a 1-D array of n_links + 1 capacities (the pad last), got {np.shape(cap)}")
+        raise ValueError(
+            f"cap must be a 1-D array of n_links + 1 capacities (the pad last), got {np.shape(cap)}"
+        )
     weights = np.asarray(weights)
     if weights.shape != (n,) or weights.dtype.kind not in "biuf":
-        raise ValueError(f"weights must be a real array of shape ({n},) (one per flow), got shape {weights.shape} "
-                         f"dtype {weights.dtype}")
+        raise ValueError(
+            f"weights must be a real array of shape ({n},) (one per flow), got shape {weights.shape} "
+            f"dtype {weights.dtype}"
+        )
     if not (rtol >= 0 and np.isfinite(rtol)):
         raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
     lib = _kernel()
@@ -85,8 +89,9 @@ def waterfill(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: floa
     return _run_c(lib, hops, None, np.ascontiguousarray(weights, dtype=np.float64), cap, rtol)
 
 
-def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = _RTOL,
-                     pen: np.ndarray | None = None) -> np.ndarray:
+def _waterfill_numpy(
+    hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rtol: float = _RTOL, pen: np.ndarray | None = None
+) -> np.ndarray:
     """The numpy reference of :func:`waterfill` (no input checks); ``pen``: wire cost per (flow, hop) or None (1)."""
     n, h = hops.shape
     nl = cap.shape[0]
@@ -125,7 +130,9 @@ def _waterfill_numpy(hops: np.ndarray, weights: np.ndarray, cap: np.ndarray, rto
     return rates
 
 
-def incast_fan_in(hops: np.ndarray, n_links_padded: int, incast_group: np.ndarray | None = None) -> np.ndarray:
+def incast_fan_in(
+    hops: np.ndarray, n_links_padded: int, incast_group: np.ndarray | None = None
+) -> np.ndarray:
     """Concurrent flows per link (length ``n_links_padded``); the flows of one matched coflow count once."""
     if incast_group is None or not (incast_group >= 0).any():
         return np.bincount(hops.ravel(), minlength=n_links_padded)
@@ -136,8 +143,14 @@ def incast_fan_in(hops: np.ndarray, n_links_padded: int, incast_group: np.ndarra
     return k + np.bincount(np.unique(pair) % n_links_padded, minlength=n_links_padded)
 
 
-def incast_wire_cost(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, incast: IncastModel,
-                     incast_links: np.ndarray, incast_group: np.ndarray | None = None) -> np.ndarray:
+def incast_wire_cost(
+    hops: np.ndarray,
+    cls: np.ndarray,
+    n_links_padded: int,
+    incast: IncastModel,
+    incast_links: np.ndarray,
+    incast_group: np.ndarray | None = None,
+) -> np.ndarray:
     """The ``class`` count's wire cost per (flow, hop), shaped like ``hops``: 1 + alpha * max(0, k - threshold) on
     incast links, where k = the flows of the flow's own class on that link (a matched coflow's flows count once);
     1 elsewhere and on the pad."""
@@ -155,9 +168,16 @@ def incast_wire_cost(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, inc
     return (1.0 + incast.alpha * (np.maximum(0, k[inv] - incast.threshold) * on)).reshape(n, h)
 
 
-def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: str = "strict",
-             weight_ratio: float = 0.5, incast: IncastModel | None = None,
-             incast_links: np.ndarray | None = None, incast_group: np.ndarray | None = None) -> np.ndarray:
+def allocate(
+    hops: np.ndarray,
+    cls: np.ndarray,
+    capacity: np.ndarray,
+    sharing: str = "strict",
+    weight_ratio: float = 0.5,
+    incast: IncastModel | None = None,
+    incast_links: np.ndarray | None = None,
+    incast_group: np.ndarray | None = None,
+) -> np.ndarray:
     """Rates for all active flows. ``cls`` = dense class rank per flow (0 = most urgent); ``capacity`` has
     length n_links (the pad is added here). ``incast_group``: per flow, -1 or the id of a matched coflow (counted
     once per link by the incast model)."""
@@ -168,22 +188,30 @@ def allocate(hops: np.ndarray, cls: np.ndarray, capacity: np.ndarray, sharing: s
         raise ValueError(f"cls must have shape ({n},) (one class per flow), got {cls.shape}")
     capacity = np.asarray(capacity)
     if capacity.ndim != 1 or capacity.dtype.kind not in "biuf":
-        raise ValueError(f"capacity must be a 1-D real array (one entry per link), got shape {capacity.shape} "
-                         f"dtype {capacity.dtype}")
+        raise ValueError(
+            f"capacity must be a 1-D real array (one entry per link), got shape {capacity.shape} "
+            f"dtype {capacity.dtype}"
+        )
     if sharing not in SHARING:
         raise ValueError(f"sharing {sharing!r} is not one of {SHARING}")
     if incast_group is not None and np.shape(incast_group) != (n,):
-        raise ValueError(f"incast_group must have shape ({n},) (one entry per flow), got {np.shape(incast_group)}")
+        raise ValueError(
+            f"incast_group must have shape ({n},) (one entry per flow), got {np.shape(incast_group)}"
+        )
     if incast_links is not None and np.shape(incast_links) != capacity.shape:
-        raise ValueError(f"incast_links must have shape {capacity.shape} (one entry per link), "
-                         f"got {np.shape(incast_links)}")
+        raise ValueError(
+            f"incast_links must have shape {capacity.shape} (one entry per link), "
+            f"got {np.shape(incast_links)}"
+        )
     if n == 0:
         return np.zeros(0)
     cap = np.empty(capacity.shape[0] + 1)
     cap[:-1] = capacity
     cap[-1] = np.inf
     lib = _kernel()
-    per_class = incast is not None and incast_links is not None and incast_links.any() and incast.count == "class"
+    per_class = (
+        incast is not None and incast_links is not None and incast_links.any() and incast.count == "class"
+    )
     pen = None  # the numpy path's per-class wire costs (the kernel computes its own from `counting`)
     counting: _ClassCounting | None = None
     if per_class:
@@ -227,13 +255,21 @@ class _ClassCounting:
 
     cls: np.ndarray  # int64 classes
     link: np.ndarray  # uint8 per link, pad included (0): an incast link
-    count: np.ndarray | None  # uint8 per (flow, hop): 0 where a matched coflow's (link) pair repeats; None: all count
+    count: (
+        np.ndarray | None
+    )  # uint8 per (flow, hop): 0 where a matched coflow's (link) pair repeats; None: all count
     alpha: float
     threshold: int
 
 
-def _class_counting(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, incast: IncastModel,
-                    incast_links: np.ndarray, incast_group: np.ndarray | None) -> _ClassCounting:
+def _class_counting(
+    hops: np.ndarray,
+    cls: np.ndarray,
+    n_links_padded: int,
+    incast: IncastModel,
+    incast_links: np.ndarray,
+    incast_group: np.ndarray | None,
+) -> _ClassCounting:
     cls = _int64_classes(cls)
     count = None
     if incast_group is not None and (incast_group >= 0).any():
@@ -251,8 +287,14 @@ def _class_counting(hops: np.ndarray, cls: np.ndarray, n_links_padded: int, inca
     return _ClassCounting(cls, link, count, float(incast.alpha), int(incast.threshold))
 
 
-def _allocate_numpy(hops: np.ndarray, cls: np.ndarray, cap: np.ndarray, sharing: str,
-                    weight_ratio: float, pen: np.ndarray | None = None) -> np.ndarray:
+def _allocate_numpy(
+    hops: np.ndarray,
+    cls: np.ndarray,
+    cap: np.ndarray,
+    sharing: str,
+    weight_ratio: float,
+    pen: np.ndarray | None = None,
+) -> np.ndarray:
     """The numpy reference of :func:`allocate` after the incast adjustment (``cap``: n_links + 1, pad last; it is
     decreased in place; ``pen``: the ``class`` count's wire costs or None)."""
     n = hops.shape[0]
@@ -278,8 +320,10 @@ def _check_hops(hops: np.ndarray) -> np.ndarray:
     """``hops`` as a C-contiguous 2-D int64 array (a no-op for the engine's arrays); the C kernel checks the range."""
     hops = np.asarray(hops)
     if hops.ndim != 2 or hops.dtype.kind not in "iu":
-        raise ValueError(f"hops must be a 2-D integer array (n_flows x max_hops), got shape {hops.shape} "
-                         f"dtype {hops.dtype}")
+        raise ValueError(
+            f"hops must be a 2-D integer array (n_flows x max_hops), got shape {hops.shape} "
+            f"dtype {hops.dtype}"
+        )
     if hops.dtype != np.int64 or not hops.flags.c_contiguous:
         hops = np.ascontiguousarray(hops, dtype=np.int64)
     return hops
@@ -288,13 +332,19 @@ def _check_hops(hops: np.ndarray) -> np.ndarray:
 def _check_range(hops: np.ndarray, n_links_padded: int) -> None:
     # the numpy path's check (the C kernel checks as it must not read out of bounds): the same error either way
     if hops.size and (hops.min() < 0 or hops.max() >= n_links_padded):
-        _bad_hop(hops, n_links_padded, int(np.flatnonzero((hops.ravel() < 0) | (hops.ravel() >= n_links_padded))[0]))
+        _bad_hop(
+            hops,
+            n_links_padded,
+            int(np.flatnonzero((hops.ravel() < 0) | (hops.ravel() >= n_links_padded))[0]),
+        )
 
 
 def _bad_hop(hops: np.ndarray, n_links_padded: int, k: int) -> None:
     i, j = divmod(k, hops.shape[1])
-    raise ValueError(f"hops[{i}, {j}] = {int(hops[i, j])} is not a link index: it must be in [0, {n_links_padded - 1}]"
-                     f" ({n_links_padded - 1} links, index {n_links_padded - 1} is the pad)")
+    raise ValueError(
+        f"hops[{i}, {j}] = {int(hops[i, j])} is not a link index: it must be in [0, {n_links_padded - 1}]"
+        f" ({n_links_padded - 1} links, index {n_links_padded - 1} is the pad)"
+    )
 
 
 # -ffp-contract=off: no fused multiply-adds, so the C results equal numpy's bit for bit on every target
@@ -304,12 +354,32 @@ _CFLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")
 def _declare(lib: ctypes.CDLL) -> None:
     P = ctypes.c_void_p
     lib.flowlane_allocate.restype = ctypes.c_long
-    lib.flowlane_allocate.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_long, P, P, P, P, P, P, ctypes.c_double,
-                                      ctypes.c_long, P, ctypes.c_double, P]
+    lib.flowlane_allocate.argtypes = [
+        ctypes.c_long,
+        ctypes.c_int,
+        ctypes.c_long,
+        P,
+        P,
+        P,
+        P,
+        P,
+        P,
+        ctypes.c_double,
+        ctypes.c_long,
+        P,
+        ctypes.c_double,
+        P,
+    ]
 
 
-_KERNEL = CKernel(Path(__file__).with_name("_waterfill.c"), "waterfill", _CFLAGS, _declare,
-                  "flowlane.sim: C rate-allocation kernel", "using numpy")
+_KERNEL = CKernel(
+    Path(__file__).with_name("_waterfill.c"),
+    "waterfill",
+    _CFLAGS,
+    _declare,
+    "flowlane.sim: C rate-allocation kernel",
+    "using numpy",
+)
 
 
 def _kernel() -> ctypes.CDLL | None:
@@ -319,25 +389,44 @@ def _kernel() -> ctypes.CDLL | None:
     return _KERNEL.load()
 
 
-def _run_c(lib: ctypes.CDLL, hops: np.ndarray, cls: np.ndarray | None, w: np.ndarray | None, cap: np.ndarray,
-           rtol: float, counting: _ClassCounting | None = None) -> np.ndarray:
+def _run_c(
+    lib: ctypes.CDLL,
+    hops: np.ndarray,
+    cls: np.ndarray | None,
+    w: np.ndarray | None,
+    cap: np.ndarray,
+    rtol: float,
+    counting: _ClassCounting | None = None,
+) -> np.ndarray:
     """Rates from the kernel; ``hops``/``cls`` int64 and ``w``/``cap`` float64, all C-contiguous (``cap`` is
     decreased in place). ``cls`` None: one filling with weights ``w``; else strict priority with unit weights.
     ``counting``: the per-class incast model, or None."""
     n, h = hops.shape
     rates = np.empty(n)
     c = counting
-    rc = lib.flowlane_allocate(n, h, cap.shape[0], hops.ctypes.data, None if cls is None else cls.ctypes.data,
-                               None if w is None else w.ctypes.data, None if c is None else c.cls.ctypes.data,
-                               None if c is None else c.link.ctypes.data,
-                               None if c is None or c.count is None else c.count.ctypes.data,
-                               0.0 if c is None else c.alpha, 0 if c is None else c.threshold,
-                               cap.ctypes.data, rtol, rates.ctypes.data)
+    rc = lib.flowlane_allocate(
+        n,
+        h,
+        cap.shape[0],
+        hops.ctypes.data,
+        None if cls is None else cls.ctypes.data,
+        None if w is None else w.ctypes.data,
+        None if c is None else c.cls.ctypes.data,
+        None if c is None else c.link.ctypes.data,
+        None if c is None or c.count is None else c.count.ctypes.data,
+        0.0 if c is None else c.alpha,
+        0 if c is None else c.threshold,
+        cap.ctypes.data,
+        rtol,
+        rates.ctypes.data,
+    )
     if rc <= -3:
         _bad_hop(hops, cap.shape[0], -rc - 3)
     if rc == -1:
         raise MemoryError("flowlane.sim: the C rate-allocation kernel could not allocate its work arrays")
     if rc != 0:
-        raise RuntimeError(f"flowlane.sim: the C rate-allocation kernel failed with code {rc} (a filling pass froze "
-                           "no flow: NaN weights?)")
+        raise RuntimeError(
+            f"flowlane.sim: the C rate-allocation kernel failed with code {rc} (a filling pass froze "
+            "no flow: NaN weights?)"
+        )
     return rates

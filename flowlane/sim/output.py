@@ -49,10 +49,22 @@ def coflow_records(res: SimResult, limit: int | None = None) -> list[dict]:
     for k, i in enumerate(res.coflow_nodes[:limit].tolist()):
         c: Coflow = nodes[i]
         m = c.meta
-        out.append({"name": c.name, "ctype": m.ctype, "op": m.op, "iteration": m.iteration, "microbatch": m.microbatch,
-                    "layer": m.layer, "stage": m.stage, "ready_s": float(res.coflow_ready[k]),
-                    "start_s": float(res.coflow_start[k]), "end_s": float(res.coflow_end[k]),
-                    "cct_s": float(res.coflow_end[k] - res.coflow_start[k]), "bytes": float(res.coflow_bytes[k])})
+        out.append(
+            {
+                "name": c.name,
+                "ctype": m.ctype,
+                "op": m.op,
+                "iteration": m.iteration,
+                "microbatch": m.microbatch,
+                "layer": m.layer,
+                "stage": m.stage,
+                "ready_s": float(res.coflow_ready[k]),
+                "start_s": float(res.coflow_start[k]),
+                "end_s": float(res.coflow_end[k]),
+                "cct_s": float(res.coflow_end[k] - res.coflow_start[k]),
+                "bytes": float(res.coflow_bytes[k]),
+            }
+        )
     return out
 
 
@@ -69,8 +81,10 @@ def write_json(path: str | os.PathLike, obj: object) -> Path:
 def chrome_trace(res: SimResult, path: str | os.PathLike, max_executors: int = 64) -> Path:
     """Chrome trace (chrome://tracing, Perfetto): compute per executor, coflows per type; times in us."""
     nodes = res.workload_ref.nodes
-    ev: list[dict] = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "compute (simulated)"}},
-                      {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "coflows (simulated)"}}]
+    ev: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "compute (simulated)"}},
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "coflows (simulated)"}},
+    ]
     execs: dict[str, int] = {}
     for k, i in enumerate(res.compute_nodes.tolist()):
         t: ComputeTask = nodes[i]
@@ -78,18 +92,43 @@ def chrome_trace(res: SimResult, path: str | os.PathLike, max_executors: int = 6
             if len(execs) >= max_executors:
                 continue
             execs[t.executor] = len(execs)
-            ev.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": execs[t.executor],
-                       "args": {"name": t.executor}})
+            ev.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": 0,
+                    "tid": execs[t.executor],
+                    "args": {"name": t.executor},
+                }
+            )
         s, e = res.compute_start[k], res.compute_end[k]
-        ev.append({"name": t.name, "cat": t.cat, "ph": "X", "ts": s * 1e6, "dur": (e - s) * 1e6, "pid": 0,
-                   "tid": execs[t.executor]})
+        ev.append(
+            {
+                "name": t.name,
+                "cat": t.cat,
+                "ph": "X",
+                "ts": s * 1e6,
+                "dur": (e - s) * 1e6,
+                "pid": 0,
+                "tid": execs[t.executor],
+            }
+        )
     lanes: dict[str, int] = {}
     for r in coflow_records(res):
         lane = f"{r['ctype']} stage {r['stage']}"
         lanes.setdefault(lane, len(lanes))
-        ev.append({"name": r["name"], "cat": r["ctype"], "ph": "X", "ts": r["start_s"] * 1e6,
-                   "dur": r["cct_s"] * 1e6, "pid": 1, "tid": lanes[lane],
-                   "args": {k: r[k] for k in ("op", "iteration", "microbatch", "layer", "bytes", "ready_s")}})
+        ev.append(
+            {
+                "name": r["name"],
+                "cat": r["ctype"],
+                "ph": "X",
+                "ts": r["start_s"] * 1e6,
+                "dur": r["cct_s"] * 1e6,
+                "pid": 1,
+                "tid": lanes[lane],
+                "args": {k: r[k] for k in ("op", "iteration", "microbatch", "layer", "bytes", "ready_s")},
+            }
+        )
     for lane, tid in lanes.items():
         ev.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": lane}})
     return write_json(path, {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"simulated": True}})
@@ -135,8 +174,12 @@ def plot(results: Mapping[str, SimResult], path: str | os.PathLike, title: str =
     width = 0.8 / max(1, len(names))
     for j, n in enumerate(names):
         cc = results[n].cct_by_ctype()
-        ax[1].bar(np.arange(len(ctypes)) + j * width, [cc.get(c, {}).get("mean_s", 0) * 1e3 for c in ctypes],
-                  width, label=n)
+        ax[1].bar(
+            np.arange(len(ctypes)) + j * width,
+            [cc.get(c, {}).get("mean_s", 0) * 1e3 for c in ctypes],
+            width,
+            label=n,
+        )
     ax[1].set_xticks(np.arange(len(ctypes)) + width * (len(names) - 1) / 2, ctypes)
     ax[1].set_ylabel("mean coflow completion time (ms)")
     ax[1].set_title("coflow completion time (simulated)")

@@ -39,8 +39,14 @@ from flowlane.sim.models import GPUS, GPUSpec, LLMJob, ModelConfig, ParallelConf
 from flowlane.topology import Topology, gbps, leaf_spine, star
 
 
-def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, servers_per_leaf: int = 4,
-            oversubscription: float = 1.0, nics_per_server: int = 0) -> Topology:
+def cluster(
+    gpus: int,
+    bandwidth_gbps: float = 100.0,
+    gpus_per_server: int = 8,
+    servers_per_leaf: int = 4,
+    oversubscription: float = 1.0,
+    nics_per_server: int = 0,
+) -> Topology:
     """Hermod's simulated fabric (seed 000 §5.5.1): servers of 8 GPUs, full-bisection, 100 Gbps, 1 us links.
 
     ``nics_per_server`` (0 = one NIC per GPU, rail-style): the seed's "128-server cluster ... connected via a
@@ -54,9 +60,14 @@ def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, 
     if not (bandwidth_gbps > 0 and math.isfinite(bandwidth_gbps)):
         raise SimSpecError(f"bandwidth must be a finite number > 0 Gbps, got {bandwidth_gbps!r}")
     gps = min(gpus, gpus_per_server)
-    topo = leaf_spine(servers=max(1, gpus // gps), gpus_per_server=gps, nic_bw=gbps(bandwidth_gbps),
-                      oversubscription=oversubscription, servers_per_leaf=servers_per_leaf,
-                      nics_per_server=nics_per_server if gps == gpus_per_server else 0)
+    topo = leaf_spine(
+        servers=max(1, gpus // gps),
+        gpus_per_server=gps,
+        nic_bw=gbps(bandwidth_gbps),
+        oversubscription=oversubscription,
+        servers_per_leaf=servers_per_leaf,
+        nics_per_server=nics_per_server if gps == gpus_per_server else 0,
+    )
     # the GPU-NIC host link (PCIe Gen4 x16, 25 GB/s = 200 Gb/s in leaf_spine) is sized for the NIC it feeds
     # (400 Gb/s NICs sit on PCIe Gen5): the thesis' simulator sweeps the network rate alone (§5.5.3, 40-400 Gb/s)
     nic = gbps(bandwidth_gbps)
@@ -66,15 +77,18 @@ def cluster(gpus: int, bandwidth_gbps: float = 100.0, gpus_per_server: int = 8, 
     return topo
 
 
-def zipf_token_matrix(rng: np.random.Generator, ep: int, num_experts: int, tokens: int, top_k: int,
-                      skew: float) -> np.ndarray:
+def zipf_token_matrix(
+    rng: np.random.Generator, ep: int, num_experts: int, tokens: int, top_k: int, skew: float
+) -> np.ndarray:
     """An EP group's dispatch matrix: ``out[i, j]`` tokens that rank i routes to the experts rank j holds. Expert
     popularity is Zipf with exponent ``skew`` (0 = uniform; the seed gives no distribution), shuffled over the
     experts; each rank routes ``tokens * top_k`` token copies (dropless). Integer counts."""
     if ep < 1 or num_experts % ep or tokens < 0 or top_k < 1 or not skew >= 0:
-        raise SimSpecError(f"zipf_token_matrix: need ep >= 1 dividing num_experts, tokens >= 0, top_k >= 1, "
-                           f"skew >= 0; got ep={ep}, num_experts={num_experts}, tokens={tokens}, top_k={top_k}, "
-                           f"skew={skew}")
+        raise SimSpecError(
+            f"zipf_token_matrix: need ep >= 1 dividing num_experts, tokens >= 0, top_k >= 1, "
+            f"skew >= 0; got ep={ep}, num_experts={num_experts}, tokens={tokens}, top_k={top_k}, "
+            f"skew={skew}"
+        )
     pop = 1.0 / np.arange(1, num_experts + 1) ** skew
     pop = rng.permutation(pop / pop.sum())
     counts = rng.multinomial(tokens * top_k, pop, size=ep)
@@ -215,9 +229,15 @@ class _LLMBuilder:
                 if not progress:  # pragma: no cover - the schedules above are deadlock-free
                     raise SimSpecError("pipeline schedule deadlocked while building the DAG")
             ends.append(self.dp_phase())
-        w.info.update(iteration_end=ends, gpus=self.gpus, model=self.m.name, parallel=self.p.__dict__,
-                      microbatches=self.M, ep_layout=self.p.ep_layout if self.m.moe else None,
-                      ep_crosses_servers=self.ep_crosses_servers() if self.m.moe else False)
+        w.info.update(
+            iteration_end=ends,
+            gpus=self.gpus,
+            model=self.m.name,
+            parallel=self.p.__dict__,
+            microbatches=self.M,
+            ep_layout=self.p.ep_layout if self.m.moe else None,
+            ep_crosses_servers=self.ep_crosses_servers() if self.m.moe else False,
+        )
         return w
 
     def base_deps(self, s: int, x: tuple[int, int]) -> list[int | None]:
@@ -258,11 +278,18 @@ class _LLMBuilder:
                     node = None
                     dd = deps[x]
                     for layer in self.layers_of(vs):
-                        node = w.compute(self.ex(s, x), dur / self.Lv, [*dd, *self.gathers.get(layer, [])],
-                                         f"F{mb} L{layer}", "fwd")
+                        node = w.compute(
+                            self.ex(s, x),
+                            dur / self.Lv,
+                            [*dd, *self.gathers.get(layer, [])],
+                            f"F{mb} L{layer}",
+                            "fwd",
+                        )
                         dd = [node]
                 else:
-                    node = w.compute(self.ex(s, x), dur, deps[x], f"{kind}{mb} vs{vs}", "fwd" if fwd else "bwd")
+                    node = w.compute(
+                        self.ex(s, x), dur, deps[x], f"{kind}{mb} vs{vs}", "fwd" if fwd else "bwd"
+                    )
                 node = self.emit_tp(s, x, vs, mb, fwd, node)
                 done[x] = w.join([node, cpn[x[0]]]) if cpn else node
         # pipeline sends
@@ -274,14 +301,22 @@ class _LLMBuilder:
                 layer = self.layers_of(vs)[-1 if fwd else 0]
                 meta = CoflowMeta("pp", self.it, mb, layer, vs, "send_fwd" if fwd else "send_bwd")
                 nb = self.tokens * m.hidden * p.bytes_per_elem / p.tp
-                send = C.p2p(w, self.gpus_of(s, x), self.gpus_of(t_stage, x), nb, meta, [done[x]],
-                             name=f"pp:{kind}{mb} vs{vs}->{target}")
+                send = C.p2p(
+                    w,
+                    self.gpus_of(s, x),
+                    self.gpus_of(t_stage, x),
+                    nb,
+                    meta,
+                    [done[x]],
+                    name=f"pp:{kind}{mb} vs{vs}->{target}",
+                )
                 self.sends[("f" if fwd else "b", vs, mb, x)] = send
             self.prev[(s, x)] = done[x]
             self.pend[(s, x)] = send if p.schedule == "1f1b" and not p.async_p2p else None
 
-    def emit_tp(self, s: int, x: tuple[int, int], vs: int, mb: int, fwd: bool, node: int | None,
-                layers: int = 0) -> int | None:
+    def emit_tp(
+        self, s: int, x: tuple[int, int], vs: int, mb: int, fwd: bool, node: int | None, layers: int = 0
+    ) -> int | None:
         p = self.p
         if p.tp_comm != "flows" or p.tp == 1:
             return node
@@ -290,7 +325,9 @@ class _LLMBuilder:
         meta = CoflowMeta("tp", self.it, mb, self.layers_of(vs)[0], vs)
         g = np.array(self.gpus_of(s, x))
         flows = C.ring_flows(g, 2 * (p.tp - 1) / p.tp * s_bytes * n_ar)
-        return self.w.coflow(flows, meta, [node], f"tp:{'F' if fwd else 'B'}{mb}", steps=2 * (p.tp - 1) * n_ar)
+        return self.w.coflow(
+            flows, meta, [node], f"tp:{'F' if fwd else 'B'}{mb}", steps=2 * (p.tp - 1) * n_ar
+        )
 
     def emit_cp(self, s: int, vs: int, mb: int, fwd: bool, deps: dict) -> dict[int, int]:
         p, m = self.p, self.m
@@ -304,8 +341,13 @@ class _LLMBuilder:
             dst = [self.rank(s, d, (c + 1) % p.cp, k) for c in range(p.cp) for k in range(p.tp)]
             dd = [y for c in range(p.cp) for y in deps[(d, c)]]
             meta = CoflowMeta("cp", self.it, mb, self.layers_of(vs)[0], vs, "ring_attn")
-            out[d] = self.w.coflow((src, dst, np.full(len(src), nb)), meta, dd, f"cp:{'F' if fwd else 'B'}{mb}",
-                                   steps=self.Lv * (p.cp - 1))
+            out[d] = self.w.coflow(
+                (src, dst, np.full(len(src), nb)),
+                meta,
+                dd,
+                f"cp:{'F' if fwd else 'B'}{mb}",
+                steps=self.Lv * (p.cp - 1),
+            )
         return out
 
     # MoE -------------------------------------------------------------------------------------------------
@@ -364,7 +406,9 @@ class _LLMBuilder:
         for gi, xs in enumerate(groups):
             for x in xs:
                 of_exec[x].append(gi)
-        attn = (self.tokens * (m.attn_flops_per_token(m.seq_len) + m.dense_mlp_flops_per_token()) / p.tp) / self.fl
+        attn = (
+            self.tokens * (m.attn_flops_per_token(m.seq_len) + m.dense_mlp_flops_per_token()) / p.tp
+        ) / self.fl
         bf = 1.0 if fwd else self.bwd_factor()
         tok_bytes = m.hidden * p.bytes_per_elem
         cur = {x: list(deps[x]) for x in self.execs}
@@ -376,8 +420,13 @@ class _LLMBuilder:
             if fwd:
                 for x in self.execs:
                     gate = self.gathers.get(layer, []) if self.gated(fwd, mb) else []
-                    a = w.compute(self.ex(s, x), attn + 2 * self.tp_ar * (p.tp_comm == "analytic"),
-                                  [*cur[x], *gate], f"F{mb} L{layer} attn", "fwd")
+                    a = w.compute(
+                        self.ex(s, x),
+                        attn + 2 * self.tp_ar * (p.tp_comm == "analytic"),
+                        [*cur[x], *gate],
+                        f"F{mb} L{layer} attn",
+                        "fwd",
+                    )
                     a_nodes[x] = self.emit_tp(s, x, vs, mb, fwd, a, 1)
             ops = ("dispatch", "combine")
             # forward: attn -> dispatch(T) -> experts -> combine(T^T); backward mirrors it
@@ -387,9 +436,19 @@ class _LLMBuilder:
                 dd = [a_nodes[x] for x in xs] if fwd else [y for x in xs for y in cur[x]]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[0] if fwd else ops[1])
                 grp = self.ep_ranks(s, gi)
-                a2a1.append(C.all_to_all(w, grp, T, meta, dd, stream=f"ep:{s}:{gi}",
-                                         name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
-                                         mode=p.ep_a2a, unit_bytes=tok_bytes))
+                a2a1.append(
+                    C.all_to_all(
+                        w,
+                        grp,
+                        T,
+                        meta,
+                        dd,
+                        stream=f"ep:{s}:{gi}",
+                        name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
+                        mode=p.ep_a2a,
+                        unit_bytes=tok_bytes,
+                    )
+                )
             exp = {}
             for x in self.execs:
                 recv = []
@@ -400,23 +459,43 @@ class _LLMBuilder:
                 # all-gathers its EP ranks' tokens (NVLink) and splits the expert GEMMs evenly
                 tok = max(recv) if p.ep_layout == "fold" else sum(recv) / p.tp
                 dur = tok * m.expert_flops_per_token() / self.fl * bf
-                exp[x] = w.compute(self.ex(s, x), dur, [a2a1[gi] for gi in of_exec[x]], f"{'F' if fwd else 'B'}{mb} "
-                                   f"L{layer} experts", "fwd" if fwd else "bwd")
+                exp[x] = w.compute(
+                    self.ex(s, x),
+                    dur,
+                    [a2a1[gi] for gi in of_exec[x]],
+                    f"{'F' if fwd else 'B'}{mb} L{layer} experts",
+                    "fwd" if fwd else "bwd",
+                )
             a2a2 = []
             for gi, xs in enumerate(groups):
                 T = mats[gi].T if fwd else mats[gi]
                 meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[1] if fwd else ops[0])
                 grp = self.ep_ranks(s, gi)
-                a2a2.append(C.all_to_all(w, grp, T, meta, [exp[x] for x in xs], stream=f"ep:{s}:{gi}",
-                                         name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
-                                         mode=p.ep_a2a, unit_bytes=tok_bytes))
+                a2a2.append(
+                    C.all_to_all(
+                        w,
+                        grp,
+                        T,
+                        meta,
+                        [exp[x] for x in xs],
+                        stream=f"ep:{s}:{gi}",
+                        name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
+                        mode=p.ep_a2a,
+                        unit_bytes=tok_bytes,
+                    )
+                )
             for x in self.execs:
                 after = [a2a2[gi] for gi in of_exec[x]]
                 if fwd:
                     cur[x] = after
                 else:
-                    b: int | None = w.compute(self.ex(s, x), attn * bf + 2 * self.tp_ar * (p.tp_comm == "analytic"),
-                                              after, f"B{mb} L{layer} attn", "bwd")
+                    b: int | None = w.compute(
+                        self.ex(s, x),
+                        attn * bf + 2 * self.tp_ar * (p.tp_comm == "analytic"),
+                        after,
+                        f"B{mb} L{layer} attn",
+                        "bwd",
+                    )
                     b = self.emit_tp(s, x, vs, mb, fwd, b, 1)
                     if mb == self.M - 1:
                         self.grad_ready[layer][x] = b
@@ -425,8 +504,15 @@ class _LLMBuilder:
         for x in self.execs:
             extra = []
             if fwd and vs == self.V - 1:
-                extra = [w.compute(self.ex(s, x), 2 * self.tokens * m.hidden * m.vocab / p.tp / self.fl, cur[x],
-                                   f"F{mb} logits", "fwd")]
+                extra = [
+                    w.compute(
+                        self.ex(s, x),
+                        2 * self.tokens * m.hidden * m.vocab / p.tp / self.fl,
+                        cur[x],
+                        f"F{mb} logits",
+                        "fwd",
+                    )
+                ]
             nodes = extra or cur[x]
             if cpn:
                 nodes = [*nodes, cpn[x[0]]]
@@ -441,7 +527,7 @@ class _LLMBuilder:
         out = []
         for ch in reversed(range(self.v)):
             vs = ch * p.pp + s
-            for expert in ([False, True] if m.moe else [False]):
+            for expert in [False, True] if m.moe else [False]:
                 cur: list[int] = []
                 acc = 0.0
                 for layer in reversed(self.layers_of(vs)):
@@ -463,12 +549,16 @@ class _LLMBuilder:
     def dp_groups(self, s: int, expert: bool) -> np.ndarray:
         """Rows = DP (or expert-DP) groups of stage s, as rank arrays."""
         p = self.p
-        if expert:  # GPUs holding the same expert shard: same position in their EP group (and same TP rank for dp)
+        if (
+            expert
+        ):  # GPUs holding the same expert shard: same position in their EP group (and same TP rank for dp)
             rows: dict[tuple[int, int], list[int]] = defaultdict(list)
             for (d, c, k), (_, j) in self.ep_pos.items():
                 rows[(j, k if p.ep_layout == "dp" else 0)].append(self.rank(s, d, c, k))
             return np.array([sorted(r) for _, r in sorted(rows.items())])
-        return np.array([[self.rank(s, d, c, k) for d in range(p.dp)] for c in range(p.cp) for k in range(p.tp)])
+        return np.array(
+            [[self.rank(s, d, c, k) for d in range(p.dp)] for c in range(p.cp) for k in range(p.tp)]
+        )
 
     def dp_phase(self) -> int:
         p, w = self.p, self.w
@@ -482,19 +572,28 @@ class _LLMBuilder:
                 lo = min(layers)
                 # Case II: launched as soon as the bucket's gradients are final; without overlap_grad_reduce only
                 # after the stage's whole backward (Megatron's finalize_model_grads)
-                deps = [self.grad_ready[lo][x] if p.overlap_grad_reduce else self.prev[(s, x)] for x in self.execs]
+                deps = [
+                    self.grad_ready[lo][x] if p.overlap_grad_reduce else self.prev[(s, x)] for x in self.execs
+                ]
                 meta = CoflowMeta("dp", self.it, M1, lo, lo // self.Lv % p.pp)
                 nb = par * p.grad_bytes
                 bucket_info[(s, bi)] = (groups, par, lo, meta, layers)
                 if n == 1:
                     continue
-                src, dst, sizes, steps = self._dp_flows(groups, nb, "reduce_scatter" if p.zero else "all_reduce")
+                src, dst, sizes, steps = self._dp_flows(
+                    groups, nb, "reduce_scatter" if p.zero else "all_reduce"
+                )
                 op = "reduce_scatter" if p.zero else "all_reduce"
                 prev = deps
                 for c in range(p.dp_chunks):
-                    node = w.coflow((src, dst, sizes / p.dp_chunks), replace(meta, op=op), prev,
-                                    f"dp:{op} st{s} b{bi}" + (f"[{c}]" if p.dp_chunks > 1 else ""),
-                                    stream=f"dp:{s}", steps=steps)
+                    node = w.coflow(
+                        (src, dst, sizes / p.dp_chunks),
+                        replace(meta, op=op),
+                        prev,
+                        f"dp:{op} st{s} b{bi}" + (f"[{c}]" if p.dp_chunks > 1 else ""),
+                        stream=f"dp:{s}",
+                        steps=steps,
+                    )
                     prev = [node]
                 reduce_nodes[s].append(node)
         # clip-by-norm barrier: every reduction finishes before any optimizer step (digest A6.1 #13)
@@ -511,7 +610,9 @@ class _LLMBuilder:
             shard = par_gpu / (p.dp if p.zero else 1)
             step_nodes: dict[tuple[int, int], int] = {}
             for x in self.execs:
-                step_nodes[x] = w.compute(self.ex(s, x), 16 * shard / g.hbm_bw, [barrier], "optimizer", "step")
+                step_nodes[x] = w.compute(
+                    self.ex(s, x), 16 * shard / g.hbm_bw, [barrier], "optimizer", "step"
+                )
                 self.prev[(s, x)] = step_nodes[x]
                 self.pend[(s, x)] = None
             ready = list(step_nodes.values())
@@ -523,15 +624,25 @@ class _LLMBuilder:
                         continue
                     src, dst, sizes, stp = self._dp_flows(groups, par * p.bytes_per_elem, "all_gather")
                     # keyed with the iteration that consumes the parameters (flowlane.hermod.keys)
-                    ag_meta = replace(meta, op="all_gather", iteration=self.it + 1 if overlap else self.it, seq=0)
-                    node = w.coflow((src, dst, sizes), ag_meta, list(step_nodes.values()), f"dp:all_gather st{s} b{bi}",
-                                    stream=f"dp:{s}", steps=stp)
+                    ag_meta = replace(
+                        meta, op="all_gather", iteration=self.it + 1 if overlap else self.it, seq=0
+                    )
+                    node = w.coflow(
+                        (src, dst, sizes),
+                        ag_meta,
+                        list(step_nodes.values()),
+                        f"dp:all_gather st{s} b{bi}",
+                        stream=f"dp:{s}",
+                        steps=stp,
+                    )
                     ag_nodes.append(node)
                     for layer in layers if overlap else ():
                         self.gathers.setdefault(layer, []).append(node)
                 if not overlap:
                     ready = ag_nodes or ready
-            if overlap:  # Case III: the next forward waits per layer (see gated()), the iteration ends at the step
+            if (
+                overlap
+            ):  # Case III: the next forward waits per layer (see gated()), the iteration ends at the step
                 self.param_ready[s] = []
                 ends += list(step_nodes.values())
             else:
@@ -539,12 +650,18 @@ class _LLMBuilder:
                 ends += ready
         return w.join(ends)
 
-    def _dp_flows(self, groups: np.ndarray, nb: float, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def _dp_flows(
+        self, groups: np.ndarray, nb: float, op: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         n = groups.shape[1]
         if op == "all_reduce" and self.p.dp_algo == "tree":
             parts = [C.tree_flows(gr, nb / 2) for gr in groups]
-            return (np.concatenate([a for a, *_ in parts]), np.concatenate([b for _, b, *_ in parts]),
-                    np.concatenate([c for _, _, c, _ in parts]), parts[0][3])
+            return (
+                np.concatenate([a for a, *_ in parts]),
+                np.concatenate([b for _, b, *_ in parts]),
+                np.concatenate([c for _, _, c, _ in parts]),
+                parts[0][3],
+            )
         frac = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
         src = groups.ravel()
@@ -552,8 +669,14 @@ class _LLMBuilder:
         return src, dst, np.full(src.shape, frac * nb), steps
 
 
-def build_llm(job: LLMJob | str, gpus: int, bandwidth_gbps: float = 100.0, topology: Topology | None = None,
-              seed: int = 0, **overrides: object) -> tuple[Topology, Workload]:
+def build_llm(
+    job: LLMJob | str,
+    gpus: int,
+    bandwidth_gbps: float = 100.0,
+    topology: Topology | None = None,
+    seed: int = 0,
+    **overrides: object,
+) -> tuple[Topology, Workload]:
     """Hybrid-parallel LLM iteration(s). ``job`` is an :class:`LLMJob` or a table 5.5 preset name."""
     if isinstance(job, str):
         job = preset(job, **overrides)
@@ -583,9 +706,15 @@ class DLRMConfig:
     bytes_per_elem: int = 4
 
 
-def build_dlrm(cfg: DLRMConfig | None = None, gpus: int = 16, bandwidth_gbps: float = 100.0,
-               topology: Topology | None = None, gpu: GPUSpec | None = None, iterations: int = 1,
-               ar_algo: tuple[str, str] = ("ring", "tree")) -> tuple[Topology, Workload]:
+def build_dlrm(
+    cfg: DLRMConfig | None = None,
+    gpus: int = 16,
+    bandwidth_gbps: float = 100.0,
+    topology: Topology | None = None,
+    gpu: GPUSpec | None = None,
+    iterations: int = 1,
+    ar_algo: tuple[str, str] = ("ring", "tree"),
+) -> tuple[Topology, Workload]:
     """DLRM DAG of seed 004 Fig. 13: a2a-data-prep -> fwd-emb -> a2a-emb-fwd -> interaction/top-MLP fwd+bwd ->
     a2a-emb-bwd -> bwd-emb, bottom MLP in parallel; ar-top-mlp and ar-bottom-mlp (ring for the large bottom,
     tree for the small top, as SYNDICATE's planner chose, §3.5)."""
@@ -618,19 +747,43 @@ def build_dlrm(cfg: DLRMConfig | None = None, gpus: int = 16, bandwidth_gbps: fl
     ends = []
     for it in range(iterations):
         mk = lambda op, layer=0, it=it: CoflowMeta("ep", it, 0, layer, 0, op)  # noqa: E731
-        prep = C.all_to_all(w, ranks, full * B / gpus * tables_per * cfg.pooling * 8, mk("all_to_all"),
-                            [prev[r] for r in ranks], name="a2a-data-prep")
+        prep = C.all_to_all(
+            w,
+            ranks,
+            full * B / gpus * tables_per * cfg.pooling * 8,
+            mk("all_to_all"),
+            [prev[r] for r in ranks],
+            name="a2a-data-prep",
+        )
         femb = [w.compute(f"g{r}", lookup, [prep], "fwd-emb", "fwd") for r in ranks]
         a2af = C.all_to_all(w, ranks, full * emb_bytes, mk("dispatch"), femb, name="a2a-emb-fwd")
         bot = [w.compute(f"g{r}", B * bf / g.flops, [prev[r]], "fwd-bottom-mlp", "fwd") for r in ranks]
-        top = [w.compute(f"g{r}", 3 * B * tf / g.flops, [a2af, bot[r]], "fwd+bwd-top-mlp", "fwd") for r in ranks]
-        ar_top = C.all_reduce(w, ranks, tp_ * be, CoflowMeta("dp", it, 0, 1, 0), top, algo=ar_algo[1],
-                              name="ar-top-mlp", stream="dp")
+        top = [
+            w.compute(f"g{r}", 3 * B * tf / g.flops, [a2af, bot[r]], "fwd+bwd-top-mlp", "fwd") for r in ranks
+        ]
+        ar_top = C.all_reduce(
+            w,
+            ranks,
+            tp_ * be,
+            CoflowMeta("dp", it, 0, 1, 0),
+            top,
+            algo=ar_algo[1],
+            name="ar-top-mlp",
+            stream="dp",
+        )
         a2ab = C.all_to_all(w, ranks, full * emb_bytes, mk("combine"), top, name="a2a-emb-bwd")
         bemb = [w.compute(f"g{r}", lookup, [a2ab], "bwd-emb", "bwd") for r in ranks]
         bbot = [w.compute(f"g{r}", 2 * B * bf / g.flops, [top[r]], "bwd-bottom-mlp", "bwd") for r in ranks]
-        ar_bot = C.all_reduce(w, ranks, bp * be, CoflowMeta("dp", it, 0, 0, 0), bbot, algo=ar_algo[0],
-                              name="ar-bottom-mlp", stream="dp")
+        ar_bot = C.all_reduce(
+            w,
+            ranks,
+            bp * be,
+            CoflowMeta("dp", it, 0, 0, 0),
+            bbot,
+            algo=ar_algo[0],
+            name="ar-bottom-mlp",
+            stream="dp",
+        )
         end = w.join([ar_top, ar_bot, *bemb])
         ends.append(end)
         prev = {r: end for r in ranks}
@@ -654,9 +807,16 @@ DP_MODELS = {
 }
 
 
-def build_dp(model: DPModel | str = "resnet50", gpus: int = 8, bandwidths_gbps: Sequence[float] | None = None,
-             topology: Topology | None = None, gpu: GPUSpec | None = None, bucket_bytes: float = 25e6,
-             algo: str = "ring", iterations: int = 1) -> tuple[Topology, Workload]:
+def build_dp(
+    model: DPModel | str = "resnet50",
+    gpus: int = 8,
+    bandwidths_gbps: Sequence[float] | None = None,
+    topology: Topology | None = None,
+    gpu: GPUSpec | None = None,
+    bucket_bytes: float = 25e6,
+    algo: str = "ring",
+    iterations: int = 1,
+) -> tuple[Topology, Workload]:
     """Data-parallel training with PyTorch-DDP-style 25 MB gradient buckets all-reduced as backward produces them.
     Default topology: ALEPH's heterogeneous star (one host at 30, two at 20, the rest at 10 Gbps, §6.1)."""
     if isinstance(model, str):
@@ -666,7 +826,11 @@ def build_dp(model: DPModel | str = "resnet50", gpus: int = 8, bandwidths_gbps: 
     if not isinstance(gpus, int) or gpus < 2:
         raise SimSpecError(f"data-parallel training needs gpus >= 2, got {gpus!r}")
     if topology is None:
-        bw = list(bandwidths_gbps) if bandwidths_gbps is not None else ([30, 20, 20] + [10] * max(0, gpus - 3))[:gpus]
+        bw = (
+            list(bandwidths_gbps)
+            if bandwidths_gbps is not None
+            else ([30, 20, 20] + [10] * max(0, gpus - 3))[:gpus]
+        )
         if len(bw) != gpus:
             raise SimSpecError(f"{len(bw)} bandwidths given for {gpus} workers")
         topology = star([gbps(b) for b in bw], latency=5e-6)
@@ -684,8 +848,18 @@ def build_dp(model: DPModel | str = "resnet50", gpus: int = 8, bandwidths_gbps: 
         for b in range(nb):
             last = [w.compute(f"g{r}", 2 * fwd / nb, [last[r]], f"bwd b{b}", "bwd") for r in ranks]
             size = min(bucket_bytes, model.grad_bytes - b * bucket_bytes)
-            ars.append(C.all_reduce(w, ranks, size, CoflowMeta("dp", it, 0, nb - 1 - b, 0), last, algo=algo,
-                                    stream="dp", name=f"ar b{b}"))
+            ars.append(
+                C.all_reduce(
+                    w,
+                    ranks,
+                    size,
+                    CoflowMeta("dp", it, 0, nb - 1 - b, 0),
+                    last,
+                    algo=algo,
+                    stream="dp",
+                    name=f"ar b{b}",
+                )
+            )
         end = w.join(ars + last)
         ends.append(end)
         prev = [end] * gpus
@@ -693,12 +867,23 @@ def build_dp(model: DPModel | str = "resnet50", gpus: int = 8, bandwidths_gbps: 
     return topology, w
 
 
-WORKLOADS = ("gpt3-175b", "gpt3-13b", "mixtral-8x7b", "mixtral-8x22b", "qwen-moe-12l", "qwen-moe-24l",
-             "dlrm", "resnet50", "vgg19", "bert")
+WORKLOADS = (
+    "gpt3-175b",
+    "gpt3-13b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "qwen-moe-12l",
+    "qwen-moe-24l",
+    "dlrm",
+    "resnet50",
+    "vgg19",
+    "bert",
+)
 
 
-def build_workload(name: str, gpus: int, bandwidth_gbps: float = 100.0, seed: int = 0,
-                   **overrides: Any) -> tuple[Topology, Workload]:
+def build_workload(
+    name: str, gpus: int, bandwidth_gbps: float = 100.0, seed: int = 0, **overrides: Any
+) -> tuple[Topology, Workload]:
     """Any named workload: LLM presets (table 5.5), ``dlrm``, or DP ``resnet50``/``vgg19``/``bert``."""
     if name == "dlrm":
         return build_dlrm(gpus=gpus, bandwidth_gbps=bandwidth_gbps)

@@ -20,7 +20,24 @@ from flowlane.syndicate.optsched import Comm, Compute, OrderError, Schedule, Tra
 from flowlane.syndicate.search import SearchConfig, SearchResult, exhaustive, mcmc_search
 
 __all__ = [
-    "Comm", "CommOp", "Compute", "CostModel", "Motif", "MotifError", "Option", "OrderError", "PathCost", "Schedule",
-    "SearchConfig", "SearchResult", "TrainingDAG", "decompose", "exhaustive", "fit_path_cost", "mcmc_search",
-    "opt_sched", "option_space", "validate",
+    "Comm",
+    "CommOp",
+    "Compute",
+    "CostModel",
+    "Motif",
+    "MotifError",
+    "Option",
+    "OrderError",
+    "PathCost",
+    "Schedule",
+    "SearchConfig",
+    "SearchResult",
+    "TrainingDAG",
+    "decompose",
+    "exhaustive",
+    "fit_path_cost",
+    "mcmc_search",
+    "opt_sched",
+    "option_space",
+    "validate",
 ]

@@ -93,11 +93,15 @@ class CostModel:
         for kind, ps in self.allowed.items():
             bad = [p for p in ps if p not in self.paths]
             if bad:
-                raise ValueError(f"CostModel.allowed[{kind!r}] names unknown paths {bad}; paths: {sorted(self.paths)}")
+                raise ValueError(
+                    f"CostModel.allowed[{kind!r}] names unknown paths {bad}; paths: {sorted(self.paths)}"
+                )
         for kind, pcs in self.per_kind.items():
             bad = [p for p in pcs if p not in self.paths]
             if bad:
-                raise ValueError(f"CostModel.per_kind[{kind!r}] names unknown paths {bad}; paths: {sorted(self.paths)}")
+                raise ValueError(
+                    f"CostModel.per_kind[{kind!r}] names unknown paths {bad}; paths: {sorted(self.paths)}"
+                )
 
     def path(self, name: str) -> PathCost:
         if name not in self.paths:
@@ -138,14 +142,23 @@ class CostModel:
         return sum(self.motif_time(op, m, option) for m in option.motifs(op))
 
 
-def option_space(op: CommOp, cost: CostModel, algos: Sequence[str] | None = None,
-                 segments: Sequence[int] = (1, 2, 4), splines: Sequence[int] = (1, 2, 4)) -> tuple[Option, ...]:
+def option_space(
+    op: CommOp,
+    cost: CostModel,
+    algos: Sequence[str] | None = None,
+    segments: Sequence[int] = (1, 2, 4),
+    splines: Sequence[int] = (1, 2, 4),
+) -> tuple[Option, ...]:
     """Every valid option of ``op`` (digest §5 item 5: algorithm x splining x segments x path), invalid cuts
     dropped. ``algos`` defaults by kind: all-reduce ring/tree/rs_ag, all-to-all and all-gather direct, others
     ring."""
     if algos is None:
-        algos = {"all_reduce": ("ring", "tree", "rs_ag"), "all_to_all": ("direct",),
-                 "all_gather": ("direct",), "broadcast": ("tree",)}.get(op.kind, ("ring",))
+        algos = {
+            "all_reduce": ("ring", "tree", "rs_ag"),
+            "all_to_all": ("direct",),
+            "all_gather": ("direct",),
+            "broadcast": ("tree",),
+        }.get(op.kind, ("ring",))
     out = []
     for path in cost.paths:
         for algo in algos:
@@ -160,7 +173,9 @@ def option_space(op: CommOp, cost: CostModel, algos: Sequence[str] | None = None
                         continue
                     out.append(o)
     if not out:
-        raise MotifError(f"CommOp {op.name!r}: no valid option (paths {sorted(cost.paths)}, algos {list(algos)})")
+        raise MotifError(
+            f"CommOp {op.name!r}: no valid option (paths {sorted(cost.paths)}, algos {list(algos)})"
+        )
     return tuple(out)
 
 

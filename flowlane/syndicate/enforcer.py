@@ -94,8 +94,16 @@ class _MotifRun:
     submitted_at: float = 0.0
 
 
-def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Tensor, group: Any, rank: int,
-               world: int, tag_base: int) -> list[_MotifRun]:
+def motif_runs(
+    kind: str,
+    motifs: list[Motif],
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    rank: int,
+    world: int,
+    tag_base: int,
+) -> list[_MotifRun]:
     """Closures that run ``motifs`` of one op on ``group``: segments as the backend's own collective on a slice,
     splined motifs as isend/irecv to destinations ``(rank + t) % world`` (rule R2). Results equal the whole op's."""
     es = inp.element_size()
@@ -121,8 +129,14 @@ def motif_runs(kind: str, motifs: list[Motif], out: torch.Tensor, inp: torch.Ten
             def launch(seg_in=seg_in, seg_out=seg_out, a=a, b=b, kind=kind) -> list[Any]:
                 seg_in.copy_(src[:, a:b])
                 fn = dist.all_to_all_single if kind == "all_to_all" else dist.all_gather_into_tensor
-                return [fn(seg_out.view(-1) if kind == "all_gather" else seg_out, seg_in.view(-1) if kind ==
-                           "all_gather" else seg_in, group=group, async_op=True)]
+                return [
+                    fn(
+                        seg_out.view(-1) if kind == "all_gather" else seg_out,
+                        seg_in.view(-1) if kind == "all_gather" else seg_in,
+                        group=group,
+                        async_op=True,
+                    )
+                ]
 
             runs.append(_MotifRun(launch, lambda seg_out=seg_out, a=a, b=b: dst[:, a:b].copy_(seg_out)))
         else:
@@ -179,9 +193,16 @@ class Enforcer:
     """Per-rank enforcer (see the module docstring). ``paths``: plan path name -> process group (None: WORLD).
     ``store``: a key-value store every rank shares (``TCPStore``), for the watchdog and plan switches."""
 
-    def __init__(self, paths: Mapping[str, Any], store: Store, rank: int | None = None, world: int | None = None,
-                 config: EnforcerConfig | None = None, channel: PlanChannel | None = None,
-                 trigger: ReplanTrigger | None = None) -> None:
+    def __init__(
+        self,
+        paths: Mapping[str, Any],
+        store: Store,
+        rank: int | None = None,
+        world: int | None = None,
+        config: EnforcerConfig | None = None,
+        channel: PlanChannel | None = None,
+        trigger: ReplanTrigger | None = None,
+    ) -> None:
         self.config = config or EnforcerConfig()
         self.paths = dict(paths)
         self.store = store
@@ -212,22 +233,36 @@ class Enforcer:
         if plan is not None:
             for i, op in enumerate(plan.ops):
                 if op.kind not in _KINDS:
-                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}): the enforcer runs {_KINDS}, "
-                                    f"not {op.kind!r}")
+                    raise PlanError(
+                        f"plan v{plan.version} op {i} ({op.name!r}): the enforcer runs {_KINDS}, "
+                        f"not {op.kind!r}"
+                    )
                 if op.option.algo not in RUNNABLE_ALGOS:
-                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} "
-                                    f"cannot be forced per call on torch.distributed; runnable: {RUNNABLE_ALGOS}")
+                    raise PlanError(
+                        f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} "
+                        f"cannot be forced per call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
+                    )
                 if op.option.path not in self.paths:
-                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}): path {op.option.path!r} has no "
-                                    f"process group; paths: {sorted(self.paths)}")
+                    raise PlanError(
+                        f"plan v{plan.version} op {i} ({op.name!r}): path {op.option.path!r} has no "
+                        f"process group; paths: {sorted(self.paths)}"
+                    )
                 if op.ranks != self.world:
-                    raise PlanError(f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; this "
-                                    f"enforcer's paths span {self.world}")
+                    raise PlanError(
+                        f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; this "
+                        f"enforcer's paths span {self.world}"
+                    )
         if verify:
             self._verifies += 1
             digest = plan.digest() if plan is not None else "none"
-            got = exchange(self.store, self.rank, self.world, f"{self.config.namespace}/install/{self._verifies}",
-                           digest, self.config.timeout_s)
+            got = exchange(
+                self.store,
+                self.rank,
+                self.world,
+                f"{self.config.namespace}/install/{self._verifies}",
+                digest,
+                self.config.timeout_s,
+            )
             diff = disagreeing(got)
             if diff:
                 raise PlanMismatchError(f"plan mismatch at install {self._verifies}: {diff}")
@@ -243,14 +278,18 @@ class Enforcer:
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor) -> Handle:
         """Equal-split all-to-all: block r of ``input`` goes to rank r."""
         if input.numel() % self.world or output.numel() != input.numel():
-            raise ValueError(f"all_to_all_single: {input.numel()} input / {output.numel()} output elements must be "
-                             f"equal and split into {self.world} blocks")
+            raise ValueError(
+                f"all_to_all_single: {input.numel()} input / {output.numel()} output elements must be "
+                f"equal and split into {self.world} blocks"
+            )
         return self._submit("all_to_all", output, input)
 
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> Handle:
         if output.numel() != input.numel() * self.world:
-            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, needs "
-                             f"{self.world} x {input.numel()}")
+            raise ValueError(
+                f"all_gather_into_tensor: output has {output.numel()} elements, needs "
+                f"{self.world} x {input.numel()}"
+            )
         return self._submit("all_gather", output, input)
 
     def step(self) -> None:
@@ -261,8 +300,14 @@ class Enforcer:
         every = self.config.check_every
         if every and it % every == 0:
             fp = hashlib.sha256(repr([e[1:] for e in self.log if e[0] == it]).encode()).hexdigest()
-            got = exchange(self.store, self.rank, self.world, f"{self.config.namespace}/fp/{it}", fp,
-                           self.config.timeout_s)
+            got = exchange(
+                self.store,
+                self.rank,
+                self.world,
+                f"{self.config.namespace}/fp/{it}",
+                fp,
+                self.config.timeout_s,
+            )
             diff = disagreeing(got)
             if diff:
                 raise PlanMismatchError(f"iteration {it}: ranks launched different motif sequences: {diff}")
@@ -298,7 +343,9 @@ class Enforcer:
             op = self.plan.ops[i] if self.plan is not None and i < len(self.plan.ops) else None  # type: ignore[union-attr]
             if op is None or (op.kind, op.numel, op.dtype) != (kind, inp.numel(), _dtype_name(inp)):
                 want = (op.kind, op.numel, op.dtype) if op else "no op"
-                self._fallback(f"submission {i} is ({kind}, {inp.numel()}, {_dtype_name(inp)}), plan has {want}")
+                self._fallback(
+                    f"submission {i} is ({kind}, {inp.numel()}, {_dtype_name(inp)}), plan has {want}"
+                )
         if self._fifo:
             block = inp.numel() // self.world if kind == "all_to_all" else inp.numel()
             motifs = [Motif("op", 0, kind, 0, block * inp.element_size(), tuple(range(self.world)))]
@@ -352,14 +399,26 @@ class Enforcer:
         self._fallback(f"wait() on op {index}, whose motifs wait behind an op not yet submitted")
 
 
-def shape_for_hermod(sched: Any, meta: Any, op: PlanOp, kind: str, out: torch.Tensor, inp: torch.Tensor,
-                     group: Any, rank: int, world: int, tag_base: int) -> Any:
+def shape_for_hermod(
+    sched: Any,
+    meta: Any,
+    op: PlanOp,
+    kind: str,
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    group: Any,
+    rank: int,
+    world: int,
+    tag_base: int,
+) -> Any:
     """Submit one op to Hermod's :class:`~flowlane.sched.CommScheduler` as its motifs: Hermod decides when the
     coflow goes (its key order), SYNDICATE its shape (segments, spline, path ``group``, order within). Returns a
     handle whose ``wait()`` also repacks the motif outputs. ``tag_base`` must advance identically on every rank."""
     if op.option.algo not in RUNNABLE_ALGOS:
-        raise PlanError(f"op {op.name!r}: algorithm {op.option.algo!r} cannot be forced per call; runnable: "
-                        f"{RUNNABLE_ALGOS}")
+        raise PlanError(
+            f"op {op.name!r}: algorithm {op.option.algo!r} cannot be forced per call; runnable: "
+            f"{RUNNABLE_ALGOS}"
+        )
     from flowlane.syndicate.plan import element_size
 
     motifs = op.option.motifs(op.comm_op(element_size(op.dtype)))

@@ -26,8 +26,13 @@ from flowlane.syndicate.cost import CostModel, Option
 from flowlane.syndicate.optsched import Comm, Compute, Schedule, TrainingDAG
 
 
-def to_workload(dag: TrainingDAG, plan: Mapping[str, Option], schedule: Schedule, bandwidth_gbps: float = 100.0,
-                topology: object | None = None) -> tuple[object, object]:
+def to_workload(
+    dag: TrainingDAG,
+    plan: Mapping[str, Option],
+    schedule: Schedule,
+    bandwidth_gbps: float = 100.0,
+    topology: object | None = None,
+) -> tuple[object, object]:
     """``(topology, workload)`` for ``flowlane.sim.Simulator``: ``dag`` under ``plan``, motifs in ``schedule``'s
     launch order. Every comm-op must span the same ``ranks`` (the GPUs simulated)."""
     from flowlane.sim import SimSpecError, Workload
@@ -36,11 +41,15 @@ def to_workload(dag: TrainingDAG, plan: Mapping[str, Option], schedule: Schedule
 
     paths = sorted({plan[c.name].path for c in dag.comms})
     if len(paths) != 1:
-        raise SimSpecError(f"the flow-level simulator has one fabric; this plan uses paths {paths} (evaluate "
-                           f"multi-path plans with opt_sched)")
+        raise SimSpecError(
+            f"the flow-level simulator has one fabric; this plan uses paths {paths} (evaluate "
+            f"multi-path plans with opt_sched)"
+        )
     sizes = {c.op.ranks for c in dag.comms}
     if len(sizes) != 1:
-        raise SimSpecError(f"every comm-op must span the same ranks to map onto GPUs, got group sizes {sorted(sizes)}")
+        raise SimSpecError(
+            f"every comm-op must span the same ranks to map onto GPUs, got group sizes {sorted(sizes)}"
+        )
     n = sizes.pop()
     topo = topology or cluster(n, bandwidth_gbps)
     w = Workload(topo.gpus[:n], name=f"{dag.name}@{n}")  # type: ignore[attr-defined]
@@ -85,8 +94,16 @@ def to_workload(dag: TrainingDAG, plan: Mapping[str, Option], schedule: Schedule
         meta = CoflowMeta(ctype, iteration=it)
         label = f"{name}#{j}"
         if m.kind == "all_reduce":
-            cid = C.all_reduce(w, ranks, float(m.nbytes), meta, deps, algo="tree" if opt.algo == "tree" else "ring",
-                               stream=opt.path, name=label)
+            cid = C.all_reduce(
+                w,
+                ranks,
+                float(m.nbytes),
+                meta,
+                deps,
+                algo="tree" if opt.algo == "tree" else "ring",
+                stream=opt.path,
+                name=label,
+            )
         elif m.kind == "reduce_scatter" and step.op.kind == "all_reduce":
             cid = C.reduce_scatter(w, ranks, float(m.nbytes), meta, deps, stream=opt.path, name=label)
         elif m.kind == "all_gather" and step.op.kind == "all_reduce":
@@ -101,13 +118,22 @@ def to_workload(dag: TrainingDAG, plan: Mapping[str, Option], schedule: Schedule
             raise SimSpecError(f"{name}: motif kind {m.kind!r} has no flow-level model here")
         motif_ids[(it, name, j)] = cid
         ends.setdefault((it, name), []).append(cid)
-    w.info.update(iteration_end=[w.join([i for (it2, _), ids in ends.items() if it2 == it for i in ids])
-                                 for it in range(dag.iterations)])
+    w.info.update(
+        iteration_end=[
+            w.join([i for (it2, _), ids in ends.items() if it2 == it for i in ids])
+            for it in range(dag.iterations)
+        ]
+    )
     return topo, w
 
 
-def simulate(dag: TrainingDAG, plan: Mapping[str, Option], schedule: Schedule, cost: CostModel,
-             bandwidth_gbps: float = 100.0) -> float:
+def simulate(
+    dag: TrainingDAG,
+    plan: Mapping[str, Option],
+    schedule: Schedule,
+    cost: CostModel,
+    bandwidth_gbps: float = 100.0,
+) -> float:
     """The steady-state iteration time the flow-level engine gives ``plan`` in ``schedule``'s order (seconds)."""
     from flowlane.policies import make_policy
     from flowlane.sim import SimConfig, Simulator

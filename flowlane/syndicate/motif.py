@@ -50,11 +50,15 @@ class CommOp:
         if not isinstance(self.align, int) or self.align < 1:
             raise MotifError(f"CommOp {self.name!r}: align must be an integer >= 1, got {self.align!r}")
         if not isinstance(self.nbytes, int) or self.nbytes < self.align or self.nbytes % self.align:
-            raise MotifError(f"CommOp {self.name!r}: nbytes must be a positive multiple of align={self.align}, "
-                             f"got {self.nbytes!r}")
+            raise MotifError(
+                f"CommOp {self.name!r}: nbytes must be a positive multiple of align={self.align}, "
+                f"got {self.nbytes!r}"
+            )
         if self.kind == "all_to_all" and self.nbytes % (self.ranks * self.align):
-            raise MotifError(f"CommOp {self.name!r}: an all-to-all's nbytes={self.nbytes} must split into ranks="
-                             f"{self.ranks} blocks of whole elements (a multiple of {self.ranks * self.align})")
+            raise MotifError(
+                f"CommOp {self.name!r}: an all-to-all's nbytes={self.nbytes} must split into ranks="
+                f"{self.ranks} blocks of whole elements (a multiple of {self.ranks * self.align})"
+            )
 
     @property
     def block_bytes(self) -> int:
@@ -118,13 +122,17 @@ def decompose(op: CommOp, segments: int = 1, spline: int = 1, ring: bool = False
     all-gather, broadcast) or the ring splining RS -> AG (all-reduce, ``ring=True``). Order: spline-major, then
     segment, which is the order a FIFO enforcer would launch them."""
     if spline != 1 and op.kind not in SPLINABLE:
-        raise MotifError(f"CommOp {op.name!r}: splining applies to {SPLINABLE}, not {op.kind!r} "
-                         f"(an all-reduce is splined with ring=True)")
+        raise MotifError(
+            f"CommOp {op.name!r}: splining applies to {SPLINABLE}, not {op.kind!r} "
+            f"(an all-reduce is splined with ring=True)"
+        )
     if ring and op.kind != "all_reduce":
         raise MotifError(f"CommOp {op.name!r}: ring splining (R4) applies to all_reduce, not {op.kind!r}")
     if ring and (op.nbytes // op.align) % (segments * op.ranks):
-        raise MotifError(f"CommOp {op.name!r}: ring splining needs each of the {segments} segments to split into "
-                         f"ranks={op.ranks} whole-element pieces ({op.nbytes} bytes, align {op.align})")
+        raise MotifError(
+            f"CommOp {op.name!r}: ring splining needs each of the {segments} segments to split into "
+            f"ranks={op.ranks} whole-element pieces ({op.nbytes} bytes, align {op.align})"
+        )
     bounds = segment_bounds(op.block_bytes, segments, op.align)
     groups = spline_offsets(op.ranks, spline) if op.kind in SPLINABLE else [tuple(range(op.ranks))]
     motifs: list[Motif] = []
@@ -165,30 +173,43 @@ def validate(op: CommOp, motifs: Sequence[Motif]) -> None:
         if any(not 0 <= a < k for a in m.after):
             raise MotifError(f"CommOp {op.name!r}: motif {k} follows {m.after}, which are not earlier motifs")
         if m.hi > op.block_bytes or m.lo < 0 or m.lo % op.align or m.hi % op.align:
-            raise MotifError(f"CommOp {op.name!r}: motif {k} range [{m.lo}, {m.hi}) is outside [0, "
-                             f"{op.block_bytes}) or not on {op.align}-byte boundaries")
+            raise MotifError(
+                f"CommOp {op.name!r}: motif {k} range [{m.lo}, {m.hi}) is outside [0, "
+                f"{op.block_bytes}) or not on {op.align}-byte boundaries"
+            )
         if any(not 0 <= t < op.ranks for t in m.dests) or len(set(m.dests)) != len(m.dests):
-            raise MotifError(f"CommOp {op.name!r}: motif {k} destination offsets {m.dests} are not distinct "
-                             f"values in [0, {op.ranks})")
+            raise MotifError(
+                f"CommOp {op.name!r}: motif {k} destination offsets {m.dests} are not distinct "
+                f"values in [0, {op.ranks})"
+            )
     kinds = {m.kind for m in motifs}
     if op.kind == "all_reduce" and kinds == {"reduce_scatter", "all_gather"}:
-        stages = {"reduce_scatter": [m for m in motifs if m.kind == "reduce_scatter"],
-                  "all_gather": [m for m in motifs if m.kind == "all_gather"]}
+        stages = {
+            "reduce_scatter": [m for m in motifs if m.kind == "reduce_scatter"],
+            "all_gather": [m for m in motifs if m.kind == "all_gather"],
+        }
         rs_at = {(m.lo, m.hi): m.index for m in stages["reduce_scatter"]}
         for m in stages["all_gather"]:
             if rs_at.get((m.lo, m.hi)) not in m.after:
-                raise MotifError(f"CommOp {op.name!r}: all-gather motif {m.index} over [{m.lo}, {m.hi}) does not "
-                                 f"follow the reduce-scatter of that range (R4: RS -> AG)")
+                raise MotifError(
+                    f"CommOp {op.name!r}: all-gather motif {m.index} over [{m.lo}, {m.hi}) does not "
+                    f"follow the reduce-scatter of that range (R4: RS -> AG)"
+                )
     elif kinds == {op.kind}:
         stages = {op.kind: list(motifs)}
     else:
-        raise MotifError(f"CommOp {op.name!r} ({op.kind}): motif kinds {sorted(kinds)} are not allowed; use "
-                         f"{op.kind!r}" + (" or reduce_scatter + all_gather" if op.kind == "all_reduce" else ""))
+        raise MotifError(
+            f"CommOp {op.name!r} ({op.kind}): motif kinds {sorted(kinds)} are not allowed; use "
+            f"{op.kind!r}" + (" or reduce_scatter + all_gather" if op.kind == "all_reduce" else "")
+        )
     for stage, ms in stages.items():
         if op.kind in SPLINABLE:
             for t in range(op.ranks):
-                _cover(f"CommOp {op.name!r} {stage} offset {t}", [(m.lo, m.hi) for m in ms if t in m.dests],
-                       op.block_bytes)
+                _cover(
+                    f"CommOp {op.name!r} {stage} offset {t}",
+                    [(m.lo, m.hi) for m in ms if t in m.dests],
+                    op.block_bytes,
+                )
         else:
             if any(len(m.dests) != op.ranks for m in ms):
                 raise MotifError(f"CommOp {op.name!r}: a {op.kind} cannot be splined by destination")

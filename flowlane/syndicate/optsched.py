@@ -56,8 +56,13 @@ class TrainingDAG:
     """One training iteration in program order, unrolled ``iterations`` times. ``carry`` edges ``(a, b)`` make
     iteration i+1's ``b`` wait for iteration i's ``a`` (the optimizer step, the next batch's embeddings)."""
 
-    def __init__(self, name: str, steps: Sequence[Compute | Comm], carry: Sequence[tuple[str, str]] = (),
-                 iterations: int = 2) -> None:
+    def __init__(
+        self,
+        name: str,
+        steps: Sequence[Compute | Comm],
+        carry: Sequence[tuple[str, str]] = (),
+        iterations: int = 2,
+    ) -> None:
         if not isinstance(iterations, int) or iterations < 1:
             raise ValueError(f"TrainingDAG.iterations must be an integer >= 1, got {iterations!r}")
         seen: dict[str, int] = {}
@@ -66,12 +71,16 @@ class TrainingDAG:
                 raise ValueError(f"TrainingDAG {name!r}: step name {s.name!r} appears twice")
             for d in s.deps:
                 if d not in seen:
-                    raise ValueError(f"TrainingDAG {name!r}: step {s.name!r} depends on {d!r}, which is not an "
-                                     f"earlier step (deps must come earlier in program order)")
+                    raise ValueError(
+                        f"TrainingDAG {name!r}: step {s.name!r} depends on {d!r}, which is not an "
+                        f"earlier step (deps must come earlier in program order)"
+                    )
             if isinstance(s, Comm) and not s.options:
                 raise ValueError(f"TrainingDAG {name!r}: comm-op {s.name!r} has no options")
             if isinstance(s, Compute) and not s.seconds >= 0:
-                raise ValueError(f"TrainingDAG {name!r}: compute {s.name!r} seconds must be >= 0, got {s.seconds!r}")
+                raise ValueError(
+                    f"TrainingDAG {name!r}: compute {s.name!r} seconds must be >= 0, got {s.seconds!r}"
+                )
             seen[s.name] = k
         for a, b in carry:
             if a not in seen or b not in seen:
@@ -131,8 +140,9 @@ class OrderError(ValueError):
 class _Graph:
     """The unrolled DAG under one plan: nodes are compute tasks and motifs, with durations and predecessors."""
 
-    def __init__(self, dag: TrainingDAG, plan: Mapping[str, Option], cost: CostModel,
-                 cache: dict | None = None) -> None:
+    def __init__(
+        self, dag: TrainingDAG, plan: Mapping[str, Option], cost: CostModel, cache: dict | None = None
+    ) -> None:
         missing = [c.name for c in dag.comms if c.name not in plan]
         if missing:
             raise ValueError(f"plan has no option for comm-ops {missing}")
@@ -171,7 +181,9 @@ class _Graph:
         for v, ps in enumerate(self.preds):
             for p in ps:
                 self.succs[p].append(v)
-        self.iter_nodes = [[v for v in range(self.n) if self.info[v][0] == it] for it in range(dag.iterations)]
+        self.iter_nodes = [
+            [v for v in range(self.n) if self.info[v][0] == it] for it in range(dag.iterations)
+        ]
 
     def _add(self, dur: float, path: int, preds: list[int], info: tuple[int, str, int, int]) -> int:
         self.dur.append(dur)
@@ -187,9 +199,15 @@ class _Graph:
         return bl
 
 
-def opt_sched(dag: TrainingDAG, plan: Mapping[str, Option], cost: CostModel, order: str | Sequence = "critical_path",
-              boosts: Mapping[str, int] | None = None, hand: Mapping[str, int] | None = None,
-              cache: dict | None = None) -> Schedule:
+def opt_sched(
+    dag: TrainingDAG,
+    plan: Mapping[str, Option],
+    cost: CostModel,
+    order: str | Sequence = "critical_path",
+    boosts: Mapping[str, int] | None = None,
+    hand: Mapping[str, int] | None = None,
+    cache: dict | None = None,
+) -> Schedule:
     """Schedule ``dag`` under ``plan``. ``order``: ``critical_path`` (optSched; ``boosts`` raise ops above the
     bottom-level rule), ``lifo``, ``hand`` (``hand[op]``: smaller launches first, then submission order), ``fifo``,
     or an explicit sequence of (iteration, op, motif index) covering every motif."""
@@ -220,7 +238,9 @@ def opt_sched(dag: TrainingDAG, plan: Mapping[str, Option], cost: CostModel, ord
                 raise ValueError("order='hand' needs hand={op name: rank}")
             key = [(g.info[v][0], hand.get(g.info[v][1], 0), g.info[v][3], g.info[v][2]) for v in range(g.n)]
     else:
-        raise ValueError(f"order {order!r} is not one of ['critical_path', 'fifo', 'lifo', 'hand'] or a sequence")
+        raise ValueError(
+            f"order {order!r} is not one of ['critical_path', 'fifo', 'lifo', 'hand'] or a sequence"
+        )
     return _run(g, static, key)
 
 
@@ -278,9 +298,13 @@ def _run(g: _Graph, static: list[int] | None, key: list[tuple] | None) -> Schedu
         if pick < 0:
             if static is not None and si < len(static):
                 it, name, j, _ = g.info[static[si]]
-                raise OrderError(f"order launches motif {j} of {name!r} (iteration {it}) before a motif it "
-                                 f"depends on: the ranks would deadlock")
-            raise OrderError("no task can run: the DAG has a cycle")  # cannot happen: deps point to earlier steps
+                raise OrderError(
+                    f"order launches motif {j} of {name!r} (iteration {it}) before a motif it "
+                    f"depends on: the ranks would deadlock"
+                )
+            raise OrderError(
+                "no task can run: the DAG has a cycle"
+            )  # cannot happen: deps point to earlier steps
         if static is not None:
             si += 1
         else:
@@ -307,8 +331,9 @@ def _run(g: _Graph, static: list[int] | None, key: list[tuple] | None) -> Schedu
     return Schedule(makespan, makespan / iters, out, comp_out, ends)
 
 
-def check_order_feasible(dag: TrainingDAG, plan: Mapping[str, Option], cost: CostModel,
-                         order: Sequence[tuple[int, str, int]]) -> Schedule:
+def check_order_feasible(
+    dag: TrainingDAG, plan: Mapping[str, Option], cost: CostModel, order: Sequence[tuple[int, str, int]]
+) -> Schedule:
     """Replay a static order (raises :class:`OrderError` if it would deadlock)."""
     return opt_sched(dag, plan, cost, order=order)
 
@@ -317,5 +342,16 @@ def motif_count(dag: TrainingDAG, plan: Mapping[str, Option]) -> int:
     return dag.iterations * sum(len(plan[c.name].motifs(c.op)) for c in dag.comms)
 
 
-__all__ = ["Comm", "CommOp", "Compute", "MotifError", "OrderError", "Schedule", "ScheduledMotif", "TrainingDAG",
-           "check_order_feasible", "motif_count", "opt_sched"]
+__all__ = [
+    "Comm",
+    "CommOp",
+    "Compute",
+    "MotifError",
+    "OrderError",
+    "Schedule",
+    "ScheduledMotif",
+    "TrainingDAG",
+    "check_order_feasible",
+    "motif_count",
+    "opt_sched",
+]

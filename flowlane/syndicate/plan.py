@@ -55,8 +55,17 @@ class PlanOp:
         return CommOp(self.name, self.kind, self.numel * element_size, self.ranks, align=element_size)
 
 
-_SIZES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-          "uint8": 1}
+_SIZES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+}
 
 
 def element_size(dtype: str) -> int:
@@ -83,26 +92,45 @@ class SyndicatePlan:
         got = [tuple(e) for e in self.order]
         if len(set(got)) != len(got) or set(got) != want:
             extra, missing = sorted(set(got) - want), sorted(want - set(got))
-            raise PlanError(f"plan v{self.version}: order must list every (op, motif) once; "
-                            f"missing {missing[:5]}, unknown {extra[:5]}, {len(got) - len(set(got))} repeated")
+            raise PlanError(
+                f"plan v{self.version}: order must list every (op, motif) once; "
+                f"missing {missing[:5]}, unknown {extra[:5]}, {len(got) - len(set(got))} repeated"
+            )
         pos = {e: k for k, e in enumerate(got)}
         for i, op in enumerate(self.ops):
             for m in op.option.motifs(op.comm_op(element_size(op.dtype))):
                 for a in m.after:
                     if pos[(i, a)] > pos[(i, m.index)]:
-                        raise PlanError(f"plan v{self.version}: op {i} ({op.name!r}) motif {m.index} is ordered "
-                                        f"before motif {a} it depends on")
+                        raise PlanError(
+                            f"plan v{self.version}: op {i} ({op.name!r}) motif {m.index} is ordered "
+                            f"before motif {a} it depends on"
+                        )
 
     def motifs(self, i: int) -> list:
         op = self.ops[i]
         return op.option.motifs(op.comm_op(element_size(op.dtype)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version,
-                "ops": [{"name": o.name, "kind": o.kind, "numel": o.numel, "dtype": o.dtype, "ranks": o.ranks,
-                         "option": {"path": o.option.path, "algo": o.option.algo, "segments": o.option.segments,
-                                    "spline": o.option.spline}} for o in self.ops],
-                "order": [list(e) for e in self.order]}
+        return {
+            "version": self.version,
+            "ops": [
+                {
+                    "name": o.name,
+                    "kind": o.kind,
+                    "numel": o.numel,
+                    "dtype": o.dtype,
+                    "ranks": o.ranks,
+                    "option": {
+                        "path": o.option.path,
+                        "algo": o.option.algo,
+                        "segments": o.option.segments,
+                        "spline": o.option.spline,
+                    },
+                }
+                for o in self.ops
+            ],
+            "order": [list(e) for e in self.order],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -114,8 +142,12 @@ class SyndicatePlan:
     def from_json(cls, text: str | bytes) -> SyndicatePlan:
         try:
             d = json.loads(text)
-            ops = tuple(PlanOp(o["name"], o["kind"], int(o["numel"]), o["dtype"], int(o["ranks"]), Option(**o["option"]))
-                        for o in d["ops"])
+            ops = tuple(
+                PlanOp(
+                    o["name"], o["kind"], int(o["numel"]), o["dtype"], int(o["ranks"]), Option(**o["option"])
+                )
+                for o in d["ops"]
+            )
             return cls(int(d["version"]), ops, tuple((int(a), int(b)) for a, b in d["order"]))
         except (KeyError, TypeError, ValueError, MotifError) as e:
             raise PlanError(f"not a SYNDICATE plan: {e}") from e
@@ -123,13 +155,21 @@ class SyndicatePlan:
     @classmethod
     def fifo(cls, ops: Sequence[PlanOp], version: int = 0) -> SyndicatePlan:
         """The plan that launches every op's motifs in submission order."""
-        order = tuple((i, j) for i, op in enumerate(ops)
-                      for j in range(len(op.option.motifs(op.comm_op(element_size(op.dtype))))))
+        order = tuple(
+            (i, j)
+            for i, op in enumerate(ops)
+            for j in range(len(op.option.motifs(op.comm_op(element_size(op.dtype)))))
+        )
         return cls(version, tuple(ops), order)
 
     @classmethod
-    def from_schedule(cls, ops: Sequence[PlanOp], launch: Sequence[tuple[int, str, int]], version: int = 1,
-                      iteration: int | None = None) -> SyndicatePlan:
+    def from_schedule(
+        cls,
+        ops: Sequence[PlanOp],
+        launch: Sequence[tuple[int, str, int]],
+        version: int = 1,
+        iteration: int | None = None,
+    ) -> SyndicatePlan:
         """The plan whose order is ``launch`` (optSched's (iteration, op name, motif) sequence) restricted to one
         ``iteration`` (default: the last, the steady state; digest §5 item 7)."""
         idx = {o.name: i for i, o in enumerate(ops)}
@@ -142,7 +182,9 @@ class PlanChannel:
     """Two-phase plan distribution over ``store`` (see the module docstring). Every rank calls :meth:`poll` at
     each iteration boundary; one rank (any) calls :meth:`propose` and then :meth:`decide`."""
 
-    def __init__(self, store: Store, rank: int, world: int, prefix: str = "syndicate", timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, store: Store, rank: int, world: int, prefix: str = "syndicate", timeout_s: float = 60.0
+    ) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in [0, world={world})")
         self.store, self.rank, self.world, self.prefix, self.timeout_s = store, rank, world, prefix, timeout_s
@@ -166,10 +208,16 @@ class PlanChannel:
     def decide(self, version: int) -> bool:
         """Collect every rank's vote; COMMIT if all acknowledged the plan's digest, else ABORT (naming ranks)."""
         digest = self.store.get(self._k("v", version, "digest")).decode()
-        votes = _gather(self.store, [self._k("v", version, "vote", r) for r in range(self.world)], self.timeout_s,
-                        f"plan v{version} votes")
+        votes = _gather(
+            self.store,
+            [self._k("v", version, "vote", r) for r in range(self.world)],
+            self.timeout_s,
+            f"plan v{version} votes",
+        )
         bad = {r: v for r, v in enumerate(votes) if v != digest}
-        verdict = "commit" if not bad else "abort: " + "; ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
+        verdict = (
+            "commit" if not bad else "abort: " + "; ".join(f"rank {r}: {v}" for r, v in sorted(bad.items()))
+        )
         self.store.set(self._k("v", version, "decision"), verdict)
         return not bad
 
@@ -186,8 +234,12 @@ class PlanChannel:
         if self._pending is not None and iteration >= self._pending[1]:
             plan, _ = self._pending
             self._pending = None
-            verdict = _gather(self.store, [self._k("v", plan.version, "decision")], self.timeout_s,
-                              f"plan v{plan.version} decision")[0]
+            verdict = _gather(
+                self.store,
+                [self._k("v", plan.version, "decision")],
+                self.timeout_s,
+                f"plan v{plan.version} decision",
+            )[0]
             if verdict == "commit":
                 self.current = plan
                 self.log.append((iteration, "switch", plan.version))
@@ -206,7 +258,9 @@ class PlanChannel:
             self.log.append((iteration, "nack", v))
             return
         if iteration >= switch_at:
-            self.store.set(key, f"nack: saw it at iteration {iteration}, at or after its switch iteration {switch_at}")
+            self.store.set(
+                key, f"nack: saw it at iteration {iteration}, at or after its switch iteration {switch_at}"
+            )
             self.log.append((iteration, "nack", v))
             return
         if plan.digest() != announced:
@@ -225,8 +279,10 @@ def _gather(store: Store, keys: list[str], timeout_s: float, what: str) -> list[
     while not store.check(keys):
         if time.monotonic() > deadline:
             missing = [k.rsplit("/", 1)[-1] for k in keys if not store.check([k])]
-            raise PlanError(f"{what}: no answer within {timeout_s:.0f} s from {missing} (a rank is stuck, dead, "
-                            f"or on another plan)")
+            raise PlanError(
+                f"{what}: no answer within {timeout_s:.0f} s from {missing} (a rank is stuck, dead, "
+                f"or on another plan)"
+            )
         time.sleep(delay)
         delay = min(delay * 2, 0.01)
     return [store.get(k).decode() for k in keys]
@@ -239,7 +295,7 @@ def exchange(store: Store, rank: int, world: int, key: str, value: str, timeout_
 
 
 def disagreeing(values: Sequence[str]) -> str:
-    """"" when all equal, else which ranks hold which value (majority first), for error messages."""
+    """ "" when all equal, else which ranks hold which value (majority first), for error messages."""
     groups: dict[str, list[int]] = {}
     for r, v in enumerate(values):
         groups.setdefault(v, []).append(r)
@@ -272,7 +328,7 @@ class ReplanTrigger:
         if iteration < self._quiet_until:
             return False
         self._hist.append(held_s / iteration_s if iteration_s > 0 else 0.0)
-        self._hist = self._hist[-self.window:]
+        self._hist = self._hist[-self.window :]
         if len(self._hist) < self.window:
             return False
         ordered = sorted(self._hist)

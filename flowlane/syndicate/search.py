@@ -56,13 +56,19 @@ class SearchConfig:
         if not self.time_budget_s > 0:
             raise ValueError(f"SearchConfig.time_budget_s must be > 0, got {self.time_budget_s!r}")
         if self.max_iters is not None and (not isinstance(self.max_iters, int) or self.max_iters < 0):
-            raise ValueError(f"SearchConfig.max_iters must be an integer >= 0 or None, got {self.max_iters!r}")
+            raise ValueError(
+                f"SearchConfig.max_iters must be an integer >= 0 or None, got {self.max_iters!r}"
+            )
         if not isinstance(self.boost_levels, int) or self.boost_levels < 1:
             raise ValueError(f"SearchConfig.boost_levels must be an integer >= 1, got {self.boost_levels!r}")
         if self.order not in ("critical_path", "fifo", "lifo"):
-            raise ValueError(f"SearchConfig.order {self.order!r} is not one of ['critical_path', 'fifo', 'lifo']")
+            raise ValueError(
+                f"SearchConfig.order {self.order!r} is not one of ['critical_path', 'fifo', 'lifo']"
+            )
         if self.search_order and self.order != "critical_path":
-            raise ValueError("SearchConfig.search_order needs order='critical_path' (boosts act on that rule)")
+            raise ValueError(
+                "SearchConfig.search_order needs order='critical_path' (boosts act on that rule)"
+            )
 
 
 @dataclass
@@ -83,13 +89,25 @@ class SearchResult:
     """(proposal number, best cost) at every improvement."""
 
 
-def _score(dag: TrainingDAG, plan: Mapping[str, Option], boosts: Mapping[str, int], cost: CostModel,
-           order: str, cache: dict) -> Schedule:
-    return opt_sched(dag, plan, cost, order=order, boosts=boosts if order == "critical_path" else None, cache=cache)
+def _score(
+    dag: TrainingDAG,
+    plan: Mapping[str, Option],
+    boosts: Mapping[str, int],
+    cost: CostModel,
+    order: str,
+    cache: dict,
+) -> Schedule:
+    return opt_sched(
+        dag, plan, cost, order=order, boosts=boosts if order == "critical_path" else None, cache=cache
+    )
 
 
-def mcmc_search(dag: TrainingDAG, cost: CostModel, config: SearchConfig | None = None,
-                start: Mapping[str, Option] | None = None) -> SearchResult:
+def mcmc_search(
+    dag: TrainingDAG,
+    cost: CostModel,
+    config: SearchConfig | None = None,
+    start: Mapping[str, Option] | None = None,
+) -> SearchResult:
     """MCMC over plans and boosts from ``start`` (default: the greedy plan, no boosts)."""
     cfg = config or SearchConfig()
     rng = random.Random(cfg.seed)
@@ -115,7 +133,12 @@ def mcmc_search(dag: TrainingDAG, cost: CostModel, config: SearchConfig | None =
         if el >= cfg.time_budget_s:
             stopped = "time budget"
             break
-        if cfg.max_iters is None and it >= cfg.min_iters and el >= cfg.min_time_s and el - last_improve_t > el / 2:
+        if (
+            cfg.max_iters is None
+            and it >= cfg.min_iters
+            and el >= cfg.min_time_s
+            and el - last_improve_t > el / 2
+        ):
             stopped = "no improvement in the second half"
             break
         it += 1
@@ -142,16 +165,25 @@ def mcmc_search(dag: TrainingDAG, cost: CostModel, config: SearchConfig | None =
     return best
 
 
-def space_size(dag: TrainingDAG, search_plan: bool = True, search_order: bool = False, boost_levels: int = 3) -> int:
+def space_size(
+    dag: TrainingDAG, search_plan: bool = True, search_order: bool = False, boost_levels: int = 3
+) -> int:
     n = 1
     for c in dag.comms:
         n *= (len(c.options) if search_plan else 1) * (boost_levels if search_order else 1)
     return n
 
 
-def exhaustive(dag: TrainingDAG, cost: CostModel, search_plan: bool = True, search_order: bool = False,
-               order: str = "critical_path", boost_levels: int = 3, limit: int = 2_000_000,
-               start: Mapping[str, Option] | None = None) -> SearchResult:
+def exhaustive(
+    dag: TrainingDAG,
+    cost: CostModel,
+    search_plan: bool = True,
+    search_order: bool = False,
+    order: str = "critical_path",
+    boost_levels: int = 3,
+    limit: int = 2_000_000,
+    start: Mapping[str, Option] | None = None,
+) -> SearchResult:
     """The best state by enumeration (plans x boosts); refuses spaces above ``limit`` states."""
     n = space_size(dag, search_plan, search_order, boost_levels)
     if n > limit:
@@ -193,8 +225,9 @@ def restrict(dag: TrainingDAG, keep: Callable[[Comm, Option], bool]) -> Training
     return TrainingDAG(dag.name, steps, dag.carry, dag.iterations)
 
 
-def segment_oracle(dag: TrainingDAG, cost: CostModel, order: str, hand: Mapping[str, int] | None = None,
-                   limit: int = 20_000) -> tuple[dict[str, Option], Schedule]:
+def segment_oracle(
+    dag: TrainingDAG, cost: CostModel, order: str, hand: Mapping[str, int] | None = None, limit: int = 20_000
+) -> tuple[dict[str, Option], Schedule]:
     """ByteScheduler+'s oracle (seed 004 §6.3): the greedy plan's path, algorithm and splining per op, with the
     best segment counts for ``order`` found by enumeration."""
     greedy = dag.greedy_plan(cost)
@@ -217,11 +250,24 @@ def segment_oracle(dag: TrainingDAG, cost: CostModel, order: str, hand: Mapping[
 
 
 #: The ablation's systems, seed 004 §6.3 / Fig. 15 (digest §4.2 E2).
-SYSTEMS: tuple[str, ...] = ("fifo_greedy", "bs_lifo_seg", "hand_order", "plan_search", "order_search", "joint")
+SYSTEMS: tuple[str, ...] = (
+    "fifo_greedy",
+    "bs_lifo_seg",
+    "hand_order",
+    "plan_search",
+    "order_search",
+    "joint",
+)
 
 
-def ablation(dag: TrainingDAG, cost: CostModel, hand: Mapping[str, int], seed: int = 0,
-             time_budget_s: float = 10.0, max_iters: int | None = None) -> dict[str, SearchResult]:
+def ablation(
+    dag: TrainingDAG,
+    cost: CostModel,
+    hand: Mapping[str, int],
+    seed: int = 0,
+    time_budget_s: float = 10.0,
+    max_iters: int | None = None,
+) -> dict[str, SearchResult]:
     """Per-iteration time of each system in :data:`SYSTEMS`: FIFO + greedy plan (PyTorch + NCCL), LIFO + segment
     oracle (ByteScheduler+), ``hand`` order + segment oracle (HO), plan search under FIFO (SYNDICATE-Exec),
     order search + segmentation with the greedy path/algorithm (SYNDICATE-Sched), and the joint search."""
@@ -233,10 +279,15 @@ def ablation(dag: TrainingDAG, cost: CostModel, hand: Mapping[str, int], seed: i
         plan, s = segment_oracle(dag, cost, order, hand=hand)
         out[name] = SearchResult(plan, {}, s.per_iteration, s, s.per_iteration, stopped_by="segment oracle")
     cfg = SearchConfig(seed=seed, time_budget_s=time_budget_s, max_iters=max_iters)
-    out["plan_search"] = mcmc_search(dag, cost, SearchConfig(**{**cfg.__dict__, "search_order": False,
-                                                                 "order": "fifo"}))
-    seg_only = restrict(dag, lambda c, o: (o.path, o.algo, o.spline) == (greedy[c.name].path, greedy[c.name].algo,
-                                                                      greedy[c.name].spline))
+    out["plan_search"] = mcmc_search(
+        dag, cost, SearchConfig(**{**cfg.__dict__, "search_order": False, "order": "fifo"})
+    )
+    seg_only = restrict(
+        dag,
+        lambda c, o: (
+            (o.path, o.algo, o.spline) == (greedy[c.name].path, greedy[c.name].algo, greedy[c.name].spline)
+        ),
+    )
     out["order_search"] = mcmc_search(seg_only, cost, cfg)
     out["joint"] = mcmc_search(dag, cost, cfg)
     return out

@@ -16,22 +16,38 @@ from flowlane.syndicate.motif import CommOp
 from flowlane.syndicate.optsched import Comm, Compute, TrainingDAG
 
 
-def two_path_toy(t_b: float = 2.0, t_c: float = 2.0, t_d: float = 3.5, t_a_fast: float = 3.5,
-                 t_a_slow: float = 9.5, delta: float = 0.0) -> tuple[TrainingDAG, CostModel]:
+def two_path_toy(
+    t_b: float = 2.0,
+    t_c: float = 2.0,
+    t_d: float = 3.5,
+    t_a_fast: float = 3.5,
+    t_a_slow: float = 9.5,
+    delta: float = 0.0,
+) -> tuple[TrainingDAG, CostModel]:
     """E1: comm-ops a (all-to-all) and b, c, d (all-reduce), submitted b, c, d, a; all-reduce runs on path F only,
     the all-to-all on F or S. Greedy + FIFO gives ``t_b + t_c + t_d + t_a^F``; running a on S beside the
     all-reduces gives ``max(t_a^S, t_b + t_c + t_d)``. Defaults: 11 vs 9.5 units (our fixture, not the paper's).
     Durations are in units; 1000 bytes = 1 unit on F (2 ranks, so a ring all-reduce sends its payload once)."""
     unit = 1000
-    cost = CostModel({"F": PathCost(0.0, 1.0 / unit, delta), "S": PathCost(0.0, t_a_slow / (t_a_fast * unit), delta)},
-                     allowed={"all_reduce": ("F",)})
+    cost = CostModel(
+        {"F": PathCost(0.0, 1.0 / unit, delta), "S": PathCost(0.0, t_a_slow / (t_a_fast * unit), delta)},
+        allowed={"all_reduce": ("F",)},
+    )
 
     def ar(name: str, t: float) -> Comm:
-        return Comm(CommOp(name, "all_reduce", round(t * unit), 2, align=1), ("start",), (Option("F", "ring"),))
+        return Comm(
+            CommOp(name, "all_reduce", round(t * unit), 2, align=1), ("start",), (Option("F", "ring"),)
+        )
 
     a = CommOp("a", "all_to_all", 2 * round(t_a_fast * unit), 2, align=1)
-    steps: list[Compute | Comm] = [Compute("start", 0.0), ar("b", t_b), ar("c", t_c), ar("d", t_d),
-             Comm(a, ("start",), (Option("F", "direct"), Option("S", "direct"))), Compute("end", 0.0, ("a", "b", "c", "d"))]
+    steps: list[Compute | Comm] = [
+        Compute("start", 0.0),
+        ar("b", t_b),
+        ar("c", t_c),
+        ar("d", t_d),
+        Comm(a, ("start",), (Option("F", "direct"), Option("S", "direct"))),
+        Compute("end", 0.0, ("a", "b", "c", "d")),
+    ]
     return TrainingDAG("two-path-toy", steps, carry=[("end", "start")]), cost
 
 
@@ -59,12 +75,18 @@ def dlrm_paths(incast: float = 0.5) -> CostModel:
     """Two paths (seed 004 Fig. 18): F, GPU-driven NVLink + RDMA (12.5 GB/s per GPU, 100 Gb/s RoCE), and S,
     CPU-driven PCIe + TCP (10 GB/s per GPU); all-reduce stays on F. Alphas, deltas and the incast penalty are
     assumed (labelled so in every result)."""
-    return CostModel({"F": PathCost(5e-6, 1 / 12.5e9, 20e-6, incast), "S": PathCost(20e-6, 1 / 10e9, 50e-6, incast)},
-                     allowed={"all_reduce": ("F",), "reduce_scatter": ("F",)})
+    return CostModel(
+        {"F": PathCost(5e-6, 1 / 12.5e9, 20e-6, incast), "S": PathCost(20e-6, 1 / 10e9, 50e-6, incast)},
+        allowed={"all_reduce": ("F",), "reduce_scatter": ("F",)},
+    )
 
 
-def dlrm_dag(spec: DLRMSpec | None = None, cost: CostModel | None = None, segments: Sequence[int] = (1, 2, 4),
-             splines: Sequence[int] = (1, 4)) -> tuple[TrainingDAG, CostModel]:
+def dlrm_dag(
+    spec: DLRMSpec | None = None,
+    cost: CostModel | None = None,
+    segments: Sequence[int] = (1, 2, 4),
+    splines: Sequence[int] = (1, 4),
+) -> tuple[TrainingDAG, CostModel]:
     """E2: seed 004 Fig. 13's DLRM skeleton. Program order: a2a-data-prep, fwd-emb, a2a-emb-fwd, fwd-bottom-mlp,
     fwd-top-mlp, bwd-top-mlp, ar-top-mlp, a2a-emb-bwd, bwd-bottom-mlp, ar-bottom-mlp, bwd-emb. Across iterations:
     the next forward waits for the MLP all-reduces and the embedding update (optimizer step), and the next data-prep
@@ -97,16 +119,24 @@ def dlrm_dag(spec: DLRMSpec | None = None, cost: CostModel | None = None, segmen
     return TrainingDAG("dlrm-like", steps, carry), cost
 
 
-def linear_chain(layers: int = 6, grad_mb: float = 8.0, compute_ms: float = 1.0, ranks: int = 8,
-                 cost: CostModel | None = None, segments: Sequence[int] = (1, 2, 4)) -> tuple[TrainingDAG, CostModel]:
+def linear_chain(
+    layers: int = 6,
+    grad_mb: float = 8.0,
+    compute_ms: float = 1.0,
+    ranks: int = 8,
+    cost: CostModel | None = None,
+    segments: Sequence[int] = (1, 2, 4),
+) -> tuple[TrainingDAG, CostModel]:
     """E3: data parallelism only. Backward of layer L..1 in program order, each followed by the all-reduce of its
     gradients; the next iteration's forward of layer k waits for all-reduce k. One path: nothing can overlap but
     compute with communication, so ByteScheduler's LIFO with segmentation is already the best order."""
     cost = cost or CostModel({"F": PathCost(5e-6, 1 / 12.5e9, 20e-6)})
     n = ranks
     nbytes = int(grad_mb * (1 << 20)) // (4 * n) * 4 * n
-    steps: list[Compute | Comm] = [Compute(f"fwd-{k}", compute_ms / 1e3, (f"fwd-{k - 1}",) if k > 1 else ())
-                                   for k in range(1, layers + 1)]
+    steps: list[Compute | Comm] = [
+        Compute(f"fwd-{k}", compute_ms / 1e3, (f"fwd-{k - 1}",) if k > 1 else ())
+        for k in range(1, layers + 1)
+    ]
     prev = f"fwd-{layers}"
     for k in range(layers, 0, -1):
         steps.append(Compute(f"bwd-{k}", 2 * compute_ms / 1e3, (prev,)))
@@ -121,8 +151,10 @@ def random_dag(seed: int, comms: int = 4, options: int = 3, ranks: int = 4) -> t
     """E8: a random layered DAG of ``comms`` comm-ops with ``options`` options each (paths F/S, segments), with
     compute between; small enough to enumerate."""
     rng = random.Random(seed)
-    cost = CostModel({"F": PathCost(10e-6, 1 / 10e9, 20e-6, 0.3), "S": PathCost(30e-6, 1 / 4e9, 40e-6, 0.3)},
-                     allowed={"all_reduce": ("F",)})
+    cost = CostModel(
+        {"F": PathCost(10e-6, 1 / 10e9, 20e-6, 0.3), "S": PathCost(30e-6, 1 / 4e9, 40e-6, 0.3)},
+        allowed={"all_reduce": ("F",)},
+    )
     steps: list[Compute | Comm] = []
     names: list[str] = []
     for k in range(comms):
@@ -140,8 +172,9 @@ def random_dag(seed: int, comms: int = 4, options: int = 3, ranks: int = 4) -> t
     return TrainingDAG(f"random-{seed}", steps, carry=[("step", "c0")]), cost
 
 
-def llm_dp_chain(preset: str, dp: int, buckets: int = 4, cost: CostModel | None = None,
-                 segments: Sequence[int] = (1, 2, 4)) -> tuple[TrainingDAG, CostModel]:
+def llm_dp_chain(
+    preset: str, dp: int, buckets: int = 4, cost: CostModel | None = None, segments: Sequence[int] = (1, 2, 4)
+) -> tuple[TrainingDAG, CostModel]:
     """One pipeline stage of an LLM preset (flowlane.sim.models, seed 000 table 5.5) as SYNDICATE sees its data
     parallelism: forward and backward of the stage's layers in ``buckets`` groups, each backward group followed by
     the DP all-reduce of its bf16 gradients (Megatron's overlapped buckets) over ``dp`` ranks. Per-layer parameters
@@ -156,17 +189,20 @@ def llm_dp_chain(preset: str, dp: int, buckets: int = 4, cost: CostModel | None 
     layers = m.layers // par.pp
     if not 1 <= buckets <= layers:
         raise ValueError(f"buckets={buckets} must be in [1, {layers}] (the stage's layers)")
-    params = 12 * m.hidden ** 2 / par.tp * layers / buckets
+    params = 12 * m.hidden**2 / par.tp * layers / buckets
     tokens = par.micro_batch * m.seq_len
     fwd = 2 * params * tokens / job.gpu.flops
     cost = cost or CostModel({"F": PathCost(5e-6, 1 / 12.5e9, 20e-6)})
     nbytes = int(params * 2) // (4 * dp) * 4 * dp
-    steps: list[Compute | Comm] = [Compute(f"fwd-{k}", fwd, (f"fwd-{k - 1}",) if k > 1 else ())
-                                   for k in range(1, buckets + 1)]
+    steps: list[Compute | Comm] = [
+        Compute(f"fwd-{k}", fwd, (f"fwd-{k - 1}",) if k > 1 else ()) for k in range(1, buckets + 1)
+    ]
     prev = f"fwd-{buckets}"
     for k in range(buckets, 0, -1):
         steps.append(Compute(f"bwd-{k}", 2 * fwd, (prev,)))
         op = CommOp(f"ar-{k}", "all_reduce", nbytes, dp)
         steps.append(Comm(op, (f"bwd-{k}",), option_space(op, cost, segments=segments)))
         prev = f"bwd-{k}"
-    return TrainingDAG(f"{preset}-dp{dp}", steps, [(f"ar-{k}", f"fwd-{k}") for k in range(1, buckets + 1)]), cost
+    return TrainingDAG(
+        f"{preset}-dp{dp}", steps, [(f"ar-{k}", f"fwd-{k}") for k in range(1, buckets + 1)]
+    ), cost

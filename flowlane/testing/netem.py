@@ -80,10 +80,10 @@ from typing import Any
 
 __all__ = ["BULK_IFNAME", "EmulatedNetwork", "NetemError", "check_available"]
 
-_UNSHAPED_MBIT = 100_000.0   # the default class of an htb root: effectively a plain veth
-BULK_IFNAME = "bulk0"        # the macvlan carrying the bulk (lowest-priority) class, with bulk_subnet
-PIPELINE_IFNAME = "pipe0"    # the macvlan carrying the middle class, with pipeline_subnet
-_DEFAULT_CLASS, _PIPELINE_CLASS, _BULK_CLASS = "1:10", "1:20", "1:30"   # classes of a priority htb tree
+_UNSHAPED_MBIT = 100_000.0  # the default class of an htb root: effectively a plain veth
+BULK_IFNAME = "bulk0"  # the macvlan carrying the bulk (lowest-priority) class, with bulk_subnet
+PIPELINE_IFNAME = "pipe0"  # the macvlan carrying the middle class, with pipeline_subnet
+_DEFAULT_CLASS, _PIPELINE_CLASS, _BULK_CLASS = "1:10", "1:20", "1:30"  # classes of a priority htb tree
 
 
 class NetemError(RuntimeError):
@@ -144,19 +144,32 @@ def _burst(rate_mbit: float, burst_kb: float) -> str:
 class EmulatedNetwork:
     """``num_ranks`` namespaces joined by a bridge, with tc-shaped links. Use as a context manager."""
 
-    def __init__(self, num_ranks: int, *, rate_mbit: float | Sequence[float] | None = None,
-                 pair_rate_mbit: Sequence[Sequence[float]] | Any = None,
-                 delay_ms: float | Sequence[float] | None = None, subnet: str = "10.213.0.0/24",
-                 burst_kb: float = 32.0, tbf_latency_ms: float = 100.0, ifname: str = "eth0",
-                 prefix: str = "flnet", ranks_per_server: int = 1, bulk_subnet: str | None = None,
-                 bulk_lane_mbit: float | None = None, shape_downlink: bool = True,
-                 pipeline_subnet: str | None = None, switch_buffer_kb: float | None = None,
-                 sysctls: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        num_ranks: int,
+        *,
+        rate_mbit: float | Sequence[float] | None = None,
+        pair_rate_mbit: Sequence[Sequence[float]] | Any = None,
+        delay_ms: float | Sequence[float] | None = None,
+        subnet: str = "10.213.0.0/24",
+        burst_kb: float = 32.0,
+        tbf_latency_ms: float = 100.0,
+        ifname: str = "eth0",
+        prefix: str = "flnet",
+        ranks_per_server: int = 1,
+        bulk_subnet: str | None = None,
+        bulk_lane_mbit: float | None = None,
+        shape_downlink: bool = True,
+        pipeline_subnet: str | None = None,
+        switch_buffer_kb: float | None = None,
+        sysctls: Mapping[str, str] | None = None,
+    ) -> None:
         if num_ranks < 1:
             raise NetemError(f"num_ranks must be >= 1, got {num_ranks}")
         if ranks_per_server < 1 or num_ranks % ranks_per_server:
-            raise NetemError(f"ranks_per_server must be >= 1 and divide num_ranks ({num_ranks}), "
-                             f"got {ranks_per_server}")
+            raise NetemError(
+                f"ranks_per_server must be >= 1 and divide num_ranks ({num_ranks}), got {ranks_per_server}"
+            )
         net = ipaddress.ip_network(subnet)
         if not net.is_private or net.version != 4:
             raise NetemError(f"subnet must be a private IPv4 range, got {subnet}")
@@ -183,16 +196,27 @@ class EmulatedNetwork:
         if any(v is not None and not v >= 0 for v in self.delays):
             raise NetemError(f"delay_ms must be >= 0, got {self.delays}")
         if ranks_per_server > 1 and self.pair is not None:
-            raise NetemError("pair_rate_mbit needs one link per rank; it cannot be combined with ranks_per_server > 1")
+            raise NetemError(
+                "pair_rate_mbit needs one link per rank; it cannot be combined with ranks_per_server > 1"
+            )
         self.bulk_net: ipaddress.IPv4Network | None = None
         self.bulk_ips: list[str] = []
         if bulk_subnet is not None:
             if self.pair is not None or any(self.delays):
-                raise NetemError("bulk_subnet (priority classes) cannot be combined with pair_rate_mbit or delay_ms")
+                raise NetemError(
+                    "bulk_subnet (priority classes) cannot be combined with pair_rate_mbit or delay_ms"
+                )
             bnet = ipaddress.ip_network(bulk_subnet)
-            if not bnet.is_private or bnet.version != 4 or bnet.overlaps(net) or bnet.num_addresses < num_ranks + 2:
-                raise NetemError(f"bulk_subnet must be a private IPv4 range apart from subnet {subnet} with room for "
-                                 f"{num_ranks} ranks, got {bulk_subnet}")
+            if (
+                not bnet.is_private
+                or bnet.version != 4
+                or bnet.overlaps(net)
+                or bnet.num_addresses < num_ranks + 2
+            ):
+                raise NetemError(
+                    f"bulk_subnet must be a private IPv4 range apart from subnet {subnet} with room for "
+                    f"{num_ranks} ranks, got {bulk_subnet}"
+                )
             self.bulk_net = bnet  # type: ignore[assignment]
             bhosts = bnet.hosts()
             self.bulk_ips = [str(next(bhosts)) for _ in range(num_ranks)]
@@ -200,11 +224,19 @@ class EmulatedNetwork:
         self.pipe_ips: list[str] = []
         if pipeline_subnet is not None:
             pnet = ipaddress.ip_network(pipeline_subnet)
-            if self.bulk_net is None or not pnet.is_private or pnet.version != 4 or pnet.overlaps(net) \
-                    or pnet.overlaps(self.bulk_net) or pnet.num_addresses < num_ranks + 2:
-                raise NetemError(f"pipeline_subnet needs bulk_subnet and must be a private IPv4 range apart from "
-                                 f"subnet {subnet} and bulk_subnet {bulk_subnet} with room for {num_ranks} ranks, "
-                                 f"got {pipeline_subnet}")
+            if (
+                self.bulk_net is None
+                or not pnet.is_private
+                or pnet.version != 4
+                or pnet.overlaps(net)
+                or pnet.overlaps(self.bulk_net)
+                or pnet.num_addresses < num_ranks + 2
+            ):
+                raise NetemError(
+                    f"pipeline_subnet needs bulk_subnet and must be a private IPv4 range apart from "
+                    f"subnet {subnet} and bulk_subnet {bulk_subnet} with room for {num_ranks} ranks, "
+                    f"got {pipeline_subnet}"
+                )
             self.pipe_net = pnet  # type: ignore[assignment]
             phosts = pnet.hosts()
             self.pipe_ips = [str(next(phosts)) for _ in range(num_ranks)]
@@ -212,15 +244,20 @@ class EmulatedNetwork:
             raise NetemError(f"bulk_lane_mbit needs bulk_subnet and must be > 0, got {bulk_lane_mbit}")
         self.bulk_lane = bulk_lane_mbit
         if switch_buffer_kb is not None and not (
-                switch_buffer_kb > 0 and shape_downlink and bulk_subnet is None and pair_rate_mbit is None):
-            raise NetemError(f"switch_buffer_kb must be > 0 and needs shaped downlinks without bulk_subnet or "
-                             f"pair_rate_mbit (plain tbf ports), got {switch_buffer_kb}")
+            switch_buffer_kb > 0 and shape_downlink and bulk_subnet is None and pair_rate_mbit is None
+        ):
+            raise NetemError(
+                f"switch_buffer_kb must be > 0 and needs shaped downlinks without bulk_subnet or "
+                f"pair_rate_mbit (plain tbf ports), got {switch_buffer_kb}"
+            )
         self.switch_buffer_kb = switch_buffer_kb
         self.sysctls = dict(sysctls or {})
         bad = [k for k in self.sysctls if not re.fullmatch(r"net\.(ipv4|ipv6|core)\.[a-z0-9_.]+", k)]
         if bad:
-            raise NetemError(f"sysctls: only network keys (net.ipv4.*, net.ipv6.*, net.core.*) can be set in the "
-                             f"rank namespaces, got {bad}")
+            raise NetemError(
+                f"sysctls: only network keys (net.ipv4.*, net.ipv6.*, net.core.*) can be set in the "
+                f"rank namespaces, got {bad}"
+            )
         self.burst_kb = burst_kb
         self.tbf_latency_ms = tbf_latency_ms
         self.ifname = ifname
@@ -248,8 +285,10 @@ class EmulatedNetwork:
         if any(d for d in self.delays):
             self._require_qdisc("netem", "delay", "1ms")
         atexit.register(self.close)
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) in (
+            signal.SIG_DFL,
+            None,
+        ):
             signal.signal(signal.SIGTERM, _raise_on_sigterm)
             self._old_sigterm = signal.SIG_DFL
         try:
@@ -264,7 +303,7 @@ class EmulatedNetwork:
             while self._created:
                 _run("ip", "netns", "del", self._created.pop(), check=False)
         if self._old_sigterm is not None:
-            with contextlib.suppress(ValueError):   # not in the main thread any more
+            with contextlib.suppress(ValueError):  # not in the main thread any more
                 signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
         atexit.unregister(self.close)
@@ -280,8 +319,11 @@ class EmulatedNetwork:
 
     def env(self, rank: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for a rank's process: ``GLOO_SOCKET_IFNAME`` (and NCCL's) set to the namespace interface."""
-        return {**(os.environ if base is None else base), "GLOO_SOCKET_IFNAME": self.ifname,
-                "NCCL_SOCKET_IFNAME": self.ifname}
+        return {
+            **(os.environ if base is None else base),
+            "GLOO_SOCKET_IFNAME": self.ifname,
+            "NCCL_SOCKET_IFNAME": self.ifname,
+        }
 
     def popen(self, rank: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen:
         kw.setdefault("env", self.env(rank))
@@ -291,27 +333,42 @@ class EmulatedNetwork:
         kw.setdefault("env", self.env(rank))
         return subprocess.run([*self.exec_prefix(rank), *argv], **kw)
 
-    def run_ranks(self, argvs: Sequence[Sequence[str]], *, timeout_s: float, slots: Sequence[int] | None = None,
-                  env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None) -> list[str]:
+    def run_ranks(
+        self,
+        argvs: Sequence[Sequence[str]],
+        *,
+        timeout_s: float,
+        slots: Sequence[int] | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> list[str]:
         """Run ``argvs[r]`` in namespace ``slots[r]`` (default ``r``), all at once, and wait for every one; returns
         each one's stdout. The first process to fail stops the others at once and raises :class:`RuntimeError`
         naming its rank, exit code and the end of its stderr, as does any still running after ``timeout_s``: a dead
         peer is an error, never a hang (its survivors would otherwise wait out their own collective timeouts)."""
         slots = list(range(len(argvs))) if slots is None else list(slots)
         if len(slots) != len(argvs) or any(not 0 <= s < self.num_ranks for s in slots):
-            raise NetemError(f"run_ranks: {len(argvs)} commands need as many slots in 0..{self.num_ranks - 1}, "
-                             f"got {slots}")
+            raise NetemError(
+                f"run_ranks: {len(argvs)} commands need as many slots in 0..{self.num_ranks - 1}, got {slots}"
+            )
         with contextlib.ExitStack() as stack:
-            files = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
-                     for _ in argvs]   # files, not pipes: a large stdout never blocks its writer
-            procs = [self.popen(s, list(a), env=self.env(s, env), cwd=cwd, stdout=o, stderr=e, text=True)
-                     for s, a, (o, e) in zip(slots, argvs, files, strict=True)]
+            files = [
+                (
+                    stack.enter_context(tempfile.TemporaryFile("w+")),
+                    stack.enter_context(tempfile.TemporaryFile("w+")),
+                )
+                for _ in argvs
+            ]  # files, not pipes: a large stdout never blocks its writer
+            procs = [
+                self.popen(s, list(a), env=self.env(s, env), cwd=cwd, stdout=o, stderr=e, text=True)
+                for s, a, (o, e) in zip(slots, argvs, files, strict=True)
+            ]
             deadline = time.monotonic() + timeout_s
             failed: tuple[int, str] | None = None
             try:
                 while True:
                     codes = [p.poll() for p in procs]
-                    bad = next((r for r, c in enumerate(codes) if c), None)   # exited, non-zero
+                    bad = next((r for r, c in enumerate(codes) if c), None)  # exited, non-zero
                     if bad is not None:
                         failed = (bad, f"exit code {codes[bad]}")
                     elif None not in codes:
@@ -331,34 +388,54 @@ class EmulatedNetwork:
                 e.seek(0)
             if failed is not None:
                 r, why = failed
-                raise RuntimeError(f"rank {r} (namespace slot {slots[r]}) failed: {why}; its stderr ends:\n"
-                                   f"{files[r][1].read()[-3000:]}")
+                raise RuntimeError(
+                    f"rank {r} (namespace slot {slots[r]}) failed: {why}; its stderr ends:\n"
+                    f"{files[r][1].read()[-3000:]}"
+                )
             return [o.read() for o, _ in files]
 
     def describe(self) -> dict[str, Any]:
         """The emulated links, for results files."""
         access = "the server NIC (nic)" if self.server_ns else "eth0"
         down = ", downlink on the switch port towards it" if self.shape_downlink else "; downlink unshaped"
-        return {"ranks": self.num_ranks, "ips": self.ips, "ranks_per_server": self.ranks_per_server,
-                "access_rate_mbit": self.rates, "pair_rate_mbit": self.pair, "delay_ms": self.delays,
-                "bulk_subnet": str(self.bulk_net) if self.bulk_net else None, "bulk_ips": self.bulk_ips,
-                "bulk_lane_mbit": self.bulk_lane,
-                "pipeline_subnet": str(self.pipe_net) if self.pipe_net else None, "pipeline_ips": self.pipe_ips,
-                "qdiscs": {"access": (f"htb: default class + strict-priority bulk class (u32 on {self.bulk_net})"
-                                      if self.bulk_net else "tbf") + f" (uplink on {access}{down})",
-                           "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
-                           "delay": "netem leaf"},
-                "burst_kb_min": self.burst_kb, "tbf_latency_ms": self.tbf_latency_ms,
-                "switch_buffer_kb": self.switch_buffer_kb, "sysctls": self.sysctls}
+        return {
+            "ranks": self.num_ranks,
+            "ips": self.ips,
+            "ranks_per_server": self.ranks_per_server,
+            "access_rate_mbit": self.rates,
+            "pair_rate_mbit": self.pair,
+            "delay_ms": self.delays,
+            "bulk_subnet": str(self.bulk_net) if self.bulk_net else None,
+            "bulk_ips": self.bulk_ips,
+            "bulk_lane_mbit": self.bulk_lane,
+            "pipeline_subnet": str(self.pipe_net) if self.pipe_net else None,
+            "pipeline_ips": self.pipe_ips,
+            "qdiscs": {
+                "access": (
+                    f"htb: default class + strict-priority bulk class (u32 on {self.bulk_net})"
+                    if self.bulk_net
+                    else "tbf"
+                )
+                + f" (uplink on {access}{down})",
+                "pair": "htb class per destination (rate=ceil) + u32 dst-IP filter on eth0",
+                "delay": "netem leaf",
+            },
+            "burst_kb_min": self.burst_kb,
+            "tbf_latency_ms": self.tbf_latency_ms,
+            "switch_buffer_kb": self.switch_buffer_kb,
+            "sysctls": self.sysctls,
+        }
 
     def shaped_ports(self) -> list[tuple[str, str]]:
         """``(namespace, device)`` of every shaped access port: uplinks first, then downlinks."""
         up = [(h, "nic") for h in self.server_ns] or [(ns, self.ifname) for ns in self.ns]
-        down = [(self.switch_ns, f"d{k}") for k in range(len(self.server_ns))] or \
-            [(self.switch_ns, f"p{i}") for i in range(self.num_ranks)]
+        down = [(self.switch_ns, f"d{k}") for k in range(len(self.server_ns))] or [
+            (self.switch_ns, f"p{i}") for i in range(self.num_ranks)
+        ]
         keep = [r is not None for r in self.rates]
-        return [p for p, k in zip(up, keep, strict=True) if k] + \
-            ([p for p, k in zip(down, keep, strict=True) if k] if self.shape_downlink else [])
+        return [p for p, k in zip(up, keep, strict=True) if k] + (
+            [p for p, k in zip(down, keep, strict=True) if k] if self.shape_downlink else []
+        )
 
     def class_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes each shaped port's default and bulk classes have sent so far (``bulk_subnet`` networks): evidence
@@ -370,10 +447,11 @@ class EmulatedNetwork:
             text = _run("ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev).stdout
             # "class htb 1:30 parent 1:1 ... \n Sent 1234 bytes ..." (this iproute2 prints no JSON for classes)
             by_id = {m[0]: int(m[1]) for m in re.findall(r"class htb (\S+) .*?\n\s*Sent (\d+) bytes", text)}
-            out[f"{ns.removeprefix(self.tag)}:{dev}"] = {"default": by_id.get(_DEFAULT_CLASS, 0),
-                                                          **({"pipeline": by_id.get(_PIPELINE_CLASS, 0)}
-                                                             if self.pipe_net else {}),
-                                                          "bulk": by_id.get(_BULK_CLASS, 0)}
+            out[f"{ns.removeprefix(self.tag)}:{dev}"] = {
+                "default": by_id.get(_DEFAULT_CLASS, 0),
+                **({"pipeline": by_id.get(_PIPELINE_CLASS, 0)} if self.pipe_net else {}),
+                "bulk": by_id.get(_BULK_CLASS, 0),
+            }
         return out
 
     # -- building ----------------------------------------------------------------------------------------------------
@@ -397,37 +475,65 @@ class EmulatedNetwork:
         sw = self.switch_ns
         self._add_ns(sw)
         self._bridge(sw)
-        for k, host in enumerate(self.server_ns):   # servers: one NIC into the switch, ranks bridged behind it
+        for k, host in enumerate(self.server_ns):  # servers: one NIC into the switch, ranks bridged behind it
             self._add_ns(host)
             self._bridge(host)
             self._veth(host, "nic", sw, f"d{k}")
             _run("ip", "-n", host, "link", "set", "nic", "master", "br0")
             if self.rates[k] is not None:
                 self._shape_link(host, "nic", self.rates[k])
-                if self.shape_downlink:   # the switch port towards the server: the NIC's receive side
+                if self.shape_downlink:  # the switch port towards the server: the NIC's receive side
                     self._shape_link(sw, f"d{k}", self.rates[k], self.switch_buffer_kb)
         for i, ns in enumerate(self.ns):
             self._add_ns(ns)
-            for key, value in self.sysctls.items():   # this namespace's own copy (not the host's)
+            for key, value in self.sysctls.items():  # this namespace's own copy (not the host's)
                 _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}")
             port = f"p{i}"
-            self._veth(ns, self.ifname, self.server_ns[i // self.ranks_per_server] if self.server_ns else sw, port)
+            self._veth(
+                ns, self.ifname, self.server_ns[i // self.ranks_per_server] if self.server_ns else sw, port
+            )
             _run("ip", "-n", ns, "addr", "add", f"{self.ips[i]}/{self.prefixlen}", "dev", self.ifname)
-            for dev, cnet, cips in ((BULK_IFNAME, self.bulk_net, self.bulk_ips),
-                                    (PIPELINE_IFNAME, self.pipe_net, self.pipe_ips)):
+            for dev, cnet, cips in (
+                (BULK_IFNAME, self.bulk_net, self.bulk_ips),
+                (PIPELINE_IFNAME, self.pipe_net, self.pipe_ips),
+            ):
                 if cnet is None:
                     continue
                 # same NIC, own source address: what the class filters match
-                _run("ip", "-n", ns, "link", "add", dev, "link", self.ifname, "type", "macvlan", "mode", "bridge")
+                _run(
+                    "ip",
+                    "-n",
+                    ns,
+                    "link",
+                    "add",
+                    dev,
+                    "link",
+                    self.ifname,
+                    "type",
+                    "macvlan",
+                    "mode",
+                    "bridge",
+                )
                 _run("ip", "-n", ns, "addr", "add", f"{cips[i]}/{cnet.prefixlen}", "dev", dev)
                 _run("ip", "-n", ns, "link", "set", dev, "up")
             if self.server_ns:
                 if self.delays[i]:
-                    self._tc(ns, "qdisc", "add", "dev", self.ifname, "root", "netem", "delay",
-                             f"{self.delays[i]:g}ms", "limit", "100000")
+                    self._tc(
+                        ns,
+                        "qdisc",
+                        "add",
+                        "dev",
+                        self.ifname,
+                        "root",
+                        "netem",
+                        "delay",
+                        f"{self.delays[i]:g}ms",
+                        "limit",
+                        "100000",
+                    )
                 continue
             self._shape_egress(i)
-            if self.rates[i] is not None and self.shape_downlink:   # the bridge port's egress towards rank i
+            if self.rates[i] is not None and self.shape_downlink:  # the bridge port's egress towards rank i
                 self._shape_link(sw, port, self.rates[i], self.switch_buffer_kb)
 
     def _shape_link(self, ns: str, dev: str, rate: float, buffer_kb: float | None = None) -> None:
@@ -450,19 +556,69 @@ class EmulatedNetwork:
             self._htb_class(ns, dev, "1:", _BULK_CLASS, self.bulk_lane, self.bulk_lane)
         for cnet, cid in ((self.bulk_net, _BULK_CLASS), (self.pipe_net, _PIPELINE_CLASS)):
             for field in ("src", "dst") if cnet is not None else ():
-                self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                         "match", "ip", field, str(cnet), "flowid", cid)
+                self._tc(
+                    ns,
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    "match",
+                    "ip",
+                    field,
+                    str(cnet),
+                    "flowid",
+                    cid,
+                )
 
     def _tc(self, ns: str, *args: str) -> None:
         _run("ip", "netns", "exec", ns, "tc", *args)
 
-    def _tbf(self, ns: str, dev: str, rate: float, delay: float | None, buffer_kb: float | None = None) -> None:
-        queue = ("limit", f"{buffer_kb * 1024:.0f}") if buffer_kb else ("latency", f"{self.tbf_latency_ms:g}ms")
-        self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", _mbit(rate),
-                 "burst", _burst(rate, self.burst_kb), *queue)
+    def _tbf(
+        self, ns: str, dev: str, rate: float, delay: float | None, buffer_kb: float | None = None
+    ) -> None:
+        queue = (
+            ("limit", f"{buffer_kb * 1024:.0f}") if buffer_kb else ("latency", f"{self.tbf_latency_ms:g}ms")
+        )
+        self._tc(
+            ns,
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            _mbit(rate),
+            "burst",
+            _burst(rate, self.burst_kb),
+            *queue,
+        )
         if delay:
-            self._tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem", "delay",
-                     f"{delay:g}ms", "limit", "100000")
+            self._tc(
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:1",
+                "handle",
+                "10:",
+                "netem",
+                "delay",
+                f"{delay:g}ms",
+                "limit",
+                "100000",
+            )
 
     def _shape_egress(self, i: int) -> None:
         ns, dev, rate, delay = self.ns[i], self.ifname, self.rates[i], self.delays[i]
@@ -472,7 +628,19 @@ class EmulatedNetwork:
             elif rate is not None:
                 self._tbf(ns, dev, rate, delay)
             elif delay:
-                self._tc(ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{delay:g}ms", "limit", "100000")
+                self._tc(
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "netem",
+                    "delay",
+                    f"{delay:g}ms",
+                    "limit",
+                    "100000",
+                )
             return
         # htb: 1:1 = the uplink (access rate or unshaped); 1:2 default (ARP, ...); 1:(10+j) = link i -> j
         up = rate if rate is not None else _UNSHAPED_MBIT
@@ -486,27 +654,96 @@ class EmulatedNetwork:
             cid = f"1:{10 + j:x}"
             self._htb_class(ns, dev, "1:1", cid, r, r)
             if delay:
-                self._tc(ns, "qdisc", "add", "dev", dev, "parent", cid, "handle", f"{10 + j:x}:", "netem", "delay",
-                         f"{delay:g}ms", "limit", "100000")
-            self._tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                     "match", "ip", "dst", f"{self.ips[j]}/32", "flowid", cid)
+                self._tc(
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    cid,
+                    "handle",
+                    f"{10 + j:x}:",
+                    "netem",
+                    "delay",
+                    f"{delay:g}ms",
+                    "limit",
+                    "100000",
+                )
+            self._tc(
+                ns,
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "dst",
+                f"{self.ips[j]}/32",
+                "flowid",
+                cid,
+            )
 
-    def _htb_class(self, ns: str, dev: str, parent: str, cid: str, rate: float, ceil: float,
-                   prio: int | None = None) -> None:
+    def _htb_class(
+        self, ns: str, dev: str, parent: str, cid: str, rate: float, ceil: float, prio: int | None = None
+    ) -> None:
         b = _burst(max(rate, ceil), self.burst_kb)
-        self._tc(ns, "class", "add", "dev", dev, "parent", parent, "classid", cid, "htb", "rate", _mbit(rate),
-                 "ceil", _mbit(ceil), "burst", b, "cburst", b, "quantum", "60000",
-                 *(("prio", str(prio)) if prio is not None else ()))
+        self._tc(
+            ns,
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            parent,
+            "classid",
+            cid,
+            "htb",
+            "rate",
+            _mbit(rate),
+            "ceil",
+            _mbit(ceil),
+            "burst",
+            b,
+            "cburst",
+            b,
+            "quantum",
+            "60000",
+            *(("prio", str(prio)) if prio is not None else ()),
+        )
 
     def _require_qdisc(self, kind: str, *args: str) -> None:
         probe = f"flprobe{os.getpid()}{secrets.token_hex(2)}"
         _run("ip", "netns", "add", probe)
         try:
             _run("ip", "-n", probe, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-            r = _run("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "d0", "root", kind, *args, check=False)
+            r = _run(
+                "ip",
+                "netns",
+                "exec",
+                probe,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "d0",
+                "root",
+                kind,
+                *args,
+                check=False,
+            )
             if r.returncode:
-                raise NetemError(f"the kernel has no tc qdisc {kind!r} (needed for the requested "
-                                 f"delay): {r.stderr.strip()}")
+                raise NetemError(
+                    f"the kernel has no tc qdisc {kind!r} (needed for the requested "
+                    f"delay): {r.stderr.strip()}"
+                )
         finally:
             _run("ip", "netns", "del", probe, check=False)
 

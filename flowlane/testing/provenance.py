@@ -35,7 +35,9 @@ def provenance(command: str | None = None, device: str | None = None) -> dict[st
     # machine's was the session's first commit), so FLOWLANE_COMMIT wins when it is set
     sent = os.environ.get("FLOWLANE_COMMIT")
     commit = sent or _git("rev-parse", "HEAD")
-    dirty: bool | None = bool(_git("status", "--porcelain", "--untracked-files=no")) if commit and not sent else None
+    dirty: bool | None = (
+        bool(_git("status", "--porcelain", "--untracked-files=no")) if commit and not sent else None
+    )
     if not commit:
         commit = "unknown (no .git and no FLOWLANE_COMMIT)"
     if device is None:
@@ -45,10 +47,20 @@ def provenance(command: str | None = None, device: str | None = None) -> dict[st
             device = torch.cuda.get_device_name(0)
     if command is None:
         argv0 = sys.argv[0]
-        command = " ".join(shlex.quote(a) for a in ([sys.executable.rsplit("/", 1)[-1], argv0] if argv0.endswith(".py")
-                                                    else [argv0]) + sys.argv[1:])
-    return {"command": command, "commit": commit, "dirty": dirty, "host": platform.node(), "cpus": os.cpu_count(),
-            "device": device, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        command = " ".join(
+            shlex.quote(a)
+            for a in ([sys.executable.rsplit("/", 1)[-1], argv0] if argv0.endswith(".py") else [argv0])
+            + sys.argv[1:]
+        )
+    return {
+        "command": command,
+        "commit": commit,
+        "dirty": dirty,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "device": device,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def write_result(path: str | os.PathLike[str], doc: dict[str, Any], command: str | None = None) -> Path:

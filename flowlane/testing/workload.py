@@ -86,35 +86,50 @@ _ROW = 64
 
 
 class _Rank:
-    def __init__(self, rank: int, world: int, cfg: WorkloadConfig, policy: SchedulingPolicy, order: str) -> None:
+    def __init__(
+        self, rank: int, world: int, cfg: WorkloadConfig, policy: SchedulingPolicy, order: str
+    ) -> None:
         self.cfg, self.rank, self.world, self.order = cfg, rank, world, order
         self.pp, self.dp = cfg.pp, world // cfg.pp
         self.stage, self.dp_rank = rank % cfg.pp, rank // cfg.pp
         self.pp_groups = [dist.new_group([d * self.pp + s for s in range(self.pp)]) for d in range(self.dp)]
         self.dp_groups = [dist.new_group([d * self.pp + s for d in range(self.dp)]) for s in range(self.pp)]
         self.pp_group, self.dp_group = self.pp_groups[self.dp_rank], self.dp_groups[self.stage]
-        self.classes = build_class_groups([dist.get_process_group_ranks(self.dp_group)],
-                                          gloo_class_ifnames=cfg.gloo_class_ifnames)
+        self.classes = build_class_groups(
+            [dist.get_process_group_ranks(self.dp_group)], gloo_class_ifnames=cfg.gloo_class_ifnames
+        )
         # deferred DP traffic runs on its own communicator: Hermod's bulk class; the default order has no classes,
         # so FIFO's DP stays in the first (highest, i.e. unmarked) class when wire classes exist
         self.bulk = self.classes.get(self.dp_group, 2 if cfg.sched.get("mode", "hermod") == "hermod" else 0)
         self.sched = CommScheduler(policy, SchedulerConfig(**cfg.sched))
-        self.a2a = AllToAllRunner(cfg.ep_algorithm,  # type: ignore[arg-type]
-                                  probe_iterations=cfg.ep_auto_probe_iterations, candidates=cfg.ep_auto_candidates)
+        self.a2a = AllToAllRunner(
+            cfg.ep_algorithm,  # type: ignore[arg-type]
+            probe_iterations=cfg.ep_auto_probe_iterations,
+            candidates=cfg.ep_auto_candidates,
+        )
         hermod = cfg.sched.get("mode", "hermod") == "hermod"
-        self.encoder = WireEncoder(HermodOrder(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))) \
-            if cfg.ep_wire_classes and hermod else None  # type: ignore[arg-type]
+        self.encoder = (
+            WireEncoder(HermodOrder(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid)))
+            if cfg.ep_wire_classes and hermod
+            else None
+        )  # type: ignore[arg-type]
         self.oldest_mid = 0  # oldest microbatch forwarded but not yet backwarded on this rank
-        self.ep_classes: list[tuple[int, int, int, str, int]] = []  # (iteration, mb, layer, pass, class) per a2a
+        self.ep_classes: list[
+            tuple[int, int, int, str, int]
+        ] = []  # (iteration, mb, layer, pass, class) per a2a
         if self.encoder is not None and dist.get_backend() == "gloo" and not cfg.gloo_class_ifnames:
             # without interfaces gloo has one clone, shared with the deferred DP traffic: nothing to gain, and an
             # all-to-all would queue behind DP chunks on the same communicator
-            raise ValueError("ep_wire_classes on gloo needs gloo_class_ifnames (one interface per Hermod class)")
+            raise ValueError(
+                "ep_wire_classes on gloo needs gloo_class_ifnames (one interface per Hermod class)"
+            )
         self.rng = random.Random(cfg.seed * 7919 + rank)
         g = torch.Generator().manual_seed(cfg.seed * 1000 + self.stage)  # same params on every DP replica
         self.dev = torch.device(cfg.device)
-        self.params = [(torch.randn(cfg.param_elems, generator=g) * 0.1).to(self.dev)
-                       for _ in range(cfg.layers_per_stage)]
+        self.params = [
+            (torch.randn(cfg.param_elems, generator=g) * 0.1).to(self.dev)
+            for _ in range(cfg.layers_per_stage)
+        ]
         self.it = 0
 
     # -- helpers ------------------------------------------------------------------------------------------------
@@ -122,8 +137,15 @@ class _Rank:
         return self.stage * self.cfg.layers_per_stage + local
 
     def meta(self, ctype: str, mb: int, layer: int, op: str, iteration: int | None = None) -> CoflowMeta:
-        return CoflowMeta(ctype, iteration=self.it if iteration is None else iteration, microbatch=mb, layer=layer,
-                          stage=self.stage, op=op, seq=self.sched.next_seq())
+        return CoflowMeta(
+            ctype,
+            iteration=self.it if iteration is None else iteration,
+            microbatch=mb,
+            layer=layer,
+            stage=self.stage,
+            op=op,
+            seq=self.sched.next_seq(),
+        )
 
     def jitter(self) -> None:
         if self.cfg.delay_s > 0:
@@ -132,13 +154,21 @@ class _Rank:
     def deferred_all_reduce(self, flat: torch.Tensor, meta: CoflowMeta) -> Any:
         launches = []
         for a, b in self.sched.chunk_bounds(flat.numel(), flat.element_size()):
+
             def launch(a: int = a, b: int = b) -> Any:
                 return comm.all_reduce(flat[a:b], group=self.bulk, kind="dp", key=meta, async_op=True)
+
             launches.append(launch)
         return self.sched.defer(meta, launches)
 
-    def p2p(self, send: torch.Tensor | None, send_to: int | None, recv_shape: bool, recv_from: int | None,
-            meta: CoflowMeta) -> torch.Tensor | None:
+    def p2p(
+        self,
+        send: torch.Tensor | None,
+        send_to: int | None,
+        recv_shape: bool,
+        recv_from: int | None,
+        meta: CoflowMeta,
+    ) -> torch.Tensor | None:
         """One Megatron-style combined p2p step (sends and receives posted together, then all waited)."""
         self.jitter()
         buf = torch.empty(self.cfg.act_elems, device=self.dev) if recv_shape else None
@@ -209,15 +239,19 @@ class _Rank:
         def gather(local: int) -> None:
             buf = torch.zeros(cfg.param_elems, device=self.dev)
             lo = self.dp_rank * shard
-            buf[lo:lo + shard] = self.params[local][lo:lo + shard]
-            buf[self.dp * shard:] = self.params[local][self.dp * shard:] / self.dp
+            buf[lo : lo + shard] = self.params[local][lo : lo + shard]
+            buf[self.dp * shard :] = self.params[local][self.dp * shard :] / self.dp
             full[local] = buf
-            gathers[local] = self.deferred_all_reduce(buf, self.meta("dp", 0, self.layer_id(local), "all_gather"))
+            gathers[local] = self.deferred_all_reduce(
+                buf, self.meta("dp", 0, self.layer_id(local), "all_gather")
+            )
 
-        for local in ([0] if lazy else reversed(range(L))):  # not lazy: all at once, in bucket (reverse) order
+        for local in [0] if lazy else reversed(range(L)):  # not lazy: all at once, in bucket (reverse) order
             gather(local)
         self.sched.seal()  # one window: Hermod sorts the gathers by key
-        if not cfg.overlap_dp:  # gathered before the forward starts, as in the optimizer step of Megatron's default
+        if (
+            not cfg.overlap_dp
+        ):  # gathered before the forward starts, as in the optimizer step of Megatron's default
             for local in reversed(range(L)):
                 gathers.pop(local).wait()
                 self.params[local] = full[local]
@@ -256,15 +290,23 @@ class _Rank:
                 time.sleep(2 * cfg.fwd_s)
                 g = self.moe(g, mb, local, backward=True)
                 grads[local][: cfg.act_elems] += g * saved[local] * 0.01
-                grads[local][cfg.act_elems:] += float(g.mean()) * 1e-3
+                grads[local][cfg.act_elems :] += float(g.mean()) * 1e-3
                 g = g * 0.9
-                if mb == M - 1 and cfg.overlap_dp:  # Case II: a layer's reduction starts after the last microbatch
+                if (
+                    mb == M - 1 and cfg.overlap_dp
+                ):  # Case II: a layer's reduction starts after the last microbatch
                     reduce(local)
             return g
 
         def reduce(local: int) -> None:
-            reductions.append((local, self.deferred_all_reduce(
-                grads[local], self.meta("dp", M - 1, self.layer_id(local), "reduce_scatter"))))
+            reductions.append(
+                (
+                    local,
+                    self.deferred_all_reduce(
+                        grads[local], self.meta("dp", M - 1, self.layer_id(local), "reduce_scatter")
+                    ),
+                )
+            )
             # seal now (a program-order point, so deterministic): an open window would keep the ready reduction
             # off the link through the next layer's compute, until the next critical op
             self.sched.seal()
@@ -273,17 +315,26 @@ class _Rank:
         rem = M - warm
         fwd_mb = bwd_mb = self.oldest_mid = 0
         for _ in range(warm):
-            x = self.p2p(None, None, prev_r is not None, prev_r, self.meta("pp", fwd_mb, self.layer_id(0), "recv"))
+            x = self.p2p(
+                None, None, prev_r is not None, prev_r, self.meta("pp", fwd_mb, self.layer_id(0), "recv")
+            )
             y = forward(fwd_mb, x if x is not None else input_for(fwd_mb))
             self.p2p(y, next_r, False, None, self.meta("pp", fwd_mb, self.layer_id(L - 1), "send_fwd"))
             fwd_mb += 1
-        x = self.p2p(None, None, prev_r is not None, prev_r, self.meta("pp", fwd_mb, self.layer_id(0), "recv")) \
-            if rem else None
+        x = (
+            self.p2p(
+                None, None, prev_r is not None, prev_r, self.meta("pp", fwd_mb, self.layer_id(0), "recv")
+            )
+            if rem
+            else None
+        )
         for i in range(rem):
             y = forward(fwd_mb, x if x is not None else input_for(fwd_mb))
             fwd_mb += 1
             if next_r is not None:
-                g = self.p2p(y, next_r, True, next_r, self.meta("pp", fwd_mb - 1, self.layer_id(L - 1), "send_fwd"))
+                g = self.p2p(
+                    y, next_r, True, next_r, self.meta("pp", fwd_mb - 1, self.layer_id(L - 1), "send_fwd")
+                )
             else:
                 g = torch.ones_like(y) / (M * y.numel())
             gin = backward(bwd_mb, g)
@@ -299,9 +350,16 @@ class _Rank:
             gin = backward(bwd_mb, g)
             bwd_mb += 1
             self.oldest_mid = bwd_mb
-            self.p2p(gin if prev_r is not None else None, prev_r, False, None,
-                     self.meta("pp", bwd_mb - 1, self.layer_id(0), "send_bwd"))
-        if not cfg.overlap_dp:  # Megatron's default: finalize_model_grads after the whole backward, bucket order
+            self.p2p(
+                gin if prev_r is not None else None,
+                prev_r,
+                False,
+                None,
+                self.meta("pp", bwd_mb - 1, self.layer_id(0), "send_bwd"),
+            )
+        if (
+            not cfg.overlap_dp
+        ):  # Megatron's default: finalize_model_grads after the whole backward, bucket order
             for local in reversed(range(L)):
                 reduce(local)
         for local, h in reductions:
@@ -323,8 +381,11 @@ def _run_rank(rank: int, world: int, cfg: WorkloadConfig) -> dict[str, Any]:
     order = cfg.order or ("fifo" if cfg.sched.get("mode", "hermod") == "fifo" else "hermod")
     if order not in ("fifo", "hermod"):
         raise ValueError(f"WorkloadConfig.order {order!r} is not one of ['fifo', 'hermod'] (or None)")
-    policy: SchedulingPolicy = FifoPolicy() if order == "fifo" else HermodPolicy(
-        HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))  # type: ignore[arg-type]
+    policy: SchedulingPolicy = (
+        FifoPolicy()
+        if order == "fifo"
+        else HermodPolicy(HermodOrderConfig(cfg.microbatches, "1f1b", cfg.dp_mid))
+    )  # type: ignore[arg-type]
     r = _Rank(rank, world, cfg, policy, order)
     times, starts = [], []
     with comm.recording() as rec:
@@ -336,12 +397,38 @@ def _run_rank(rank: int, world: int, cfg: WorkloadConfig) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
         r.sched.close()
     digest = float(sum(p.double().sum() for p in r.params))
-    log = [(e.event, e.meta.ctype, e.meta.op, e.meta.iteration, e.meta.microbatch, e.meta.layer, e.chunk, e.window)
-           for e in r.sched.log]
-    return {"rank": rank, "stage": r.stage, "dp_rank": r.dp_rank, "times": times, "digest": digest, "log": log,
-            "params": [p.tolist() for p in r.params], "bytes": rec.bytes_by_kind(), "config": asdict(cfg),
-            "iter_starts": starts, "ep_classes": r.ep_classes,
-            "ep_auto": {"choice": r.a2a.choice, "probe_seconds": r.a2a.probe_seconds,
-                        "probe_iterations": r.a2a.probe_iterations, "candidates": list(r.a2a.candidates)}
-            if cfg.ep_algorithm == "auto" else None,
-            "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops]}
+    log = [
+        (
+            e.event,
+            e.meta.ctype,
+            e.meta.op,
+            e.meta.iteration,
+            e.meta.microbatch,
+            e.meta.layer,
+            e.chunk,
+            e.window,
+        )
+        for e in r.sched.log
+    ]
+    return {
+        "rank": rank,
+        "stage": r.stage,
+        "dp_rank": r.dp_rank,
+        "times": times,
+        "digest": digest,
+        "log": log,
+        "params": [p.tolist() for p in r.params],
+        "bytes": rec.bytes_by_kind(),
+        "config": asdict(cfg),
+        "iter_starts": starts,
+        "ep_classes": r.ep_classes,
+        "ep_auto": {
+            "choice": r.a2a.choice,
+            "probe_seconds": r.a2a.probe_seconds,
+            "probe_iterations": r.a2a.probe_iterations,
+            "candidates": list(r.a2a.candidates),
+        }
+        if cfg.ep_algorithm == "auto"
+        else None,
+        "ops": [(o.kind, o.op, o.nbytes, o.start, o.duration) for o in rec.ops],
+    }

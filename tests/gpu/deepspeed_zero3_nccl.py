@@ -33,8 +33,12 @@ sys.path.insert(0, str(ROOT))
 
 WORLD = 2
 MODEL = dict(hidden=256, layers=4, micro_batch=4, gas=2, steps=3)
-RUNS = {"stock": None, "stock_again": None, "hermod_bucket": {"window": "bucket", "gate_timeout_s": 0.02},
-        "hermod_backward": {"window": "backward", "gate_timeout_s": 0.02}}
+RUNS = {
+    "stock": None,
+    "stock_again": None,
+    "hermod_bucket": {"window": "bucket", "gate_timeout_s": 0.02},
+    "hermod_backward": {"window": "backward", "gate_timeout_s": 0.02},
+}
 REDUCE_OPS = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "reduce")
 
 
@@ -48,8 +52,13 @@ def _init(rank: int, world: int, backend: str) -> None:
         # every rank shares the one GPU: DeepSpeed's engine calls set_device(LOCAL_RANK), which is 1..3 here
         os.environ["LOCAL_RANK"] = "0"
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", 0),
-                                timeout=datetime.timedelta(seconds=90))
+        dist.init_process_group(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            device_id=torch.device("cuda", 0),
+            timeout=datetime.timedelta(seconds=90),
+        )
         torch.use_deterministic_algorithms(True, warn_only=True)  # the bitwise checks are the judge
     else:
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -67,11 +76,19 @@ def _ds_config(hermod: dict[str, Any] | None, world: int) -> dict[str, Any]:
     bucket = MODEL["hidden"] * (MODEL["hidden"] + 1) + 8  # one Linear per bucket
     cfg: dict[str, Any] = {
         "train_batch_size": MODEL["micro_batch"] * MODEL["gas"] * world,
-        "train_micro_batch_size_per_gpu": MODEL["micro_batch"], "gradient_accumulation_steps": MODEL["gas"],
-        "steps_per_print": 10_000, "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": bucket,
-                              "stage3_prefetch_bucket_size": bucket, "stage3_param_persistence_threshold": 0,
-                              "stage3_max_live_parameters": 4 * bucket}}
+        "train_micro_batch_size_per_gpu": MODEL["micro_batch"],
+        "gradient_accumulation_steps": MODEL["gas"],
+        "steps_per_print": 10_000,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {
+            "stage": 3,
+            "overlap_comm": True,
+            "reduce_bucket_size": bucket,
+            "stage3_prefetch_bucket_size": bucket,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": 4 * bucket,
+        },
+    }
     if hermod is not None:
         cfg["flowlane"] = {"hermod": hermod}
     return cfg
@@ -100,7 +117,9 @@ def _train(hermod: dict[str, Any] | None, device: Any, world: int, rank: int) ->
     torch.manual_seed(0)
     net = Net().to(device)
     cfg = _ds_config(hermod, world)
-    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg)
+    engine, *_ = deepspeed.initialize(
+        model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg
+    )
     h = install(engine, cfg)
     tap = h.tap if h is not None else CommTap(None)  # DeepSpeed's own run: record only
     g = torch.Generator().manual_seed(100 + rank)
@@ -119,13 +138,20 @@ def _train(hermod: dict[str, Any] | None, device: Any, world: int, rank: int) ->
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         records = [(r.op, r.numel, r.thread, None if r.meta is None else r.meta.op) for r in tap.records]
-        out: dict[str, Any] = {"losses": losses, "step_s": times,
-                               "params": [safe_get_full_fp32_param(p).detach().clone()
-                                          for p in engine.module.parameters()]}
-        out["reductions_main"] = sorted((op, k) for op, k, t, _ in records if op in REDUCE_OPS and t == "main"
-                                        and k > 1)
-        out["reductions_pacer"] = sorted((op, k) for op, k, t, _ in records if op in REDUCE_OPS and t == "pacer")
-        out["keyed_gathers"] = sum(1 for op, _, t, m in records if op.startswith("all_gather") and m == "all_gather")
+        out: dict[str, Any] = {
+            "losses": losses,
+            "step_s": times,
+            "params": [safe_get_full_fp32_param(p).detach().clone() for p in engine.module.parameters()],
+        }
+        out["reductions_main"] = sorted(
+            (op, k) for op, k, t, _ in records if op in REDUCE_OPS and t == "main" and k > 1
+        )
+        out["reductions_pacer"] = sorted(
+            (op, k) for op, k, t, _ in records if op in REDUCE_OPS and t == "pacer"
+        )
+        out["keyed_gathers"] = sum(
+            1 for op, _, t, m in records if op.startswith("all_gather") and m == "all_gather"
+        )
         if h is not None:
             out["critical_fetches"] = sum(1 for e in h.sched.log if e.event == "critical")
             out["class_backend"] = h.classes.backend
@@ -153,21 +179,33 @@ def rank_main(rank: int, world: int, backend: str, device_name: str) -> dict[str
     ref = runs["stock"]
 
     def same(x: dict[str, Any]) -> bool:
-        return "error" not in ref and "error" not in x and x["losses"] == ref["losses"] and all(
-            torch.equal(p, q) for p, q in zip(x["params"], ref["params"], strict=True))
+        return (
+            "error" not in ref
+            and "error" not in x
+            and x["losses"] == ref["losses"]
+            and all(torch.equal(p, q) for p, q in zip(x["params"], ref["params"], strict=True))
+        )
 
     res: dict[str, Any] = {}
     for name, r in runs.items():
         if "error" in r:
             res[name] = r
             continue
-        c = {"bitwise_equal_stock": same(r), "losses": r["losses"], "step_s": r["step_s"],
-             "reductions_main": len(r["reductions_main"]), "reductions_pacer": len(r["reductions_pacer"]),
-             "keyed_gathers": r["keyed_gathers"]}
+        c = {
+            "bitwise_equal_stock": same(r),
+            "losses": r["losses"],
+            "step_s": r["step_s"],
+            "reductions_main": len(r["reductions_main"]),
+            "reductions_pacer": len(r["reductions_pacer"]),
+            "keyed_gathers": r["keyed_gathers"],
+        }
         if RUNS[name] is not None:
             c["pacer_has_stock_reductions"] = r["reductions_pacer"] == ref.get("reductions_main")
-            c.update(critical_fetches=r["critical_fetches"], class_backend=r["class_backend"],
-                     clones_per_group=r["clones_per_group"])
+            c.update(
+                critical_fetches=r["critical_fetches"],
+                class_backend=r["class_backend"],
+                clones_per_group=r["clones_per_group"],
+            )
         res[name] = c
     return res
 
@@ -179,8 +217,12 @@ def _ok(ranks: list[dict[str, Any]]) -> bool:
         for name, c in r.items():
             if "error" in c or not c["bitwise_equal_stock"]:
                 return False
-            if RUNS[name] is not None and not (c["pacer_has_stock_reductions"] and c["reductions_main"] == 0
-                                               and c["reductions_pacer"] > 0 and c["critical_fetches"] > 0):
+            if RUNS[name] is not None and not (
+                c["pacer_has_stock_reductions"]
+                and c["reductions_main"] == 0
+                and c["reductions_pacer"] > 0
+                and c["critical_fetches"] > 0
+            ):
                 return False
     return True
 
@@ -206,14 +248,21 @@ def main() -> int:
     from flowlane.launch import launch
     from flowlane.testing.provenance import provenance
 
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, inherited by the ranks
+    os.environ.setdefault(
+        "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
+    )  # deterministic cuBLAS, inherited by the ranks
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if a.backend == "gloo":  # the CPU dry run: the same steps on a model small enough for two cores
         MODEL.update(hidden=16, steps=2)
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"label": "measured on one GPU (2 ranks time-share it; NCCL socket transport over loopback)"
-                           if a.backend == "nccl" else "dry run on CPU (gloo): the script's logic only",
-                           "model": MODEL, "world": WORLD, **provenance()}
+    out: dict[str, Any] = {
+        "label": "measured on one GPU (2 ranks time-share it; NCCL socket transport over loopback)"
+        if a.backend == "nccl"
+        else "dry run on CPU (gloo): the script's logic only",
+        "model": MODEL,
+        "world": WORLD,
+        **provenance(),
+    }
     ranks: list[dict[str, Any]] = []
     try:
         ranks = launch(rank_main, WORLD, args=(a.backend, a.device), backend=None, timeout=a.timeout)
@@ -227,10 +276,16 @@ def main() -> int:
     print(f"deepspeed_zero3_nccl: ok={ok} wall {out['wall_s']:.0f}s")
     for r, res in enumerate(ranks):
         for name, c in res.items():
-            print(f"  rank {r} {name}: " + (c["error"].strip().splitlines()[-1][:300] if "error" in c else
-                  f"== stock {c['bitwise_equal_stock']}, reductions main/pacer {c['reductions_main']}/"
-                  f"{c['reductions_pacer']}, keyed gathers {c['keyed_gathers']}, loss {c['losses'][-1]:.6g}, "
-                  f"step {sum(c['step_s']) / len(c['step_s']):.3f}s"))
+            print(
+                f"  rank {r} {name}: "
+                + (
+                    c["error"].strip().splitlines()[-1][:300]
+                    if "error" in c
+                    else f"== stock {c['bitwise_equal_stock']}, reductions main/pacer {c['reductions_main']}/"
+                    f"{c['reductions_pacer']}, keyed gathers {c['keyed_gathers']}, loss {c['losses'][-1]:.6g}, "
+                    f"step {sum(c['step_s']) / len(c['step_s']):.3f}s"
+                )
+            )
     if "error" in out:
         print(out["error"][-1500:])
     return 0 if ok else 1

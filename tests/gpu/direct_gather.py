@@ -68,10 +68,16 @@ def provenance(argv: list[str]) -> dict[str, Any]:
         tv = triton.__version__
     except Exception as e:  # noqa: BLE001
         tv = f"unavailable: {e}"
-    return {**envelope("python3 tests/gpu/direct_gather.py " + " ".join(argv),
-                       torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)"),
-            "python": platform.python_version(), "torch": torch.__version__, "triton": tv,
-            "cpu_threads": torch.get_num_threads()}
+    return {
+        **envelope(
+            "python3 tests/gpu/direct_gather.py " + " ".join(argv),
+            torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)",
+        ),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": tv,
+        "cpu_threads": torch.get_num_threads(),
+    }
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -80,7 +86,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a.contiguous()).cpu(), bits(b.contiguous()).cpu())
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(bits(a.contiguous()).cpu(), bits(b.contiguous()).cpu())
+    )
 
 
 def sync(dev: torch.device) -> None:
@@ -105,9 +115,13 @@ class Run:
     def __init__(self, args: argparse.Namespace, dev: torch.device) -> None:
         self.a, self.dev = args, dev
         self.failures: list[str] = []
-        self.doc: dict[str, Any] = {"label": "measured" if dev.type == "cuda" else
-                                    "smoke test on CPU (Triton interpreter): timings are not measurements",
-                                    "provenance": provenance(sys.argv[1:]), "sections": {}}
+        self.doc: dict[str, Any] = {
+            "label": "measured"
+            if dev.type == "cuda"
+            else "smoke test on CPU (Triton interpreter): timings are not measurements",
+            "provenance": provenance(sys.argv[1:]),
+            "sections": {},
+        }
 
     def check(self, ok: bool, what: str) -> bool:
         if not ok:
@@ -139,13 +153,24 @@ class Run:
         self.store = FeatureStore(self.master, DirectConfig(), device=self.dev)
         pin_s = time.perf_counter() - t
         pinned = self.master.is_pinned() if torch.cuda.is_available() else None
-        self.doc["table"] = {"bytes": n_words * 4, "fill_s": round(fill_s, 3), "pin_in_place_s": round(pin_s, 3),
-                             "is_pinned_after": pinned, "path": self.store.path, "reason": self.store.choice.reason}
-        print(f"table {n_words * 4 / MiB:,.0f} MiB, pinned in place in {pin_s:.2f} s; path {self.store.path}: "
-              f"{self.store.choice.reason}", flush=True)
+        self.doc["table"] = {
+            "bytes": n_words * 4,
+            "fill_s": round(fill_s, 3),
+            "pin_in_place_s": round(pin_s, 3),
+            "is_pinned_after": pinned,
+            "path": self.store.path,
+            "reason": self.store.choice.reason,
+        }
+        print(
+            f"table {n_words * 4 / MiB:,.0f} MiB, pinned in place in {pin_s:.2f} s; path {self.store.path}: "
+            f"{self.store.choice.reason}",
+            flush=True,
+        )
         if self.dev.type == "cuda":
             self.check(bool(pinned), "the table is pinned after FeatureStore (cudaHostRegister in place)")
-            self.check(self.store.path == "zero-copy", f"zero-copy chosen on a GPU ({self.store.choice.reason})")
+            self.check(
+                self.store.path == "zero-copy", f"zero-copy chosen on a GPU ({self.store.choice.reason})"
+            )
 
     def view(self, dtype: torch.dtype, row_bytes: int) -> torch.Tensor:
         elem = torch.empty((), dtype=dtype).element_size()
@@ -163,26 +188,36 @@ class Run:
         idx_cpu = torch.randint(0, tab.shape[0], (n,), generator=g)
         idx = idx_cpu.to(dev)
         nbytes = n * row_bytes
-        res: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "row_bytes": row_bytes, "rows": n,
-                               "bytes": nbytes}
+        res: dict[str, Any] = {
+            "dtype": str(dtype).removeprefix("torch."),
+            "row_bytes": row_bytes,
+            "rows": n,
+            "bytes": nbytes,
+        }
         # reference: the CPU path (torch.index_select), itself checked against table[idx] on its first rows; every
         # zero-copy output is then compared with it in full, on the device
         s, full_ref = timed(lambda: cpu_gather(tab, idx_cpu, dev), a.reps, dev)
         res["cpu_gather_s"], res["cpu_gather_GBps"] = s, nbytes / s / 1e9
         ref_n = min(n, 4096)
-        self.check(same(full_ref[:ref_n], tab[idx_cpu[:ref_n]]) and full_ref.shape == (n, tab.shape[1]),
-                   f"cpu_gather {res['dtype']} {row_bytes} B rows equals table[idx]")
+        self.check(
+            same(full_ref[:ref_n], tab[idx_cpu[:ref_n]]) and full_ref.shape == (n, tab.shape[1]),
+            f"cpu_gather {res['dtype']} {row_bytes} B rows equals table[idx]",
+        )
         # aligned / naive: as the feature store runs them (rows moved as the widest word, flowlane.direct.word_bytes);
         # *_elem: one element per lane (the first run's kernels), to see what widening gives
-        for name, fn in (("zero_copy_aligned", lambda: zero_copy_gather(tab, idx, dev, aligned=True)),
-                         ("zero_copy_naive", lambda: zero_copy_gather(tab, idx, dev, aligned=False)),
-                         ("zero_copy_aligned_elem", lambda: zero_copy_gather(tab, idx, dev, aligned=True, widen=False)),
-                         ("zero_copy_naive_elem", lambda: zero_copy_gather(tab, idx, dev, aligned=False, widen=False))):
+        for name, fn in (
+            ("zero_copy_aligned", lambda: zero_copy_gather(tab, idx, dev, aligned=True)),
+            ("zero_copy_naive", lambda: zero_copy_gather(tab, idx, dev, aligned=False)),
+            ("zero_copy_aligned_elem", lambda: zero_copy_gather(tab, idx, dev, aligned=True, widen=False)),
+            ("zero_copy_naive_elem", lambda: zero_copy_gather(tab, idx, dev, aligned=False, widen=False)),
+        ):
             s, out = timed(fn, a.reps, dev)
             res[f"{name}_s"] = s
             res[f"{name}_GBps"] = nbytes / s / 1e9
-            self.check(out.shape == full_ref.shape and torch.equal(bits(out), bits(full_ref)),
-                       f"{name} {res['dtype']} {row_bytes} B rows equals table[idx] (all {n} rows)")
+            self.check(
+                out.shape == full_ref.shape and torch.equal(bits(out), bits(full_ref)),
+                f"{name} {res['dtype']} {row_bytes} B rows equals table[idx] (all {n} rows)",
+            )
             del out
         src = self.master.view(torch.uint8)[:nbytes]
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
@@ -196,17 +231,22 @@ class Run:
             for rpp in (4, 16, 64):
                 s, out = timed(lambda r=rpp: zero_copy_gather(tab, idx, dev, rows_per_program=r), a.reps, dev)
                 res["rows_per_program_GBps"][rpp] = nbytes / s / 1e9
-                self.check(torch.equal(bits(out), bits(full_ref)),
-                           f"zero-copy 2048 B rows with rows_per_program={rpp} equals table[idx]")
+                self.check(
+                    torch.equal(bits(out), bits(full_ref)),
+                    f"zero-copy 2048 B rows with rows_per_program={rpp} equals table[idx]",
+                )
                 del out
         del full_ref
         elem = tab.element_size()
         model = mean_requests(row_bytes, elem, n_rows=500) if row_bytes % elem == 0 else {}
         res["model_requests_per_row"] = {k: model[k] for k in ("row", "row_aligned", "min")} if model else {}
-        print(f"  {res['dtype']:>8} {row_bytes:>6} B x {n:>8}: aligned {res['zero_copy_aligned_GBps']:6.1f} GB/s, "
-              f"naive {res['zero_copy_naive_GBps']:6.1f} (per element: {res['zero_copy_aligned_elem_GBps']:6.1f} / "
-              f"{res['zero_copy_naive_elem_GBps']:6.1f}), cpu {res['cpu_gather_GBps']:6.1f}, "
-              f"h2d {res['h2d_GBps']:6.1f} ({elapsed():.0f} s)", flush=True)
+        print(
+            f"  {res['dtype']:>8} {row_bytes:>6} B x {n:>8}: aligned {res['zero_copy_aligned_GBps']:6.1f} GB/s, "
+            f"naive {res['zero_copy_naive_GBps']:6.1f} (per element: {res['zero_copy_aligned_elem_GBps']:6.1f} / "
+            f"{res['zero_copy_naive_elem_GBps']:6.1f}), cpu {res['cpu_gather_GBps']:6.1f}, "
+            f"h2d {res['h2d_GBps']:6.1f} ({elapsed():.0f} s)",
+            flush=True,
+        )
         return res
 
     def sweep(self) -> None:
@@ -228,22 +268,35 @@ class Run:
         idx_cpu = torch.randint(0, tab.shape[0], (n,), generator=torch.Generator().manual_seed(7))
         idx = idx_cpu.to(dev)
         cols_list = torch.sort(torch.randperm(512, generator=torch.Generator().manual_seed(8))[:128]).values
-        cases = {"full_row": None, "range_aligned_64_192": range(64, 192), "range_misaligned_1_129": range(1, 129),
-                 "list_random_128": cols_list}
+        cases = {
+            "full_row": None,
+            "range_aligned_64_192": range(64, 192),
+            "range_misaligned_1_129": range(1, 129),
+            "list_random_128": cols_list,
+        }
         ref_n = min(n, 4096)
         out_rows = []
         for name, cols in cases.items():
             width = 512 if cols is None else len(cols)
             r: dict[str, Any] = {"case": name, "columns": width, "rows": n, "useful_bytes": n * width * 4}
             outs = {}
-            for path, fn in (("cpu_gather", lambda c=cols: cpu_gather(tab, idx_cpu, dev, cols=c)),
-                             ("zero_copy", lambda c=cols: zero_copy_gather(tab, idx, dev, cols=c))):
+            for path, fn in (
+                ("cpu_gather", lambda c=cols: cpu_gather(tab, idx_cpu, dev, cols=c)),
+                ("zero_copy", lambda c=cols: zero_copy_gather(tab, idx, dev, cols=c)),
+            ):
                 s, outs[path] = timed(fn, a.reps, dev)
                 r[f"{path}_s"], r[f"{path}_useful_GBps"] = s, n * width * 4 / s / 1e9
-            want = tab[idx_cpu[:ref_n]] if cols is None else tab[idx_cpu[:ref_n]][:, torch.as_tensor(list(cols))]
-            self.check(same(outs["cpu_gather"][:ref_n], want), f"masked {name} via cpu_gather equals table[idx][:, cols]")
-            self.check(torch.equal(bits(outs["zero_copy"]), bits(outs["cpu_gather"])),
-                       f"masked {name} via zero_copy equals table[idx][:, cols] (all rows)")
+            want = (
+                tab[idx_cpu[:ref_n]] if cols is None else tab[idx_cpu[:ref_n]][:, torch.as_tensor(list(cols))]
+            )
+            self.check(
+                same(outs["cpu_gather"][:ref_n], want),
+                f"masked {name} via cpu_gather equals table[idx][:, cols]",
+            )
+            self.check(
+                torch.equal(bits(outs["zero_copy"]), bits(outs["cpu_gather"])),
+                f"masked {name} via zero_copy equals table[idx][:, cols] (all rows)",
+            )
             del outs
             out_rows.append(r)
         full = out_rows[0]["zero_copy_s"]
@@ -252,8 +305,11 @@ class Run:
             r["zero_copy_vs_cpu"] = r["cpu_gather_s"] / r["zero_copy_s"]
         self.doc["sections"]["masked"] = out_rows
         for r in out_rows:
-            print(f"  masked {r['case']:>24}: zero-copy {r['zero_copy_s'] * 1e3:7.2f} ms "
-                  f"({r['time_vs_full_row']:.2f} of full row), cpu {r['cpu_gather_s'] * 1e3:7.2f} ms", flush=True)
+            print(
+                f"  masked {r['case']:>24}: zero-copy {r['zero_copy_s'] * 1e3:7.2f} ms "
+                f"({r['time_vs_full_row']:.2f} of full row), cpu {r['cpu_gather_s'] * 1e3:7.2f} ms",
+                flush=True,
+            )
         self.save()
 
     # ------------------------------------------------------------------------------------------- 3. e2e
@@ -268,7 +324,9 @@ class Run:
 
         def sample(seeds: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
             f1, f2 = a.fanout
-            n1 = col[seeds[:, None] * deg + torch.randint(0, deg, (seeds.numel(), f1), generator=gen, device=dev)]
+            n1 = col[
+                seeds[:, None] * deg + torch.randint(0, deg, (seeds.numel(), f1), generator=gen, device=dev)
+            ]
             u1, inv1 = torch.unique(torch.cat([seeds, n1.reshape(-1)]), return_inverse=True)
             n2 = col[u1[:, None] * deg + torch.randint(0, deg, (u1.numel(), f2), generator=gen, device=dev)]
             u0, inv0 = torch.unique(torch.cat([u1, n2.reshape(-1)]), return_inverse=True)
@@ -289,7 +347,7 @@ class Run:
                 sync(dev)
                 t = time.perf_counter()
                 for b in range(a.batches):
-                    seeds = perm[b * a.batch_size:(b + 1) * a.batch_size]
+                    seeds = perm[b * a.batch_size : (b + 1) * a.batch_size]
                     u0, inv0, u1, inv1 = sample(seeds, gen)
                     if ep == a.epochs - 1:
                         sync(dev)
@@ -302,7 +360,9 @@ class Run:
                         first_x = x[:4096].cpu()
                     nb = len(u1)
                     h1 = torch.relu(l1s(x[inv0[:nb]]) + l1n(x[inv0[nb:]].view(nb, f2, f_in).mean(1)))
-                    logits = l2s(h1[inv1[:seeds.numel()]]) + l2n(h1[inv1[seeds.numel():]].view(-1, f1, hidden).mean(1))
+                    logits = l2s(h1[inv1[: seeds.numel()]]) + l2n(
+                        h1[inv1[seeds.numel() :]].view(-1, f1, hidden).mean(1)
+                    )
                     loss = torch.nn.functional.cross_entropy(logits, labels[seeds])
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
@@ -311,46 +371,82 @@ class Run:
                 sync(dev)
                 epoch_s.append(time.perf_counter() - t)
             store.close()
-            return {"path": store.path, "epoch_s": epoch_s, "last_epoch_gather_s": gather_s,
-                    "losses": torch.stack(losses).cpu(), "params": [p.detach().cpu() for p in params],
-                    "first_x": first_x, "input_rows_last_batch": int(u0.numel())}
+            return {
+                "path": store.path,
+                "epoch_s": epoch_s,
+                "last_epoch_gather_s": gather_s,
+                "losses": torch.stack(losses).cpu(),
+                "params": [p.detach().cpu() for p in params],
+                "first_x": first_x,
+                "input_rows_last_batch": int(u0.numel()),
+            }
 
         torch.use_deterministic_algorithms(True)
         fill = torch.utils.deterministic.fill_uninitialized_memory
-        torch.utils.deterministic.fill_uninitialized_memory = False  # no NaN fill of gather outputs: not a cost to time
+        torch.utils.deterministic.fill_uninitialized_memory = (
+            False  # no NaN fill of gather outputs: not a cost to time
+        )
         try:
-            zc, cpu = run("zero-copy" if dev.type == "cuda" or interpreting() else "cpu-gather"), run("cpu-gather")
+            zc, cpu = (
+                run("zero-copy" if dev.type == "cuda" or interpreting() else "cpu-gather"),
+                run("cpu-gather"),
+            )
         finally:
             torch.use_deterministic_algorithms(False)
             torch.utils.deterministic.fill_uninitialized_memory = fill
-        self.check(same(zc["first_x"], cpu["first_x"]), "e2e: the first batch's features are equal on both paths")
-        self.check(same(zc["losses"], cpu["losses"]), "e2e: per-step losses bitwise equal (zero-copy vs cpu-gather)")
-        self.check(all(same(p, q) for p, q in zip(zc["params"], cpu["params"], strict=True)),
-                   "e2e: final parameters bitwise equal (zero-copy vs cpu-gather)")
-        res = {"nodes": n_nodes, "feature_row_bytes": a.e2e_row_bytes, "degree": deg, "fanout": list(a.fanout),
-               "batch_size": a.batch_size, "batches_per_epoch": a.batches, "epochs": a.epochs,
-               "input_rows_last_batch": zc["input_rows_last_batch"],
-               "zero_copy": {k: zc[k] for k in ("path", "epoch_s", "last_epoch_gather_s")},
-               "cpu_gather": {k: cpu[k] for k in ("path", "epoch_s", "last_epoch_gather_s")},
-               "losses_first_last": [float(zc["losses"][0]), float(zc["losses"][-1])]}
+        self.check(
+            same(zc["first_x"], cpu["first_x"]), "e2e: the first batch's features are equal on both paths"
+        )
+        self.check(
+            same(zc["losses"], cpu["losses"]), "e2e: per-step losses bitwise equal (zero-copy vs cpu-gather)"
+        )
+        self.check(
+            all(same(p, q) for p, q in zip(zc["params"], cpu["params"], strict=True)),
+            "e2e: final parameters bitwise equal (zero-copy vs cpu-gather)",
+        )
+        res = {
+            "nodes": n_nodes,
+            "feature_row_bytes": a.e2e_row_bytes,
+            "degree": deg,
+            "fanout": list(a.fanout),
+            "batch_size": a.batch_size,
+            "batches_per_epoch": a.batches,
+            "epochs": a.epochs,
+            "input_rows_last_batch": zc["input_rows_last_batch"],
+            "zero_copy": {k: zc[k] for k in ("path", "epoch_s", "last_epoch_gather_s")},
+            "cpu_gather": {k: cpu[k] for k in ("path", "epoch_s", "last_epoch_gather_s")},
+            "losses_first_last": [float(zc["losses"][0]), float(zc["losses"][-1])],
+        }
         res["epoch_speedup_last"] = cpu["epoch_s"][-1] / zc["epoch_s"][-1]
-        res["gather_time_reduction_last"] = 1 - zc["last_epoch_gather_s"] / max(cpu["last_epoch_gather_s"], 1e-12)
+        res["gather_time_reduction_last"] = 1 - zc["last_epoch_gather_s"] / max(
+            cpu["last_epoch_gather_s"], 1e-12
+        )
         self.doc["sections"]["e2e"] = res
-        print(f"  e2e GraphSAGE epoch ({a.batches} batches): zero-copy {zc['epoch_s'][-1]:.3f} s, cpu-gather "
-              f"{cpu['epoch_s'][-1]:.3f} s -> {res['epoch_speedup_last']:.2f}x; feature gather time "
-              f"-{100 * res['gather_time_reduction_last']:.1f} %", flush=True)
+        print(
+            f"  e2e GraphSAGE epoch ({a.batches} batches): zero-copy {zc['epoch_s'][-1]:.3f} s, cpu-gather "
+            f"{cpu['epoch_s'][-1]:.3f} s -> {res['epoch_speedup_last']:.2f}x; feature gather time "
+            f"-{100 * res['gather_time_reduction_last']:.1f} %",
+            flush=True,
+        )
         self.save()
 
     # ------------------------------------------------------------------------------------------- goals
     def goals(self) -> None:
-        sw = {(r["dtype"], r["row_bytes"]): r for r in self.doc["sections"].get("sweep", []) if "skipped" not in r}
+        sw = {
+            (r["dtype"], r["row_bytes"]): r
+            for r in self.doc["sections"].get("sweep", [])
+            if "skipped" not in r
+        }
         out = {}
 
         def goal(name: str, key: tuple[str, int], field: str, want: float) -> None:
             r = sw.get(key)
             v = r[field] if r else None
-            out[name] = {"value": v, "goal": f">= {want}", "met": (v is not None and v >= want)
-                         if self.dev.type == "cuda" else "n/a (not a GPU run)"}
+            out[name] = {
+                "value": v,
+                "goal": f">= {want}",
+                "met": (v is not None and v >= want) if self.dev.type == "cuda" else "n/a (not a GPU run)",
+            }
 
         goal("zero_copy_2k_vs_h2d", ("float32", 2048), "aligned_vs_h2d", GOALS["zero_copy_2k_vs_h2d"])
         goal("zero_copy_2k_vs_cpu", ("float32", 2048), "aligned_vs_cpu", GOALS["zero_copy_2k_vs_cpu"])
@@ -358,13 +454,17 @@ class Run:
         self.doc["goals"] = out
         for k, v in out.items():
             val = f"{v['value']:.3f}" if isinstance(v["value"], float) else v["value"]
-            print(f"  goal {k}: {val} ({v['goal']}): {'met' if v['met'] is True else 'NOT met' if v['met'] is False else v['met']}")
+            print(
+                f"  goal {k}: {val} ({v['goal']}): {'met' if v['met'] is True else 'NOT met' if v['met'] is False else v['met']}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="result JSON path")
-    p.add_argument("--budget-s", type=float, default=80.0, help="soft wall-clock budget; late sections are skipped")
+    p.add_argument(
+        "--budget-s", type=float, default=80.0, help="soft wall-clock budget; late sections are skipped"
+    )
     p.add_argument("--hard-s", type=float, default=86.0, help="dump stacks and exit at this many seconds")
     a = p.parse_args(argv)
     faulthandler.dump_traceback_later(a.hard_s, exit=True)
@@ -379,11 +479,16 @@ def main(argv: list[str] | None = None) -> int:
         a.table_gib, a.gather_mib, a.reps, a.row_bytes = 1 / 256, 1 / 64, 1, (256, 2052)
         a.e2e_row_bytes, a.fanout, a.batch_size, a.batches, a.epochs = 256, (3, 2), 8, 2, 1
     else:
-        print("direct_gather: skipped: no CUDA device (set TRITON_INTERPRET=1 to smoke-test the logic on CPU)")
+        print(
+            "direct_gather: skipped: no CUDA device (set TRITON_INTERPRET=1 to smoke-test the logic on CPU)"
+        )
         return 0
     run = Run(a, dev)
-    print(f"direct_gather on {run.doc['provenance']['device']} (torch {torch.__version__}, "
-          f"{run.doc['provenance']['triton']})", flush=True)
+    print(
+        f"direct_gather on {run.doc['provenance']['device']} (torch {torch.__version__}, "
+        f"{run.doc['provenance']['triton']})",
+        flush=True,
+    )
     status = 0
     try:
         run.make_table()

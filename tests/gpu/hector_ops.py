@@ -58,6 +58,7 @@ def _timer(dev: torch.device, reps: int):
                 fn()
                 ts.append(time.perf_counter() - t)
         return statistics.median(ts)
+
     return run
 
 
@@ -78,7 +79,9 @@ def _err(y: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"max_abs_diff": d, "rel": d / max(s, 1e-30), "bitwise_equal": bool(torch.equal(y, ref))}
 
 
-def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.dtype, reps: int, tol: float) -> dict:
+def run_case(
+    edges: int, types: int, dim: int, dev: torch.device, dtype: torch.dtype, reps: int, tol: float
+) -> dict:
     g = typed_graph(num_nodes=max(edges // 10, 16), num_edges=edges, num_etypes=types, seed=0)
     n = max(edges // 10, 16)
     src, et = g["src"].to(dev), g["etype"].to(dev)
@@ -90,10 +93,21 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
     rows = compact_rows(src, et, n, types)
     offs = ptr[1:].to(dev, torch.int32)
     t = _timer(dev, reps)
-    res: dict = {"edges": edges, "types": types, "dim": dim, "dtype": str(dtype), "nodes": n,
-                 "compact_rows": rows.num_rows, "compaction_ratio": rows.ratio,
-                 "unique_pairs_checked": rows.num_rows == int(torch.unique(et * n + src).numel()),
-                 "times_s": {}, "fwd_bwd_s": {}, "peak_gib": {}, "errors": {}, "failed": []}
+    res: dict = {
+        "edges": edges,
+        "types": types,
+        "dim": dim,
+        "dtype": str(dtype),
+        "nodes": n,
+        "compact_rows": rows.num_rows,
+        "compaction_ratio": rows.ratio,
+        "unique_pairs_checked": rows.num_rows == int(torch.unique(et * n + src).numel()),
+        "times_s": {},
+        "fwd_bwd_s": {},
+        "peak_gib": {},
+        "errors": {},
+        "failed": [],
+    }
     if not res["unique_pairs_checked"]:
         res["failed"].append("compact row count != #unique (src, type) pairs")
 
@@ -101,20 +115,28 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
         return segment_mm(x.index_select(0, src_sorted), w, ptr, gemm="loop")
 
     ref = loop()
-    variants = {"loop": loop,
-                "grouped_mm": lambda: torch._grouped_mm(x.index_select(0, src_sorted), w, offs=offs),
-                "flowlane_auto": lambda: segment_mm(x.index_select(0, src_sorted), w, ptr, gemm="auto"),
-                "compact_rows": lambda: materialize(x, w, rows, gemm="auto"),
-                "compact": lambda: gather_rows(materialize(x, w, rows, gemm="auto"), rows.edge_row)}
+    variants = {
+        "loop": loop,
+        "grouped_mm": lambda: torch._grouped_mm(x.index_select(0, src_sorted), w, offs=offs),
+        "flowlane_auto": lambda: segment_mm(x.index_select(0, src_sorted), w, ptr, gemm="auto"),
+        "compact_rows": lambda: materialize(x, w, rows, gemm="auto"),
+        "compact": lambda: gather_rows(materialize(x, w, rows, gemm="auto"), rows.edge_row),
+    }
     need = edges * dim * dim * x.element_size()
     free = torch.cuda.mem_get_info()[0] if dev.type == "cuda" else None
     if free is not None and need > 0.85 * free:
-        res["errors"]["replicated"] = f"skipped: W[etype] needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        res["errors"]["replicated"] = (
+            f"skipped: W[etype] needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        )
     else:
-        variants["replicated"] = lambda: torch.bmm(x.index_select(0, src).unsqueeze(1),
-                                                   w.index_select(0, et)).squeeze(1)
-    res["path_auto_picks"] = "grouped_mm" if dev.type == "cuda" and dtype == torch.bfloat16 and hasattr(
-        torch, "_grouped_mm") and dim % 8 == 0 else "loop"
+        variants["replicated"] = lambda: torch.bmm(
+            x.index_select(0, src).unsqueeze(1), w.index_select(0, et)
+        ).squeeze(1)
+    res["path_auto_picks"] = (
+        "grouped_mm"
+        if dev.type == "cuda" and dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") and dim % 8 == 0
+        else "loop"
+    )
     for name, fn in variants.items():
         if name == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
             res["errors"][name] = "torch has no _grouped_mm"
@@ -140,7 +162,7 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
             torch.cuda.empty_cache()
     # forward + backward, gradients checked against the loop's
     gy = torch.randn(edges, dim, generator=gen).to(dev, dtype)  # upstream gradient, type-sorted edge order
-    gy_edges = gy.index_select(0, torch.argsort(order))          # the same gradient in edge order
+    gy_edges = gy.index_select(0, torch.argsort(order))  # the same gradient in edge order
 
     def fb(kind: str):
         xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -169,7 +191,9 @@ def run_case(edges: int, types: int, dim: int, dev: torch.device, dtype: torch.d
                     loop_err[gname] = e["rel"]
                 bound = max(tol, 1.5 * loop_err.get(gname, 0.0))
                 if e["rel"] > bound:
-                    res["failed"].append(f"{kind}: {gname} is {e['rel']:.2e} from the fp32 reference (> {bound:.2e})")
+                    res["failed"].append(
+                        f"{kind}: {gname} is {e['rel']:.2e} from the fp32 reference (> {bound:.2e})"
+                    )
             res["fwd_bwd_s"][kind] = t(lambda k=kind: fb(k))
         except Exception as exc:  # noqa: BLE001 - recorded as a failure of that flowlane path
             res["errors"][f"fwd_bwd.{kind}"] = f"{type(exc).__name__}: {exc}"[:400]
@@ -192,17 +216,24 @@ def main() -> int:
     dev = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    doc = {"label": "measured on one GPU" if cuda else "CPU dry run (tiny sizes; not a GPU figure)",
-           "torch": torch.__version__, "has_grouped_mm": hasattr(torch, "_grouped_mm"), "cases": [],
-           "provenance": provenance(device=torch.cuda.get_device_name(0) if cuda else "cpu")}
+    doc = {
+        "label": "measured on one GPU" if cuda else "CPU dry run (tiny sizes; not a GPU figure)",
+        "torch": torch.__version__,
+        "has_grouped_mm": hasattr(torch, "_grouped_mm"),
+        "cases": [],
+        "provenance": provenance(device=torch.cuda.get_device_name(0) if cuda else "cpu"),
+    }
     t0 = time.perf_counter()
-    for edges, types, dim in (GPU_CASES if cuda else CPU_CASES):
+    for edges, types, dim in GPU_CASES if cuda else CPU_CASES:
         r = run_case(edges, types, dim, dev, dtype, a.reps if cuda else 2, tol)
         doc["cases"].append(r)
         ts = r["times_s"]
-        print(f"E={edges:,} T={types} d={dim}: ratio {r['compaction_ratio']:.2f} | " + "  ".join(
-            f"{k} {v * 1e3:.2f} ms" for k, v in ts.items()) + (f" | FAILED {r['failed']}" if r["failed"] else ""),
-            flush=True)
+        print(
+            f"E={edges:,} T={types} d={dim}: ratio {r['compaction_ratio']:.2f} | "
+            + "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in ts.items())
+            + (f" | FAILED {r['failed']}" if r["failed"] else ""),
+            flush=True,
+        )
     doc["wall_s"] = time.perf_counter() - t0
     doc["ok"] = not any(c["failed"] for c in doc["cases"])
     out = Path(a.out)

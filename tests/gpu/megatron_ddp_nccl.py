@@ -35,8 +35,16 @@ sys.path.insert(0, str(ROOT))
 
 WORLD, PP = 4, 2
 CASES = {"fp32": dict(bf16=False, dist_opt=False), "bf16_distopt": dict(bf16=True, dist_opt=True)}
-MODEL = dict(num_layers=4, hidden_size=256, num_attention_heads=8, vocab_size=1024, seq_length=128,
-             micro_batch_size=2, num_microbatches=4, iterations=3)
+MODEL = dict(
+    num_layers=4,
+    hidden_size=256,
+    num_attention_heads=8,
+    vocab_size=1024,
+    seq_length=128,
+    micro_batch_size=2,
+    num_microbatches=4,
+    iterations=3,
+)
 
 
 def _init(rank: int, world: int, backend: str) -> None:
@@ -44,10 +52,17 @@ def _init(rank: int, world: int, backend: str) -> None:
     import torch.distributed as dist
 
     if backend == "nccl":
-        os.environ["NCCL_HOSTID"] = f"flowlane-mcore-host{rank}"  # one "host" per rank: see the module docstring
+        os.environ["NCCL_HOSTID"] = (
+            f"flowlane-mcore-host{rank}"  # one "host" per rank: see the module docstring
+        )
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", 0),
-                                timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            device_id=torch.device("cuda", 0),
+            timeout=datetime.timedelta(seconds=120),
+        )
         torch.use_deterministic_algorithms(True)
     else:
         from megatron_plugin import cpu_shim
@@ -94,26 +109,51 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
         torch.manual_seed(0)
         model_parallel_cuda_manual_seed(0)
         config = TransformerConfig(
-            num_layers=MODEL["num_layers"], hidden_size=MODEL["hidden_size"],
-            num_attention_heads=MODEL["num_attention_heads"], pipeline_model_parallel_size=PP,
-            use_cpu_initialization=not cuda, pipeline_dtype=dtype, params_dtype=dtype, bf16=bf16,
-            bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-            bias_dropout_fusion=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
-            hidden_dropout=0.0, attention_dropout=0.0)
-        module = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
-                          vocab_size=MODEL["vocab_size"], max_sequence_length=MODEL["seq_length"],
-                          pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                          share_embeddings_and_output_weights=False, position_embedding_type="learned_absolute")
+            num_layers=MODEL["num_layers"],
+            hidden_size=MODEL["hidden_size"],
+            num_attention_heads=MODEL["num_attention_heads"],
+            pipeline_model_parallel_size=PP,
+            use_cpu_initialization=not cuda,
+            pipeline_dtype=dtype,
+            params_dtype=dtype,
+            bf16=bf16,
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            bias_dropout_fusion=False,
+            gradient_accumulation_fusion=False,
+            apply_rope_fusion=False,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+        )
+        module = GPTModel(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(),
+            vocab_size=MODEL["vocab_size"],
+            max_sequence_length=MODEL["seq_length"],
+            pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="learned_absolute",
+        )
         if cuda:
             module.cuda()
         if bf16:
             module = Float16Module(config, module)  # what Megatron-LM's get_model does for --bf16
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
-                                                   use_distributed_optimizer=dist_opt, overlap_param_gather=dist_opt,
-                                                   bucket_size=200_000)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=True,
+            use_distributed_optimizer=dist_opt,
+            overlap_param_gather=dist_opt,
+            bucket_size=200_000,
+        )
         model = DistributedDataParallel(config, ddp_config, module)
-        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=1.0, bf16=bf16,
-                                                     use_distributed_optimizer=dist_opt), [model])
+        opt = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam", lr=1e-3, clip_grad=1.0, bf16=bf16, use_distributed_optimizer=dist_opt
+            ),
+            [model],
+        )
         config.no_sync_func = model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
         if dist_opt:
@@ -122,9 +162,14 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
         if hermod:
             # gate_timeout_s paces the pacer thread only (refused under program_order, where it has no effect)
             cfg = HermodConfig(launch=hermod, **({"gate_timeout_s": 0.02} if hermod == "pacer" else {}))
-            h = Hermod(cfg, num_microbatches=m,
-                       layers_per_stage=MODEL["num_layers"] // PP, stage=ps.get_pipeline_model_parallel_rank(),
-                       num_stages=PP, dp_group=ps.get_data_parallel_group(with_context_parallel=True))
+            h = Hermod(
+                cfg,
+                num_microbatches=m,
+                layers_per_stage=MODEL["num_layers"] // PP,
+                stage=ps.get_pipeline_model_parallel_rank(),
+                num_stages=PP,
+                dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+            )
             h.attach_pipeline()
             h.attach_ddp([model])
             h.attach_finalize(config, lambda: m)
@@ -145,10 +190,15 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
             t0 = time.perf_counter()
             model.zero_grad_buffer()
             opt.zero_grad()
-            res = fwd_bwd(forward_step_func=forward_step,
-                          data_iterator=_batches(it, ps.get_data_parallel_rank(), m, device), model=[model],
-                          num_microbatches=m, seq_length=s, micro_batch_size=MODEL["micro_batch_size"],
-                          forward_only=False)
+            res = fwd_bwd(
+                forward_step_func=forward_step,
+                data_iterator=_batches(it, ps.get_data_parallel_rank(), m, device),
+                model=[model],
+                num_microbatches=m,
+                seq_length=s,
+                micro_batch_size=MODEL["micro_batch_size"],
+                forward_only=False,
+            )
             opt.step()
             if cuda:
                 torch.cuda.synchronize()
@@ -157,11 +207,18 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
                 losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
         if dist_opt:
             model.start_param_sync(force_sync=True)  # the last step's shards, gathered
-        out: dict[str, Any] = {"params": [p.detach().clone() for p in model.parameters()], "losses": losses,
-                               "iteration_s": times, "bucket_groups": len(model.bucket_groups)}
+        out: dict[str, Any] = {
+            "params": [p.detach().clone() for p in model.parameters()],
+            "losses": losses,
+            "iteration_s": times,
+            "bucket_groups": len(model.bucket_groups),
+        }
         if h is not None:
-            out["dp_coflows"] = sum(1 for e in h.sched.log if e.event == "chunk" and e.meta.ctype == "dp"
-                                    and e.meta.op != "all_gather")
+            out["dp_coflows"] = sum(
+                1
+                for e in h.sched.log
+                if e.event == "chunk" and e.meta.ctype == "dp" and e.meta.op != "all_gather"
+            )
             out["pp_ops"] = sum(1 for e in h.sched.log if e.meta.ctype == "pp")
             out["launch"] = "program_order" if h.sched.program_order else "pacer"
         dist.barrier()
@@ -185,15 +242,25 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, model: dict
             c, d = _train(case, "auto", device), _train(case, "pacer", device)
 
             def same(x: dict[str, Any], y: dict[str, Any]) -> bool:
-                return x["losses"] == y["losses"] and len(x["params"]) == len(y["params"]) and all(
-                    torch.equal(p, q) for p, q in zip(x["params"], y["params"], strict=True))
+                return (
+                    x["losses"] == y["losses"]
+                    and len(x["params"]) == len(y["params"])
+                    and all(torch.equal(p, q) for p, q in zip(x["params"], y["params"], strict=True))
+                )
 
-            res[name] = {"stock_repeats_bitwise": same(a, b), "hermod_bitwise_equal_stock": same(a, c) and same(a, d),
-                         "hermod_launch": c["launch"], "iteration_s_hermod_pacer": d["iteration_s"],
-                         "losses_stock": a["losses"], "losses_hermod": c["losses"],
-                         "bucket_groups": c["bucket_groups"], "hermod_dp_chunks": c["dp_coflows"],
-                         "hermod_pp_ops": c["pp_ops"], "iteration_s_stock": b["iteration_s"],
-                         "iteration_s_hermod": c["iteration_s"]}
+            res[name] = {
+                "stock_repeats_bitwise": same(a, b),
+                "hermod_bitwise_equal_stock": same(a, c) and same(a, d),
+                "hermod_launch": c["launch"],
+                "iteration_s_hermod_pacer": d["iteration_s"],
+                "losses_stock": a["losses"],
+                "losses_hermod": c["losses"],
+                "bucket_groups": c["bucket_groups"],
+                "hermod_dp_chunks": c["dp_coflows"],
+                "hermod_pp_ops": c["pp_ops"],
+                "iteration_s_stock": b["iteration_s"],
+                "iteration_s_hermod": c["iteration_s"],
+            }
         except Exception:  # noqa: BLE001 - one case failing must not lose the other's result
             res[name] = {"error": traceback.format_exc()[-3000:]}
     return res
@@ -219,7 +286,9 @@ def main() -> int:
     except ImportError as e:
         print(f"SKIP: megatron-core is not importable here ({e})")
         return 0
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, inherited by the ranks
+    os.environ.setdefault(
+        "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
+    )  # deterministic cuBLAS, inherited by the ranks
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     from flowlane.launch import launch
 
@@ -227,9 +296,15 @@ def main() -> int:
         MODEL.update(hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=16, iterations=2)
 
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"label": "measured on one GPU (ranks time-share it; NCCL socket transport over loopback)"
-                           if a.backend == "nccl" else "dry run on CPU (gloo): the script's logic only",
-                           "model": MODEL, "world": WORLD, "pp": PP, **provenance()}
+    out: dict[str, Any] = {
+        "label": "measured on one GPU (ranks time-share it; NCCL socket transport over loopback)"
+        if a.backend == "nccl"
+        else "dry run on CPU (gloo): the script's logic only",
+        "model": MODEL,
+        "world": WORLD,
+        "pp": PP,
+        **provenance(),
+    }
     try:
         ranks = launch(rank_main, WORLD, args=(a.backend, a.device, MODEL), backend=None, timeout=a.timeout)
         out["ranks"] = ranks
@@ -237,21 +312,41 @@ def main() -> int:
         out["error"] = traceback.format_exc()[-4000:]
         ranks = []
     out["wall_s"] = time.perf_counter() - t0
-    ok = bool(ranks) and all(c.get("stock_repeats_bitwise") and c.get("hermod_bitwise_equal_stock")
-                             and c.get("hermod_dp_chunks", 0) > 0 for r in ranks[:2] for c in r.values()) and all(
-        c.get("hermod_bitwise_equal_stock") for r in ranks for c in r.values())
+    ok = (
+        bool(ranks)
+        and all(
+            c.get("stock_repeats_bitwise")
+            and c.get("hermod_bitwise_equal_stock")
+            and c.get("hermod_dp_chunks", 0) > 0
+            for r in ranks[:2]
+            for c in r.values()
+        )
+        and all(c.get("hermod_bitwise_equal_stock") for r in ranks for c in r.values())
+    )
     out["ok"] = ok
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=str))
     print(f"megatron_ddp_nccl: ok={ok} wall {out['wall_s']:.0f}s")
     for r, res in enumerate(ranks):
         for name, c in res.items():
-            print(f"  rank {r} {name}: " + (c["error"].strip().splitlines()[-1][:300] if "error" in c else
-                  f"stock repeats {c['stock_repeats_bitwise']}, hermod == stock {c['hermod_bitwise_equal_stock']}, "
-                  f"dp chunks {c['hermod_dp_chunks']}, pp ops {c['hermod_pp_ops']}, loss {c['losses_hermod'][-1:]}, "
-                  f"steady ms stock / {c['hermod_launch']} / pacer: "
-                  + " / ".join(f"{1e3 * sum(x[1:]) / max(1, len(x) - 1):.0f}" for x in (
-                      c["iteration_s_stock"], c["iteration_s_hermod"], c["iteration_s_hermod_pacer"]))))
+            print(
+                f"  rank {r} {name}: "
+                + (
+                    c["error"].strip().splitlines()[-1][:300]
+                    if "error" in c
+                    else f"stock repeats {c['stock_repeats_bitwise']}, hermod == stock {c['hermod_bitwise_equal_stock']}, "
+                    f"dp chunks {c['hermod_dp_chunks']}, pp ops {c['hermod_pp_ops']}, loss {c['losses_hermod'][-1:]}, "
+                    f"steady ms stock / {c['hermod_launch']} / pacer: "
+                    + " / ".join(
+                        f"{1e3 * sum(x[1:]) / max(1, len(x) - 1):.0f}"
+                        for x in (
+                            c["iteration_s_stock"],
+                            c["iteration_s_hermod"],
+                            c["iteration_s_hermod_pacer"],
+                        )
+                    )
+                )
+            )
     if "error" in out:
         print(out["error"][-1500:])
     return 0 if ok else 1

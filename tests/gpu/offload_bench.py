@@ -112,7 +112,9 @@ def _process_age() -> float:
         return 0.0
 
 
-SDPA = {"kernel": "flash"}  # "math" for the bitwise correctness section (flash's backward may not be deterministic)
+SDPA = {
+    "kernel": "flash"
+}  # "math" for the bitwise correctness section (flash's backward may not be deterministic)
 
 
 def _sdpa_ctx(dev: torch.device) -> Any:
@@ -133,12 +135,16 @@ def _provenance(dev: torch.device) -> dict[str, Any]:
         commit = os.environ.get("FLOWLANE_COMMIT", "")
         if not commit:
             with contextlib.suppress(Exception):
-                commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                        timeout=10).stdout.strip()
-        return {"command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]),
-                "commit": commit or "unknown (no .git and no FLOWLANE_COMMIT)", "host": platform.node(),
-                "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
-                "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                commit = subprocess.run(
+                    ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+                ).stdout.strip()
+        return {
+            "command": " ".join(shlex.quote(a) for a in ["python3", *sys.argv]),
+            "commit": commit or "unknown (no .git and no FLOWLANE_COMMIT)",
+            "host": platform.node(),
+            "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
+            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
 
 class Timer:
@@ -193,15 +199,24 @@ def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:
 def _install(model: Net, cfg: OffloadConfig, dev: torch.device) -> TensorCache:
     if dev.type == "cuda":
         return install(model, cfg, scope_classes=["Block"])
-    cache = TensorCache(cfg, bulk_on_cpu=True)  # CPU smoke test: the CUDA tiers' bulk logic, synchronous copies
+    cache = TensorCache(
+        cfg, bulk_on_cpu=True
+    )  # CPU smoke test: the CUDA tiers' bulk logic, synchronous copies
     cache.register_parameters(model.parameters())
     for blk in model.blocks:
         cache.add_scope(blk)
     return cache.activate()
 
 
-def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: argparse.Namespace,
-                 ref: list[torch.Tensor] | None, workdir: str) -> dict[str, Any]:
+def run_strategy(
+    name: str,
+    model: Net,
+    x: torch.Tensor,
+    dev: torch.device,
+    a: argparse.Namespace,
+    ref: list[torch.Tensor] | None,
+    workdir: str,
+) -> dict[str, Any]:
     r: dict[str, Any] = {"strategy": name}
     cache = None
     warm = a.warmup
@@ -210,8 +225,12 @@ def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: a
             model.recompute = True
         elif name.startswith("flowlane"):
             min_bytes = a.min_bytes if dev.type == "cuda" else 4096
-            kw: dict[str, Any] = {"backend": "pinned_cpu", "min_bytes": min_bytes, "offload_cpu_tensors": True,
-                                  "on_io_error": "raise"}
+            kw: dict[str, Any] = {
+                "backend": "pinned_cpu",
+                "min_bytes": min_bytes,
+                "offload_cpu_tensors": True,
+                "on_io_error": "raise",
+            }
             if name in ("flowlane", "flowlane_ssd", "flowlane_slow3"):
                 kw.update(adaptive=True, profile_step=1, prefetch_groups=4)
                 if name == "flowlane_slow3":
@@ -242,9 +261,24 @@ def run_strategy(name: str, model: Net, x: torch.Tensor, dev: torch.device, a: a
         if cache is not None:
             cache.wait_io()
             s = cache.stats_snapshot().as_dict()
-            r["stats"] = {k: s[k] for k in ("bytes_written", "bytes_read", "bulk_stores", "bulk_loads", "forwards",
-                                            "sync_loads", "late_loads", "fallbacks", "io_errors", "budget_kept",
-                                            "storages_offloaded", "keep_last_k", "pool")}
+            r["stats"] = {
+                k: s[k]
+                for k in (
+                    "bytes_written",
+                    "bytes_read",
+                    "bulk_stores",
+                    "bulk_loads",
+                    "forwards",
+                    "sync_loads",
+                    "late_loads",
+                    "fallbacks",
+                    "io_errors",
+                    "budget_kept",
+                    "storages_offloaded",
+                    "keep_last_k",
+                    "pool",
+                )
+            }
             r["budget_profile"] = s["profile"]
             r["backend"] = cache.backend.describe()
         return r | {"_grads": grads}
@@ -259,8 +293,11 @@ def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, wo
     ``torch.equal`` after warm-up, profiled and budgeted steps."""
     SDPA["kernel"] = "math"
     h, heads, seq, batch, layers = (1024, 8, 1024, 2, 4) if dev.type == "cuda" else (64, 4, 64, 2, 4)
-    out: dict[str, Any] = {"size": {"hidden": h, "heads": heads, "seq": seq, "batch": batch, "layers": layers},
-                           "strategies": {}, "failed": []}
+    out: dict[str, Any] = {
+        "size": {"hidden": h, "heads": heads, "seq": seq, "batch": batch, "layers": layers},
+        "strategies": {},
+        "failed": [],
+    }
     a2 = argparse.Namespace(**{**vars(a), "steps": 1, "warmup": 1, "min_bytes": MiB})
     try:
         torch.manual_seed(0)
@@ -272,8 +309,10 @@ def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, wo
                 r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a2, ref, workdir)
             except Exception as e:  # noqa: BLE001
                 out["failed"].append(f"correctness:{name}: {type(e).__name__}: {e}")
-                out["strategies"][name] = {"error": f"{type(e).__name__}: {e}",
-                                           "traceback": traceback.format_exc()[-3000:]}
+                out["strategies"][name] = {
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
                 continue
             g = r.pop("_grads")
             if name == "keep":
@@ -283,27 +322,46 @@ def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, wo
         out["keep_bitwise_reproducible"] = det
         for name, r in out["strategies"].items():
             if r.get("grads_equal") is False:
-                out["failed"].append(f"correctness:{name}: gradients differ from keep's (max abs diff "
-                                     f"{r.get('grads_max_abs_diff')}; keep reproducible: {det})")
+                out["failed"].append(
+                    f"correctness:{name}: gradients differ from keep's (max abs diff "
+                    f"{r.get('grads_max_abs_diff')}; keep reproducible: {det})"
+                )
         del model, x, ref
     finally:
         SDPA["kernel"] = "flash"
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    out["summary"] = "FAILED: " + "; ".join(out["failed"]) if out["failed"] else \
-        f"all {len(out['strategies']) - 1} strategies bitwise equal to keep"
+    out["summary"] = (
+        "FAILED: " + "; ".join(out["failed"])
+        if out["failed"]
+        else f"all {len(out['strategies']) - 1} strategies bitwise equal to keep"
+    )
     return out
 
 
 def megatron_status() -> dict[str, Any]:
     te = importlib.util.find_spec("transformer_engine") is not None
-    mc = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
-    return {"megatron_core_importable": mc, "transformer_engine_importable": te, "ran": False,
-            "reason": ("megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine: "
-                       "PipelineOffloadManager.__enter__ imports TE's cpu_offload and raises 'TE CPU offload is not "
-                       "available' without it" + ("" if te else "; Transformer Engine is not installed here, so the "
-                                                  "comparison is with full recompute only")
-                       + ("" if not te else "; TE is present but this script does not build a TE model (not run)"))}
+    mc = (
+        importlib.util.find_spec("megatron") is not None
+        and importlib.util.find_spec("megatron.core") is not None
+    )
+    return {
+        "megatron_core_importable": mc,
+        "transformer_engine_importable": te,
+        "ran": False,
+        "reason": (
+            "megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine: "
+            "PipelineOffloadManager.__enter__ imports TE's cpu_offload and raises 'TE CPU offload is not "
+            "available' without it"
+            + (
+                ""
+                if te
+                else "; Transformer Engine is not installed here, so the "
+                "comparison is with full recompute only"
+            )
+            + ("" if not te else "; TE is present but this script does not build a TE model (not run)")
+        ),
+    }
 
 
 def main() -> int:
@@ -313,9 +371,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="measured steps per strategy (after warm-up)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--min-bytes", type=int, default=4 * MiB)
-    ap.add_argument("--budget-s", type=float, default=65.0, help="stop starting new work after this many seconds")
-    ap.add_argument("--hard-s", type=float, default=84.0,
-                    help="dump stacks and exit this many seconds after the process started")
+    ap.add_argument(
+        "--budget-s", type=float, default=65.0, help="stop starting new work after this many seconds"
+    )
+    ap.add_argument(
+        "--hard-s",
+        type=float,
+        default=84.0,
+        help="dump stacks and exit this many seconds after the process started",
+    )
     ap.add_argument("--only-hidden", type=int, default=None)
     a = ap.parse_args()
     out = Path(a.out)
@@ -325,11 +389,19 @@ def main() -> int:
     faulthandler.dump_traceback_later(max(5.0, a.hard_s - _process_age()), exit=True)
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    doc: dict[str, Any] = {"label": f"measured on {torch.cuda.get_device_name(0)}" if dev.type == "cuda"
-                           else "CPU smoke test (logic only; figures meaningless)",
-                           "provenance": _provenance(dev), "torch": torch.__version__,
-                           "cuda": torch.version.cuda, "dtype": str(dtype), "megatron_fine_grained": megatron_status(),
-                           "sizes": [], "failed": [], "complete": False}
+    doc: dict[str, Any] = {
+        "label": f"measured on {torch.cuda.get_device_name(0)}"
+        if dev.type == "cuda"
+        else "CPU smoke test (logic only; figures meaningless)",
+        "provenance": _provenance(dev),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": str(dtype),
+        "megatron_fine_grained": megatron_status(),
+        "sizes": [],
+        "failed": [],
+        "complete": False,
+    }
 
     def save() -> None:
         doc["elapsed_s"] = time.monotonic() - T0
@@ -339,19 +411,31 @@ def main() -> int:
         tmp.replace(out)
 
     # 1. correctness, bitwise, with the deterministic math attention kernel: keep vs every offload path
-    doc["correctness"] = correctness(dev, dtype, a, workdir := tempfile.mkdtemp(
-        prefix="flowlane-offload-bench-", dir=os.environ.get("TMPDIR", "/tmp")))
+    doc["correctness"] = correctness(
+        dev,
+        dtype,
+        a,
+        workdir := tempfile.mkdtemp(prefix="flowlane-offload-bench-", dir=os.environ.get("TMPDIR", "/tmp")),
+    )
     doc["failed"] += doc["correctness"]["failed"]
-    print(f"[{time.monotonic() - T0:5.1f}s] correctness (math SDPA, bitwise): "
-          f"{doc['correctness']['summary']}", flush=True)
+    print(
+        f"[{time.monotonic() - T0:5.1f}s] correctness (math SDPA, bitwise): {doc['correctness']['summary']}",
+        flush=True,
+    )
     save()
     # 2. the benchmark, flash attention
     sizes = GPU_SIZES if dev.type == "cuda" else CPU_SIZES
     if a.only_hidden:
         sizes = [s for s in sizes if s[0] == a.only_hidden]
     for h, heads, seq, batch, layers in sizes:
-        size: dict[str, Any] = {"hidden": h, "heads": heads, "seq": seq, "batch": batch, "layers": layers,
-                                "strategies": {}}
+        size: dict[str, Any] = {
+            "hidden": h,
+            "heads": heads,
+            "seq": seq,
+            "batch": batch,
+            "layers": layers,
+            "strategies": {},
+        }
         doc["sizes"].append(size)
         torch.manual_seed(0)
         model = Net(h, heads, layers, dev, dtype)
@@ -365,22 +449,32 @@ def main() -> int:
                 size["strategies"][name] = {"strategy": name, "status": "not run: time budget spent"}
                 continue
             if name == "flowlane_ssd" and time.monotonic() - T0 > 0.6 * a.budget_s:
-                size["strategies"][name] = {"strategy": name, "status": "not run: kept time for the main columns"}
+                size["strategies"][name] = {
+                    "strategy": name,
+                    "status": "not run: kept time for the main columns",
+                }
                 continue
             try:
                 r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a, ref, workdir)
                 r["status"] = "ok"
             except Exception as e:  # noqa: BLE001 - one failing strategy must not lose the others' figures
-                r = {"strategy": name, "status": "error", "error": f"{type(e).__name__}: {e}",
-                     "traceback": traceback.format_exc()[-3000:]}
+                r = {
+                    "strategy": name,
+                    "status": "error",
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
                 doc["failed"].append(f"h{h}:{name}: {r['error']}")
             grads = r.pop("_grads", None)
             if name == "keep":
                 ref = grads
             size["strategies"][name] = r
-            print(f"[{time.monotonic() - T0:5.1f}s] h{h} {name}: {r.get('status')} "
-                  f"step {r.get('step_s')} s, peak act {r.get('peak_act_bytes')} B, grads_equal "
-                  f"{r.get('grads_equal')}", flush=True)
+            print(
+                f"[{time.monotonic() - T0:5.1f}s] h{h} {name}: {r.get('status')} "
+                f"step {r.get('step_s')} s, peak act {r.get('peak_act_bytes')} B, grads_equal "
+                f"{r.get('grads_equal')}",
+                flush=True,
+            )
             save()
         del ref
         st = size["strategies"]
@@ -396,15 +490,25 @@ def main() -> int:
                 r["act_mem_ratio_vs_keep"] = r["peak_act_bytes"] / keep["peak_act_bytes"]
             if r.get("grads_equal") is False:
                 if reproducible:
-                    doc["failed"].append(f"h{h}:{name}: gradients differ from keep's "
-                                         f"(max abs diff {r.get('grads_max_abs_diff')})")
+                    doc["failed"].append(
+                        f"h{h}:{name}: gradients differ from keep's "
+                        f"(max abs diff {r.get('grads_max_abs_diff')})"
+                    )
                 else:
                     r["grads_note"] = "keep itself is not bitwise reproducible here: inconclusive"
         fl = st.get("flowlane", {})
-        if h in GOALS and fl.get("act_mem_ratio_vs_keep") is not None and fl.get("time_ratio_vs_keep") is not None:
-            size["goal"] = {"act_mem_saved_at_least": GOALS[h], "step_time_ratio_at_most": 1.05,
-                            "act_mem_saved": 1 - fl["act_mem_ratio_vs_keep"], "time_ratio": fl["time_ratio_vs_keep"],
-                            "met": 1 - fl["act_mem_ratio_vs_keep"] >= GOALS[h] and fl["time_ratio_vs_keep"] <= 1.05}
+        if (
+            h in GOALS
+            and fl.get("act_mem_ratio_vs_keep") is not None
+            and fl.get("time_ratio_vs_keep") is not None
+        ):
+            size["goal"] = {
+                "act_mem_saved_at_least": GOALS[h],
+                "step_time_ratio_at_most": 1.05,
+                "act_mem_saved": 1 - fl["act_mem_ratio_vs_keep"],
+                "time_ratio": fl["time_ratio_vs_keep"],
+                "met": 1 - fl["act_mem_ratio_vs_keep"] >= GOALS[h] and fl["time_ratio_vs_keep"] <= 1.05,
+            }
         del model, x
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -417,15 +521,19 @@ def main() -> int:
     faulthandler.cancel_dump_traceback_later()
     print(f"wrote {out} ({doc['label']}, commit {doc['provenance'].get('commit')})")
     for size in doc["sizes"]:
-        print(f"hidden {size['hidden']} seq {size['seq']} batch {size['batch']} layers {size['layers']} "
-              f"(keep reproducible: {size.get('keep_bitwise_reproducible')})")
+        print(
+            f"hidden {size['hidden']} seq {size['seq']} batch {size['batch']} layers {size['layers']} "
+            f"(keep reproducible: {size.get('keep_bitwise_reproducible')})"
+        )
         for name, r in size["strategies"].items():
             if r.get("status") != "ok":
                 print(f"  {name:14s} {r.get('status')}: {r.get('error', '')}")
                 continue
-            print(f"  {name:14s} step {r['step_s'] * 1e3:8.2f} ms  x{r.get('time_ratio_vs_keep', 1.0):.3f}   "
-                  f"peak act {r['peak_act_bytes'] / MiB:9.1f} MiB  x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}   "
-                  f"grads equal {r.get('grads_equal')}")
+            print(
+                f"  {name:14s} step {r['step_s'] * 1e3:8.2f} ms  x{r.get('time_ratio_vs_keep', 1.0):.3f}   "
+                f"peak act {r['peak_act_bytes'] / MiB:9.1f} MiB  x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}   "
+                f"grads equal {r.get('grads_equal')}"
+            )
         if "goal" in size:
             print(f"  goal: {size['goal']}")
     print(f"megatron fine-grained offloading: {doc['megatron_fine_grained']['reason']}")

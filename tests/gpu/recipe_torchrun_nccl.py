@@ -60,8 +60,12 @@ def _start(name: str, tmp: Path, torchrun: bool, overrides: list[str]) -> tuple[
     if torchrun:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}"]
     cmd += [str(Path(__file__).resolve()), "--train", *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               NCCL_SOCKET_IFNAME=os.environ.get("NCCL_SOCKET_IFNAME", "lo"), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        NCCL_SOCKET_IFNAME=os.environ.get("NCCL_SOCKET_IFNAME", "lo"),
+        OMP_NUM_THREADS="1",
+    )
     log = open(tmp / f"{name}.log", "w")  # noqa: SIM115 - closed in _finish
     print(f"  start {name}: {' '.join(cmd[1:])}", flush=True)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), out, log
@@ -83,11 +87,18 @@ def _finish(name: str, job: tuple[subprocess.Popen, Path, Any], deadline: float,
         res["error"] = f"rc={rc}; metrics.json {'present' if metrics.exists() else 'missing'}\n{tail}"
         return res
     m = json.loads(metrics.read_text())
-    res.update(loss=m["loss"], launch=m["launch"], iteration_time_s=m["iteration_time_s"], note=m["note"],
-               last_stage_losses={str(r["rank"]): r["losses"] for r in m["per_rank"] if r["losses"]},
-               param_digest={str(r["rank"]): r["param_digest"] for r in m["per_rank"]},
-               pp_stage={str(r["rank"]): r["pp_stage"] for r in m["per_rank"]},
-               bytes_by_kind=m["bytes_by_kind"], device=m["recipe"]["device"], bf16=m["recipe"]["bf16"])
+    res.update(
+        loss=m["loss"],
+        launch=m["launch"],
+        iteration_time_s=m["iteration_time_s"],
+        note=m["note"],
+        last_stage_losses={str(r["rank"]): r["losses"] for r in m["per_rank"] if r["losses"]},
+        param_digest={str(r["rank"]): r["param_digest"] for r in m["per_rank"]},
+        pp_stage={str(r["rank"]): r["pp_stage"] for r in m["per_rank"]},
+        bytes_by_kind=m["bytes_by_kind"],
+        device=m["recipe"]["device"],
+        bf16=m["recipe"]["bf16"],
+    )
     return res
 
 
@@ -110,8 +121,11 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="result JSON path")
-    ap.add_argument("--cpu-dry-run", action="store_true",
-                    help="no GPU: run 2 and 3 use device=cpu on gloo under torchrun (the script's logic only)")
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="no GPU: run 2 and 3 use device=cpu on gloo under torchrun (the script's logic only)",
+    )
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds for the whole script")
     a = ap.parse_args()
     t_start = time.monotonic()
@@ -132,8 +146,14 @@ def main() -> int:
             missing.append(f"{mod} ({e})")
     out: dict[str, Any] = {
         "label": "measured on one GPU (4 ranks time-share it; NCCL socket transport over loopback) against 4 CPU "
-                 "ranks (gloo)" if not a.cpu_dry_run else "dry run on CPU (gloo under torchrun): the logic only",
-        "recipe": "default (recipes/conf/default.yaml)", "nproc": NPROC, "rel_tol": REL_TOL, **provenance()}
+        "ranks (gloo)"
+        if not a.cpu_dry_run
+        else "dry run on CPU (gloo under torchrun): the logic only",
+        "recipe": "default (recipes/conf/default.yaml)",
+        "nproc": NPROC,
+        "rel_tol": REL_TOL,
+        **provenance(),
+    }
     ok = False
     if missing:
         out["error"] = f"not importable here: {missing} (install the wheels from .whl/ onto PYTHONPATH first)"
@@ -149,21 +169,31 @@ def main() -> int:
             out["cpu_reference"], out["torchrun_fp32"] = ref, fp32
             left = deadline - time.monotonic()
             if left > 30 or a.cpu_dry_run:
-                out["torchrun_bf16"] = _finish("torchrun_bf16", _start("torchrun_bf16", tmp, True,
-                                                                       [f"device={dev}", "bf16=true"]), deadline, tmp)
+                out["torchrun_bf16"] = _finish(
+                    "torchrun_bf16",
+                    _start("torchrun_bf16", tmp, True, [f"device={dev}", "bf16=true"]),
+                    deadline,
+                    tmp,
+                )
             else:
                 out["torchrun_bf16"] = {"skipped": f"only {left:.0f} s of the {a.budget_s:.0f} s budget left"}
         if "error" not in ref and "error" not in fp32:
-            rel = {rank: _max_rel(fp32["last_stage_losses"].get(rank, []), losses)
-                   for rank, losses in ref["last_stage_losses"].items()}
+            rel = {
+                rank: _max_rel(fp32["last_stage_losses"].get(rank, []), losses)
+                for rank, losses in ref["last_stage_losses"].items()
+            }
             out["fp32_max_rel_loss_diff_by_rank"] = rel
             out["fp32_losses_match"] = bool(rel) and all(v <= REL_TOL for v in rel.values())
             out["fp32_replicas_equal"] = _replicas_equal(fp32)
-            out["fp32_launched_by_torchrun"] = fp32["launch"]["launcher"] == "torchrun" and fp32["device"] == dev
+            out["fp32_launched_by_torchrun"] = (
+                fp32["launch"]["launcher"] == "torchrun" and fp32["device"] == dev
+            )
             ok = out["fp32_losses_match"] and out["fp32_replicas_equal"] and out["fp32_launched_by_torchrun"]
         bf = out.get("torchrun_bf16", {})
         if "loss" in bf:
-            out["bf16_trains"] = all(math.isfinite(x) for x in bf["loss"]) and _replicas_equal(bf) and bf["bf16"]
+            out["bf16_trains"] = (
+                all(math.isfinite(x) for x in bf["loss"]) and _replicas_equal(bf) and bf["bf16"]
+            )
             if "loss" in fp32:
                 out["bf16_max_rel_loss_diff_vs_fp32"] = _max_rel(bf["loss"], fp32["loss"])  # informational
             ok = ok and out["bf16_trains"]
@@ -177,13 +207,17 @@ def main() -> int:
     for name in ("cpu_reference", "torchrun_fp32", "torchrun_bf16"):
         r = out.get(name, {})
         if "loss" in r:
-            print(f"  {name}: losses {[round(x, 6) for x in r['loss']]}, steady step "
-                  f"{1e3 * r['iteration_time_s']:.0f} ms ({r['launch']['launcher']}, {r['device']})")
+            print(
+                f"  {name}: losses {[round(x, 6) for x in r['loss']]}, steady step "
+                f"{1e3 * r['iteration_time_s']:.0f} ms ({r['launch']['launcher']}, {r['device']})"
+            )
         elif r:
             print(f"  {name}: {(r.get('error') or r.get('skipped', ''))[-1500:]}")
     if "fp32_max_rel_loss_diff_by_rank" in out:
-        print(f"  fp32 torchrun vs CPU: max relative loss difference {max(out['fp32_max_rel_loss_diff_by_rank'].values()):.2e} "
-              f"(tolerance {REL_TOL:g}); replicas equal {out['fp32_replicas_equal']}")
+        print(
+            f"  fp32 torchrun vs CPU: max relative loss difference {max(out['fp32_max_rel_loss_diff_by_rank'].values()):.2e} "
+            f"(tolerance {REL_TOL:g}); replicas equal {out['fp32_replicas_equal']}"
+        )
     if "error" in out:
         print(f"  error: {out['error']}")
     return 0 if ok else 1

@@ -50,8 +50,13 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
     if backend == "nccl":
         os.environ["NCCL_HOSTID"] = f"flowlane-syn-host{rank}"
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", 0),
-                                timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            device_id=torch.device("cuda", 0),
+            timeout=datetime.timedelta(seconds=60),
+        )
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     dev = torch.device(device_name)
@@ -64,10 +69,12 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
     try:
         store = dist.FileStore(store_path, world)
         paths = {"F": dist.new_group(list(range(world))), "S": dist.new_group(list(range(world)))}
-        ops = [PlanOp("ar0", "all_reduce", 4096, "float32", world, Option("F", "ring", 4)),
-               PlanOp("a2a", "all_to_all", world * 512, "float32", world, Option("S", "direct", 2, world)),
-               PlanOp("ag", "all_gather", 256, "int64", world, Option("F", "direct", 2, world)),
-               PlanOp("ar1", "all_reduce", 999, "float32", world, Option("S", "ring", 2))]
+        ops = [
+            PlanOp("ar0", "all_reduce", 4096, "float32", world, Option("F", "ring", 4)),
+            PlanOp("a2a", "all_to_all", world * 512, "float32", world, Option("S", "direct", 2, world)),
+            PlanOp("ag", "all_gather", 256, "int64", world, Option("F", "direct", 2, world)),
+            PlanOp("ar1", "all_reduce", 999, "float32", world, Option("S", "ring", 2)),
+        ]
         fifo = SyndicatePlan.fifo(ops, 1)
         order = list(fifo.order)
         random.Random(7).shuffle(order)
@@ -75,8 +82,15 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
 
         def inputs(it: int) -> list:
             g = torch.Generator().manual_seed(100 * it + rank)
-            return [t.to(dev) for t in (torch.randn(4096, generator=g), torch.randn(world * 512, generator=g),
-                                        torch.randint(-1000, 1000, (256,), generator=g), torch.randn(999, generator=g))]
+            return [
+                t.to(dev)
+                for t in (
+                    torch.randn(4096, generator=g),
+                    torch.randn(world * 512, generator=g),
+                    torch.randint(-1000, 1000, (256,), generator=g),
+                    torch.randn(999, generator=g),
+                )
+            ]
 
         enf = Enforcer(paths, store, rank, world, EnforcerConfig(namespace="plan"))
         enf.install(plan)
@@ -106,9 +120,16 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
             dist.all_gather_into_tensor(rg, ref[2])
             dist.all_reduce(ref[3])
             sync()
-            checks.append({"a2a_bitwise": bool(torch.equal(a2a, ra)), "ag_bitwise": bool(torch.equal(ag, rg)),
-                           "ar_close": bool(torch.allclose(x[0], ref[0], rtol=1e-5, atol=1e-5)
-                                            and torch.allclose(x[3], ref[3], rtol=1e-5, atol=1e-5))})
+            checks.append(
+                {
+                    "a2a_bitwise": bool(torch.equal(a2a, ra)),
+                    "ag_bitwise": bool(torch.equal(ag, rg)),
+                    "ar_close": bool(
+                        torch.allclose(x[0], ref[0], rtol=1e-5, atol=1e-5)
+                        and torch.allclose(x[3], ref[3], rtol=1e-5, atol=1e-5)
+                    ),
+                }
+            )
         out.update(checks=checks, log=enf.log, order=[list(e) for e in plan.order], events=enf.events)
 
         enf2 = Enforcer(paths, store, rank, world, EnforcerConfig(namespace="mismatch"))
@@ -125,8 +146,12 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
         timing: dict[str, float] = {}
         enf3 = Enforcer({"F": paths["F"]}, store, rank, world, EnforcerConfig(namespace="t", check_every=0))
         for k in (1, 4, 16, 64):
-            enf3.install(SyndicatePlan.fifo([PlanOp("ar", "all_reduce", n, "float32", world, Option("F", "ring", k))],
-                                            1), verify=False)
+            enf3.install(
+                SyndicatePlan.fifo(
+                    [PlanOp("ar", "all_reduce", n, "float32", world, Option("F", "ring", k))], 1
+                ),
+                verify=False,
+            )
             ts = []
             for _ in range(4):
                 y = base.clone()
@@ -181,12 +206,22 @@ def main() -> int:
     from flowlane.testing.provenance import provenance
 
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"label": "measured on one GPU (2 NCCL ranks time-sharing it; loopback socket transport)"
-                           if a.backend == "nccl" else "CPU dry run (gloo)", "backend": a.backend, **provenance()}
+    out: dict[str, Any] = {
+        "label": "measured on one GPU (2 NCCL ranks time-sharing it; loopback socket transport)"
+        if a.backend == "nccl"
+        else "CPU dry run (gloo)",
+        "backend": a.backend,
+        **provenance(),
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="fl_syn_nccl") as tmp:
-            ranks = launch(rank_main, WORLD, args=(a.backend, a.device, os.path.join(tmp, "store")), backend=None,
-                           timeout=a.timeout)
+            ranks = launch(
+                rank_main,
+                WORLD,
+                args=(a.backend, a.device, os.path.join(tmp, "store")),
+                backend=None,
+                timeout=a.timeout,
+            )
         out["ranks"] = ranks
         out["ok"] = _ok(ranks)
     except Exception:  # noqa: BLE001
@@ -200,8 +235,10 @@ def main() -> int:
         if "error" in r:
             print(f"  rank {r['rank']}: {r['error'].strip().splitlines()[-1][:300]}")
         else:
-            print(f"  rank {r['rank']}: checks {r['checks']} mismatch named: {r['mismatch'] is not None}; "
-                  f"16 MiB all-reduce s {({k: round(v, 4) for k, v in r['allreduce_16MiB_s'].items()})}")
+            print(
+                f"  rank {r['rank']}: checks {r['checks']} mismatch named: {r['mismatch'] is not None}; "
+                f"16 MiB all-reduce s { ({k: round(v, 4) for k, v in r['allreduce_16MiB_s'].items()}) }"
+            )
     if "error" in out:
         print(out["error"][-1500:])
     return 0 if out["ok"] else 1
