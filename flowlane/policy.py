@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-#: Coflow types: data, pipeline, expert, tensor and context parallelism (seed 000 table 5.1; CP per digest A6.1 #7).
+#: Coflow types: data, pipeline, expert, tensor and context parallelism (seed 000 table 5.1; CP per decisions.md A6.1 #7).
 CTYPES: tuple[str, ...] = ("dp", "pp", "ep", "tp", "cp")
 
 #: Operation names a coflow may carry (informational; policies may key on them).

@@ -1,4 +1,4 @@
-"""Hermod under Megatron-core's own ``DistributedDataParallel`` (seed 000 §5.3.1, §5.4; digest A6.1 #5).
+"""Hermod under Megatron-core's own ``DistributedDataParallel`` (seed 000 §5.3.1, §5.4; decisions.md A6.1 #5).
 
 Megatron-core's DDP already decides *when* a gradient bucket is ready: its backward hooks count each parameter's
 gradient in the last microbatch (the schedules' ``no_sync`` marks the others) and call the bucket group's
@@ -161,8 +161,8 @@ class DDPHooks:
     def _hook_param_gather(self, bg: Any, layer: int) -> None:
         """The distributed optimizer's parameter all-gather of one bucket group (``overlap_param_gather``): Megatron
         dispatches it (the first from a forward pre-hook, each next one when the previous finishes); Hermod defers
-        it, keyed for the iteration about to consume it, microbatch 0 and the group's lowest layer (digest A6.1
-        #6), and the forward pre-hook's ``finish_param_sync`` waits for it first."""
+        it, keyed for the iteration about to consume it, microbatch 0 and the group's lowest layer (decisions.md
+        A6.1 #6), and the forward pre-hook's ``finish_param_sync`` waits for it first."""
         start, finish = bg.start_param_sync, bg.finish_param_sync
         pending = self._gathers
         sched, keys = self.h.sched, self.h.keys

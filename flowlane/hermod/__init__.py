@@ -2,7 +2,7 @@
 
 =================  ==============================================================================================
 ``order``          :class:`CoflowKey` (MID, CType, LID, iteration) and the cluster-wide order (§5.3.1)
-``keys``           how an adapter keys its PP, DP and EP operations (digest A6.1 #6)
+``keys``           how an adapter keys its PP, DP and EP operations (decisions.md A6.1 #6)
 ``wire``           what DSCP bits and NCCL traffic classes carry of a key (§5.4)
 ``policy``         the order as a :class:`flowlane.policy.SchedulingPolicy` for the simulator and the runtime
 ``matching``       incast-free phases of an all-to-all: BvN and the seed's Algorithm 3 (§5.3.2)

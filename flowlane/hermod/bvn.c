@@ -2,7 +2,7 @@
  * bvn.c - compiled all-to-all phase planner for flowlane/hermod/matching.py (issue 30 item 5).
  *
  * Same plans as the pure-Python reference in matching.py, phase for phase and send for send, not merely plans of
- * equal quality: every rank computes the identical plan from the identical matrix (digest A6.1 #11), whichever of
+ * equal quality: every rank computes the identical plan from the identical matrix (decisions.md A6.1 #11), whichever of
  * the two implementations it happens to run. Integer-only (int64), no floating point, no library tie-breaking
  * (the only sort is qsort on keys made unique by the cell index). Built on first use with the system C compiler
  * (flowlane/_cbuild.py) and loaded through ctypes; no global state, reentrant.

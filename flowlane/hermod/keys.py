@@ -1,10 +1,10 @@
-"""How a framework adapter names its operations as Hermod coflows (seed 000 §5.3.1; digest A6.1 #1, #6).
+"""How a framework adapter names its operations as Hermod coflows (seed 000 §5.3.1; decisions.md A6.1 #1, #6).
 
 One rank of stage ``s`` with ``L`` layers per stage owns global layers ``s*L .. s*L+L-1``. Its coflows are keyed:
 
 * **PP** (``ctype="pp"``): the microbatch ID is the number of earlier ops in the same direction this iteration (the
   schedule issues each direction in microbatch order, 1F1B included), clamped to ``M-1``; the layer ID is the
-  stage-boundary layer the data crosses, the last layer before the boundary (digest A6.1 #6): ``(s+1)*L - 1`` toward
+  stage-boundary layer the data crosses, the last layer before the boundary (decisions.md A6.1 #6): ``(s+1)*L - 1`` toward
   the next stage (activations sent, gradients received), ``s*L - 1`` toward the previous one (clamped at 0).
 * **DP reductions** (gradient all-reduce / reduce-scatter of a bucket of layers ``lo..hi``): microbatch ``M-1`` ("DP
   coflows always carry the highest MID", §5.3.1) and the bucket's highest layer ``hi``: a bucket is ready once

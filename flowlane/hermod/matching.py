@@ -25,7 +25,7 @@ into phases; in each phase the senders and receivers form a (partial) matching, 
   entry -- the digest's reading of lines 9-10). Not optimal: 1.5 L on ``[[0,5,0],[5,0,0],[5,5,0]]`` (digest A2.6).
 
 Both are pure-integer and deterministic (fixed iteration order, no floating point, no library tie-breaking), so every
-rank computes the identical plan from the identical matrix -- no synchronisation needed (digest A6.1 #11).
+rank computes the identical plan from the identical matrix -- no synchronisation needed (decisions.md A6.1 #11).
 
 Planning speed (issue 30 item 5): the functions above run a compiled planner (``bvn.c``, built with the system C
 compiler on first use, never at import; :func:`planner_impl`) that reproduces the Python reference below phase for

@@ -9,9 +9,9 @@ thesis' DSCP layout (§5.4: MID in the top bits) actually enforces. The thesis' 
 coflow is involved" rule (table 5.4, MID*) is *not* transitive (digest A2.4: A=EP(m1,l3) > C=EP(m2,l1) by MID,
 C > B=DP(l2) by LID, B > A by LID), so it cannot drive a priority queue; we do not implement it. What the thesis
 wanted from it -- parameter AllGathers that feed the next iteration's first microbatch -- is the documented knob
-``dp_mid="consumer"`` (digest A6.1 #1); the thesis default is ``dp_mid="last"`` (DP carries MID = M-1).
+``dp_mid="consumer"`` (decisions.md A6.1 #1); the thesis default is ``dp_mid="last"`` (DP carries MID = M-1).
 
-Total order (digest A6.1 #2: the iteration is only a tie-breaker, older first): the sort tuple is
+Total order (decisions.md A6.1 #2: the iteration is only a tie-breaker, older first): the sort tuple is
 ``(effective MID, CType rank, LID, iteration, CType index, raw MID, op)``; the last three fields only separate distinct
 keys that the policy treats as equally urgent, so that distinct keys never compare equal (antisymmetry).
 
@@ -31,7 +31,7 @@ CTYPE_INDEX: dict[str, int] = {c: i for i, c in enumerate(CTYPES)}  # dp, pp, ep
 
 #: CType rank per pipeline schedule; smaller = more urgent. Seed 000 §5.3.1: 1F1B "EP & PP > DP", interleaved 1F1B
 #: "EP > PP > DP". CP is same-layer critical-path data like EP and TP is intra-node but, if ever keyed, equally
-#: critical (digest A6.1 #7 -- the thesis covers neither).
+#: critical (decisions.md A6.1 #7 -- the thesis covers neither).
 CTYPE_RANK: dict[str, dict[str, int]] = {
     "1f1b": {"ep": 0, "pp": 0, "cp": 0, "tp": 0, "dp": 1},
     "interleaved": {"ep": 0, "cp": 0, "tp": 0, "pp": 1, "dp": 2},
@@ -50,7 +50,7 @@ class CoflowKey:
 
     ``microbatch`` is 0-based within the iteration; ``layer`` is the global 0-based layer index (PP: last layer of the
     sending stage in forward / first layer of the receiving stage in backward; DP bucket: its lowest layer for
-    gathers, highest for reductions -- digest A6.1 #6). For a DP parameter gather issued after step ``i``, pass the
+    gathers, highest for reductions -- decisions.md A6.1 #6). For a DP parameter gather issued after step ``i``, pass the
     iteration that consumes it (``i + 1``).
     """
 
@@ -96,7 +96,7 @@ class HermodOrderConfig:
     dp_mid: DpMid = "last"
     """MID assigned to DP coflows: ``last`` (thesis: "DP coflows always carry the highest MID") or ``consumer``
     (parameter gathers take the MID of their first consumer, microbatch 0 of the next iteration; reductions keep
-    M-1). Digest A2.4 / A6.1 #1."""
+    M-1). docs/decisions.md A2.4, A6.1 #1."""
 
     def __post_init__(self) -> None:
         if self.num_microbatches is not None and (

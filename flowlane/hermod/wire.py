@@ -1,7 +1,7 @@
 """What the network can see of a Hermod key: DSCP code points and NCCL traffic classes (seed 000 §5.4).
 
 The seed's 6-bit DSCP = 3 bits MID | 1 bit CType | 2 bits LID (§5.4), with relative, clamped MID and per-stage LID
-buckets (digest A6.1 #3; the thesis does not state the quantisation), and a small number of NCCL traffic classes for
+buckets (decisions.md A6.1 #3; the thesis does not state the quantisation), and a small number of NCCL traffic classes for
 per-communicator ``ncclConfig_t.trafficClass`` (digest A6.2 options 1/2). The class -> ``trafficClass`` numbers are
 the NCCL net plugin's contract (:mod:`flowlane.wire_classes`, pinned to its C header by a test). Pure Python.
 """
@@ -22,7 +22,7 @@ NCCL_CLASS_NAMES: tuple[str, ...] = ("critical", "pipeline", "bulk")
 
 @dataclass(frozen=True)
 class WireConfig:
-    """How exact keys are quantised onto the wire (digest A6.1 #3; the thesis does not state it)."""
+    """How exact keys are quantised onto the wire (decisions.md A6.1 #3; the thesis does not state it)."""
 
     mid_bits: int = 3
     """MID bits (thesis: 3); MID is sent relative to the oldest in-flight microbatch and clamped."""
@@ -58,7 +58,7 @@ class WireEncoder:
         )
 
     def dscp(self, key: CoflowKey, oldest_mid: int = 0) -> int:
-        """6-bit DSCP: MID_rel | CType | LID bucket (seed 000 §5.4; quantisation per digest A6.1 #3)."""
+        """6-bit DSCP: MID_rel | CType | LID bucket (seed 000 §5.4; quantisation per decisions.md A6.1 #3)."""
         w = self.wire
         mid = min(max(self.order.effective_mid(key) - oldest_mid, 0), (1 << w.mid_bits) - 1)
         ct = min(self.order.level(key), (1 << w.ctype_bits) - 1)

@@ -2,7 +2,7 @@
 algorithm"): the split matrix is decomposed into incast-free phases (:mod:`flowlane.hermod.matching`, which also plans) and each phase
 runs as one batch of isend/irecv pairs. Every rank plans from the same matrix with the same integer algorithm, so
 the plans agree without synchronisation; between phases only the pairwise wait of that phase (no global barrier,
-digest A6.1 #10), unless ``phase_sync="barrier"``. The digest (A2.6) expects a transient 2-to-1 incast without a
+decisions.md A6.1 #10), unless ``phase_sync="barrier"``. The digest (A2.6) expects a transient 2-to-1 incast without a
 barrier (a rank that finished phase k sends its phase k+1 flow to a receiver still busy with phase k) and calls the
 barrier a tunable. On a rendezvous transport that cannot happen: gloo sends a message's data only once the receiver
 has posted the matching receive (its tcp ``Pair::send`` waits for the peer's recv-ready notice), and a receiver posts

@@ -1,7 +1,7 @@
 """Runtime communication scheduler: ops carry keys, deferrable ops go out in priority order, chunk by chunk.
 
 Seed 000 §5.4 deploys Hermod at each end host as "a single-threaded process ... [that] maintains a priority queue
-for coflows"; digest A6.1 #5 separates *ordering* (submit to the backend in key order, DP buckets in chunks so that
+for coflows"; decisions.md A6.1 #5 separates *ordering* (submit to the backend in key order, DP buckets in chunks so that
 EP/PP can slip in between) from *wire priority* (a traffic class per op). This module is the ordering half.
 
 Two kinds of ops:

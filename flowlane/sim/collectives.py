@@ -4,7 +4,7 @@ Each collective becomes one coflow whose flows run concurrently; a pipelined rin
 S/n, so each ring edge carries 2(n-1)/n * S bytes and the collective takes 2(n-1)/n * S / B + 2(n-1) * latency on a
 ring of bandwidth B (Patarasuk & Yuan's bandwidth-optimal ring; seed 000 §5.3.2 "a ring of line-rate flows").
 ``chunks > 1`` splits a collective into that many sequential coflows of S/chunks on the same stream, so that a
-priority policy can slip other coflows in between (ByteScheduler/Lina-style tensor partitioning, digest A6.1 #5).
+priority policy can slip other coflows in between (ByteScheduler/Lina-style tensor partitioning, decisions.md A6.1 #5).
 
 All-to-all comes in four forms (``A2A_MODES``), for Hermod's intra-coflow scheduling (seed 000 §5.3.2):
 ``plain`` (every flow at once, as NCCL does), ``phases`` (the incast-free schedule as flowlane's runtime sends it:

@@ -147,7 +147,7 @@ class ModelConfig:
 class ParallelConfig:
     """Hybrid-parallel strategy. ``dp`` is derived from the GPU count when 0.
 
-    EP placement (``ep_layout``; the thesis does not state it, digest A4.4/A6.1 #8):
+    EP placement (``ep_layout``; the thesis does not state it, decisions.md A4.4, A6.1 #8):
     * ``dp``: Megatron-core's default process-group order tp-cp-ep-dp-pp -- an EP group is ``ep`` consecutive DP
       replicas with the same TP and CP rank, experts are tensor-parallel with the dense TP (expert-TP = TP). With
       TP = 8 GPUs per server every EP peer sits in another server, so the all-to-all crosses the NICs and contends

@@ -9,7 +9,7 @@ LLM DAG (per iteration), Megatron-style:
 * DP: gradient buckets (Megatron default max(40M, 1M*dp) elements [ext]) filled in backward layer order, launched
   when the last microbatch's backward has produced them ("invoked only after the last microbatch completes its
   gradient calculation for the layer", §5.2.2), so they overlap the remaining backward PP/EP traffic (Case II);
-  ZeRO: reduce-scatter, a clip-by-norm barrier (digest A6.1 #13), optimizer step, parameter all-gather; else
+  ZeRO: reduce-scatter, a clip-by-norm barrier (decisions.md A6.1 #13), optimizer step, parameter all-gather; else
   all-reduce then step. DP coflows carry microbatch M-1 (§5.3.1);
 * iterations: several are chained (default 2); with ZeRO and ``overlap_param_gather`` a bucket's parameter
   all-gather (keyed with the iteration that consumes it) gates only the first forward of its layers in the next
@@ -596,7 +596,7 @@ class _LLMBuilder:
                     )
                     prev = [node]
                 reduce_nodes[s].append(node)
-        # clip-by-norm barrier: every reduction finishes before any optimizer step (digest A6.1 #13)
+        # clip-by-norm barrier: every reduction finishes before any optimizer step (decisions.md A6.1 #13)
         all_red = [n for v in reduce_nodes.values() for n in v]
         last_ops = [self.prev[(s, x)] for s in range(p.pp) for x in self.execs]
         barrier = w.join(all_red + last_ops)
