@@ -11,7 +11,11 @@ class is not patched; :meth:`CommTap.close` restores it) and does two things:
   inside :meth:`CommTap.on_class`, which the pacer enters around each deferred launch, a ``group`` argument (None
   meaning the world) is replaced by its clone, so paced traffic never interleaves with what the training thread
   issues on the original group, and on NCCL it carries the clone's traffic class. A group with no clone is an
-  error (never a silent fallback onto the shared communicator).
+  error (never a silent fallback onto the shared communicator);
+* **moves point-to-point ops** to a class clone: inside :meth:`CommTap.p2p_on_class`, which Hermod enters around
+  each PipelineEngine p2p instruction, the ``send``/``recv`` DeepSpeed's ``runtime.pipe.p2p`` issues without a group
+  (the world) go to the given clone of the pipeline group (the critical class: on NCCL its traffic class and a
+  high-priority stream), as Megatron's pipeline p2p does (megatron_plugin.hermod).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ COLLECTIVES = (
     "isend",
     "irecv",
 )
+#: the point-to-point ops of ``deepspeed.runtime.pipe.p2p`` (issued with ``group=None``: the world)
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class CommRecord:
     """``pacer`` (a Hermod deferred coflow, on a class clone) or ``main``."""
     meta: CoflowMeta | None
     """The Hermod key it was issued under (None outside any keyed op)."""
+    hermod_class: int | None = None
+    """The Hermod class whose clone carried it (None: the group DeepSpeed named)."""
 
 
 def _ranks(group: Any) -> tuple[int, ...]:
@@ -140,6 +148,8 @@ class CommTap:
             bound = sig.bind_partial(cdb, *args, **kwargs)
             group = bound.arguments.get("group")
             cls = getattr(local, "cls", None)
+            p2p = getattr(local, "p2p", None)
+            moved = p2p is not None and name in P2P_OPS and has_group and group is None
             records.append(
                 CommRecord(
                     name,
@@ -147,8 +157,18 @@ class CommTap:
                     _ranks(group),
                     "pacer" if cls is not None else "main",
                     getattr(local, "meta", None),
+                    p2p[0] if moved else cls if has_group else None,
                 )
             )
+            if moved:
+                peer = bound.arguments.get("dst", bound.arguments.get("src"))
+                if peer is not None and int(peer) not in p2p[2]:
+                    raise RuntimeError(
+                        f"flowlane.hermod: pipeline {name} with peer rank {peer} outside the pipeline "
+                        f"group {list(p2p[2])} whose class clone carries the p2p"
+                    )
+                bound.arguments["group"] = p2p[1]
+                return original(*bound.args[1:], **bound.kwargs)
             if cls is not None and has_group:
                 clone = self.classes.get(group, cls) if self.classes is not None else None
                 if clone is None or clone is group:
@@ -171,6 +191,23 @@ class CommTap:
             yield
         finally:
             self._local.cls = self._local.meta = None
+
+    @contextmanager
+    def p2p_on_class(self, hermod_class: int, meta: CoflowMeta, group: Any) -> Iterator[None]:
+        """Point-to-point ops this thread issues inside the block with no group (DeepSpeed's pipe p2p) go to
+        ``hermod_class``'s clone of ``group`` (the pipeline group) and are recorded under ``meta``; other ops are
+        recorded under ``meta`` and keep their group."""
+        clone = self.classes.get(group, hermod_class) if self.classes is not None else None
+        if clone is None or clone is group:
+            raise RuntimeError(
+                f"flowlane.hermod: the pipeline group {list(_ranks(group))} has no Hermod class clone"
+            )
+        old = getattr(self._local, "p2p", None), getattr(self._local, "meta", None)
+        self._local.p2p, self._local.meta = (hermod_class, clone, frozenset(_ranks(group))), meta
+        try:
+            yield
+        finally:
+            self._local.p2p, self._local.meta = old
 
     @contextmanager
     def keyed(self, meta: CoflowMeta) -> Iterator[None]:

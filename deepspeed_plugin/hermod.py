@@ -17,8 +17,10 @@ What is hooked (DeepSpeed's classes are not patched; every hook is an attribute 
   ZeRO-3's coordinator fetches are critical ops that hold the paced reductions back (the gate).
 * **PipelineEngine p2p** (the per-instance ``_INSTRUCTION_MAP``): ``SendActivation`` / ``RecvActivation`` /
   ``SendGrad`` / ``RecvGrad`` are critical ops with keys carrying the microbatch id (counted per instruction type per
-  ``train_batch``) and the stage-boundary layer. DeepSpeed's pipe p2p is synchronous (DeepSpeed #4738), so on this
-  engine Hermod's effect is ordering and gating, not overlap.
+  ``train_batch``) and the stage-boundary layer, sent on the critical-class clone of the pipeline group (on NCCL its
+  traffic class and a high-priority stream), as Megatron's pipeline p2p is (megatron_plugin.hermod). DeepSpeed's pipe
+  p2p is synchronous (DeepSpeed #4738), so on this engine Hermod's effect is ordering, gating and the class, not
+  overlap.
 * **communicators**: :class:`deepspeed_plugin.comm.CommTap` on ``deepspeed.comm`` records every op with its key and
   sends the pacer's ops to the Hermod class clones built at install (:func:`flowlane.sched.build_class_groups`: NCCL
   traffic classes, or gloo clones).
@@ -32,6 +34,7 @@ Only the ``hermod`` subsection of ``flowlane`` is read here; ``offload`` belongs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -48,6 +51,11 @@ from flowlane.hermod.order import HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
 from flowlane.sched import CommScheduler, SchedulerConfig, build_class_groups
 from flowlane.versions import check_version_range
+
+log = logging.getLogger("flowlane.hermod")
+
+#: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
+CRITICAL_CLASS = 0
 
 #: deepspeed versions whose private functions the hooks wrap ([first, last) by (major, minor)); others are refused
 DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
@@ -180,9 +188,13 @@ class DeepSpeedHermod:
         self.sched: CommScheduler | None = None
         self.tap: CommTap | None = None
         self.zero = ZeroHooks(self)  # every check first; nothing is patched before the clones exist
+        groups = self.zero.groups()
+        self.pp_group = engine.grid.get_pipe_parallel_group() if self.pipeline else None
+        if self.pp_group is not None:  # pipeline p2p moves to this group's critical-class clone
+            groups.append(self.pp_group)
         ranks = [
             tuple(range(dist.get_world_size())) if g is None else tuple(dist.get_process_group_ranks(g))
-            for g in self.zero.groups()
+            for g in groups
         ]
         self.classes = build_class_groups(ranks, gloo_class_ifnames=cfg.gloo_class_ifnames or None)
         self.sched = CommScheduler(self.policy, cfg.scheduler_config())
@@ -229,13 +241,21 @@ class DeepSpeedHermod:
             elif name == "OptimizerStep":
                 hooked[instr] = self._step_hook(fn)
         engine._INSTRUCTION_MAP = hooked  # instance attribute shadows the class map
+        log.info(
+            "Hermod: PipelineEngine p2p keyed (%s), on the critical class's clone of pipeline group %s",
+            self.cfg.schedule,
+            dist.get_process_group_ranks(self.pp_group),
+        )
 
     def _p2p_hook(self, name: str, fn: Any) -> Any:
         direction = _P2P[name]
 
         def hook(engine: Any, **kw: Any) -> Any:
             meta = self.keys.pp(direction)
-            with self.sched.critical_section(meta), self.tap.keyed(meta):
+            with (
+                self.sched.critical_section(meta),
+                self.tap.p2p_on_class(CRITICAL_CLASS, meta, self.pp_group),
+            ):
                 return MethodType(fn, engine)(**kw)
 
         return hook

@@ -1,6 +1,7 @@
 """Hermod on DeepSpeed's PipelineEngine (2 stages x DP 2 on 4 gloo ranks, ZeRO 0 and 1): instruction hooks key every
-p2p with its microbatch id, ReduceGrads' reductions are DeepSpeed's own, issued by Hermod's pacer on the bulk-class
-clone under DP keys, losses and parameters are bitwise DeepSpeed's own run, and "flowlane.hermod" is parsed strictly."""
+p2p with its microbatch id and send it on the critical-class clone of the pipeline group, ReduceGrads' reductions are
+DeepSpeed's own, issued by Hermod's pacer on the bulk-class clone under DP keys, losses and parameters are bitwise
+DeepSpeed's own run, and "flowlane.hermod" is parsed strictly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.llm
 pytest.importorskip("deepspeed")
 
-from deepspeed_plugin.hermod import parse_hermod_section  # noqa: E402
+from deepspeed_plugin.hermod import CRITICAL_CLASS, parse_hermod_section  # noqa: E402
+from deepspeed_plugin.zero_hooks import BULK_CLASS  # noqa: E402
 
 
 def _ds_config(hermod: bool, zero: int) -> dict:
@@ -71,7 +73,7 @@ def _train(rank: int, world: int) -> dict:
         losses = [float(engine.train_batch(data_iter=it)) for _ in range(2)]
         params = [p.detach().clone().tolist() for p in engine.module.parameters()]
         log = [(e.event, e.meta.op, e.meta.microbatch, e.meta.iteration) for e in h.sched.log] if h else []
-        records = [(r.op, r.numel, r.thread, r.meta and r.meta.ctype) for r in tap.records]
+        records = [(r.op, r.numel, r.thread, r.meta and r.meta.ctype, r.hermod_class) for r in tap.records]
         if h:
             h.close()
         else:
@@ -102,13 +104,21 @@ def test_deepspeed_pipeline_hermod_keeps_the_math_and_keys_p2p_with_microbatch_i
             # every gradient reduction of DeepSpeed's own run is issued by the pacer under a DP key
             reduce_ops = ("all_reduce", "reduce", "reduce_scatter_tensor")
             ours = sorted(
-                (op, n) for op, n, t, c in herm["records"] if op in reduce_ops and t == "pacer" and c == "dp"
+                (op, n)
+                for op, n, t, c, k in herm["records"]
+                if op in reduce_ops and t == "pacer" and c == "dp" and k == BULK_CLASS
             )
-            theirs = sorted((op, n) for op, n, t, _ in base["records"] if op in reduce_ops and n > 1)
+            theirs = sorted((op, n) for op, n, t, *_ in base["records"] if op in reduce_ops and n > 1)
             assert ours == theirs and ours, zero
             assert not [x for x in herm["records"] if x[0] in reduce_ops and x[2] == "main" and x[1] > 1], (
                 zero
             )
+            # pipeline p2p: DeepSpeed's own sends and receives in DeepSpeed's order, every one under a PP key on
+            # the critical-class clone of the pipeline group (never on the world group DeepSpeed names)
+            p2p_ours = [(op, n, c, k) for op, n, t, c, k in herm["records"] if op in ("send", "recv")]
+            p2p_theirs = [(op, n) for op, n, *_ in base["records"] if op in ("send", "recv")]
+            assert p2p_theirs and [x[:2] for x in p2p_ours] == p2p_theirs, zero
+            assert {x[2:] for x in p2p_ours} == {("pp", CRITICAL_CLASS)}, (zero, p2p_ours)
 
 
 def test_hermod_section_is_parsed_strictly_and_only_its_own_subsection():
