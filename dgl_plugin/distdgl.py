@@ -111,6 +111,61 @@ def check_full_graph_trainers(r: DistDGLRole, world_size: int) -> None:
         )
 
 
+def ip_config_hosts(path: str) -> list[str]:
+    """The machines of a DistDGL ``ip_config`` file, one per non-blank line ("<ip> [<port>]"), in line order: the
+    launcher's node order (``--node_rank`` is the line's index) and its partition order (partition i on line i)."""
+    with open(path) as f:
+        return [line.split()[0] for line in f if line.strip()]
+
+
+def check_trainers_per_machine(r: DistDGLRole, trainers_per_machine: int, num_parts: int) -> None:
+    """Full-graph training under DistDGL's launcher runs one trainer per line of ``ip_config``.
+
+    DistDGL's launch.py pairs one partition with each line of ip_config (it asserts ``num_parts`` equals the
+    lines) and starts ``--num_trainers`` trainers per line, which share that line's partition through its server.
+    Full-graph training gives each trainer a partition of its own (one per rank), so ``--num_trainers`` > 1 cannot
+    apply: refused here, naming the values. Several trainers per machine: list the machine once per trainer in
+    ip_config (a port each; :func:`host_slot` then gives each its own GPU)."""
+    lines = len(ip_config_hosts(r.ip_config))
+    if trainers_per_machine > 1:
+        raise LauncherEnvError(
+            f"DistDGL's launcher started {trainers_per_machine} trainers per machine (--num_trainers "
+            f"{trainers_per_machine}, LOCAL_WORLD_SIZE={trainers_per_machine}) on a partitioning of "
+            f"num_parts={num_parts} for the {lines} line(s) of DGL_IP_CONFIG={r.ip_config!r}: launch.py gives "
+            "each line one partition, which its trainers would share, but full-graph training needs a "
+            "partition per trainer, so it runs --num_trainers 1. For several trainers per machine, list the "
+            "machine once per trainer in ip_config (a port each) and partition into that many parts; or start "
+            "the trainers with torchrun or srun (no graph servers needed); see docs/train.md"
+        )
+    if num_parts != lines:
+        raise LauncherEnvError(
+            f"DGL_CONF_PATH={r.part_config!r} has num_parts={num_parts} but DGL_IP_CONFIG={r.ip_config!r} "
+            f"lists {lines} machine(s): DistDGL's launcher serves one partition per line (launch.py asserts "
+            "num_parts equals the lines)"
+        )
+
+
+def host_slot(r: DistDGLRole, env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(this trainer's index among the trainers on its host, trainers on that host) when ip_config lists the host
+    on several lines (one trainer per line, see :func:`check_trainers_per_machine`), else None.
+
+    Each line is a torchrun node of its own (``GROUP_RANK`` = the line's index, ``LOCAL_RANK`` 0), so torchrun
+    alone would put every trainer of the host on GPU 0; this is the place a GPU is picked by instead."""
+    hosts = ip_config_hosts(r.ip_config)
+    if len(set(hosts)) == len(hosts):
+        return None
+    raw = env.get("GROUP_RANK")
+    if raw is None or not raw.isdigit() or int(raw) >= len(hosts):
+        raise LauncherEnvError(
+            f"GROUP_RANK={raw!r} must be this trainer's line of DGL_IP_CONFIG={r.ip_config!r} (0 to "
+            f"{len(hosts) - 1}): DistDGL's launch.py starts the trainers of line i with torch.distributed.run "
+            "--node_rank i, which sets it"
+        )
+    line = int(raw)
+    mine = [i for i, h in enumerate(hosts) if h == hosts[line]]
+    return mine.index(line), len(mine)
+
+
 def serve(r: DistDGLRole) -> None:
     """Be a DistDGL graph server until the trainers shut the servers down; then the process exits (DGL's own
     ``initialize`` in server mode never returns)."""

@@ -114,7 +114,10 @@ def run_gnn(cfg: dict[str, Any]) -> dict[str, Any]:
         distdgl.serve(role)
         return {}
     if role is not None:
+        slot = distdgl.host_slot(role, os.environ)
         distdgl.connect(role)
+        if slot is not None:  # a host listed once per trainer: each its own GPU (torchrun gave them all 0)
+            os.environ.update(LOCAL_RANK=str(slot[0]), LOCAL_WORLD_SIZE=str(slot[1]))
     return run_fullgraph(cfg)
 
 

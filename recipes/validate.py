@@ -195,10 +195,16 @@ def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
     """gnn_fullgraph under an external launcher: (the config, with ``data.part_config`` taken from DistDGL's
     DGL_CONF_PATH where that launcher started the process, and its :class:`dgl_plugin.distdgl.DistDGLRole` or
     None). Checks, before any rank, server or connection: the launcher's environment, world_size against the
-    trainers it started, and the partition count against world_size (one partition per trainer)."""
+    trainers it started, one trainer per line of DistDGL's ip_config, and the partition count against world_size
+    (one partition per trainer)."""
     import json
 
-    from dgl_plugin.distdgl import check_full_graph_trainers, distdgl_role
+    from dgl_plugin.distdgl import (
+        check_full_graph_trainers,
+        check_trainers_per_machine,
+        distdgl_role,
+        host_slot,
+    )
     from flowlane.launch import check_world, detect_launcher
 
     cfg = dict(cfg)
@@ -226,15 +232,18 @@ def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
         return cfg, role
     world = cfg.get("world_size", 2)
     _as_config_error(check_world, ext, world, "world_size")
-    if role is not None:
-        _as_config_error(check_full_graph_trainers, role, world)
     pc = (cfg.get("data") or {}).get("part_config")
+    parts = None
     if pc is not None:
         with open(pc) as f:
             parts = json.load(f).get("num_parts")
-        if parts != world:
-            raise ConfigError(
-                f"data.part_config={pc!r} has num_parts={parts} but {world} trainers were started: "
-                f"full-graph training needs one partition per trainer"
-            )
+    if role is not None:
+        _as_config_error(check_full_graph_trainers, role, world)
+        _as_config_error(check_trainers_per_machine, role, ext.local_world_size, parts)
+        _as_config_error(host_slot, role, os.environ)
+    if pc is not None and parts != world:
+        raise ConfigError(
+            f"data.part_config={pc!r} has num_parts={parts} but {world} trainers were started: "
+            f"full-graph training needs one partition per trainer"
+        )
     return cfg, role

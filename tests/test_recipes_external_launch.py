@@ -323,8 +323,11 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
         "DGL_NUM_SERVER": "1",
         "DGL_NUM_CLIENT": "2",
         "DGL_NUM_SAMPLER": "0",
+        "GROUP_RANK": "0",
         **_torchrun_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1"),
     }
+    one_line = tmp_path / "ip_one.txt"
+    one_line.write_text("127.0.0.1 30050\n")
     cases = [
         ({"DGL_NUM_CLIENT": "4"}, {}, r"DGL_NUM_CLIENT=4 but 2 trainers were started"),
         ({"DGL_NUM_SAMPLER": "1"}, {}, r"DGL_NUM_SAMPLER=1: full-graph training samples nothing"),
@@ -339,6 +342,22 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
             {"WORLD_SIZE": "3", "DGL_NUM_CLIENT": "3"},
             {},
             r"world_size=2 does not match the 3 ranks torchrun started",
+        ),
+        (  # launch.py --num_trainers 2 on one machine: the 2 trainers would share its one partition
+            {"DGL_IP_CONFIG": str(one_line), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+            {},
+            r"DistDGL's launcher started 2 trainers per machine \(--num_trainers 2, LOCAL_WORLD_SIZE=2\) "
+            r"on a partitioning of num_parts=2 for the 1 line\(s\) of DGL_IP_CONFIG=.*runs --num_trainers 1",
+        ),
+        (
+            {"DGL_IP_CONFIG": str(one_line)},
+            {},
+            r"has num_parts=2 but DGL_IP_CONFIG='.*ip_one.txt' lists 1 machine\(s\)",
+        ),
+        (  # a host listed once per trainer: the line tells the trainer's GPU, torchrun's GROUP_RANK names it
+            {"GROUP_RANK": None},
+            {},
+            r"GROUP_RANK=None must be this trainer's line of DGL_IP_CONFIG=.* \(0 to 1\)",
         ),
         (
             {},
@@ -355,6 +374,19 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
                 monkeypatch.setenv(k, v)
         with pytest.raises(ConfigError, match=match):
             run_job({"job": "gnn_fullgraph", "world_size": 2, "out_dir": str(tmp_path / "out"), **override})
+
+
+def test_a_host_listed_once_per_trainer_gives_each_trainer_its_own_slot(tmp_path):
+    from dgl_plugin.distdgl import DistDGLRole, host_slot, ip_config_hosts
+
+    ip = tmp_path / "ip_config.txt"
+    ip.write_text("10.0.0.1 30050\n10.0.0.2 30050\n\n10.0.0.1 30051\n10.0.0.1\n")
+    assert ip_config_hosts(str(ip)) == ["10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.1"]
+    r = DistDGLRole("client", str(ip), "p.json", 1, 4, 0)
+    # line i is torchrun node i (GROUP_RANK): its place among its host's lines is its GPU
+    assert [host_slot(r, {"GROUP_RANK": str(i)}) for i in range(4)] == [(0, 3), (0, 1), (1, 3), (2, 3)]
+    ip.write_text("10.0.0.1\n10.0.0.2\n")
+    assert host_slot(r, {}) is None  # one line per host: torchrun's LOCAL_RANK stands
 
 
 def _gnn_cmd(tmp: Path, name: str) -> list[str]:
@@ -375,7 +407,9 @@ def _gnn_cmd(tmp: Path, name: str) -> list[str]:
 @pytest.mark.timeout(1500)
 def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launcher(tmp_path):
     """What DistDGL's tools/launch.py does for 2 machines x 1 trainer, on localhost: a graph server per machine
-    (DGL_ROLE=server) and, per machine, the command under torch.distributed.run --nnodes 2 (DGL_ROLE=client)."""
+    (DGL_ROLE=server) and, per machine, the command under torch.distributed.run --nnodes 2 (DGL_ROLE=client).
+    Both lines of ip_config name 127.0.0.1: this is also the layout for 2 trainers on one machine (the host listed
+    once per trainer; launch.py's --num_trainers 2 is refused, see the test above)."""
     pytest.importorskip("dgl")
     part = _partition(tmp_path)
     local = _run([*_gnn_cmd(tmp_path, "local"), f"+data.part_config={part}"], tmp_path, "local")
