@@ -18,7 +18,11 @@ Usage (the path is a config option, ``DirectConfig`` or a mapping such as a Hydr
 
 DGL's own zero-copy path (``g.pin_memory_()`` + ``use_uva=True``, ``gather_pinned_tensor_rows``) needs a CUDA build of
 DGL, which PyPI does not ship; this one needs torch + Triton only and falls back to DGL's CPU gather semantics
-(index_select + non_blocking copy) where zero-copy cannot run. Homogeneous graphs (one node feature table) only.
+(index_select + non_blocking copy) where zero-copy cannot run.
+
+Heterogeneous graphs: pass ``{ntype: table}``; each table is its own store (pinned in place, path chosen per table)
+and a typed mini-batch (``input_nodes`` a ``{ntype: ids}`` dict) gets ``{ntype: features}`` for the types that have
+a table, as ``blocks[0].srcdata[...]`` has for DGL's own prefetch (types without features are left out).
 """
 
 from __future__ import annotations
@@ -51,34 +55,61 @@ def direct_config(config: DirectConfig | Mapping[str, Any] | None) -> DirectConf
 
 
 class DirectFeatureStorage(FeatureStorage):
-    """A DGL feature storage backed by :class:`flowlane.direct.FeatureStore` (zero-copy or cpu-gather)."""
+    """A DGL feature storage backed by :class:`flowlane.direct.FeatureStore` (zero-copy or cpu-gather): one table,
+    or one per node type (``{ntype: table}``) for heterogeneous graphs."""
 
     def __init__(
         self,
-        features: torch.Tensor,
+        features: torch.Tensor | Mapping[str, torch.Tensor],
         config: DirectConfig | Mapping[str, Any] | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        self.store = FeatureStore(features, direct_config(config), device=device)
+        cfg = direct_config(config)
+        self.stores: dict[str, FeatureStore] | None = None
+        if isinstance(features, Mapping):
+            if not features:
+                raise ValueError("features={} names no node type; pass a tensor or {ntype: tensor}")
+            bad = {nt: type(t).__name__ for nt, t in features.items() if not isinstance(t, torch.Tensor)}
+            if bad:
+                raise TypeError(f"features must map node types to tensors; got {bad}")
+            self.stores = {}
+            try:
+                for nt, table in features.items():
+                    self.stores[nt] = FeatureStore(table, cfg, device=device)
+            except BaseException:
+                self.close()  # unpin what was pinned before the failing table
+                raise
+            self.store = next(iter(self.stores.values()))
+        else:
+            self.store = FeatureStore(features, cfg, device=device)
 
-    def fetch(self, indices: Any, device: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        """``features[indices]`` on ``device`` (DGL's FeatureStorage contract); ``pin_memory`` is DGL's hint for its
-        own CPU path and is not needed here (the cpu-gather path always stages through pinned memory)."""
-        if isinstance(indices, Mapping):
-            raise ValueError(
-                f"DirectFeatureStorage holds one node feature table (homogeneous graphs); got indices for "
-                f"types {sorted(indices)}"
-            )
+    def fetch(self, indices: Any, device: Any, pin_memory: bool = False, **kwargs: Any) -> Any:
+        """``features[indices]`` on ``device`` (DGL's FeatureStorage contract), per node type when ``indices`` is a
+        ``{ntype: ids}`` dict; ``pin_memory`` is DGL's hint for its own CPU path and is not needed here (the
+        cpu-gather path always stages through pinned memory)."""
         if torch.device(device) != self.store.device:
             raise ValueError(
                 f"the DataLoader fetches onto {torch.device(device)} but this storage gathers onto "
                 f"{self.store.device}; build it with device=loader.device (attach_direct_features does)"
             )
-        return self.store.gather(indices)
+        if self.stores is None:
+            if isinstance(indices, Mapping):
+                raise ValueError(
+                    f"this storage holds one node feature table (homogeneous graphs) but the mini-batch has "
+                    f"types {sorted(indices)}; pass {{ntype: table}} for a heterogeneous graph"
+                )
+            return self.store.gather(indices)
+        if not isinstance(indices, Mapping):
+            raise ValueError(
+                f"this storage holds tables for node types {sorted(self.stores)} but the mini-batch's input nodes "
+                f"are untyped ({type(indices).__name__}); use it on the heterogeneous graph it was built for"
+            )
+        return {nt: self.stores[nt].gather(ids) for nt, ids in indices.items() if nt in self.stores}
 
     def close(self) -> None:
-        """Unpin the feature table if the store pinned it."""
-        self.store.close()
+        """Unpin the feature tables the stores pinned."""
+        for store in (self.stores or {"": self.store}).values():
+            store.close()
 
 
 class DirectSampler(Sampler):
@@ -97,23 +128,28 @@ class DirectSampler(Sampler):
 
     def sample(self, g: Any, indices: Any) -> tuple:
         out = self.sampler.sample(g, indices)
-        if not (isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor)):
+        first = out[0] if isinstance(out, tuple | list) and out else None
+        if not (
+            isinstance(first, torch.Tensor)
+            or (isinstance(first, Mapping) and all(isinstance(v, torch.Tensor) for v in first.values()))
+        ):
             raise TypeError(
                 f"{type(self.sampler).__name__}.sample returned {type(out).__name__} whose first item is "
-                f"not a tensor of input node IDs; DirectSampler wraps samplers returning "
-                f"(input_nodes, output_nodes, blocks) on homogeneous graphs"
+                f"not the input node IDs (a tensor, or {{ntype: tensor}}); DirectSampler wraps samplers returning "
+                f"(input_nodes, output_nodes, blocks)"
             )
         return (*out, LazyFeature(self.name, out[0]))
 
 
 def attach_direct_features(
     loader: Any,
-    features: torch.Tensor,
+    features: torch.Tensor | Mapping[str, torch.Tensor],
     config: DirectConfig | Mapping[str, Any] | None = None,
     name: str = "feat",
 ) -> DirectFeatureStorage:
-    """Register ``features`` under ``name`` on a ``dgl.dataloading.DataLoader`` (its ``attach_data``), gathered onto
-    ``loader.device`` by the configured path. Returns the storage (``storage.store.path`` says which path runs)."""
+    """Register ``features`` (a table, or ``{ntype: table}`` for a heterogeneous graph) under ``name`` on a
+    ``dgl.dataloading.DataLoader`` (its ``attach_data``), gathered onto ``loader.device`` by the configured path.
+    Returns the storage (``storage.store.path`` says which path runs)."""
     if not hasattr(loader, "attach_data"):
         raise TypeError(
             f"loader must be a dgl.dataloading.DataLoader (it has attach_data), got {type(loader).__name__}"
@@ -123,6 +159,15 @@ def attach_direct_features(
             f"the loader's sampler must be DirectSampler(..., name={name!r}) so that its samples ask for "
             f"{name!r}; got {type(loader.graph_sampler).__name__}"
         )
+    if isinstance(features, Mapping):
+        ntypes = list(loader.graph.ntypes)
+        unknown = sorted(set(features) - set(ntypes))
+        if unknown:
+            raise ValueError(f"features name node types {unknown} the graph does not have; it has {ntypes}")
+        rows = {nt: t.shape[0] for nt, t in features.items() if t.shape[0] != loader.graph.num_nodes(nt)}
+        if rows:
+            need = {nt: loader.graph.num_nodes(nt) for nt in rows}
+            raise ValueError(f"feature tables need one row per node: got {rows} rows for {need} nodes")
     storage = DirectFeatureStorage(features, config, device=loader.device)
     loader.attach_data(name, storage)
     return storage

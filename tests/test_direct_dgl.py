@@ -93,3 +93,63 @@ def test_the_adapter_refuses_what_cannot_apply():
     not_blocks = type("S", (dgl.dataloading.Sampler,), {"sample": lambda self, g, i: g})()
     with pytest.raises(TypeError, match="DirectSampler wraps samplers returning"):
         DirectSampler(not_blocks).sample(g, None)
+
+
+def _hetero_graph():
+    gen = torch.Generator().manual_seed(2)
+    n = {"user": 120, "item": 80, "tag": 30}
+
+    def edges(src, dst, m):
+        return torch.randint(0, n[src], (m,), generator=gen), torch.randint(0, n[dst], (m,), generator=gen)
+
+    g = dgl.heterograph(
+        {
+            ("user", "buys", "item"): edges("user", "item", 600),
+            ("item", "bought-by", "user"): edges("item", "user", 600),
+            ("tag", "tags", "item"): edges("tag", "item", 200),
+        },
+        num_nodes_dict=n,
+        idtype=torch.int64,
+    )
+    g.nodes["user"].data["feat"] = torch.randn(120, 12, generator=gen)
+    g.nodes["item"].data["feat"] = torch.randn(80, 12, generator=gen).to(torch.bfloat16)
+    return g  # "tag" nodes have no features, as in many relational graphs
+
+
+def test_heterogeneous_graphs_get_dgls_own_features_per_node_type():
+    g = _hetero_graph()
+    stock_prefetch = {"user": ["feat"], "item": ["feat"]}  # DGL's own per-type prefetch, for comparison
+    sampler = DirectSampler(dgl.dataloading.NeighborSampler([3, 2], prefetch_node_feats=stock_prefetch), "d")
+    loader = dgl.dataloading.DataLoader(
+        g, {"item": torch.arange(80)}, sampler, batch_size=16, shuffle=True, device="cpu"
+    )
+    tables = {nt: g.nodes[nt].data["feat"] for nt in ("user", "item")}
+    storage = attach_direct_features(loader, tables, {"path": "auto"}, name="d")
+    assert set(storage.stores) == {"user", "item"}
+    seen = set()
+    for input_nodes, _, blocks, x in loader:
+        stock = blocks[0].srcdata[
+            "feat"
+        ]  # DGL's own prefetch: {ntype: features} for the types that have them
+        assert set(x) == set(stock) and "tag" not in x
+        for nt, feats in x.items():
+            assert feats.dtype == tables[nt].dtype and torch.equal(_bits(feats), _bits(stock[nt]))
+            assert torch.equal(feats, tables[nt][input_nodes[nt]])
+        seen |= set(x)
+    assert seen == {"user", "item"}
+    with pytest.raises(ValueError, match="untyped"):
+        storage.fetch(torch.tensor([0]), "cpu")
+    storage.close()
+
+
+def test_heterogeneous_tables_are_checked_against_the_graph():
+    g = _hetero_graph()
+    loader = dgl.dataloading.DataLoader(
+        g, {"item": torch.arange(8)}, DirectSampler(dgl.dataloading.NeighborSampler([2]), "d"), batch_size=4
+    )
+    with pytest.raises(ValueError, match=r"node types \['movie'\] the graph does not have"):
+        attach_direct_features(loader, {"movie": torch.zeros(5, 2)}, name="d")
+    with pytest.raises(ValueError, match=r"got \{'user': 7\} rows for \{'user': 120\} nodes"):
+        attach_direct_features(loader, {"user": torch.zeros(7, 2)}, name="d")
+    with pytest.raises(TypeError, match="must map node types to tensors"):
+        DirectFeatureStorage({"user": [1.0]}, device="cpu")
