@@ -1,4 +1,5 @@
-"""SSD offload on DeepSpeed (CPU accelerator, gloo): a 2-stage PipelineEngine and the plain engine."""
+"""SSD offload on DeepSpeed (CPU accelerator, gloo): a 2-stage PipelineEngine (ZeRO 0 and 1) and the plain engine,
+gradients bitwise those of DeepSpeed's own run."""
 
 from __future__ import annotations
 
@@ -58,19 +59,25 @@ def _ds_config(offload: dict | None) -> dict:
 
 
 def _capture_grads(engine) -> list:
+    """The reduced gradients the optimizer steps with: ``p.grad`` (ZeRO-0), else ZeRO's own partition."""
     snaps: list = []
     opt = engine.optimizer
     orig = opt.step
 
     def step(*a, **k):
-        snaps.append([p.grad.clone() for p in engine.module.parameters() if p.grad is not None])
+        avg = getattr(opt, "averaged_gradients", None)
+        if avg:  # ZeRO-1: this rank's partition of the averaged gradients, per parameter group
+            groups = avg.values() if isinstance(avg, dict) else avg
+            snaps.append([g.clone() for grp in groups for g in grp])
+        else:
+            snaps.append([p.grad.clone() for p in engine.module.parameters() if p.grad is not None])
         return orig(*a, **k)
 
     opt.step = step
     return snaps
 
 
-def _pipeline_run(rank: int, world: int, offload: dict | None) -> dict:
+def _pipeline_run(rank: int, world: int, offload: dict | None, zero: int = 0) -> dict:
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule
 
@@ -82,18 +89,21 @@ def _pipeline_run(rank: int, world: int, offload: dict | None) -> dict:
         layers=layers, num_stages=2, partition_method="type:Block", loss_fn=lambda out, y: F.mse_loss(out, y)
     )
     cfg = _ds_config(offload)
+    if zero:
+        cfg.update(zero_optimization={"stage": zero}, zero_allow_untested_optimizer=True)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
     handle = install(engine, cfg)
     snaps = _capture_grads(engine)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(MB, S, H, generator=g), torch.randn(MB, S, H, generator=g)) for _ in range(2 * GAS)]
     it = iter(data)
-    for _ in range(2):
-        engine.train_batch(data_iter=it)
+    losses = [float(engine.train_batch(data_iter=it)) for _ in range(2)]
     handle.wait_io()  # a store still queued counts its bytes when it runs: however loaded the machine is
     stats = handle.stats.as_dict()
     handle.close()
-    return {"grads": snaps, "stats": stats, "stage": engine.stage_id}
+    params = [p.detach().clone() for p in engine.module.parameters()]
+    engine.destroy()
+    return {"grads": snaps, "stats": stats, "stage": engine.stage_id, "losses": losses, "params": params}
 
 
 def _plain_run(rank: int, world: int, offload: dict | None) -> dict:
@@ -144,13 +154,21 @@ def _both(rank: int, world: int, tmp: str) -> dict:
     out = {"plain_ref": _plain_run(rank, world, None), "plain_off": _plain_run(rank, world, off_plain)}
     out["pipe_ref"] = _pipeline_run(rank, world, None)
     out["pipe_off"] = _pipeline_run(rank, world, off)
+    out["pipe_z1_ref"] = _pipeline_run(rank, world, None, zero=1)
+    out["pipe_z1_off"] = _pipeline_run(rank, world, off, zero=1)
     left = os.listdir(tmp)
+    z1_ref, z1_off = out["pipe_z1_ref"], out["pipe_z1_off"]
     # compare in the rank (tensors do not survive the trip through the launcher's queue after the rank exits)
     return {
         "pipe_equal": _equal(out["pipe_ref"]["grads"], out["pipe_off"]["grads"]),
         "plain_equal": _equal(out["plain_ref"]["grads"], out["plain_off"]["grads"]),
-        "n_snaps": (len(out["pipe_ref"]["grads"]), len(out["plain_ref"]["grads"])),
+        "pipe_z1_equal": _equal(z1_ref["grads"], z1_off["grads"])
+        and z1_ref["losses"] == z1_off["losses"]
+        and _equal([z1_ref["params"]], [z1_off["params"]]),
+        "n_snaps": (len(out["pipe_ref"]["grads"]), len(out["plain_ref"]["grads"]), len(z1_ref["grads"])),
+        "z1_grads": sum(len(x) for x in z1_ref["grads"]),
         "pipe_stats": out["pipe_off"]["stats"],
+        "pipe_z1_stats": z1_off["stats"],
         "plain_stats": out["plain_off"]["stats"],
         "stage": out["pipe_off"]["stage"],
         "left": left,
@@ -171,8 +189,12 @@ def test_deepspeed_pipeline_and_engine_offload_bitwise_grads() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         res = launch(_both, 2, args=(tmp,), timeout=300, env={"DS_ACCELERATOR": "cpu"})
     for r in res:
-        assert r["n_snaps"] == (2, 1)
-        assert r["pipe_equal"] and r["plain_equal"]
+        assert r["n_snaps"] == (2, 1, 2) and r["z1_grads"] > 0
+        assert r["pipe_equal"] and r["plain_equal"] and r["pipe_z1_equal"]
+        # ZeRO-1: the parameters are views of DeepSpeed's flat buffers, never stored; the same blocks as ZeRO-0
+        assert r["pipe_z1_stats"]["bytes_written"] + r["pipe_z1_stats"]["bytes_cancelled"] == (
+            r["pipe_stats"]["bytes_written"] + r["pipe_stats"]["bytes_cancelled"]
+        )
         assert r["left"] == []
         # the plain engine: every micro-batch's backward follows its forward -> 3 of 4 blocks written
         ps = r["plain_stats"]
