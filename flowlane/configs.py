@@ -1,8 +1,8 @@
 """One config convention for every component: a dataclass whose fields carry a docstring (the string literal right
 below the field) and a ``Literal`` where the values are a fixed set. Command-line flags are generated from it
 (:func:`add_dataclass_args`: names, types, choices, defaults and help) and read back into it
-(:func:`config_from_namespace`), so a field is written once; the Hydra YAML mirrors are checked against the same
-dataclasses by tests. Pure Python, nothing on import.
+(:func:`config_from_namespace`), and the Hydra YAML groups are generated from it (:func:`yaml_mirror`, written by
+recipes/mirrors.py), so a field is written once. Pure Python, nothing on import.
 """
 
 from __future__ import annotations
@@ -89,3 +89,45 @@ def config_from_namespace(cls: type, args: argparse.Namespace, prefix: str, **gi
     }
     values.update(given)
     return cls(**values)
+
+
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~", ""}
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        mantissa, e, exp = text.partition("e")
+        return f"{mantissa}.0e{exp}" if e and "." not in mantissa else text  # YAML 1.1 floats need a dot
+    if isinstance(value, str):
+        plain = value.lower() not in _YAML_WORDS and all(c.isalnum() or c in "_./-" for c in value)
+        return value if plain and not value[0].isdigit() else '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    raise TypeError(f"yaml_mirror: no YAML form for {value!r} ({type(value).__name__})")
+
+
+def yaml_mirror(cls: type, header: str, values: dict[str, Any] | None = None, width: int = 110) -> str:
+    """The Hydra config group for dataclass ``cls``: ``header`` as comment lines, then per field the first sentence
+    of its docstring as a comment and ``field: value`` (the dataclass default, or ``values[field]`` where a recipe
+    chooses otherwise). Generated, so the YAML cannot drift from the dataclass (recipes/mirrors.py writes them)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"yaml_mirror: {cls!r} is not a dataclass")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values or {}) - set(names))
+    if unknown:
+        raise ValueError(f"yaml_mirror: {cls.__name__} has no field(s) {unknown}; it has {names}")
+    defaults, docs = cls(), field_docs(cls)
+    lines = [f"# {line}" for line in header.splitlines()]
+    for name in names:
+        value = (values or {}).get(name, getattr(defaults, name))
+        doc = docs.get(name, "").split(". ", 1)[0].rstrip(".")
+        lines += textwrap.wrap(doc, width, initial_indent="# ", subsequent_indent="#   ") if doc else []
+        lines.append(f"{name}: {_yaml_scalar(value)}")
+    return "\n".join(lines) + "\n"

@@ -84,7 +84,7 @@ class HermodConfig:
     schedule: Literal["1f1b", "interleaved"] = "1f1b"
     """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1)."""
     dp_mid: Literal["last", "consumer"] = "last"
-    """MID of DP coflows (digest A2.4 / A6.1 #1)."""
+    """MID of DP coflows (docs/decisions.md A2.4, A6.1 #1)."""
     max_inflight_buckets: int = 2
     """``launch=pacer`` only: DP bucket groups (reduce-scatters / all-reduces, parameter gathers) on the wire at
     once. Two keep the link busy while the next one is launched; with one, each launch gap left the link idle and the
