@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +52,10 @@ from flowlane.syndicate.plan import (
 #: Option algorithms the enforcer runs: the backend's own collective (ring) or one message per destination (direct).
 RUNNABLE_ALGOS: tuple[str, ...] = ("ring", "direct")
 _KINDS = ("all_reduce", "all_to_all", "all_gather")
+
+#: The optimizer's replanning entry: (plan in force, the enforcer's stats rows) -> a newer plan, or None to keep it
+#: (:class:`flowlane.syndicate.replan.SearchReplanner` re-runs the joint search).
+Replanner = Callable[[SyndicatePlan | None, Sequence[tuple[int, float, float]]], SyndicatePlan | None]
 
 
 class PlanMismatchError(PlanError):
@@ -202,8 +207,11 @@ class Enforcer:
         config: EnforcerConfig | None = None,
         channel: PlanChannel | None = None,
         trigger: ReplanTrigger | None = None,
+        replanner: Replanner | None = None,
     ) -> None:
         self.config = config or EnforcerConfig()
+        if replanner is not None and (channel is None or trigger is None):
+            raise ValueError("Enforcer: a replanner needs a channel (to distribute its plans) and a trigger")
         self.paths = dict(paths)
         self.store = store
         self.rank = dist.get_rank() if rank is None else rank
@@ -218,6 +226,12 @@ class Enforcer:
         self.held_s = 0.0
         """Seconds motifs waited, after submission, for an earlier motif of the order (the busy-wait)."""
         self.trigger = trigger
+        self.replanner = replanner
+        """Coordinator rank only (rank 0): re-runs the search when ``trigger`` fires, out of band (a thread); the
+        plan it returns is proposed through ``channel`` at the next boundary and switched to two boundaries later."""
+        self._search: Future[SyndicatePlan | None] | None = None
+        self._proposed: tuple[int, int] | None = None  # (version, switch iteration) awaiting the decision
+        self._pool: ThreadPoolExecutor | None = None
         self.stats: list[tuple[int, float, float]] = []
         """(iteration, held seconds, wall seconds since the previous boundary): the feedback the optimizer pulls
         (seed 004 §5.1 interface C); ``trigger`` turns it into "replan" events."""
@@ -317,13 +331,51 @@ class Enforcer:
         self._held_at_start, self._t_start = self.held_s, now
         if self.trigger is not None and self.trigger.observe(it, held, wall):
             self.events.append((it, "replan", f"held {held / wall:.1%} of the iteration"))
+            if self._coordinating and self._search is None and self._proposed is None:
+                self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="syndicate-replan")
+                self._search = self._pool.submit(self.replanner, self.plan, list(self.stats))  # type: ignore[arg-type]
         self.iteration += 1
+        if self._coordinating:
+            self._coordinate_before_poll()
         if self.channel is not None:
             new = self.channel.poll(self.iteration)
             if new is not None and new is not self.plan:
                 self.install(new, verify=False)  # the two-phase commit already compared digests
                 self.events.append((self.iteration, "switch", f"v{new.version}"))
+        if self._coordinating and self._proposed is not None and self.iteration >= self._proposed[1] - 1:
+            # every rank has voted by its poll of this boundary (it saw PREPARE one boundary ago at the latest)
+            self.channel.decide(self._proposed[0])  # type: ignore[union-attr]
+            self._proposed = None
         self._reset_iteration()
+
+    @property
+    def _coordinating(self) -> bool:
+        return self.replanner is not None and self.rank == 0
+
+    def _coordinate_before_poll(self) -> None:
+        """Coordinator: a finished search becomes a PREPARE switching at ``iteration + 2``, so a rank that reaches
+        this boundary before the proposal exists still sees it at the next one, before the switch."""
+        if self._search is None or not self._search.done():
+            return
+        fut, self._search = self._search, None
+        plan = fut.result()  # a search that raised raises here, on the coordinator, naming its error
+        if plan is None:
+            self.events.append((self.iteration, "replan", "the search kept the plan"))
+            return
+        if self.plan is not None and plan.version <= self.plan.version:
+            raise PlanError(
+                f"replanner returned plan v{plan.version}; it must be newer than v{self.plan.version}"
+            )
+        switch_at = self.iteration + 2
+        self.channel.propose(plan, switch_at)  # type: ignore[union-attr]
+        self._proposed = (plan.version, switch_at)
+        self.events.append((self.iteration, "propose", f"v{plan.version} at {switch_at}"))
+
+    def close(self) -> None:
+        """Stop the replanning thread (a search in flight is abandoned)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     # -- internals ------------------------------------------------------------------------------------------------
     def _reset_iteration(self) -> None:

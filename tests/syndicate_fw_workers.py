@@ -1,0 +1,186 @@
+"""Rank functions for tests/test_syndicate_deepspeed.py and tests/test_syndicate_replan.py (spawned processes must
+import them)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+import torch.distributed as dist
+
+from flowlane.syndicate.cost import Option
+from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+
+
+def deepspeed_with_and_without(rank: int, world: int) -> dict:
+    """ZeRO-0 DeepSpeed: its own run; with the enforcer in fifo mode (learns the bucket signatures); with a plan
+    that segments each bucket into 3 motifs launched last-first on path S; then what install must refuse."""
+    import os
+    import sys
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import deepspeed.comm.torch  # noqa: F401
+
+    from deepspeed_plugin.syndicate import install
+
+    # test-only, as in test_hermod_deepspeed.py: skip DeepSpeed's JIT-built shared-memory allreduce
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    deepspeed.init_distributed("gloo")
+    out: dict = {"refused": {}}
+
+    def run(name: str, zero: int, section: dict | None, steps: int = 6) -> None:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        cfg = {
+            "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 2,
+            "steps_per_print": 1000,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "zero_optimization": {"stage": zero},
+            "zero_allow_untested_optimizer": True,
+        }
+        if section is not None:
+            cfg["flowlane"] = {"syndicate": section}
+        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+        try:
+            s = install(engine, cfg)
+        except (ValueError, RuntimeError) as e:
+            out["refused"][name] = f"{type(e).__name__}: {e}"
+            engine.destroy()
+            return
+        g = torch.Generator().manual_seed(100 + rank)
+        losses = []
+        for _ in range(steps):
+            loss = engine(torch.randn(2, 12, generator=g)).pow(2).mean()
+            losses.append(loss.item())
+            engine.backward(loss)
+            engine.step()
+        out[name] = {"params": [p.detach().clone() for p in engine.module.parameters()], "losses": losses}
+        if s is not None:
+            out[name].update(
+                log=list(s.enforcer.log),
+                events=list(s.enforcer.events),
+                submitted=list(s.submitted),
+                iterations=s.enforcer.iteration,
+            )
+            s.close()
+        engine.destroy()
+
+    run("own", 0, None)
+    run("fifo", 0, {"mode": "fifo"})
+    sigs = [(k, n, d) for it, k, n, d in out["fifo"]["submitted"] if it == 0]
+    ops = [PlanOp(f"bucket{i}", k, n, d, world, Option("S", "ring", 3)) for i, (k, n, d) in enumerate(sigs)]
+    order = tuple((i, j) for i in range(len(ops)) for j in (2, 1, 0))  # last segment first, within each op
+    plan = SyndicatePlan(1, tuple(ops), order)
+    out["plan_order"] = [list(e) for e in plan.order]
+    run("plan", 0, {"plan": plan.to_dict()})
+    tree = SyndicatePlan.fifo(
+        [PlanOp(o.name, o.kind, o.numel, o.dtype, world, Option("F", "tree")) for o in ops]
+    )
+    run("tree", 0, {"plan": tree.to_dict()}, steps=0)
+    run("zero1", 1, {"plan": plan.to_dict()}, steps=0)
+    for name in ("fifo", "plan"):
+        out[name]["bitwise"] = all(
+            torch.equal(a, b) for a, b in zip(out["own"]["params"], out[name]["params"], strict=True)
+        )
+        out[name]["same_losses"] = out[name]["losses"] == out["own"]["losses"]
+        del out[name]["params"]
+    out["moved"] = max(
+        float((a - b).abs().max()) for a, b in zip(out["own"]["params"], net_init(), strict=True)
+    )
+    del out["own"]
+    return out
+
+
+def net_init() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return [p.detach().clone() for p in net.parameters()]
+
+
+class FireAt:
+    """A replan trigger that fires at one iteration (the rule itself, ReplanTrigger, is tested in the core)."""
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def observe(self, iteration: int, held_s: float, iteration_s: float) -> bool:
+        return iteration == self.iteration
+
+
+def replan_scenario(rank: int, world: int, store_path: str) -> dict:
+    """The E1 toy's comm-ops (all-reduces b, c, d then all-to-all a, uint8) under the greedy FIFO plan; the trigger
+    fires at iteration 1; rank 0 re-runs the joint search out of band and the new plan is switched to by two-phase
+    commit. Every iteration's outputs are compared with plain torch.distributed collectives."""
+    from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig
+    from flowlane.syndicate.optsched import opt_sched
+    from flowlane.syndicate.plan import PlanChannel
+    from flowlane.syndicate.replan import SearchReplanner, plan_from_search
+    from flowlane.syndicate.search import SearchConfig, SearchResult
+    from flowlane.syndicate.workloads import two_path_toy
+
+    dag, cost = two_path_toy()
+    dtypes = {c.name: "uint8" for c in dag.comms}
+    greedy = dag.greedy_plan(cost)
+    fifo_s = opt_sched(dag, greedy, cost, order="fifo")
+    start = plan_from_search(dag, SearchResult(greedy, {}, fifo_s.per_iteration, fifo_s, 0.0), dtypes, 1)
+    store = dist.FileStore(store_path, world)
+    paths = {"F": dist.new_group(list(range(world))), "S": dist.new_group(list(range(world)))}
+    chan = PlanChannel(store, rank, world, prefix="replan-chan", timeout_s=60)
+    replanner = SearchReplanner(dag, cost, dtypes, SearchConfig(seed=0, max_iters=300, time_budget_s=20))
+    enf = Enforcer(
+        paths,
+        store,
+        rank,
+        world,
+        EnforcerConfig(namespace="replan"),
+        channel=chan,
+        trigger=FireAt(1),
+        replanner=replanner,
+    )
+    enf.install(start)
+    rng = random.Random(rank)
+    equal = []
+    switched_at = None
+    for it in range(40):
+        g = torch.Generator().manual_seed(10 * it + rank)
+        xs = [torch.randint(0, 255, (op.numel,), dtype=torch.uint8, generator=g) for op in start.ops]
+        ref = [x.clone() for x in xs]
+        outs = [
+            torch.empty_like(x) if op.kind == "all_to_all" else x for x, op in zip(xs, start.ops, strict=True)
+        ]
+        handles = []
+        for x, o, op in zip(xs, outs, start.ops, strict=True):
+            time.sleep(rng.uniform(0, 0.005))
+            handles.append(enf.all_to_all_single(o, x) if op.kind == "all_to_all" else enf.all_reduce(x))
+        for h in handles:
+            h.wait()
+        enf.step()
+        for r, op in zip(ref, start.ops, strict=True):
+            if op.kind == "all_to_all":
+                got = torch.empty_like(r)
+                dist.all_to_all_single(got, r)
+                r.copy_(got)
+            else:
+                dist.all_reduce(r)
+        equal.append(all(torch.equal(o, r) for o, r in zip(outs, ref, strict=True)))
+        if switched_at is None and enf.plan is not None and enf.plan.version == 2:
+            switched_at = enf.iteration
+        if switched_at is not None and enf.iteration >= switched_at + 1:
+            break  # one iteration under the new plan (the switch lands on one iteration everywhere)
+    enf.close()
+    return {
+        "events": enf.events,
+        "switched_at": switched_at,
+        "version": enf.plan.version if enf.plan else None,
+        "a_path": {o.name: o.option.path for o in enf.plan.ops}["a"] if enf.plan else None,
+        "start_a_path": {o.name: o.option.path for o in start.ops}["a"],
+        "searches": len(replanner.results),
+        "search_cost": replanner.results[0].cost if replanner.results else None,
+        "start_cost": fifo_s.per_iteration,
+        "equal": equal,
+        "log_tail": [e for e in enf.log if e[0] == enf.iteration - 1],
+        "channel": chan.log,
+    }
