@@ -47,8 +47,10 @@ from flowlane import comm
 from flowlane import topology as topo_mod
 from flowlane.plan import (
     CommRelation,
+    GradSlot,
     GraphExchange,
     LinkModel,
+    add_deferred_grad,
     attach,
     build_plan,
     compile_tables,
@@ -82,6 +84,11 @@ class FullGraphConfig:
     devices: list | None = None
     """Topology endpoints the ranks run on (default: its first world-size endpoints)."""
     schedule: Literal["sequential", "pipelined"] = "pipelined"
+    pipeline_backward: bool | None = None
+    """Backward gradient exchange in the background (G3 §4.4.3 in reverse): a layer's halo-gradient exchange runs
+    while the bins that do not need it compute their backward (this layer's ready bins, and with ``forward_layer``
+    models also the previous layer's halo-interior bins); the returned gradients are added where first needed.
+    None: on with ``schedule="pipelined"``, off with "sequential" (True with "sequential" is refused)."""
     bin_size: int = 1000
     """Initial bin size in nodes (seed: DGL batch size 1000)."""
     mem_budget_bytes: float | None = None
@@ -113,6 +120,14 @@ class FullGraphConfig:
             bad("topology", self.topology, f"choose 'full_mesh' or one of {sorted(topo_mod.PRESETS)}")
         if self.schedule not in SCHEDULES:
             bad("schedule", self.schedule, f"choose one of {SCHEDULES}")
+        if self.pipeline_backward not in (None, True, False):
+            bad("pipeline_backward", self.pipeline_backward, "choose True, False or None")
+        if self.pipeline_backward and self.schedule != "pipelined":
+            bad(
+                "pipeline_backward",
+                self.pipeline_backward,
+                f"needs schedule='pipelined' (schedule={self.schedule!r} exchanges before computing)",
+            )
         if not isinstance(self.bin_size, int) or self.bin_size < 1:
             bad("bin_size", self.bin_size, "must be an integer >= 1")
         if self.mem_budget_bytes is not None and not self.mem_budget_bytes > 0:
@@ -676,6 +691,18 @@ class FullGraphRuntime:
         )
         self._inv = torch.empty_like(perm)
         self._inv[perm] = torch.arange(perm.numel(), device=self.device)
+        perm_b = torch.cat(
+            [b for k in ("A", "C", "D", "E") for b, _ in self.bins[k]]
+            or [torch.zeros(0, dtype=torch.long, device=self.device)]
+        )
+        self._inv_bfirst = torch.empty_like(perm_b)
+        self._inv_bfirst[perm_b] = torch.arange(perm_b.numel(), device=self.device)
+        pb = cfg.pipeline_backward
+        self._pipe_bwd = (cfg.schedule == "pipelined" if pb is None else pb) and self.world > 1
+        self._slots: list[GradSlot] = []
+        self.backward_stats: dict = {}
+        """Pipelined backward of the last step: exchanges started in the background, and how many of them were
+        applied by ``add_deferred_grad`` (the rest are joined after autograd)."""
         # -- data ----------------------------------------------------------------------------------------------
         o = torch.from_numpy(order)
         self.x = lp.x[o].to(self.device)
@@ -711,10 +738,19 @@ class FullGraphRuntime:
     def _start(self, h: torch.Tensor):
         return self.exchange.start(h.cpu() if self._host_exchange else h)
 
-    def _attach(self, h: torch.Tensor, pending) -> torch.Tensor:
+    def _attach(self, h: torch.Tensor, pending, slot: GradSlot | None = None) -> torch.Tensor:
         if self._host_exchange:
-            return attach(h.cpu(), pending, self.exchange).to(self.device)
-        return attach(h, pending, self.exchange)
+            return attach(h.cpu(), pending, self.exchange, slot).to(self.device)
+        return attach(h, pending, self.exchange, slot)
+
+    def _slot(self, like: torch.Tensor) -> GradSlot | None:
+        """A deferred backward exchange of the halo of rows like ``like`` (pipelined backward), when a gradient
+        will flow."""
+        if not (self._pipe_bwd and torch.is_grad_enabled() and like.requires_grad):
+            return None
+        slot = GradSlot(self.exchange, like.cpu()[:0] if self._host_exchange else like)
+        self._slots.append(slot)
+        return slot
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _limit(self, d_in: int) -> int:
@@ -771,22 +807,36 @@ class FullGraphRuntime:
                 ]
                 h = self._assemble(outs)
             return h
+        self._slots = []
         pending = None if self._halo0 is not None else self._start(h)
+        slot = None  # layer 0's input (features) needs no gradient
         for k in range(L):
             outs_a = self._run_bins(k, "A", h, layers[k])  # ready boundary nodes first
             outs_d = self._run_bins(k, "D", h, layers[k])  # eager: overlaps the running exchange
-            full = self._halo0 if pending is None else self._attach(h, pending)
+            full = self._halo0 if pending is None else self._attach(h, pending, slot)
             outs_c = self._run_bins(k, "C", full, layers[k])
             pending = None
             bnd = outs_a + outs_c
+            slot = None
             if k < L - 1 and bnd:  # inter-layer pipeline: send boundary now
-                send = bnd[0].new_zeros((self.n_local, bnd[0].shape[1]))
-                send[self._boundary_rows] = torch.cat(bnd).detach()
+                bnd_rows = torch.cat(bnd)
+                slot = self._slot(bnd_rows)
+                send = bnd_rows.new_zeros((self.n_local, bnd_rows.shape[1]))
+                send[self._boundary_rows] = bnd_rows.detach()
                 pending = self._start(send)
-            outs_e = self._run_bins(k, "E", full, layers[k])
-            h = self._assemble(outs_a + outs_d + outs_c + outs_e)
-            if k < L - 1 and not bnd:  # nothing to send early: still receive
+                if slot is not None:
+                    # pipelined backward: the boundary rows' returned gradients are awaited here, after this
+                    # layer's E bins (created later, so autograd runs their backward first) and the next layer's
+                    # A/D bins have run their backward while the exchange was in flight
+                    bnd_rows = add_deferred_grad(bnd_rows, slot, self._boundary_rows)
+                outs_e = self._run_bins(k, "E", full, layers[k])
+                h = torch.cat([bnd_rows, *outs_d, *outs_e])[self._inv_bfirst]
+            else:
+                outs_e = self._run_bins(k, "E", full, layers[k])
+                h = self._assemble(outs_a + outs_d + outs_c + outs_e)
+            if k < L - 1 and not bnd:  # nothing to send early: still receive (and return gradients)
                 pending = self._start(h)
+                slot = self._slot(h)
         return h
 
     def _forward_user(self) -> torch.Tensor:
@@ -797,6 +847,7 @@ class FullGraphRuntime:
         when the user's forward calls it."""
         layers = list(self.model.layers)
         pipelined = self.cfg.schedule == "pipelined" and self.world > 1
+        self._slots = []
 
         def dist_layer(k: int, h: torch.Tensor) -> torch.Tensor:
             if h.shape[0] != self.n_local:
@@ -814,9 +865,12 @@ class FullGraphRuntime:
                     )
                 ]
                 return self._assemble(outs)
+            slot = self._slot(h)
+            if slot is not None:  # returned halo gradients are awaited after this layer's A/D bins' backward
+                h = add_deferred_grad(h, slot)
             pending = self._start(h)
             outs = self._run_bins(k, "A", h, layers[k]) + self._run_bins(k, "D", h, layers[k])
-            full = self._attach(h, pending)
+            full = self._attach(h, pending, slot)
             outs += self._run_bins(k, "C", full, layers[k]) + self._run_bins(k, "E", full, layers[k])
             return self._assemble(outs)
 
@@ -866,6 +920,22 @@ class FullGraphRuntime:
             handles += [p.register_post_accumulate_grad_hook(hook) for p in params]
         return handles
 
+    def _finish_slots(self) -> None:
+        """Join every deferred backward exchange of the last forward (a rank whose halo got no gradient still
+        takes part). A returned gradient that no ``add_deferred_grad`` consumed would be lost: refused."""
+        slots, self._slots = self._slots, []
+        self.backward_stats = {
+            "deferred_exchanges": sum(s.started for s in slots),
+            "applied_where_needed": sum(s.consumed for s in slots),
+        }
+        for slot in slots:
+            got = slot.result()
+            if not slot.consumed and bool(got.ne(0).any()):
+                raise RuntimeError(
+                    "pipelined backward: gradients returned for this rank's rows were not applied "
+                    "(a runtime bug; set pipeline_backward=False)"
+                )
+
     def _finish_allreduce(self) -> None:
         if self.world > 1:
             self._issue_ready(force=True)
@@ -889,6 +959,7 @@ class FullGraphRuntime:
         handles = self._hook_layerwise_allreduce()
         try:
             loss.backward()
+            self._finish_slots()
             self._finish_allreduce()
         finally:
             for h in handles:
@@ -930,6 +1001,7 @@ class FullGraphRuntime:
             "plan_stages": self.plan.num_stages,
             "plan_transfers": self.plan.num_transfers,
             "plan_cost": self.plan.cost,
+            "backward": dict(self.backward_stats),
             "p2p_cost": self.plan.info.get("p2p_cost"),
             "config": asdict(self.cfg),
             "partition": self.part_stats,

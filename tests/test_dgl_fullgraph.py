@@ -155,6 +155,14 @@ def test_distributed_logits_and_gradients_equal_single_process(results, case):
     per_rank = [results[0][r][case] for r in range(RANKS)]
     _check_exact(per_rank, CASES[case][0])
     assert sum(r["graph_bytes"] for r in per_rank) > 0
+    back = [r["summary"]["backward"] for r in per_rank]
+    if (
+        CASES[case][1] == "pipelined"
+    ):  # pipelined backward: layer 1's halo gradients returned in the background
+        assert all(b["deferred_exchanges"] == 1 for b in back)
+        assert all(b["applied_where_needed"] == 1 for b in back)  # every rank here has boundary rows
+    else:
+        assert all(b["deferred_exchanges"] == 0 for b in back)
 
 
 @pytest.mark.parametrize("case", range(len(DISK_CASES)))
@@ -248,6 +256,7 @@ def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match
         (dict(topology="torus"), "bad topology='torus'"),
         (dict(schedule="async"), "bad schedule='async'"),
         (dict(device="tpu"), "bad device='tpu'"),
+        (dict(schedule="sequential", pipeline_backward=True), "bad pipeline_backward=True: needs schedule"),
     ],
 )
 def test_bad_configs_are_rejected_naming_the_value(bad, match):

@@ -29,6 +29,13 @@ __all__ = [
     "stage_hop_loads",
 ]
 
-from .executor import GraphExchange, PendingExchange, attach, graph_allgather  # noqa: E402 - torch-dependent part last
+from .executor import (  # noqa: E402 - torch-dependent part last
+    GradSlot,
+    GraphExchange,
+    PendingExchange,
+    add_deferred_grad,
+    attach,
+    graph_allgather,
+)
 
-__all__ += ["GraphExchange", "PendingExchange", "attach", "graph_allgather"]
+__all__ += ["GradSlot", "GraphExchange", "PendingExchange", "add_deferred_grad", "attach", "graph_allgather"]

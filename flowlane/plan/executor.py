@@ -48,6 +48,7 @@ class GraphExchange:
         self.kind = kind
         self.emulate_bandwidth = emulate_bandwidth
         self._idx: dict[torch.device, list[tuple[list, list]]] = {}
+        self._bwd_tail: _Background | None = None  # the last deferred backward exchange (GradSlot)
 
     @property
     def num_out(self) -> int:
@@ -127,26 +128,87 @@ class GraphExchange:
         return PendingExchange(self, local.detach(), key)
 
 
-class PendingExchange:
-    def __init__(self, ex: GraphExchange, local: torch.Tensor, key: Any) -> None:
-        self._out: torch.Tensor | None = None
+class _Background:
+    """``fn()`` on a helper thread; ``wait()`` joins it and returns its result (or re-raises its error)."""
+
+    def __init__(self, fn: Any) -> None:
+        self._out: Any = None
         self._err: BaseException | None = None
 
         def run() -> None:
             try:
-                self._out = ex.forward_raw(local, key)
+                self._out = fn()
             except BaseException as e:  # noqa: BLE001 - re-raised in wait()
                 self._err = e
 
         self._thread = threading.Thread(target=run, name="flowlane-graph-exchange", daemon=True)
         self._thread.start()
 
-    def wait(self) -> torch.Tensor:
+    def wait(self) -> Any:
         self._thread.join()
         if self._err is not None:
             raise self._err
-        assert self._out is not None
         return self._out
+
+
+class PendingExchange(_Background):
+    """A forward exchange running on a helper thread (:meth:`GraphExchange.start`)."""
+
+    def __init__(self, ex: GraphExchange, local: torch.Tensor, key: Any) -> None:
+        super().__init__(lambda: ex.forward_raw(local, key))
+
+    def wait(self) -> torch.Tensor:
+        out = super().wait()
+        assert out is not None
+        return out
+
+
+class GradSlot:
+    """A deferred backward exchange (pipelined backward, G3 §4.4.3 run in reverse).
+
+    The backward of :func:`attach` given a slot does not block: it starts the reversed-plan exchange of the halo
+    rows' gradient on a helper thread and returns only the gradient of the local rows' own use. The gradients other
+    ranks return for this rank's rows are added where they are needed, by :func:`add_deferred_grad` (placed in the
+    forward before the layer that produced the rows), so the backward compute in between overlaps the exchange.
+    The sum is the same as the blocking backward's (float addition order differs)."""
+
+    def __init__(self, exchange: GraphExchange, like: torch.Tensor) -> None:
+        """``like``: a tensor of the exchanged rows (its row shape, dtype and device are used)."""
+        self.exchange = exchange
+        self._like = like.detach()[:0]
+        self._pending: _Background | None = None
+        self._result: torch.Tensor | None = None
+        self.consumed = False
+
+    @property
+    def started(self) -> bool:
+        return self._pending is not None
+
+    def start(self, grad: torch.Tensor) -> None:
+        """Begin the exchange of ``grad`` (``[local | remote]`` rows); the local rows are not sent (zeroed here)."""
+        if self._pending is not None:
+            raise RuntimeError("GradSlot.start called twice (one backward exchange per slot)")
+        g = grad.detach().clone()
+        g[: self.exchange.tables.num_local] = 0
+        ex, prev = self.exchange, getattr(self.exchange, "_bwd_tail", None)
+
+        def run() -> torch.Tensor:
+            if prev is not None:  # one backward exchange at a time, in start order (the same on every rank)
+                prev.wait()
+            return ex.backward_raw(g)
+
+        self._pending = ex._bwd_tail = _Background(run)
+
+    def result(self) -> torch.Tensor:
+        """What the other ranks returned for this rank's local rows (``num_local`` rows). A slot whose backward never
+        started (this rank's halo rows got no gradient) still joins the exchange, with zeros, so peers do not
+        wait forever."""
+        if self._result is None:
+            if self._pending is None:
+                self.start(self._like.new_zeros((self.exchange.num_out, *self._like.shape[1:])))
+            assert self._pending is not None
+            self._result = self._pending.wait()
+        return self._result
 
 
 class _GraphAllgather(torch.autograd.Function):
@@ -164,21 +226,52 @@ class _Attach(torch.autograd.Function):
     """Differentiable ``[local | remote]`` from rows an asynchronous exchange already delivered."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, full: torch.Tensor, ex: GraphExchange) -> torch.Tensor:  # type: ignore[override]
-        ctx.ex = ex
+    def forward(  # type: ignore[override]
+        ctx: Any, local: torch.Tensor, full: torch.Tensor, ex: GraphExchange, slot: GradSlot | None
+    ) -> torch.Tensor:
+        ctx.ex, ctx.slot, ctx.n = ex, slot, local.shape[0]
         return torch.cat([local.detach(), full[local.shape[0] :]])
 
     @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+        if ctx.slot is None:
+            return ctx.ex.backward_raw(grad.contiguous()), None, None, None
+        ctx.slot.start(grad.contiguous())  # the returned halo gradients are added by add_deferred_grad
+        return grad[: ctx.n], None, None, None
+
+
+class _AddDeferredGrad(torch.autograd.Function):
+    """Identity forward; backward adds what ``slot``'s exchange returned for ``rows`` (waiting for it here)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, slot: GradSlot, rows: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+        ctx.slot, ctx.rows = slot, rows
+        return x.view_as(x)
+
+    @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
-        return ctx.ex.backward_raw(grad.contiguous()), None, None
+        got = ctx.slot.result().to(grad.device)
+        ctx.slot.consumed = True
+        return grad + (got if ctx.rows is None else got[ctx.rows.to(got.device)]), None, None
 
 
-def attach(local: torch.Tensor, pending: PendingExchange, exchange: GraphExchange) -> torch.Tensor:
+def add_deferred_grad(x: torch.Tensor, slot: GradSlot, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` unchanged; in backward, ``x``'s gradient gains the rows other ranks returned through ``slot``
+    (``rows``: which of this rank's local rows ``x`` holds, in order; None: all of them)."""
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return x
+    return _AddDeferredGrad.apply(x, slot, rows)
+
+
+def attach(
+    local: torch.Tensor, pending: PendingExchange, exchange: GraphExchange, slot: GradSlot | None = None
+) -> torch.Tensor:
     """Wait for ``pending`` (started with ``exchange.start`` on rows whose *sent* rows equal ``local``'s) and return
-    ``[local | remote]`` with the same backward as :func:`graph_allgather`."""
+    ``[local | remote]`` with the same backward as :func:`graph_allgather`; with ``slot``, that backward runs in the
+    background (see :class:`GradSlot`)."""
     full = pending.wait()
-    if local.requires_grad:
-        return _Attach.apply(local, full, exchange)
+    if local.requires_grad and torch.is_grad_enabled():
+        return _Attach.apply(local, full, exchange, slot)
     return torch.cat([local, full[local.shape[0] :]])
 
 
