@@ -9,7 +9,7 @@ checked to give identical phases on every matrix timed with both. The cache rows
 matrix planned before); ``stream`` rows report the hit rate of a fresh matrix per call at each quantum.
 
     .venv-llm/bin/python benchmarks/a2a_plan_speed.py [--eps 8,16,32,64] [--matrices 5] [--reps 5]
-        [--python-reps 1] [--python-max-ep 32] [--algorithms bvn,bvn_bottleneck] [--out results/hermod]
+        [--python-reps 1] [--python-max-ep 32] [--algorithms bvn,bvn_bottleneck] [--out results/hermod/plan_speed]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
         default=0,
         help="cap every plan at this many phases (0: none); rows then report the residual share",
     )
-    ap.add_argument("--out", default="results/hermod")
+    ap.add_argument("--out", default="results/hermod/plan_speed")
     a = ap.parse_args()
     impl = M.planner_impl()
     if impl != "c":

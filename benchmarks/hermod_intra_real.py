@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--timeout-s", type=int, default=300, help="a rank that waits longer on a peer fails the run"
     )
-    ap.add_argument("--out", default="results/hermod/intra_real.json")
+    ap.add_argument("--out", default="results/hermod/intra_real/intra_real.json")
     ap.add_argument(
         "--summarise-only",
         action="store_true",

@@ -4,9 +4,9 @@
                                           [--scale-models M,..] [--scale-gpus 1024] [--op-overhead-us 0]
                                           [--incast-count port|class] [--measured-costs | --plan-ms X
                                           --plan-hit-ms X --plan-cache N --phase-issue-us X]
-                                          [--workers 2] [--out results/hermod] [--name intra]
+                                          [--workers 2] [--out results/hermod/intra_sim] [--name intra]
 
-Writes results/hermod/NAME.json and NAME.png. Every figure is simulated (flowlane.sim, flow-level).
+Writes results/hermod/intra_sim/NAME.json and NAME.png. Every figure is simulated (flowlane.sim, flow-level).
 
 Why a separate benchmark: in a max-min fluid model the plain all-to-all already finishes at the bottleneck bound
 (digest A2.6 / R6), so Hermod's matching (incast-free phases, §5.3.2) can only show an effect when many-to-one
@@ -21,7 +21,7 @@ where exact keys would need a queue per key.
 
 The runtime's costs of a phased all-to-all (issue 30; 0 by default, as in every figure before them):
 ``--measured-costs`` charges each phased all-to-all the planning time measured for its EP size and plan
-(``results/hermod/plan_speed.json``: the compiled planner's median ms on a plan-cache miss, its cache-hit median) and
+(``results/hermod/plan_speed/plan_speed.json``: the compiled planner's median ms on a plan-cache miss, its cache-hit median) and
 every phase the host time one phase's grouped send/receive took to issue on NCCL (``results/gpu/nccl_gpu_check.json``,
 ``phase_issue_s``, one H200), with the runtime's plan cache of 16 entries; ``--plan-ms`` / ``--plan-hit-ms`` /
 ``--plan-cache`` / ``--phase-issue-us`` set them by hand (and override the measured ones). Label: "simulated (with
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--scale-models", help=f"comma-separated subset of {list(SCALE)} for the scale section")
     ap.add_argument("--scale-gpus", type=int, default=1024, help="GPUs in the scale section (default 1024)")
-    ap.add_argument("--out", default="results/hermod")
+    ap.add_argument("--out", default="results/hermod/intra_sim")
     ap.add_argument("--name", default="intra", help="output file stem (NAME.json, NAME.png)")
     ap.add_argument(
         "--op-overhead-us",
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         help="charge phased all-to-alls the runtime's measured planning and per-phase issue costs "
         "(--plan-speed-json, --gpu-check-json; module docstring)",
     )
-    ap.add_argument("--plan-speed-json", type=Path, default=Path("results/hermod/plan_speed.json"))
+    ap.add_argument("--plan-speed-json", type=Path, default=Path("results/hermod/plan_speed/plan_speed.json"))
     ap.add_argument("--gpu-check-json", type=Path, default=Path("results/gpu/nccl_gpu_check.json"))
     ap.add_argument(
         "--plan-ms", type=float, help="planning time per phased all-to-all on a plan-cache miss (ms)"

@@ -3,7 +3,7 @@
     sudo .venv-llm/bin/python -m benchmarks.hermod_real [--fabric per-rank|shared-nic|star] [--ranks 4] [--pp 2]
         [--switch-buffer-kb B] [--act-elems N] [--rate-mbit 200|100,200,...]
         [--rounds 4] [--layers-per-stage 2] [--param-elems 262144] [--bulk-lane-mbit R] [--timeline]
-        [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod] [--name real]
+        [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod/real] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
                    [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]
                    [,ep_auto_probe_iterations=2][,wire=1|2] ...]
@@ -758,7 +758,7 @@ def main() -> int:
         help="link rate in Mbit/s; a comma-separated list runs a sweep (one run per rate) into one file",
     )
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--out", default="results/hermod")
+    ap.add_argument("--out", default="results/hermod/real")
     ap.add_argument("--name", default="real", help="output file stem (real -> real.json, real.png)")
     ap.add_argument(
         "--variant",

@@ -1,9 +1,9 @@
 """Hermod in the flow-level simulator (label: simulated). Seed 000 table 5.2 shape, scaling (1,024-8,192 GPUs)
 and bandwidth (40-400 Gb/s) sweeps, Hermod vs FIFO, and the loss from quantising keys to wire classes.
 
-    python -m benchmarks.hermod_sim [--full] [--workers 2] [--budget-s 2400] [--nics-per-server N] [--out results/hermod]
+    python -m benchmarks.hermod_sim [--full] [--workers 2] [--budget-s 2400] [--nics-per-server N] [--out results/hermod/sim]
 
-Writes results/hermod/sim.json and sim.png (sim_nicsN.json / .png with --nics-per-server N), rewritten after every
+Writes results/hermod/sim/sim.json and sim.png (sim_nicsN.json / .png with --nics-per-server N), rewritten after every
 finished point, so a run cut short by the budget still leaves what it has; skipped points are listed in the JSON.
 Every figure is simulated (flowlane.sim: max-min fair sharing with strict priority classes); the thesis used
 FlexFlow + htsim (packet level).
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the analysis block (it rebuilds the 1,024-GPU MoE workloads, ~1 CPU-minute)",
     )
-    ap.add_argument("--out", default="results/hermod")
+    ap.add_argument("--out", default="results/hermod/sim")
     a = ap.parse_args(argv)
     a.argv = "python -m benchmarks.hermod_sim " + " ".join(sys.argv[1:] if argv is None else argv)
     if a.iterations < 2:

@@ -88,7 +88,7 @@ class HermodConfig:
     max_inflight_buckets: int = 2
     """``launch=pacer`` only: DP bucket groups (reduce-scatters / all-reduces, parameter gathers) on the wire at
     once. Two keep the link busy while the next one is launched; with one, each launch gap left the link idle and the
-    dense Megatron GPT was 11-25 % slower at every rate measured (results/hermod/real_megatron_defaults.json).
+    dense Megatron GPT was 11-25 % slower at every rate measured (results/hermod/real/real_megatron_defaults.json).
     There is no chunk size: Megatron-core's DDP sends a bucket group as one coflow, so its ``bucket_size``
     (``--ddp-bucket-size``) sets how long PP/EP traffic can wait behind DP."""
     gate_timeout_s: float = 0.05
@@ -99,7 +99,7 @@ class HermodConfig:
     groups of two always run plain: no incast to avoid), or ``auto`` (iterations 1-4 alternate plain and BvN, then
     every rank keeps the one whose iterations were faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays
     where the fabric drops under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up
-    0.96-1.7x; with deep buffers its phases cost 16-19 % (results/hermod/intra_real*.json), so ``plain`` suits
+    0.96-1.7x; with deep buffers its phases cost 16-19 % (results/hermod/intra_real/intra_real*.json), so ``plain`` suits
     deep-buffered or lossless fabrics, and ``auto`` finds out which one it runs on."""
     ep_auto_candidates: tuple[str, ...] = AUTO_CANDIDATES
     """What ``auto`` compares, in probe order (two or more of bvn, bvn_bottleneck, alg3, plain; each costs

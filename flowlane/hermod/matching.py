@@ -32,7 +32,7 @@ compiler on first use, never at import; :func:`planner_impl`) that reproduces th
 phase, and fall back to that reference where no compiler is available (``impl="python"`` or
 ``FLOWLANE_HERMOD_NO_C=1`` force it). :func:`plan_all_to_all` also keeps a small LRU cache of plans keyed by the
 quantised matrix (diagonal ignored; :func:`plan_cache_info`, ``FLOWLANE_HERMOD_PLAN_CACHE`` entries, default 16).
-Measured (``benchmarks/a2a_plan_speed.py``, results/hermod/plan_speed.json): see that file for EP 8-64.
+Measured (``benchmarks/a2a_plan_speed.py``, results/hermod/plan_speed/plan_speed.json): see that file for EP 8-64.
 """
 
 from __future__ import annotations
