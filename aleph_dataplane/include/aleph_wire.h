@@ -16,7 +16,15 @@
 #ifndef ALEPH_WIRE_H
 #define ALEPH_WIRE_H
 
+#if defined(__bpf__) /* the XDP tier (src/aleph_xdp.bpf.c): no libc headers for the BPF target */
+#include <linux/types.h>
+typedef __s8 int8_t;
+typedef __u8 uint8_t;
+typedef __u16 uint16_t;
+typedef __u32 uint32_t;
+#else
 #include <stdint.h>
+#endif
 
 #define ALEPH_MAGIC 0xA1E9u
 #define ALEPH_VERSION 1u
