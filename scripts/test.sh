@@ -5,6 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh llm || exit 1
 scripts/bootstrap.sh gnn || exit 1
+aleph_dataplane/install-xdp-deps.sh  # ALEPH's XDP tier: clang + libbpf-dev (its tests skip without them)
 mkdir -p results/test-reports
 export DS_ACCELERATOR=cpu PYTHONDONTWRITEBYTECODE=1
 status=0
