@@ -18,13 +18,27 @@ ZeRO: parameters are never offloaded (thesis §5.3.3). Under ZeRO-1/2 a paramete
 DeepSpeed's flat buffer), tagged once at install. Under ZeRO-3 every gather gives a parameter a new storage, so the
 partitioned-parameter coordinator's ``fetch_sub_module`` is wrapped on this engine: once a module's parameters are
 gathered, their storages are tagged, and the views of them that the module saves for backward are kept, not stored.
+SSD backend: DeepSpeed's own async I/O (``deepspeed.ops.aio``, the DeepNVMe op its ZeRO-Infinity swapper uses) where
+the op builds and loads, else flowlane's posix backend (the ``deepspeed_aio`` key: ``auto`` (default) / ``on`` /
+``off``; it applies where the file backend would be posix). The op is JIT-built on first use and needs libaio's
+headers and library (Debian: ``apt-get install libaio-dev``; docs/deepspeed.md). Which one runs is logged on the
+``flowlane.offload`` logger.
+
 Only the ``offload`` subsection of ``flowlane`` is read here; other subsections belong to other features.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import itertools
+import logging
+import os
+import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import MethodType
 from typing import Any
@@ -33,12 +47,143 @@ import torch
 
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
+from flowlane.offload.backends import (
+    BackendUnavailableError,
+    IOBackend,
+    kvikio_usable,
+    make_run_dir,
+    remove_run_dir,
+)
+
+log = logging.getLogger("flowlane.offload")
+
+#: values of the plugin-only ``deepspeed_aio`` key of the offload section
+DEEPSPEED_AIO = ("auto", "on", "off")
+#: DeepSpeed aio handle settings (its swapper's defaults: deepspeed.runtime.swap_tensor.aio_config)
+AIO_BLOCK_SIZE, AIO_QUEUE_DEPTH = 1 << 20, 8
+
+
+@functools.cache
+def deepspeed_aio_op() -> tuple[Any, str]:
+    """(the loaded ``async_io`` op module or None, why not). Builds it (JIT) on the first call in a process."""
+    try:
+        from deepspeed.ops.op_builder import AsyncIOBuilder  # noqa: PLC0415 - plugin-only dependency
+
+        builder = AsyncIOBuilder()
+        if not builder.is_compatible(verbose=False):
+            return None, (
+                "deepspeed.ops.aio is not compatible here: libaio's headers and library were not found "
+                "(Debian: apt-get install libaio-dev; or CFLAGS=-I<dir> LDFLAGS=-L<dir>)"
+            )
+        return builder.load(verbose=False), "ok"
+    except Exception as e:  # noqa: BLE001 - a failed JIT build raises anything from the compiler driver
+        return None, f"deepspeed.ops.aio did not build/load: {type(e).__name__}: {e}"
+
+
+@dataclass(frozen=True)
+class AioHandle:
+    path: str
+    nbytes: int
+
+
+class DeepSpeedAioBackend(IOBackend):
+    """Files written and read by DeepSpeed's async I/O op (libaio, O_DIRECT): one file per offloaded storage, round
+    robin over the target directories, in the run directories of flowlane's posix backend (0700, removed at exit).
+    One aio handle per I/O thread (a handle is not shared across threads)."""
+
+    name = "deepspeed_aio"
+
+    def __init__(self, op: Any, dirs: tuple[str, ...] = (), rank: int = 0) -> None:
+        import tempfile  # noqa: PLC0415
+
+        self._op, self.rank = op, rank
+        self.run_dirs = [make_run_dir(Path(d)) for d in (dirs or (tempfile.gettempdir(),))]
+        self._rr = itertools.cycle(range(len(self.run_dirs)))
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._janitor = ThreadPoolExecutor(1, thread_name_prefix="flowlane-unlink")
+
+    def _handle(self) -> Any:
+        h = getattr(self._local, "h", None)
+        if h is None:
+            h = self._local.h = self._op.aio_handle(AIO_BLOCK_SIZE, AIO_QUEUE_DEPTH, False, False, 1)
+        return h
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs]}
+
+    def write(self, key: str, data: torch.Tensor) -> AioHandle:
+        with self._lock:
+            i = next(self._rr)
+        path = self.run_dirs[i] / f"r{self.rank}-{key}.bin"
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private, then aio writes
+        host = data if data.device.type == "cpu" else data.cpu()
+        try:
+            n = self._handle().sync_pwrite(host.contiguous(), str(path))
+            if n < 0 or os.path.getsize(path) < data.numel():
+                raise OSError(
+                    errno.EIO, f"deepspeed aio wrote {os.path.getsize(path)} of {data.numel()} bytes"
+                )
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        return AioHandle(str(path), data.numel())
+
+    def read(self, handle: AioHandle, nbytes: int, device: torch.device) -> torch.Tensor:
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        if self._handle().sync_pread(out, handle.path) < 0:
+            raise OSError(errno.EIO, f"deepspeed aio could not read {handle.path}")
+        return out if device.type == "cpu" else out.to(device)
+
+    def delete(self, handle: AioHandle) -> None:
+        self._janitor.submit(_unlink, handle.path)
+
+    def close(self) -> None:
+        self._janitor.shutdown(wait=True)
+        for d in self.run_dirs:
+            remove_run_dir(d)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def choose_backend(config: OffloadConfig, deepspeed_aio: str, rank: int = 0) -> IOBackend | None:
+    """DeepSpeed's aio backend, or None for flowlane's own choice (``config.backend``); says which in the log.
+
+    ``deepspeed_aio`` applies where the file backend would be posix (``posix``, or ``auto`` without kvikio):
+    ``auto`` uses the op when it builds and loads, ``on`` requires it, ``off`` never uses it."""
+    if deepspeed_aio not in DEEPSPEED_AIO:
+        raise ValueError(
+            f'"flowlane.offload.deepspeed_aio" {deepspeed_aio!r} is not one of {list(DEEPSPEED_AIO)}'
+        )
+    posix = config.backend == "posix" or (config.backend == "auto" and not kvikio_usable()[0])
+    if not posix or deepspeed_aio == "off":
+        if deepspeed_aio == "on":
+            raise ValueError(
+                f'"flowlane.offload.deepspeed_aio": "on" needs a file backend written with posix I/O, but '
+                f"offload.backend={config.backend!r} resolves to another tier"
+            )
+        return None
+    op, why = deepspeed_aio_op()
+    if op is None:
+        if deepspeed_aio == "on":
+            raise BackendUnavailableError(f'"flowlane.offload.deepspeed_aio": "on" but {why}')
+        log.info("flowlane.offload: SSD backend posix (%s)", why)
+        return None
+    config.check_dirs()
+    log.info("flowlane.offload: SSD backend deepspeed.ops.aio (DeepSpeed's async I/O op loaded)")
+    return DeepSpeedAioBackend(op, config.dirs, rank)
 
 
 def parse_offload_section(
     ds_config: Mapping[str, Any] | str | Path | None,
-) -> tuple[OffloadConfig, tuple[str, ...]] | None:
-    """(config, scope class names) from ``ds_config["flowlane"]["offload"]``; None when absent or disabled.
+) -> tuple[OffloadConfig, tuple[str, ...], str] | None:
+    """(config, scope class names, deepspeed_aio) from ``ds_config["flowlane"]["offload"]``; None when absent or
+    disabled. The plugin's own keys: ``scope_classes`` (class names of the layers to offload) and ``deepspeed_aio``
+    (``auto``/``on``/``off``: DeepSpeed's async I/O op as the SSD backend, see :func:`choose_backend`).
 
     ``ds_config`` may be the dict given to ``deepspeed.initialize`` or a path to its JSON file.
     """
@@ -49,10 +194,13 @@ def parse_offload_section(
     scopes = d.pop("scope_classes", None)
     if scopes is not None and (isinstance(scopes, str) or not all(isinstance(s, str) for s in scopes)):
         raise ValueError(f'"flowlane.offload.scope_classes" must be a list of class names, got {scopes!r}')
+    aio = d.pop("deepspeed_aio", "auto")
+    if aio not in DEEPSPEED_AIO:
+        raise ValueError(f'"flowlane.offload.deepspeed_aio" {aio!r} is not one of {list(DEEPSPEED_AIO)}')
     cfg = OffloadConfig.from_dict(d)
     if not cfg.enabled:
         return None
-    return cfg, tuple(scopes or ())
+    return cfg, tuple(scopes or ()), aio
 
 
 def _is_pipeline_engine(engine: Any) -> bool:
@@ -197,8 +345,10 @@ def install(
     ds_config: Mapping[str, Any] | str | Path | None = None,
     config: OffloadConfig | None = None,
     scope_classes: Iterable[str] = (),
+    deepspeed_aio: str = "auto",
 ) -> DSOffload:
-    """Offload ``engine``'s activations as configured by ``ds_config["flowlane"]["offload"]`` (or ``config``).
+    """Offload ``engine``'s activations as configured by ``ds_config["flowlane"]["offload"]`` (or ``config``,
+    ``scope_classes`` and ``deepspeed_aio``).
 
     Call after ``deepspeed.initialize`` and before training, in the thread that runs forward.
     """
@@ -211,7 +361,7 @@ def install(
         )["offload"]
         if parsed is None:
             return DSOffload(engine, None)
-        config, scopes = parsed[0], scopes or parsed[1]
+        config, scopes, deepspeed_aio = parsed[0], scopes or parsed[1], parsed[2]
     if not config.enabled:
         return DSOffload(engine, None)
     pipeline = _is_pipeline_engine(engine)
@@ -223,7 +373,7 @@ def install(
             '"scope_classes" to the class names of the transformer layers'
         )
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    cache = TensorCache(config, rank=rank)
+    cache = TensorCache(config, rank=rank, backend=choose_backend(config, deepspeed_aio, rank))
     cache.register_parameters(module.parameters())
     for m in mods:
         cache.add_scope(m)

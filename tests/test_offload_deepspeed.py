@@ -148,6 +148,7 @@ def _both(rank: int, world: int, tmp: str) -> dict:
         "min_bytes": 4096,
         "keep_last_k": 1,
         "offload_cpu_tensors": True,
+        "deepspeed_aio": "off",  # flowlane's posix backend (tests/test_deepspeed_aio.py: the aio op)
     }
     # the plain engine first: a PipelineEngine leaves DeepSpeed's global model-parallel groups behind
     off_plain = dict(off, scope_classes=["Block"])
@@ -214,10 +215,12 @@ def test_flowlane_section_parser_reads_only_offload() -> None:
     assert parse_offload_section({"train_batch_size": 1}) is None
     assert parse_offload_section({"flowlane": {"hermod": {}}}) is None
     assert parse_offload_section({"flowlane": {"offload": {"enabled": False}}}) is None
-    cfg, scopes = parse_offload_section(
+    cfg, scopes, aio = parse_offload_section(
         {"flowlane": {"offload": {"keep_last_k": 2, "scope_classes": ["Block"]}}}
     )
-    assert cfg.keep_last_k == 2 and scopes == ("Block",)
+    assert cfg.keep_last_k == 2 and scopes == ("Block",) and aio == "auto"
+    with pytest.raises(ValueError, match=r"deepspeed_aio.*'yes' is not one of \['auto', 'on', 'off'\]"):
+        parse_offload_section({"flowlane": {"offload": {"deepspeed_aio": "yes"}}})
     with pytest.raises(ValueError, match=r"unknown offload option\(s\) \['dir'\]"):
         parse_offload_section({"flowlane": {"offload": {"dir": "/x"}}})
     with pytest.raises(ValueError, match="scope_classes"):
