@@ -13,21 +13,9 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 # Tests of the C net plugin need no Python framework: run them once (llm lane), not in both lanes.
 _WIRE_FILES = ("test_nccl_net_plugin.py",)
-# Run once too (llm lane): Hermod's pure model and the simulator (no framework; the DGL plugin does not use them),
-# and the core modules only the LLM side uses (Hermod's scheduler and wire classes, the offload, netem, launch
-# faults: about 4.5 min of the gnn lane's time in CI). The core the DGL plugin runs on under the gnn lane's torch
-# (plan executor, comm + launch + trace, topology) keeps running in both lanes.
+# Hermod's pure model and the simulator import no framework and nothing in the gnn lane (DGL's plugin) uses them:
+# run them once too (llm lane); `make test-fast` is these.
 _ONCE_FILES = (
-    "test_launch_faults.py",
-    "test_sched_groups.py",
-    "test_sched_runtime.py",
-    "test_sched_gate.py",
-    "test_hermod_intra_real.py",
-    "test_offload_core.py",
-    "test_offload_bulk.py",
-    "test_offload_budget.py",
-    "test_netem.py",
-    "test_sim_runtime_costs.py",
     "test_core_imports.py",
     "test_hermod_keys.py",
     "test_hermod_order.py",
@@ -38,6 +26,24 @@ _ONCE_FILES = (
     "test_sim_hermod.py",
     "test_sim_waterfill_c.py",
     "test_sim_workloads.py",
+    "test_sched_gate.py",
+    "test_offload_budget.py",
+    "test_sim_runtime_costs.py",
+)
+
+
+# Core modules that serve only the LLM side (Hermod's scheduler and wire classes, the offload, netem, the launcher's
+# fault handling): llm lane only, marked `llm` (about 4.5 min of the gnn lane's time in CI). Most are multi-rank or
+# torch-heavy, so not `once` (the edit loop's marker). The core the DGL plugin runs on under the gnn lane's torch (plan executor,
+# comm + launch + trace, topology) keeps running in both lanes.
+_LLM_SIDE_FILES = (
+    "test_launch_faults.py",
+    "test_sched_groups.py",
+    "test_sched_runtime.py",
+    "test_hermod_intra_real.py",
+    "test_offload_core.py",
+    "test_offload_bulk.py",
+    "test_netem.py",
 )
 
 
@@ -47,3 +53,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.wire)
         if item.path.name in _ONCE_FILES:
             item.add_marker(pytest.mark.once)
+        if item.path.name in _LLM_SIDE_FILES:
+            item.add_marker(pytest.mark.llm)
