@@ -31,7 +31,7 @@ from flowlane.syndicate import (
 from flowlane.syndicate.motif import Motif, transfers
 from flowlane.syndicate.plan import PlanChannel, PlanError, PlanOp, SyndicatePlan
 from flowlane.syndicate.search import SYSTEMS, ablation
-from flowlane.syndicate.workloads import dlrm_dag, linear_chain, random_dag, two_path_toy
+from flowlane.syndicate.workloads import DLRMSpec, dlrm_dag, linear_chain, random_dag, two_path_toy
 
 pytestmark = pytest.mark.once
 
@@ -352,8 +352,7 @@ def test_the_core_imports_without_torch() -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_the_flow_level_simulator_replays_a_plan_near_opt_sched_and_refuses_two_paths() -> None:
-    from flowlane.sim import SimSpecError
+def test_the_flow_level_simulator_replays_a_plan_near_opt_sched() -> None:
     from flowlane.syndicate.flowsim import simulate
 
     dag, cost = linear_chain(layers=3, ranks=8)
@@ -361,10 +360,25 @@ def test_the_flow_level_simulator_replays_a_plan_near_opt_sched_and_refuses_two_
     s = opt_sched(dag, plan, cost, order="lifo")
     fl = simulate(dag, plan, s, cost)
     assert fl == pytest.approx(s.per_iteration, rel=0.15)
-    toy, toy_cost = two_path_toy()
-    two = {**toy.greedy_plan(toy_cost), "a": Option("S", "direct")}
-    with pytest.raises(SimSpecError, match="one fabric"):
-        simulate(toy, two, opt_sched(toy, two, toy_cost), toy_cost)
+
+
+def test_a_motifs_path_is_its_own_fabric_in_the_flow_level_simulator() -> None:
+    from flowlane.sim import SimSpecError
+    from flowlane.syndicate.flowsim import simulate, to_workload
+
+    # the E1 shape at DLRM sizes (16 GPUs, F = the cluster fabric, S = its own 10 GB/s fabric): the all-to-all on S
+    # overlaps the all-reduces on F, so the joint plan is faster in the flow engine too
+    dag, cost = dlrm_dag(DLRMSpec(ranks=16), segments=(1,), splines=(1,))
+    greedy = dag.greedy_plan(cost)
+    fifo = opt_sched(dag, greedy, cost, order="fifo")
+    on_s = {**greedy, "a2a-emb-bwd": Option("S", "direct")}
+    joint = opt_sched(dag, on_s, cost)
+    t_fifo, t_joint = simulate(dag, greedy, fifo, cost), simulate(dag, on_s, joint, cost)
+    assert t_joint < t_fifo
+    topo, w = to_workload(dag, on_s, joint, path_bandwidth={"S": 10e9})
+    assert len(w.devices) == 32 and w.devices[16:18] == ["S-nic0", "S-nic1"]
+    with pytest.raises(SimSpecError, match="path 'S' needs its per-endpoint bandwidth"):
+        to_workload(dag, on_s, joint)
 
 
 def test_the_replan_trigger_fires_on_a_consistently_high_median_then_cools_down() -> None:
@@ -378,3 +392,38 @@ def test_the_replan_trigger_fires_on_a_consistently_high_median_then_cools_down(
     assert fired == [5, 11] and t.fired == [5, 11]
     with pytest.raises(ValueError, match="threshold must be in"):
         ReplanTrigger(threshold=5)
+
+
+def test_the_search_replanner_reruns_the_search_and_returns_the_next_plan_version() -> None:
+    from flowlane.syndicate.replan import SearchReplanner, plan_from_search
+
+    dag, cost = two_path_toy()
+    dtypes = {c.name: "uint8" for c in dag.comms}
+    seen: list[int] = []
+
+    def refit(c: CostModel, stats: list) -> CostModel:
+        seen.append(len(stats))
+        return c
+
+    r = SearchReplanner(dag, cost, dtypes, SearchConfig(seed=0, max_iters=200), refit=refit)
+    p2 = r(None, [(0, 0.1, 1.0)])
+    p3 = r(p2, [(0, 0.1, 1.0), (1, 0.2, 1.0)])
+    assert (p2.version, p3.version) == (1, 2) and seen == [1, 2] and len(r.results) == 2
+    assert {o.name: o.option.path for o in p2.ops}["a"] == "S"  # E1: the joint plan runs a on S (9.5 < 11)
+    assert [o.name for o in p2.ops] == [c.name for c in dag.comms] and p2.ops[0].numel == 2000
+    with pytest.raises(PlanError, match="no dtype for comm-op 'b'"):
+        plan_from_search(dag, r.results[0], {"a": "uint8"}, 1)
+
+
+def test_moe_presets_map_to_a_dag_of_all_to_all_motifs_beside_the_dp_all_reduce() -> None:
+    from flowlane.syndicate.workloads import llm_moe_stage
+
+    dag, cost = llm_moe_stage("qwen-moe-12l", 16, groups=2)
+    kinds = [c.op.kind for c in dag.comms]
+    assert kinds.count("all_to_all") == 8 and kinds.count("all_reduce") == 2
+    a2a = next(c for c in dag.comms if c.op.kind == "all_to_all")
+    assert {o.path for o in a2a.options} == {"F", "S"} and len({o.spline for o in a2a.options}) > 1
+    s = opt_sched(dag, dag.greedy_plan(cost), cost, order="fifo")
+    assert s.per_iteration > 0
+    with pytest.raises(ValueError, match="is dense"):
+        llm_moe_stage("gpt3-13b", 16)

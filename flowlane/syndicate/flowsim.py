@@ -11,13 +11,19 @@ simulator, where flows share links max-min fairly over a leaf-spine fabric (and 
   enforced order;
 * compute tasks run on one executor per GPU, in program order.
 
-The engine has one fabric, so a plan whose motifs use more than one path is refused. A path is an interconnect the
-fabric does not have. The per-motif overhead ``delta`` is charged as the engine's ``launch_overhead``.
+Several paths (seed 004 §4.3, the physical plan): the plan's first path in ``path_order`` (default: the sorted
+path names, so ``F`` before ``S``) is the cluster fabric. Every other path gets a fabric of its own: one endpoint
+per GPU (``<path>-nic<r>``) on one non-blocking switch, each link at the path's bandwidth (``1 / beta`` of the cost
+model: seed 004 Fig. 18's front-end NICs and PCIe). A motif on that path moves its flows between those endpoints,
+so it shares no link with the first fabric, and it runs on that path's stream. Compute and the dependencies stay
+with the GPUs. A path's alpha and the incast penalty are not modelled there (the flow engine has its own latency
+and incast models). The per-motif overhead ``delta`` is charged as the engine's ``launch_overhead``, the first
+path's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -32,19 +38,20 @@ def to_workload(
     schedule: Schedule,
     bandwidth_gbps: float = 100.0,
     topology: object | None = None,
+    path_bandwidth: Mapping[str, float] | None = None,
+    path_order: Sequence[str] | None = None,
 ) -> tuple[object, object]:
     """``(topology, workload)`` for ``flowlane.sim.Simulator``: ``dag`` under ``plan``, motifs in ``schedule``'s
-    launch order. Every comm-op must span the same ``ranks`` (the GPUs simulated)."""
+    launch order. Every comm-op must span the same ``ranks`` (the GPUs simulated). ``path_bandwidth`` (bytes/s per
+    endpoint link) is needed for every path after the first (see the module docstring)."""
     from flowlane.sim import SimSpecError, Workload
     from flowlane.sim import collectives as C
     from flowlane.sim.workloads import cluster
 
-    paths = sorted({plan[c.name].path for c in dag.comms})
-    if len(paths) != 1:
-        raise SimSpecError(
-            f"the flow-level simulator has one fabric; this plan uses paths {paths} (evaluate "
-            f"multi-path plans with opt_sched)"
-        )
+    used = {plan[c.name].path for c in dag.comms}
+    order = list(path_order) if path_order is not None else sorted(used)
+    if not used <= set(order):
+        raise SimSpecError(f"plan paths {sorted(used - set(order))} are not in path_order {order}")
     sizes = {c.op.ranks for c in dag.comms}
     if len(sizes) != 1:
         raise SimSpecError(
@@ -52,7 +59,24 @@ def to_workload(
         )
     n = sizes.pop()
     topo = topology or cluster(n, bandwidth_gbps)
-    w = Workload(topo.gpus[:n], name=f"{dag.name}@{n}")  # type: ignore[attr-defined]
+    devices = list(topo.gpus[:n])  # type: ignore[attr-defined]
+    offset = {order[0]: 0}
+    for p in order[1:]:
+        if p not in used:
+            continue
+        bw = (path_bandwidth or {}).get(p)
+        if bw is None or not bw > 0:
+            raise SimSpecError(
+                f"path {p!r} needs its per-endpoint bandwidth (bytes/s) in path_bandwidth to get a fabric of "
+                f"its own; got {path_bandwidth!r}"
+            )
+        offset[p] = len(devices)
+        topo.add_device(f"{p}-sw", "switch")  # type: ignore[attr-defined]
+        for r in range(n):
+            topo.add_device(f"{p}-nic{r}", "host", server=r)  # type: ignore[attr-defined]
+            topo.add_link(f"{p}-nic{r}", f"{p}-sw", float(bw), 1e-6, kind="nic")  # type: ignore[attr-defined]
+            devices.append(f"{p}-nic{r}")
+    w = Workload(devices, name=f"{dag.name}@{n}")
     ranks = np.arange(n)
     steps = {s.name: (k, s) for k, s in enumerate(dag.steps)}
     events: list[tuple[float, int, int, tuple]] = []
@@ -88,6 +112,7 @@ def to_workload(
         j = key[2]
         m = motifs_of[name][j]
         opt = plan[name]
+        pr = ranks + offset[opt.path]  # the endpoints of the motif's path
         deps = [d for p, pit in zip(pred_names, pred_its, strict=True) for d in ends[(pit, p)]]
         deps += [motif_ids[(it, name, a)] for a in m.after]
         ctype = "dp" if step.op.kind in ("all_reduce", "reduce_scatter") else "ep"
@@ -96,7 +121,7 @@ def to_workload(
         if m.kind == "all_reduce":
             cid = C.all_reduce(
                 w,
-                ranks,
+                pr,
                 float(m.nbytes),
                 meta,
                 deps,
@@ -105,15 +130,15 @@ def to_workload(
                 name=label,
             )
         elif m.kind == "reduce_scatter" and step.op.kind == "all_reduce":
-            cid = C.reduce_scatter(w, ranks, float(m.nbytes), meta, deps, stream=opt.path, name=label)
+            cid = C.reduce_scatter(w, pr, float(m.nbytes), meta, deps, stream=opt.path, name=label)
         elif m.kind == "all_gather" and step.op.kind == "all_reduce":
-            cid = C.all_gather(w, ranks, float(m.nbytes), meta, deps, stream=opt.path, name=label)
+            cid = C.all_gather(w, pr, float(m.nbytes), meta, deps, stream=opt.path, name=label)
         elif m.kind in ("all_to_all", "all_gather"):
             mat = np.zeros((n, n))
             for t in m.dests:
                 if t % n:
                     mat[ranks, (ranks + t) % n] = m.nbytes
-            cid = C.all_to_all(w, ranks, mat, meta, deps, stream=opt.path, name=label)
+            cid = C.all_to_all(w, pr, mat, meta, deps, stream=opt.path, name=label)
         else:
             raise SimSpecError(f"{name}: motif kind {m.kind!r} has no flow-level model here")
         motif_ids[(it, name, j)] = cid
@@ -138,7 +163,8 @@ def simulate(
     from flowlane.policies import make_policy
     from flowlane.sim import SimConfig, Simulator
 
-    topo, w = to_workload(dag, plan, schedule, bandwidth_gbps)
-    path = next(iter({plan[c.name].path for c in dag.comms}))
-    res = Simulator(topo, SimConfig(launch_overhead=cost.path(path).delta)).run(w, make_policy("fifo"))  # type: ignore[arg-type]
+    names = sorted(cost.paths)
+    bw = {p: 1.0 / cost.path(p).beta for p in names}
+    topo, w = to_workload(dag, plan, schedule, bandwidth_gbps, path_bandwidth=bw, path_order=names)
+    res = Simulator(topo, SimConfig(launch_overhead=cost.path(names[0]).delta)).run(w, make_policy("fifo"))  # type: ignore[arg-type]
     return res.iteration_time

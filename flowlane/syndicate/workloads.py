@@ -206,3 +206,71 @@ def llm_dp_chain(
     return TrainingDAG(
         f"{preset}-dp{dp}", steps, [(f"ar-{k}", f"fwd-{k}") for k in range(1, buckets + 1)]
     ), cost
+
+
+def llm_moe_stage(
+    preset: str,
+    ranks: int,
+    groups: int = 2,
+    cost: CostModel | None = None,
+    segments: Sequence[int] = (1, 2),
+    splines: Sequence[int] = (1, 2),
+) -> tuple[TrainingDAG, CostModel]:
+    """One pipeline stage of a mixture-of-experts LLM preset (flowlane.sim.models, seed 000 table 5.5) as SYNDICATE
+    sees it: the stage's layers in ``groups`` groups. Forward of a group: attention and router (``attn-fwd``), the
+    token dispatch all-to-all (``a2a-disp-fwd``), the experts (``exp-fwd``), the combine all-to-all
+    (``a2a-comb-fwd``). Backward mirrors it (``a2a-comb-bwd``, ``exp-bwd``, ``a2a-disp-bwd``, ``attn-bwd``), then
+    the data-parallel all-reduce of the group's dense (non-expert) bf16 gradients (``ar``). The next forward of a
+    group waits for its all-reduce. Paths F and S as in E2 (:func:`dlrm_paths`; all-reduce on F only).
+
+    Our assumptions (labelled in every result): every collective spans ``ranks`` (EP degree = DP degree, so the
+    simulator can map ranks to GPUs); one micro-batch per iteration; a dispatch all-to-all sends
+    ``tokens x top_k x hidden`` bf16 values per rank (dropless, the local share not subtracted); the expert
+    gradients' reduction over the expert-data-parallel group is left out; compute is FLOPs (forward 2 per
+    parameter per token, backward twice that) at the preset GPU's effective FLOP/s."""
+    from flowlane.sim.models import preset as llm_preset
+
+    job = llm_preset(preset)
+    m, par = job.model, job.parallel
+    if not m.num_experts:
+        raise ValueError(f"llm_moe_stage models mixture-of-experts presets; {preset!r} is dense")
+    layers = m.layers // par.pp
+    if not 1 <= groups <= layers:
+        raise ValueError(f"groups={groups} must be in [1, {layers}] (the stage's layers)")
+    per = layers / groups
+    tokens = par.micro_batch * m.seq_len
+    flops = job.gpu.flops
+    attn_s = (
+        per * tokens * (m.attn_flops_per_token(m.seq_len) + m.dense_mlp_flops_per_token()) / par.tp / flops
+    )
+    exp_s = per * tokens * m.top_k * m.expert_flops_per_token() / par.tp / flops
+    cost = cost or dlrm_paths()
+    n = ranks
+
+    def comm(name: str, kind: str, nbytes: float, deps: tuple[str, ...]) -> Comm:
+        op = CommOp(name, kind, max(4 * n, int(nbytes) // (4 * n) * 4 * n), n)
+        return Comm(op, deps, option_space(op, cost, segments=segments, splines=splines))
+
+    a2a = per * tokens * m.top_k * m.hidden * 2 / par.tp
+    grads = per * m.dense_params_per_layer() * 2 / par.tp
+    steps: list[Compute | Comm] = []
+    prev: tuple[str, ...] = ()
+    for k in range(1, groups + 1):
+        steps += [
+            Compute(f"attn-fwd-{k}", attn_s, prev),
+            comm(f"a2a-disp-fwd-{k}", "all_to_all", a2a, (f"attn-fwd-{k}",)),
+            Compute(f"exp-fwd-{k}", exp_s, (f"a2a-disp-fwd-{k}",)),
+            comm(f"a2a-comb-fwd-{k}", "all_to_all", a2a, (f"exp-fwd-{k}",)),
+        ]
+        prev = (f"a2a-comb-fwd-{k}",)
+    for k in range(groups, 0, -1):
+        steps += [
+            comm(f"a2a-comb-bwd-{k}", "all_to_all", a2a, prev),
+            Compute(f"exp-bwd-{k}", 2 * exp_s, (f"a2a-comb-bwd-{k}",)),
+            comm(f"a2a-disp-bwd-{k}", "all_to_all", a2a, (f"exp-bwd-{k}",)),
+            Compute(f"attn-bwd-{k}", 2 * attn_s, (f"a2a-disp-bwd-{k}",)),
+            comm(f"ar-{k}", "all_reduce", grads, (f"attn-bwd-{k}",)),
+        ]
+        prev = (f"attn-bwd-{k}",)
+    carry = [(f"ar-{k}", f"attn-fwd-{k}") for k in range(1, groups + 1)]
+    return TrainingDAG(f"{preset}-moe-ep{n}", steps, carry), cost
