@@ -11,17 +11,19 @@ the model). Per rank (digest B2.8):
 - model parallel: before every layer, the halo rows of the previous layer's output arrive through
   :func:`flowlane.plan.graph_allgather` (SPST or peer-to-peer plan; backward returns gradients along the reversed plan);
 - pipeline: nodes are ordered boundary-first after a BFS (§4.4.3 step 1), split into groups by whether they are sent
-  to other ranks (boundary) and whether they need halo rows, and packed into bins of at most
-  ``min(bin_size, mem_budget/2 / bytes_per_node)`` nodes (step 2, B6 #8). ``schedule="pipelined"`` computes, per layer:
-  ready boundary bins, ready interior bins (eager: no halo needed, overlapping the previous exchange), waits for the
-  halo, halo boundary bins, *starts sending the boundary outputs* (inter-layer pipeline), then the halo interior bins
-  while the exchange runs. ``"sequential"`` exchanges, then computes every bin (the seed's "Sequential" variant);
+  to other ranks (boundary) and whether they need halo rows, and packed into bins of at most ``bin_size`` nodes
+  (step 2, B6 #8; the seed's memory cap is refused, see ``mem_budget_bytes``). ``schedule="pipelined"`` computes, per
+  layer: ready boundary bins, ready interior bins (eager: no halo needed, overlapping the previous exchange), waits for
+  the halo, halo boundary bins, *starts sending the boundary outputs* (inter-layer pipeline), then the halo interior
+  bins while the exchange runs. ``"sequential"`` exchanges, then computes every bin (the seed's "Sequential" variant).
+  Backward, pipelined (``pipeline_backward``): a layer's halo-gradient exchange runs in the background while the bins
+  that do not need its result compute their backward; the returned rows are added where first needed;
 - parameter sync: layer-wise asynchronous all-reduce (SUM) as each layer's gradients are accumulated, one optimizer
   step per epoch (B6 #12); the loss is Σ local CE / global #train nodes, so gradients equal single-process training
   exactly (B6 #13).
 
 Open decisions (digest B6), decided here: #1 symmetrised partitioning, in-neighbour halos; #4 ``cache_halo_inputs``
-(default False: layer-1 halo features are resent every epoch); #8 bin limit = min(initial size, memory cap); #9 a bin
+(default False: layer-1 halo features are resent every epoch); #8 bin limit = bin_size (memory cap refused); #9 a bin
 launches when full or when no more ready nodes exist (bins are built statically from the groups above); #10 boundary
 group first, stable BFS order inside; #11 backward runs the autograd graph in reverse (bins reversed) and exchanges
 gradients along the reversed DGCL plan, all remote contributions summed before use (fp32); #12 per-layer async
@@ -92,8 +94,9 @@ class FullGraphConfig:
     bin_size: int = 1000
     """Initial bin size in nodes (seed: DGL batch size 1000)."""
     mem_budget_bytes: float | None = None
-    """Device memory budget; a bin uses at most half of it (§4.4.1). None: no cap. It sets the bin size only: autograd
-    keeps every bin's saved tensors until backward, so it does not bound peak memory (no recomputation yet)."""
+    """Device memory budget (§4.4.1). Refused (only None is accepted): a budget would have to bound peak memory, but
+    autograd keeps every bin's saved tensors until backward (no recomputation), so peak memory grows with the
+    partition whatever the bin size. Set the bin size with ``bin_size``."""
     cache_halo_inputs: bool = False
     """Fetch layer-0 halo features once instead of every epoch (B6 #4)."""
     emulate_bandwidth: float | None = None
@@ -130,8 +133,13 @@ class FullGraphConfig:
             )
         if not isinstance(self.bin_size, int) or self.bin_size < 1:
             bad("bin_size", self.bin_size, "must be an integer >= 1")
-        if self.mem_budget_bytes is not None and not self.mem_budget_bytes > 0:
-            bad("mem_budget_bytes", self.mem_budget_bytes, "must be > 0 or None")
+        if self.mem_budget_bytes is not None:
+            bad(
+                "mem_budget_bytes",
+                self.mem_budget_bytes,
+                "not honoured: autograd keeps every bin's saved tensors until backward, so no bin size bounds "
+                "peak memory; leave it None and set bin_size",
+            )
         if self.emulate_bandwidth is not None and not self.emulate_bandwidth > 0:
             bad("emulate_bandwidth", self.emulate_bandwidth, "must be > 0 bytes/s or None")
         if world < 1:
@@ -754,14 +762,9 @@ class FullGraphRuntime:
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _limit(self, d_in: int) -> int:
-        """Bin size: min(initial, (M / 2) / bytes per node) (§4.4.3 step 2; B6 #8), bytes for the widest layer."""
-        if self.cfg.mem_budget_bytes is None:
-            return self.cfg.bin_size
-        widths = [d_in] + [
-            p.shape[0] for layer in self.model.layers for p in layer.parameters() if p.dim() == 2
-        ]
-        per_node = 4 * max(widths) * (2 + self.avg_in_degree)
-        return max(1, min(self.cfg.bin_size, int(0.5 * self.cfg.mem_budget_bytes / per_node)))
+        """Bin size (§4.4.3 step 2; B6 #8): the initial size; the memory cap of the seed is refused at validation
+        (see ``mem_budget_bytes``)."""
+        return self.cfg.bin_size
 
     def _run_bins(self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module) -> list[torch.Tensor]:
         """Layer ``k`` on the bins of group ``name``; with ``forward_layer`` also what follows the layer."""

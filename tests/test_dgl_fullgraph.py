@@ -257,6 +257,7 @@ def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match
         (dict(schedule="async"), "bad schedule='async'"),
         (dict(device="tpu"), "bad device='tpu'"),
         (dict(schedule="sequential", pipeline_backward=True), "bad pipeline_backward=True: needs schedule"),
+        (dict(mem_budget_bytes=1e9), "bad mem_budget_bytes=1000000000.0: not honoured"),
     ],
 )
 def test_bad_configs_are_rejected_naming_the_value(bad, match):
