@@ -1,7 +1,7 @@
-"""Hermod vs DeepSpeed's default order: ZeRO-3 on 4 CPU ranks over emulated, contended links (issue #31 item 4).
+"""Hermod vs DeepSpeed's default order: ZeRO-3 (or 2) on 4 CPU ranks over emulated, contended links (issue #31).
 
-    sudo .venv-llm/bin/python -m benchmarks.deepspeed_zero3 [--rate-mbit 200] [--rounds 3] [--steps 4]
-        [--hidden 512] [--layers 8] [--out results/deepspeed/zero3_cpu4.json]
+    sudo .venv-llm/bin/python -m benchmarks.deepspeed_zero3 [--zero 3] [--rate-mbit 200] [--burst-kb 32]
+        [--rounds 3] [--steps 4] [--hidden 512] [--layers 8] [--windows bucket] [--out results/deepspeed/...json]
 
 Label: **measured on CPU with emulated links** (flowlane.testing.netem: one network namespace per rank, every access
 link shaped to ``--rate-mbit`` both ways by tbf/htb, gloo over TCP). Not a GPU or datacenter figure.
@@ -9,19 +9,24 @@ link shaped to ``--rate-mbit`` both ways by tbf/htb, gloo over TCP). Not a GPU o
 Workload: DeepSpeed's own ZeRO-3 engine (``overlap_comm``, one Linear layer per reduce bucket and per prefetch
 bucket, persistence threshold 0 so every layer is gathered) training an MLP of ``--layers`` ``Linear(hidden,
 hidden)`` blocks with gradient accumulation 2, one thread per rank. Parameter all-gathers (forward and backward, with
-DeepSpeed's prefetch) and gradient reduce-scatters (backward) share each rank's link.
+DeepSpeed's prefetch) and gradient reduce-scatters (backward) share each rank's link. ``--zero 2``: ZeRO-2
+(``overlap_comm``, ``contiguous_gradients``, one Linear per reduce bucket): the reductions of backward, then the
+optimizer's parameter all-gather after the step.
 
 Variants, alternated in every round inside one run (so the ratio compares like with like on a busy machine):
 
 * ``deepspeed``: DeepSpeed's own order. On the CPU accelerator every collective is issued by the training thread and
   completes before it goes on (streams are no-ops), so a reduce-scatter holds the next layer's gather and compute.
-* ``hermod``: ``"flowlane": {"hermod": {...}}`` -- the reduce-scatters are deferred coflows sent by Hermod's pacer in
+* ``hermod_<window>`` (one per ``--windows`` entry): ``"flowlane": {"hermod": {"window": ...}}`` -- the reductions are deferred coflows sent by Hermod's pacer in
   key order on the bulk-class clone, which leaves from each rank's ``bulk0`` address; the links queue that class behind
   everything else (htb priority, the stand-in for DSCP); the coordinator's gathers are critical ops on the default
-  class and hold the pacer back (the gate).
+  class and hold the pacer back (the gate). ``bucket`` sends each backward bucket as soon as DeepSpeed hands it over
+  (DeepSpeed's order); ``backward`` holds a backward's buckets to its epilogue and sends them in Hermod's key order
+  (lowest layer first), giving up the overlap with backward.
 
-Both variants must give bitwise the same losses and parameters (checked: ``bitwise_equal``). The step time of a
-variant is the slowest rank's; the figure is the ratio of medians, deepspeed / hermod (> 1: Hermod faster).
+Every variant must give bitwise the same losses and parameters (checked: ``bitwise_equal``). The step time of a
+variant is the slowest rank's; the figures are the ratios of medians, deepspeed / hermod_<window> (> 1: faster).
+The tbf bucket (``--burst-kb``) must hold a few ms of traffic: 32 KB caps a link near 200 Mbit/s.
 """
 
 from __future__ import annotations
@@ -42,7 +47,26 @@ PORT = 29631
 LABEL = "measured on CPU (4 gloo ranks) with emulated links (netem namespaces, tbf/htb)"
 
 
-def _ds_config(hidden: int, world: int, hermod: dict[str, Any] | None) -> dict[str, Any]:
+def _zero_section(stage: int, bucket: int) -> dict[str, Any]:
+    if stage == 2:
+        return {
+            "stage": 2,
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "reduce_bucket_size": bucket,
+            "allgather_bucket_size": bucket,
+        }
+    return {
+        "stage": 3,
+        "overlap_comm": True,
+        "reduce_bucket_size": bucket,
+        "stage3_prefetch_bucket_size": bucket,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_max_live_parameters": 4 * bucket,
+    }
+
+
+def _ds_config(hidden: int, world: int, hermod: dict[str, Any] | None, stage: int = 3) -> dict[str, Any]:
     bucket = hidden * (hidden + 1) + 8  # one Linear per bucket
     cfg: dict[str, Any] = {
         "train_batch_size": 8 * 2 * world,
@@ -50,14 +74,7 @@ def _ds_config(hidden: int, world: int, hermod: dict[str, Any] | None) -> dict[s
         "gradient_accumulation_steps": 2,
         "steps_per_print": 10_000,
         "zero_allow_untested_optimizer": True,
-        "zero_optimization": {
-            "stage": 3,
-            "overlap_comm": True,
-            "reduce_bucket_size": bucket,
-            "stage3_prefetch_bucket_size": bucket,
-            "stage3_param_persistence_threshold": 0,
-            "stage3_max_live_parameters": 4 * bucket,
-        },
+        "zero_optimization": _zero_section(stage, bucket),
     }
     if hermod is not None:
         cfg["flowlane"] = {"hermod": hermod}
@@ -87,7 +104,8 @@ def _run_variant(
 
     torch.manual_seed(0)
     net = Net()
-    cfg = _ds_config(hidden, world, hermod)
+    stage = int(work.get("zero", 3))
+    cfg = _ds_config(hidden, world, hermod, stage)
     engine, *_ = deepspeed.initialize(
         model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01), config=cfg
     )
@@ -106,7 +124,8 @@ def _run_variant(
             times.append(time.perf_counter() - t0)
         digest = hashlib.sha256()
         for p in engine.module.parameters():
-            digest.update(safe_get_full_fp32_param(p).detach().numpy().tobytes())
+            full = safe_get_full_fp32_param(p) if stage == 3 else p
+            digest.update(full.detach().numpy().tobytes())
         pacer = sum(1 for e in h.sched.log if e.event == "chunk") if h is not None else 0
     finally:
         if h is not None:
@@ -161,13 +180,18 @@ def worker(
 
 
 def run_all(
-    rate: float, rounds: int, variants: dict[str, Any], work: dict[str, Any]
+    rate: float, rounds: int, variants: dict[str, Any], work: dict[str, Any], burst_kb: float = 32.0
 ) -> tuple[list[Any], dict]:
     from flowlane.testing.netem import EmulatedNetwork
 
     n = 4
     with EmulatedNetwork(
-        n, rate_mbit=rate, subnet="10.214.0.0/24", bulk_subnet="10.214.1.0/24", prefix="fld"
+        n,
+        rate_mbit=rate,
+        subnet="10.214.0.0/24",
+        bulk_subnet="10.214.1.0/24",
+        prefix="fld",
+        burst_kb=burst_kb,
     ) as net:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
         outs = net.run_ranks(
@@ -206,18 +230,26 @@ def summarise(res: list[Any], variants: dict[str, Any]) -> dict[str, Any]:
         m: [max(r[m]["times"][i] for r in res) for i in range(len(res[0][m]["times"]))] for m in modes
     }
     med = {m: statistics.median(v) for m, v in per_step.items()}
+    ours = [m for m in modes if m != "deepspeed"]
     return {
         "step_s_median": med,
         "step_s_all": per_step,
-        "ratio_deepspeed_over_hermod": med["deepspeed"] / med["hermod"],
-        "bitwise_equal": all(r["hermod"]["digest"] == r["deepspeed"]["digest"] for r in res),
-        "paced_reductions_per_run": [r["hermod"]["paced_reductions"] for r in res],
+        "ratio_deepspeed_over": {m: med["deepspeed"] / med[m] for m in ours},
+        "bitwise_equal": all(r[m]["digest"] == r["deepspeed"]["digest"] for r in res for m in ours),
+        "paced_reductions_per_run": {m: [r[m]["paced_reductions"] for r in res] for m in ours},
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--zero", type=int, default=3, choices=(2, 3), help="ZeRO stage")
     ap.add_argument("--rate-mbit", type=float, default=200.0, help="every rank's access link, both ways")
+    ap.add_argument(
+        "--burst-kb", type=float, default=32.0, help="tbf bucket (KB); 32 caps a link near 200 Mbit/s"
+    )
+    ap.add_argument(
+        "--windows", default="bucket", help="Hermod windows to run, comma-separated: bucket, backward"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs both variants")
     ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps per variant per round")
     ap.add_argument("--hidden", type=int, default=512)
@@ -233,7 +265,14 @@ def main() -> int:
     if a.worker is not None:
         worker(a.worker, a.world, a.master, a.rounds, json.loads(a.variants_json), json.loads(a.work_json))
         return 0
-    for name in ("rate_mbit", "gate_timeout_s"):
+    windows = [w.strip() for w in a.windows.split(",") if w.strip()]
+    if (
+        not windows
+        or any(w not in ("bucket", "backward") for w in windows)
+        or len(set(windows)) < len(windows)
+    ):
+        ap.error(f"--windows must list distinct entries of bucket, backward; got {a.windows!r}")
+    for name in ("rate_mbit", "gate_timeout_s", "burst_kb"):
         if not getattr(a, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name)}")
     for name in ("rounds", "steps", "hidden", "layers"):
@@ -246,17 +285,22 @@ def main() -> int:
     if why:
         print(f"cannot emulate the network here: {why}")
         return 2
-    work = {"hidden": a.hidden, "layers": a.layers, "steps": a.steps}
-    variants = {
-        "deepspeed": None,
-        "hermod": {"gate_timeout_s": a.gate_timeout_s, "gloo_class_ifnames": "eth0,eth0,bulk0"},
-    }
+    work = {"hidden": a.hidden, "layers": a.layers, "steps": a.steps, "zero": a.zero}
+    variants: dict[str, Any] = {"deepspeed": None}
+    for w in windows:
+        variants[f"hermod_{w}"] = {
+            "gate_timeout_s": a.gate_timeout_s,
+            "gloo_class_ifnames": "eth0,eth0,bulk0",
+            "window": w,
+        }
     t0 = time.perf_counter()
-    res, net = run_all(a.rate_mbit, a.rounds, variants, work)
+    res, net = run_all(a.rate_mbit, a.rounds, variants, work, a.burst_kb)
     summary = summarise(res, variants)
     out = {
         "label": LABEL,
+        "zero_stage": a.zero,
         "rate_mbit": a.rate_mbit,
+        "burst_kb": a.burst_kb,
         "rounds": a.rounds,
         "work": work,
         "variants": variants,
@@ -268,10 +312,14 @@ def main() -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     med = summary["step_s_median"]
+    ratios = ", ".join(
+        f"{m} {med[m]:.3f} s/step ({summary['ratio_deepspeed_over'][m]:.3f}x)"
+        for m in variants
+        if m != "deepspeed"
+    )
     print(
-        f"ZeRO-3, 4 ranks, {a.rate_mbit:g} Mbit/s ({LABEL}): deepspeed {med['deepspeed']:.3f} s/step, "
-        f"hermod {med['hermod']:.3f} s/step, ratio {summary['ratio_deepspeed_over_hermod']:.3f}x, "
-        f"bitwise equal {summary['bitwise_equal']} -> {a.out}"
+        f"ZeRO-{a.zero}, 4 ranks, {a.rate_mbit:g} Mbit/s ({LABEL}): deepspeed {med['deepspeed']:.3f} s/step, "
+        f"{ratios}, bitwise equal {summary['bitwise_equal']} -> {a.out}"
     )
     return 0 if summary["bitwise_equal"] else 1
 
