@@ -15,7 +15,6 @@ matrix planned before); ``stream`` rows report the hit rate of a fresh matrix pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -28,6 +27,7 @@ import numpy as np
 
 from flowlane.hermod import matching as M
 from flowlane.sim.workloads import zipf_token_matrix
+from flowlane.testing.provenance import write_result
 
 
 def _stats(ts: list[float]) -> dict[str, float]:
@@ -206,8 +206,7 @@ def main() -> None:
         "cache_stream": streams,
     }
     od = Path(a.out)
-    od.mkdir(parents=True, exist_ok=True)
-    (od / "plan_speed.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_result(od / "plan_speed.json", out)  # argv + commit also in the provenance envelope
     print(f"wrote {od / 'plan_speed.json'}")
     try:
         import matplotlib

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from flowlane.plan import CommRelation, LinkModel, build_plan, compile_tables, mesh_from_matrix  # noqa: E402
 from flowlane.plan.cost import stage_hop_loads  # noqa: E402
 from flowlane.testing.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 LABEL = "measured on CPU with emulated links (netns + tc)"
 PORT = 29541
@@ -429,8 +430,7 @@ def main() -> int:
         "machine": f"{os.cpu_count()} CPU cores, shared with other jobs (timings noisy; medians reported)",
     }
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "netns.json").write_text(json.dumps(doc, indent=1))
+    write_result(out / "netns.json", doc)
     plot(doc, out / "netns.png")
     print(json.dumps(doc["summary"], indent=1))
     ok = all(

@@ -34,6 +34,7 @@ from dgl_plugin.g3_partition import stage1, symmetric_csr  # noqa: E402
 from dgl_plugin.synthetic import SyntheticSpec, synthetic_arrays  # noqa: E402
 from flowlane import topology as T  # noqa: E402
 from flowlane.plan import CommRelation, LinkModel, build_plan, link_class_breakdown  # noqa: E402
+from flowlane.testing.provenance import write_result
 
 TABLE8 = {  # seed Table 8, seconds (Xeon Platinum 8160, single thread)
     "Reddit": {2: 0.74, 4: 1.52, 8: 4.19, 16: 9.91},
@@ -235,8 +236,7 @@ def fullsize(datasets: list[str], ranks: list[int], reps: int, out: str) -> None
         "averages). previous_kernel_s: one run of the previous kernel on the same graphs. The plans are "
         "identical to the previous kernel's (same digests) and to the pure-Python reference's."
     )
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_result(out, res)
     plot_fullsize(res, out.replace(".json", ".png"))
 
 
@@ -347,8 +347,7 @@ def main() -> None:
         "single thread, median of the repetitions (loadavg_* = 1/5/15-minute load averages). Full-size "
         "planning times (Table 4 vertex counts and degrees): plan_fullsize.json."
     )
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    write_result(path, res)
     plot(res, os.path.join(args.out, "plan.png"))
     print(json.dumps(res.get("mean_reduction", {}), indent=1))
 

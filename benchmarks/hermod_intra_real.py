@@ -58,6 +58,7 @@ if str(REPO) not in sys.path:
 from flowlane.hermod.matching import lower_bound  # noqa: E402
 from flowlane.sim.workloads import zipf_token_matrix  # noqa: E402
 from flowlane.testing.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 PORT = 29541
 ALGORITHMS = ("plain", "bvn", "bvn_bottleneck", "bvn_barrier", "alg3")
@@ -533,10 +534,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(doc: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)  # never a half-written result
+    write_result(out, doc)  # atomic: never a half-written result
     _plot(doc, out.with_suffix(".png"))
     s = doc["summary"]
     print(

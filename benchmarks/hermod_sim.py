@@ -27,6 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from benchmarks._pool import add_pool_args, run_points
+from flowlane.testing.provenance import write_result
 
 MOE = ("mixtral-8x22b", "qwen-moe-24l")
 DENSE = ("gpt3-175b",)
@@ -557,9 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
 
     def save(points: list[dict], skipped: list) -> None:
-        (out / f"{name}.json").write_text(
-            json.dumps(summarise(points, skipped, a, time.time() - t0, runs), indent=1)
-        )
+        write_result(out / f"{name}.json", summarise(points, skipped, a, time.time() - t0, runs), a.argv)
 
     run_points(
         tasks,
@@ -577,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped,
     )
     res = summarise(points, skipped, a, time.time() - t0, runs, with_analysis=a.analysis)
-    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    write_result(out / f"{name}.json", res, a.argv)
     _plot(res, out / f"{name}.png")
     print(
         f"wrote {out / name}.json and {name}.png; goal met: {res['goal_met']} ({res['moe_speedup_at_1024_100g']})"

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from flowlane.testing.netem import EmulatedNetwork, NetemError, check_available  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 PORT = 29533
 
@@ -162,8 +163,7 @@ def main() -> int:
         "met": worst <= 0.15,
     }
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "validate.json").write_text(json.dumps(doc, indent=1))
+    write_result(out / "validate.json", doc)
     for k, r in rows.items():
         print(
             f"{k:12s} measured {r['measured_s']:.3f} s  simulated {r['simulated_s']:.3f} s  "

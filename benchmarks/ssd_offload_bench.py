@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowlane.offload import OffloadConfig, track_saved_tensors  # noqa: E402
 from flowlane.offload.estimate import LayerShape, activation_bytes_per_layer  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 
 def _setup(device: str) -> None:
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = a.tag or f"{a.device}_{a.backend}_L{a.layers}"
-    (out / f"bench_{tag}.json").write_text(json.dumps(result, indent=2))
+    write_result(out / f"bench_{tag}.json", result)
     _plot(result, out / f"bench_{tag}.png")
     print(
         json.dumps(
