@@ -1,12 +1,17 @@
 """DGS training on real DistDGL on this host: partition, servers, trainers (one per partition) and explainers.
 
 ``run_dgs(cfg) -> dict`` is the recipe entry for ``job: gnn_dgs`` (recipes/conf/gnn_dgs.yaml) and what the tests and
-benchmarks/dgs_bytes.py call. Layout (per partition p): one DistGraph server (``DGL_SERVER_ID=p``; servers of p >= 1
-get a private /dev/shm, because DGL names a partition's shared memory after the graph only, which needs root and
-``unshare``), one trainer (``python -m dgl_plugin.dgs_train <args.json>``: ``DistGraph``, ``DistNodeDataLoader``,
+benchmarks/dgs_bytes.py call. Layout (per partition p): one DistGraph server (``DGL_SERVER_ID=p``, in its own mount
+namespace with a private /dev/shm: DGL names a partition's graph segments after the graph, but its KVStore segments
+(features, labels, masks) after the tensor only, so two sessions on one host, or two servers, would overwrite each
+other's; the trainers join server 0's namespace, whose segments they map; root, ``unshare`` and ``nsenter``), one
+trainer (``python -m dgl_plugin.dgs_train <args.json>``: ``DistGraph``, ``DistNodeDataLoader``,
 gradients averaged by a gloo all-reduce each step) and, when DGS is on, that trainer's explainer process. Every
 process exits by itself: trainers at the end, servers when the last client leaves (DistDGL), explainers with their
 trainer; the parent kills whatever is left after ``timeout_s`` and reports it as an error.
+
+Under DistDGL's own launcher (one machine per partition) the recipe runs one server or one trainer per process instead
+(:func:`check_launch`, :func:`run_dgs`).
 
 Trainer p trains on the training nodes of partition p (the same number of steps on every rank: a rank out of batches
 adds zero gradients). Evaluation (validation and test accuracy) samples all neighbours and pulls full features
@@ -22,10 +27,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .distdgl import DistDGLRole
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +133,11 @@ def _trainer(args: dict) -> list[dict]:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     log(f"rank {rank}/{world} joined the gloo group")
     g = dgl.distributed.DistGraph(_graph_name(args["part_config"]), part_config=args["part_config"])
+    if args.get("classes") is None:  # under DistDGL's launcher: the partitions are all there is
+        own = g.get_partition_book().partid2nids(rank)
+        top = torch.tensor([int(g.ndata["label"][own].max()) if len(own) else 0])
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+        args = dict(args, classes=int(top) + 1)
     lp = None
     out = []
     for run in args["runs"]:
@@ -134,6 +148,12 @@ def _trainer(args: dict) -> list[dict]:
         out.append(_train_one(g, rank, world, dict(args, **run), lp, log))
         log(f"run {run.get('name', len(out))} done")
     dgl.distributed.exit_client()
+    if args.get(
+        "gather"
+    ):  # under DistDGL's launcher: every rank's results to rank 0 (run_cluster reads files)
+        every = [None] * world
+        torch.distributed.all_gather_object(every, out)
+        return every if rank == 0 else []
     return out
 
 
@@ -215,6 +235,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
             t0 = time.perf_counter()
             before = rt.ledger.as_dict()
             rows0 = dict(rt.stats)
+            waited = 0.0  # in explainer.wait() (synchronous mode): the explainer's time, not the trainer's
             batches = iter(loader)
             tot, n = 0.0, 0
             for _ in range(steps):
@@ -248,7 +269,10 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
                 if explainer is not None and it % cfg.t_ex == 0:
                     explainer.publish(model)
                     if cfg.synchronous:
-                        rt.apply_masks(halo_ids, *explainer.wait())
+                        tw = time.perf_counter()
+                        new = explainer.wait()
+                        waited += time.perf_counter() - tw
+                        rt.apply_masks(halo_ids, *new)
             for _ in batches:  # DistNodeDataLoader must be drained
                 pass
             dt = time.perf_counter() - t0
@@ -259,6 +283,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
                     "epoch": ep,
                     "loss": tot / max(n, 1),
                     "epoch_s": dt,
+                    "explainer_wait_s": waited,
                     "mask_version": rt.mask_version,
                     "bytes": {k: after[k] - before[k] for k in after},
                     "remote_rows": rt.stats["remote_rows"] - rows0["remote_rows"],
@@ -354,20 +379,32 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 
 def run_cluster(
-    workdir: str | Path, part_config: str, num_parts: int, trainer_args: dict, timeout_s: float = 600.0
+    workdir: str | Path,
+    part_config: str,
+    num_parts: int,
+    trainer_args: dict,
+    timeout_s: float = 600.0,
+    net: Any = None,
 ) -> list[list[dict]]:
     """Start ``num_parts`` DistGraph servers and trainers on localhost and return every trainer's results (one per
-    entry of ``trainer_args["runs"]``).
+    entry of ``trainer_args["runs"]``). ``net`` (a :class:`flowlane.testing.netem.EmulatedNetwork` that is up, one
+    rank per partition): server p and trainer p run in rank p's namespace, so every sampling RPC, feature pull and
+    gradient all-reduce between partitions crosses the shaped links, and DGL sees one machine per partition.
     Raises RuntimeError (with the logs' tails) if a process fails or the run exceeds ``timeout_s``."""
-    if os.geteuid() != 0 or not _which("unshare"):
+    if os.geteuid() != 0 or not _which("unshare") or not _which("nsenter"):
         raise RuntimeError(
-            "run_cluster needs root and unshare(1): DistGraph servers of partitions >= 1 run with a "
-            "private /dev/shm (DGL names shared memory after the graph only)"
+            "run_cluster needs root, unshare(1) and nsenter(1): every DistGraph server runs with a private "
+            "/dev/shm (DGL names its KVStore segments after the tensor only), which the trainers join"
         )
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     ip_config = work / "ip_config.txt"
-    ip_config.write_text("".join(f"127.0.0.1 {_free_port()}\n" for _ in range(num_parts)))
+    if net is not None and net.num_ranks != num_parts:
+        raise ValueError(
+            f"net has {net.num_ranks} ranks but num_parts={num_parts}: one namespace per partition"
+        )
+    ips = list(net.ips[:num_parts]) if net is not None else ["127.0.0.1"] * num_parts
+    ip_config.write_text("".join(f"{ip} {_free_port()}\n" for ip in ips))
     env = dict(
         os.environ,
         DGL_IP_CONFIG=str(ip_config),
@@ -388,21 +425,21 @@ def run_cluster(
     procs: list[tuple[str, subprocess.Popen, Path]] = []
     try:
         for i in range(num_parts):
-            cmd = (
-                server_py
-                if i == 0
-                else [
-                    "unshare",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
-                    "sh",
-                    *server_py,
-                ]
-            )
+            # every server in its own mount namespace with a private /dev/shm: DGL names a partition's graph
+            # segments after the graph but its KVStore segments ("node~_N:feat-kvdata-", labels, masks) after the
+            # tensor only, so two DistDGL sessions on one host overwrite each other's partition 0 otherwise
+            cmd = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
+                "sh",
+                *(net.exec_prefix(i) if net is not None else []),
+                *server_py,
+            ]
             log = work / f"server{i}.log"
             with open(log, "w") as fh:
                 procs.append(
@@ -418,6 +455,13 @@ def run_cluster(
                         log,
                     )
                 )
+        # the trainers (all "machine 0" to DGL on one host) map partition 0's segments: they join server 0's
+        # mount namespace, once it is in there (its command is python, after the tmpfs mount)
+        # (with ``net``: trainer p is machine p and joins server p's mount and network namespaces)
+        spids = [
+            _server_pid(p, deadline=time.monotonic() + 120, log=log)
+            for _, p, log in (procs if net is not None else procs[:1])
+        ]
         port = _free_port()
         results = []
         for r in range(num_parts):
@@ -436,6 +480,10 @@ def run_cluster(
                         f"trainer {r}",
                         subprocess.Popen(
                             [
+                                "nsenter",
+                                f"--mount=/proc/{spids[r if net is not None else 0]}/ns/mnt",
+                                *([f"--net=/proc/{spids[r]}/ns/net"] if net is not None else []),
+                                "--",
                                 sys.executable,
                                 "-m",
                                 "dgl_plugin.dgs_train",
@@ -449,7 +497,8 @@ def run_cluster(
                                 DGL_ROLE="client",
                                 RANK=str(r),
                                 WORLD_SIZE=str(num_parts),
-                                MASTER_ADDR="127.0.0.1",
+                                MASTER_ADDR=ips[0],
+                                **({"GLOO_SOCKET_IFNAME": net.ifname} if net is not None else {}),
                                 MASTER_PORT=str(port),
                             ),
                         ),
@@ -486,9 +535,26 @@ def run_cluster(
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-        # server 0's shared-memory segments outlive it (DGL does not unlink them); the name is this run's own
-        for seg in Path("/dev/shm").glob(f"{_graph_name(part_config)}*"):
-            seg.unlink(missing_ok=True)
+        # no segment is left in the host's /dev/shm: each private tmpfs goes with its last process
+
+
+def _server_pid(p: subprocess.Popen, deadline: float, log: Path) -> int:
+    """The pid of a server started as ``unshare --mount sh -c 'mount ...; exec [ip netns exec ns] python ...'``, once
+    it runs python (so its private /dev/shm is mounted and it is in its network namespace)."""
+    while True:
+        if p.poll() is not None:
+            raise RuntimeError(f"DGS run failed: a server exited {p.returncode} at start:\n{_tail(log)}")
+        try:
+            argv0 = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            argv0 = ""
+        if argv0 == sys.executable:
+            return p.pid
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"DGS run failed: a server did not start python with its private /dev/shm:\n{_tail(log)}"
+            )
+        time.sleep(0.05)
 
 
 def _which(name: str) -> bool:
@@ -514,8 +580,9 @@ RUN_KEYS = {
 }
 
 
-def check_config(c: dict) -> None:
-    """Reject unknown keys and bad values by name, before any process starts."""
+def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole | None:
+    """Reject unknown keys and bad values by name, before any process starts; under DistDGL's launcher (``env``,
+    default ``os.environ``) also a launch that does not fit: returns this process's role, or None (local run)."""
     from flowlane.dgs import DGSConfig
 
     unknown = sorted(set(c) - RUN_KEYS)
@@ -550,22 +617,60 @@ def check_config(c: dict) -> None:
             f"gnn_dgs: model.name={model!r}: choose 'sage' or 'gcn' (the explainer needs layers that "
             f"take edge weights)"
         )
+    return check_launch(w, env)
 
 
-def run_dgs(cfg: Any) -> dict:
-    """Partition a synthetic graph with redundant features, train on real DistDGL with ``flowlane.dgs`` (DGS off
-    when the section is null), return per-rank bytes and accuracy and write ``out_dir/summary.json``."""
-    from .train import _plain
+def check_launch(world: int, env: Mapping[str, str] | None = None) -> DistDGLRole | None:
+    """gnn_dgs under DistDGL's launcher (``tools/launch.py``: servers with DGL_ROLE=server, trainers under
+    torch.distributed.run with DGL_ROLE=client; :mod:`dgl_plugin.distdgl` reads the variables): one trainer per
+    partition (trainer p trains partition p, and its explainer explains partition p), no sampler processes (the DGS
+    block sampler calls the servers from the trainer), and torchrun's world equal to ``world_size``. Returns the
+    role, or None when no launcher started this process. Errors are :class:`flowlane.launch.LauncherEnvError`."""
+    from flowlane.launch import LauncherEnvError, check_world, detect_launcher
 
-    c = _plain(cfg)
-    check_config(c)
-    world = int(c.get("world_size", 2))
-    data = dict(c.get("data") or {})
-    model = dict(c.get("model") or {})
-    work = Path(c.get("workdir") or f"/tmp/flowlane_dgs_{os.getpid()}")
-    part_config, classes = partition_redundant(work, world, seed=int(c.get("seed", 0)), **data)
+    from .distdgl import distdgl_role
+
+    role = distdgl_role(env)
+    ext = detect_launcher(env)
+    if role is None:
+        if ext is not None:
+            raise LauncherEnvError(
+                f"gnn_dgs under {ext.launcher} without DistDGL's variables (DGL_ROLE, DGL_IP_CONFIG, ...): "
+                "it needs DistGraph servers; start it with DistDGL's launch.py, or run it locally (no launcher)"
+            )
+        return None
+    with open(role.part_config) as f:
+        parts = json.load(f).get("num_parts")
+    if parts != world:
+        raise LauncherEnvError(
+            f"DGL_CONF_PATH={role.part_config!r} has num_parts={parts} but world_size={world}: gnn_dgs trains "
+            f"one partition per trainer"
+        )
+    if role.role == "server":
+        return role
+    if ext is None:
+        raise LauncherEnvError(
+            "DGL_ROLE=client without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...): DistDGL's "
+            "launch.py starts trainers with python -m torch.distributed.run"
+        )
+    check_world(ext, world, "world_size")
+    if role.num_samplers:
+        raise LauncherEnvError(
+            f"DGL_NUM_SAMPLER={role.num_samplers}: gnn_dgs samples in the trainer (its block sampler calls the "
+            f"servers' DGS services); launch with --num_samplers 0"
+        )
+    if role.num_clients != world:
+        raise LauncherEnvError(
+            f"DGL_NUM_CLIENT={role.num_clients} but world_size={world} trainers: launch.py counts trainers x "
+            f"machines; launch one trainer per partition"
+        )
+    return role
+
+
+def _trainer_args(c: dict, classes: int | None) -> dict:
     dgs = (c.get("flowlane") or {}).get("dgs")
-    targs = {
+    model = dict(c.get("model") or {})
+    return {
         "runs": [{"name": "gnn_dgs", "dgs": dgs or {}, "dgs_on": dgs is not None}],
         "seed": int(c.get("seed", 0)),
         "epochs": int(c.get("epochs", 5)),
@@ -576,13 +681,49 @@ def run_dgs(cfg: Any) -> dict:
         "hidden": int(model.get("hidden", 32)),
         "classes": classes,
     }
+
+
+def run_dgs(cfg: Any) -> dict:
+    """``job: gnn_dgs``. Locally (no launcher): partition a synthetic graph with redundant features, start the servers
+    and trainers (:func:`run_cluster`) and train with ``flowlane.dgs`` (DGS off when the section is null). Under
+    DistDGL's launcher: this process is a server (serves until the trainers finish) or one trainer of the
+    partitions in DGL_CONF_PATH (``data`` is then unused). Returns per-rank bytes and accuracy (rank 0 / the local
+    parent; other launched processes return {}) and writes ``out_dir/summary.json``."""
+    from .train import _plain
+
+    c = _plain(cfg)
+    role = check_config(c)
+    world = int(c.get("world_size", 2))
     t = time.perf_counter()
-    ranks = [
-        r[0] for r in run_cluster(work / "run", part_config, world, targs, float(c.get("timeout_s", 600)))
-    ]
+    if role is not None and role.role == "server":
+        from .dgs import register_services
+        from .distdgl import serve
+
+        register_services()  # before initialize, in servers too
+        serve(role)
+        return {}
+    if role is not None:
+        every = _trainer(
+            dict(_trainer_args(c, None), ip_config=role.ip_config, part_config=role.part_config, gather=True)
+        )
+        if not every:
+            return {}
+        ranks = [r[0] for r in every]
+    else:
+        work = Path(c.get("workdir") or f"/tmp/flowlane_dgs_{os.getpid()}")
+        part_config, classes = partition_redundant(
+            work, world, seed=int(c.get("seed", 0)), **dict(c.get("data") or {})
+        )
+        ranks = [
+            r[0]
+            for r in run_cluster(
+                work / "run", part_config, world, _trainer_args(c, classes), float(c.get("timeout_s", 600))
+            )
+        ]
     out = {
         "job": "gnn_dgs",
         "world_size": world,
+        "launcher": "distdgl" if role is not None else "local",
         "config": c,
         "wall_s": time.perf_counter() - t,
         "val_acc": ranks[0]["val_acc"],

@@ -122,3 +122,166 @@ def test_the_gnn_dgs_recipe_file_passes_its_own_checks():
     assert cfg["job"] == "gnn_dgs" and JOBS["gnn_dgs"] == "dgl_plugin.dgs_train:run_dgs"
     CHECKS["gnn_dgs"](cfg)
     assert DGSConfig.from_dict(cfg["flowlane"]["dgs"]).n_f == 0.85
+
+
+# ------------------------------------------------------------------ gnn_dgs under DistDGL's launcher (issue 41 item 2)
+_LAUNCH_VARS = (
+    "DGL_ROLE",
+    "DGL_DIST_MODE",
+    "DGL_IP_CONFIG",
+    "DGL_CONF_PATH",
+    "DGL_NUM_SERVER",
+    "DGL_NUM_CLIENT",
+    "DGL_NUM_SAMPLER",
+    "DGL_SERVER_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+)
+
+
+def _launch_env(tmp_path, role: str, **kw) -> dict:
+    """What DistDGL's tools/launch.py sets for 2 machines x 1 trainer (trainers: under torch.distributed.run)."""
+    part = tmp_path / "parts" / "g.json"
+    part.parent.mkdir(exist_ok=True)
+    part.write_text('{"graph_name": "g", "num_parts": 2}')
+    ip = tmp_path / "ip_config.txt"
+    ip.write_text("127.0.0.1 30050\n127.0.0.1 30051\n")
+    env = {
+        "DGL_ROLE": role,
+        "DGL_IP_CONFIG": str(ip),
+        "DGL_CONF_PATH": str(part),
+        "DGL_NUM_SERVER": "1",
+        "DGL_NUM_CLIENT": "2",
+        "DGL_NUM_SAMPLER": "0",
+    }
+    if role == "server":
+        env["DGL_SERVER_ID"] = "1"
+    else:
+        env.update(
+            DGL_DIST_MODE="distributed",
+            RANK="0",
+            WORLD_SIZE="2",
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT="29511",
+            TORCHELASTIC_RUN_ID="dgs",
+        )
+    env.update(kw)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def _set_env(monkeypatch, env: dict) -> None:
+    for k in _LAUNCH_VARS:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+
+def _no_cluster(*a, **kw):
+    raise AssertionError("the local path (partition + run_cluster) ran under DistDGL's launcher")
+
+
+def test_gnn_dgs_under_distdgls_launcher_serves_or_trains_the_launchers_partitions(tmp_path, monkeypatch):
+    """The dispatch only (a real launched run is the slow test beside the local one): a server registers the DGS
+    services before DGL's initialize and serves; a trainer trains the partitions of DGL_CONF_PATH through the
+    servers of DGL_IP_CONFIG, gathers every rank's results and writes the summary."""
+    from dgl.distributed import rpc
+
+    from dgl_plugin.dgs import ColumnPullRequest
+    from recipes.train import run_job
+
+    monkeypatch.setattr("dgl_plugin.dgs_train.run_cluster", _no_cluster)
+    monkeypatch.setattr("dgl_plugin.dgs_train.partition_redundant", _no_cluster)
+    served = []
+
+    def serve(role):
+        served.append((role, rpc.REQUEST_CLASS_TO_SERVICE_ID.get(ColumnPullRequest)))
+
+    monkeypatch.setattr("dgl_plugin.distdgl.serve", serve)
+    env = _launch_env(tmp_path, "server")
+    _set_env(monkeypatch, env)
+    assert run_job({"job": "gnn_dgs", "out_dir": str(tmp_path / "out")}) == {}
+    assert served[0][0].role == "server" and served[0][0].part_config == env["DGL_CONF_PATH"]
+    assert served[0][1] is not None  # registered before serving
+    assert not (tmp_path / "out").exists()
+
+    seen = []
+
+    def trainer(args):
+        seen.append(args)
+        rank = {
+            "val_acc": 0.9,
+            "test_acc": 0.8,
+            "bytes": {"feature_remote": 10, "sampling_rpc": 2, "prob_update": 0, "setup": 0},
+            "history": [{"loss": 1.0}, {"loss": 0.5}],
+        }
+        return [[rank], [dict(rank, bytes=dict(rank["bytes"], feature_remote=30))]]
+
+    monkeypatch.setattr("dgl_plugin.dgs_train._trainer", trainer)
+    env = _launch_env(tmp_path, "client")
+    _set_env(monkeypatch, env)
+    out = run_job({"job": "gnn_dgs", "out_dir": str(tmp_path / "out"), "flowlane": {"dgs": {"t_ex": 7}}})
+    (args,) = seen
+    assert args["ip_config"] == env["DGL_IP_CONFIG"] and args["part_config"] == env["DGL_CONF_PATH"]
+    assert args["gather"] and args["classes"] is None  # classes come from the partitions' labels
+    assert args["runs"] == [{"name": "gnn_dgs", "dgs": {"t_ex": 7}, "dgs_on": True}]
+    assert out["launcher"] == "distdgl" and out["bytes"]["feature_remote"] == 40 and out["loss"] == [1.0, 0.5]
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("role", "env", "world", "match"),
+    [
+        ("client", {"DGL_NUM_SAMPLER": "2"}, 2, r"DGL_NUM_SAMPLER=2: gnn_dgs samples in the trainer"),
+        ("client", {"DGL_NUM_CLIENT": "4"}, 2, r"DGL_NUM_CLIENT=4 but world_size=2"),
+        ("client", {"WORLD_SIZE": "3"}, 2, r"world_size=2 does not match the 3 ranks torchrun started"),
+        (
+            "client",
+            dict.fromkeys(
+                (
+                    "RANK",
+                    "WORLD_SIZE",
+                    "LOCAL_RANK",
+                    "LOCAL_WORLD_SIZE",
+                    "MASTER_ADDR",
+                    "MASTER_PORT",
+                    "TORCHELASTIC_RUN_ID",
+                )
+            ),
+            2,
+            r"DGL_ROLE=client without torchrun",
+        ),
+        ("server", {}, 3, r"num_parts=2 but world_size=3"),
+        (
+            "server",
+            {"DGL_CONF_PATH": "/nonexistent.json"},
+            2,
+            r"DGL_CONF_PATH='/nonexistent.json' is not a file",
+        ),
+        (None, {}, 2, r"gnn_dgs under torchrun without DistDGL's variables"),
+    ],
+)
+def test_gnn_dgs_refuses_a_launch_that_does_not_fit_before_any_work(
+    tmp_path, monkeypatch, role, env, world, match
+):
+    from recipes.train import run_job
+    from recipes.validate import ConfigError
+
+    for name in ("run_cluster", "partition_redundant", "_trainer"):
+        monkeypatch.setattr(f"dgl_plugin.dgs_train.{name}", _no_cluster)
+    monkeypatch.setattr("dgl_plugin.distdgl.serve", _no_cluster)
+    if role is None:  # torchrun alone
+        full = {k: v for k, v in _launch_env(tmp_path, "client").items() if not k.startswith("DGL_")}
+    else:
+        full = _launch_env(tmp_path, role, **env)
+    _set_env(monkeypatch, full)
+    with pytest.raises(ConfigError, match=match):
+        run_job({"job": "gnn_dgs", "world_size": world})
