@@ -14,13 +14,14 @@ from flowlane.syndicate.plan import PlanOp, SyndicatePlan
 
 
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
-    """ZeRO-0 DeepSpeed: its own run; with the enforcer in fifo mode (learns the bucket signatures); with a plan
-    that segments each bucket into 3 motifs launched last-first on path S; then what install must refuse."""
+    """ZeRO-0 DeepSpeed: its own run (recording the signatures of its DP all-reduces), then the same run with a plan
+    that cuts each of them into up to 3 motifs launched last-first on path S; then ZeRO 1, which install refuses."""
     import os
     import sys
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
+    import deepspeed.comm.comm as dscomm
     import deepspeed.comm.torch  # noqa: F401
 
     from deepspeed_plugin.syndicate import install
@@ -29,8 +30,9 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
     out: dict = {"refused": {}}
+    recorded: list[tuple[int, str]] = []
 
-    def run(name: str, zero: int, section: dict | None, steps: int = 6) -> None:
+    def run(name: str, zero: int, section: dict | None, steps: int = 4, record: bool = False) -> None:
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
         cfg = {
@@ -50,6 +52,16 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             out["refused"][name] = f"{type(e).__name__}: {e}"
             engine.destroy()
             return
+        cdb = dscomm.cdb
+        if record:  # DeepSpeed's own run, observed only: the signature of each DP all-reduce of one iteration
+            original = cdb.all_reduce
+
+            def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+                if len(recorded) < 100 and engine.global_steps == 0:
+                    recorded.append((tensor.numel(), str(tensor.dtype).removeprefix("torch.")))
+                return original(tensor, op, group, async_op)
+
+            cdb.all_reduce = all_reduce
         g = torch.Generator().manual_seed(100 + rank)
         losses = []
         for _ in range(steps):
@@ -57,6 +69,8 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             losses.append(loss.item())
             engine.backward(loss)
             engine.step()
+        if record:
+            vars(cdb).pop("all_reduce", None)
         out[name] = {"params": [p.detach().clone() for p in engine.module.parameters()], "losses": losses}
         if s is not None:
             out[name].update(
@@ -68,29 +82,25 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             s.close()
         engine.destroy()
 
-    run("own", 0, None)
-    run("fifo", 0, {"mode": "fifo"})
-    sigs = [(k, n, d) for it, k, n, d in out["fifo"]["submitted"] if it == 0]
-    ops = [PlanOp(f"bucket{i}", k, n, d, world, Option("S", "ring", 3)) for i, (k, n, d) in enumerate(sigs)]
-    order = tuple((i, j) for i in range(len(ops)) for j in (2, 1, 0))  # last segment first, within each op
+    run("own", 0, None, record=True)
+    # each op cut into up to 3 segments (DeepSpeed also sums a 1-element tensor), launched last segment first
+    ops = [
+        PlanOp(f"op{i}", "all_reduce", n, d, world, Option("S", "ring", min(3, n)))
+        for i, (n, d) in enumerate(recorded)
+    ]
+    order = tuple((i, j) for i, op in enumerate(ops) for j in reversed(range(op.option.segments)))
     plan = SyndicatePlan(1, tuple(ops), order)
     out["plan_order"] = [list(e) for e in plan.order]
     run("plan", 0, {"plan": plan.to_dict()})
-    tree = SyndicatePlan.fifo(
-        [PlanOp(o.name, o.kind, o.numel, o.dtype, world, Option("F", "tree")) for o in ops]
-    )
-    run("tree", 0, {"plan": tree.to_dict()}, steps=0)
     run("zero1", 1, {"plan": plan.to_dict()}, steps=0)
-    for name in ("fifo", "plan"):
-        out[name]["bitwise"] = all(
-            torch.equal(a, b) for a, b in zip(out["own"]["params"], out[name]["params"], strict=True)
-        )
-        out[name]["same_losses"] = out[name]["losses"] == out["own"]["losses"]
-        del out[name]["params"]
+    out["plan"]["bitwise"] = all(
+        torch.equal(a, b) for a, b in zip(out["own"]["params"], out["plan"]["params"], strict=True)
+    )
+    out["plan"]["same_losses"] = out["plan"]["losses"] == out["own"]["losses"]
     out["moved"] = max(
         float((a - b).abs().max()) for a, b in zip(out["own"]["params"], net_init(), strict=True)
     )
-    del out["own"]
+    del out["plan"]["params"], out["own"]
     return out
 
 

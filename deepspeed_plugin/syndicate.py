@@ -1,0 +1,253 @@
+"""SYNDICATE's enforcer on DeepSpeed's data-parallel gradient all-reduce (seed 004 §5.2; digest §7 "DeepSpeed").
+
+DeepSpeed routes its communication through the backend object ``deepspeed.comm.comm.cdb``; with ZeRO stage 0 the
+engine sums each gradient bucket with ``cdb.all_reduce(bucket, SUM, dp_group)`` (``allreduce_bucket``), scaling
+before and after as it always does. :class:`SyndicateDeepSpeed` wraps that one method on the instance (the class is
+not patched; :meth:`SyndicateDeepSpeed.close` restores it): a SUM all-reduce of a contiguous tensor on the engine's
+data-parallel ranks goes through a :class:`flowlane.syndicate.enforcer.Enforcer`, which cuts it into the plan's
+motifs, puts each op on its plan path (one process group per path, each a clone of the DP group's ranks made at
+install) and launches the motifs in the plan's order. Every other call goes to DeepSpeed's own. The iteration
+boundary is the engine's ``step()`` at a gradient-accumulation boundary (the enforcer's watchdog compares the
+iteration's launch sequence across ranks there, and a committed plan switch takes effect there).
+
+DeepSpeed's math is unchanged: the sums are the backend's own all-reduce on slices, so results are equal to
+DeepSpeed's own run (bitwise on 2 ranks, where a sum of two has one order; within float tolerance beyond).
+
+Config: ``"flowlane": {"syndicate": {...}}`` (:class:`SyndicateDSConfig`): ``plan`` (a path to a plan JSON written
+by :meth:`flowlane.syndicate.plan.SyndicatePlan.to_json`, or the plan's dict), ``mode`` (``plan`` or ``fifo``: every
+op whole, the baseline, and the way to learn the op signatures with :attr:`SyndicateDeepSpeed.submitted`),
+``check_every``, ``timeout_s``, ``enabled``. Unknown keys are an error naming them.
+
+Refused at install (never silently skipped): ZeRO stages 1-3 (their reductions are reduce-scatters and
+partitioned all-reduces, not the bucket all-reduce routed here), pipeline engines, a backend another flowlane
+feature already wraps (Hermod's tap, ALEPH), a plan whose ops span another number of ranks than the DP group, plan
+options the enforcer cannot force (``tree``, ``rs_ag``; :data:`flowlane.syndicate.enforcer.RUNNABLE_ALGOS`), ops
+other than all-reduce, and an order that interleaves ops: DeepSpeed waits for each bucket's all-reduce before it
+submits the next (a synchronous call), so only the order *within* an op can apply here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch.distributed as dist
+
+from deepspeed_plugin.config import flowlane_subsection
+from flowlane.syndicate.enforcer import RUNNABLE_ALGOS, Enforcer, EnforcerConfig
+from flowlane.syndicate.plan import PlanError, SyndicatePlan
+from flowlane.versions import check_version_range
+
+log = logging.getLogger("flowlane.syndicate")
+
+#: installs in this process: each gets its own store namespace (installs are collective, so ranks agree)
+_INSTALLS = itertools.count()
+
+#: deepspeed versions whose ``allreduce_bucket`` path was read for this adapter ([first, last) by (major, minor))
+DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
+
+
+@dataclass(frozen=True)
+class SyndicateDSConfig:
+    """The ``flowlane.syndicate`` section of a DeepSpeed config."""
+
+    enabled: bool = True
+    """False: the section is read and checked, nothing is installed."""
+    plan: str | dict[str, Any] | None = None
+    """A plan JSON file path, or the plan as a dict (``SyndicatePlan.to_dict()``); None only with mode ``fifo``."""
+    mode: Literal["plan", "fifo"] = "plan"
+    """``plan``: the plan's motifs, paths and order; ``fifo``: every op whole, at submission (the baseline)."""
+    check_every: int = 1
+    """Compare the iteration's launch sequence across ranks every this many iterations (0: never)."""
+    timeout_s: float = 60.0
+    """How long the watchdog waits for the other ranks before naming the missing ones."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"flowlane.syndicate.enabled must be true or false, got {self.enabled!r}")
+        if self.plan is not None and not isinstance(self.plan, str | dict):
+            raise ValueError(
+                f"flowlane.syndicate.plan must be a plan JSON path or a plan object, got "
+                f"{type(self.plan).__name__}"
+            )
+        if self.mode == "plan" and self.plan is None and self.enabled:
+            raise ValueError('flowlane.syndicate.plan is required with mode "plan" (or set mode "fifo")')
+        EnforcerConfig(
+            self.mode, self.check_every, self.timeout_s
+        )  # names a bad mode / check_every / timeout
+
+    def load_plan(self) -> SyndicatePlan | None:
+        if self.plan is None:
+            return None
+        if isinstance(self.plan, dict):
+            return SyndicatePlan.from_json(json.dumps(self.plan))
+        p = Path(self.plan)
+        if not p.is_file():
+            raise ValueError(f"flowlane.syndicate.plan: no plan file at {str(p)!r}")
+        return SyndicatePlan.from_json(p.read_text())
+
+
+def parse_syndicate_section(ds_config: Mapping[str, Any] | str | Path | None) -> SyndicateDSConfig | None:
+    """``ds_config["flowlane"]["syndicate"]`` as a config, or None when absent or disabled."""
+    sub = flowlane_subsection(ds_config, "syndicate")
+    if sub is None:
+        return None
+    known = [f.name for f in fields(SyndicateDSConfig)]
+    unknown = sorted(set(sub) - set(known))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in flowlane.syndicate; known: {known}")
+    cfg = SyndicateDSConfig(**sub)
+    return cfg if cfg.enabled else None
+
+
+def check_plan_for_deepspeed(plan: SyndicatePlan, dp_size: int) -> None:
+    """Refuse what cannot run on DeepSpeed's DP all-reduce: ops other than all-reduce, ops spanning another number
+    of ranks than ``dp_size``, options the enforcer cannot force per call, and (DeepSpeed waits for each op before
+    it submits the next) an order in which a motif of op i+1 comes before the last motif of op i."""
+    for i, op in enumerate(plan.ops):
+        if op.kind != "all_reduce":
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: DeepSpeed ZeRO 0 submits only the "
+                "gradient buckets' all-reduces here"
+            )
+        if op.ranks != dp_size:
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; DeepSpeed's data-parallel "
+                f"group has {dp_size}"
+            )
+        if op.option.algo not in RUNNABLE_ALGOS:
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} cannot be forced per "
+                f"call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
+            )
+    ops_in_order = [i for i, _ in plan.order]
+    if ops_in_order != sorted(ops_in_order):
+        k = next(k for k in range(1, len(ops_in_order)) if ops_in_order[k] < ops_in_order[k - 1])
+        raise PlanError(
+            f"plan v{plan.version} launches op {ops_in_order[k]} after op {ops_in_order[k - 1]} has started: "
+            "DeepSpeed waits for each bucket's all-reduce before submitting the next, so ops must be launched "
+            "in submission order (reorder motifs within an op only)"
+        )
+
+
+class SyndicateDeepSpeed:
+    """The enforcer installed on one DeepSpeed engine (see the module docstring); :meth:`close` undoes it."""
+
+    def __init__(self, engine: Any, cfg: SyndicateDSConfig, store: Any = None) -> None:
+        import deepspeed.comm.comm as dscomm  # noqa: PLC0415 - plugin-only dependency
+        from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: PLC0415
+        from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
+
+        if not isinstance(engine, DeepSpeedEngine):
+            raise TypeError(f"flowlane.syndicate needs a DeepSpeed engine, got {type(engine).__name__}")
+        if isinstance(engine, PipelineEngine):
+            raise ValueError(
+                "flowlane.syndicate on DeepSpeed does not support PipelineEngine (ZeRO 0 DP only)"
+            )
+        stage = engine.zero_optimization_stage()
+        if stage != 0:
+            raise ValueError(
+                f"flowlane.syndicate on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
+                f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions"
+            )
+        cdb = dscomm.cdb
+        if cdb is None:
+            raise RuntimeError("deepspeed.comm is not initialised: call deepspeed.initialize first")
+        if getattr(cdb, "_flowlane_tap", None) is not None or "all_reduce" in vars(cdb):
+            raise RuntimeError(
+                "deepspeed.comm's all_reduce is already wrapped (Hermod's tap, ALEPH, or another SYNDICATE "
+                "install); close it first: they cannot share the DP all-reduce"
+            )
+        dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
+        self.ranks = tuple(dist.get_process_group_ranks(dp_group))
+        plan = cfg.load_plan()
+        if plan is not None:
+            check_plan_for_deepspeed(plan, len(self.ranks))
+        path_names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
+        # one clone of the DP group per path, made in name order on every rank (group creation is collective)
+        self.paths = {name: dist.new_group(list(self.ranks)) for name in path_names}
+        if store is None:
+            # torch.distributed's own store (every rank has it after init_process_group); the enforcer prefixes
+            # its keys with the namespace
+            try:
+                from torch.distributed.distributed_c10d import _get_default_store  # noqa: PLC0415
+            except ImportError:
+                raise RuntimeError(
+                    "flowlane.syndicate: this torch has no default store to share; pass install(store=...)"
+                ) from None
+            store = _get_default_store()
+        rank = dist.get_rank(dp_group)
+        self.enforcer = Enforcer(
+            self.paths,
+            store,
+            rank,
+            len(self.ranks),
+            EnforcerConfig(
+                cfg.mode, cfg.check_every, cfg.timeout_s, f"flowlane-ds-syndicate/{next(_INSTALLS)}"
+            ),
+        )
+        self.enforcer.install(plan)  # refuses options it cannot run; compares the plan's digest on every rank
+        self.submitted: list[tuple[int, str, int, str]] = []
+        """(iteration, kind, numel, dtype) of every op routed through the enforcer: the plan's signatures."""
+        self.engine, self.cdb, self.cfg = engine, cdb, cfg
+        original = cdb.all_reduce
+        world = tuple(range(dist.get_world_size()))
+
+        def all_reduce(
+            tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
+        ) -> Any:
+            ranks = world if group is None else tuple(dist.get_process_group_ranks(group))
+            if ranks == self.ranks and _is_sum(op) and tensor.is_contiguous():
+                self.submitted.append(
+                    (self.enforcer.iteration, "all_reduce", tensor.numel(), str(tensor.dtype)[6:])
+                )
+                handle = self.enforcer.all_reduce(tensor)
+                if async_op:
+                    return handle
+                handle.wait()
+                return None
+            return original(tensor, op, group, async_op)
+
+        cdb.all_reduce = all_reduce
+        step = engine.step
+
+        def hooked_step(*args: Any, **kwargs: Any) -> Any:
+            boundary = engine.is_gradient_accumulation_boundary()
+            out = step(*args, **kwargs)
+            if boundary:
+                self.enforcer.step()
+            return out
+
+        engine.step = hooked_step
+        log.info(
+            "flowlane.syndicate: enforcer on DeepSpeed's DP all-reduce (%d ranks, mode %s, plan %s)",
+            len(self.ranks),
+            cfg.mode,
+            f"v{plan.version}" if plan is not None else "none",
+        )
+
+    def close(self) -> None:
+        vars(self.cdb).pop("all_reduce", None)
+        vars(self.engine).pop("step", None)
+        self.enforcer.close()
+
+
+def _is_sum(op: Any) -> bool:
+    return op == dist.ReduceOp.SUM or getattr(op, "name", None) == "SUM"
+
+
+def install(
+    engine: Any, ds_config: Mapping[str, Any] | str | Path | None, store: Any = None
+) -> SyndicateDeepSpeed | None:
+    """Install the enforcer on ``engine`` from ``flowlane.syndicate`` (None when absent or disabled). A collective:
+    every rank, after ``deepspeed.initialize``. ``store``: a store every rank shares (default: torch's own)."""
+    cfg = parse_syndicate_section(ds_config)
+    if cfg is None:
+        return None
+    check_version_range("deepspeed", DEEPSPEED_VERSIONS, "flowlane.syndicate")
+    return SyndicateDeepSpeed(engine, cfg, store)

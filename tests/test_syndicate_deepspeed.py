@@ -1,0 +1,77 @@
+"""SYNDICATE's enforcer on DeepSpeed ZeRO 0 (2 gloo ranks, one spawn): DeepSpeed's own run and the same run with
+a plan that segments each gradient all-reduce and launches its motifs last-first on a path clone give bitwise equal
+losses and parameters, every rank launches one order (the plan's), and what cannot apply is refused at install."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("deepspeed")
+
+from deepspeed_plugin.syndicate import (  # noqa: E402
+    check_plan_for_deepspeed,
+    parse_syndicate_section,
+)
+from flowlane.launch import launch  # noqa: E402
+from flowlane.syndicate.cost import Option  # noqa: E402
+from flowlane.syndicate.plan import PlanError, PlanOp, SyndicatePlan  # noqa: E402
+from tests import syndicate_fw_workers as W  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    return launch(W.deepspeed_with_and_without, 2, timeout=300, env={"DS_ACCELERATOR": "cpu"})
+
+
+def test_deepspeed_with_the_enforcer_matches_its_own_run_bitwise(runs: list[dict]) -> None:
+    for r in runs:
+        assert r["moved"] > 1e-3  # the run trains: the comparison is not between untouched parameters
+        assert r["plan"]["bitwise"] and r["plan"]["same_losses"], r["plan"]
+        assert r["plan"]["events"] == [], r["plan"]["events"]  # no FIFO fallback, no mismatch
+
+
+def test_every_rank_launches_the_plans_motif_order_each_iteration(runs: list[dict]) -> None:
+    assert runs[0]["plan"]["log"] == runs[1]["plan"]["log"]
+    order = [tuple(e) for e in runs[0]["plan_order"]]
+    assert len(order) >= 3 and order != sorted(order)
+    n = runs[0]["plan"]["iterations"]
+    assert n == 2  # 4 micro-steps, 2 per optimizer step
+    for it in range(n):
+        assert [(i, j) for (i2, _, i, j) in runs[0]["plan"]["log"] if i2 == it] == order
+    # what went through the enforcer is what DeepSpeed's own run submitted, each iteration
+    sig = [s[1:] for s in runs[0]["plan"]["submitted"]]
+    assert len(sig) == n * len({i for i, _ in order}) and all(s[0] == "all_reduce" for s in sig)
+
+
+def test_what_cannot_apply_is_refused_at_install(runs: list[dict]) -> None:
+    for r in runs:
+        assert "supports ZeRO stage 0" in r["refused"]["zero1"], r["refused"]
+
+
+def test_the_section_is_checked_by_name() -> None:
+    assert parse_syndicate_section({"flowlane": {}}) is None
+    assert parse_syndicate_section({"flowlane": {"syndicate": {"enabled": False}}}) is None
+    assert parse_syndicate_section({"flowlane": {"syndicate": {"mode": "fifo"}}}).mode == "fifo"
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['plans'\] in flowlane.syndicate"):
+        parse_syndicate_section({"flowlane": {"syndicate": {"plans": "p.json"}}})
+    with pytest.raises(ValueError, match='plan is required with mode "plan"'):
+        parse_syndicate_section({"flowlane": {"syndicate": {}}})
+    with pytest.raises(ValueError, match="mode 'lifo' is not one of"):
+        parse_syndicate_section({"flowlane": {"syndicate": {"mode": "lifo"}}})
+
+
+def test_plans_deepspeeds_all_reduce_cannot_run_are_refused() -> None:
+    ops = [PlanOp(f"b{i}", "all_reduce", 64, "float32", 2, Option("F", "ring", 2)) for i in range(2)]
+    check_plan_for_deepspeed(SyndicatePlan(1, tuple(ops), ((0, 1), (0, 0), (1, 0), (1, 1))), 2)
+    # DeepSpeed waits for each all-reduce before the next: ops cannot interleave
+    with pytest.raises(PlanError, match="launches op 0 after op 1 has started"):
+        check_plan_for_deepspeed(SyndicatePlan(1, tuple(ops), ((0, 0), (1, 0), (0, 1), (1, 1))), 2)
+    with pytest.raises(PlanError, match="spans 2 ranks; DeepSpeed's data-parallel group has 4"):
+        check_plan_for_deepspeed(SyndicatePlan.fifo(ops), 4)
+    tree = [PlanOp("b", "all_reduce", 64, "float32", 2, Option("F", "tree"))]
+    with pytest.raises(PlanError, match="algorithm 'tree' cannot be forced per call"):
+        check_plan_for_deepspeed(SyndicatePlan.fifo(tree), 2)
+    a2a = [PlanOp("x", "all_to_all", 64, "float32", 2, Option("F", "direct"))]
+    with pytest.raises(PlanError, match="is 'all_to_all': DeepSpeed ZeRO 0 submits only"):
+        check_plan_for_deepspeed(SyndicatePlan.fifo(a2a), 2)
