@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from flowlane.testing.netem import BULK_IFNAME, PIPELINE_IFNAME, EmulatedNetwork
+from flowlane.testing.provenance import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL = "measured on CPU with emulated links (netns + tc)"
@@ -720,22 +721,8 @@ def _title(a: argparse.Namespace, megatron: bool, rate: float | None) -> str:
     )
 
 
-def provenance() -> dict[str, Any]:
-    """What produced a result file: the command, the commit (and whether the tree had local changes), the host."""
-    import platform
-    import subprocess
-
-    def git(*args: str) -> str:
-        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
-        return r.stdout.strip()
-
-    return {
-        "command": "python -m benchmarks.hermod_real " + " ".join(sys.argv[1:]),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-    }
+def _command() -> str:
+    return "python -m benchmarks.hermod_real " + " ".join(sys.argv[1:])
 
 
 def _parse_rates(s: str) -> list[float]:
@@ -979,7 +966,7 @@ def main() -> int:
         doc, s = _measure(a, rate, variants, work, baselines, megatron)
         docs[rate] = doc
         if len(rates) == 1:
-            (out / f"{a.name}.json").write_text(json.dumps({**doc, "provenance": provenance()}, indent=1))
+            write_result(out / f"{a.name}.json", doc, _command())
             _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png", _title(a, megatron, rate))
         print(
             f"-- {rate:g} Mbit/s",
@@ -1010,7 +997,7 @@ def main() -> int:
                 )
     if len(rates) > 1:
         sweep = rate_sweep(docs, baselines)
-        (out / f"{a.name}.json").write_text(json.dumps({**sweep, "provenance": provenance()}, indent=1))
+        write_result(out / f"{a.name}.json", sweep, _command())
         _plot_sweep(sweep, out / f"{a.name}.png", _title(a, megatron, None))
         print(json.dumps({k: sweep[k] for k in ("speedup_vs_baseline", "goal_met_at")}, indent=1))
     return 0

@@ -15,7 +15,8 @@ import pytest
 
 from flowlane.testing.netem import EmulatedNetwork, NetemError, unavailable_reason
 
-pytestmark = pytest.mark.timeout(30)
+# a hang stops the test; 120 s, not 30: the hermod_real tests import torch, which took over 30 s at load 40
+pytestmark = pytest.mark.timeout(120)
 
 
 _SKIP = unavailable_reason()
