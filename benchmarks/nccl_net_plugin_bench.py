@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -56,16 +55,12 @@ def _git(*args: str) -> str:
 
 
 def provenance() -> dict:
-    """What produced a result file: the command and the commit (and whether tracked files had local changes)."""
-    commit = _git("rev-parse", "HEAD") or "unknown (no git)"
+    """The shared envelope (flowlane.testing.provenance: command, commit, host, time) plus whether the plugin's or the
+    benchmarks' tracked files had local changes."""
+    from flowlane.testing.provenance import provenance as envelope
+
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", "nccl_net_plugin", "benchmarks"))
-    return {
-        "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
-        "commit": commit,
-        "plugin_tree_dirty": dirty,
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "cpus": os.cpu_count(),
-    }
+    return {**envelope(), "plugin_tree_dirty": dirty}
 
 
 def _json_line(text: str) -> dict:
