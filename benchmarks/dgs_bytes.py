@@ -18,8 +18,8 @@ Per epoch = mean over the epochs after the first (the first runs the conventiona
 The explainer runs ``synchronous`` here (each snapshot's masks are applied before the next step), so the bytes do
 not depend on how busy the host is; ``dgs_async`` (sensitivity suite) is the seed's asynchronous mode.
 
-Run: .venv-gnn/bin/python benchmarks/dgs_bytes.py [--suite table|sens] [--nodes 4000] -> results/dgs/<suite>.json/.png
-(root: DistDGL servers of partitions >= 1 get a private /dev/shm.)
+Run: .venv-gnn/bin/python benchmarks/dgs_bytes.py [--suite table|sens] [--nodes 4000] [--parts 3] [--only uniform,dgs]
+[--name table_3parts] -> results/dgs/<name or suite>.json/.png (root: every DistDGL server gets a private /dev/shm).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ OUT = ROOT / "results" / "dgs"
 
 
 def table_runs(t_ex: int) -> list[dict]:
-    base = {"t_ex": t_ex, "synchronous": True}
+    base = {"t_ex": t_ex, "synchronous": True, "explainer_timeout_s": 1800.0}  # a loaded host starts slowly
     return [
         {"name": "uniform", "dgs": {}, "dgs_on": False},
         {"name": "ns_only", "dgs": dict(base, feature_sampling=False), "dgs_on": True},
@@ -54,12 +54,12 @@ def table_runs(t_ex: int) -> list[dict]:
 
 
 def sens_runs(t_ex: int) -> list[dict]:
-    base = {"t_ex": t_ex, "synchronous": True}
+    base = {"t_ex": t_ex, "synchronous": True, "explainer_timeout_s": 1800.0}  # a loaded host starts slowly
     runs = [{"name": "uniform", "dgs": {}, "dgs_on": False}]
     runs += [{"name": f"n_f={v}", "dgs": dict(base, n_f=v), "dgs_on": True} for v in (1.0, 0.7, 0.5)]
     runs += [{"name": f"epsilon={v}", "dgs": dict(base, epsilon=v), "dgs_on": True} for v in (0.0, 0.2)]
     runs += [{"name": f"t_ex={v}", "dgs": dict(base, t_ex=v), "dgs_on": True} for v in (3 * t_ex,)]
-    runs += [{"name": "dgs_async", "dgs": {"t_ex": t_ex}, "dgs_on": True}]
+    runs += [{"name": "dgs_async", "dgs": {"t_ex": t_ex, "explainer_timeout_s": 1800.0}, "dgs_on": True}]
     return runs
 
 
@@ -110,11 +110,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/flowlane_dgs_bench")
     ap.add_argument("--timeout-s", dest="timeout_s", type=float, default=5400)
+    ap.add_argument("--only", default="", help="comma-separated run names to keep (default: the whole suite)")
+    ap.add_argument("--name", default="", help="result file name (default: the suite's)")
     a = ap.parse_args()
     work = Path(a.workdir) / a.suite
     data = {"num_nodes": a.nodes, "avg_degree": a.degree, "train_frac": 0.5, "val_frac": 0.2}
     part_config, classes = partition_redundant(work, a.parts, seed=a.seed, **data)
     runs = table_runs(a.t_ex) if a.suite == "table" else sens_runs(a.t_ex)
+    if a.only:
+        keep = a.only.split(",")
+        unknown = sorted(set(keep) - {r["name"] for r in runs})
+        if unknown:
+            raise SystemExit(
+                f"--only: unknown run(s) {unknown}; the {a.suite} suite has {[r['name'] for r in runs]}"
+            )
+        runs = [r for r in runs if r["name"] in keep]
     args = {
         "runs": runs,
         "seed": a.seed,
@@ -149,7 +159,7 @@ def main() -> None:
         "provenance": provenance(),
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{a.suite}.json"
+    path = OUT / f"{a.name or a.suite}.json"
     path.write_text(json.dumps(out, indent=1))
     print(
         f"{'config':<12} {'remote feat B/ep':>16} {'vs uniform':>10} {'sampling B/ep':>14} {'total vs unif':>13} "
@@ -160,7 +170,7 @@ def main() -> None:
             f"{r['name']:<12} {r['feature_remote_per_epoch']:>16,.0f} {r['feature_remote_vs_uniform_pct']:>9.1f}% "
             f"{r['sampling_rpc_per_epoch']:>14,.0f} {r['total_vs_uniform_pct']:>12.1f}% {r['test_acc']:>8.3f}"
         )
-    _plot(res, OUT / f"{a.suite}.png", a)
+    _plot(res, OUT / f"{a.name or a.suite}.png", a)
     print(f"wrote {path}")
 
 

@@ -29,6 +29,7 @@ DGS = {
     "explainer_min_epochs": 10,
     "n_f": 0.75,
     "epsilon": 0.1,
+    "explainer_timeout_s": 600.0,  # the explainer's start (torch + DGL imports) on a loaded 2-core host
 }
 
 
