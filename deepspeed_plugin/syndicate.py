@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
-from deepspeed_plugin.config import flowlane_subsection
+from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.syndicate.enforcer import RUNNABLE_ALGOS, Enforcer, EnforcerConfig
 from flowlane.syndicate.plan import PlanError, SyndicatePlan
 from flowlane.versions import check_version_range
@@ -246,6 +246,7 @@ def install(
 ) -> SyndicateDeepSpeed | None:
     """Install the enforcer on ``engine`` from ``flowlane.syndicate`` (None when absent or disabled). A collective:
     every rank, after ``deepspeed.initialize``. ``store``: a store every rank shares (default: torch's own)."""
+    validate_flowlane_section(ds_config)  # the other sub-sections too: a typo there is not silently ignored
     cfg = parse_syndicate_section(ds_config)
     if cfg is None:
         return None

@@ -11,6 +11,7 @@ pytest.importorskip("deepspeed")
 
 from deepspeed_plugin.syndicate import (  # noqa: E402
     check_plan_for_deepspeed,
+    install,
     parse_syndicate_section,
 )
 from flowlane.launch import launch  # noqa: E402
@@ -59,6 +60,9 @@ def test_the_section_is_checked_by_name() -> None:
         parse_syndicate_section({"flowlane": {"syndicate": {}}})
     with pytest.raises(ValueError, match="mode 'lifo' is not one of"):
         parse_syndicate_section({"flowlane": {"syndicate": {"mode": "lifo"}}})
+    # install checks the other sub-sections too, before it touches the engine
+    with pytest.raises(ValueError, match=r"\['gate_timout_s'\]"):
+        install(None, {"flowlane": {"hermod": {"gate_timout_s": 1}, "syndicate": {"mode": "fifo"}}})
 
 
 def test_plans_deepspeeds_all_reduce_cannot_run_are_refused() -> None:
