@@ -51,6 +51,39 @@ def with_ps(workers_plan: Plan) -> Plan:
     )
 
 
+def fair_queues(net, mbit: list[float], burst_kb: float) -> None:
+    """Replace every access port's single tbf FIFO by per-peer queues at the same link rate (digest-level question
+    for E4: does the lockstep tree run at its slowest TCP flow through a shared FIFO?). An htb root class at the link
+    rate, one leaf per peer (rate = link / peers, ceil = link: a peer alone gets the whole link, busy peers share it
+    round-robin, as a per-flow fair queue would), classified by u32 on the peer's address: the destination on a
+    rank's uplink, the source on the switch port towards it. The kernel here has no fq / sfq / fq_codel."""
+    import subprocess
+
+    n = len(net.ips)
+    ports = [(ns, net.ifname, i, "dst") for i, ns in enumerate(net.ns)] + [
+        (net.switch_ns, f"p{i}", i, "src") for i in range(n)
+    ]
+    for ns, dev, i, match in ports:
+        rate = mbit[i]
+        burst = f"{max(burst_kb * 1024, rate * 1e6 / 8e3):.0f}b"
+
+        def tc(*a: str, ns: str = ns) -> None:
+            subprocess.run(["ip", "netns", "exec", ns, "tc", *a], check=True, capture_output=True, timeout=30)
+
+        tc("qdisc", "del", "dev", dev, "root")
+        tc("qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "99", "r2q", "100")
+        tc("class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", f"{rate}mbit",
+           "ceil", f"{rate}mbit", "burst", burst, "cburst", burst)  # fmt: skip
+        peers = [j for j in range(n) if j != i]
+        for k in [*peers, 99]:
+            share = rate / (len(peers) + 1)
+            tc("class", "add", "dev", dev, "parent", "1:1", "classid", f"1:{k + 10 if k != 99 else 99}", "htb",
+               "rate", f"{share:.3f}mbit", "ceil", f"{rate}mbit", "burst", burst, "cburst", burst)  # fmt: skip
+        for j in peers:
+            tc("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match", "ip",
+               match, f"{net.ips[j]}/32", "flowid", f"1:{j + 10}")  # fmt: skip
+
+
 def worker(
     rank: int, world: int, master: str, mb: float, reps: int, out_path: str, plan_from: str, chunk_kb: int
 ) -> None:
@@ -155,6 +188,12 @@ def main() -> None:
         help="tbf bucket: 32 KB (netem's default) capped the 300 and 400 Mbit/s links near 200 here",
     )
     ap.add_argument(
+        "--queues",
+        choices=("fifo", "fair"),
+        default="fifo",
+        help="fifo: netem's one tbf per port; fair: per-peer htb classes at the same link rate (see fair_queues)",
+    )
+    ap.add_argument(
         "--worker", nargs=8, metavar=("RANK", "WORLD", "MASTER", "MB", "REPS", "OUT", "PLAN_FROM", "CHUNK_KB")
     )
     a = ap.parse_args()
@@ -170,6 +209,8 @@ def main() -> None:
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     res_path = Path(a.out).with_suffix(".ranks.tmp.json")
     with EmulatedNetwork(world, rate_mbit=mbit, burst_kb=a.burst_kb) as net:
+        if a.queues == "fair":
+            fair_queues(net, mbit, a.burst_kb)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         argvs = [
             [
@@ -212,6 +253,7 @@ def main() -> None:
         "plan_used": used.to_dict(),
         "chunk_kb": a.chunk_kb,
         "burst_kb": a.burst_kb,
+        "queues": a.queues,
         "probe_gbps": ranks[0]["probe_gbps"],
         "probed_plan": ranks[0]["probed_plan"],
         "nominal_plan": ranks[0]["nominal_plan"],
