@@ -122,9 +122,9 @@ def _stages(rank: int, world: int, tmp: str) -> dict:
             and all(torch.equal(a, b) for a, b in zip(ref["params"], mine["params"], strict=True)),
             "stats": mine["stats"],
         }
+    ref3 = ref  # DeepSpeed's own ZeRO-3 run (the last of the loop), shared with the next check
     # both features at once under ZeRO-3: Hermod's deferred reduce-scatters and the offload's per-gather tags
     both = _run(rank, world, 3, off, {"gate_timeout_s": 0.02})
-    ref3 = _run(rank, world, 3, None)
     out["both"] = {
         "equal": ref3["losses"] == both["losses"]
         and all(torch.equal(a, b) for a, b in zip(ref3["params"], both["params"], strict=True)),
@@ -134,7 +134,7 @@ def _stages(rank: int, world: int, tmp: str) -> dict:
     return out
 
 
-@pytest.mark.slow  # 2 ranks x 8 DeepSpeed engines
+@pytest.mark.slow  # 2 ranks x 7 DeepSpeed engines
 def test_offload_under_zero_1_to_3_is_bitwise_and_stores_only_activations() -> None:
     from flowlane.launch import launch
 
