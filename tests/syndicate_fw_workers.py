@@ -1,5 +1,5 @@
-"""Rank functions for tests/test_syndicate_deepspeed.py and tests/test_syndicate_replan.py (spawned processes must
-import them)."""
+"""Rank functions for tests/test_syndicate_deepspeed.py and the replanning scenario of tests/syndicate_workers.py
+(spawned processes must import them)."""
 
 from __future__ import annotations
 
@@ -120,10 +120,12 @@ class FireAt:
         return iteration == self.iteration
 
 
-def replan_scenario(rank: int, world: int, store_path: str) -> dict:
-    """The E1 toy's comm-ops (all-reduces b, c, d then all-to-all a, uint8) under the greedy FIFO plan; the trigger
-    fires at iteration 1; rank 0 re-runs the joint search out of band and the new plan is switched to by two-phase
-    commit. Every iteration's outputs are compared with plain torch.distributed collectives."""
+def replan_scenario(rank: int, store: dist.Store, paths: dict, ref_group: dist.ProcessGroup) -> dict:
+    """On 2 ranks (``paths``: path -> group of them; ``ref_group``: another group of them for the reference
+    collectives): the E1 toy's comm-ops (all-reduces b, c, d then all-to-all a, uint8) under the greedy FIFO plan;
+    the trigger fires at iteration 1; rank 0 re-runs the joint search out of band and the new plan is switched to by
+    two-phase commit. Every iteration's outputs are compared with plain torch.distributed collectives."""
+    world = 2
     from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig
     from flowlane.syndicate.optsched import opt_sched
     from flowlane.syndicate.plan import PlanChannel
@@ -136,8 +138,6 @@ def replan_scenario(rank: int, world: int, store_path: str) -> dict:
     greedy = dag.greedy_plan(cost)
     fifo_s = opt_sched(dag, greedy, cost, order="fifo")
     start = plan_from_search(dag, SearchResult(greedy, {}, fifo_s.per_iteration, fifo_s, 0.0), dtypes, 1)
-    store = dist.FileStore(store_path, world)
-    paths = {"F": dist.new_group(list(range(world))), "S": dist.new_group(list(range(world)))}
     chan = PlanChannel(store, rank, world, prefix="replan-chan", timeout_s=60)
     replanner = SearchReplanner(dag, cost, dtypes, SearchConfig(seed=0, max_iters=300, time_budget_s=20))
     enf = Enforcer(
@@ -171,10 +171,10 @@ def replan_scenario(rank: int, world: int, store_path: str) -> dict:
         for r, op in zip(ref, start.ops, strict=True):
             if op.kind == "all_to_all":
                 got = torch.empty_like(r)
-                dist.all_to_all_single(got, r)
+                dist.all_to_all_single(got, r, group=ref_group)
                 r.copy_(got)
             else:
-                dist.all_reduce(r)
+                dist.all_reduce(r, group=ref_group)
         equal.append(all(torch.equal(o, r) for o, r in zip(outs, ref, strict=True)))
         if switched_at is None and enf.plan is not None and enf.plan.version == 2:
             switched_at = enf.iteration

@@ -202,4 +202,13 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
     sched.close()
     out["hermod_a2a_bitwise"] = torch.equal(got, ref)
     out["hermod_chunks"] = sum(1 for e in sched.log if e.event == "chunk")
+
+    # 7. replanning on ranks 0 and 1 (the E1 toy is a 2-rank instance); rank 2 only joins the group creations
+    from tests.syndicate_fw_workers import replan_scenario
+
+    pair = [dist.new_group([0, 1]) for _ in range(3)]
+    if rank < 2:
+        out["replan"] = replan_scenario(
+            rank, dist.PrefixStore("replan", store), {"F": pair[0], "S": pair[1]}, pair[2]
+        )
     return out

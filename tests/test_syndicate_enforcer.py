@@ -1,6 +1,8 @@
 """The SYNDICATE enforcer on gloo (3 ranks, one spawn for every scenario): one launch order on every rank under
 jitter, results equal to plain torch.distributed collectives, plan mismatches named, FIFO fallback, two-phase plan
-switch, and motifs shaped inside Hermod's CommScheduler."""
+switch, motifs shaped inside Hermod's CommScheduler, and replanning: when the trigger fires, rank 0 re-runs the joint
+search out of band, the new plan is committed with the two-phase protocol and every rank switches at one iteration
+(ranks 0 and 1; the E1 toy is a 2-rank instance)."""
 
 from __future__ import annotations
 
@@ -70,3 +72,27 @@ def test_hermod_orders_the_coflow_and_syndicate_shapes_it(runs: list[dict]) -> N
     for r in runs:
         assert r["hermod_a2a_bitwise"] is True
         assert r["hermod_chunks"] == 2 * 3  # 2 segments x 3-way spline
+
+
+def test_the_trigger_reruns_the_search_and_every_rank_switches_at_one_iteration(runs: list[dict]) -> None:
+    r0, r1 = (r["replan"] for r in runs[:2])
+    assert r0["searches"] == 1 and r1["searches"] == 0  # only the coordinator searches, once
+    assert r0["switched_at"] is not None and r0["switched_at"] == r1["switched_at"]
+    assert r0["version"] == r1["version"] == 2
+    for r in (r0, r1):
+        switches = [(it, ev, d) for it, ev, d in (tuple(e) for e in r["events"]) if ev == "switch"]
+        assert switches == [(r0["switched_at"], "switch", "v2")]
+        assert [e[0] for e in r["events"] if e[1] == "replan"] == [1]
+    assert r0["log_tail"] == r1["log_tail"]
+
+
+def test_the_replanned_plan_is_the_searchs_answer(runs: list[dict]) -> None:
+    r0 = runs[0]["replan"]
+    # E1's closed form: greedy + FIFO runs the all-to-all on F (11 units); the joint plan puts it on S (9.5)
+    assert r0["start_a_path"] == "F" and r0["a_path"] == "S"
+    assert r0["search_cost"] == pytest.approx(9.5) and r0["start_cost"] == pytest.approx(11.0)
+
+
+def test_replanned_results_equal_plain_collectives_before_and_after_the_switch(runs: list[dict]) -> None:
+    for r in (x["replan"] for x in runs[:2]):
+        assert r["equal"] and all(r["equal"]), r["equal"]
