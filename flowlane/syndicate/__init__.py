@@ -10,8 +10,9 @@ Public API::
 
 ``motif``: the IR (segmentation, splining, validity). ``cost``: options and the alpha-beta-delta model.
 ``optsched``: the training DAG and greedy critical-path list scheduling. ``search``: MCMC and exhaustive search.
-``plan``: plan versioning, hashing and two-phase distribution. ``enforcer`` (imports torch): one launch order on
-every rank. Nothing here runs on import, and only ``enforcer`` imports torch.
+``plan``: plan versioning, hashing and two-phase distribution. ``replan``: the search re-run when the enforcer's
+trigger fires. ``flowsim``: plans (several paths included) replayed in flowlane.sim. ``enforcer`` (imports torch):
+one launch order on every rank. Nothing here runs on import, and only ``enforcer`` imports torch.
 """
 
 from flowlane.syndicate.cost import CostModel, Option, PathCost, fit_path_cost, option_space

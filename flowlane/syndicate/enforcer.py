@@ -18,6 +18,9 @@ motifs strictly in the plan's sequence: motif ``k`` goes out once it and every m
   *silently* when two ops have one size) is named too; a rank that never arrives is named by the timeout.
 * **Paths.** Each plan path maps to a process group (gloo: one group per path, e.g. per netns interface; NCCL: a
   communicator per path/traffic class, :mod:`flowlane.sched.groups`). Motifs of different paths overlap.
+* **Replanning.** With ``replanner`` (rank 0 runs it; :class:`flowlane.syndicate.replan.SearchReplanner`), a fired
+  ``trigger`` starts the search in a thread; its plan is proposed at the next boundary through ``channel`` (two-phase
+  commit) and every rank switches two boundaries later, or none does.
 * **With Hermod.** :func:`shape_for_hermod` hands one op's motifs to Hermod's
   :class:`~flowlane.sched.CommScheduler` as its chunks: Hermod orders the coflows, SYNDICATE shapes them.
 
