@@ -218,12 +218,26 @@ def install_aleph_hook(
     plan: Plan,
     top: str = "allreduce",
     chunk_bytes: int = 256 << 10,
-) -> HierarchicalAllReduce:
-    """Register the ALEPH hook on a DDP model (its process group); returns the hook's state."""
+    dataplane: str = "torch",
+    **udp_options: Any,
+) -> Any:
+    """Register the ALEPH hook on a DDP model (its process group); returns the hook's state. ``dataplane``: "torch"
+    (tier 0, :class:`HierarchicalAllReduce`) or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`,
+    PS-rooted; ``udp_options`` go to it, ``top`` and ``chunk_bytes`` do not apply)."""
+    if dataplane not in ("torch", "udp"):
+        raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
+    if dataplane == "torch" and udp_options:
+        raise ValueError(f"{sorted(udp_options)} apply to dataplane='udp' only")
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(
             f"install_aleph_hook needs a torch DistributedDataParallel model, got {type(model).__name__}"
         )
-    state = HierarchicalAllReduce(plan, getattr(model, "process_group", None), top, chunk_bytes)
+    group = getattr(model, "process_group", None)
+    if dataplane == "udp":
+        from flowlane.aleph.udp_allreduce import UdpAllReduce
+
+        state: Any = UdpAllReduce(plan, group, **udp_options)
+    else:
+        state = HierarchicalAllReduce(plan, group, top, chunk_bytes)
     model.register_comm_hook(state, aleph_comm_hook)
     return state
