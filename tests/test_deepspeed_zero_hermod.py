@@ -111,7 +111,11 @@ def _run(rank: int, world: int, stage: int, hermod: dict | None, delay_s: float 
     return {"losses": losses, "params": params, "records": records, "log": sched_log}
 
 
-def _stages(rank: int, world: int, stages: tuple[int, ...], hermod: dict, delay_s: float = 0.0) -> dict:
+def _stages(
+    rank: int, world: int, stages: tuple[int, ...], hermod: dict, delayed: tuple[dict, float] | None = None
+) -> dict:
+    """Each stage with and without ``hermod``; then, given ``delayed`` (hermod config, delay), ZeRO-3 with injected
+    delays against the same ZeRO-3 run of DeepSpeed's own (one launch for both tests: the set-up is shared)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import sys
 
@@ -123,10 +127,9 @@ def _stages(rank: int, world: int, stages: tuple[int, ...], hermod: dict, delay_
     # deepspeed.comm.torch is the torch package (deepspeed.comm imports it), so "import ... as" would patch torch.
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
-    out = {}
-    for stage in stages:
-        base, herm = _run(rank, world, stage, None), _run(rank, world, stage, hermod, delay_s)
-        out[stage] = {
+
+    def compare(base: dict, herm: dict) -> dict:
+        return {
             "equal_losses": base["losses"] == herm["losses"],
             "equal_params": len(base["params"]) == len(herm["params"])
             and all(torch.equal(a, b) for a, b in zip(base["params"], herm["params"], strict=True)),
@@ -134,6 +137,13 @@ def _stages(rank: int, world: int, stages: tuple[int, ...], hermod: dict, delay_
             "hermod": herm["records"],
             "log": herm["log"],
         }
+
+    out, base = {}, {}
+    for stage in stages:
+        base[stage] = _run(rank, world, stage, None)
+        out[stage] = compare(base[stage], _run(rank, world, stage, hermod))
+    if delayed is not None:
+        out["delayed"] = compare(base[3], _run(rank, world, 3, delayed[0], delayed[1]))
     return out
 
 
@@ -146,14 +156,26 @@ def _reductions(records: list, thread: str | None = None) -> list:
     ]
 
 
-@pytest.mark.slow  # 2 ranks x 8 DeepSpeed engines
-def test_hermod_on_zero_0_to_3_is_bitwise_deepspeed_and_reorders_backward_buckets_by_layer():
+@pytest.fixture(scope="module")
+def zero_runs() -> list:
+    """2 ranks x 9 DeepSpeed engines: ZeRO 0-3 with and without Hermod (window=backward), then ZeRO-3 with Hermod
+    (window=bucket) where rank 0's deferred reduce-scatters and rank 1's parameter fetches each start 30 ms late,
+    past the gate timeout."""
     from flowlane.launch import launch
 
     hermod = {"window": "backward", "gate_timeout_s": 0.05}
-    res = launch(_stages, 2, args=((0, 1, 2, 3), hermod), timeout=300, env={"DS_ACCELERATOR": "cpu"})
+    delayed = ({"window": "bucket", "gate_timeout_s": 0.01}, 0.03)
+    return launch(
+        _stages, 2, args=((0, 1, 2, 3), hermod, delayed), timeout=400, env={"DS_ACCELERATOR": "cpu"}
+    )
+
+
+@pytest.mark.slow  # the zero_runs launch
+def test_hermod_on_zero_0_to_3_is_bitwise_deepspeed_and_reorders_backward_buckets_by_layer(zero_runs):
+    res = zero_runs
     for rank, r in enumerate(res):
-        for stage, s in r.items():
+        for stage in (0, 1, 2, 3):
+            s = r[stage]
             assert s["equal_losses"] and s["equal_params"], (rank, stage)
             # the same gradient reductions, now all from Hermod's pacer, each under a DP key
             base = sorted(_reductions(s["base"]))
@@ -188,19 +210,16 @@ def test_hermod_on_zero_0_to_3_is_bitwise_deepspeed_and_reorders_backward_bucket
     ]
 
 
-@pytest.mark.slow  # 2 ranks x 2 DeepSpeed engines
-def test_hermod_on_zero3_with_injected_delays_neither_deadlocks_nor_changes_the_math():
-    from flowlane.launch import launch
-
+@pytest.mark.slow  # the zero_runs launch
+def test_hermod_on_zero3_with_injected_delays_neither_deadlocks_nor_changes_the_math(zero_runs):
     # rank 0's deferred reduce-scatters and rank 1's parameter fetches each start 30 ms late, past the gate timeout
-    hermod = {"window": "bucket", "gate_timeout_s": 0.01}
-    res = launch(_stages, 2, args=((3,), hermod, 0.03), timeout=300, env={"DS_ACCELERATOR": "cpu"})
+    res = zero_runs
     for r in res:
-        s = r[3]
+        s = r["delayed"]
         assert s["equal_losses"] and s["equal_params"]
         assert sorted(_reductions([x for x in s["hermod"] if x[2] == "pacer"])) == sorted(
             _reductions(s["base"])
         )
-    assert [e for e in res[0][3]["log"] if e[0] == "chunk"] == [
-        e for e in res[1][3]["log"] if e[0] == "chunk"
+    assert [e for e in res[0]["delayed"]["log"] if e[0] == "chunk"] == [
+        e for e in res[1]["delayed"]["log"] if e[0] == "chunk"
     ]
