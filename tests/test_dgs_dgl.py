@@ -18,8 +18,8 @@ from dgl_plugin.models import build_model  # noqa: E402
 from flowlane.dgs import DGSConfig  # noqa: E402
 
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="DistDGL servers of partitions >= 1 need a private /dev/shm (root + unshare)",
+    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None,
+    reason="every DistDGL server gets a private /dev/shm, which the trainers join (root + unshare + nsenter)",
 )
 
 DGS = {
