@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -103,7 +104,12 @@ def main() -> None:
                     "half_lockstep_s": max(m[1] for m in marks),
                     "first_last_completion_ratio": min(done) / max(done),
                 })  # fmt: skip
+            # the receiver's port (switch side) after all reps: drops / overlimits / requeues per qdisc
+            qdisc = subprocess.run(["ip", "netns", "exec", net.switch_ns, "tc", "-s", "qdisc", "show", "dev", "p0"],
+                                   capture_output=True, text=True, timeout=30).stdout  # fmt: skip
         out[queues] = {
+            "receiver_port_tc_stats": qdisc,
+            "drops": sum(int(d) for d in re.findall(r"dropped (\d+)", qdisc)),
             "reps": reps,
             "median_half_lockstep_s": statistics.median(r["half_lockstep_s"] for r in reps),
             "median_last_completion_s": statistics.median(max(r["completion_s"]) for r in reps),
@@ -129,7 +135,7 @@ def main() -> None:
         print(
             f"{q}: half of every flow in {o['median_half_lockstep_s']:.3f} s (fair ideal {ideal_all / 2:.3f}), "
             f"last flow done {o['median_last_completion_s']:.3f} s (ideal {ideal_all:.3f}), "
-            f"first/last completion {o['median_first_last_ratio']:.2f}"
+            f"first/last completion {o['median_first_last_ratio']:.2f}, drops at the port {o['drops']}"
         )
     print(f"-> {a.out}")
 
