@@ -73,7 +73,8 @@ def deepspeed_aio_op() -> tuple[Any, str]:
         if not builder.is_compatible(verbose=False):
             return None, (
                 "deepspeed.ops.aio is not compatible here: libaio's headers and library were not found "
-                "(Debian: apt-get install libaio-dev; or CFLAGS=-I<dir> LDFLAGS=-L<dir>)"
+                "(Debian: apt-get install libaio-dev; a libaio outside the system paths needs CFLAGS=-I<dir> "
+                "LDFLAGS=-L<dir> for DeepSpeed's check and CPATH=<dir> LIBRARY_PATH=<dir> for its JIT build)"
             )
         return builder.load(verbose=False), "ok"
     except Exception as e:  # noqa: BLE001 - a failed JIT build raises anything from the compiler driver
