@@ -119,11 +119,14 @@ class DeepSpeedAioBackend(IOBackend):
         path = self.run_dirs[i] / f"r{self.rank}-{key}.bin"
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private, then aio writes
         host = data if data.device.type == "cpu" else data.cpu()
+        size = self._padded(data.numel())
+        if size != data.numel():  # O_DIRECT: whole aligned blocks (the op asserts, aborting, on a short file)
+            host = torch.cat([host.reshape(-1), torch.zeros(size - data.numel(), dtype=torch.uint8)])
         try:
             n = self._handle().sync_pwrite(host.contiguous(), str(path))
-            if n < 0 or os.path.getsize(path) < data.numel():
+            if n < 0 or os.path.getsize(path) != size:
                 raise OSError(
-                    errno.EIO, f"deepspeed aio wrote {os.path.getsize(path)} of {data.numel()} bytes"
+                    errno.EIO, f"deepspeed aio wrote {os.path.getsize(path)} of {size} bytes to {path}"
                 )
         except BaseException:
             with contextlib.suppress(OSError):
@@ -131,10 +134,19 @@ class DeepSpeedAioBackend(IOBackend):
             raise
         return AioHandle(str(path), data.numel())
 
+    def _padded(self, nbytes: int) -> int:
+        align = max(1, int(self._handle().get_alignment()))
+        return -(-nbytes // align) * align
+
     def read(self, handle: AioHandle, nbytes: int, device: torch.device) -> torch.Tensor:
-        out = torch.empty(nbytes, dtype=torch.uint8)
+        size = self._padded(nbytes)
+        if os.path.getsize(handle.path) != size:  # checked here: the op asserts (aborting) on a short file
+            raise OSError(errno.EIO, f"{handle.path} holds {os.path.getsize(handle.path)} bytes, not {size}")
+        out = torch.empty(size, dtype=torch.uint8)
         if self._handle().sync_pread(out, handle.path) < 0:
             raise OSError(errno.EIO, f"deepspeed aio could not read {handle.path}")
+        if size != nbytes:
+            out = out[:nbytes].clone()  # a storage of exactly nbytes (the cache keys residency by storage)
         return out if device.type == "cpu" else out.to(device)
 
     def delete(self, handle: AioHandle) -> None:
