@@ -20,7 +20,8 @@ SUBSECTIONS = ("hermod", "offload", "syndicate")
 
 
 def validate_flowlane_section(ds_config: Mapping[str, Any] | str | Path | None) -> dict[str, Any]:
-    """Parse every sub-section: ``{"hermod": HermodDSConfig | None, "offload": (OffloadConfig, scopes) | None}``.
+    """Parse every sub-section: ``{"hermod": HermodDSConfig | None, "offload": (OffloadConfig, scope class names,
+    deepspeed_aio) | None, ...}``.
 
     Raises one ``ValueError`` listing every problem found (unknown keys, bad values), each naming its key."""
     from deepspeed_plugin.hermod import parse_hermod_section  # noqa: PLC0415 - they import this module
