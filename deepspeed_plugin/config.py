@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-SUBSECTIONS = ("hermod", "offload", "syndicate")
+SUBSECTIONS = ("hermod", "offload", "syndicate", "aleph")  # aleph: parsed by deepspeed_plugin.aleph
 
 
 def validate_flowlane_section(ds_config: Mapping[str, Any] | str | Path | None) -> dict[str, Any]:

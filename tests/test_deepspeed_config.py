@@ -21,6 +21,14 @@ def test_subsection_is_read_from_a_dict_or_a_json_file(tmp_path):
     assert flowlane_subsection(path, "hermod") == {"enabled": True}
 
 
+def test_every_feature_section_is_known_to_the_others():
+    """ALEPH's sub-section beside Hermod's: each feature's install parses the whole section, so a sibling feature's
+    sub-section must not be an unknown key (it was: ALEPH + Hermod failed with "unknown key(s) ['aleph']")."""
+    cfg = {"flowlane": {"hermod": {"enabled": True}, "aleph": {"enabled": True}, "syndicate": {}}}
+    assert flowlane_subsection(cfg, "hermod") == {"enabled": True}
+    assert flowlane_subsection(cfg, "aleph") == {"enabled": True}
+
+
 @pytest.mark.parametrize(
     "cfg, name, match",
     [
