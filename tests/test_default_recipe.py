@@ -65,8 +65,14 @@ def _train(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, dic
     return r, json.loads((out / "metrics.json").read_text())
 
 
-def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(tmp_path):
-    r, m = _train(tmp_path)
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The default recipe's run, shared: the first test checks it, the second compares the features with it."""
+    return _train(tmp_path_factory.mktemp("default"))
+
+
+def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(default_run):
+    r, m = default_run
     assert "flowlane-train summary" in r.stdout
     rec = GPTRecipe()
     steady = 3 - 1
@@ -89,8 +95,8 @@ def test_flowlane_train_runs_four_ranks_and_writes_metrics_and_trace(tmp_path):
     assert pids == {0, 1, 2, 3}
 
 
-def test_hermod_and_ssd_offload_recipe_options_do_not_change_the_math(tmp_path):
-    _, base = _train(tmp_path / "base")
+def test_hermod_and_ssd_offload_recipe_options_do_not_change_the_math(tmp_path, default_run):
+    _, base = default_run
     r, both = _train(tmp_path / "both", "scheduler=hermod", "offload=ssd", "offload.min_bytes=16384")
     assert both["loss"] == base["loss"]  # bitwise: same float values
     assert [x["param_digest"] for x in both["per_rank"]] == [x["param_digest"] for x in base["per_rank"]]

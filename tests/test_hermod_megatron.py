@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,8 @@ HERMOD = {"name": "hermod", "gate_timeout_s": 0.02}
 
 
 def _both(rank: int, world: int) -> dict:
+    from torch.distributed import distributed_c10d as c10d
+
     from recipes.gpt import GPTRecipe, train_rank
 
     out = {}
@@ -45,29 +48,42 @@ def _both(rank: int, world: int) -> dict:
             if e.get("ph") == "X" and "kind" in e.get("args", {})
         ]
 
+    def left_behind() -> tuple[int, int]:  # (threads, process groups) once a run has returned
+        status = Path("/proc/self/status").read_text()
+        threads = int(next(line for line in status.splitlines() if line.startswith("Threads")).split()[1])
+        return threads, len(c10d._world.pg_map)
+
     seen = 0  # the process-wide recorder is append-only: each run's ops follow the earlier runs'
     # Megatron-core's DDP with --overlap-grad-reduce (the recipe's default), then with its distributed optimizer
-    # and --overlap-param-gather, each without and with Hermod
+    # and --overlap-param-gather, each without and with Hermod: four trainings in one process
     for name, flags in (
         ("ddp", {}),
         ("dist_opt", {"distributed_optimizer": True, "overlap_param_gather": True}),
     ):
         base = train_rank(rank, world, asdict(GPTRecipe(**RECIPE, **flags)))
+        after_base = left_behind()
         herm = train_rank(rank, world, asdict(GPTRecipe(**RECIPE, **flags, features={"scheduler": HERMOD})))
         base_ops, herm_ops = ops(base), ops(herm)
         out[name] = {
-            "base": {k: base[k] for k in keep} | {"ops": base_ops[seen:]},
-            "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops[len(base_ops) :]},
+            "base": {k: base[k] for k in keep} | {"ops": base_ops[seen:], "left": after_base},
+            "hermod": {k: herm[k] for k in keep} | {"ops": herm_ops[len(base_ops) :], "left": left_behind()},
         }
         seen = len(herm_ops)
     return out
 
 
 def test_recipe_on_megatron_ddp_bitwise_equal_with_and_without_hermod_and_pp_ops_are_keyed():
+    """Also: the recipe runs again and again in one process (tests, alternating benchmark variants) and releases its
+    process groups and hooks after each run."""
     from flowlane.launch import launch
 
     res = launch(_both, 4, timeout=280)
     for r in res:
+        # Megatron's destroy_model_parallel forgets its groups without destroying them, and Hermod's clones and
+        # hooks would keep threads and sockets alive: only the default group is left after each of the four runs
+        left = [x[side]["left"] for x in r.values() for side in ("base", "hermod")]
+        assert {pgs for _, pgs in left} == {1}, left
+        assert len({t for t, _ in left}) == 1, left  # no thread outlives its run
         for name, x in r.items():
             b, h = x["base"], x["hermod"]
             assert b["losses"] == h["losses"], name
@@ -250,39 +266,6 @@ def test_moe_identical_with_and_without_hermod_experts_stay_off_the_dp_group(
         assert stats["ep_matrices_gathered"] == 0, stats
         assert (stats["ep_matrices_from_dispatcher"] > 0) == ("isend" in ep_ops), stats
     assert any(r["hermod"]["losses"] for r in res)
-
-
-# -- the recipe can run again and again in one process (tests, alternating benchmark variants) ---------------------
-def _repeated_runs(rank: int, world: int) -> list:
-    from torch.distributed import distributed_c10d as c10d
-
-    from recipes.gpt import GPTRecipe, train_rank
-
-    def threads() -> int:
-        return int(next(line for line in open("/proc/self/status") if line.startswith("Threads")).split()[1])
-
-    dist_opt = {"distributed_optimizer": True, "overlap_param_gather": True}
-    seen = []
-    for kw in (
-        {**dist_opt, "features": {"scheduler": HERMOD}},
-        dist_opt,
-        {"features": {"scheduler": HERMOD}},
-        {},
-    ):
-        train_rank(rank, world, asdict(GPTRecipe(**dict(RECIPE, iterations=2), **kw)))
-        seen.append((threads(), len(c10d._world.pg_map)))
-    return seen
-
-
-@pytest.mark.slow  # 4 ranks x 4 trainings
-def test_recipe_releases_its_process_groups_and_hooks_after_each_run():
-    from flowlane.launch import launch
-
-    for seen in launch(_repeated_runs, 4, timeout=300):
-        # Megatron's destroy_model_parallel forgets its groups without destroying them, and Hermod's clones and
-        # hooks would keep threads and sockets alive: only the default group is left after each run
-        assert {pgs for _, pgs in seen} == {1}, seen
-        assert len({t for t, _ in seen}) == 1, seen  # no thread outlives its run
 
 
 def test_megatron_lm_configurations_hermod_cannot_schedule_are_refused_with_the_reason() -> None:
