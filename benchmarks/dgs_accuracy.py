@@ -44,38 +44,19 @@ def runs_for(seeds: list[int], t_ex: int) -> list[dict]:
 
 
 def main() -> None:
-    from benchmarks.dgs_bytes import summarise
+    from benchmarks.dgs_bytes import add_session_args, graph_data, summarise, trainer_args
     from dgl_plugin.dgs_train import partition_redundant, run_cluster
     from flowlane.testing.provenance import write_result
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--nodes", type=int, default=4000)
-    ap.add_argument("--degree", type=float, default=15.0)
-    ap.add_argument("--parts", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--fanout", default="10,10")
-    ap.add_argument("--t-ex", dest="t_ex", type=int, default=15)
-    ap.add_argument("--workdir", default="/tmp/flowlane_dgs_acc")
-    ap.add_argument("--timeout-s", dest="timeout_s", type=float, default=5400)
+    add_session_args(ap, t_ex=15, workdir="/tmp/flowlane_dgs_acc", timeout_s=5400)
     ap.add_argument("--out", default=str(OUT / "accuracy.json"))
     a = ap.parse_args()
     seeds = [int(x) for x in a.seeds.split(",")]
-    data = {"num_nodes": a.nodes, "avg_degree": a.degree, "train_frac": 0.5, "val_frac": 0.2}
-    part_config, classes = partition_redundant(Path(a.workdir), a.parts, seed=0, **data)
+    part_config, classes = partition_redundant(Path(a.workdir), a.parts, seed=0, **graph_data(a))
     runs = runs_for(seeds, a.t_ex)
-    args = {
-        "runs": runs,
-        "seed": 0,
-        "epochs": a.epochs,
-        "lr": 0.01,
-        "batch": a.batch,
-        "fanouts": [int(x) for x in a.fanout.split(",")],
-        "model": "sage",
-        "hidden": 32,
-        "classes": classes,
-    }
+    args = trainer_args(a, runs, classes)
     t = time.perf_counter()
     per_rank = run_cluster(Path(a.workdir) / "run", part_config, a.parts, args, timeout_s=a.timeout_s)
     wall = time.perf_counter() - t
@@ -104,7 +85,7 @@ def main() -> None:
         "label": "measured on a shared 2-core CPU VM: real DistDGL on localhost (loopback, not shaped); accuracy "
         "after equal epochs, evaluation with all neighbours and full features for every run",
         "args": vars(a),
-        "data": data,
+        "data": graph_data(a),
         "classes": classes,
         "wall_s": wall,
         "by_config": table,

@@ -94,28 +94,52 @@ def summarise(name: str, ranks: list[dict]) -> dict:
     return out
 
 
-def main() -> None:
-    from dgl_plugin.dgs_train import partition_redundant, run_cluster
-    from flowlane.testing.provenance import provenance
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["table", "sens"], default="table")
+def add_session_args(ap: argparse.ArgumentParser, *, t_ex: int, workdir: str, timeout_s: float) -> None:
+    """The graph and training flags every DGS benchmark shares (dgs_bytes, dgs_accuracy, dgs_netns)."""
     ap.add_argument("--nodes", type=int, default=4000)
     ap.add_argument("--degree", type=float, default=15.0)
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--fanout", default="10,10")
-    ap.add_argument("--t-ex", dest="t_ex", type=int, default=5)
+    ap.add_argument("--t-ex", dest="t_ex", type=int, default=t_ex)
+    ap.add_argument("--workdir", default=workdir)
+    ap.add_argument("--timeout-s", dest="timeout_s", type=float, default=timeout_s)
+
+
+def graph_data(a: argparse.Namespace) -> dict:
+    """The synthetic graph's keyword arguments (dgl_plugin.dgs_train.partition_redundant) from those flags."""
+    return {"num_nodes": a.nodes, "avg_degree": a.degree, "train_frac": 0.5, "val_frac": 0.2}
+
+
+def trainer_args(a: argparse.Namespace, runs: list[dict], classes: int, seed: int = 0) -> dict:
+    """The trainers' arguments (dgl_plugin.dgs_train.run_cluster) from those flags."""
+    return {
+        "runs": runs,
+        "seed": seed,
+        "epochs": a.epochs,
+        "lr": 0.01,
+        "batch": a.batch,
+        "fanouts": [int(x) for x in a.fanout.split(",")],
+        "model": "sage",
+        "hidden": 32,
+        "classes": classes,
+    }
+
+
+def main() -> None:
+    from dgl_plugin.dgs_train import partition_redundant, run_cluster
+    from flowlane.testing.provenance import provenance
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", choices=["table", "sens"], default="table")
+    add_session_args(ap, t_ex=5, workdir="/tmp/flowlane_dgs_bench", timeout_s=5400)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default="/tmp/flowlane_dgs_bench")
-    ap.add_argument("--timeout-s", dest="timeout_s", type=float, default=5400)
     ap.add_argument("--only", default="", help="comma-separated run names to keep (default: the whole suite)")
     ap.add_argument("--name", default="", help="result file name (default: the suite's)")
     a = ap.parse_args()
     work = Path(a.workdir) / a.suite
-    data = {"num_nodes": a.nodes, "avg_degree": a.degree, "train_frac": 0.5, "val_frac": 0.2}
-    part_config, classes = partition_redundant(work, a.parts, seed=a.seed, **data)
+    part_config, classes = partition_redundant(work, a.parts, seed=a.seed, **graph_data(a))
     runs = table_runs(a.t_ex) if a.suite == "table" else sens_runs(a.t_ex)
     if a.only:
         keep = a.only.split(",")
@@ -125,17 +149,7 @@ def main() -> None:
                 f"--only: unknown run(s) {unknown}; the {a.suite} suite has {[r['name'] for r in runs]}"
             )
         runs = [r for r in runs if r["name"] in keep]
-    args = {
-        "runs": runs,
-        "seed": a.seed,
-        "epochs": a.epochs,
-        "lr": 0.01,
-        "batch": a.batch,
-        "fanouts": [int(x) for x in a.fanout.split(",")],
-        "model": "sage",
-        "hidden": 32,
-        "classes": classes,
-    }
+    args = trainer_args(a, runs, classes, seed=a.seed)
     t = time.perf_counter()
     per_rank = run_cluster(work / "run", part_config, a.parts, args, timeout_s=a.timeout_s)
     wall = time.perf_counter() - t
@@ -151,7 +165,7 @@ def main() -> None:
         "localhost loopback, NOT shaped; bytes are payload bytes counted at flowlane's pull/sampling "
         "layer (the seed counted NIC bytes); times are not meaningful on this host",
         "args": vars(a),
-        "data": data,
+        "data": graph_data(a),
         "classes": classes,
         "wall_s": wall,
         "runs": res,

@@ -31,7 +31,7 @@ OUT = ROOT / "results" / "dgs"
 
 
 def main() -> None:
-    from benchmarks.dgs_bytes import summarise
+    from benchmarks.dgs_bytes import add_session_args, graph_data, summarise, trainer_args
     from dgl_plugin.dgs_train import partition_redundant, run_cluster
     from flowlane.testing.netem import EmulatedNetwork
     from flowlane.testing.provenance import write_result
@@ -39,20 +39,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rates", default="10,100", help="access-link rates in Mbit/s, one session each")
     ap.add_argument("--burst-kb", dest="burst_kb", type=float, default=128.0)
-    ap.add_argument("--nodes", type=int, default=4000)
-    ap.add_argument("--degree", type=float, default=15.0)
-    ap.add_argument("--parts", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--fanout", default="10,10")
-    ap.add_argument("--t-ex", dest="t_ex", type=int, default=15)
-    ap.add_argument("--workdir", default="/tmp/flowlane_dgs_netns")
-    ap.add_argument("--timeout-s", dest="timeout_s", type=float, default=3600)
+    add_session_args(ap, t_ex=15, workdir="/tmp/flowlane_dgs_netns", timeout_s=3600)
     ap.add_argument("--out", default=str(OUT / "netns.json"))
     a = ap.parse_args()
     rates = [float(x) for x in a.rates.split(",")]
-    data = {"num_nodes": a.nodes, "avg_degree": a.degree, "train_frac": 0.5, "val_frac": 0.2}
-    part_config, classes = partition_redundant(Path(a.workdir), a.parts, seed=0, **data)
+    part_config, classes = partition_redundant(Path(a.workdir), a.parts, seed=0, **graph_data(a))
     runs = [
         {"name": "uniform", "dgs": {}, "dgs_on": False},
         {
@@ -61,17 +52,7 @@ def main() -> None:
             "dgs_on": True,
         },
     ]
-    args = {
-        "runs": runs,
-        "seed": 0,
-        "epochs": a.epochs,
-        "lr": 0.01,
-        "batch": a.batch,
-        "fanouts": [int(x) for x in a.fanout.split(",")],
-        "model": "sage",
-        "hidden": 32,
-        "classes": classes,
-    }
+    args = trainer_args(a, runs, classes)
     sessions = []
     for rate in rates:
         with EmulatedNetwork(a.parts, rate_mbit=rate, burst_kb=a.burst_kb) as net:
@@ -127,7 +108,7 @@ def main() -> None:
         "label": "emulated: DistDGL servers + trainers in network namespaces joined by a bridge, tbf-shaped access "
         "links (rate each way), on a shared 2-core CPU VM; times are wall-clock per epoch (slowest trainer)",
         "args": vars(a),
-        "data": data,
+        "data": graph_data(a),
         "classes": classes,
         "sessions": sessions,
     }
