@@ -637,6 +637,23 @@ def _measure(
     return doc, s
 
 
+#: per-rank, per-op data behind the figures: written to the result's ``.detail.json.gz`` sidecar, not its JSON
+DETAIL_KEYS = ("timeline_last_iteration", "overlap_last_iteration")
+
+
+def split_detail(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``doc`` without :data:`DETAIL_KEYS` (also inside a sweep's ``points``), and those keys on their own."""
+    summary = {k: v for k, v in doc.items() if k not in DETAIL_KEYS}
+    detail = {k: doc[k] for k in DETAIL_KEYS if k in doc}
+    if isinstance(doc.get("points"), dict):
+        split = {r: split_detail(p) for r, p in doc["points"].items()}
+        summary["points"] = {r: sp[0] for r, sp in split.items()}
+        detail["points"] = {r: sp[1] for r, sp in split.items() if sp[1]}
+        if not detail["points"]:
+            del detail["points"]
+    return summary, detail
+
+
 def rate_sweep(docs: dict[float, dict[str, Any]], baselines: list[str]) -> dict[str, Any]:
     """One document for a ``--rate-mbit`` sweep (the thesis' fig. 5.9 analogue): every rate's run in ``points``, and
     each variant's speedup over each baseline per rate. Each rate is its own run (variants alternate within it), so
@@ -966,7 +983,8 @@ def main() -> int:
         doc, s = _measure(a, rate, variants, work, baselines, megatron)
         docs[rate] = doc
         if len(rates) == 1:
-            write_result(out / f"{a.name}.json", doc, _command())
+            summary, detail = split_detail(doc)
+            write_result(out / f"{a.name}.json", summary, _command(), detail)
             _plot(s["per_iter"], s["speedup"], out / f"{a.name}.png", _title(a, megatron, rate))
         print(
             f"-- {rate:g} Mbit/s",
@@ -997,7 +1015,8 @@ def main() -> int:
                 )
     if len(rates) > 1:
         sweep = rate_sweep(docs, baselines)
-        write_result(out / f"{a.name}.json", sweep, _command())
+        summary, detail = split_detail(sweep)
+        write_result(out / f"{a.name}.json", summary, _command(), detail)
         _plot_sweep(sweep, out / f"{a.name}.png", _title(a, megatron, None))
         print(json.dumps({k: sweep[k] for k in ("speedup_vs_baseline", "goal_met_at")}, indent=1))
     return 0

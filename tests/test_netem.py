@@ -513,7 +513,7 @@ def test_hermod_real_rate_sweep_parses_rates_and_compares_within_each_rate(
 ) -> None:
     """--rate-mbit 100,400: one run per rate, speedups taken within a rate (each rate's own medians); bad rates are
     named before anything is set up."""
-    from benchmarks.hermod_real import _parse_rates, _plot_sweep, main, rate_sweep
+    from benchmarks.hermod_real import _parse_rates, _plot_sweep, main, rate_sweep, split_detail
 
     assert _parse_rates("400,100") == [100.0, 400.0]
     for bad, msg in (
@@ -551,3 +551,12 @@ def test_hermod_real_rate_sweep_parses_rates_and_compares_within_each_rate(
     assert sw["wall_s"] == 2.0
     _plot_sweep(sw, tmp_path / "sweep.png", "t")
     assert (tmp_path / "sweep.png").stat().st_size > 0
+    # per-rank timelines leave the summary for its .detail.json.gz sidecar, in every point of a sweep too
+    sw["points"]["100"]["timeline_last_iteration"] = {"fifo": [[["dp", 0.0, 1.0]]]}
+    summary, detail = split_detail(sw)
+    assert "timeline_last_iteration" not in summary["points"]["100"] and summary["rates_mbit"] == [
+        100.0,
+        400.0,
+    ]
+    assert detail == {"points": {"100": {"timeline_last_iteration": {"fifo": [[["dp", 0.0, 1.0]]]}}}}
+    assert split_detail(sw["points"]["400"]) == (sw["points"]["400"], {})

@@ -45,3 +45,28 @@ def test_write_result_records_the_envelope_and_replaces_the_file_whole(tmp_path,
     write_result(out, {"figure": 2.0})
     assert json.loads(out.read_text())["figure"] == 2.0
     assert [p.name for p in out.parent.iterdir()] == ["r.json"]  # no temporary file left behind
+
+
+def test_write_result_puts_bulky_detail_beside_the_summary(tmp_path, monkeypatch) -> None:
+    import json
+
+    import pytest
+
+    from flowlane.testing.provenance import read_detail, write_result
+
+    monkeypatch.setenv("FLOWLANE_COMMIT", "abc1234")
+    out = write_result(tmp_path / "r.json", {"figure": 1.5}, command="b", detail={"timeline": [[0, 1]] * 3})
+    doc = json.loads(out.read_text())
+    assert doc["detail_file"] == "r.detail.json.gz" and "timeline" not in doc
+    side = read_detail(out)
+    assert side["timeline"] == [[0, 1]] * 3 and side["provenance"]["commit"] == "abc1234"
+    # the same detail and envelope give the same bytes (gzip's timestamp is fixed): rewrites make no diff
+    monkeypatch.setattr("flowlane.testing.provenance.provenance", lambda command=None: {"command": "b"})
+    write_result(out, {"figure": 1.5}, detail={"timeline": [[0, 1]] * 3})
+    first = (tmp_path / "r.detail.json.gz").read_bytes()
+    write_result(out, {"figure": 1.5}, detail={"timeline": [[0, 1]] * 3})
+    assert (tmp_path / "r.detail.json.gz").read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.detail.json.gz", "r.json"]
+    write_result(tmp_path / "plain.json", {"x": 1})
+    with pytest.raises(FileNotFoundError, match="plain.json names no detail_file"):
+        read_detail(tmp_path / "plain.json")

@@ -7,6 +7,7 @@ from ``FLOWLANE_COMMIT``, set by whoever sent it; it wins over a ``.git`` there,
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -63,12 +64,42 @@ def provenance(command: str | None = None, device: str | None = None) -> dict[st
     }
 
 
-def write_result(path: str | os.PathLike[str], doc: dict[str, Any], command: str | None = None) -> Path:
+def write_result(
+    path: str | os.PathLike[str],
+    doc: dict[str, Any],
+    command: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> Path:
     """Write ``doc`` with its :func:`provenance` envelope as indented JSON to ``path`` (folders made), atomically:
-    a crash leaves the previous file, never half a new one. Returns the path."""
+    a crash leaves the previous file, never half a new one. Returns the path.
+
+    ``detail`` (optional): bulky per-op or per-point data (timelines, raw sweeps) that backs the figures but that a
+    reader does not open; it goes, with the same envelope, to ``<stem>.detail.json.gz`` beside ``path``, and ``doc``
+    names that file under ``detail_file`` (issue 29: summaries committed, large sweeps compressed beside them)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    env = provenance(command)
+    if detail:
+        side = out.with_name(f"{out.stem}.detail.json.gz")
+        tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
+        # mtime=0: the same detail gives the same bytes (no spurious diffs when a result is rewritten)
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            gz.write(json.dumps({**detail, "provenance": env}).encode())
+        os.replace(tmp, side)
+        doc = {**doc, "detail_file": side.name}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**doc, "provenance": provenance(command)}, indent=1))
+    tmp.write_text(json.dumps({**doc, "provenance": env}, indent=1))
     os.replace(tmp, out)
     return out
+
+
+def read_detail(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``detail`` that :func:`write_result` put beside the result at ``path`` (raises FileNotFoundError naming
+    the file when there is none)."""
+    out = Path(path)
+    doc = json.loads(out.read_text())
+    name = doc.get("detail_file")
+    if not name:
+        raise FileNotFoundError(f"{out} names no detail_file")
+    with gzip.open(out.with_name(name), "rt") as f:
+        return json.load(f)
