@@ -113,18 +113,28 @@ def _yaml_scalar(value: Any) -> str:
     raise TypeError(f"yaml_mirror: no YAML form for {value!r} ({type(value).__name__})")
 
 
-def yaml_mirror(cls: type, header: str, values: dict[str, Any] | None = None, width: int = 110) -> str:
-    """The Hydra config group for dataclass ``cls``: ``header`` as comment lines, then per field the first sentence
-    of its docstring as a comment and ``field: value`` (the dataclass default, or ``values[field]`` where a recipe
-    chooses otherwise). Generated, so the YAML cannot drift from the dataclass (recipes/mirrors.py writes them)."""
+def yaml_mirror(
+    cls: type,
+    header: str,
+    values: dict[str, Any] | None = None,
+    width: int = 110,
+    *,
+    preamble: str = "",
+    skip: tuple[str, ...] = (),
+) -> str:
+    """The Hydra config group for dataclass ``cls``: ``header`` as comment lines, ``preamble`` verbatim (e.g. a
+    Hydra ``defaults:`` list), then per field not in ``skip`` the first sentence of its docstring as a comment and
+    ``field: value`` (the dataclass default, or ``values[field]`` where a recipe chooses otherwise). Generated, so
+    the YAML cannot drift from the dataclass (recipes/mirrors.py writes them)."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"yaml_mirror: {cls!r} is not a dataclass")
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values or {}) - set(names))
+    unknown = sorted((set(values or {}) | set(skip)) - set(names))
     if unknown:
         raise ValueError(f"yaml_mirror: {cls.__name__} has no field(s) {unknown}; it has {names}")
+    names = [n for n in names if n not in skip]
     defaults, docs = cls(), field_docs(cls)
-    lines = [f"# {line}" for line in header.splitlines()]
+    lines = [f"# {line}" for line in header.splitlines()] + preamble.splitlines()
     for name in names:
         value = (values or {}).get(name, getattr(defaults, name))
         doc = docs.get(name, "").split(". ", 1)[0].rstrip(".")

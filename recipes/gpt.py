@@ -27,45 +27,67 @@ class GPTRecipe:
     """The default recipe (mirrored by recipes/conf/default.yaml)."""
 
     num_ranks: int = 4
+    """Ranks in the job (pipeline_parallel x tensor_parallel x data-parallel size)."""
     pipeline_parallel: int = 2
+    """Pipeline stages (Megatron's --pipeline-model-parallel-size); the 1F1B schedule runs when > 1."""
     tensor_parallel: int = 1
+    """Tensor-parallel size (Megatron's --tensor-model-parallel-size)."""
     num_layers: int = 4
+    """Transformer layers, split evenly over the pipeline stages."""
     hidden_size: int = 64
+    """Model width (Megatron's --hidden-size)."""
     num_attention_heads: int = 4
+    """Attention heads per layer (Megatron's --num-attention-heads)."""
     vocab_size: int = 256
+    """Vocabulary of the synthetic tokens."""
     seq_length: int = 32
+    """Tokens per sample (Megatron's --seq-length)."""
     micro_batch_size: int = 2
+    """Samples per microbatch (Megatron's --micro-batch-size)."""
     num_microbatches: int = 4
+    """Microbatches per iteration (global batch = micro_batch_size x num_microbatches x data-parallel size)."""
     iterations: int = 5
+    """Training iterations."""
     lr: float = 1e-3
+    """Adam learning rate (Megatron-core's get_megatron_optimizer)."""
     seed: int = 1234
+    """Seed of the model's initialisation and the synthetic tokens (the same on every data-parallel rank)."""
     dp_bucket_bytes: int = 1 << 20
-    # the job runs on Megatron-core's own DistributedDataParallel, get_megatron_optimizer (Adam) and
-    # finalize_model_grads; these are their flags. Megatron's --use-distributed-optimizer (ZeRO-1: reduce-scattered
-    # gradients, sharded Adam, gathered parameters):
+    """Megatron-core DDP's gradient bucket size in bytes (its bucket_size; one bucket group is one DP coflow)."""
     distributed_optimizer: bool = False
-    # Megatron's --overlap-param-gather (parameter gathers dispatched one bucket group ahead of the forward)
+    """Megatron's --use-distributed-optimizer (ZeRO-1: reduce-scattered gradients, sharded Adam, gathered
+    parameters); the job always runs on Megatron-core's own DistributedDataParallel, get_megatron_optimizer and
+    finalize_model_grads."""
     overlap_param_gather: bool = False
-    # Megatron's --overlap-grad-reduce (each bucket group's reduction starts in the last microbatch's backward as
-    # soon as its gradients are final; without it they run synchronously in finalize_model_grads). Hermod
-    # (scheduler=hermod) needs it: it orders those overlapped reductions
+    """Megatron's --overlap-param-gather (parameter gathers dispatched one bucket group ahead of the forward; needs
+    distributed_optimizer)."""
     overlap_grad_reduce: bool = True
-    # mixture of experts (None = dense): experts per MoE layer, expert-parallel size, router top-k
+    """Megatron's --overlap-grad-reduce (each bucket group's reduction starts in the last microbatch's backward as
+    soon as its gradients are final; without it they run synchronously in finalize_model_grads). Hermod
+    (scheduler=hermod) needs it: it orders those overlapped reductions."""
     num_moe_experts: int | None = None
+    """Experts per MoE layer (Megatron's --num-experts); null = a dense model."""
     expert_parallel: int = 1
+    """Expert-parallel size (Megatron's --expert-model-parallel-size), folded into data parallel."""
     moe_router_topk: int = 2
+    """Experts each token is routed to (Megatron's --moe-router-topk)."""
     timeout_s: float = 300.0
+    """Seconds the job may take on local ranks, or a collective may wait under an external launcher, before the job
+    fails."""
     output_dir: str = "results/train"
+    """Folder for the run's metrics JSON and Chrome trace."""
     progress: bool = True
+    """Show a progress bar of the last pipeline stage's iterations and loss."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the ranks train. cpu: gloo, Megatron-core through megatron_plugin.cpu_shim (CUDA hidden from the
+    """Where the ranks train: cpu, cuda or auto. cpu: gloo, Megatron-core through megatron_plugin.cpu_shim (CUDA hidden from the
     ranks). cuda: NCCL, one GPU per local rank; only under an external launcher (torchrun, srun), which starts one
     process per rank. auto: cuda under an external launcher on a machine with CUDA, else cpu."""
     bf16: bool = False
     """Train in bf16 as Megatron-LM's --bf16 does: bf16 parameters and pipeline activations (Float16Module), fp32
     main gradients and master weights in Megatron-core's optimizer."""
-    # feature groups: name -> config dict (empty / {"name": "none"} = off)
     features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Feature groups, name -> config dict (empty or {"name": "none"} = off): Hydra's scheduler and offload groups,
+    not a key of default.yaml."""
 
     def validate(self) -> None:
         def need(cond: bool, msg: str) -> None:

@@ -4,8 +4,8 @@ once, with its docstring, and its YAML follows.
     python -m recipes.mirrors           # rewrite the generated files
     python -m recipes.mirrors --check   # exit 1 naming each file that differs from its dataclass (tests run this)
 
-recipes/conf/default.yaml is still written by hand (GPTRecipe has no field docstrings yet); a test checks its keys
-and defaults against the dataclass.
+The default recipe (recipes/conf/default.yaml) is generated from recipes.gpt.GPTRecipe the same way; its Hydra
+``defaults:`` list and ``job`` key are the only lines written here.
 """
 
 from __future__ import annotations
@@ -43,8 +43,25 @@ def _ssd() -> str:
     )
 
 
+def _default() -> str:
+    from recipes.gpt import GPTRecipe
+
+    return yaml_mirror(
+        GPTRecipe,
+        "Default recipe: a tiny GPT built with Megatron-core, pipeline 2 x data 2 on 4 CPU ranks, synthetic tokens.\n"
+        "Generated from recipes.gpt.GPTRecipe by `python -m recipes.mirrors`: edit the dataclass, not this file.\n"
+        "Feature groups: scheduler=none|hermod, offload=none|ssd.",
+        preamble="defaults:\n  - scheduler: none\n  - offload: none\n  - _self_\n\njob: gpt",
+        skip=("features",),
+    )
+
+
 #: generated file (relative to recipes/conf) -> its text
-MIRRORS: dict[str, Callable[[], str]] = {"scheduler/hermod.yaml": _hermod, "offload/ssd.yaml": _ssd}
+MIRRORS: dict[str, Callable[[], str]] = {
+    "default.yaml": _default,
+    "scheduler/hermod.yaml": _hermod,
+    "offload/ssd.yaml": _ssd,
+}
 
 
 def stale() -> list[str]:
