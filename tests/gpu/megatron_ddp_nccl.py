@@ -20,18 +20,12 @@ GPU, so step times are informational only.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from harness import CPU_LABEL, check_args, init_rank, run_ranks, skip_reason
 
 WORLD, PP = 4, 2
 CASES = {"fp32": dict(bf16=False, dist_opt=False), "bf16_distopt": dict(bf16=True, dist_opt=True)}
@@ -45,30 +39,6 @@ MODEL = dict(
     num_microbatches=4,
     iterations=3,
 )
-
-
-def _init(rank: int, world: int, backend: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    if backend == "nccl":
-        os.environ["NCCL_HOSTID"] = (
-            f"flowlane-mcore-host{rank}"  # one "host" per rank: see the module docstring
-        )
-        torch.cuda.set_device(0)
-        dist.init_process_group(
-            "nccl",
-            rank=rank,
-            world_size=world,
-            device_id=torch.device("cuda", 0),
-            timeout=datetime.timedelta(seconds=120),
-        )
-        torch.use_deterministic_algorithms(True)
-    else:
-        from megatron_plugin import cpu_shim
-
-        cpu_shim.apply()
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
 
 
 def _batches(it: int, dp_rank: int, m: int, device: Any) -> Any:
@@ -233,7 +203,13 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, model: dict
     import torch
 
     MODEL.update(model)
-    _init(rank, world, backend)
+
+    def cpu_shim() -> None:
+        from megatron_plugin import cpu_shim
+
+        cpu_shim.apply()
+
+    init_rank(rank, world, backend, "flowlane-mcore-host", 120, cpu_setup=cpu_shim)
     device = torch.device(device_name)
     res: dict[str, Any] = {}
     for name, case in CASES.items():
@@ -266,67 +242,40 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, model: dict
     return res
 
 
+def _ok(ranks: list[dict[str, Any]]) -> bool:
+    """Stock repeats itself and Hermod equals stock bitwise on every rank, and Hermod keyed DP chunks on the first
+    stage's ranks (the last stage's DP reductions are keyed too, but ranks 0-1 always have some)."""
+    return all(
+        c.get("stock_repeats_bitwise")
+        and c.get("hermod_bitwise_equal_stock")
+        and c.get("hermod_dp_chunks", 0) > 0
+        for r in ranks[:2]
+        for c in r.values()
+    ) and all(c.get("hermod_bitwise_equal_stock") for r in ranks for c in r.values())
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="result JSON path")
-    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds a rank may go without progress")
-    a = ap.parse_args()
-    from flowlane.testing.provenance import provenance
-
-    if a.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("SKIP: no CUDA device (run with --backend gloo --device cpu for the CPU dry run)")
-            return 0
-    try:
-        import megatron.core  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: megatron-core is not importable here ({e})")
+    a = check_args(__doc__, timeout_s=240.0)
+    skip = skip_reason(a.backend, "megatron.core")
+    if skip is not None:
+        print(skip)
         return 0
-    os.environ.setdefault(
-        "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-    )  # deterministic cuBLAS, inherited by the ranks
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    from flowlane.launch import launch
-
     if a.backend == "gloo":  # the CPU dry run: the same steps on a model small enough for two cores
         MODEL.update(hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=16, iterations=2)
-
-    t0 = time.perf_counter()
-    out: dict[str, Any] = {
-        "label": "measured on one GPU (ranks time-share it; NCCL socket transport over loopback)"
+    label = (
+        "measured on one GPU (ranks time-share it; NCCL socket transport over loopback)"
         if a.backend == "nccl"
-        else "dry run on CPU (gloo): the script's logic only",
-        "model": MODEL,
-        "world": WORLD,
-        "pp": PP,
-        **provenance(),
-    }
-    try:
-        ranks = launch(rank_main, WORLD, args=(a.backend, a.device, MODEL), backend=None, timeout=a.timeout)
-        out["ranks"] = ranks
-    except Exception:  # noqa: BLE001 - the JSON says what failed
-        out["error"] = traceback.format_exc()[-4000:]
-        ranks = []
-    out["wall_s"] = time.perf_counter() - t0
-    ok = (
-        bool(ranks)
-        and all(
-            c.get("stock_repeats_bitwise")
-            and c.get("hermod_bitwise_equal_stock")
-            and c.get("hermod_dp_chunks", 0) > 0
-            for r in ranks[:2]
-            for c in r.values()
-        )
-        and all(c.get("hermod_bitwise_equal_stock") for r in ranks for c in r.values())
+        else CPU_LABEL
     )
-    out["ok"] = ok
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1, default=str))
-    print(f"megatron_ddp_nccl: ok={ok} wall {out['wall_s']:.0f}s")
+    out, ranks = run_ranks(
+        "megatron_ddp_nccl",
+        rank_main,
+        WORLD,
+        a,
+        {"label": label, "model": MODEL, "pp": PP},
+        _ok,
+        args=(a.backend, a.device, MODEL),
+    )
     for r, res in enumerate(ranks):
         for name, c in res.items():
             print(
@@ -347,9 +296,7 @@ def main() -> int:
                     )
                 )
             )
-    if "error" in out:
-        print(out["error"][-1500:])
-    return 0 if ok else 1
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -21,20 +21,15 @@ network figure.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
 import random
 import sys
 import tempfile
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from harness import CPU_LABEL, check_args, init_rank, run_ranks, skip_reason
 
 WORLD = 2
 
@@ -47,18 +42,7 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
     from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, PlanMismatchError
     from flowlane.syndicate.plan import PlanOp, SyndicatePlan
 
-    if backend == "nccl":
-        os.environ["NCCL_HOSTID"] = f"flowlane-syn-host{rank}"
-        torch.cuda.set_device(0)
-        dist.init_process_group(
-            "nccl",
-            rank=rank,
-            world_size=world,
-            device_id=torch.device("cuda", 0),
-            timeout=datetime.timedelta(seconds=60),
-        )
-    else:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    init_rank(rank, world, backend, "flowlane-syn-host", 60, deterministic=False)
     dev = torch.device(device_name)
     out: dict[str, Any] = {"rank": rank}
 
@@ -190,48 +174,27 @@ def _ok(ranks: list[dict[str, Any]]) -> bool:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="result JSON path")
-    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds a rank may go without progress")
-    a = ap.parse_args()
-    if a.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("SKIP: no CUDA device (run with --backend gloo --device cpu for the CPU dry run)")
-            return 0
-    from flowlane.launch import launch
-    from flowlane.testing.provenance import provenance
-
-    t0 = time.perf_counter()
-    out: dict[str, Any] = {
-        "label": "measured on one GPU (2 NCCL ranks time-sharing it; loopback socket transport)"
+    a = check_args(__doc__, timeout_s=60.0)
+    skip = skip_reason(a.backend)
+    if skip is not None:
+        print(skip)
+        return 0
+    label = (
+        "measured on one GPU (2 NCCL ranks time-sharing it; loopback socket transport)"
         if a.backend == "nccl"
-        else "CPU dry run (gloo)",
-        "backend": a.backend,
-        **provenance(),
-    }
-    try:
-        with tempfile.TemporaryDirectory(prefix="fl_syn_nccl") as tmp:
-            ranks = launch(
-                rank_main,
-                WORLD,
-                args=(a.backend, a.device, os.path.join(tmp, "store")),
-                backend=None,
-                timeout=a.timeout,
-            )
-        out["ranks"] = ranks
-        out["ok"] = _ok(ranks)
-    except Exception:  # noqa: BLE001
-        out["ok"] = False
-        out["error"] = traceback.format_exc()[-3000:]
-    out["wall_s"] = time.perf_counter() - t0
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1, default=str))
-    print(f"syndicate_nccl: ok={out['ok']} wall {out['wall_s']:.0f}s")
-    for r in out.get("ranks", []):
+        else CPU_LABEL
+    )
+    with tempfile.TemporaryDirectory(prefix="fl_syn_nccl") as tmp:
+        out, ranks = run_ranks(
+            "syndicate_nccl",
+            rank_main,
+            WORLD,
+            a,
+            {"label": label},
+            _ok,
+            args=(a.backend, a.device, os.path.join(tmp, "store")),
+        )
+    for r in ranks:
         if "error" in r:
             print(f"  rank {r['rank']}: {r['error'].strip().splitlines()[-1][:300]}")
         else:
@@ -239,8 +202,6 @@ def main() -> int:
                 f"  rank {r['rank']}: checks {r['checks']} mismatch named: {r['mismatch'] is not None}; "
                 f"16 MiB all-reduce s { ({k: round(v, 4) for k, v in r['allreduce_16MiB_s'].items()}) }"
             )
-    if "error" in out:
-        print(out["error"][-1500:])
     return 0 if out["ok"] else 1
 
 
