@@ -1,0 +1,52 @@
+"""The prepared GPU checks' logic on CPU: tests/gpu/harness.py (flags, rank launch, result envelope) through the
+cheapest multi-rank check, SYNDICATE's, in its gloo dry run. The GPU runs themselves happen on a lent machine."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.llm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_multi_rank_gpu_check_runs_its_logic_on_cpu_and_writes_its_envelope(tmp_path: Path) -> None:
+    out = tmp_path / "syn.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "tests/gpu/syndicate_nccl.py",
+            "--backend",
+            "gloo",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["ok"] is True and doc["world"] == 2 and doc["backend"] == "gloo"
+    assert doc["label"].startswith("dry run on CPU") and doc["provenance"]["command"]
+    assert all(r["mismatch"] is not None for r in doc["ranks"])  # the watchdog named the odd rank on both
+
+
+def test_nccl_without_a_gpu_says_skip_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "syn.json"
+    r = subprocess.run(
+        [sys.executable, "tests/gpu/syndicate_nccl.py", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 0 and r.stdout.startswith("SKIP: no CUDA device"), r.stdout + r.stderr
+    assert not out.exists()
