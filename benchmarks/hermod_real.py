@@ -6,7 +6,7 @@
         [--baselines megatron,lina] [--workload synthetic|megatron] [--out results/hermod/real] [--name real]
         [--variant chunk_bytes=131072,max_inflight_chunks=1,gate_timeout_s=0.05[,dp_mid=consumer]
                    [,ep_algorithm=bvn|bvn_bottleneck|alg3|plain|auto][,ep_auto_candidates=plain+bvn+alg3]
-                   [,ep_auto_probe_iterations=2][,wire=1|2] ...]
+                   [,ep_auto_probe_iterations=2][,wire=1|2][,launch=pacer|program_order] ...]
 
 Network (:func:`emulated_fabric`, a :class:`flowlane.testing.netem.EmulatedNetwork`; needs root; every name is unique to this
 run and everything is deleted on exit, also on error / SIGTERM; traffic never leaves the namespaces created here):
@@ -486,7 +486,7 @@ def _plot(per_iter: dict[str, list[float]], speedup: dict[str, float], path: Pat
     fig.savefig(path, dpi=110)
 
 
-TEXT_KEYS = ("dp_mid", "ep_algorithm", "ep_auto_candidates")
+TEXT_KEYS = ("dp_mid", "ep_algorithm", "ep_auto_candidates", "launch")
 INT_KEYS = ("wire", "ep_auto_probe_iterations")
 # the all-to-all Hermod runs (HermodConfig.ep_algorithm): BvN matching phases (bvn_bottleneck: fewer, longer ones),
 # the seed's Algorithm 3, one all_to_all_single (inter-coflow priority only), or auto (measure the candidates, by
@@ -963,6 +963,8 @@ def main() -> int:
         )
         if v.get("dp_mid", "last") != "last":
             name += f" {v['dp_mid']}"
+        if v.get("launch", "auto") != "auto":
+            name += f" {v['launch']}"
         if v.get("ep_algorithm", "bvn") != "bvn":
             name += f" a2a={v['ep_algorithm']}"
         if v.get("ep_auto_candidates", AUTO_CANDIDATES) != AUTO_CANDIDATES:
