@@ -14,7 +14,12 @@ import argparse
 import importlib
 
 # feature modules that contribute flags; each must define add_args(parser: argparse.ArgumentParser) -> None
-FEATURES: tuple[str, ...] = ("megatron_plugin.hermod", "megatron_plugin.ssd_offload")
+FEATURES: tuple[str, ...] = (
+    "megatron_plugin.hermod",
+    "megatron_plugin.ssd_offload",
+    "megatron_plugin.aleph",
+    "megatron_plugin.syndicate",
+)
 
 
 def add_flowlane_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

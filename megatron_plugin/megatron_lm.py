@@ -1,4 +1,5 @@
-"""The launch flags in a Megatron-LM ``pretrain`` run: ``--coflow-scheduler hermod`` and ``--ssd-offload``.
+"""The launch flags in a Megatron-LM ``pretrain`` run: ``--coflow-scheduler hermod``, ``--ssd-offload``, ``--aleph``
+and ``--syndicate``.
 
 Megatron-LM's training loop is the user's own checkout (its ``megatron.training`` is not on PyPI), so flowlane
 plugs into the two functions every ``pretrain`` script hands over, the model provider and the forward step.
@@ -23,9 +24,14 @@ What happens where (every step at the same program point on every rank):
   it creates its class communicators) and keys and gates the schedules' pipeline p2p
   (:meth:`~megatron_plugin.hermod.Hermod.attach_pipeline`); with MoE, the all-to-all token dispatcher gets the
   matched all-to-all. After the last model chunk is built, ``--ssd-offload`` installs the activation offload.
+  ``--aleph`` (:mod:`megatron_plugin.aleph`) or ``--syndicate`` (:mod:`megatron_plugin.syndicate`) plans and makes
+  its process groups for the data-parallel group (collectives); either is refused with Hermod, with the other, or
+  with a configuration it cannot carry (:func:`check_dp_collective_args`).
 * the first forward step of each model chunk (inside ``train_step``; Megatron's DDP exists by then and no backward
   has run): Hermod hooks the chunk's DDP bucket groups (:mod:`megatron_plugin.ddp_hooks`), and on the first call
   wraps ``config.finalize_model_grads_func`` to end its iteration and read ``get_num_microbatches()`` (ramp-up).
+  ALEPH or SYNDICATE takes over the chunk's bucket-group all-reduces (:mod:`megatron_plugin.dp_collective`, local),
+  and SYNDICATE's iteration ends after ``finalize_model_grads_func`` likewise.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Any
 
 import torch
 
-from megatron_plugin import hermod, ssd_offload
+from megatron_plugin import aleph, hermod, ssd_offload, syndicate
 
 
 def _megatron_lm_get_args() -> argparse.Namespace:
@@ -57,6 +63,8 @@ class FlowlaneHooks:
         self._model_provider, self._forward_step, self._get_args = model_provider, forward_step, get_args
         self.hermod: hermod.Hermod | None = None
         self.offload: ssd_offload.SSDOffload | None = None
+        self.aleph: aleph.AlephMegatron | None = None
+        self.syndicate: syndicate.SyndicateMegatron | None = None
         self._chunks: list[torch.nn.Module] = []
         self._expected_chunks = 1
         self._attached: set[int] = set()
@@ -75,6 +83,15 @@ class FlowlaneHooks:
         return model
 
     def forward_step(self, data_iterator: Any, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        dp = self.aleph or self.syndicate  # the DP collective's owner (one at most: _setup refuses both)
+        if dp is not None and id(model) not in self._attached:
+            dp.attach([model])  # local: the groups were made in _setup
+            self._attached.add(id(model))
+            if self.syndicate is not None and not self._finalize_attached:
+                from megatron.core.utils import get_model_config
+
+                self.syndicate.attach_finalize(get_model_config(model))
+                self._finalize_attached = True
         h = self.hermod
         if h is not None and id(model) not in self._attached:
             h.attach_ddp([model])
@@ -97,6 +114,24 @@ class FlowlaneHooks:
         cfg = hermod.config_from_args(args)
         vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
         self._expected_chunks = int(vp) if vp else 1
+        aleph_cfg, syndicate_cfg = aleph.config_from_args(args), syndicate.config_from_args(args)
+        if aleph_cfg is not None or syndicate_cfg is not None:
+            refuse = check_dp_collective_args(args)
+            if refuse:
+                raise ValueError(f"--aleph / --syndicate cannot run with this configuration: {refuse}")
+            from megatron.core import parallel_state as ps
+
+            # collectives (plans, process groups), at the same program point on every rank; the bucket groups are
+            # attached at each chunk's first forward step, once Megatron's DDP exists
+            dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+            if aleph_cfg is not None:
+                self.aleph = aleph.AlephMegatron(aleph_cfg, dp_group)
+            else:
+                self.syndicate = syndicate.SyndicateMegatron(
+                    syndicate_cfg,  # type: ignore[arg-type]
+                    dp_group,
+                    overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
+                )
         if cfg.name != "hermod":
             return
         refuse = check_hermod_args(args)
@@ -122,6 +157,12 @@ class FlowlaneHooks:
             h.patch_moe_dispatcher()
 
     def close(self) -> None:
+        if self.aleph is not None:
+            self.aleph.close()
+            self.aleph = None
+        if self.syndicate is not None:
+            self.syndicate.close()
+            self.syndicate = None
         if self.hermod is not None:
             self.hermod.close()
             self.hermod = None
@@ -154,6 +195,27 @@ def check_hermod_args(args: argparse.Namespace) -> str:
             f"--moe-token-dispatcher-type {dispatcher}: Hermod schedules the alltoall dispatcher only "
             "(allgather and flex are not scheduled)"
         )
+    return ""
+
+
+def check_dp_collective_args(args: argparse.Namespace) -> str:
+    """Why ``--aleph`` / ``--syndicate`` cannot take over Megatron's DP all-reduce here ('' when they can); the
+    bucket groups themselves are checked again when attached (megatron_plugin.dp_collective)."""
+    if getattr(args, "aleph", False) and getattr(args, "syndicate", False):
+        return "--aleph and --syndicate both take over the DP all-reduce; use one"
+    if getattr(args, "coflow_scheduler", "none") == "hermod":
+        return "--coflow-scheduler hermod already defers the DP bucket groups' reductions; use one of them"
+    if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
+        return "FSDP is not supported (the DP all-reduce of Megatron-core's DistributedDataParallel is)"
+    if getattr(args, "use_distributed_optimizer", False):
+        return (
+            "--use-distributed-optimizer reduce-scatters gradients; only the all-reduce is taken over "
+            "(drop the flag)"
+        )
+    if getattr(args, "ddp_average_in_collective", False):
+        return "--ddp-average-in-collective (an AVG reduce op) is not supported; Megatron's default is"
+    if getattr(args, "num_experts", None):
+        return f"--num-experts {args.num_experts}: expert bucket groups (MoE) are not taken over; dense only"
     return ""
 
 

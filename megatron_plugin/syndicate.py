@@ -1,0 +1,299 @@
+"""SYNDICATE's enforcer on Megatron-core's data-parallel gradient all-reduce (seed 004 §5.2; digest §7 "Megatron").
+
+Each dense bucket group's coalesced all-reduce reaches a :class:`flowlane.syndicate.enforcer.Enforcer` through
+:mod:`megatron_plugin.dp_collective` (what it refuses is listed there): every bucket is one submitted op, matched to
+the plan's op of the same position by signature (all_reduce, element count, dtype), cut into the plan's motifs
+(segments of the bucket, each the backend's own all-reduce on a slice), put on its plan path (one process group per
+path, a clone of the data-parallel group made at install) and launched in the plan's order, identical on every rank.
+The enforcer's handle becomes Megatron's ``grad_reduce_handle``: ``finish_grad_sync`` waits for it. Megatron keeps
+its readiness logic and scaling, so results equal Megatron's own run (bitwise on 2 ranks, where a sum of two has one
+order; within float tolerance beyond).
+
+The iteration boundary is the end of Megatron's ``config.finalize_model_grads_func`` (wrapped, kept whole: the same
+program point on every rank). There the watchdog compares a fingerprint of the iteration's launch sequence and a
+rank that launched another one is named (:class:`flowlane.syndicate.enforcer.PlanMismatchError`); at install every
+rank's plan digest is compared and differing ranks are named.
+
+With ``overlap_grad_reduce`` Megatron starts each bucket group's reduction as soon as its gradients are final and
+waits for all of them in ``finalize_model_grads``, so a plan may order motifs *across* ops (a later bucket's motif
+first). In the first iteration Megatron starts and waits for each bucket group in turn inside ``finish_grad_sync``;
+a plan that interleaves ops then falls back to FIFO for that iteration, at the same program point on every rank
+(recorded in ``enforcer.events``). Without ``overlap_grad_reduce`` that is every iteration, so such a plan is refused
+at install. Also refused: plan ops other than all-reduce, ops spanning another number of ranks than the
+data-parallel group, algorithms the enforcer cannot force (``tree``, ``rs_ag``), and several data-parallel groups
+(PP, TP or CP > 1: one enforcer per group is not built).
+
+megatron-core API::
+
+    syn = install(ddp_chunks, SyndicateMegatronConfig(plan="plan.json"), config)  # config: the TransformerConfig
+    ... train (config.finalize_model_grads_func set, as Megatron-LM's train() does) ...
+    syn.close()
+
+Megatron-LM: ``--syndicate --syndicate-plan plan.json`` (``--syndicate-mode fifo`` runs every op whole and records
+the signatures, :attr:`SyndicateMegatron.submitted`, to build a plan from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from flowlane.configs import add_dataclass_args, config_from_namespace
+from flowlane.syndicate.enforcer import RUNNABLE_ALGOS, Enforcer, EnforcerConfig, Handle
+from flowlane.syndicate.plan import PlanError, SyndicatePlan
+
+log = logging.getLogger("flowlane.syndicate")
+
+#: installs in this process: each gets its own store namespace (installs are collective, so ranks agree)
+_INSTALLS = itertools.count()
+
+
+@dataclass(frozen=True)
+class SyndicateMegatronConfig:
+    """SYNDICATE on Megatron-core's DP all-reduce."""
+
+    plan: str = ""
+    """Path of a plan JSON (``SyndicatePlan.to_json``); empty only with mode ``fifo``."""
+    mode: Literal["plan", "fifo"] = "plan"
+    """``plan``: the plan's motifs, paths and order; ``fifo``: every op whole, at submission (the baseline)."""
+    check_every: int = 1
+    """Compare the iteration's launch sequence across ranks every this many iterations (0: never)."""
+    timeout_s: float = 60.0
+    """How long the watchdog waits for the other ranks before naming the missing ones."""
+
+    def __post_init__(self) -> None:
+        EnforcerConfig(
+            self.mode, self.check_every, self.timeout_s
+        )  # names a bad mode / check_every / timeout
+
+    def load_plan(self) -> SyndicatePlan | None:
+        if not self.plan:
+            if self.mode == "plan":
+                raise ValueError('syndicate plan is required with mode "plan" (or set mode "fifo")')
+            return None
+        p = Path(self.plan)
+        if not p.is_file():
+            raise ValueError(f"syndicate plan: no plan file at {str(p)!r}")
+        return SyndicatePlan.from_json(p.read_text())
+
+
+def check_plan_for_megatron(plan: SyndicatePlan, dp_size: int, overlap_grad_reduce: bool) -> None:
+    """Refuse what cannot run on Megatron-core's DP all-reduce (see the module docstring), naming the op."""
+    for i, op in enumerate(plan.ops):
+        if op.kind != "all_reduce":
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: Megatron-core's DDP submits only "
+                "its gradient buckets' all-reduces here"
+            )
+        if op.ranks != dp_size:
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; Megatron's data-parallel "
+                f"group has {dp_size}"
+            )
+        if op.option.algo not in RUNNABLE_ALGOS:
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} cannot be forced per "
+                f"call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
+            )
+    if not overlap_grad_reduce:
+        ops_in_order = [i for i, _ in plan.order]
+        if ops_in_order != sorted(ops_in_order):
+            k = next(k for k in range(1, len(ops_in_order)) if ops_in_order[k] < ops_in_order[k - 1])
+            raise PlanError(
+                f"plan v{plan.version} launches op {ops_in_order[k]} after op {ops_in_order[k - 1]} has "
+                "started, but overlap_grad_reduce=False: Megatron then waits for each bucket group before it "
+                "starts the next, so ops must go in submission order (add --overlap-grad-reduce)"
+            )
+
+
+class _Handles:
+    def __init__(self, handles: list[Handle]) -> None:
+        self.handles = handles
+
+    def wait(self) -> bool:
+        for h in self.handles:
+            h.wait()
+        return True
+
+
+class _SyndicateComponent:
+    """The DP component: each bucket of a coalesced call is one op submitted to the enforcer."""
+
+    def __init__(self, enforcer: Enforcer) -> None:
+        self.enforcer = enforcer
+        self.submitted: list[tuple[int, str, int, str]] = []
+
+    def all_reduce(self, tensors: list[torch.Tensor]) -> _Handles:
+        out = []
+        for t in tensors:
+            self.submitted.append(
+                (self.enforcer.iteration, "all_reduce", t.numel(), str(t.dtype).removeprefix("torch."))
+            )
+            out.append(self.enforcer.all_reduce(t))
+        return _Handles(out)
+
+
+class SyndicateMegatron:
+    """The enforcer for Megatron-core's data-parallel group: construct it on every rank (a collective: path groups,
+    the plan digest check), then :meth:`attach` the DDP chunks and :meth:`attach_finalize` the model config (both
+    local). :meth:`close` undoes it."""
+
+    def __init__(
+        self,
+        config: SyndicateMegatronConfig,
+        dp_group: dist.ProcessGroup,
+        overlap_grad_reduce: bool = True,
+        store: Any = None,
+    ) -> None:
+        from megatron_plugin.dp_collective import DPCollective
+
+        plan = config.load_plan()
+        if store is None:
+            try:  # torch.distributed's own store (every rank has it after init_process_group)
+                from torch.distributed.distributed_c10d import _get_default_store  # noqa: PLC0415
+            except ImportError:
+                raise RuntimeError(
+                    "flowlane.syndicate: this torch has no default store to share; pass store=..."
+                ) from None
+            store = _get_default_store()
+        namespace = f"flowlane-mcore-syndicate/{next(_INSTALLS)}"
+        world = dist.get_world_size()
+        self.enforcer: Enforcer | None = None
+
+        def make(group: dist.ProcessGroup | None, ranks: tuple[int, ...]) -> _SyndicateComponent | None:
+            if len(ranks) != world:
+                raise ValueError(
+                    f"flowlane.syndicate: the data-parallel group {list(ranks)} is not the whole world "
+                    f"({world} ranks; PP, TP or CP > 1): one enforcer per data-parallel group is not built"
+                )
+            if plan is not None:
+                check_plan_for_megatron(plan, len(ranks), overlap_grad_reduce)
+            names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
+            # one clone of the DP group per path, made in name order on every rank (group creation is collective)
+            paths = {name: dist.new_group(list(ranks)) for name in names}
+            if group is None:
+                return None
+            enforcer = Enforcer(
+                paths,
+                store,
+                dist.get_rank(group),
+                len(ranks),
+                EnforcerConfig(config.mode, config.check_every, config.timeout_s, namespace),
+            )
+            enforcer.install(plan)  # compares the plan's digest on every rank; names the ones that differ
+            self.enforcer = enforcer
+            return _SyndicateComponent(enforcer)
+
+        self._dp = DPCollective(dp_group, make, "flowlane.syndicate")
+        self.component: _SyndicateComponent = self._dp.component  # type: ignore[assignment]
+        self.config, self.plan = config, plan
+        self._undo_finalize: list[Any] = []
+
+    def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
+        """Route the chunks' dense bucket groups through the enforcer (local; before their first backward)."""
+        chunks = list(model_chunks)
+        if self.plan is not None:
+            from megatron_plugin.dp_collective import check_chunks
+
+            check_chunks(chunks, "flowlane.syndicate")
+            overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
+            check_plan_for_megatron(self.plan, len(self._dp.ranks), overlap)
+        n = self._dp.attach(chunks)
+        log.info(
+            "flowlane.syndicate: enforcer on %d Megatron-core DDP bucket group(s) (mode %s, plan %s)",
+            n,
+            self.config.mode,
+            f"v{self.plan.version}" if self.plan is not None else "none",
+        )
+
+    def attach_finalize(self, model_config: Any) -> None:
+        """End the enforcer's iteration after Megatron's ``model_config.finalize_model_grads_func`` (kept whole)."""
+        finalize = getattr(model_config, "finalize_model_grads_func", None)
+        if finalize is None:
+            raise ValueError(
+                "flowlane.syndicate: config.finalize_model_grads_func is not set; its end is the iteration "
+                "boundary (set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's "
+                "train() does)"
+            )
+        enforcer = self.enforcer
+
+        def finalize_then_step(*args: Any, **kwargs: Any) -> Any:
+            out = finalize(*args, **kwargs)
+            if enforcer is not None:
+                enforcer.step()
+            return out
+
+        model_config.finalize_model_grads_func = finalize_then_step
+        self._undo_finalize.append((model_config, finalize))
+
+    @property
+    def submitted(self) -> list[tuple[int, str, int, str]]:
+        """(iteration, kind, numel, dtype) of every op routed through the enforcer: the plan's signatures."""
+        return list(self.component.submitted) if self.component is not None else []
+
+    @property
+    def calls(self) -> int:
+        return self._dp.calls
+
+    def close(self) -> None:
+        self._dp.remove()
+        for model_config, finalize in reversed(self._undo_finalize):
+            model_config.finalize_model_grads_func = finalize
+        self._undo_finalize.clear()
+        if self.enforcer is not None:
+            self.enforcer.close()
+
+
+def install(
+    model_chunks: Sequence[torch.nn.Module],
+    config: SyndicateMegatronConfig,
+    model_config: Any,
+    store: Any = None,
+) -> SyndicateMegatron:
+    """Put the enforcer on every dense bucket group of ``model_chunks`` (Megatron-core DDP); ``model_config`` is
+    the chunks' TransformerConfig, whose ``finalize_model_grads_func`` ends each iteration. A collective: every
+    rank, after the DDP wrap and before the first backward."""
+    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of
+
+    chunks = list(model_chunks)
+    check_chunks(chunks, "flowlane.syndicate")  # refuse before anything is created
+    if getattr(model_config, "finalize_model_grads_func", None) is None:
+        raise ValueError(
+            "flowlane.syndicate: config.finalize_model_grads_func is not set; its end is the iteration boundary "
+            "(set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() does)"
+        )
+    overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
+    syn = SyndicateMegatron(config, data_parallel_group_of(chunks), overlap, store)
+    syn.attach(chunks)
+    syn.attach_finalize(model_config)
+    return syn
+
+
+# -- launch flags ------------------------------------------------------------------------------------------------------
+def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--syndicate`` and one ``--syndicate-<field>`` flag per :class:`SyndicateMegatronConfig` field."""
+    g = parser.add_argument_group("flowlane syndicate", "SYNDICATE motifs and launch order (seed 004)")
+    g.add_argument(
+        "--syndicate",
+        action="store_true",
+        help="cut Megatron-core DDP's gradient all-reduces into a plan's motifs, launched in its order",
+    )
+    add_dataclass_args(g, SyndicateMegatronConfig, "syndicate-")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SyndicateMegatronConfig | None:
+    """The config the flags give, or None without ``--syndicate``."""
+    if not getattr(args, "syndicate", False):
+        return None
+    cfg: SyndicateMegatronConfig = config_from_namespace(SyndicateMegatronConfig, args, "syndicate_")
+    cfg.load_plan()  # a missing plan or file is named before training
+    return cfg

@@ -1,0 +1,253 @@
+"""Rank functions for tests/test_aleph_megatron.py and tests/test_syndicate_megatron.py (spawned processes import
+them): a tiny GPT on Megatron-core's own DistributedDataParallel (data parallel only), get_megatron_optimizer,
+finalize_model_grads and the stock schedule, trained with and without ALEPH / SYNDICATE on the DP all-reduce."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+RECIPE = dict(
+    pipeline_parallel=1,
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    vocab_size=64,
+    seq_length=16,
+    micro_batch_size=2,
+    num_microbatches=2,
+    iterations=3,
+)
+BUCKET = 3000  # elements: several bucket groups
+
+
+def train(
+    mode: str, world: int, setup: Any = None, flags: tuple[str, ...] = (), overlap: bool = True
+) -> dict:
+    """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
+    ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
+    pretrain's call sequence)."""
+    import argparse
+    from functools import partial
+
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from flowlane import comm
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.megatron_lm import FlowlaneHooks
+    from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
+
+    recipe = GPTRecipe(num_ranks=world, **RECIPE)
+    forward_step = partial(_forward_step, recipe=recipe)
+    with comm.owned_process_groups():
+        ps.initialize_model_parallel()
+        try:
+            torch.manual_seed(0)
+            model_parallel_cuda_manual_seed(0)
+            hooks = None
+            if mode == "megatron_lm":
+                args = add_flowlane_args(argparse.ArgumentParser()).parse_args(list(flags))
+                args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, 1
+                args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, False
+                hooks = FlowlaneHooks(
+                    lambda **kw: build_model(recipe)[0], forward_step, get_args=lambda: args
+                )
+                module = hooks.model_provider(pre_process=True, post_process=True)
+                config = module.config
+                forward_step = hooks.forward_step
+            else:
+                module, config = build_model(recipe)
+            model = DistributedDataParallel(
+                config,
+                DistributedDataParallelConfig(
+                    grad_reduce_in_fp32=True, overlap_grad_reduce=overlap, bucket_size=BUCKET
+                ),
+                module,
+            )
+            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), [model])
+            config.no_sync_func = model.no_sync
+            config.finalize_model_grads_func = finalize_model_grads
+            feature = setup(model, config) if mode == "api" else None
+            fwd_bwd = get_forward_backward_func()
+            losses = []
+            for it in range(recipe.iterations):
+                model.zero_grad_buffer()
+                opt.zero_grad()
+                res = fwd_bwd(
+                    forward_step_func=forward_step,
+                    data_iterator=synthetic_batches(recipe, ps.get_data_parallel_rank(), it),
+                    model=[model],
+                    num_microbatches=recipe.num_microbatches,
+                    seq_length=recipe.seq_length,
+                    micro_batch_size=recipe.micro_batch_size,
+                    forward_only=False,
+                )
+                opt.step()
+                losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
+            if hooks is not None:
+                feature = hooks.aleph or hooks.syndicate
+            out: dict = {
+                "losses": losses,
+                "params": [p.detach().clone() for p in model.parameters()],
+                "bucket_groups": len(model.bucket_groups),
+            }
+            if feature is not None:
+                out["calls"] = feature.calls
+                enforcer = getattr(feature, "enforcer", None)
+                if enforcer is not None:
+                    out.update(
+                        log=list(enforcer.log),
+                        events=list(enforcer.events),
+                        submitted=feature.submitted,
+                        iterations=enforcer.iteration,
+                    )
+                plan = getattr(feature, "plan", None)
+                if plan is not None and hasattr(plan, "num_flows"):
+                    out["num_flows"] = plan.num_flows
+                if hooks is not None:
+                    hooks.close()
+                else:
+                    feature.close()
+                out["restored"] = all(
+                    bg.data_parallel_group is ps.get_data_parallel_group(with_context_parallel=True)
+                    for bg in model.bucket_groups
+                )
+            return out
+        finally:
+            ps.destroy_model_parallel()
+
+
+def refusal(world: int, what: Any, dist_opt: bool = False) -> str:
+    """The error ``what(model, config)`` raises on a fresh DDP model ('' when it raises none)."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from flowlane import comm
+    from recipes.gpt import GPTRecipe, build_model
+
+    recipe = GPTRecipe(num_ranks=world, **RECIPE)
+    with comm.owned_process_groups():
+        ps.initialize_model_parallel()
+        try:
+            torch.manual_seed(0)
+            model_parallel_cuda_manual_seed(0)
+            module, config = build_model(recipe)
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=dist_opt
+            )
+            model = DistributedDataParallel(config, ddp_config, module)
+            config.finalize_model_grads_func = finalize_model_grads
+            try:
+                what(model, config)
+            except (ValueError, RuntimeError) as e:
+                return f"{type(e).__name__}: {e}"
+            return ""
+        finally:
+            ps.destroy_model_parallel()
+
+
+def _equal(a: dict, b: dict) -> dict:
+    import torch
+
+    return {
+        "bitwise": a["losses"] == b["losses"]
+        and all(torch.equal(x, y) for x, y in zip(a["params"], b["params"], strict=True)),
+        "maxdiff": max(float((x - y).abs().max()) for x, y in zip(a["params"], b["params"], strict=True)),
+    }
+
+
+def aleph_runs(rank: int, world: int) -> dict:
+    """Megatron's own run; ALEPH with an all-singleton plan (API), a two-pair PS tree (the Megatron-LM flags) and an
+    M-WCHA plan from bandwidth figures (API); then refusals."""
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    from megatron_plugin.aleph import AlephMegatronConfig, install
+
+    stock = train("stock", world)
+    res: dict = {}
+    runs = {
+        "singletons": ("api", AlephMegatronConfig(clusters="0;1;2;3"), ()),
+        "pairs_ps_flags": (
+            "megatron_lm",
+            None,
+            ("--aleph", "--aleph-clusters", "0,2;1,3", "--aleph-top", "ps"),
+        ),
+        "mwcha": ("api", AlephMegatronConfig(bandwidth_gbps="30,20,10,10"), ()),
+    }
+    for name, (mode, cfg, flags) in runs.items():
+        out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags)
+        res[name] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "num_flows") if k in out}
+        res[name].update(_equal(stock, out))
+    res["refused_dist_opt"] = refusal(
+        world, lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")), dist_opt=True
+    )
+    res["refused_size"] = refusal(
+        world, lambda m, c: install([m], AlephMegatronConfig(bandwidth_gbps="30,20"))
+    )
+    return res
+
+
+def syndicate_runs(rank: int, world: int, tmp: str) -> dict:
+    """Megatron's own run; the enforcer in FIFO mode (API, recording the signatures); a plan that cuts every bucket
+    into up to 3 motifs launched last op first, last motif first (the Megatron-LM flags); a rank holding another
+    plan."""
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+    from megatron_plugin.syndicate import SyndicateMegatronConfig, install
+
+    stock = train("stock", world)
+    fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c))
+    res: dict = {"fifo": _equal(stock, fifo), "fifo_events": fifo["events"]}
+    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]  # the steady state's submissions
+    res["ops"] = len(sigs)
+
+    def plan_with(segments: int) -> SyndicatePlan:
+        ops = tuple(
+            PlanOp(f"bucket{i}", "all_reduce", n, d, world, Option("S", "ring", min(segments, n)))
+            for i, (n, d) in enumerate(sigs)
+        )
+        order = tuple(
+            (i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))
+        )
+        return SyndicatePlan(1, ops, order)
+
+    plan = plan_with(3)
+    path = os.path.join(tmp, "plan.json")
+    if rank == 0:
+        with open(path, "w") as f:
+            f.write(plan.to_json())
+    import torch.distributed as dist
+
+    dist.barrier()
+    out = train("megatron_lm", world, flags=("--syndicate", "--syndicate-plan", path))
+    res["plan"] = _equal(stock, out)
+    res["plan"].update(
+        {k: out[k] for k in ("calls", "bucket_groups", "restored", "log", "events", "iterations")}
+    )
+    res["plan_order"] = [list(e) for e in plan.order]
+    other = os.path.join(tmp, f"plan{rank}.json")
+    with open(other, "w") as f:
+        f.write((plan_with(2) if rank == 1 else plan).to_json())
+    res["mismatch"] = refusal(
+        world, lambda m, c: install([m], SyndicateMegatronConfig(plan=other, timeout_s=30), c)
+    )
+    return res

@@ -1,0 +1,72 @@
+"""ALEPH on Megatron-core's own data-parallel path (megatron_plugin.aleph over megatron_plugin.dp_collective): a tiny
+GPT, DP 4 on 4 gloo ranks, Megatron-core's DistributedDataParallel (overlap_grad_reduce, several bucket groups),
+get_megatron_optimizer and finalize_model_grads, against the same run without flowlane. One launch: an all-singleton
+plan (API), a two-pair PS tree given by the Megatron-LM flags, an M-WCHA plan from bandwidth figures (API), and the
+refusals; the launch flags and their checks are also tested without a launch."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("megatron.core")
+
+ITERATIONS = 3
+
+
+def test_aleph_on_megatron_core_ddp_matches_its_own_run_and_refuses_what_it_cannot_carry() -> None:
+    from flowlane.launch import launch
+    from tests.megatron_dp_workers import aleph_runs
+
+    res = launch(aleph_runs, 4, timeout=600)
+    for rank, r in enumerate(res):
+        for name in ("singletons", "pairs_ps_flags", "mwcha"):
+            x = r[name]
+            # the hierarchy carried every bucket group's reduction in every iteration, then gave the groups back
+            assert x["bucket_groups"] >= 2 and x["calls"] == x["bucket_groups"] * ITERATIONS, (rank, name, x)
+            assert x["restored"], (rank, name)
+            assert x["maxdiff"] < 1e-5, (rank, name, x)
+        # one flat level (every rank its own cluster): the aggregators' all-reduce is the same gloo all-reduce as
+        # Megatron's, so the run is Megatron's bit for bit
+        assert r["singletons"]["bitwise"], (rank, r["singletons"])
+        assert r["singletons"]["num_flows"] == 4 and r["mwcha"]["num_flows"] < 4, (rank, r["mwcha"])
+        assert "use_distributed_optimizer=True is not supported" in r["refused_dist_opt"], r[
+            "refused_dist_opt"
+        ]
+        assert "bandwidth_gbps='30,20' has 2 figures" in r["refused_size"], r["refused_size"]
+
+
+def test_aleph_flags_parse_and_bad_values_are_named() -> None:
+    from megatron_plugin.aleph import AlephMegatronConfig, config_from_args
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.megatron_lm import check_dp_collective_args
+
+    parser = add_flowlane_args(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])) is None
+    cfg = config_from_args(
+        parser.parse_args(["--aleph", "--aleph-bandwidth-gbps", "30,20,10", "--aleph-top", "ps"])
+    )
+    assert cfg is not None and cfg.top == "ps" and cfg.plan(3).n == 3
+    with pytest.raises(ValueError, match="--aleph needs --aleph-bandwidth-gbps"):
+        config_from_args(parser.parse_args(["--aleph"]))
+    with pytest.raises(ValueError, match="exactly one of bandwidth_gbps"):
+        AlephMegatronConfig(bandwidth_gbps="1,2", clusters="0;1")
+    with pytest.raises(ValueError, match=r"bandwidth_gbps='30,x' is not comma-separated numbers"):
+        AlephMegatronConfig(bandwidth_gbps="30,x")
+    with pytest.raises(ValueError, match=r"clusters='0,1' cover 2 ranks; the data-parallel group has 3"):
+        AlephMegatronConfig(clusters="0,1").plan(3)
+    with pytest.raises(ValueError, match="chunk_bytes=10 must be an integer >= 1024"):
+        AlephMegatronConfig(clusters="0", chunk_bytes=10)
+    with pytest.raises(ValueError, match="aleph variant='x'"):
+        AlephMegatronConfig(clusters="0", variant="x")  # type: ignore[arg-type]
+    args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--coflow-scheduler", "hermod"])
+    assert "--coflow-scheduler hermod" in check_dp_collective_args(args)
+    args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1"])
+    args.use_distributed_optimizer = True
+    assert "--use-distributed-optimizer" in check_dp_collective_args(args)
+    args.use_distributed_optimizer, args.num_experts = False, 4
+    assert "--num-experts 4" in check_dp_collective_args(args)
+    args.num_experts, args.syndicate = None, True
+    assert "--aleph and --syndicate" in check_dp_collective_args(args)

@@ -1,0 +1,74 @@
+"""SYNDICATE's enforcer on Megatron-core's own data-parallel path (megatron_plugin.syndicate over
+megatron_plugin.dp_collective): a tiny GPT, DP 2 on 2 gloo ranks, Megatron-core's DistributedDataParallel
+(overlap_grad_reduce, several bucket groups), against the same run without flowlane. One launch: FIFO mode (the
+baseline, recording the buckets' signatures), a plan given by the Megatron-LM flags that cuts every bucket into up
+to 3 motifs and launches the last bucket first (an order across ops, which Megatron's overlapped reductions allow),
+and a rank holding another plan."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("megatron.core")
+
+
+def test_syndicate_on_megatron_core_ddp_is_bitwise_its_own_run_in_one_launch_order() -> None:
+    from flowlane.launch import launch
+    from tests.megatron_dp_workers import syndicate_runs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = launch(syndicate_runs, 2, args=(tmp,), timeout=600)
+    for rank, r in enumerate(res):
+        # 2 ranks: a sum of two has one order, so motifs change nothing in the results
+        assert r["fifo"]["bitwise"] and r["fifo_events"] == [], (rank, r["fifo"])
+        p = r["plan"]
+        assert p["bitwise"], (rank, p["maxdiff"])
+        assert p["iterations"] == 3 and p["restored"], (rank, p)
+        assert r["ops"] >= 2 and p["calls"] == p["bucket_groups"] * 3, (rank, r["ops"], p)
+        # from iteration 1 on, Megatron starts every bucket group before it waits for any: the plan's order holds
+        # (iteration 0 starts and waits for each bucket group in turn inside finish_grad_sync: FIFO fallback there)
+        assert {e[0] for e in p["events"] if e[1] == "fallback"} <= {0}, (rank, p["events"])
+        for it in (1, 2):
+            launched = [[op, m] for i, _, op, m in p["log"] if i == it]
+            assert launched == r["plan_order"], (rank, it, launched)
+        assert "plan mismatch at install" in r["mismatch"] and "rank" in r["mismatch"], r["mismatch"]
+    assert (
+        res[0]["plan"]["log"] == res[1]["plan"]["log"]
+    )  # one launch sequence on both ranks, every iteration
+
+
+def test_syndicate_flags_parse_and_bad_values_are_named(tmp_path) -> None:
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanError, PlanOp, SyndicatePlan
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.syndicate import check_plan_for_megatron, config_from_args
+
+    parser = add_flowlane_args(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])) is None
+    with pytest.raises(ValueError, match='plan is required with mode "plan"'):
+        config_from_args(parser.parse_args(["--syndicate"]))
+    with pytest.raises(ValueError, match="no plan file at"):
+        config_from_args(parser.parse_args(["--syndicate", "--syndicate-plan", str(tmp_path / "none.json")]))
+    cfg = config_from_args(parser.parse_args(["--syndicate", "--syndicate-mode", "fifo"]))
+    assert cfg is not None and cfg.mode == "fifo"
+    with pytest.raises(ValueError, match="check_every must be an integer >= 0"):
+        config_from_args(
+            parser.parse_args(["--syndicate", "--syndicate-mode", "fifo", "--syndicate-check-every", "-1"])
+        )
+    ops = (
+        PlanOp("a", "all_reduce", 100, "float32", 2, Option("F", "ring", 2)),
+        PlanOp("b", "all_reduce", 100, "float32", 2, Option("F", "ring", 1)),
+    )
+    across = SyndicatePlan(1, ops, ((1, 0), (0, 1), (0, 0)))
+    check_plan_for_megatron(across, 2, overlap_grad_reduce=True)
+    with pytest.raises(PlanError, match="overlap_grad_reduce=False"):
+        check_plan_for_megatron(across, 2, overlap_grad_reduce=False)
+    with pytest.raises(PlanError, match="spans 2 ranks; Megatron's data-parallel group has 4"):
+        check_plan_for_megatron(across, 4, overlap_grad_reduce=True)
+    tree = SyndicatePlan(1, (PlanOp("t", "all_reduce", 100, "float32", 2, Option("F", "tree")),), ((0, 0),))
+    with pytest.raises(PlanError, match="algorithm 'tree' cannot be forced"):
+        check_plan_for_megatron(tree, 2, overlap_grad_reduce=True)
