@@ -116,20 +116,30 @@ def _free_port() -> int:
 def _trainer(args: dict) -> list[dict]:
     """One trainer process: connect, then train every entry of ``args["runs"]`` in turn (fresh model, sampler,
     ledger and explainer each; the same partitions and servers), and return one result per run."""
-    import dgl
-    import torch
-
     from .dgs import register_services
+    from .distdgl import DEFAULT_PEER_TIMEOUT_S, connect_trainer, peer_guard
 
     t_start = time.perf_counter()
 
     def log(what: str) -> None:  # progress in the trainer's log (the parent shows its tail on failure)
         print(f"dgs trainer: {what} at {time.perf_counter() - t_start:.1f} s", flush=True)
 
+    peer_s = float(args.get("peer_timeout_s", DEFAULT_PEER_TIMEOUT_S))
     register_services()
-    dgl.distributed.initialize(args["ip_config"])
+    connect_trainer(args["ip_config"], peer_s)  # DGL's exit barrier bounded by peer_s
     log("DistDGL client connected")
-    torch.distributed.init_process_group("gloo")
+    # a failure here or in a peer ends this trainer (PeerLostError for a lost peer), never a wait in DGL's barrier
+    with peer_guard(peer_s, "gnn_dgs trainer"):
+        return _trainer_body(args, peer_s, log)
+
+
+def _trainer_body(args: dict, peer_s: float, log) -> list[dict]:
+    import dgl
+    import torch
+
+    from .distdgl import leave, trainer_process_group
+
+    trainer_process_group(peer_s)  # every collective bounded by peer_s
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     log(f"rank {rank}/{world} joined the gloo group")
     g = dgl.distributed.DistGraph(_graph_name(args["part_config"]), part_config=args["part_config"])
@@ -147,7 +157,7 @@ def _trainer(args: dict) -> list[dict]:
             lp = load_local_partition(args["part_config"], rank, world)  # collective: every rank has DGS on
         out.append(_train_one(g, rank, world, dict(args, **run), lp, log))
         log(f"run {run.get('name', len(out))} done")
-    dgl.distributed.exit_client()
+    leave(peer_s)  # DGL's exit barrier, at most peer_s
     if args.get(
         "gather"
     ):  # under DistDGL's launcher: every rank's results to rank 0 (run_cluster reads files)
@@ -565,6 +575,7 @@ def _which(name: str) -> bool:
 
 RUN_KEYS = {
     "job",
+    "peer_timeout_s",
     "world_size",
     "epochs",
     "lr",
@@ -607,6 +618,10 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
         or any(isinstance(f, bool) or not isinstance(f, int) or (f < 1 and f != -1) for f in fan)
     ):
         raise ValueError(f"gnn_dgs: fanouts={fan!r} must be a list of integers >= 1 (or -1: all neighbours)")
+    if "peer_timeout_s" in c:
+        from .distdgl import check_peer_timeout
+
+        check_peer_timeout(c["peer_timeout_s"], "gnn_dgs: peer_timeout_s")
     for key in ("epochs", "batch_size"):
         v = c.get(key, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -668,6 +683,8 @@ def check_launch(world: int, env: Mapping[str, str] | None = None) -> DistDGLRol
 
 
 def _trainer_args(c: dict, classes: int | None) -> dict:
+    from .distdgl import DEFAULT_PEER_TIMEOUT_S
+
     dgs = (c.get("flowlane") or {}).get("dgs")
     model = dict(c.get("model") or {})
     return {
@@ -680,6 +697,7 @@ def _trainer_args(c: dict, classes: int | None) -> dict:
         "model": model.get("name", "sage"),
         "hidden": int(model.get("hidden", 32)),
         "classes": classes,
+        "peer_timeout_s": float(c.get("peer_timeout_s", DEFAULT_PEER_TIMEOUT_S)),
     }
 
 

@@ -12,16 +12,35 @@ before ``torch.distributed`` is initialised.
 trainer's rank, world size and rendezvous are torchrun's (``flowlane.launch.detect_launcher``). Full-graph training
 (``dgl_plugin.fullgraph``) reads each trainer's partition from ``DGL_CONF_PATH`` itself and samples nothing, so it
 needs one trainer per partition and no sampler processes.
+
+A dead peer is an error, never a hang (:func:`connect_trainer`, :func:`peer_guard`, :func:`leave`). DGL's client
+registers an exit hook (``exit_client``) whose barrier waits on the servers for *every* trainer, with no timeout. So
+when one trainer failed (say in ``fast_pull``), it sat in that barrier at exit, alive, while the others waited in
+their next gloo collective for it (30 min, gloo's default), and a trainer killed outright never reached the barrier,
+so the survivors, once gloo noticed, waited there for ever. Here a trainer that fails skips the barrier and exits at
+once (its peers' collectives then fail: "Connection closed by peer"); a trainer whose collective fails that way, or
+times out after ``peer_timeout_s``, raises :class:`PeerLostError` naming the peer's address or the timeout and exits
+non-zero; and the barrier of a normal exit is bounded by ``peer_timeout_s`` too. The servers are left to the launcher
+(they wait for clients that are gone; DGL lets only client 0 shut them down, and only after the barrier).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import datetime
+import faulthandler
 import os
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from flowlane.launch import LauncherEnvError
+
+DEFAULT_PEER_TIMEOUT_S = 300.0
+"""How long a trainer waits for a peer trainer (one collective, DGL's exit barrier) before it gives up."""
 
 _COMMON = ("DGL_IP_CONFIG", "DGL_NUM_SERVER", "DGL_NUM_CLIENT", "DGL_CONF_PATH")
 
@@ -174,9 +193,134 @@ def serve(r: DistDGLRole) -> None:
     dgl.distributed.initialize(r.ip_config)
 
 
-def connect(r: DistDGLRole) -> None:
+def connect(r: DistDGLRole, peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S) -> None:
     """Connect this trainer to the servers (before torch.distributed is initialised, as DGL requires). When the
-    process exits, DGL's exit hook waits for every trainer and the first one shuts the servers down."""
-    import dgl
+    process exits, DGL's exit barrier waits for every trainer (at most ``peer_timeout_s``, see :func:`leave`) and
+    the first one shuts the servers down."""
+    connect_trainer(r.ip_config, peer_timeout_s)
 
-    dgl.distributed.initialize(r.ip_config)
+
+# ------------------------------------------------------------------------------------------------ dead peers
+
+# what gloo says when the other end of a collective is gone or silent (torch 2.2: RuntimeError; newer: DistBackendError)
+_LOST = ("closed by peer", "reset by peer", "broken pipe", "timed out", "timeout", "connection refused")
+
+
+class PeerLostError(RuntimeError):
+    """A DistDGL trainer lost a peer trainer: the peer died or failed (its own log says why), or did not answer within
+    ``peer_timeout_s``."""
+
+
+@dataclass
+class _ExitState:
+    timeout_s: float = DEFAULT_PEER_TIMEOUT_S
+    abandoned: bool = False  # this trainer failed: no exit barrier (its peers would never come)
+    hooked: bool = False
+
+
+_EXIT = _ExitState()
+
+
+def check_peer_timeout(value: object, key: str = "peer_timeout_s") -> float:
+    """``value`` as seconds, or ValueError naming ``key`` and what is allowed."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            f"{key}={value!r} must be a number of seconds > 0 (how long a trainer waits for a peer)"
+        )
+    return float(value)
+
+
+def connect_trainer(ip_config: str, peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S) -> None:
+    """Connect this trainer to the DistDGL servers of ``ip_config`` (before torch.distributed is initialised, as DGL
+    requires) and bound DGL's exit barrier by ``peer_timeout_s``: DGL's own exit hook is replaced by :func:`leave`."""
+    import dgl
+    from dgl.distributed import dist_context
+
+    _EXIT.timeout_s = check_peer_timeout(peer_timeout_s)
+    dgl.distributed.initialize(ip_config)
+    atexit.unregister(dist_context.exit_client)
+    if not _EXIT.hooked:
+        atexit.register(leave)
+        _EXIT.hooked = True
+
+
+def leave(peer_timeout_s: float | None = None) -> None:
+    """Leave DistDGL (DGL's ``exit_client``: a barrier of every trainer on the servers, then client 0 stops them),
+    waiting at most ``peer_timeout_s`` (default: :func:`connect_trainer`'s) for the other trainers: past it the
+    process prints why and exits with status 1 (a trainer that is gone never arrives). Nothing when not connected.
+    Also this module's exit hook: after a failure (:func:`peer_guard`) it skips the barrier and ends the process
+    with status 1 (exit hooks registered before :func:`connect_trainer` do not run)."""
+    from dgl.distributed import dist_context
+
+    if not dist_context.is_initialized():
+        return
+    if _EXIT.abandoned:
+        # DGL's RPC threads stop only after the barrier: a normal interpreter exit would abort in their destructors
+        # ("terminate called without an active exception", SIGABRT), so a failed trainer ends here, with status 1
+        for f in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                f.flush()
+        os._exit(1)
+    timeout = check_peer_timeout(_EXIT.timeout_s if peer_timeout_s is None else peer_timeout_s)
+    done = threading.Event()
+
+    def give_up() -> None:
+        if not done.is_set():
+            print(
+                f"DistDGL trainer (RANK={os.environ.get('RANK', '?')}): not every trainer reached DGL's exit barrier "
+                f"within peer_timeout_s={timeout:g} s (a trainer died or hangs; its log says why): exiting with "
+                "status 1 instead of waiting for ever",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    # the barrier is native code: should it hold the interpreter, the kernel-level watchdog ends the process instead
+    faulthandler.dump_traceback_later(timeout + 5.0, exit=True)
+    try:
+        dist_context.exit_client()
+    finally:
+        done.set()
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
+
+
+def trainer_process_group(peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S) -> None:
+    """The trainers' gloo group from torchrun's variables (``env://``), every collective bounded by
+    ``peer_timeout_s`` (gloo's default is 30 min)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=check_peer_timeout(peer_timeout_s)))
+
+
+def _lost_peer(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(k in text for k in _LOST)
+
+
+@contextlib.contextmanager
+def peer_guard(
+    peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S, what: str = "DistDGL trainer"
+) -> Iterator[None]:
+    """Run a trainer's work so that a failure anywhere ends this trainer at once instead of in DGL's exit barrier
+    (which would wait for every trainer: the peers would wait for this one in their next collective, and this one
+    for them). A collective that failed because a peer is gone or silent is re-raised as :class:`PeerLostError`
+    naming the peer's address (gloo's message) or the timeout; other errors are re-raised as they are."""
+    try:
+        yield
+    except BaseException as e:
+        if isinstance(e, SystemExit) and e.code in (None, 0):
+            raise
+        _EXIT.abandoned = True
+        if _lost_peer(e) and not isinstance(e, PeerLostError):
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PeerLostError(
+                f"{what} rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')}: lost a peer "
+                f"trainer in a torch.distributed collective ({first}): the peer died or failed (its log says why) "
+                f"or did not answer within peer_timeout_s={float(peer_timeout_s):g} s. Exiting instead of waiting "
+                "in DGL's exit barrier for a trainer that will not come"
+            ) from e
+        raise

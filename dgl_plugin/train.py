@@ -11,6 +11,7 @@ Returns and writes (``out_dir/summary.json``) per-epoch loss, time and accuracy 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -97,16 +98,25 @@ def run_fullgraph(cfg: Any) -> dict:
         dev = ((c.get("flowlane") or {}).get("fullgraph") or {}).get("device", "auto")
         import torch
 
+        from .distdgl import distdgl_role, peer_guard
+
         backend = "nccl" if dev != "cpu" and torch.cuda.is_available() else "gloo"
-        gathered = run_this_rank(
-            _rank_main,
-            ext,
-            world,
-            args=(c,),
-            backend=backend,
-            op_timeout=float(c.get("timeout_s", 1800)),
-            key="world_size",
+        op_timeout = float(c.get("timeout_s", 1800))
+        # under DistDGL's launcher: a failure here or a lost peer ends this trainer, never a wait in DGL's exit
+        # barrier (dgl_plugin.distdgl); every collective waits at most timeout_s
+        guard = (
+            peer_guard(op_timeout, "gnn_fullgraph trainer") if distdgl_role() else contextlib.nullcontext()
         )
+        with guard:
+            gathered = run_this_rank(
+                _rank_main,
+                ext,
+                world,
+                args=(c,),
+                backend=backend,
+                op_timeout=op_timeout,
+                key="world_size",
+            )
         if gathered is None:
             return {}
         res = gathered
