@@ -188,10 +188,12 @@ def aleph_runs(rank: int, world: int) -> dict:
             None,
             ("--aleph", "--aleph-clusters", "0,2;1,3", "--aleph-top", "ps"),
         ),
-        "mwcha": ("api", AlephMegatronConfig(bandwidth_gbps="30,20,10,10"), ()),
+        # (and Megatron's synchronous path: each bucket group started and waited for inside finish_grad_sync)
+        "mwcha_no_overlap": ("api", AlephMegatronConfig(bandwidth_gbps="30,20,10,10"), ()),
     }
     for name, (mode, cfg, flags) in runs.items():
-        out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags)
+        overlap = name != "mwcha_no_overlap"
+        out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags, overlap=overlap)
         res[name] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "num_flows") if k in out}
         res[name].update(_equal(stock, out))
     res["refused_dist_opt"] = refusal(
@@ -200,6 +202,35 @@ def aleph_runs(rank: int, world: int) -> dict:
     res["refused_size"] = refusal(
         world, lambda m, c: install([m], AlephMegatronConfig(bandwidth_gbps="30,20"))
     )
+
+    def twice(m: Any, c: Any) -> None:
+        first = install([m], AlephMegatronConfig(clusters="0;1;2;3"))
+        try:
+            install([m], AlephMegatronConfig(clusters="0;1;2;3"))
+        finally:
+            first.close()
+
+    res["refused_twice"] = refusal(world, twice)
+
+    def under_hermod(m: Any, c: Any) -> None:
+        from megatron.core import parallel_state as ps
+
+        from megatron_plugin.hermod import Hermod, HermodConfig
+
+        h = Hermod(
+            HermodConfig(),
+            num_microbatches=2,
+            layers_per_stage=2,
+            stage=0,
+            dp_group=ps.get_data_parallel_group(with_context_parallel=True),
+        )
+        h.attach_ddp([m])
+        try:
+            install([m], AlephMegatronConfig(clusters="0;1;2;3"))
+        finally:
+            h.close()
+
+    res["refused_hermod"] = refusal(world, under_hermod)
     return res
 
 
