@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -310,8 +311,10 @@ def _partition(tmp: Path) -> Path:
     g = load_graph(
         "synthetic", seed=0, num_nodes=600, avg_degree=8, num_classes=4, num_communities=8, feat_dim=8
     )
-    dgl.distributed.partition_graph(g, "syn", 2, str(tmp / "parts"), num_hops=1, part_method="metis")
-    return tmp / "parts" / "syn.json"
+    # a graph name unique per run: DGL names the servers' shared-memory segments after it
+    name = f"syn{os.getpid()}x{time.monotonic_ns() % 10**9}"
+    dgl.distributed.partition_graph(g, name, 2, str(tmp / "parts"), num_hops=1, part_method="metis")
+    return tmp / "parts" / f"{name}.json"
 
 
 @pytest.mark.gnn
@@ -416,11 +419,18 @@ def _gnn_cmd(tmp: Path, name: str) -> list[str]:
 @pytest.mark.gnn
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="each DistDGL server gets a private /dev/shm, as on a machine of its own (root + unshare)",
+)
 def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launcher(tmp_path):
     """What DistDGL's tools/launch.py does for 2 machines x 1 trainer, on localhost: a graph server per machine
     (DGL_ROLE=server) and, per machine, the command under torch.distributed.run --nnodes 2 (DGL_ROLE=client).
     Both lines of ip_config name 127.0.0.1: this is also the layout for 2 trainers on one machine (the host listed
-    once per trainer; launch.py's --num_trainers 2 is refused, see the test above)."""
+    once per trainer; launch.py's --num_trainers 2 is refused, see the test above). Each server runs in its own
+    mount namespace with a private /dev/shm: DGL names its KVStore segments after the tensor only, so two servers
+    (or another run's) in one /dev/shm would overwrite each other's (docs/dgs.md); the trainers read their
+    partitions from disk and map no segment."""
     pytest.importorskip("dgl")
     part = _partition(tmp_path)
     ports = [_free_port() for _ in range(3)]
@@ -457,8 +467,12 @@ def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launch
         # processes wait for each other); no DGL_ROLE: flowlane-train starts its own 2 ranks
         start([*_gnn_cmd(tmp_path, "local"), f"+data.part_config={part}"], {}, "local", distdgl=False)
         for i in range(2):
+            private_shm = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+            private_shm += ['mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
             start(
-                _gnn_cmd(tmp_path, "distdgl"), {"DGL_ROLE": "server", "DGL_SERVER_ID": str(i)}, f"server{i}"
+                [*private_shm, *_gnn_cmd(tmp_path, "distdgl")],
+                {"DGL_ROLE": "server", "DGL_SERVER_ID": str(i)},
+                f"server{i}",
             )
         for node in range(2):
             start(
