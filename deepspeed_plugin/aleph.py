@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from deepspeed_plugin.comm import route_dp_all_reduce, unwrapped_backend
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
 from flowlane.aleph.hook import HierarchicalAllReduce
 
@@ -46,14 +47,9 @@ class AlephDeepSpeed:
     """The wrap on ``cdb.all_reduce`` (see the module docstring); ``calls`` counts the all-reduces it took."""
 
     def __init__(self, engine: Any, plan: Plan, top: str = "allreduce") -> None:
-        import deepspeed.comm.comm as dscomm  # noqa: PLC0415 - plugin-only dependency
         from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
 
-        cdb = dscomm.cdb
-        if cdb is None:
-            raise RuntimeError(
-                "deepspeed.comm is not initialised: call deepspeed.initialize before ALEPH's install"
-            )
+        cdb = unwrapped_backend("aleph")
         stage = engine.zero_optimization_stage()
         if stage != 0:
             raise ValueError(
@@ -65,36 +61,20 @@ class AlephDeepSpeed:
                 "flowlane.aleph on DeepSpeed does not support PipelineEngine yet (its DP group is the "
                 "pipeline grid's); use a plain engine or torch DDP with flowlane.aleph.hook"
             )
-        if getattr(cdb, "_flowlane_tap", None) is not None or "all_reduce" in vars(cdb):
-            raise RuntimeError(
-                "deepspeed.comm's all_reduce is already wrapped (a Hermod tap or another ALEPH "
-                "install); close it first: the two cannot share the DP all-reduce"
-            )
         dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
         self.ranks = tuple(dist.get_process_group_ranks(dp_group))
         self.har = HierarchicalAllReduce(plan, dp_group, top)
-        self.cdb, self.calls = cdb, 0
-        original = cdb.all_reduce
-        world = tuple(range(dist.get_world_size()))
+        self.calls = 0
 
-        def all_reduce(
-            tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
-        ) -> Any:
-            ranks = world if group is None else tuple(dist.get_process_group_ranks(group))
-            if ranks == self.ranks and _is_sum(op) and tensor.is_contiguous():
-                self.calls += 1
-                self.har(tensor)
-                return _Done() if async_op else None
-            return original(tensor, op, group, async_op)
+        def reduce(tensor: Any, async_op: bool) -> Any:
+            self.calls += 1
+            self.har(tensor)
+            return _Done() if async_op else None
 
-        cdb.all_reduce = all_reduce
+        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce)
 
     def close(self) -> None:
-        vars(self.cdb).pop("all_reduce", None)
-
-
-def _is_sum(op: Any) -> bool:
-    return op == dist.ReduceOp.SUM or getattr(op, "name", None) == "SUM"
+        self._undo()
 
 
 def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any]] | None:

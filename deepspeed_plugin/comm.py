@@ -16,6 +16,10 @@ class is not patched; :meth:`CommTap.close` restores it) and does two things:
   each PipelineEngine p2p instruction, the ``send``/``recv`` DeepSpeed's ``runtime.pipe.p2p`` issues without a group
   (the world) go to the given clone of the pipeline group (the critical class: on NCCL its traffic class and a
   high-priority stream), as Megatron's pipeline p2p does (megatron_plugin.hermod).
+
+:func:`unwrapped_backend` and :func:`route_dp_all_reduce` serve the features that replace ZeRO-0's data-parallel
+all-reduce itself (ALEPH's hierarchy, SYNDICATE's enforcer): one wrap of ``cdb.all_reduce`` and one refusal when
+another flowlane feature already holds it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -225,3 +229,51 @@ class CommTap:
         self._names.clear()
         if getattr(self.cdb, "_flowlane_tap", None) is self:
             del self.cdb._flowlane_tap
+
+
+# -- one data-parallel all-reduce routed elsewhere (ALEPH's hierarchy, SYNDICATE's enforcer) -------------------------
+def unwrapped_backend(feature: str) -> Any:
+    """``deepspeed.comm``'s backend object, refusing a process where it is not initialised or where another flowlane
+    feature (Hermod's tap, ALEPH, SYNDICATE) already wraps its ``all_reduce``: two cannot share the DP all-reduce."""
+    import deepspeed.comm.comm as dscomm  # noqa: PLC0415 - plugin-only dependency
+
+    cdb = dscomm.cdb
+    if cdb is None:
+        raise RuntimeError(
+            f"flowlane.{feature}: deepspeed.comm is not initialised: call deepspeed.initialize before install"
+        )
+    if getattr(cdb, "_flowlane_tap", None) is not None or "all_reduce" in vars(cdb):
+        raise RuntimeError(
+            f"flowlane.{feature}: deepspeed.comm's all_reduce is already wrapped (Hermod's tap, ALEPH or "
+            "SYNDICATE); close that install first: they cannot share the DP all-reduce"
+        )
+    return cdb
+
+
+def _is_sum(op: Any) -> bool:
+    return op == dist.ReduceOp.SUM or getattr(op, "name", None) == "SUM"
+
+
+def route_dp_all_reduce(
+    cdb: Any, ranks: tuple[int, ...], reduce: Callable[[torch.Tensor, bool], Any]
+) -> Callable[[], None]:
+    """Wrap ``cdb.all_reduce`` on the instance (the class is not patched): a SUM all-reduce of a contiguous tensor
+    over exactly ``ranks`` (ZeRO-0's ``allreduce_bucket`` on the DP group) returns ``reduce(tensor, async_op)``;
+    every other call goes to DeepSpeed's own. Returns the undo (a callable)."""
+    original = cdb.all_reduce
+    world = tuple(range(dist.get_world_size()))
+
+    def all_reduce(
+        tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
+    ) -> Any:
+        on = world if group is None else tuple(dist.get_process_group_ranks(group))
+        if on == ranks and _is_sum(op) and tensor.is_contiguous():
+            return reduce(tensor, async_op)
+        return original(tensor, op, group, async_op)
+
+    cdb.all_reduce = all_reduce
+
+    def undo() -> None:
+        vars(cdb).pop("all_reduce", None)
+
+    return undo

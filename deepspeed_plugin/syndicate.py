@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
+from deepspeed_plugin.comm import route_dp_all_reduce, unwrapped_backend
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.syndicate.enforcer import RUNNABLE_ALGOS, Enforcer, EnforcerConfig
 from flowlane.syndicate.plan import PlanError, SyndicatePlan
@@ -139,7 +140,6 @@ class SyndicateDeepSpeed:
     """The enforcer installed on one DeepSpeed engine (see the module docstring); :meth:`close` undoes it."""
 
     def __init__(self, engine: Any, cfg: SyndicateDSConfig, store: Any = None) -> None:
-        import deepspeed.comm.comm as dscomm  # noqa: PLC0415 - plugin-only dependency
         from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: PLC0415
         from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
 
@@ -155,14 +155,7 @@ class SyndicateDeepSpeed:
                 f"flowlane.syndicate on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
                 f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions"
             )
-        cdb = dscomm.cdb
-        if cdb is None:
-            raise RuntimeError("deepspeed.comm is not initialised: call deepspeed.initialize first")
-        if getattr(cdb, "_flowlane_tap", None) is not None or "all_reduce" in vars(cdb):
-            raise RuntimeError(
-                "deepspeed.comm's all_reduce is already wrapped (Hermod's tap, ALEPH, or another SYNDICATE "
-                "install); close it first: they cannot share the DP all-reduce"
-            )
+        cdb = unwrapped_backend("syndicate")
         dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
         self.ranks = tuple(dist.get_process_group_ranks(dp_group))
         plan = cfg.load_plan()
@@ -194,26 +187,19 @@ class SyndicateDeepSpeed:
         self.enforcer.install(plan)  # refuses options it cannot run; compares the plan's digest on every rank
         self.submitted: list[tuple[int, str, int, str]] = []
         """(iteration, kind, numel, dtype) of every op routed through the enforcer: the plan's signatures."""
-        self.engine, self.cdb, self.cfg = engine, cdb, cfg
-        original = cdb.all_reduce
-        world = tuple(range(dist.get_world_size()))
+        self.engine, self.cfg = engine, cfg
 
-        def all_reduce(
-            tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
-        ) -> Any:
-            ranks = world if group is None else tuple(dist.get_process_group_ranks(group))
-            if ranks == self.ranks and _is_sum(op) and tensor.is_contiguous():
-                self.submitted.append(
-                    (self.enforcer.iteration, "all_reduce", tensor.numel(), str(tensor.dtype)[6:])
-                )
-                handle = self.enforcer.all_reduce(tensor)
-                if async_op:
-                    return handle
-                handle.wait()
-                return None
-            return original(tensor, op, group, async_op)
+        def reduce(tensor: Any, async_op: bool) -> Any:
+            self.submitted.append(
+                (self.enforcer.iteration, "all_reduce", tensor.numel(), str(tensor.dtype)[6:])
+            )
+            handle = self.enforcer.all_reduce(tensor)
+            if async_op:
+                return handle
+            handle.wait()
+            return None
 
-        cdb.all_reduce = all_reduce
+        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce)
         step = engine.step
 
         def hooked_step(*args: Any, **kwargs: Any) -> Any:
@@ -232,13 +218,9 @@ class SyndicateDeepSpeed:
         )
 
     def close(self) -> None:
-        vars(self.cdb).pop("all_reduce", None)
+        self._undo()
         vars(self.engine).pop("step", None)
         self.enforcer.close()
-
-
-def _is_sum(op: Any) -> bool:
-    return op == dist.ReduceOp.SUM or getattr(op, "name", None) == "SUM"
 
 
 def install(

@@ -73,54 +73,32 @@ def mismatched_plans(rank: int, world: int) -> str:
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
     """ZeRO-0 DeepSpeed: its own run vs the same run with ALEPH's hierarchy on the DP all-reduce; then ZeRO 1 must be
     refused at install."""
-    import os
-    import sys
-
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-    import deepspeed.comm.torch  # noqa: F401
-
     from deepspeed_plugin.aleph import install
+    from tests.ds_workers_common import init_deepspeed_gloo, tiny_engine, tiny_net, train
 
-    # test-only, as in test_hermod_deepspeed.py: skip DeepSpeed's JIT-built shared-memory allreduce
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed("gloo")
+    init_deepspeed_gloo()
     out: dict = {}
     for name, zero, aleph in (
         ("own", 0, None),
         ("aleph", 0, {"clusters": [[3, 1, 2], [0]], "top": "ps"}),
         ("zero1", 1, {"clusters": [[3, 1, 2], [0]]}),
     ):
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-        cfg = {
-            "train_batch_size": 8,
-            "train_micro_batch_size_per_gpu": 2,
-            "steps_per_print": 1000,
-            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-            "zero_optimization": {"stage": zero},
-            "zero_allow_untested_optimizer": True,
-        }
-        if aleph is not None:
-            cfg["flowlane"] = {"aleph": aleph}
-        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+        engine, cfg = tiny_engine(zero, None if aleph is None else {"aleph": aleph})
         try:
             h = install(engine, cfg)
         except ValueError as e:
             out[name] = str(e)
             engine.destroy()
             continue
-        g = torch.Generator().manual_seed(100 + rank)
-        for _ in range(3):
-            loss = engine(torch.randn(2, 12, generator=g)).pow(2).mean()
-            engine.backward(loss)
-            engine.step()
+        train(engine, rank, 3)
         out[name] = [p.detach().clone() for p in engine.module.parameters()]
         if h is not None:
             out["calls"] = h.calls
             h.close()
         engine.destroy()
     out["maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(out["own"], out["aleph"], strict=True))
-    out["moved"] = max(float((a - b).abs().max()) for a, b in zip(out["own"], net.parameters(), strict=True))
+    out["moved"] = max(
+        float((a - b).abs().max()) for a, b in zip(out["own"], tiny_net().parameters(), strict=True)
+    )
     del out["own"], out["aleph"]
     return out

@@ -16,36 +16,18 @@ from flowlane.syndicate.plan import PlanOp, SyndicatePlan
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
     """ZeRO-0 DeepSpeed: its own run (recording the signatures of its DP all-reduces), then the same run with a plan
     that cuts each of them into up to 3 motifs launched last-first on path S; then ZeRO 1, which install refuses."""
-    import os
-    import sys
+    from tests.ds_workers_common import init_deepspeed_gloo, tiny_engine, tiny_net, train
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
+    init_deepspeed_gloo()
     import deepspeed.comm.comm as dscomm
-    import deepspeed.comm.torch  # noqa: F401
 
     from deepspeed_plugin.syndicate import install
 
-    # test-only, as in test_hermod_deepspeed.py: skip DeepSpeed's JIT-built shared-memory allreduce
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed("gloo")
     out: dict = {"refused": {}}
     recorded: list[tuple[int, str]] = []
 
     def run(name: str, zero: int, section: dict | None, steps: int = 4, record: bool = False) -> None:
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-        cfg = {
-            "train_batch_size": 8,
-            "train_micro_batch_size_per_gpu": 2,
-            "steps_per_print": 1000,
-            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-            "zero_optimization": {"stage": zero},
-            "zero_allow_untested_optimizer": True,
-        }
-        if section is not None:
-            cfg["flowlane"] = {"syndicate": section}
-        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+        engine, cfg = tiny_engine(zero, None if section is None else {"syndicate": section})
         try:
             s = install(engine, cfg)
         except (ValueError, RuntimeError) as e:
@@ -62,13 +44,7 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
                 return original(tensor, op, group, async_op)
 
             cdb.all_reduce = all_reduce
-        g = torch.Generator().manual_seed(100 + rank)
-        losses = []
-        for _ in range(steps):
-            loss = engine(torch.randn(2, 12, generator=g)).pow(2).mean()
-            losses.append(loss.item())
-            engine.backward(loss)
-            engine.step()
+        losses = train(engine, rank, steps)
         if record:
             vars(cdb).pop("all_reduce", None)
         out[name] = {"params": [p.detach().clone() for p in engine.module.parameters()], "losses": losses}
@@ -98,16 +74,10 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     )
     out["plan"]["same_losses"] = out["plan"]["losses"] == out["own"]["losses"]
     out["moved"] = max(
-        float((a - b).abs().max()) for a, b in zip(out["own"]["params"], net_init(), strict=True)
+        float((a - b).abs().max()) for a, b in zip(out["own"]["params"], tiny_net().parameters(), strict=True)
     )
     del out["plan"]["params"], out["own"]
     return out
-
-
-def net_init() -> list[torch.Tensor]:
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    return [p.detach().clone() for p in net.parameters()]
 
 
 class FireAt:
