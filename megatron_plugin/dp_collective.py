@@ -17,9 +17,11 @@ creates one group of it per data-parallel group (``new_group(backend="flowlane_d
 each bucket group's ``data_parallel_group``. Megatron's ``start_grad_sync`` then runs unchanged; its
 ``_coalescing_manager`` collects the per-bucket ``all_reduce`` calls and hands them to the group's
 ``allreduce_coalesced`` (checked on gloo), which gives them to the component; the component returns a handle that
-Megatron keeps as ``grad_reduce_handle`` and waits for in ``finish_grad_sync``. Swapping the attribute of a private
-class is still private API: megatron-core is pinned (:func:`megatron_plugin.hermod.check_megatron_core_version`,
-0.14-0.16) and refused outside the range.
+Megatron keeps as ``grad_reduce_handle`` and waits for in ``finish_grad_sync``. The creator returns a Python
+``torch.distributed.ProcessGroup`` subclass (the path torch keeps for Python process groups; checked on torch 2.15),
+which keeps its group name itself (torch reads it from C++ backends, which it has none of). Swapping the attribute
+of a private class is still private API: megatron-core is pinned
+(:func:`megatron_plugin.hermod.check_megatron_core_version`, 0.14-0.16) and refused outside the range.
 
 Refused at install, naming the value (never silently skipped):
 
