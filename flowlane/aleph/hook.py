@@ -29,6 +29,7 @@ future: correct and simple, without overlap between buckets (tier 0 validates pl
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,8 +37,62 @@ import torch.distributed as dist
 
 from flowlane.aleph.cluster import Plan
 from flowlane.aleph.config import TOP_MODES
+from flowlane.aleph.model import multi_ps_split
 
 log = logging.getLogger(__name__)
+
+
+def _check_multi_ps(
+    plan: Plan,
+    ps: Sequence[int] | None,
+    split: Sequence[float] | str | None,
+    ps_bandwidths: Sequence[float] | None,
+    dedicated: bool,
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The PS positions and the fraction of the tensor each sums (digest §2.9); bad input is refused, naming it."""
+    ps = (plan.heads[0],) if ps is None else tuple(ps)
+    if not ps or any(not isinstance(p, int) or isinstance(p, bool) for p in ps):
+        raise ValueError(f"ps={ps!r} must be a non-empty sequence of group positions (integers)")
+    if len(set(ps)) != len(ps):
+        raise ValueError(f"ps={ps!r} names a position twice")
+    for p in ps:
+        if not 0 <= p < plan.n:
+            raise ValueError(f"PS position {p} is outside the group's positions 0..{plan.n - 1}")
+        if p not in plan.heads:
+            raise ValueError(
+                f"PS position {p} is a member of the cluster of {plan.cluster_of(p).head}; a PS must be an "
+                f"aggregator (a cluster head, e.g. a singleton cluster for a dedicated PS): heads are {plan.heads}"
+            )
+        if dedicated and len(plan.cluster_of(p).members) > 1:
+            raise ValueError(
+                f"dedicated_ps: PS position {p} has members {list(plan.cluster_of(p).members[1:])}; a dedicated PS must be a singleton cluster"
+            )
+    if dedicated and len(ps) == len(plan.heads):
+        raise ValueError(f"dedicated_ps: every aggregator {plan.heads} is a PS, so nothing would be summed")
+    q = len(ps)
+    if split is None:
+        if ps_bandwidths is None:
+            if q > 1:
+                raise ValueError(
+                    f"{q} PSs {ps}: give split= (fractions or 'equal') or ps_bandwidths= (proportional)"
+                )
+            return ps, (1.0,)
+        bw = list(ps_bandwidths)
+        if len(bw) != q:
+            raise ValueError(f"ps_bandwidths={bw} has {len(bw)} values for {q} PSs {ps}")
+        return ps, tuple(multi_ps_split(bw))
+    if ps_bandwidths is not None:
+        raise ValueError("give split= or ps_bandwidths=, not both")
+    if isinstance(split, str):
+        if split != "equal":
+            raise ValueError(f"split={split!r}: a string split must be 'equal' (or give fractions)")
+        return ps, tuple(1.0 / q for _ in ps)
+    fr = [float(f) for f in split]
+    if len(fr) != q or any(not (0 <= f <= 1) for f in fr) or abs(sum(fr) - 1) > 1e-9:
+        raise ValueError(
+            f"split={list(split)} must have one fraction in [0, 1] per PS ({q}: {ps}), summing to 1"
+        )
+    return ps, tuple(fr)
 
 
 class HierarchicalAllReduce:
@@ -51,9 +106,18 @@ class HierarchicalAllReduce:
         group: dist.ProcessGroup | None = None,
         top: str = "allreduce",
         chunk_bytes: int = 256 << 10,
+        *,
+        ps: Sequence[int] | None = None,
+        split: Sequence[float] | str | None = None,
+        ps_bandwidths: Sequence[float] | None = None,
+        dedicated_ps: bool = False,
     ) -> None:
         if top not in TOP_MODES:
             raise ValueError(f"top={top!r} is not one of {TOP_MODES}")
+        if top != "ps" and (ps is not None or split is not None or ps_bandwidths is not None or dedicated_ps):
+            raise ValueError(
+                f"ps, split, ps_bandwidths and dedicated_ps apply to top='ps' only, not top={top!r}"
+            )
         if not (isinstance(chunk_bytes, int) and chunk_bytes >= 1024):
             raise ValueError(f"chunk_bytes={chunk_bytes!r} must be an integer >= 1024")
         self.chunk_bytes = chunk_bytes
@@ -65,8 +129,16 @@ class HierarchicalAllReduce:
         )
         if plan.n != len(self.ranks):
             raise ValueError(f"plan covers {plan.n} workers but the group has {len(self.ranks)} ranks")
-        plans = [None] * len(self.ranks)
-        dist.all_gather_object(plans, plan.to_dict(), group=group)
+        self.ps, self.split = _check_multi_ps(plan, ps, split, ps_bandwidths, dedicated_ps)
+        self.dedicated_ps = dedicated_ps
+        mine_cfg = {
+            "plan": plan.to_dict(),
+            "ps": list(self.ps),
+            "split": list(self.split),
+            "dedicated": dedicated_ps,
+        }
+        plans: list[Any] = [None] * len(self.ranks)
+        dist.all_gather_object(plans, mine_cfg, group=group)
         if any(p != plans[0] for p in plans):
             diff = next(i for i, p in enumerate(plans) if p != plans[0])
             raise ValueError(
@@ -84,16 +156,10 @@ class HierarchicalAllReduce:
             pg = dist.new_group([self.ranks[h] for h in plan.heads])
             if self.me in plan.heads:
                 self._top_pg = pg
-        # the PS-rooted tree: parent and children of this rank (global ranks)
-        root = plan.heads[0]
-        if self.me == self.cluster.head:
-            self._parent = None if self.me == root else self.ranks[root]
-            kids = list(self.cluster.members[1:]) + (
-                [h for h in plan.heads if h != root] if self.me == root else []
-            )
-        else:
-            self._parent, kids = self.ranks[self.cluster.head], []
-        self._children = [self.ranks[k] for k in kids]
+        # the PS-rooted tree(s): this rank's members (global ranks); the other heads are children only of a PS
+        c = self.cluster
+        self._members = [self.ranks[m] for m in c.members[1:]] if self.me == c.head else []
+        self._up = None if self.me == c.head else self.ranks[c.head]
         log.info(
             "ALEPH hierarchical all-reduce: %d clusters (|D|), this rank in cluster of %d, top=%s",
             plan.num_flows,
@@ -120,60 +186,104 @@ class HierarchicalAllReduce:
             self._scatter(tensor, head, [self.ranks[m] for m in c.members[1:]])
         return tensor
 
-    def _tree(self, tensor: torch.Tensor) -> None:
-        """The PS-rooted two-level tree, pipelined per chunk (the paper's per-segment pipelining, Sec. 3.3): a node
-        adds chunk k of all its children as soon as they are in and sends it up at once, and relays the parent's
-        result for chunk k down as soon as it arrives, so sending up and down overlap (full duplex). The root's sum is
-        the result. Children are added in plan order, so every run adds in the same order."""
-        flat = tensor.view(-1)
+    def _pieces(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """(view of ``flat``, index j of the PS that sums it), in sending order. One PS: ``chunk_bytes`` chunks. Several
+        (digest §2.9): PS j's part is the slice of ``split[j]`` of the tensor, cut into as many chunks as one PS would
+        use and sent interleaved (chunk i of part 0, of part 1, ...), so every PS's link works from the first chunk
+        on, each at its share; empty pieces are dropped (every rank computes the same list)."""
         step = max(1, self.chunk_bytes // max(1, flat.element_size()))
-        mine = list(flat.split(step))
-        n = len(mine)
-        kids, parent = self._children, self._parent
-        bufs = [[torch.empty_like(x) for x in mine] for _ in kids]
-        ups = [[dist.irecv(b[k], src=c, tag=k) for k in range(n)] for b, c in zip(bufs, kids, strict=True)]
+        if len(self.ps) == 1:
+            return [(x, 0) for x in flat.split(step)]
+        n, acc, off = flat.numel(), 0.0, [0]
+        for f in self.split[:-1]:
+            acc += f
+            off.append(min(n, max(off[-1], round(acc * n))))
+        off.append(n)
+        m = max(1, -(-n // step))
+        parts = [flat[a:b].tensor_split(m) for a, b in zip(off, off[1:], strict=False)]
+        return [(p[i], j) for i in range(m) for j, p in enumerate(parts) if p[i].numel()]
+
+    def _tree(self, tensor: torch.Tensor) -> None:
+        """The PS-rooted two-level tree(s), pipelined per chunk (the paper's per-segment pipelining, Sec. 3.3): a node
+        adds chunk k of all its children as soon as they are in and sends it up at once, and relays the parent's
+        result for chunk k down as soon as it arrives, so sending up and down overlap (full duplex). With q PSs
+        (Sec. 7, digest §2.9) each chunk belongs to one PS's part: an aggregator sends it to that PS, which adds it
+        over all aggregators and sends it back, so the q PSs' links carry their parts at the same time. Children are
+        added in plan order (a node's members, then, at a PS, the other aggregators), so every run adds in the same
+        order; with one PS this is exactly the single tree."""
+        flat = tensor.view(-1)
+        pieces = self._pieces(flat)
+        me, heads = self.me, self.plan.heads
+        ps_pos = [self.ps[j] for _, j in pieces]
+        dedicated = set(self.ps) if self.dedicated_ps else set()
+        others = [self.ranks[h] for h in heads if h != me and h not in dedicated]
+        # per piece: parent (None at the piece's PS; -1: a dedicated PS outside its part, which takes no part) and kids
+        parent: list[int | None] = []
+        kids: list[list[int]] = []
+        for p in ps_pos:
+            if self._up is not None:  # a member: everything goes through its aggregator
+                parent.append(self._up), kids.append([])
+            elif p == me:
+                parent.append(None), kids.append(self._members + others)
+            elif me in dedicated:
+                parent.append(-1), kids.append([])
+            else:
+                parent.append(self.ranks[p]), kids.append(self._members)
+        mine = [x for x, _ in pieces]
+        bufs = [[torch.empty_like(mine[k]) for _ in kids[k]] for k in range(len(pieces))]
+        ups = [
+            [dist.irecv(b, src=c, tag=k) for b, c in zip(bufs[k], kids[k], strict=True)]
+            for k in range(len(pieces))
+        ]
+        below = [k for k, q in enumerate(parent) if q is not None and q >= 0]
+        out = {k: torch.empty_like(mine[k]) for k in below}
+        downs = {k: dist.irecv(out[k], src=parent[k], tag=k) for k in below}
         sends: list[Any] = []
-        if parent is None:  # the root (the PS): its sum of chunk k is the result, sent down at once
-            for k in range(n):
-                for u, b in zip(ups, bufs, strict=True):
-                    u[k].wait()
-                    mine[k].add_(b[k])
-                sends += [dist.isend(mine[k], dst=c, tag=k) for c in kids]
-            for w in sends:
-                w.wait()
-            return
-        out = [torch.empty_like(x) for x in mine]
-        downs = [dist.irecv(out[k], src=parent, tag=k) for k in range(n)]
         relay_sends: list[Any] = []
         errors: list[BaseException] = []
 
         def relay() -> None:  # results down to the members as they arrive (gloo's wait releases the GIL)
             try:
-                for k in range(n):
+                for k in below:
                     downs[k].wait()
-                    relay_sends.extend(dist.isend(out[k], dst=c, tag=k) for c in kids)
+                    relay_sends.extend(dist.isend(out[k], dst=c, tag=k) for c in kids[k])
             except BaseException as e:  # re-raised by the caller after join
                 errors.append(e)
 
         # (a gloo Work reports completion only once waited on, so the two directions get a thread each, not a poll)
-        relayer = threading.Thread(target=relay, name="aleph-relay", daemon=True) if kids else None
+        relayer = (
+            threading.Thread(target=relay, name="aleph-relay", daemon=True)
+            if below and self._members
+            else None
+        )
         if relayer is not None:
             relayer.start()
-        for k in range(n):  # partial sums up to the parent, chunk by chunk
-            for u, b in zip(ups, bufs, strict=True):
-                u[k].wait()
-                mine[k].add_(b[k])
-            sends.append(dist.isend(mine[k], dst=parent, tag=k))
+        for k in range(len(pieces)):  # partial sums up, chunk by chunk; at a piece's PS, its result down
+            if parent[k] == -1:
+                continue
+            if parent[k] is None and me in dedicated:
+                mine[k].zero_()  # a dedicated PS's own tensor is not part of the sum
+            for u, b in zip(ups[k], bufs[k], strict=True):
+                u.wait()
+                mine[k].add_(b)
+            if parent[k] is None:
+                sends += [dist.isend(mine[k], dst=c, tag=k) for c in kids[k]]
+            else:
+                sends.append(dist.isend(mine[k], dst=parent[k], tag=k))
         if relayer is not None:
             relayer.join()
             if errors:
                 raise errors[0]
         else:
-            for d in downs:
+            for d in downs.values():
                 d.wait()
         for w in sends + relay_sends:
             w.wait()
-        torch.cat(out, out=flat)
+        for k, q in enumerate(parent):
+            if q == -1:
+                mine[k].zero_()
+            elif q is not None:
+                mine[k].copy_(out[k])
 
     def _gather_sum(self, tensor: torch.Tensor, root: int, others: list[int]) -> None:
         """Star: every rank in ``others`` sends to ``root``, which adds them in list order (the aggregation service

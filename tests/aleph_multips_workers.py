@@ -1,0 +1,72 @@
+"""Module-level rank function for the multi-PS tests of ALEPH's tier 0 (spawned processes must import it)."""
+
+import torch
+import torch.distributed as dist
+
+from flowlane.aleph import Plan
+from flowlane.aleph.hook import HierarchicalAllReduce
+
+
+def _ordered_sum(xs: list[torch.Tensor], plan: Plan, root: int, skip: set[int]) -> torch.Tensor:
+    """The tree's order of additions with PS ``root``: its own partial (itself, then its members), then every other
+    aggregator's partial in plan order; positions in ``skip`` (dedicated PSs) are left out."""
+
+    def partial(h: int) -> torch.Tensor:
+        c = plan.cluster_of(h)
+        t = torch.zeros_like(xs[h]) if h in skip else xs[h].clone()
+        for m in c.members[1:]:
+            t.add_(xs[m])
+        return t
+
+    total = partial(root)
+    for h in plan.heads:
+        if h != root and h not in skip:
+            total.add_(partial(h))
+    return total
+
+
+def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[dict]:
+    """For each keyword set of HierarchicalAllReduce(top="ps"): int64 sums against all_reduce (exact), float32 sums
+    against all_reduce (close) and against the tree's own order of additions computed here from all inputs, part by
+    part (bitwise). Dedicated PSs: the others' sum excludes them, a PS holds its own part's sum and zeros elsewhere."""
+    plan = Plan.from_clusters(world, clusters)
+    out = []
+    for kw in cases:
+        h = HierarchicalAllReduce(
+            plan, top="ps", chunk_bytes=4096, **kw
+        )  # 20 KB int64 / 40 KB: several chunks
+        ded = set(h.ps) if h.dedicated_ps else set()
+        xi = torch.arange(5003, dtype=torch.int64) * (rank + 1) + rank**3 - 7
+        xf = torch.randn(5003, generator=torch.Generator().manual_seed(rank))
+        got_i, got_f = h(xi.clone()), h(xf.clone())
+        alli = [torch.empty_like(xi) for _ in range(world)]
+        allf = [torch.empty_like(xf) for _ in range(world)]
+        dist.all_gather(alli, xi)
+        dist.all_gather(allf, xf)
+        # the part of each PS: reconstructed from the pieces the hook itself cut (same offsets on every rank)
+        owner = torch.empty(5003, dtype=torch.int64)
+        for view, j in h._pieces(owner):
+            view.fill_(j)
+        want_f = torch.zeros_like(xf)
+        want_i = torch.zeros_like(xi)
+        for j, p in enumerate(h.ps):
+            sel = owner == j
+            want_f[sel] = _ordered_sum(allf, plan, p, ded)[sel]
+            want_i[sel] = _ordered_sum(alli, plan, p, ded)[sel]
+        if rank in ded:  # a dedicated PS: its own part's sum, zeros elsewhere
+            mine = owner == h.ps.index(rank)
+            want_f[~mine] = 0
+            want_i[~mine] = 0
+        ref_i = torch.stack([a for r, a in enumerate(alli) if r not in ded]).sum(0)
+        ref_f = torch.stack([a for r, a in enumerate(allf) if r not in ded]).sum(0)
+        keep = torch.ones(5003, dtype=torch.bool) if rank not in ded else owner == h.ps.index(rank)
+        out.append(
+            {
+                "split": list(h.split),
+                "parts": [int((owner == j).sum()) for j in range(len(h.ps))],
+                "int_exact": bool(torch.equal(got_i[keep], ref_i[keep])) and bool(torch.equal(got_i, want_i)),
+                "float_maxdiff": float((got_f[keep] - ref_f[keep]).abs().max()),
+                "float_bitwise_tree_order": bool(torch.equal(got_f, want_f)),
+            }
+        )
+    return out

@@ -1,0 +1,81 @@
+"""ALEPH tier 0 with q >= 1 PSs (seed 002 Sec. 7, digest §2.9): every aggregator sends PS j the fraction split[j] of
+its partial sums; sums equal all_reduce (ints exactly), in the tree's fixed order of additions (bitwise)."""
+
+import pytest
+
+from flowlane.aleph import Plan
+from flowlane.aleph.hook import _check_multi_ps
+from flowlane.launch import launch
+from tests import aleph_multips_workers
+
+pytestmark = pytest.mark.once  # torch-only core code, like tests/test_aleph_hook.py
+
+# 5 ranks: heads 0, 1, 2 (with member 3) and 4
+CLUSTERS_5 = [[0], [1], [2, 3], [4]]
+CASES_5 = [
+    {},  # one PS (the first head): the single tree
+    {"ps": (0, 1), "split": (0.6, 0.4)},  # uneven split
+    {"ps": (0, 1, 4), "ps_bandwidths": (300.0, 150.0, 100.0)},  # proportional: 6/11, 3/11, 2/11
+    {"ps": (2, 1), "split": "equal"},  # a PS with a member of its own
+    {"ps": (0, 4), "split": (1.0, 0.0)},  # an empty part
+    {"ps": (0, 1), "split": (0.7, 0.3), "dedicated_ps": True},  # PS ranks outside the sum
+]
+
+
+def _check(res: list[list[dict]], ncases: int) -> None:
+    for rank, r in enumerate(res):
+        assert len(r) == ncases
+        for i, c in enumerate(r):
+            assert c["int_exact"], (rank, i, c)
+            assert c["float_bitwise_tree_order"], (rank, i, c)
+            assert c["float_maxdiff"] < 1e-4, (rank, i, c)
+            assert c["split"] == res[0][i]["split"] and c["parts"] == res[0][i]["parts"]
+
+
+def test_multi_ps_sums_match_all_reduce_and_the_tree_order_on_5_ranks():
+    res = launch(aleph_multips_workers.multi_ps_cases, 5, args=(CLUSTERS_5, CASES_5), timeout=120)
+    _check(res, len(CASES_5))
+    parts = [c["parts"] for c in res[0]]
+    assert parts[0] == [5003]
+    assert parts[1] == [3002, 2001]  # 0.6 / 0.4 of 5003
+    assert res[0][2]["split"] == pytest.approx([6 / 11, 3 / 11, 2 / 11])
+    assert parts[4] == [5003, 0]
+
+
+@pytest.mark.slow
+def test_multi_ps_on_7_ranks_three_ps():
+    clusters = [[0], [1], [2], [6, 3, 4], [5]]
+    cases = [{"ps": (0, 1, 2), "ps_bandwidths": (3.0, 1.5, 1.0)}, {"ps": (6, 5, 0), "split": "equal"}]
+    res = launch(aleph_multips_workers.multi_ps_cases, 7, args=(clusters, cases), timeout=240)
+    _check(res, len(cases))
+
+
+PLAN = Plan.from_clusters(5, CLUSTERS_5)
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"ps": (0, 9)}, "PS position 9 is outside"),
+        ({"ps": (0, 3)}, "PS position 3 is a member of the cluster of 2"),
+        ({"ps": (0, 0)}, "names a position twice"),
+        ({"ps": (0, 1), "split": (0.5, 0.6)}, "split=[0.5, 0.6] must have one fraction"),
+        ({"ps": (0, 1), "split": (1.5, -0.5)}, "split=[1.5, -0.5] must have one fraction"),
+        ({"ps": (0, 1), "split": (1.0,)}, "split=[1.0] must have one fraction"),
+        ({"ps": (0, 1), "split": "fast"}, "split='fast'"),
+        ({"ps": (0, 1)}, "give split="),
+        ({"ps": (0, 1), "ps_bandwidths": (1.0,)}, "ps_bandwidths=[1.0] has 1 values for 2 PSs"),
+        ({"ps": (0, 1), "ps_bandwidths": (1.0, 0.0)}, "every PS bandwidth must be > 0"),
+        ({"ps": (2, 1), "split": "equal", "dedicated": True}, "dedicated_ps: PS position 2 has members [3]"),
+    ],
+)
+def test_bad_multi_ps_input_is_refused_naming_it(kw, msg):
+    kw = {"ps": None, "split": None, "ps_bandwidths": None, "dedicated": False, **kw}
+    with pytest.raises(ValueError) as e:
+        _check_multi_ps(PLAN, **kw)
+    assert msg in str(e.value)
+
+
+def test_multi_ps_split_defaults():
+    assert _check_multi_ps(PLAN, None, None, None, False) == ((0,), (1.0,))
+    assert _check_multi_ps(PLAN, (1, 0), "equal", None, False) == ((1, 0), (0.5, 0.5))
