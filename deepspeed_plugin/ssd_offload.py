@@ -64,19 +64,92 @@ AIO_BLOCK_SIZE, AIO_QUEUE_DEPTH = 1 << 20, 8
 
 
 @functools.cache
+def libaio_missing() -> str | None:
+    """Why DeepSpeed's async I/O op cannot be built here (libaio's headers or library not found; DeepSpeed's own
+    check: it compiles and links a call of ``io_submit``), or None when it can."""
+    from deepspeed.ops.op_builder import AsyncIOBuilder  # noqa: PLC0415 - plugin-only dependency
+
+    if AsyncIOBuilder().is_compatible(verbose=False):
+        return None
+    return (
+        "deepspeed.ops.aio is not compatible here: libaio's headers and library were not found "
+        "(Debian: apt-get install libaio-dev, or scripts/install-aio-deps.sh as root; a libaio outside the "
+        "system paths needs CFLAGS=-I<dir> LDFLAGS=-L<dir> for DeepSpeed's check and CPATH=<dir> "
+        "LIBRARY_PATH=<dir> for its JIT build)"
+    )
+
+
+def aio_build_dir() -> Path:
+    """Where DeepSpeed's JIT build of the op goes, once per machine and version set: ``$FLOWLANE_AIO_CACHE`` (default
+    ``~/.cache/flowlane/deepspeed_aio``) / a key of the DeepSpeed, torch and Python versions, the accelerator (a CPU
+    and a CUDA build differ) and the machine. torch's own cache would rebuild the op in every fresh clone (its
+    build commands name the clone's paths), which is minutes on a 2-core machine."""
+    import platform  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import deepspeed  # noqa: PLC0415 - plugin-only dependency
+    from deepspeed.accelerator import get_accelerator  # noqa: PLC0415
+
+    key = "-".join(
+        (
+            f"ds{deepspeed.__version__}",
+            f"torch{torch.__version__}",
+            f"py{sys.version_info[0]}{sys.version_info[1]}",
+            get_accelerator()._name,
+            platform.machine(),
+        )
+    ).replace("+", "_")
+    root = os.environ.get("FLOWLANE_AIO_CACHE") or Path.home() / ".cache" / "flowlane" / "deepspeed_aio"
+    return Path(root) / key
+
+
+def _import_extension(name: str, path: Path) -> Any:
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {name} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
 def deepspeed_aio_op() -> tuple[Any, str]:
-    """(the loaded ``async_io`` op module or None, why not). Builds it (JIT) on the first call in a process."""
+    """(the loaded ``async_io`` op module or None, why not). Where libaio is found (:func:`libaio_missing`) the op
+    is DeepSpeed's own build (``AsyncIOBuilder().load()``, JIT, into :func:`aio_build_dir`); a build already there is
+    imported as torch's loader would import it (its ``pin_memory`` helper first, as DeepSpeed's loader does)."""
     try:
         from deepspeed.ops.op_builder import AsyncIOBuilder  # noqa: PLC0415 - plugin-only dependency
 
-        builder = AsyncIOBuilder()
-        if not builder.is_compatible(verbose=False):
-            return None, (
-                "deepspeed.ops.aio is not compatible here: libaio's headers and library were not found "
-                "(Debian: apt-get install libaio-dev; a libaio outside the system paths needs CFLAGS=-I<dir> "
-                "LDFLAGS=-L<dir> for DeepSpeed's check and CPATH=<dir> LIBRARY_PATH=<dir> for its JIT build)"
-            )
-        return builder.load(verbose=False), "ok"
+        missing = libaio_missing()
+        if missing is not None:
+            return None, missing
+        d = aio_build_dir()
+        built = {n: d / n / f"{n}.so" for n in ("pin_memory", "async_io")}
+        if all(p.is_file() for p in built.values()):
+            import ctypes  # noqa: PLC0415
+            import sys  # noqa: PLC0415
+
+            # as DeepSpeed's own loader does (op_builder/pin_memory_load.py): once per process, its symbols global
+            # so that async_io resolves them
+            pin = getattr(sys, "_deepspeed_pin_memory_op_module", None)
+            if pin is None:
+                pin = _import_extension("pin_memory", built["pin_memory"])
+                sys._deepspeed_pin_memory_op_module = pin  # type: ignore[attr-defined]
+            ctypes.CDLL(pin.__file__, mode=ctypes.RTLD_GLOBAL)
+            return _import_extension("async_io", built["async_io"]), f"ok (built in {d})"
+        d.mkdir(parents=True, exist_ok=True)
+        before = os.environ.get("TORCH_EXTENSIONS_DIR")
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(d)  # read by torch's JIT build at call time
+        try:
+            op = AsyncIOBuilder().load(verbose=False)
+        finally:
+            if before is None:
+                os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+            else:
+                os.environ["TORCH_EXTENSIONS_DIR"] = before
+        return op, f"ok (built now in {d})"
     except Exception as e:  # noqa: BLE001 - a failed JIT build raises anything from the compiler driver
         return None, f"deepspeed.ops.aio did not build/load: {type(e).__name__}: {e}"
 
