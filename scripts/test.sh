@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh llm || exit 1
 scripts/bootstrap.sh gnn || exit 1
 aleph_dataplane/install-xdp-deps.sh  # ALEPH's XDP tier: clang + libbpf-dev (its tests skip without them)
+scripts/install-aio-deps.sh --build  # DeepSpeed's aio op: libaio-dev, the op built once per machine (cached)
 mkdir -p results/test-reports
 export DS_ACCELERATOR=cpu PYTHONDONTWRITEBYTECODE=1
 status=0
