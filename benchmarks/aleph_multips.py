@@ -17,6 +17,7 @@ can send S faster than its link: T = max(that, S / B_w). With the defaults: prop
 4S/300 (the slowest PS's third takes as long as the fastest PS alone): proportional 1.83x faster than either.
 
 Run (root): .venv-llm/bin/python benchmarks/aleph_multips.py [--reps 7] [--mb 4]  -> results/aleph/e8_multips.json
+Plot: .venv-llm/bin/python benchmarks/aleph_multips.py --plot OUT.png RESULT.json [RESULT.json ...]
 Without root/iproute2 it prints why and exits 0 (nothing measured).
 """
 
@@ -125,6 +126,39 @@ def model_seconds(
     }
 
 
+def plot(png: str, paths: list[str]) -> None:
+    """Measured medians (bars, each rep a dot) beside the flow model (outlined bars), one panel per result file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    fig, axes = plt.subplots(1, len(docs), figsize=(4.2 * len(docs), 3.4), squeeze=False)
+    for ax, d in zip(axes[0], docs, strict=True):
+        xs = range(len(SCHEMES))
+        ax.bar(
+            [x - 0.2 for x in xs], [d["seconds"][s]["median"] for s in SCHEMES], 0.4, label="measured median"
+        )
+        for x, s in zip(xs, SCHEMES, strict=True):
+            ax.plot([x - 0.2] * len(d["seconds"][s]["all"]), d["seconds"][s]["all"], "k.", ms=3)
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [d["model_seconds"][s] for s in SCHEMES],
+            0.4,
+            fill=False,
+            label="flow model",
+        )
+        ax.set_xticks(list(xs), SCHEMES)
+        ps = "/".join(f"{p:g}" for p in d["rates_mbit"]["ps"])
+        ax.set_title(f"PS {ps} Mbit/s, {len(d['rates_mbit']['workers'])} workers", fontsize=9)
+        ax.set_ylabel(f"s per {d['tensor_mb']:g} MB sum")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("ALEPH E8 multi-PS split (measured on CPU with emulated links)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=7)
@@ -144,11 +178,17 @@ def main() -> None:
     ap.add_argument("--burst-kb", type=float, default=128.0, help="tbf bucket (E4: 32 KB capped fast links)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=str(ROOT / "results" / "aleph" / "e8_multips.json"))
+    ap.add_argument("--plot", nargs="+", metavar=("PNG", "JSON"), help="only draw PNG from result JSONs")
     ap.add_argument("--worker", nargs=4, metavar=("RANK", "WORLD", "MASTER", "CFG_JSON"))
     a = ap.parse_args()
     if a.worker:
         r, w, m, cfg = a.worker
         worker(int(r), int(w), m, json.loads(cfg))
+        return
+    if a.plot:
+        if len(a.plot) < 2:
+            ap.error(f"--plot {a.plot}: give the PNG to write, then one or more result JSONs")
+        plot(a.plot[0], a.plot[1:])
         return
     bad = [
         f"{k}={v!r}"
