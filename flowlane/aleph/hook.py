@@ -7,7 +7,10 @@ Digest §5.4 tier 0 / §6: for a :class:`flowlane.aleph.Plan` over the ranks of 
    member sends S once, as in the paper's worker -> aggregator step);
 2. aggregators combine: ``all_reduce`` among them (``top="allreduce"``: no dedicated PS, digest §5.1 #12), or a
    star into the first aggregator and back (``top="ps"``: the first aggregator plays the PS; give the PS its own
-   rank, contributing zeros, to model a separate server);
+   rank, contributing zeros, to model a separate server). With ``ps=`` naming q PS positions (seed Sec. 7, digest
+   §2.9), every aggregator sends PS j the part ``split[j]`` of its partial sums (default: proportional to
+   ``ps_bandwidths``), the parts' chunks interleaved so the PSs' links work in parallel; ``dedicated_ps=True``
+   leaves the PS ranks out of the sum;
 3. the aggregator sends the sum to each member (the PS -> aggregator -> worker multicast).
 
 With ``top="ps"`` the whole tree is pipelined per ``chunk_bytes`` chunk, as the paper pipelines segments: a node
@@ -98,7 +101,12 @@ def _check_multi_ps(
 class HierarchicalAllReduce:
     """The three-step all-reduce of ``plan`` over ``group`` (default: the world); ``plan`` indexes positions in the
     group (0..size-1). Construct it on every rank of the world (with ``top="allreduce"`` it calls ``new_group``,
-    which torch requires of every rank), the same plan everywhere."""
+    which torch requires of every rank), the same plan everywhere.
+
+    ``top="ps"`` only: ``ps``, the PS positions (cluster heads; default: the first head); ``split``, the fraction of
+    the tensor each PS sums (fractions >= 0 summing to 1, or ``"equal"``), or ``ps_bandwidths`` for the proportional
+    split P_j / sum(P); ``dedicated_ps``: the PSs (singleton clusters) are separate servers, left out of the sum,
+    each ending with its own part's sum and zeros elsewhere."""
 
     def __init__(
         self,
