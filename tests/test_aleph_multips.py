@@ -79,3 +79,10 @@ def test_bad_multi_ps_input_is_refused_naming_it(kw, msg):
 def test_multi_ps_split_defaults():
     assert _check_multi_ps(PLAN, None, None, None, False) == ((0,), (1.0,))
     assert _check_multi_ps(PLAN, (1, 0), "equal", None, False) == ((1, 0), (0.5, 0.5))
+
+
+def test_multi_ps_options_need_top_ps():
+    from flowlane.aleph.hook import HierarchicalAllReduce
+
+    with pytest.raises(ValueError, match="apply to top='ps' only, not top='allreduce'"):
+        HierarchicalAllReduce(PLAN, top="allreduce", ps=(0, 1), split="equal")

@@ -225,18 +225,20 @@ class HierarchicalAllReduce:
         ps_pos = [self.ps[j] for _, j in pieces]
         dedicated = set(self.ps) if self.dedicated_ps else set()
         others = [self.ranks[h] for h in heads if h != me and h not in dedicated]
-        # per piece: parent (None at the piece's PS; -1: a dedicated PS outside its part, which takes no part) and kids
-        parent: list[int | None] = []
-        kids: list[list[int]] = []
-        for p in ps_pos:
+
+        # per piece: (parent, children); parent None at the piece's PS, -1 at a dedicated PS outside its own part
+        def role(p: int) -> tuple[int | None, list[int]]:
             if self._up is not None:  # a member: everything goes through its aggregator
-                parent.append(self._up), kids.append([])
-            elif p == me:
-                parent.append(None), kids.append(self._members + others)
-            elif me in dedicated:
-                parent.append(-1), kids.append([])
-            else:
-                parent.append(self.ranks[p]), kids.append(self._members)
+                return self._up, []
+            if p == me:
+                return None, self._members + others
+            if me in dedicated:
+                return -1, []
+            return self.ranks[p], self._members
+
+        roles = [role(p) for p in ps_pos]
+        parent = [r[0] for r in roles]
+        kids = [r[1] for r in roles]
         mine = [x for x, _ in pieces]
         bufs = [[torch.empty_like(mine[k]) for _ in kids[k]] for k in range(len(pieces))]
         ups = [
