@@ -28,9 +28,10 @@ Every variant must give bitwise the same losses and parameters (checked: ``bitwi
 variant is the slowest rank's; the figures are the ratios of medians, deepspeed / hermod_<window> (> 1: faster).
 The tbf bucket (``--burst-kb``) must hold a few ms of traffic: 32 KB caps a link near 200 Mbit/s.
 
-Why a ratio is what it is (``breakdown``, ZeRO-3): every step of every rank is split by timers on the engine (the
-training thread in the coordinator's fetches, in DeepSpeed's reduce-and-partition, waiting for Hermod's pacer; the
-pacer's reductions), with the rank's CPU seconds, its link bytes and the host's CPU load. From DeepSpeed's own run
+Why a ratio is what it is (``breakdown``; its timers are ZeRO-3's, and ``bound`` is null for ZeRO-2): every step of
+every rank is split by timers on the engine (the training thread in the coordinator's fetches, in DeepSpeed's
+reduce-and-partition, waiting for Hermod's pacer; the pacer's reductions), with the rank's CPU seconds, its link
+bytes and the host's CPU load. From DeepSpeed's own run
 ``breakdown.bound`` gives the most any order of the same ops could save: a step is no shorter than its time minus
 all of its reductions, nor than the time its link needs at full rate, nor than the CPU time of the 4 ranks spread
 over the host's cores. DeepSpeed's own knobs for other regimes: ``--micro-batch`` (compute per byte moved),
@@ -348,7 +349,9 @@ def run_all(
     return json.loads(line[7:]), desc
 
 
-def breakdown_summary(res: list[Any], variants: dict[str, Any], rate_mbit: float) -> dict[str, Any]:
+def breakdown_summary(
+    res: list[Any], variants: dict[str, Any], rate_mbit: float, stage: int = 3
+) -> dict[str, Any]:
     """Per variant: each component's median over the timed steps, averaged over the ranks (seconds per step); the
     links' busy share (a rank's larger direction at the shaped rate over the step, the busiest rank); the CPU the
     4 ranks used against the host's cores. Then, from DeepSpeed's own run, what any reordering of the same ops could
@@ -379,6 +382,9 @@ def breakdown_summary(res: list[Any], variants: dict[str, Any], rate_mbit: float
         }
         if m != "deepspeed":  # how much of the pacer's reduction time the training thread did not wait for
             out[m]["pacer_overlapped_s"] = comp["pacer_s"] - comp["flush_wait_s"]
+    if stage != 3:  # the timers know ZeRO-3's fetch and reduce-and-partition only: no bound for other stages
+        out["bound"] = None
+        return out
     ds = out["deepspeed"]
     floors = {
         "all_reductions_hidden": ds["wall_s"] - ds["reduce_main_s"],
@@ -476,7 +482,7 @@ def main() -> int:
     t0 = time.perf_counter()
     res, net = run_all(a.rate_mbit, a.rounds, variants, work, a.burst_kb)
     summary = summarise(res, variants)
-    summary["breakdown"] = breakdown_summary(res, variants, a.rate_mbit)
+    summary["breakdown"] = breakdown_summary(res, variants, a.rate_mbit, a.zero)
     out = {
         "label": LABEL,
         "zero_stage": a.zero,
@@ -509,9 +515,9 @@ def main() -> int:
             f"{b['link_busy_share']:.0%}, ranks' CPU {b['ranks_cpu_share_of_host']:.0%} of the host, host busy "
             f"{b['host_busy_share']:.0%}"
         )
-    print(
-        f"  bound: {bd['bound']['max_ratio']:.3f}x at most ({bd['bound']['binding']}: {bd['bound']['floors_s']})"
-    )
+    if bd["bound"] is not None:
+        bound = bd["bound"]
+        print(f"  bound: {bound['max_ratio']:.3f}x at most ({bound['binding']}: {bound['floors_s']})")
     return 0 if summary["bitwise_equal"] else 1
 
 
