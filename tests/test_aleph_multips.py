@@ -42,6 +42,13 @@ def test_multi_ps_sums_match_all_reduce_and_the_tree_order_on_5_ranks():
     assert parts[4] == [5003, 0]
 
 
+@pytest.mark.slow  # ~25 s more than the sums alone: install_aleph_hook only passes the options on
+def test_ddp_hook_with_three_ps_matches_ddp_own_all_reduce_on_5_ranks():
+    kw = {"ps": (0, 1, 4), "split": (0.5, 0.3, 0.2)}
+    res = launch(aleph_multips_workers.ddp_multi_ps, 5, args=(CLUSTERS_5, kw), timeout=150)
+    assert max(res) < 1e-5, res
+
+
 @pytest.mark.slow
 def test_multi_ps_on_7_ranks_three_ps():
     clusters = [[0], [1], [2], [6, 3, 4], [5]]
@@ -86,3 +93,10 @@ def test_multi_ps_options_need_top_ps():
 
     with pytest.raises(ValueError, match="apply to top='ps' only, not top='allreduce'"):
         HierarchicalAllReduce(PLAN, top="allreduce", ps=(0, 1), split="equal")
+
+
+def test_install_aleph_hook_refuses_multi_ps_on_the_udp_tier():
+    from flowlane.aleph.hook import install_aleph_hook
+
+    with pytest.raises(ValueError, match=r"\['ps', 'split'\] apply to dataplane='torch' only"):
+        install_aleph_hook(None, PLAN, dataplane="udp", ps=(0, 1), split="equal")  # type: ignore[arg-type]

@@ -339,13 +339,24 @@ def install_aleph_hook(
     top: str = "allreduce",
     chunk_bytes: int = 256 << 10,
     dataplane: str = "torch",
+    *,
+    ps: Sequence[int] | None = None,
+    split: Sequence[float] | str | None = None,
+    ps_bandwidths: Sequence[float] | None = None,
+    dedicated_ps: bool = False,
     **udp_options: Any,
 ) -> Any:
     """Register the ALEPH hook on a DDP model (its process group); returns the hook's state. ``dataplane``: "torch"
-    (tier 0, :class:`HierarchicalAllReduce`) or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`,
-    PS-rooted; ``udp_options`` go to it, ``top`` and ``chunk_bytes`` do not apply)."""
+    (tier 0, :class:`HierarchicalAllReduce`; ``ps``, ``split``, ``ps_bandwidths``, ``dedicated_ps``: its several PSs)
+    or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`, PS-rooted; ``udp_options`` go to it,
+    ``top``, ``chunk_bytes`` and the multi-PS options do not apply)."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
+    multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths, "dedicated_ps": dedicated_ps}
+    if dataplane == "udp" and any(v not in (None, False) for v in multi.values()):
+        raise ValueError(
+            f"{sorted(k for k, v in multi.items() if v not in (None, False))} apply to dataplane='torch' only"
+        )
     if dataplane == "torch" and udp_options:
         raise ValueError(f"{sorted(udp_options)} apply to dataplane='udp' only")
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -358,6 +369,6 @@ def install_aleph_hook(
 
         state: Any = UdpAllReduce(plan, group, **udp_options)
     else:
-        state = HierarchicalAllReduce(plan, group, top, chunk_bytes)
+        state = HierarchicalAllReduce(plan, group, top, chunk_bytes, **multi)
     model.register_comm_hook(state, aleph_comm_hook)
     return state
