@@ -18,18 +18,13 @@ GPU, so step times are informational only.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from harness import CPU_LABEL, check_args, init_rank, run_ranks, skip_reason
 
 WORLD = 2
 MODEL = dict(hidden=256, layers=4, micro_batch=4, gas=2, steps=3)
@@ -44,25 +39,16 @@ REDUCE_OPS = ("reduce_scatter_tensor", "reduce_scatter", "all_reduce", "reduce")
 
 def _init(rank: int, world: int, backend: str) -> None:
     import torch
-    import torch.distributed as dist
 
     if backend == "nccl":
-        os.environ["NCCL_HOSTID"] = f"flowlane-ds-host{rank}"  # one "host" per rank: see the module docstring
         os.environ["DS_ACCELERATOR"] = "cuda"
         # every rank shares the one GPU: DeepSpeed's engine calls set_device(LOCAL_RANK), which is 1..3 here
         os.environ["LOCAL_RANK"] = "0"
-        torch.cuda.set_device(0)
-        dist.init_process_group(
-            "nccl",
-            rank=rank,
-            world_size=world,
-            device_id=torch.device("cuda", 0),
-            timeout=datetime.timedelta(seconds=90),
-        )
+        init_rank(rank, world, backend, "flowlane-ds-host", 90, deterministic=False)
         torch.use_deterministic_algorithms(True, warn_only=True)  # the bitwise checks are the judge
     else:
         os.environ["DS_ACCELERATOR"] = "cpu"
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
+        init_rank(rank, world, backend, "flowlane-ds-host", 90)
         import deepspeed.comm.torch  # noqa: F401
 
         # CPU dry run only: skip DeepSpeed's JIT-built shared-memory allreduce (its build cache is shared)
@@ -228,52 +214,27 @@ def _ok(ranks: list[dict[str, Any]]) -> bool:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="result JSON path")
-    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may go without progress")
-    a = ap.parse_args()
-    if a.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("SKIP: no CUDA device (run with --backend gloo --device cpu for the CPU dry run)")
-            return 0
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: deepspeed is not importable here ({e})")
+    a = check_args(__doc__, timeout_s=120.0)
+    skip = skip_reason(a.backend, "deepspeed")
+    if skip is not None:
+        print(skip)
         return 0
-    from flowlane.launch import launch
-    from flowlane.testing.provenance import provenance
-
-    os.environ.setdefault(
-        "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-    )  # deterministic cuBLAS, inherited by the ranks
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if a.backend == "gloo":  # the CPU dry run: the same steps on a model small enough for two cores
         MODEL.update(hidden=16, steps=2)
-    t0 = time.perf_counter()
-    out: dict[str, Any] = {
-        "label": "measured on one GPU (2 ranks time-share it; NCCL socket transport over loopback)"
+    label = (
+        "measured on one GPU (2 ranks time-share it; NCCL socket transport over loopback)"
         if a.backend == "nccl"
-        else "dry run on CPU (gloo): the script's logic only",
-        "model": MODEL,
-        "world": WORLD,
-        **provenance(),
-    }
-    ranks: list[dict[str, Any]] = []
-    try:
-        ranks = launch(rank_main, WORLD, args=(a.backend, a.device), backend=None, timeout=a.timeout)
-        out["ranks"] = ranks
-    except Exception:  # noqa: BLE001 - the JSON says what failed
-        out["error"] = traceback.format_exc()[-4000:]
-    out["wall_s"] = time.perf_counter() - t0
-    out["ok"] = ok = _ok(ranks)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1, default=str))
-    print(f"deepspeed_zero3_nccl: ok={ok} wall {out['wall_s']:.0f}s")
+        else CPU_LABEL
+    )
+    out, ranks = run_ranks(
+        "deepspeed_zero3_nccl",
+        rank_main,
+        WORLD,
+        a,
+        {"label": label, "model": MODEL},
+        _ok,
+        args=(a.backend, a.device),
+    )
     for r, res in enumerate(ranks):
         for name, c in res.items():
             print(
@@ -286,9 +247,7 @@ def main() -> int:
                     f"step {sum(c['step_s']) / len(c['step_s']):.3f}s"
                 )
             )
-    if "error" in out:
-        print(out["error"][-1500:])
-    return 0 if ok else 1
+    return 0 if out["ok"] else 1
 
 
 if __name__ == "__main__":
