@@ -22,11 +22,16 @@ BUCKET = 3000  # elements: several bucket groups
 
 
 def train(
-    mode: str, world: int, setup: Any = None, flags: tuple[str, ...] = (), overlap: bool = True
+    mode: str,
+    world: int,
+    setup: Any = None,
+    flags: tuple[str, ...] = (),
+    overlap: bool = True,
+    device: str = "cpu",
 ) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
     ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
-    pretrain's call sequence)."""
+    pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py)."""
     import argparse
     from functools import partial
 
@@ -47,7 +52,7 @@ def train(
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
     recipe = GPTRecipe(num_ranks=world, **RECIPE)
-    forward_step = partial(_forward_step, recipe=recipe)
+    forward_step = partial(_forward_step, recipe=recipe, device=device)
     with comm.owned_process_groups():
         ps.initialize_model_parallel()
         try:
@@ -59,13 +64,13 @@ def train(
                 args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, 1
                 args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, False
                 hooks = FlowlaneHooks(
-                    lambda **kw: build_model(recipe)[0], forward_step, get_args=lambda: args
+                    lambda **kw: build_model(recipe, device)[0], forward_step, get_args=lambda: args
                 )
                 module = hooks.model_provider(pre_process=True, post_process=True)
                 config = module.config
                 forward_step = hooks.forward_step
             else:
-                module, config = build_model(recipe)
+                module, config = build_model(recipe, device)
             model = DistributedDataParallel(
                 config,
                 DistributedDataParallelConfig(

@@ -25,7 +25,7 @@ python3 -c 'import deepspeed as d; print("deepspeed", d.__version__)' 2>&1 | tai
 
 # check name, seconds allowed
 CHECKS=("megatron_ddp_nccl 150" "deepspeed_zero3_nccl 100" "offload_bench 130" "direct_gather 100" "hector_ops 100"
-        "recipe_torchrun_nccl 150" "syndicate_nccl 90")
+        "recipe_torchrun_nccl 150" "syndicate_nccl 90" "megatron_dp_nccl 150")
 want=("$@")
 for entry in "${CHECKS[@]}"; do
   set -- $entry
