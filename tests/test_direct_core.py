@@ -165,6 +165,10 @@ def test_config_refuses_bad_values_naming_the_key_and_the_allowed_ones():
         DirectConfig(aligned="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rows_per_program=3 must be 0"):
         DirectConfig(rows_per_program=3)
+    with pytest.raises(ValueError, match="num_warps=3 must be one of"):
+        DirectConfig(num_warps=3)
+    with pytest.raises(ValueError, match="sort_indices=1 must be true or false"):
+        DirectConfig(sort_indices=1)
     with pytest.raises(ValueError, match=r"unknown direct key\(s\) \['algin'\]; allowed: \['path'"):
         DirectConfig.from_dict({"algin": True})
     assert DirectConfig.from_dict({"path": "cpu-gather"}).path == "cpu-gather"

@@ -81,6 +81,24 @@ def test_many_rows_span_several_programs_and_a_partial_last_tile():
 
 
 @pytest.mark.parametrize(
+    "cols", [None, range(3, 17), torch.tensor([19, 0, 7])], ids=["rows", "range", "list"]
+)
+def test_sorted_index_order_writes_every_row_to_its_own_place(cols):
+    t = _table(torch.float16, 200, 20, seed=3)
+    idx = torch.randint(0, 200, (77,), generator=torch.Generator().manual_seed(4))
+    idx[5] = idx[60]  # a repeated index: both output rows get it
+    want = (
+        t[idx]
+        if cols is None
+        else t[idx][:, torch.as_tensor(list(cols)) if isinstance(cols, range) else cols]
+    )
+    out = zero_copy_gather(t, idx, "cpu", cols=cols, sort_indices=True, rows_per_program=8)
+    assert torch.equal(_bits(out), _bits(want))
+    store = FeatureStore(t, DirectConfig(path="zero-copy", sort_indices=True, num_warps=8), device="cpu")
+    assert torch.equal(_bits(store.gather(idx, cols=cols)), _bits(want))
+
+
+@pytest.mark.parametrize(
     "cols",
     [range(1, 40), range(32, 64), torch.tensor([0, 5, 6, 63, 2]), torch.tensor([10, 11, 12])],
     ids=["misaligned-range", "aligned-range", "list", "contiguous-list"],

@@ -32,6 +32,11 @@ class DirectConfig:
     (and a device sync for CUDA indices); with False a bad index is undefined behaviour on the zero-copy path."""
     rows_per_program: int = 0
     """Zero-copy kernel: rows per Triton program (0 = chosen from the row width, about 4096 elements per tile)."""
+    sort_indices: bool = False
+    """Zero-copy kernel: sort the indices on the GPU first and read the rows in host-address order, writing each to its
+    own output row (same result). Neighbouring reads then share host pages and the GPU's address translations."""
+    num_warps: int = 4
+    """Zero-copy kernel: warps per Triton program (1, 2, 4, 8 or 16)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -39,12 +44,14 @@ class DirectConfig:
     def validate(self) -> None:
         if self.path not in PATHS:
             raise ValueError(f"direct.path={self.path!r} is not one of {PATHS}")
-        for name in ("aligned", "pin", "check_indices"):
+        for name in ("aligned", "pin", "check_indices", "sort_indices"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"direct.{name}={getattr(self, name)!r} must be true or false")
         r = self.rows_per_program
         if not isinstance(r, int) or isinstance(r, bool) or r < 0 or (r & (r - 1)):
             raise ValueError(f"direct.rows_per_program={r!r} must be 0 (auto) or a power of two")
+        if self.num_warps not in (1, 2, 4, 8, 16) or isinstance(self.num_warps, bool):
+            raise ValueError(f"direct.num_warps={self.num_warps!r} must be one of 1, 2, 4, 8, 16")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> DirectConfig:

@@ -8,6 +8,10 @@ Per-row scheme: each output row is a row of a ``[ROWS, BLOCK]`` tile. Lane ``j``
 ``a0 + k*BLOCK + j`` where ``a0`` is the row's first element rounded down to a 128-B line (``aligned``), or the row's
 first element itself (naive). Lanes before the row start or past its end are masked, so with ``aligned`` every warp
 load covers whole lines: a row of ``B`` bytes costs the minimal ``ceil((B + misalignment) / 128)`` line reads.
+
+``PERMUTED``: the indices arrive sorted and ``pos[r]`` is the output row of the ``r``-th sorted index, so programs walk
+the host table in address order (neighbouring rows share host pages and the GPU's translations of them) while each
+row still lands where ``table[idx]`` puts it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import triton.language as tl
 def gather_rows_kernel(
     src,
     idx,
+    pos,
     out,
     n_idx,
     n_cols,
@@ -33,8 +38,9 @@ def gather_rows_kernel(
     ALIGNED: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PERMUTED: tl.constexpr,
 ):
-    """out[r, c] = src[idx[r], col0 + c] for r < n_idx, c < n_cols.
+    """out[r, c] = src[idx[r], col0 + c] for r < n_idx, c < n_cols (``out[pos[r], c]`` when ``PERMUTED``).
 
     ``src`` points ``base_off`` elements past a 128-B boundary (``base_off = (address % 128) / element size``), so
     element ``e`` of the table lies on a line boundary exactly when ``(e + base_off) % LINE_ELEMS == 0``.
@@ -43,6 +49,7 @@ def gather_rows_kernel(
     r = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     rmask = r < n_idx
     row = tl.load(idx + r, mask=rmask, other=0)
+    orow = tl.load(pos + r, mask=rmask, other=0) if PERMUTED else r
     # first element of the wanted window, counted from the 128-B boundary just below the table's start
     start = row * src_stride + col0 + base_off
     if ALIGNED:  # noqa: SIM108 - a constexpr branch reads clearer in a kernel
@@ -56,13 +63,14 @@ def gather_rows_kernel(
         c = e - start[:, None]
         m = rmask[:, None] & (c >= 0) & (c < n_cols)
         v = tl.load(base + e, mask=m)
-        tl.store(out + r[:, None] * out_stride + c, v, mask=m)
+        tl.store(out + orow[:, None] * out_stride + c, v, mask=m)
 
 
 @triton.jit(do_not_specialize=["n_idx", "n_sel", "src_stride", "out_stride", "n_chunks"])
 def gather_cols_kernel(
     src,
     idx,
+    pos,
     cols,
     out,
     n_idx,
@@ -72,12 +80,14 @@ def gather_cols_kernel(
     n_chunks,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PERMUTED: tl.constexpr,
 ):
-    """out[r, j] = src[idx[r], cols[j]]: the column-masked gather for an arbitrary column list."""
+    """out[r, j] = src[idx[r], cols[j]]: the column-masked gather for an arbitrary column list (rows as above)."""
     pid = tl.program_id(0)
     r = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     rmask = r < n_idx
     row = tl.load(idx + r, mask=rmask, other=0)
+    orow = tl.load(pos + r, mask=rmask, other=0) if PERMUTED else r
     lanes = tl.arange(0, BLOCK)
     for k in range(0, n_chunks):
         j = k * BLOCK + lanes
@@ -85,4 +95,4 @@ def gather_cols_kernel(
         col = tl.load(cols + j, mask=jm, other=0)
         m = rmask[:, None] & jm[None, :]
         v = tl.load(src + row[:, None] * src_stride + col[None, :], mask=m)
-        tl.store(out + r[:, None] * out_stride + j[None, :], v, mask=m)
+        tl.store(out + orow[:, None] * out_stride + j[None, :], v, mask=m)

@@ -249,18 +249,25 @@ def zero_copy_gather(
     aligned: bool = True,
     rows_per_program: int = 0,
     widen: bool = True,
+    sort_indices: bool = False,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``table[idx]`` (``[:, cols]``) gathered by the Triton kernel reading ``table`` in place.
 
     ``table``: 2-D contiguous CPU tensor, pinned when ``device`` is CUDA (the caller's duty: :class:`FeatureStore`);
     ``idx``: checked int64 indices. On a CPU ``device`` this needs ``TRITON_INTERPRET=1``. ``widen``: a contiguous
     column window is copied as the widest integer words that fit it (:func:`word_bytes`); a column list is not.
+    ``sort_indices``: read the rows in address order (one sort of ``idx`` on the device), each written to its place.
     """
     from flowlane.direct import kernels
 
     dev = torch.device(device)
     idx = idx.to(dev)
     n, n_cols = idx.numel(), table.shape[1]
+    pos = idx  # not read unless permuted
+    if sort_indices and n > 1:
+        idx, pos = torch.sort(idx)
+    permuted = pos is not idx
     sel = _columns(cols, n_cols)
     elem = table.element_size()
     src: Any = _UVA(table) if dev.type == "cuda" else table
@@ -271,6 +278,7 @@ def zero_copy_gather(
             kernels.gather_cols_kernel[(-(-n // rows),)](
                 src,
                 idx,
+                pos,
                 sel.to(dev),
                 out,
                 n,
@@ -280,6 +288,8 @@ def zero_copy_gather(
                 chunks,
                 ROWS=rows,
                 BLOCK=block,
+                PERMUTED=permuted,
+                num_warps=num_warps,
             )
         return out
     col0, width = (0, n_cols) if sel is None else sel
@@ -295,6 +305,7 @@ def zero_copy_gather(
         kernels.gather_rows_kernel[(-(-n // rows),)](
             src,
             idx,
+            pos,
             out,
             n,
             width // k,
@@ -307,6 +318,8 @@ def zero_copy_gather(
             ALIGNED=aligned,
             ROWS=rows,
             BLOCK=block,
+            PERMUTED=permuted,
+            num_warps=num_warps,
         )
     return out if k == 1 else out.view(table.dtype)
 
@@ -448,8 +461,16 @@ class FeatureStore:
                 f"a column selection needs a 2-D table; this one has shape {tuple(self.table.shape)}"
             )
         if self.path == "zero-copy":
+            c = self.config
             out = zero_copy_gather(
-                self._flat, idx, self.device, cols, self.config.aligned, self.config.rows_per_program
+                self._flat,
+                idx,
+                self.device,
+                cols,
+                c.aligned,
+                c.rows_per_program,
+                sort_indices=c.sort_indices,
+                num_warps=c.num_warps,
             )
         else:
             out = cpu_gather(self._flat, idx, self.device, cols)

@@ -226,16 +226,42 @@ class Run:
         res["aligned_vs_h2d"] = res["h2d_s"] / res["zero_copy_aligned_s"]
         res["aligned_vs_cpu"] = res["cpu_gather_s"] / res["zero_copy_aligned_s"]
         res["aligned_vs_naive"] = res["zero_copy_naive_s"] / res["zero_copy_aligned_s"]
-        if dtype == torch.float32 and row_bytes == 2048 and not a.tiny:  # tile shape, for later tuning
-            res["rows_per_program_GBps"] = {}
-            for rpp in (4, 16, 64):
-                s, out = timed(lambda r=rpp: zero_copy_gather(tab, idx, dev, rows_per_program=r), a.reps, dev)
-                res["rows_per_program_GBps"][rpp] = nbytes / s / 1e9
-                self.check(
-                    torch.equal(bits(out), bits(full_ref)),
-                    f"zero-copy 2048 B rows with rows_per_program={rpp} equals table[idx]",
-                )
-                del out
+        # host-address order: the same rows read sorted (one torch.sort on the GPU, counted in the time), each written
+        # to its own output row
+        for name, aligned in (("zero_copy_aligned_sorted", True), ("zero_copy_naive_sorted", False)):
+            s, out = timed(
+                lambda al=aligned: zero_copy_gather(tab, idx, dev, aligned=al, sort_indices=True), a.reps, dev
+            )
+            res[f"{name}_s"], res[f"{name}_GBps"] = s, nbytes / s / 1e9
+            self.check(
+                torch.equal(bits(out), bits(full_ref)),
+                f"{name} {res['dtype']} {row_bytes} B rows equals table[idx] (all {n} rows)",
+            )
+            del out
+        res["sorted_vs_cpu"] = res["cpu_gather_s"] / res["zero_copy_aligned_sorted_s"]
+        res["sorted_vs_h2d"] = res["h2d_s"] / res["zero_copy_aligned_sorted_s"]
+        if dtype == torch.float32 and row_bytes in (256, 2048):  # tile shape, warps, order
+            res["tiles_GBps"] = {}
+            for rpp in (16, 64, 256):
+                for warps in (4, 8):
+                    for srt in (False, True):
+                        s, out = timed(
+                            lambda r=rpp, w=warps, o=srt: zero_copy_gather(
+                                tab, idx, dev, rows_per_program=r, num_warps=w, sort_indices=o
+                            ),
+                            a.reps,
+                            dev,
+                        )
+                        key = f"rows{rpp}_warps{warps}{'_sorted' if srt else ''}"
+                        res["tiles_GBps"][key] = nbytes / s / 1e9
+                        self.check(
+                            torch.equal(bits(out), bits(full_ref)),
+                            f"zero-copy {row_bytes} B rows, {key}, equals table[idx]",
+                        )
+                        del out
+            best = max(res["tiles_GBps"], key=res["tiles_GBps"].get)
+            res["best_tile"] = {"config": best, "GBps": res["tiles_GBps"][best]}
+            print(f"  tiles {row_bytes} B: best {best} {res['tiles_GBps'][best]:.1f} GB/s", flush=True)
         del full_ref
         elem = tab.element_size()
         model = mean_requests(row_bytes, elem, n_rows=500) if row_bytes % elem == 0 else {}
@@ -243,7 +269,8 @@ class Run:
         print(
             f"  {res['dtype']:>8} {row_bytes:>6} B x {n:>8}: aligned {res['zero_copy_aligned_GBps']:6.1f} GB/s, "
             f"naive {res['zero_copy_naive_GBps']:6.1f} (per element: {res['zero_copy_aligned_elem_GBps']:6.1f} / "
-            f"{res['zero_copy_naive_elem_GBps']:6.1f}), cpu {res['cpu_gather_GBps']:6.1f}, "
+            f"{res['zero_copy_naive_elem_GBps']:6.1f}), sorted {res['zero_copy_aligned_sorted_GBps']:6.1f}, "
+            f"cpu {res['cpu_gather_GBps']:6.1f}, "
             f"h2d {res['h2d_GBps']:6.1f} ({elapsed():.0f} s)",
             flush=True,
         )
@@ -451,6 +478,10 @@ class Run:
         goal("zero_copy_2k_vs_h2d", ("float32", 2048), "aligned_vs_h2d", GOALS["zero_copy_2k_vs_h2d"])
         goal("zero_copy_2k_vs_cpu", ("float32", 2048), "aligned_vs_cpu", GOALS["zero_copy_2k_vs_cpu"])
         goal("zero_copy_256_vs_cpu", ("float32", 256), "aligned_vs_cpu", GOALS["zero_copy_256_vs_cpu"])
+        # the same goals with the rows read in address order (DirectConfig.sort_indices=True)
+        goal("sorted_2k_vs_h2d", ("float32", 2048), "sorted_vs_h2d", GOALS["zero_copy_2k_vs_h2d"])
+        goal("sorted_2k_vs_cpu", ("float32", 2048), "sorted_vs_cpu", GOALS["zero_copy_2k_vs_cpu"])
+        goal("sorted_256_vs_cpu", ("float32", 256), "sorted_vs_cpu", GOALS["zero_copy_256_vs_cpu"])
         self.doc["goals"] = out
         for k, v in out.items():
             val = f"{v['value']:.3f}" if isinstance(v["value"], float) else v["value"]
