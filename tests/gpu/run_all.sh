@@ -26,11 +26,12 @@ python3 -c 'import deepspeed as d; print("deepspeed", d.__version__)' 2>&1 | tai
 # check name, seconds allowed
 CHECKS=("megatron_ddp_nccl 150" "deepspeed_zero3_nccl 100" "offload_bench 130" "direct_gather 100" "hector_ops 100"
         "recipe_torchrun_nccl 150" "syndicate_nccl 90" "megatron_dp_nccl 150")
-want=("$@")
-for entry in "${CHECKS[@]}"; do
-  set -- $entry
-  name=$1 limit=$2
-  if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " =~ " $name " ]]; then continue; fi
+want=("$@")  # named checks run in the order given (most wanted first), else all in CHECKS order
+if [ ${#want[@]} -eq 0 ]; then for entry in "${CHECKS[@]}"; do want+=("${entry%% *}"); done; fi
+for name in "${want[@]}"; do
+  limit=""
+  for entry in "${CHECKS[@]}"; do [ "${entry%% *}" = "$name" ] && limit=${entry##* }; done
+  if [ -z "$limit" ]; then echo "== $name: not a known check, skipped"; continue; fi
   if [ ! -f "tests/gpu/$name.py" ]; then echo "== $name: not in this tree, skipped"; continue; fi
   echo "== $name (limit ${limit}s) $(date -u +%T)"
   t0=$(date +%s)
