@@ -87,6 +87,13 @@ class _Work(dist._Work):
         return fut
 
 
+class _NoEagerConnect:
+    supports_splitting = False
+
+
+_NO_EAGER_CONNECT = _NoEagerConnect()
+
+
 class _DPGroup(dist.ProcessGroup):
     """The ``flowlane_dp`` process group: all-reduces (SUM) go to the component; every other collective is refused
     by name (Megatron's bucket group issues none on this attribute without the distributed optimizer)."""
@@ -109,6 +116,12 @@ class _DPGroup(dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND_NAME
+
+    # when the world was initialised with a device_id (Megatron-LM binds each rank's GPU), new_group asks the new
+    # group's backend for that device whether it splits and connects eagerly; torch keeps no per-device backend for
+    # a Python process group, so say here that there is nothing to split or connect
+    def _get_backend(self, device: Any) -> Any:
+        return _NO_EAGER_CONNECT
 
     def _take(self, tensors: list[torch.Tensor], op: Any) -> _Work:
         if op != dist.ReduceOp.SUM:
