@@ -89,7 +89,11 @@ def _finish(name: str, job: tuple[subprocess.Popen, Path, Any], deadline: float,
         proc.kill()
         rc = "timeout"
     log.close()
-    tail = (tmp / f"{name}.log").read_text(errors="replace")[-2500:]
+    text = (tmp / f"{name}.log").read_text(errors="replace")
+    # the first rank's traceback says why; torchrun's own report of the failure comes after it and fills the tail
+    first = text.find("Traceback (most recent call last)")
+    cause = text[first : first + 3000] if first >= 0 else ""
+    tail = (cause + "\n...\n" if cause else "") + text[-1500:]
     res: dict[str, Any] = {"rc": rc, "waited_s": time.perf_counter() - t0}
     metrics = out / "metrics.json"
     if rc != 0 or not metrics.exists():
