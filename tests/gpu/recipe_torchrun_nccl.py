@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,10 @@ def _finish(name: str, job: tuple[subprocess.Popen, Path, Any], deadline: float,
     text = (tmp / f"{name}.log").read_text(errors="replace")
     # the first rank's traceback says why; torchrun's own report of the failure comes after it and fills the tail
     first = text.find("Traceback (most recent call last)")
-    cause = text[first : first + 3000] if first >= 0 else ""
+    cause = ""
+    if first >= 0:  # its first frames, then the exception line that ends it
+        exc = re.search(r"\n([\w.]*(?:Error|Exception|Interrupt)\b[^\n]*)", text[first:])
+        cause = text[first : first + 1200] + "\n...\n" + (exc.group(1) if exc else "")
     tail = (cause + "\n...\n" if cause else "") + text[-1500:]
     res: dict[str, Any] = {"rc": rc, "waited_s": time.perf_counter() - t0}
     metrics = out / "metrics.json"
