@@ -163,7 +163,8 @@ class AioHandle:
 class DeepSpeedAioBackend(IOBackend):
     """Files written and read by DeepSpeed's async I/O op (libaio, O_DIRECT): one file per offloaded storage, round
     robin over the target directories, in the run directories of flowlane's posix backend (0700, removed at exit).
-    One aio handle per I/O thread (a handle is not shared across threads)."""
+    One aio handle per I/O thread (a handle is not shared across threads). The op's first write in this process is
+    made here, by the constructing thread (:meth:`_first_write`), before any I/O thread can write."""
 
     name = "deepspeed_aio"
 
@@ -176,6 +177,33 @@ class DeepSpeedAioBackend(IOBackend):
         self._lock = threading.Lock()
         self._local = threading.local()
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="flowlane-unlink")
+        try:
+            self._first_write()
+        except BaseException:
+            self._janitor.shutdown(wait=True)
+            for d in self.run_dirs:
+                remove_run_dir(d)
+            raise
+
+    def _first_write(self) -> None:
+        """One block written and removed, so that the op's once-per-process write warning runs now, in one thread.
+
+        DeepSpeed 0.19.8's ``sync_pwrite`` binding calls ``warn_consumer_ssd_writes()`` *holding the GIL*, and that
+        function runs Python (DeepSpeed's logger) inside a ``std::call_once``. When two I/O threads make the process's
+        first writes at once, the first one, inside ``call_once``, gives up the GIL while logging; the second takes it
+        and blocks on the once-flag without releasing it; the first can never get the GIL back. The process freezes
+        with the GIL held: its training thread and gloo's worker threads (they take the GIL for the saved-tensor
+        hooks in the thread-local state they copy) stop, so its peers hang in their next collective (issue 31; the
+        lock inversion named in the review of deepspeedai/DeepSpeed#8196). Once the flag is set, ``call_once``
+        returns without the GIL or the logger. The write's result is not used: a directory the op cannot write
+        fails each store as before (``on_io_error``)."""
+        h = self._op.aio_handle(AIO_BLOCK_SIZE, AIO_QUEUE_DEPTH, False, False, 1)
+        path = self.run_dirs[0] / f"r{self.rank}-first-write.bin"
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            h.sync_pwrite(torch.zeros(max(1, int(h.get_alignment())), dtype=torch.uint8), str(path))
+        finally:
+            os.unlink(path)
 
     def _handle(self) -> Any:
         h = getattr(self._local, "h", None)
