@@ -11,7 +11,7 @@ Megatron starts the bucket group's reduction (no overlap between bucket groups, 
 Also refused here: a plan whose size is not the data-parallel group's, and ``top="allreduce"`` with a hierarchical
 plan when there are several data-parallel groups (PP, TP or CP > 1): the aggregators' subgroup is made with
 ``new_group`` by every rank of the world, which only one data-parallel group can do consistently; ``top="ps"``
-makes no subgroup and runs on any layout.
+makes its groups (one per PS and direction) among the data-parallel group's own ranks only, so it runs on any layout.
 
 megatron-core API::
 
@@ -164,7 +164,7 @@ class AlephMegatron:
                     "aleph top='allreduce' with a hierarchical plan needs one data-parallel group (PP, TP "
                     "and CP 1): its aggregators' subgroup is created by every rank of the world; use top='ps'"
                 )
-            if group is None:  # another data-parallel group's (top='ps' creates no process group)
+            if group is None:  # another data-parallel group's (top='ps' makes its groups among its own ranks)
                 return None
             self.plan = plan
             return _AlephComponent(HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes))

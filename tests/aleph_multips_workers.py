@@ -25,6 +25,36 @@ def _ordered_sum(xs: list[torch.Tensor], plan: Plan, root: int, skip: set[int]) 
     return total
 
 
+class _RecordP2P:
+    """Records every isend / irecv the hook issues, in issue order: (op, group name, peer, tag). NCCL matches a pair's
+    messages by order, not by tag, and runs them on one ordered stream per pair and group: the test checks the order
+    a backend like that needs (tests/test_aleph_multips.py, ``_check_p2p_order``)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, int, int]] = []
+
+    def __enter__(self) -> "_RecordP2P":
+        self.real = dist.isend, dist.irecv
+        real_send, real_recv = self.real
+
+        def name(group: object) -> str:
+            return "default" if group is None else str(group.group_name)  # type: ignore[attr-defined]
+
+        def isend(t: torch.Tensor, dst: int, group: object = None, tag: int = 0, **kw: object) -> object:
+            self.log.append(("send", name(group), dst, tag))
+            return real_send(t, dst=dst, group=group, tag=tag, **kw)
+
+        def irecv(t: torch.Tensor, src: int, group: object = None, tag: int = 0, **kw: object) -> object:
+            self.log.append(("recv", name(group), src, tag))
+            return real_recv(t, src=src, group=group, tag=tag, **kw)
+
+        dist.isend, dist.irecv = isend, irecv
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dist.isend, dist.irecv = self.real
+
+
 def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[dict]:
     """For each keyword set of HierarchicalAllReduce(top="ps"): int64 sums against all_reduce (exact), float32 sums
     against all_reduce (close) and against the tree's own order of additions computed here from all inputs, part by
@@ -38,7 +68,8 @@ def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[d
         ded = set(h.ps) if h.dedicated_ps else set()
         xi = torch.arange(5003, dtype=torch.int64) * (rank + 1) + rank**3 - 7
         xf = torch.randn(5003, generator=torch.Generator().manual_seed(rank))
-        got_i, got_f = h(xi.clone()), h(xf.clone())
+        with _RecordP2P() as rec:
+            got_i, got_f = h(xi.clone()), h(xf.clone())
         alli = [torch.empty_like(xi) for _ in range(world)]
         allf = [torch.empty_like(xf) for _ in range(world)]
         dist.all_gather(alli, xi)
@@ -67,6 +98,7 @@ def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[d
                 "int_exact": bool(torch.equal(got_i[keep], ref_i[keep])) and bool(torch.equal(got_i, want_i)),
                 "float_maxdiff": float((got_f[keep] - ref_f[keep]).abs().max()),
                 "float_bitwise_tree_order": bool(torch.equal(got_f, want_f)),
+                "p2p": rec.log,
             }
         )
     return out

@@ -22,6 +22,30 @@ CASES_5 = [
 ]
 
 
+def _check_p2p_order(logs: list[list]) -> None:
+    """What a backend that runs a pair's messages in order on one stream per pair and group (NCCL, which ignores
+    tags) needs of the tree: on each group, messages between two ranks go one way only (a receive posted before a send
+    the other side waits for would block that stream), and a pair's sends are issued in the order its receives were
+    posted. The H200 run of the Megatron check hung with the first broken (a member's result receive before its
+    partial's send, both on the default group), which is the likely cause."""
+    sends: dict = {}
+    recvs: dict = {}
+    for rank, log in enumerate(logs):
+        ways: dict = {}
+        for op, group, peer, tag in log:
+            ways.setdefault((group, peer), set()).add(op)
+            (sends if op == "send" else recvs).setdefault(
+                (group, rank, peer) if op == "send" else (group, peer, rank), []
+            ).append(tag)
+        both = [k for k, v in ways.items() if len(v) > 1]
+        assert not both, f"rank {rank} both sends to and receives from a peer on one group: {both}"
+    assert sends.keys() == recvs.keys(), (sorted(sends), sorted(recvs))
+    for k, tags in sends.items():
+        assert tags == recvs[k], (
+            f"group {k[0]}: rank {k[1]} sends to {k[2]} in tag order {tags}, received {recvs[k]}"
+        )
+
+
 def _check(res: list[list[dict]], ncases: int) -> None:
     for rank, r in enumerate(res):
         assert len(r) == ncases
@@ -30,6 +54,8 @@ def _check(res: list[list[dict]], ncases: int) -> None:
             assert c["float_bitwise_tree_order"], (rank, i, c)
             assert c["float_maxdiff"] < 1e-4, (rank, i, c)
             assert c["split"] == res[0][i]["split"] and c["parts"] == res[0][i]["parts"]
+    for i in range(ncases):
+        _check_p2p_order([r[i]["p2p"] for r in res])
 
 
 def test_multi_ps_sums_match_all_reduce_and_the_tree_order_on_5_ranks():

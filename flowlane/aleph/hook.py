@@ -21,7 +21,12 @@ four store-and-forward steps. With ``top="allreduce"`` the three steps run one a
 Singleton clusters skip steps 1 and 3. Sums of integers are exact; float sums differ from ``all_reduce`` only in the
 order of additions. The aggregators' subgroup is made with ``new_group`` on every rank (torch requires it), at
 construction, never inside backward. Steps 1 and 3 use ``isend``/``irecv`` rather than ``reduce``/``broadcast``,
-whose algorithms are the backend's choice, so the traffic is the paper's: S up and S down per member. The plan must be the same on every rank: the constructor all-gathers it and
+whose algorithms are the backend's choice, so the traffic is the paper's: S up and S down per member. With
+``top="ps"`` they run on one group per PS and direction, every send down from one thread in piece order: NCCL runs a
+pair's messages in order on one stream and ignores tags, so a pair must talk one way per group and send in the order
+the other side posted its receives (the Megatron check on an H200 hung when a member posted its result receive
+before its partial sum's send on one group, no stacks kept: that order is the likely cause;
+``tests/test_aleph_multips.py`` checks both rules on the recorded messages). The plan must be the same on every rank: the constructor all-gathers it and
 raises on every rank when two disagree (a mismatch would otherwise hang).
 
 The DDP hook (``DistributedDataParallel.register_comm_hook``) multiplies the bucket by 1/size, as DDP's built-in
@@ -30,6 +35,7 @@ after the sum rounds differently again: at 7 ranks neither is bitwise DDP's own;
 future: correct and simple, without overlap between buckets (tier 0 validates plan semantics and traffic shape).
 """
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -164,6 +170,18 @@ class HierarchicalAllReduce:
             pg = dist.new_group([self.ranks[h] for h in plan.heads])
             if self.me in plan.heads:
                 self._top_pg = pg
+        # top="ps": one group per PS and direction, made by the group's ranks only (as the plan exchange above). Where
+        # two ranks' messages run in order on one stream per pair and group, matched by order and not by tag (NCCL),
+        # a pair must talk one way per group: a receive posted first would wait for a send queued behind it. Partial
+        # sums go up to PS j on up[j], results come down from it on down[j]; two aggregators that are both PSs send
+        # each other parts, each on its own PS's group.
+        q = len(self.ps) if top == "ps" else 0
+        self._up_pgs: list[Any] = [
+            dist.new_group(self.ranks, use_local_synchronization=True) for _ in range(q)
+        ]
+        self._down_pgs: list[Any] = [
+            dist.new_group(self.ranks, use_local_synchronization=True) for _ in range(q)
+        ]
         # the PS-rooted tree(s): this rank's members (global ranks); the other heads are children only of a PS
         c = self.cluster
         self._members = [self.ranks[m] for m in c.members[1:]] if self.me == c.head else []
@@ -240,52 +258,89 @@ class HierarchicalAllReduce:
         parent = [r[0] for r in roles]
         kids = [r[1] for r in roles]
         mine = [x for x, _ in pieces]
+        up = [self._up_pgs[j] for _, j in pieces]
+        down = [self._down_pgs[j] for _, j in pieces]
         bufs = [[torch.empty_like(mine[k]) for _ in kids[k]] for k in range(len(pieces))]
         ups = [
-            [dist.irecv(b, src=c, tag=k) for b, c in zip(bufs[k], kids[k], strict=True)]
+            [dist.irecv(b, src=c, tag=k, group=up[k]) for b, c in zip(bufs[k], kids[k], strict=True)]
             for k in range(len(pieces))
         ]
         below = [k for k, q in enumerate(parent) if q is not None and q >= 0]
         out = {k: torch.empty_like(mine[k]) for k in below}
-        downs = {k: dist.irecv(out[k], src=parent[k], tag=k) for k in below}
+        downs = {k: dist.irecv(out[k], src=parent[k], tag=k, group=down[k]) for k in below}
+        # what goes down for piece k: the sum computed here (at k's PS), or the parent's result relayed to the members
+        down_to = {k: kids[k] for k in range(len(pieces)) if kids[k] and (parent[k] is None or k in below)}
+        summed = {k: threading.Event() for k in down_to if parent[k] is None}
         sends: list[Any] = []
         relay_sends: list[Any] = []
         errors: list[BaseException] = []
+        failed = threading.Event()
+        # CUDA: the relay waits and sends on a stream of its own (its stream-ordered waits for results must not hold up
+        # the caller's sums, which those results depend on); a sum it sends is ordered by an event after it
+        cuda = tensor.is_cuda
+        caller = torch.cuda.current_stream(tensor.device) if cuda else None
+        relay_stream = torch.cuda.Stream(tensor.device) if cuda and down_to else None
+        ready = {k: torch.cuda.Event() for k in summed} if cuda else {}
 
-        def relay() -> None:  # results down to the members as they arrive (gloo's wait releases the GIL)
+        def relay() -> None:
+            """Every send down, from one thread, in piece order. The receivers post their receives in piece order, and
+            a backend that matches point-to-point messages by order per pair of ranks, not by tag (NCCL), needs the
+            sends in that order too."""
             try:
-                for k in below:
-                    downs[k].wait()
-                    relay_sends.extend(dist.isend(out[k], dst=c, tag=k) for c in kids[k])
+                with (
+                    torch.cuda.stream(relay_stream) if relay_stream is not None else contextlib.nullcontext()
+                ):
+                    for k, dst in down_to.items():
+                        if k in summed:
+                            summed[k].wait()
+                            if failed.is_set():
+                                return
+                            if k in ready:
+                                relay_stream.wait_event(ready[k])  # type: ignore[union-attr]
+                        else:
+                            downs[k].wait()  # gloo's wait releases the GIL; NCCL's orders the stream after it
+                        x = mine[k] if k in summed else out[k]
+                        relay_sends.extend(dist.isend(x, dst=c, tag=k, group=down[k]) for c in dst)
             except BaseException as e:  # re-raised by the caller after join
                 errors.append(e)
 
         # (a gloo Work reports completion only once waited on, so the two directions get a thread each, not a poll)
-        relayer = (
-            threading.Thread(target=relay, name="aleph-relay", daemon=True)
-            if below and self._members
-            else None
-        )
+        relayer = threading.Thread(target=relay, name="aleph-relay", daemon=True) if down_to else None
         if relayer is not None:
             relayer.start()
-        for k in range(len(pieces)):  # partial sums up, chunk by chunk; at a piece's PS, its result down
-            if parent[k] == -1:
-                continue
-            if parent[k] is None and me in dedicated:
-                mine[k].zero_()  # a dedicated PS's own tensor is not part of the sum
-            for u, b in zip(ups[k], bufs[k], strict=True):
-                u.wait()
-                mine[k].add_(b)
-            if parent[k] is None:
-                sends += [dist.isend(mine[k], dst=c, tag=k) for c in kids[k]]
-            else:
-                sends.append(dist.isend(mine[k], dst=parent[k], tag=k))
-        if relayer is not None:
-            relayer.join()
-            if errors:
-                raise errors[0]
-        else:
-            for d in downs.values():
+        try:
+            for k in range(len(pieces)):  # partial sums up, chunk by chunk
+                if parent[k] == -1:
+                    continue
+                if parent[k] is None and me in dedicated:
+                    mine[k].zero_()  # a dedicated PS's own tensor is not part of the sum
+                for u, b in zip(ups[k], bufs[k], strict=True):
+                    u.wait()
+                    mine[k].add_(b)
+                if parent[k] is None:
+                    if k in summed:
+                        if k in ready:
+                            ready[k].record(caller)
+                        summed[k].set()
+                else:
+                    sends.append(dist.isend(mine[k], dst=parent[k], tag=k, group=up[k]))
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            for e in summed.values():
+                e.set()  # a relay waiting for a sum that will not come ends (the error is the caller's)
+            if relayer is not None:
+                relayer.join()
+        if errors:
+            raise errors[0]
+        if relay_stream is not None:
+            caller.wait_stream(relay_stream)  # type: ignore[union-attr]  # its received results, before reading them
+        for (
+            k,
+            d,
+        ) in downs.items():  # those the relay passed on it waited for (a gloo Work is waited for once only)
+            if k not in down_to:
                 d.wait()
         for w in sends + relay_sends:
             w.wait()
