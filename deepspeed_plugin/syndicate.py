@@ -40,8 +40,8 @@ import torch.distributed as dist
 
 from deepspeed_plugin.comm import route_dp_all_reduce, unwrapped_backend
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
-from flowlane.syndicate.enforcer import RUNNABLE_ALGOS, Enforcer, EnforcerConfig
-from flowlane.syndicate.plan import PlanError, SyndicatePlan
+from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_all_reduce_plan
+from flowlane.syndicate.plan import SyndicatePlan
 from flowlane.versions import check_version_range
 
 log = logging.getLogger("flowlane.syndicate")
@@ -107,33 +107,14 @@ def parse_syndicate_section(ds_config: Mapping[str, Any] | str | Path | None) ->
 
 
 def check_plan_for_deepspeed(plan: SyndicatePlan, dp_size: int) -> None:
-    """Refuse what cannot run on DeepSpeed's DP all-reduce: ops other than all-reduce, ops spanning another number
-    of ranks than ``dp_size``, options the enforcer cannot force per call, and (DeepSpeed waits for each op before
-    it submits the next) an order in which a motif of op i+1 comes before the last motif of op i."""
-    for i, op in enumerate(plan.ops):
-        if op.kind != "all_reduce":
-            raise PlanError(
-                f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: DeepSpeed ZeRO 0 submits only the "
-                "gradient buckets' all-reduces here"
-            )
-        if op.ranks != dp_size:
-            raise PlanError(
-                f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; DeepSpeed's data-parallel "
-                f"group has {dp_size}"
-            )
-        if op.option.algo not in RUNNABLE_ALGOS:
-            raise PlanError(
-                f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} cannot be forced per "
-                f"call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
-            )
-    ops_in_order = [i for i, _ in plan.order]
-    if ops_in_order != sorted(ops_in_order):
-        k = next(k for k in range(1, len(ops_in_order)) if ops_in_order[k] < ops_in_order[k - 1])
-        raise PlanError(
-            f"plan v{plan.version} launches op {ops_in_order[k]} after op {ops_in_order[k - 1]} has started: "
-            "DeepSpeed waits for each bucket's all-reduce before submitting the next, so ops must be launched "
-            "in submission order (reorder motifs within an op only)"
-        )
+    """Refuse what cannot run on DeepSpeed's DP all-reduce, naming the op (DeepSpeed waits for each op before it
+    submits the next, so ops cannot interleave)."""
+    check_dp_all_reduce_plan(
+        plan,
+        dp_size,
+        "DeepSpeed",
+        "DeepSpeed waits for each bucket's all-reduce before it submits the next",
+    )
 
 
 class SyndicateDeepSpeed:

@@ -47,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 from flowlane.configs import add_dataclass_args, config_from_namespace
-from flowlane.syndicate.enforcer import RUNNABLE_ALGOS, Enforcer, EnforcerConfig, Handle
-from flowlane.syndicate.plan import PlanError, SyndicatePlan
+from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, Handle, check_dp_all_reduce_plan
+from flowlane.syndicate.plan import SyndicatePlan
 
 log = logging.getLogger("flowlane.syndicate")
 
@@ -87,31 +87,15 @@ class SyndicateMegatronConfig:
 
 def check_plan_for_megatron(plan: SyndicatePlan, dp_size: int, overlap_grad_reduce: bool) -> None:
     """Refuse what cannot run on Megatron-core's DP all-reduce (see the module docstring), naming the op."""
-    for i, op in enumerate(plan.ops):
-        if op.kind != "all_reduce":
-            raise PlanError(
-                f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: Megatron-core's DDP submits only "
-                "its gradient buckets' all-reduces here"
-            )
-        if op.ranks != dp_size:
-            raise PlanError(
-                f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; Megatron's data-parallel "
-                f"group has {dp_size}"
-            )
-        if op.option.algo not in RUNNABLE_ALGOS:
-            raise PlanError(
-                f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} cannot be forced per "
-                f"call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
-            )
-    if not overlap_grad_reduce:
-        ops_in_order = [i for i, _ in plan.order]
-        if ops_in_order != sorted(ops_in_order):
-            k = next(k for k in range(1, len(ops_in_order)) if ops_in_order[k] < ops_in_order[k - 1])
-            raise PlanError(
-                f"plan v{plan.version} launches op {ops_in_order[k]} after op {ops_in_order[k - 1]} has "
-                "started, but overlap_grad_reduce=False: Megatron then waits for each bucket group before it "
-                "starts the next, so ops must go in submission order (add --overlap-grad-reduce)"
-            )
+    check_dp_all_reduce_plan(
+        plan,
+        dp_size,
+        "Megatron",
+        None
+        if overlap_grad_reduce
+        else "overlap_grad_reduce=False: Megatron then waits for each bucket group before it starts the next "
+        "(add --overlap-grad-reduce to interleave them)",
+    )
 
 
 class _Handles:

@@ -61,6 +61,39 @@ _KINDS = ("all_reduce", "all_to_all", "all_gather")
 Replanner = Callable[[SyndicatePlan | None, Sequence[tuple[int, float, float]]], SyndicatePlan | None]
 
 
+def check_dp_all_reduce_plan(
+    plan: SyndicatePlan, dp_size: int, framework: str, serial_why: str | None = None
+) -> None:
+    """Refuse, naming the op, a plan that a framework's data-parallel gradient path cannot run: an op other than an
+    all-reduce (``framework`` submits only its buckets' all-reduces there), an op spanning another number of ranks
+    than ``dp_size``, an algorithm the enforcer cannot force per call (:data:`RUNNABLE_ALGOS`), and, where the
+    framework waits for each op before it submits the next (``serial_why`` says why), an order that launches an
+    op's motif before the previous op's last one."""
+    for i, op in enumerate(plan.ops):
+        if op.kind != "all_reduce":
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: {framework} submits only its "
+                "gradient buckets' all-reduces here"
+            )
+        if op.ranks != dp_size:
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}) spans {op.ranks} ranks; {framework}'s data-parallel "
+                f"group has {dp_size}"
+            )
+        if op.option.algo not in RUNNABLE_ALGOS:
+            raise PlanError(
+                f"plan v{plan.version} op {i} ({op.name!r}): algorithm {op.option.algo!r} cannot be forced per "
+                f"call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
+            )
+    ops_in_order = [i for i, _ in plan.order]
+    if serial_why and ops_in_order != sorted(ops_in_order):
+        k = next(k for k in range(1, len(ops_in_order)) if ops_in_order[k] < ops_in_order[k - 1])
+        raise PlanError(
+            f"plan v{plan.version} launches op {ops_in_order[k]} after op {ops_in_order[k - 1]} has started, "
+            f"but {serial_why}, so ops must go in submission order (reorder motifs within an op only)"
+        )
+
+
 class PlanMismatchError(PlanError):
     """Ranks hold different plans or launched different sequences; the message names them."""
 
