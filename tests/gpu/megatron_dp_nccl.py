@@ -66,8 +66,6 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
         out = train("api", world, lambda m, c: aleph.install([m], cfg), device=device)
         return {**_equal(stock, out), "calls": out["calls"], "bucket_groups": out["bucket_groups"]}
 
-    run("aleph_one_cluster_ps_flags", aleph_flags)
-    run("aleph_singletons", aleph_singletons)
     fifo: dict[str, Any] = {}
 
     def syndicate_fifo() -> dict[str, Any]:
@@ -104,6 +102,9 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
         "syndicate_plan",
         syndicate_plan if "submitted" in fifo else lambda: {"error": "no FIFO run to plan from"},
     )
+    # ALEPH last: its PS tree hung on NCCL once (fixed since, not yet rerun there); a hang must not cost SYNDICATE's
+    run("aleph_one_cluster_ps_flags", aleph_flags)
+    run("aleph_singletons", aleph_singletons)
     return res
 
 
