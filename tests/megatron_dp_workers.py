@@ -28,10 +28,12 @@ def train(
     flags: tuple[str, ...] = (),
     overlap: bool = True,
     device: str = "cpu",
+    pp: int = 1,
 ) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
     ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
-    pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py)."""
+    pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py).
+    ``pp``: pipeline stages (world / pp data-parallel groups, one per stage; losses only on the last stage)."""
     import argparse
     from functools import partial
 
@@ -51,17 +53,17 @@ def train(
     from megatron_plugin.megatron_lm import FlowlaneHooks
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
-    recipe = GPTRecipe(num_ranks=world, **RECIPE)
+    recipe = GPTRecipe(num_ranks=world, **{**RECIPE, "pipeline_parallel": pp})
     forward_step = partial(_forward_step, recipe=recipe, device=device)
     with comm.owned_process_groups():
-        ps.initialize_model_parallel()
+        ps.initialize_model_parallel(pipeline_model_parallel_size=pp)
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
             hooks = None
             if mode == "megatron_lm":
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(list(flags))
-                args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, 1
+                args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, pp
                 args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, False
                 hooks = FlowlaneHooks(
                     lambda **kw: build_model(recipe, device)[0], forward_step, get_args=lambda: args
@@ -97,7 +99,8 @@ def train(
                     forward_only=False,
                 )
                 opt.step()
-                losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
+                if res:  # the last pipeline stage's
+                    losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
             if hooks is not None:
                 feature = hooks.aleph or hooks.syndicate
             out: dict = {
@@ -178,7 +181,8 @@ def _equal(a: dict, b: dict) -> dict:
 
 def aleph_runs(rank: int, world: int) -> dict:
     """Megatron's own run; ALEPH with an all-singleton plan (API), a two-pair PS tree (the Megatron-LM flags) and an
-    M-WCHA plan from bandwidth figures (API); then refusals."""
+    M-WCHA plan from bandwidth figures (API); a pair's PS tree on each data-parallel group of PP 2 x DP 2 (flags);
+    then refusals."""
     from megatron_plugin import cpu_shim
 
     cpu_shim.apply()
@@ -201,6 +205,12 @@ def aleph_runs(rank: int, world: int) -> dict:
         out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags, overlap=overlap)
         res[name] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "num_flows") if k in out}
         res[name].update(_equal(stock, out))
+    # PP 2 x DP 2: two data-parallel groups, each reduced by its own PS tree (whose groups only its ranks make)
+    stock_pp = train("stock", world, pp=2)
+    flags = ("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps")
+    out = train("megatron_lm", world, flags=flags, pp=2)
+    res["pp2_pair_ps_flags"] = {k: out[k] for k in ("calls", "bucket_groups", "restored") if k in out}
+    res["pp2_pair_ps_flags"].update(_equal(stock_pp, out), losses=len(out["losses"]))
     res["refused_dist_opt"] = refusal(
         world, lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")), dist_opt=True
     )
