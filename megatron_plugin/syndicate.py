@@ -20,8 +20,12 @@ first). In the first iteration Megatron starts and waits for each bucket group i
 a plan that interleaves ops then falls back to FIFO for that iteration, at the same program point on every rank
 (recorded in ``enforcer.events``). Without ``overlap_grad_reduce`` that is every iteration, so such a plan is refused
 at install. Also refused: plan ops other than all-reduce, ops spanning another number of ranks than the
-data-parallel group, algorithms the enforcer cannot force (``tree``, ``rs_ag``), and several data-parallel groups
-(PP, TP or CP > 1: one enforcer per group is not built).
+data-parallel group, and algorithms the enforcer cannot force (``tree``, ``rs_ag``).
+
+Several data-parallel groups (PP, TP or CP > 1): each group gets its own enforcer, its own path groups (made by its
+ranks only) and its own store namespace, so a group's watchdog compares its own ranks. Each pipeline stage has other
+buckets, so each needs its own plan: ``{pp_rank}`` in the plan path is this rank's pipeline stage
+(``--syndicate-plan plans/stage{pp_rank}.json``); a path without it is refused when there are several stages.
 
 megatron-core API::
 
@@ -61,7 +65,8 @@ class SyndicateMegatronConfig:
     """SYNDICATE on Megatron-core's DP all-reduce."""
 
     plan: str = ""
-    """Path of a plan JSON (``SyndicatePlan.to_json``); empty only with mode ``fifo``."""
+    """Path of a plan JSON (``SyndicatePlan.to_json``); empty only with mode ``fifo``. ``{pp_rank}`` in it is this
+    rank's pipeline stage (required with several stages: their buckets differ)."""
     mode: Literal["plan", "fifo"] = "plan"
     """``plan``: the plan's motifs, paths and order; ``fifo``: every op whole, at submission (the baseline)."""
     check_every: int = 1
@@ -74,12 +79,18 @@ class SyndicateMegatronConfig:
             self.mode, self.check_every, self.timeout_s
         )  # names a bad mode / check_every / timeout
 
-    def load_plan(self) -> SyndicatePlan | None:
+    def load_plan(self, pp_rank: int = 0, pp_size: int = 1) -> SyndicatePlan | None:
+        """This pipeline stage's plan (None in FIFO mode without one)."""
         if not self.plan:
             if self.mode == "plan":
                 raise ValueError('syndicate plan is required with mode "plan" (or set mode "fifo")')
             return None
-        p = Path(self.plan)
+        if pp_size > 1 and "{pp_rank}" not in self.plan:
+            raise ValueError(
+                f"syndicate plan={self.plan!r}: with {pp_size} pipeline stages each stage's buckets need their own "
+                "plan; put {pp_rank} in the path (e.g. plans/stage{pp_rank}.json)"
+            )
+        p = Path(self.plan.replace("{pp_rank}", str(pp_rank)))
         if not p.is_file():
             raise ValueError(f"syndicate plan: no plan file at {str(p)!r}")
         return SyndicatePlan.from_json(p.read_text())
@@ -137,9 +148,13 @@ class SyndicateMegatron:
         overlap_grad_reduce: bool = True,
         store: Any = None,
     ) -> None:
+        from megatron.core import parallel_state as ps
+
         from megatron_plugin.dp_collective import DPCollective
 
-        plan = config.load_plan()
+        plan = config.load_plan(
+            ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
+        )
         if store is None:
             try:  # torch.distributed's own store (every rank has it after init_process_group)
                 from torch.distributed.distributed_c10d import _get_default_store  # noqa: PLC0415
@@ -148,31 +163,32 @@ class SyndicateMegatron:
                     "flowlane.syndicate: this torch has no default store to share; pass store=..."
                 ) from None
             store = _get_default_store()
-        namespace = f"flowlane-mcore-syndicate/{next(_INSTALLS)}"
-        world = dist.get_world_size()
+        install_id = next(_INSTALLS)
         self.enforcer: Enforcer | None = None
 
         def make(group: dist.ProcessGroup | None, ranks: tuple[int, ...]) -> _SyndicateComponent | None:
-            if len(ranks) != world:
-                raise ValueError(
-                    f"flowlane.syndicate: the data-parallel group {list(ranks)} is not the whole world "
-                    f"({world} ranks; PP, TP or CP > 1): one enforcer per data-parallel group is not built"
-                )
+            if group is None:  # another data-parallel group's: its ranks make its enforcer
+                return None
             if plan is not None:
                 check_plan_for_megatron(plan, len(ranks), overlap_grad_reduce)
             names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
-            # one clone of the DP group per path, made in name order on every rank (group creation is collective)
-            paths = {name: dist.new_group(list(ranks)) for name in names}
-            if group is None:
-                return None
+            # one clone of the DP group per path, made in name order by the group's ranks only
+            paths = {name: dist.new_group(list(ranks), use_local_synchronization=True) for name in names}
             enforcer = Enforcer(
                 paths,
                 store,
                 dist.get_rank(group),
                 len(ranks),
-                EnforcerConfig(config.mode, config.check_every, config.timeout_s, namespace),
+                EnforcerConfig(
+                    config.mode,
+                    config.check_every,
+                    config.timeout_s,
+                    f"flowlane-mcore-syndicate/{install_id}/{'-'.join(map(str, ranks))}",
+                ),
             )
-            enforcer.install(plan)  # compares the plan's digest on every rank; names the ones that differ
+            enforcer.install(
+                plan
+            )  # compares the plan's digest on the group's ranks; names the ones that differ
             self.enforcer = enforcer
             return _SyndicateComponent(enforcer)
 

@@ -181,8 +181,7 @@ def _equal(a: dict, b: dict) -> dict:
 
 def aleph_runs(rank: int, world: int) -> dict:
     """Megatron's own run; ALEPH with an all-singleton plan (API), a two-pair PS tree (the Megatron-LM flags) and an
-    M-WCHA plan from bandwidth figures (API); a pair's PS tree on each data-parallel group of PP 2 x DP 2 (flags);
-    then refusals."""
+    M-WCHA plan from bandwidth figures (API); then refusals."""
     from megatron_plugin import cpu_shim
 
     cpu_shim.apply()
@@ -205,12 +204,6 @@ def aleph_runs(rank: int, world: int) -> dict:
         out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags, overlap=overlap)
         res[name] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "num_flows") if k in out}
         res[name].update(_equal(stock, out))
-    # PP 2 x DP 2: two data-parallel groups, each reduced by its own PS tree (whose groups only its ranks make)
-    stock_pp = train("stock", world, pp=2)
-    flags = ("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps")
-    out = train("megatron_lm", world, flags=flags, pp=2)
-    res["pp2_pair_ps_flags"] = {k: out[k] for k in ("calls", "bucket_groups", "restored") if k in out}
-    res["pp2_pair_ps_flags"].update(_equal(stock_pp, out), losses=len(out["losses"]))
     res["refused_dist_opt"] = refusal(
         world, lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")), dist_opt=True
     )
@@ -296,4 +289,52 @@ def syndicate_runs(rank: int, world: int, tmp: str) -> dict:
     res["mismatch"] = refusal(
         world, lambda m, c: install([m], SyndicateMegatronConfig(plan=other, timeout_s=30), c)
     )
+    return res
+
+
+def pp_runs(rank: int, world: int, tmp: str) -> dict:
+    """PP 2 x DP 2 (two data-parallel groups, one per stage): Megatron's own run; ALEPH, a pair's PS tree on each
+    group (the Megatron-LM flags); SYNDICATE in FIFO mode (API), then each stage's own plan (``{pp_rank}`` in the
+    flag's path) that cuts every bucket into up to 3 motifs launched last op first."""
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    import torch.distributed as dist
+
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+    from megatron_plugin.syndicate import SyndicateMegatronConfig, install
+
+    stock = train("stock", world, pp=2)
+    res: dict = {}
+    out = train("megatron_lm", world, flags=("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps"), pp=2)
+    res["aleph"] = {k: out[k] for k in ("calls", "bucket_groups", "restored") if k in out}
+    res["aleph"].update(_equal(stock, out), losses=len(out["losses"]))
+    fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), pp=2)
+    res["fifo"] = _equal(stock, fifo)
+    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
+    ops = tuple(
+        PlanOp(f"bucket{i}", "all_reduce", n, d, world // 2, Option("S", "ring", min(3, n)))
+        for i, (n, d) in enumerate(sigs)
+    )
+    plan = SyndicatePlan(
+        1,
+        ops,
+        tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))),
+    )
+    stage = (
+        rank // 2
+    )  # Megatron's rank order puts PP outermost: ranks 0, 1 are stage 0 (the test checks the losses)
+    if rank % 2 == 0:  # the stage's first data-parallel rank writes its plan
+        with open(f"{tmp}/stage{stage}.json", "w") as f:
+            f.write(plan.to_json())
+    dist.barrier()
+    out = train(
+        "megatron_lm", world, flags=("--syndicate", "--syndicate-plan", f"{tmp}/stage{{pp_rank}}.json"), pp=2
+    )
+    res["plan"] = _equal(stock, out)
+    res["plan"].update({k: out[k] for k in ("calls", "bucket_groups", "restored", "log", "events")})
+    res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
+    res["plan_order"] = [list(e) for e in plan.order]
+    res["stage"] = stage
     return res

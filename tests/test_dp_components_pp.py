@@ -1,0 +1,44 @@
+"""ALEPH and SYNDICATE on Megatron-core's data-parallel path with several data-parallel groups: PP 2 x DP 2 on 4 gloo
+ranks (a tiny GPT, Megatron-core's DistributedDataParallel with overlap_grad_reduce, its optimizer, finalize_model_grads
+and 1F1B schedule), against the same run without flowlane, in one launch. Each stage's DP group gets its own ALEPH
+tree (groups made by its ranks only) or its own SYNDICATE enforcer, with each stage's own plan (``{pp_rank}`` in the
+Megatron-LM flag's path). DP 2: a sum of two has one order, so every run must be Megatron's bit for bit."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.llm
+pytest.importorskip("megatron.core")
+
+ITERATIONS = 3
+
+
+def test_aleph_and_syndicate_on_each_data_parallel_group_of_pp2_are_bitwise_stock() -> None:
+    from flowlane.launch import launch
+    from tests.megatron_dp_workers import pp_runs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res = launch(pp_runs, 4, args=(tmp,), timeout=600)
+    for rank, r in enumerate(res):
+        a = r["aleph"]
+        assert a["bitwise"] and a["restored"], (rank, a)
+        assert a["bucket_groups"] >= 1 and a["calls"] == a["bucket_groups"] * ITERATIONS, (rank, a)
+        assert a["losses"] == (ITERATIONS if r["stage"] == 1 else 0), (rank, a)
+        assert r["fifo"]["bitwise"], (rank, r["fifo"])
+        p = r["plan"]
+        assert p["bitwise"] and p["restored"], (rank, p)
+        assert p["calls"] == p["bucket_groups"] * ITERATIONS, (rank, p)
+        assert p["steady"] == r["plan_order"], (rank, p["steady"], r["plan_order"])  # the stage's own plan
+    # the two ranks of a stage launched one sequence; the stages had plans of their own
+    assert res[0]["plan"]["log"] == res[1]["plan"]["log"] and res[2]["plan"]["log"] == res[3]["plan"]["log"]
+    assert res[0]["stage"] == res[1]["stage"] == 0 and res[2]["stage"] == res[3]["stage"] == 1
+
+
+def test_a_plan_path_without_the_stage_is_refused_with_several_stages() -> None:
+    from megatron_plugin.syndicate import SyndicateMegatronConfig
+
+    with pytest.raises(ValueError, match=r"with 2 pipeline stages .* put \{pp_rank\} in the path"):
+        SyndicateMegatronConfig(plan="plan.json").load_plan(pp_rank=1, pp_size=2)
