@@ -29,11 +29,13 @@ def train(
     overlap: bool = True,
     device: str = "cpu",
     pp: int = 1,
+    tp: int = 1,
 ) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
     ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
     pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py).
-    ``pp``: pipeline stages (world / pp data-parallel groups, one per stage; losses only on the last stage)."""
+    ``pp``: pipeline stages (world / pp data-parallel groups, one per stage; losses only on the last stage); ``tp``:
+    tensor-parallel ranks (a data-parallel group per tensor-parallel rank)."""
     import argparse
     from functools import partial
 
@@ -53,10 +55,10 @@ def train(
     from megatron_plugin.megatron_lm import FlowlaneHooks
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
-    recipe = GPTRecipe(num_ranks=world, **{**RECIPE, "pipeline_parallel": pp})
+    recipe = GPTRecipe(num_ranks=world, **{**RECIPE, "pipeline_parallel": pp, "tensor_parallel": tp})
     forward_step = partial(_forward_step, recipe=recipe, device=device)
     with comm.owned_process_groups():
-        ps.initialize_model_parallel(pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
@@ -64,6 +66,7 @@ def train(
             if mode == "megatron_lm":
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(list(flags))
                 args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, pp
+                args.tensor_model_parallel_size = tp
                 args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, False
                 hooks = FlowlaneHooks(
                     lambda **kw: build_model(recipe, device)[0], forward_step, get_args=lambda: args
@@ -337,4 +340,30 @@ def pp_runs(rank: int, world: int, tmp: str) -> dict:
     res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
     res["plan_order"] = [list(e) for e in plan.order]
     res["stage"] = stage
+    # TP 2 x DP 2: a data-parallel group per tensor-parallel rank ({0, 2} and {1, 3}), the same bucket sizes in both,
+    # so one plan serves both groups
+    stock = train("stock", world, tp=2)
+    out = train("megatron_lm", world, flags=("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps"), tp=2)
+    res["tp_aleph"] = {k: out[k] for k in ("calls", "bucket_groups", "restored") if k in out}
+    res["tp_aleph"].update(_equal(stock, out))
+    fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), tp=2)
+    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
+    ops = tuple(
+        PlanOp(f"bucket{i}", "all_reduce", n, d, world // 2, Option("S", "ring", min(3, n)))
+        for i, (n, d) in enumerate(sigs)
+    )
+    plan = SyndicatePlan(
+        1,
+        ops,
+        tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))),
+    )
+    if rank == 0:
+        with open(f"{tmp}/tp.json", "w") as f:
+            f.write(plan.to_json())
+    dist.barrier()
+    out = train("megatron_lm", world, flags=("--syndicate", "--syndicate-plan", f"{tmp}/tp.json"), tp=2)
+    res["tp_plan"] = _equal(stock, out)
+    res["tp_plan"].update({k: out[k] for k in ("calls", "bucket_groups", "restored")})
+    res["tp_plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
+    res["tp_plan_order"] = [list(e) for e in plan.order]
     return res

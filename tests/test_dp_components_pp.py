@@ -1,8 +1,9 @@
-"""ALEPH and SYNDICATE on Megatron-core's data-parallel path with several data-parallel groups: PP 2 x DP 2 on 4 gloo
-ranks (a tiny GPT, Megatron-core's DistributedDataParallel with overlap_grad_reduce, its optimizer, finalize_model_grads
-and 1F1B schedule), against the same run without flowlane, in one launch. Each stage's DP group gets its own ALEPH
-tree (groups made by its ranks only) or its own SYNDICATE enforcer, with each stage's own plan (``{pp_rank}`` in the
-Megatron-LM flag's path). DP 2: a sum of two has one order, so every run must be Megatron's bit for bit."""
+"""ALEPH and SYNDICATE on Megatron-core's data-parallel path with several data-parallel groups: PP 2 x DP 2, then
+TP 2 x DP 2, on 4 gloo ranks (a tiny GPT, Megatron-core's DistributedDataParallel with overlap_grad_reduce, its
+optimizer, finalize_model_grads and schedule), against the same run without flowlane, in one launch. Each DP group
+gets its own ALEPH tree (groups made by its ranks only) or its own SYNDICATE enforcer; with PP each stage has its own
+plan (``{pp_rank}`` in the Megatron-LM flag's path). DP 2: a sum of two has one order, so every run must be
+Megatron's bit for bit."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytest.importorskip("megatron.core")
 ITERATIONS = 3
 
 
-def test_aleph_and_syndicate_on_each_data_parallel_group_of_pp2_are_bitwise_stock() -> None:
+def test_aleph_and_syndicate_on_each_data_parallel_group_of_pp2_and_tp2_are_bitwise_stock() -> None:
     from flowlane.launch import launch
     from tests.megatron_dp_workers import pp_runs
 
@@ -32,6 +33,11 @@ def test_aleph_and_syndicate_on_each_data_parallel_group_of_pp2_are_bitwise_stoc
         assert p["bitwise"] and p["restored"], (rank, p)
         assert p["calls"] == p["bucket_groups"] * ITERATIONS, (rank, p)
         assert p["steady"] == r["plan_order"], (rank, p["steady"], r["plan_order"])  # the stage's own plan
+        for name in ("tp_aleph", "tp_plan"):  # TP 2 x DP 2: DP groups {0, 2} and {1, 3}
+            x = r[name]
+            assert x["bitwise"] and x["restored"], (rank, name, x)
+            assert x["calls"] == x["bucket_groups"] * ITERATIONS, (rank, name, x)
+        assert r["tp_plan"]["steady"] == r["tp_plan_order"], (rank, r["tp_plan"]["steady"])
     # the two ranks of a stage launched one sequence; the stages had plans of their own
     assert res[0]["plan"]["log"] == res[1]["plan"]["log"] and res[2]["plan"]["log"] == res[3]["plan"]["log"]
     assert res[0]["stage"] == res[1]["stage"] == 0 and res[2]["stage"] == res[3]["stage"] == 1
