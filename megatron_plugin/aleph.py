@@ -11,7 +11,8 @@ Megatron starts the bucket group's reduction (no overlap between bucket groups, 
 Also refused here: a plan whose size is not the data-parallel group's, and ``top="allreduce"`` with a hierarchical
 plan when there are several data-parallel groups (PP, TP or CP > 1): the aggregators' subgroup is made with
 ``new_group`` by every rank of the world, which only one data-parallel group can do consistently; ``top="ps"``
-makes its groups (one per PS and direction) among the data-parallel group's own ranks only, so it runs on any layout.
+makes its groups (one per direction) for every data-parallel group on every rank in one order (NCCL splits them from
+the world's communicator, which every rank must join), so it runs on any layout.
 
 megatron-core API::
 
@@ -164,10 +165,16 @@ class AlephMegatron:
                     "aleph top='allreduce' with a hierarchical plan needs one data-parallel group (PP, TP "
                     "and CP 1): its aggregators' subgroup is created by every rank of the world; use top='ps'"
                 )
-            if group is None:  # another data-parallel group's (top='ps' makes its groups among its own ranks)
+            # the tree's up and down groups, for every data-parallel group on every rank (see the module docstring)
+            p2p = (
+                ([dist.new_group(list(ranks))], [dist.new_group(list(ranks))]) if config.top == "ps" else None
+            )
+            if group is None:  # another data-parallel group's
                 return None
             self.plan = plan
-            return _AlephComponent(HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes))
+            return _AlephComponent(
+                HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p)
+            )
 
         self._dp = DPCollective(dp_group, make, "flowlane.aleph")
 

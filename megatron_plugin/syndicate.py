@@ -22,8 +22,8 @@ a plan that interleaves ops then falls back to FIFO for that iteration, at the s
 at install. Also refused: plan ops other than all-reduce, ops spanning another number of ranks than the
 data-parallel group, and algorithms the enforcer cannot force (``tree``, ``rs_ag``).
 
-Several data-parallel groups (PP, TP or CP > 1): each group gets its own enforcer, its own path groups (made by its
-ranks only) and its own store namespace, so a group's watchdog compares its own ranks. Each pipeline stage has other
+Several data-parallel groups (PP, TP or CP > 1): each group gets its own enforcer, its own path groups (made on
+every rank in one order) and its own store namespace, so a group's watchdog compares its own ranks. Each pipeline stage has other
 buckets, so each needs its own plan: ``{pp_rank}`` in the plan path is this rank's pipeline stage
 (``--syndicate-plan plans/stage{pp_rank}.json``); a path without it is refused when there are several stages.
 
@@ -165,15 +165,19 @@ class SyndicateMegatron:
             store = _get_default_store()
         install_id = next(_INSTALLS)
         self.enforcer: Enforcer | None = None
+        # every rank makes every group's path groups, in one order (NCCL splits them from the world's communicator,
+        # which every rank must join): each rank says which paths its own plan uses
+        mine = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
+        names_of: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(names_of, mine)
 
         def make(group: dist.ProcessGroup | None, ranks: tuple[int, ...]) -> _SyndicateComponent | None:
-            if group is None:  # another data-parallel group's: its ranks make its enforcer
+            # one clone of the DP group per path of its plan (its first rank's; the digest check compares the rest)
+            paths = {name: dist.new_group(list(ranks)) for name in names_of[ranks[0]]}
+            if group is None:  # another data-parallel group's
                 return None
             if plan is not None:
                 check_plan_for_megatron(plan, len(ranks), overlap_grad_reduce)
-            names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
-            # one clone of the DP group per path, made in name order by the group's ranks only
-            paths = {name: dist.new_group(list(ranks), use_local_synchronization=True) for name in names}
             enforcer = Enforcer(
                 paths,
                 store,

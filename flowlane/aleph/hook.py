@@ -112,7 +112,9 @@ class HierarchicalAllReduce:
     ``top="ps"`` only: ``ps``, the PS positions (cluster heads; default: the first head); ``split``, the fraction of
     the tensor each PS sums (fractions >= 0 summing to 1, or ``"equal"``), or ``ps_bandwidths`` for the proportional
     split P_j / sum(P); ``dedicated_ps``: the PSs (singleton clusters) are separate servers, left out of the sum,
-    each ending with its own part's sum and zeros elsewhere."""
+    each ending with its own part's sum and zeros elsewhere. ``p2p_groups``: the (up, down) groups over the group's
+    ranks, one per PS each (made here by the group's ranks when not given; a caller with several data-parallel groups
+    on NCCL must make them on every rank in one order, since NCCL splits them from the world's communicator)."""
 
     def __init__(
         self,
@@ -125,6 +127,7 @@ class HierarchicalAllReduce:
         split: Sequence[float] | str | None = None,
         ps_bandwidths: Sequence[float] | None = None,
         dedicated_ps: bool = False,
+        p2p_groups: tuple[Sequence[Any], Sequence[Any]] | None = None,
     ) -> None:
         if top not in TOP_MODES:
             raise ValueError(f"top={top!r} is not one of {TOP_MODES}")
@@ -170,18 +173,22 @@ class HierarchicalAllReduce:
             pg = dist.new_group([self.ranks[h] for h in plan.heads])
             if self.me in plan.heads:
                 self._top_pg = pg
-        # top="ps": one group per PS and direction, made by the group's ranks only (as the plan exchange above). Where
-        # two ranks' messages run in order on one stream per pair and group, matched by order and not by tag (NCCL),
-        # a pair must talk one way per group: a receive posted first would wait for a send queued behind it. Partial
-        # sums go up to PS j on up[j], results come down from it on down[j]; two aggregators that are both PSs send
-        # each other parts, each on its own PS's group.
+        # top="ps": one group per PS and direction. Where two ranks' messages run in order on one stream per pair and
+        # group, matched by order and not by tag (NCCL), a pair must talk one way per group: a receive posted first
+        # would wait for a send queued behind it. Partial sums go up to PS j on up[j], results come down from it on
+        # down[j]; two aggregators that are both PSs send each other parts, each on its own PS's group.
         q = len(self.ps) if top == "ps" else 0
-        self._up_pgs: list[Any] = [
-            dist.new_group(self.ranks, use_local_synchronization=True) for _ in range(q)
-        ]
-        self._down_pgs: list[Any] = [
-            dist.new_group(self.ranks, use_local_synchronization=True) for _ in range(q)
-        ]
+        if p2p_groups is None:  # made by the group's ranks only (as the plan exchange above)
+            p2p_groups = tuple(  # type: ignore[assignment]
+                [dist.new_group(self.ranks, use_local_synchronization=True) for _ in range(q)]
+                for _ in range(2)
+            )
+        elif top != "ps" or any(len(g) != q for g in p2p_groups):
+            raise ValueError(
+                f"p2p_groups: top='ps' with {q} PS(s) needs (up, down) lists of {q} group(s) each; got "
+                f"{[len(g) for g in p2p_groups]} with top={top!r}"
+            )
+        self._up_pgs, self._down_pgs = (list(g) for g in p2p_groups)  # type: ignore[union-attr]
         # the PS-rooted tree(s): this rank's members (global ranks); the other heads are children only of a PS
         c = self.cluster
         self._members = [self.ranks[m] for m in c.members[1:]] if self.me == c.head else []
