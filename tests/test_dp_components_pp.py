@@ -1,7 +1,7 @@
 """ALEPH and SYNDICATE on Megatron-core's data-parallel path with several data-parallel groups: PP 2 x DP 2, then
 TP 2 x DP 2, on 4 gloo ranks (a tiny GPT, Megatron-core's DistributedDataParallel with overlap_grad_reduce, its
 optimizer, finalize_model_grads and schedule), against the same run without flowlane, in one launch. Each DP group
-gets its own ALEPH tree (groups made by its ranks only) or its own SYNDICATE enforcer; with PP each stage has its own
+gets its own ALEPH tree (its groups made on every rank) or its own SYNDICATE enforcer; with PP each stage has its own
 plan (``{pp_rank}`` in the Megatron-LM flag's path). DP 2: a sum of two has one order, so every run must be
 Megatron's bit for bit."""
 
