@@ -51,6 +51,7 @@ def train(
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from flowlane import comm
+    from flowlane.launch import heartbeat
     from megatron_plugin.args import add_flowlane_args
     from megatron_plugin.megatron_lm import FlowlaneHooks
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
@@ -90,6 +91,7 @@ def train(
             fwd_bwd = get_forward_backward_func()
             losses = []
             for it in range(recipe.iterations):
+                heartbeat()  # progress for flowlane.launch's stall timeout (the GPU checks run many trainings)
                 model.zero_grad_buffer()
                 opt.zero_grad()
                 res = fwd_bwd(
@@ -295,25 +297,35 @@ def syndicate_runs(rank: int, world: int, tmp: str) -> dict:
     return res
 
 
-def pp_runs(rank: int, world: int, tmp: str) -> dict:
+def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     """PP 2 x DP 2 (two data-parallel groups, one per stage): Megatron's own run; ALEPH, a pair's PS tree on each
     group (the Megatron-LM flags); SYNDICATE in FIFO mode (API), then each stage's own plan (``{pp_rank}`` in the
-    flag's path) that cuts every bucket into up to 3 motifs launched last op first."""
-    from megatron_plugin import cpu_shim
+    flag's path) that cuts every bucket into up to 3 motifs launched last op first; then TP 2 x DP 2. ``device``:
+    cpu (gloo, with Megatron's CPU shim) or cuda (NCCL, tests/gpu/megatron_dp_pp_nccl.py)."""
+    if device == "cpu":
+        from megatron_plugin import cpu_shim
 
-    cpu_shim.apply()
+        cpu_shim.apply()
     import torch.distributed as dist
 
     from flowlane.syndicate.cost import Option
     from flowlane.syndicate.plan import PlanOp, SyndicatePlan
     from megatron_plugin.syndicate import SyndicateMegatronConfig, install
 
-    stock = train("stock", world, pp=2)
+    stock = train("stock", world, pp=2, device=device)
     res: dict = {}
-    out = train("megatron_lm", world, flags=("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps"), pp=2)
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps"),
+        pp=2,
+        device=device,
+    )
     res["aleph"] = {k: out[k] for k in ("calls", "bucket_groups", "restored") if k in out}
     res["aleph"].update(_equal(stock, out), losses=len(out["losses"]))
-    fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), pp=2)
+    fifo = train(
+        "api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), pp=2, device=device
+    )
     res["fifo"] = _equal(stock, fifo)
     sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
     ops = tuple(
@@ -325,15 +337,18 @@ def pp_runs(rank: int, world: int, tmp: str) -> dict:
         ops,
         tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))),
     )
-    stage = (
-        rank // 2
-    )  # Megatron's rank order puts PP outermost: ranks 0, 1 are stage 0 (the test checks the losses)
+    # Megatron's rank order puts PP outermost: ranks 0, 1 are stage 0 (the test checks the losses)
+    stage = rank // 2
     if rank % 2 == 0:  # the stage's first data-parallel rank writes its plan
         with open(f"{tmp}/stage{stage}.json", "w") as f:
             f.write(plan.to_json())
     dist.barrier()
     out = train(
-        "megatron_lm", world, flags=("--syndicate", "--syndicate-plan", f"{tmp}/stage{{pp_rank}}.json"), pp=2
+        "megatron_lm",
+        world,
+        flags=("--syndicate", "--syndicate-plan", f"{tmp}/stage{{pp_rank}}.json"),
+        pp=2,
+        device=device,
     )
     res["plan"] = _equal(stock, out)
     res["plan"].update({k: out[k] for k in ("calls", "bucket_groups", "restored", "log", "events")})
@@ -342,11 +357,19 @@ def pp_runs(rank: int, world: int, tmp: str) -> dict:
     res["stage"] = stage
     # TP 2 x DP 2: a data-parallel group per tensor-parallel rank ({0, 2} and {1, 3}), the same bucket sizes in both,
     # so one plan serves both groups
-    stock = train("stock", world, tp=2)
-    out = train("megatron_lm", world, flags=("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps"), tp=2)
+    stock = train("stock", world, tp=2, device=device)
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--aleph", "--aleph-clusters", "0,1", "--aleph-top", "ps"),
+        tp=2,
+        device=device,
+    )
     res["tp_aleph"] = {k: out[k] for k in ("calls", "bucket_groups", "restored") if k in out}
     res["tp_aleph"].update(_equal(stock, out))
-    fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), tp=2)
+    fifo = train(
+        "api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), tp=2, device=device
+    )
     sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
     ops = tuple(
         PlanOp(f"bucket{i}", "all_reduce", n, d, world // 2, Option("S", "ring", min(3, n)))
@@ -361,7 +384,9 @@ def pp_runs(rank: int, world: int, tmp: str) -> dict:
         with open(f"{tmp}/tp.json", "w") as f:
             f.write(plan.to_json())
     dist.barrier()
-    out = train("megatron_lm", world, flags=("--syndicate", "--syndicate-plan", f"{tmp}/tp.json"), tp=2)
+    out = train(
+        "megatron_lm", world, flags=("--syndicate", "--syndicate-plan", f"{tmp}/tp.json"), tp=2, device=device
+    )
     res["tp_plan"] = _equal(stock, out)
     res["tp_plan"].update({k: out[k] for k in ("calls", "bucket_groups", "restored")})
     res["tp_plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
