@@ -184,6 +184,21 @@ def _equal(a: dict, b: dict) -> dict:
     }
 
 
+def last_first_plan(submitted: list, dp: int, segments: int):  # -> SyndicatePlan
+    """A plan for the steady state's (iteration 1) submissions recorded in FIFO mode: every bucket cut into up to
+    ``segments`` motifs, launched last bucket first, last motif first (an order across ops)."""
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+
+    sigs = [(n, d) for it, _, n, d in submitted if it == 1]
+    ops = tuple(
+        PlanOp(f"bucket{i}", "all_reduce", n, d, dp, Option("S", "ring", min(segments, n)))
+        for i, (n, d) in enumerate(sigs)
+    )
+    order = tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments)))
+    return SyndicatePlan(1, ops, order)
+
+
 def aleph_runs(rank: int, world: int) -> dict:
     """Megatron's own run; ALEPH with an all-singleton plan (API), a two-pair PS tree (the Megatron-LM flags) and an
     M-WCHA plan from bandwidth figures (API); then refusals."""
@@ -254,25 +269,16 @@ def syndicate_runs(rank: int, world: int, tmp: str) -> dict:
     from megatron_plugin import cpu_shim
 
     cpu_shim.apply()
-    from flowlane.syndicate.cost import Option
-    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+    from flowlane.syndicate.plan import SyndicatePlan
     from megatron_plugin.syndicate import SyndicateMegatronConfig, install
 
     stock = train("stock", world)
     fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c))
     res: dict = {"fifo": _equal(stock, fifo), "fifo_events": fifo["events"]}
-    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]  # the steady state's submissions
-    res["ops"] = len(sigs)
+    res["ops"] = len([1 for it, *_ in fifo["submitted"] if it == 1])  # the steady state's submissions
 
     def plan_with(segments: int) -> SyndicatePlan:
-        ops = tuple(
-            PlanOp(f"bucket{i}", "all_reduce", n, d, world, Option("S", "ring", min(segments, n)))
-            for i, (n, d) in enumerate(sigs)
-        )
-        order = tuple(
-            (i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))
-        )
-        return SyndicatePlan(1, ops, order)
+        return last_first_plan(fifo["submitted"], world, segments)
 
     plan = plan_with(3)
     path = os.path.join(tmp, "plan.json")
@@ -308,8 +314,6 @@ def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         cpu_shim.apply()
     import torch.distributed as dist
 
-    from flowlane.syndicate.cost import Option
-    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
     from megatron_plugin.syndicate import SyndicateMegatronConfig, install
 
     stock = train("stock", world, pp=2, device=device)
@@ -327,16 +331,7 @@ def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         "api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), pp=2, device=device
     )
     res["fifo"] = _equal(stock, fifo)
-    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
-    ops = tuple(
-        PlanOp(f"bucket{i}", "all_reduce", n, d, world // 2, Option("S", "ring", min(3, n)))
-        for i, (n, d) in enumerate(sigs)
-    )
-    plan = SyndicatePlan(
-        1,
-        ops,
-        tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))),
-    )
+    plan = last_first_plan(fifo["submitted"], world // 2, 3)
     # Megatron's rank order puts PP outermost: ranks 0, 1 are stage 0 (the test checks the losses)
     stage = rank // 2
     if rank % 2 == 0:  # the stage's first data-parallel rank writes its plan
@@ -370,16 +365,7 @@ def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     fifo = train(
         "api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), tp=2, device=device
     )
-    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
-    ops = tuple(
-        PlanOp(f"bucket{i}", "all_reduce", n, d, world // 2, Option("S", "ring", min(3, n)))
-        for i, (n, d) in enumerate(sigs)
-    )
-    plan = SyndicatePlan(
-        1,
-        ops,
-        tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments))),
-    )
+    plan = last_first_plan(fifo["submitted"], world // 2, 3)
     if rank == 0:
         with open(f"{tmp}/tp.json", "w") as f:
             f.write(plan.to_json())
