@@ -200,3 +200,21 @@ def test_bad_command_lines_name_the_value():
         timeout=30,
     )
     assert r.returncode == 2 and "nohost is not an IPv4 address" in r.stderr
+    xdp = [
+        exe,
+        "node",
+        "--children",
+        "2",
+        "--parent",
+        "127.0.0.1:9",
+        "--elems",
+        "1",
+        "--iters",
+        "1",
+        "--xdp",
+        "1",
+    ]
+    r = subprocess.run([*xdp, "--child-addrs", "127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--child-addrs with --children=2 addresses, got 127.0.0.1:1" in r.stderr
+    r = subprocess.run([*xdp, "--child-addrs", "127.0.0.1:1,h:2"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "h is not an IPv4 address" in r.stderr

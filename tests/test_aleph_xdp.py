@@ -1,14 +1,20 @@
 """ALEPH tier 2: the XDP aggregator, run in the kernel with BPF_PROG_TEST_RUN (exact sums, the completing packet sent
-up to the parent, duplicates and malformed packets dropped and counted). Skips with the reason where clang/libbpf
-are missing or the kernel refuses the program; tiers 0 and 1 have their own tests."""
+up to the parent, duplicates and malformed packets dropped and counted), then attached to a live veth in network
+namespaces, aggregating tier-1 workers' DATA for tier 1's PS (exact sums, malformed packets dropped and counted on
+the live path, recovery when the PS loses an aggregated packet). Skips with the reason where clang/libbpf are
+missing, the kernel refuses the program or it cannot attach, or namespaces cannot be made; tiers 0 and 1 have their
+own tests."""
 
 import random
 import shutil
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from flowlane.aleph import Plan
 from flowlane.aleph import wire as W
 from flowlane.aleph import xdp as X
 
@@ -50,7 +56,8 @@ def test_the_bpf_object_builds_for_the_bpf_target():
 def test_xdp_sums_exactly_sends_the_sum_up_and_refuses_duplicates(needs_xdp):
     rng = np.random.default_rng(1)
     x = rng.integers(-(2**20), 2**20, size=(CFG.iters, CFG.children, CFG.elems), dtype=np.int32)
-    frames, expect = [], []  # expect: (iteration, segment) completed by this frame, or None
+    # expect: (iteration, segment) completed by this frame (or sent up again), None (added), "dup" (refused)
+    frames, expect = [], []
     order = random.Random(3)
     for it in range(1, CFG.iters + 1):
         pkts = [(seg, c) for seg in range(NSEG) for c in range(CFG.children)]
@@ -59,10 +66,11 @@ def test_xdp_sums_exactly_sends_the_sum_up_and_refuses_duplicates(needs_xdp):
         for i, (seg, c) in enumerate(pkts):
             frames.append(_data(it, seg, c, x[it - 1, c, _seg(seg)]))
             seen[seg] = seen.get(seg, 0) + 1
-            expect.append((it, seg) if seen[seg] == CFG.children else None)
-            if i % 4 == 1:  # a resent copy of the same packet: must not be added twice
+            done = seen[seg] == CFG.children
+            expect.append((it, seg) if done else None)
+            if i % 4 == 1:  # a resent copy: never added twice; on a complete segment the sum goes up again
                 frames.append(_data(it, seg, c, x[it - 1, c, _seg(seg)]))
-                expect.append("dup")
+                expect.append(("again", it, seg) if done else "dup")
     run = X.run_frames(frames, CFG)
     sums = x.astype(np.int64).sum(1)
     ups = 0
@@ -70,7 +78,7 @@ def test_xdp_sums_exactly_sends_the_sum_up_and_refuses_duplicates(needs_xdp):
         if e is None or e == "dup":
             assert v == "DROP"
             continue
-        it, seg = e
+        it, seg = e[-2:]
         assert v == "TX"
         ups += 1
         f = X.parse_frame(out)
@@ -84,7 +92,8 @@ def test_xdp_sums_exactly_sends_the_sum_up_and_refuses_duplicates(needs_xdp):
         assert count == len(vals) == _seg(seg).stop - _seg(seg).start
         assert np.array_equal(vals, sums[it - 1, _seg(seg)])  # exact; each child added once
     c = run.counters
-    assert ups == c["tx_up"] == CFG.iters * NSEG
+    again = sum(isinstance(e, tuple) and e[0] == "again" for e in expect)
+    assert ups == c["tx_up"] == CFG.iters * NSEG + again and c["resent_up"] == again > 0
     assert c["added"] == CFG.iters * NSEG * CFG.children
     assert c["dup"] == expect.count("dup") > 0
     assert sum(v for k, v in c.items() if k.startswith("bad_")) == 0 and c["overflow"] == 0
@@ -127,3 +136,102 @@ def test_xdp_drops_and_counts_every_malformed_field(needs_xdp):
     want["bad_scale"], want["stale"], want["bad_src"] = 1, 1, 2
     assert {k: c[k] for k in want} == want
     assert c["added"] == 1 and c["tx_up"] == 0 and c["pass"] == 1  # only the first scale-3 packet was added
+
+
+# ---------------------------------------------------------------------------------------- attached to a live veth
+
+LIVE_PLAN = Plan.from_clusters(
+    4, [[0, 1, 2], [3]]
+)  # one XDP aggregator (3 children) and a worker direct to the PS
+
+
+@pytest.fixture(scope="module")
+def live_net():
+    """Namespaces for LIVE_PLAN's tree (PS, aggregator, 4 workers) on one bridge; skips with the reason."""
+    from flowlane.testing.netem import EmulatedNetwork, unavailable_reason
+
+    reason = X.unavailable_reason() or unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with EmulatedNetwork(X.live_nodes(LIVE_PLAN), subnet="10.233.0.0/24", prefix="alxdp") as net:
+        yield net
+
+
+def _send_from(ns: str, dst: tuple[str, int], payloads: list[bytes]) -> None:
+    """Send raw UDP datagrams from inside namespace ``ns`` (the sender of a malformed packet)."""
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "for h in sys.argv[3:]: s.sendto(bytes.fromhex(h), (sys.argv[1], int(sys.argv[2])))\n"
+    )
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        sys.executable,
+        "-c",
+        code,
+        dst[0],
+        str(dst[1]),
+        *(p.hex() for p in payloads),
+    ]
+    subprocess.run(argv, check=True, timeout=30)
+
+
+def _live(net, x: np.ndarray, **kw) -> X.LiveRun:
+    try:
+        return X.run_live_tree(LIVE_PLAN, x, net, timeout_s=90, **kw)
+    except X.XdpUnavailable as e:
+        pytest.skip(f"the XDP program cannot attach to a veth here: {e}")
+
+
+@pytest.mark.parametrize("mode", ["auto", "skb"])
+def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_packets(live_net, mode):
+    rng = np.random.default_rng(5)
+    iters, elems = 3, 5 * W.SEG_ELEMS + 44
+    x = rng.integers(-(2**24), 2**24, size=(4, iters, elems), dtype=np.int32)
+    bad = {  # sent by worker 1 to the aggregator's port before the workers start: each dropped in the kernel
+        "bad_magic": W.pack(W.DATA, 1, 0, np.ones(128, np.int32), magic=0xBEEF, src=1),
+        "bad_src": W.pack(W.DATA, 1, 0, np.ones(128, np.int32), src=3),  # the aggregator has children 0..2
+        "bad_count": W.pack(W.DATA, 1, 5, np.ones(128, np.int32), src=1),  # segment 5 holds 44 values
+        "bad_len": W.pack(W.DATA, 1, 0, np.ones(128, np.int32), src=1)[:100],  # cut short
+    }
+
+    def send_bad(info: dict) -> None:
+        agg, w1 = info["agg_slot"][0], info["worker_slot"][1]
+        _send_from(info["ns"][w1], (info["ips"][agg], info["port"]), list(bad.values()))
+
+    run = _live(live_net, x, mode=mode, before_go=send_bad)
+    want = x.astype(np.int64).sum(0)
+    assert np.array_equal(
+        run.outputs, np.broadcast_to(want, run.outputs.shape)
+    )  # every worker, every iteration
+    (agg,) = run.xdp
+    nseg = -(-elems // W.SEG_ELEMS)
+    if mode == "skb":
+        assert agg["mode"] == "skb"
+    c = agg["counters"]
+    assert c["added"] == 3 * nseg * iters and c["tx_up"] == nseg * iters  # every DATA summed in the kernel
+    assert {k: c[k] for k in bad} == dict.fromkeys(bad, 1) and c["dup"] == c["overflow"] == 0
+    assert agg["run_cnt"] >= c["rx"] > 0  # the kernel ran it on the live path (BPF stats)
+    (relay,) = run.stats["aggregator"]
+    assert (
+        relay["unaggregated"] == 0 and sum(relay["bad"].values()) == 0
+    )  # userspace saw neither DATA nor bad
+    (ps,) = run.stats["ps"]
+    assert ps["rx"] == 2 * nseg * iters and sum(ps["bad"].values()) == 0  # the aggregator's sums + worker 3's
+
+
+def test_xdp_live_recovers_an_aggregated_packet_the_ps_lost(live_net):
+    """The PS drops 20 % of what it receives (seeded): the aggregator's lost sums come back through NACK, a RETX
+    relayed to the children and the program sending the stored sum up again; nothing is counted twice."""
+    rng = np.random.default_rng(6)
+    x = rng.integers(-(2**24), 2**24, size=(4, 2, 40 * W.SEG_ELEMS), dtype=np.int32)
+    run = _live(live_net, x, drop=0.2, drop_at=("ps",), seed=4, rto_ms=20)
+    want = x.astype(np.int64).sum(0)
+    assert np.array_equal(run.outputs, np.broadcast_to(want, run.outputs.shape))
+    c = run.xdp[0]["counters"]
+    assert c["added"] == 3 * 40 * 2 and c["resent_up"] > 0 and c["overflow"] == 0
+    (ps,) = run.stats["ps"]
+    assert ps["injected_drops"] > 0 and ps["overflow"] == 0

@@ -5,6 +5,7 @@
  *   options: --port P (node; 0 = any) --job J --rto-ms R --linger-ms L --drop P --seed S --scale K (worker)
  *            --max-idle-ms T (give up, exit 3, after T ms without progress; default 30000)
  *            --wait-go 1 (worker: after printing its port, wait for a line on stdin before sending)
+ *            --xdp 1 --child-addrs IP:PORT,... (aggregator: the XDP tier sums the DATA in front of this socket)
  *
  * A node aggregates its N children's DATA segments (int32 sums; a 32-bit bitmap per segment records who was
  * added, so a duplicate is never counted twice). With a --parent it is an aggregator: a completed segment goes up as
@@ -21,6 +22,15 @@
  * child resends those. Nodes keep the previous iteration's results to answer late NACKs
  * (a parent can be at most one iteration ahead of a child). --drop P drops each received datagram with probability
  * P before parsing (seeded): the loss injection of the tests and of benchmarks/aleph_loss.py.
+ *
+ * With --xdp 1 an aggregator node is the userspace half of the XDP tier (src/aleph_xdp.bpf.c attached to the
+ * interface its children's DATA arrive on): the program adds the DATA in the kernel and sends each cluster sum to the
+ * parent itself, so this node never sees DATA (one that arrives anyway is counted as "unaggregated" and dropped: no
+ * program in front). It relays the parent's RESULTs to the children -- whose addresses it is given (--child-addrs,
+ * child id order), since their DATA never reach it -- opens an iteration on its first RESULT, answers a child's NACK
+ * with the results it has and a RETX for the rest (it cannot see the program's bitmaps; the program drops a DATA it
+ * already added), and relays the parent's RETX to every child: their DATA for a segment the program has completed
+ * makes it send the stored sum up again.
  */
 #define _GNU_SOURCE
 #include "aleph_wire.h"
@@ -48,17 +58,18 @@
 #define RTO_MAX_MS 1000 /* NACK back-off cap */
 
 struct opts {
-    int node, port, has_parent, rto_ms, linger_ms, scale, max_idle_ms, wait_go;
+    int node, port, has_parent, rto_ms, linger_ms, scale, max_idle_ms, wait_go, xdp;
     unsigned children, id, job, iters, elems;
     double drop;
     unsigned long long seed;
     struct sockaddr_in parent;
-    const char *in, *out;
+    const char *in, *out, *child_addrs;
 };
 
 /* counters, printed as JSON on exit */
 static struct {
-    unsigned long long rx, tx, injected, dup, stale, overflow, nacks, retx_req, retx_data, results_resent;
+    unsigned long long rx, tx, injected, dup, stale, overflow, nacks, retx_req, retx_data, results_resent,
+        unaggregated;
     unsigned long long bad_len, bad_magic, bad_version, bad_type, bad_job, bad_src, bad_seg, bad_count, bad_scale,
         bad_flags, bad_addr, bad_iter;
 } C;
@@ -173,6 +184,8 @@ static int same_addr(const struct sockaddr_in *a, const struct sockaddr_in *b) {
     return a->sin_addr.s_addr == b->sin_addr.s_addr && a->sin_port == b->sin_port;
 }
 
+static void parse_addr(const char *v, struct sockaddr_in *a);
+
 /* ---------------------------------------------------------------- node (aggregator or PS) */
 
 struct slotbuf { /* one iteration's slots */
@@ -222,6 +235,20 @@ static int node(struct opts *o) {
     }
     struct sockaddr_in child[ALEPH_MAX_CHILDREN];
     unsigned char child_known[ALEPH_MAX_CHILDREN] = {0};
+    if (o->xdp) /* the children's DATA go to the XDP program, never here: their addresses are given */
+        for (unsigned c = 0; c < n; c++) {
+            const char *a = o->child_addrs;
+            for (unsigned k = 0; k < c; k++)
+                a = strchr(a, ',') + 1;
+            char one[64];
+            size_t len = strcspn(a, ",");
+            if (len >= sizeof one)
+                die("--child-addrs: an address is too long");
+            memcpy(one, a, len);
+            one[len] = 0;
+            parse_addr(one, &child[c]);
+            child_known[c] = 1;
+        }
     int rc = 0, rto = o->rto_ms;
     unsigned cur = 0; /* iteration 0 is "complete": the first DATA of iteration 1 opens it */
     buf[0].known = nseg;
@@ -269,6 +296,10 @@ static int node(struct opts *o) {
         struct aleph_hdr h;
         if (check_packet(pkt, len, o, n, &h) != 0)
             continue;
+        if (o->xdp && h.type == ALEPH_DATA) { /* the XDP program adds DATA; this one went past it */
+            C.unaggregated++;
+            continue;
+        }
         int from_parent = h.type == ALEPH_RESULT || h.type == ALEPH_RETX;
         if (from_parent && (!o->has_parent || !same_addr(&from, &o->parent))) {
             C.bad_addr++;
@@ -283,8 +314,9 @@ static int node(struct opts *o) {
                 continue;
             }
         }
-        /* open the next iteration when a child has moved on and this one is complete */
-        if (!from_parent && h.iteration == cur + 1 && s->known == nseg) {
+        /* open the next iteration when a child has moved on (with XDP: or the parent's results have) and this one
+         * is complete */
+        if ((!from_parent || (o->xdp && h.type == ALEPH_RESULT)) && h.iteration == cur + 1 && s->known == nseg) {
             cur++;
             s = &buf[cur & 1];
             slot_reset(s, cur, nseg, o->elems);
@@ -361,6 +393,13 @@ static int node(struct opts *o) {
                 struct aleph_hdr r;
                 hdr_init(&r, o, ALEPH_RETX, 0, h.iteration, h.segment, want, 0, 0);
                 send_pkt(&from, &r, NULL);
+                C.retx_req++;
+            }
+        } else if (o->xdp) { /* RETX from the parent: the sums are the program's; the children resend to it */
+            for (unsigned c = 0; c < n; c++) {
+                struct aleph_hdr r;
+                hdr_init(&r, o, ALEPH_RETX, 0, h.iteration, h.segment, h.bitmap, 0, 0);
+                send_pkt(&child[c], &r, NULL);
                 C.retx_req++;
             }
         } else { /* RETX from the parent: resend the cluster sums it lacks (only complete ones exist to send) */
@@ -548,6 +587,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "--scale")) o.scale = parse_int(k, v, -100, 100);
         else if (!strcmp(k, "--max-idle-ms")) o.max_idle_ms = (int)parse_num(k, v, 1, 3600000);
         else if (!strcmp(k, "--wait-go")) o.wait_go = (int)parse_num(k, v, 0, 1);
+        else if (!strcmp(k, "--xdp")) o.xdp = (int)parse_num(k, v, 0, 1);
+        else if (!strcmp(k, "--child-addrs")) o.child_addrs = v;
         else if (!strcmp(k, "--in")) o.in = v;
         else if (!strcmp(k, "--out")) o.out = v;
         else if (!strcmp(k, "--drop")) {
@@ -568,6 +609,29 @@ int main(int argc, char **argv) {
         die("node: --children is required");
     if (!o.node && (!o.has_parent || !o.in || !o.out))
         die("worker: --parent, --in and --out are required");
+    if (o.xdp || o.child_addrs) {
+        unsigned commas = 0;
+        for (const char *c = o.child_addrs ? o.child_addrs : ""; *c; c++)
+            commas += *c == ',';
+        if (!o.node || !o.has_parent || !o.xdp || !o.child_addrs || commas + 1 != o.children) {
+            fprintf(stderr, "aleph_udp: --xdp 1 is an aggregator's (node with --parent) and needs --child-addrs "
+                            "with --children=%u addresses, got %s\n",
+                    o.children, o.child_addrs ? o.child_addrs : "none");
+            return 2;
+        }
+        struct sockaddr_in tmp;
+        for (const char *a = o.child_addrs; a; a = strchr(a, ',') ? strchr(a, ',') + 1 : NULL) {
+            char one[64];
+            size_t len = strcspn(a, ",");
+            if (len == 0 || len >= sizeof one) {
+                fprintf(stderr, "aleph_udp: --child-addrs=%s: an empty or overlong address\n", o.child_addrs);
+                return 2;
+            }
+            memcpy(one, a, len);
+            one[len] = 0;
+            parse_addr(one, &tmp); /* exits naming the value when it is not IPV4:PORT */
+        }
+    }
     rng_state = o.seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
     if (!rng_state)
         rng_state = 1;
@@ -590,12 +654,13 @@ int main(int argc, char **argv) {
     double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     printf("{\"role\": \"%s\", \"rx\": %llu, \"tx\": %llu, \"injected_drops\": %llu, \"dup\": %llu, \"stale\": %llu, "
            "\"overflow\": %llu, \"nacks\": %llu, \"retx_requests\": %llu, \"retx_data\": %llu, "
-           "\"results_resent\": %llu, \"cpu_s\": %.6f, \"bad\": {\"len\": %llu, \"magic\": %llu, \"version\": %llu, "
+           "\"results_resent\": %llu, \"unaggregated\": %llu, \"cpu_s\": %.6f, "
+           "\"bad\": {\"len\": %llu, \"magic\": %llu, \"version\": %llu, "
            "\"type\": %llu, \"job\": %llu, \"src\": %llu, \"seg\": %llu, \"count\": %llu, \"scale\": %llu, "
            "\"flags\": %llu, \"addr\": %llu, \"iter\": %llu}}\n",
            o.node ? (o.has_parent ? "aggregator" : "ps") : "worker", C.rx, C.tx, C.injected, C.dup, C.stale,
-           C.overflow, C.nacks, C.retx_req, C.retx_data, C.results_resent, cpu, C.bad_len, C.bad_magic,
-           C.bad_version, C.bad_type, C.bad_job, C.bad_src, C.bad_seg, C.bad_count, C.bad_scale, C.bad_flags,
+           C.overflow, C.nacks, C.retx_req, C.retx_data, C.results_resent, C.unaggregated, cpu, C.bad_len,
+           C.bad_magic, C.bad_version, C.bad_type, C.bad_job, C.bad_src, C.bad_seg, C.bad_count, C.bad_scale, C.bad_flags,
            C.bad_addr, C.bad_iter);
     return rc;
 }

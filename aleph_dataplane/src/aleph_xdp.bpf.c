@@ -4,7 +4,8 @@
  * per segment a slot holds the iteration, the bitmap of children added and the int32 running sums; the packet that
  * completes a segment is rewritten in place into this aggregator's DATA packet for its parent (Ethernet, IPv4 and UDP
  * addresses from the config map, the cluster sum as payload) and sent back out with XDP_TX. Every other DATA packet
- * is consumed (XDP_DROP after it is added). The wire format is the UDP tier's (include/aleph_wire.h), so the parent
+ * is consumed (XDP_DROP after it is added). A child's DATA for a segment that is already complete (sent again on a
+ * RETX that the parent's NACK caused) sends the stored sum up again. The wire format is the UDP tier's (include/aleph_wire.h), so the parent
  * can be the userspace node (src/aleph_udp.c) or another XDP aggregator.
  *
  * Scope (what stays in userspace, XDP_PASS): RESULT, NACK and RETX packets (the result fan-out is one packet in and
@@ -54,6 +55,7 @@ enum {
     C_STALE,      /* iteration other than the slot's (or its successor once the slot is complete) */
     C_OVERFLOW,   /* an int32 sum overflowed (counted, wraps as in the userspace tier) */
     C_NOT_CONFIGURED,
+    C_RESENT_UP,  /* a child's DATA again for a complete segment: the cluster sum is sent up again (XDP_TX) */
     C_NCOUNTERS
 };
 
@@ -186,7 +188,7 @@ int aleph_xdp(struct xdp_md *ctx) {
     __u32 full = nch >= 32 ? 0xffffffffu : (1u << nch) - 1;
     __u32 bit = h->bitmap, iter = h->iteration, n = h->count;
     __s32 *vals = (void *)(h + 1);
-    int reason = -1, done = 0, overflow = 0;
+    int reason = -1, done = 0, overflow = 0, resend = 0;
     bpf_spin_lock(&s->lock);
     if (iter == s->iteration + 1 && (s->iteration == 0 || s->bitmap == full)) { /* open the next iteration */
         s->iteration = iter;
@@ -197,7 +199,17 @@ int aleph_xdp(struct xdp_md *ctx) {
     }
     if (iter != s->iteration)
         reason = C_STALE;
-    else if (s->bitmap & bit)
+    else if ((s->bitmap & bit) && s->bitmap == full) {
+        /* the segment is complete and a child sends its DATA again: it was asked to (a RETX relayed from the
+         * parent, which lacks this aggregator's sum: the XDP_TX frame was lost), so the sum goes up again. Not
+         * added; the parent's bitmap refuses it if the first copy did arrive. */
+        resend = 1;
+        for (__u32 i = 0; i < ALEPH_SEG_ELEMS; i++) {
+            if (i >= n || (void *)(vals + i + 1) > data_end)
+                break;
+            vals[i] = s->sum[i];
+        }
+    } else if (s->bitmap & bit)
         reason = C_DUP;
     else if (s->bitmap && s->scale != h->scale)
         reason = C_BAD_SCALE;
@@ -224,11 +236,15 @@ int aleph_xdp(struct xdp_md *ctx) {
     bpf_spin_unlock(&s->lock);
     if (reason >= 0)
         return count(reason, XDP_DROP);
-    if (overflow)
-        count(C_OVERFLOW, 0);
-    count(C_ADDED, 0);
-    if (!done)
-        return XDP_DROP; /* added; the packet itself is consumed */
+    if (resend)
+        count(C_RESENT_UP, 0);
+    else {
+        if (overflow)
+            count(C_OVERFLOW, 0);
+        count(C_ADDED, 0);
+        if (!done)
+            return XDP_DROP; /* added; the packet itself is consumed */
+    }
 
     /* rewrite into this aggregator's DATA packet for the parent: ours as the source, the parent as the destination */
     h->src_id = (__u16)cfg->my_id;
@@ -243,6 +259,14 @@ int aleph_xdp(struct xdp_md *ctx) {
     udp->dest = cfg->parent_port;
     udp->check = 0; /* optional over IPv4 */
     return count(C_TX_UP, XDP_TX);
+}
+
+/* For the veth peer of an interface running aleph_xdp: a veth delivers XDP_TX frames to its peer only when the peer's
+ * NAPI is on, i.e. when the peer has an XDP program (or GRO) -- this one passes every frame to the stack. */
+SEC("xdp")
+int aleph_xdp_pass(struct xdp_md *ctx) {
+    (void)ctx;
+    return XDP_PASS;
 }
 
 char LICENSE[] SEC("license") = "GPL"; /* bpf_spin_lock is a GPL-only helper */

@@ -2,20 +2,35 @@
  *
  *   aleph_xdp_run OBJ --port P --job J --iters K --elems E --children N --my-id I
  *                     --parent-ip A.B.C.D --parent-port P --parent-mac aa:bb:cc:dd:ee:ff
+ *                     [--attach IFNAME [--xdp-mode auto|native|skb]]
+ *   aleph_xdp_run OBJ --prog aleph_xdp_pass --attach IFNAME [--xdp-mode ...]
  *
- * Loads the object (the kernel's verifier checks every packet access), fills the config map, then reads frames from
- * stdin -- each a little-endian uint32 length and that many bytes of Ethernet frame -- and runs the program on each
- * with BPF_PROG_TEST_RUN (the kernel runs it on a copy of the frame, no interface involved). Per frame it prints a
- * JSON line {"verdict": "DROP|PASS|TX|...", "ns": run time, "out": hex of the frame after the program}; at the end
- * {"counters": {...}} (summed over CPUs). Exit 0 when everything ran; 3 when the object cannot be loaded (the reason
- * on stderr: flowlane/aleph/xdp.py skips on it); 2 for a bad command line (naming the value).
+ * Loads the object (the kernel's verifier checks every packet access) and fills the config map. Then either
+ *
+ * - (no --attach) reads frames from stdin -- each a little-endian uint32 length and that many bytes of Ethernet
+ *   frame -- and runs the program on each with BPF_PROG_TEST_RUN (the kernel runs it on a copy of the frame, no
+ *   interface involved). Per frame it prints a JSON line {"verdict": "DROP|PASS|TX|...", "ns": run time, "out": hex
+ *   of the frame after the program}; at the end {"counters": {...}} (summed over CPUs); or
+ * - (--attach IFNAME) attaches the program to that interface of the caller's network namespace through a BPF link
+ *   (bpf_link_create with the XDP mode flag: the kernel detaches it when this process exits, however it exits):
+ *   native (driver) mode, or generic (SKB) mode, or auto = native where the driver takes it, else generic. It prints
+ *   {"attached": IFNAME, "mode": "native|skb", ...}, keeps the program attached until stdin is closed (or a line is
+ *   read), then prints {"counters": {...}, "run_cnt": N, "run_time_ns": T} -- the kernel's own count and total run
+ *   time of the program (BPF_ENABLE_STATS, held while attached) -- and detaches.
+ *
+ * --prog names the program (aleph_xdp, the aggregator; aleph_xdp_pass for a veth peer: see aleph_xdp.bpf.c); only
+ * that one is loaded. Exit 0 when everything ran; 3 when the object cannot be loaded or attached (the reason on
+ * stderr: flowlane/aleph/xdp.py skips on it); 2 for a bad command line (naming the value).
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/if_link.h>
+#include <net/if.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -31,7 +46,8 @@ struct cfg { /* struct aleph_xdp_cfg in aleph_xdp.bpf.c */
 static const char *const COUNTERS[] = {"rx",        "added",     "tx_up",       "pass",      "bad_len",
                                        "bad_magic", "bad_version", "bad_type",  "bad_job",   "bad_flags",
                                        "bad_iter",  "bad_src",   "bad_seg",     "bad_count", "bad_scale",
-                                       "dup",       "stale",     "overflow",    "not_configured"};
+                                       "dup",       "stale",     "overflow",    "not_configured",
+                                       "resent_up"};
 #define NCOUNTERS (sizeof COUNTERS / sizeof *COUNTERS)
 
 static unsigned long parse_num(const char *what, const char *s, unsigned long lo, unsigned long hi) {
@@ -50,6 +66,78 @@ static const char *verdict_name(uint32_t v) {
     return v < 5 ? names[v] : "UNKNOWN";
 }
 
+/* {"counters": {...}} summed over CPUs, and with a prog_fd >= 0 the program's run count and time (BPF stats). */
+static int print_counters(int cnt_fd, int prog_fd) {
+    int ncpu = libbpf_num_possible_cpus();
+    if (ncpu <= 0) {
+        fprintf(stderr, "aleph_xdp_run: cannot count the CPUs\n");
+        return 3;
+    }
+    uint64_t *per = calloc((size_t)ncpu, sizeof *per);
+    printf("{\"counters\": {");
+    for (uint32_t k = 0; k < NCOUNTERS; k++) {
+        uint64_t sum = 0;
+        if (per && bpf_map_lookup_elem(cnt_fd, &k, per) == 0)
+            for (int j = 0; j < ncpu; j++)
+                sum += per[j];
+        printf("%s\"%s\": %llu", k ? ", " : "", COUNTERS[k], (unsigned long long)sum);
+    }
+    printf("}");
+    if (prog_fd >= 0) {
+        struct bpf_prog_info info;
+        uint32_t len = sizeof info;
+        memset(&info, 0, sizeof info);
+        if (bpf_obj_get_info_by_fd(prog_fd, &info, &len) == 0)
+            printf(", \"run_cnt\": %llu, \"run_time_ns\": %llu", (unsigned long long)info.run_cnt,
+                   (unsigned long long)info.run_time_ns);
+    }
+    printf("}\n");
+    fflush(stdout);
+    free(per);
+    return 0;
+}
+
+/* Attach through a BPF link in the asked mode ("auto": native, else generic), report, wait for stdin, detach. */
+static int attached(int prog_fd, unsigned ifindex, const char *ifname, const char *mode) {
+    int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME); /* run_cnt / run_time_ns while held; -1: not counted */
+    const char *got = NULL, *native_err = "";
+    int link = -1;
+    char why[160] = "";
+    if (strcmp(mode, "skb")) {
+        LIBBPF_OPTS(bpf_link_create_opts, o, .flags = XDP_FLAGS_DRV_MODE);
+        link = bpf_link_create(prog_fd, (int)ifindex, BPF_XDP, &o);
+        if (link >= 0)
+            got = "native";
+        else {
+            snprintf(why, sizeof why, "%s", strerror(errno));
+            native_err = why;
+        }
+    }
+    if (link < 0 && strcmp(mode, "native")) {
+        LIBBPF_OPTS(bpf_link_create_opts, o, .flags = XDP_FLAGS_SKB_MODE);
+        link = bpf_link_create(prog_fd, (int)ifindex, BPF_XDP, &o);
+        if (link >= 0)
+            got = "skb";
+    }
+    if (link < 0) {
+        fprintf(stderr, "aleph_xdp_run: cannot attach to %s in %s mode: %s%s%s\n", ifname, mode, strerror(errno),
+                *native_err ? " (native: " : "", *native_err ? native_err : "");
+        if (*native_err)
+            fprintf(stderr, ")\n");
+        return 3;
+    }
+    printf("{\"attached\": \"%s\", \"ifindex\": %u, \"mode\": \"%s\", \"native_error\": \"%s\", "
+           "\"stats\": %s}\n",
+           ifname, ifindex, got, native_err, stats_fd >= 0 ? "true" : "false");
+    fflush(stdout);
+    char line[64];
+    (void)!fgets(line, sizeof line, stdin); /* a line or EOF: the caller is done */
+    close(link);
+    if (stats_fd >= 0)
+        close(stats_fd);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: aleph_xdp_run OBJ --port P --job J --iters K --elems E --children N --my-id I "
@@ -57,13 +145,28 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct cfg c = {.configured = 1};
+    const char *prog_name = "aleph_xdp", *ifname = NULL, *mode = "auto";
     for (int i = 2; i < argc; i += 2) {
         if (i + 1 >= argc) {
             fprintf(stderr, "aleph_xdp_run: %s needs a value\n", argv[i]);
             return 2;
         }
         const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--port"))
+        if (!strcmp(k, "--prog")) {
+            if (strcmp(v, "aleph_xdp") && strcmp(v, "aleph_xdp_pass")) {
+                fprintf(stderr, "aleph_xdp_run: --prog=%s is not aleph_xdp or aleph_xdp_pass\n", v);
+                return 2;
+            }
+            prog_name = v;
+        } else if (!strcmp(k, "--attach"))
+            ifname = v;
+        else if (!strcmp(k, "--xdp-mode")) {
+            if (strcmp(v, "auto") && strcmp(v, "native") && strcmp(v, "skb")) {
+                fprintf(stderr, "aleph_xdp_run: --xdp-mode=%s is not auto, native or skb\n", v);
+                return 2;
+            }
+            mode = v;
+        } else if (!strcmp(k, "--port"))
             c.port = (uint16_t)parse_num(k, v, 1, 65535);
         else if (!strcmp(k, "--job"))
             c.job = (uint16_t)parse_num(k, v, 0, 65535);
@@ -98,7 +201,17 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!c.port || !c.iters || !c.elems || !c.nchildren || !c.parent_ip || !c.parent_port) {
+    int aggregator = !strcmp(prog_name, "aleph_xdp");
+    if (!aggregator && !ifname) {
+        fprintf(stderr, "aleph_xdp_run: --prog=%s runs attached only (give --attach IFNAME)\n", prog_name);
+        return 2;
+    }
+    unsigned ifindex = 0;
+    if (ifname && !(ifindex = if_nametoindex(ifname))) {
+        fprintf(stderr, "aleph_xdp_run: --attach=%s is not an interface of this network namespace\n", ifname);
+        return 2;
+    }
+    if (aggregator && (!c.port || !c.iters || !c.elems || !c.nchildren || !c.parent_ip || !c.parent_port)) {
         fprintf(stderr, "aleph_xdp_run: --port, --iters, --elems, --children, --parent-ip and --parent-port are "
                         "required\n");
         return 2;
@@ -109,24 +222,35 @@ int main(int argc, char **argv) {
         fprintf(stderr, "aleph_xdp_run: cannot open %s: %s\n", argv[1], strerror(errno));
         return 3;
     }
+    struct bpf_program *p;
+    bpf_object__for_each_program(p, obj) bpf_program__set_autoload(p, !strcmp(bpf_program__name(p), prog_name));
     int err = bpf_object__load(obj);
     if (err) {
         fprintf(stderr, "aleph_xdp_run: the kernel refused to load %s: %s\n", argv[1], strerror(-err));
         return 3;
     }
-    struct bpf_program *prog = bpf_object__find_program_by_name(obj, "aleph_xdp");
+    struct bpf_program *prog = bpf_object__find_program_by_name(obj, prog_name);
     int cfg_fd = bpf_object__find_map_fd_by_name(obj, "aleph_cfg");
     int cnt_fd = bpf_object__find_map_fd_by_name(obj, "aleph_counters");
     if (!prog || cfg_fd < 0 || cnt_fd < 0) {
-        fprintf(stderr, "aleph_xdp_run: %s lacks the program aleph_xdp or its maps\n", argv[1]);
+        fprintf(stderr, "aleph_xdp_run: %s lacks the program %s or its maps\n", argv[1], prog_name);
         return 3;
     }
     uint32_t zero = 0;
-    if (bpf_map_update_elem(cfg_fd, &zero, &c, BPF_ANY)) {
+    if (aggregator && bpf_map_update_elem(cfg_fd, &zero, &c, BPF_ANY)) {
         fprintf(stderr, "aleph_xdp_run: cannot write the config map: %s\n", strerror(errno));
         return 3;
     }
     int prog_fd = bpf_program__fd(prog);
+    if (ifname) {
+        int rc = attached(prog_fd, ifindex, ifname, mode);
+        if (rc == 0 && aggregator)
+            print_counters(cnt_fd, prog_fd);
+        else if (rc == 0)
+            printf("{\"counters\": {}}\n");
+        bpf_object__close(obj); /* closes the link: the program is detached */
+        return rc;
+    }
     unsigned char in[2048], out[2048];
     uint32_t len;
     while (fread(&len, sizeof len, 1, stdin) == 1) {
@@ -146,22 +270,8 @@ int main(int argc, char **argv) {
             printf("%02x", out[j]);
         printf("\"}\n");
     }
-    int ncpu = libbpf_num_possible_cpus();
-    if (ncpu <= 0) {
-        fprintf(stderr, "aleph_xdp_run: cannot count the CPUs\n");
+    if (print_counters(cnt_fd, -1))
         return 3;
-    }
-    uint64_t *per = calloc((size_t)ncpu, sizeof *per);
-    printf("{\"counters\": {");
-    for (uint32_t k = 0; k < NCOUNTERS; k++) {
-        uint64_t sum = 0;
-        if (per && bpf_map_lookup_elem(cnt_fd, &k, per) == 0)
-            for (int j = 0; j < ncpu; j++)
-                sum += per[j];
-        printf("%s\"%s\": %llu", k ? ", " : "", COUNTERS[k], (unsigned long long)sum);
-    }
-    printf("}}\n");
-    free(per);
     bpf_object__close(obj);
     return 0;
 }
