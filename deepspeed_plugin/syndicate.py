@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from deepspeed_plugin.comm import route_dp_all_reduce, unwrapped_backend
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
-from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_all_reduce_plan
+from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
 from flowlane.versions import check_version_range
 
@@ -109,7 +109,7 @@ def parse_syndicate_section(ds_config: Mapping[str, Any] | str | Path | None) ->
 def check_plan_for_deepspeed(plan: SyndicatePlan, dp_size: int) -> None:
     """Refuse what cannot run on DeepSpeed's DP all-reduce, naming the op (DeepSpeed waits for each op before it
     submits the next, so ops cannot interleave)."""
-    check_dp_all_reduce_plan(
+    check_dp_gradient_plan(
         plan,
         dp_size,
         "DeepSpeed",

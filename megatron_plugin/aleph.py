@@ -6,7 +6,9 @@ PS-rooted tree, results back), planned from :class:`flowlane.aleph.AlephConfig` 
 per data-parallel rank, or given as explicit clusters. Megatron keeps its readiness logic, its scaling (it
 multiplies by 1/DP before the sum) and ``finish_grad_sync``: only the collective changes hands, through
 :mod:`megatron_plugin.dp_collective` (what it refuses is listed there). The hierarchy runs synchronously when
-Megatron starts the bucket group's reduction (no overlap between bucket groups, as with the DDP comm hook).
+Megatron starts the bucket group's reduction (no overlap between bucket groups, as with the DDP comm hook). With the
+distributed optimizer each bucket's reduce-scatter is the hierarchy's sum of the whole bucket, of which the rank keeps
+its block (the down phase moves whole buckets); the parameters' all-gather is Megatron's own.
 
 Also refused here: a plan whose size is not the data-parallel group's, and ``top="allreduce"`` with a hierarchical
 plan when there are several data-parallel groups (PP, TP or CP > 1): the aggregators' subgroup is made with
@@ -135,12 +137,24 @@ class _Done:
 class _AlephComponent:
     """The DP component (:class:`megatron_plugin.dp_collective.DPComponent`): each bucket through the hierarchy."""
 
-    def __init__(self, har: Any) -> None:
-        self.har, self.tensors = har, 0
+    def __init__(self, har: Any, rank: int) -> None:
+        self.har, self.rank, self.tensors = har, rank, 0
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> _Done:
         for t in tensors:
             self.har(t)
+            self.tensors += 1
+        return _Done()
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Done:
+        """The distributed optimizer's reduce-scatter: the whole bucket through the hierarchy, then this rank's
+        block (Megatron's output is a view of it: nothing to copy). Results go down the tree whole, so the down
+        phase moves the bucket, not the block: a shard-only return is not built."""
+        for out, inp in zip(outputs, inputs, strict=True):
+            self.har(inp)
+            block = inp.view(-1)[self.rank * out.numel() : (self.rank + 1) * out.numel()]
+            if out.data_ptr() != block.data_ptr():
+                out.view(-1).copy_(block)
             self.tensors += 1
         return _Done()
 
@@ -173,7 +187,8 @@ class AlephMegatron:
                 return None
             self.plan = plan
             return _AlephComponent(
-                HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p)
+                HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p),
+                dist.get_rank(group),
             )
 
         self._dp = DPCollective(dp_group, make, "flowlane.aleph")
@@ -195,6 +210,11 @@ class AlephMegatron:
     @property
     def calls(self) -> int:
         return self._dp.calls
+
+    @property
+    def gathers(self) -> int:
+        """Parameter all-gathers (distributed optimizer) passed through to Megatron's own group."""
+        return self._dp.gathers
 
     @property
     def bucket_groups(self) -> int:

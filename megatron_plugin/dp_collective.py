@@ -23,12 +23,17 @@ which keeps its group name itself (torch reads it from C++ backends, which it ha
 of a private class is still private API: megatron-core is pinned
 (:func:`megatron_plugin.hermod.check_megatron_core_version`, 0.14-0.16) and refused outside the range.
 
+With the distributed optimizer (``use_distributed_optimizer=True``) the bucket group keeps its collective group as
+``intra_distributed_optimizer_instance_group`` instead, and issues on it the gradients' reduce-scatter (each bucket
+into this rank's shard, a view of the bucket) and the parameters' all-gather (``start_param_sync``). The
+reduce-scatter goes to the component's ``reduce_scatter``; the all-gather is passed through, unchanged, to
+Megatron's own group (it moves no gradient, and the components shape gradient traffic only).
+
 Refused at install, naming the value (never silently skipped):
 
 * a model chunk that is not Megatron-core's ``DistributedDataParallel``;
-* ``use_distributed_optimizer=True``: the bucket group then reduce-scatters (and all-gathers parameters on the same
-  group attribute); the components here take all-reduces only;
-* ``num_distributed_optimizer_instances > 1`` and ``average_in_collective=True`` (an AVG reduce op);
+* ``num_distributed_optimizer_instances > 1`` (a second, inter-instance all-reduce on another group) and
+  ``average_in_collective=True`` (an AVG reduce op);
 * expert bucket groups (MoE: a second data-parallel group per expert-parallel rank; not built);
 * a bucket group another feature already holds: Hermod's DDP hooks (``start_grad_sync`` replaced on the instance)
   or another component's ``flowlane_dp`` group.
@@ -58,10 +63,15 @@ class DPHandle(Protocol):
 
 
 class DPComponent(Protocol):
-    """What takes over a data-parallel group's gradient all-reduce: ``all_reduce(tensors)`` sums every tensor in place
-    over the group (SUM; Megatron has already scaled them) and returns a handle whose ``wait()`` completes it."""
+    """What takes over a data-parallel group's gradient reduction (SUM; Megatron has already scaled the gradients):
+    ``all_reduce(tensors)`` sums every tensor in place over the group; ``reduce_scatter(outputs, inputs)`` (the
+    distributed optimizer) sums every ``inputs[i]`` over the group into ``outputs[i]``, this rank's block of it (group
+    size equal blocks; Megatron's output is a view of its input's block). Both return a handle whose ``wait()``
+    completes them."""
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> DPHandle: ...
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> DPHandle: ...
 
 
 class _Work(dist._Work):
@@ -87,6 +97,18 @@ class _Work(dist._Work):
         return fut
 
 
+class _Works:
+    """Works of the all-gathers passed through to Megatron's own group, waited for together."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        for w in self.works:
+            w.wait()
+        return True
+
+
 class _NoEagerConnect:
     supports_splitting = False
 
@@ -95,12 +117,16 @@ _NO_EAGER_CONNECT = _NoEagerConnect()
 
 
 class _DPGroup(dist.ProcessGroup):
-    """The ``flowlane_dp`` process group: all-reduces (SUM) go to the component; every other collective is refused
-    by name (Megatron's bucket group issues none on this attribute without the distributed optimizer)."""
+    """The ``flowlane_dp`` process group: all-reduces and reduce-scatters (SUM) go to the component, all-gathers to
+    ``passthrough`` (Megatron's own group); every other collective is refused by torch (the Python base class
+    implements none)."""
 
     def __init__(self, rank: int, size: int, component: DPComponent, ranks: tuple[int, ...]) -> None:
         super().__init__(rank, size)
         self.component, self.ranks, self.calls = component, ranks, 0
+        self.passthrough: dist.ProcessGroup | None = None
+        """Megatron's own data-parallel group (set by :class:`DPCollective`): the parameters' all-gathers run there."""
+        self.gathers = 0
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -123,7 +149,7 @@ class _DPGroup(dist.ProcessGroup):
     def _get_backend(self, device: Any) -> Any:
         return _NO_EAGER_CONNECT
 
-    def _take(self, tensors: list[torch.Tensor], op: Any) -> _Work:
+    def _check(self, tensors: list[torch.Tensor], op: Any) -> None:
         if op != dist.ReduceOp.SUM:
             names = ("AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
             name = next(
@@ -135,14 +161,66 @@ class _DPGroup(dist.ProcessGroup):
         bad = [i for i, t in enumerate(tensors) if not t.is_contiguous()]
         if bad:
             raise RuntimeError(f"{BACKEND_NAME}: tensors {bad} are not contiguous (Megatron's buckets are)")
+
+    def _all_reduce(self, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        self._check(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         self.calls += 1
         return _Work(self.component.all_reduce(list(tensors)), list(tensors))
 
+    def _reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> _Work:
+        self._check(outputs + inputs, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        bad = [
+            i
+            for i, (o, x) in enumerate(zip(outputs, inputs, strict=True))
+            if x.numel() != o.numel() * self.size()
+        ]
+        if bad:
+            raise RuntimeError(
+                f"{BACKEND_NAME}: reduce-scatter {bad[0]} has {inputs[bad[0]].numel()} input elements, not "
+                f"{self.size()} x {outputs[bad[0]].numel()} (the output's)"
+            )
+        self.calls += 1
+        return _Work(self.component.reduce_scatter(list(outputs), list(inputs)), list(outputs))
+
+    def _all_gather(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Work:
+        if self.passthrough is None:
+            raise RuntimeError(f"{BACKEND_NAME}: an all-gather before the group was attached to Megatron's")
+        self.gathers += 1
+        works = [
+            dist.all_gather_into_tensor(o, x, group=self.passthrough, async_op=True)
+            for o, x in zip(outputs, inputs, strict=True)
+        ]
+        return _Work(_Works(works), list(outputs))
+
+    # torch calls these (and, outside a coalescing manager, their single-tensor forms); the names changed between
+    # torch versions, so both generations are here
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
-        return self._take(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._all_reduce(tensors, opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
-        return self._take(tensors, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._all_reduce(tensors, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self._reduce_scatter([output], [input], opts)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._reduce_scatter(outputs, inputs, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self._all_gather([output], [input])
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._all_gather(outputs, inputs)
+
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
 
 _REGISTERED = False
@@ -163,6 +241,21 @@ def _register() -> None:
         _REGISTERED = True
 
 
+def _group_attr(bucket_group: Any) -> str:
+    # Megatron-core keeps the bucket group's collective group under one of two names (param_and_grad_buffer.py)
+    return (
+        "intra_distributed_optimizer_instance_group"
+        if bucket_group.ddp_config.use_distributed_optimizer
+        else "data_parallel_group"
+    )
+
+
+def collective_group(bucket_group: Any) -> dist.ProcessGroup:
+    """The group a Megatron-core bucket group reduces gradients over (and, with the distributed optimizer, gathers
+    parameters over)."""
+    return getattr(bucket_group, _group_attr(bucket_group))
+
+
 def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str) -> list[Any]:
     """The bucket groups of ``model_chunks`` a component may take over; raises naming what cannot apply."""
     from megatron.core.distributed import DistributedDataParallel
@@ -181,16 +274,10 @@ def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str) -> list[
                 "megatron.core.distributed.DistributedDataParallel"
             )
         cfg = c.ddp_config
-        if cfg.use_distributed_optimizer:
-            raise ValueError(
-                f"{feature}: use_distributed_optimizer=True is not supported: the bucket groups then "
-                "reduce-scatter gradients (and gather parameters on the same group); only the all-reduce "
-                "is taken over (drop --use-distributed-optimizer)"
-            )
         if cfg.num_distributed_optimizer_instances != 1:
             raise ValueError(
                 f"{feature}: num_distributed_optimizer_instances={cfg.num_distributed_optimizer_instances} is "
-                "not supported (1 only)"
+                "not supported (1 only: more add an inter-instance all-reduce on another group)"
             )
         if cfg.average_in_collective:
             raise ValueError(
@@ -208,7 +295,7 @@ def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str) -> list[
                     f"{feature}: a bucket group's start_grad_sync is already wrapped (Hermod's DDP hooks): "
                     "the two cannot share Megatron's DP reduction; use one of them"
                 )
-            if isinstance(bg.data_parallel_group, _DPGroup):
+            if isinstance(collective_group(bg), _DPGroup):
                 raise RuntimeError(
                     f"{feature}: a bucket group's collective is already taken over by another flowlane "
                     "feature (its group is a flowlane_dp group); close that one first"
@@ -261,39 +348,51 @@ class DPCollective:
         """Take over the bucket groups of ``model_chunks``; returns how many. Checks everything first."""
         bucket_groups = check_chunks(model_chunks, self.feature)
         for bg in bucket_groups:
-            ranks = tuple(dist.get_process_group_ranks(bg.data_parallel_group))
+            ranks = tuple(dist.get_process_group_ranks(collective_group(bg)))
             if ranks != self.ranks:
                 raise ValueError(
                     f"{self.feature}: a bucket group reduces over ranks {list(ranks)}, not the data-parallel "
                     f"group {list(self.ranks)} this was set up for"
                 )
         for bg in bucket_groups:
-            self._undo.append((bg, bg.data_parallel_group))
-            bg.data_parallel_group = self.group
+            original = collective_group(bg)
+            self._undo.append((bg, original))
+            if self.group is not None:
+                self.group.passthrough = original
+            setattr(bg, _group_attr(bg), self.group)
         self.bucket_groups += len(bucket_groups)
         log.info(
-            "%s: took over the gradient all-reduce of %d Megatron-core DDP bucket group(s)",
+            "%s: took over the gradient %s of %d Megatron-core DDP bucket group(s)",
             self.feature,
+            "reduce-scatter"
+            if any(bg.ddp_config.use_distributed_optimizer for bg in bucket_groups)
+            else "all-reduce",
             len(bucket_groups),
         )
         return len(bucket_groups)
 
     @property
     def calls(self) -> int:
-        """Coalesced all-reduces (one per bucket group and iteration) the component took."""
+        """Coalesced all-reduces or reduce-scatters (one per bucket group and iteration) the component took."""
         return self.group.calls if self.group is not None else 0
+
+    @property
+    def gathers(self) -> int:
+        """Coalesced parameter all-gathers (distributed optimizer) passed through to Megatron's group."""
+        return self.group.gathers if self.group is not None else 0
 
     def remove(self) -> None:
         for bg, original in reversed(self._undo):
-            bg.data_parallel_group = original
+            setattr(bg, _group_attr(bg), original)
         self._undo.clear()
 
 
 def data_parallel_group_of(model_chunks: Sequence[torch.nn.Module]) -> dist.ProcessGroup:
-    """The group Megatron's DDP chunks reduce dense gradients over (their first bucket group's)."""
+    """The group Megatron's DDP chunks reduce dense gradients over (their first bucket group's; with the distributed
+    optimizer, its instance group, which is the data-parallel group with one instance)."""
     for c in model_chunks:
         for bg in getattr(c, "bucket_groups", []):
-            return bg.data_parallel_group
+            return collective_group(bg)
     raise ValueError(
         "no Megatron-core DDP bucket group in the model chunks (not DDP-wrapped, or no parameters)"
     )

@@ -131,6 +131,7 @@ class FlowlaneHooks:
                     syndicate_cfg,  # type: ignore[arg-type]
                     dp_group,
                     overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
+                    distributed_optimizer=bool(getattr(args, "use_distributed_optimizer", False)),
                 )
         if cfg.name != "hermod":
             return
@@ -199,7 +200,8 @@ def check_hermod_args(args: argparse.Namespace) -> str:
 
 
 def check_dp_collective_args(args: argparse.Namespace) -> str:
-    """Why ``--aleph`` / ``--syndicate`` cannot take over Megatron's DP all-reduce here ('' when they can); the
+    """Why ``--aleph`` / ``--syndicate`` cannot take over Megatron's DP gradient reduction here ('' when they can:
+    the all-reduce, or the distributed optimizer's reduce-scatter, ``--num-distributed-optimizer-instances`` 1); the
     bucket groups themselves are checked again when attached (megatron_plugin.dp_collective)."""
     if getattr(args, "aleph", False) and getattr(args, "syndicate", False):
         return "--aleph and --syndicate both take over the DP all-reduce; use one"
@@ -207,11 +209,8 @@ def check_dp_collective_args(args: argparse.Namespace) -> str:
         return "--coflow-scheduler hermod already defers the DP bucket groups' reductions; use one of them"
     if getattr(args, "use_torch_fsdp2", False) or getattr(args, "use_megatron_fsdp", False):
         return "FSDP is not supported (the DP all-reduce of Megatron-core's DistributedDataParallel is)"
-    if getattr(args, "use_distributed_optimizer", False):
-        return (
-            "--use-distributed-optimizer reduce-scatters gradients; only the all-reduce is taken over "
-            "(drop the flag)"
-        )
+    if (getattr(args, "num_distributed_optimizer_instances", 1) or 1) > 1:
+        return "--num-distributed-optimizer-instances > 1 is not supported (1 only)"
     if getattr(args, "ddp_average_in_collective", False):
         return "--ddp-average-in-collective (an AVG reduce op) is not supported; Megatron's default is"
     if getattr(args, "num_experts", None):

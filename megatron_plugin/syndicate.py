@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from flowlane.configs import add_dataclass_args, config_from_namespace
-from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, Handle, check_dp_all_reduce_plan
+from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, Handle, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
 
 log = logging.getLogger("flowlane.syndicate")
@@ -96,16 +96,20 @@ class SyndicateMegatronConfig:
         return SyndicatePlan.from_json(p.read_text())
 
 
-def check_plan_for_megatron(plan: SyndicatePlan, dp_size: int, overlap_grad_reduce: bool) -> None:
-    """Refuse what cannot run on Megatron-core's DP all-reduce (see the module docstring), naming the op."""
-    check_dp_all_reduce_plan(
+def check_plan_for_megatron(
+    plan: SyndicatePlan, dp_size: int, overlap_grad_reduce: bool, distributed_optimizer: bool = False
+) -> None:
+    """Refuse what cannot run on Megatron-core's DP gradient path (see the module docstring), naming the op: its ops
+    are the buckets' all-reduces, or reduce-scatters with the distributed optimizer."""
+    check_dp_gradient_plan(
         plan,
         dp_size,
-        "Megatron",
+        "Megatron" + (" with the distributed optimizer" if distributed_optimizer else ""),
         None
         if overlap_grad_reduce
         else "overlap_grad_reduce=False: Megatron then waits for each bucket group before it starts the next "
         "(add --overlap-grad-reduce to interleave them)",
+        "reduce_scatter" if distributed_optimizer else "all_reduce",
     )
 
 
@@ -126,13 +130,22 @@ class _SyndicateComponent:
         self.enforcer = enforcer
         self.submitted: list[tuple[int, str, int, str]] = []
 
+    def _record(self, kind: str, numel: int, t: torch.Tensor) -> None:
+        self.submitted.append((self.enforcer.iteration, kind, numel, str(t.dtype).removeprefix("torch.")))
+
     def all_reduce(self, tensors: list[torch.Tensor]) -> _Handles:
         out = []
         for t in tensors:
-            self.submitted.append(
-                (self.enforcer.iteration, "all_reduce", t.numel(), str(t.dtype).removeprefix("torch."))
-            )
+            self._record("all_reduce", t.numel(), t)
             out.append(self.enforcer.all_reduce(t))
+        return _Handles(out)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Handles:
+        """The distributed optimizer's buckets: each one op, cut into segments of this rank's block."""
+        out = []
+        for o, x in zip(outputs, inputs, strict=True):
+            self._record("reduce_scatter", o.numel(), x)
+            out.append(self.enforcer.reduce_scatter_tensor(o, x))
         return _Handles(out)
 
 
@@ -147,6 +160,7 @@ class SyndicateMegatron:
         dp_group: dist.ProcessGroup,
         overlap_grad_reduce: bool = True,
         store: Any = None,
+        distributed_optimizer: bool = False,
     ) -> None:
         from megatron.core import parallel_state as ps
 
@@ -177,7 +191,7 @@ class SyndicateMegatron:
             if group is None:  # another data-parallel group's
                 return None
             if plan is not None:
-                check_plan_for_megatron(plan, len(ranks), overlap_grad_reduce)
+                check_plan_for_megatron(plan, len(ranks), overlap_grad_reduce, distributed_optimizer)
             enforcer = Enforcer(
                 paths,
                 store,
@@ -209,7 +223,7 @@ class SyndicateMegatron:
 
             check_chunks(chunks, "flowlane.syndicate")
             overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
-            check_plan_for_megatron(self.plan, len(self._dp.ranks), overlap)
+            check_plan_for_megatron(self.plan, len(self._dp.ranks), overlap, _distributed_optimizer(chunks))
         n = self._dp.attach(chunks)
         log.info(
             "flowlane.syndicate: enforcer on %d Megatron-core DDP bucket group(s) (mode %s, plan %s)",
@@ -247,6 +261,11 @@ class SyndicateMegatron:
     def calls(self) -> int:
         return self._dp.calls
 
+    @property
+    def gathers(self) -> int:
+        """Parameter all-gathers (distributed optimizer) passed through to Megatron's own group."""
+        return self._dp.gathers
+
     def close(self) -> None:
         self._dp.remove()
         for model_config, finalize in reversed(self._undo_finalize):
@@ -254,6 +273,17 @@ class SyndicateMegatron:
         self._undo_finalize.clear()
         if self.enforcer is not None:
             self.enforcer.close()
+
+
+def _distributed_optimizer(chunks: Sequence[torch.nn.Module]) -> bool:
+    """Whether the chunks reduce-scatter (distributed optimizer); chunks that differ are refused."""
+    kinds = {bool(c.ddp_config.use_distributed_optimizer) for c in chunks}  # type: ignore[union-attr]
+    if len(kinds) > 1:
+        raise ValueError(
+            "flowlane.syndicate: some model chunks use the distributed optimizer and some do not; one plan cannot "
+            "hold both all-reduces and reduce-scatters"
+        )
+    return kinds.pop()
 
 
 def install(
@@ -275,7 +305,9 @@ def install(
             "(set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() does)"
         )
     overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
-    syn = SyndicateMegatron(config, data_parallel_group_of(chunks), overlap, store)
+    syn = SyndicateMegatron(
+        config, data_parallel_group_of(chunks), overlap, store, _distributed_optimizer(chunks)
+    )
     syn.attach(chunks)
     syn.attach_finalize(model_config)
     return syn

@@ -30,12 +30,14 @@ def train(
     device: str = "cpu",
     pp: int = 1,
     tp: int = 1,
+    dist_opt: bool = False,
 ) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
     ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
     pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py).
     ``pp``: pipeline stages (world / pp data-parallel groups, one per stage; losses only on the last stage); ``tp``:
-    tensor-parallel ranks (a data-parallel group per tensor-parallel rank)."""
+    tensor-parallel ranks (a data-parallel group per tensor-parallel rank); ``dist_opt``: Megatron's distributed
+    optimizer (gradients reduce-scattered, parameters all-gathered with ``overlap_param_gather``)."""
     import argparse
     from functools import partial
 
@@ -53,6 +55,7 @@ def train(
     from flowlane import comm
     from flowlane.launch import heartbeat
     from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.dp_collective import collective_group
     from megatron_plugin.megatron_lm import FlowlaneHooks
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
@@ -68,7 +71,7 @@ def train(
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(list(flags))
                 args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, pp
                 args.tensor_model_parallel_size = tp
-                args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, False
+                args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, dist_opt
                 hooks = FlowlaneHooks(
                     lambda **kw: build_model(recipe, device)[0], forward_step, get_args=lambda: args
                 )
@@ -80,13 +83,22 @@ def train(
             model = DistributedDataParallel(
                 config,
                 DistributedDataParallelConfig(
-                    grad_reduce_in_fp32=True, overlap_grad_reduce=overlap, bucket_size=BUCKET
+                    grad_reduce_in_fp32=True,
+                    overlap_grad_reduce=overlap,
+                    bucket_size=BUCKET,
+                    use_distributed_optimizer=dist_opt,
+                    overlap_param_gather=dist_opt,
                 ),
                 module,
             )
-            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), [model])
+            opt = get_megatron_optimizer(
+                OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0, use_distributed_optimizer=dist_opt),
+                [model],
+            )
             config.no_sync_func = model.no_sync
             config.finalize_model_grads_func = finalize_model_grads
+            if dist_opt:
+                config.param_sync_func = model.start_param_sync
             feature = setup(model, config) if mode == "api" else None
             fwd_bwd = get_forward_backward_func()
             losses = []
@@ -115,6 +127,7 @@ def train(
             }
             if feature is not None:
                 out["calls"] = feature.calls
+                out["gathers"] = feature.gathers
                 enforcer = getattr(feature, "enforcer", None)
                 if enforcer is not None:
                     out.update(
@@ -131,7 +144,7 @@ def train(
                 else:
                     feature.close()
                 out["restored"] = all(
-                    bg.data_parallel_group is ps.get_data_parallel_group(with_context_parallel=True)
+                    collective_group(bg) is ps.get_data_parallel_group(with_context_parallel=True)
                     for bg in model.bucket_groups
                 )
             return out
@@ -139,8 +152,9 @@ def train(
             ps.destroy_model_parallel()
 
 
-def refusal(world: int, what: Any, dist_opt: bool = False) -> str:
-    """The error ``what(model, config)`` raises on a fresh DDP model ('' when it raises none)."""
+def refusal(world: int, what: Any, dist_opt: bool = False, **ddp: Any) -> str:
+    """The error ``what(model, config)`` raises on a fresh DDP model ('' when it raises none); ``ddp``: more
+    DistributedDataParallelConfig fields."""
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import (
@@ -161,7 +175,7 @@ def refusal(world: int, what: Any, dist_opt: bool = False) -> str:
             model_parallel_cuda_manual_seed(0)
             module, config = build_model(recipe)
             ddp_config = DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=dist_opt
+                grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=dist_opt, **ddp
             )
             model = DistributedDataParallel(config, ddp_config, module)
             config.finalize_model_grads_func = finalize_model_grads
@@ -224,8 +238,11 @@ def aleph_runs(rank: int, world: int) -> dict:
         out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags, overlap=overlap)
         res[name] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "num_flows") if k in out}
         res[name].update(_equal(stock, out))
-    res["refused_dist_opt"] = refusal(
-        world, lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")), dist_opt=True
+    res["refused_avg"] = refusal(
+        world,
+        lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")),
+        dist_opt=True,
+        average_in_collective=True,
     )
     res["refused_size"] = refusal(
         world, lambda m, c: install([m], AlephMegatronConfig(bandwidth_gbps="30,20"))
@@ -377,4 +394,76 @@ def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     res["tp_plan"].update({k: out[k] for k in ("calls", "bucket_groups", "restored")})
     res["tp_plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
     res["tp_plan_order"] = [list(e) for e in plan.order]
+    return res
+
+
+def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
+    """Megatron's distributed optimizer (DP ``world``, gradients reduce-scattered, parameters all-gathered with
+    ``overlap_param_gather``): Megatron's own run; ALEPH, a pair's PS tree (the Megatron-LM flags); SYNDICATE in FIFO
+    mode (API, recording the reduce-scatters' signatures), then a plan cutting every bucket's block into up to 3
+    motifs launched last op first, last motif first (the flags); a reduce-scatter plan refused without the
+    distributed optimizer and an all-reduce plan refused with it."""
+    if device == "cpu":
+        from megatron_plugin import cpu_shim
+
+        cpu_shim.apply()
+    import torch.distributed as dist
+
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+    from megatron_plugin.syndicate import SyndicateMegatronConfig, install
+
+    stock = train("stock", world, dist_opt=True, device=device)
+    res: dict = {"losses": len(stock["losses"])}
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--aleph", "--aleph-clusters", ",".join(map(str, range(world))), "--aleph-top", "ps"),
+        dist_opt=True,
+        device=device,
+    )
+    res["aleph"] = {k: out[k] for k in ("calls", "gathers", "bucket_groups", "restored")}
+    res["aleph"].update(_equal(stock, out))
+    fifo = train(
+        "api",
+        world,
+        lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c),
+        dist_opt=True,
+        device=device,
+    )
+    res["fifo"] = _equal(stock, fifo)
+    res["fifo"]["kinds"] = sorted({k for _, k, _, _ in fifo["submitted"]})
+    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
+    ops = tuple(
+        PlanOp(f"bucket{i}", "reduce_scatter", n, d, world, Option("S", "ring", min(3, n)))
+        for i, (n, d) in enumerate(sigs)
+    )
+    order = tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments)))
+    plan = SyndicatePlan(1, ops, order)
+    path = os.path.join(tmp, "rs_plan.json")
+    if rank == 0:
+        with open(path, "w") as f:
+            f.write(plan.to_json())
+    dist.barrier()
+    out = train(
+        "megatron_lm", world, flags=("--syndicate", "--syndicate-plan", path), dist_opt=True, device=device
+    )
+    res["plan"] = _equal(stock, out)
+    res["plan"].update({k: out[k] for k in ("calls", "gathers", "bucket_groups", "restored", "events")})
+    res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
+    res["plan_order"] = [list(e) for e in plan.order]
+    res["refused_rs_plan"] = refusal(
+        world, lambda m, c: install([m], SyndicateMegatronConfig(plan=path, timeout_s=30), c)
+    )
+    ar = SyndicatePlan(
+        1, tuple(PlanOp(o.name, "all_reduce", o.numel * world, o.dtype, world, o.option) for o in ops), order
+    )
+    ar_path = os.path.join(tmp, f"ar_plan{rank}.json")
+    with open(ar_path, "w") as f:
+        f.write(ar.to_json())
+    res["refused_ar_plan"] = refusal(
+        world,
+        lambda m, c: install([m], SyndicateMegatronConfig(plan=ar_path, timeout_s=30), c),
+        dist_opt=True,
+    )
     return res

@@ -203,7 +203,37 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
     out["hermod_a2a_bitwise"] = torch.equal(got, ref)
     out["hermod_chunks"] = sum(1 for e in sched.log if e.event == "chunk")
 
-    # 7. replanning on ranks 0 and 1 (the E1 toy is a 2-rank instance); rank 2 only joins the group creations
+    # 7. reduce-scatters (a distributed optimizer's buckets): the output a view of the input's block, as Megatron's
+    # shard is, or a tensor of its own; integers, so any summation order gives the plain collective's bits
+    ops = (
+        PlanOp("rs_view", "reduce_scatter", 101, "int64", world, Option("F", "ring", 3)),
+        PlanOp("rs_own", "reduce_scatter", 64, "int64", world, Option("S", "ring", 2)),
+    )
+    enf = Enforcer(paths, store, rank, world, EnforcerConfig(namespace="s7"))
+    enf.install(SyndicatePlan(1, ops, ((1, 1), (0, 2), (1, 0), (0, 0), (0, 1))))
+    g = torch.Generator().manual_seed(77 + rank)
+    bucket, own_in = (torch.randint(-1000, 1000, (world * n,), generator=g) for n in (101, 64))
+    ref_view, ref_own = torch.empty(101, dtype=torch.int64), torch.empty(64, dtype=torch.int64)
+    dist.reduce_scatter_tensor(ref_view, bucket.clone())
+    dist.reduce_scatter_tensor(ref_own, own_in)
+    view, own = bucket[rank * 101 : (rank + 1) * 101], torch.empty(64, dtype=torch.int64)
+    handles = [enf.reduce_scatter_tensor(view, bucket), enf.reduce_scatter_tensor(own, own_in)]
+    for h in handles:
+        h.wait()
+    enf.step()
+    try:
+        enf.reduce_scatter_tensor(torch.empty(5), torch.empty(5 * world + 1))
+        bad = ""
+    except ValueError as e:
+        bad = str(e)
+    out["reduce_scatter"] = {
+        "bitwise": torch.equal(view, ref_view) and torch.equal(own, ref_own),
+        "log": [list(e[2:]) for e in enf.log],
+        "events": enf.events,
+        "bad": bad,
+    }
+
+    # 8. replanning on ranks 0 and 1 (the E1 toy is a 2-rank instance); rank 2 only joins the group creations
     from tests.syndicate_fw_workers import replan_scenario
 
     pair = [dist.new_group([0, 1]) for _ in range(3)]

@@ -2,9 +2,9 @@
 GPT, DP 4 on 4 gloo ranks, Megatron-core's DistributedDataParallel (overlap_grad_reduce, several bucket groups),
 get_megatron_optimizer and finalize_model_grads, against the same run without flowlane. One launch: an all-singleton
 plan (API), a two-pair PS tree given by the Megatron-LM flags, an M-WCHA plan from bandwidth figures (API, without
-overlap_grad_reduce), and the refusals (distributed optimizer, a plan of the wrong size, a second install, Hermod's
-DDP hooks); the launch flags and their checks are also tested without a launch. PP 2 x DP 2:
-tests/test_dp_components_pp.py."""
+overlap_grad_reduce), and the refusals (an AVG reduce op, a plan of the wrong size, a second install, Hermod's DDP
+hooks); the launch flags and their checks are also tested without a launch. PP 2 x DP 2:
+tests/test_dp_components_pp.py; the distributed optimizer: tests/test_dp_components_dist_opt.py."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def test_aleph_on_megatron_core_ddp_matches_its_own_run_and_refuses_what_it_cann
             rank,
             r["mwcha_no_overlap"],
         )
-        assert "use_distributed_optimizer=True is not supported" in r["refused_dist_opt"], r[
-            "refused_dist_opt"
+        assert "average_in_collective=True (an AVG reduce op) is not supported" in r["refused_avg"], r[
+            "refused_avg"
         ]
         assert "bandwidth_gbps='30,20' has 2 figures" in r["refused_size"], r["refused_size"]
         assert "already taken over by another flowlane feature" in r["refused_twice"], r["refused_twice"]
@@ -74,8 +74,10 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
     assert "--coflow-scheduler hermod" in check_dp_collective_args(args)
     args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1"])
     args.use_distributed_optimizer = True
-    assert "--use-distributed-optimizer" in check_dp_collective_args(args)
-    args.use_distributed_optimizer, args.num_experts = False, 4
+    assert check_dp_collective_args(args) == ""  # the reduce-scatter is taken over too
+    args.num_distributed_optimizer_instances = 2
+    assert "--num-distributed-optimizer-instances > 1" in check_dp_collective_args(args)
+    args.use_distributed_optimizer, args.num_distributed_optimizer_instances, args.num_experts = False, 1, 4
     assert "--num-experts 4" in check_dp_collective_args(args)
     args.num_experts, args.syndicate = None, True
     assert "--aleph and --syndicate" in check_dp_collective_args(args)

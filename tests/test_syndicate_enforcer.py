@@ -39,6 +39,14 @@ def test_motif_results_equal_plain_collectives(runs: list[dict]) -> None:
             assert c == {"a2a_bitwise": True, "ag_bitwise": True, "ar64_close": True, "ar32_close": True}
 
 
+def test_reduce_scatter_motifs_equal_the_plain_collective_in_the_plans_order(runs: list[dict]) -> None:
+    for r in runs:
+        x = r["reduce_scatter"]
+        assert x["bitwise"] and x["events"] == [], x
+        assert x["log"] == [[1, 1], [0, 2], [1, 0], [0, 0], [0, 1]], x["log"]
+        assert "input has 16 elements, needs 3 x 5" in x["bad"], x["bad"]
+
+
 def test_a_rank_with_another_plan_is_named_at_install(runs: list[dict]) -> None:
     for r in runs:
         msg = r["install_mismatch"]

@@ -1,7 +1,7 @@
 """The enforcer (seed 004 §5.2, Pseudocode 2): every rank launches the plan's motifs in one order.
 
 The application submits comm-ops as usual, in its own (FIFO) order, through :class:`Enforcer`'s ``all_reduce``,
-``all_to_all_single`` and ``all_gather_into_tensor``. The enforcer matches the i-th submission of the iteration to
+``all_to_all_single``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor``. The enforcer matches the i-th submission of the iteration to
 the plan's i-th op by signature (kind, element count, dtype; digest §5 item 8), cuts it into motifs, and launches
 motifs strictly in the plan's sequence: motif ``k`` goes out once it and every motif before it have been submitted.
 
@@ -54,26 +54,31 @@ from flowlane.syndicate.plan import (
 
 #: Option algorithms the enforcer runs: the backend's own collective (ring) or one message per destination (direct).
 RUNNABLE_ALGOS: tuple[str, ...] = ("ring", "direct")
-_KINDS = ("all_reduce", "all_to_all", "all_gather")
+_KINDS = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter")
 
 #: The optimizer's replanning entry: (plan in force, the enforcer's stats rows) -> a newer plan, or None to keep it
 #: (:class:`flowlane.syndicate.replan.SearchReplanner` re-runs the joint search).
 Replanner = Callable[[SyndicatePlan | None, Sequence[tuple[int, float, float]]], SyndicatePlan | None]
 
 
-def check_dp_all_reduce_plan(
-    plan: SyndicatePlan, dp_size: int, framework: str, serial_why: str | None = None
+def check_dp_gradient_plan(
+    plan: SyndicatePlan,
+    dp_size: int,
+    framework: str,
+    serial_why: str | None = None,
+    kind: str = "all_reduce",
 ) -> None:
-    """Refuse, naming the op, a plan that a framework's data-parallel gradient path cannot run: an op other than an
-    all-reduce (``framework`` submits only its buckets' all-reduces there), an op spanning another number of ranks
-    than ``dp_size``, an algorithm the enforcer cannot force per call (:data:`RUNNABLE_ALGOS`), and, where the
-    framework waits for each op before it submits the next (``serial_why`` says why), an order that launches an
-    op's motif before the previous op's last one."""
+    """Refuse, naming the op, a plan that a framework's data-parallel gradient path cannot run: an op of another
+    kind than ``kind`` (``framework`` submits only its buckets' all-reduces there, or reduce-scatters with a
+    distributed optimizer), an op spanning another number of ranks than ``dp_size``, an algorithm the enforcer
+    cannot force per call (:data:`RUNNABLE_ALGOS`), and, where the framework waits for each op before it submits the
+    next (``serial_why`` says why), an order that launches an op's motif before the previous op's last one."""
+    what = {"all_reduce": "all-reduces", "reduce_scatter": "reduce-scatters"}[kind]
     for i, op in enumerate(plan.ops):
-        if op.kind != "all_reduce":
+        if op.kind != kind:
             raise PlanError(
                 f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: {framework} submits only its "
-                "gradient buckets' all-reduces here"
+                f"gradient buckets' {what} here"
             )
         if op.ranks != dp_size:
             raise PlanError(
@@ -148,6 +153,8 @@ def motif_runs(
     """Closures that run ``motifs`` of one op on ``group``: segments as the backend's own collective on a slice,
     splined motifs as isend/irecv to destinations ``(rank + t) % world`` (rule R2). Results equal the whole op's."""
     es = inp.element_size()
+    if kind == "reduce_scatter":
+        return _reduce_scatter_runs(motifs, out, inp, group, world)
     runs: list[_MotifRun] = []
     if kind != "all_reduce":  # the per-destination (all-to-all) or per-source (all-gather) block views
         src = inp.view(world, -1) if kind == "all_to_all" else inp.view(1, -1)
@@ -203,6 +210,29 @@ def motif_runs(
                 recv_bufs.clear()
 
             runs.append(_MotifRun(launch, repack))
+    return runs
+
+
+def _reduce_scatter_runs(
+    motifs: list[Motif], out: torch.Tensor, inp: torch.Tensor, group: Any, world: int
+) -> list[_MotifRun]:
+    """A reduce-scatter's segments: motif ``[lo, hi)`` (bytes of the output block) reduce-scatters those columns of
+    every rank's block (copied together at launch, so ``out`` may be a view of ``inp``, as Megatron's shard is)."""
+    es, blk = inp.element_size(), out.numel()
+    src, flat = inp.view(world, blk), out.view(-1)
+    runs: list[_MotifRun] = []
+    for m in motifs:
+        a, b = m.lo // es, m.hi // es
+        if (a, b) == (0, blk):  # the whole op: the backend's collective, no copies
+            runs.append(_MotifRun(lambda: [dist.reduce_scatter_tensor(out, inp, group=group, async_op=True)]))
+            continue
+        seg_in = torch.empty((world, b - a), dtype=inp.dtype, device=inp.device)
+
+        def launch(seg_in: torch.Tensor = seg_in, a: int = a, b: int = b) -> list[Any]:
+            seg_in.copy_(src[:, a:b])
+            return [dist.reduce_scatter_tensor(flat[a:b], seg_in.view(-1), group=group, async_op=True)]
+
+        runs.append(_MotifRun(launch))
     return runs
 
 
@@ -342,6 +372,16 @@ class Enforcer:
             )
         return self._submit("all_gather", output, input)
 
+    def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor) -> Handle:
+        """SUM reduce-scatter: ``output`` gets this rank's block of the sum of ``input`` (``world`` equal blocks;
+        ``output`` may be a view of that block). Its signature's element count is the block's (the IR's payload)."""
+        if input.numel() != output.numel() * self.world:
+            raise ValueError(
+                f"reduce_scatter_tensor: input has {input.numel()} elements, needs {self.world} x "
+                f"{output.numel()} (the output's)"
+            )
+        return self._submit("reduce_scatter", output, input)
+
     def step(self) -> None:
         """The iteration boundary: launch what is left, compare fingerprints, take up a committed plan."""
         if self._pending:
@@ -427,15 +467,14 @@ class Enforcer:
             raise ValueError("the enforcer needs contiguous tensors")
         i = self._sub
         self._sub += 1
+        numel = out.numel() if kind == "reduce_scatter" else inp.numel()  # the IR's payload (CommOp.nbytes)
         if not self._fifo:
             op = self.plan.ops[i] if self.plan is not None and i < len(self.plan.ops) else None  # type: ignore[union-attr]
-            if op is None or (op.kind, op.numel, op.dtype) != (kind, inp.numel(), _dtype_name(inp)):
+            if op is None or (op.kind, op.numel, op.dtype) != (kind, numel, _dtype_name(inp)):
                 want = (op.kind, op.numel, op.dtype) if op else "no op"
-                self._fallback(
-                    f"submission {i} is ({kind}, {inp.numel()}, {_dtype_name(inp)}), plan has {want}"
-                )
+                self._fallback(f"submission {i} is ({kind}, {numel}, {_dtype_name(inp)}), plan has {want}")
         if self._fifo:
-            block = inp.numel() // self.world if kind == "all_to_all" else inp.numel()
+            block = inp.numel() // self.world if kind == "all_to_all" else numel
             motifs = [Motif("op", 0, kind, 0, block * inp.element_size(), tuple(range(self.world)))]
             group = self.paths.get("default", next(iter(self.paths.values()), None))
             if self.plan is not None and i < len(self.plan.ops) and self.plan.ops[i].kind == kind:
