@@ -10,7 +10,8 @@ import pytest
 
 from flowlane.aleph import Plan
 from flowlane.aleph import wire as W
-from flowlane.aleph.udp import SRC_DIR, build, run_tree
+from flowlane.aleph.model import multi_ps_split
+from flowlane.aleph.udp import SRC_DIR, build, run_tree, split_bounds
 
 pytestmark = pytest.mark.once
 
@@ -70,6 +71,50 @@ def test_udp_tree_sums_exactly_under_loss_without_double_counting(drop):
     if drop >= 0.01:  # loss really happened and was repaired (the seeds make this deterministic enough)
         assert sum(s["injected_drops"] for s in every) > 0
         assert sum(s["nacks"] for s in every) > 0
+
+
+@pytest.mark.parametrize(
+    "split,drop",
+    [((0.6, 0.4), 0.01), (tuple(multi_ps_split([300, 150, 100])), 0.0), ((1.0, 0.0), 0.0)],
+    ids=["uneven-2ps-loss", "proportional-3ps", "empty-part"],
+)
+def test_udp_tree_with_several_ps_splits_every_aggregator_sum_and_sums_exactly(split, drop):
+    """Seed Sec. 7 in tier 1: PS j gets part j (split[j] of the values) of every aggregator's sum; every worker ends
+    with the whole sum, exactly, and each PS saw exactly its part's packets."""
+    rng = np.random.default_rng(7)
+    elems, iters = 30 * 128 + 5, 2
+    x = rng.integers(-(2**27), 2**27, size=(6, iters, elems), dtype=np.int64).astype(np.int32)
+    run = run_tree(PLAN, x, drop=drop, seed=5, rto_ms=15, split=split)
+    want = x.astype(np.int64).sum(0)
+    assert np.array_equal(run.outputs, np.broadcast_to(want, run.outputs.shape))
+    b = split_bounds(elems, split)
+    parts = [j for j in range(len(split)) if b[j + 1] > b[j]]
+    assert [s["part"] for s in run.stats["ps"]] == parts  # one PS per non-empty part
+    every = [s for role in run.stats.values() for s in role]
+    assert all(s["overflow"] == 0 and sum(s["bad"].values()) == 0 for s in every)
+    for ps in run.stats["ps"]:
+        j = ps["part"]
+        nseg = -(-(b[j + 1] - b[j]) // W.SEG_ELEMS)
+        # |D| = 3 flows (two aggregators, worker 5 direct) into each PS, its part's segments only
+        if drop == 0:
+            children = [a for a in run.stats["aggregator"] if a["part"] == j]
+            children.append([w for w in run.stats["worker"] if w["part"] == j][5])
+            # spurious NACKs on a loaded host (and DATA resent on the RETX they cause): counted, nothing lost
+            extra = sum(c["nacks"] + c["retx_data"] for c in children)
+            assert ps["rx"] == 3 * nseg * iters + extra
+            assert ps["tx"] == 3 * nseg * iters + ps["results_resent"] + ps["retx_requests"]
+    if drop:
+        assert sum(s["injected_drops"] for s in every) > 0
+
+
+def test_several_ps_bad_splits_are_refused():
+    x = np.zeros((6, 1, 10), np.int32)
+    for bad in ([0.5, 0.6], [1.2, -0.2], []):
+        with pytest.raises(ValueError, match=r"must have one fraction in \[0, 1\] per PS, summing to 1"):
+            run_tree(PLAN, x, split=bad)
+    with pytest.raises(ValueError, match="has 1 addresses for 2 PSs"):
+        run_tree(PLAN, x, split=[0.5, 0.5], ps_hosts=["127.0.0.1"])
+    assert split_bounds(10, [0.6, 0.4]) == [0, 6, 10] and split_bounds(7, [1.0, 0.0]) == [0, 7, 7]
 
 
 def test_float_gradients_through_fixed_point_match_the_float_sum():

@@ -3,7 +3,9 @@ aggregators (digest §5.4 tier 1).
 
 ``run_tree(plan, inputs)`` starts one PS node, one aggregator node per cluster with members (its own worker is the
 cluster's child 0), and one worker process per worker, all on loopback (or, with ``host``, on addresses the caller
-provides inside network namespaces), and returns every worker's sums and every process's counters. The binary is
+provides inside network namespaces), and returns every worker's sums and every process's counters. With
+``split=`` (q fractions) it has q PSs (seed Sec. 7, digest §2.9): part j of every aggregator's sum, the fraction
+``split[j]`` of the values, goes to PS j. The binary is
 built on first use with the system C compiler into ``$FLOWLANE_CACHE`` (the same private cache and checks as
 :mod:`flowlane._cbuild`), named by a hash of the sources and flags.
 """
@@ -104,6 +106,25 @@ def _start(
     return p, int(line.split()[1])
 
 
+def check_split(split: Sequence[float]) -> tuple[float, ...]:
+    """Several PSs' fractions of the values (Sec. 7): one per PS, each in [0, 1], summing to 1 (within 1e-9); e.g.
+    :func:`flowlane.aleph.model.multi_ps_split` of the PSs' bandwidths. Raises ValueError naming the value."""
+    fr = tuple(float(f) for f in split)
+    if not fr or any(not 0 <= f <= 1 for f in fr) or abs(sum(fr) - 1) > 1e-9:
+        raise ValueError(f"split={list(split)} must have one fraction in [0, 1] per PS, summing to 1")
+    return fr
+
+
+def split_bounds(elems: int, split: Sequence[float]) -> list[int]:
+    """Value offsets of the q parts: part j is ``[b[j], b[j+1])``, ``b[j] = round(sum(split[:j]) * elems)`` (as tier 0's
+    ``HierarchicalAllReduce`` cuts a tensor), so every rank cuts alike."""
+    off, acc = [0], 0.0
+    for f in check_split(split)[:-1]:
+        acc += f
+        off.append(min(elems, max(off[-1], round(acc * elems))))
+    return [*off, elems]
+
+
 def run_tree(
     plan: Plan,
     inputs: np.ndarray,
@@ -117,10 +138,19 @@ def run_tree(
     hosts: Sequence[str] | None = None,
     ps_host: str | None = None,
     wrap: Sequence[Callable[[list[str]], list[str]] | None] | None = None,
+    split: Sequence[float] | None = None,
+    ps_hosts: Sequence[str] | None = None,
+    ps_wrap: Sequence[Callable[[list[str]], list[str]] | None] | None = None,
 ) -> TreeRun:
     """Aggregate ``inputs`` (workers x iters x elems int32) through ``plan``'s tree; ``drop`` is the probability
     each process drops a received datagram. ``hosts[w]`` / ``ps_host``: addresses (default 127.0.0.1) and
-    ``wrap[w]`` / ``wrap[n]`` (PS): argv wrappers (e.g. ``ip netns exec``) when ranks live in namespaces."""
+    ``wrap[w]`` / ``wrap[n]`` (PS): argv wrappers (e.g. ``ip netns exec``) when ranks live in namespaces.
+
+    ``split`` (q fractions, :func:`check_split`): q PSs, PS j at ``ps_hosts[j]`` (``ps_wrap[j]``; both default to
+    ``ps_host`` / ``wrap[n]``). Part j (:func:`split_bounds`) runs as its own tier-1 tree under PS j with job id j: every
+    aggregator runs a node per part (parent PS j) and every worker a worker per part, all started together, so each
+    aggregator sends PS j exactly its part j and the PSs' links work at once. ``stats["ps"][j]`` is PS j's (a part of
+    no values has no tree and no entry); the other roles' entries carry their ``"part"``."""
     inputs = np.ascontiguousarray(inputs, dtype="<i4")
     if inputs.ndim != 3 or inputs.shape[0] != plan.n:
         raise ValueError(
@@ -137,87 +167,83 @@ def run_tree(
     hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n
     ps_host = ps_host or "127.0.0.1"
     wraps = list(wrap) if wrap is not None else [None] * (n + 1)
+    bounds = [0, elems] if split is None else split_bounds(elems, split)
+    q = len(bounds) - 1
+    if ps_hosts is not None and len(ps_hosts) != q:
+        raise ValueError(f"ps_hosts={list(ps_hosts)} has {len(ps_hosts)} addresses for {q} PSs (split)")
+    if ps_wrap is not None and len(ps_wrap) != q:
+        raise ValueError(f"ps_wrap has {len(ps_wrap)} wrappers for {q} PSs (split)")
     exe = str(build(sanitize))
-    common = ["--elems", str(elems), "--iters", str(iters), "--rto-ms", str(rto_ms), "--drop", repr(drop)]
-    procs: list[tuple[str, subprocess.Popen[str]]] = []
+    procs: list[tuple[str, int, subprocess.Popen[str]]] = []
     with tempfile.TemporaryDirectory(prefix="aleph-udp-") as tmp:
         try:
-            ps, ps_port = _start(
-                [exe, "node", "--children", str(plan.num_flows), "--seed", str(seed), *common], wraps[n]
-            )
-            procs.append(("ps", ps))
-            parent_of: dict[int, tuple[str, int]] = {}
-            for i, c in enumerate(plan.clusters):
-                if len(c.members) == 1:
-                    parent_of[c.head] = (f"{ps_host}:{ps_port}", i)
+            workers: list[tuple[subprocess.Popen[str], Path, int, int]] = []  # (process, output, part, w)
+            for part in range(q):
+                a, b = bounds[part], bounds[part + 1]
+                if b == a:
                     continue
-                agg, port = _start(
-                    [
-                        exe,
-                        "node",
-                        "--children",
-                        str(len(c.members)),
-                        "--parent",
-                        f"{ps_host}:{ps_port}",
-                        "--id",
-                        str(i),
-                        "--seed",
-                        str(seed * 1000 + i + 1),
-                        *common,
-                    ],
-                    wraps[c.head],
+                host = ps_hosts[part] if ps_hosts is not None else ps_host
+                pw = ps_wrap[part] if ps_wrap is not None else wraps[n]
+                common = [
+                    "--elems",
+                    str(b - a),
+                    "--iters",
+                    str(iters),
+                    "--rto-ms",
+                    str(rto_ms),
+                    "--drop",
+                    repr(drop),
+                ]
+                common += ["--job", str(part)]
+                sd = seed + 100_003 * part
+                ps, ps_port = _start(
+                    [exe, "node", "--children", str(plan.num_flows), "--seed", str(sd), *common], pw
                 )
-                procs.append(("aggregator", agg))
-                for j, m in enumerate(c.members):
-                    parent_of[m] = (f"{hosts[c.head]}:{port}", j)
-            workers = []
-            for w in range(n):
-                inp, out = Path(tmp) / f"in{w}", Path(tmp) / f"out{w}"
-                inputs[w].tofile(inp)
-                parent, lid = parent_of[w]
-                p, _ = _start(
-                    [
-                        exe,
-                        "worker",
-                        "--wait-go",
-                        "1",
-                        "--parent",
-                        parent,
-                        "--id",
-                        str(lid),
-                        "--scale",
-                        str(scale),
-                        "--in",
-                        str(inp),
-                        "--out",
-                        str(out),
-                        "--seed",
-                        str(seed * 7919 + w + 17),
-                        *common,
-                    ],
-                    wraps[w],
-                )
-                procs.append(("worker", p))
-                workers.append((p, out))
+                procs.append(("ps", part, ps))
+                parent_of: dict[int, tuple[str, int]] = {}
+                for i, c in enumerate(plan.clusters):
+                    if len(c.members) == 1:
+                        parent_of[c.head] = (f"{host}:{ps_port}", i)
+                        continue
+                    agg, port = _start([exe, "node", "--children", str(len(c.members)), "--parent",
+                                        f"{host}:{ps_port}", "--id", str(i), "--seed", str(sd * 1000 + i + 1),
+                                        *common], wraps[c.head])  # fmt: skip
+                    procs.append(("aggregator", part, agg))
+                    for j, m in enumerate(c.members):
+                        parent_of[m] = (f"{hosts[c.head]}:{port}", j)
+                for w in range(n):
+                    inp, out = Path(tmp) / f"in{w}_{part}", Path(tmp) / f"out{w}_{part}"
+                    np.ascontiguousarray(inputs[w, :, a:b]).tofile(inp)
+                    parent, lid = parent_of[w]
+                    p, _ = _start([exe, "worker", "--wait-go", "1", "--parent", parent, "--id", str(lid), "--scale",
+                                   str(scale), "--in", str(inp), "--out", str(out), "--seed",
+                                   str(sd * 7919 + w + 17), *common], wraps[w])  # fmt: skip
+                    procs.append(("worker", part, p))
+                    workers.append((p, out, part, w))
             t0 = (
                 time.perf_counter()
             )  # every worker is up: start them together (process start-up is not timed)
-            for p, _ in workers:
+            for p, _, _, _ in workers:
                 assert p.stdin is not None
                 p.stdin.write("go\n")
                 p.stdin.flush()  # (communicate() closes it)
-            for p, _ in workers:
+            for p, _, _, _ in workers:
                 p.wait(timeout=timeout_s)
             wall = time.perf_counter() - t0
             stats: dict[str, list[dict[str, Any]]] = {"ps": [], "aggregator": [], "worker": []}
-            for role, p in procs:
+            for role, part, p in procs:
                 out_text, err = p.communicate(timeout=timeout_s)
                 if p.returncode != 0:
-                    raise RuntimeError(f"aleph_udp {role} exited {p.returncode}: {err.strip()[-2000:]}")
-                stats[role].append(json.loads(out_text.strip().splitlines()[-1]))
-            outputs = np.stack([np.fromfile(o, dtype="<i4").reshape(iters, elems) for _, o in workers])
+                    raise RuntimeError(
+                        f"aleph_udp {role} (part {part}) exited {p.returncode}: {err.strip()[-2000:]}"
+                    )
+                stats[role].append({**json.loads(out_text.strip().splitlines()[-1]), "part": part})
+            outputs = np.zeros((n, iters, elems), dtype="<i4")
+            for _, o, part, w in workers:
+                a, b = bounds[part], bounds[part + 1]
+                outputs[w, :, a:b] = np.fromfile(o, dtype="<i4").reshape(iters, b - a)
         finally:
-            for _, p in procs:
+            for _, _, p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
