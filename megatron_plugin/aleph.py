@@ -52,6 +52,10 @@ class AlephMegatronConfig:
     """Comma-separated Gbit/s, one per data-parallel rank (in group order): the plan is made with M-WCHA."""
     clusters: str = ""
     """An explicit plan instead: clusters separated by ';', members by ',', aggregator first ("0,2;1;3")."""
+    expert_bandwidth_gbps: str = ""
+    """MoE: the expert-data-parallel group's figures (one per rank in that group), for the experts' bucket groups."""
+    expert_clusters: str = ""
+    """MoE: an explicit plan over the expert-data-parallel group instead."""
     variant: Literal["paper", "fill"] = "fill"
     """M-WCHA's member assignment (AlephConfig.variant)."""
     seed: int = 0
@@ -70,12 +74,19 @@ class AlephMegatronConfig:
     """``top="ps"``: the tree's pipelining chunk in bytes (>= 1024)."""
 
     def __post_init__(self) -> None:
-        if self.bandwidth_gbps and self.clusters:
-            raise ValueError(self._one_source())
+        for prefix in ("", "expert_"):
+            if getattr(self, f"{prefix}bandwidth_gbps") and getattr(self, f"{prefix}clusters"):
+                raise ValueError(self._one_source(prefix))
         if not (isinstance(self.chunk_bytes, int) and self.chunk_bytes >= 1024):
             raise ValueError(f"aleph chunk_bytes={self.chunk_bytes!r} must be an integer >= 1024")
         self.aleph_config()  # validates the planner's fields
-        self._parse()  # validates the numbers
+        self._parse("")  # validates the numbers
+        self._parse("expert_")
+
+    @property
+    def has_expert_plan(self) -> bool:
+        """Whether a plan source for the experts' bucket groups (MoE) is given."""
+        return bool(self.expert_bandwidth_gbps or self.expert_clusters)
 
     def aleph_config(self) -> AlephConfig:
         return AlephConfig(
@@ -89,43 +100,47 @@ class AlephMegatronConfig:
             top=self.top,
         )
 
-    def _one_source(self) -> str:
+    def _one_source(self, prefix: str) -> str:
+        bw, cl = f"{prefix}bandwidth_gbps", f"{prefix}clusters"
         return (
-            "aleph needs exactly one of bandwidth_gbps (one figure per DP rank, planned with M-WCHA) or "
-            f"clusters (an explicit plan); got bandwidth_gbps={self.bandwidth_gbps!r}, clusters={self.clusters!r}"
+            f"aleph needs exactly one of {bw} (one figure per {'expert-' if prefix else ''}DP rank, planned with "
+            f"M-WCHA) or {cl} (an explicit plan); got {bw}={getattr(self, bw)!r}, {cl}={getattr(self, cl)!r}"
         )
 
-    def _parse(self) -> list[float] | list[list[int]]:
-        if not (self.bandwidth_gbps or self.clusters):
+    def _parse(self, prefix: str) -> list[float] | list[list[int]]:
+        bw, cl = getattr(self, f"{prefix}bandwidth_gbps"), getattr(self, f"{prefix}clusters")
+        if not (bw or cl):
             return []
         try:
-            if self.bandwidth_gbps:
-                return [float(x) for x in self.bandwidth_gbps.split(",")]
-            return [[int(x) for x in c.split(",")] for c in self.clusters.split(";")]
+            if bw:
+                return [float(x) for x in bw.split(",")]
+            return [[int(x) for x in c.split(",")] for c in cl.split(";")]
         except ValueError:
-            field = "bandwidth_gbps" if self.bandwidth_gbps else "clusters"
+            field = f"{prefix}bandwidth_gbps" if bw else f"{prefix}clusters"
             raise ValueError(
                 f"aleph {field}={getattr(self, field)!r} is not "
-                + ("comma-separated numbers" if self.bandwidth_gbps else "';'-separated lists of ',' ranks")
+                + ("comma-separated numbers" if bw else "';'-separated lists of ',' ranks")
             ) from None
 
-    def plan(self, n: int) -> Plan:
-        """The plan over ``n`` data-parallel ranks; raises naming the size when it covers another number."""
-        if not (self.bandwidth_gbps or self.clusters):
-            raise ValueError(self._one_source())
-        parsed = self._parse()
-        if self.bandwidth_gbps:
+    def plan(self, n: int, expert: bool = False) -> Plan:
+        """The plan over ``n`` data-parallel ranks (``expert``: the expert-data-parallel group's); raises naming the
+        size when it covers another number."""
+        prefix = "expert_" if expert else ""
+        bw, cl = getattr(self, f"{prefix}bandwidth_gbps"), getattr(self, f"{prefix}clusters")
+        group = "expert-data-parallel" if expert else "data-parallel"
+        if not (bw or cl):
+            raise ValueError(self._one_source(prefix))
+        parsed = self._parse(prefix)
+        if bw:
             if len(parsed) != n:
                 raise ValueError(
-                    f"aleph bandwidth_gbps={self.bandwidth_gbps!r} has {len(parsed)} figures; the "
-                    f"data-parallel group has {n} ranks (one figure each)"
+                    f"aleph {prefix}bandwidth_gbps={bw!r} has {len(parsed)} figures; the {group} group has {n} "
+                    "ranks (one figure each)"
                 )
             return plan_clusters(parsed, config=self.aleph_config())  # type: ignore[arg-type]
         size = sum(len(c) for c in parsed)  # type: ignore[misc]
         if size != n:
-            raise ValueError(
-                f"aleph clusters={self.clusters!r} cover {size} ranks; the data-parallel group has {n}"
-            )
+            raise ValueError(f"aleph {prefix}clusters={cl!r} cover {size} ranks; the {group} group has {n}")
         return Plan.from_clusters(n, parsed)  # type: ignore[arg-type]
 
 
@@ -160,24 +175,52 @@ class _AlephComponent:
 
 
 class AlephMegatron:
-    """ALEPH for one data-parallel group of Megatron-core DDP: construct it on every rank (a collective: it plans and
-    creates process groups), then :meth:`attach` the DDP chunks (local). ``calls``: bucket-group reductions it
-    carried; ``plan``: this rank's group's plan."""
+    """ALEPH for Megatron-core DDP's data-parallel groups: construct it on every rank (a collective: it plans and
+    creates process groups), then :meth:`attach` the DDP chunks (local). With ``expert_dp_group`` (MoE) the experts'
+    bucket groups reduce through a second hierarchy over the expert-data-parallel group, planned from the config's
+    ``expert_*`` source. ``calls`` / ``expert_calls``: bucket-group reductions carried; ``plan`` / ``expert_plan``:
+    this rank's groups' plans."""
 
-    def __init__(self, config: AlephMegatronConfig, dp_group: dist.ProcessGroup) -> None:
-        from flowlane.aleph.hook import HierarchicalAllReduce
+    def __init__(
+        self,
+        config: AlephMegatronConfig,
+        dp_group: dist.ProcessGroup,
+        expert_dp_group: dist.ProcessGroup | None = None,
+    ) -> None:
         from megatron_plugin.dp_collective import DPCollective
 
         self.config = config
         self.plan: Plan | None = None
-        several = dist.get_world_size(dp_group) != dist.get_world_size()
+        self.expert_plan: Plan | None = None
+        if expert_dp_group is not None and not config.has_expert_plan:
+            raise ValueError(
+                "flowlane.aleph: the model has experts (MoE), whose bucket groups reduce over the expert-data-"
+                "parallel group: give expert_bandwidth_gbps or expert_clusters (--aleph-expert-bandwidth-gbps / "
+                "--aleph-expert-clusters) for it"
+            )
+        if expert_dp_group is None and config.has_expert_plan:
+            raise ValueError(
+                "flowlane.aleph: expert_bandwidth_gbps / expert_clusters are set but the model has no experts"
+            )
+        self._dp = DPCollective(dp_group, self._maker(dp_group, False), "flowlane.aleph")
+        self._expert = (
+            DPCollective(expert_dp_group, self._maker(expert_dp_group, True), "flowlane.aleph", expert=True)
+            if expert_dp_group is not None
+            else None
+        )
+
+    def _maker(self, mine: dist.ProcessGroup, expert: bool) -> Any:
+        from flowlane.aleph.hook import HierarchicalAllReduce
+
+        config = self.config
+        several = dist.get_world_size(mine) != dist.get_world_size()
 
         def make(group: dist.ProcessGroup | None, ranks: tuple[int, ...]) -> _AlephComponent | None:
-            plan = config.plan(len(ranks))
+            plan = config.plan(len(ranks), expert)
             if several and plan.num_flows > 1 and config.top == "allreduce":
                 raise ValueError(
-                    "aleph top='allreduce' with a hierarchical plan needs one data-parallel group (PP, TP "
-                    "and CP 1): its aggregators' subgroup is created by every rank of the world; use top='ps'"
+                    f"aleph top='allreduce' with a hierarchical plan needs one {'expert-' if expert else ''}data-"
+                    "parallel group: its aggregators' subgroup is created by every rank of the world; use top='ps'"
                 )
             # the tree's up and down groups, for every data-parallel group on every rank (see the module docstring)
             p2p = (
@@ -185,31 +228,53 @@ class AlephMegatron:
             )
             if group is None:  # another data-parallel group's
                 return None
-            self.plan = plan
+            if expert:
+                self.expert_plan = plan
+            else:
+                self.plan = plan
             return _AlephComponent(
                 HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p),
                 dist.get_rank(group),
             )
 
-        self._dp = DPCollective(dp_group, make, "flowlane.aleph")
+        return make
 
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
-        """Put the chunks' dense bucket groups on the hierarchy (local; before their first backward)."""
-        n = self._dp.attach(model_chunks)
-        plan = self.plan
-        assert plan is not None
-        log.info(
-            "flowlane.aleph: hierarchical all-reduce on %d Megatron-core DDP bucket group(s), |D|=%d of %d "
-            "ranks, top=%s",
-            n,
-            plan.num_flows,
-            plan.n,
-            self.config.top,
-        )
+        """Put the chunks' bucket groups (dense, and expert with MoE) on the hierarchy (local; before their first
+        backward)."""
+        from megatron_plugin.dp_collective import has_expert_groups
+
+        chunks = list(model_chunks)
+        if has_expert_groups(chunks) != (self._expert is not None):
+            raise ValueError(
+                "flowlane.aleph: the chunks have expert bucket groups but ALEPH was set up without the expert-data-"
+                "parallel group"
+                if self._expert is None
+                else "flowlane.aleph: set up for experts, but the chunks have no expert bucket groups"
+            )
+        for collective, plan in ((self._dp, self.plan), (self._expert, self.expert_plan)):
+            if collective is None:
+                continue
+            n = collective.attach(chunks)
+            assert plan is not None
+            log.info(
+                "flowlane.aleph: hierarchical reduction on %d Megatron-core DDP %sbucket group(s), |D|=%d of %d "
+                "ranks, top=%s",
+                n,
+                "expert " if collective.expert else "",
+                plan.num_flows,
+                plan.n,
+                self.config.top,
+            )
 
     @property
     def calls(self) -> int:
         return self._dp.calls
+
+    @property
+    def expert_calls(self) -> int:
+        """The expert bucket groups' reductions carried (MoE)."""
+        return self._expert.calls if self._expert is not None else 0
 
     @property
     def gathers(self) -> int:
@@ -220,18 +285,32 @@ class AlephMegatron:
     def bucket_groups(self) -> int:
         return self._dp.bucket_groups
 
+    @property
+    def expert_bucket_groups(self) -> int:
+        return self._expert.bucket_groups if self._expert is not None else 0
+
     def close(self) -> None:
+        if self._expert is not None:
+            self._expert.remove()
         self._dp.remove()
 
 
 def install(model_chunks: Sequence[torch.nn.Module], config: AlephMegatronConfig) -> AlephMegatron:
-    """Put every dense bucket group of ``model_chunks`` (Megatron-core DDP) on ALEPH's hierarchy. A collective:
-    every rank, after the DDP wrap and before the first backward."""
-    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of
+    """Put every bucket group of ``model_chunks`` (Megatron-core DDP; the experts' too with MoE) on ALEPH's
+    hierarchy. A collective: every rank, after the DDP wrap and before the first backward."""
+    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of, has_expert_groups
 
-    check_chunks(model_chunks, "flowlane.aleph")  # refuse before anything is created
-    aleph = AlephMegatron(config, data_parallel_group_of(model_chunks))
-    aleph.attach(model_chunks)
+    chunks = list(model_chunks)
+    check_chunks(chunks, "flowlane.aleph")  # refuse before anything is created
+    moe = has_expert_groups(chunks)
+    if moe:
+        check_chunks(chunks, "flowlane.aleph", expert=True)
+    aleph = AlephMegatron(
+        config,
+        data_parallel_group_of(chunks),
+        data_parallel_group_of(chunks, expert=True) if moe else None,
+    )
+    aleph.attach(chunks)
     return aleph
 
 

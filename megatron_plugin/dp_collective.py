@@ -34,9 +34,12 @@ Refused at install, naming the value (never silently skipped):
 * a model chunk that is not Megatron-core's ``DistributedDataParallel``;
 * ``num_distributed_optimizer_instances > 1`` (a second, inter-instance all-reduce on another group) and
   ``average_in_collective=True`` (an AVG reduce op);
-* expert bucket groups (MoE: a second data-parallel group per expert-parallel rank; not built);
 * a bucket group another feature already holds: Hermod's DDP hooks (``start_grad_sync`` replaced on the instance)
   or another component's ``flowlane_dp`` group.
+
+MoE: Megatron keeps the experts' gradients in separate bucket groups (``expert_parallel_bucket_groups``) that reduce
+over the expert-data-parallel group; ``DPCollective(..., expert=True)`` takes those over, with their own component per
+expert-data-parallel group (a component decides whether it can carry them, and refuses them otherwise).
 
 ``overlap_grad_reduce=False`` is accepted: Megatron then starts and waits for each bucket group inside
 ``finish_grad_sync``, one after the other (a component that orders collectives across bucket groups says what that
@@ -256,8 +259,9 @@ def collective_group(bucket_group: Any) -> dist.ProcessGroup:
     return getattr(bucket_group, _group_attr(bucket_group))
 
 
-def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str) -> list[Any]:
-    """The bucket groups of ``model_chunks`` a component may take over; raises naming what cannot apply."""
+def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str, expert: bool = False) -> list[Any]:
+    """The dense (or, with ``expert``, the expert) bucket groups of ``model_chunks`` a component may take over;
+    raises naming what cannot apply."""
     from megatron.core.distributed import DistributedDataParallel
 
     from megatron_plugin.hermod import check_megatron_core_version
@@ -284,12 +288,7 @@ def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str) -> list[
                 f"{feature}: average_in_collective=True (an AVG reduce op) is not supported; Megatron's "
                 "default (scale, then SUM) is"
             )
-        if c.expert_parallel_bucket_groups:
-            raise ValueError(
-                f"{feature}: model chunk {i} has {len(c.expert_parallel_bucket_groups)} expert bucket "
-                "group(s) (MoE): their expert-data-parallel reduction is not taken over; dense models only"
-            )
-        for bg in c.bucket_groups:
+        for bg in c.expert_parallel_bucket_groups if expert else c.bucket_groups:
             if "start_grad_sync" in vars(bg):
                 raise RuntimeError(
                     f"{feature}: a bucket group's start_grad_sync is already wrapped (Hermod's DDP hooks): "
@@ -313,15 +312,17 @@ class DPCollective:
     rank, so it may create process groups too: ``group`` is Megatron's group when this rank is in it (return the
     component; it may use that group for its traffic) and None otherwise (return None). :meth:`attach` is local
     (any point before a chunk's first backward): it checks the chunks and sets the ``flowlane_dp`` group as their
-    bucket groups' collective group. :meth:`remove` restores Megatron's groups."""
+    bucket groups' collective group. :meth:`remove` restores Megatron's groups. ``expert``: the chunks' expert bucket
+    groups (MoE), ``dp_group`` then being this rank's expert-data-parallel group."""
 
     def __init__(
         self,
         dp_group: dist.ProcessGroup,
         make_component: Callable[[dist.ProcessGroup | None, tuple[int, ...]], DPComponent | None],
         feature: str,
+        expert: bool = False,
     ) -> None:
-        self.feature = feature
+        self.feature, self.expert = feature, expert
         mine = tuple(dist.get_process_group_ranks(dp_group))
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
@@ -346,13 +347,14 @@ class DPCollective:
 
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> int:
         """Take over the bucket groups of ``model_chunks``; returns how many. Checks everything first."""
-        bucket_groups = check_chunks(model_chunks, self.feature)
+        bucket_groups = check_chunks(model_chunks, self.feature, self.expert)
         for bg in bucket_groups:
             ranks = tuple(dist.get_process_group_ranks(collective_group(bg)))
             if ranks != self.ranks:
                 raise ValueError(
-                    f"{self.feature}: a bucket group reduces over ranks {list(ranks)}, not the data-parallel "
-                    f"group {list(self.ranks)} this was set up for"
+                    f"{self.feature}: a{'n expert' if self.expert else ''} bucket group reduces over ranks "
+                    f"{list(ranks)}, not the {'expert-' if self.expert else ''}data-parallel group "
+                    f"{list(self.ranks)} this was set up for"
                 )
         for bg in bucket_groups:
             original = collective_group(bg)
@@ -362,12 +364,13 @@ class DPCollective:
             setattr(bg, _group_attr(bg), self.group)
         self.bucket_groups += len(bucket_groups)
         log.info(
-            "%s: took over the gradient %s of %d Megatron-core DDP bucket group(s)",
+            "%s: took over the gradient %s of %d Megatron-core DDP %sbucket group(s)",
             self.feature,
             "reduce-scatter"
             if any(bg.ddp_config.use_distributed_optimizer for bg in bucket_groups)
             else "all-reduce",
             len(bucket_groups),
+            "expert " if self.expert else "",
         )
         return len(bucket_groups)
 
@@ -387,12 +390,22 @@ class DPCollective:
         self._undo.clear()
 
 
-def data_parallel_group_of(model_chunks: Sequence[torch.nn.Module]) -> dist.ProcessGroup:
-    """The group Megatron's DDP chunks reduce dense gradients over (their first bucket group's; with the distributed
-    optimizer, its instance group, which is the data-parallel group with one instance)."""
+def data_parallel_group_of(
+    model_chunks: Sequence[torch.nn.Module], expert: bool = False
+) -> dist.ProcessGroup:
+    """The group Megatron's DDP chunks reduce dense (``expert``: expert) gradients over: their first such bucket
+    group's (with the distributed optimizer, its instance group, which is the data-parallel group with one
+    instance)."""
     for c in model_chunks:
-        for bg in getattr(c, "bucket_groups", []):
+        for bg in getattr(c, "expert_parallel_bucket_groups" if expert else "bucket_groups", []):
             return collective_group(bg)
+    if expert:
+        raise ValueError("no Megatron-core DDP expert bucket group in the model chunks (not a MoE model)")
     raise ValueError(
         "no Megatron-core DDP bucket group in the model chunks (not DDP-wrapped, or no parameters)"
     )
+
+
+def has_expert_groups(model_chunks: Sequence[torch.nn.Module]) -> bool:
+    """Whether any chunk has expert bucket groups (a MoE model under Megatron-core DDP)."""
+    return any(getattr(c, "expert_parallel_bucket_groups", None) for c in model_chunks)

@@ -125,7 +125,10 @@ class FlowlaneHooks:
             # attached at each chunk's first forward step, once Megatron's DDP exists
             dp_group = ps.get_data_parallel_group(with_context_parallel=True)
             if aleph_cfg is not None:
-                self.aleph = aleph.AlephMegatron(aleph_cfg, dp_group)
+                moe = bool(getattr(args, "num_experts", None))
+                self.aleph = aleph.AlephMegatron(
+                    aleph_cfg, dp_group, ps.get_expert_data_parallel_group() if moe else None
+                )
             else:
                 self.syndicate = syndicate.SyndicateMegatron(
                     syndicate_cfg,  # type: ignore[arg-type]
@@ -213,8 +216,8 @@ def check_dp_collective_args(args: argparse.Namespace) -> str:
         return "--num-distributed-optimizer-instances > 1 is not supported (1 only)"
     if getattr(args, "ddp_average_in_collective", False):
         return "--ddp-average-in-collective (an AVG reduce op) is not supported; Megatron's default is"
-    if getattr(args, "num_experts", None):
-        return f"--num-experts {args.num_experts}: expert bucket groups (MoE) are not taken over; dense only"
+    if getattr(args, "num_experts", None) and getattr(args, "syndicate", False):
+        return f"--num-experts {args.num_experts}: --syndicate does not take over expert bucket groups (MoE)"
     return ""
 
 

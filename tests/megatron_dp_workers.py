@@ -31,13 +31,17 @@ def train(
     pp: int = 1,
     tp: int = 1,
     dist_opt: bool = False,
+    experts: int | None = None,
+    ep: int = 1,
 ) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
     ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
     pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py).
     ``pp``: pipeline stages (world / pp data-parallel groups, one per stage; losses only on the last stage); ``tp``:
     tensor-parallel ranks (a data-parallel group per tensor-parallel rank); ``dist_opt``: Megatron's distributed
-    optimizer (gradients reduce-scattered, parameters all-gathered with ``overlap_param_gather``)."""
+    optimizer (gradients reduce-scattered, parameters all-gathered with ``overlap_param_gather``); ``experts``: a MoE
+    model with that many experts, ``ep`` expert-parallel ranks (its expert bucket groups reduce over the
+    expert-data-parallel groups)."""
     import argparse
     from functools import partial
 
@@ -59,10 +63,17 @@ def train(
     from megatron_plugin.megatron_lm import FlowlaneHooks
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
-    recipe = GPTRecipe(num_ranks=world, **{**RECIPE, "pipeline_parallel": pp, "tensor_parallel": tp})
+    recipe = GPTRecipe(
+        num_ranks=world,
+        **{**RECIPE, "pipeline_parallel": pp, "tensor_parallel": tp},
+        num_moe_experts=experts,
+        expert_parallel=ep,
+    )
     forward_step = partial(_forward_step, recipe=recipe, device=device)
     with comm.owned_process_groups():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+        )
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
@@ -70,7 +81,7 @@ def train(
             if mode == "megatron_lm":
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(list(flags))
                 args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, pp
-                args.tensor_model_parallel_size = tp
+                args.tensor_model_parallel_size, args.num_experts = tp, experts
                 args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, dist_opt
                 hooks = FlowlaneHooks(
                     lambda **kw: build_model(recipe, device)[0], forward_step, get_args=lambda: args
@@ -124,9 +135,11 @@ def train(
                 "losses": losses,
                 "params": [p.detach().clone() for p in model.parameters()],
                 "bucket_groups": len(model.bucket_groups),
+                "expert_bucket_groups": len(model.expert_parallel_bucket_groups),
             }
             if feature is not None:
                 out["calls"] = feature.calls
+                out["expert_calls"] = getattr(feature, "expert_calls", 0)
                 out["gathers"] = feature.gathers
                 enforcer = getattr(feature, "enforcer", None)
                 if enforcer is not None:
@@ -146,15 +159,20 @@ def train(
                 out["restored"] = all(
                     collective_group(bg) is ps.get_data_parallel_group(with_context_parallel=True)
                     for bg in model.bucket_groups
+                ) and all(
+                    type(collective_group(bg)).__name__ != "_DPGroup"
+                    for bg in model.expert_parallel_bucket_groups
                 )
             return out
         finally:
             ps.destroy_model_parallel()
 
 
-def refusal(world: int, what: Any, dist_opt: bool = False, **ddp: Any) -> str:
-    """The error ``what(model, config)`` raises on a fresh DDP model ('' when it raises none); ``ddp``: more
-    DistributedDataParallelConfig fields."""
+def refusal(
+    world: int, what: Any, dist_opt: bool = False, experts: int | None = None, ep: int = 1, **ddp: Any
+) -> str:
+    """The error ``what(model, config)`` raises on a fresh DDP model ('' when it raises none); ``experts``, ``ep``:
+    a MoE model (as in :func:`train`); ``ddp``: more DistributedDataParallelConfig fields."""
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import (
@@ -167,9 +185,9 @@ def refusal(world: int, what: Any, dist_opt: bool = False, **ddp: Any) -> str:
     from flowlane import comm
     from recipes.gpt import GPTRecipe, build_model
 
-    recipe = GPTRecipe(num_ranks=world, **RECIPE)
+    recipe = GPTRecipe(num_ranks=world, **RECIPE, num_moe_experts=experts, expert_parallel=ep)
     with comm.owned_process_groups():
-        ps.initialize_model_parallel()
+        ps.initialize_model_parallel(expert_model_parallel_size=ep)
         try:
             torch.manual_seed(0)
             model_parallel_cuda_manual_seed(0)
@@ -243,6 +261,23 @@ def aleph_runs(rank: int, world: int) -> dict:
         lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")),
         dist_opt=True,
         average_in_collective=True,
+    )
+    # MoE, EP 2: the experts' bucket groups reduce over two expert-data-parallel groups ({0, 2}, {1, 3}), each a
+    # cluster of two; the dense groups' flat plan is Megatron's own gloo all-reduce, so both are bitwise
+    moe = {"experts": 4, "ep": 2}
+    stock_moe = train("stock", world, **moe)
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--aleph", "--aleph-clusters", "0;1;2;3", "--aleph-expert-clusters", "0,1"),
+        **moe,
+    )
+    res["moe"] = {
+        k: out[k] for k in ("calls", "expert_calls", "bucket_groups", "expert_bucket_groups", "restored")
+    }
+    res["moe"].update(_equal(stock_moe, out))
+    res["refused_moe_no_plan"] = refusal(
+        world, lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")), **moe
     )
     res["refused_size"] = refusal(
         world, lambda m, c: install([m], AlephMegatronConfig(bandwidth_gbps="30,20"))

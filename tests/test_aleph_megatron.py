@@ -43,6 +43,15 @@ def test_aleph_on_megatron_core_ddp_matches_its_own_run_and_refuses_what_it_cann
             "refused_avg"
         ]
         assert "bandwidth_gbps='30,20' has 2 figures" in r["refused_size"], r["refused_size"]
+        # MoE: the experts' bucket groups (EP 2, two expert-data-parallel groups) through their own hierarchy
+        m = r["moe"]
+        assert (
+            m["expert_bucket_groups"] >= 1 and m["expert_calls"] == m["expert_bucket_groups"] * ITERATIONS
+        ), m
+        assert m["calls"] == m["bucket_groups"] * ITERATIONS and m["restored"] and m["bitwise"], (rank, m)
+        assert "give expert_bandwidth_gbps or expert_clusters" in r["refused_moe_no_plan"], r[
+            "refused_moe_no_plan"
+        ]
         assert "already taken over by another flowlane feature" in r["refused_twice"], r["refused_twice"]
         assert "already wrapped (Hermod's DDP hooks)" in r["refused_hermod"], r["refused_hermod"]
 
@@ -66,6 +75,16 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
         AlephMegatronConfig(bandwidth_gbps="30,x")
     with pytest.raises(ValueError, match=r"clusters='0,1' cover 2 ranks; the data-parallel group has 3"):
         AlephMegatronConfig(clusters="0,1").plan(3)
+    with pytest.raises(ValueError, match="exactly one of expert_bandwidth_gbps"):
+        AlephMegatronConfig(clusters="0", expert_bandwidth_gbps="1,2", expert_clusters="0;1")
+    with pytest.raises(
+        ValueError, match=r"expert_clusters='0,1' cover 2 ranks; the expert-data-parallel group"
+    ):
+        AlephMegatronConfig(clusters="0", expert_clusters="0,1").plan(3, expert=True)
+    cfg = config_from_args(
+        parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--aleph-expert-bandwidth-gbps", "30,10"])
+    )
+    assert cfg is not None and cfg.has_expert_plan and cfg.plan(2, expert=True).n == 2
     with pytest.raises(ValueError, match="chunk_bytes=10 must be an integer >= 1024"):
         AlephMegatronConfig(clusters="0", chunk_bytes=10)
     with pytest.raises(ValueError, match="aleph variant='x'"):
@@ -78,6 +97,6 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
     args.num_distributed_optimizer_instances = 2
     assert "--num-distributed-optimizer-instances > 1" in check_dp_collective_args(args)
     args.use_distributed_optimizer, args.num_distributed_optimizer_instances, args.num_experts = False, 1, 4
-    assert "--num-experts 4" in check_dp_collective_args(args)
-    args.num_experts, args.syndicate = None, True
+    assert check_dp_collective_args(args) == ""  # ALEPH takes the experts' bucket groups too
+    args.syndicate = True
     assert "--aleph and --syndicate" in check_dp_collective_args(args)
