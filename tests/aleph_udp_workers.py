@@ -46,3 +46,30 @@ def udp_cases(rank: int, world: int, clusters: list, drop: float) -> dict:
         float((a - b).abs().max()) for a, b in zip(res[0], model.parameters(), strict=True)
     )
     return out
+
+
+def udp_multips_cases(rank: int, world: int, clusters: list, cases: list) -> list:
+    """Several PSs through tier 1 (Sec. 7): per case (ps, split or None, ps_bandwidths or None, drop), an integer sum
+    (exact vs all_reduce) and a float sum (within the fixed-point bound), and this rank's PS processes' counters."""
+    plan = Plan.from_clusters(world, clusters)
+    out = []
+    for ps, split, bw, drop in cases:
+        u = UdpAllReduce(plan, drop=drop, ps=ps, split=split, ps_bandwidths=bw)
+        x = torch.arange(3000, dtype=torch.int64) * (rank + 1) - 5 * rank**2
+        ref = x.clone()
+        dist.all_reduce(ref)
+        exact = bool(torch.equal(u(x), ref))
+        ps_stats = [s for s in u.stats if s["role"] == "ps"]
+        f = torch.randn(2000, generator=torch.Generator().manual_seed(rank)) * 3
+        ref = f.clone()
+        dist.all_reduce(ref)
+        out.append(
+            {
+                "exact": exact,
+                "ps_added": [s["data_rx"] - s["dup"] for s in ps_stats],  # DATA added once each
+                "split": list(u.split),
+                "float_maxdiff": float((u(f) - ref).abs().max()),
+                "injected": sum(s["injected_drops"] for s in u.stats),
+            }
+        )
+    return out

@@ -95,14 +95,8 @@ def test_udp_tree_with_several_ps_splits_every_aggregator_sum_and_sums_exactly(s
     for ps in run.stats["ps"]:
         j = ps["part"]
         nseg = -(-(b[j + 1] - b[j]) // W.SEG_ELEMS)
-        # |D| = 3 flows (two aggregators, worker 5 direct) into each PS, its part's segments only
-        if drop == 0:
-            children = [a for a in run.stats["aggregator"] if a["part"] == j]
-            children.append([w for w in run.stats["worker"] if w["part"] == j][5])
-            # spurious NACKs on a loaded host (and DATA resent on the RETX they cause): counted, nothing lost
-            extra = sum(c["nacks"] + c["retx_data"] for c in children)
-            assert ps["rx"] == 3 * nseg * iters + extra
-            assert ps["tx"] == 3 * nseg * iters + ps["results_resent"] + ps["retx_requests"]
+        # |D| = 3 flows (two aggregators, worker 5 direct) into each PS, its part's segments only: each added once
+        assert ps["data_rx"] - ps["dup"] == 3 * nseg * iters
     if drop:
         assert sum(s["injected_drops"] for s in every) > 0
 

@@ -69,7 +69,7 @@ struct opts {
 /* counters, printed as JSON on exit */
 static struct {
     unsigned long long rx, tx, injected, dup, stale, overflow, nacks, retx_req, retx_data, results_resent,
-        unaggregated;
+        unaggregated, nacks_rx, data_rx;
     unsigned long long bad_len, bad_magic, bad_version, bad_type, bad_job, bad_src, bad_seg, bad_count, bad_scale,
         bad_flags, bad_addr, bad_iter;
 } C;
@@ -328,6 +328,7 @@ static int node(struct opts *o) {
         }
         unsigned seg = h.segment;
         if (h.type == ALEPH_DATA) {
+            C.data_rx++; /* valid DATA of this iteration (duplicates included) */
             if (s->scale_set && h.scale != s->scale) {
                 C.bad_scale++;
                 continue;
@@ -376,6 +377,7 @@ static int node(struct opts *o) {
                 if (child_known[c])
                     node_send_result(o, &child[c], s, seg);
         } else if (h.type == ALEPH_NACK) {
+            C.nacks_rx++;
             struct slotbuf *q = &buf[h.iteration & 1];
             uint32_t want = 0;
             for (unsigned k = 0; k < ALEPH_NACK_SPAN && h.segment + k < nseg; k++) {
@@ -654,13 +656,14 @@ int main(int argc, char **argv) {
     double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     printf("{\"role\": \"%s\", \"rx\": %llu, \"tx\": %llu, \"injected_drops\": %llu, \"dup\": %llu, \"stale\": %llu, "
            "\"overflow\": %llu, \"nacks\": %llu, \"retx_requests\": %llu, \"retx_data\": %llu, "
-           "\"results_resent\": %llu, \"unaggregated\": %llu, \"cpu_s\": %.6f, "
+           "\"results_resent\": %llu, \"unaggregated\": %llu, \"nacks_rx\": %llu, \"data_rx\": %llu, "
+           "\"cpu_s\": %.6f, "
            "\"bad\": {\"len\": %llu, \"magic\": %llu, \"version\": %llu, "
            "\"type\": %llu, \"job\": %llu, \"src\": %llu, \"seg\": %llu, \"count\": %llu, \"scale\": %llu, "
            "\"flags\": %llu, \"addr\": %llu, \"iter\": %llu}}\n",
            o.node ? (o.has_parent ? "aggregator" : "ps") : "worker", C.rx, C.tx, C.injected, C.dup, C.stale,
-           C.overflow, C.nacks, C.retx_req, C.retx_data, C.results_resent, C.unaggregated, cpu, C.bad_len,
-           C.bad_magic, C.bad_version, C.bad_type, C.bad_job, C.bad_src, C.bad_seg, C.bad_count, C.bad_scale, C.bad_flags,
+           C.overflow, C.nacks, C.retx_req, C.retx_data, C.results_resent, C.unaggregated, C.nacks_rx, C.data_rx,
+           cpu, C.bad_len, C.bad_magic, C.bad_version, C.bad_type, C.bad_job, C.bad_src, C.bad_seg, C.bad_count, C.bad_scale, C.bad_flags,
            C.bad_addr, C.bad_iter);
     return rc;
 }

@@ -98,7 +98,15 @@ def _start(
         text=True,
     )
     assert p.stdout is not None
-    line = p.stdout.readline()
+    # the first line byte by byte from the pipe itself: a buffered readline could also swallow the counters' line of
+    # a process that finishes at once, and communicate() reads the pipe, not that buffer
+    raw = b""
+    while not raw.endswith(b"\n"):
+        b = os.read(p.stdout.fileno(), 1)
+        if not b:
+            break
+        raw += b
+    line = raw.decode(errors="replace")
     if not line.startswith("port "):
         p.kill()
         _, err = p.communicate(timeout=10)

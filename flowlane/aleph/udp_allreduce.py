@@ -9,6 +9,12 @@ int32 fixed point (:mod:`flowlane.aleph.wire`): integer tensors with exponent 0 
 the sum), floats with one exponent per call from the group's max-abs (a MAX all-reduce) leaving log2(n) headroom
 bits, so the result is within n * 2^-(k+1) of the float sum. Loss is repaired by the binary's NACK/RETX.
 
+Several PSs (seed Sec. 7, digest §2.9; ``ps=`` positions that are cluster heads, as tier 0's
+``HierarchicalAllReduce``): the tensor is cut into q parts (``split`` fractions, or proportional to
+``ps_bandwidths``; :func:`flowlane.aleph.udp.split_bounds`), and part j runs as its own tree under PS j (job id j):
+rank ``ps[j]`` runs PS j's node, every aggregator a node per part, every rank a worker per part, so each aggregator
+sends PS j exactly its part j.
+
 This is a functional path, not a fast one: processes start per call (tens of ms) and the payload is copied through
 files. ``host`` is the address the other ranks reach this rank's nodes at (default loopback: every rank on one
 machine, as the tests run).
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +35,15 @@ import torch.distributed as dist
 
 from flowlane.aleph import wire as W
 from flowlane.aleph.cluster import Plan
-from flowlane.aleph.udp import _start, build
+from flowlane.aleph.model import multi_ps_split
+from flowlane.aleph.udp import _start, build, check_split, split_bounds
 
 
 class UdpAllReduce:
     """``plan``'s tree over ``group`` (default: the world) through tier 1; call it with a contiguous tensor to sum it
-    in place (SUM only). The same plan on every rank (all-gathered and compared, as tier 0 does)."""
+    in place (SUM only). The same plan on every rank (all-gathered and compared, as tier 0 does). ``ps``: the PS
+    positions (cluster heads; default the first head), with ``split`` (one fraction per PS, or ``"equal"``) or
+    ``ps_bandwidths`` (proportional, Sec. 7) when there are several."""
 
     def __init__(
         self,
@@ -43,6 +53,9 @@ class UdpAllReduce:
         drop: float = 0.0,
         rto_ms: int = 20,
         timeout_s: float = 120.0,
+        ps: Sequence[int] | None = None,
+        split: Sequence[float] | str | None = None,
+        ps_bandwidths: Sequence[float] | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("UdpAllReduce needs an initialised torch.distributed process group")
@@ -56,8 +69,9 @@ class UdpAllReduce:
         )
         if plan.n != len(self.ranks):
             raise ValueError(f"plan covers {plan.n} workers but the group has {len(self.ranks)} ranks")
+        self.ps, self.split = _check_ps(plan, ps, split, ps_bandwidths)
         plans: list[Any] = [None] * len(self.ranks)
-        dist.all_gather_object(plans, plan.to_dict(), group=group)
+        dist.all_gather_object(plans, (plan.to_dict(), self.ps, self.split), group=group)
         if any(p != plans[0] for p in plans):
             raise ValueError(f"ranks disagree on the ALEPH plan: {plans}")
         self.plan, self.host, self.drop, self.rto_ms, self.timeout_s = plan, host, drop, rto_ms, timeout_s
@@ -92,46 +106,57 @@ class UdpAllReduce:
             raise TypeError(f"UdpAllReduce sums integer or floating tensors, not {tensor.dtype}")
         self.calls += 1
         seed = self.calls * 1009 + me
-        common = ["--elems", str(max(1, flat.numel())), "--iters", "1", "--rto-ms", str(self.rto_ms)]
-        common += ["--drop", repr(self.drop)]
-        root = plan.heads[0]
+        n_el = max(1, flat.numel())
+        if flat.numel() == 0:
+            vals = np.zeros(1, np.int32)
+        bounds = split_bounds(n_el, self.split)
+        parts = [j for j in range(len(self.ps)) if bounds[j + 1] > bounds[j]]
+
+        def common(j: int) -> list[str]:
+            return ["--elems", str(bounds[j + 1] - bounds[j]), "--iters", "1", "--rto-ms", str(self.rto_ms),
+                    "--drop", repr(self.drop), "--job", str(j)]  # fmt: skip
+
+        head_id = {q.head: i for i, q in enumerate(plan.clusters)}  # a head's child id at a PS
         procs: list[tuple[str, subprocess.Popen[str]]] = []
         try:
-            ps_port = 0
-            if me == root:
-                p, ps_port = _start([self.exe, "node", "--children", str(plan.num_flows), "--seed",
-                                     str(seed), *common], None)  # fmt: skip
-                procs.append(("ps", p))
-            ps_host, ps_port = self._gather((self.host, ps_port))[root]  # root: a position in the group
-            ps_addr = f"{ps_host}:{ps_port}"
+            ps_ports: dict[int, int] = {}
+            for j in parts:
+                if me == self.ps[j]:
+                    p, ps_ports[j] = _start([self.exe, "node", "--children", str(plan.num_flows), "--seed",
+                                             str(seed + 10 * j), *common(j)], None)  # fmt: skip
+                    procs.append(("ps", p))
+            got = self._gather((self.host, ps_ports))  # self.ps[j]: a position in the group
+            ps_addr = {j: f"{got[self.ps[j]][0]}:{got[self.ps[j]][1][j]}" for j in parts}
             c = plan.cluster_of(me)
-            agg_port = 0
+            agg_ports: dict[int, int] = {}
             if me == c.head and len(c.members) > 1:
-                i = next(j for j, q in enumerate(plan.clusters) if q.head == me)
-                p, agg_port = _start([self.exe, "node", "--children", str(len(c.members)), "--parent", ps_addr,
-                                      "--id", str(i), "--seed", str(seed + 1), *common], None)  # fmt: skip
-                procs.append(("aggregator", p))
-            addrs = self._gather((self.host, agg_port))
-            if len(c.members) > 1:
-                parent, lid = f"{addrs[c.head][0]}:{addrs[c.head][1]}", c.members.index(me)
-            else:
-                parent, lid = ps_addr, next(j for j, q in enumerate(plan.clusters) if q.head == me)
+                for j in parts:
+                    p, agg_ports[j] = _start([self.exe, "node", "--children", str(len(c.members)), "--parent",
+                                              ps_addr[j], "--id", str(head_id[me]), "--seed", str(seed + 10 * j + 1),
+                                              *common(j)], None)  # fmt: skip
+                    procs.append(("aggregator", p))
+            addrs = self._gather((self.host, agg_ports))
             with tempfile.TemporaryDirectory(prefix="aleph-udp-hook-") as tmp:
-                inp, out = Path(tmp) / "in", Path(tmp) / "out"
-                np.ascontiguousarray(vals, dtype="<i4").tofile(inp)
-                if flat.numel() == 0:
-                    np.zeros(1, "<i4").tofile(inp)
-                p, _ = _start([self.exe, "worker", "--parent", parent, "--id", str(lid), "--scale", str(k),
-                               "--in", str(inp), "--out", str(out), "--seed", str(seed + 2), *common],
-                              None)  # fmt: skip
-                procs.append(("worker", p))
+                outs = {}
+                for j in parts:
+                    if len(c.members) > 1:
+                        parent = f"{addrs[c.head][0]}:{addrs[c.head][1][j]}"
+                        lid = c.members.index(me)
+                    else:
+                        parent, lid = ps_addr[j], head_id[me]
+                    inp, outs[j] = Path(tmp) / f"in{j}", Path(tmp) / f"out{j}"
+                    np.ascontiguousarray(vals[bounds[j] : bounds[j + 1]], dtype="<i4").tofile(inp)
+                    p, _ = _start([self.exe, "worker", "--parent", parent, "--id", str(lid), "--scale", str(k),
+                                   "--in", str(inp), "--out", str(outs[j]), "--seed", str(seed + 10 * j + 2),
+                                   *common(j)], None)  # fmt: skip
+                    procs.append(("worker", p))
                 stats: list[dict[str, Any]] = []
-                for role, q in reversed(procs):  # the worker first: nodes leave after it (linger)
+                for role, q in reversed(procs):  # the workers first: nodes leave after them (linger)
                     text, err = q.communicate(timeout=self.timeout_s)
                     if q.returncode != 0:
                         raise RuntimeError(f"aleph_udp {role} exited {q.returncode}: {err.strip()[-2000:]}")
                     stats.append({"role": role, **_last_json(text)})
-                s = np.fromfile(out, dtype="<i4")[: flat.numel()]
+                s = np.concatenate([np.fromfile(outs[j], dtype="<i4") for j in parts])[: flat.numel()]
         finally:
             for _, q in procs:
                 if q.poll() is None:
@@ -149,3 +174,38 @@ class UdpAllReduce:
 def _last_json(text: str) -> dict[str, Any]:
     lines = [x for x in text.strip().splitlines() if x.startswith("{")]
     return json.loads(lines[-1]) if lines else {}
+
+
+def _check_ps(
+    plan: Plan,
+    ps: Sequence[int] | None,
+    split: Sequence[float] | str | None,
+    ps_bandwidths: Sequence[float] | None,
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(PS positions, fractions); refuses bad values by name (the rules of tier 0's several PSs)."""
+    pos = (plan.heads[0],) if ps is None else tuple(int(p) for p in ps)
+    if not pos or len(set(pos)) != len(pos) or any(p not in plan.heads for p in pos):
+        raise ValueError(
+            f"ps={list(pos)} must be distinct aggregator positions (cluster heads: {list(plan.heads)})"
+        )
+    q = len(pos)
+    if split is not None and ps_bandwidths is not None:
+        raise ValueError("give split= or ps_bandwidths=, not both")
+    if ps_bandwidths is not None:
+        if len(ps_bandwidths) != q:
+            raise ValueError(
+                f"ps_bandwidths={list(ps_bandwidths)} has {len(ps_bandwidths)} values for {q} PSs {pos}"
+            )
+        return pos, tuple(multi_ps_split(list(ps_bandwidths)))
+    if split is None:
+        if q > 1:
+            raise ValueError(f"{q} PSs {list(pos)}: give split= (fractions or 'equal') or ps_bandwidths=")
+        return pos, (1.0,)
+    if isinstance(split, str):
+        if split != "equal":
+            raise ValueError(f"split={split!r}: a string split must be 'equal' (or give fractions)")
+        return pos, tuple([1.0 / q] * q)
+    fr = check_split(split)
+    if len(fr) != q:
+        raise ValueError(f"split={list(split)} has {len(fr)} fractions for {q} PSs {list(pos)}")
+    return pos, fr
