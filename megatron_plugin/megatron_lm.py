@@ -124,8 +124,8 @@ class FlowlaneHooks:
             # collectives (plans, process groups), at the same program point on every rank; the bucket groups are
             # attached at each chunk's first forward step, once Megatron's DDP exists
             dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+            moe = bool(getattr(args, "num_experts", None))
             if aleph_cfg is not None:
-                moe = bool(getattr(args, "num_experts", None))
                 self.aleph = aleph.AlephMegatron(
                     aleph_cfg, dp_group, ps.get_expert_data_parallel_group() if moe else None
                 )
@@ -135,6 +135,7 @@ class FlowlaneHooks:
                     dp_group,
                     overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
                     distributed_optimizer=bool(getattr(args, "use_distributed_optimizer", False)),
+                    expert_dp_group=ps.get_expert_data_parallel_group() if moe else None,
                 )
         if cfg.name != "hermod":
             return
@@ -216,8 +217,6 @@ def check_dp_collective_args(args: argparse.Namespace) -> str:
         return "--num-distributed-optimizer-instances > 1 is not supported (1 only)"
     if getattr(args, "ddp_average_in_collective", False):
         return "--ddp-average-in-collective (an AVG reduce op) is not supported; Megatron's default is"
-    if getattr(args, "num_experts", None) and getattr(args, "syndicate", False):
-        return f"--num-experts {args.num_experts}: --syndicate does not take over expert bucket groups (MoE)"
     return ""
 
 

@@ -67,6 +67,8 @@ class SyndicateMegatronConfig:
     plan: str = ""
     """Path of a plan JSON (``SyndicatePlan.to_json``); empty only with mode ``fifo``. ``{pp_rank}`` in it is this
     rank's pipeline stage (required with several stages: their buckets differ)."""
+    expert_plan: str = ""
+    """MoE: the plan for the experts' bucket groups (reduced over the expert-data-parallel group), as ``plan``."""
     mode: Literal["plan", "fifo"] = "plan"
     """``plan``: the plan's motifs, paths and order; ``fifo``: every op whole, at submission (the baseline)."""
     check_every: int = 1
@@ -79,20 +81,29 @@ class SyndicateMegatronConfig:
             self.mode, self.check_every, self.timeout_s
         )  # names a bad mode / check_every / timeout
 
-    def load_plan(self, pp_rank: int = 0, pp_size: int = 1) -> SyndicatePlan | None:
-        """This pipeline stage's plan (None in FIFO mode without one)."""
-        if not self.plan:
+    def load_plan(self, pp_rank: int = 0, pp_size: int = 1, expert: bool = False) -> SyndicatePlan | None:
+        """This pipeline stage's plan, or with ``expert`` its experts' plan (None in FIFO mode without one)."""
+        field = "expert_plan" if expert else "plan"
+        path = getattr(self, field)
+        if not path:
             if self.mode == "plan":
-                raise ValueError('syndicate plan is required with mode "plan" (or set mode "fifo")')
+                raise ValueError(
+                    f'syndicate {field} is required with mode "plan" (or set mode "fifo")'
+                    + (
+                        ": the model has experts (MoE), whose bucket groups need their own plan"
+                        if expert
+                        else ""
+                    )
+                )
             return None
-        if pp_size > 1 and "{pp_rank}" not in self.plan:
+        if pp_size > 1 and "{pp_rank}" not in path:
             raise ValueError(
-                f"syndicate plan={self.plan!r}: with {pp_size} pipeline stages each stage's buckets need their own "
+                f"syndicate {field}={path!r}: with {pp_size} pipeline stages each stage's buckets need their own "
                 "plan; put {pp_rank} in the path (e.g. plans/stage{pp_rank}.json)"
             )
-        p = Path(self.plan.replace("{pp_rank}", str(pp_rank)))
+        p = Path(path.replace("{pp_rank}", str(pp_rank)))
         if not p.is_file():
-            raise ValueError(f"syndicate plan: no plan file at {str(p)!r}")
+            raise ValueError(f"syndicate {field}: no plan file at {str(p)!r}")
         return SyndicatePlan.from_json(p.read_text())
 
 
@@ -149,41 +160,29 @@ class _SyndicateComponent:
         return _Handles(out)
 
 
-class SyndicateMegatron:
-    """The enforcer for Megatron-core's data-parallel group: construct it on every rank (a collective: path groups,
-    the plan digest check), then :meth:`attach` the DDP chunks and :meth:`attach_finalize` the model config (both
-    local). :meth:`close` undoes it."""
+class _Lane:
+    """One kind of bucket group (dense, or the experts' with MoE): its DP collective, enforcer, plan and component."""
 
     def __init__(
         self,
         config: SyndicateMegatronConfig,
-        dp_group: dist.ProcessGroup,
-        overlap_grad_reduce: bool = True,
-        store: Any = None,
-        distributed_optimizer: bool = False,
+        plan: SyndicatePlan | None,
+        mine: dist.ProcessGroup,
+        store: Any,
+        namespace: str,
+        overlap_grad_reduce: bool,
+        distributed_optimizer: bool,
+        expert: bool,
     ) -> None:
-        from megatron.core import parallel_state as ps
-
         from megatron_plugin.dp_collective import DPCollective
 
-        plan = config.load_plan(
-            ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-        )
-        if store is None:
-            try:  # torch.distributed's own store (every rank has it after init_process_group)
-                from torch.distributed.distributed_c10d import _get_default_store  # noqa: PLC0415
-            except ImportError:
-                raise RuntimeError(
-                    "flowlane.syndicate: this torch has no default store to share; pass store=..."
-                ) from None
-            store = _get_default_store()
-        install_id = next(_INSTALLS)
+        self.plan, self.expert = plan, expert
         self.enforcer: Enforcer | None = None
         # every rank makes every group's path groups, in one order (NCCL splits them from the world's communicator,
         # which every rank must join): each rank says which paths its own plan uses
-        mine = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
+        names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
         names_of: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(names_of, mine)
+        dist.all_gather_object(names_of, names)
 
         def make(group: dist.ProcessGroup | None, ranks: tuple[int, ...]) -> _SyndicateComponent | None:
             # one clone of the DP group per path of its plan (its first rank's; the digest check compares the rest)
@@ -201,7 +200,7 @@ class SyndicateMegatron:
                     config.mode,
                     config.check_every,
                     config.timeout_s,
-                    f"flowlane-mcore-syndicate/{install_id}/{'-'.join(map(str, ranks))}",
+                    f"{namespace}/{'-'.join(map(str, ranks))}",
                 ),
             )
             enforcer.install(
@@ -210,30 +209,89 @@ class SyndicateMegatron:
             self.enforcer = enforcer
             return _SyndicateComponent(enforcer)
 
-        self._dp = DPCollective(dp_group, make, "flowlane.syndicate")
-        self.component: _SyndicateComponent = self._dp.component  # type: ignore[assignment]
-        self.config, self.plan = config, plan
+        self.dp = DPCollective(mine, make, "flowlane.syndicate", expert=expert)
+        self.component: _SyndicateComponent = self.dp.component  # type: ignore[assignment]
+
+
+class SyndicateMegatron:
+    """The enforcer for Megatron-core's data-parallel groups: construct it on every rank (a collective: path groups,
+    the plan digest check), then :meth:`attach` the DDP chunks and :meth:`attach_finalize` the model config (both
+    local). With ``expert_dp_group`` (MoE) the experts' bucket groups get their own enforcer and ``expert_plan``.
+    :meth:`close` undoes it."""
+
+    def __init__(
+        self,
+        config: SyndicateMegatronConfig,
+        dp_group: dist.ProcessGroup,
+        overlap_grad_reduce: bool = True,
+        store: Any = None,
+        distributed_optimizer: bool = False,
+        expert_dp_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        from megatron.core import parallel_state as ps
+
+        stage = (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size())
+        plan = config.load_plan(*stage)
+        expert_plan = config.load_plan(*stage, expert=True) if expert_dp_group is not None else None
+        if expert_dp_group is None and config.expert_plan:
+            raise ValueError(
+                f"syndicate expert_plan={config.expert_plan!r} is set but the model has no experts"
+            )
+        if store is None:
+            try:  # torch.distributed's own store (every rank has it after init_process_group)
+                from torch.distributed.distributed_c10d import _get_default_store  # noqa: PLC0415
+            except ImportError:
+                raise RuntimeError(
+                    "flowlane.syndicate: this torch has no default store to share; pass store=..."
+                ) from None
+            store = _get_default_store()
+        namespace = f"flowlane-mcore-syndicate/{next(_INSTALLS)}"
+        flags = (overlap_grad_reduce, distributed_optimizer)
+        self._lane = _Lane(config, plan, dp_group, store, namespace, *flags, expert=False)
+        self._expert = (
+            _Lane(config, expert_plan, expert_dp_group, store, f"{namespace}/expert", *flags, expert=True)
+            if expert_dp_group is not None
+            else None
+        )
+        self.enforcer = self._lane.enforcer
+        self.expert_enforcer = self._expert.enforcer if self._expert is not None else None
+        self.component = self._lane.component
+        self.config, self.plan, self.expert_plan = config, plan, expert_plan
         self._undo_finalize: list[Any] = []
 
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
-        """Route the chunks' dense bucket groups through the enforcer (local; before their first backward)."""
-        chunks = list(model_chunks)
-        if self.plan is not None:
-            from megatron_plugin.dp_collective import check_chunks
+        """Route the chunks' bucket groups (dense, and expert with MoE) through the enforcers (local; before their
+        first backward)."""
+        from megatron_plugin.dp_collective import check_chunks, has_expert_groups
 
-            check_chunks(chunks, "flowlane.syndicate")
-            overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
-            check_plan_for_megatron(self.plan, len(self._dp.ranks), overlap, _distributed_optimizer(chunks))
-        n = self._dp.attach(chunks)
-        log.info(
-            "flowlane.syndicate: enforcer on %d Megatron-core DDP bucket group(s) (mode %s, plan %s)",
-            n,
-            self.config.mode,
-            f"v{self.plan.version}" if self.plan is not None else "none",
-        )
+        chunks = list(model_chunks)
+        if has_expert_groups(chunks) != (self._expert is not None):
+            raise ValueError(
+                "flowlane.syndicate: the chunks have expert bucket groups but the enforcer was set up without the "
+                "expert-data-parallel group"
+                if self._expert is None
+                else "flowlane.syndicate: set up for experts, but the chunks have no expert bucket groups"
+            )
+        for lane in (self._lane, self._expert):
+            if lane is None:
+                continue
+            if lane.plan is not None:
+                check_chunks(chunks, "flowlane.syndicate", lane.expert)
+                overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
+                check_plan_for_megatron(
+                    lane.plan, len(lane.dp.ranks), overlap, _distributed_optimizer(chunks)
+                )
+            n = lane.dp.attach(chunks)
+            log.info(
+                "flowlane.syndicate: enforcer on %d Megatron-core DDP %sbucket group(s) (mode %s, plan %s)",
+                n,
+                "expert " if lane.expert else "",
+                self.config.mode,
+                f"v{lane.plan.version}" if lane.plan is not None else "none",
+            )
 
     def attach_finalize(self, model_config: Any) -> None:
-        """End the enforcer's iteration after Megatron's ``model_config.finalize_model_grads_func`` (kept whole)."""
+        """End the enforcers' iteration after Megatron's ``model_config.finalize_model_grads_func`` (kept whole)."""
         finalize = getattr(model_config, "finalize_model_grads_func", None)
         if finalize is None:
             raise ValueError(
@@ -241,11 +299,11 @@ class SyndicateMegatron:
                 "boundary (set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's "
                 "train() does)"
             )
-        enforcer = self.enforcer
+        enforcers = [e for e in (self.enforcer, self.expert_enforcer) if e is not None]
 
         def finalize_then_step(*args: Any, **kwargs: Any) -> Any:
             out = finalize(*args, **kwargs)
-            if enforcer is not None:
+            for enforcer in enforcers:
                 enforcer.step()
             return out
 
@@ -258,21 +316,34 @@ class SyndicateMegatron:
         return list(self.component.submitted) if self.component is not None else []
 
     @property
+    def expert_submitted(self) -> list[tuple[int, str, int, str]]:
+        """The same for the experts' bucket groups (MoE): the expert plan's signatures."""
+        return list(self._expert.component.submitted) if self._expert is not None else []
+
+    @property
     def calls(self) -> int:
-        return self._dp.calls
+        return self._lane.dp.calls
+
+    @property
+    def expert_calls(self) -> int:
+        """The expert bucket groups' reductions carried (MoE)."""
+        return self._expert.dp.calls if self._expert is not None else 0
 
     @property
     def gathers(self) -> int:
         """Parameter all-gathers (distributed optimizer) passed through to Megatron's own group."""
-        return self._dp.gathers
+        return self._lane.dp.gathers
 
     def close(self) -> None:
-        self._dp.remove()
+        for lane in (self._expert, self._lane):
+            if lane is not None:
+                lane.dp.remove()
         for model_config, finalize in reversed(self._undo_finalize):
             model_config.finalize_model_grads_func = finalize
         self._undo_finalize.clear()
-        if self.enforcer is not None:
-            self.enforcer.close()
+        for enforcer in (self.enforcer, self.expert_enforcer):
+            if enforcer is not None:
+                enforcer.close()
 
 
 def _distributed_optimizer(chunks: Sequence[torch.nn.Module]) -> bool:
@@ -295,7 +366,7 @@ def install(
     """Put the enforcer on every dense bucket group of ``model_chunks`` (Megatron-core DDP); ``model_config`` is
     the chunks' TransformerConfig, whose ``finalize_model_grads_func`` ends each iteration. A collective: every
     rank, after the DDP wrap and before the first backward."""
-    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of
+    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of, has_expert_groups
 
     chunks = list(model_chunks)
     check_chunks(chunks, "flowlane.syndicate")  # refuse before anything is created
@@ -304,9 +375,17 @@ def install(
             "flowlane.syndicate: config.finalize_model_grads_func is not set; its end is the iteration boundary "
             "(set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() does)"
         )
+    moe = has_expert_groups(chunks)
+    if moe:
+        check_chunks(chunks, "flowlane.syndicate", expert=True)
     overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
     syn = SyndicateMegatron(
-        config, data_parallel_group_of(chunks), overlap, store, _distributed_optimizer(chunks)
+        config,
+        data_parallel_group_of(chunks),
+        overlap,
+        store,
+        _distributed_optimizer(chunks),
+        data_parallel_group_of(chunks, expert=True) if moe else None,
     )
     syn.attach(chunks)
     syn.attach_finalize(model_config)
@@ -332,4 +411,6 @@ def config_from_args(args: argparse.Namespace) -> SyndicateMegatronConfig | None
         return None
     cfg: SyndicateMegatronConfig = config_from_namespace(SyndicateMegatronConfig, args, "syndicate_")
     cfg.load_plan()  # a missing plan or file is named before training
+    if getattr(args, "num_experts", None):
+        cfg.load_plan(expert=True)
     return cfg

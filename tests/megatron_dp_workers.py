@@ -149,6 +149,13 @@ def train(
                         submitted=feature.submitted,
                         iterations=enforcer.iteration,
                     )
+                expert = getattr(feature, "expert_enforcer", None)
+                if expert is not None:
+                    out.update(
+                        expert_log=list(expert.log),
+                        expert_events=list(expert.events),
+                        expert_submitted=feature.expert_submitted,
+                    )
                 plan = getattr(feature, "plan", None)
                 if plan is not None and hasattr(plan, "num_flows"):
                     out["num_flows"] = plan.num_flows
@@ -261,23 +268,6 @@ def aleph_runs(rank: int, world: int) -> dict:
         lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")),
         dist_opt=True,
         average_in_collective=True,
-    )
-    # MoE, EP 2: the experts' bucket groups reduce over two expert-data-parallel groups ({0, 2}, {1, 3}), each a
-    # cluster of two; the dense groups' flat plan is Megatron's own gloo all-reduce, so both are bitwise
-    moe = {"experts": 4, "ep": 2}
-    stock_moe = train("stock", world, **moe)
-    out = train(
-        "megatron_lm",
-        world,
-        flags=("--aleph", "--aleph-clusters", "0;1;2;3", "--aleph-expert-clusters", "0,1"),
-        **moe,
-    )
-    res["moe"] = {
-        k: out[k] for k in ("calls", "expert_calls", "bucket_groups", "expert_bucket_groups", "restored")
-    }
-    res["moe"].update(_equal(stock_moe, out))
-    res["refused_moe_no_plan"] = refusal(
-        world, lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")), **moe
     )
     res["refused_size"] = refusal(
         world, lambda m, c: install([m], AlephMegatronConfig(bandwidth_gbps="30,20"))
@@ -500,5 +490,63 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         world,
         lambda m, c: install([m], SyndicateMegatronConfig(plan=ar_path, timeout_s=30), c),
         dist_opt=True,
+    )
+    return res
+
+
+def moe_runs(rank: int, world: int, tmp: str) -> dict:
+    """MoE, 4 experts, EP 2 on 4 ranks: the experts' bucket groups reduce over two expert-data-parallel groups
+    ({0, 2}, {1, 3}). Megatron's own run; ALEPH with a flat dense plan (Megatron's own gloo all-reduce) and a cluster
+    of two per expert group (the flags); SYNDICATE in FIFO mode (API), then a FIFO-ordered dense plan and an expert
+    plan cutting every expert bucket into up to 3 motifs launched last first (the flags). Every run is bitwise: the
+    dense plans keep Megatron's whole all-reduces in its order, and an expert group's sum has two terms."""
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+    import torch.distributed as dist
+
+    from flowlane.syndicate.plan import SyndicatePlan
+    from megatron_plugin.aleph import AlephMegatronConfig
+    from megatron_plugin.aleph import install as aleph_install
+    from megatron_plugin.syndicate import SyndicateMegatronConfig, install
+
+    moe = {"experts": 4, "ep": 2}
+    stock = train("stock", world, **moe)
+    res: dict = {}
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--aleph", "--aleph-clusters", "0;1;2;3", "--aleph-expert-clusters", "0,1"),
+        **moe,
+    )
+    keys = ("calls", "expert_calls", "bucket_groups", "expert_bucket_groups", "restored")
+    res["aleph"] = {k: out[k] for k in keys}
+    res["aleph"].update(_equal(stock, out))
+    res["aleph_no_expert_plan"] = refusal(
+        world, lambda m, c: aleph_install([m], AlephMegatronConfig(clusters="0;1;2;3")), **moe
+    )
+    fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), **moe)
+    res["fifo"] = _equal(stock, fifo)
+    dense = SyndicatePlan.fifo(last_first_plan(fifo["submitted"], world, 1).ops, 1)
+    expert = last_first_plan(fifo["expert_submitted"], world // 2, 3)
+    paths = [os.path.join(tmp, f"moe_{k}.json") for k in ("dense", "expert")]
+    if rank == 0:
+        for p, pl in zip(paths, (dense, expert), strict=True):
+            with open(p, "w") as f:
+                f.write(pl.to_json())
+    dist.barrier()
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--syndicate", "--syndicate-plan", paths[0], "--syndicate-expert-plan", paths[1]),
+        **moe,
+    )
+    res["plan"] = _equal(stock, out)
+    res["plan"].update({k: out[k] for k in keys})
+    res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
+    res["plan"]["expert_steady"] = [[op, m] for i, _, op, m in out["expert_log"] if i == 1]
+    res["orders"] = [[list(e) for e in pl.order] for pl in (dense, expert)]
+    res["syndicate_no_expert_plan"] = refusal(
+        world, lambda m, c: install([m], SyndicateMegatronConfig(plan=paths[0]), c), **moe
     )
     return res

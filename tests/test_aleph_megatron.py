@@ -43,15 +43,6 @@ def test_aleph_on_megatron_core_ddp_matches_its_own_run_and_refuses_what_it_cann
             "refused_avg"
         ]
         assert "bandwidth_gbps='30,20' has 2 figures" in r["refused_size"], r["refused_size"]
-        # MoE: the experts' bucket groups (EP 2, two expert-data-parallel groups) through their own hierarchy
-        m = r["moe"]
-        assert (
-            m["expert_bucket_groups"] >= 1 and m["expert_calls"] == m["expert_bucket_groups"] * ITERATIONS
-        ), m
-        assert m["calls"] == m["bucket_groups"] * ITERATIONS and m["restored"] and m["bitwise"], (rank, m)
-        assert "give expert_bandwidth_gbps or expert_clusters" in r["refused_moe_no_plan"], r[
-            "refused_moe_no_plan"
-        ]
         assert "already taken over by another flowlane feature" in r["refused_twice"], r["refused_twice"]
         assert "already wrapped (Hermod's DDP hooks)" in r["refused_hermod"], r["refused_hermod"]
 
