@@ -1,19 +1,25 @@
-"""ALEPH on DeepSpeed's data-parallel gradient all-reduce (seed 002; digest §6 "DeepSpeed plugin": ZeRO 0 first).
+"""ALEPH on DeepSpeed's data-parallel gradient all-reduce (seed 002; digest §6 "DeepSpeed plugin").
 
 DeepSpeed routes all communication through the backend object ``deepspeed.comm.comm.cdb``; with ZeRO stage 0 the
 engine sums gradient buckets with ``cdb.all_reduce(bucket, SUM, dp_group)`` (``allreduce_bucket``), scaling before
-and after as it always does. :class:`AlephDeepSpeed` wraps that one method on the instance (the class is not
+and after as it always does. ZeRO stages 1 and 2 sum them with the same call: ``average_tensor`` all-reduces each
+bucket of gradient slices (``allreduce_and_scatter``, the default ``use_multi_rank_bucket_allreduce``) or the whole
+bucket (``"reduce_scatter": false``), and each rank keeps its partition's slices. :class:`AlephDeepSpeed` wraps that one method on the instance (the class is not
 patched; :meth:`close` restores it): a SUM all-reduce on the engine's data-parallel group runs through
 :class:`flowlane.aleph.hook.HierarchicalAllReduce` instead; every other call (other groups, MAX/MIN, other ops) goes
 to DeepSpeed's own. An ``async_op`` caller gets a completed handle (the hierarchy runs synchronously).
 
-Refused at install (never silently skipped): ZeRO stages 1-3 (their reductions are reduce-scatters or
-partitioned reductions: a per-shard hierarchy is future work), pipeline engines (their DP group is the mpu's; not
+Refused at install (never silently skipped): ZeRO stage 3 (partitioned parameters: its reductions are
+reduce-scatters), ZeRO 1/2 with ``use_multi_rank_bucket_allreduce`` off (a ``reduce`` to each partition's owner) or
+MoE layers (expert gradients reduce over expert groups), pipeline engines (their DP group is the mpu's; not
 tested), a backend another flowlane tap already wraps (Hermod), and a plan whose size is not the DP group's.
 
 Config: the ``"flowlane": {"aleph": {...}}`` section of the DeepSpeed config holds :class:`flowlane.aleph.AlephConfig`
-keys (except ``replan_every`` / ``hysteresis``: no re-planning here, refused) plus ``"enabled"`` and ``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or
-``"clusters"`` (an explicit plan: a list of member lists, aggregator first). :func:`install` reads it.
+keys (except ``replan_every`` / ``hysteresis``: no re-planning here, refused) plus ``"enabled"`` and
+``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or ``"clusters"`` (an explicit
+plan: a list of member lists, aggregator first), and with ``"top": "ps"`` several PSs: ``"ps"`` (their positions,
+aggregators), ``"split"`` (``"equal"`` or one fraction each) or ``"ps_bandwidths"`` (a proportional split; digest
+§2.9). :func:`install` reads it.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from deepspeed_plugin.comm import route_dp_all_reduce, unwrapped_backend
+from deepspeed_plugin.comm import check_zero_all_reduce, route_dp_all_reduce, unwrapped_backend
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
 from flowlane.aleph.hook import HierarchicalAllReduce
 
-SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters")
+SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters", "ps", "split", "ps_bandwidths")
 NOT_APPLIED = ("replan_every", "hysteresis")
 """AlephConfig keys this adapter refuses: the plan is fixed at install (no Replanner runs here), so they would
 have no effect."""
@@ -46,16 +52,13 @@ class _Done:
 class AlephDeepSpeed:
     """The wrap on ``cdb.all_reduce`` (see the module docstring); ``calls`` counts the all-reduces it took."""
 
-    def __init__(self, engine: Any, plan: Plan, top: str = "allreduce") -> None:
+    def __init__(
+        self, engine: Any, plan: Plan, top: str = "allreduce", multi_ps: dict[str, Any] | None = None
+    ) -> None:
         from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
 
         cdb = unwrapped_backend("aleph")
-        stage = engine.zero_optimization_stage()
-        if stage != 0:
-            raise ValueError(
-                f"flowlane.aleph on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
-                f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions"
-            )
+        check_zero_all_reduce(engine, "flowlane.aleph")
         if isinstance(engine, PipelineEngine):
             raise ValueError(
                 "flowlane.aleph on DeepSpeed does not support PipelineEngine yet (its DP group is the "
@@ -63,7 +66,7 @@ class AlephDeepSpeed:
             )
         dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
         self.ranks = tuple(dist.get_process_group_ranks(dp_group))
-        self.har = HierarchicalAllReduce(plan, dp_group, top)
+        self.har = HierarchicalAllReduce(plan, dp_group, top, **(multi_ps or {}))
         self.calls = 0
 
         def reduce(tensor: Any, async_op: bool) -> Any:
@@ -121,4 +124,5 @@ def install(engine: Any, ds_config: dict[str, Any]) -> AlephDeepSpeed | None:
         plan = plan_clusters(own["bandwidth_gbps"], config=cfg)
     if plan.n != n:
         raise ValueError(f"flowlane.aleph plans {plan.n} ranks but DeepSpeed's data-parallel group has {n}")
-    return AlephDeepSpeed(engine, plan, cfg.top)
+    multi = {k: own[k] for k in ("ps", "split", "ps_bandwidths") if k in own}
+    return AlephDeepSpeed(engine, plan, cfg.top, multi)

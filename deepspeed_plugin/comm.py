@@ -277,3 +277,26 @@ def route_dp_all_reduce(
         vars(cdb).pop("all_reduce", None)
 
     return undo
+
+
+def check_zero_all_reduce(engine: Any, feature: str) -> None:
+    """Refuse, naming the setting, a DeepSpeed engine whose DP gradient reduction is not a SUM all-reduce of
+    buckets on its data-parallel group: ZeRO 3, ZeRO 1/2 reducing to owners, MoE under ZeRO 1/2."""
+    stage = engine.zero_optimization_stage()
+    if stage == 3:
+        raise ValueError(
+            f"{feature} on DeepSpeed supports ZeRO stages 0-2 (their gradient buckets are all-reduced), got stage "
+            "3 (partitioned parameters, reduce-scattered gradients)"
+        )
+    if stage in (1, 2):
+        opt = engine.optimizer
+        if opt.reduce_scatter and not opt.use_multi_rank_bucket_allreduce:
+            raise ValueError(
+                f"{feature}: ZeRO {stage} with use_multi_rank_bucket_allreduce off reduces each gradient slice to "
+                "its partition's owner (dist.reduce), not an all-reduce; turn it on (the default) or set "
+                '"reduce_scatter": false'
+            )
+        if getattr(engine, "has_moe_layers", False):
+            raise ValueError(
+                f"{feature}: ZeRO {stage} with MoE layers reduces expert gradients over expert groups; dense only"
+            )

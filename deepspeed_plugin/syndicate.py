@@ -2,7 +2,8 @@
 
 DeepSpeed routes its communication through the backend object ``deepspeed.comm.comm.cdb``; with ZeRO stage 0 the
 engine sums each gradient bucket with ``cdb.all_reduce(bucket, SUM, dp_group)`` (``allreduce_bucket``), scaling
-before and after as it always does. :class:`SyndicateDeepSpeed` wraps that one method on the instance (the class is
+before and after as it always does; ZeRO 1 and 2 sum their buckets of gradient slices with the same call (and the
+gradient norm's partial sums too), then each rank keeps its partition. :class:`SyndicateDeepSpeed` wraps that one method on the instance (the class is
 not patched; :meth:`SyndicateDeepSpeed.close` restores it): a SUM all-reduce of a contiguous tensor on the engine's
 data-parallel ranks goes through a :class:`flowlane.syndicate.enforcer.Enforcer`, which cuts it into the plan's
 motifs, puts each op on its plan path (one process group per path, each a clone of the DP group's ranks made at
@@ -18,8 +19,8 @@ by :meth:`flowlane.syndicate.plan.SyndicatePlan.to_json`, or the plan's dict), `
 op whole, the baseline, and the way to learn the op signatures with :attr:`SyndicateDeepSpeed.submitted`),
 ``check_every``, ``timeout_s``, ``enabled``. Unknown keys are an error naming them.
 
-Refused at install (never silently skipped): ZeRO stages 1-3 (their reductions are reduce-scatters and
-partitioned all-reduces, not the bucket all-reduce routed here), pipeline engines, a backend another flowlane
+Refused at install (never silently skipped): ZeRO 3 and the ZeRO 1/2 settings whose reductions are not bucket
+all-reduces (:func:`deepspeed_plugin.comm.check_zero_all_reduce`), pipeline engines, a backend another flowlane
 feature already wraps (Hermod's tap, ALEPH), a plan whose ops span another number of ranks than the DP group, plan
 options the enforcer cannot force (``tree``, ``rs_ag``; :data:`flowlane.syndicate.enforcer.RUNNABLE_ALGOS`), ops
 other than all-reduce, and an order that interleaves ops: DeepSpeed waits for each bucket's all-reduce before it
@@ -38,7 +39,7 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
-from deepspeed_plugin.comm import route_dp_all_reduce, unwrapped_backend
+from deepspeed_plugin.comm import check_zero_all_reduce, route_dp_all_reduce, unwrapped_backend
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
@@ -128,14 +129,9 @@ class SyndicateDeepSpeed:
             raise TypeError(f"flowlane.syndicate needs a DeepSpeed engine, got {type(engine).__name__}")
         if isinstance(engine, PipelineEngine):
             raise ValueError(
-                "flowlane.syndicate on DeepSpeed does not support PipelineEngine (ZeRO 0 DP only)"
+                "flowlane.syndicate on DeepSpeed does not support PipelineEngine (DP engines only)"
             )
-        stage = engine.zero_optimization_stage()
-        if stage != 0:
-            raise ValueError(
-                f"flowlane.syndicate on DeepSpeed supports ZeRO stage 0 (the bucketed all-reduce), got stage "
-                f"{stage}; ZeRO 1-3 reduce by reduce-scatter or partitions"
-            )
+        check_zero_all_reduce(engine, "flowlane.syndicate")
         cdb = unwrapped_backend("syndicate")
         dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
         self.ranks = tuple(dist.get_process_group_ranks(dp_group))

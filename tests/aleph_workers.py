@@ -71,17 +71,23 @@ def mismatched_plans(rank: int, world: int) -> str:
 
 
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
-    """ZeRO-0 DeepSpeed: its own run vs the same run with ALEPH's hierarchy on the DP all-reduce; then ZeRO 1 must be
-    refused at install."""
+    """DeepSpeed ZeRO 0, 1 and 2: each stage's own run vs the same run with ALEPH's hierarchy on the DP all-reduce
+    (ZeRO 0 with two PSs); then ZeRO 3 must be refused at install."""
     from deepspeed_plugin.aleph import install
     from tests.ds_workers_common import init_deepspeed_gloo, tiny_engine, tiny_net, train
 
     init_deepspeed_gloo()
     out: dict = {}
+    plan = {"clusters": [[3, 1, 2], [0]], "top": "ps"}
+    two_ps = {**plan, "ps": [3, 0], "split": [0.6, 0.4]}  # both aggregators PSs, each summing its part
     for name, zero, aleph in (
         ("own", 0, None),
-        ("aleph", 0, {"clusters": [[3, 1, 2], [0]], "top": "ps"}),
-        ("zero1", 1, {"clusters": [[3, 1, 2], [0]]}),
+        ("aleph", 0, two_ps),
+        ("own1", 1, None),
+        ("aleph1", 1, plan),
+        ("own2", 2, None),
+        ("aleph2", 2, plan),
+        ("zero3", 3, plan),
     ):
         engine, cfg = tiny_engine(zero, None if aleph is None else {"aleph": aleph})
         try:
@@ -93,12 +99,14 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
         train(engine, rank, 3)
         out[name] = [p.detach().clone() for p in engine.module.parameters()]
         if h is not None:
-            out["calls"] = h.calls
+            out[f"calls{zero or ''}"] = h.calls
             h.close()
         engine.destroy()
-    out["maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(out["own"], out["aleph"], strict=True))
     out["moved"] = max(
         float((a - b).abs().max()) for a, b in zip(out["own"], tiny_net().parameters(), strict=True)
     )
-    del out["own"], out["aleph"]
+    for z in ("", "1", "2"):
+        out[f"maxdiff{z}"] = max(
+            float((a - b).abs().max()) for a, b in zip(out.pop(f"own{z}"), out.pop(f"aleph{z}"), strict=True)
+        )
     return out

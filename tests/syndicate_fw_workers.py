@@ -14,8 +14,9 @@ from flowlane.syndicate.plan import PlanOp, SyndicatePlan
 
 
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
-    """ZeRO-0 DeepSpeed: its own run (recording the signatures of its DP all-reduces), then the same run with a plan
-    that cuts each of them into up to 3 motifs launched last-first on path S; then ZeRO 1, which install refuses."""
+    """DeepSpeed ZeRO 0, then ZeRO 2: its own run (recording the signatures of its DP SUM all-reduces), then the same
+    run with a plan that cuts each of them into up to 3 motifs launched last-first on path S; then ZeRO 3, which
+    install refuses."""
     from tests.ds_workers_common import init_deepspeed_gloo, tiny_engine, tiny_net, train
 
     init_deepspeed_gloo()
@@ -27,6 +28,8 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     recorded: list[tuple[int, str]] = []
 
     def run(name: str, zero: int, section: dict | None, steps: int = 4, record: bool = False) -> None:
+        if record:
+            recorded.clear()
         engine, cfg = tiny_engine(zero, None if section is None else {"syndicate": section})
         try:
             s = install(engine, cfg)
@@ -39,7 +42,7 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             original = cdb.all_reduce
 
             def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-                if len(recorded) < 100 and engine.global_steps == 0:
+                if len(recorded) < 100 and engine.global_steps == 0 and "SUM" in str(op):
                     recorded.append((tensor.numel(), str(tensor.dtype).removeprefix("torch.")))
                 return original(tensor, op, group, async_op)
 
@@ -58,25 +61,31 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             s.close()
         engine.destroy()
 
-    run("own", 0, None, record=True)
-    # each op cut into up to 3 segments (DeepSpeed also sums a 1-element tensor), launched last segment first
-    ops = [
-        PlanOp(f"op{i}", "all_reduce", n, d, world, Option("S", "ring", min(3, n)))
-        for i, (n, d) in enumerate(recorded)
-    ]
-    order = tuple((i, j) for i, op in enumerate(ops) for j in reversed(range(op.option.segments)))
-    plan = SyndicatePlan(1, tuple(ops), order)
-    out["plan_order"] = [list(e) for e in plan.order]
-    run("plan", 0, {"plan": plan.to_dict()})
-    run("zero1", 1, {"plan": plan.to_dict()}, steps=0)
-    out["plan"]["bitwise"] = all(
-        torch.equal(a, b) for a, b in zip(out["own"]["params"], out["plan"]["params"], strict=True)
-    )
-    out["plan"]["same_losses"] = out["plan"]["losses"] == out["own"]["losses"]
-    out["moved"] = max(
-        float((a - b).abs().max()) for a, b in zip(out["own"]["params"], tiny_net().parameters(), strict=True)
-    )
-    del out["plan"]["params"], out["own"]
+    def last_first() -> SyndicatePlan:
+        # each op cut into up to 3 segments (DeepSpeed also sums 1-element tensors), launched last segment first
+        ops = [
+            PlanOp(f"op{i}", "all_reduce", n, d, world, Option("S", "ring", min(3, n)))
+            for i, (n, d) in enumerate(recorded)
+        ]
+        order = tuple((i, j) for i, op in enumerate(ops) for j in reversed(range(op.option.segments)))
+        return SyndicatePlan(1, tuple(ops), order)
+
+    for zero, suffix in ((0, ""), (2, "2")):
+        run(f"own{suffix}", zero, None, record=True)
+        plan = last_first()
+        out[f"plan_order{suffix}"] = [list(e) for e in plan.order]
+        run(f"plan{suffix}", zero, {"plan": plan.to_dict()})
+        own, planned = out.pop(f"own{suffix}"), out[f"plan{suffix}"]
+        planned["bitwise"] = all(
+            torch.equal(a, b) for a, b in zip(own["params"], planned.pop("params"), strict=True)
+        )
+        planned["same_losses"] = planned["losses"] == own["losses"]
+        if zero == 0:
+            out["moved"] = max(
+                float((a - b).abs().max())
+                for a, b in zip(own["params"], tiny_net().parameters(), strict=True)
+            )
+    run("zero3", 3, {"plan": plan.to_dict()}, steps=0)
     return out
 
 

@@ -1,5 +1,5 @@
-"""ALEPH on DeepSpeed ZeRO 0: the DP all-reduce through the hierarchy keeps DeepSpeed's math (within float
-reordering); the "flowlane.aleph" section is parsed strictly; ZeRO 1 is refused at install."""
+"""ALEPH on DeepSpeed ZeRO 0, 1 and 2: the DP all-reduce through the hierarchy keeps DeepSpeed's math (within
+float reordering); the "flowlane.aleph" section is parsed strictly; ZeRO 3 is refused at install."""
 
 import pytest
 
@@ -11,12 +11,13 @@ from flowlane.launch import launch  # noqa: E402
 from tests import aleph_workers  # noqa: E402
 
 
-def test_deepspeed_zero0_with_aleph_matches_its_own_run_and_zero1_is_refused():
+def test_deepspeed_zero0_to_2_with_aleph_match_their_own_runs_and_zero3_is_refused():
     res = launch(aleph_workers.deepspeed_with_and_without, 4, timeout=300, env={"DS_ACCELERATOR": "cpu"})
     for rank, r in enumerate(res):
-        assert r["calls"] >= 3, (rank, r)  # one bucket per step at least went through the hierarchy
-        assert r["maxdiff"] < 1e-5 and r["moved"] > 1e-3, (rank, r)
-        assert "supports ZeRO stage 0" in r["zero1"], (rank, r["zero1"])
+        for z in ("", "1", "2"):  # one bucket per step at least went through the hierarchy, at every stage
+            assert r[f"calls{z}"] >= 3 and r[f"maxdiff{z}"] < 1e-5, (rank, z, r)
+        assert r["moved"] > 1e-3, (rank, r)
+        assert "supports ZeRO stages 0-2" in r["zero3"], (rank, r["zero3"])
 
 
 def test_aleph_section_is_parsed_strictly():
@@ -28,5 +29,9 @@ def test_aleph_section_is_parsed_strictly():
         parse_section({"flowlane": {"aleph": {"clusters": [[0]], "bogus": 1}}})
     with pytest.raises(ValueError, match=r"\['replan_every'\] would have no effect on DeepSpeed"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0]], "replan_every": 10}}})
+    _, own = parse_section(
+        {"flowlane": {"aleph": {"clusters": [[0], [1]], "top": "ps", "ps": [0, 1], "split": "equal"}}}
+    )
+    assert own["ps"] == [0, 1] and own["split"] == "equal"
     with pytest.raises(ValueError, match="exactly one of 'bandwidth_gbps'"):
         parse_section({"flowlane": {"aleph": {"top": "ps"}}})
