@@ -1,9 +1,11 @@
 """Plot the G3 / DistDGL time-to-accuracy ratio of ``benchmarks/g3_distdgl.py`` sweeps against layers and fanout.
 
-Reads one or more sweep JSONs (``--layers ... --fanouts ...`` runs) and draws, per file (one link speed), the
-speed-up of G3 over DistDGL (DistDGL's time to the target / G3's, after start-up; > 1: G3 faster), each seed as a
-dot and the median as a line: left against the number of layers (one line per fanout), right against the fanout (one
-line per layer count). Labelled with the files' own label (EMULATED links).
+Reads one or more sweep JSONs (``--layers ... --fanouts ...`` runs; one per link speed) and draws per file the
+speed-up of G3 over DistDGL (DistDGL's time to the target / G3's, after start-up; > 1: G3 faster): each seed as a
+dot, the median over the seeds where both reached the target as a line; left against the number of layers (one line
+per fanout), right against the fanout (one line per layer count). A seed where only DistDGL reached the target within
+its epochs is drawn as a down triangle at DistDGL's time / G3's whole training time (the speed-up is below it); only
+G3, an up triangle (above it). Titles carry the file's link speed (EMULATED links).
 
 Run: .venv-gnn/bin/python benchmarks/g3_distdgl_plot.py results/g3/distdgl_sweep_50000_100mbit.json [more.json]
      [--out results/g3/distdgl_sweep.png]
@@ -14,6 +16,31 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+
+def speedups(doc: dict) -> dict[tuple[int, int], dict[str, list[float]]]:
+    """Per (layers, first-layer fanout): ``measured`` speed-ups, and ``below`` / ``above`` bounds for seeds where
+    only DistDGL / only G3 reached the target (bound = DistDGL's time / G3's, either's last epoch where it did not)."""
+    out: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for run in doc["runs"]:
+        for row in run.get("configs", {}).values():
+            dd, g3 = row["distdgl"], row["g3"]
+            if g3 is None:
+                continue
+            key = (dd["layers"], dd["fanout"][0])
+            v = out.setdefault(key, {"measured": [], "below": [], "above": []})
+            t_dd, t_g3 = row["tta_distdgl_s"], row["tta_g3_s"]
+            if t_dd and t_g3:
+                v["measured"].append(t_dd / t_g3)
+            elif t_dd:
+                v["below"].append(t_dd / g3["history"][-1]["t"])
+            elif t_g3:
+                v["above"].append(dd["history"][-1]["t"] / t_g3)
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    return sorted(xs)[len(xs) // 2] if xs else None
 
 
 def main() -> None:
@@ -29,34 +56,31 @@ def main() -> None:
     docs = []
     for p in a.results:
         d = json.loads(Path(p).read_text())
-        if not d.get("per_config"):
-            raise SystemExit(f"{p}: no per_config rows (not a sweep result of benchmarks/g3_distdgl.py)")
-        docs.append((p, d))
+        if not d.get("runs") or "per_config" not in d:
+            raise SystemExit(f"{p}: no runs / per_config (not a sweep result of benchmarks/g3_distdgl.py)")
+        docs.append(d)
     fig, axes = plt.subplots(len(docs), 2, figsize=(11, 4 * len(docs)), squeeze=False)
-    for (_p, d), (ax_l, ax_f) in zip(docs, axes, strict=True):
-        rows = [r for r in d["per_config"] if r["speedup_per_seed"]]
-        fanouts = sorted({r["fanout"][0] for r in rows})
-        layers = sorted({r["layers"] for r in rows})
-        for f in fanouts:
-            pts = sorted((r["layers"], r) for r in rows if r["fanout"][0] == f)
-            (line,) = ax_l.plot(
-                [n for n, _ in pts], [r["speedup_median"] for _, r in pts], marker="o", label=f"fanout {f}"
-            )
-            for n, r in pts:
-                seeds = r["speedup_per_seed"]
-                ax_l.scatter([n] * len(seeds), seeds, s=12, alpha=0.5, color=line.get_color())
-        for n in layers:
-            pts = sorted((r["fanout"][0], r) for r in rows if r["layers"] == n)
-            (line,) = ax_f.plot(
-                [f for f, _ in pts], [r["speedup_median"] for _, r in pts], marker="o", label=f"{n} layers"
-            )
-            for f, r in pts:
-                seeds = r["speedup_per_seed"]
-                ax_f.scatter([f] * len(seeds), seeds, s=12, alpha=0.5, color=line.get_color())
+    for d, (ax_l, ax_f) in zip(docs, axes, strict=True):
+        sp = speedups(d)
+        layers = sorted({n for n, _ in sp})
+        fanouts = sorted({f for _, f in sp})
+        for ax, groups, xs_of, lab in (
+            (ax_l, fanouts, lambda g, ls=layers: [(n, (n, g)) for n in ls], "fanout {}"),
+            (ax_f, layers, lambda g, fs=fanouts: [(f, (g, f)) for f in fs], "{} layers"),
+        ):
+            for g in groups:
+                pts = [(x, sp[k]) for x, k in xs_of(g) if k in sp]
+                med = [(x, _median(v["measured"])) for x, v in pts if v["measured"]]
+                (line,) = ax.plot([x for x, _ in med], [m for _, m in med], marker="o", label=lab.format(g))
+                c = line.get_color()
+                for x, v in pts:
+                    for kind, marker in (("measured", "o"), ("below", "v"), ("above", "^")):
+                        if v[kind]:
+                            ax.scatter([x] * len(v[kind]), v[kind], s=22, alpha=0.6, color=c, marker=marker)
         args = d["args"]
         title = (
             f"{args['nodes'] // 1000}k nodes, {args['parts']} parts, {args['rate_mbit']:g} Mbit/s EMULATED, "
-            f"target {args['target']}"
+            f"target {args['target']}, {sum(1 for r in d['runs'] if r.get('configs'))} seed(s)"
         )
         for ax, xl in ((ax_l, "GNN layers"), (ax_f, "per-layer fanout (DistDGL)")):
             ax.axhline(1.0, color="grey", lw=0.8, ls="--")
@@ -71,7 +95,9 @@ def main() -> None:
         ax_f.minorticks_off()
         ax_f.set_xticks(fanouts, [str(f) for f in fanouts])
     fig.suptitle(
-        "G3 vs real DistDGL, time to the same validation accuracy (dots: seeds; line: median; <1: DistDGL faster)"
+        "G3 vs real DistDGL, time to the same validation accuracy (dots: seeds; line: median; v: G3 did not reach "
+        "it, speed-up below; <1: DistDGL faster)",
+        fontsize=10,
     )
     fig.tight_layout()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
