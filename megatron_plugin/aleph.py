@@ -72,6 +72,14 @@ class AlephMegatronConfig:
     """Top tier: ``allreduce`` among the aggregators, or ``ps`` (a tree rooted at the first aggregator)."""
     chunk_bytes: int = 256 << 10
     """``top="ps"``: the tree's pipelining chunk in bytes (>= 1024)."""
+    ps: str = ""
+    """``top="ps"``, dense groups: the PSs' positions in the data-parallel group, comma-separated (each an aggregator;
+    empty: the first aggregator alone). Several PSs each sum a part of every bucket (digest §2.9)."""
+    split: str = ""
+    """With several PSs: ``equal``, or one fraction per PS (comma-separated, summing to 1); empty: proportional to
+    ``ps_bandwidths_gbps``."""
+    ps_bandwidths_gbps: str = ""
+    """With several PSs and no ``split``: each PS's Gbit/s, comma-separated (the split is proportional)."""
 
     def __post_init__(self) -> None:
         for prefix in ("", "expert_"):
@@ -82,6 +90,36 @@ class AlephMegatronConfig:
         self.aleph_config()  # validates the planner's fields
         self._parse("")  # validates the numbers
         self._parse("expert_")
+        if (self.ps or self.split or self.ps_bandwidths_gbps) and self.top != "ps":
+            raise ValueError(
+                f"aleph ps={self.ps!r}, split={self.split!r}, ps_bandwidths_gbps={self.ps_bandwidths_gbps!r} apply "
+                f"to top='ps' only, not top={self.top!r}"
+            )
+        self.multi_ps()  # validates the formats (the plan checks positions and fractions)
+
+    def multi_ps(self) -> dict[str, Any]:
+        """``HierarchicalAllReduce``'s ``ps`` / ``split`` / ``ps_bandwidths`` keywords from the PS fields."""
+        out: dict[str, Any] = {}
+        for field, key, kind in (
+            ("ps", "ps", int),
+            ("split", "split", float),
+            ("ps_bandwidths_gbps", "ps_bandwidths", float),
+        ):
+            text = getattr(self, field)
+            if not text:
+                continue
+            if field == "split" and text == "equal":
+                out[key] = "equal"
+                continue
+            try:
+                out[key] = [kind(x) for x in text.split(",")]
+            except ValueError:
+                raise ValueError(
+                    f"aleph {field}={text!r} is not comma-separated "
+                    + ("integers" if kind is int else "numbers")
+                    + (" or 'equal'" if field == "split" else "")
+                ) from None
+        return out
 
     @property
     def has_expert_plan(self) -> bool:
@@ -222,9 +260,14 @@ class AlephMegatron:
                     f"aleph top='allreduce' with a hierarchical plan needs one {'expert-' if expert else ''}data-"
                     "parallel group: its aggregators' subgroup is created by every rank of the world; use top='ps'"
                 )
-            # the tree's up and down groups, for every data-parallel group on every rank (see the module docstring)
+            # the tree's up and down groups (one each per PS), for every data-parallel group on every rank (see the
+            # module docstring)
+            multi = {} if expert else config.multi_ps()
+            q = len(multi.get("ps", [0]))
             p2p = (
-                ([dist.new_group(list(ranks))], [dist.new_group(list(ranks))]) if config.top == "ps" else None
+                tuple([dist.new_group(list(ranks)) for _ in range(q)] for _ in range(2))
+                if config.top == "ps"
+                else None
             )
             if group is None:  # another data-parallel group's
                 return None
@@ -233,7 +276,7 @@ class AlephMegatron:
             else:
                 self.plan = plan
             return _AlephComponent(
-                HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p),
+                HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p, **multi),
                 dist.get_rank(group),
             )
 

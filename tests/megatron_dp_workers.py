@@ -255,6 +255,22 @@ def aleph_runs(rank: int, world: int) -> dict:
             None,
             ("--aleph", "--aleph-clusters", "0,2;1,3", "--aleph-top", "ps"),
         ),
+        # two PSs (the two aggregators), each summing half of every bucket
+        "two_ps_flags": (
+            "megatron_lm",
+            None,
+            (
+                "--aleph",
+                "--aleph-clusters",
+                "0,2;1,3",
+                "--aleph-top",
+                "ps",
+                "--aleph-ps",
+                "0,1",
+                "--aleph-split",
+                "equal",
+            ),
+        ),
         # (and Megatron's synchronous path: each bucket group started and waited for inside finish_grad_sync)
         "mwcha_no_overlap": ("api", AlephMegatronConfig(bandwidth_gbps="30,20,10,10"), ()),
     }

@@ -24,7 +24,7 @@ def test_aleph_on_megatron_core_ddp_matches_its_own_run_and_refuses_what_it_cann
 
     res = launch(aleph_runs, 4, timeout=600)
     for rank, r in enumerate(res):
-        for name in ("singletons", "pairs_ps_flags", "mwcha_no_overlap"):
+        for name in ("singletons", "pairs_ps_flags", "two_ps_flags", "mwcha_no_overlap"):
             x = r[name]
             # the hierarchy carried every bucket group's reduction in every iteration, then gave the groups back
             # (without overlap_grad_reduce Megatron makes one bucket of everything)
@@ -76,6 +76,26 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
         parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--aleph-expert-bandwidth-gbps", "30,10"])
     )
     assert cfg is not None and cfg.has_expert_plan and cfg.plan(2, expert=True).n == 2
+    cfg = config_from_args(
+        parser.parse_args(
+            [
+                "--aleph",
+                "--aleph-clusters",
+                "0;1",
+                "--aleph-top",
+                "ps",
+                "--aleph-ps",
+                "0,1",
+                "--aleph-split",
+                "0.7,0.3",
+            ]
+        )
+    )
+    assert cfg is not None and cfg.multi_ps() == {"ps": [0, 1], "split": [0.7, 0.3]}
+    with pytest.raises(ValueError, match="apply to top='ps' only"):
+        AlephMegatronConfig(clusters="0;1", ps="0,1", split="equal")
+    with pytest.raises(ValueError, match=r"split='half' is not comma-separated numbers or 'equal'"):
+        AlephMegatronConfig(clusters="0;1", top="ps", ps="0,1", split="half")
     with pytest.raises(ValueError, match="chunk_bytes=10 must be an integer >= 1024"):
         AlephMegatronConfig(clusters="0", chunk_bytes=10)
     with pytest.raises(ValueError, match="aleph variant='x'"):

@@ -121,8 +121,26 @@ def test_multi_ps_options_need_top_ps():
         HierarchicalAllReduce(PLAN, top="allreduce", ps=(0, 1), split="equal")
 
 
-def test_install_aleph_hook_refuses_multi_ps_on_the_udp_tier():
+def test_install_aleph_hook_hands_several_ps_to_the_udp_tier(monkeypatch):
+    import torch
+
+    import flowlane.aleph.udp_allreduce as udp
     from flowlane.aleph.hook import install_aleph_hook
 
-    with pytest.raises(ValueError, match=r"\['ps', 'split'\] apply to dataplane='torch' only"):
-        install_aleph_hook(None, PLAN, dataplane="udp", ps=(0, 1), split="equal")  # type: ignore[arg-type]
+    seen: dict = {}
+
+    class Built(Exception):
+        pass
+
+    def fake(plan, group, **kw):  # the tier itself is tested in test_aleph_udp_multips.py
+        seen.update(kw)
+        raise Built
+
+    monkeypatch.setattr(udp, "UdpAllReduce", fake)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    model = ddp.__new__(ddp)
+    with pytest.raises(Built):
+        install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), split="equal", drop=0.01)
+    assert seen == {"ps": (0, 1), "split": "equal", "ps_bandwidths": None, "drop": 0.01}
+    with pytest.raises(ValueError, match="dedicated_ps applies to dataplane='torch' only"):
+        install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), dedicated_ps=True)

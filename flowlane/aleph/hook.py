@@ -410,15 +410,13 @@ def install_aleph_hook(
 ) -> Any:
     """Register the ALEPH hook on a DDP model (its process group); returns the hook's state. ``dataplane``: "torch"
     (tier 0, :class:`HierarchicalAllReduce`; ``ps``, ``split``, ``ps_bandwidths``, ``dedicated_ps``: its several PSs)
-    or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`, PS-rooted; ``udp_options`` go to it,
-    ``top``, ``chunk_bytes`` and the multi-PS options do not apply)."""
+    or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`, PS-rooted; ``udp_options`` go to it, and so
+    do ``ps``, ``split`` and ``ps_bandwidths``; ``top``, ``chunk_bytes`` and ``dedicated_ps`` do not apply)."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
     multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths, "dedicated_ps": dedicated_ps}
-    if dataplane == "udp" and any(v not in (None, False) for v in multi.values()):
-        raise ValueError(
-            f"{sorted(k for k, v in multi.items() if v not in (None, False))} apply to dataplane='torch' only"
-        )
+    if dataplane == "udp" and dedicated_ps:
+        raise ValueError("dedicated_ps applies to dataplane='torch' only")
     if dataplane == "torch" and udp_options:
         raise ValueError(f"{sorted(udp_options)} apply to dataplane='udp' only")
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -429,7 +427,7 @@ def install_aleph_hook(
     if dataplane == "udp":
         from flowlane.aleph.udp_allreduce import UdpAllReduce
 
-        state: Any = UdpAllReduce(plan, group, **udp_options)
+        state: Any = UdpAllReduce(plan, group, ps=ps, split=split, ps_bandwidths=ps_bandwidths, **udp_options)
     else:
         state = HierarchicalAllReduce(plan, group, top, chunk_bytes, **multi)
     model.register_comm_hook(state, aleph_comm_hook)
