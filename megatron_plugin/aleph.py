@@ -285,16 +285,10 @@ class AlephMegatron:
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
         """Put the chunks' bucket groups (dense, and expert with MoE) on the hierarchy (local; before their first
         backward)."""
-        from megatron_plugin.dp_collective import has_expert_groups
+        from megatron_plugin.dp_collective import check_expert_setup
 
         chunks = list(model_chunks)
-        if has_expert_groups(chunks) != (self._expert is not None):
-            raise ValueError(
-                "flowlane.aleph: the chunks have expert bucket groups but ALEPH was set up without the expert-data-"
-                "parallel group"
-                if self._expert is None
-                else "flowlane.aleph: set up for experts, but the chunks have no expert bucket groups"
-            )
+        check_expert_setup(chunks, self._expert is not None, "flowlane.aleph")
         for collective, plan in ((self._dp, self.plan), (self._expert, self.expert_plan)):
             if collective is None:
                 continue

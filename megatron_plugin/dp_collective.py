@@ -409,3 +409,17 @@ def data_parallel_group_of(
 def has_expert_groups(model_chunks: Sequence[torch.nn.Module]) -> bool:
     """Whether any chunk has expert bucket groups (a MoE model under Megatron-core DDP)."""
     return any(getattr(c, "expert_parallel_bucket_groups", None) for c in model_chunks)
+
+
+def check_expert_setup(
+    model_chunks: Sequence[torch.nn.Module], expert_collective: bool, feature: str
+) -> None:
+    """Refuse chunks whose expert bucket groups (MoE) do not match how ``feature`` was set up: with (or without) a
+    collective for the expert-data-parallel group."""
+    if has_expert_groups(model_chunks) != expert_collective:
+        raise ValueError(
+            f"{feature}: set up for experts, but the chunks have no expert bucket groups"
+            if expert_collective
+            else f"{feature}: the chunks have expert bucket groups (MoE) but {feature} was set up without the "
+            "expert-data-parallel group"
+        )

@@ -262,16 +262,10 @@ class SyndicateMegatron:
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
         """Route the chunks' bucket groups (dense, and expert with MoE) through the enforcers (local; before their
         first backward)."""
-        from megatron_plugin.dp_collective import check_chunks, has_expert_groups
+        from megatron_plugin.dp_collective import check_chunks, check_expert_setup
 
         chunks = list(model_chunks)
-        if has_expert_groups(chunks) != (self._expert is not None):
-            raise ValueError(
-                "flowlane.syndicate: the chunks have expert bucket groups but the enforcer was set up without the "
-                "expert-data-parallel group"
-                if self._expert is None
-                else "flowlane.syndicate: set up for experts, but the chunks have no expert bucket groups"
-            )
+        check_expert_setup(chunks, self._expert is not None, "flowlane.syndicate")
         for lane in (self._lane, self._expert):
             if lane is None:
                 continue

@@ -493,32 +493,37 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     res["plan"].update({k: out[k] for k in ("calls", "gathers", "bucket_groups", "restored", "events")})
     res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
     res["plan_order"] = [list(e) for e in plan.order]
-    res["refused_rs_plan"] = refusal(
-        world, lambda m, c: install([m], SyndicateMegatronConfig(plan=path, timeout_s=30), c)
-    )
-    ar = SyndicatePlan(
-        1, tuple(PlanOp(o.name, "all_reduce", o.numel * world, o.dtype, world, o.option) for o in ops), order
-    )
-    ar_path = os.path.join(tmp, f"ar_plan{rank}.json")
-    with open(ar_path, "w") as f:
-        f.write(ar.to_json())
-    res["refused_ar_plan"] = refusal(
-        world,
-        lambda m, c: install([m], SyndicateMegatronConfig(plan=ar_path, timeout_s=30), c),
-        dist_opt=True,
-    )
+    if device == "cpu":  # the refusals are device-free (checked on CPU only)
+        res["refused_rs_plan"] = refusal(
+            world, lambda m, c: install([m], SyndicateMegatronConfig(plan=path, timeout_s=30), c)
+        )
+        ar = SyndicatePlan(
+            1,
+            tuple(PlanOp(o.name, "all_reduce", o.numel * world, o.dtype, world, o.option) for o in ops),
+            order,
+        )
+        ar_path = os.path.join(tmp, f"ar_plan{rank}.json")
+        with open(ar_path, "w") as f:
+            f.write(ar.to_json())
+        res["refused_ar_plan"] = refusal(
+            world,
+            lambda m, c: install([m], SyndicateMegatronConfig(plan=ar_path, timeout_s=30), c),
+            dist_opt=True,
+        )
     return res
 
 
-def moe_runs(rank: int, world: int, tmp: str) -> dict:
+def moe_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     """MoE, 4 experts, EP 2 on 4 ranks: the experts' bucket groups reduce over two expert-data-parallel groups
     ({0, 2}, {1, 3}). Megatron's own run; ALEPH with a flat dense plan (Megatron's own gloo all-reduce) and a cluster
     of two per expert group (the flags); SYNDICATE in FIFO mode (API), then a FIFO-ordered dense plan and an expert
     plan cutting every expert bucket into up to 3 motifs launched last first (the flags). Every run is bitwise: the
-    dense plans keep Megatron's whole all-reduces in its order, and an expert group's sum has two terms."""
-    from megatron_plugin import cpu_shim
+    dense plans keep Megatron's whole all-reduces in its order, and an expert group's sum has two terms. ``device``:
+    cpu (gloo, with Megatron's CPU shim) or cuda (NCCL, tests/gpu/megatron_dp_pp_nccl.py)."""
+    if device == "cpu":
+        from megatron_plugin import cpu_shim
 
-    cpu_shim.apply()
+        cpu_shim.apply()
     import torch.distributed as dist
 
     from flowlane.syndicate.plan import SyndicatePlan
@@ -526,7 +531,8 @@ def moe_runs(rank: int, world: int, tmp: str) -> dict:
     from megatron_plugin.aleph import install as aleph_install
     from megatron_plugin.syndicate import SyndicateMegatronConfig, install
 
-    moe = {"experts": 4, "ep": 2}
+    model = {"experts": 4, "ep": 2}
+    moe = {**model, "device": device}
     stock = train("stock", world, **moe)
     res: dict = {}
     out = train(
@@ -538,9 +544,10 @@ def moe_runs(rank: int, world: int, tmp: str) -> dict:
     keys = ("calls", "expert_calls", "bucket_groups", "expert_bucket_groups", "restored")
     res["aleph"] = {k: out[k] for k in keys}
     res["aleph"].update(_equal(stock, out))
-    res["aleph_no_expert_plan"] = refusal(
-        world, lambda m, c: aleph_install([m], AlephMegatronConfig(clusters="0;1;2;3")), **moe
-    )
+    if device == "cpu":  # the refusals are device-free (checked on CPU only)
+        res["aleph_no_expert_plan"] = refusal(
+            world, lambda m, c: aleph_install([m], AlephMegatronConfig(clusters="0;1;2;3")), **model
+        )
     fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), **moe)
     res["fifo"] = _equal(stock, fifo)
     dense = SyndicatePlan.fifo(last_first_plan(fifo["submitted"], world, 1).ops, 1)
@@ -562,7 +569,8 @@ def moe_runs(rank: int, world: int, tmp: str) -> dict:
     res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
     res["plan"]["expert_steady"] = [[op, m] for i, _, op, m in out["expert_log"] if i == 1]
     res["orders"] = [[list(e) for e in pl.order] for pl in (dense, expert)]
-    res["syndicate_no_expert_plan"] = refusal(
-        world, lambda m, c: install([m], SyndicateMegatronConfig(plan=paths[0]), c), **moe
-    )
+    if device == "cpu":
+        res["syndicate_no_expert_plan"] = refusal(
+            world, lambda m, c: install([m], SyndicateMegatronConfig(plan=paths[0]), c), **model
+        )
     return res

@@ -12,7 +12,10 @@ on every rank (with two ranks a sum is order-free, so every result must be bitwi
   --aleph-top ps``), and an all-singleton plan (API): bitwise stock, every bucket group's all-reduce taken;
 * SYNDICATE in FIFO mode (API, recording the buckets' signatures) and with a plan that cuts every bucket into up
   to 3 motifs launched last op first (``--syndicate --syndicate-plan``): bitwise stock, and both ranks launched the
-  motifs in the same order.
+  motifs in the same order;
+* the distributed optimizer (tests/megatron_dp_workers.py ``dist_opt_runs``: reduce-scatters and the parameters'
+  all-gathers with ``overlap_param_gather``): ALEPH's PS tree, SYNDICATE FIFO and a reduce-scatter plan, each
+  bitwise Megatron's own distributed-optimizer run, the plan's order held.
 
     python3 tests/gpu/megatron_dp_nccl.py --out $OUT/megatron_dp_nccl.json
     python3 tests/gpu/megatron_dp_nccl.py --backend gloo --device cpu --out /tmp/mdp.json   # the logic, on CPU
@@ -44,7 +47,7 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
     from flowlane.syndicate.cost import Option
     from flowlane.syndicate.plan import PlanOp, SyndicatePlan
     from megatron_plugin import aleph, syndicate
-    from tests.megatron_dp_workers import _equal, train
+    from tests.megatron_dp_workers import _equal, dist_opt_runs, train
 
     def run(name: str, fn: Any) -> None:
         try:
@@ -105,14 +108,25 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
     # ALEPH last: its PS tree hung on NCCL once (fixed since, not yet rerun there); a hang must not cost SYNDICATE's
     run("aleph_one_cluster_ps_flags", aleph_flags)
     run("aleph_singletons", aleph_singletons)
+    run("dist_opt", lambda: _dist_opt_case(dist_opt_runs(rank, world, tmp, device=device)))
     return res
+
+
+def _dist_opt_case(r: dict[str, Any]) -> dict[str, Any]:
+    """One case's summary of ``dist_opt_runs``: bitwise when its three runs are, calls from the components'."""
+    return {
+        "bitwise": all(r[k]["bitwise"] for k in ("aleph", "fifo", "plan")),
+        "calls": min(r["aleph"]["calls"], r["plan"]["calls"]),
+        "gathers": min(r["aleph"]["gathers"], r["plan"]["gathers"]),
+        "steady_order_is_plan": r["plan"]["steady"] == r["plan_order"],
+    }
 
 
 def _ok(ranks: list[dict[str, Any]]) -> bool:
     cases = [k for k in ranks[0] if k != "rank"]
     bitwise = all(r[k].get("bitwise") for r in ranks for k in cases)
     taken = all(r[k].get("calls", 1) > 0 for r in ranks for k in cases)
-    planned = all(r["syndicate_plan"].get("steady_order_is_plan") for r in ranks)
+    planned = all(r[k].get("steady_order_is_plan") for r in ranks for k in ("syndicate_plan", "dist_opt"))
     same_log = ranks[0]["syndicate_plan"].get("log") == ranks[-1]["syndicate_plan"].get("log")
     return bitwise and taken and planned and same_log
 

@@ -4,8 +4,10 @@ measured on one GPU): the CPU test tests/test_dp_components_pp.py on 4 NCCL rank
 splitting the world's communicator, which every rank must join, the case the adapters make their groups for).
 
 PP 2 x DP 2 (each stage's DP group with its own ALEPH PS tree, then SYNDICATE FIFO and each stage's own plan), then
-TP 2 x DP 2 (DP groups {0, 2} and {1, 3}, one plan): every run bitwise Megatron's own (DP 2: a sum of two has one
-order), every bucket group taken each iteration, each group launching its plan's order.
+TP 2 x DP 2 (DP groups {0, 2} and {1, 3}, one plan), then MoE with 4 experts, EP 2 (tests/megatron_dp_workers.py
+``moe_runs``: the expert bucket groups over two expert-data-parallel groups, ALEPH and SYNDICATE on them): every run
+bitwise Megatron's own (DP 2: a sum of two has one order; the dense DP 4 groups keep Megatron's whole all-reduces),
+every bucket group taken each iteration, each group launching its plan's order.
 
     python3 tests/gpu/megatron_dp_pp_nccl.py --out $OUT/megatron_dp_pp_nccl.json
     python3 tests/gpu/megatron_dp_pp_nccl.py --backend gloo --device cpu --out /tmp/mdpp.json   # the logic, on CPU
@@ -31,19 +33,24 @@ def _cpu_shim() -> None:
 
 def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dict[str, Any]:
     init_rank(rank, world, backend, "flowlane-mdpp-host", 120, cpu_setup=_cpu_shim)
-    from tests.megatron_dp_workers import pp_runs
+    from tests.megatron_dp_workers import moe_runs, pp_runs
 
     res = pp_runs(rank, world, tmp, device=device)
     for case in ("plan", "tp_plan"):
         res[case].pop("log", None)  # the steady order is kept; the whole log would only fill the JSON
+    moe = moe_runs(rank, world, tmp, device=device)
+    res["moe_aleph"], res["moe_plan"], res["moe_orders"] = moe["aleph"], moe["plan"], moe["orders"]
     return res
 
 
 def _ok(ranks: list[dict[str, Any]]) -> bool:
     good = True
     for r in ranks:
-        for name in ("aleph", "fifo", "plan", "tp_aleph", "tp_plan"):
+        for name in ("aleph", "fifo", "plan", "tp_aleph", "tp_plan", "moe_aleph", "moe_plan"):
             good &= bool(r[name].get("bitwise"))
+        for name in ("moe_aleph", "moe_plan"):
+            good &= r[name].get("expert_calls") == r[name].get("expert_bucket_groups", 0) * ITERATIONS
+        good &= [r["moe_plan"].get("steady"), r["moe_plan"].get("expert_steady")] == r["moe_orders"]
         for name in ("aleph", "plan", "tp_aleph", "tp_plan"):
             good &= r[name].get("calls") == r[name].get("bucket_groups", 0) * ITERATIONS
         good &= r["plan"]["steady"] == r["plan_order"] and r["tp_plan"]["steady"] == r["tp_plan_order"]
@@ -70,7 +77,7 @@ def main() -> int:
             f"  rank {i} (stage {r.get('stage')}): "
             + ", ".join(
                 f"{n} bitwise {r[n].get('bitwise')} calls {r[n].get('calls')}"
-                for n in ("aleph", "fifo", "plan", "tp_aleph", "tp_plan")
+                for n in ("aleph", "fifo", "plan", "tp_aleph", "tp_plan", "moe_aleph", "moe_plan")
                 if n in r
             )
         )
