@@ -36,9 +36,11 @@ Run: .venv-gnn/bin/python benchmarks/g3_distdgl.py [--nodes 50000] [--parts 4] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -399,6 +401,7 @@ def _distdgl(net, a, part_config: str, graph_name: str, workdir: str, seed: int,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
+                start_new_session=True,  # its own process group: a stop ends the server and trainer with it
             )
         )
     status = "ok"
@@ -410,11 +413,14 @@ def _distdgl(net, a, part_config: str, graph_name: str, workdir: str, seed: int,
                 status = f"failed: exit codes {rcs}"
         except subprocess.TimeoutExpired:
             status = f"timed out after {a.timeout:g} s (--timeout)"
+        except SystemExit as e:  # SIGTERM (a deadline): keep what the progress file recorded
+            status = f"stopped: {e}"
         finally:
             for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+                # the machine's sh, server and trainer: none is left behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
             for log in logs:
                 log.close()
     wall = time.perf_counter() - t
@@ -468,6 +474,8 @@ def _g3(net, a, part_config: str, seed: int, layer_list: list[int], workdir: str
             res = json.loads(line[len("G3RESULT ") :])
         except RuntimeError as e:  # a rank failed or ran past --timeout (flowlane.testing.netem.run_ranks)
             status = f"failed: {str(e)[:3000]}"
+        except SystemExit as e:  # SIGTERM (a deadline): keep what the progress file recorded
+            status = f"stopped: {e}"
     out = {
         "status": status,
         "wall_incl_startup_s": time.perf_counter() - t,
@@ -531,6 +539,17 @@ def _summarise(runs: list[dict], configs: list) -> list[dict]:
         tag = _tag(layers, fan)
         per = [r["configs"][tag] for r in runs if tag in r.get("configs", {})]
         sp = [p["speedup_g3_vs_distdgl"] for p in per if p.get("speedup_g3_vs_distdgl")]
+        # only DistDGL reached the target: G3's speed-up is below DistDGL's time / G3's whole training time
+        below = [
+            p["tta_distdgl_s"] / p["g3"]["history"][-1]["t"]
+            for p in per
+            if p["tta_distdgl_s"] and p["g3"] and not p["tta_g3_s"]
+        ]
+        above = [
+            p["distdgl"]["history"][-1]["t"] / p["tta_g3_s"]
+            for p in per
+            if p["tta_g3_s"] and not p["tta_distdgl_s"]
+        ]
         rows.append(
             {
                 "config": tag,
@@ -541,6 +560,8 @@ def _summarise(runs: list[dict], configs: list) -> list[dict]:
                 "tta_distdgl_s": [p["tta_distdgl_s"] for p in per],
                 "speedup_per_seed": sp,
                 "speedup_median": sorted(sp)[len(sp) // 2] if sp else None,
+                "speedup_below_where_g3_missed_target": below,
+                "speedup_above_where_distdgl_missed_target": above,
             }
         )
     return rows
@@ -631,7 +652,6 @@ def main() -> None:
     a.stop_at = 0.0 if (a.run_past_target or not a.target) else a.target
     layer_list = sorted({n for n, _ in configs}, key=[n for n, _ in configs].index)
     import shutil
-    import signal
 
     import dgl
 
@@ -741,7 +761,10 @@ def main() -> None:
                     dd = _distdgl(net, a, part_config, name, workdir, seed, configs)
                     run["distdgl_session"] = {k: v for k, v in dd.items() if k != "configs"}
                     write("running")
-                    g3 = _g3(net, a, part_config, seed, layer_list, workdir)
+                    if dd["status"].startswith("stopped"):
+                        g3 = {"status": "not started (the run was stopped during DistDGL)"}
+                    else:
+                        g3 = _g3(net, a, part_config, seed, layer_list, workdir)
                     run["g3_session"] = {k: v for k, v in g3.items() if k != "configs"}
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
