@@ -123,6 +123,7 @@ def _train_distdgl(a: argparse.Namespace) -> None:
                     off += p.numel()
                 opt.step()
                 steps += 1
+            te = time.perf_counter()
             model.eval()
             ok = torch.zeros(2)
             with torch.no_grad():
@@ -132,7 +133,8 @@ def _train_distdgl(a: argparse.Namespace) -> None:
             torch.distributed.all_reduce(
                 ok
             )  # every trainer holds the same global accuracy: they stop together
-            hist.append({"epoch": ep, "t": time.perf_counter() - t0, "val_acc": float(ok[0] / ok[1])})
+            t = time.perf_counter()
+            hist.append({"epoch": ep, "t": t - t0, "val_acc": float(ok[0] / ok[1]), "eval_s": t - te})
             print(
                 f"distdgl {tag} epoch {ep} t {hist[-1]['t']:.1f} s val {hist[-1]['val_acc']:.4f}", flush=True
             )
@@ -220,7 +222,10 @@ def _g3_rank(rank: int, world: int, a: dict) -> dict:
         hist, t0 = [], time.perf_counter()
         for ep in range(epochs):
             rt.train_step(opt)
-            hist.append({"epoch": ep, "t": time.perf_counter() - t0, "val_acc": rt.evaluate("val_mask")})
+            te = time.perf_counter()
+            acc = rt.evaluate("val_mask")
+            t = time.perf_counter()
+            hist.append({"epoch": ep, "t": t - t0, "val_acc": acc, "eval_s": t - te})
             if rank == 0:
                 print(
                     f"g3 {tag} epoch {ep} t {hist[-1]['t']:.1f} s val {hist[-1]['val_acc']:.4f}",
