@@ -7,8 +7,9 @@ per data-parallel rank, or given as explicit clusters. Megatron keeps its readin
 multiplies by 1/DP before the sum) and ``finish_grad_sync``: only the collective changes hands, through
 :mod:`megatron_plugin.dp_collective` (what it refuses is listed there). The hierarchy runs synchronously when
 Megatron starts the bucket group's reduction (no overlap between bucket groups, as with the DDP comm hook). With the
-distributed optimizer each bucket's reduce-scatter is the hierarchy's sum of the whole bucket, of which the rank keeps
-its block (the down phase moves whole buckets); the parameters' all-gather is Megatron's own.
+distributed optimizer each bucket's reduce-scatter goes up the hierarchy whole and comes back as blocks (a member gets
+its own; :meth:`flowlane.aleph.hook.HierarchicalAllReduce.reduce_scatter`); the parameters' all-gather is Megatron's
+own.
 
 Also refused here: a plan whose size is not the data-parallel group's, and ``top="allreduce"`` with a hierarchical
 plan when there are several data-parallel groups (PP, TP or CP > 1): the aggregators' subgroup is made with
@@ -200,11 +201,10 @@ class _AlephComponent:
         return _Done()
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Done:
-        """The distributed optimizer's reduce-scatter: the whole bucket through the hierarchy, then this rank's
-        block (Megatron's output is a view of it: nothing to copy). Results go down the tree whole, so the down
-        phase moves the bucket, not the block: a shard-only return is not built."""
+        """The distributed optimizer's reduce-scatter: the bucket up the hierarchy, each rank's block (with its
+        subtree's) back down, then this rank's block (Megatron's output is a view of it: nothing to copy)."""
         for out, inp in zip(outputs, inputs, strict=True):
-            self.har(inp)
+            self.har.reduce_scatter(inp)
             block = inp.view(-1)[self.rank * out.numel() : (self.rank + 1) * out.numel()]
             if out.data_ptr() != block.data_ptr():
                 out.view(-1).copy_(block)

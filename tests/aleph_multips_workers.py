@@ -32,6 +32,8 @@ class _RecordP2P:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, str, int, int]] = []
+        self.received = 0
+        """Elements this rank received."""
 
     def __enter__(self) -> "_RecordP2P":
         self.real = dist.isend, dist.irecv
@@ -46,6 +48,7 @@ class _RecordP2P:
 
         def irecv(t: torch.Tensor, src: int, group: object = None, tag: int = 0, **kw: object) -> object:
             self.log.append(("recv", name(group), src, tag))
+            self.received += t.numel()
             return real_recv(t, src=src, group=group, tag=tag, **kw)
 
         dist.isend, dist.irecv = isend, irecv
@@ -68,8 +71,20 @@ def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[d
         ded = set(h.ps) if h.dedicated_ps else set()
         xi = torch.arange(5003, dtype=torch.int64) * (rank + 1) + rank**3 - 7
         xf = torch.randn(5003, generator=torch.Generator().manual_seed(rank))
+        xr = (
+            torch.arange(5005, dtype=torch.int64) * (rank + 2) - rank
+        )  # 5005 = 5 x 1001 = 7 x 715: equal blocks
         with _RecordP2P() as rec:
             got_i, got_f = h(xi.clone()), h(xf.clone())
+        with (
+            _RecordP2P() as rec_r
+        ):  # the reduce-scatter's blocks come down the same tree (dedicated PSs: refused)
+            got_r = None if h.dedicated_ps else h.reduce_scatter(xr.clone())
+        with _RecordP2P() as rec_a:  # the same tensor all-reduced, to compare what came down
+            h(xr.clone()) if not h.dedicated_ps else None
+        ref_r = xr.clone()
+        dist.all_reduce(ref_r)
+        blk = slice(rank * (5005 // world), (rank + 1) * (5005 // world))
         alli = [torch.empty_like(xi) for _ in range(world)]
         allf = [torch.empty_like(xf) for _ in range(world)]
         dist.all_gather(alli, xi)
@@ -98,7 +113,9 @@ def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[d
                 "int_exact": bool(torch.equal(got_i[keep], ref_i[keep])) and bool(torch.equal(got_i, want_i)),
                 "float_maxdiff": float((got_f[keep] - ref_f[keep]).abs().max()),
                 "float_bitwise_tree_order": bool(torch.equal(got_f, want_f)),
-                "p2p": rec.log,
+                "rs_block_exact": got_r is None or bool(torch.equal(got_r[blk], ref_r[blk])),
+                "p2p": rec.log + rec_r.log,
+                "received": (rec_r.received, rec_a.received),
             }
         )
     return out

@@ -30,7 +30,7 @@ def _ddp_run(
 def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     """For each (clusters, top): integer and float sums against dist.all_reduce; then DDP with the hook against
     DDP's own all-reduce (all-singleton plan: bitwise; the first case's plan: close); then the bandwidth probe."""
-    out: dict = {"int_equal": [], "float_maxdiff": []}
+    out: dict = {"int_equal": [], "rs_equal": [], "float_maxdiff": []}
     for clusters, top in cases:
         h = HierarchicalAllReduce(
             Plan.from_clusters(world, clusters), top=top, chunk_bytes=4096
@@ -39,6 +39,9 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
         ref = x.clone()
         dist.all_reduce(ref)
         out["int_equal"].append(bool(torch.equal(h(x.clone()), ref)))
+        b = 5000 // world  # the reduce-scatter: world equal blocks of b elements, each rank checks its own
+        blk = slice(rank * b, (rank + 1) * b)
+        out["rs_equal"].append(bool(torch.equal(h.reduce_scatter(x[: b * world].clone())[blk], ref[blk])))
         f = torch.randn(5000, generator=torch.Generator().manual_seed(rank))
         fref = f.clone()
         dist.all_reduce(fref)

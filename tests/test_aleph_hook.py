@@ -19,6 +19,7 @@ CASES_4 = [
 def _check(res: list[dict], ncases: int) -> None:
     for rank, r in enumerate(res):
         assert r["int_equal"] == [True] * ncases, (rank, r["int_equal"])
+        assert r["rs_equal"] == [True] * ncases, (rank, r["rs_equal"])
         assert max(r["float_maxdiff"]) < 1e-4, (rank, r["float_maxdiff"])
         assert r["ddp_singletons_bitwise"], (
             rank

@@ -1,5 +1,6 @@
 """ALEPH tier 0 with q >= 1 PSs (seed 002 Sec. 7, digest §2.9): every aggregator sends PS j the fraction split[j] of
-its partial sums; sums equal all_reduce (ints exactly), in the tree's fixed order of additions (bitwise)."""
+its partial sums; sums equal all_reduce (ints exactly), in the tree's fixed order of additions (bitwise); the
+reduce-scatter's blocks, sent down the same tree, equal all_reduce's (ints exactly)."""
 
 import pytest
 
@@ -52,6 +53,7 @@ def _check(res: list[list[dict]], ncases: int) -> None:
         for i, c in enumerate(r):
             assert c["int_exact"], (rank, i, c)
             assert c["float_bitwise_tree_order"], (rank, i, c)
+            assert c["rs_block_exact"], (rank, i, c)
             assert c["float_maxdiff"] < 1e-4, (rank, i, c)
             assert c["split"] == res[0][i]["split"] and c["parts"] == res[0][i]["parts"]
     for i in range(ncases):
@@ -61,6 +63,10 @@ def _check(res: list[list[dict]], ncases: int) -> None:
 def test_multi_ps_sums_match_all_reduce_and_the_tree_order_on_5_ranks():
     res = launch(aleph_multips_workers.multi_ps_cases, 5, args=(CLUSTERS_5, CASES_5), timeout=120)
     _check(res, len(CASES_5))
+    # a member (position 3, below aggregator 2) gets back only its block of 1001 in the reduce-scatter, all 5005 in
+    # the all-reduce; the aggregator gets its cluster's span
+    for c in res[3][:-1]:  # (the dedicated-PS case runs no reduce-scatter)
+        assert c["received"] == (1001, 5005), c["received"]
     parts = [c["parts"] for c in res[0]]
     assert parts[0] == [5003]
     assert parts[1] == [3002, 2001]  # 0.6 / 0.4 of 5003

@@ -202,12 +202,28 @@ class HierarchicalAllReduce:
 
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place (SUM only) and return it."""
+        return self._run(tensor, None)
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The distributed optimizer's reduce-scatter through the hierarchy (SUM, in place): on return, block ``p``
+        of ``tensor`` (``numel / n`` elements per group position, in position order) holds the sum at the rank at
+        position ``p``; the rest of the tensor is unspecified. Going up and across the top tier is the all-reduce's
+        (an aggregator needs every block of its cluster); going down, a node receives only the span of the blocks
+        below it (a member: its own block), so the way back moves 1/n of the bucket to a member, not all of it."""
+        n = len(self.ranks)
+        if tensor.numel() % n:
+            raise ValueError(f"reduce_scatter: {tensor.numel()} elements do not split into {n} equal blocks")
+        if self.dedicated_ps:
+            raise ValueError("reduce_scatter: dedicated PSs hold only their own part; use the all-reduce")
+        return self._run(tensor, tensor.numel() // n)
+
+    def _run(self, tensor: torch.Tensor, block: int | None) -> torch.Tensor:
         if not tensor.is_contiguous():
             raise ValueError(
                 "HierarchicalAllReduce needs a contiguous tensor (DDP buckets and DeepSpeed's are)"
             )
         if self.top == "ps":
-            self._tree(tensor)
+            self._tree(tensor, block)
             return tensor
         c = self.cluster
         head = self.ranks[c.head]
@@ -216,8 +232,17 @@ class HierarchicalAllReduce:
         if self._top_pg is not None:  # this rank is an aggregator (top="allreduce")
             dist.all_reduce(tensor, group=self._top_pg)
         if len(c.members) > 1:
-            self._scatter(tensor, head, [self.ranks[m] for m in c.members[1:]])
+            self._scatter(tensor, head, [self.ranks[m] for m in c.members[1:]], block)
         return tensor
+
+    def _span(self, global_rank: int, block: int | None, numel: int) -> tuple[int, int]:
+        """The elements of the bucket a rank needs back: all of it (all-reduce), or with ``block`` the blocks of the
+        positions below it in the tree (an aggregator: its cluster; a member: its own)."""
+        if block is None:
+            return 0, numel
+        pos = self.ranks.index(global_rank)
+        below = self.plan.cluster_of(pos).members if pos in self.plan.heads else (pos,)
+        return min(below) * block, (max(below) + 1) * block
 
     def _pieces(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
         """(view of ``flat``, index j of the PS that sums it), in sending order. One PS: ``chunk_bytes`` chunks. Several
@@ -236,16 +261,26 @@ class HierarchicalAllReduce:
         parts = [flat[a:b].tensor_split(m) for a, b in zip(off, off[1:], strict=False)]
         return [(p[i], j) for i in range(m) for j, p in enumerate(parts) if p[i].numel()]
 
-    def _tree(self, tensor: torch.Tensor) -> None:
+    def _tree(self, tensor: torch.Tensor, block: int | None = None) -> None:
         """The PS-rooted two-level tree(s), pipelined per chunk (the paper's per-segment pipelining, Sec. 3.3): a node
         adds chunk k of all its children as soon as they are in and sends it up at once, and relays the parent's
         result for chunk k down as soon as it arrives, so sending up and down overlap (full duplex). With q PSs
         (Sec. 7, digest §2.9) each chunk belongs to one PS's part: an aggregator sends it to that PS, which adds it
         over all aggregators and sends it back, so the q PSs' links carry their parts at the same time. Children are
         added in plan order (a node's members, then, at a PS, the other aggregators), so every run adds in the same
-        order; with one PS this is exactly the single tree."""
+        order; with one PS this is exactly the single tree. With ``block`` (reduce-scatter) each message down carries
+        only the piece's overlap with the span its receiver needs (:meth:`_span`); empty overlaps are not sent, and
+        both ends skip the same ones."""
         flat = tensor.view(-1)
         pieces = self._pieces(flat)
+        start = [(x.data_ptr() - flat.data_ptr()) // flat.element_size() for x, _ in pieces]
+
+        def cut(k: int, global_rank: int) -> tuple[int, int]:
+            """Piece k's overlap with what ``global_rank`` needs back, relative to the piece (empty: a >= b)."""
+            lo, hi = self._span(global_rank, block, flat.numel())
+            a, b = max(lo - start[k], 0), min(hi - start[k], pieces[k][0].numel())
+            return a, max(a, b)
+
         me, heads = self.me, self.plan.heads
         ps_pos = [self.ps[j] for _, j in pieces]
         dedicated = set(self.ps) if self.dedicated_ps else set()
@@ -274,7 +309,12 @@ class HierarchicalAllReduce:
         ]
         below = [k for k, q in enumerate(parent) if q is not None and q >= 0]
         out = {k: torch.empty_like(mine[k]) for k in below}
-        downs = {k: dist.irecv(out[k], src=parent[k], tag=k, group=down[k]) for k in below}
+        here = {k: cut(k, self.ranks[me]) for k in below}
+        downs = {
+            k: dist.irecv(out[k][a:b], src=parent[k], tag=k, group=down[k])
+            for k, (a, b) in here.items()
+            if a < b
+        }
         # what goes down for piece k: the sum computed here (at k's PS), or the parent's result relayed to the members
         down_to = {k: kids[k] for k in range(len(pieces)) if kids[k] and (parent[k] is None or k in below)}
         summed = {k: threading.Event() for k in down_to if parent[k] is None}
@@ -304,10 +344,13 @@ class HierarchicalAllReduce:
                                 return
                             if k in ready:
                                 relay_stream.wait_event(ready[k])  # type: ignore[union-attr]
-                        else:
+                        elif k in downs:
                             downs[k].wait()  # gloo's wait releases the GIL; NCCL's orders the stream after it
                         x = mine[k] if k in summed else out[k]
-                        relay_sends.extend(dist.isend(x, dst=c, tag=k, group=down[k]) for c in dst)
+                        for c in dst:  # (a child's span lies within this node's: nothing missing is relayed)
+                            a, b = cut(k, c)
+                            if a < b:
+                                relay_sends.append(dist.isend(x[a:b], dst=c, tag=k, group=down[k]))
             except BaseException as e:  # re-raised by the caller after join
                 errors.append(e)
 
@@ -355,7 +398,8 @@ class HierarchicalAllReduce:
             if q == -1:
                 mine[k].zero_()
             elif q is not None:
-                mine[k].copy_(out[k])
+                a, b = here[k]
+                mine[k][a:b].copy_(out[k][a:b])
 
     def _gather_sum(self, tensor: torch.Tensor, root: int, others: list[int]) -> None:
         """Star: every rank in ``others`` sends to ``root``, which adds them in list order (the aggregation service
@@ -370,14 +414,20 @@ class HierarchicalAllReduce:
         elif me in others:
             dist.isend(tensor, dst=root).wait()
 
-    def _scatter(self, tensor: torch.Tensor, root: int, others: list[int]) -> None:
-        """Star: ``root`` sends the sum to every rank in ``others`` (the Gradient Forwarder's multicast, Sec. 5.4)."""
-        me = dist.get_rank()
+    def _scatter(self, tensor: torch.Tensor, root: int, others: list[int], block: int | None = None) -> None:
+        """Star: ``root`` sends the sum to every rank in ``others`` (the Gradient Forwarder's multicast, Sec. 5.4);
+        with ``block`` (reduce-scatter) each gets only its own block."""
+        me, flat = dist.get_rank(), tensor.view(-1)
+
+        def part(r: int) -> torch.Tensor:
+            a, b = self._span(r, block, flat.numel())
+            return flat[a:b]
+
         if me == root:
-            for w in [dist.isend(tensor, dst=o) for o in others]:
+            for w in [dist.isend(part(o), dst=o) for o in others]:
                 w.wait()
         elif me in others:
-            dist.irecv(tensor, src=root).wait()
+            dist.irecv(part(me), src=root).wait()
 
 
 def aleph_comm_hook(
