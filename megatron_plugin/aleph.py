@@ -47,7 +47,7 @@ log = logging.getLogger("flowlane.aleph")
 @dataclass(frozen=True)
 class AlephMegatronConfig:
     """ALEPH on Megatron-core's DP all-reduce: the plan's source and :class:`flowlane.aleph.AlephConfig`'s planner
-    knobs (re-planning is not wired here: the plan is fixed at install)."""
+    knobs, and re-planning from probed bandwidth (``replan_every``)."""
 
     bandwidth_gbps: str = ""
     """Comma-separated Gbit/s, one per data-parallel rank (in group order): the plan is made with M-WCHA."""
@@ -81,6 +81,14 @@ class AlephMegatronConfig:
     ``ps_bandwidths_gbps``."""
     ps_bandwidths_gbps: str = ""
     """With several PSs and no ``split``: each PS's Gbit/s, comma-separated (the split is proportional)."""
+    replan_every: int = 0
+    """Every this many iterations, probe the data-parallel group's bandwidth (timed transfers) and re-plan with
+    hysteresis (digest §5.1 #13, E10); 0 = the plan is fixed at install. Needs ``bandwidth_gbps`` (the figures the
+    first plan comes from) and ``top="ps"`` with one PS (a new plan's PS is its first aggregator); dense groups only."""
+    hysteresis: float = 0.2
+    """Re-planning: a rank's figure changes only when it moves by more than this fraction (AlephConfig.hysteresis)."""
+    probe_bytes: int = 1 << 22
+    """Re-planning: bytes of each timed transfer of the bandwidth probe (>= 1024)."""
 
     def __post_init__(self) -> None:
         for prefix in ("", "expert_"):
@@ -97,6 +105,26 @@ class AlephMegatronConfig:
                 f"to top='ps' only, not top={self.top!r}"
             )
         self.multi_ps()  # validates the formats (the plan checks positions and fractions)
+        if self.replan_every:
+            why = [
+                w
+                for w, bad in (
+                    ("bandwidth_gbps (the figures the first plan comes from)", not self.bandwidth_gbps),
+                    (
+                        "top='ps' (its groups serve any plan; the all-reduce top's subgroup is fixed)",
+                        self.top != "ps",
+                    ),
+                    (
+                        "one PS (no ps / split: a new plan's PS is its first aggregator)",
+                        bool(self.ps or self.split),
+                    ),
+                )
+                if bad
+            ]
+            if why:
+                raise ValueError(f"aleph replan_every={self.replan_every} needs " + " and ".join(why))
+            if not (isinstance(self.probe_bytes, int) and self.probe_bytes >= 1024):
+                raise ValueError(f"aleph probe_bytes={self.probe_bytes!r} must be an integer >= 1024")
 
     def multi_ps(self) -> dict[str, Any]:
         """``HierarchicalAllReduce``'s ``ps`` / ``split`` / ``ps_bandwidths`` keywords from the PS fields."""
@@ -135,7 +163,8 @@ class AlephMegatronConfig:
             cpu_per_member=self.cpu_per_member,
             max_empty_rounds=self.max_empty_rounds,
             ps_gbps=self.ps_gbps or None,
-            replan_every=0,
+            replan_every=self.replan_every,
+            hysteresis=self.hysteresis,
             top=self.top,
         )
 
@@ -189,10 +218,34 @@ class _Done:
 
 
 class _AlephComponent:
-    """The DP component (:class:`megatron_plugin.dp_collective.DPComponent`): each bucket through the hierarchy."""
+    """The DP component (:class:`megatron_plugin.dp_collective.DPComponent`): each bucket through the hierarchy.
+    With a ``replanner`` (:class:`flowlane.aleph.Replanner`), :meth:`step` re-plans at its due iterations from
+    ``probe(group)`` (the group's figures, the same on every rank) and swaps in a new hierarchy when it decides to."""
 
-    def __init__(self, har: Any, rank: int) -> None:
+    def __init__(
+        self,
+        har: Any,
+        rank: int,
+        replanner: Any = None,
+        rebuild: Any = None,
+        probe: Any = None,
+    ) -> None:
         self.har, self.rank, self.tensors = har, rank, 0
+        self.replanner, self.rebuild, self.probe = replanner, rebuild, probe
+        self.iteration = 0
+        self.decisions: list[tuple[int, bool, str, int]] = []
+        """(iteration, changed, reason, |D| in force) of every re-planning point."""
+
+    def step(self) -> None:
+        """The iteration boundary (every rank of the group, at one program point)."""
+        self.iteration += 1
+        if self.replanner is None or not self.replanner.due(self.iteration):
+            return
+        d = self.replanner.observe(self.probe())
+        if d.changed:
+            self.har = self.rebuild(d.plan)
+        self.decisions.append((self.iteration, d.changed, d.reason, d.plan.num_flows))
+        log.info("flowlane.aleph: re-planning at iteration %d: %s", self.iteration, d.reason)
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> _Done:
         for t in tensors:
@@ -224,10 +277,15 @@ class AlephMegatron:
         config: AlephMegatronConfig,
         dp_group: dist.ProcessGroup,
         expert_dp_group: dist.ProcessGroup | None = None,
+        probe: Any = None,
     ) -> None:
         from megatron_plugin.dp_collective import DPCollective
 
         self.config = config
+        self._probe = probe
+        """Re-planning's figures: ``probe(group)`` -> one Gbit/s figure per group rank, the same on every rank
+        (default: :func:`flowlane.aleph.probe.probe_bandwidth` over the group)."""
+        self._undo_finalize: list[Any] = []
         self.plan: Plan | None = None
         self.expert_plan: Plan | None = None
         if expert_dp_group is not None and not config.has_expert_plan:
@@ -275,10 +333,27 @@ class AlephMegatron:
                 self.expert_plan = plan
             else:
                 self.plan = plan
-            return _AlephComponent(
-                HierarchicalAllReduce(plan, group, config.top, config.chunk_bytes, p2p_groups=p2p, **multi),
-                dist.get_rank(group),
-            )
+
+            def build(
+                plan: Plan,
+            ) -> HierarchicalAllReduce:  # the groups serve any plan of the group (top="ps")
+                return HierarchicalAllReduce(
+                    plan, group, config.top, config.chunk_bytes, p2p_groups=p2p, **multi
+                )
+
+            replan = {}
+            if config.replan_every and not expert:
+                from flowlane.aleph import Replanner
+                from flowlane.aleph.probe import probe_bandwidth
+
+                figures = [float(x) for x in config.bandwidth_gbps.split(",")]
+                probe = self._probe or (lambda g: probe_bandwidth(config.probe_bytes, group=g)[0])
+                replan = {
+                    "replanner": Replanner(figures, config.aleph_config()),
+                    "rebuild": lambda plan: self._replanned(build(plan)),
+                    "probe": lambda: probe(group),
+                }
+            return _AlephComponent(build(plan), dist.get_rank(group), **replan)
 
         return make
 
@@ -303,6 +378,35 @@ class AlephMegatron:
                 plan.n,
                 self.config.top,
             )
+
+    def _replanned(self, har: Any) -> Any:
+        self.plan = har.plan
+        return har
+
+    def attach_finalize(self, model_config: Any) -> None:
+        """Re-planning (``replan_every``): the end of Megatron's ``model_config.finalize_model_grads_func`` (wrapped,
+        kept whole) is the iteration boundary where the group probes and re-plans."""
+        finalize = getattr(model_config, "finalize_model_grads_func", None)
+        if finalize is None:
+            raise ValueError(
+                "flowlane.aleph: replan_every needs config.finalize_model_grads_func (its end is the iteration "
+                "boundary; set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() "
+                "does)"
+            )
+        component = self._dp.component
+
+        def finalize_then_step(*args: Any, **kwargs: Any) -> Any:
+            out = finalize(*args, **kwargs)
+            component.step()  # type: ignore[union-attr]
+            return out
+
+        model_config.finalize_model_grads_func = finalize_then_step
+        self._undo_finalize.append((model_config, finalize))
+
+    @property
+    def decisions(self) -> list[tuple[int, bool, str, int]]:
+        """(iteration, changed, reason, |D|) of every re-planning point of this rank's data-parallel group."""
+        return list(getattr(self._dp.component, "decisions", []))
 
     @property
     def calls(self) -> int:
@@ -330,15 +434,30 @@ class AlephMegatron:
         if self._expert is not None:
             self._expert.remove()
         self._dp.remove()
+        for model_config, finalize in reversed(self._undo_finalize):
+            model_config.finalize_model_grads_func = finalize
+        self._undo_finalize.clear()
 
 
-def install(model_chunks: Sequence[torch.nn.Module], config: AlephMegatronConfig) -> AlephMegatron:
+def install(
+    model_chunks: Sequence[torch.nn.Module],
+    config: AlephMegatronConfig,
+    model_config: Any = None,
+    probe: Any = None,
+) -> AlephMegatron:
     """Put every bucket group of ``model_chunks`` (Megatron-core DDP; the experts' too with MoE) on ALEPH's
-    hierarchy. A collective: every rank, after the DDP wrap and before the first backward."""
+    hierarchy. A collective: every rank, after the DDP wrap and before the first backward. ``model_config`` (the
+    chunks' TransformerConfig) is needed with ``replan_every``: its ``finalize_model_grads_func`` ends each
+    iteration; ``probe``: re-planning's figures (see :class:`AlephMegatron`)."""
     from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of, has_expert_groups
 
     chunks = list(model_chunks)
     check_chunks(chunks, "flowlane.aleph")  # refuse before anything is created
+    if config.replan_every and getattr(model_config, "finalize_model_grads_func", None) is None:
+        raise ValueError(
+            "flowlane.aleph: replan_every needs the model config with finalize_model_grads_func set (its end is the "
+            "iteration boundary): install(chunks, config, model_config)"
+        )
     moe = has_expert_groups(chunks)
     if moe:
         check_chunks(chunks, "flowlane.aleph", expert=True)
@@ -346,8 +465,11 @@ def install(model_chunks: Sequence[torch.nn.Module], config: AlephMegatronConfig
         config,
         data_parallel_group_of(chunks),
         data_parallel_group_of(chunks, expert=True) if moe else None,
+        probe,
     )
     aleph.attach(chunks)
+    if config.replan_every:
+        aleph.attach_finalize(model_config)
     return aleph
 
 

@@ -87,10 +87,15 @@ class FlowlaneHooks:
         if dp is not None and id(model) not in self._attached:
             dp.attach([model])  # local: the groups were made in _setup
             self._attached.add(id(model))
-            if self.syndicate is not None and not self._finalize_attached:
+            boundary = self.syndicate is not None or (
+                self.aleph is not None and self.aleph.config.replan_every
+            )
+            if (
+                boundary and not self._finalize_attached
+            ):  # the iteration boundary: the end of finalize_model_grads
                 from megatron.core.utils import get_model_config
 
-                self.syndicate.attach_finalize(get_model_config(model))
+                dp.attach_finalize(get_model_config(model))
                 self._finalize_attached = True
         h = self.hermod
         if h is not None and id(model) not in self._attached:

@@ -141,6 +141,7 @@ def train(
                 out["calls"] = feature.calls
                 out["expert_calls"] = getattr(feature, "expert_calls", 0)
                 out["gathers"] = feature.gathers
+                out["decisions"] = getattr(feature, "decisions", [])
                 enforcer = getattr(feature, "enforcer", None)
                 if enforcer is not None:
                     out.update(
@@ -279,6 +280,13 @@ def aleph_runs(rank: int, world: int) -> dict:
         out = train(mode, world, (lambda m, c, cfg=cfg: install([m], cfg)), flags, overlap=overlap)
         res[name] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "num_flows") if k in out}
         res[name].update(_equal(stock, out))
+    # re-planning every iteration from probed figures (a stub: the same on every rank, as the real probe's are):
+    # unchanged at iteration 1, then ranks 2 and 3 fast and 0, 1 slow, which the plan in force cannot carry
+    seen = iter([[30.0, 20.0, 10.0, 10.0], [10.0, 10.0, 20.0, 30.0], [10.0, 10.0, 20.0, 30.0]])
+    cfg = AlephMegatronConfig(bandwidth_gbps="30,20,10,10", top="ps", replan_every=1)
+    out = train("api", world, lambda m, c: install([m], cfg, c, probe=lambda group: next(seen)))
+    res["replan"] = {k: out[k] for k in ("calls", "bucket_groups", "restored", "decisions")}
+    res["replan"].update(_equal(stock, out))
     res["refused_avg"] = refusal(
         world,
         lambda m, c: install([m], AlephMegatronConfig(clusters="0;1;2;3")),

@@ -32,6 +32,12 @@ def test_aleph_on_megatron_core_ddp_matches_its_own_run_and_refuses_what_it_cann
             assert x["calls"] == x["bucket_groups"] * ITERATIONS, (rank, name, x)
             assert x["restored"], (rank, name)
             assert x["maxdiff"] < 1e-5, (rank, name, x)
+        # re-planning: the probe's second figures made the plan infeasible, so a new hierarchy took over from
+        # iteration 3 on; the sums stay Megatron's (within float reordering)
+        x = r["replan"]
+        assert [tuple(d[:2]) for d in x["decisions"]] == [(1, False), (2, True), (3, False)], x["decisions"]
+        assert "infeasible" in x["decisions"][1][2] and x["restored"] and x["maxdiff"] < 1e-5, (rank, x)
+        assert x["calls"] == x["bucket_groups"] * ITERATIONS, (rank, x)
         # one flat level (every rank its own cluster): the aggregators' all-reduce is the same gloo all-reduce as
         # Megatron's, so the run is Megatron's bit for bit
         assert r["singletons"]["bitwise"], (rank, r["singletons"])
@@ -96,6 +102,14 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
         AlephMegatronConfig(clusters="0;1", ps="0,1", split="equal")
     with pytest.raises(ValueError, match=r"split='half' is not comma-separated numbers or 'equal'"):
         AlephMegatronConfig(clusters="0;1", top="ps", ps="0,1", split="half")
+    with pytest.raises(ValueError, match=r"replan_every=5 needs bandwidth_gbps .* and top='ps'"):
+        AlephMegatronConfig(clusters="0;1", replan_every=5)
+    cfg = config_from_args(
+        parser.parse_args(
+            ["--aleph", "--aleph-bandwidth-gbps", "30,10", "--aleph-top", "ps", "--aleph-replan-every", "100"]
+        )
+    )
+    assert cfg is not None and cfg.aleph_config().replan_every == 100
     with pytest.raises(ValueError, match="chunk_bytes=10 must be an integer >= 1024"):
         AlephMegatronConfig(clusters="0", chunk_bytes=10)
     with pytest.raises(ValueError, match="aleph variant='x'"):
