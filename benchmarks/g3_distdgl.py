@@ -41,6 +41,7 @@ import json
 import os
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -564,7 +565,7 @@ def _summarise(runs: list[dict], configs: list) -> list[dict]:
                 "tta_g3_s": [p["tta_g3_s"] for p in per],
                 "tta_distdgl_s": [p["tta_distdgl_s"] for p in per],
                 "speedup_per_seed": sp,
-                "speedup_median": sorted(sp)[len(sp) // 2] if sp else None,
+                "speedup_median": statistics.median(sp) if sp else None,
                 "speedup_below_where_g3_missed_target": below,
                 "speedup_above_where_distdgl_missed_target": above,
             }
@@ -713,7 +714,7 @@ def main() -> None:
             "elapsed_s": time.time() - t_start,
             "speedup_g3_vs_distdgl": {
                 "all": ratios,
-                "median": sorted(ratios)[len(ratios) // 2] if ratios else None,
+                "median": statistics.median(ratios) if ratios else None,
                 "note": "DistDGL time / G3 time to the target, after start-up; > 1 means G3 is faster",
             },
             "per_config": _summarise(runs, configs),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 
@@ -40,7 +41,7 @@ def speedups(doc: dict) -> dict[tuple[int, int], dict[str, list[float]]]:
 
 
 def _median(xs: list[float]) -> float | None:
-    return sorted(xs)[len(xs) // 2] if xs else None
+    return statistics.median(xs) if xs else None
 
 
 def main() -> None:
