@@ -386,22 +386,9 @@ class AlephMegatron:
     def attach_finalize(self, model_config: Any) -> None:
         """Re-planning (``replan_every``): the end of Megatron's ``model_config.finalize_model_grads_func`` (wrapped,
         kept whole) is the iteration boundary where the group probes and re-plans."""
-        finalize = getattr(model_config, "finalize_model_grads_func", None)
-        if finalize is None:
-            raise ValueError(
-                "flowlane.aleph: replan_every needs config.finalize_model_grads_func (its end is the iteration "
-                "boundary; set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() "
-                "does)"
-            )
-        component = self._dp.component
+        from megatron_plugin.dp_collective import after_finalize
 
-        def finalize_then_step(*args: Any, **kwargs: Any) -> Any:
-            out = finalize(*args, **kwargs)
-            component.step()  # type: ignore[union-attr]
-            return out
-
-        model_config.finalize_model_grads_func = finalize_then_step
-        self._undo_finalize.append((model_config, finalize))
+        self._undo_finalize.append(after_finalize(model_config, self._dp.component.step, "flowlane.aleph"))  # type: ignore[union-attr]
 
     @property
     def decisions(self) -> list[tuple[int, bool, str, int]]:
@@ -434,8 +421,8 @@ class AlephMegatron:
         if self._expert is not None:
             self._expert.remove()
         self._dp.remove()
-        for model_config, finalize in reversed(self._undo_finalize):
-            model_config.finalize_model_grads_func = finalize
+        for undo in reversed(self._undo_finalize):
+            undo()
         self._undo_finalize.clear()
 
 
@@ -449,24 +436,13 @@ def install(
     hierarchy. A collective: every rank, after the DDP wrap and before the first backward. ``model_config`` (the
     chunks' TransformerConfig) is needed with ``replan_every``: its ``finalize_model_grads_func`` ends each
     iteration; ``probe``: re-planning's figures (see :class:`AlephMegatron`)."""
-    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of, has_expert_groups
+    from megatron_plugin.dp_collective import FINALIZE_UNSET, groups_of
 
     chunks = list(model_chunks)
-    check_chunks(chunks, "flowlane.aleph")  # refuse before anything is created
+    dp_group, expert_dp_group = groups_of(chunks, "flowlane.aleph")  # refuse before anything is created
     if config.replan_every and getattr(model_config, "finalize_model_grads_func", None) is None:
-        raise ValueError(
-            "flowlane.aleph: replan_every needs the model config with finalize_model_grads_func set (its end is the "
-            "iteration boundary): install(chunks, config, model_config)"
-        )
-    moe = has_expert_groups(chunks)
-    if moe:
-        check_chunks(chunks, "flowlane.aleph", expert=True)
-    aleph = AlephMegatron(
-        config,
-        data_parallel_group_of(chunks),
-        data_parallel_group_of(chunks, expert=True) if moe else None,
-        probe,
-    )
+        raise ValueError(f"flowlane.aleph: replan_every needs the model config: {FINALIZE_UNSET}")
+    aleph = AlephMegatron(config, dp_group, expert_dp_group, probe)
     aleph.attach(chunks)
     if config.replan_every:
         aleph.attach_finalize(model_config)

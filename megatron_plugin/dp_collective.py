@@ -423,3 +423,42 @@ def check_expert_setup(
             else f"{feature}: the chunks have expert bucket groups (MoE) but {feature} was set up without the "
             "expert-data-parallel group"
         )
+
+
+FINALIZE_UNSET = (
+    "config.finalize_model_grads_func is not set; its end is the iteration boundary (set it to "
+    "megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() does)"
+)
+
+
+def after_finalize(model_config: Any, step: Callable[[], None], feature: str) -> Callable[[], None]:
+    """Call ``step()`` at the end of Megatron's ``model_config.finalize_model_grads_func`` (wrapped, kept whole): the
+    same program point on every rank, after the iteration's gradient reductions. Returns the undo."""
+    finalize = getattr(model_config, "finalize_model_grads_func", None)
+    if finalize is None:
+        raise ValueError(f"{feature}: {FINALIZE_UNSET}")
+
+    def finalize_then_step(*args: Any, **kwargs: Any) -> Any:
+        out = finalize(*args, **kwargs)
+        step()
+        return out
+
+    model_config.finalize_model_grads_func = finalize_then_step
+
+    def undo() -> None:
+        model_config.finalize_model_grads_func = finalize
+
+    return undo
+
+
+def groups_of(
+    model_chunks: Sequence[torch.nn.Module], feature: str
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """Check the chunks (dense, and expert with MoE) and return (data-parallel group, expert-data-parallel group or
+    None): what an adapter's ``install`` hands its constructor."""
+    chunks = list(model_chunks)
+    check_chunks(chunks, feature)
+    moe = has_expert_groups(chunks)
+    if moe:
+        check_chunks(chunks, feature, expert=True)
+    return data_parallel_group_of(chunks), data_parallel_group_of(chunks, expert=True) if moe else None

@@ -286,23 +286,15 @@ class SyndicateMegatron:
 
     def attach_finalize(self, model_config: Any) -> None:
         """End the enforcers' iteration after Megatron's ``model_config.finalize_model_grads_func`` (kept whole)."""
-        finalize = getattr(model_config, "finalize_model_grads_func", None)
-        if finalize is None:
-            raise ValueError(
-                "flowlane.syndicate: config.finalize_model_grads_func is not set; its end is the iteration "
-                "boundary (set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's "
-                "train() does)"
-            )
+        from megatron_plugin.dp_collective import after_finalize
+
         enforcers = [e for e in (self.enforcer, self.expert_enforcer) if e is not None]
 
-        def finalize_then_step(*args: Any, **kwargs: Any) -> Any:
-            out = finalize(*args, **kwargs)
+        def step() -> None:
             for enforcer in enforcers:
                 enforcer.step()
-            return out
 
-        model_config.finalize_model_grads_func = finalize_then_step
-        self._undo_finalize.append((model_config, finalize))
+        self._undo_finalize.append(after_finalize(model_config, step, "flowlane.syndicate"))
 
     @property
     def submitted(self) -> list[tuple[int, str, int, str]]:
@@ -332,8 +324,8 @@ class SyndicateMegatron:
         for lane in (self._expert, self._lane):
             if lane is not None:
                 lane.dp.remove()
-        for model_config, finalize in reversed(self._undo_finalize):
-            model_config.finalize_model_grads_func = finalize
+        for undo in reversed(self._undo_finalize):
+            undo()
         self._undo_finalize.clear()
         for enforcer in (self.enforcer, self.expert_enforcer):
             if enforcer is not None:
@@ -360,27 +352,14 @@ def install(
     """Put the enforcer on every dense bucket group of ``model_chunks`` (Megatron-core DDP); ``model_config`` is
     the chunks' TransformerConfig, whose ``finalize_model_grads_func`` ends each iteration. A collective: every
     rank, after the DDP wrap and before the first backward."""
-    from megatron_plugin.dp_collective import check_chunks, data_parallel_group_of, has_expert_groups
+    from megatron_plugin.dp_collective import FINALIZE_UNSET, groups_of
 
     chunks = list(model_chunks)
-    check_chunks(chunks, "flowlane.syndicate")  # refuse before anything is created
+    dp_group, expert_dp_group = groups_of(chunks, "flowlane.syndicate")  # refuse before anything is created
     if getattr(model_config, "finalize_model_grads_func", None) is None:
-        raise ValueError(
-            "flowlane.syndicate: config.finalize_model_grads_func is not set; its end is the iteration boundary "
-            "(set it to megatron.core.distributed.finalize_model_grads first, as Megatron-LM's train() does)"
-        )
-    moe = has_expert_groups(chunks)
-    if moe:
-        check_chunks(chunks, "flowlane.syndicate", expert=True)
+        raise ValueError(f"flowlane.syndicate: {FINALIZE_UNSET}")
     overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
-    syn = SyndicateMegatron(
-        config,
-        data_parallel_group_of(chunks),
-        overlap,
-        store,
-        _distributed_optimizer(chunks),
-        data_parallel_group_of(chunks, expert=True) if moe else None,
-    )
+    syn = SyndicateMegatron(config, dp_group, overlap, store, _distributed_optimizer(chunks), expert_dp_group)
     syn.attach(chunks)
     syn.attach_finalize(model_config)
     return syn
