@@ -11,11 +11,20 @@ from flowlane.aleph.probe import probe_bandwidth
 
 
 def _ddp_run(
-    model: torch.nn.Module, plan: Plan | None, rank: int, steps: int = 3, top: str = "allreduce"
+    model: torch.nn.Module,
+    plan: Plan | None,
+    rank: int,
+    steps: int = 3,
+    top: str = "allreduce",
+    replan: dict | None = None,
 ) -> list[torch.Tensor]:
+    """``replan``: keyword arguments of install_aleph_hook's re-planning (``replanner``, ``probe``)."""
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
     if plan is not None:
-        install_aleph_hook(ddp, plan, top=top, chunk_bytes=1024)  # pipelined over several chunks with "ps"
+        # pipelined over several chunks with "ps"
+        state = install_aleph_hook(ddp, plan, top=top, chunk_bytes=1024, **(replan or {}))
+        if replan:
+            replan["state"] = state
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
@@ -56,6 +65,18 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     out["ddp_hier_maxdiff"] = max(
         float((a - b).abs().max()) for a, b in zip(ref + ref, hier + hier_ps, strict=True)
     )
+    if (
+        world == 4
+    ):  # re-planning every iteration (a stub probe, the same figures on every rank): the figures of
+        # iteration 2 make the plan in force infeasible, so a new hierarchy takes over for the third step
+        from flowlane.aleph import AlephConfig, Replanner
+
+        replanner = Replanner([30.0, 20.0, 10.0, 10.0], AlephConfig(replan_every=1, top="ps"))
+        seen = iter([[30.0, 20.0, 10.0, 10.0], [10.0, 10.0, 20.0, 30.0], [10.0, 10.0, 20.0, 30.0]])
+        replan: dict = {"replanner": replanner, "probe": lambda: next(seen)}
+        got = _ddp_run(copy.deepcopy(model), replanner.plan, rank, top="ps", replan=replan)
+        out["replan_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref, got, strict=True))
+        out["replan_decisions"] = [tuple(d[:2]) for d in replan["state"].decisions]
     out["ddp_moved"] = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters(), strict=True))
     figures, rate = probe_bandwidth(nbytes=1 << 16)
     out["probe"] = figures

@@ -36,6 +36,11 @@ def _check(res: list[dict], ncases: int) -> None:
 def test_hierarchical_allreduce_and_ddp_hook_match_all_reduce_and_plans_must_agree_on_4_ranks():
     res = launch(aleph_workers.hierarchical_cases, 4, args=(CASES_4,), timeout=120)
     _check(res, len(CASES_4))
+    for (
+        r
+    ) in res:  # the DDP hook re-planning after each iteration's last bucket: the plan changed at iteration 2
+        assert r["replan_decisions"] == [(1, False), (2, True), (3, False)], r["replan_decisions"]
+        assert r["replan_maxdiff"] < 1e-5, r["replan_maxdiff"]
 
 
 @pytest.mark.slow

@@ -148,5 +148,5 @@ def test_install_aleph_hook_hands_several_ps_to_the_udp_tier(monkeypatch):
     with pytest.raises(Built):
         install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), split="equal", drop=0.01)
     assert seen == {"ps": (0, 1), "split": "equal", "ps_bandwidths": None, "drop": 0.01}
-    with pytest.raises(ValueError, match="dedicated_ps applies to dataplane='torch' only"):
+    with pytest.raises(ValueError, match="dedicated_ps and replanner apply to dataplane='torch' only"):
         install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), dedicated_ps=True)

@@ -430,6 +430,52 @@ class HierarchicalAllReduce:
             dist.irecv(part(me), src=root).wait()
 
 
+class ReplanningAllReduce:
+    """A :class:`HierarchicalAllReduce` that re-plans when measured bandwidth drifts (digest §5.1 #13, E10). Call it
+    like the hierarchy; :meth:`end_iteration` (the DDP hook calls it after an iteration's last bucket, the same
+    program point on every rank) counts iterations, and at the replanner's due ones probes the group (``probe()``:
+    one Gbit/s figure per group rank, the same on every rank) and, when :meth:`flowlane.aleph.Replanner.observe`
+    changes the plan, builds a new hierarchy over the same up/down groups (``top="ps"``, one PS: a new plan's PS is
+    its first aggregator). ``decisions``: (iteration, changed, reason, |D|) of every re-planning point."""
+
+    def __init__(self, har: HierarchicalAllReduce, replanner: Any, probe: Any) -> None:
+        if har.top != "ps" or len(har.ps) != 1 or har.dedicated_ps:
+            raise ValueError(
+                f"re-planning needs top='ps' with one PS (its groups serve any plan), not top={har.top!r} with PSs "
+                f"{list(har.ps)}"
+            )
+        if replanner.plan != har.plan:
+            raise ValueError(
+                "re-planning: the hierarchy must start from the replanner's plan (replanner.plan)"
+            )
+        self.har, self.replanner, self.probe = har, replanner, probe
+        self.iteration = 0
+        self.decisions: list[tuple[int, bool, str, int]] = []
+
+    @property
+    def ranks(self) -> list[int]:
+        return self.har.ranks
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.har(tensor)
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.har.reduce_scatter(tensor)
+
+    def end_iteration(self) -> None:
+        self.iteration += 1
+        if not self.replanner.due(self.iteration):
+            return
+        d = self.replanner.observe(self.probe())
+        if d.changed:
+            h = self.har
+            self.har = HierarchicalAllReduce(
+                d.plan, h.group, "ps", h.chunk_bytes, p2p_groups=(h._up_pgs, h._down_pgs)
+            )
+        self.decisions.append((self.iteration, d.changed, d.reason, d.plan.num_flows))
+        log.info("ALEPH re-planning at iteration %d: %s", self.iteration, d.reason)
+
+
 def aleph_comm_hook(
     state: "HierarchicalAllReduce", bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -440,6 +486,8 @@ def aleph_comm_hook(
         1.0 / len(state.ranks)
     )  # DDP's built-in reducer scales by 1/size before the sum: bitwise at any size
     state(buf)
+    if bucket.is_last() and isinstance(state, ReplanningAllReduce):
+        state.end_iteration()  # every rank reduces the iteration's buckets in one order: the same point everywhere
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
@@ -456,17 +504,22 @@ def install_aleph_hook(
     split: Sequence[float] | str | None = None,
     ps_bandwidths: Sequence[float] | None = None,
     dedicated_ps: bool = False,
+    replanner: Any = None,
+    probe: Any = None,
     **udp_options: Any,
 ) -> Any:
     """Register the ALEPH hook on a DDP model (its process group); returns the hook's state. ``dataplane``: "torch"
     (tier 0, :class:`HierarchicalAllReduce`; ``ps``, ``split``, ``ps_bandwidths``, ``dedicated_ps``: its several PSs)
     or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`, PS-rooted; ``udp_options`` go to it, and so
-    do ``ps``, ``split`` and ``ps_bandwidths``; ``top``, ``chunk_bytes`` and ``dedicated_ps`` do not apply)."""
+    do ``ps``, ``split`` and ``ps_bandwidths``; ``top``, ``chunk_bytes`` and ``dedicated_ps`` do not apply).
+    ``replanner`` (a :class:`flowlane.aleph.Replanner` whose plan is ``plan``; torch tier, ``top="ps"``, one PS):
+    re-plan after every ``replan_every``-th iteration's last bucket from ``probe()`` (default:
+    :func:`flowlane.aleph.probe.probe_bandwidth` over the model's group), see :class:`ReplanningAllReduce`."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
     multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths, "dedicated_ps": dedicated_ps}
-    if dataplane == "udp" and dedicated_ps:
-        raise ValueError("dedicated_ps applies to dataplane='torch' only")
+    if dataplane == "udp" and (dedicated_ps or replanner is not None):
+        raise ValueError("dedicated_ps and replanner apply to dataplane='torch' only")
     if dataplane == "torch" and udp_options:
         raise ValueError(f"{sorted(udp_options)} apply to dataplane='udp' only")
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -480,5 +533,10 @@ def install_aleph_hook(
         state: Any = UdpAllReduce(plan, group, ps=ps, split=split, ps_bandwidths=ps_bandwidths, **udp_options)
     else:
         state = HierarchicalAllReduce(plan, group, top, chunk_bytes, **multi)
+        if replanner is not None:
+            from flowlane.aleph.probe import probe_bandwidth
+
+            figures = probe or (lambda: probe_bandwidth(group=group)[0])
+            state = ReplanningAllReduce(state, replanner, figures)
     model.register_comm_hook(state, aleph_comm_hook)
     return state
