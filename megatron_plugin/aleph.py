@@ -30,6 +30,7 @@ Megatron-LM: ``--aleph --aleph-bandwidth-gbps 30,20,20,10`` (or ``--aleph-cluste
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -447,6 +448,23 @@ def install(
     if config.replan_every:
         aleph.attach_finalize(model_config)
     return aleph
+
+
+def config_from_group(group: dict[str, Any]) -> AlephMegatronConfig:
+    """The recipe's ``dp_collective=aleph`` group (Hydra; ``name`` plus the config's fields) as the config; unknown
+    keys and bad values are named."""
+    values = {k: v for k, v in group.items() if k != "name"}
+    fields = {f.name for f in dataclasses.fields(AlephMegatronConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"dp_collective=aleph: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    return AlephMegatronConfig(**values)
+
+
+def install_from_config(group: dict[str, Any], ctx: Any) -> Any:
+    """Called by the recipe's train loop on every rank (a collective) after Megatron-core's DDP wrap, with
+    ``ctx.model`` (the DDP chunk) and ``ctx.config`` (its TransformerConfig, ``finalize_model_grads_func`` set)."""
+    return install([ctx.model], config_from_group(group), ctx.config)
 
 
 # -- launch flags ------------------------------------------------------------------------------------------------------

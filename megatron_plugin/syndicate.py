@@ -40,6 +40,7 @@ the signatures, :attr:`SyndicateMegatron.submitted`, to build a plan from).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -363,6 +364,23 @@ def install(
     syn.attach(chunks)
     syn.attach_finalize(model_config)
     return syn
+
+
+def config_from_group(group: dict[str, Any]) -> SyndicateMegatronConfig:
+    """The recipe's ``dp_collective=syndicate`` group (Hydra; ``name`` plus the config's fields) as the config; unknown
+    keys and bad values are named."""
+    values = {k: v for k, v in group.items() if k != "name"}
+    fields = {f.name for f in dataclasses.fields(SyndicateMegatronConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"dp_collective=syndicate: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    return SyndicateMegatronConfig(**values)
+
+
+def install_from_config(group: dict[str, Any], ctx: Any) -> Any:
+    """Called by the recipe's train loop on every rank (a collective) after Megatron-core's DDP wrap, with
+    ``ctx.model`` (the DDP chunk) and ``ctx.config`` (its TransformerConfig, ``finalize_model_grads_func`` set)."""
+    return install([ctx.model], config_from_group(group), ctx.config)
 
 
 # -- launch flags ------------------------------------------------------------------------------------------------------

@@ -86,8 +86,8 @@ class GPTRecipe:
     """Train in bf16 as Megatron-LM's --bf16 does: bf16 parameters and pipeline activations (Float16Module), fp32
     main gradients and master weights in Megatron-core's optimizer."""
     features: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Feature groups, name -> config dict (empty or {"name": "none"} = off): Hydra's scheduler and offload groups,
-    not a key of default.yaml."""
+    """Feature groups, name -> config dict (empty or {"name": "none"} = off): Hydra's scheduler, offload and
+    dp_collective groups, not a key of default.yaml."""
 
     def validate(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -188,6 +188,15 @@ def install_features(features: dict[str, dict[str, Any]], ctx: TrainContext) -> 
         from megatron_plugin import ssd_offload
 
         handles.append(ssd_offload.install_from_config(features["offload"], ctx.model))
+    dp = features.get("dp_collective") or {}
+    if dp.get("name", "none") == "aleph":
+        from megatron_plugin import aleph
+
+        handles.append(aleph.install_from_config(dp, ctx))
+    elif dp.get("name", "none") == "syndicate":
+        from megatron_plugin import syndicate
+
+        handles.append(syndicate.install_from_config(dp, ctx))
     return [h for h in handles if h is not None and getattr(h, "enabled", True)]
 
 

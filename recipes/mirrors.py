@@ -43,6 +43,34 @@ def _ssd() -> str:
     )
 
 
+def _aleph() -> str:
+    from megatron_plugin.aleph import AlephMegatronConfig
+
+    return yaml_mirror(
+        AlephMegatronConfig,
+        "ALEPH hierarchical aggregation on Megatron-core's DP reduction (seed 002). Generated from\n"
+        "megatron_plugin.aleph.AlephMegatronConfig by `python -m recipes.mirrors`: edit the dataclass, not this file.\n"
+        "Select with `dp_collective=aleph` and give the plan: dp_collective.clusters='\"0,1\"' (or bandwidth_gbps).\n"
+        "The recipe's top is the PS tree, which runs with several DP groups (the default recipe has one per stage).",
+        {"top": "ps"},
+        preamble="name: aleph",
+    )
+
+
+def _syndicate() -> str:
+    from megatron_plugin.syndicate import SyndicateMegatronConfig
+
+    return yaml_mirror(
+        SyndicateMegatronConfig,
+        "SYNDICATE motifs and launch order on Megatron-core's DP reduction (seed 004). Generated from\n"
+        "megatron_plugin.syndicate.SyndicateMegatronConfig by `python -m recipes.mirrors`: edit the dataclass, not\n"
+        "this file. Select with `dp_collective=syndicate`; the recipe starts in FIFO mode (every op whole, recording\n"
+        "the signatures to plan from); set dp_collective.mode=plan and dp_collective.plan=<plan JSON> to enforce one.",
+        {"mode": "fifo"},
+        preamble="name: syndicate",
+    )
+
+
 def _default() -> str:
     from recipes.gpt import GPTRecipe
 
@@ -50,8 +78,8 @@ def _default() -> str:
         GPTRecipe,
         "Default recipe: a tiny GPT built with Megatron-core, pipeline 2 x data 2 on 4 CPU ranks, synthetic tokens.\n"
         "Generated from recipes.gpt.GPTRecipe by `python -m recipes.mirrors`: edit the dataclass, not this file.\n"
-        "Feature groups: scheduler=none|hermod, offload=none|ssd.",
-        preamble="defaults:\n  - scheduler: none\n  - offload: none\n  - _self_\n\njob: gpt",
+        "Feature groups: scheduler=none|hermod, offload=none|ssd, dp_collective=none|aleph|syndicate.",
+        preamble="defaults:\n  - scheduler: none\n  - offload: none\n  - dp_collective: none\n  - _self_\n\njob: gpt",
         skip=("features",),
     )
 
@@ -61,6 +89,8 @@ MIRRORS: dict[str, Callable[[], str]] = {
     "default.yaml": _default,
     "scheduler/hermod.yaml": _hermod,
     "offload/ssd.yaml": _ssd,
+    "dp_collective/aleph.yaml": _aleph,
+    "dp_collective/syndicate.yaml": _syndicate,
 }
 
 

@@ -3,6 +3,7 @@
     flowlane-train                          # default recipe: tiny GPT, PP2 x DP2 on 4 CPU ranks
     flowlane-train scheduler=hermod         # + Hermod coflow scheduling
     flowlane-train offload=ssd              # + SSDTrain activation offloading
+    flowlane-train dp_collective=aleph dp_collective.clusters='"0,1"'   # + ALEPH on the DP reduction
     flowlane-train --config-name gnn_fullgraph
 
 Under torchrun or srun (one process per rank, started by them) each process runs its own rank only and rank 0
@@ -30,7 +31,7 @@ JOBS: dict[str, str] = {
     "gnn_fullgraph": "recipes.train:run_gnn",
     "gnn_dgs": "dgl_plugin.dgs_train:run_dgs",
 }
-FEATURE_GROUPS = ("scheduler", "offload")
+FEATURE_GROUPS = ("scheduler", "offload", "dp_collective")
 
 
 # Third-party notices every CPU run prints once per rank and module (no Transformer Engine or Apex on CPU; a
@@ -72,6 +73,9 @@ def feature_lines(cfg: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
     sched = cfg.get("scheduler") or {}
     if sched.get("name", "none") != "none":
         on.append(f"scheduler={sched['name']} (ep_algorithm={sched.get('ep_algorithm', 'bvn')})")
+    dp = cfg.get("dp_collective") or {}
+    if dp.get("name", "none") != "none":
+        on.append(f"dp_collective={dp['name']}")
     off = cfg.get("offload") or {}
     if off.get("enabled", False):
         dirs = ", ".join(off.get("dirs") or []) or "system temp folder"

@@ -105,6 +105,31 @@ def check_scheduler(group: Mapping[str, Any]) -> None:
     _as_config_error(HermodConfig.from_dict, dict(group))
 
 
+def check_dp_collective(group: Mapping[str, Any], scheduler: Mapping[str, Any] | None) -> None:
+    name = group.get("name", "none")
+    if name == "none":
+        return
+    if name not in ("aleph", "syndicate"):
+        raise ConfigError(f"dp_collective={name!r} must be one of ['none', 'aleph', 'syndicate']")
+    if (scheduler or {}).get("name", "none") != "none":
+        raise ConfigError(
+            f"dp_collective={name} and scheduler={scheduler['name']} both take Megatron's DP bucket reductions; "  # type: ignore[index]
+            "use one"
+        )
+    if name == "aleph":
+        from megatron_plugin.aleph import AlephMegatronConfig, config_from_group
+    else:
+        from megatron_plugin.syndicate import SyndicateMegatronConfig, config_from_group
+    cls = AlephMegatronConfig if name == "aleph" else SyndicateMegatronConfig
+    check_types(cls, {k: v for k, v in group.items() if k != "name"}, "dp_collective.")
+    cfg = _as_config_error(config_from_group, dict(group))
+    if name == "aleph" and not (cfg.bandwidth_gbps or cfg.clusters):
+        raise ConfigError(
+            "dp_collective=aleph needs dp_collective.bandwidth_gbps (one figure per DP rank) or "
+            """dp_collective.clusters (e.g. dp_collective.clusters='"0,1"')"""
+        )
+
+
 def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
     """The default/moe recipe: returns the validated :class:`recipes.gpt.GPTRecipe`."""
     from recipes.gpt import GPTRecipe
@@ -121,6 +146,8 @@ def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
         check_offload(cfg["offload"])
     if cfg.get("scheduler"):
         check_scheduler(cfg["scheduler"])
+    if cfg.get("dp_collective"):
+        check_dp_collective(cfg["dp_collective"], cfg.get("scheduler"))
     recipe = GPTRecipe(**values, features={g: cfg[g] for g in feature_groups if g in cfg})
     _as_config_error(recipe.validate)
     check_launch_gpt(recipe)

@@ -23,7 +23,7 @@ def test_default_yaml_mirrors_the_recipe_dataclass():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="default")
     fields = {f.name for f in dataclasses.fields(GPTRecipe)} - {"features"}
-    assert set(cfg) - {"job", "scheduler", "offload"} == fields
+    assert set(cfg) - {"job", "scheduler", "offload", "dp_collective"} == fields
     for f in dataclasses.fields(GPTRecipe):
         if f.name != "features" and f.default is not dataclasses.MISSING:
             assert cfg[f.name] == f.default, f.name
@@ -44,6 +44,20 @@ def test_bad_recipe_values_are_rejected_with_the_value_named():
         run_job({"job": "gpt", "hiden_size": 8})
     with pytest.raises(ValueError, match="recipe job 'bert' is not one of"):
         run_job({"job": "bert"})
+    with pytest.raises(ValueError, match=r"dp_collective=aleph needs dp_collective.bandwidth_gbps"):
+        run_job({"job": "gpt", "dp_collective": {"name": "aleph"}})
+    with pytest.raises(ValueError, match=r"dp_collective=syndicate and scheduler=hermod both take"):
+        run_job(
+            {
+                "job": "gpt",
+                "dp_collective": {"name": "syndicate", "mode": "fifo"},
+                "scheduler": {"name": "hermod"},
+            }
+        )
+    with pytest.raises(ValueError, match=r"dp_collective=aleph: unknown key\(s\) \['cluster'\]"):
+        run_job({"job": "gpt", "dp_collective": {"name": "aleph", "cluster": "0,1"}})
+    with pytest.raises(ValueError, match=r"dp_collective.replan_every=.* must be an integer"):
+        run_job({"job": "gpt", "dp_collective": {"name": "aleph", "clusters": "0,1", "replan_every": "x"}})
 
 
 def _train(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -103,3 +117,13 @@ def test_hermod_and_ssd_offload_recipe_options_do_not_change_the_math(tmp_path, 
     assert all(x["feature_stats"]["SSDOffload"]["bytes_written"] > 0 for x in both["per_rank"])
     assert "activations offloaded" in r.stdout
     assert "features: scheduler=hermod (ep_algorithm=bvn); offload=posix" in r.stdout
+
+
+def test_aleph_recipe_option_does_not_change_the_math(tmp_path, default_run):
+    """dp_collective=aleph: each stage's two data-parallel ranks reduce through a PS tree of two (a sum of two has
+    one order), so the run is bitwise the default one."""
+    _, base = default_run
+    r, aleph = _train(tmp_path / "aleph", "dp_collective=aleph", 'dp_collective.clusters="0,1"')
+    assert aleph["loss"] == base["loss"]
+    assert [x["param_digest"] for x in aleph["per_rank"]] == [x["param_digest"] for x in base["per_rank"]]
+    assert "features: dp_collective=aleph" in r.stdout
