@@ -389,7 +389,8 @@ class AlephMegatron:
         kept whole) is the iteration boundary where the group probes and re-plans."""
         from megatron_plugin.dp_collective import after_finalize
 
-        self._undo_finalize.append(after_finalize(model_config, self._dp.component.step, "flowlane.aleph"))  # type: ignore[union-attr]
+        step = self._dp.component.step  # type: ignore[union-attr]
+        self._undo_finalize.append(after_finalize(model_config, step, "flowlane.aleph"))
 
     @property
     def decisions(self) -> list[tuple[int, bool, str, int]]:

@@ -1,9 +1,10 @@
 """The enforcer (seed 004 §5.2, Pseudocode 2): every rank launches the plan's motifs in one order.
 
 The application submits comm-ops as usual, in its own (FIFO) order, through :class:`Enforcer`'s ``all_reduce``,
-``all_to_all_single``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor``. The enforcer matches the i-th submission of the iteration to
-the plan's i-th op by signature (kind, element count, dtype; digest §5 item 8), cuts it into motifs, and launches
-motifs strictly in the plan's sequence: motif ``k`` goes out once it and every motif before it have been submitted.
+``all_to_all_single``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor``. The enforcer matches the i-th
+submission of the iteration to the plan's i-th op by signature (kind, element count, dtype; digest §5 item 8), cuts
+it into motifs, and launches motifs strictly in the plan's sequence: motif ``k`` goes out once it and every motif
+before it have been submitted.
 
 * **Where launches happen.** The paper's progress thread busy-waits for the next sequence number. Here a motif is
   launched by the thread whose submission makes it launchable, at that program point: the same order, with no
