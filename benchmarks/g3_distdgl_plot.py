@@ -29,15 +29,26 @@ def speedups(doc: dict) -> dict[tuple[int, int], dict[str, list[float]]]:
             if g3 is None:
                 continue
             key = (dd["layers"], dd["fanout"][0])
-            v = out.setdefault(key, {"measured": [], "below": [], "above": []})
+            v = out.setdefault(key, {"measured": [], "below": [], "above": [], "train_only": []})
             t_dd, t_g3 = row["tta_distdgl_s"], row["tta_g3_s"]
             if t_dd and t_g3:
                 v["measured"].append(t_dd / t_g3)
+                tr_dd, tr_g3 = _train_only(dd["history"], t_dd), _train_only(g3["history"], t_g3)
+                if tr_dd is not None and tr_g3 is not None:
+                    v["train_only"].append(tr_dd / tr_g3)
             elif t_dd:
                 v["below"].append(t_dd / g3["history"][-1]["t"])
             elif t_g3:
                 v["above"].append(dd["history"][-1]["t"] / t_g3)
     return out
+
+
+def _train_only(hist: list[dict], t_target: float) -> float | None:
+    """Time to the target less the evaluations up to it (None where the run did not record ``eval_s``)."""
+    upto = [h for h in hist if h["t"] <= t_target]
+    if any("eval_s" not in h for h in upto):
+        return None
+    return t_target - sum(h["eval_s"] for h in upto)
 
 
 def _median(xs: list[float]) -> float | None:
@@ -60,20 +71,37 @@ def main() -> None:
         if not d.get("runs") or "per_config" not in d:
             raise SystemExit(f"{p}: no runs / per_config (not a sweep result of benchmarks/g3_distdgl.py)")
         docs.append(d)
+    all_fanouts = sorted({f for d in docs for f in (row[1] for row in speedups(d))})
+    all_layers = sorted({n for d in docs for n in (row[0] for row in speedups(d))})
     fig, axes = plt.subplots(len(docs), 2, figsize=(11, 4 * len(docs)), squeeze=False)
     for d, (ax_l, ax_f) in zip(docs, axes, strict=True):
         sp = speedups(d)
+        palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
         layers = sorted({n for n, _ in sp})
         fanouts = sorted({f for _, f in sp})
         for ax, groups, xs_of, lab in (
             (ax_l, fanouts, lambda g, ls=layers: [(n, (n, g)) for n in ls], "fanout {}"),
             (ax_f, layers, lambda g, fs=fanouts: [(f, (g, f)) for f in fs], "{} layers"),
         ):
+            colours = {
+                g: palette[i % len(palette)]
+                for i, g in enumerate(all_fanouts if lab.startswith("fanout") else all_layers)
+            }
             for g in groups:
                 pts = [(x, sp[k]) for x, k in xs_of(g) if k in sp]
                 med = [(x, _median(v["measured"])) for x, v in pts if v["measured"]]
-                (line,) = ax.plot([x for x, _ in med], [m for _, m in med], marker="o", label=lab.format(g))
-                c = line.get_color()
+                c = colours[g]
+                ax.plot([x for x, _ in med], [m for _, m in med], marker="o", label=lab.format(g), color=c)
+                tro = [(x, _median(v["train_only"])) for x, v in pts if v["train_only"]]
+                if tro:
+                    ax.plot(
+                        [x for x, _ in tro],
+                        [m for _, m in tro],
+                        marker="x",
+                        ls=":",
+                        color=c,
+                        label=lab.format(g) + ", training only",
+                    )
                 for x, v in pts:
                     for kind, marker in (("measured", "o"), ("below", "v"), ("above", "^")):
                         if v[kind]:
@@ -96,8 +124,8 @@ def main() -> None:
         ax_f.minorticks_off()
         ax_f.set_xticks(fanouts, [str(f) for f in fanouts])
     fig.suptitle(
-        "G3 vs real DistDGL, time to the same validation accuracy (dots: seeds; line: median; v: G3 did not reach "
-        "it, speed-up below; <1: DistDGL faster)",
+        "G3 vs real DistDGL, time to the same validation accuracy; speed-up < 1: DistDGL faster\n"
+        "dots: seeds; line: median; v: G3 did not reach it (speed-up below); dotted: training time only, where recorded",
         fontsize=10,
     )
     fig.tight_layout()
