@@ -197,9 +197,13 @@ def _sum_ranks(v: int) -> int:
 
 
 def _max_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This process's own peak resident memory (VmHWM: reset at exec, unlike ru_maxrss, which Linux keeps across
+    exec, so a rank started by a large parent would report the parent's peak)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _g3_rank(rank: int, world: int, a: dict) -> dict:
