@@ -94,6 +94,17 @@ def config_from_namespace(cls: type, args: argparse.Namespace, prefix: str, **gi
 _YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~", ""}
 
 
+def config_from_group(cls: type, group: dict[str, Any], where: str) -> Any:
+    """Dataclass ``cls`` from a Hydra feature group (``name`` plus the config's fields); ``where`` names the group in
+    the error an unknown key gets (the dataclass names a bad value)."""
+    values = {k: v for k, v in group.items() if k != "name"}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    return cls(**values)
+
+
 def _yaml_scalar(value: Any) -> str:
     if value is None:
         return "null"

@@ -30,7 +30,6 @@ Megatron-LM: ``--aleph --aleph-bandwidth-gbps 30,20,20,10`` (or ``--aleph-cluste
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from flowlane import configs
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
 from flowlane.configs import add_dataclass_args, config_from_namespace
 
@@ -454,12 +454,7 @@ def install(
 def config_from_group(group: dict[str, Any]) -> AlephMegatronConfig:
     """The recipe's ``dp_collective=aleph`` group (Hydra; ``name`` plus the config's fields) as the config; unknown
     keys and bad values are named."""
-    values = {k: v for k, v in group.items() if k != "name"}
-    fields = {f.name for f in dataclasses.fields(AlephMegatronConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"dp_collective=aleph: unknown key(s) {unknown}; allowed: {sorted(fields)}")
-    return AlephMegatronConfig(**values)
+    return configs.config_from_group(AlephMegatronConfig, group, "dp_collective=aleph")
 
 
 def install_from_config(group: dict[str, Any], ctx: Any) -> Any:

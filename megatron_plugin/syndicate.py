@@ -40,7 +40,6 @@ the signatures, :attr:`SyndicateMegatron.submitted`, to build a plan from).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -51,6 +50,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from flowlane import configs
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, Handle, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
@@ -369,12 +369,7 @@ def install(
 def config_from_group(group: dict[str, Any]) -> SyndicateMegatronConfig:
     """The recipe's ``dp_collective=syndicate`` group (Hydra; ``name`` plus the config's fields) as the config; unknown
     keys and bad values are named."""
-    values = {k: v for k, v in group.items() if k != "name"}
-    fields = {f.name for f in dataclasses.fields(SyndicateMegatronConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"dp_collective=syndicate: unknown key(s) {unknown}; allowed: {sorted(fields)}")
-    return SyndicateMegatronConfig(**values)
+    return configs.config_from_group(SyndicateMegatronConfig, group, "dp_collective=syndicate")
 
 
 def install_from_config(group: dict[str, Any], ctx: Any) -> Any:
