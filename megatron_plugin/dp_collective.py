@@ -25,9 +25,11 @@ of a private class is still private API: megatron-core is pinned
 
 With the distributed optimizer (``use_distributed_optimizer=True``) the bucket group keeps its collective group as
 ``intra_distributed_optimizer_instance_group`` instead, and issues on it the gradients' reduce-scatter (each bucket
-into this rank's shard, a view of the bucket) and the parameters' all-gather (``start_param_sync``). The
-reduce-scatter goes to the component's ``reduce_scatter``; the all-gather is passed through, unchanged, to
-Megatron's own group (it moves no gradient, and the components shape gradient traffic only).
+into this rank's shard, a view of the bucket) and the parameters' all-gather (``start_param_sync``: one coalesced
+call per bucket group, from the forward pre-hooks with ``overlap_param_gather``, else after the optimizer step). The
+reduce-scatter goes to the component's ``reduce_scatter``. The all-gather goes to the component's ``all_gather`` when
+it was set up with ``param_gather=True`` (SYNDICATE: the gathers are plan ops too), and otherwise passes through,
+unchanged, to Megatron's own group (ALEPH: it moves no gradient, and ALEPH shapes gradient traffic only).
 
 Refused at install, naming the value (never silently skipped):
 
@@ -77,6 +79,14 @@ class DPComponent(Protocol):
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> DPHandle: ...
 
 
+class DPGatherComponent(DPComponent, Protocol):
+    """A component that also carries the distributed optimizer's parameter all-gathers (``param_gather=True``):
+    ``all_gather(outputs, inputs)`` gathers every ``inputs[i]`` (this rank's block, a view of ``outputs[i]`` in
+    Megatron) from every rank into ``outputs[i]``, rank order."""
+
+    def all_gather(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> DPHandle: ...
+
+
 class _Work(dist._Work):
     """The handle Megatron keeps (``grad_reduce_handle``): ``wait()`` waits for the component's handle."""
 
@@ -121,14 +131,19 @@ _NO_EAGER_CONNECT = _NoEagerConnect()
 
 class _DPGroup(dist.ProcessGroup):
     """The ``flowlane_dp`` process group: all-reduces and reduce-scatters (SUM) go to the component, all-gathers to
-    ``passthrough`` (Megatron's own group); every other collective is refused by torch (the Python base class
-    implements none)."""
+    the component with ``param_gather``, else to ``passthrough`` (Megatron's own group); every other collective is
+    refused by torch (the Python base class implements none)."""
 
-    def __init__(self, rank: int, size: int, component: DPComponent, ranks: tuple[int, ...]) -> None:
+    def __init__(
+        self, rank: int, size: int, component: DPComponent, ranks: tuple[int, ...], param_gather: bool = False
+    ) -> None:
         super().__init__(rank, size)
         self.component, self.ranks, self.calls = component, ranks, 0
+        self.param_gather = param_gather
+        """Whether the parameters' all-gathers go to the component (else to ``passthrough``)."""
         self.passthrough: dist.ProcessGroup | None = None
-        """Megatron's own data-parallel group (set by :class:`DPCollective`): the parameters' all-gathers run there."""
+        """Megatron's own data-parallel group (set by :class:`DPCollective`): the parameters' all-gathers run there
+        unless ``param_gather``."""
         self.gathers = 0
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -161,6 +176,10 @@ class _DPGroup(dist.ProcessGroup):
             raise RuntimeError(
                 f"{BACKEND_NAME}: reduce op {name} is not SUM (the only one routed to a component)"
             )
+        self._check_contiguous(tensors)
+
+    @staticmethod
+    def _check_contiguous(tensors: list[torch.Tensor]) -> None:
         bad = [i for i, t in enumerate(tensors) if not t.is_contiguous()]
         if bad:
             raise RuntimeError(f"{BACKEND_NAME}: tensors {bad} are not contiguous (Megatron's buckets are)")
@@ -186,6 +205,20 @@ class _DPGroup(dist.ProcessGroup):
         return _Work(self.component.reduce_scatter(list(outputs), list(inputs)), list(outputs))
 
     def _all_gather(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Work:
+        if self.param_gather:
+            self._check_contiguous(outputs + inputs)
+            bad = [
+                i
+                for i, (o, x) in enumerate(zip(outputs, inputs, strict=True))
+                if o.numel() != x.numel() * self.size()
+            ]
+            if bad:
+                raise RuntimeError(
+                    f"{BACKEND_NAME}: all-gather {bad[0]} has {outputs[bad[0]].numel()} output elements, not "
+                    f"{self.size()} x {inputs[bad[0]].numel()} (the input's)"
+                )
+            self.gathers += 1
+            return _Work(self.component.all_gather(list(outputs), list(inputs)), list(outputs))  # type: ignore[attr-defined]
         if self.passthrough is None:
             raise RuntimeError(f"{BACKEND_NAME}: an all-gather before the group was attached to Megatron's")
         self.gathers += 1
@@ -234,7 +267,7 @@ def _create(store: Any, rank: int, size: int, timeout: Any) -> _DPGroup:
     component, ranks = _CREATING["component"], _CREATING["ranks"]
     if size != len(ranks):
         raise RuntimeError(f"{BACKEND_NAME}: group of {size} ranks created for {ranks}")
-    return _DPGroup(rank, size, component, ranks)
+    return _DPGroup(rank, size, component, ranks, _CREATING["param_gather"])
 
 
 def _register() -> None:
@@ -313,7 +346,9 @@ class DPCollective:
     component; it may use that group for its traffic) and None otherwise (return None). :meth:`attach` is local
     (any point before a chunk's first backward): it checks the chunks and sets the ``flowlane_dp`` group as their
     bucket groups' collective group. :meth:`remove` restores Megatron's groups. ``expert``: the chunks' expert bucket
-    groups (MoE), ``dp_group`` then being this rank's expert-data-parallel group."""
+    groups (MoE), ``dp_group`` then being this rank's expert-data-parallel group. ``param_gather``: the distributed
+    optimizer's parameter all-gathers go to the component's ``all_gather`` (:class:`DPGatherComponent`) instead of
+    Megatron's own group."""
 
     def __init__(
         self,
@@ -321,8 +356,9 @@ class DPCollective:
         make_component: Callable[[dist.ProcessGroup | None, tuple[int, ...]], DPComponent | None],
         feature: str,
         expert: bool = False,
+        param_gather: bool = False,
     ) -> None:
-        self.feature, self.expert = feature, expert
+        self.feature, self.expert, self.param_gather = feature, expert, param_gather
         mine = tuple(dist.get_process_group_ranks(dp_group))
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
@@ -334,7 +370,15 @@ class DPCollective:
             ranks
         ) in self.all_groups:  # every rank creates every group, in one order (new_group is collective)
             component = make_component(dp_group if ranks == mine else None, ranks)
-            _CREATING.update(component=component, ranks=ranks)
+            if (
+                param_gather
+                and component is not None
+                and not callable(getattr(component, "all_gather", None))
+            ):
+                raise TypeError(
+                    f"{feature}: param_gather=True needs a component with all_gather(outputs, inputs)"
+                )
+            _CREATING.update(component=component, ranks=ranks, param_gather=param_gather)
             try:
                 pg = dist.new_group(list(ranks), backend=BACKEND_NAME)
             finally:
@@ -381,7 +425,8 @@ class DPCollective:
 
     @property
     def gathers(self) -> int:
-        """Coalesced parameter all-gathers (distributed optimizer) passed through to Megatron's group."""
+        """Coalesced parameter all-gathers (distributed optimizer): carried by the component with ``param_gather``,
+        else passed through to Megatron's group."""
         return self.group.gathers if self.group is not None else 0
 
     def remove(self) -> None:

@@ -22,6 +22,16 @@ a plan that interleaves ops then falls back to FIFO for that iteration, at the s
 at install. Also refused: plan ops other than all-reduce, ops spanning another number of ranks than the
 data-parallel group, and algorithms the enforcer cannot force (``tree``, ``rs_ag``).
 
+With the distributed optimizer every bucket's gradient reduce-scatter is an op (signature: this rank's block), and
+so is every bucket's parameter all-gather (``start_param_sync``; signature: this rank's block, the IR's all-gather
+payload), unless ``param_gather="passthrough"`` leaves the gathers unshaped on Megatron's own group. Megatron gathers
+in the forward pre-hooks (``overlap_param_gather``) or synchronously after the optimizer step (without it, i.e.
+after this iteration boundary, so iteration 0 has no gathers and falls back to FIFO at its first reduce-scatter),
+and waits for each bucket group's gather before it starts the next: the plan's gathers are its first ops, each one's
+motifs launched before any later op's (digest §5 item 9: a host wait point the order must respect). Refused at
+install, naming the op: gathers after a reduce-scatter, a gather interleaved with a later op, a plan without gathers
+(unless ``passthrough``) or with gathers that are not the buckets' blocks.
+
 Several data-parallel groups (PP, TP or CP > 1): each group gets its own enforcer, its own path groups (made on
 every rank in one order) and its own store namespace, so a group's watchdog compares its own ranks. Each pipeline stage has other
 buckets, so each needs its own plan: ``{pp_rank}`` in the plan path is this rank's pipeline stage
@@ -42,6 +52,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +64,7 @@ import torch.distributed as dist
 from flowlane import configs
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, Handle, check_dp_gradient_plan
-from flowlane.syndicate.plan import SyndicatePlan
+from flowlane.syndicate.plan import PlanError, SyndicatePlan
 
 log = logging.getLogger("flowlane.syndicate")
 
@@ -63,7 +74,8 @@ _INSTALLS = itertools.count()
 
 @dataclass(frozen=True)
 class SyndicateMegatronConfig:
-    """SYNDICATE on Megatron-core's DP all-reduce."""
+    """SYNDICATE on Megatron-core's DP collectives (the all-reduce; the distributed optimizer's reduce-scatter and
+    parameter all-gather)."""
 
     plan: str = ""
     """Path of a plan JSON (``SyndicatePlan.to_json``); empty only with mode ``fifo``. ``{pp_rank}`` in it is this
@@ -72,6 +84,10 @@ class SyndicateMegatronConfig:
     """MoE: the plan for the experts' bucket groups (reduced over the expert-data-parallel group), as ``plan``."""
     mode: Literal["plan", "fifo"] = "plan"
     """``plan``: the plan's motifs, paths and order; ``fifo``: every op whole, at submission (the baseline)."""
+    param_gather: Literal["plan", "passthrough"] = "plan"
+    """With the distributed optimizer: ``plan`` makes the parameters' all-gathers plan ops (kind all_gather, the
+    plan's first ops, recorded in FIFO mode); ``passthrough`` sends them unshaped to Megatron's own group (the plan
+    then has none)."""
     check_every: int = 1
     """Compare the iteration's launch sequence across ranks every this many iterations (0: never)."""
     timeout_s: float = 60.0
@@ -81,6 +97,10 @@ class SyndicateMegatronConfig:
         EnforcerConfig(
             self.mode, self.check_every, self.timeout_s
         )  # names a bad mode / check_every / timeout
+        if self.param_gather not in ("plan", "passthrough"):
+            raise ValueError(
+                f"syndicate param_gather {self.param_gather!r} is not one of ['passthrough', 'plan']"
+            )
 
     def load_plan(self, pp_rank: int = 0, pp_size: int = 1, expert: bool = False) -> SyndicatePlan | None:
         """This pipeline stage's plan, or with ``expert`` its experts' plan (None in FIFO mode without one)."""
@@ -109,10 +129,30 @@ class SyndicateMegatronConfig:
 
 
 def check_plan_for_megatron(
-    plan: SyndicatePlan, dp_size: int, overlap_grad_reduce: bool, distributed_optimizer: bool = False
+    plan: SyndicatePlan,
+    dp_size: int,
+    overlap_grad_reduce: bool,
+    distributed_optimizer: bool = False,
+    param_gather: str = "plan",
 ) -> None:
-    """Refuse what cannot run on Megatron-core's DP gradient path (see the module docstring), naming the op: its ops
-    are the buckets' all-reduces, or reduce-scatters with the distributed optimizer."""
+    """Refuse what cannot run on Megatron-core's DP path (see the module docstring), naming the op: its ops are the
+    buckets' all-reduces, or with the distributed optimizer the parameters' all-gathers (``param_gather="plan"``)
+    then the gradients' reduce-scatters."""
+    gathers = [i for i, op in enumerate(plan.ops) if op.kind == "all_gather"]
+    if distributed_optimizer and param_gather == "passthrough" and gathers:
+        i = gathers[0]
+        raise PlanError(
+            f"plan v{plan.version} op {i} ({plan.ops[i].name!r}) is 'all_gather', but param_gather='passthrough' "
+            "sends the parameters' all-gathers to Megatron's own group unshaped (set param_gather='plan' to shape "
+            "them)"
+        )
+    if distributed_optimizer and param_gather == "plan" and not gathers:
+        raise PlanError(
+            f"plan v{plan.version} has no 'all_gather' op, but with the distributed optimizer and "
+            "param_gather='plan' the parameters' all-gathers are plan ops: add them (FIFO mode records their "
+            "signatures) or set param_gather='passthrough' (--syndicate-param-gather passthrough) to leave them "
+            "unshaped on Megatron's own group"
+        )
     check_dp_gradient_plan(
         plan,
         dp_size,
@@ -122,7 +162,38 @@ def check_plan_for_megatron(
         else "overlap_grad_reduce=False: Megatron then waits for each bucket group before it starts the next "
         "(add --overlap-grad-reduce to interleave them)",
         "reduce_scatter" if distributed_optimizer else "all_reduce",
+        "Megatron waits for each bucket group's parameter all-gather before it starts the next one (the forward "
+        "pre-hooks with overlap_param_gather, a synchronous call after the optimizer step without)"
+        if distributed_optimizer and param_gather == "plan"
+        else None,
     )
+
+
+def check_gathers_match_buckets(
+    plan: SyndicatePlan,
+    chunks: Sequence[torch.nn.Module],
+    dp_size: int,
+    expert: bool = False,
+    complete: bool = True,
+) -> None:
+    """Refuse a plan whose all-gather ops are not the chunks' parameter buckets (one op per bucket: this rank's
+    block of its ``param_data``, its dtype): a gather the plan lacks would push every later op off its place.
+    ``complete``: ``chunks`` are all the model's chunks (the plan's gathers must be exactly theirs); else the chunks
+    attached so far (their buckets must be among the plan's gathers)."""
+    have = Counter(
+        (b.param_data.numel() // dp_size, str(b.param_data.dtype).removeprefix("torch."))
+        for c in chunks
+        for bg in (c.expert_parallel_bucket_groups if expert else c.bucket_groups)
+        for b in bg.buckets
+    )
+    want = Counter((op.numel, op.dtype) for op in plan.ops if op.kind == "all_gather")
+    missing, extra = sorted((have - want).elements()), sorted((want - have).elements())
+    if missing or (complete and extra):
+        raise PlanError(
+            f"plan v{plan.version}'s all-gather ops are not the {'expert ' if expert else ''}parameter buckets' "
+            f"blocks (one op per bucket; FIFO mode records them): buckets (numel, dtype) without an op {missing}"
+            + (f", ops without a bucket {extra}" if complete else "")
+        )
 
 
 class _Handles:
@@ -160,6 +231,15 @@ class _SyndicateComponent:
             out.append(self.enforcer.reduce_scatter_tensor(o, x))
         return _Handles(out)
 
+    def all_gather(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Handles:
+        """The distributed optimizer's parameter buckets (``param_gather="plan"``): each one op, its signature this
+        rank's block (the IR's all-gather payload), cut into segments of the block."""
+        out = []
+        for o, x in zip(outputs, inputs, strict=True):
+            self._record("all_gather", x.numel(), x)
+            out.append(self.enforcer.all_gather_into_tensor(o, x))
+        return _Handles(out)
+
 
 class _Lane:
     """One kind of bucket group (dense, or the experts' with MoE): its DP collective, enforcer, plan and component."""
@@ -179,6 +259,7 @@ class _Lane:
 
         self.plan, self.expert = plan, expert
         self.enforcer: Enforcer | None = None
+        self.chunks: list[torch.nn.Module] = []
         # every rank makes every group's path groups, in one order (NCCL splits them from the world's communicator,
         # which every rank must join): each rank says which paths its own plan uses
         names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
@@ -191,7 +272,9 @@ class _Lane:
             if group is None:  # another data-parallel group's
                 return None
             if plan is not None:
-                check_plan_for_megatron(plan, len(ranks), overlap_grad_reduce, distributed_optimizer)
+                check_plan_for_megatron(
+                    plan, len(ranks), overlap_grad_reduce, distributed_optimizer, config.param_gather
+                )
             enforcer = Enforcer(
                 paths,
                 store,
@@ -210,7 +293,10 @@ class _Lane:
             self.enforcer = enforcer
             return _SyndicateComponent(enforcer)
 
-        self.dp = DPCollective(mine, make, "flowlane.syndicate", expert=expert)
+        self.param_gather = distributed_optimizer and config.param_gather == "plan"
+        self.dp = DPCollective(
+            mine, make, "flowlane.syndicate", expert=expert, param_gather=self.param_gather
+        )
         self.component: _SyndicateComponent = self.dp.component  # type: ignore[assignment]
 
 
@@ -258,6 +344,7 @@ class SyndicateMegatron:
         self.expert_enforcer = self._expert.enforcer if self._expert is not None else None
         self.component = self._lane.component
         self.config, self.plan, self.expert_plan = config, plan, expert_plan
+        self._distributed_optimizer = distributed_optimizer
         self._undo_finalize: list[Any] = []
 
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
@@ -266,7 +353,17 @@ class SyndicateMegatron:
         from megatron_plugin.dp_collective import check_chunks, check_expert_setup
 
         chunks = list(model_chunks)
+        if not chunks:
+            raise ValueError("flowlane.syndicate: no model chunks given")
         check_expert_setup(chunks, self._expert is not None, "flowlane.syndicate")
+        dist_opt = _distributed_optimizer(chunks)
+        if (
+            dist_opt != self._distributed_optimizer
+        ):  # the groups route the parameters' gathers by the setup's flag
+            raise ValueError(
+                f"flowlane.syndicate: set up with distributed_optimizer={self._distributed_optimizer}, but the "
+                f"chunks have use_distributed_optimizer={dist_opt}"
+            )
         for lane in (self._lane, self._expert):
             if lane is None:
                 continue
@@ -274,8 +371,13 @@ class SyndicateMegatron:
                 check_chunks(chunks, "flowlane.syndicate", lane.expert)
                 overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
                 check_plan_for_megatron(
-                    lane.plan, len(lane.dp.ranks), overlap, _distributed_optimizer(chunks)
+                    lane.plan, len(lane.dp.ranks), overlap, dist_opt, self.config.param_gather
                 )
+                if lane.param_gather:  # every chunk attached so far (Megatron-LM attaches them one by one)
+                    lane.chunks += chunks
+                    check_gathers_match_buckets(
+                        lane.plan, lane.chunks, len(lane.dp.ranks), lane.expert, complete=False
+                    )
             n = lane.dp.attach(chunks)
             log.info(
                 "flowlane.syndicate: enforcer on %d Megatron-core DDP %sbucket group(s) (mode %s, plan %s)",
@@ -318,7 +420,8 @@ class SyndicateMegatron:
 
     @property
     def gathers(self) -> int:
-        """Parameter all-gathers (distributed optimizer) passed through to Megatron's own group."""
+        """Coalesced parameter all-gathers (distributed optimizer): through the enforcer with ``param_gather="plan"``,
+        else passed through to Megatron's own group."""
         return self._lane.dp.gathers
 
     def close(self) -> None:
@@ -361,7 +464,17 @@ def install(
         raise ValueError(f"flowlane.syndicate: {FINALIZE_UNSET}")
     overlap = all(c.ddp_config.overlap_grad_reduce for c in chunks)
     syn = SyndicateMegatron(config, dp_group, overlap, store, _distributed_optimizer(chunks), expert_dp_group)
-    syn.attach(chunks)
+    try:
+        syn.attach(chunks)
+        for lane in (
+            syn._lane,
+            syn._expert,
+        ):  # every chunk is here: the plan's gathers must be exactly theirs
+            if lane is not None and lane.param_gather and lane.plan is not None:
+                check_gathers_match_buckets(lane.plan, chunks, len(lane.dp.ranks), lane.expert)
+    except BaseException:
+        syn.close()
+        raise
     syn.attach_finalize(model_config)
     return syn
 

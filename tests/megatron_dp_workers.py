@@ -33,13 +33,15 @@ def train(
     dist_opt: bool = False,
     experts: int | None = None,
     ep: int = 1,
+    param_overlap: bool = True,
 ) -> dict:
     """``mode``: ``stock`` (no flowlane), ``api`` (``setup(model, config)`` installs a feature and returns it), or
     ``megatron_lm`` (``flags`` parsed by add_flowlane_args, then FlowlaneHooks' model provider and forward step in
     pretrain's call sequence). ``device``: cpu (gloo, the tests) or cuda (NCCL, tests/gpu/megatron_dp_nccl.py).
     ``pp``: pipeline stages (world / pp data-parallel groups, one per stage; losses only on the last stage); ``tp``:
     tensor-parallel ranks (a data-parallel group per tensor-parallel rank); ``dist_opt``: Megatron's distributed
-    optimizer (gradients reduce-scattered, parameters all-gathered with ``overlap_param_gather``); ``experts``: a MoE
+    optimizer (gradients reduce-scattered, parameters all-gathered: with ``overlap_param_gather`` in the forward
+    pre-hooks, or with ``param_overlap=False`` synchronously after the optimizer step); ``experts``: a MoE
     model with that many experts, ``ep`` expert-parallel ranks (its expert bucket groups reduce over the
     expert-data-parallel groups)."""
     import argparse
@@ -98,7 +100,7 @@ def train(
                     overlap_grad_reduce=overlap,
                     bucket_size=BUCKET,
                     use_distributed_optimizer=dist_opt,
-                    overlap_param_gather=dist_opt,
+                    overlap_param_gather=dist_opt and param_overlap,
                 ),
                 module,
             )
@@ -446,19 +448,49 @@ def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     return res
 
 
+def gather_plan(submitted: list, dp: int, segments: int, reverse_gathers: bool = False):  # -> SyndicatePlan
+    """A plan for the distributed optimizer's steady-state (iteration 1) submissions recorded in FIFO mode: the
+    parameter all-gathers first (Megatron gathers in the forward, before the backward's reduce-scatters), each cut
+    into up to ``segments`` motifs of this rank's block and launched in submission order, last motif first (Megatron
+    waits for each gather before it starts the next); then the reduce-scatters cut alike, last op first, last motif
+    first. ``reverse_gathers``: the gathers in the other bucket-group order (recorded with ``overlap_param_gather``,
+    whose forward pre-hooks gather the last bucket group first, planned for a run without it, which gathers
+    bucket group 0 first)."""
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanOp, SyndicatePlan
+
+    sigs = [(k, n, d) for it, k, n, d in submitted if it == 1]
+    gathers = [(n, d) for k, n, d in sigs if k == "all_gather"]
+    scatters = [(n, d) for k, n, d in sigs if k == "reduce_scatter"]
+    if reverse_gathers:
+        gathers.reverse()
+    ops = tuple(
+        PlanOp(f"gather{i}", "all_gather", n, d, dp, Option("S", "ring", min(segments, n)))
+        for i, (n, d) in enumerate(gathers)
+    ) + tuple(
+        PlanOp(f"bucket{i}", "reduce_scatter", n, d, dp, Option("S", "ring", min(segments, n)))
+        for i, (n, d) in enumerate(scatters)
+    )
+    g = len(gathers)
+    order = tuple((i, j) for i in range(g) for j in reversed(range(ops[i].option.segments))) + tuple(
+        (i, j) for i in reversed(range(g, len(ops))) for j in reversed(range(ops[i].option.segments))
+    )
+    return SyndicatePlan(1, ops, order)
+
+
 def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     """Megatron's distributed optimizer (DP ``world``, gradients reduce-scattered, parameters all-gathered with
-    ``overlap_param_gather``): Megatron's own run; ALEPH, a pair's PS tree (the Megatron-LM flags); SYNDICATE in FIFO
-    mode (API, recording the reduce-scatters' signatures), then a plan cutting every bucket's block into up to 3
-    motifs launched last op first, last motif first (the flags); a reduce-scatter plan refused without the
-    distributed optimizer and an all-reduce plan refused with it."""
+    ``overlap_param_gather``): Megatron's own run; ALEPH, a pair's PS tree (the Megatron-LM flags; the gathers pass
+    through to Megatron's group); SYNDICATE in FIFO mode (API, recording the gathers' and reduce-scatters'
+    signatures), then a plan cutting every parameter all-gather and every reduce-scatter block into up to 3 motifs
+    (:func:`gather_plan`, the flags); the same without ``overlap_param_gather`` (the gathers after the optimizer step)
+    against Megatron's own run so; plans refused at install."""
     if device == "cpu":
         from megatron_plugin import cpu_shim
 
         cpu_shim.apply()
     import torch.distributed as dist
 
-    from flowlane.syndicate.cost import Option
     from flowlane.syndicate.plan import PlanOp, SyndicatePlan
     from megatron_plugin.syndicate import SyndicateMegatronConfig, install
 
@@ -481,38 +513,91 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         device=device,
     )
     res["fifo"] = _equal(stock, fifo)
-    res["fifo"]["kinds"] = sorted({k for _, k, _, _ in fifo["submitted"]})
-    sigs = [(n, d) for it, _, n, d in fifo["submitted"] if it == 1]
-    ops = tuple(
-        PlanOp(f"bucket{i}", "reduce_scatter", n, d, world, Option("S", "ring", min(3, n)))
-        for i, (n, d) in enumerate(sigs)
+    res["fifo"].update(
+        kinds=[k for it, k, _, _ in fifo["submitted"] if it == 1],
+        events=fifo["events"],
+        gathers=fifo["gathers"],
     )
-    order = tuple((i, j) for i in reversed(range(len(ops))) for j in reversed(range(ops[i].option.segments)))
-    plan = SyndicatePlan(1, ops, order)
-    path = os.path.join(tmp, "rs_plan.json")
-    if rank == 0:
-        with open(path, "w") as f:
-            f.write(plan.to_json())
-    dist.barrier()
+
+    def write(name: str, plan: SyndicatePlan) -> str:
+        path = os.path.join(tmp, name)
+        if rank == 0:
+            with open(path, "w") as f:
+                f.write(plan.to_json())
+        dist.barrier()
+        return path
+
+    def log_of(out: dict) -> dict:
+        return {
+            "steady": [[op, m] for i, _, op, m in out["log"] if i == 1],
+            "first": [[op, m] for i, _, op, m in out["log"] if i == 0],
+        }
+
+    keys = ("calls", "gathers", "bucket_groups", "restored", "events")
+    plan = gather_plan(fifo["submitted"], world, 3)
+    path = write("plan.json", plan)
     out = train(
         "megatron_lm", world, flags=("--syndicate", "--syndicate-plan", path), dist_opt=True, device=device
     )
     res["plan"] = _equal(stock, out)
-    res["plan"].update({k: out[k] for k in ("calls", "gathers", "bucket_groups", "restored", "events")})
-    res["plan"]["steady"] = [[op, m] for i, _, op, m in out["log"] if i == 1]
+    res["plan"].update({k: out[k] for k in keys}, **log_of(out))
     res["plan_order"] = [list(e) for e in plan.order]
+    res["plan_gathers"] = sum(op.kind == "all_gather" for op in plan.ops)
+    # without overlap_param_gather: Megatron gathers synchronously after the optimizer step (so after the iteration
+    # boundary at the end of finalize_model_grads), bucket group 0 first; iteration 0 gathers nothing
+    stock_sync = train("stock", world, dist_opt=True, param_overlap=False, device=device)
+    sync_plan = gather_plan(fifo["submitted"], world, 3, reverse_gathers=True)
+    sync_path = write("sync_plan.json", sync_plan)
+    out = train(
+        "megatron_lm",
+        world,
+        flags=("--syndicate", "--syndicate-plan", sync_path),
+        dist_opt=True,
+        param_overlap=False,
+        device=device,
+    )
+    res["sync"] = _equal(stock_sync, out)
+    res["sync"].update({k: out[k] for k in keys}, **log_of(out))
+    res["sync_order"] = [list(e) for e in sync_plan.order]
     if device == "cpu":  # the refusals are device-free (checked on CPU only)
+        g = res["plan_gathers"]
+        scatters = SyndicatePlan(
+            1, plan.ops[g:], tuple((i - g, j) for i, j in plan.order if i >= g)
+        )  # the reduce-scatters alone
+        rs_path = write("rs_plan.json", scatters)
         res["refused_rs_plan"] = refusal(
-            world, lambda m, c: install([m], SyndicateMegatronConfig(plan=path, timeout_s=30), c)
+            world, lambda m, c: install([m], SyndicateMegatronConfig(plan=rs_path, timeout_s=30), c)
+        )
+        res["refused_no_gathers"] = refusal(
+            world,
+            lambda m, c: install([m], SyndicateMegatronConfig(plan=rs_path, timeout_s=30), c),
+            dist_opt=True,
+        )
+        res["passthrough"] = refusal(  # '' when installed: the gathers stay on Megatron's group, unshaped
+            world,
+            lambda m, c: install(
+                [m], SyndicateMegatronConfig(plan=rs_path, param_gather="passthrough", timeout_s=30), c
+            ).close(),
+            dist_opt=True,
+        )
+        short = SyndicatePlan(  # the first gather left out
+            1, plan.ops[1:], tuple((i - 1, j) for i, j in plan.order if i >= 1)
+        )
+        short_path = write("short_plan.json", short)
+        res["refused_short"] = refusal(
+            world,
+            lambda m, c: install([m], SyndicateMegatronConfig(plan=short_path, timeout_s=30), c),
+            dist_opt=True,
         )
         ar = SyndicatePlan(
             1,
-            tuple(PlanOp(o.name, "all_reduce", o.numel * world, o.dtype, world, o.option) for o in ops),
-            order,
+            plan.ops[:g]
+            + tuple(
+                PlanOp(o.name, "all_reduce", o.numel * world, o.dtype, world, o.option) for o in plan.ops[g:]
+            ),
+            plan.order,
         )
-        ar_path = os.path.join(tmp, f"ar_plan{rank}.json")
-        with open(ar_path, "w") as f:
-            f.write(ar.to_json())
+        ar_path = write("ar_plan.json", ar)
         res["refused_ar_plan"] = refusal(
             world,
             lambda m, c: install([m], SyndicateMegatronConfig(plan=ar_path, timeout_s=30), c),

@@ -72,3 +72,52 @@ def test_syndicate_flags_parse_and_bad_values_are_named(tmp_path) -> None:
     tree = SyndicatePlan(1, (PlanOp("t", "all_reduce", 100, "float32", 2, Option("F", "tree")),), ((0, 0),))
     with pytest.raises(PlanError, match="algorithm 'tree' cannot be forced"):
         check_plan_for_megatron(tree, 2, overlap_grad_reduce=True)
+
+
+def test_distributed_optimizer_plans_gathers_first_each_whole_before_the_next() -> None:
+    from flowlane.syndicate.cost import Option
+    from flowlane.syndicate.plan import PlanError, PlanOp, SyndicatePlan
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.syndicate import SyndicateMegatronConfig, check_plan_for_megatron, config_from_args
+
+    parser = add_flowlane_args(argparse.ArgumentParser())
+    flags = ["--syndicate", "--syndicate-mode", "fifo"]
+    assert config_from_args(parser.parse_args(flags)).param_gather == "plan"  # type: ignore[union-attr]
+    cfg = config_from_args(parser.parse_args([*flags, "--syndicate-param-gather", "passthrough"]))
+    assert cfg is not None and cfg.param_gather == "passthrough"
+    with pytest.raises(ValueError, match="param_gather 'none' is not one of"):
+        SyndicateMegatronConfig(mode="fifo", param_gather="none")  # type: ignore[arg-type]
+
+    def op(name: str, kind: str, segments: int) -> PlanOp:
+        return PlanOp(name, kind, 100, "float32", 2, Option("F", "ring", segments))
+
+    g0, g1 = op("g0", "all_gather", 2), op("g1", "all_gather", 2)
+    rs0, rs1 = op("rs0", "reduce_scatter", 2), op("rs1", "reduce_scatter", 1)
+    # gathers in submission order (each last motif first), then the reduce-scatters interleaved, last op first
+    ok = SyndicatePlan(1, (g0, g1, rs0, rs1), ((0, 1), (0, 0), (1, 1), (1, 0), (3, 0), (2, 1), (2, 0)))
+    check_plan_for_megatron(ok, 2, True, distributed_optimizer=True)
+    with pytest.raises(PlanError, match="launches op 1 \\('g1'\\) before the last motif of all-gather op 0"):
+        check_plan_for_megatron(
+            SyndicatePlan(1, (g0, g1), ((0, 0), (1, 0), (0, 1), (1, 1))), 2, True, distributed_optimizer=True
+        )
+    with pytest.raises(PlanError, match="launches op 2 \\('rs0'\\) before the last motif of all-gather op 1"):
+        check_plan_for_megatron(
+            SyndicatePlan(1, (g0, g1, rs0), ((0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (1, 1))),
+            2,
+            True,
+            distributed_optimizer=True,
+        )
+    with pytest.raises(PlanError, match="op 1 \\('g0'\\) is an all-gather after op 0 \\('rs0'"):
+        check_plan_for_megatron(
+            SyndicatePlan(1, (rs0, g0), ((0, 0), (0, 1), (1, 0), (1, 1))), 2, True, distributed_optimizer=True
+        )
+    rs_only = SyndicatePlan(1, (rs0, rs1), ((1, 0), (0, 0), (0, 1)))
+    with pytest.raises(PlanError, match="has no 'all_gather' op.*--syndicate-param-gather passthrough"):
+        check_plan_for_megatron(rs_only, 2, True, distributed_optimizer=True)
+    check_plan_for_megatron(rs_only, 2, True, distributed_optimizer=True, param_gather="passthrough")
+    with pytest.raises(PlanError, match="op 0 \\('g0'\\) is 'all_gather', but param_gather='passthrough'"):
+        check_plan_for_megatron(ok, 2, True, distributed_optimizer=True, param_gather="passthrough")
+    with pytest.raises(
+        PlanError, match="is 'all_gather': Megatron submits only its gradient buckets' all-reduces"
+    ):
+        check_plan_for_megatron(ok, 2, True)  # no distributed optimizer: no parameter gathers

@@ -68,18 +68,35 @@ def check_dp_gradient_plan(
     framework: str,
     serial_why: str | None = None,
     kind: str = "all_reduce",
+    gather_why: str | None = None,
 ) -> None:
     """Refuse, naming the op, a plan that a framework's data-parallel gradient path cannot run: an op of another
     kind than ``kind`` (``framework`` submits only its buckets' all-reduces there, or reduce-scatters with a
     distributed optimizer), an op spanning another number of ranks than ``dp_size``, an algorithm the enforcer
     cannot force per call (:data:`RUNNABLE_ALGOS`), and, where the framework waits for each op before it submits the
-    next (``serial_why`` says why), an order that launches an op's motif before the previous op's last one."""
+    next (``serial_why`` says why), an order that launches an op's motif before the previous op's last one.
+
+    ``gather_why`` (a distributed optimizer whose parameter all-gathers are plan ops; it says why they are serial):
+    the plan's first ops may be ``all_gather`` ops (the parameters are gathered in the forward, before the backward
+    reduces the gradients), and each one's motifs must all launch before any later op's (the framework waits for
+    each gather before it submits the next op): only their order within the op is free."""
     what = {"all_reduce": "all-reduces", "reduce_scatter": "reduce-scatters"}[kind]
+    gathers = 0
     for i, op in enumerate(plan.ops):
-        if op.kind != kind:
+        if gather_why is not None and op.kind == "all_gather":
+            if gathers != i:
+                raise PlanError(
+                    f"plan v{plan.version} op {i} ({op.name!r}) is an all-gather after op {i - 1} "
+                    f"({plan.ops[i - 1].name!r}, {plan.ops[i - 1].kind!r}): {framework} gathers the parameters "
+                    f"(forward) before it reduces the gradients (backward), so the all-gathers are the plan's "
+                    f"first ops"
+                )
+            gathers += 1
+        elif op.kind != kind:
+            also = " and its parameters' all-gathers" if gather_why is not None else ""
             raise PlanError(
                 f"plan v{plan.version} op {i} ({op.name!r}) is {op.kind!r}: {framework} submits only its "
-                f"gradient buckets' {what} here"
+                f"gradient buckets' {what}{also} here"
             )
         if op.ranks != dp_size:
             raise PlanError(
@@ -92,6 +109,15 @@ def check_dp_gradient_plan(
                 f"call on torch.distributed; runnable: {RUNNABLE_ALGOS}"
             )
     ops_in_order = [i for i, _ in plan.order]
+    for i in range(gathers):
+        last = max(k for k, o in enumerate(ops_in_order) if o == i)
+        later = next((o for o in ops_in_order[:last] if o > i), None)
+        if later is not None:
+            raise PlanError(
+                f"plan v{plan.version} launches op {later} ({plan.ops[later].name!r}) before the last motif of "
+                f"all-gather op {i} ({plan.ops[i].name!r}), but {gather_why}, so an all-gather's motifs must all "
+                "go before any later op's (reorder motifs within it only)"
+            )
     if serial_why and ops_in_order != sorted(ops_in_order):
         k = next(k for k in range(1, len(ops_in_order)) if ops_in_order[k] < ops_in_order[k - 1])
         raise PlanError(

@@ -14,8 +14,8 @@ on every rank (with two ranks a sum is order-free, so every result must be bitwi
   to 3 motifs launched last op first (``--syndicate --syndicate-plan``): bitwise stock, and both ranks launched the
   motifs in the same order;
 * the distributed optimizer (tests/megatron_dp_workers.py ``dist_opt_runs``: reduce-scatters and the parameters'
-  all-gathers with ``overlap_param_gather``): ALEPH's PS tree, SYNDICATE FIFO and a reduce-scatter plan, each
-  bitwise Megatron's own distributed-optimizer run, the plan's order held.
+  all-gathers): ALEPH's PS tree, SYNDICATE FIFO and a plan of gathers and reduce-scatters with and without
+  ``overlap_param_gather``, each bitwise Megatron's own distributed-optimizer run, the plan's order held.
 
     python3 tests/gpu/megatron_dp_nccl.py --out $OUT/megatron_dp_nccl.json
     python3 tests/gpu/megatron_dp_nccl.py --backend gloo --device cpu --out /tmp/mdp.json   # the logic, on CPU
@@ -113,12 +113,13 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
 
 
 def _dist_opt_case(r: dict[str, Any]) -> dict[str, Any]:
-    """One case's summary of ``dist_opt_runs``: bitwise when its three runs are, calls from the components'."""
+    """One case's summary of ``dist_opt_runs``: bitwise when its four runs are, calls from the components'."""
     return {
-        "bitwise": all(r[k]["bitwise"] for k in ("aleph", "fifo", "plan")),
+        "bitwise": all(r[k]["bitwise"] for k in ("aleph", "fifo", "plan", "sync")),
         "calls": min(r["aleph"]["calls"], r["plan"]["calls"]),
         "gathers": min(r["aleph"]["gathers"], r["plan"]["gathers"]),
-        "steady_order_is_plan": r["plan"]["steady"] == r["plan_order"],
+        "steady_order_is_plan": r["plan"]["steady"] == r["plan_order"]
+        and r["sync"]["steady"] == r["sync_order"],
     }
 
 
