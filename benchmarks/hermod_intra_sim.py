@@ -162,7 +162,17 @@ def run_point(
         launch_overhead=op_overhead_s,
         **charged,
     )
-    r = Simulator(topo, cfg).run(wl, make_policy(policy))
+    last = [t0]
+
+    def progress(
+        done: int, n: int
+    ) -> None:  # a line per 5 CPU-minutes: what a cut-off long point had reached
+        now = time.process_time()
+        if now - last[0] >= 300 or done == n:
+            last[0] = now
+            print(f"  {model} {gpus} GPUs {variant}: {done}/{n} nodes, cpu {now - t0:.0f} s", flush=True)
+
+    r = Simulator(topo, cfg).run(wl, make_policy(policy), on_progress=progress)
     ends = r.iteration_ends
     extra = {}
     if any(charged[k] for k in ("plan_time", "plan_hit_time", "phase_issue_time")):
