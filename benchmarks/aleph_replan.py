@@ -23,6 +23,8 @@ Three runs of the same job (same seed, data and schedule), each on a fresh netwo
 - ``replan``: ALEPH's DDP hook (flowlane.aleph.hook.aleph_comm_hook) with a ReplanningAllReduce: the start-up plan
   from a real probe (flowlane.aleph.probe.probe_bandwidth, timed transfers, all-gathered) and, after every
   --replan-every-th iteration's last bucket, a fresh probe and the Replanner (hysteresis; a new plan swaps in);
+  with --samples 2 (default, as install_aleph_hook's default probe) a probe that moves a worker is confirmed by a
+  second one, the best reading per worker kept (flowlane.aleph.replan.confirm_figures); --samples 1: one probe;
 - ``frozen``: the same start-up probe and plan, never re-planned;
 - ``ring``: gloo's all_reduce of each bucket (a ring for these sizes).
 
@@ -106,6 +108,7 @@ def worker(rank: int, world: int, master: str, cfg_path: str) -> None:
     from flowlane.aleph import Replanner
     from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce, aleph_comm_hook
     from flowlane.aleph.probe import probe_bandwidth
+    from flowlane.aleph.replan import confirm_figures
 
     cfg = json.loads(Path(cfg_path).read_text())
     mode = cfg["mode"]
@@ -127,10 +130,21 @@ def worker(rank: int, world: int, master: str, cfg_path: str) -> None:
     rec: dict = {"comm": [0.0], "replan": [], "buckets": 0}
     probe_nbytes = cfg["probe_kb"] << 10
 
-    def probe() -> list[float]:  # Gbit/s per rank, as the Replanner takes them; timed on its own
-        t0 = time.perf_counter()
-        fig, _ = probe_bandwidth(nbytes=probe_nbytes)
-        rec["replan"].append({"probe_s": time.perf_counter() - t0, "figures_mbit": [f * 1e3 for f in fig]})
+    def probe(replanner: Replanner | None = None) -> list[float]:
+        """Gbit/s per rank, as the Replanner takes them, timed on its own. With a replanner and --samples 2 (the
+        default, as install_aleph_hook's default probe): a second probe where the first moves a worker, the best
+        reading per worker kept (flowlane.aleph.replan.confirm_figures); --samples 1: the first reading only."""
+        t0, seen = time.perf_counter(), []
+
+        def sample() -> list[float]:
+            seen.append(probe_bandwidth(nbytes=probe_nbytes)[0])
+            return seen[-1]
+
+        fig = sample() if replanner is None else confirm_figures(sample, replanner, cfg["samples"])
+        rec["replan"].append({
+            "probe_s": time.perf_counter() - t0, "figures_mbit": [f * 1e3 for f in fig],
+            "samples_mbit": [[round(f * 1e3, 1) for f in x] for x in seen],
+        })  # fmt: skip
         return fig
 
     class Timed(ReplanningAllReduce):
@@ -159,7 +173,7 @@ def worker(rank: int, world: int, master: str, cfg_path: str) -> None:
         startup["plan"] = [list(c.members) for c in replanner.plan.clusters]
         har = HierarchicalAllReduce(replanner.plan, None, "ps", cfg["chunk_kb"] << 10)
         startup["root"] = har.ps[0]
-        state = Timed(har, replanner, probe) if mode == "replan" else har
+        state = Timed(har, replanner, lambda: probe(replanner)) if mode == "replan" else har
 
     def hook(st: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         t0 = time.perf_counter()
@@ -229,7 +243,7 @@ def run_mode(mode: str, a: argparse.Namespace, start: list[float], changes: dict
     ) as net:  # fmt: skip
         cfg = {
             "mode": mode, "iters": a.iters, "replan_every": a.replan_every, "b_mbit": a.b_mbit,
-            "probe_kb": a.probe_kb, "chunk_kb": a.chunk_kb, "bucket_mb": a.bucket_mb, "changes": changes,
+            "probe_kb": a.probe_kb, "samples": a.samples, "chunk_kb": a.chunk_kb, "bucket_mb": a.bucket_mb, "changes": changes,
             "ns": net.ns, "switch_ns": net.switch_ns, "ifname": net.ifname, "burst_kb": a.burst_kb,
             "latency_ms": a.latency_ms, "out": str(tmp.with_suffix(".json")),
         }  # fmt: skip
@@ -309,6 +323,7 @@ def summarize(a: argparse.Namespace, start: list[float], changes: dict, runs: di
                 "plan_s_max_rank": max(r["replan"][i]["plan_s"] for r in r0),
                 "total_s_max_rank": cost,
                 "probed_mbit": [round(x, 1) for x in p["figures_mbit"]],
+                "probe_samples_mbit": p["samples_mbit"],
                 "in_use_mbit": [round(x, 1) for x in p["in_use_mbit"]],
                 "g_before_after": [g0, g1],
                 "class_before_after": [c0, c1],
@@ -408,6 +423,12 @@ def main() -> None:
         "--b-mbit", type=float, default=75.0, help="b, the rate one aggregation flow needs (fixed)"
     )
     ap.add_argument("--probe-kb", type=int, default=1024)
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=2,
+        help="probes per re-planning point at most (confirm_figures); 1: one",
+    )
     ap.add_argument("--chunk-kb", type=int, default=256)
     ap.add_argument("--bucket-mb", type=float, default=0.75)
     ap.add_argument("--burst-kb", type=float, default=64.0)
@@ -457,6 +478,7 @@ def main() -> None:
                 "replan_every",
                 "b_mbit",
                 "probe_kb",
+                "samples",
                 "chunk_kb",
                 "bucket_mb",
                 "burst_kb",

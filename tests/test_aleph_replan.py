@@ -64,3 +64,35 @@ def test_the_benchmarks_change_schedule_is_parsed_strictly() -> None:
     for bad in ("10:6=100", "0:1=100", "10:1=0", "10-1=100"):
         with pytest.raises(SystemExit, match="--changes piece"):
             b.parse_changes(bad, 6)
+
+
+def test_a_single_slow_probe_does_not_replan_but_a_confirmed_change_does() -> None:
+    """confirm_figures (the DDP hook's default probe): e10_replan_root.json saw one probe read two unchanged 400
+    Mbit/s links as 229, and the Replanner swapped in a worse plan; a second reading filters such a dip."""
+    from flowlane.aleph.replan import confirm_figures
+
+    def probe(*readings: list[float]):
+        calls: list[int] = []
+
+        def sample() -> list[float]:
+            calls.append(1)
+            return readings[len(calls) - 1]
+
+        return sample, calls
+
+    rp = Replanner(START, CFG)
+    steady, calls = probe([371.0, 380.0, 99.0, 100.0, 100.0, 98.0])
+    assert confirm_figures(steady, rp) == [371.0, 380.0, 99.0, 100.0, 100.0, 98.0] and len(calls) == 1
+    dip, calls = probe([229.0, 229.0, 97.0, 100.0, 100.0, 100.0], [366.0, 366.0, 100.0, 99.0, 98.0, 100.0])
+    fig = confirm_figures(dip, rp)
+    assert len(calls) == 2 and fig[:2] == [366.0, 366.0]
+    assert not rp.observe(fig).changed and rp.plan.num_flows == 2
+    real, calls = probe([380.0, 98.0, 385.0, 100.0, 100.0, 100.0], [371.0, 101.0, 379.0, 99.0, 100.0, 100.0])
+    fig = confirm_figures(real, rp)
+    assert len(calls) == 2 and fig[1] == 101.0
+    assert rp.observe(fig).changed
+    one, calls = probe([229.0, 229.0, 97.0, 100.0, 100.0, 100.0])
+    assert confirm_figures(one, rp, samples=1)[0] == 229.0 and len(calls) == 1
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="samples="):
+            confirm_figures(one, rp, samples=bad)

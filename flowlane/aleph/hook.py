@@ -514,7 +514,8 @@ def install_aleph_hook(
     do ``ps``, ``split`` and ``ps_bandwidths``; ``top``, ``chunk_bytes`` and ``dedicated_ps`` do not apply).
     ``replanner`` (a :class:`flowlane.aleph.Replanner` whose plan is ``plan``; torch tier, ``top="ps"``, one PS):
     re-plan after every ``replan_every``-th iteration's last bucket from ``probe()`` (default:
-    :func:`flowlane.aleph.probe.probe_bandwidth` over the model's group), see :class:`ReplanningAllReduce`."""
+    :func:`flowlane.aleph.probe.probe_bandwidth` over the model's group, probed a second time where the first
+    moves a worker, :func:`flowlane.aleph.replan.confirm_figures`), see :class:`ReplanningAllReduce`."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
     multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths, "dedicated_ps": dedicated_ps}
@@ -535,8 +536,11 @@ def install_aleph_hook(
         state = HierarchicalAllReduce(plan, group, top, chunk_bytes, **multi)
         if replanner is not None:
             from flowlane.aleph.probe import probe_bandwidth
+            from flowlane.aleph.replan import confirm_figures
 
-            figures = probe or (lambda: probe_bandwidth(group=group)[0])
+            # the real probe's figures are confirmed by a second probe where they move a worker (E10: one slow probe
+            # on a loaded host re-planned for nothing); a caller's own probe is used as it is
+            figures = probe or (lambda: confirm_figures(lambda: probe_bandwidth(group=group)[0], replanner))
             state = ReplanningAllReduce(state, replanner, figures)
     model.register_comm_hook(state, aleph_comm_hook)
     return state
