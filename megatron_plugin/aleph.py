@@ -83,8 +83,9 @@ class AlephMegatronConfig:
     ps_bandwidths_gbps: str = ""
     """With several PSs and no ``split``: each PS's Gbit/s, comma-separated (the split is proportional)."""
     replan_every: int = 0
-    """Every this many iterations, probe the data-parallel group's bandwidth (timed transfers) and re-plan with
-    hysteresis (digest §5.1 #13, E10); 0 = the plan is fixed at install. Needs ``bandwidth_gbps`` (the figures the
+    """Every this many iterations, probe the data-parallel group's bandwidth (timed transfers; a probe that moves a
+    rank is confirmed by a second, each rank's best reading kept) and re-plan with hysteresis (digest §5.1 #13, E10);
+    0 = the plan is fixed at install. Needs ``bandwidth_gbps`` (the figures the
     first plan comes from) and ``top="ps"`` with one PS (a new plan's PS is its first aggregator); dense groups only."""
     hysteresis: float = 0.2
     """Re-planning: a rank's figure changes only when it moves by more than this fraction (AlephConfig.hysteresis)."""
@@ -213,6 +214,21 @@ class AlephMegatronConfig:
         return Plan.from_clusters(n, parsed)  # type: ignore[arg-type]
 
 
+def replan_parts(config: AlephMegatronConfig, group: Any, probe: Any, rebuild: Any) -> dict[str, Any]:
+    """:class:`_AlephComponent`'s re-planning keywords: a Replanner from ``bandwidth_gbps`` and the probe, the
+    caller's ``probe(group)`` as it is (as the DDP hook takes a caller's), else ``probe_bandwidth`` over the group
+    confirmed by a second probe where the first moves a rank (:func:`flowlane.aleph.replan.confirmed_probe`; E10: one
+    probe slowed by a loaded host re-planned for nothing)."""
+    from flowlane.aleph import Replanner
+    from flowlane.aleph.replan import confirmed_probe
+
+    replanner = Replanner([float(x) for x in config.bandwidth_gbps.split(",")], config.aleph_config())
+    figures = (
+        (lambda: probe(group)) if probe is not None else confirmed_probe(replanner, group, config.probe_bytes)
+    )
+    return {"replanner": replanner, "rebuild": rebuild, "probe": figures}
+
+
 class _Done:
     def wait(self) -> bool:
         return True
@@ -284,8 +300,9 @@ class AlephMegatron:
 
         self.config = config
         self._probe = probe
-        """Re-planning's figures: ``probe(group)`` -> one Gbit/s figure per group rank, the same on every rank
-        (default: :func:`flowlane.aleph.probe.probe_bandwidth` over the group)."""
+        """Re-planning's figures: ``probe(group)`` -> one Gbit/s figure per group rank, the same on every rank, used
+        as it is (default: :func:`flowlane.aleph.probe.probe_bandwidth` over the group, confirmed by a second probe
+        where the first moves a rank, :func:`replan_parts`)."""
         self._undo_finalize: list[Any] = []
         self.plan: Plan | None = None
         self.expert_plan: Plan | None = None
@@ -344,16 +361,7 @@ class AlephMegatron:
 
             replan = {}
             if config.replan_every and not expert:
-                from flowlane.aleph import Replanner
-                from flowlane.aleph.probe import probe_bandwidth
-
-                figures = [float(x) for x in config.bandwidth_gbps.split(",")]
-                probe = self._probe or (lambda g: probe_bandwidth(config.probe_bytes, group=g)[0])
-                replan = {
-                    "replanner": Replanner(figures, config.aleph_config()),
-                    "rebuild": lambda plan: self._replanned(build(plan)),
-                    "probe": lambda: probe(group),
-                }
+                replan = replan_parts(config, group, self._probe, lambda plan: self._replanned(build(plan)))
             return _AlephComponent(build(plan), dist.get_rank(group), **replan)
 
         return make

@@ -9,6 +9,7 @@ tests/test_dp_components_pp.py; the distributed optimizer: tests/test_dp_compone
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,43 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
     assert check_dp_collective_args(args) == ""  # ALEPH takes the experts' bucket groups too
     args.syndicate = True
     assert "--aleph and --syndicate" in check_dp_collective_args(args)
+
+
+def test_replanning_confirms_a_probe_that_moves_a_rank_before_it_acts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default probe (``probe_bandwidth`` over the DP group) is confirmed as the DDP hook's is (E10: one probe on a
+    loaded host read unchanged links 41 % low and re-planned for nothing): a reading that moves rank 0 below its
+    aggregator's need re-plans only when a second reading agrees. Unit level: the probe's transfers are stubbed, the
+    component is Megatron's (its step is the end of finalize_model_grads), no process group."""
+    from flowlane.aleph import probe as probe_mod
+    from megatron_plugin.aleph import AlephMegatronConfig, _AlephComponent, replan_parts
+
+    cfg = AlephMegatronConfig(bandwidth_gbps="30,20,10,10", top="ps", replan_every=1, probe_bytes=4096)
+    steady, low = [30.0, 20.0, 10.0, 10.0], [5.0, 20.0, 10.0, 10.0]  # rank 0 (the aggregator of 0, 2, 3) at 5
+
+    def run(*readings: list[float]) -> tuple[_AlephComponent, list[tuple[int, Any]]]:
+        seen: list[tuple[int, Any]] = []
+
+        def stub(nbytes: int, rounds: Any = None, group: Any = None) -> tuple[list[float], list]:
+            seen.append((nbytes, group))
+            return list(readings[len(seen) - 1]), []
+
+        monkeypatch.setattr(probe_mod, "probe_bandwidth", stub)
+        parts = replan_parts(cfg, "dp-group", None, lambda plan: ("rebuilt", plan))
+        comp = _AlephComponent("first", 0, **parts)
+        assert comp.replanner.plan.num_flows == 2
+        comp.step()
+        return comp, seen
+
+    once, seen = run(low, steady)  # low, then confirmed back: each rank's best reading is the steady one
+    assert seen == [(4096, "dp-group")] * 2 and once.har == "first" and not once.decisions[0][1], (
+        once.decisions
+    )
+    twice, seen = run(low, low)
+    assert len(seen) == 2 and twice.decisions[0][1] and "infeasible" in twice.decisions[0][2], twice.decisions
+    assert twice.har[0] == "rebuilt" and 0 not in twice.har[1].heads
+    calm, seen = run(steady)  # nothing moved: one probe
+    assert len(seen) == 1 and not calm.decisions[0][1]
+    with pytest.raises(ValueError, match="probe_bytes=10 must be an integer >= 1024"):
+        AlephMegatronConfig(bandwidth_gbps="30,10", top="ps", replan_every=1, probe_bytes=10)

@@ -112,3 +112,19 @@ def confirm_figures(
             break
         fig = [max(a, float(b)) for a, b in zip(fig, sample(), strict=True)]
     return fig
+
+
+def confirmed_probe(
+    replanner: Replanner, group: object = None, nbytes: int = 1 << 22, samples: int = 2
+) -> Callable[[], list[float]]:
+    """The default re-planning probe of the framework adapters (Megatron-core, DeepSpeed), as the DDP hook's:
+    :func:`flowlane.aleph.probe.probe_bandwidth` over ``group`` with ``nbytes`` transfers, confirmed by
+    :func:`confirm_figures` (a second probe only where the first moves a worker; E10). A collective on ``group``:
+    every rank calls it at the same iteration."""
+    if not (isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 1024):
+        raise ValueError(
+            f"probe_bytes={nbytes!r} must be an integer >= 1024 (smaller transfers time only latency)"
+        )
+    from flowlane.aleph import probe  # looked up per call: torch is imported only where a probe runs
+
+    return lambda: confirm_figures(lambda: probe.probe_bandwidth(nbytes, group=group)[0], replanner, samples)
