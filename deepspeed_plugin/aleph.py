@@ -15,11 +15,19 @@ MoE layers (expert gradients reduce over expert groups), pipeline engines (their
 tested), a backend another flowlane tap already wraps (Hermod), and a plan whose size is not the DP group's.
 
 Config: the ``"flowlane": {"aleph": {...}}`` section of the DeepSpeed config holds :class:`flowlane.aleph.AlephConfig`
-keys (except ``replan_every`` / ``hysteresis``: no re-planning here, refused) plus ``"enabled"`` and
-``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or ``"clusters"`` (an explicit
-plan: a list of member lists, aggregator first), and with ``"top": "ps"`` several PSs: ``"ps"`` (their positions,
-aggregators), ``"split"`` (``"equal"`` or one fraction each) or ``"ps_bandwidths"`` (a proportional split; digest
-§2.9). :func:`install` reads it.
+keys plus ``"enabled"`` and ``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or
+``"clusters"`` (an explicit plan: a list of member lists, aggregator first), and with ``"top": "ps"`` several PSs:
+``"ps"`` (their positions, aggregators), ``"split"`` (``"equal"`` or one fraction each) or ``"ps_bandwidths"`` (a
+proportional split; digest §2.9). :func:`install` reads it.
+
+Re-planning (digest §5.1 #13, E10): ``"replan_every": K`` (default 0, off), ``"hysteresis"`` (0.2) and
+``"probe_bytes"`` (each timed transfer, default 4 MiB). The iteration boundary is the one DeepSpeed gives: the
+engine's ``step()`` at a gradient-accumulation boundary (wrapped on the instance, as the SYNDICATE plugin does).
+Every K-th boundary the DP group probes its bandwidth (``probe_bandwidth``; figures all-gathered, so every rank
+decides alike; a probe that moves a rank is confirmed by a second one, :func:`flowlane.aleph.replan.confirmed_probe`)
+and :class:`flowlane.aleph.hook.ReplanningAllReduce` swaps in a new hierarchy when the ``Replanner`` decides to.
+Needs ``bandwidth_gbps`` (the first plan's figures) and ``"top": "ps"`` with one PS (its groups serve any plan);
+``hysteresis`` / ``probe_bytes`` without ``replan_every`` are refused (they would have no effect).
 """
 
 from __future__ import annotations
@@ -30,13 +38,13 @@ from typing import Any
 import torch.distributed as dist
 
 from deepspeed_plugin.comm import check_zero_all_reduce, route_dp_all_reduce, unwrapped_backend
-from flowlane.aleph import AlephConfig, Plan, plan_clusters
-from flowlane.aleph.hook import HierarchicalAllReduce
+from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
+from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
 
-SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters", "ps", "split", "ps_bandwidths")
-NOT_APPLIED = ("replan_every", "hysteresis")
-"""AlephConfig keys this adapter refuses: the plan is fixed at install (no Replanner runs here), so they would
-have no effect."""
+SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters", "ps", "split", "ps_bandwidths", "probe_bytes")
+REPLAN_KEYS = ("hysteresis", "probe_bytes")
+"""Keys that act only with ``replan_every`` > 0 (refused without it: they would have no effect)."""
+PROBE_BYTES = 1 << 22
 
 
 class _Done:
@@ -53,7 +61,14 @@ class AlephDeepSpeed:
     """The wrap on ``cdb.all_reduce`` (see the module docstring); ``calls`` counts the all-reduces it took."""
 
     def __init__(
-        self, engine: Any, plan: Plan, top: str = "allreduce", multi_ps: dict[str, Any] | None = None
+        self,
+        engine: Any,
+        plan: Plan,
+        top: str = "allreduce",
+        multi_ps: dict[str, Any] | None = None,
+        replanner: Any = None,
+        probe: Any = None,
+        probe_bytes: int = PROBE_BYTES,
     ) -> None:
         from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
 
@@ -66,8 +81,27 @@ class AlephDeepSpeed:
             )
         dp_group = engine.seq_data_parallel_group  # the group allreduce_bucket reduces over (engine.py)
         self.ranks = tuple(dist.get_process_group_ranks(dp_group))
-        self.har = HierarchicalAllReduce(plan, dp_group, top, **(multi_ps or {}))
+        self.har: Any = HierarchicalAllReduce(plan, dp_group, top, **(multi_ps or {}))
         self.calls = 0
+        self.engine = engine
+        if replanner is not None:
+            from flowlane.aleph.replan import confirmed_probe
+
+            # a caller's probe() is used as it is (tests); the real one is confirmed where it moves a rank (E10)
+            figures = probe or confirmed_probe(replanner, dp_group, probe_bytes)
+            self.har = ReplanningAllReduce(self.har, replanner, figures)
+            step = engine.step
+
+            def hooked_step(*args: Any, **kwargs: Any) -> Any:
+                # DeepSpeed's iteration boundary (the SYNDICATE plugin's too): every rank of the DP group reaches it
+                # at the same micro-step, after the boundary's all-reduces
+                boundary = engine.is_gradient_accumulation_boundary()
+                out = step(*args, **kwargs)
+                if boundary:
+                    self.har.end_iteration()
+                return out
+
+            engine.step = hooked_step
 
         def reduce(tensor: Any, async_op: bool) -> Any:
             self.calls += 1
@@ -76,8 +110,19 @@ class AlephDeepSpeed:
 
         self._undo = route_dp_all_reduce(cdb, self.ranks, reduce)
 
+    @property
+    def plan(self) -> Plan:
+        """The plan in force."""
+        return self.har.har.plan if isinstance(self.har, ReplanningAllReduce) else self.har.plan
+
+    @property
+    def decisions(self) -> list[tuple[int, bool, str, int]]:
+        """(iteration, changed, reason, |D|) of every re-planning point (empty without ``replan_every``)."""
+        return list(getattr(self.har, "decisions", []))
+
     def close(self) -> None:
         self._undo()
+        vars(self.engine).pop("step", None)
 
 
 def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any]] | None:
@@ -92,12 +137,7 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
     if not own.get("enabled", True):
         return None
     rest = {k: v for k, v in section.items() if k not in SECTION_KEYS}
-    ignored = sorted(k for k in NOT_APPLIED if k in rest)
-    if ignored:
-        raise ValueError(
-            f"flowlane.aleph: {ignored} would have no effect on DeepSpeed: the plan is fixed at install "
-            "(re-planning is not wired into this adapter); remove them"
-        )
+    rest.setdefault("replan_every", 0)  # off unless asked for (AlephConfig's own default is 100)
     try:
         cfg = AlephConfig.from_dict(rest)
     except ValueError as e:
@@ -107,22 +147,57 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
             "flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
             "M-WCHA) or 'clusters' (an explicit plan)"
         )
+    if not cfg.replan_every:
+        idle = sorted(k for k in REPLAN_KEYS if k in section)
+        if idle:
+            raise ValueError(
+                f"flowlane.aleph: {idle} act only with 'replan_every' > 0 (re-planning), which is "
+                f"{section.get('replan_every', 0)!r} here: they would have no effect; remove them or set "
+                "'replan_every'"
+            )
+        return cfg, own
+    nbytes = own.get("probe_bytes", PROBE_BYTES)
+    if not (isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 1024):
+        raise ValueError(f"flowlane.aleph: probe_bytes={nbytes!r} must be an integer >= 1024")
+    why = [
+        w
+        for w, bad in (
+            ("'bandwidth_gbps' (the figures the first plan comes from)", "bandwidth_gbps" not in own),
+            (
+                "'top': 'ps' (its groups serve any plan; the all-reduce top's subgroup is fixed)",
+                cfg.top != "ps",
+            ),
+            (
+                "one PS (no 'ps' / 'split' / 'ps_bandwidths': a new plan's PS is its first aggregator)",
+                any(k in own for k in ("ps", "split", "ps_bandwidths")),
+            ),
+        )
+        if bad
+    ]
+    if why:
+        raise ValueError(f"flowlane.aleph: replan_every={cfg.replan_every} needs " + " and ".join(why))
     return cfg, own
 
 
-def install(engine: Any, ds_config: dict[str, Any]) -> AlephDeepSpeed | None:
-    """Install ALEPH on ``engine`` from its DeepSpeed config's ``flowlane.aleph`` section (None when absent)."""
+def install(engine: Any, ds_config: dict[str, Any], probe: Any = None) -> AlephDeepSpeed | None:
+    """Install ALEPH on ``engine`` from its DeepSpeed config's ``flowlane.aleph`` section (None when absent).
+    ``probe``: with ``replan_every``, re-planning's figures (``probe()`` -> one Gbit/s figure per DP rank, the same on
+    every rank), used as it is; default: the DP group's confirmed ``probe_bandwidth``."""
     parsed = parse_section(ds_config)
     if parsed is None:
         return None
     cfg, own = parsed
     n = dist.get_world_size(engine.seq_data_parallel_group)
+    replanner = None
     if "clusters" in own:
         clusters: Sequence[Sequence[int]] = own["clusters"]
         plan = Plan.from_clusters(sum(len(c) for c in clusters), clusters)
+    elif cfg.replan_every:
+        replanner = Replanner([float(b) for b in own["bandwidth_gbps"]], cfg)
+        plan = replanner.plan
     else:
         plan = plan_clusters(own["bandwidth_gbps"], config=cfg)
     if plan.n != n:
         raise ValueError(f"flowlane.aleph plans {plan.n} ranks but DeepSpeed's data-parallel group has {n}")
     multi = {k: own[k] for k in ("ps", "split", "ps_bandwidths") if k in own}
-    return AlephDeepSpeed(engine, plan, cfg.top, multi)
+    return AlephDeepSpeed(engine, plan, cfg.top, multi, replanner, probe, own.get("probe_bytes", PROBE_BYTES))

@@ -83,9 +83,8 @@ class AlephMegatronConfig:
     ps_bandwidths_gbps: str = ""
     """With several PSs and no ``split``: each PS's Gbit/s, comma-separated (the split is proportional)."""
     replan_every: int = 0
-    """Every this many iterations, probe the data-parallel group's bandwidth (timed transfers; a probe that moves a
-    rank is confirmed by a second, each rank's best reading kept) and re-plan with hysteresis (digest §5.1 #13, E10);
-    0 = the plan is fixed at install. Needs ``bandwidth_gbps`` (the figures the
+    """Every this many iterations, probe the data-parallel group's bandwidth (timed transfers) and re-plan with
+    hysteresis (digest §5.1 #13, E10); 0 = the plan is fixed at install. Needs ``bandwidth_gbps`` (the figures the
     first plan comes from) and ``top="ps"`` with one PS (a new plan's PS is its first aggregator); dense groups only."""
     hysteresis: float = 0.2
     """Re-planning: a rank's figure changes only when it moves by more than this fraction (AlephConfig.hysteresis)."""

@@ -104,8 +104,13 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     out: dict = {}
     plan = {"clusters": [[3, 1, 2], [0]], "top": "ps"}
     two_ps = {**plan, "ps": [3, 0], "split": [0.6, 0.4]}  # both aggregators PSs, each summing its part
+    # re-planning at every step boundary from a forced probe (the same on every rank, as the all-gathered real one):
+    # steady at step 1, then rank 0 (an aggregator) slow, which the plan in force cannot carry
+    replan = {"bandwidth_gbps": [30, 20, 10, 10], "top": "ps", "replan_every": 1}
+    seen = iter([[30.0, 20.0, 10.0, 10.0], [5.0, 20.0, 10.0, 10.0], [5.0, 20.0, 10.0, 10.0]])
     for name, zero, aleph in (
         ("own", 0, None),
+        ("replan", 0, replan),
         ("aleph", 0, two_ps),
         ("own1", 1, None),
         ("aleph1", 1, plan),
@@ -115,19 +120,26 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     ):
         engine, cfg = tiny_engine(zero, None if aleph is None else {"aleph": aleph})
         try:
-            h = install(engine, cfg)
+            h = install(engine, cfg, probe=(lambda: next(seen)) if name == "replan" else None)
         except ValueError as e:
             out[name] = str(e)
             engine.destroy()
             continue
         train(engine, rank, 3)
         out[name] = [p.detach().clone() for p in engine.module.parameters()]
-        if h is not None:
+        if name == "replan":
+            out["replan_decisions"] = [d[:2] + d[3:] for d in h.decisions]
+            out["replan_heads"] = list(h.plan.heads)
+        elif h is not None:
             out[f"calls{zero or ''}"] = h.calls
+        if h is not None:
             h.close()
         engine.destroy()
     out["moved"] = max(
         float((a - b).abs().max()) for a, b in zip(out["own"], tiny_net().parameters(), strict=True)
+    )
+    out["replan_maxdiff"] = max(
+        float((a - b).abs().max()) for a, b in zip(out["own"], out.pop("replan"), strict=True)
     )
     for z in ("", "1", "2"):
         out[f"maxdiff{z}"] = max(

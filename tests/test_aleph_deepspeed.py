@@ -1,5 +1,6 @@
 """ALEPH on DeepSpeed ZeRO 0, 1 and 2: the DP all-reduce through the hierarchy keeps DeepSpeed's math (within
-float reordering); the "flowlane.aleph" section is parsed strictly; ZeRO 3 is refused at install."""
+float reordering), also when it re-plans at a step boundary; the "flowlane.aleph" section is parsed strictly; ZeRO 3
+is refused at install."""
 
 import pytest
 
@@ -17,6 +18,15 @@ def test_deepspeed_zero0_to_2_with_aleph_match_their_own_runs_and_zero3_is_refus
         for z in ("", "1", "2"):  # one bucket per step at least went through the hierarchy, at every stage
             assert r[f"calls{z}"] >= 3 and r[f"maxdiff{z}"] < 1e-5, (rank, z, r)
         assert r["moved"] > 1e-3, (rank, r)
+        # re-planning at every step boundary: the forced probe slowed rank 0 (an aggregator) at step 2, the plan was
+        # infeasible, a new one took over there on every rank (below: all ranks alike), still DeepSpeed's sums
+        d = r["replan_decisions"]
+        assert [x[:2] for x in d] == [(1, False), (2, True), (3, False)] and 0 not in r["replan_heads"], (
+            rank,
+            d,
+        )
+        assert r["replan_maxdiff"] < 1e-5, (rank, r["replan_maxdiff"])
+        assert (d, r["replan_heads"]) == (res[0]["replan_decisions"], res[0]["replan_heads"]), rank
         assert "supports ZeRO stages 0-2" in r["zero3"], (rank, r["zero3"])
 
 
@@ -27,8 +37,22 @@ def test_aleph_section_is_parsed_strictly():
     assert cfg.variant == "paper" and own["bandwidth_gbps"] == [30, 10]
     with pytest.raises(ValueError, match="unknown aleph config key"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0]], "bogus": 1}}})
-    with pytest.raises(ValueError, match=r"\['replan_every'\] would have no effect on DeepSpeed"):
+    bw = {"bandwidth_gbps": [30, 10], "top": "ps"}
+    cfg, own = parse_section(
+        {"flowlane": {"aleph": {**bw, "replan_every": 5, "hysteresis": 0.1, "probe_bytes": 4096}}}
+    )
+    assert (cfg.replan_every, cfg.hysteresis, own["probe_bytes"]) == (5, 0.1, 4096)
+    assert parse_section({"flowlane": {"aleph": bw}})[0].replan_every == 0  # off unless asked for
+    with pytest.raises(ValueError, match=r"\['hysteresis', 'probe_bytes'\] act only with 'replan_every' > 0"):
+        parse_section({"flowlane": {"aleph": {**bw, "hysteresis": 0.1, "probe_bytes": 4096}}})
+    with pytest.raises(ValueError, match=r"replan_every=10 needs 'bandwidth_gbps' .* and 'top': 'ps'"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0]], "replan_every": 10}}})
+    with pytest.raises(ValueError, match=r"replan_every=2 needs one PS"):
+        parse_section({"flowlane": {"aleph": {**bw, "replan_every": 2, "ps": [0, 1], "split": "equal"}}})
+    with pytest.raises(ValueError, match=r"probe_bytes=10 must be an integer >= 1024"):
+        parse_section({"flowlane": {"aleph": {**bw, "replan_every": 2, "probe_bytes": 10}}})
+    with pytest.raises(ValueError, match=r"replan_every=-1 must be an integer >= 0"):
+        parse_section({"flowlane": {"aleph": {**bw, "replan_every": -1}}})
     _, own = parse_section(
         {"flowlane": {"aleph": {"clusters": [[0], [1]], "top": "ps", "ps": [0, 1], "split": "equal"}}}
     )
