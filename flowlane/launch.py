@@ -1,6 +1,6 @@
 """Start N local ranks (gloo over loopback) for tests, demos, benchmarks and the recipes.
 
-``launch(fn, nprocs)`` spawns ``nprocs`` processes, initialises ``torch.distributed`` in each (rendezvous through a
+``launch(fn, nprocs)`` starts ``nprocs`` processes, initialises ``torch.distributed`` in each (rendezvous through a
 private FileStore, so parallel test runs never fight over a TCP port) and returns the list of ``fn(rank, world,
 *args)`` results in rank order.
 
@@ -11,6 +11,12 @@ A dead or stuck peer is an error, never a hang, and a healthy run is never kille
   :func:`heartbeat` call or a finished :func:`flowlane.trace.span` (the recipes record spans every step), so a run
   lasts as long as it keeps moving; a stuck rank's Python stack is dumped (faulthandler on SIGUSR1);
 - ``op_timeout`` is the process group's limit for one collective.
+
+Ranks fork from a fork server (``multiprocessing``'s forkserver) that has imported ``fn``'s module, and the modules
+named with :func:`preload`, once: four ranks of a Megatron-core job pay its ~20 s of imports (CPU) once instead of
+four times. On a machine with a GPU device node the ranks are spawned instead (a fork server's imports could
+initialise CUDA, and a forked child cannot use it); ``start_method`` overrides either. A rank sees the launcher's
+environment as it is at ``launch`` (plus ``env``), as a spawned one would.
 
 A failure names the rank at fault, not the peer that lost it: a rank killed by a signal (``kill -9``, the OOM killer)
 or stopped (``kill -STOP``: the one not answering) comes first, then one that exited without a result, then the
@@ -68,6 +74,8 @@ _EXIT_GUARD_S = 30  # a rank's own exit (thread joins, atexit, interpreter teard
 _PARENT_POLL_S = 0.5  # how often a rank checks that its launcher is alive
 _STARTUP_NOTE_S = 15.0  # while ranks start (imports take minutes on a busy host), say so this often
 _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
+_START_METHODS = ("auto", "forkserver", "spawn")
+_PRELOAD: list[str] = []  # modules the fork server imports before its first rank (see preload())
 _STACK_WAIT_S = (
     10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
 )
@@ -200,6 +208,15 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise RankInterrupted(signal.SIGTERM if signum == _LAUNCHER_DIED else signum)
 
 
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks): a pid with another start time is another process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _watch(parent_pid: int, store_dir: str) -> None:
     # Python runs signal handlers only in the main thread and only between bytecodes; a rank blocked in a
     # collective would never see them. This thread takes the (blocked) signals instead and also checks that the
@@ -214,14 +231,19 @@ def _watch(parent_pid: int, store_dir: str) -> None:
             _stop_rank(signum or int(signal.SIGTERM), parent_pid, store_dir)
 
 
+_LAUNCHER_START: str | None = None  # the launcher's start time, read when the rank starts (it lives then)
+
+
 def _launcher_gone(parent_pid: int) -> bool:
-    if os.getppid() != parent_pid:
-        return True
+    # not os.getppid(): a rank forked by the fork server has the server as its parent
     try:
         with open(f"/proc/{parent_pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
         return True
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return True
+    return _LAUNCHER_START is not None and fields[19] != _LAUNCHER_START  # the pid was reused
 
 
 def _stop_rank(signum: int, parent_pid: int, store_dir: str, launcher_died: bool = False) -> None:
@@ -262,6 +284,8 @@ def _remove_offload_dirs() -> None:
 
 
 def _install_rank_signals(parent_pid: int, store_dir: str) -> None:
+    global _LAUNCHER_START
+    _LAUNCHER_START = _start_time(parent_pid)
     for s in _RANK_BLOCKED:
         signal.signal(s, _raise_interrupted)
     signal.pthread_sigmask(
@@ -270,7 +294,9 @@ def _install_rank_signals(parent_pid: int, store_dir: str) -> None:
     threading.Thread(
         target=_watch, args=(parent_pid, store_dir), name="flowlane-signals", daemon=True
     ).start()
-    with contextlib.suppress(Exception):  # Linux: a signal when the launcher dies, however it dies
+    # Linux: a signal when the parent dies, however it dies. A forked rank's parent is the fork server, which exits
+    # when the launcher does (its end of the launcher's pipe closes); the watch thread checks the launcher itself.
+    with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, int(_LAUNCHER_DIED), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
@@ -303,12 +329,16 @@ def _child(
     global _CHANNEL
     _CHANNEL = ch = _Channel(conn)
     _install_rank_signals(parent_pid, store_dir)
-    os.environ.update(env)
+    if os.environ != env:  # a forked rank has the fork server's environment: take the launcher's
+        os.environ.clear()
+        os.environ.update(env)
     os.environ.update(
         {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
     )
     stack_file = open(Path(store_dir) / f"stack.{rank}", "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    if "torch" in sys.modules:  # imported by the fork server, before OMP_NUM_THREADS was this rank's
+        sys.modules["torch"].set_num_threads(threads)
     try:
         if backend is not None:
             import torch
@@ -318,13 +348,20 @@ def _child(
             _arrive(
                 store_dir, rank, world, ch
             )  # every rank has its imports done: the rendezvous below is quick
-            dist.init_process_group(
-                backend,
-                init_method=f"file://{store_dir}/store",
-                rank=rank,
-                world_size=world,
-                timeout=datetime.timedelta(seconds=op_timeout),
-            )
+            # torch's barrier at the end of init: a rank whose fn returns at once must not exit (closing its
+            # sockets) while a peer is still connecting to it (gloo's connectFullMesh then fails in that peer)
+            os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
+            try:
+                dist.init_process_group(
+                    backend,
+                    init_method=f"file://{store_dir}/store",
+                    rank=rank,
+                    world_size=world,
+                    timeout=datetime.timedelta(seconds=op_timeout),
+                )
+            finally:
+                os.environ.pop("TORCH_DIST_INIT_BARRIER", None)
+                os.environ.update({k: v for k, v in env.items() if k == "TORCH_DIST_INIT_BARRIER"})
         ch.send("ready")
         # plain pickle (not the multiprocessing reducer): tensors are copied into the message instead of being
         # shared through file descriptors that vanish when this process exits. Sent from this thread, before
@@ -370,7 +407,7 @@ class _Failure:
 @dataclass
 class _Rank:
     rank: int
-    proc: Any  # multiprocessing Process (spawn context)
+    proc: Any  # multiprocessing Process (forkserver or spawn context)
     conn: Connection | None
     started: float
     ready: float | None = None
@@ -411,6 +448,33 @@ class _Interrupts:
             raise LaunchInterrupted(self.signum, self.nprocs)
 
 
+def preload(*modules: str) -> None:
+    """Name modules for the ranks' fork server to import once, before its first rank (a test suite's heavy frameworks,
+    say). ``fn``'s own module is always preloaded. The fork server lives as long as this process and keeps the modules
+    it started with, so call this before the first :func:`launch`."""
+    for m in modules:
+        if not (isinstance(m, str) and m and all(part.isidentifier() for part in m.split("."))):
+            raise ValueError(
+                f"preload: {m!r} is not a module name (dotted identifiers, like 'megatron.core')"
+            )
+        if m not in _PRELOAD:
+            _PRELOAD.append(m)
+
+
+def _rank_context(fn: Callable[..., Any], start_method: str) -> Any:
+    if start_method not in _START_METHODS:
+        raise ValueError(f"start_method must be one of {', '.join(_START_METHODS)}, got {start_method!r}")
+    if start_method == "auto":
+        gpu = any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
+        start_method = "spawn" if gpu else "forkserver"
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        mod = getattr(fn, "__module__", None)
+        # __main__ is re-imported in every rank as __mp_main__, as under spawn
+        ctx.set_forkserver_preload([*_PRELOAD, *([mod] if mod and mod != "__main__" else [])])
+    return ctx
+
+
 def launch(
     fn: Callable[..., Any],
     nprocs: int,
@@ -422,6 +486,7 @@ def launch(
     *,
     startup_timeout: float | None = None,
     op_timeout: float | None = None,
+    start_method: str = "auto",
 ) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` local ranks and return the results in rank order.
 
@@ -429,8 +494,9 @@ def launch(
     result) before it counts as stuck. ``startup_timeout`` (default ``max(300, timeout)``): seconds for every rank
     to start. ``op_timeout`` (default ``timeout``): the process group's timeout for one collective.
 
-    ``fn`` must be importable (module level), as processes are spawned. ``backend=None`` skips process-group
-    initialisation (for frameworks that do their own). ``MASTER_ADDR``/``MASTER_PORT`` are set for those.
+    ``fn`` must be importable (module level). ``backend=None`` skips process-group initialisation (for frameworks
+    that do their own). ``MASTER_ADDR``/``MASTER_PORT`` are set for those. ``start_method``: ``auto`` (fork server
+    without a GPU, spawn with one), ``forkserver`` or ``spawn``.
     """
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
@@ -439,8 +505,9 @@ def launch(
     for name, v in (("timeout", timeout), ("startup_timeout", startup_timeout), ("op_timeout", op_timeout)):
         if not (isinstance(v, int | float) and v > 0):
             raise ValueError(f"{name} must be > 0 seconds, got {v!r}")
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context(fn, start_method)
     base_env = {
+        **os.environ,
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
         "GLOO_SOCKET_IFNAME": "lo",

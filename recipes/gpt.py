@@ -515,11 +515,21 @@ def launch_mode(recipe: GPTRecipe) -> tuple[Any, str]:
     return ext, resolve_device(recipe, ext)
 
 
+# what train_rank imports: preloaded by the local launcher's fork server (flowlane.launch.preload)
+MEGATRON_MODULES = (
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.distributed",
+    "megatron.core.optimizer",
+    "megatron.core.pipeline_parallel",
+    "megatron_plugin.comm_hooks",
+)
+
+
 def run(recipe: GPTRecipe) -> dict[str, Any]:
     """Run every rank (local CPU ranks through flowlane.launch, or this process's rank under torchrun/srun), gather
     the results to rank 0, which writes metrics JSON + Chrome trace into ``output_dir`` and prints a summary.
     Returns the metrics (under an external launcher, on rank 0; the other ranks return ``{}``)."""
-    from flowlane.launch import launch, run_this_rank
+    from flowlane.launch import launch, preload, run_this_rank
     from flowlane.trace import write_chrome_trace
 
     recipe.validate()
@@ -527,6 +537,8 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     rdict = asdict(dataclasses.replace(recipe, device=device))
     if ext is None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # the ranks' fork server imports Megatron-core once (~20 s of CPU) instead of every rank doing it
+        preload(*MEGATRON_MODULES)
         # CPU ranks: CUDA hidden, so Megatron-core runs through the CPU shim even on a machine with GPUs
         results = launch(
             train_rank,

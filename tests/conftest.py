@@ -11,6 +11,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+# Multi-rank tests fork their ranks from flowlane.launch's fork server: it imports the frameworks once per pytest
+# run instead of ~20 s of CPU per rank per test (names a lane's venv lacks are skipped by the server).
+from flowlane.launch import preload  # noqa: E402
+
+preload(
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "megatron.core.distributed",
+    "megatron.core.optimizer",
+    "megatron.core.pipeline_parallel",
+    "deepspeed",
+    "dgl",
+)
+
 # Tests of the C net plugin need no Python framework: run them once (llm lane), not in both lanes.
 _WIRE_FILES = ("test_nccl_net_plugin.py",)
 # Hermod's pure model and the simulator import no framework and nothing in the gnn lane (DGL's plugin) uses them:

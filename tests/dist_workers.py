@@ -50,6 +50,10 @@ def hang_on_rank_two(rank: int, world: int) -> None:
         time.sleep(600)
 
 
+def env_and_parent(rank: int, world: int, name: str) -> tuple[str | None, int, int]:
+    return os.environ.get(name), os.getppid(), torch.get_num_threads()
+
+
 def die_on_rank_zero(rank: int, world: int) -> None:
     if rank == 0:
         os._exit(3)

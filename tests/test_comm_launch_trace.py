@@ -1,4 +1,5 @@
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -38,6 +39,42 @@ def test_a_stuck_rank_becomes_a_timeout_error_naming_it_and_its_stack():
         L.launch(W.hang_on_rank_two, 3, timeout=15)
     assert e.value.ranks == [2]
     assert "hang_on_rank_two" in str(e.value)
+
+
+def test_forked_ranks_see_the_launchers_environment_as_it_is_at_launch(monkeypatch):
+    """Ranks fork from a fork server (no GPU here): its environment is the launcher's when it started, not now; each
+    rank must see the launcher's current one, as a spawned rank would, with ``env`` on top."""
+    monkeypatch.setenv("FLOWLANE_TEST_SEEN", "before")
+    first = L.launch(W.env_and_parent, 2, args=("FLOWLANE_TEST_SEEN",), timeout=60, start_method="forkserver")
+    monkeypatch.setenv("FLOWLANE_TEST_SEEN", "after")  # the fork server runs on with "before"
+    again = L.launch(W.env_and_parent, 2, args=("FLOWLANE_TEST_SEEN",), timeout=60, start_method="forkserver")
+    spawned = L.launch(
+        W.env_and_parent,
+        1,
+        args=("FLOWLANE_TEST_SEEN",),
+        timeout=60,
+        start_method="spawn",
+        threads_per_rank=2,
+    )
+    over = L.launch(
+        W.env_and_parent, 1, args=("FLOWLANE_TEST_SEEN",), env={"FLOWLANE_TEST_SEEN": "env"}, timeout=60
+    )
+    assert [r[0] for r in first + again + spawned + over] == ["before"] * 2 + ["after"] * 3 + ["env"]
+    # forked by the server (not this process), spawned by this one; the thread count is the rank's own either way
+    assert {r[1] for r in first + again} != {os.getpid()} and spawned[0][1] == os.getpid()
+    assert [r[2] for r in first + spawned] == [1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: L.preload("megatron core"), r"preload: 'megatron core' is not a module name"),
+        (lambda: L.launch(W.hang_on_rank_two, 1, start_method="fork"), r"start_method must be one of auto, "),
+    ],
+)
+def test_bad_start_options_are_refused_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_a_rank_that_dies_without_a_result_is_an_error_not_a_hang():
