@@ -32,12 +32,17 @@ Needs ``bandwidth_gbps`` (the first plan's figures) and ``"top": "ps"`` with one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
-from deepspeed_plugin.comm import check_zero_all_reduce, route_dp_all_reduce, unwrapped_backend
+from deepspeed_plugin.comm import (
+    after_iteration,
+    check_zero_all_reduce,
+    route_dp_all_reduce,
+    unwrapped_backend,
+)
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
 from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
 
@@ -84,24 +89,14 @@ class AlephDeepSpeed:
         self.har: Any = HierarchicalAllReduce(plan, dp_group, top, **(multi_ps or {}))
         self.calls = 0
         self.engine = engine
+        self._undo_step: Callable[[], None] = lambda: None
         if replanner is not None:
             from flowlane.aleph.replan import confirmed_probe
 
             # a caller's probe() is used as it is (tests); the real one is confirmed where it moves a rank (E10)
             figures = probe or confirmed_probe(replanner, dp_group, probe_bytes)
             self.har = ReplanningAllReduce(self.har, replanner, figures)
-            step = engine.step
-
-            def hooked_step(*args: Any, **kwargs: Any) -> Any:
-                # DeepSpeed's iteration boundary (the SYNDICATE plugin's too): every rank of the DP group reaches it
-                # at the same micro-step, after the boundary's all-reduces
-                boundary = engine.is_gradient_accumulation_boundary()
-                out = step(*args, **kwargs)
-                if boundary:
-                    self.har.end_iteration()
-                return out
-
-            engine.step = hooked_step
+            self._undo_step = after_iteration(engine, self.har.end_iteration)
 
         def reduce(tensor: Any, async_op: bool) -> Any:
             self.calls += 1
@@ -122,7 +117,7 @@ class AlephDeepSpeed:
 
     def close(self) -> None:
         self._undo()
-        vars(self.engine).pop("step", None)
+        self._undo_step()
 
 
 def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any]] | None:

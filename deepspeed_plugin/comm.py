@@ -279,6 +279,27 @@ def route_dp_all_reduce(
     return undo
 
 
+def after_iteration(engine: Any, fn: Callable[[], None]) -> Callable[[], None]:
+    """Wrap ``engine.step`` on the instance: ``fn()`` runs after each step that ends a gradient-accumulation boundary,
+    DeepSpeed's iteration boundary (every DP rank reaches it at the same micro-step, after the boundary's
+    all-reduces). Returns the undo (a callable)."""
+    step = engine.step
+
+    def step_then(*args: Any, **kwargs: Any) -> Any:
+        boundary = engine.is_gradient_accumulation_boundary()
+        out = step(*args, **kwargs)
+        if boundary:
+            fn()
+        return out
+
+    engine.step = step_then
+
+    def undo() -> None:
+        vars(engine).pop("step", None)
+
+    return undo
+
+
 def check_zero_all_reduce(engine: Any, feature: str) -> None:
     """Refuse, naming the setting, a DeepSpeed engine whose DP gradient reduction is not a SUM all-reduce of
     buckets on its data-parallel group: ZeRO 3, ZeRO 1/2 reducing to owners, MoE under ZeRO 1/2."""

@@ -39,7 +39,12 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
-from deepspeed_plugin.comm import check_zero_all_reduce, route_dp_all_reduce, unwrapped_backend
+from deepspeed_plugin.comm import (
+    after_iteration,
+    check_zero_all_reduce,
+    route_dp_all_reduce,
+    unwrapped_backend,
+)
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
@@ -177,16 +182,7 @@ class SyndicateDeepSpeed:
             return None
 
         self._undo = route_dp_all_reduce(cdb, self.ranks, reduce)
-        step = engine.step
-
-        def hooked_step(*args: Any, **kwargs: Any) -> Any:
-            boundary = engine.is_gradient_accumulation_boundary()
-            out = step(*args, **kwargs)
-            if boundary:
-                self.enforcer.step()
-            return out
-
-        engine.step = hooked_step
+        self._undo_step = after_iteration(engine, self.enforcer.step)
         log.info(
             "flowlane.syndicate: enforcer on DeepSpeed's DP all-reduce (%d ranks, mode %s, plan %s)",
             len(self.ranks),
@@ -196,7 +192,7 @@ class SyndicateDeepSpeed:
 
     def close(self) -> None:
         self._undo()
-        vars(self.engine).pop("step", None)
+        self._undo_step()
         self.enforcer.close()
 
 
