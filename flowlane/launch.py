@@ -76,6 +76,7 @@ _STARTUP_NOTE_S = 15.0  # while ranks start (imports take minutes on a busy host
 _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
 _START_METHODS = ("auto", "forkserver", "spawn")
 _PRELOAD: list[str] = []  # modules the fork server imports before its first rank (see preload())
+_SERVER_NOTED = False  # the fork server's start was logged (it lives as long as this process)
 _STACK_WAIT_S = (
     10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
 )
@@ -471,7 +472,14 @@ def _rank_context(fn: Callable[..., Any], start_method: str) -> Any:
     if start_method == "forkserver":
         mod = getattr(fn, "__module__", None)
         # __main__ is re-imported in every rank as __mp_main__, as under spawn
-        ctx.set_forkserver_preload([*_PRELOAD, *([mod] if mod and mod != "__main__" else [])])
+        modules = [*_PRELOAD, *([mod] if mod and mod != "__main__" else [])]
+        ctx.set_forkserver_preload(modules)
+        global _SERVER_NOTED
+        if not _SERVER_NOTED:  # its imports delay the first rank (~20 s for Megatron-core): say why
+            _SERVER_NOTED = True
+            log.info(
+                "ranks fork from a fork server; it imports %s once first", ", ".join(modules) or "nothing"
+            )
     return ctx
 
 
