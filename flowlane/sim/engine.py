@@ -527,7 +527,7 @@ class _EventLoop:
     def start_phase_flows(self, i: int, fs: np.ndarray, now: float) -> None:
         st = self.running[i]
         v = self.vbase[i] + fs
-        if st.hops is not None:
+        if st.hops is not None and st.lat is not None:  # both set together at start_phased
             # the per-start route() below, precomputed element for element at start_phased (identical values)
             x: PhasedAllToAll = self.nodes[i]
             self.activate(v, st.hops[fs], x.nbytes[fs], st.lat[fs], self.node_cls[i], -1, now)
