@@ -424,6 +424,11 @@ class SyndicateMegatron:
         else passed through to Megatron's own group."""
         return self._lane.dp.gathers
 
+    @property
+    def expert_gathers(self) -> int:
+        """The same for the experts' bucket groups (MoE)."""
+        return self._expert.dp.gathers if self._expert is not None else 0
+
     def close(self) -> None:
         for lane in (self._expert, self._lane):
             if lane is not None:

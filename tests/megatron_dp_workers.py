@@ -143,6 +143,7 @@ def train(
                 out["calls"] = feature.calls
                 out["expert_calls"] = getattr(feature, "expert_calls", 0)
                 out["gathers"] = feature.gathers
+                out["expert_gathers"] = getattr(feature, "expert_gathers", 0)
                 out["decisions"] = getattr(feature, "decisions", [])
                 enforcer = getattr(feature, "enforcer", None)
                 if enforcer is not None:
@@ -611,8 +612,10 @@ def moe_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     ({0, 2}, {1, 3}). Megatron's own run; ALEPH with a flat dense plan (Megatron's own gloo all-reduce) and a cluster
     of two per expert group (the flags); SYNDICATE in FIFO mode (API), then a FIFO-ordered dense plan and an expert
     plan cutting every expert bucket into up to 3 motifs launched last first (the flags). Every run is bitwise: the
-    dense plans keep Megatron's whole all-reduces in its order, and an expert group's sum has two terms. ``device``:
-    cpu (gloo, with Megatron's CPU shim) or cuda (NCCL, tests/gpu/megatron_dp_pp_nccl.py)."""
+    dense plans keep Megatron's whole all-reduces in its order, and an expert group's sum has two terms. On CPU also
+    the distributed optimizer (``overlap_param_gather``): Megatron's own run, FIFO mode, then a dense and an expert
+    :func:`gather_plan` (gathers and blocks in up to 3 motifs; the flags). ``device``: cpu (gloo, with Megatron's
+    CPU shim) or cuda (NCCL, tests/gpu/megatron_dp_pp_nccl.py)."""
     if device == "cpu":
         from megatron_plugin import cpu_shim
 
@@ -666,4 +669,33 @@ def moe_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         res["syndicate_no_expert_plan"] = refusal(
             world, lambda m, c: install([m], SyndicateMegatronConfig(plan=paths[0]), c), **model
         )
+        # the distributed optimizer (overlap_param_gather): each lane's parameter all-gathers and reduce-scatters
+        # are its plan's ops (gather_plan: every gather and every block cut into up to 3 motifs), the dense lane's
+        # over DP 4, the expert lane's over its expert-data-parallel group
+        do = {**moe, "dist_opt": True}
+        stock = train("stock", world, **do)
+        fifo = train("api", world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), **do)
+        res["do_fifo"] = _equal(stock, fifo)
+        plans = (
+            gather_plan(fifo["submitted"], world, 3),
+            gather_plan(fifo["expert_submitted"], world // 2, 3),
+        )
+        do_paths = [os.path.join(tmp, f"moe_do_{k}.json") for k in ("dense", "expert")]
+        if rank == 0:
+            for p, pl in zip(do_paths, plans, strict=True):
+                with open(p, "w") as f:
+                    f.write(pl.to_json())
+        dist.barrier()
+        flags = ("--syndicate", "--syndicate-plan", do_paths[0], "--syndicate-expert-plan", do_paths[1])
+        out = train("megatron_lm", world, flags=flags, **do)
+        res["do_plan"] = _equal(stock, out)
+        res["do_plan"].update(
+            {k: out[k] for k in (*keys, "gathers", "expert_gathers", "events", "expert_events")}
+        )
+        for k in ("log", "expert_log"):
+            res["do_plan"][k.replace("log", "steady")] = [[op, m] for i, _, op, m in out[k] if i == 1]
+        res["do_orders"] = [[list(e) for e in pl.order] for pl in plans]
+        res["do_kinds"] = [
+            [k for it, k, _, _ in fifo[s] if it == 1] for s in ("submitted", "expert_submitted")
+        ]
     return res

@@ -1,7 +1,9 @@
 """ALEPH and SYNDICATE on a MoE model's expert bucket groups (megatron_plugin.dp_collective with ``expert=True``): a
 tiny GPT with 4 experts, EP 2 on 4 gloo ranks, so the experts' gradients reduce over two expert-data-parallel
 groups ({0, 2}, {1, 3}) and the dense ones over DP 4; Megatron-core's own DDP, optimizer and finalize_model_grads,
-against the same run without flowlane, in one launch."""
+against the same run without flowlane, in one launch; then SYNDICATE under Megatron's distributed optimizer, where each
+lane's parameter all-gathers are plan ops too. A gather moves bytes; the reduce-scatters over DP 4 are gloo
+all-reduces of the segments (torch's gloo reduce_scatter_tensor), measured bitwise on this model and these buckets."""
 
 from __future__ import annotations
 
@@ -33,3 +35,25 @@ def test_aleph_and_syndicate_carry_the_expert_bucket_groups_bitwise(tmp_path) ->
         assert len(r["orders"][1]) > p["expert_bucket_groups"], r["orders"]  # expert buckets were cut
         assert "give expert_bandwidth_gbps or expert_clusters" in r["aleph_no_expert_plan"], r
         assert "syndicate expert_plan is required" in r["syndicate_no_expert_plan"], r
+        # the distributed optimizer (overlap_param_gather): FIFO records each lane's gathers then reduce-scatters; a
+        # dense plan (DP 4) and an expert plan (each expert-data-parallel group) cutting every parameter all-gather
+        # and every reduce-scatter block into up to 3 motifs are bitwise Megatron's own run with the distributed
+        # optimizer, every gather through its lane's enforcer
+        d = r["do_plan"]
+        assert r["do_fifo"]["bitwise"] and d["bitwise"], (rank, r["do_fifo"], d)
+        assert d["restored"], (rank, d)
+        for lane, kinds in zip(("", "expert_"), r["do_kinds"], strict=True):
+            g = d[f"{lane}bucket_groups"]
+            assert kinds == ["all_gather"] * g + ["reduce_scatter"] * g, (rank, lane, kinds)
+            assert d[f"{lane}gathers"] == d[f"{lane}calls"] == g * ITERATIONS, (rank, lane, d)
+        assert d["expert_bucket_groups"] >= 2 and d["bucket_groups"] >= 2, d
+        # each enforcer's steady state is its plan's order (gathers first, in submission order, last motif first;
+        # then the blocks, last bucket first), and iteration 0 falls back once, at its first reduce-scatter's wait
+        assert [d["steady"], d["expert_steady"]] == r["do_orders"], (rank, d, r["do_orders"])
+        for lane, order in zip(("", "expert_"), r["do_orders"], strict=True):
+            assert len(order) > 2 * d[f"{lane}bucket_groups"], order  # gathers and blocks were cut
+            assert [e[:2] for e in d[f"{lane}events"]] == [(0, "fallback")], (rank, lane, d)
+    # one launch sequence per group: dense over all 4 ranks, the experts' within {0, 2} and {1, 3}
+    assert all(r["do_plan"]["steady"] == res[0]["do_plan"]["steady"] for r in res)
+    assert res[0]["do_plan"]["expert_steady"] == res[2]["do_plan"]["expert_steady"]
+    assert res[1]["do_plan"]["expert_steady"] == res[3]["do_plan"]["expert_steady"]
