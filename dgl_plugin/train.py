@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from flowlane.launch import detect_launcher, heartbeat, launch, run_this_rank
+from flowlane.launch import detect_launcher, heartbeat, launch, preload, run_this_rank
 
 
 def _plain(cfg: Any) -> dict:
@@ -93,6 +93,8 @@ def run_fullgraph(cfg: Any) -> dict:
         raise ValueError(f"world_size must be >= 1, got {world}")
     ext = detect_launcher()
     if ext is None:
+        # what _rank_main imports (~10 s of CPU for DGL): once in the ranks' fork server, not in every rank
+        preload("dgl", "dgl_plugin.datasets", "dgl_plugin.fullgraph", "dgl_plugin.models")
         res = launch(_rank_main, world, args=(c,), timeout=float(c.get("timeout_s", 1800)))
     else:  # torchrun, srun, DistDGL's trainers: this process's rank only; rank 0 reports for all
         dev = ((c.get("flowlane") or {}).get("fullgraph") or {}).get("device", "auto")
