@@ -189,34 +189,27 @@ class _DPGroup(dist.ProcessGroup):
         self.calls += 1
         return _Work(self.component.all_reduce(list(tensors)), list(tensors))
 
+    def _check_blocks(
+        self, op: str, whole: list[torch.Tensor], whole_name: str, blocks: list[torch.Tensor], block_name: str
+    ) -> None:
+        """Every ``whole[i]`` holds one ``blocks[i]`` per rank (a reduce-scatter's input, an all-gather's output)."""
+        for i, (w, b) in enumerate(zip(whole, blocks, strict=True)):
+            if w.numel() != b.numel() * self.size():
+                raise RuntimeError(
+                    f"{BACKEND_NAME}: {op} {i} has {w.numel()} {whole_name} elements, not "
+                    f"{self.size()} x {b.numel()} (the {block_name}'s)"
+                )
+
     def _reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> _Work:
         self._check(outputs + inputs, opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        bad = [
-            i
-            for i, (o, x) in enumerate(zip(outputs, inputs, strict=True))
-            if x.numel() != o.numel() * self.size()
-        ]
-        if bad:
-            raise RuntimeError(
-                f"{BACKEND_NAME}: reduce-scatter {bad[0]} has {inputs[bad[0]].numel()} input elements, not "
-                f"{self.size()} x {outputs[bad[0]].numel()} (the output's)"
-            )
+        self._check_blocks("reduce-scatter", inputs, "input", outputs, "output")
         self.calls += 1
         return _Work(self.component.reduce_scatter(list(outputs), list(inputs)), list(outputs))
 
     def _all_gather(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Work:
         if self.param_gather:
             self._check_contiguous(outputs + inputs)
-            bad = [
-                i
-                for i, (o, x) in enumerate(zip(outputs, inputs, strict=True))
-                if o.numel() != x.numel() * self.size()
-            ]
-            if bad:
-                raise RuntimeError(
-                    f"{BACKEND_NAME}: all-gather {bad[0]} has {outputs[bad[0]].numel()} output elements, not "
-                    f"{self.size()} x {inputs[bad[0]].numel()} (the input's)"
-                )
+            self._check_blocks("all-gather", outputs, "output", inputs, "input")
             self.gathers += 1
             return _Work(self.component.all_gather(list(outputs), list(inputs)), list(outputs))  # type: ignore[attr-defined]
         if self.passthrough is None:

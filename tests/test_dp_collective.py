@@ -57,3 +57,21 @@ def test_the_group_is_made_and_carries_a_coalesced_all_reduce_in_a_device_bound_
     root = Path(__file__).resolve().parents[1]
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_a_collective_whose_blocks_do_not_fit_the_group_is_refused_naming_it() -> None:
+    """Megatron's reduce-scatter input and all-gather output hold one block per rank; anything else is an error
+    naming the op, its index and the sizes (no process group needed: the check runs before the component)."""
+    torch = pytest.importorskip("torch")
+    from megatron_plugin.dp_collective import _DPGroup
+
+    g = _DPGroup(0, 2, component=None, ranks=(0, 1))  # type: ignore[arg-type]
+    g._check_blocks("reduce-scatter", [torch.zeros(4)], "input", [torch.zeros(2)], "output")  # fits
+    with pytest.raises(
+        RuntimeError, match=r"reduce-scatter 1 has 5 input elements, not 2 x 2 \(the output's\)"
+    ):
+        g._check_blocks(
+            "reduce-scatter", [torch.zeros(4), torch.zeros(5)], "input", [torch.zeros(2)] * 2, "output"
+        )
+    with pytest.raises(RuntimeError, match=r"all-gather 0 has 3 output elements, not 2 x 2 \(the input's\)"):
+        g._check_blocks("all-gather", [torch.zeros(3)], "output", [torch.zeros(2)], "input")
