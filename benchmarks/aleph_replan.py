@@ -385,11 +385,12 @@ def plot(png: str, doc: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
+    colours = {"replan": "tab:blue", "frozen": "tab:orange", "ring": "tab:purple"}  # red: re-planning marks
     for m, v in doc["per_iteration_comm_s"].items():
-        ax.plot(range(len(v)), v, ".-", ms=4, lw=1, label=m)
+        ax.plot(range(len(v)), v, ".-", ms=4, lw=1, label=m, color=colours.get(m))
     pts = doc.get("replan", {}).get("points", [])
     if pts:
-        ax.plot([p["iteration"] - 0.5 for p in pts], [p["total_s_max_rank"] for p in pts], "D", color="tab:green",
+        ax.plot([p["iteration"] - 0.5 for p in pts], [p["total_s_max_rank"] for p in pts], "D", color="tab:red",
                 ms=4, label="re-plan cost (probe + plan), s")  # fmt: skip
     ax.set_ylim(bottom=0)
     for ph in doc["phases"][1:]:
@@ -399,11 +400,11 @@ def plot(png: str, doc: dict) -> None:
                 fontsize=7, va="top")  # fmt: skip
     for p in doc.get("replan", {}).get("points", []):
         x = p["iteration"] - 0.5  # after the iteration's last bucket
-        ax.axvline(x, color="tab:green" if p["plan_changed"] else "0.8", lw=2 if p["plan_changed"] else 0.8)
+        ax.axvline(x, color="tab:red" if p["plan_changed"] else "0.8", lw=2 if p["plan_changed"] else 0.8)
         if p["plan_changed"]:
             ax.text(x, ax.get_ylim()[1] * 0.75, f" re-plan\n {p['total_s_max_rank']:.2f} s\n |D| {len(p['plan'])}",
-                    fontsize=7, color="tab:green", va="top")  # fmt: skip
-    ax.set_xlabel("iteration (grey: re-planning point, green: plan changed; dashed: tbf rates changed)")
+                    fontsize=7, color="tab:red", va="top")  # fmt: skip
+    ax.set_xlabel("iteration (grey: re-planning point, red: plan changed; dashed: tbf rates changed)")
     ax.set_ylabel("comm s / iteration (slowest rank)")
     ax.set_title(f"ALEPH E10: re-planning under changing link rates ({LABEL})", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.9))
