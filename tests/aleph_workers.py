@@ -77,6 +77,12 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
         got = _ddp_run(copy.deepcopy(model), replanner.plan, rank, top="ps", replan=replan)
         out["replan_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref, got, strict=True))
         out["replan_decisions"] = [tuple(d[:2]) for d in replan["state"].decisions]
+        # the hook's own probe (probe_bandwidth over the group, confirmed where it moves a worker): loopback figures
+        # decide, but every rank must decide alike (they are all-gathered) and the sums stay DDP's
+        real: dict = {"replanner": Replanner([30.0, 20.0, 10.0, 10.0], AlephConfig(replan_every=1, top="ps"))}
+        got = _ddp_run(copy.deepcopy(model), real["replanner"].plan, rank, top="ps", replan=real)
+        out["real_probe_maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(ref, got, strict=True))
+        out["real_probe_decisions"] = [tuple(d) for d in real["state"].decisions]
     out["ddp_moved"] = max(float((a - b).abs().max()) for a, b in zip(ref, model.parameters(), strict=True))
     figures, rate = probe_bandwidth(nbytes=1 << 16)
     out["probe"] = figures

@@ -41,6 +41,10 @@ def test_hierarchical_allreduce_and_ddp_hook_match_all_reduce_and_plans_must_agr
     ) in res:  # the DDP hook re-planning after each iteration's last bucket: the plan changed at iteration 2
         assert r["replan_decisions"] == [(1, False), (2, True), (3, False)], r["replan_decisions"]
         assert r["replan_maxdiff"] < 1e-5, r["replan_maxdiff"]
+        # the default (real, confirmed) probe: three re-planning points, the same decisions on every rank
+        assert [d[0] for d in r["real_probe_decisions"]] == [1, 2, 3], r["real_probe_decisions"]
+        assert r["real_probe_decisions"] == res[0]["real_probe_decisions"]
+        assert r["real_probe_maxdiff"] < 1e-5, r["real_probe_maxdiff"]
 
 
 @pytest.mark.slow

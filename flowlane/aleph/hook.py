@@ -515,7 +515,7 @@ def install_aleph_hook(
     ``replanner`` (a :class:`flowlane.aleph.Replanner` whose plan is ``plan``; torch tier, ``top="ps"``, one PS):
     re-plan after every ``replan_every``-th iteration's last bucket from ``probe()`` (default:
     :func:`flowlane.aleph.probe.probe_bandwidth` over the model's group, probed a second time where the first
-    moves a worker, :func:`flowlane.aleph.replan.confirm_figures`), see :class:`ReplanningAllReduce`."""
+    moves a worker, :func:`flowlane.aleph.replan.confirmed_probe`), see :class:`ReplanningAllReduce`."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
     multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths, "dedicated_ps": dedicated_ps}
@@ -535,12 +535,11 @@ def install_aleph_hook(
     else:
         state = HierarchicalAllReduce(plan, group, top, chunk_bytes, **multi)
         if replanner is not None:
-            from flowlane.aleph.probe import probe_bandwidth
-            from flowlane.aleph.replan import confirm_figures
+            from flowlane.aleph.replan import confirmed_probe
 
             # the real probe's figures are confirmed by a second probe where they move a worker (E10: one slow probe
             # on a loaded host re-planned for nothing); a caller's own probe is used as it is
-            figures = probe or (lambda: confirm_figures(lambda: probe_bandwidth(group=group)[0], replanner))
+            figures = probe or confirmed_probe(replanner, group)
             state = ReplanningAllReduce(state, replanner, figures)
     model.register_comm_hook(state, aleph_comm_hook)
     return state

@@ -117,7 +117,7 @@ def confirm_figures(
 def confirmed_probe(
     replanner: Replanner, group: object = None, nbytes: int = 1 << 22, samples: int = 2
 ) -> Callable[[], list[float]]:
-    """The default re-planning probe of the framework adapters (Megatron-core, DeepSpeed), as the DDP hook's:
+    """The default re-planning probe (the DDP hook, Megatron-core, DeepSpeed):
     :func:`flowlane.aleph.probe.probe_bandwidth` over ``group`` with ``nbytes`` transfers, confirmed by
     :func:`confirm_figures` (a second probe only where the first moves a worker; E10). A collective on ``group``:
     every rank calls it at the same iteration."""
