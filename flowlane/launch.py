@@ -209,13 +209,20 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise RankInterrupted(signal.SIGTERM if signum == _LAUNCHER_DIED else signum)
 
 
-def _start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks): a pid with another start time is another process."""
+def _stat(pid: int | None) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first, start time at [19]); empty if unreadable."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return None
+        return []
+    return fields if len(fields) > 19 else []
+
+
+def _start_time(pid: int) -> str | None:
+    """Start time in clock ticks: a pid with another start time is another process."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _watch(parent_pid: int, store_dir: str) -> None:
@@ -237,12 +244,8 @@ _LAUNCHER_START: str | None = None  # the launcher's start time, read when the r
 
 def _launcher_gone(parent_pid: int) -> bool:
     # not os.getppid(): a rank forked by the fork server has the server as its parent
-    try:
-        with open(f"/proc/{parent_pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
+    fields = _stat(parent_pid)
+    if not fields or fields[0] in ("Z", "X"):
         return True
     return _LAUNCHER_START is not None and fields[19] != _LAUNCHER_START  # the pid was reused
 
@@ -351,6 +354,8 @@ def _child(
             )  # every rank has its imports done: the rendezvous below is quick
             # torch's barrier at the end of init: a rank whose fn returns at once must not exit (closing its
             # sockets) while a peer is still connecting to it (gloo's connectFullMesh then fails in that peer)
+            # (only there: fn's own new_group calls keep the rank's setting)
+            barrier = os.environ.get("TORCH_DIST_INIT_BARRIER")
             os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
             try:
                 dist.init_process_group(
@@ -361,8 +366,10 @@ def _child(
                     timeout=datetime.timedelta(seconds=op_timeout),
                 )
             finally:
-                os.environ.pop("TORCH_DIST_INIT_BARRIER", None)
-                os.environ.update({k: v for k, v in env.items() if k == "TORCH_DIST_INIT_BARRIER"})
+                if barrier is None:
+                    del os.environ["TORCH_DIST_INIT_BARRIER"]
+                else:
+                    os.environ["TORCH_DIST_INIT_BARRIER"] = barrier
         ch.send("ready")
         # plain pickle (not the multiprocessing reducer): tensors are copied into the message instead of being
         # shared through file descriptors that vanish when this process exits. Sent from this thread, before
@@ -710,11 +717,7 @@ def _exit_failure(rank: int, code: int | None) -> tuple[int, str, str | None]:
 
 
 def _stopped(pid: int | None) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    return _stat(pid)[:1] in (["T"], ["t"])
 
 
 def _signal_state(pid: int | None, signum: int) -> tuple[bool, frozenset[str]]:
