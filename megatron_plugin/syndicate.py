@@ -357,9 +357,8 @@ class SyndicateMegatron:
             raise ValueError("flowlane.syndicate: no model chunks given")
         check_expert_setup(chunks, self._expert is not None, "flowlane.syndicate")
         dist_opt = _distributed_optimizer(chunks)
-        if (
-            dist_opt != self._distributed_optimizer
-        ):  # the groups route the parameters' gathers by the setup's flag
+        # the groups route the parameters' gathers by the setup's flag
+        if dist_opt != self._distributed_optimizer:
             raise ValueError(
                 f"flowlane.syndicate: set up with distributed_optimizer={self._distributed_optimizer}, but the "
                 f"chunks have use_distributed_optimizer={dist_opt}"
@@ -471,10 +470,8 @@ def install(
     syn = SyndicateMegatron(config, dp_group, overlap, store, _distributed_optimizer(chunks), expert_dp_group)
     try:
         syn.attach(chunks)
-        for lane in (
-            syn._lane,
-            syn._expert,
-        ):  # every chunk is here: the plan's gathers must be exactly theirs
+        # every chunk is here: the plan's gathers must be exactly theirs
+        for lane in (syn._lane, syn._expert):
             if lane is not None and lane.param_gather and lane.plan is not None:
                 check_gathers_match_buckets(lane.plan, chunks, len(lane.dp.ranks), lane.expert)
     except BaseException:

@@ -383,9 +383,8 @@ class _EventLoop:
                 n_units += len(nodes[i].src)
         self.vbase = vbase
         self.v_first = np.array(list(vbase.values()), np.int64)
-        self.v_first_list = (
-            self.v_first.tolist()
-        )  # bisect on a list: one phase flow's lookup without numpy overhead
+        # bisect on a list: one flow's lookup without numpy overhead
+        self.v_first_list = self.v_first.tolist()
         self.v_node = np.array(list(vbase.keys()), np.int64)
         self.running: dict[int, _PhasedRun] = {}
         # policy keys -> dense ranks (class for the network, order for the streams), computed once: the DAG is fixed
