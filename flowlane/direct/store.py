@@ -251,6 +251,7 @@ def zero_copy_gather(
     widen: bool = True,
     sort_indices: bool = False,
     num_warps: int = 4,
+    line_rows: bool = True,
 ) -> torch.Tensor:
     """``table[idx]`` (``[:, cols]``) gathered by the Triton kernel reading ``table`` in place.
 
@@ -258,6 +259,8 @@ def zero_copy_gather(
     ``idx``: checked int64 indices. On a CPU ``device`` this needs ``TRITON_INTERPRET=1``. ``widen``: a contiguous
     column window is copied as the widest integer words that fit it (:func:`word_bytes`); a column list is not.
     ``sort_indices``: read the rows in address order (one sort of ``idx`` on the device), each written to its place.
+    ``line_rows``: when every row window starts on a 128-B line and spans whole tiles (:func:`line_rows_shape`), use
+    the kernel's unmasked, vectorised path (``aligned`` is then moot: nothing needs rounding).
     """
     from flowlane.direct import kernels
 
@@ -300,8 +303,9 @@ def zero_copy_gather(
         src = _UVA(table, wdtype) if dev.type == "cuda" else table.view(wdtype)
     out = torch.empty((n, width // k), dtype=wdtype, device=dev)
     if n and width:
-        block, chunks, rows = launch_shape(width // k, word, aligned, rows_per_program)
         base_off = (table.data_ptr() % LINE_BYTES) // word
+        shape = line_rows_shape(table, col0, width, word, rows_per_program) if line_rows else None
+        block, chunks, rows = shape or launch_shape(width // k, word, aligned, rows_per_program)
         kernels.gather_rows_kernel[(-(-n // rows),)](
             src,
             idx,
@@ -319,9 +323,29 @@ def zero_copy_gather(
             ROWS=rows,
             BLOCK=block,
             PERMUTED=permuted,
+            LINE_ROWS=shape is not None,
             num_warps=num_warps,
         )
     return out if k == 1 else out.view(table.dtype)
+
+
+def line_rows_shape(
+    table: torch.Tensor, col0: int, width: int, word: int, rows_per_program: int = 0
+) -> tuple[int, int, int] | None:
+    """(BLOCK, n_chunks, ROWS) for the kernel's ``LINE_ROWS`` path, or None where it does not apply: every row window
+    must start on a 128-B line (table address, row stride and first column all multiples of 128 B) and its ``width``
+    words must be whole blocks of 16..1024 words (so no lane is masked within a row)."""
+    elem = table.element_size()
+    if any(v % LINE_BYTES for v in (table.data_ptr(), col0 * elem, table.stride(0) * elem)):
+        return None
+    words = width * elem // word
+    block = _MAX_BLOCK
+    while block >= 16 and words % block:
+        block //= 2
+    if block < 16:
+        return None
+    rows = rows_per_program or max(1, min(64, _TILE_ELEMS // block))
+    return block, words // block, rows
 
 
 def group_columns_(table: torch.Tensor, first: torch.Tensor, chunk_rows: int = 65536) -> torch.Tensor:

@@ -15,9 +15,23 @@ date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
            torch.cuda.nccl.version(), "triton", triton.__version__)'
-if compgen -G ".whl/*.whl" >/dev/null; then
+# Only the wheels whose project the machine lacks: a carried typing_extensions or numpy must not shadow torch's own.
+missing=$(python3 - .whl/*.whl <<'PY'
+import importlib.metadata as md, sys
+for path in sys.argv[1:]:
+    if not path.endswith(".whl"):
+        continue
+    name = path.rsplit("/", 1)[-1].split("-")[0]
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        print(path)
+PY
+)
+if [ -n "$missing" ]; then
   site=$(mktemp -d)  # private, unpredictable: nothing another user planted is imported
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
+  echo "installing from .whl/:" $(basename -a $missing)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" $missing \
     && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 python3 -c 'import megatron.core as m; print("megatron-core", m.__version__)' 2>&1 | tail -1
