@@ -132,9 +132,9 @@ def apply() -> None:
 
     moe_utils.maybe_move_tensor_to_cpu = move_to_cpu
     dispatcher.maybe_move_tensor_to_cpu = move_to_cpu
-    # without Transformer Engine, megatron-core 0.16's router GEMM references an undefined te_general_gemm
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
+    from megatron_plugin import te_compat  # not CPU-specific: the GPU paths apply it too
+
+    te_compat.apply()
     moe_router.torch = proxy
     import megatron.core.optimizer.clip_grads as clip_grads
     import megatron.core.optimizer.distrib_optimizer as distrib_optimizer

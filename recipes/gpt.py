@@ -368,6 +368,9 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
         from megatron_plugin import cpu_shim
 
         cpu_shim.apply()
+    from megatron_plugin import te_compat
+
+    te_compat.apply()
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.process_groups_config import ProcessGroupCollection

@@ -381,6 +381,9 @@ def pp_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         from megatron_plugin import cpu_shim
 
         cpu_shim.apply()
+    from megatron_plugin import te_compat
+
+    te_compat.apply()
     import torch.distributed as dist
 
     from megatron_plugin.syndicate import SyndicateMegatronConfig, install
@@ -490,6 +493,9 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         from megatron_plugin import cpu_shim
 
         cpu_shim.apply()
+    from megatron_plugin import te_compat
+
+    te_compat.apply()
     import torch.distributed as dist
 
     from flowlane.syndicate.plan import PlanOp, SyndicatePlan
@@ -620,6 +626,9 @@ def moe_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         from megatron_plugin import cpu_shim
 
         cpu_shim.apply()
+    from megatron_plugin import te_compat
+
+    te_compat.apply()
     import torch.distributed as dist
 
     from flowlane.syndicate.plan import SyndicatePlan

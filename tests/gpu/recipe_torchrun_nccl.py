@@ -253,7 +253,7 @@ def main() -> int:
                 f"{1e3 * r['iteration_time_s']:.0f} ms ({r['launch']['launcher']}, {r['device']})"
             )
         elif r:
-            print(f"  {name}: {(r.get('error') or r.get('skipped', ''))[-1500:]}")
+            print(f"  {name}: {(r.get('error') or r.get('skipped', ''))[:1500]}")  # the cause comes first
     if "fp32_max_rel_loss_diff_by_rank" in out:
         print(
             f"  fp32 torchrun vs CPU: max relative loss difference {max(out['fp32_max_rel_loss_diff_by_rank'].values()):.2e} "
