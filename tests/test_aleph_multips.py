@@ -5,7 +5,7 @@ reduce-scatter's blocks, sent down the same tree, equal all_reduce's (ints exact
 import pytest
 
 from flowlane.aleph import Plan
-from flowlane.aleph.hook import _check_multi_ps
+from flowlane.aleph.hook import _CONNECT_TAG, _check_multi_ps
 from flowlane.launch import launch
 from tests import aleph_multips_workers
 
@@ -28,7 +28,25 @@ def _check_p2p_order(logs: list[list]) -> None:
     tags) needs of the tree: on each group, messages between two ranks go one way only (a receive posted before a send
     the other side waits for would block that stream), and a pair's sends are issued in the order its receives were
     posted. The H200 run of the Megatron check hung with the first broken (a member's result receive before its
-    partial's send, both on the default group), which is the likely cause."""
+    partial's send, both on the default group), which is the likely cause. The connection greeting before the first
+    all-reduce is the exception: each pair's one send and one receive come first on the group, in paired order."""
+    greet: dict = {}
+    for rank, log in enumerate(
+        logs
+    ):  # the connection greeting (HierarchicalAllReduce._connect) is checked apart
+        seen: set = set()
+        for op, group, peer, tag in log:
+            if tag == _CONNECT_TAG:
+                assert (group, peer) not in seen, (
+                    f"rank {rank}: greeting of {peer} after tree traffic with it"
+                )
+                greet.setdefault((group, rank, peer), []).append(op)
+            else:
+                seen.add((group, peer))
+    for (group, a, b), ops in greet.items():  # one send and one receive each way, paired in order
+        assert sorted(ops) == ["recv", "send"], (group, a, b, ops)
+        assert greet.get((group, b, a)) == ops[::-1], (group, a, b, ops, greet.get((group, b, a)))
+    logs = [[e for e in log if e[3] != _CONNECT_TAG] for log in logs]
     sends: dict = {}
     recvs: dict = {}
     for rank, log in enumerate(logs):

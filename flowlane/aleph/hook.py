@@ -49,6 +49,9 @@ from flowlane.aleph.config import TOP_MODES
 from flowlane.aleph.model import multi_ps_split
 
 log = logging.getLogger(__name__)
+_CONNECT_TAG = (
+    1 << 20
+)  # the connection greeting's tag (gloo matches by tag; NCCL by order): above any piece index
 
 
 def _check_multi_ps(
@@ -193,6 +196,7 @@ class HierarchicalAllReduce:
         c = self.cluster
         self._members = [self.ranks[m] for m in c.members[1:]] if self.me == c.head else []
         self._up = None if self.me == c.head else self.ranks[c.head]
+        self._connected = False  # top="ps": the trees' pairs greeted once (_connect)
         log.info(
             "ALEPH hierarchical all-reduce: %d clusters (|D|), this rank in cluster of %d, top=%s",
             plan.num_flows,
@@ -261,6 +265,41 @@ class HierarchicalAllReduce:
         parts = [flat[a:b].tensor_split(m) for a, b in zip(off, off[1:], strict=False)]
         return [(p[i], j) for i in range(m) for j, p in enumerate(parts) if p[i].numel()]
 
+    def _role(self, p: int) -> tuple[int | None, list[int]]:
+        """(parent, children) of this rank, as global ranks, in the tree of the PS at position ``p``: parent None at
+        that PS, -1 at a dedicated PS outside its own part (it takes no part in that tree)."""
+        me = self.me
+        if self._up is not None:  # a member: everything goes through its aggregator
+            return self._up, []
+        dedicated = set(self.ps) if self.dedicated_ps else set()
+        if p == me:
+            return None, self._members + [
+                self.ranks[h] for h in self.plan.heads if h != me and h not in dedicated
+            ]
+        if me in dedicated:
+            return -1, []
+        return self.ranks[p], self._members
+
+    def _connect(self, tensor: torch.Tensor) -> None:
+        """One small exchange with every neighbour in every PS's tree, up and down groups in one order, before the
+        first all-reduce. NCCL connects a pair of ranks at their first message, and the call blocks until the peer
+        connects too: in :meth:`_tree` a member posts its receives from its aggregator (down) before its sends up,
+        while the aggregator sends down only after a sum that needs those sends (the hang measured on an H200). Here
+        each node greets its children first, then its parent (no cycle in a tree); a parent sends then receives, a
+        child receives then sends, so the two ends' messages pair in order."""
+        x = torch.zeros(1, dtype=tensor.dtype, device=tensor.device)
+        y = torch.empty_like(x)
+        for j, p in enumerate(self.ps):
+            parent, kids = self._role(p)
+            for g in (self._up_pgs[j], self._down_pgs[j]):
+                for c in kids:
+                    dist.isend(x, dst=c, tag=_CONNECT_TAG, group=g).wait()
+                    dist.irecv(y, src=c, tag=_CONNECT_TAG, group=g).wait()
+                if parent is not None and parent >= 0:
+                    dist.irecv(y, src=parent, tag=_CONNECT_TAG, group=g).wait()
+                    dist.isend(x, dst=parent, tag=_CONNECT_TAG, group=g).wait()
+        self._connected = True
+
     def _tree(self, tensor: torch.Tensor, block: int | None = None) -> None:
         """The PS-rooted two-level tree(s), pipelined per chunk (the paper's per-segment pipelining, Sec. 3.3): a node
         adds chunk k of all its children as soon as they are in and sends it up at once, and relays the parent's
@@ -281,22 +320,11 @@ class HierarchicalAllReduce:
             a, b = max(lo - start[k], 0), min(hi - start[k], pieces[k][0].numel())
             return a, max(a, b)
 
-        me, heads = self.me, self.plan.heads
-        ps_pos = [self.ps[j] for _, j in pieces]
+        me = self.me
         dedicated = set(self.ps) if self.dedicated_ps else set()
-        others = [self.ranks[h] for h in heads if h != me and h not in dedicated]
-
-        # per piece: (parent, children); parent None at the piece's PS, -1 at a dedicated PS outside its own part
-        def role(p: int) -> tuple[int | None, list[int]]:
-            if self._up is not None:  # a member: everything goes through its aggregator
-                return self._up, []
-            if p == me:
-                return None, self._members + others
-            if me in dedicated:
-                return -1, []
-            return self.ranks[p], self._members
-
-        roles = [role(p) for p in ps_pos]
+        if not self._connected:
+            self._connect(tensor)
+        roles = [self._role(self.ps[j]) for _, j in pieces]
         parent = [r[0] for r in roles]
         kids = [r[1] for r in roles]
         mine = [x for x, _ in pieces]

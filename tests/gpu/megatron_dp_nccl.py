@@ -54,6 +54,8 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
             res[name] = fn()
         except Exception:  # noqa: BLE001 - one case failing must not lose the others' results
             res[name] = {"error": traceback.format_exc()[-3000:]}
+        # at once: a later case that hangs ends the launch, and the ranks' results with it
+        print(f"  [rank {rank}] {name}: {_line(res[name])}", flush=True)
 
     res: dict[str, Any] = {"rank": rank}
     stock = train("stock", world, device=device)
@@ -105,7 +107,7 @@ def rank_main(rank: int, world: int, backend: str, device: str, tmp: str) -> dic
         "syndicate_plan",
         syndicate_plan if "submitted" in fifo else lambda: {"error": "no FIFO run to plan from"},
     )
-    # ALEPH last: its PS tree hung on NCCL once (fixed since, not yet rerun there); a hang must not cost SYNDICATE's
+    # ALEPH last: its PS tree hung on NCCL twice (NCCL's connection set-up, fixed by HierarchicalAllReduce._connect)
     run("aleph_one_cluster_ps_flags", aleph_flags)
     run("aleph_singletons", aleph_singletons)
     run("dist_opt", lambda: _dist_opt_case(dist_opt_runs(rank, world, tmp, device=device)))
@@ -121,6 +123,13 @@ def _dist_opt_case(r: dict[str, Any]) -> dict[str, Any]:
         "steady_order_is_plan": r["plan"]["steady"] == r["plan_order"]
         and r["sync"]["steady"] == r["sync_order"],
     }
+
+
+def _line(c: dict[str, Any]) -> str:
+    """One case's result on one line: its error's last line, or its fields (without the order log)."""
+    if "error" in c:
+        return c["error"].strip().splitlines()[-1][:300]
+    return ", ".join(f"{k} {v}" for k, v in c.items() if k != "log")
 
 
 def _ok(ranks: list[dict[str, Any]]) -> bool:
@@ -151,12 +160,7 @@ def main() -> int:
         for name, c in r.items():
             if name == "rank":
                 continue
-            text = (
-                c["error"].strip().splitlines()[-1][:300]
-                if "error" in c
-                else ", ".join(f"{k} {v}" for k, v in c.items() if k != "log")
-            )
-            print(f"  rank {r['rank']} {name}: {text}")
+            print(f"  rank {r['rank']} {name}: {_line(c)}")
     return 0 if out["ok"] else 1
 
 
