@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flowlane.direct import DirectConfig, FeatureStore, zero_copy_gather
-from flowlane.direct.store import whole_rows_shape, word_bytes
+from flowlane.direct.store import word_bytes
 
 pytestmark = pytest.mark.once
 
@@ -59,48 +59,6 @@ def test_row_windows_move_as_the_widest_word_that_divides_them_and_stay_bitwise(
             for aligned in (True, False):
                 out = zero_copy_gather(t, idx, "cpu", cols=cols, aligned=aligned, widen=widen)
                 assert out.dtype == t.dtype and torch.equal(_bits(out), _bits(want)), (cols, widen, aligned)
-
-
-def _line_aligned(rows: int, cols: int, line_offset: int = 0) -> torch.Tensor:
-    """A float32 [rows, cols] table whose first element lies ``line_offset`` bytes past a 128-B line."""
-    buf = torch.empty(rows * cols + 64)
-    first = ((-buf.data_ptr() % 128) + line_offset) // 4
-    t = buf[first : first + rows * cols].view(rows, cols)
-    return t.copy_(_table(torch.float32, rows, cols, seed=3))
-
-
-def test_whole_rows_path_only_where_every_row_window_starts_on_16_bytes_and_fills_whole_blocks():
-    t = _line_aligned(40, 64)  # 256-B rows on lines: 32 int64 words per row
-    assert whole_rows_shape(t, 0, 64, 8) == (32, 1, 64)
-    assert whole_rows_shape(t, 32, 32, 8) == (16, 1, 64)  # the second half of each row
-    assert whole_rows_shape(t, 4, 32, 8) == (16, 1, 64)  # 16 B into each row: still a 16-B boundary
-    assert whole_rows_shape(t, 1, 63, 4) is None  # first column 4 B past a 16-B boundary
-    assert whole_rows_shape(t, 0, 24, 8) is None  # 12 words: no block of 16..1024 divides them
-    assert whole_rows_shape(_line_aligned(40, 64, line_offset=64), 0, 64, 8) == (
-        32,
-        1,
-        64,
-    )  # torch's 64-B alignment
-    assert whole_rows_shape(_line_aligned(40, 64, line_offset=8), 0, 64, 8) is None  # table 8 B off
-    assert whole_rows_shape(_line_aligned(40, 33), 0, 33, 4) is None  # 132-B rows
-    assert whole_rows_shape(_line_aligned(4, 2048), 0, 2048, 8, rows_per_program=2) == (1024, 1, 2)
-    big = _line_aligned(12, 4096)  # 16-KiB rows: two 1024-word chunks each
-    assert whole_rows_shape(big, 0, 4096, 8) == (1024, 2, 4)
-    idx = torch.tensor([11, 0, 5, 5, 2])
-    assert torch.equal(zero_copy_gather(big, idx, "cpu"), big[idx])
-
-
-@pytest.mark.parametrize("sort_indices", [False, True])
-def test_whole_rows_path_is_bitwise_table_indexing_with_and_without_sorting(sort_indices):
-    t = _line_aligned(300, 64, line_offset=16)
-    idx = torch.randint(0, 300, (131,), generator=torch.Generator().manual_seed(4))
-    for cols in (None, range(4, 36)):
-        want = t[idx] if cols is None else t[idx][:, 4:36]
-        for whole_rows in (True, False):
-            out = zero_copy_gather(
-                t, idx, "cpu", cols=cols, rows_per_program=8, sort_indices=sort_indices, whole_rows=whole_rows
-            )
-            assert torch.equal(out, want), (cols, whole_rows)
 
 
 @pytest.mark.parametrize("offset_rows", [1, 3])

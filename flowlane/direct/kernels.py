@@ -39,32 +39,17 @@ def gather_rows_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     PERMUTED: tl.constexpr,
-    WHOLE_ROWS: tl.constexpr = False,
-    VEC_ELEMS: tl.constexpr = 1,
 ):
     """out[r, c] = src[idx[r], col0 + c] for r < n_idx, c < n_cols (``out[pos[r], c]`` when ``PERMUTED``).
 
     ``src`` points ``base_off`` elements past a 128-B boundary (``base_off = (address % 128) / element size``), so
     element ``e`` of the table lies on a line boundary exactly when ``(e + base_off) % LINE_ELEMS == 0``.
-
-    ``WHOLE_ROWS`` (the host checked it): every row window starts on a 16-B boundary (``VEC_ELEMS`` elements) and
-    ``n_cols`` is ``n_chunks * BLOCK``. Then no lane is masked within a row and the compiler is told the addresses'
-    alignment, so a lane can move 16 B per load instead of one word; the lines read are the same.
     """
     pid = tl.program_id(0)
     r = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     rmask = r < n_idx
     row = tl.load(idx + r, mask=rmask, other=0)
     orow = tl.load(pos + r, mask=rmask, other=0) if PERMUTED else r
-    lanes = tl.arange(0, BLOCK)
-    if WHOLE_ROWS:
-        first = tl.multiple_of(row * src_stride + col0, VEC_ELEMS)
-        dst = tl.multiple_of(orow * out_stride, VEC_ELEMS)
-        m = rmask[:, None] & (lanes[None, :] < BLOCK)  # constant along a row: loads stay vectorised
-        for k in range(0, n_chunks):
-            v = tl.load(src + first[:, None] + k * BLOCK + lanes[None, :], mask=m)
-            tl.store(out + dst[:, None] + k * BLOCK + lanes[None, :], v, mask=m)
-        return
     # first element of the wanted window, counted from the 128-B boundary just below the table's start
     start = row * src_stride + col0 + base_off
     if ALIGNED:  # noqa: SIM108 - a constexpr branch reads clearer in a kernel
@@ -72,6 +57,7 @@ def gather_rows_kernel(
     else:
         a0 = start
     base = src - base_off
+    lanes = tl.arange(0, BLOCK)
     for k in range(0, n_chunks):
         e = a0[:, None] + k * BLOCK + lanes[None, :]
         c = e - start[:, None]

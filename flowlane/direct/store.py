@@ -31,7 +31,6 @@ from flowlane.direct.config import LINE_BYTES, DirectConfig
 ZERO_COPY_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 #: lanes per tile the launcher aims for (rows_per_program x block), and the widest column block
 _TILE_ELEMS = 4096
-_VEC_BYTES = 16  # the widest load a GPU lane issues
 _MAX_BLOCK = 1024
 
 Columns = slice | range | torch.Tensor | None
@@ -252,7 +251,6 @@ def zero_copy_gather(
     widen: bool = True,
     sort_indices: bool = False,
     num_warps: int = 4,
-    whole_rows: bool = True,
 ) -> torch.Tensor:
     """``table[idx]`` (``[:, cols]``) gathered by the Triton kernel reading ``table`` in place.
 
@@ -260,8 +258,6 @@ def zero_copy_gather(
     ``idx``: checked int64 indices. On a CPU ``device`` this needs ``TRITON_INTERPRET=1``. ``widen``: a contiguous
     column window is copied as the widest integer words that fit it (:func:`word_bytes`); a column list is not.
     ``sort_indices``: read the rows in address order (one sort of ``idx`` on the device), each written to its place.
-    ``whole_rows``: where every row window starts on a 16-B boundary and spans whole blocks (:func:`whole_rows_shape`),
-    use the kernel's unmasked, vectorised path (``aligned`` is then moot: nothing is rounded).
     """
     from flowlane.direct import kernels
 
@@ -304,9 +300,8 @@ def zero_copy_gather(
         src = _UVA(table, wdtype) if dev.type == "cuda" else table.view(wdtype)
     out = torch.empty((n, width // k), dtype=wdtype, device=dev)
     if n and width:
+        block, chunks, rows = launch_shape(width // k, word, aligned, rows_per_program)
         base_off = (table.data_ptr() % LINE_BYTES) // word
-        shape = whole_rows_shape(table, col0, width, word, rows_per_program) if whole_rows else None
-        block, chunks, rows = shape or launch_shape(width // k, word, aligned, rows_per_program)
         kernels.gather_rows_kernel[(-(-n // rows),)](
             src,
             idx,
@@ -324,31 +319,9 @@ def zero_copy_gather(
             ROWS=rows,
             BLOCK=block,
             PERMUTED=permuted,
-            WHOLE_ROWS=shape is not None,
-            VEC_ELEMS=max(1, _VEC_BYTES // word),
             num_warps=num_warps,
         )
     return out if k == 1 else out.view(table.dtype)
-
-
-def whole_rows_shape(
-    table: torch.Tensor, col0: int, width: int, word: int, rows_per_program: int = 0
-) -> tuple[int, int, int] | None:
-    """(BLOCK, n_chunks, ROWS) for the kernel's ``WHOLE_ROWS`` path, or None where it does not apply: every row window
-    must start on a 16-B boundary (table address, row stride and first column all multiples of 16 B: what a 16-B
-    vector load needs) and its ``width`` elements must be whole blocks of 16..1024 words of ``word`` bytes (so no lane
-    is masked within a row)."""
-    elem = table.element_size()
-    if any(v % _VEC_BYTES for v in (table.data_ptr(), col0 * elem, table.stride(0) * elem)):
-        return None
-    words = width * elem // word
-    block = _MAX_BLOCK
-    while block >= 16 and words % block:
-        block //= 2
-    if block < 16:
-        return None
-    rows = rows_per_program or max(1, min(64, _TILE_ELEMS // block))
-    return block, words // block, rows
 
 
 def group_columns_(table: torch.Tensor, first: torch.Tensor, chunk_rows: int = 65536) -> torch.Tensor:

@@ -46,7 +46,6 @@ import torch  # noqa: E402
 
 from flowlane.direct import DirectConfig, FeatureStore, cpu_gather, interpreting, zero_copy_gather  # noqa: E402
 from flowlane.direct.requests import mean_requests  # noqa: E402
-from flowlane.direct.store import whole_rows_shape, word_bytes  # noqa: E402
 
 MiB = 1 << 20
 ROW_BYTES = (256, 512, 1024, 2048, 2052, 4096, 8192, 16384)
@@ -229,15 +228,9 @@ class Run:
         res["aligned_vs_naive"] = res["zero_copy_naive_s"] / res["zero_copy_aligned_s"]
         # host-address order: the same rows read sorted (one torch.sort on the GPU, counted in the time), each written
         # to its own output row
-        # *_masked_path: the same without the kernel's WHOLE_ROWS path (per-lane masks, one word per load), to see what
-        # the vectorised path for line-aligned rows gives where it applies
-        for name, kw in (
-            ("zero_copy_aligned_sorted", {"aligned": True}),
-            ("zero_copy_naive_sorted", {"aligned": False}),
-            ("zero_copy_aligned_sorted_masked_path", {"aligned": True, "whole_rows": False}),
-        ):
+        for name, aligned in (("zero_copy_aligned_sorted", True), ("zero_copy_naive_sorted", False)):
             s, out = timed(
-                lambda kw=kw: zero_copy_gather(tab, idx, dev, sort_indices=True, **kw), a.reps, dev
+                lambda al=aligned: zero_copy_gather(tab, idx, dev, aligned=al, sort_indices=True), a.reps, dev
             )
             res[f"{name}_s"], res[f"{name}_GBps"] = s, nbytes / s / 1e9
             self.check(
@@ -249,16 +242,13 @@ class Run:
         res["sorted_vs_h2d"] = res["h2d_s"] / res["zero_copy_aligned_sorted_s"]
         if dtype == torch.float32 and row_bytes == 2048:
             # the goal's ratio, paired: gather (the store's default) and copy alternate, so the host's drift between
-            # two separate medians (+-4 % seen on a 2052-B row timed twice with one kernel) does not decide it
+            # two separate medians (+-4 % between two timings of one kernel on the H200) does not decide it
             gs, cs = [], []
             for _ in range(max(9, 2 * a.reps + 1)):
                 gs.append(timed(lambda: zero_copy_gather(tab, idx, dev, sort_indices=True), 1, dev)[0])
                 cs.append(timed(lambda: dst.copy_(src, non_blocking=True), 1, dev)[0])
             res["paired_sorted_vs_h2d"] = statistics.median(c / g for c, g in zip(cs, gs, strict=True))
             res["paired_rounds"] = len(gs)
-        res["whole_rows_path"] = (
-            whole_rows_shape(tab, 0, tab.shape[1], word_bytes(tab, 0, tab.shape[1])) is not None
-        )
         if dtype == torch.float32 and row_bytes in (256, 2048):  # tile shape, warps, order
             res["tiles_GBps"] = {}
             for rpp in (16, 64, 256):
@@ -288,8 +278,7 @@ class Run:
         print(
             f"  {res['dtype']:>8} {row_bytes:>6} B x {n:>8}: aligned {res['zero_copy_aligned_GBps']:6.1f} GB/s, "
             f"naive {res['zero_copy_naive_GBps']:6.1f} (per element: {res['zero_copy_aligned_elem_GBps']:6.1f} / "
-            f"{res['zero_copy_naive_elem_GBps']:6.1f}), sorted {res['zero_copy_aligned_sorted_GBps']:6.1f} "
-            f"(masked path {res['zero_copy_aligned_sorted_masked_path_GBps']:6.1f}), "
+            f"{res['zero_copy_naive_elem_GBps']:6.1f}), sorted {res['zero_copy_aligned_sorted_GBps']:6.1f}, "
             f"cpu {res['cpu_gather_GBps']:6.1f}, "
             f"h2d {res['h2d_GBps']:6.1f} ({elapsed():.0f} s)",
             flush=True,
