@@ -144,3 +144,47 @@ def test_auto_candidates_are_checked_and_the_warm_up_uses_the_first_matched_one(
             check_candidates(bad)
     runner = AllToAllRunner("auto", candidates=("plain", "alg3", "bvn"))
     assert runner.current == "alg3" and list(runner.probe_seconds) == ["plain", "alg3", "bvn"]
+
+
+def _rank_view(phases, me):
+    """A rank's part of a Phase list, as plan_for_rank must give it."""
+    sends = [(k, d, a) for k, ph in enumerate(phases) for s, d, a in ph.sends if s == me]
+    recvs = [(k, s, a) for k, ph in enumerate(phases) for s, d, a in ph.sends if d == me]
+    return tuple(zip(*sends, strict=True)) or ((), (), ()), tuple(zip(*recvs, strict=True)) or ((), (), ())
+
+
+@pytest.mark.parametrize("impl", ["auto", "python"])
+def test_plan_for_rank_is_each_ranks_part_of_the_whole_plan(impl):
+    from flowlane.hermod.matching import plan_all_to_all, plan_cache_clear, plan_for_rank
+
+    r = random.Random(3)
+    plan_cache_clear()
+    for _ in range(60):
+        T = _random_matrix(r)
+        for alg, q, cap in (("bvn", 1, 0), ("bvn_bottleneck", 2, 0), ("alg3", 1, 0), ("bvn", 1, 2)):
+            phases = plan_all_to_all(T, q, alg, impl=impl, max_phases=cap)
+            for me in range(len(T)):
+                rp = plan_for_rank(T, me, q, alg, impl=impl, max_phases=cap)
+                (sp, sd, sa), (rp_, rs, ra) = _rank_view(phases, me)
+                assert len(rp) == len(phases) and rp.residual == (bool(phases) and phases[-1].residual)
+                assert (rp.send_phase, rp.send_peer, rp.send_units) == (sp, sd, sa), (alg, me)
+                assert (rp.recv_phase, rp.recv_peer, rp.recv_units) == (rp_, rs, ra), (alg, me)
+                steps = rp.steps()
+                assert [k for k, _, _ in steps] == sorted({*sp, *rp_})
+                assert all(
+                    len(s) <= 1 and len(rv) <= 1 for k, s, rv in steps if k < len(phases) - 1 or not cap
+                )
+
+
+def test_plan_for_rank_takes_entries_beyond_int64_and_refuses_a_bad_rank():
+    from flowlane.hermod.matching import plan_all_to_all, plan_for_rank
+
+    big = 1 << 70
+    T = [[0, big, 1], [2, 0, big], [big, 3, 0]]
+    phases = plan_all_to_all(T)
+    rp = plan_for_rank(T, 1)
+    assert (rp.send_phase, rp.send_peer, rp.send_units) == _rank_view(phases, 1)[0]
+    assert sum(rp.send_units) == big + 2
+    for bad in (-1, 3, True, 1.0):
+        with pytest.raises(ValueError, match="is not a rank of the 3x3 matrix"):
+            plan_for_rank(T, bad)

@@ -374,6 +374,30 @@ def plan_all_to_all(
     bounds the number of phases (digest A2.6 "Units"). ``impl`` as for :func:`bvn_phases`. ``cache``: look the
     quantised matrix up in the bounded plan cache first (:func:`plan_cache_info`); a hit returns the same phases
     (a new list of the same immutable :class:`Phase` objects)."""
+    return list(_planned(matrix, quantum, algorithm, impl, cache, max_phases).phases())
+
+
+def plan_for_rank(
+    matrix: Sequence[Sequence[int]],
+    rank: int,
+    quantum: int = 1,
+    algorithm: Algorithm = "bvn",
+    impl: Impl = "auto",
+    cache: bool = True,
+    max_phases: int = 0,
+) -> RankPlan:
+    """Group rank ``rank``'s part of :func:`plan_all_to_all`'s plan (same arguments, same cache): what the runtime
+    sends and receives. Cut from the planner's flat arrays without a Python object per send, so planning costs the
+    compiled planner plus a few array operations (issue 30 item 5: <= 1 ms per all-to-all at EP 32)."""
+    n = len(matrix)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < n:
+        raise ValueError(f"rank {rank!r} is not a rank of the {n}x{n} matrix (0..{n - 1})")
+    return _planned(matrix, quantum, algorithm, impl, cache, max_phases).for_rank(rank)
+
+
+def _planned(
+    matrix: Sequence[Sequence[int]], quantum: int, algorithm: str, impl: str, cache: bool, max_phases: int
+) -> _PlanArrays:
     if not isinstance(quantum, int) or quantum < 1:
         raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
     if not isinstance(max_phases, int) or isinstance(max_phases, bool) or max_phases < 0:
@@ -388,14 +412,104 @@ def plan_all_to_all(
     if v is None:  # anything but plain int64 entries: the original path, whose checks name a bad value
         v = _validated([[-(-int(x) // quantum) for x in row] for row in matrix])
     if not cache or _CACHE.maxsize == 0 or not isinstance(v, tuple):
-        return _plan(v, algorithm, impl, max_phases)
+        return _plan_arrays(v, algorithm, impl, max_phases)  # type: ignore[arg-type]
     key = (algorithm, max_phases, v[0], v[1].tobytes())
     hit = _CACHE.get(key)
     if hit is not None:
-        return list(hit)
-    phases = _plan(v, algorithm, impl, max_phases)
-    _CACHE.put(key, tuple(phases))
-    return phases
+        return hit
+    plan = _plan_arrays(v, algorithm, impl, max_phases)  # type: ignore[arg-type]
+    _CACHE.put(key, plan)
+    return plan
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's part of a plan (:func:`plan_for_rank`), in phase order: it sends ``send_units[k]`` units to
+    ``send_peer[k]`` in phase ``send_phase[k]`` and receives ``recv_units[k]`` from ``recv_peer[k]`` in phase
+    ``recv_phase[k]``. A matched phase gives a rank at most one of each; a capped plan's residual (its last phase,
+    ``residual``) may give several. ``len()`` is the plan's phase count."""
+
+    num_phases: int
+    residual: bool
+    send_phase: tuple[int, ...]
+    send_peer: tuple[int, ...]
+    send_units: tuple[int, ...]
+    recv_phase: tuple[int, ...]
+    recv_peer: tuple[int, ...]
+    recv_units: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return self.num_phases
+
+    def steps(self) -> list[tuple[int, list[tuple[int, int]], list[tuple[int, int]]]]:
+        """(phase, [(peer, units) sent], [(peer, units) received]) for every phase this rank takes part in."""
+        out: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+        for k, peer, u in zip(self.send_phase, self.send_peer, self.send_units, strict=True):
+            out.setdefault(k, ([], []))[0].append((peer, u))
+        for k, peer, u in zip(self.recv_phase, self.recv_peer, self.recv_units, strict=True):
+            out.setdefault(k, ([], []))[1].append((peer, u))
+        return [(k, *out[k]) for k in sorted(out)]
+
+
+class _PlanArrays:
+    """A whole plan as the compiled planner writes it: phase ``k`` has weight ``weights[k]`` and the sends
+    ``starts[k]:starts[k+1]`` of the flat ``src``/``dst``/``amt`` arrays. :class:`Phase` objects are built once, on
+    first ask (``phases``); a rank's part (``for_rank``) never builds them."""
+
+    def __init__(self, weights, counts, src, dst, amt, residual: bool) -> None:  # noqa: ANN001 - numpy int arrays
+        import numpy as np
+
+        self.weights, self.src, self.dst, self.amt, self.residual = weights, src, dst, amt, residual
+        self.phase_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        self.starts = np.concatenate(([0], np.cumsum(counts))).tolist()
+        self._phases: tuple[Phase, ...] | None = None
+
+    @classmethod
+    def of_phases(cls, phases: Sequence[Phase]) -> _PlanArrays:
+        import numpy as np
+
+        sends = [x for ph in phases for x in ph.sends]
+        try:
+            cols, weights = (
+                np.array(sends, dtype=np.int64).reshape(-1, 3),
+                np.array([ph.weight for ph in phases], dtype=np.int64),
+            )
+        except OverflowError:  # the Python planner takes entries beyond int64: keep them as Python ints
+            cols = np.array(sends, dtype=object).reshape(-1, 3)
+            weights = np.array([ph.weight for ph in phases], dtype=object)
+        plan = cls(
+            weights,
+            np.array([len(ph.sends) for ph in phases], dtype=np.int64),
+            cols[:, 0],
+            cols[:, 1],
+            cols[:, 2],
+            bool(phases) and phases[-1].residual,
+        )
+        plan._phases = tuple(phases)  # the Python planner's own objects
+        return plan
+
+    def phases(self) -> tuple[Phase, ...]:
+        if self._phases is None:
+            sends = list(zip(self.src.tolist(), self.dst.tolist(), self.amt.tolist(), strict=True))
+            st, last = self.starts, len(self.weights) - 1
+            self._phases = tuple(
+                Phase(w, tuple(sends[st[k] : st[k + 1]]), residual=self.residual and k == last)
+                for k, w in enumerate(self.weights.tolist())
+            )
+        return self._phases
+
+    def for_rank(self, me: int) -> RankPlan:
+        s, d = self.src == me, self.dst == me
+        return RankPlan(
+            len(self.weights),
+            self.residual,
+            tuple(self.phase_of[s].tolist()),
+            tuple(self.dst[s].tolist()),
+            tuple(self.amt[s].tolist()),
+            tuple(self.phase_of[d].tolist()),
+            tuple(self.src[d].tolist()),
+            tuple(self.amt[d].tolist()),
+        )
 
 
 # -- the compiled planner (bvn.c) and the plan cache ----------------------------------------------------------------
@@ -466,6 +580,12 @@ def _validated(T: Sequence[Sequence[int]]) -> tuple[int, array] | Matrix:
 
 
 def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl, max_phases: int = 0) -> list[Phase]:
+    return list(_plan_arrays(v, algorithm, impl, max_phases).phases())
+
+
+def _plan_arrays(
+    v: tuple[int, array] | Matrix, algorithm: str, impl: Impl, max_phases: int = 0
+) -> _PlanArrays:
     if impl not in IMPLS:
         raise ValueError(f"impl {impl!r} is not one of {list(IMPLS)}")
     if max_phases and algorithm == "alg3":
@@ -473,7 +593,7 @@ def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl, max_phases:
     if isinstance(v, tuple):
         n, flat = v
         if n == 0:
-            return []
+            return _PlanArrays.of_phases([])
         fits = max(flat) * n <= _C_LIMIT
         lib = _kernel() if impl != "python" and fits else None
         if lib is not None:
@@ -491,24 +611,22 @@ def _plan(v: tuple[int, array] | Matrix, algorithm: str, impl: Impl, max_phases:
             raise ValueError("impl='c' requested but the matrix has entries beyond int64")
         M = v
     if algorithm == "alg3":
-        return _alg3_python(M)
-    return _bvn_python(M, "bottleneck" if algorithm == "bvn_bottleneck" else "first", max_phases)
+        return _PlanArrays.of_phases(_alg3_python(M))
+    return _PlanArrays.of_phases(
+        _bvn_python(M, "bottleneck" if algorithm == "bvn_bottleneck" else "first", max_phases)
+    )
 
 
-def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str, max_phases: int = 0) -> list[Phase]:
+def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str, max_phases: int = 0) -> _PlanArrays:
+    import numpy as np
+
     cap_p = n * n + 1  # every phase zeroes an entry of the (padded) matrix: at most n^2 phases
     cap_s = n * n * n if n <= 64 else 16 * n * n
     residual = ctypes.c_int32(0)
-    while True:
-        wb, ab = array("q", bytes(8 * cap_p)), array("q", bytes(8 * cap_s))
-        cb, sb, db = array("i", bytes(4 * cap_p)), array("i", bytes(4 * cap_s)), array("i", bytes(4 * cap_s))
-        outs = (
-            wb.buffer_info()[0],
-            cb.buffer_info()[0],
-            sb.buffer_info()[0],
-            db.buffer_info()[0],
-            ab.buffer_info()[0],
-        )
+    while True:  # uninitialised buffers: the kernel writes what it returns
+        wb, ab = np.empty(cap_p, np.int64), np.empty(cap_s, np.int64)
+        cb, sb, db = np.empty(cap_p, np.int32), np.empty(cap_s, np.int32), np.empty(cap_s, np.int32)
+        outs = (wb.ctypes.data, cb.ctypes.data, sb.ctypes.data, db.ctypes.data, ab.ctypes.data)
         if algorithm == "alg3":
             r = lib.flowlane_alg3(n, flat.buffer_info()[0], cap_p, cap_s, *outs)
         else:
@@ -531,17 +649,11 @@ def _plan_c(lib: ctypes.CDLL, n: int, flat: array, algorithm: str, max_phases: i
         raise RuntimeError(
             f"C phase planner failed ({r}: {why.get(r, 'output buffer too small')}) on a {n}x{n} matrix"
         )
-    counts = cb[:r].tolist()
-    m = sum(counts)
-    sends = list(zip(sb[:m].tolist(), db[:m].tolist(), ab[:m].tolist(), strict=True))
-    out = []
-    k = 0
-    for w, c in zip(wb[:r].tolist(), counts, strict=True):
-        out.append(Phase(w, tuple(sends[k : k + c])))
-        k += c
-    if residual.value:
-        out[-1] = Phase(out[-1].weight, out[-1].sends, residual=True)
-    return out
+    counts = cb[:r].astype(np.int64)
+    m = int(counts.sum())
+    return _PlanArrays(
+        wb[:r].copy(), counts, sb[:m].copy(), db[:m].copy(), ab[:m].copy(), bool(residual.value)
+    )
 
 
 class _PlanCache:
@@ -549,10 +661,10 @@ class _PlanCache:
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize, self.hits, self.misses = maxsize, 0, 0
-        self._d: OrderedDict[tuple, tuple[Phase, ...]] = OrderedDict()
+        self._d: OrderedDict[tuple, _PlanArrays] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> tuple[Phase, ...] | None:
+    def get(self, key: tuple) -> _PlanArrays | None:
         with self._lock:
             hit = self._d.get(key)
             if hit is None:
@@ -562,9 +674,9 @@ class _PlanCache:
                 self._d.move_to_end(key)
             return hit
 
-    def put(self, key: tuple, phases: tuple[Phase, ...]) -> None:
+    def put(self, key: tuple, plan: _PlanArrays) -> None:
         with self._lock:
-            self._d[key] = phases
+            self._d[key] = plan
             self._d.move_to_end(key)
             while len(self._d) > self.maxsize:
                 self._d.popitem(last=False)

@@ -27,12 +27,12 @@ from flowlane.hermod.matching import (
     PHASE_SYNCS,
     RUN_ALGORITHMS,
     Algorithm,
-    Phase,
     PhaseSync,
+    RankPlan,
     RunAlgorithm,
     check_candidates,
     needs_matching,
-    plan_all_to_all,
+    plan_for_rank,
 )
 
 
@@ -69,9 +69,9 @@ def matched_all_to_all(
     key: Any = None,
     phase_sync: PhaseSync = "pairwise",
     max_phases: int = 0,
-) -> list[Phase]:
+) -> RankPlan:
     """Same result as ``all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``, sent as
-    incast-free phases. ``matrix`` must be identical on every rank (row i = group rank i's input splits).
+    incast-free phases; returns this rank's part of the plan. ``matrix`` must be identical on every rank (row i = group rank i's input splits).
     ``max_phases`` > 0 caps the plan: its last phase then sends everything left at once (it may incast).
     ``phase_sync``: ``pairwise`` (each rank starts phase k+1 when its own phase-k ops are done) or ``barrier`` (the
     whole group finishes phase k first; module docstring)."""
@@ -94,34 +94,45 @@ def matched_all_to_all(
     output[recv_off[me] : recv_off[me] + output_split_sizes[me]].copy_(
         input[send_off[me] : send_off[me] + input_split_sizes[me]]
     )
-    phases = plan_all_to_all(matrix, quantum, algorithm, max_phases=max_phases)
+    plan = plan_for_rank(matrix, me, quantum, algorithm, max_phases=max_phases)  # this rank's part only
     sent = [0] * n
     got = [0] * n
-    for ph in phases:
+    for k, sends, recvs in _with_idle_phases(plan, phase_sync == "barrier"):
         ops = []
         # a matched phase gives each rank at most one send and one receive; a residual phase (capped plan) several
-        for s, d, units in ph.sends:
-            if s == me:
-                a = min(units * quantum, input_split_sizes[d] - sent[d])
-                if a > 0:
-                    t = input[send_off[d] + sent[d] : send_off[d] + sent[d] + a]
-                    ops.append(dist.P2POp(dist.isend, t, ranks[d], group))
-                    sent[d] += a
-            if d == me:
-                a = min(units * quantum, output_split_sizes[s] - got[s])
-                if a > 0:
-                    t = output[recv_off[s] + got[s] : recv_off[s] + got[s] + a]
-                    ops.append(dist.P2POp(dist.irecv, t, ranks[s], group))
-                    got[s] += a
+        for d, units in sends:
+            a = min(units * quantum, input_split_sizes[d] - sent[d])
+            if a > 0:
+                t = input[send_off[d] + sent[d] : send_off[d] + sent[d] + a]
+                ops.append(dist.P2POp(dist.isend, t, ranks[d], group))
+                sent[d] += a
+        for s, units in recvs:
+            a = min(units * quantum, output_split_sizes[s] - got[s])
+            if a > 0:
+                t = output[recv_off[s] + got[s] : recv_off[s] + got[s] + a]
+                ops.append(dist.P2POp(dist.irecv, t, ranks[s], group))
+                got[s] += a
         for w in comm.batch_isend_irecv(ops, kind=kind, key=key):
             w.wait()
-        if phase_sync == "barrier" and ph is not phases[-1]:
+        if phase_sync == "barrier" and k < len(plan) - 1:
             dist.barrier(group=group)
     if sent != [input_split_sizes[j] if j != me else 0 for j in range(n)] or got != [
         output_split_sizes[i] if i != me else 0 for i in range(n)
     ]:
         raise RuntimeError(f"matched all-to-all incomplete on group rank {me}: sent {sent}, received {got}")
-    return phases
+    return plan
+
+
+def _with_idle_phases(
+    plan: RankPlan, every_phase: bool
+) -> list[tuple[int, list[tuple[int, int]], list[tuple[int, int]]]]:
+    """The rank's steps; with ``every_phase`` (barrier sync: the whole group meets after each phase) also the phases
+    it sits out, with nothing to send or receive."""
+    steps = plan.steps()
+    if not every_phase:
+        return steps
+    mine = {k: (s, r) for k, s, r in steps}
+    return [(k, *mine.get(k, ([], []))) for k in range(len(plan))]
 
 
 class AllToAllRunner:
