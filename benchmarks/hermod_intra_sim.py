@@ -21,7 +21,8 @@ where exact keys would need a queue per key.
 
 The runtime's costs of a phased all-to-all (issue 30; 0 by default, as in every figure before them):
 ``--measured-costs`` charges each phased all-to-all the planning time measured for its EP size and plan
-(``results/hermod/plan_speed/plan_speed.json``: the compiled planner's median ms on a plan-cache miss, its cache-hit median) and
+(``results/hermod/plan_speed/plan_speed.json``: the median ms of one rank's plan on a plan-cache miss, ``plan_for_rank``,
+or the whole compiled plan's in files written before it; the cache-hit median) and
 every phase the host time one phase's grouped send/receive took to issue on NCCL (``results/gpu/nccl_gpu_check.json``,
 ``phase_issue_s``, one H200), with the runtime's plan cache of 16 entries; ``--plan-ms`` / ``--plan-hit-ms`` /
 ``--plan-cache`` / ``--phase-issue-us`` set them by hand (and override the measured ones). Label: "simulated (with
@@ -86,10 +87,13 @@ COSTS_OFF = {"plan_ms": None, "plan_hit_ms": None, "plan_cache": 0, "phase_issue
 
 
 def measured_costs(plan_speed: Path, gpu_check: Path) -> dict:
-    """The runtime's costs as measured: planning ms per (algorithm, EP) from a2a_plan_speed's JSON (compiled median,
-    cache-hit median) and the host issue time of one phase from nccl_gpu_check's JSON (rank 0, flowlane net)."""
+    """The runtime's costs as measured: planning ms per (algorithm, EP) from a2a_plan_speed's JSON (one rank's plan
+    median, or the whole compiled plan's in older files; cache-hit median) and the host issue time of one phase from nccl_gpu_check's JSON (rank 0, flowlane net)."""
     ps = json.loads(plan_speed.read_text())
-    plan = {f"{r['algorithm']}/{r['ep']}": r["compiled"]["median_ms"] for r in ps["rows"]}
+    # what the runtime plans per all-to-all: one rank's part (plan_for_rank) where the file has it, else the
+    # whole plan with its Phase objects (files before plan_for_rank)
+    kind = "rank_plan" if all("rank_plan" in r for r in ps["rows"]) else "compiled"
+    plan = {f"{r['algorithm']}/{r['ep']}": r[kind]["median_ms"] for r in ps["rows"]}
     hit = {f"{r['algorithm']}/{r['ep']}": r["cached_hit"]["median_ms"] for r in ps["rows"]}
     gc = json.loads(gpu_check.read_text())
     try:
@@ -103,7 +107,7 @@ def measured_costs(plan_speed: Path, gpu_check: Path) -> dict:
         "plan_cache": RUNTIME_PLAN_CACHE,
         "phase_issue_us": issue_s * 1e6,
         "sources": {
-            "plan_ms": f"{plan_speed} rows[].compiled.median_ms (label {ps.get('label')!r}, commit "
+            "plan_ms": f"{plan_speed} rows[].{kind}.median_ms (label {ps.get('label')!r}, commit "
             f"{ps.get('commit')}, planner {ps.get('planner_impl')})",
             "plan_hit_ms": f"{plan_speed} rows[].cached_hit.median_ms",
             "plan_cache": "flowlane.hermod.matching FLOWLANE_HERMOD_PLAN_CACHE default",
