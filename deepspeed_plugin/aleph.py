@@ -44,12 +44,12 @@ from deepspeed_plugin.comm import (
     unwrapped_backend,
 )
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
+from flowlane.aleph.config import PROBE_BYTES
 from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
 
 SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters", "ps", "split", "ps_bandwidths", "probe_bytes")
 REPLAN_KEYS = ("hysteresis", "probe_bytes")
 """Keys that act only with ``replan_every`` > 0 (refused without it: they would have no effect)."""
-PROBE_BYTES = 1 << 22
 
 
 class _Done:

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from flowlane import configs
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
+from flowlane.aleph.config import PROBE_BYTES
 from flowlane.configs import add_dataclass_args, config_from_namespace
 
 log = logging.getLogger("flowlane.aleph")
@@ -88,7 +89,7 @@ class AlephMegatronConfig:
     first plan comes from) and ``top="ps"`` with one PS (a new plan's PS is its first aggregator); dense groups only."""
     hysteresis: float = 0.2
     """Re-planning: a rank's figure changes only when it moves by more than this fraction (AlephConfig.hysteresis)."""
-    probe_bytes: int = 1 << 22
+    probe_bytes: int = PROBE_BYTES
     """Re-planning: bytes of each timed transfer of the bandwidth probe (>= 1024)."""
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 VARIANTS = ("paper", "fill")
 TOP_MODES = ("allreduce", "ps")
+PROBE_BYTES = 1 << 22  # one timed transfer of the bandwidth probe (4 MiB), every caller's default
 
 
 @dataclass(frozen=True)

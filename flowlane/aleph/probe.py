@@ -17,9 +17,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from flowlane.aleph.config import PROBE_BYTES
+
 
 def probe_bandwidth(
-    nbytes: int = 1 << 22, rounds: int | None = None, group: dist.ProcessGroup | None = None
+    nbytes: int = PROBE_BYTES, rounds: int | None = None, group: dist.ProcessGroup | None = None
 ) -> tuple[list[float], list[list[float]]]:
     """(per-rank figure in Gbit/s, matrix rate[src][dst] in Gbit/s, 0 where not probed) over ``group``'s ranks."""
     if not (isinstance(nbytes, int) and nbytes >= 1024):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from flowlane.aleph.cluster import Neighbours, Plan, adjacency_complete, capacities, mwcha
-from flowlane.aleph.config import AlephConfig
+from flowlane.aleph.config import PROBE_BYTES, AlephConfig
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def confirm_figures(
 
 
 def confirmed_probe(
-    replanner: Replanner, group: object = None, nbytes: int = 1 << 22, samples: int = 2
+    replanner: Replanner, group: object = None, nbytes: int = PROBE_BYTES, samples: int = 2
 ) -> Callable[[], list[float]]:
     """The default re-planning probe (the DDP hook, Megatron-core, DeepSpeed):
     :func:`flowlane.aleph.probe.probe_bandwidth` over ``group`` with ``nbytes`` transfers, confirmed by
