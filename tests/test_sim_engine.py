@@ -276,3 +276,18 @@ def test_write_json_leaves_the_old_file_whole_when_the_new_one_cannot_be_written
         write_json(p, {"speedup": object()})  # not serialisable: fails before anything replaces the old file
     assert p.read_text() == '{\n "speedup": 1.5\n}'
     assert [f.name for f in tmp_path.iterdir()] == ["r.json"]  # and no temporary file left behind
+
+
+def test_the_batching_window_survives_a_finish_time_that_rounds_inside_it():
+    """Found by the Qwen-MoE-24L 256-GPU point with measured costs (2026-11-27): the earliest flow finish ``t + x``
+    was within the window ``win`` while ``x <= win - t`` was not, the selection came out empty and ``.max()``
+    raised. The window's latest finish is then the earliest one."""
+    from flowlane.sim.engine import _last_finish
+
+    t, x, th, q = 8.599796663725433, 0.0007579546449858997, 8.600544618370419, 1e-05
+    win, tf = th + q, t + x
+    assert tf <= win and not x <= win - t  # the rounding case itself
+    assert _last_finish(t, np.array([x, 2 * x]), win, tf) == tf
+    assert (
+        _last_finish(1.0, np.array([0.5, 0.25, 3.0]), 1.6, 1.25) == 1.5
+    )  # the ordinary case: the latest inside

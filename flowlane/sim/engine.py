@@ -39,6 +39,14 @@ from flowlane.topology import Topology, TopologyError
 ROUTING = ("ecmp", "spray", "first")
 
 
+def _last_finish(t: float, ttf: np.ndarray, win: float, tf: float) -> float:
+    """The latest finish time ``t + ttf[k]`` within the window ending at ``win``, given the earliest, ``tf = t +
+    min(ttf) <= win``. In floating point ``t + x <= win`` does not imply ``x <= win - t``: where rounding leaves no
+    ``ttf`` under ``win - t``, the earliest finish is the window's only one."""
+    inside = ttf[ttf <= win - t]
+    return t + float(inside.max()) if inside.size else tf
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Simulator knobs. ``routing``: ecmp (hash each flow onto one of the equal-cost routes), spray (split every
@@ -733,7 +741,7 @@ class _EventLoop:
                 win = t_next + q
                 cand = [t_next]
                 if tf <= win:
-                    cand.append(t + float(ttf[ttf <= win - t].max()))
+                    cand.append(_last_finish(t, ttf, win, tf))
                 while heap and heap[0][0] <= win:
                     e, i = heapq.heappop(heap)
                     batch.append(i)
