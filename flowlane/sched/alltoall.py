@@ -97,21 +97,30 @@ def matched_all_to_all(
     plan = plan_for_rank(matrix, me, quantum, algorithm, max_phases=max_phases)  # this rank's part only
     sent = [0] * n
     got = [0] * n
+
+    def moves(
+        op: Any,
+        pairs: list[tuple[int, int]],
+        buf: torch.Tensor,
+        splits: Sequence[int],
+        off: list[int],
+        done: list[int],
+    ) -> list[dist.P2POp]:
+        """The next rows of ``buf`` to or from each peer of ``pairs`` ((peer, units) of this phase)."""
+        out = []
+        for peer, units in pairs:
+            a = min(units * quantum, splits[peer] - done[peer])
+            if a > 0:
+                start = off[peer] + done[peer]
+                out.append(dist.P2POp(op, buf[start : start + a], ranks[peer], group))
+                done[peer] += a
+        return out
+
     for k, sends, recvs in _with_idle_phases(plan, phase_sync == "barrier"):
-        ops = []
         # a matched phase gives each rank at most one send and one receive; a residual phase (capped plan) several
-        for d, units in sends:
-            a = min(units * quantum, input_split_sizes[d] - sent[d])
-            if a > 0:
-                t = input[send_off[d] + sent[d] : send_off[d] + sent[d] + a]
-                ops.append(dist.P2POp(dist.isend, t, ranks[d], group))
-                sent[d] += a
-        for s, units in recvs:
-            a = min(units * quantum, output_split_sizes[s] - got[s])
-            if a > 0:
-                t = output[recv_off[s] + got[s] : recv_off[s] + got[s] + a]
-                ops.append(dist.P2POp(dist.irecv, t, ranks[s], group))
-                got[s] += a
+        ops = moves(dist.isend, sends, input, input_split_sizes, send_off, sent) + moves(
+            dist.irecv, recvs, output, output_split_sizes, recv_off, got
+        )
         for w in comm.batch_isend_irecv(ops, kind=kind, key=key):
             w.wait()
         if phase_sync == "barrier" and k < len(plan) - 1:
