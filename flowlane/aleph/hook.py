@@ -49,9 +49,8 @@ from flowlane.aleph.config import TOP_MODES
 from flowlane.aleph.model import multi_ps_split
 
 log = logging.getLogger(__name__)
-_CONNECT_TAG = (
-    1 << 20
-)  # the connection greeting's tag (gloo matches by tag; NCCL by order): above any piece index
+# the connection greeting's tag (gloo matches by tag; NCCL by order): above any piece index
+_CONNECT_TAG = 1 << 20
 
 
 def _check_multi_ps(
