@@ -2,8 +2,9 @@
 tiny GPT with 4 experts, EP 2 on 4 gloo ranks, so the experts' gradients reduce over two expert-data-parallel
 groups ({0, 2}, {1, 3}) and the dense ones over DP 4; Megatron-core's own DDP, optimizer and finalize_model_grads,
 against the same run without flowlane, in one launch; then SYNDICATE under Megatron's distributed optimizer, where each
-lane's parameter all-gathers are plan ops too. A gather moves bytes; the reduce-scatters over DP 4 are gloo
-all-reduces of the segments (torch's gloo reduce_scatter_tensor), measured bitwise on this model and these buckets."""
+lane's parameter all-gathers are plan ops too. A gather moves bytes; a reduce-scatter over DP 4 cut into motifs may
+round differently from the whole one (gloo's summation order depends on an element's place in the buffer), so that
+case is checked to rounding, the rest bitwise."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytest.importorskip("megatron.core")
 ITERATIONS = 3
 
 
-def test_aleph_and_syndicate_carry_the_expert_bucket_groups_bitwise(tmp_path) -> None:
+def test_aleph_and_syndicate_carry_the_expert_bucket_groups(tmp_path) -> None:
     from flowlane.launch import launch
     from tests.megatron_dp_workers import moe_runs
 
@@ -35,12 +36,20 @@ def test_aleph_and_syndicate_carry_the_expert_bucket_groups_bitwise(tmp_path) ->
         assert len(r["orders"][1]) > p["expert_bucket_groups"], r["orders"]  # expert buckets were cut
         assert "give expert_bandwidth_gbps or expert_clusters" in r["aleph_no_expert_plan"], r
         assert "syndicate expert_plan is required" in r["syndicate_no_expert_plan"], r
-        # the distributed optimizer (overlap_param_gather): FIFO records each lane's gathers then reduce-scatters; a
-        # dense plan (DP 4) and an expert plan (each expert-data-parallel group) cutting every parameter all-gather
-        # and every reduce-scatter block into up to 3 motifs are bitwise Megatron's own run with the distributed
-        # optimizer, every gather through its lane's enforcer
+        # the distributed optimizer (overlap_param_gather): FIFO records each lane's gathers then reduce-scatters (and
+        # is bitwise Megatron's own run); a dense plan (DP 4) and an expert plan (each expert-data-parallel group)
+        # cutting every parameter all-gather and every reduce-scatter block into up to 3 motifs match Megatron's own
+        # run with the distributed optimizer to rounding, every gather through its lane's enforcer. Not bitwise: gloo
+        # sums a reduce-scatter over 4 ranks in an order that depends on where an element sits in the buffer (ring),
+        # so cutting a block into motifs may round differently (measured on an AMD EPYC host: 4 x 300k floats cut in
+        # three, up to 2.4e-7 apart; the run above ends up to 7.5e-9 apart with equal losses). Over 2 ranks a sum has
+        # one order: the NCCL check (tests/gpu/megatron_dp_nccl.py, DP 2) is bitwise.
         d = r["do_plan"]
-        assert r["do_fifo"]["bitwise"] and d["bitwise"], (rank, r["do_fifo"], d)
+        assert r["do_fifo"]["bitwise"], (rank, r["do_fifo"])
+        assert d["maxdiff"] <= 1e-6, (
+            rank,
+            d["maxdiff"],
+        )  # rounding only: a lost or doubled block is >= 1e-3 here
         assert d["restored"], (rank, d)
         for lane, kinds in zip(("", "expert_"), r["do_kinds"], strict=True):
             g = d[f"{lane}bucket_groups"]
