@@ -195,6 +195,8 @@ class HierarchicalAllReduce:
         c = self.cluster
         self._members = [self.ranks[m] for m in c.members[1:]] if self.me == c.head else []
         self._up = None if self.me == c.head else self.ranks[c.head]
+        self._dedicated = set(self.ps) if dedicated_ps else set()
+        self._roles = [self._role(p) for p in self.ps]  # per PS: fixed by the plan, read on every all-reduce
         self._connected = False  # top="ps": the trees' pairs greeted once (_connect)
         log.info(
             "ALEPH hierarchical all-reduce: %d clusters (|D|), this rank in cluster of %d, top=%s",
@@ -270,12 +272,11 @@ class HierarchicalAllReduce:
         me = self.me
         if self._up is not None:  # a member: everything goes through its aggregator
             return self._up, []
-        dedicated = set(self.ps) if self.dedicated_ps else set()
         if p == me:
             return None, self._members + [
-                self.ranks[h] for h in self.plan.heads if h != me and h not in dedicated
+                self.ranks[h] for h in self.plan.heads if h != me and h not in self._dedicated
             ]
-        if me in dedicated:
+        if me in self._dedicated:
             return -1, []
         return self.ranks[p], self._members
 
@@ -288,8 +289,7 @@ class HierarchicalAllReduce:
         child receives then sends, so the two ends' messages pair in order."""
         x = torch.zeros(1, dtype=tensor.dtype, device=tensor.device)
         y = torch.empty_like(x)
-        for j, p in enumerate(self.ps):
-            parent, kids = self._role(p)
+        for j, (parent, kids) in enumerate(self._roles):
             for g in (self._up_pgs[j], self._down_pgs[j]):
                 for c in kids:
                     dist.isend(x, dst=c, tag=_CONNECT_TAG, group=g).wait()
@@ -319,11 +319,10 @@ class HierarchicalAllReduce:
             a, b = max(lo - start[k], 0), min(hi - start[k], pieces[k][0].numel())
             return a, max(a, b)
 
-        me = self.me
-        dedicated = set(self.ps) if self.dedicated_ps else set()
+        me, dedicated = self.me, self._dedicated
         if not self._connected:
             self._connect(tensor)
-        roles = [self._role(self.ps[j]) for _, j in pieces]
+        roles = [self._roles[j] for _, j in pieces]
         parent = [r[0] for r in roles]
         kids = [r[1] for r in roles]
         mine = [x for x, _ in pieces]
