@@ -1039,6 +1039,28 @@ def run_this_rank(
         result = fn(ext.rank, ext.world_size, *args)
         gathered: list[Any] | None = [None] * ext.world_size if ext.rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
+        # every rank past the gather before any tears down: a gloo group destroyed while a peer still has work
+        # queued on it can block that peer's destroy (seen under DistDGL's launcher, torch 2.2)
+        dist.barrier()
         return gathered
     finally:
-        dist.destroy_process_group()
+        destroy_default_group(min(op_timeout, 60.0))  # no work is left: a healthy destroy takes ms
+
+
+def destroy_default_group(timeout: float, destroy: Callable[[], None] | None = None) -> bool:
+    """Destroy the default process group, waiting at most ``timeout`` seconds; True when it returned.
+
+    After a failure a peer may be gone or blocked, and a group's destructor can then wait on it forever; the
+    rank must still exit (and reach its framework's own shutdown, e.g. DistDGL's exit barrier), so the destroy
+    runs in a daemon thread and is abandoned, with a warning, when it has not returned in time."""
+    if destroy is None:
+        import torch.distributed as dist
+
+        destroy = dist.destroy_process_group
+    done = threading.Thread(target=destroy, name="flowlane-destroy-pg", daemon=True)
+    done.start()
+    done.join(timeout)
+    if done.is_alive():
+        log.warning("destroying the process group did not return in %.0f s; leaving it to process exit", timeout)
+        return False
+    return True

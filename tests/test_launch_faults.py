@@ -6,10 +6,12 @@ Worker functions live here at module level: spawned ranks import them from this 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -278,3 +280,18 @@ def test_a_slow_start_up_says_it_is_still_starting(monkeypatch, caplog):
         assert L.launch(quick, 1, args=(_SlowToUnpickle(3),), timeout=60, backend=None) == [0]
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still starting")]
     assert notes and "0/1 ranks ready after" in notes[0] and "startup_timeout=300 s" in notes[0], notes
+
+
+def test_a_destroy_that_never_returns_is_abandoned_with_a_warning(caplog):
+    # a group's destructor blocked on a gone peer must not keep the rank from exiting (DistDGL's exit barrier)
+    blocked = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="flowlane"):
+        assert L.destroy_default_group(0.2, destroy=blocked.wait) is False
+    assert "did not return" in caplog.text
+    blocked.set()
+
+
+def test_a_destroy_that_returns_is_waited_for():
+    calls = []
+    assert L.destroy_default_group(60.0, destroy=lambda: calls.append(1)) is True
+    assert calls == [1]
