@@ -10,8 +10,10 @@ from flowlane.offload.budget import (
     Budget,
     StepProfile,
     choose_budget,
+    choose_recompute,
     exposed_time,
     resident_at_backward_start,
+    with_recompute,
 )
 
 
@@ -124,3 +126,34 @@ def test_budget_dict_round_trip() -> None:
     d = b.as_dict()
     assert d["keep_last_k"] == 1 and d["allow_bytes"] == [10, 0]
     assert isinstance(b, Budget)
+
+
+def _h200_hidden_4096() -> StepProfile:
+    """The profiled step of results/gpu/offload_bench.json at hidden 4096 (8 layers of 1 GiB, 55 GB/s)."""
+    return StepProfile((1 << 30,) * 8, (0.0055,) * 8, (0.0121,) * 8, 55e9, 55e9, 0.0006)
+
+
+def test_recompute_buys_with_the_slack_the_earliest_kept_layer_never_the_last() -> None:
+    p = _h200_hidden_4096()
+    plain = choose_budget(p, prefetch=3, slack_s=0.05 * p.step_s)
+    b = choose_budget(p, prefetch=3, slack_s=0.05 * p.step_s, recompute=True)
+    assert plain.recompute == () and b.allow_bytes == plain.allow_bytes
+    # layers 0-2 and part of 3 are offloaded; 6.5 ms of slack pays one forward (5.5 ms): layer 4, the earliest kept
+    assert b.recompute == (False,) * 4 + (True,) + (False,) * 3
+    assert b.recompute_s == pytest.approx(0.0055) and b.exposed_s + b.recompute_s <= 0.05 * p.step_s
+    assert b.resident_bytes == pytest.approx(plain.resident_bytes - (1 << 30))
+    everything = choose_budget(p, prefetch=3, slack_s=0.9 * p.step_s, recompute=True)
+    assert everything.recompute[-1] is False and all(everything.recompute[4:7])
+    assert choose_budget(p, prefetch=3, slack_s=0.005, recompute=True).recompute == ()  # below one forward
+
+
+def test_recompute_counts_the_wait_it_adds_and_never_a_layer_with_bytes_offloaded() -> None:
+    p = _two_layers(fwd_s=(1.0, 1.0, 1.0), bwd_s=(2.0, 2.0, 2.0), group_bytes=(10, 10, 10))
+    allow = [10, 0, 0]
+    # layer 1 recomputed: 1 s of forward, and layer 0's reload (issued at layer 1's backward) is still hidden
+    assert choose_recompute(p, allow, slack_s=1.0) == (False, True, False)
+    assert choose_recompute(p, allow, slack_s=0.99) == (False, False, False)
+    assert choose_recompute(p, [10, 10, 0], slack_s=10.0) == (False, False, False)
+    assert with_recompute(p, (False, True, False)).bwd_s == (2.0, 3.0, 2.0)
+    with pytest.raises(ValueError, match="allow has 2 entries for 3 layers"):
+        choose_recompute(p, [10, 0], slack_s=1.0)

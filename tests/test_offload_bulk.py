@@ -281,3 +281,56 @@ def test_kvikio_and_null_keep_the_thread_path(tmp_path: Path) -> None:
     cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), backend=be)
     assert not cache._is_bulk(torch.device("cpu")) and cache._is_bulk(torch.device("cuda"))
     cache.close()
+
+
+def test_recompute_runs_the_chosen_layers_under_checkpoint_with_exact_gradients(tmp_path: Path) -> None:
+    """A link that hides nothing and 99 % of the step to spend: the budget recomputes kept layers front to back
+    (never the last); those layers then save only their input, and gradients stay bitwise the plain model's."""
+    from flowlane.offload.budget import StepProfile, choose_recompute
+
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    cfg = _cfg(
+        tmp_path,
+        backend="pinned_cpu",
+        adaptive=True,
+        profile_step=0,
+        link_GBps=1e-6,
+        max_slowdown=0.99,
+        recompute=True,
+    )
+    with _bulk(m, cfg) as cache:
+        saved = []  # bytes each layer saved through the cache, per step
+        for _ in range(3):
+            m.zero_grad()
+            loss = m(idx)
+            (rec,) = cache._records.values()
+            saved.append(list(rec.group_bytes))
+            loss.backward()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        s = cache.stats_snapshot()
+    assert all("forward" not in vars(blk) for blk in m.blocks)  # close() gave the layers their own forward back
+    prof = s.profile
+    p = StepProfile(
+        tuple(prof["sizes"]),
+        tuple(prof["fwd_times_s"]),
+        tuple(prof["bwd_times_s"]),
+        prof["write_bandwidth_Bps"],
+        prof["read_bandwidth_Bps"],
+        prof["head_s"],
+    )
+    want = choose_recompute(p, prof["allow_bytes"], prof["prefetch_groups"], 0.99 * p.step_s)
+    assert prof["allow_bytes"] == [0] * L and prof["recompute"] == list(want)
+    r = sum(want)
+    assert 1 <= r <= L - 1 and want[-1] is False  # layer 0's forward is far below 99 % of the step
+    assert s.recomputed_layers == 2 * r  # the two steps after the profiled one
+    assert saved[0] == [A] * L  # the profiled step
+    # a recomputed layer saves only its input (checkpoint's, one residual stream: A / 16), which the cache may offload
+    assert saved[1] == saved[2] == [A // 16] * r + [A] * (L - r)
+
+
+def test_recompute_is_refused_without_a_budget_to_pay_for_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"offload.recompute=True needs adaptive=true and max_slowdown > 0"):
+        _cfg(tmp_path, adaptive=True, recompute=True)
+    with pytest.raises(ValueError, match=r"offload.recompute='yes' must be true or false"):
+        _cfg(tmp_path, recompute="yes")

@@ -17,6 +17,14 @@ bytes are added to the front-to-back order, so a bisection finds it. Bytes beyon
 are added only while each layer's added exposed time is below its forward time: past that, recomputing the layer is
 cheaper than waiting for it ("never offload what is cheaper to recompute").
 
+With ``recompute``, the time left in ``slack_s`` buys memory the link cannot: layers kept whole are recomputed in
+backward instead (their forward runs again under ``torch.utils.checkpoint``; seed 003 §5.4.3 weighs keep, offload and
+recompute per tensor). The memory peak sits where backward begins, and a store frees device memory only once its copy
+ran, so past the bytes the link moves during forward only recomputation lowers it. The earliest kept layers go first:
+their recomputation happens last in backward, after the later layers' activations were freed (recomputing the last
+layer would rebuild it at the peak and save nothing, so it is never chosen). Each costs its forward time, added to its
+backward in the timeline.
+
 What a plan saves at the memory peak is modelled too (:func:`resident_at_backward_start`): stores still queued when
 backward begins have not freed their device memory yet.
 
@@ -86,7 +94,12 @@ class Budget:
     recompute_cheaper: tuple[bool, ...]
     """Layers left out because waiting for their transfer would cost more than recomputing their forward."""
     resident_bytes: float = 0.0
-    """Modelled saved-activation bytes on the device when backward begins (:func:`resident_at_backward_start`)."""
+    """Modelled saved-activation bytes on the device when backward begins (:func:`resident_at_backward_start`), less
+    the layers recomputed."""
+    recompute: tuple[bool, ...] = ()
+    """Layers recomputed in backward instead of kept (``choose_budget(recompute=True)``); empty: none."""
+    recompute_s: float = 0.0
+    """Modelled time the recomputations add (their forward times)."""
 
     @property
     def total_bytes(self) -> int:
@@ -111,7 +124,40 @@ class Budget:
             "keep_last_k": self.keep_last_k,
             "recompute_cheaper": list(self.recompute_cheaper),
             "resident_bytes_at_backward_start": self.resident_bytes,
+            "recompute": list(self.recompute),
+            "recompute_s": self.recompute_s,
         }
+
+
+def with_recompute(p: StepProfile, recompute: Sequence[bool]) -> StepProfile:
+    """The profile with each recomputed layer's forward added to its backward."""
+    if not any(recompute):
+        return p
+    bwd = tuple(b + (f if r else 0.0) for b, f, r in zip(p.bwd_s, p.fwd_s, recompute, strict=True))
+    return StepProfile(p.group_bytes, p.fwd_s, bwd, p.store_Bps, p.load_Bps, p.head_s)
+
+
+def choose_recompute(
+    p: StepProfile, allow: Sequence[int], prefetch: int = 1, slack_s: float = 0.0
+) -> tuple[bool, ...]:
+    """Layers to recompute instead of keep, given the offload plan ``allow`` (module docstring): candidates are the
+    layers with bytes saved and none offloaded, except the last; front to back, while the forward times added plus the
+    modelled wait stay <= ``slack_s``."""
+    n = len(p.group_bytes)
+    if len(allow) != n:
+        raise ValueError(f"allow has {len(allow)} entries for {n} layers")
+    chosen = [False] * n
+    spent = 0.0
+    for i in range(n - 1):
+        if allow[i] or not p.group_bytes[i]:
+            continue
+        trial = chosen.copy()
+        trial[i] = True
+        cost = spent + p.fwd_s[i] + exposed_time(with_recompute(p, trial), allow, prefetch)
+        if cost > slack_s:
+            break
+        chosen, spent = trial, spent + p.fwd_s[i]
+    return tuple(chosen)
 
 
 def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> float:
@@ -186,9 +232,14 @@ def _fill(p: StepProfile, total: int, eligible: Sequence[bool]) -> list[int]:
 
 
 def choose_budget(
-    p: StepProfile, prefetch: int = 1, slack_s: float = 0.0, granularity: int = 1 << 16
+    p: StepProfile,
+    prefetch: int = 1,
+    slack_s: float = 0.0,
+    granularity: int = 1 << 16,
+    recompute: bool = False,
 ) -> Budget:
-    """The most bytes, filled front to back, whose modelled exposed time is <= ``slack_s`` (module docstring).
+    """The most bytes, filled front to back, whose modelled exposed time is <= ``slack_s`` (module docstring); with
+    ``recompute``, then the kept layers that the rest of ``slack_s`` can recompute (:func:`choose_recompute`).
 
     ``granularity`` rounds the bisection (bytes); a layer's share is a byte allowance, which the cache fills with
     whole storages in the order they were saved."""
@@ -242,10 +293,14 @@ def choose_budget(
                 break
             chosen = full
     allow = _fill(p, chosen, eligible)
+    again = choose_recompute(p, allow, prefetch, slack_s) if recompute else (False,) * n
+    saved = sum(b for b, r in zip(p.group_bytes, again, strict=True) if r)
     return Budget(
         tuple(allow),
-        exposed_time(p, allow, prefetch),
+        exposed_time(with_recompute(p, again), allow, prefetch),
         p.step_s,
         tuple(cheaper),
-        resident_at_backward_start(p, allow),
+        resident_at_backward_start(p, allow) - saved,
+        again if any(again) else (),
+        sum(f for f, r in zip(p.fwd_s, again, strict=True) if r),
     )

@@ -24,12 +24,15 @@ memory from reuse until the copy ran. Reloads of a layer are issued when the bac
 after it begins, on a host-to-device stream that waits for the store's event; the consumer's stream waits for the
 reload's event. Threads remain only for disk I/O (``posix`` writes each layer's block with one O_DIRECT write straight
 from the pool). ``kvikio`` and ``null`` keep the thread path. ``adaptive`` profiles one micro-batch (CUDA events on a
-GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``.
+GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``; with ``recompute`` the scopes the budget
+names run their forward under ``torch.utils.checkpoint`` from then on (nothing of theirs is saved; backward runs the
+forward again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -43,7 +46,7 @@ from typing import Any
 import torch
 
 from flowlane.offload.backends import IOBackend, make_backend
-from flowlane.offload.budget import StepProfile, choose_budget
+from flowlane.offload.budget import Budget, StepProfile, choose_budget
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.pool import HostBlock, PinnedPool, align_up
 from flowlane.offload.residency import Residency, mark_parameters, storage_uid
@@ -98,6 +101,8 @@ class OffloadStats:
     """unpacks that waited on the host for a disk read still running (SSD tier only; never for pinned_cpu)"""
     pool: dict[str, int] | None = None
     """host pool counters (CUDA tiers): allocated, in use, peak, hits, misses"""
+    recomputed_layers: int = 0
+    """layer forwards run under ``torch.utils.checkpoint`` because the budget chose to recompute them (``recompute``)"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -356,6 +361,8 @@ class TensorCache:
         self._warm: dict[
             Any, list[int]
         ] = {}  # family -> host block size per layer (to size the pool before profiling)
+        self._recompute: dict[Any, frozenset[int]] = {}  # family -> layers recomputed in backward (``recompute``)
+        self._forwards: list[tuple[torch.nn.Module, bool]] = []  # scopes whose forward is wrapped: (module, own)
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -372,6 +379,10 @@ class TensorCache:
     def add_scope(self, module: torch.nn.Module, name: str | None = None) -> None:
         """Make ``module`` a scope (Alg. 5.2 lines 1-10). Outermost scopes are the prefetch/keep groups."""
         label = name or type(module).__name__
+        if self.config.recompute:
+            own = "forward" in module.__dict__  # an instance attribute already (restored as it was by close)
+            module.forward = functools.partial(self._forward_or_recompute, module.forward)
+            self._forwards.append((module, own))
         self._module_handles.append(
             module.register_forward_pre_hook(lambda m, a, kw: self._scope_pre(label, a, kw), with_kwargs=True)
         )
@@ -408,6 +419,13 @@ class TensorCache:
         for h in self._module_handles:
             h.remove()
         self._module_handles.clear()
+        for module, own in reversed(self._forwards):
+            wrapper = module.__dict__.get("forward")
+            if own and isinstance(wrapper, functools.partial):
+                module.forward = wrapper.args[0]
+            else:
+                module.__dict__.pop("forward", None)
+        self._forwards.clear()
         with contextlib.suppress(
             RuntimeError, OSError
         ):  # closing must not fail on an I/O error already reported
@@ -651,6 +669,19 @@ class TensorCache:
                     self._store_bulk(rec, sc.group, pend)  # the layer's forward is done: one bulk copy
         if self.config.check_versions:
             self._check_versions(rec)
+
+    def _forward_or_recompute(self, forward: Any, *args: Any, **kwargs: Any) -> Any:
+        """A scope's forward (``recompute``): under ``torch.utils.checkpoint`` when it is an outermost scope of a
+        layer the budget recomputes. Its pre-hook has just pushed the scope; checkpoint's own saved-tensor hooks sit
+        inside this cache's, so nothing of the layer is packed here, and backward runs ``forward`` again."""
+        top = self._stack[-1] if self._stack else None
+        if top is not None:
+            rec, sid = top
+            sc = rec.scopes[sid]
+            if sc.parent is None and not rec.profiling and sc.group in self._recompute.get(rec.family, ()):
+                self.stats.recomputed_layers += 1
+                return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
 
     def _begin_hook(self, rec: _Record, sid: int) -> Any:
         def hook(grad: torch.Tensor | None) -> None:
@@ -1189,10 +1220,18 @@ class TensorCache:
             )
             # the shallowest prefetch (<= prefetch_groups) that hides the most bytes: deeper reloads hold memory longer
             slack = self.config.max_slowdown * prof.step_s
-            budget, depth = choose_budget(prof, prefetch=1, slack_s=slack), 1
+            # (with ``recompute``: the one that leaves the fewest bytes on the device where backward begins)
+            recompute = self.config.recompute
+
+            def better(b: Budget, than: Budget) -> bool:
+                if recompute:
+                    return (b.resident_bytes, -b.total_bytes) < (than.resident_bytes, -than.total_bytes)
+                return b.total_bytes > than.total_bytes
+
+            budget, depth = choose_budget(prof, prefetch=1, slack_s=slack, recompute=recompute), 1
             for d in range(2, self.config.prefetch_groups + 1):
-                b = choose_budget(prof, prefetch=d, slack_s=slack)
-                if b.total_bytes > budget.total_bytes:
+                b = choose_budget(prof, prefetch=d, slack_s=slack, recompute=recompute)
+                if better(b, budget):
                     budget, depth = b, d
         except Exception as e:  # noqa: BLE001 - a profile that cannot be read must not fail the training step
             warnings.warn(
@@ -1204,6 +1243,7 @@ class TensorCache:
             self.stats.profile = {"error": str(e)}
             return
         self._allow[rec.family] = list(budget.allow_bytes)
+        self._recompute[rec.family] = frozenset(i for i, r in enumerate(budget.recompute) if r)
         self._prefetch = depth
         self._k = budget.keep_last_k
         self.stats.keep_last_k = budget.keep_last_k

@@ -58,6 +58,10 @@ class OffloadConfig:
     max_slowdown: float = 0.0
     """``adaptive``: step time the budget may add, as a fraction of the profiled step (0.03 = 3 %): bytes past what
     the link hides are offloaded while the modelled wait stays below it and below recomputing the layer."""
+    recompute: bool = False
+    """``adaptive``: spend what ``max_slowdown`` leaves after the byte budget on recomputing layers kept whole (their
+    forward runs again in backward under ``torch.utils.checkpoint``), earliest first, never the last: past the bytes
+    the link moves during forward, only recomputation lowers the memory peak where backward begins (budget.py)."""
     link_GBps: float = 0.0
     """``adaptive``: the link's rate in GB/s for the byte budget (pinned_cpu: PCIe; posix: the disk's write rate);
     0 measures it in the profiled micro-batch (CUDA events around the copies, or the store threads' clock on CPU)."""
@@ -74,7 +78,7 @@ class OffloadConfig:
         naming the value and what is allowed). Directories are checked by :meth:`check_dirs`."""
         if not isinstance(self.enabled, bool):
             raise ValueError(f"offload.enabled={self.enabled!r} must be true or false")
-        for name in ("adaptive", "offload_cpu_tensors", "check_versions"):
+        for name in ("adaptive", "offload_cpu_tensors", "check_versions", "recompute"):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"offload.{name}={v!r} must be true or false")
@@ -95,6 +99,11 @@ class OffloadConfig:
         v = self.max_slowdown
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 <= v < 1:
             raise ValueError(f"offload.max_slowdown={v!r} must be a fraction in [0, 1) of the step time")
+        if self.recompute and not (self.adaptive and self.max_slowdown > 0):
+            raise ValueError(
+                f"offload.recompute=True needs adaptive=true and max_slowdown > 0 (got adaptive={self.adaptive}, "
+                f"max_slowdown={self.max_slowdown}): recomputation is paid from the step time max_slowdown allows"
+            )
         v = self.link_GBps
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
             raise ValueError(f"offload.link_GBps={v!r} must be a finite number >= 0 (0 = measure it)")
