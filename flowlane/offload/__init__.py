@@ -35,6 +35,8 @@ _HOME = {
     "Budget": "budget",
     "StepProfile": "budget",
     "choose_budget": "budget",
+    "choose_plan": "budget",
+    "choose_recompute": "budget",
     "exposed_time": "budget",
     "OffloadHandle": "cache",
     "OffloadStats": "cache",
@@ -60,7 +62,14 @@ if TYPE_CHECKING:
         kvikio_usable,
         make_backend,
     )
-    from flowlane.offload.budget import Budget, StepProfile, choose_budget, exposed_time
+    from flowlane.offload.budget import (
+        Budget,
+        StepProfile,
+        choose_budget,
+        choose_plan,
+        choose_recompute,
+        exposed_time,
+    )
     from flowlane.offload.cache import OffloadHandle, OffloadStats, SavedHandle, TensorCache, install
     from flowlane.offload.config import OffloadConfig
     from flowlane.offload.pool import PinnedPool
@@ -94,6 +103,8 @@ __all__ = [
     "StepProfile",
     "TensorCache",
     "choose_budget",
+    "choose_plan",
+    "choose_recompute",
     "choose_last_offloaded",
     "cleanup_stale",
     "exposed_time",

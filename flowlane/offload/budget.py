@@ -304,3 +304,23 @@ def choose_budget(
         again if any(again) else (),
         sum(f for f, r in zip(p.fwd_s, again, strict=True) if r),
     )
+
+
+def choose_plan(
+    p: StepProfile, max_prefetch: int = 1, slack_s: float = 0.0, recompute: bool = False
+) -> tuple[Budget, int]:
+    """The budget and prefetch depth (1 ..  ``max_prefetch``) the cache runs with: the shallowest depth that offloads
+    the most bytes (deeper reloads hold memory longer); with ``recompute``, the one that leaves the fewest bytes on the
+    device where backward begins, then the most bytes."""
+
+    def better(b: Budget, than: Budget) -> bool:
+        if recompute:
+            return (b.resident_bytes, -b.total_bytes) < (than.resident_bytes, -than.total_bytes)
+        return b.total_bytes > than.total_bytes
+
+    budget, depth = choose_budget(p, prefetch=1, slack_s=slack_s, recompute=recompute), 1
+    for d in range(2, max_prefetch + 1):
+        b = choose_budget(p, prefetch=d, slack_s=slack_s, recompute=recompute)
+        if better(b, budget):
+            budget, depth = b, d
+    return budget, depth

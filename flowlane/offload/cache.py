@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from flowlane.offload.backends import IOBackend, make_backend
-from flowlane.offload.budget import Budget, StepProfile, choose_budget
+from flowlane.offload.budget import StepProfile, choose_plan
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.pool import HostBlock, PinnedPool, align_up
 from flowlane.offload.residency import Residency, mark_parameters, storage_uid
@@ -1150,7 +1150,7 @@ class TensorCache:
     def _finish_profile(self, rec: _Record) -> None:
         """Adaptive offloading (thesis §5.3.5, on a timeline): after the profiled micro-batch's backward, read its
         per-layer forward/backward times (CUDA events on a GPU, the clock on CPU) and the link rates seen by its
-        copies, and set each layer's byte allowance from :func:`budget.choose_budget`. The one host wait of the
+        copies, and set each layer's byte allowance from :func:`budget.choose_plan`. The one host wait of the
         feature happens here, once: the profiled step's events must have completed to be read."""
         futs = list(rec.futures)
         self._lock.release()
@@ -1218,21 +1218,9 @@ class TensorCache:
                 load,
                 max(0.0, head),
             )
-            # the shallowest prefetch (<= prefetch_groups) that hides the most bytes: deeper reloads hold memory longer
-            slack = self.config.max_slowdown * prof.step_s
-            # (with ``recompute``: the one that leaves the fewest bytes on the device where backward begins)
-            recompute = self.config.recompute
-
-            def better(b: Budget, than: Budget) -> bool:
-                if recompute:
-                    return (b.resident_bytes, -b.total_bytes) < (than.resident_bytes, -than.total_bytes)
-                return b.total_bytes > than.total_bytes
-
-            budget, depth = choose_budget(prof, prefetch=1, slack_s=slack, recompute=recompute), 1
-            for d in range(2, self.config.prefetch_groups + 1):
-                b = choose_budget(prof, prefetch=d, slack_s=slack, recompute=recompute)
-                if better(b, budget):
-                    budget, depth = b, d
+            budget, depth = choose_plan(
+                prof, self.config.prefetch_groups, self.config.max_slowdown * prof.step_s, self.config.recompute
+            )
         except Exception as e:  # noqa: BLE001 - a profile that cannot be read must not fail the training step
             warnings.warn(
                 f"flowlane offload: adaptive profiling could not set a byte budget ({e}); keeping "
