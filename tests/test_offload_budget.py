@@ -157,3 +157,22 @@ def test_recompute_counts_the_wait_it_adds_and_never_a_layer_with_bytes_offloade
     assert with_recompute(p, (False, True, False)).bwd_s == (2.0, 3.0, 2.0)
     with pytest.raises(ValueError, match="allow has 2 entries for 3 layers"):
         choose_recompute(p, [10, 0], slack_s=1.0)
+
+
+def test_replay_of_the_h200_profiles_recomputes_one_layer_within_the_slack(tmp_path) -> None:
+    """benchmarks/offload_budget_replay.py on the committed H200 result: each size buys one recomputed layer (the
+    earliest kept) with 5 % of the profiled step, and the modelled memory at backward start drops by that layer."""
+    import json
+
+    from benchmarks.offload_budget_replay import main
+
+    out = tmp_path / "replay.json"
+    assert main(["--out", str(out)]) == 0
+    rows = {r["hidden"]: r for r in json.loads(out.read_text())["sizes"]}
+    assert sorted(rows) == [4096, 8192]
+    for h, layer in ((4096, 4), (8192, 6)):
+        m = rows[h]["modelled"]
+        assert m["budget"]["recomputed_layers"] == [] and m["budget_recompute"]["recomputed_layers"] == [layer]
+        assert m["budget_recompute"]["added_vs_profiled_step"] <= 0.05
+        drop = m["budget"]["resident_GiB_at_backward_start"] - m["budget_recompute"]["resident_GiB_at_backward_start"]
+        assert drop == pytest.approx(1.0)  # one layer of 1 GiB
