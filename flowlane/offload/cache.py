@@ -719,7 +719,21 @@ class TensorCache:
 
     def _on_engine_done(self, rec: _Record) -> None:
         with self._lock:
+            if rec.profiling:
+                # a layer whose input needs no gradient (the first, fed the batch itself) gets no end hook: its
+                # backward ends with the engine's (timed as 0 s before, on an H200's profile)
+                for sc in rec.scopes:
+                    if sc.parent is None and sc.begun and not sc.ended:
+                        self._time_backward_end(rec, sc)
             self._finish_backward(rec)
+
+    def _time_backward_end(self, rec: _Record, sc: _Scope) -> None:
+        if rec.profiling and sc.parent is None and sc.group in rec.bwd_t0:
+            t0 = rec.bwd_c0.get(sc.group, rec.bwd_t0[sc.group])
+            if isinstance(t0, float):
+                rec.bwd_time[sc.group] = _clock() - t0
+            else:
+                rec.bwd_ev[sc.group] = [t0, _timing_event(torch.device("cuda"))]
 
     def _scope_backward_end(self, rec: _Record, sid: int) -> None:
         """``full_backward_hook``: drop this scope from its tensors; release those no scope uses (Alg. 5.2 l.7-10)."""
@@ -728,12 +742,7 @@ class TensorCache:
             if sc.ended or rec.phase == "done":
                 return
             sc.ended = True
-            if rec.profiling and sc.parent is None and sc.group in rec.bwd_t0:
-                t0 = rec.bwd_c0.get(sc.group, rec.bwd_t0[sc.group])
-                if isinstance(t0, float):
-                    rec.bwd_time[sc.group] = _clock() - t0
-                else:
-                    rec.bwd_ev[sc.group] = [t0, _timing_event(torch.device("cuda"))]
+            self._time_backward_end(rec, sc)
             for s in sc.sids:
                 st = rec.storages.get(s)
                 if st is None:
