@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < a.max_slowdown < 1:
         ap.error(f"--max-slowdown {a.max_slowdown} must be a fraction in (0, 1)")
     bench = json.loads(Path(a.bench).read_text())
-    rows = [replay(s, a.max_slowdown) for s in bench["sizes"] if "budget_profile" in s["strategies"]["flowlane"]]
+    rows = [
+        replay(s, a.max_slowdown) for s in bench["sizes"] if "budget_profile" in s["strategies"]["flowlane"]
+    ]
     doc = {
         "label": f"modelled: the offload budget replayed on the profiles measured in {a.bench} "
         f"({bench['label']}, commit {bench['provenance']['commit']})",

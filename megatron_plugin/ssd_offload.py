@@ -4,6 +4,7 @@ Launch flags (through ``megatron_plugin.args.add_flowlane_args``)::
 
     --ssd-offload --ssd-offload-dirs /nvme0 /nvme1 --ssd-offload-backend posix --ssd-offload-min-bytes 2097152
     --ssd-offload-keep-last-k 1 | --ssd-offload-adaptive [--ssd-offload-link-gbps 55]
+        [--ssd-offload-max-slowdown 0.05 --ssd-offload-recompute]
 
 API::
 
@@ -98,6 +99,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="with --ssd-offload-adaptive: step time the budget may add, as a fraction (0.03 = 3 %%)",
     )
     g.add_argument(
+        "--ssd-offload-recompute",
+        action="store_true",
+        help="with --ssd-offload-adaptive and --ssd-offload-max-slowdown: recompute the earliest kept layers with "
+        "the step time the byte budget leaves",
+    )
+    g.add_argument(
         "--ssd-offload-pinned-pool-bytes",
         type=int,
         default=d.pinned_pool_bytes,
@@ -124,6 +131,7 @@ def config_from_args(args: argparse.Namespace) -> OffloadConfig:
         link_GBps=args.ssd_offload_link_gbps,
         pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
         max_slowdown=args.ssd_offload_max_slowdown,
+        recompute=bool(getattr(args, "ssd_offload_recompute", False)),
     )
 
 
@@ -212,6 +220,47 @@ def _chunks(model: torch.nn.Module | Iterable[torch.nn.Module]) -> list[torch.nn
     return [model] if isinstance(model, torch.nn.Module) else list(model)
 
 
+def checkpoint_with_megatron_rng(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """A recomputed TransformerLayer (``recompute``): ``torch.utils.checkpoint`` (non-reentrant: the layer's keyword
+    arguments pass through), with Megatron's model-parallel RNG tracker restored around the second run, as Megatron's
+    own ``tensor_parallel.checkpoint`` does: attention dropout draws from the tracker, and a second run from a moved
+    state would drop other elements than the first and give wrong gradients."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    from flowlane.offload.cache import recompute_forward
+
+    at_forward: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def forward_ctx() -> Any:
+        at_forward["states"] = get_cuda_rng_tracker().get_states()
+        yield
+
+    @contextlib.contextmanager
+    def recompute_ctx() -> Any:
+        tracker = get_cuda_rng_tracker()
+        now = tracker.get_states()
+        tracker.set_states(at_forward["states"])
+        try:
+            yield
+        finally:
+            tracker.set_states(now)
+
+    return recompute_forward(forward, *args, context_fn=lambda: (forward_ctx(), recompute_ctx()), **kwargs)
+
+
+def _check_recompute(chunks: Iterable[torch.nn.Module]) -> None:
+    """``recompute`` re-runs layers with torch's checkpoint: refused with FP8 (Transformer Engine keeps FP8 scaling
+    state per forward, which only TE's own checkpoint restores)."""
+    for chunk in chunks:
+        cfg = getattr(chunk, "config", None)
+        if getattr(cfg, "fp8", None):
+            raise ValueError(
+                f"--ssd-offload-recompute with fp8={cfg.fp8!r}: FP8 layers must be recomputed by Transformer "
+                "Engine's checkpoint; use Megatron's --recompute-granularity instead"
+            )
+
+
 def install(
     model: torch.nn.Module | Iterable[torch.nn.Module],
     config: OffloadConfig,
@@ -230,7 +279,9 @@ def install(
     if rank is None:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     names = set(scope_classes)
-    cache = TensorCache(config, rank=rank)
+    if config.recompute:
+        _check_recompute(_chunks(model))
+    cache = TensorCache(config, rank=rank, checkpoint=checkpoint_with_megatron_rng if config.recompute else None)
     found = 0
     for chunk in _chunks(model):
         cache.register_parameters(chunk.parameters())

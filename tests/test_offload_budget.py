@@ -172,7 +172,12 @@ def test_replay_of_the_h200_profiles_recomputes_one_layer_within_the_slack(tmp_p
     assert sorted(rows) == [4096, 8192]
     for h, layer in ((4096, 4), (8192, 6)):
         m = rows[h]["modelled"]
-        assert m["budget"]["recomputed_layers"] == [] and m["budget_recompute"]["recomputed_layers"] == [layer]
+        assert m["budget"]["recomputed_layers"] == [] and m["budget_recompute"]["recomputed_layers"] == [
+            layer
+        ]
         assert m["budget_recompute"]["added_vs_profiled_step"] <= 0.05
-        drop = m["budget"]["resident_GiB_at_backward_start"] - m["budget_recompute"]["resident_GiB_at_backward_start"]
+        drop = (
+            m["budget"]["resident_GiB_at_backward_start"]
+            - m["budget_recompute"]["resident_GiB_at_backward_start"]
+        )
         assert drop == pytest.approx(1.0)  # one layer of 1 GiB

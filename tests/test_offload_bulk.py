@@ -309,7 +309,9 @@ def test_recompute_runs_the_chosen_layers_under_checkpoint_with_exact_gradients(
             loss.backward()
             assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
         s = cache.stats_snapshot()
-    assert all("forward" not in vars(blk) for blk in m.blocks)  # close() gave the layers their own forward back
+    assert all(
+        "forward" not in vars(blk) for blk in m.blocks
+    )  # close() gave the layers their own forward back
     prof = s.profile
     p = StepProfile(
         tuple(prof["sizes"]),

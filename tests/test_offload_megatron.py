@@ -46,7 +46,7 @@ def megatron_env():
         dist.destroy_process_group()
 
 
-def _gpt(recompute: bool = False):
+def _gpt(recompute: bool = False, dropout: float = 0.0):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -64,8 +64,8 @@ def _gpt(recompute: bool = False):
         hidden_size=HID,
         num_attention_heads=HEADS,
         use_cpu_initialization=True,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
+        attention_dropout=dropout,
+        hidden_dropout=dropout,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -176,6 +176,62 @@ def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
         assert after.sync_loads == 0 and after.late_loads == 0
         if adaptive:  # profiled on micro-batch 0: a fast link hides every layer but the last
             assert h.stats.profile["keep_last_k"] == 1 and len(h.stats.profile["allow_bytes"]) == L
+
+
+def _seeded_step(model) -> list[torch.Tensor]:
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    torch.manual_seed(0)
+    model_parallel_cuda_manual_seed(0)
+    return _step(model)
+
+
+@pytest.mark.parametrize("rng", ["megatron", "torch_only"])
+def test_megatron_recompute_under_the_budget_with_dropout_bitwise(
+    megatron_env, tmp_path: Path, monkeypatch, rng: str
+) -> None:
+    """``recompute`` on Megatron's own schedule with dropout: the recomputed TransformerLayers draw the same
+    dropout masks (torch's RNG and Megatron's model-parallel tracker restored), so gradients are bitwise those
+    without offload. ``torch_only`` shows the tracker matters: restoring only torch's state gives other grads."""
+    from flowlane.offload import TensorCache
+    from flowlane.offload.cache import recompute_forward
+    from megatron_plugin import ssd_offload
+
+    monkeypatch.setattr(TensorCache, "_is_bulk", lambda self, device: self._bulk_backend)
+    if rng == "torch_only":
+        monkeypatch.setattr(ssd_offload, "checkpoint_with_megatron_rng", recompute_forward)
+    model = _gpt(dropout=0.2)
+    ref = _seeded_step(model)
+    cfg = {
+        "backend": "pinned_cpu",
+        "min_bytes": MIN_BYTES,
+        "offload_cpu_tensors": True,
+        "adaptive": True,
+        "profile_step": 0,
+        "link_GBps": 1e-6,  # hides nothing: every layer is kept, and the slack goes to recomputation
+        "max_slowdown": 0.99,
+        "recompute": True,
+    }
+    with ssd_offload.install_from_config(cfg, model) as h:
+        got = [_seeded_step(model) for _ in range(2)]  # profiled on micro-batch 0, then recomputing
+        recomputed = h.stats.recomputed_layers
+    assert recomputed >= 3  # micro-batch 1 of step 0 and both of step 1, one layer or more each
+    same = [all(torch.equal(a, b) for a, b in zip(ref, g, strict=True)) for g in got]
+    assert same == [True, True] if rng == "megatron" else same == [False, False]
+
+
+def test_megatron_recompute_is_refused_with_fp8(megatron_env) -> None:
+    from flowlane.offload import OffloadConfig
+    from megatron_plugin.ssd_offload import install
+
+    model = _gpt()
+    model.config.fp8 = "hybrid"
+    try:
+        cfg = OffloadConfig(adaptive=True, max_slowdown=0.05, recompute=True, backend="null")
+        with pytest.raises(ValueError, match=r"--ssd-offload-recompute with fp8='hybrid'"):
+            install(model, cfg)
+    finally:
+        model.config.fp8 = None
 
 
 def test_megatron_recompute_baseline_runs_with_same_grads(megatron_env) -> None:

@@ -38,7 +38,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -308,6 +308,18 @@ def _bytes_view(st: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=device).set_(st)
 
 
+def recompute_forward(
+    forward: Callable[..., Any], *args: Any, context_fn: Callable[[], Any] | None = None, **kwargs: Any
+) -> Any:
+    """Run ``forward`` saving only its inputs; backward runs it again (``torch.utils.checkpoint``, non-reentrant:
+    keyword arguments pass through, and the CPU and CUDA random states are restored for the second run).
+    ``context_fn``: checkpoint's pair of context managers (first run, second run), for other random state."""
+    import torch.utils.checkpoint
+
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
+
+
 class TensorCache:
     """SSDTrain's tensor cache. Framework-neutral: plugins call :meth:`add_scope`, :meth:`register_parameters`,
     :meth:`activate` and (optionally) the schedule hints ``forward_begin/forward_end/backward_begin/backward_end/
@@ -321,9 +333,12 @@ class TensorCache:
         rank: int = 0,
         backend: IOBackend | None = None,
         bulk_on_cpu: bool = False,
+        checkpoint: Callable[..., Any] | None = None,
     ) -> None:
         """``bulk_on_cpu`` (tests): CPU tensors take the CUDA tiers' bulk path too (copies are synchronous there),
-        so that its bookkeeping, pool and O_DIRECT writes run in CPU CI."""
+        so that its bookkeeping, pool and O_DIRECT writes run in CPU CI. ``checkpoint(forward, *args, **kwargs)``
+        runs a layer the budget recomputes (``recompute``); default :func:`recompute_forward` (a framework with its
+        own random-number state, like Megatron's model-parallel RNG tracker, passes one that restores it)."""
         self.config = config or OffloadConfig()
         self.config.validate()
         self.rank = rank
@@ -361,6 +376,7 @@ class TensorCache:
         self._warm: dict[
             Any, list[int]
         ] = {}  # family -> host block size per layer (to size the pool before profiling)
+        self._checkpoint = checkpoint or recompute_forward
         self._recompute: dict[Any, frozenset[int]] = {}  # family -> layers recomputed in backward (``recompute``)
         self._forwards: list[tuple[torch.nn.Module, bool]] = []  # scopes whose forward is wrapped: (module, own)
 
@@ -680,7 +696,7 @@ class TensorCache:
             sc = rec.scopes[sid]
             if sc.parent is None and not rec.profiling and sc.group in self._recompute.get(rec.family, ()):
                 self.stats.recomputed_layers += 1
-                return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+                return self._checkpoint(forward, *args, **kwargs)
         return forward(*args, **kwargs)
 
     def _begin_hook(self, rec: _Record, sid: int) -> Any:
