@@ -31,14 +31,7 @@ def replay(size: dict, max_slowdown: float) -> dict:
     st = size["strategies"]
     fl = st["flowlane"]
     bp = fl["budget_profile"]
-    p = StepProfile(
-        tuple(bp["sizes"]),
-        tuple(bp["fwd_times_s"]),
-        tuple(bp["bwd_times_s"]),
-        bp["write_bandwidth_Bps"],
-        bp["read_bandwidth_Bps"],
-        bp["head_s"],
-    )
+    p = StepProfile.from_stats(bp)
     max_prefetch = fl["config"]["prefetch_groups"]
     slack = max_slowdown * p.step_s
     plans = {}

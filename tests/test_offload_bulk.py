@@ -208,14 +208,7 @@ def test_max_slowdown_lets_the_budget_offload_more(tmp_path: Path) -> None:
             m(idx).backward()
             assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
         prof = cache.stats_snapshot().profile
-    p = StepProfile(
-        tuple(prof["sizes"]),
-        tuple(prof["fwd_times_s"]),
-        tuple(prof["bwd_times_s"]),
-        prof["write_bandwidth_Bps"],
-        prof["read_bandwidth_Bps"],
-        prof["head_s"],
-    )
+    p = StepProfile.from_stats(prof)
     hidden = choose_budget(p, prefetch=prof["prefetch_groups"])
     assert prof["total_bytes"] >= hidden.total_bytes
     assert prof["exposed_s"] <= 0.5 * prof["step_s"] + 1e-9
@@ -313,14 +306,7 @@ def test_recompute_runs_the_chosen_layers_under_checkpoint_with_exact_gradients(
         "forward" not in vars(blk) for blk in m.blocks
     )  # close() gave the layers their own forward back
     prof = s.profile
-    p = StepProfile(
-        tuple(prof["sizes"]),
-        tuple(prof["fwd_times_s"]),
-        tuple(prof["bwd_times_s"]),
-        prof["write_bandwidth_Bps"],
-        prof["read_bandwidth_Bps"],
-        prof["head_s"],
-    )
+    p = StepProfile.from_stats(prof)
     want = choose_recompute(p, prof["allow_bytes"], prof["prefetch_groups"], 0.99 * p.step_s)
     assert prof["allow_bytes"] == [0] * L and prof["recompute"] == list(want)
     r = sum(want)

@@ -75,6 +75,18 @@ class StepProfile:
         if not (math.isfinite(self.head_s) and self.head_s >= 0):
             raise ValueError(f"head_s={self.head_s!r} must be a finite number >= 0")
 
+    @classmethod
+    def from_stats(cls, profile: dict) -> StepProfile:
+        """The profile a tensor cache recorded (``OffloadStats.profile``, also in the GPU bench's JSON)."""
+        return cls(
+            tuple(profile["sizes"]),
+            tuple(profile["fwd_times_s"]),
+            tuple(profile["bwd_times_s"]),
+            profile["write_bandwidth_Bps"],
+            profile["read_bandwidth_Bps"],
+            profile["head_s"],
+        )
+
     @property
     def step_s(self) -> float:
         """Compute time of the micro-batch without offloading."""

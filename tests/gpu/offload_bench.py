@@ -149,6 +149,10 @@ def _provenance(dev: torch.device) -> dict[str, Any]:
         }
 
 
+#: the columns of both the correctness check and the benchmark, in the order they run
+STRATEGIES = ("keep", "keep_repeat", "recompute", "flowlane", "flowlane_recompute", "flowlane_all")
+
+
 class Timer:
     def __init__(self, dev: torch.device) -> None:
         self.dev = dev
@@ -309,15 +313,7 @@ def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, wo
         model = Net(h, heads, layers, dev, dtype)
         x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
         ref = None
-        for name in (
-            "keep",
-            "keep_repeat",
-            "recompute",
-            "flowlane",
-            "flowlane_recompute",
-            "flowlane_all",
-            "flowlane_ssd",
-        ):
+        for name in (*STRATEGIES, "flowlane_ssd"):
             try:
                 r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a2, ref, workdir)
             except Exception as e:  # noqa: BLE001
@@ -453,15 +449,7 @@ def main() -> int:
         torch.manual_seed(0)
         model = Net(h, heads, layers, dev, dtype)
         x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
-        order = [
-            "keep",
-            "keep_repeat",
-            "recompute",
-            "flowlane",
-            "flowlane_recompute",
-            "flowlane_all",
-            "flowlane_slow3",
-        ]
+        order = [*STRATEGIES, "flowlane_slow3"]
         if h == 4096 or dev.type == "cpu":
             order.append("flowlane_ssd")
         ref = None
