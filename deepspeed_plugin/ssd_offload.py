@@ -47,6 +47,7 @@ import torch
 
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
+from flowlane.offload.cache import recompute_with_rng_tracker
 from flowlane.offload.backends import (
     BackendUnavailableError,
     IOBackend,
@@ -487,7 +488,14 @@ def install(
             '"scope_classes" to the class names of the transformer layers'
         )
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    cache = TensorCache(config, rank=rank, backend=choose_backend(config, deepspeed_aio, rank))
+    checkpoint = None
+    if config.recompute:  # DeepSpeed's model-parallel RNG tracker restored too, as its own checkpointing does
+        from deepspeed.runtime.activation_checkpointing.checkpointing import get_cuda_rng_tracker
+
+        checkpoint = recompute_with_rng_tracker(get_cuda_rng_tracker)
+    cache = TensorCache(
+        config, rank=rank, backend=choose_backend(config, deepspeed_aio, rank), checkpoint=checkpoint
+    )
     cache.register_parameters(module.parameters())
     for m in mods:
         cache.add_scope(m)

@@ -222,31 +222,13 @@ def _chunks(model: torch.nn.Module | Iterable[torch.nn.Module]) -> list[torch.nn
 
 def checkpoint_with_megatron_rng(forward: Any, *args: Any, **kwargs: Any) -> Any:
     """A recomputed TransformerLayer (``recompute``): ``torch.utils.checkpoint`` (non-reentrant: the layer's keyword
-    arguments pass through), with Megatron's model-parallel RNG tracker restored around the second run, as Megatron's
-    own ``tensor_parallel.checkpoint`` does: attention dropout draws from the tracker, and a second run from a moved
-    state would drop other elements than the first and give wrong gradients."""
+    arguments pass through) with Megatron's model-parallel RNG tracker restored around the second run, as Megatron's
+    own ``tensor_parallel.checkpoint`` does (attention dropout draws from the tracker)."""
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    from flowlane.offload.cache import recompute_forward
+    from flowlane.offload.cache import recompute_with_rng_tracker
 
-    at_forward: dict[str, Any] = {}
-
-    @contextlib.contextmanager
-    def forward_ctx() -> Any:
-        at_forward["states"] = get_cuda_rng_tracker().get_states()
-        yield
-
-    @contextlib.contextmanager
-    def recompute_ctx() -> Any:
-        tracker = get_cuda_rng_tracker()
-        now = tracker.get_states()
-        tracker.set_states(at_forward["states"])
-        try:
-            yield
-        finally:
-            tracker.set_states(now)
-
-    return recompute_forward(forward, *args, context_fn=lambda: (forward_ctx(), recompute_ctx()), **kwargs)
+    return recompute_with_rng_tracker(get_cuda_rng_tracker)(forward, *args, **kwargs)
 
 
 def _check_recompute(chunks: Iterable[torch.nn.Module]) -> None:

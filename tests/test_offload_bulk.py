@@ -339,3 +339,38 @@ def test_the_first_layer_fed_the_batch_itself_has_its_backward_timed(tmp_path: P
         prof = cache.stats_snapshot().profile
     assert prof["timer"] == "clock" and len(prof["bwd_times_s"]) == L
     assert all(t > 0 for t in prof["bwd_times_s"])
+
+
+class _CountingTracker:
+    """A model-parallel RNG tracker stand-in: every forward draws (and advances) its state."""
+
+    def __init__(self) -> None:
+        self.state = 1.0
+
+    def get_states(self) -> dict:
+        return {"s": self.state}
+
+    def set_states(self, states: dict) -> None:
+        self.state = states["s"]
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_recompute_with_an_rng_tracker_replays_the_first_runs_draws(restore: bool) -> None:
+    """The second run of a recomputed layer must see the tracker as the first run did (Megatron's and DeepSpeed's
+    own checkpointing restore it); the tracker's own state moves on as if there were one run."""
+    from flowlane.offload.cache import recompute_forward, recompute_with_rng_tracker
+
+    tracker = _CountingTracker()
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        draw = tracker.state
+        tracker.state += 1.0
+        return (x * draw).sin()  # sin: backward needs the saved input times the draw
+
+    x = torch.linspace(0, 1, 8, requires_grad=True)
+    expected = torch.autograd.grad(layer(x).sum(), x)[0]
+    tracker.state = 1.0
+    run = recompute_with_rng_tracker(lambda: tracker) if restore else recompute_forward
+    got = torch.autograd.grad(run(layer, x).sum(), x)[0]
+    assert torch.equal(got, expected) is restore
+    assert tracker.state == (2.0 if restore else 3.0)

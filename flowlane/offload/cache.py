@@ -320,6 +320,35 @@ def recompute_forward(
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
 
+def recompute_with_rng_tracker(get_tracker: Callable[[], Any]) -> Callable[..., Any]:
+    """A ``checkpoint`` for :class:`TensorCache` that also restores a model-parallel RNG tracker (an object with
+    ``get_states()`` / ``set_states(states)``, as Megatron-core's and DeepSpeed's are) around the second run, as their
+    own activation checkpointing does: dropout inside tensor-parallel regions draws from the tracker, and a second run
+    from a moved state would drop other elements than the first and give wrong gradients."""
+
+    def checkpoint(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        at_forward: dict[str, Any] = {}
+
+        @contextlib.contextmanager
+        def first_run() -> Iterator[None]:
+            at_forward["states"] = get_tracker().get_states()
+            yield
+
+        @contextlib.contextmanager
+        def second_run() -> Iterator[None]:
+            tracker = get_tracker()
+            now = tracker.get_states()
+            tracker.set_states(at_forward["states"])
+            try:
+                yield
+            finally:
+                tracker.set_states(now)
+
+        return recompute_forward(forward, *args, context_fn=lambda: (first_run(), second_run()), **kwargs)
+
+    return checkpoint
+
+
 class TensorCache:
     """SSDTrain's tensor cache. Framework-neutral: plugins call :meth:`add_scope`, :meth:`register_parameters`,
     :meth:`activate` and (optionally) the schedule hints ``forward_begin/forward_end/backward_begin/backward_end/
