@@ -552,6 +552,7 @@ def test_ssd_estimate_cli_prints_thesis_check(capsys: pytest.CaptureFixture[str]
         (["--step-time", "nan"], "argument --step-time: 'nan' must be a finite number > 0"),
         (["--ssds-per-gpu", "0"], "argument --ssds-per-gpu: '0' must be >= 1"),
         (["--link-gbps", "-1", "--step-time", "1"], "argument --link-gbps: '-1' must be a finite number > 0"),
+        (["--max-slowdown", "1", "--step-time", "1"], "argument --max-slowdown: '1' must be a fraction in [0, 1)"),
     ],
 )
 def test_ssd_estimate_refuses_bad_numbers(
@@ -562,6 +563,13 @@ def test_ssd_estimate_refuses_bad_numbers(
     with pytest.raises(SystemExit) as e:
         main(["ssd-estimate", *argv])
     assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_ssd_estimate_refuses_recompute_without_slowdown(capsys: pytest.CaptureFixture[str]) -> None:
+    from flowlane.cli import main
+
+    assert main(["ssd-estimate", "--recompute", "--step-time", "1"]) == 2
+    assert "--recompute needs --max-slowdown > 0" in capsys.readouterr().err
 
 
 def test_ssd_estimate_reports_the_cache_budget(capsys: pytest.CaptureFixture[str]) -> None:
@@ -635,6 +643,26 @@ def test_ssd_estimate_reports_the_cache_budget(capsys: pytest.CaptureFixture[str
         slow["budget_link_GBps"] == 2.0
         and slow["budget_bytes_per_microbatch"] < out["budget_bytes_per_microbatch"]
     )
+
+
+def test_ssd_estimate_recompute_is_the_caches_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-slowdown and --recompute give budget.choose_plan's plan on the modelled step, as the cache would."""
+    import json
+
+    from flowlane.cli import main
+    from flowlane.offload.budget import StepProfile, choose_plan
+
+    argv = ["ssd-estimate", "--hidden", "8192", "--heads", "64", "--seq", "4096", "--micro-batch", "1"]
+    argv += ["--layers", "8", "--tp", "1", "--flash-attention", "--step-time", "0.28", "--prefetch-groups", "4"]
+    assert main([*argv, "--max-slowdown", "0.05", "--recompute", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    per_layer = int(out["activation_bytes_per_layer"])
+    p = StepProfile((per_layer,) * 8, (0.28 / 24,) * 8, (0.56 / 24,) * 8, 55e9, 55e9)
+    want, depth = choose_plan(p, 4, 0.05 * p.step_s, recompute=True)
+    assert out["budget_layers_recomputed"] == sum(want.recompute) >= 1
+    assert out["budget_prefetch_groups"] == depth
+    assert out["budget_added_s"] == pytest.approx(want.exposed_s + want.recompute_s) and out["budget_added_s"] > 0
+    assert out["budget_resident_share_at_backward_start"] == pytest.approx(want.resident_bytes / (8 * per_layer))
 
 
 def test_baseline_tracker_counts_all_layers() -> None:

@@ -13,7 +13,7 @@ by *half* the step time, and the lifespan is S_endurance * t_step / S_activation
 Solidigm D7-P5620 (65.4 PBW each) and a write amplification 2.5x better than the JESD rating, 12.1 GB/s gives 3.4
 years: the thesis' ">= 3 years at <= 12.1 GB/s per GPU" (digest §2.2.11).
 
-It also reports the byte budget that the tensor cache's ``adaptive`` mode would choose (``budget.choose_budget``, the
+It also reports the byte budget that the tensor cache's ``adaptive`` mode would choose (``budget.choose_plan``, the
 same function the cache feeds with CUDA-event timings of a profiled step): here on a modelled step with equal layers,
 forward a third of the step, and the link of ``--link-gbps`` (or the slower ``--disk-gbps``).
 """
@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from flowlane.offload.budget import StepProfile, choose_budget
+from flowlane.offload.budget import StepProfile, choose_plan
 
 SECONDS_PER_YEAR = 365.25 * 24 * 3600
 
@@ -138,11 +138,14 @@ def modelled_budget(
     link_GBps: float,
     disk_GBps: float | None = None,
     prefetch: int = 1,
+    max_slowdown: float = 0.0,
+    recompute: bool = False,
 ) -> dict[str, float | int]:
-    """The byte budget of ``budget.choose_budget`` for one micro-batch of ``layers`` equal layers: forward is a third
+    """The byte budget of ``budget.choose_plan`` for one micro-batch of ``layers`` equal layers: forward is a third
     of the step and backward two thirds (the usual 1:2), split evenly over layers; the store and load links run at
-    ``link_GBps`` (PCIe), or at ``disk_GBps`` when the SSD is slower. The tensor cache computes the same budget from
-    CUDA-event timings of a profiled step (``offload.adaptive``); this is its model before any run."""
+    ``link_GBps`` (PCIe), or at ``disk_GBps`` when the SSD is slower. ``max_slowdown`` and ``recompute`` as in
+    ``OffloadConfig`` (``budget.choose_plan``, prefetch up to ``prefetch``). The tensor cache computes the same budget
+    from CUDA-event timings of a profiled step (``offload.adaptive``); this is its model before any run."""
     for name, v in (("step_time_s", step_time_s), ("link_GBps", link_GBps)):
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"{name}={v!r} must be a finite number > 0")
@@ -150,6 +153,10 @@ def modelled_budget(
         raise ValueError(f"disk_GBps={disk_GBps!r} must be a finite number > 0")
     if layers < 1:
         raise ValueError(f"layers={layers} must be >= 1")
+    if not (math.isfinite(max_slowdown) and 0 <= max_slowdown < 1):
+        raise ValueError(f"max_slowdown={max_slowdown!r} must be a fraction in [0, 1) of the step time")
+    if recompute and not max_slowdown > 0:
+        raise ValueError("recompute needs max_slowdown > 0: recomputation is paid from that step time")
     rate = min(link_GBps, disk_GBps or link_GBps) * 1e9
     per_layer = int(activation_bytes_per_layer(x))
     prof = StepProfile(
@@ -159,7 +166,7 @@ def modelled_budget(
         rate,
         rate,
     )
-    b = choose_budget(prof, prefetch=prefetch)
+    b, depth = choose_plan(prof, prefetch, max_slowdown * prof.step_s, recompute)
     return {
         "budget_link_GBps": rate / 1e9,
         "budget_bytes_per_microbatch": b.total_bytes,
@@ -169,6 +176,9 @@ def modelled_budget(
         "budget_resident_share_at_backward_start": b.resident_bytes / (per_layer * layers)
         if per_layer
         else 0.0,
+        "budget_prefetch_groups": depth,
+        "budget_layers_recomputed": sum(b.recompute),
+        "budget_added_s": b.exposed_s + b.recompute_s,
     }
 
 
@@ -185,6 +195,16 @@ def _positive_float(v: str) -> float:
         raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
     if not (math.isfinite(x) and x > 0):
         raise argparse.ArgumentTypeError(f"{v!r} must be a finite number > 0")
+    return x
+
+
+def _fraction(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
+    if not (math.isfinite(x) and 0 <= x < 1):
+        raise argparse.ArgumentTypeError(f"{v!r} must be a fraction in [0, 1) of the step time")
     return x
 
 
@@ -271,13 +291,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the SSDs' write rate per GPU, GB/s: the budget uses the slower of it and --link-gbps",
     )
     p.add_argument(
-        "--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead (offload config)"
+        "--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead, at most (offload config)"
+    )
+    p.add_argument(
+        "--max-slowdown",
+        type=_fraction,
+        default=0.0,
+        help="step time the budget may add, as a fraction (offload config max_slowdown)",
+    )
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="spend --max-slowdown on recomputing kept layers too (offload config recompute)",
     )
     p.add_argument("--thesis", action="store_true", help="print the thesis' 12.1 GB/s -> >= 3 years check")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.recompute and not args.max_slowdown > 0:
+        raise SystemExit("ssd-estimate: --recompute needs --max-slowdown > 0 (recomputation is paid from that time)")
     if args.thesis:
         out: dict = {"thesis_check": thesis_check()}
     else:
@@ -325,6 +358,8 @@ def run(args: argparse.Namespace) -> int:
                 args.link_gbps,
                 args.disk_gbps,
                 args.prefetch_groups,
+                args.max_slowdown,
+                args.recompute,
             )
         )
     if args.json:
