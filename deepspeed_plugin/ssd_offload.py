@@ -47,7 +47,6 @@ import torch
 
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
 from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
-from flowlane.offload.cache import recompute_with_rng_tracker
 from flowlane.offload.backends import (
     BackendUnavailableError,
     IOBackend,
@@ -55,6 +54,7 @@ from flowlane.offload.backends import (
     make_run_dir,
     remove_run_dir,
 )
+from flowlane.offload.cache import recompute_with_rng_tracker
 
 log = logging.getLogger("flowlane.offload")
 

@@ -1061,6 +1061,8 @@ def destroy_default_group(timeout: float, destroy: Callable[[], None] | None = N
     done.start()
     done.join(timeout)
     if done.is_alive():
-        log.warning("destroying the process group did not return in %.0f s; leaving it to process exit", timeout)
+        log.warning(
+            "destroying the process group did not return in %.0f s; leaving it to process exit", timeout
+        )
         return False
     return True

@@ -263,7 +263,9 @@ def install(
     names = set(scope_classes)
     if config.recompute:
         _check_recompute(_chunks(model))
-    cache = TensorCache(config, rank=rank, checkpoint=checkpoint_with_megatron_rng if config.recompute else None)
+    cache = TensorCache(
+        config, rank=rank, checkpoint=checkpoint_with_megatron_rng if config.recompute else None
+    )
     found = 0
     for chunk in _chunks(model):
         cache.register_parameters(chunk.parameters())

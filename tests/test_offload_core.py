@@ -552,7 +552,10 @@ def test_ssd_estimate_cli_prints_thesis_check(capsys: pytest.CaptureFixture[str]
         (["--step-time", "nan"], "argument --step-time: 'nan' must be a finite number > 0"),
         (["--ssds-per-gpu", "0"], "argument --ssds-per-gpu: '0' must be >= 1"),
         (["--link-gbps", "-1", "--step-time", "1"], "argument --link-gbps: '-1' must be a finite number > 0"),
-        (["--max-slowdown", "1", "--step-time", "1"], "argument --max-slowdown: '1' must be a fraction in [0, 1)"),
+        (
+            ["--max-slowdown", "1", "--step-time", "1"],
+            "argument --max-slowdown: '1' must be a fraction in [0, 1)",
+        ),
     ],
 )
 def test_ssd_estimate_refuses_bad_numbers(
@@ -653,7 +656,17 @@ def test_ssd_estimate_recompute_is_the_caches_plan(capsys: pytest.CaptureFixture
     from flowlane.offload.budget import StepProfile, choose_plan
 
     argv = ["ssd-estimate", "--hidden", "8192", "--heads", "64", "--seq", "4096", "--micro-batch", "1"]
-    argv += ["--layers", "8", "--tp", "1", "--flash-attention", "--step-time", "0.28", "--prefetch-groups", "4"]
+    argv += [
+        "--layers",
+        "8",
+        "--tp",
+        "1",
+        "--flash-attention",
+        "--step-time",
+        "0.28",
+        "--prefetch-groups",
+        "4",
+    ]
     assert main([*argv, "--max-slowdown", "0.05", "--recompute", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     per_layer = int(out["activation_bytes_per_layer"])
@@ -661,8 +674,13 @@ def test_ssd_estimate_recompute_is_the_caches_plan(capsys: pytest.CaptureFixture
     want, depth = choose_plan(p, 4, 0.05 * p.step_s, recompute=True)
     assert out["budget_layers_recomputed"] == sum(want.recompute) >= 1
     assert out["budget_prefetch_groups"] == depth
-    assert out["budget_added_s"] == pytest.approx(want.exposed_s + want.recompute_s) and out["budget_added_s"] > 0
-    assert out["budget_resident_share_at_backward_start"] == pytest.approx(want.resident_bytes / (8 * per_layer))
+    assert (
+        out["budget_added_s"] == pytest.approx(want.exposed_s + want.recompute_s)
+        and out["budget_added_s"] > 0
+    )
+    assert out["budget_resident_share_at_backward_start"] == pytest.approx(
+        want.resident_bytes / (8 * per_layer)
+    )
 
 
 def test_baseline_tracker_counts_all_layers() -> None:

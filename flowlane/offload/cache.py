@@ -406,8 +406,12 @@ class TensorCache:
             Any, list[int]
         ] = {}  # family -> host block size per layer (to size the pool before profiling)
         self._checkpoint = checkpoint or recompute_forward
-        self._recompute: dict[Any, frozenset[int]] = {}  # family -> layers recomputed in backward (``recompute``)
-        self._forwards: list[tuple[torch.nn.Module, bool]] = []  # scopes whose forward is wrapped: (module, own)
+        self._recompute: dict[
+            Any, frozenset[int]
+        ] = {}  # family -> layers recomputed in backward (``recompute``)
+        self._forwards: list[
+            tuple[torch.nn.Module, bool]
+        ] = []  # scopes whose forward is wrapped: (module, own)
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -1273,7 +1277,10 @@ class TensorCache:
                 max(0.0, head),
             )
             budget, depth = choose_plan(
-                prof, self.config.prefetch_groups, self.config.max_slowdown * prof.step_s, self.config.recompute
+                prof,
+                self.config.prefetch_groups,
+                self.config.max_slowdown * prof.step_s,
+                self.config.recompute,
             )
         except Exception as e:  # noqa: BLE001 - a profile that cannot be read must not fail the training step
             warnings.warn(

@@ -291,7 +291,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the SSDs' write rate per GPU, GB/s: the budget uses the slower of it and --link-gbps",
     )
     p.add_argument(
-        "--prefetch-groups", type=_positive_int, default=1, help="layers reloaded ahead, at most (offload config)"
+        "--prefetch-groups",
+        type=_positive_int,
+        default=1,
+        help="layers reloaded ahead, at most (offload config)",
     )
     p.add_argument(
         "--max-slowdown",
@@ -310,7 +313,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.recompute and not args.max_slowdown > 0:
-        raise SystemExit("ssd-estimate: --recompute needs --max-slowdown > 0 (recomputation is paid from that time)")
+        raise SystemExit(
+            "ssd-estimate: --recompute needs --max-slowdown > 0 (recomputation is paid from that time)"
+        )
     if args.thesis:
         out: dict = {"thesis_check": thesis_check()}
     else:

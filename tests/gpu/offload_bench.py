@@ -508,7 +508,11 @@ def main() -> int:
         size["goal"] = {}  # per flowlane strategy that aims at it
         for name in ("flowlane", "flowlane_recompute"):
             fl = st.get(name, {})
-            if h not in GOALS or fl.get("act_mem_ratio_vs_keep") is None or fl.get("time_ratio_vs_keep") is None:
+            if (
+                h not in GOALS
+                or fl.get("act_mem_ratio_vs_keep") is None
+                or fl.get("time_ratio_vs_keep") is None
+            ):
                 continue
             size["goal"][name] = {
                 "act_mem_saved_at_least": GOALS[h],
