@@ -204,6 +204,26 @@ def test_one_rank_trains_the_whole_graph_exactly(name):
         np.testing.assert_allclose(res["grads"][k], gr, rtol=1e-8, atol=1e-11, err_msg=k)
 
 
+def test_bins_read_only_their_own_source_rows():
+    """A group of several bins: each bin's block spans only the source rows its edges read (a block over every row
+    made each bin cost O(partition)); one bin per group by default, over every row (no gather)."""
+    model = _model("gcn")
+    rt = FullGraphRuntime(_graph(), model, FullGraphConfig(bin_size=16, device="cpu"))
+    several = [name for name, bins in rt.bins.items() if len(bins) > 1]
+    assert several
+    for name in several:
+        src_ids, sizes, rows = rt._gather[name]
+        assert sizes == [blk.num_src_nodes() for _, blk in rt.bins[name]]
+        assert torch.equal(rows, torch.cat([r for r, _ in rt.bins[name]]))
+        for (_, blk), ids in zip(rt.bins[name], src_ids.split(sizes), strict=True):
+            src, _ = blk.edges()
+            assert torch.equal(torch.unique(src), torch.arange(blk.num_src_nodes()))  # every row read
+            assert ids.unique().numel() == ids.numel() < rt.n_local
+    one = FullGraphRuntime(_graph(), _model("gcn"), FullGraphConfig(device="cpu"))
+    assert all(len(b) <= 1 for b in one.bins.values()) and all(v is None for v in one._gather.values())
+    assert {blk.num_src_nodes() for b in one.bins.values() for _, blk in b} == {one.n_local}
+
+
 class _MixesNodes(DGLStyleSAGE):
     def forward(self, graph, x):
         h = F.relu(self.layers[0](graph, x))
@@ -253,6 +273,7 @@ def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match
         (dict(gamma=1.5), "bad gamma=1.5"),
         (dict(comm_plan="ring"), "bad comm_plan='ring'"),
         (dict(bin_size=0), "bad bin_size=0"),
+        (dict(bin_size=True), "bad bin_size=True: must be an integer >= 1, or None"),
         (dict(topology="torus"), "bad topology='torus'"),
         (dict(schedule="async"), "bad schedule='async'"),
         (dict(device="tpu"), "bad device='tpu'"),
