@@ -196,6 +196,16 @@ def _sum_ranks(v: int) -> int:
     return int(t.item())
 
 
+def _sum_kinds(mine: dict[str, int]) -> dict[str, int]:
+    """Bytes per kind summed over the ranks (each rank records only what it sent itself)."""
+    import torch
+
+    every: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, mine)
+    kinds = sorted({k for d in every for k in d})
+    return {k: sum(d.get(k, 0) for d in every) for k in kinds}
+
+
 def _max_rss_mb() -> float:
     """This process's own peak resident memory (VmHWM: reset at exec, unlike ru_maxrss, which Linux keeps across
     exec, so a rank started by a large parent would report the parent's peak)."""
@@ -243,7 +253,8 @@ def _g3_rank(rank: int, world: int, a: dict) -> dict:
         return {
             "layers": layers,
             "history": hist,
-            "bytes_by_kind": rec.bytes_by_kind(),
+            "bytes_by_kind": rec.bytes_by_kind(),  # this rank's (rank 0's in the result)
+            "bytes_by_kind_all_ranks": _sum_kinds(rec.bytes_by_kind()),
             "wire_tx_bytes": wire,
             "setup_s": t0 - t_setup,  # load_local_partition + FullGraphRuntime (plan, bins): not in the times
         }
