@@ -231,7 +231,9 @@ def _g3_rank(rank: int, world: int, a: dict) -> dict:
         lp = load_local_partition(a["part_config"], rank, world)
         model = build_model("sage", a["feat_dim"], a["hidden"], a["classes"], layers, seed=a["seed"])
         rec.clear()
-        rt = FullGraphRuntime(lp, model, FullGraphConfig(device="cpu"))
+        rt = FullGraphRuntime(
+            lp, model, FullGraphConfig(device="cpu", cache_halo_inputs=a["g3_cache_halo_inputs"])
+        )
         opt = torch.optim.Adam(model.parameters(), lr=a["lr"])
         tx0 = _ns_tx_bytes(a["ifname"])
         hist, t0 = [], time.perf_counter()
@@ -479,6 +481,7 @@ def _g3(net, a, part_config: str, seed: int, layer_list: list[int], workdir: str
         f"--ifname={net.ifname}",
         f"--warmup-epochs={a.warmup_epochs}",
         f"--stop-at={a.stop_at}",
+        *(["--g3-cache-halo-inputs"] if a.g3_cache_halo_inputs else []),
     ]
     before = [_tx_bytes(net, r) for r in range(a.parts)]
     t, t_unix = time.perf_counter(), time.time()
@@ -596,6 +599,12 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--g3-epochs", dest="g3_epochs", type=int, default=60)
     ap.add_argument("--dd-epochs", dest="dd_epochs", type=int, default=40)
+    ap.add_argument(
+        "--g3-cache-halo-inputs",
+        dest="g3_cache_halo_inputs",
+        action="store_true",
+        help="G3 fetches the halo's input features once (FullGraphConfig.cache_halo_inputs; default: every epoch)",
+    )
     ap.add_argument(
         "--target",
         type=float,
