@@ -697,18 +697,18 @@ class FullGraphRuntime:
                 dst_pos = np.repeat(np.arange(b.size), eptr[b + 1] - eptr[b])
                 if compact:
                     src, src_pos = np.unique(e_src[eidx], return_inverse=True)
-                    src_pos = src_pos.reshape(-1)
+                    src_pos, num_src = src_pos.reshape(-1), src.size
+                    srcs.append(src)
                 else:
-                    src, src_pos = np.arange(n_src), e_src[eidx]
+                    src_pos, num_src = e_src[eidx], n_src
                 blk = dgl.create_block(
                     (torch.from_numpy(src_pos), torch.from_numpy(dst_pos)),
-                    num_src_nodes=src.size,
+                    num_src_nodes=num_src,
                     num_dst_nodes=b.size,
                 )
                 for k, w in norms.items():
                     blk.edata[f"norm_{k}"] = w[torch.from_numpy(eidx)]
                 self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
-                srcs.append(src)
             self._gather[name] = (
                 (
                     torch.from_numpy(np.concatenate(srcs)).to(self.device),
