@@ -131,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> OffloadConfig:
         link_GBps=args.ssd_offload_link_gbps,
         pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
         max_slowdown=args.ssd_offload_max_slowdown,
-        recompute=bool(getattr(args, "ssd_offload_recompute", False)),
+        recompute=bool(args.ssd_offload_recompute),
     )
 
 

@@ -283,7 +283,20 @@ def test_megatron_flags_build_the_config() -> None:
         and c.link_GBps == 55.0
         and c.max_slowdown == 0.03
     )
-    assert c.pinned_pool_bytes == 1 << 20
+    assert c.pinned_pool_bytes == 1 << 20 and not c.recompute
+    a = p.parse_args(
+        [
+            "--ssd-offload",
+            "--ssd-offload-adaptive",
+            "--ssd-offload-max-slowdown",
+            "0.05",
+            "--ssd-offload-recompute",
+        ]
+    )
+    c = config_from_args(a)
+    assert c.recompute and c.adaptive and c.max_slowdown == 0.05
+    with pytest.raises(ValueError, match="offload.recompute=True needs adaptive=true and max_slowdown > 0"):
+        config_from_args(p.parse_args(["--ssd-offload", "--ssd-offload-recompute"]))
     with pytest.raises(SystemExit):
         p.parse_args(["--ssd-offload-backend", "gds"])
 

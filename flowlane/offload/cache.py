@@ -406,12 +406,10 @@ class TensorCache:
             Any, list[int]
         ] = {}  # family -> host block size per layer (to size the pool before profiling)
         self._checkpoint = checkpoint or recompute_forward
-        self._recompute: dict[
-            Any, frozenset[int]
-        ] = {}  # family -> layers recomputed in backward (``recompute``)
-        self._forwards: list[
-            tuple[torch.nn.Module, bool]
-        ] = []  # scopes whose forward is wrapped: (module, own)
+        # family -> layers recomputed in backward (``recompute``)
+        self._recompute: dict[Any, frozenset[int]] = {}
+        # scopes whose forward is wrapped: (module, whether it had an instance forward of its own)
+        self._forwards: list[tuple[torch.nn.Module, bool]] = []
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
