@@ -546,7 +546,7 @@ def main() -> int:
                 f"peak act {r['peak_act_bytes'] / MiB:9.1f} MiB  x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}   "
                 f"grads equal {r.get('grads_equal')}"
             )
-        if "goal" in size:
+        if size.get("goal"):
             print(f"  goal: {size['goal']}")
     print(f"megatron fine-grained offloading: {doc['megatron_fine_grained']['reason']}")
     if doc["failed"]:
