@@ -1,6 +1,7 @@
 """SSD offload under DeepSpeed ZeRO stages 1-3 (2 gloo ranks, CPU accelerator): losses and parameters are bitwise
 those of DeepSpeed's own run, and only activations are stored -- under ZeRO-3 the parameters gathered anew for every
-module are recognised per gather and kept, never written. Also ZeRO-3 with the offload and Hermod together."""
+module are recognised per gather and kept, never written. Also ZeRO-3 with the offload and Hermod together, and
+ZeRO-3 with the offload's ``recompute`` (blocks run again under checkpoint, their parameters gathered again)."""
 
 from __future__ import annotations
 
@@ -130,11 +131,20 @@ def _stages(rank: int, world: int, tmp: str) -> dict:
         and all(torch.equal(a, b) for a, b in zip(ref3["params"], both["params"], strict=True)),
         "stats": both["stats"],
     }
+    # `"recompute": true` under ZeRO-3: a link that hides nothing keeps every block, and the slack goes to
+    # recomputing them (under checkpoint, with DeepSpeed's RNG tracker restored; parameters gathered again)
+    rec = dict(off, adaptive=True, profile_step=0, link_GBps=1e-6, max_slowdown=0.99, recompute=True)
+    again = _run(rank, world, 3, rec)
+    out["recompute"] = {
+        "equal": ref3["losses"] == again["losses"]
+        and all(torch.equal(a, b) for a, b in zip(ref3["params"], again["params"], strict=True)),
+        "stats": again["stats"],
+    }
     out["left"] = os.listdir(tmp)
     return out
 
 
-@pytest.mark.slow  # 2 ranks x 7 DeepSpeed engines
+@pytest.mark.slow  # 2 ranks x 8 DeepSpeed engines
 def test_offload_under_zero_1_to_3_is_bitwise_and_stores_only_activations() -> None:
     from flowlane.launch import launch
 
@@ -149,5 +159,8 @@ def test_offload_under_zero_1_to_3_is_bitwise_and_stores_only_activations() -> N
             st = s["stats"]
             assert st["bytes_written"] + st["bytes_cancelled"] == GAS * 3 * A_T, (stage, st)
             assert st["param_skips"] >= GAS * 4, (stage, st)  # each block's W.t(), recognised as a parameter
+        assert r["recompute"]["equal"] and r["recompute"]["stats"]["recomputed_layers"] >= 1, r["recompute"][
+            "stats"
+        ]
         assert r["both"]["equal"]
         assert r["both"]["stats"]["bytes_written"] + r["both"]["stats"]["bytes_cancelled"] == GAS * 3 * A_T
