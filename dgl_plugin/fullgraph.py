@@ -34,6 +34,7 @@ no dropout; #18 torch.distributed isend/irecv through flowlane.comm.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -44,9 +45,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from dgl.nn import GraphConv
+from torch.utils.checkpoint import checkpoint
 
 from flowlane import comm
 from flowlane import topology as topo_mod
+from flowlane.direct import DirectConfig, FeatureStore
 from flowlane.plan import (
     CommRelation,
     GradSlot,
@@ -61,6 +64,8 @@ from flowlane.plan import (
 )
 
 from .g3_partition import STAGE1, g3_partition
+
+log = logging.getLogger("flowlane.g3")
 
 PARTITIONERS = ("g3", *STAGE1)
 SCHEDULES = ("sequential", "pipelined")
@@ -107,6 +112,15 @@ class FullGraphConfig:
     device: str = "auto"
     """Where blocks, features, the model and the exchange buffers live: "auto" (CUDA when present, else CPU),
     "cpu", "cuda" or "cuda:<index>" ("cuda" picks the rank's local device)."""
+    features: Literal["device", "host"] = "device"
+    """Where the input features (layer 0's input) live. "device": copied to ``device`` once. "host": PyTorch-Direct
+    (seed 003 ch.4): the partition's table stays in host memory, pinned in place, and each bin gathers the rows it
+    reads (zero-copy on CUDA, CPU gather elsewhere; :mod:`flowlane.direct`); layer 0 is recomputed in backward from
+    a second gather, so neither the table nor layer 0's inputs are held in device memory. Layer-0 halo rows are
+    sent from the host table. Needs compacted bins (used for every group) and a halo exchange that moves host
+    tensors (gloo, or a CPU device)."""
+    direct: dict = field(default_factory=dict)
+    """``features="host"``: :class:`flowlane.direct.DirectConfig` keys (path, aligned, sort_indices, ...)."""
     seed: int = 0
     """Seed of the stage-1 partitioner (METIS / random) and of the planner."""
 
@@ -156,6 +170,21 @@ class FullGraphConfig:
             bad("device", dev, "choose 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
         if dev.startswith("cuda") and not torch.cuda.is_available():
             bad("device", dev, "CUDA is not available here; use 'auto' or 'cpu'")
+        if self.features not in ("device", "host"):
+            bad("features", self.features, "choose 'device' or 'host'")
+        if not isinstance(self.direct, dict):
+            bad("direct", self.direct, "must be a mapping of flowlane.direct.DirectConfig keys")
+        if self.direct and self.features != "host":
+            bad("direct", self.direct, "applies to features='host' only")
+        try:
+            self.direct_config()
+        except (TypeError, ValueError) as e:
+            bad("direct", self.direct, str(e))
+
+    def direct_config(self) -> DirectConfig:
+        """The feature store's config (``features="host"``). Indices are the runtime's own, so they are not
+        re-checked per gather unless ``check_indices`` is set."""
+        return DirectConfig.from_dict({"check_indices": False, **self.direct})
 
     @classmethod
     def from_dict(cls, d: dict | None) -> FullGraphConfig:
@@ -411,6 +440,38 @@ def _restore_layers(model: torch.nn.Module, saved: list) -> None:
         model.layers[k] = m
 
 
+class _Layer0Input(Exception):
+    pass
+
+
+def check_layer0_takes_features(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> None:
+    """Install-time check for ``features="host"`` with a model run through its own ``forward``: ``layers[0]`` must get
+    the features object itself (they stay in host memory), in training mode. Raises :class:`ModelContractError`."""
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    x = torch.zeros(2, in_feats, dtype=dtype, device=dev)
+
+    def first(k: int, h: Any) -> None:
+        raise _Layer0Input(h is x)
+
+    saved, was = _swap_layers(model, first), model.training
+    model.train()
+    same = False
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # input dropout must not move the user's RNG
+            model(_NoGraph(), x)
+    except _Layer0Input as e:
+        same = bool(e.args[0])
+    finally:
+        _restore_layers(model, saved)
+        model.train(was)
+    if not same:
+        raise ModelContractError(
+            "features='host' needs model.layers[0] to receive the node features unchanged (they stay in host "
+            "memory and each bin gathers its rows); this model's forward computes on them first (e.g. input "
+            "dropout in training). Move that into forward_layer(k, block, h_src, h_dst), or use features='device'"
+        )
+
+
 def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torch.float32) -> str:
     """Install-time check that the runtime computes exactly ``model(g, x)`` (DGL's full-graph convention).
 
@@ -520,6 +581,27 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     return mode
 
 
+class _HostRows:
+    """Layer 0's input with ``features="host"``: this rank's rows in a :class:`FeatureStore` (host memory) and, once
+    they have arrived, the halo rows on the device. Stands where a ``[local | halo]`` tensor would."""
+
+    def __init__(self, store: FeatureStore, halo: torch.Tensor | None = None) -> None:
+        self.store, self.halo = store, halo
+
+    def with_halo(self, full: torch.Tensor, device: torch.device) -> _HostRows:
+        """The same rows plus the halo part of an exchange result ``[local | halo]``."""
+        return _HostRows(self.store, full[self.store.num_rows :].to(device))
+
+    def take(self, ids: torch.Tensor, n_local_ids: int) -> torch.Tensor:
+        """Rows ``ids`` (sorted: the first ``n_local_ids`` are this rank's rows, the rest halo rows)."""
+        local = self.store.gather(ids[:n_local_ids])
+        if n_local_ids == ids.numel():
+            return local
+        if self.halo is None:
+            raise RuntimeError("a bin reads halo rows before the halo exchange finished (a runtime bug)")
+        return torch.cat([local, self.halo[ids[n_local_ids:] - self.store.num_rows]])
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: the rank's local CUDA device when present, else CPU (``LOCAL_RANK`` picks the index)."""
     import os
@@ -599,6 +681,8 @@ class FullGraphRuntime:
                 f"node features must be a 2-D float tensor, got shape {tuple(x.shape)} dtype {x.dtype}"
             )
         self.mode = check_model(model, x.shape[1], x.dtype)
+        if cfg.features == "host" and self.mode == "forward":
+            check_layer0_takes_features(model, x.shape[1], x.dtype)
         self.device = resolve_device(cfg.device)
         self.model = model.to(self.device)
         rel = lp.relation
@@ -680,11 +764,15 @@ class FullGraphRuntime:
         # apply their weight to every source row when it narrows the features; backward makes a dense gradient per
         # bin): 17.6x the step time of a single bin at 125k nodes per rank with bins of 1000, 5.5x compacted. A group
         # of one bin keeps the block over every row (no gather).
+        # With host features every group is compacted: a bin then gathers exactly the input rows it reads.
         self._gather: dict[str, tuple[torch.Tensor, list[int], torch.Tensor] | None] = {}
+        self._n_local_src: dict[str, list[int]] = {}
+        """Per bin of a compacted group: how many of its (sorted) source rows are this rank's, not halo rows."""
         self._bin_limit = self._limit(d_in)
+        host = cfg.features == "host"
         for name, mask in groups.items():
             rows = np.nonzero(mask)[0]
-            compact = rows.size > self._bin_limit
+            compact = rows.size > self._bin_limit or host
             n_src = self.n_local if name in ("A", "D") else self.n_local + self.n_remote
             srcs = []
             for s in range(0, rows.size, self._bin_limit):
@@ -699,6 +787,7 @@ class FullGraphRuntime:
                     src, src_pos = np.unique(e_src[eidx], return_inverse=True)
                     src_pos, num_src = src_pos.reshape(-1), src.size
                     srcs.append(src)
+                    self._n_local_src.setdefault(name, []).append(int(np.searchsorted(src, self.n_local)))
                 else:
                     src_pos, num_src = e_src[eidx], n_src
                 blk = dgl.create_block(
@@ -711,7 +800,7 @@ class FullGraphRuntime:
                 self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
             self._gather[name] = (
                 (
-                    torch.from_numpy(np.concatenate(srcs)).to(self.device),
+                    torch.from_numpy(np.concatenate(srcs) if srcs else np.zeros(0, np.int64)).to(self.device),
                     [a.size for a in srcs],
                     torch.from_numpy(rows).to(self.device),
                 )
@@ -742,7 +831,26 @@ class FullGraphRuntime:
         applied by ``add_deferred_grad`` (the rest are joined after autograd)."""
         # -- data ----------------------------------------------------------------------------------------------
         o = torch.from_numpy(order)
-        self.x = lp.x[o].to(self.device)
+        self.store: FeatureStore | None = None
+        self.x: torch.Tensor | _HostRows
+        if host:
+            if self.world > 1 and self.device.type != "cpu" and not self._host_exchange:
+                raise ValueError(
+                    f"flowlane.fullgraph: bad features='host': layer-0 halo rows are sent from host memory, which "
+                    f"needs a halo exchange on gloo; this one is on {dist.get_backend(xgroup)!r}"
+                )
+            self._x_host = lp.x[o].contiguous()  # the partition's rows in the runtime's order, in host memory
+            self.store = FeatureStore(self._x_host, cfg.direct_config(), self.device)
+            self.x = _HostRows(self.store)
+            log.info(
+                "G3 input features in host memory (%d x %d, %s), gathered per bin by %s: %s",
+                *self._x_host.shape,
+                self._x_host.dtype,
+                self.store.path,
+                self.store.choice.reason,
+            )
+        else:
+            self.x = lp.x[o].to(self.device)
         self.y = lp.y[o].to(self.device)
         self.masks = {k: v[o].to(self.device) for k, v in lp.masks.items()}
         self.n_train_global = lp.n_train_global
@@ -767,15 +875,21 @@ class FullGraphRuntime:
         total = ex.backward_raw(cnt[:, None].contiguous())  # own counts + the halo counts of other ranks
         return ex.forward_raw(total)[:, 0].numpy()
 
-    def _allgather(self, h: torch.Tensor) -> torch.Tensor:
+    def _allgather(self, h: torch.Tensor | _HostRows) -> Any:
+        if isinstance(h, _HostRows):  # layer 0, host features: the table is sent from host memory
+            return h if self.world == 1 else h.with_halo(self.exchange.forward_raw(self._x_host), self.device)
         if self._host_exchange:
             return graph_allgather(h.cpu(), self.exchange).to(self.device)
         return graph_allgather(h, self.exchange)
 
-    def _start(self, h: torch.Tensor):
+    def _start(self, h: torch.Tensor | _HostRows):
+        if isinstance(h, _HostRows):
+            return self.exchange.start(self._x_host)
         return self.exchange.start(h.cpu() if self._host_exchange else h)
 
-    def _attach(self, h: torch.Tensor, pending, slot: GradSlot | None = None) -> torch.Tensor:
+    def _attach(self, h: torch.Tensor | _HostRows, pending, slot: GradSlot | None = None) -> Any:
+        if isinstance(h, _HostRows):  # layer-0 features need no gradient (slot is None)
+            return h.with_halo(pending.wait(), self.device)
         if self._host_exchange:
             return attach(h.cpu(), pending, self.exchange, slot).to(self.device)
         return attach(h, pending, self.exchange, slot)
@@ -795,34 +909,69 @@ class FullGraphRuntime:
         refused at validation (see ``mem_budget_bytes``)."""
         return self.cfg.bin_size or max(self.n_local, 1)
 
-    def _run_bins(self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module) -> list[torch.Tensor]:
+    def _run_bins(
+        self, k: int, name: str, h_src: torch.Tensor | _HostRows, layer: torch.nn.Module
+    ) -> list[torch.Tensor]:
         """Layer ``k`` on the bins of group ``name``; with ``forward_layer`` also what follows the layer."""
-        fl = self.model.forward_layer if self.mode == "forward_layer" else None
         bins = self.bins[name]
         if not bins:
             return []
-        if self._gather[name] is None:  # one bin over every source row
+        if isinstance(h_src, _HostRows):
+            return self._run_bins_host(k, name, h_src, layer)
+        gathered = self._gather[name]
+        if gathered is None:  # one bin over every source row
             srcs, dsts = [h_src], [h_src[bins[0][0]]]
         else:
-            src_ids, src_sizes, rows_all = self._gather[name]
+            src_ids, src_sizes, rows_all = gathered
             srcs = h_src[src_ids].split(src_sizes)
             dsts = h_src[rows_all].split([rows.numel() for rows, _ in bins])
+        return [
+            self._bin_forward(k, layer, blk, x_src, x_dst)
+            for (_, blk), x_src, x_dst in zip(bins, srcs, dsts, strict=True)
+        ]
+
+    def _run_bins_host(
+        self, k: int, name: str, rows: _HostRows, layer: torch.nn.Module
+    ) -> list[torch.Tensor]:
+        """Layer 0 with host features (PyTorch-Direct, seed 003 ch.4): each bin gathers the rows it reads from the
+        host table, and is checkpointed, so its gathered inputs are freed after its forward and gathered again for
+        its backward (the weight gradients need them) instead of being held in device memory until then."""
+        gathered = self._gather[name]
+        if gathered is None:
+            raise RuntimeError(f"group {name} is not compacted (host features compact every group)")
+        src_ids, src_sizes, _ = gathered
         outs = []
-        for (_, blk), x_src, x_dst in zip(bins, srcs, dsts, strict=True):
-            if isinstance(layer, GraphConv) and layer._norm != "none":
-                saved = layer._norm
-                layer._norm = "none"  # B6 #14: global-degree normalisation folded into edge weights
-                try:
-                    h = layer(blk, (x_src, x_dst), edge_weight=blk.edata[f"norm_{saved}"].to(x_src.dtype))
-                finally:
-                    layer._norm = saved
-                out = _post(self.model, k, h) if fl is not None else h
-            elif fl is not None:
-                out = fl(k, blk, x_src, x_dst)
-            else:
-                out = layer(blk, (x_src, x_dst))
-            outs.append(out)
+        for (dst, blk), src, n_loc in zip(
+            self.bins[name], src_ids.split(src_sizes), self._n_local_src[name], strict=True
+        ):
+
+            def run(src: torch.Tensor, dst: torch.Tensor, blk=blk, n_loc=n_loc) -> torch.Tensor:
+                return self._bin_forward(k, layer, blk, rows.take(src, n_loc), rows.take(dst, dst.numel()))
+
+            grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
+            outs.append(checkpoint(run, src, dst, use_reentrant=False) if grad else run(src, dst))
         return outs
+
+    def _bin_forward(
+        self, k: int, layer: torch.nn.Module, blk: Any, x_src: torch.Tensor, x_dst: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer ``k`` on one bin's block; with ``forward_layer`` also what follows the layer."""
+        fl = self.model.forward_layer if self.mode == "forward_layer" else None
+        if isinstance(layer, GraphConv) and layer._norm != "none":
+            saved = layer._norm
+            layer._norm = "none"  # B6 #14: global-degree normalisation folded into edge weights
+            try:
+                h = layer(blk, (x_src, x_dst), edge_weight=blk.edata[f"norm_{saved}"].to(x_src.dtype))
+            finally:
+                layer._norm = saved
+            return _post(self.model, k, h) if fl is not None else h
+        if fl is not None:
+            return fl(k, blk, x_src, x_dst)
+        return layer(blk, (x_src, x_dst))
+
+    def _local(self, full: torch.Tensor | _HostRows) -> torch.Tensor | _HostRows:
+        """This rank's rows of ``[local | halo]`` (host features: the bins of groups A and D read no halo rows)."""
+        return full if isinstance(full, _HostRows) else full[: self.n_local]
 
     def _assemble(self, outs: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(outs)[self._inv]
@@ -841,9 +990,7 @@ class FullGraphRuntime:
                 outs = [
                     o
                     for name in ("A", "D", "C", "E")
-                    for o in self._run_bins(
-                        k, name, full if name in "CE" else full[: self.n_local], layers[k]
-                    )
+                    for o in self._run_bins(k, name, full if name in "CE" else self._local(full), layers[k])
                 ]
                 h = self._assemble(outs)
             return h
@@ -889,23 +1036,30 @@ class FullGraphRuntime:
         pipelined = self.cfg.schedule == "pipelined" and self.world > 1
         self._slots = []
 
-        def dist_layer(k: int, h: torch.Tensor) -> torch.Tensor:
+        def dist_layer(k: int, h: Any) -> torch.Tensor:
             if h.shape[0] != self.n_local:
                 raise ModelContractError(
                     f"layers[{k}] got {h.shape[0]} rows, expected this rank's {self.n_local}"
                 )
+            if self.store is not None and k == 0:
+                if (
+                    h is not self._x_host
+                ):  # checked at install; a forward that branches on its input gets here
+                    raise ModelContractError(
+                        "features='host': model.layers[0] got other rows than the node features (see "
+                        "check_layer0_takes_features)"
+                    )
+                h = self.x
             cached = k == 0 and self._halo0 is not None and h is self.x
             if cached or not pipelined:
                 full = self._halo0 if cached else self._allgather(h)
                 outs = [
                     o
                     for name in ("A", "D", "C", "E")
-                    for o in self._run_bins(
-                        k, name, full if name in "CE" else full[: self.n_local], layers[k]
-                    )
+                    for o in self._run_bins(k, name, full if name in "CE" else self._local(full), layers[k])
                 ]
                 return self._assemble(outs)
-            slot = self._slot(h)
+            slot = None if isinstance(h, _HostRows) else self._slot(h)
             if slot is not None:  # returned halo gradients are awaited after this layer's A/D bins' backward
                 h = add_deferred_grad(h, slot)
             pending = self._start(h)
@@ -916,7 +1070,7 @@ class FullGraphRuntime:
 
         saved = _swap_layers(self.model, dist_layer)
         try:
-            return self.model(_NoGraph(), self.x)
+            return self.model(_NoGraph(), self._x_host if self.store is not None else self.x)
         finally:
             _restore_layers(self.model, saved)
 

@@ -34,6 +34,13 @@ CASES = [  # (model, schedule, comm_plan, bin_size, cache_halo_inputs)
     ("dglsage", "pipelined", "spst", 11, False),  # DGL-style: layers + activation in the user's own forward
 ]
 DISK_CASES = [("gcn", "pipelined"), ("dglsage", "sequential")]  # from partition_graph output on disk
+#: features="host" (PyTorch-Direct gathers per bin, layer 0 recomputed in backward): (model, schedule, bin_size,
+#: cache_halo_inputs, the CASES entry with the same bins to equal bitwise, or None)
+HOST_CASES = [
+    ("sage", "pipelined", 7, False, 0),
+    ("gcn", "sequential", None, True, None),
+    ("dglsage", "pipelined", 11, False, 4),
+]
 
 
 class DGLStyleSAGE(nn.Module):
@@ -110,6 +117,25 @@ def _worker(rank, world, part_config):
         res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
         res["bin_rows"] = {k: [int(b.numel()) for b, _ in v] for k, v in rt.bins.items()}
         out.append(res)
+    host = []
+    for name, schedule, bins, cache, _ in HOST_CASES:
+        model = _model(name)
+        cfg = FullGraphConfig(
+            comm_plan="spst",
+            topology="dgx1",
+            devices=["gpu0", "gpu5", "gpu6"],
+            schedule=schedule,
+            bin_size=bins,
+            cache_halo_inputs=cache,
+            device="cpu",
+            features="host",
+            direct={"path": "cpu-gather"},
+        )
+        with comm.recording() as rec:
+            rt = FullGraphRuntime(_graph(), model, cfg)
+            res = _run(rt, model)
+        res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
+        host.append(res)
     disk = []
     for name, schedule in DISK_CASES:
         model = _model(name)
@@ -118,7 +144,7 @@ def _worker(rank, world, part_config):
         res = _run(rt, model)
         res["n_inner_loaded"], res["n_halo"] = int(lp.inner_ids.size), int(lp.halo_ids.size)
         disk.append(res)
-    return out, disk
+    return out, disk, host
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +161,7 @@ def results(partitioned):
     res = launch(
         _worker, RANKS, args=(partitioned[0],), timeout=600
     )  # generous: the shared box is often loaded
-    return [r[0] for r in res], [r[1] for r in res]
+    return [r[0] for r in res], [r[1] for r in res], [r[2] for r in res]
 
 
 def _check_exact(per_rank, name, ids_to_orig=None):
@@ -163,6 +189,63 @@ def test_distributed_logits_and_gradients_equal_single_process(results, case):
         assert all(b["applied_where_needed"] == 1 for b in back)  # every rank here has boundary rows
     else:
         assert all(b["deferred_exchanges"] == 0 for b in back)
+
+
+@pytest.mark.parametrize("case", range(len(HOST_CASES)))
+def test_host_features_give_single_process_results_and_the_same_halo_bytes(results, case):
+    """features='host': the table stays in host memory, each bin gathers its rows and layer 0 is recomputed in
+    backward; bitwise the device-resident run where the bins are the same, and the same halo bytes."""
+    name, _, _, _, same = HOST_CASES[case]
+    per_rank = [results[2][r][case] for r in range(RANKS)]
+    _check_exact(per_rank, name)
+    if same is not None:
+        for r in range(RANKS):
+            dev, host = results[0][r][same], per_rank[r]
+            assert np.array_equal(dev["logits"], host["logits"])
+            assert all(np.array_equal(dev["grads"][k], g) for k, g in host["grads"].items())
+            assert dev["graph_bytes"] == host["graph_bytes"]
+    t = per_rank[0]["summary"]["plan_transfers"]
+    # layer-0 features sent once (from the host table; at set-up when cached), the hidden layer forward + backward
+    assert sum(r["graph_bytes"] for r in per_rank) == t * (6 + 8 + 8) * 8
+
+
+def _held_for_backward(rt):
+    """Bytes of the distinct storages autograd saves during ``rt.forward()`` (the activation memory of one step)."""
+    held = {}
+
+    def pack(t):
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = rt.forward()
+    rt.backward(rt.loss(logits))
+    return sum(held.values())
+
+
+@pytest.mark.parametrize("name,bins", [("sage", None), ("gcn", 16)])
+def test_host_features_are_not_held_for_backward(name, bins):
+    """The device-resident table (and layer 0's gathered inputs) are saved for backward; with host features layer
+    0 is recomputed from a second gather, so at least the table's bytes less are held."""
+    held, grads = {}, {}
+    for feats in ("device", "host"):
+        model = _model(name)
+        rt = FullGraphRuntime(_graph(), model, FullGraphConfig(bin_size=bins, device="cpu", features=feats))
+        held[feats] = _held_for_backward(rt)
+        grads[feats] = {k: p.grad for k, p in model.named_parameters()}
+    table = _graph().ndata["feat"].nbytes
+    assert held["device"] - held["host"] >= table, held
+    if bins is not None:  # same bins: the recomputation gives the same gradients, bitwise
+        assert all(torch.equal(grads["device"][k], g) for k, g in grads["host"].items())
+
+
+def test_host_features_refuse_a_forward_that_changes_them_first():
+    model = DGLStyleSAGE(6, 8, 4).double()
+    model.dropout.p = 0.5  # input dropout in training: layers[0] would not get the features
+    rng = torch.random.get_rng_state()
+    with pytest.raises(ModelContractError, match="features='host' needs model.layers\\[0\\] to receive"):
+        FullGraphRuntime(_graph(), model, FullGraphConfig(device="cpu", features="host"))
+    assert torch.equal(rng, torch.random.get_rng_state())  # the install check draws no random numbers
 
 
 @pytest.mark.parametrize("case", range(len(DISK_CASES)))
@@ -279,6 +362,10 @@ def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match
         (dict(device="tpu"), "bad device='tpu'"),
         (dict(schedule="sequential", pipeline_backward=True), "bad pipeline_backward=True: needs schedule"),
         (dict(mem_budget_bytes=1e9), "bad mem_budget_bytes=1000000000.0: not honoured"),
+        (dict(features="gpu"), "bad features='gpu': choose 'device' or 'host'"),
+        (dict(direct={"path": "cpu-gather"}), "applies to features='host' only"),
+        (dict(features="host", direct={"pth": 1}), r"unknown direct key\(s\) \['pth'\]"),
+        (dict(features="host", direct={"path": "fast"}), "direct.path='fast' is not one of"),
     ],
 )
 def test_bad_configs_are_rejected_naming_the_value(bad, match):
