@@ -21,6 +21,7 @@ is the trainer's own partition ``part_id``: the rows a trainer on that machine w
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import dgl
@@ -37,10 +38,14 @@ from flowlane.dgs import (
     sampling_bytes,
     top_columns,
 )
+from flowlane.direct import DirectConfig, FeatureStore
 
 SERVICE_COLUMN_PULL = 7_353_001
 SERVICE_QUOTA_SAMPLE = 7_353_002
 SERVICE_NODE_WEIGHT = 7_353_003
+
+
+log = logging.getLogger("flowlane.dgs")
 
 
 def _ids(t) -> torch.Tensor:
@@ -221,7 +226,12 @@ def _check_registered() -> None:
 @dataclass
 class DGSRuntime:
     """Trainer-side DGS state of one worker: the current masks (as column list and halo weights), the pulls and the
-    byte ledger. ``part_id`` is the worker's own partition (see the module docstring)."""
+    byte ledger. ``part_id`` is the worker's own partition (see the module docstring).
+
+    ``direct`` (PyTorch-Direct, seed 003 ch.4): the own partition's rows are gathered from its local table (the
+    server's shared memory, pinned in place) by a :class:`flowlane.direct.FeatureStore` onto ``device``, zero-copy on
+    CUDA; remote rows arrive over the network into host memory and are copied to ``device``. None: DGL's own read
+    of the local rows (``DistTensor[ids]``) into host memory, then a copy to ``device``."""
 
     g: dgl.distributed.DistGraph
     part_id: int
@@ -232,6 +242,10 @@ class DGSRuntime:
     """Feature columns pulled for remote rows; None: all (before the first explanation, or feature sampling off)."""
     mask_version: int = 0
     stats: dict = field(default_factory=lambda: {"remote_rows": 0, "input_rows": 0, "batches": 0})
+    direct: DirectConfig | None = None
+    """Own-partition rows through a FeatureStore over the local table (None: DGL's own read)."""
+    device: torch.device | str = "cpu"
+    """Where pulled rows land."""
 
     def __post_init__(self) -> None:
         _check_registered()
@@ -243,6 +257,22 @@ class DGSRuntime:
         self.key = self.tensor.kvstore_key
         self.f = int(self.tensor.shape[1])
         self.itemsize = torch.empty((), dtype=self.tensor.dtype).element_size()
+        self.device = torch.device(self.device)
+        self.store: FeatureStore | None = None
+        self.direct_note = "off"
+        """Whether PyTorch-Direct gathers the own rows: the store's path, or why not."""
+        if self.direct is not None:
+            here = self.pb.partid
+            if here == self.part_id:
+                # the rows this partition owns, in their local id order (shared memory of this machine's server)
+                self.store = FeatureStore(self.tensor.local_partition, self.direct, self.device)
+                self.direct_note = f"{self.store.path}: {self.store.choice.reason}"
+            else:  # one host: DGL makes every trainer machine 0, whose shared memory holds partition 0 only
+                self.direct_note = (
+                    f"not applied: partition {self.part_id}'s table is not in this machine's shared memory "
+                    f"(DGL placed this trainer on the machine of partition {here}); DGL's own read is used"
+                )
+                log.warning("DGS trainer %d: PyTorch-Direct %s", self.part_id, self.direct_note)
 
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
         return self.pb.nid2partid(ids)
@@ -254,10 +284,13 @@ class DGSRuntime:
         (``dims`` None) or the column service (``dims`` given: the other columns are zero-filled, A6 #10)."""
         ids = _ids(ids)
         own = self.owner(ids)
-        out = torch.zeros(ids.numel(), self.f, dtype=self.tensor.dtype)
+        out = torch.zeros(ids.numel(), self.f, dtype=self.tensor.dtype, device=self.device)
         mine = own == self.part_id
         if mine.any():
-            out[mine] = self.tensor[ids[mine]]
+            if self.store is not None:
+                out[mine.to(self.device)] = self.store.gather(self.pb.nid2localnid(ids[mine], self.part_id))
+            else:
+                out[mine.to(self.device)] = self.tensor[ids[mine]].to(self.device, non_blocking=True)
         rmt = ~mine
         n_rmt = int(rmt.sum())
         self.stats["remote_rows"] += n_rmt if kind == "feature_remote" else 0
@@ -265,7 +298,7 @@ class DGSRuntime:
         if not n_rmt:
             return out
         if dims is None or int(dims.numel()) == self.f:
-            out[rmt] = self.tensor[ids[rmt]]
+            out[rmt.to(self.device)] = self.tensor[ids[rmt]].to(self.device, non_blocking=True)
             self.ledger.add(kind, sum(pull_bytes(n_rmt, self.f, self.itemsize, self.f)))
             return out
         reqs, where = [], []
@@ -275,7 +308,8 @@ class DGSRuntime:
             where.append(sel)
             self.ledger.add(kind, sum(pull_bytes(sel.numel(), dims.numel(), self.itemsize, self.f)))
         for sel, res in zip(where, rpc.remote_call_to_machine(reqs), strict=True):
-            out[sel[:, None], dims[None, :]] = res.data
+            sel_d, dims_d = sel.to(self.device), dims.to(self.device)
+            out[sel_d[:, None], dims_d[None, :]] = res.data.to(self.device, non_blocking=True)
         return out
 
     def pull_inputs(self, input_nodes: torch.Tensor) -> torch.Tensor:

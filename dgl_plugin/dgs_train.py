@@ -175,6 +175,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
 
     from flowlane import comm
     from flowlane.dgs import DGSConfig
+    from flowlane.direct import DirectConfig
 
     from .dgs import CountingNeighborSampler, DGSNeighborSampler, DGSRuntime, NodeWeightRequest
     from .models import build_model
@@ -183,7 +184,10 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     on = args["dgs_on"]
     torch.manual_seed(args["seed"] + rank)
     pb = g.get_partition_book()
-    rt = DGSRuntime(g, rank, cfg)
+    direct = None if args.get("direct") is None else DirectConfig.from_dict(args["direct"])
+    rt = DGSRuntime(g, rank, cfg, direct=direct)
+    if direct is not None:
+        log(f"own-partition rows by PyTorch-Direct: {rt.direct_note}")
     # every run starts from uniform node weights on this partition's server (empty ids: reset)
     rpc.remote_call_to_machine([(rank, NodeWeightRequest(torch.zeros(0, dtype=torch.int64), torch.zeros(0)))])
     own = pb.partid2nids(rank)
@@ -318,6 +322,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
         "steps_per_epoch": steps,
         "train_nodes": int(len(train)),
         "columns_pulled": None if rt.dims is None else int(rt.dims.numel()),
+        "direct": rt.direct_note,
         "feat_dim": rt.f,
         "explainer": ex_stats,
         "train_s": t_train,
@@ -336,12 +341,24 @@ def _check_column_pull(g, rt, ids) -> dict:
     ref = g.ndata[rt.feat][ids]
     other = torch.ones(rt.f, dtype=torch.bool)
     other[dims] = False
+    # PyTorch-Direct: own rows gathered from the local table by a FeatureStore, remote rows as before
+    from flowlane.direct import DirectConfig
+
+    from .dgs import DGSRuntime
+
+    own = g.get_partition_book().partid2nids(rt.part_id)
+    mixed = torch.cat([own[: ids.numel()], ids])
+    direct = DGSRuntime(g, rt.part_id, rt.cfg, direct=DirectConfig(path="cpu-gather"))
     return {
         "rows": int(ids.numel()),
         "cols": dims.tolist(),
         "remote_rows": int((rt.owner(ids) != rt.part_id).sum()),
         "equal": bool(torch.equal(got[:, dims], ref[:, dims])),
         "zero_elsewhere": bool((got[:, other] == 0).all()),
+        "direct_own_rows": int(min(own.numel(), ids.numel())),
+        "direct_applied": direct.store is not None,
+        "direct_equal": bool(torch.equal(direct.pull(mixed, kind="setup"), g.ndata[rt.feat][mixed]))
+        and bool(torch.equal(direct.pull(mixed, dims, kind="setup"), rt.pull(mixed, dims, kind="setup"))),
     }
 
 
@@ -600,12 +617,19 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
     if unknown:
         raise ValueError(f"gnn_dgs: unknown key(s) {unknown}; known: {sorted(RUN_KEYS)}")
     fl = dict(c.get("flowlane") or {})
-    extra = sorted(set(fl) - {"dgs"})
+    extra = sorted(set(fl) - {"dgs", "direct"})
     if extra:
-        raise ValueError(f"gnn_dgs: unknown flowlane section(s) {extra}; known: ['dgs']")
+        raise ValueError(f"gnn_dgs: unknown flowlane section(s) {extra}; known: ['dgs', 'direct']")
     dgs = fl.get("dgs")
     if dgs is not None:
         DGSConfig.from_dict(dgs)
+    if fl.get("direct") is not None:
+        from flowlane.direct import DirectConfig
+
+        try:
+            DirectConfig.from_dict(fl["direct"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"gnn_dgs: flowlane.direct: {e}") from None
     w = c.get("world_size", 2)
     if isinstance(w, bool) or not isinstance(w, int) or w < 2:
         raise ValueError(
@@ -689,6 +713,7 @@ def _trainer_args(c: dict, classes: int | None) -> dict:
     model = dict(c.get("model") or {})
     return {
         "runs": [{"name": "gnn_dgs", "dgs": dgs or {}, "dgs_on": dgs is not None}],
+        "direct": (c.get("flowlane") or {}).get("direct"),
         "seed": int(c.get("seed", 0)),
         "epochs": int(c.get("epochs", 5)),
         "lr": float(c.get("lr", 0.01)),

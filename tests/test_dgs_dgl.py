@@ -56,6 +56,8 @@ def test_dgs_on_two_distdgl_partitions_pulls_exact_columns_explains_and_converge
     for r in ranks:
         pc = r["pull_check"]  # column service vs DGL's own pull, remote rows only
         assert pc["remote_rows"] == pc["rows"] > 0 and pc["equal"] and pc["zero_elsewhere"]
+        # PyTorch-Direct: own rows from the local table (FeatureStore), remote rows as before: DGL's own values
+        assert pc["direct_own_rows"] > 0 and pc["direct_equal"]
         ex = r["explainer"]  # started, answered every snapshot (synchronous), stopped
         steps = r["steps_per_epoch"] * 6
         assert ex["snapshots"] == steps // 4 and ex["explanations"] == ex["snapshots"]
@@ -65,6 +67,8 @@ def test_dgs_on_two_distdgl_partitions_pulls_exact_columns_explains_and_converge
         # remote rows after the masks carry 75 % of the columns (+ the column list): bytes per remote row < full
         assert 0 < last["bytes"]["feature_remote"] < last["remote_rows"] * (f * 4 + 8)
         assert r["bytes"]["sampling_rpc"] > 0 and r["bytes"]["prob_update"] > 0 and r["bytes"]["setup"] > 0
+    # on one host DGL places every trainer on machine 0: only partition 0's table is in the trainers' shared memory
+    assert [r["pull_check"]["direct_applied"] for r in ranks] == [True, False]
     loss = [sum(r["history"][e]["loss"] for r in ranks) / 2 for e in range(6)]
     assert loss[-1] < 0.6 * loss[0], loss
     assert ranks[0]["val_acc"] > 1.5 / classes, ranks[0]["val_acc"]  # well above chance (4 classes: 0.25)
@@ -100,6 +104,7 @@ def test_a_dead_explainer_is_an_error_in_the_trainer_never_a_hang():
         ({"flowlane": {"dgs": {"nf": 0.5}}}, r"unknown option\(s\) \['nf'\]"),
         ({"flowlane": {"dgs": {"epsilon": 2}}}, r"bad epsilon=2"),
         ({"flowlane": {"dsg": {}}}, r"unknown flowlane section\(s\) \['dsg'\]"),
+        ({"flowlane": {"direct": {"path": "uva"}}}, r"flowlane.direct: direct.path='uva' is not one of"),
         ({"world_size": 1}, r"world_size=1"),
         ({"model": {"name": "gat"}}, r"model.name='gat'"),
     ],
