@@ -1,0 +1,103 @@
+"""G3 with the input features in host memory (``FullGraphConfig.features="host"``, PyTorch-Direct) vs on the device.
+
+Measured on this machine's CPU, one rank, in-memory synthetic graph: the bytes autograd holds for backward during one
+full-graph step (distinct storages saved by the forward: what would sit in GPU memory until backward), the feature
+table's bytes, and the step time (forward + backward, median of ``--repeats``). On a CPU the host path is a CPU gather
+and layer 0 is recomputed in backward, so the time ratio is the recomputation's cost here; a GPU's zero-copy gather
+was not run (DGL does not import on the GPU machine).
+
+    .venv-gnn/bin/python benchmarks/g3_host_features.py --out results/g3/host_features.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dgl_plugin.fullgraph import FullGraphConfig, FullGraphRuntime  # noqa: E402
+from dgl_plugin.models import build_model  # noqa: E402
+from dgl_plugin.synthetic import synthetic_graph  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
+
+
+def held_bytes_and_time(rt: FullGraphRuntime, repeats: int) -> tuple[int, float]:
+    held: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        if i == 0:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                logits = rt.forward()
+        else:
+            logits = rt.forward()
+        rt.backward(rt.loss(logits))
+        if i:  # the first step (with the counting hook) is not timed
+            times.append(time.perf_counter() - t0)
+    return sum(held.values()), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=100_000)
+    ap.add_argument("--feat-dim", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    ap.add_argument("--bin-sizes", default="none,10000", help="comma list; none = one bin per group")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    if a.nodes < 100 or a.feat_dim < 1 or a.repeats < 1:
+        ap.error(f"--nodes {a.nodes} (>= 100), --feat-dim {a.feat_dim} (>= 1), --repeats {a.repeats} (>= 1)")
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    g = synthetic_graph(
+        num_nodes=a.nodes, avg_degree=10, num_classes=8, num_communities=32, feat_dim=a.feat_dim, seed=0
+    )
+    table = g.ndata["feat"].nbytes
+    rows = []
+    for bins_s in a.bin_sizes.split(","):
+        bins = None if bins_s.strip().lower() == "none" else int(bins_s)
+        point: dict = {"bin_size": bins}
+        for feats in ("device", "host"):
+            model = build_model(a.model, a.feat_dim, a.hidden, 8, num_layers=a.layers, seed=0)
+            cfg = FullGraphConfig(
+                bin_size=bins,
+                device="cpu",
+                features=feats,
+                direct={"path": "cpu-gather"} if feats == "host" else {},
+            )
+            rt = FullGraphRuntime(g, model, cfg)
+            held, step = held_bytes_and_time(rt, a.repeats)
+            point[feats] = {"held_for_backward_bytes": held, "step_s": step}
+            print(f"bins {bins} features={feats}: held {held / 1e6:.1f} MB, step {step:.3f} s", flush=True)
+        d, h = point["device"], point["host"]
+        point["held_ratio_host_over_device"] = h["held_for_backward_bytes"] / d["held_for_backward_bytes"]
+        point["step_ratio_host_over_device"] = h["step_s"] / d["step_s"]
+        rows.append(point)
+    doc = {
+        "label": "measured on CPU (one rank); held bytes = autograd's saved storages in one step",
+        "nodes": a.nodes,
+        "feat_dim": a.feat_dim,
+        "hidden": a.hidden,
+        "layers": a.layers,
+        "model": a.model,
+        "feature_table_bytes": table,
+        "points": rows,
+    }
+    print(write_result(a.out, doc))
+
+
+if __name__ == "__main__":
+    main()
