@@ -97,45 +97,35 @@ def _run(rt, model):
     }
 
 
+def _dgx1_run(name, **cfg):
+    """One 3-rank run on the DGX-1 topology's planner, with the halo bytes it sent."""
+    model = _model(name)
+    cfg = FullGraphConfig(topology="dgx1", devices=["gpu0", "gpu5", "gpu6"], device="cpu", **cfg)
+    with comm.recording() as rec:
+        rt = FullGraphRuntime(_graph(), model, cfg)
+        res = _run(rt, model)
+    res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
+    res["bin_rows"] = {k: [int(b.numel()) for b, _ in v] for k, v in rt.bins.items()}
+    return res
+
+
 def _worker(rank, world, part_config):
-    out = []
-    for name, schedule, plan, bins, cache in CASES:
-        model = _model(name)
-        cfg = FullGraphConfig(
-            partition="g3",
-            comm_plan=plan,
-            topology="dgx1",
-            devices=["gpu0", "gpu5", "gpu6"],
-            schedule=schedule,
-            bin_size=bins,
-            cache_halo_inputs=cache,
-            device="cpu",
-        )
-        with comm.recording() as rec:
-            rt = FullGraphRuntime(_graph(), model, cfg)
-            res = _run(rt, model)
-        res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
-        res["bin_rows"] = {k: [int(b.numel()) for b, _ in v] for k, v in rt.bins.items()}
-        out.append(res)
-    host = []
-    for name, schedule, bins, cache, _ in HOST_CASES:
-        model = _model(name)
-        cfg = FullGraphConfig(
+    out = [
+        _dgx1_run(name, comm_plan=plan, schedule=schedule, bin_size=bins, cache_halo_inputs=cache)
+        for name, schedule, plan, bins, cache in CASES
+    ]
+    host = [
+        _dgx1_run(
+            name,
             comm_plan="spst",
-            topology="dgx1",
-            devices=["gpu0", "gpu5", "gpu6"],
             schedule=schedule,
             bin_size=bins,
             cache_halo_inputs=cache,
-            device="cpu",
             features="host",
             direct={"path": "cpu-gather"},
         )
-        with comm.recording() as rec:
-            rt = FullGraphRuntime(_graph(), model, cfg)
-            res = _run(rt, model)
-        res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
-        host.append(res)
+        for name, schedule, bins, cache, _ in HOST_CASES
+    ]
     disk = []
     for name, schedule in DISK_CASES:
         model = _model(name)
