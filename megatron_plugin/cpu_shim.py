@@ -9,7 +9,8 @@ Patched (megatron-core 0.14-0.16):
 - ``torch.cuda.Stream/Event/stream/current_stream`` and ``Tensor.record_stream`` (MoE token dispatcher);
 - the literal ``device="cuda"`` in ``pipeline_parallel.schedules`` / ``p2p_communication``, the MoE router / utils
   and the optimizers (``optimizer.optimizer``, ``optimizer.clip_grads``, ``optimizer.distrib_optimizer``: loss
-  scale, found-inf and norm buffers) and ``megatron.core.utils`` (the gradient norm without Apex), through a torch proxy that maps CUDA devices to CPU for ``zeros/empty/tensor``.
+  scale, found-inf and norm buffers; ``optimizer.grad_scaler``: the fp16 loss scalers' scale, min-scale, growth and
+  backoff tensors) and ``megatron.core.utils`` (the gradient norm without Apex), through a torch proxy that maps CUDA devices to CPU for ``zeros/empty/tensor``.
   With it Megatron-core's own ``DistributedDataParallel`` and ``get_megatron_optimizer`` run on gloo;
 - ``Tensor.cuda()`` returns the tensor itself (the tied-embedding set-up moves the shared weight with it);
 - ``Tensor.type()`` (no arguments) names a CPU tensor as its CUDA twin (``torch.cuda.FloatTensor``): the optimizers
@@ -138,11 +139,13 @@ def apply() -> None:
     moe_router.torch = proxy
     import megatron.core.optimizer.clip_grads as clip_grads
     import megatron.core.optimizer.distrib_optimizer as distrib_optimizer
+    import megatron.core.optimizer.grad_scaler as grad_scaler
     import megatron.core.optimizer.optimizer as optimizer
     import megatron.core.utils as mutils
 
     optimizer.torch = proxy
     clip_grads.torch = proxy
     distrib_optimizer.torch = proxy
+    grad_scaler.torch = proxy  # Constant/DynamicGradScaler (--fp16 without --loss-scale: the dynamic one)
     mutils.torch = proxy  # local_multi_tensor_l2_norm (the gradient norm without Apex)
     _APPLIED = True

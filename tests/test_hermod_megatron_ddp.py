@@ -303,7 +303,21 @@ LAYOUTS = {
     # the interleaved schedule: PP 2 x DP 2, two model chunks per stage (one layer each), overlapped p2p
     # (overlap_p2p_comm: Megatron waits for the requests later, one by one), 4 microbatches
     "interleaved_vpp2": dict(pp=2, tp=1, ep=1, experts=None, sp=False, tied=False, vpp=2, m=4),
+    # bf16 with fp32 main grads and master weights: PP 2 x DP 2, the model in Megatron's Float16Module (bf16
+    # parameters, bf16 pipeline p2p), grad_reduce_in_fp32, the distributed optimizer (fp32 main-parameter shards)
+    # with overlap_param_gather (bf16 parameter all-gathers on gloo)
+    "bf16_pp2_distopt": dict(
+        pp=2, tp=1, ep=1, experts=None, sp=False, tied=False, precision="bf16", dist_opt=True
+    ),
+    # fp16 with Megatron's dynamic loss scaling: PP 2 x DP 2, Float16Module (fp16 parameters, fp16 p2p),
+    # Float16OptimizerWithFloat16Params (fp32 master weights) and its DynamicGradScaler, hysteresis 1; fp16 grad
+    # buffers (grad_reduce_in_fp32 off, Megatron-LM's default: fp16 all-reduces on gloo)
+    "fp16_pp2_scaler": dict(pp=2, tp=1, ep=1, experts=None, sp=False, tied=False, precision="fp16"),
 }
+#: the fp16 layout's initial loss scale. Its gradients overflow fp16 at it in iteration 0 (Megatron skips the step and
+#: halves the scale), fit at half of it in iteration 1 (the step is taken) and overflow again in iteration 2, after
+#: that step (skipped). On CPU the overflow thresholds are ~1.3, ~1.5 and ~0.85 x 2**18: each margin >= 10%.
+FP16_INITIAL_SCALE = 2.0**19
 
 
 class SPLayerNorm(torch.nn.Module):
@@ -367,6 +381,7 @@ def _train_layout(name: str, hermod: bool) -> dict:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from flowlane import comm
@@ -375,6 +390,9 @@ def _train_layout(name: str, hermod: bool) -> dict:
 
     lay = LAYOUTS[name]
     vpp, m = lay.get("vpp"), lay.get("m", M)
+    precision, dist_opt = lay.get("precision"), lay.get("dist_opt", False)
+    dtype = {None: torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    half = dict(bf16=precision == "bf16", fp16=precision == "fp16")
     recipe = GPTRecipe(
         **{
             **RECIPE,
@@ -420,8 +438,9 @@ def _train_layout(name: str, hermod: bool) -> dict:
                 pipeline_model_parallel_size=lay["pp"],
                 tensor_model_parallel_size=lay["tp"],
                 sequence_parallel=lay["sp"],
-                pipeline_dtype=torch.float32,
-                params_dtype=torch.float32,
+                pipeline_dtype=dtype,
+                params_dtype=dtype,
+                **half,
                 bias_activation_fusion=False,
                 masked_softmax_fusion=False,
                 persist_layer_norm=False,
@@ -450,17 +469,42 @@ def _train_layout(name: str, hermod: bool) -> dict:
                     position_embedding_type="learned_absolute",
                     **({"vp_stage": vp} if vpp else {}),
                 )
+                if precision:  # what Megatron-LM's get_model does for --bf16 / --fp16
+                    module = Float16Module(config, module)
                 chunks.append(
                     DistributedDataParallel(
                         config,
                         DistributedDataParallelConfig(
-                            grad_reduce_in_fp32=True, overlap_grad_reduce=True, bucket_size=3000
+                            grad_reduce_in_fp32=precision != "fp16",
+                            overlap_grad_reduce=True,
+                            use_distributed_optimizer=dist_opt,
+                            overlap_param_gather=dist_opt,
+                            bucket_size=3000,
                         ),
                         module,
                         disable_bucketing=vp > 0,
                     )
                 )
-            opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0), chunks)
+            # Megatron-LM's optimizer arguments for --fp16 (loss_scale None: the dynamic scaler), hysteresis 1
+            scaler = (
+                dict(loss_scale=None, initial_loss_scale=FP16_INITIAL_SCALE, min_loss_scale=1.0, hysteresis=1)
+                if precision == "fp16"
+                else {}
+            )
+            opt = get_megatron_optimizer(
+                OptimizerConfig(
+                    optimizer="adam",
+                    lr=1e-2,
+                    clip_grad=1.0,
+                    params_dtype=dtype,
+                    use_distributed_optimizer=dist_opt,
+                    **half,
+                    **scaler,
+                ),
+                chunks,
+            )
+            if precision:  # as Megatron-LM's train() sets it: the schedule scales each microbatch's loss
+                config.grad_scale_func = opt.scale_loss
             if vpp:  # what Megatron-LM's train() sets for several chunks
                 config.no_sync_func = [c.no_sync for c in chunks]
                 config.grad_sync_func = [c.start_grad_sync for c in chunks]
@@ -494,7 +538,8 @@ def _train_layout(name: str, hermod: bool) -> dict:
             for mod in norms:
                 mod.register_forward_pre_hook(lambda _m, args: rows.add(args[0].shape[0]))
             fwd_bwd = get_forward_backward_func()
-            losses = []
+            initial = [p.detach().clone() for c in chunks for p in c.parameters()]
+            losses, steps, scales = [], [], []
             for it in range(ITERATIONS):
                 for c in chunks:
                     c.zero_grad_buffer()
@@ -509,12 +554,31 @@ def _train_layout(name: str, hermod: bool) -> dict:
                     micro_batch_size=recipe.micro_batch_size,
                     forward_only=False,
                 )
-                opt.step()
+                scales.append(float(opt.get_loss_scale()))  # the scale this iteration's backward ran with
+                steps.append(opt.step()[0])  # False: Megatron found inf / nan gradients and skipped the step
                 if res:
                     losses.append(float(torch.stack([o["lm loss"] for o in res]).mean()))
+            if dist_opt:
+                for c in chunks:
+                    c.start_param_sync(force_sync=True)  # the last step's shards, gathered
+            inner = getattr(opt, "chained_optimizers", [opt])
+            params = [p.detach().clone() for c in chunks for p in c.parameters()]
             out = {
-                "params": [p.detach().clone() for c in chunks for p in c.parameters()],
+                "params": params,
                 "losses": losses,
+                "precision": {
+                    "float16_module": all(isinstance(c.module, Float16Module) for c in chunks),
+                    "param_dtypes": {p.dtype for c in chunks for p in c.parameters()},
+                    "main_grad_dtypes": {p.main_grad.dtype for c in chunks for p in c.parameters()},
+                    "main_param_dtypes": {
+                        p.dtype for o in inner for g in o.optimizer.param_groups for p in g["params"]
+                    },
+                    "optimizers": {type(o).__name__ for o in inner},
+                    "scalers": {type(getattr(o, "grad_scaler", None)).__name__ for o in inner},
+                    "scales": scales,
+                    "steps": steps,
+                    "moved": sum(not torch.equal(a, b) for a, b in zip(initial, params, strict=True)),
+                },
                 "expert_groups": sum(len(c.expert_parallel_bucket_groups) for c in chunks),
                 "sp": {
                     "config": config.sequence_parallel,
@@ -555,6 +619,11 @@ def _layouts(rank: int, world: int, tmp: str) -> dict:
             "log": herm["log"],
             "expert_groups": herm["expert_groups"],
             "sp": herm["sp"],
+            "precision": herm["precision"],
+            # Megatron's loss scales and its skipped steps (found inf) the same with and without Hermod
+            "scaling_equal": (base["precision"]["scales"], base["precision"]["steps"])
+            == (herm["precision"]["scales"], herm["precision"]["steps"]),
+            "num_params": len(herm["params"]),
         }
     # sequence parallelism changes where Megatron reduces, not the model: stock SP against stock TP, to rounding
     sp, tp = stock["tp2_pp2_sp"], stock["tp2_pp2_tied"]
@@ -571,7 +640,7 @@ def _layouts(rank: int, world: int, tmp: str) -> dict:
     return res
 
 
-@pytest.mark.slow  # 4 ranks x 12 Megatron trainings: ~1 min on an idle 2-core machine, ~4 on a busy one
+@pytest.mark.slow  # 4 ranks x 16 Megatron trainings: ~1 min on an idle 2-core machine, ~4 on a busy one
 def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise_stock() -> None:
     """Plus a dist_checkpointing save / fresh build / load / resume of the distributed optimizer, with Hermod on
     both jobs or on neither: the restored model equals the saved one and the resumed step is bitwise stock's."""
@@ -615,6 +684,31 @@ def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise
         assert {e[4] for e in sp["log"] if e[0] == "critical"} == set(range(M)), (
             rank
         )  # the (seq / TP)-sized p2p, keyed
+        # mixed precision: Megatron's Float16Module holds bf16 / fp16 parameters, the optimizer fp32 master weights;
+        # the grad buffers Megatron reduces are fp32 with grad_reduce_in_fp32 (bf16), fp16 without it
+        for name, half, grads in (
+            ("bf16_pp2_distopt", torch.bfloat16, torch.float32),
+            ("fp16_pp2_scaler", torch.float16, torch.float16),
+        ):
+            x = r[name]
+            p = x["precision"]
+            assert p["float16_module"] and p["param_dtypes"] == {half}, (rank, name, p)
+            assert p["main_param_dtypes"] == {torch.float32}, (rank, name, p)
+            assert p["main_grad_dtypes"] == {grads}, (rank, name, p)
+            # the same loss scales and skipped steps with and without Hermod; every parameter trained
+            assert x["scaling_equal"] and p["moved"] == x["num_params"], (rank, name, p)
+            assert stage == 0 or len(set(x["losses"])) == ITERATIONS, (rank, name, x["losses"])
+        bf, fp = r["bf16_pp2_distopt"]["precision"], r["fp16_pp2_scaler"]["precision"]
+        assert bf["optimizers"] == {"DistributedOptimizer"} and bf["scalers"] == {"NoneType"}, (rank, bf)
+        assert bf["steps"] == [True] * ITERATIONS, (rank, bf)
+        # the fp32 grads' reduce-scatters and the bf16 parameters' overlapped all-gathers, keyed by Hermod
+        ops = {e[2] for e in r["bf16_pp2_distopt"]["log"] if e[0] == "chunk"}
+        assert ops == {"reduce_scatter", "all_gather"}, (rank, ops)
+        assert fp["optimizers"] == {"Float16OptimizerWithFloat16Params"}, (rank, fp)
+        assert fp["scalers"] == {"DynamicGradScaler"}, (rank, fp)
+        # Megatron's dynamic loss scaling: overflow (step skipped, scale halved), a step, overflow again (skipped)
+        s = FP16_INITIAL_SCALE
+        assert fp["steps"] == [False, True, False] and fp["scales"] == [s, s / 2, s / 2], (rank, fp)
     assert all(any(r[name]["losses"] for r in res) for name in ("tp2_pp2_tied", "tp2_pp2_sp", "moe_ep2_edp2"))
 
 
