@@ -1042,9 +1042,8 @@ class FullGraphRuntime:
                     f"layers[{k}] got {h.shape[0]} rows, expected this rank's {self.n_local}"
                 )
             if self.store is not None and k == 0:
-                if (
-                    h is not self._x_host
-                ):  # checked at install; a forward that branches on its input gets here
+                # checked at install (check_layer0_takes_features); a forward that branches on its input gets here
+                if h is not self._x_host:
                     raise ModelContractError(
                         "features='host': model.layers[0] got other rows than the node features (see "
                         "check_layer0_takes_features)"
