@@ -200,17 +200,12 @@ def test_host_features_give_single_process_results_and_the_same_halo_bytes(resul
 
 
 def _held_for_backward(rt):
-    """Bytes of the distinct storages autograd saves during ``rt.forward()`` (the activation memory of one step)."""
-    held = {}
+    """Peak bytes of saved activations alive in one step (flowlane.offload's tracker; parameters excluded)."""
+    from flowlane.offload import track_saved_tensors
 
-    def pack(t):
-        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = rt.forward()
-    rt.backward(rt.loss(logits))
-    return sum(held.values())
+    with track_saved_tensors(0, list(rt.model.parameters())) as res:
+        rt.backward(rt.loss(rt.forward()))
+    return res.peak
 
 
 @pytest.mark.parametrize("name,bins", [("sage", None), ("gcn", 16)])
