@@ -12,7 +12,7 @@ the model). Per rank (digest B2.8):
   :func:`flowlane.plan.graph_allgather` (SPST or peer-to-peer plan; backward returns gradients along the reversed plan);
 - pipeline: nodes are ordered boundary-first after a BFS (§4.4.3 step 1), split into groups by whether they are sent
   to other ranks (boundary) and whether they need halo rows, and packed into bins of at most ``bin_size`` nodes
-  (step 2, B6 #8; the seed's memory cap is refused, see ``mem_budget_bytes``). ``schedule="pipelined"`` computes, per
+  (step 2, B6 #8), and with ``mem_budget_bytes`` to half the budget, every bin recomputed in backward (§4.4.1). ``schedule="pipelined"`` computes, per
   layer: ready boundary bins, ready interior bins (eager: no halo needed, overlapping the previous exchange), waits for
   the halo, halo boundary bins, *starts sending the boundary outputs* (inter-layer pipeline), then the halo interior
   bins while the exchange runs. ``"sequential"`` exchanges, then computes every bin (the seed's "Sequential" variant).
@@ -23,7 +23,8 @@ the model). Per rank (digest B2.8):
   exactly (B6 #13).
 
 Open decisions (digest B6), decided here: #1 symmetrised partitioning, in-neighbour halos; #4 ``cache_halo_inputs``
-(default False: layer-1 halo features are resent every epoch); #8 bin limit = bin_size (memory cap refused); #9 a bin
+(default False: layer-1 halo features are resent every epoch); #8 bin limit = bin_size, and with a budget M the
+estimate of g3_bins.bin_bytes <= M / 2 (widest layer, forward and backward); #9 a bin
 launches when full or when no more ready nodes exist (bins are built statically from the groups above); #10 boundary
 group first, stable BFS order inside; #11 backward runs the autograd graph in reverse (bins reversed) and exchanges
 gradients along the reversed DGCL plan, all remote contributions summed before use (fp32); #12 per-layer async
@@ -63,6 +64,7 @@ from flowlane.plan import (
     graph_allgather,
 )
 
+from .g3_bins import bin_bytes, pack_bins
 from .g3_partition import STAGE1, g3_partition
 
 log = logging.getLogger("flowlane.g3")
@@ -102,9 +104,11 @@ class FullGraphConfig:
     smaller bins add only per-bin cost: a 2-layer SAGE step on one CPU thread took 5.5x as long with bins of 1000 as
     with one bin per group at 125k nodes per rank (17.6x before blocks were compacted). Set it to mimic the seed."""
     mem_budget_bytes: float | None = None
-    """Device memory budget (§4.4.1). Refused (only None is accepted): a budget would have to bound peak memory, but
-    autograd keeps every bin's saved tensors until backward (no recomputation), so peak memory grows with the
-    partition whatever the bin size. Set the bin size with ``bin_size``."""
+    """Device memory budget M in bytes (§4.4.1, B2.5; B6 #8), or None (no cap). Each bin is packed to at most M / 2
+    by the estimate of :func:`dgl_plugin.g3_bins.bin_bytes` (and to ``bin_size`` nodes), every group is compacted, and
+    every bin of every layer is recomputed in backward (its forward keeps only its output), so the working set
+    beyond the layer tensors (inputs and outputs, which the seed keeps in host memory) is about one bin, not the
+    partition's activations. A node that alone exceeds M / 2 is refused at install."""
     cache_halo_inputs: bool = False
     """Fetch layer-0 halo features once instead of every epoch (B6 #4)."""
     emulate_bandwidth: float | None = None
@@ -152,13 +156,12 @@ class FullGraphConfig:
             not isinstance(self.bin_size, int) or isinstance(self.bin_size, bool) or self.bin_size < 1
         ):
             bad("bin_size", self.bin_size, "must be an integer >= 1, or None for one bin per group")
-        if self.mem_budget_bytes is not None:
-            bad(
-                "mem_budget_bytes",
-                self.mem_budget_bytes,
-                "not honoured: autograd keeps every bin's saved tensors until backward, so no bin size bounds "
-                "peak memory; leave it None and set bin_size",
-            )
+        if self.mem_budget_bytes is not None and (
+            isinstance(self.mem_budget_bytes, bool)
+            or not isinstance(self.mem_budget_bytes, int | float)
+            or not self.mem_budget_bytes > 0
+        ):
+            bad("mem_budget_bytes", self.mem_budget_bytes, "must be a number of bytes > 0, or None for no cap")
         if self.emulate_bandwidth is not None and not self.emulate_bandwidth > 0:
             bad("emulate_bandwidth", self.emulate_bandwidth, "must be > 0 bytes/s or None")
         if world < 1:
@@ -472,6 +475,47 @@ def check_layer0_takes_features(model: torch.nn.Module, in_feats: int, dtype: to
         )
 
 
+def _probe_graph(model: torch.nn.Module, n: int, in_feats: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor]:
+    """A small random graph (every node has an in-edge) and features, on the model's device."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.cat([torch.arange(n), torch.randint(0, n, (3 * n,), generator=gen)])
+    dst = torch.cat([(torch.arange(n) + 1) % n, torch.randint(0, n, (3 * n,), generator=gen)])
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return dgl.graph((src, dst), num_nodes=n).to(dev), torch.randn(n, in_feats, generator=gen).to(dev, dtype)
+
+
+def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> list[tuple[int, int]]:
+    """(input, output) row width of every ``model.layers[k]`` (heads flattened), from one eval-mode run of
+    ``model(g, x)`` on a small graph. Sizes the bins of ``mem_budget_bytes``."""
+    g, x = _probe_graph(model, 8, in_feats, dtype)
+    widths: dict[int, tuple[int, int]] = {}
+
+    def row(t: Any) -> int:
+        t = t[0] if isinstance(t, tuple) else t
+        return int(t[0].numel()) if t.shape[0] else int(np.prod(t.shape[1:]))
+
+    def hook(k: int) -> Any:
+        def record(_m: Any, args: tuple, out: Any) -> None:  # returns None: the output is left unchanged
+            widths.setdefault(k, (row(args[1]), row(out)))
+
+        return record
+
+    handles = [layer.register_forward_hook(hook(k)) for k, layer in enumerate(model.layers)]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(g, x)
+    finally:
+        model.train(was)
+        for h in handles:
+            h.remove()
+    missing = [k for k in range(len(model.layers)) if k not in widths]
+    if missing:
+        raise ModelContractError(f"model(g, x) did not call layers {missing}; every layer must run once")
+    return [widths[k] for k in range(len(model.layers))]
+
+
 def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torch.float32) -> str:
     """Install-time check that the runtime computes exactly ``model(g, x)`` (DGL's full-graph convention).
 
@@ -496,13 +540,9 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
                 f"LayerNorm (row by row)"
             )
     mode = "forward_layer" if callable(getattr(model, "forward_layer", None)) else "forward"
-    gen = torch.Generator().manual_seed(0)
     n = 24
-    src = torch.cat([torch.arange(n), torch.randint(0, n, (3 * n,), generator=gen)])
-    dst = torch.cat([(torch.arange(n) + 1) % n, torch.randint(0, n, (3 * n,), generator=gen)])
-    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-    g = dgl.graph((src, dst), num_nodes=n).to(dev)
-    x = torch.randn(n, in_feats, generator=gen).to(dev, dtype)
+    g, x = _probe_graph(model, n, in_feats, dtype)
+    dev = x.device
     was = model.training
     model.eval()
     try:
@@ -600,6 +640,55 @@ class _HostRows:
         if self.halo is None:
             raise RuntimeError("a bin reads halo rows before the halo exchange finished (a runtime bug)")
         return torch.cat([local, self.halo[ids[n_local_ids:] - self.store.num_rows]])
+
+
+class _RowGrads:
+    """The gradient of a layer input's rows, summed over the bins that gathered them (B2.8: ``g[k-1][u] +=``)."""
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.shape, self.grad = like.shape, None
+
+    def add(self, ids: torch.Tensor, g: torch.Tensor) -> None:
+        if self.grad is None:
+            self.grad = g.new_zeros(self.shape)
+        self.grad.index_add_(0, ids, g)
+
+
+class _RowsWithGradBuffer(torch.autograd.Function):
+    """``h`` unchanged; its gradient is what the bins' :func:`_gather_rows` added into ``acc`` (they return none)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, acc: _RowGrads) -> torch.Tensor:
+        ctx.acc = acc
+        ctx.set_materialize_grads(False)
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> tuple:
+        out, ctx.acc.grad = ctx.acc.grad, None
+        if grad is not None:  # ``h`` was also used outside the bins
+            out = grad if out is None else out.add_(grad)  # the buffer is the runtime's own: added in place
+        return out, None
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, ids: torch.Tensor, acc: _RowGrads) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.acc = acc
+        return h[ids]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (ids,) = ctx.saved_tensors
+        ctx.acc.add(ids, grad)
+        return None, None, None
+
+
+def _gather_rows(h: torch.Tensor, ids: torch.Tensor, acc: _RowGrads) -> torch.Tensor:
+    """``h[ids]``; in backward the rows' gradient goes into ``acc`` (a bin's worth), not into a new tensor of every
+    row of ``h``."""
+    return _GatherRows.apply(h, ids, acc) if h.requires_grad else h[ids]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -770,13 +859,26 @@ class FullGraphRuntime:
         """Per bin of a compacted group: how many of its (sorted) source rows are this rank's, not halo rows."""
         self._bin_limit = self._limit(d_in)
         host = cfg.features == "host"
+        budget = cfg.mem_budget_bytes
+        self.widths = layer_widths(model, d_in, x.dtype) if budget is not None else []
+        self.bin_bytes: list[int] = []
+        """``mem_budget_bytes``: the estimate of every bin (:func:`g3_bins.bin_bytes`), each <= budget / 2."""
         for name, mask in groups.items():
             rows = np.nonzero(mask)[0]
-            compact = rows.size > self._bin_limit or host
+            # a budget recomputes every bin in backward from its gathered rows: every group is compacted
+            compact = rows.size > self._bin_limit or host or budget is not None
             n_src = self.n_local if name in ("A", "D") else self.n_local + self.n_remote
             srcs = []
-            for s in range(0, rows.size, self._bin_limit):
-                b = rows[s : s + self._bin_limit]
+            if budget is None:
+                split = [rows[s : s + self._bin_limit] for s in range(0, rows.size, self._bin_limit)]
+            else:
+                try:
+                    split = pack_bins(
+                        rows, eptr, e_src, self._bin_limit, budget / 2, self.widths, x.element_size()
+                    )
+                except ValueError as e:
+                    raise ValueError(f"flowlane.fullgraph: bad mem_budget_bytes={budget!r}: {e}") from None
+            for b in split:
                 eidx = (
                     np.concatenate([np.arange(eptr[r], eptr[r + 1]) for r in b])
                     if b.size
@@ -787,6 +889,8 @@ class FullGraphRuntime:
                     src, src_pos = np.unique(e_src[eidx], return_inverse=True)
                     src_pos, num_src = src_pos.reshape(-1), src.size
                     srcs.append(src)
+                    if budget is not None:
+                        self.bin_bytes.append(bin_bytes(src.size, b.size, self.widths, x.element_size()))
                     self._n_local_src.setdefault(name, []).append(int(np.searchsorted(src, self.n_local)))
                 else:
                     src_pos, num_src = e_src[eidx], n_src
@@ -905,8 +1009,8 @@ class FullGraphRuntime:
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def _limit(self, d_in: int) -> int:
-        """Bin size (§4.4.3 step 2; B6 #8): ``bin_size``, or every node of a group; the memory cap of the seed is
-        refused at validation (see ``mem_budget_bytes``)."""
+        """Bin size in nodes (§4.4.3 step 2; B6 #8): ``bin_size``, or every node of a group; ``mem_budget_bytes``
+        caps the bins' bytes on top (:func:`g3_bins.pack_bins`)."""
         return self.cfg.bin_size or max(self.n_local, 1)
 
     def _run_bins(
@@ -918,6 +1022,8 @@ class FullGraphRuntime:
             return []
         if isinstance(h_src, _HostRows):
             return self._run_bins_host(k, name, h_src, layer)
+        if self.cfg.mem_budget_bytes is not None and torch.is_grad_enabled():
+            return self._run_bins_budget(k, name, h_src, layer)
         gathered = self._gather[name]
         if gathered is None:  # one bin over every source row
             srcs, dsts = [h_src], [h_src[bins[0][0]]]
@@ -950,6 +1056,23 @@ class FullGraphRuntime:
 
             grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
             outs.append(checkpoint(run, src, dst, use_reentrant=False) if grad else run(src, dst))
+        return outs
+
+    def _run_bins_budget(self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module) -> list[torch.Tensor]:
+        """Layer ``k`` on the bins of group ``name`` under ``mem_budget_bytes`` (B2.5, B2.8): each bin gathers its
+        rows and computes inside a checkpoint, so its forward keeps only its output and its backward recomputes it
+        (one bin's working set at a time). The bins' row gradients are added into one buffer (B2.8's
+        ``g[k-1][u] +=``) instead of each bin's gather making a gradient of every row of ``h_src``."""
+        src_ids, src_sizes, rows_all = self._gather[name]
+        acc = _RowGrads(h_src)
+        ref = _RowsWithGradBuffer.apply(h_src, acc) if h_src.requires_grad else h_src
+        outs = []
+        for (dst, blk), src in zip(self.bins[name], src_ids.split(src_sizes), strict=True):
+
+            def run(src: torch.Tensor, dst: torch.Tensor, blk=blk) -> torch.Tensor:
+                return self._bin_forward(k, layer, blk, _gather_rows(ref, src, acc), _gather_rows(ref, dst, acc))
+
+            outs.append(checkpoint(run, src, dst, use_reentrant=False))
         return outs
 
     def _bin_forward(
@@ -1190,6 +1313,7 @@ class FullGraphRuntime:
             "n_boundary": self.n_boundary,
             "bins": {k: len(v) for k, v in self.bins.items()},
             "bin_limit": self._bin_limit,
+            "bin_bytes_max": max(self.bin_bytes, default=None),
             "plan_method": self.plan.method,
             "plan_stages": self.plan.num_stages,
             "plan_transfers": self.plan.num_transfers,

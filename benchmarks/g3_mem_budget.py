@@ -1,0 +1,116 @@
+"""G3 under a device memory budget (``FullGraphConfig.mem_budget_bytes``, seed 000 §4.4.1; digest B2.5, G-MEM).
+
+Measured on this machine's CPU, one rank, in-memory synthetic graph, one full-graph step (forward + backward) per
+budget, side by side with no budget: the peak bytes PyTorch's CPU allocator held above the step's start
+(:func:`flowlane.testing.memory.cpu_allocation_peak`: activations, gradients, temporaries), the step time (median of
+``--repeats``), the number of bins and the largest bin estimate (each must be <= budget / 2). The layer tensors the
+seed keeps in host memory (every layer's ``[local | halo]`` input and output, and a layer's gradient pair) are counted
+from their shapes; "beyond layer tensors" = measured peak - that count, the part a device would hold, compared with
+the budget. No GPU: DGL does not import on the GPU machine, so device memory itself is not measured.
+
+    .venv-gnn/bin/python benchmarks/g3_mem_budget.py --out results/g3/mem_budget.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dgl_plugin.fullgraph import FullGraphConfig, FullGraphRuntime  # noqa: E402
+from dgl_plugin.models import build_model  # noqa: E402
+from dgl_plugin.synthetic import synthetic_graph  # noqa: E402
+from flowlane.testing.memory import cpu_allocation_peak  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
+
+
+def budgets(text: str) -> list[float | None]:
+    """``none,64e6`` -> [None, 64e6]; anything else than ``none`` or a number of bytes > 0 is refused, named."""
+    out: list[float | None] = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        try:
+            out.append(None if item == "none" else float(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"budget {item!r}: use 'none' or a number of bytes") from None
+        if out[-1] is not None and not out[-1] > 0:
+            raise argparse.ArgumentTypeError(f"budget {item!r}: must be > 0 bytes")
+    return out
+
+
+def measure(rt: FullGraphRuntime, repeats: int) -> tuple[int, int, float]:
+    """Allocator peak of one step, bytes held when its forward ends, median step time."""
+    rt.backward(rt.loss(rt.forward()))  # warm-up (lazy allocations, DGL's first-call set-up)
+    with cpu_allocation_peak() as peak:
+        loss = rt.loss(rt.forward())
+        peak.mark("forward_end")
+        rt.backward(loss)
+        del loss
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rt.backward(rt.loss(rt.forward()))
+        times.append(time.perf_counter() - t0)
+    return peak.peak_bytes, peak.at_marks["forward_end"], statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=100_000)
+    ap.add_argument("--feat-dim", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    ap.add_argument("--budgets", type=budgets, default="none,256e6,64e6,16e6", help="comma list of bytes; none")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    if a.nodes < 100 or a.feat_dim < 1 or a.repeats < 1:
+        ap.error(f"--nodes {a.nodes} (>= 100), --feat-dim {a.feat_dim} (>= 1), --repeats {a.repeats} (>= 1)")
+    g = synthetic_graph(
+        num_nodes=a.nodes, avg_degree=10, num_classes=8, num_communities=32, feat_dim=a.feat_dim, seed=0
+    )
+    rows = []
+    for budget in a.budgets:
+        model = build_model(a.model, a.feat_dim, a.hidden, 8, num_layers=a.layers, seed=0)
+        rt = FullGraphRuntime(g, model, FullGraphConfig(device="cpu", mem_budget_bytes=budget))
+        peak, held, step = measure(rt, a.repeats)
+        point = {
+            "mem_budget_bytes": budget,
+            "bins": sum(len(v) for v in rt.bins.values()),
+            "bin_bytes_max": max(rt.bin_bytes, default=None),
+            "bins_within_half_budget": budget is None or max(rt.bin_bytes) <= budget / 2,
+            "step_peak_bytes": peak,
+            "held_after_forward_bytes": held,
+            "backward_above_forward_bytes": peak - held,
+            "step_s": step,
+        }
+        rows.append(point)
+        print(
+            f"budget {budget}: {point['bins']} bins (largest est. {point['bin_bytes_max']}), step peak "
+            f"{peak / 1e6:.1f} MB, after forward {held / 1e6:.1f} MB, step {step:.3f} s",
+            flush=True,
+        )
+    base = next((r for r in rows if r["mem_budget_bytes"] is None), None)
+    if base is not None:
+        for r in rows:
+            r["peak_ratio_vs_no_budget"] = r["step_peak_bytes"] / base["step_peak_bytes"]
+            r["step_ratio_vs_no_budget"] = r["step_s"] / base["step_s"]
+    doc = {
+        "label": "measured on CPU (one rank): allocator peak of one step; layer tensors counted from shapes",
+        "nodes": a.nodes,
+        "feat_dim": a.feat_dim,
+        "hidden": a.hidden,
+        "layers": a.layers,
+        "model": a.model,
+        "points": rows,
+    }
+    print(write_result(a.out, doc))
+
+
+if __name__ == "__main__":
+    main()

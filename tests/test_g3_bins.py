@@ -1,0 +1,56 @@
+"""G3 bins under a memory budget (dgl_plugin.g3_bins; seed 000 §4.4.1, digest B6 #8): pure numpy."""
+
+import numpy as np
+import pytest
+
+from dgl_plugin.g3_bins import bin_bytes, pack_bins
+
+pytestmark = pytest.mark.once
+
+WIDTHS = [(6, 8), (8, 4)]
+
+
+def _csr(n, seed=0):
+    """In-edges of n destination rows: node v reads sources e_src[eptr[v]:eptr[v+1]] (with repeats), some halo."""
+    rng = np.random.default_rng(seed)
+    deg = rng.integers(0, 12, n)
+    eptr = np.concatenate([[0], np.cumsum(deg)])
+    return eptr, rng.integers(0, n + n // 4, int(eptr[-1]))
+
+
+def test_bin_bytes_is_the_widest_layers_forward_and_backward_estimate():
+    # 2 * (n_src * d_in + n_dst * (d_in + d_out)) * itemsize, widest layer
+    assert bin_bytes(10, 3, WIDTHS, 4) == max(2 * (10 * 6 + 3 * 14) * 4, 2 * (10 * 8 + 3 * 12) * 4) == 928
+
+
+@pytest.mark.parametrize("max_bytes,max_nodes", [(2_000, 1000), (8_000, 1000), (1e9, 7), (1e9, 1000)])
+def test_bins_cover_the_rows_in_order_and_respect_both_caps(max_bytes, max_nodes):
+    eptr, e_src = _csr(300)
+    rows = np.random.default_rng(1).permutation(300)
+    bins = pack_bins(rows, eptr, e_src, max_nodes, max_bytes, WIDTHS, 8)
+    assert np.array_equal(np.concatenate(bins), rows)  # consecutive, in the given order, each row once
+    for b in bins:
+        n_src = np.unique(np.concatenate([e_src[eptr[v] : eptr[v + 1]] for v in b])).size
+        assert b.size <= max_nodes
+        assert bin_bytes(n_src, b.size, WIDTHS, 8) <= max_bytes
+    for b, nxt in zip(bins, bins[1:]):  # greedy: a bin closes only when its next row would not fit
+        grown = np.concatenate([b, nxt[:1]])
+        n_src = np.unique(np.concatenate([e_src[eptr[v] : eptr[v + 1]] for v in grown])).size
+        assert grown.size > max_nodes or bin_bytes(n_src, grown.size, WIDTHS, 8) > max_bytes
+    if max_bytes == 1e9:
+        assert len(bins) == -(-300 // max_nodes)
+
+
+def test_a_row_that_alone_exceeds_the_cap_is_refused_by_name():
+    eptr = np.array([0, 1, 41, 42])
+    e_src = np.arange(42)
+    with pytest.raises(ValueError, match=r"destination row 1 \(in-degree 40\) needs 5312 bytes"):
+        pack_bins(np.arange(3), eptr, e_src, 100, 2_000, WIDTHS, 8)
+
+
+def test_bad_arguments_are_refused():
+    eptr, e_src = _csr(10)
+    with pytest.raises(ValueError, match="max_nodes=0"):
+        pack_bins(np.arange(10), eptr, e_src, 0, 1e6, WIDTHS, 8)
+    with pytest.raises(ValueError, match="widths"):
+        pack_bins(np.arange(10), eptr, e_src, 5, 1e6, [], 8)
