@@ -161,7 +161,9 @@ class FullGraphConfig:
             or not isinstance(self.mem_budget_bytes, int | float)
             or not self.mem_budget_bytes > 0
         ):
-            bad("mem_budget_bytes", self.mem_budget_bytes, "must be a number of bytes > 0, or None for no cap")
+            bad(
+                "mem_budget_bytes", self.mem_budget_bytes, "must be a number of bytes > 0, or None for no cap"
+            )
         if self.emulate_bandwidth is not None and not self.emulate_bandwidth > 0:
             bad("emulate_bandwidth", self.emulate_bandwidth, "must be > 0 bytes/s or None")
         if world < 1:
@@ -475,7 +477,9 @@ def check_layer0_takes_features(model: torch.nn.Module, in_feats: int, dtype: to
         )
 
 
-def _probe_graph(model: torch.nn.Module, n: int, in_feats: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor]:
+def _probe_graph(
+    model: torch.nn.Module, n: int, in_feats: int, dtype: torch.dtype
+) -> tuple[Any, torch.Tensor]:
     """A small random graph (every node has an in-edge) and features, on the model's device."""
     gen = torch.Generator().manual_seed(0)
     src = torch.cat([torch.arange(n), torch.randint(0, n, (3 * n,), generator=gen)])
@@ -1058,7 +1062,9 @@ class FullGraphRuntime:
             outs.append(checkpoint(run, src, dst, use_reentrant=False) if grad else run(src, dst))
         return outs
 
-    def _run_bins_budget(self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module) -> list[torch.Tensor]:
+    def _run_bins_budget(
+        self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module
+    ) -> list[torch.Tensor]:
         """Layer ``k`` on the bins of group ``name`` under ``mem_budget_bytes`` (B2.5, B2.8): each bin gathers its
         rows and computes inside a checkpoint, so its forward keeps only its output and its backward recomputes it
         (one bin's working set at a time). The bins' row gradients are added into one buffer (B2.8's
@@ -1070,7 +1076,9 @@ class FullGraphRuntime:
         for (dst, blk), src in zip(self.bins[name], src_ids.split(src_sizes), strict=True):
 
             def run(src: torch.Tensor, dst: torch.Tensor, blk=blk) -> torch.Tensor:
-                return self._bin_forward(k, layer, blk, _gather_rows(ref, src, acc), _gather_rows(ref, dst, acc))
+                return self._bin_forward(
+                    k, layer, blk, _gather_rows(ref, src, acc), _gather_rows(ref, dst, acc)
+                )
 
             outs.append(checkpoint(run, src, dst, use_reentrant=False))
         return outs

@@ -41,14 +41,18 @@ def pack_bins(
         raise ValueError("widths must list (d_in, d_out) for at least one layer")
     if max_nodes < 1:
         raise ValueError(f"max_nodes={max_nodes}: must be >= 1")
-    mark = np.full(int(e_src.max(initial=-1)) + 1, -1, np.int64)  # bin index that last counted each source row
+    mark = np.full(
+        int(e_src.max(initial=-1)) + 1, -1, np.int64
+    )  # bin index that last counted each source row
     bins: list[np.ndarray] = []
     start, n_src, b = 0, 0, 0
     for i, v in enumerate(rows.tolist()):
         srcs = e_src[eptr[v] : eptr[v + 1]]
         new = np.unique(srcs[mark[srcs] != b])
         n_dst = i - start + 1
-        if n_dst > 1 and (n_dst > max_nodes or bin_bytes(n_src + new.size, n_dst, widths, itemsize) > max_bytes):
+        if n_dst > 1 and (
+            n_dst > max_nodes or bin_bytes(n_src + new.size, n_dst, widths, itemsize) > max_bytes
+        ):
             bins.append(rows[start:i])
             start, n_src, b = i, 0, b + 1
             new = np.unique(srcs)

@@ -230,7 +230,9 @@ def test_memory_budget_gives_single_process_results_with_bins_within_half_the_bu
     for r in per_rank:
         assert r["summary"]["bin_bytes_max"] <= budget / 2
         bins = r["summary"]["bins"]
-        assert sum(bins.values()) >= 2 * sum(1 for n in bins.values() if n), bins  # groups split by the budget
+        assert sum(bins.values()) >= 2 * sum(1 for n in bins.values() if n), (
+            bins
+        )  # groups split by the budget
 
 
 def _step_allocations(rt):
