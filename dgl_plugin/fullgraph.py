@@ -867,22 +867,31 @@ class FullGraphRuntime:
         self.widths = layer_widths(model, d_in, x.dtype) if budget is not None else []
         self.bin_bytes: list[int] = []
         """``mem_budget_bytes``: the estimate of every bin (:func:`g3_bins.bin_bytes`), each <= budget / 2."""
+        splits: dict[str, list[np.ndarray]] = {}
+        refused = None
+        for name, mask in groups.items():
+            rows = np.nonzero(mask)[0]
+            if budget is None:
+                splits[name] = [rows[s : s + self._bin_limit] for s in range(0, rows.size, self._bin_limit)]
+                continue
+            try:
+                splits[name] = pack_bins(
+                    rows, eptr, e_src, self._bin_limit, budget / 2, self.widths, x.element_size()
+                )
+            except ValueError as e:
+                refused, splits[name] = refused or f"rank {self.rank}: {e}", []
+        if budget is not None and self.world > 1:
+            # all ranks refuse together: a rank left running would wait for the refused one in its first exchange
+            refused = next((r for r in comm.all_gather_object(refused, group=group) if r), None)
+        if refused:
+            raise ValueError(f"flowlane.fullgraph: bad mem_budget_bytes={budget!r}: {refused}")
         for name, mask in groups.items():
             rows = np.nonzero(mask)[0]
             # a budget recomputes every bin in backward from its gathered rows: every group is compacted
             compact = rows.size > self._bin_limit or host or budget is not None
             n_src = self.n_local if name in ("A", "D") else self.n_local + self.n_remote
             srcs = []
-            if budget is None:
-                split = [rows[s : s + self._bin_limit] for s in range(0, rows.size, self._bin_limit)]
-            else:
-                try:
-                    split = pack_bins(
-                        rows, eptr, e_src, self._bin_limit, budget / 2, self.widths, x.element_size()
-                    )
-                except ValueError as e:
-                    raise ValueError(f"flowlane.fullgraph: bad mem_budget_bytes={budget!r}: {e}") from None
-            for b in split:
+            for b in splits[name]:
                 eidx = (
                     np.concatenate([np.arange(eptr[r], eptr[r + 1]) for r in b])
                     if b.size
@@ -974,6 +983,27 @@ class FullGraphRuntime:
         # parameters outside the graph layers (a head, an input projection) are all-reduced as one more group
         self._layer_groups = layer_params + ([rest] if rest else [])
         self._pending_ar: list = []
+        log.info(
+            "G3 rank %d/%d on %s: %d nodes (%d boundary), %d halo rows, %s plan, %s schedule, bins %s",
+            self.rank,
+            self.world,
+            self.device,
+            self.n_local,
+            self.n_boundary,
+            self.n_remote,
+            self.plan.method,
+            cfg.schedule,
+            {k: len(v) for k, v in self.bins.items()},
+        )
+        if budget is not None:
+            log.info(
+                "G3 memory budget %.0f bytes: bins of at most %.0f by estimate (largest %d), each recomputed in "
+                "backward; the layer tensors stay on %s",
+                budget,
+                budget / 2,
+                max(self.bin_bytes, default=0),
+                self.device,
+            )
 
     def _global_out_degree(self, e_src: np.ndarray, xgroup: Any) -> np.ndarray:
         """Out-degree of every ``[inner | halo]`` row over the whole graph, from partial counts (one setup exchange

@@ -155,7 +155,16 @@ def _worker(rank, world, part_config):
         res = _run(rt, model)
         res["n_inner_loaded"], res["n_halo"] = int(lp.inner_ids.size), int(lp.halo_ids.size)
         disk.append(res)
-    return out, disk, host, budget
+    # a budget one rank cannot honour (here: only rank 1's is too small, as a hub in one partition would make it):
+    # every rank refuses at install, naming that rank, instead of the others waiting for it in the first exchange
+    try:
+        FullGraphRuntime(
+            _graph(), _model("sage"), FullGraphConfig(mem_budget_bytes=500 if rank == 1 else 1e9)
+        )
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return out, disk, host, budget, refused
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +181,13 @@ def results(partitioned):
     res = launch(
         _worker, RANKS, args=(partitioned[0],), timeout=600
     )  # generous: the shared box is often loaded
-    return [r[0] for r in res], [r[1] for r in res], [r[2] for r in res], [r[3] for r in res]
+    return (
+        [r[0] for r in res],
+        [r[1] for r in res],
+        [r[2] for r in res],
+        [r[3] for r in res],
+        [r[4] for r in res],
+    )
 
 
 def _check_exact(per_rank, name, ids_to_orig=None):
@@ -235,6 +250,11 @@ def test_memory_budget_gives_single_process_results_with_bins_within_half_the_bu
         )  # groups split by the budget
 
 
+def test_a_budget_one_rank_cannot_honour_is_refused_on_every_rank(results):
+    for msg in results[4]:
+        assert msg is not None and "bad mem_budget_bytes" in msg and "rank 1: destination row" in msg, msg
+
+
 def _step_allocations(rt):
     """Bytes the CPU allocator holds when the forward ends (kept for backward) and at the step's peak."""
     from flowlane.testing.memory import cpu_allocation_peak
@@ -265,7 +285,9 @@ def test_memory_budget_keeps_only_layer_tensors_for_backward():
 
 
 def test_a_budget_too_small_for_one_node_is_refused_at_install():
-    with pytest.raises(ValueError, match=r"bad mem_budget_bytes=500: destination row \d+ \(in-degree"):
+    with pytest.raises(
+        ValueError, match=r"bad mem_budget_bytes=500: rank 0: destination row \d+ \(in-degree"
+    ):
         FullGraphRuntime(_graph(), _model("sage"), FullGraphConfig(device="cpu", mem_budget_bytes=500))
 
 
