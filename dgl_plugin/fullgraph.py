@@ -10,27 +10,28 @@ the model). Per rank (digest B2.8):
   only their rows, on the in-edges of ``V_i`` (halo = remote in-neighbours, B6 #1);
 - model parallel: before every layer, the halo rows of the previous layer's output arrive through
   :func:`flowlane.plan.graph_allgather` (SPST or peer-to-peer plan; backward returns gradients along the reversed plan);
-- pipeline: nodes are ordered boundary-first after a BFS (§4.4.3 step 1), split into groups by whether they are sent
-  to other ranks (boundary) and whether they need halo rows, and packed into bins of at most ``bin_size`` nodes
-  (step 2, B6 #8), and with ``mem_budget_bytes`` to half the budget, every bin recomputed in backward (§4.4.1). ``schedule="pipelined"`` computes, per
-  layer: ready boundary bins, ready interior bins (eager: no halo needed, overlapping the previous exchange), waits for
-  the halo, halo boundary bins, *starts sending the boundary outputs* (inter-layer pipeline), then the halo interior
-  bins while the exchange runs. ``"sequential"`` exchanges, then computes every bin (the seed's "Sequential" variant).
-  Backward, pipelined (``pipeline_backward``): a layer's halo-gradient exchange runs in the background while the bins
-  that do not need its result compute their backward; the returned rows are added where first needed;
+- pipeline: nodes are ordered boundary-first after a BFS (§4.4.3 step 1), split into groups by whether they are sent to
+  other ranks (boundary) and whether they need halo rows, and packed into bins of at most ``bin_size`` nodes (step 2, B6
+  #8) and, with ``mem_budget_bytes``, of at most half the budget by estimate, each recomputed in backward (§4.4.1;
+  :mod:`dgl_plugin.g3_bins`). ``schedule="pipelined"`` computes, per layer: ready boundary bins, ready interior bins
+  (eager: no halo needed, overlapping the previous exchange), waits for the halo, halo boundary bins, *starts sending
+  the boundary outputs* (inter-layer pipeline), then the halo interior bins while the exchange runs. ``"sequential"``
+  exchanges, then computes every bin (the seed's "Sequential" variant). Backward, pipelined (``pipeline_backward``): a
+  layer's halo-gradient exchange runs in the background while the bins that do not need its result compute their
+  backward; the returned rows are added where first needed;
 - parameter sync: layer-wise asynchronous all-reduce (SUM) as each layer's gradients are accumulated, one optimizer
   step per epoch (B6 #12); the loss is Σ local CE / global #train nodes, so gradients equal single-process training
   exactly (B6 #13).
 
 Open decisions (digest B6), decided here: #1 symmetrised partitioning, in-neighbour halos; #4 ``cache_halo_inputs``
-(default False: layer-1 halo features are resent every epoch); #8 bin limit = bin_size, and with a budget M the
-estimate of g3_bins.bin_bytes <= M / 2 (widest layer, forward and backward); #9 a bin
-launches when full or when no more ready nodes exist (bins are built statically from the groups above); #10 boundary
-group first, stable BFS order inside; #11 backward runs the autograd graph in reverse (bins reversed) and exchanges
-gradients along the reversed DGCL plan, all remote contributions summed before use (fp32); #12 per-layer async
-all-reduce, no coordinator thread; #13 global-count loss normalisation; #14 GCN normalisation uses global degrees
-(folded into edge weights); #15 GAT shares ``h`` and computes attention at the destination; #16 exactness tests use
-no dropout; #18 torch.distributed isend/irecv through flowlane.comm.
+(default False: layer-1 halo features are resent every epoch); #8 bin limit = bin_size, and with a budget M the estimate
+of g3_bins.bin_bytes <= M / 2 (widest layer, forward and backward); #9 a bin launches when full or when no more ready
+nodes exist (bins are built statically from the groups above); #10 boundary group first, stable BFS order inside; #11
+backward runs the autograd graph in reverse (bins reversed) and exchanges gradients along the reversed DGCL plan, all
+remote contributions summed before use (fp32); #12 per-layer async all-reduce, no coordinator thread; #13 global-count
+loss normalisation; #14 GCN normalisation uses global degrees (folded into edge weights); #15 GAT shares ``h`` and
+computes attention at the destination; #16 exactness tests use no dropout; #18 torch.distributed isend/irecv through
+flowlane.comm.
 """
 
 from __future__ import annotations
@@ -676,6 +677,8 @@ class _RowsWithGradBuffer(torch.autograd.Function):
 
 
 class _GatherRows(torch.autograd.Function):
+    """``h[ids]``, whose backward adds the rows' gradient into ``acc`` and returns none for ``h``."""
+
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, ids: torch.Tensor, acc: _RowGrads) -> torch.Tensor:
         ctx.save_for_backward(ids)
@@ -1099,7 +1102,7 @@ class FullGraphRuntime:
         rows and computes inside a checkpoint, so its forward keeps only its output and its backward recomputes it
         (one bin's working set at a time). The bins' row gradients are added into one buffer (B2.8's
         ``g[k-1][u] +=``) instead of each bin's gather making a gradient of every row of ``h_src``."""
-        src_ids, src_sizes, rows_all = self._gather[name]
+        src_ids, src_sizes, _ = self._gather[name]
         acc = _RowGrads(h_src)
         ref = _RowsWithGradBuffer.apply(h_src, acc) if h_src.requires_grad else h_src
         outs = []
