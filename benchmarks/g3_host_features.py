@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+from benchmarks._g3_one_rank import add_graph_args, graph_from_args  # noqa: E402
 from dgl_plugin.fullgraph import FullGraphConfig, FullGraphRuntime  # noqa: E402
 from dgl_plugin.models import build_model  # noqa: E402
-from dgl_plugin.synthetic import synthetic_graph  # noqa: E402
 from flowlane.offload import track_saved_tensors  # noqa: E402
 from flowlane.testing.provenance import write_result  # noqa: E402
 
@@ -56,22 +56,12 @@ def bin_sizes(text: str) -> list[int | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, default=100_000)
-    ap.add_argument("--feat-dim", type=int, default=512)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    add_graph_args(ap, feat_dim=512, layers=2)
     ap.add_argument(
         "--bin-sizes", type=bin_sizes, default="none,10000", help="comma list; none = one bin per group"
     )
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    if a.nodes < 100 or a.feat_dim < 1 or a.repeats < 1:
-        ap.error(f"--nodes {a.nodes} (>= 100), --feat-dim {a.feat_dim} (>= 1), --repeats {a.repeats} (>= 1)")
-    g = synthetic_graph(
-        num_nodes=a.nodes, avg_degree=10, num_classes=8, num_communities=32, feat_dim=a.feat_dim, seed=0
-    )
+    g = graph_from_args(ap, a)
     table = g.ndata["feat"].nbytes
     rows = []
     for bins in a.bin_sizes:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._g3_one_rank import add_graph_args, graph_from_args  # noqa: E402
 from dgl_plugin.fullgraph import FullGraphConfig, FullGraphRuntime  # noqa: E402
 from dgl_plugin.models import build_model  # noqa: E402
-from dgl_plugin.synthetic import synthetic_graph  # noqa: E402
 from flowlane.testing.memory import cpu_allocation_peak  # noqa: E402
 from flowlane.testing.provenance import write_result  # noqa: E402
 
@@ -60,22 +60,12 @@ def measure(rt: FullGraphRuntime, repeats: int) -> tuple[int, int, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, default=100_000)
-    ap.add_argument("--feat-dim", type=int, default=128)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--model", default="sage", choices=["sage", "gcn", "gat"])
+    add_graph_args(ap, feat_dim=128, layers=3)
     ap.add_argument(
         "--budgets", type=budgets, default="none,256e6,64e6,16e6", help="comma list of bytes; none"
     )
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    if a.nodes < 100 or a.feat_dim < 1 or a.repeats < 1:
-        ap.error(f"--nodes {a.nodes} (>= 100), --feat-dim {a.feat_dim} (>= 1), --repeats {a.repeats} (>= 1)")
-    g = synthetic_graph(
-        num_nodes=a.nodes, avg_degree=10, num_classes=8, num_communities=32, feat_dim=a.feat_dim, seed=0
-    )
+    g = graph_from_args(ap, a)
     rows = []
     for budget in a.budgets:
         model = build_model(a.model, a.feat_dim, a.hidden, 8, num_layers=a.layers, seed=0)

@@ -4,7 +4,8 @@ With ``profile_memory=True`` the profiler reports every CPU allocation and free 
 allocator's running total ("Total Allocated"). The peak above the block's start is the largest total minus the total
 before the block's first allocation. Allocations made before the block are not counted (nor are their frees), so the
 figure is what the block itself added at its worst moment: for a training step, its activations, gradients and
-temporaries. All threads count (the allocator's total is process-wide). Measurement only; nothing is changed.
+temporaries. All threads count (the allocator's total is process-wide). ``mark(name)`` notes the bytes held at a
+point of the block (e.g. where a forward ends). Measurement only; nothing is changed but a 64 KB sentinel per mark.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ class AllocationPeak:
     _marks: list[str] = field(default_factory=list)
 
     def mark(self, name: str) -> None:
-        """Note the bytes held now, under ``name`` (read from ``at_marks`` after the block)."""
-        from torch.profiler import record_function
+        """Note the bytes held now, under ``name`` (read from ``at_marks`` after the block). The mark allocates and
+        frees a sentinel of a size of its own, found among the allocator's events afterwards (events are ordered;
+        timestamps may tie)."""
+        import torch
 
-        with record_function(f"flowlane.mark.{name}"):
-            self._marks.append(name)
+        self._marks.append(name)
+        torch.empty(_sentinel_bytes(len(self._marks) - 1), dtype=torch.uint8)
 
 
 @contextmanager
@@ -55,7 +58,7 @@ def cpu_allocation_peak() -> Iterator[AllocationPeak]:
         os.unlink(path)
     mem = sorted(
         (e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
-        key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)),
+        key=lambda e: e["args"]["Ev Idx"],  # the allocator's order
     )
     if not mem:
         return
@@ -63,7 +66,14 @@ def cpu_allocation_peak() -> Iterator[AllocationPeak]:
     base = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
     res.peak_bytes = max(0, max(e["args"]["Total Allocated"] for e in mem) - base)
     res.allocations = sum(1 for e in mem if e["args"]["Bytes"] > 0)
-    for name in res._marks:
-        ts = next(e["ts"] for e in events if e.get("name") == f"flowlane.mark.{name}")
-        before = [e["args"]["Total Allocated"] for e in mem if e["ts"] <= ts]
-        res.at_marks[name] = (before[-1] if before else base) - base
+    for i, name in enumerate(res._marks):
+        size = _sentinel_bytes(i)
+        hit = next((e for e in mem if e["args"]["Bytes"] == size), None)
+        if hit is None:
+            raise RuntimeError(f"cpu_allocation_peak: mark {name!r} not found among the allocator's events")
+        res.at_marks[name] = hit["args"]["Total Allocated"] - size - base
+
+
+def _sentinel_bytes(i: int) -> int:
+    """The size of mark ``i``'s sentinel allocation: odd, so no tensor of the block has it by chance."""
+    return 65_521 - 2 * i
