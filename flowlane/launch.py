@@ -341,6 +341,9 @@ def _child(
     )
     stack_file = open(Path(store_dir) / f"stack.{rank}", "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # a crash in native code (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) leaves every thread's Python stack here
+    crash_file = open(Path(store_dir) / f"crash.{rank}", "w")  # noqa: SIM115 - must outlive this frame
+    faulthandler.enable(file=crash_file, all_threads=True)
     if "torch" in sys.modules:  # imported by the fork server, before OMP_NUM_THREADS was this rank's
         sys.modules["torch"].set_num_threads(threads)
     try:
@@ -645,7 +648,7 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
                 if r.conn is not None:
                     drain(r)  # what it wrote before it exited
                 if not r.done and r.failure is None:
-                    fail(r, *_exit_failure(r.rank, r.proc.exitcode))
+                    fail(r, *_exit_failure(r.rank, r.proc.exitcode, _crash_stack(store_dir, r.rank)))
         if failures:
             continue
         now = time.monotonic()
@@ -696,8 +699,24 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
     raise RankFailedError(cause.rank, "\n".join(parts) or "(no further detail)", cause.headline)
 
 
-def _exit_failure(rank: int, code: int | None) -> tuple[int, str, str | None]:
-    """(severity, text, headline) for a rank that exited without a result."""
+def _crash_stack(store_dir: str, rank: int) -> str:
+    """What faulthandler wrote when ``rank`` crashed in native code (empty if it did not)."""
+    try:
+        return (Path(store_dir) / f"crash.{rank}").read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _exit_failure(rank: int, code: int | None, crash: str = "") -> tuple[int, str, str | None]:
+    """(severity, text, headline) for a rank that exited without a result; ``crash``: its Python stacks at a fatal
+    signal, appended to the text."""
+    sev, text, headline = _exit_failure_kind(rank, code)
+    if crash:
+        text += f"\n--- rank {rank}'s Python stacks at the crash ---\n{crash[-6000:]}"
+    return sev, text, headline
+
+
+def _exit_failure_kind(rank: int, code: int | None) -> tuple[int, str, str | None]:
     if code is not None and code < 0:
         sig = -code
         name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"

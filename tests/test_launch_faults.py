@@ -66,6 +66,15 @@ def signal_self_after_some_steps(rank: int, world: int, victim: int, signum: int
     return rank
 
 
+def crash_in_native_code(rank: int, world: int) -> int:
+    """Rank 1 reads address 0 through ctypes: a SIGSEGV in native code, as a library bug would give."""
+    import ctypes
+
+    if rank == 1:
+        ctypes.string_at(0)
+    return rank
+
+
 def hold_a_run_dir(rank: int, world: int, target: str, pids: str, exit_hook_hangs: bool = False) -> None:
     """Create an offload run directory (0700, removed at exit by flowlane.offload) and train forever. With
     ``exit_hook_hangs``, a library's exit hook registered after it never returns (atexit runs it first)."""
@@ -123,6 +132,14 @@ def test_a_killed_rank_is_named_with_its_signal_not_the_peer_that_lost_it():
         L.launch(signal_self_after_some_steps, 4, args=(3, signal.SIGKILL), timeout=120)
     assert e.value.rank == 3, str(e.value)
     assert "rank 3 was killed by SIGKILL (signal 9)" in str(e.value)
+
+
+def test_a_rank_that_crashes_in_native_code_is_named_with_its_python_stack():
+    with pytest.raises(L.RankFailedError) as e:
+        L.launch(crash_in_native_code, 2, timeout=120, backend=None)
+    assert e.value.rank == 1, str(e.value)
+    assert "rank 1 was killed by SIGSEGV (signal 11)" in str(e.value)
+    assert "rank 1's Python stacks at the crash" in str(e.value) and "crash_in_native_code" in str(e.value)
 
 
 def test_a_stopped_rank_is_named_as_the_one_not_answering():
