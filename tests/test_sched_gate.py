@@ -148,6 +148,35 @@ def test_a_chunk_failing_while_waited_for_fails_its_op_at_once():
             sched.close()
 
 
+class _SlowFailingWork:
+    def wait(self, timeout=None) -> bool:
+        time.sleep(0.5)
+        raise RuntimeError("Connection closed by peer")
+
+
+def test_an_op_still_in_the_open_window_fails_at_once_when_the_pacer_fails():
+    """An op deferred before the pacer failed but not yet sealed (so neither in flight nor queued) was left
+    un-failed: its wait sealed it into a queue no thread would run again and waited out ``wait_timeout_s``."""
+    sched = CommScheduler(config=SchedulerConfig(wait_timeout_s=120.0))
+    try:
+        bad = sched.defer(CoflowMeta("dp", microbatch=0, layer=0, op="reduce_scatter"), [_SlowFailingWork])
+        sched.seal()
+        # deferred while the pacer waits on the failing chunk: it stays in the open window
+        later = sched.defer(CoflowMeta("dp", microbatch=0, layer=1, op="reduce_scatter"), [lambda: None])
+        deadline = time.monotonic() + 60
+        while not bad.is_completed() and time.monotonic() < deadline:  # no wait(): it would seal ``later``
+            time.sleep(0.01)
+        assert bad.is_completed()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="failed") as e:
+            later.wait()
+        assert time.monotonic() - t0 < 5
+        assert "Connection closed by peer" in str(e.value.__cause__)
+    finally:
+        with pytest.raises(RuntimeError, match="failed"):
+            sched.close()
+
+
 def test_a_held_critical_op_keeps_dp_back_until_released_and_release_counts_once():
     """``hold``: Megatron's overlapped pipeline p2p is launched now and waited for later, elsewhere."""
     sched = CommScheduler(config=SchedulerConfig(gate_timeout_s=30.0))
