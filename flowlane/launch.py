@@ -20,7 +20,8 @@ environment as it is at ``launch`` (plus ``env``), as a spawned one would.
 
 A failure names the rank at fault, not the peer that lost it: a rank killed by a signal (``kill -9``, the OOM killer)
 or stopped (``kill -STOP``: the one not answering) comes first, then one that exited without a result, then the
-first that raised (with its traceback); the other ranks' errors follow.
+first that raised (with its traceback); the other ranks' errors follow. A rank that crashed in native code
+(SIGSEGV, SIGBUS, SIGABRT, ...) comes with every thread's Python stack at the crash (faulthandler).
 
 SIGTERM, SIGINT and SIGHUP to the launcher are forwarded: every rank gets SIGTERM and unwinds (``finally`` blocks
 and atexit handlers run, so offload directories are removed), the launcher waits for them, removes its launch
