@@ -41,9 +41,8 @@ def pack_bins(
         raise ValueError("widths must list (d_in, d_out) for at least one layer")
     if max_nodes < 1:
         raise ValueError(f"max_nodes={max_nodes}: must be >= 1")
-    mark = np.full(
-        int(e_src.max(initial=-1)) + 1, -1, np.int64
-    )  # bin index that last counted each source row
+    # the bin that last counted each source row: a row is new to bin b unless mark[row] == b
+    mark = np.full(int(e_src.max(initial=-1)) + 1, -1, np.int64)
     bins: list[np.ndarray] = []
     start, n_src, b = 0, 0, 0
     for i, v in enumerate(rows.tolist()):
@@ -56,10 +55,10 @@ def pack_bins(
             bins.append(rows[start:i])
             start, n_src, b = i, 0, b + 1
             new = np.unique(srcs)
-        if i == start and bin_bytes(new.size, 1, widths, itemsize) > max_bytes:
+        if i == start and (alone := bin_bytes(new.size, 1, widths, itemsize)) > max_bytes:
             raise ValueError(
-                f"destination row {v} (in-degree {srcs.size}) needs {bin_bytes(new.size, 1, widths, itemsize)} bytes in a "
-                f"bin alone, over the bin cap {max_bytes:.0f} (mem_budget_bytes / 2); raise mem_budget_bytes"
+                f"destination row {v} (in-degree {srcs.size}) needs {alone} bytes in a bin alone, over the bin "
+                f"cap {max_bytes:.0f} (mem_budget_bytes / 2); raise mem_budget_bytes"
             )
         mark[new] = b
         n_src += new.size
