@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -1079,21 +1080,16 @@ class FullGraphRuntime:
         """Layer 0 with host features (PyTorch-Direct, seed 003 ch.4): each bin gathers the rows it reads from the
         host table, and is checkpointed, so its gathered inputs are freed after its forward and gathered again for
         its backward (the weight gradients need them) instead of being held in device memory until then."""
-        gathered = self._gather[name]
-        if gathered is None:
-            raise RuntimeError(f"group {name} is not compacted (host features compact every group)")
-        src_ids, src_sizes, _ = gathered
-        outs = []
-        for (dst, blk), src, n_loc in zip(
-            self.bins[name], src_ids.split(src_sizes), self._n_local_src[name], strict=True
-        ):
-
-            def run(src: torch.Tensor, dst: torch.Tensor, blk=blk, n_loc=n_loc) -> torch.Tensor:
-                return self._bin_forward(k, layer, blk, rows.take(src, n_loc), rows.take(dst, dst.numel()))
-
-            grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
-            outs.append(checkpoint(run, src, dst, use_reentrant=False) if grad else run(src, dst))
-        return outs
+        n_loc = self._n_local_src.get(name, [])
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
+        return self._run_bins_gathering(
+            k,
+            name,
+            layer,
+            lambda src, i: rows.take(src, n_loc[i]),
+            lambda dst: rows.take(dst, dst.numel()),
+            grad,
+        )
 
     def _run_bins_budget(
         self, k: int, name: str, h_src: torch.Tensor, layer: torch.nn.Module
@@ -1102,18 +1098,42 @@ class FullGraphRuntime:
         rows and computes inside a checkpoint, so its forward keeps only its output and its backward recomputes it
         (one bin's working set at a time). The bins' row gradients are added into one buffer (B2.8's
         ``g[k-1][u] +=``) instead of each bin's gather making a gradient of every row of ``h_src``."""
-        src_ids, src_sizes, _ = self._gather[name]
         acc = _RowGrads(h_src)
         ref = _RowsWithGradBuffer.apply(h_src, acc) if h_src.requires_grad else h_src
+        return self._run_bins_gathering(
+            k,
+            name,
+            layer,
+            lambda src, _i: _gather_rows(ref, src, acc),
+            lambda dst: _gather_rows(ref, dst, acc),
+            True,
+        )
+
+    def _run_bins_gathering(
+        self,
+        k: int,
+        name: str,
+        layer: torch.nn.Module,
+        take_src: Callable[[torch.Tensor, int], torch.Tensor],
+        take_dst: Callable[[torch.Tensor], torch.Tensor],
+        checkpointed: bool,
+    ) -> list[torch.Tensor]:
+        """Layer ``k`` on the bins of a compacted group, each bin gathering its own rows (``take_src(ids, bin)``,
+        ``take_dst(ids)``) inside its forward; ``checkpointed``: in a non-reentrant checkpoint, so the gathered rows
+        are freed after the bin's forward and gathered again for its backward."""
+        gathered = self._gather[name]
+        if gathered is None:
+            raise RuntimeError(
+                f"group {name} is not compacted (a runtime bug: gathering bins need compacted groups)"
+            )
+        src_ids, src_sizes, _ = gathered
         outs = []
-        for (dst, blk), src in zip(self.bins[name], src_ids.split(src_sizes), strict=True):
+        for i, ((dst, blk), src) in enumerate(zip(self.bins[name], src_ids.split(src_sizes), strict=True)):
 
-            def run(src: torch.Tensor, dst: torch.Tensor, blk=blk) -> torch.Tensor:
-                return self._bin_forward(
-                    k, layer, blk, _gather_rows(ref, src, acc), _gather_rows(ref, dst, acc)
-                )
+            def run(src: torch.Tensor, dst: torch.Tensor, blk=blk, i=i) -> torch.Tensor:
+                return self._bin_forward(k, layer, blk, take_src(src, i), take_dst(dst))
 
-            outs.append(checkpoint(run, src, dst, use_reentrant=False))
+            outs.append(checkpoint(run, src, dst, use_reentrant=False) if checkpointed else run(src, dst))
         return outs
 
     def _bin_forward(
