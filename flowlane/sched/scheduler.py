@@ -449,14 +449,8 @@ class CommScheduler:
         except BaseException as e:  # noqa: BLE001 - surface in the caller's thread
             with self._cond:
                 self._error = e
-                # every op not done fails, those still in the open window too: no thread would launch them now
-                ops = (
-                    {id(c.op): c.op for c, _ in inflight}
-                    | {id(c.op): c.op for c in self._seq}
-                    | {id(op): op for op in self._open}
-                    | dict(self._live)
-                )
-                for op in ops.values():
+                # every live op fails (in flight, queued, or still in the open window): no thread would launch them
+                for op in list(self._live.values()):
                     op.error = e
                     op.done.set()
 
