@@ -181,13 +181,9 @@ def results(partitioned):
     res = launch(
         _worker, RANKS, args=(partitioned[0],), timeout=600
     )  # generous: the shared box is often loaded
-    return (
-        [r[0] for r in res],
-        [r[1] for r in res],
-        [r[2] for r in res],
-        [r[3] for r in res],
-        [r[4] for r in res],
-    )
+    return tuple(
+        list(part) for part in zip(*res, strict=True)
+    )  # (device, disk, host, budget, refused) by rank
 
 
 def _check_exact(per_rank, name, ids_to_orig=None):
@@ -244,10 +240,8 @@ def test_memory_budget_gives_single_process_results_with_bins_within_half_the_bu
     _check_exact(per_rank, name)
     for r in per_rank:
         assert r["summary"]["bin_bytes_max"] <= budget / 2
-        bins = r["summary"]["bins"]
-        assert sum(bins.values()) >= 2 * sum(1 for n in bins.values() if n), (
-            bins
-        )  # groups split by the budget
+        bins = r["summary"]["bins"]  # groups split by the budget
+        assert sum(bins.values()) >= 2 * sum(1 for n in bins.values() if n), bins
 
 
 def test_a_budget_one_rank_cannot_honour_is_refused_on_every_rank(results):
