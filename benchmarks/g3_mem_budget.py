@@ -1,12 +1,11 @@
 """G3 under a device memory budget (``FullGraphConfig.mem_budget_bytes``, seed 000 §4.4.1; digest B2.5, G-MEM).
 
 Measured on this machine's CPU, one rank, in-memory synthetic graph, one full-graph step (forward + backward) per
-budget, side by side with no budget: the peak bytes PyTorch's CPU allocator held above the step's start
-(:func:`flowlane.testing.memory.cpu_allocation_peak`: activations, gradients, temporaries), the step time (median of
-``--repeats``), the number of bins and the largest bin estimate (each must be <= budget / 2). The layer tensors the
-seed keeps in host memory (every layer's ``[local | halo]`` input and output, and a layer's gradient pair) are counted
-from their shapes; "beyond layer tensors" = measured peak - that count, the part a device would hold, compared with
-the budget. No GPU: DGL does not import on the GPU machine, so device memory itself is not measured.
+budget, side by side with no budget: the peak bytes PyTorch's CPU allocator held above the step's start and the
+bytes it held when the forward ended, i.e. what the step keeps for backward
+(:func:`flowlane.testing.memory.cpu_allocation_peak`: activations, layer tensors, gradients, temporaries), the step time (median of ``--repeats``), the number of bins and
+the largest bin estimate (each must be <= budget / 2). A budget too small for one node is recorded as refused. No GPU:
+DGL does not import on the GPU machine, so device memory itself is not measured.
 
     .venv-gnn/bin/python benchmarks/g3_mem_budget.py --out results/g3/mem_budget.json
 """
@@ -98,7 +97,8 @@ def main() -> None:
             r["peak_ratio_vs_no_budget"] = r["step_peak_bytes"] / base["step_peak_bytes"]
             r["step_ratio_vs_no_budget"] = r["step_s"] / base["step_s"]
     doc = {
-        "label": "measured on CPU (one rank): allocator peak of one step; layer tensors counted from shapes",
+        "label": "measured on CPU (one rank): allocator bytes above the step's start, at its peak and when its "
+        "forward ends",
         "nodes": a.nodes,
         "feat_dim": a.feat_dim,
         "hidden": a.hidden,
