@@ -3,9 +3,10 @@
 Measured on this machine's CPU, one rank, in-memory synthetic graph, one full-graph step (forward + backward) per
 budget, side by side with no budget: the peak bytes PyTorch's CPU allocator held above the step's start and the
 bytes it held when the forward ended, i.e. what the step keeps for backward
-(:func:`flowlane.testing.memory.cpu_allocation_peak`: activations, layer tensors, gradients, temporaries), the step time (median of ``--repeats``), the number of bins and
-the largest bin estimate (each must be <= budget / 2). A budget too small for one node is recorded as refused. No GPU:
-DGL does not import on the GPU machine, so device memory itself is not measured.
+(:func:`flowlane.testing.memory.cpu_allocation_peak`: activations, layer tensors, gradients, temporaries), the
+step time (median of ``--repeats``), the number of bins and the largest bin estimate (each must be <= budget / 2).
+A budget too small for one node is recorded as refused. No GPU: DGL does not import on the GPU machine, so device
+memory itself is not measured.
 
     .venv-gnn/bin/python benchmarks/g3_mem_budget.py --out results/g3/mem_budget.json
 """
