@@ -1,5 +1,6 @@
 """The prepared GPU checks' logic on CPU: tests/gpu/harness.py (flags, rank launch, result envelope) through the
-cheapest multi-rank check, SYNDICATE's, in its gloo dry run. The GPU runs themselves happen on a lent machine."""
+cheapest multi-rank check, SYNDICATE's, in its gloo dry run, and the offload bench's CPU smoke mode. The GPU runs
+themselves happen on a lent machine."""
 
 import json
 import subprocess
@@ -50,3 +51,42 @@ def test_nccl_without_a_gpu_says_skip_and_writes_nothing(tmp_path: Path) -> None
     )
     assert r.returncode == 0 and r.stdout.startswith("SKIP: no CUDA device"), r.stdout + r.stderr
     assert not out.exists()
+
+
+def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path) -> None:
+    """tests/gpu/offload_bench.py's CPU smoke mode: every column runs, offloads bytes and gives keep's gradients, so a
+    lent GPU's few minutes are not spent on a broken script."""
+    out = tmp_path / "ob.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "tests/gpu/offload_bench.py",
+            "--device",
+            "cpu",
+            "--only-hidden",
+            "64",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True and doc["failed"] == [] and doc["label"].startswith("CPU smoke test")
+    assert doc["provenance"]["command"].endswith(f"--out {out}")
+    correctness = doc["correctness"]["strategies"]
+    assert correctness["keep_repeat"]["grads_equal"] is True
+    assert all(s["grads_equal"] is True for name, s in correctness.items() if name != "keep"), correctness
+    (size,) = doc["sizes"]
+    assert size["hidden"] == 64
+    assert all(s["status"] == "ok" for s in size["strategies"].values()), size["strategies"]
+    for name in ("flowlane", "flowlane_all", "flowlane_recompute", "flowlane_ssd"):
+        s = size["strategies"][name]
+        assert s["grads_equal"] is True and s["stats"]["bytes_written"] > 0, (name, s)
+    assert (
+        doc["megatron_fine_grained"]["ran"] is False
+        and "Transformer Engine" in doc["megatron_fine_grained"]["reason"]
+    )
