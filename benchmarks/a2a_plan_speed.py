@@ -16,11 +16,8 @@ matrix planned before); ``stream`` rows report the hit rate of a fresh matrix pe
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -48,17 +45,6 @@ def _time(fn, reps: int) -> tuple[list[float], object]:
         out = fn()
         ts.append(time.perf_counter() - t0)
     return ts, out
-
-
-def _commit() -> str:
-    if os.environ.get("FLOWLANE_COMMIT"):  # a copy of the tree sent elsewhere: its sender knows the commit
-        return os.environ["FLOWLANE_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -197,8 +183,6 @@ def main() -> None:
     goal = [r for r in rows if r["ep"] == 32]
     out = {
         "label": "measured",
-        "argv": sys.argv,
-        "commit": _commit(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -226,7 +210,7 @@ def main() -> None:
         "cache_stream": streams,
     }
     od = Path(a.out)
-    write_result(od / "plan_speed.json", out)  # argv + commit also in the provenance envelope
+    write_result(od / "plan_speed.json", out)  # command and commit: the provenance envelope
     print(f"wrote {od / 'plan_speed.json'}")
     try:
         import matplotlib

@@ -9,12 +9,8 @@ gathers (DGS feature sampling: N_f of 512 fp32 columns).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -24,23 +20,9 @@ if str(ROOT) not in sys.path:
 
 from flowlane.direct.requests import SCHEMES, mean_requests, request_counts  # noqa: E402
 from flowlane.sim.output import write_json  # noqa: E402
+from flowlane.testing.provenance import provenance  # noqa: E402
 
 LABEL = "modelled: 128-B requests per warp instruction (flowlane.direct.requests), not measured"
-
-
-def provenance() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        return subprocess.run(
-            ["git", *a], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    return {
-        "command": "python -m benchmarks.direct_requests " + " ".join(sys.argv[1:]),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

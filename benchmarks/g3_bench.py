@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dgl_plugin.g3_partition import _Tracker, g3_partition, remote_counts, symmetric_csr  # noqa: E402
 from dgl_plugin.synthetic import SyntheticSpec, synthetic_arrays  # noqa: E402
+from flowlane.testing.provenance import provenance  # noqa: E402
 
 OUT = "results/g3"
 
@@ -38,26 +39,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def provenance() -> dict:
-    """Command, commit and whether the files behind these figures had local changes."""
-    import platform
-    import subprocess
-
-    def git(*args: str) -> str:
-        r = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
-        return r.stdout.strip()
-
-    return {
-        "command": "python benchmarks/g3_bench.py " + " ".join(sys.argv[1:]),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(
-            git("status", "--porcelain", "--", "dgl_plugin", "flowlane/plan", "benchmarks/g3_bench.py")
-        ),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-    }
 
 
 PARTITIONERS = (  # (name, stage-1 method, stage 2, Algorithm 2 variant)
