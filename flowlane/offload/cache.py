@@ -49,7 +49,7 @@ from flowlane.offload.backends import IOBackend, make_backend
 from flowlane.offload.budget import StepProfile, choose_plan
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.pool import HostBlock, PinnedPool, align_up
-from flowlane.offload.residency import Residency, mark_parameters, storage_uid
+from flowlane.offload.residency import Residency, is_flattenable, mark_parameters, plain_tensors, storage_uid
 
 log = logging.getLogger("flowlane.offload")
 
@@ -274,6 +274,20 @@ class SavedHandle:
         self.watch = watch
 
 
+class SubclassHandle:
+    """What the graph holds for a saved tensor subclass (DTensor, float8 tensors): its inner tensors, each kept or
+    offloaded like any activation, and what ``__tensor_unflatten__`` needs to rebuild it around them."""
+
+    __slots__ = ("cls", "inner", "ctx", "size", "stride")
+
+    def __init__(self, t: torch.Tensor, inner: dict[str, Any], ctx: Any) -> None:
+        self.cls = type(t)
+        self.inner = inner
+        self.ctx = ctx
+        self.size = t.size()
+        self.stride = t.stride()
+
+
 def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
@@ -413,14 +427,14 @@ class TensorCache:
 
     # ------------------------------------------------------------------------------------------ setup
     def register_parameters(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Exclude parameters and every view of them (``W.t()``) from offloading (thesis §5.3.3). Parameters that
-        are tensor subclasses (DTensor, FP8 tensors) are refused: the cache rebuilds saved tensors from raw storage
-        bytes, which would drop the subclass (its metadata, scales or sharding) and give wrong gradients."""
+        """Exclude parameters and every view of them (``W.t()``) from offloading (thesis §5.3.3); a DTensor
+        parameter by its local tensor. A subclass parameter that cannot be flattened is refused (see ``_pack``)."""
         params = list(params)
         for p in params:
-            data = p.data if isinstance(p, torch.nn.Parameter) else p
-            if type(data) is not torch.Tensor:
-                raise TypeError(_subclass_msg(data, "a parameter"))
+            if plain_tensors(p) is None:
+                raise TypeError(
+                    _subclass_msg(p.data if isinstance(p, torch.nn.Parameter) else p, "a parameter")
+                )
         mark_parameters(params)
 
     def add_scope(self, module: torch.nn.Module, name: str | None = None) -> None:
@@ -431,7 +445,9 @@ class TensorCache:
             module.forward = functools.partial(self._forward_or_recompute, module.forward)
             self._forwards.append((module, own))
         self._module_handles.append(
-            module.register_forward_pre_hook(lambda m, a, kw: self._scope_pre(label, a, kw), with_kwargs=True)
+            module.register_forward_pre_hook(
+                lambda m, a, kw: self._scope_pre(label, m, a, kw), with_kwargs=True
+            )
         )
         self._module_handles.append(
             module.register_forward_hook(
@@ -655,7 +671,7 @@ class TensorCache:
         return 0 if rec.profiling else self._k
 
     # ------------------------------------------------------------------------------------------ scope hooks
-    def _scope_pre(self, name: str, args: tuple, kwargs: dict) -> None:
+    def _scope_pre(self, name: str, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if not torch.is_grad_enabled() or _in_backward():
             self._stack.append(None)  # recomputation inside backward: tensors are kept (Alg. 5.2 line 15)
             return
@@ -663,6 +679,9 @@ class TensorCache:
             rec = self._forward_record()
             parent = next((e[1] for e in reversed(self._stack) if e is not None and e[0] is rec), None)
             if parent is None:
+                # the parameters as the layer holds them now: FSDP's unsharded ones live in storages it gathered
+                # (and frees after the forward); they are parameters too, never activations to copy
+                mark_parameters(p for p in module.parameters() if p.numel() > 0)
                 group = len(rec.groups)
                 rec.groups.append([])
                 rec.group_sids.append(set())
@@ -811,12 +830,23 @@ class TensorCache:
         self.stats.packs += 1
         if self._error is not None:
             self._raise_pending_error()
+        return self._pack_tensor(t)
+
+    def _pack_tensor(self, t: torch.Tensor) -> Any:
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided:
             return t
-        if (
-            type(t) is not torch.Tensor
-        ):  # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
-            raise RuntimeError(_subclass_msg(t, f"a saved activation {tuple(t.shape)}"))
+        if type(t) is not torch.Tensor:
+            if not is_flattenable(
+                t
+            ):  # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
+                raise RuntimeError(_subclass_msg(t, f"a saved activation {tuple(t.shape)}"))
+            names, ctx = t.__tensor_flatten__()
+            inner = {n: getattr(t, n) for n in names}
+            return SubclassHandle(
+                t,
+                {n: self._pack_tensor(x) if isinstance(x, torch.Tensor) else x for n, x in inner.items()},
+                ctx,
+            )
         if t.device.type == "cpu" and not self.config.offload_cpu_tensors:
             self.stats.cpu_skips += 1
             return t
@@ -943,8 +973,17 @@ class TensorCache:
         if not self._first_backward_seen:
             self._first_backward_seen = True
             self._say_why_nothing_was_offloaded()
+        return self._unpack_handle(h)
+
+    def _unpack_handle(self, h: Any) -> torch.Tensor:
         if isinstance(h, torch.Tensor):
             return h
+        if isinstance(h, SubclassHandle):
+            inner = {
+                n: self._unpack_handle(x) if isinstance(x, (SavedHandle, SubclassHandle)) else x
+                for n, x in h.inner.items()
+            }
+            return h.cls.__tensor_unflatten__(inner, h.ctx, h.size, h.stride)
         rec: _Record = h.rec
         with self._lock:
             st = rec.storages.get(h.sid)
@@ -1583,9 +1622,10 @@ class TensorCache:
 
 def _subclass_msg(t: Any, what: str) -> str:
     return (
-        f"flowlane offload: {what} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}); activation "
-        "offloading moves plain tensors' storage bytes and cannot rebuild a subclass (DTensor, FP8 tensors) "
-        "correctly. Offload a model whose activations are plain tensors, or leave offloading off"
+        f"flowlane offload: {what} is a tensor subclass ({type(t).__module__}.{type(t).__qualname__}) without "
+        "__tensor_flatten__/__tensor_unflatten__; activation offloading moves plain tensors' storage bytes and "
+        "rebuilds a subclass only through that protocol (as DTensor and torchao's float8 tensors implement it), "
+        "so it cannot rebuild this one correctly. Implement the protocol, or leave offloading off"
     )
 
 
@@ -1596,12 +1636,14 @@ def _key_str(key: Any) -> str:
 
 @dataclass
 class ScopeSpec:
-    """Which modules become scopes: classes by name (digest A7); tensors saved outside any scope are kept."""
+    """Which modules become scopes: classes by name (digest A7); tensors saved outside any scope are kept. A module
+    matches when its class or a base class has one of the names: FSDP2's ``fully_shard`` turns a ``Block`` into an
+    ``FSDPBlock`` that subclasses it."""
 
     class_names: tuple[str, ...] = field(default_factory=tuple)
 
     def matches(self, module: torch.nn.Module) -> bool:
-        return type(module).__name__ in self.class_names
+        return any(c.__name__ in self.class_names for c in type(module).__mro__)
 
 
 def install(

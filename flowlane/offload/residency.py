@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -58,6 +58,37 @@ class Residency:
             self.peak = self.current
 
 
+def is_flattenable(t: torch.Tensor) -> bool:
+    """A tensor subclass implementing PyTorch's wrapper-subclass protocol (``__tensor_flatten__`` /
+    ``__tensor_unflatten__``: DTensor, torchao's float8 tensors): its data lives in plain inner tensors, which can be
+    moved like any activation, and the subclass is rebuilt around them."""
+    cls = type(t)
+    return (
+        cls is not torch.Tensor
+        and hasattr(cls, "__tensor_flatten__")
+        and hasattr(cls, "__tensor_unflatten__")
+    )
+
+
+def plain_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The plain tensors holding ``t``'s data: ``[t]`` (a parameter's ``.data``), a flattenable subclass's inner
+    tensors (recursively), or None for a subclass that cannot be flattened."""
+    data = t.data if isinstance(t, torch.nn.Parameter) else t
+    if type(data) is torch.Tensor:
+        return [data]
+    if not is_flattenable(data):
+        return None
+    out: list[torch.Tensor] = []
+    for name in data.__tensor_flatten__()[0]:
+        inner = getattr(data, name)
+        if isinstance(inner, torch.Tensor):  # DTensor also names its device mesh here
+            sub = plain_tensors(inner)
+            if sub is None:
+                return None
+            out += sub
+    return out
+
+
 def eligible(t: torch.Tensor, min_bytes: int, include_cpu: bool = True) -> bool:
     """A saved tensor the cache would consider: strided, not a parameter, >= min_bytes (Alg. 5.2 line 12)."""
     if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided:
@@ -69,10 +100,12 @@ def eligible(t: torch.Tensor, min_bytes: int, include_cpu: bool = True) -> bool:
     return t.numel() * t.element_size() >= min_bytes
 
 
-def mark_parameters(params: Iterator[torch.nn.Parameter] | list) -> None:
-    """Tag parameter storages (and so every view of them, e.g. the ``W.t()`` a Linear saves; thesis §5.3.3)."""
+def mark_parameters(params: Iterable[torch.nn.Parameter]) -> None:
+    """Tag parameter storages (and so every view of them, e.g. the ``W.t()`` a Linear saves; thesis §5.3.3); for a
+    subclass parameter (DTensor) the storages of its plain inner tensors."""
     for p in params:
-        p.untyped_storage()._flowlane_param = True  # type: ignore[attr-defined]
+        for x in plain_tensors(p) or ():
+            x.untyped_storage()._flowlane_param = True  # type: ignore[attr-defined]
 
 
 @contextmanager
@@ -86,8 +119,10 @@ def track_saved_tensors(min_bytes: int, params: list | None = None) -> Iterator[
     res = Residency()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if eligible(t, min_bytes):
-            res.add(t.untyped_storage())
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+            for x in plain_tensors(t) or ():
+                if eligible(x, min_bytes):
+                    res.add(x.untyped_storage())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -1,0 +1,152 @@
+"""Activation offload of models built on DTensor (issue 36, item 4): tensor parallelism with DTensor parameters and
+activations, and FSDP2 (``fully_shard``), on one gloo rank. A saved DTensor is offloaded by its local tensor and
+rebuilt with ``__tensor_unflatten__``; FSDP2's unsharded parameters (storages it gathers before a layer's forward
+and frees after it) are parameters, never offloaded. Gradients are compared bitwise with the same model trained
+without offloading; a subclass without the flatten protocol is refused (tests/test_offload_bulk.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from flowlane.offload import OffloadConfig, TensorCache, install
+
+pytestmark = pytest.mark.llm  # DTensor and fully_shard as torch 2.15 has them
+
+H, FF, TOKENS, LAYERS = 64, 256, 32, 3
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(H, FF), nn.Linear(FF, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block() for _ in range(LAYERS)))
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[object]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    own = not dist.is_initialized()
+    if own:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    if own:
+        dist.destroy_process_group()
+
+
+def _cfg(tmp_path: Path, **kw: object) -> OffloadConfig:
+    return OffloadConfig(
+        **{"dirs": (str(tmp_path),), "min_bytes": 1024, "offload_cpu_tensors": True, "keep_last_k": 0, **kw}
+    )
+
+
+def _steps(model: nn.Module, x: torch.Tensor, n: int = 2) -> list[list[torch.Tensor]]:
+    """Gradients of ``n`` forward/backward steps, as local tensors (a DTensor's ``to_local``)."""
+    out = []
+    for _ in range(n):
+        model.zero_grad()
+        model(x).sum().backward()
+        out.append([getattr(p.grad, "to_local", lambda g=p.grad: g)().clone() for p in model.parameters()])
+    return out
+
+
+def _tensor_parallel(mesh: object) -> tuple[nn.Sequential, torch.Tensor]:
+    """Megatron's column/row split written with DTensor: ``up`` sharded by rows, ``down`` by columns, the input
+    replicated; every activation is a DTensor."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    model = _model()
+    for blk in model:
+        for lin, dim in ((blk.up, 0), (blk.down, 1)):
+            lin.weight = nn.Parameter(distribute_tensor(lin.weight.detach(), mesh, [Shard(dim)]))
+            bias = Shard(0) if dim == 0 else Replicate()
+            lin.bias = nn.Parameter(distribute_tensor(lin.bias.detach(), mesh, [bias]))
+    torch.manual_seed(1)
+    x = distribute_tensor(torch.randn(TOKENS, H), mesh, [Replicate()])
+    return model, x
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["thread_tier", "bulk_tier"])
+def test_dtensor_activations_are_offloaded_by_their_local_tensors_bitwise(
+    mesh: object, tmp_path: Path, bulk: bool
+) -> None:
+    from torch.distributed.tensor import DTensor
+
+    model, x = _tensor_parallel(mesh)
+    ref = _steps(model, x)
+    saved: list[str] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(type(t).__name__) or t, lambda t: t):
+        model(x).sum()
+    assert "DTensor" in saved and "Tensor" not in saved  # the premise: what autograd saves is DTensors
+    if bulk:
+        cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), bulk_on_cpu=True)
+        cache.register_parameters(model.parameters())
+        for blk in model:
+            cache.add_scope(blk)
+        cache.activate()
+    else:
+        cache = install(model, _cfg(tmp_path), ["Block"])
+    with cache:
+        got = _steps(model, x)
+        s = cache.stats_snapshot()
+    for step_ref, step_got in zip(ref, got, strict=True):
+        for a, b in zip(step_ref, step_got, strict=True):
+            assert torch.equal(a, b)
+    assert isinstance(model[0].up.weight.grad, DTensor)
+    assert model[0].up.weight.grad.placements == model[0].up.weight.placements
+    # each step, each block: its input, up's output and gelu's output stored (or cancelled when backward came
+    # first), the weights never (the first block's input needs no gradient, so its ``up`` saves no weight)
+    assert (
+        s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
+    )  # cancelled: still queued
+    assert s.param_skips == 2 * (2 * LAYERS - 1)
+
+
+def test_fsdp2_unsharded_parameters_are_never_offloaded_and_grads_are_bitwise(
+    mesh: object, tmp_path: Path
+) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    def sharded() -> nn.Sequential:
+        model = _model()
+        for blk in model:
+            fully_shard(
+                blk, mesh=mesh
+            )  # reshard after forward: the gathered weights are freed, then gathered again
+        return fully_shard(model, mesh=mesh)
+
+    torch.manual_seed(1)
+    x = torch.randn(TOKENS, H, requires_grad=True)
+    ref = _steps(sharded(), x)
+    model = sharded()
+    with install(model, _cfg(tmp_path), ["Block"]) as cache:
+        got = _steps(model, x)
+        s = cache.stats_snapshot()
+    for step_ref, step_got in zip(ref, got, strict=True):
+        for a, b in zip(step_ref, step_got, strict=True):
+            assert torch.equal(a, b)
+    # the gathered weights (saved as W.t() views) are known as parameters from each block's forward start
+    assert s.param_skips == 2 * LAYERS * 2
+    assert (
+        s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
+    )  # cancelled: still queued
