@@ -1,8 +1,9 @@
 """Activation offload of models built on DTensor (issue 36, item 4): tensor parallelism with DTensor parameters and
-activations, and FSDP2 (``fully_shard``), on one gloo rank. A saved DTensor is offloaded by its local tensor and
-rebuilt with ``__tensor_unflatten__``; FSDP2's unsharded parameters (storages it gathers before a layer's forward
-and frees after it) are parameters, never offloaded. Gradients are compared bitwise with the same model trained
-without offloading; a subclass without the flatten protocol is refused (tests/test_offload_bulk.py)."""
+activations (one rank, and 2-way on two ranks), and FSDP2 (``fully_shard``) on one rank, over gloo. A saved DTensor
+is offloaded by its local tensor and rebuilt with ``__tensor_unflatten__``; FSDP2's unsharded parameters (storages
+it gathers before a layer's forward and frees after it) are parameters, never offloaded. Gradients are compared
+bitwise with the same model trained without offloading; a subclass without the flatten protocol is refused
+(tests/test_offload_bulk.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from flowlane.launch import launch
 from flowlane.offload import OffloadConfig, TensorCache, install
 
 pytestmark = pytest.mark.llm  # DTensor and fully_shard as torch 2.15 has them
@@ -150,3 +152,27 @@ def test_fsdp2_unsharded_parameters_are_never_offloaded_and_grads_are_bitwise(
     assert (
         s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
     )  # cancelled: still queued
+
+
+def tensor_parallel_rank(rank: int, world: int, tmp: str) -> dict[str, object]:
+    """One rank of a 2-way tensor-parallel run (launched): ``up``'s output and gelu's are each rank's half."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model, x = _tensor_parallel(init_device_mesh("cpu", (world,)))
+    ref = _steps(model, x)
+    with install(model, _cfg(Path(tmp) / str(rank)), ["Block"]) as cache:
+        got = _steps(model, x)
+        s = cache.stats_snapshot()
+    equal = all(torch.equal(a, b) for r, g in zip(ref, got, strict=True) for a, b in zip(r, g, strict=True))
+    return {"equal": equal, "stored": s.bytes_written + s.bytes_cancelled, "param_skips": s.param_skips}
+
+
+def test_dtensor_tensor_parallel_on_two_ranks_offloads_each_ranks_shards_bitwise(tmp_path: Path) -> None:
+    for r in range(2):
+        (tmp_path / str(r)).mkdir()
+    res = launch(tensor_parallel_rank, 2, args=(str(tmp_path),), timeout=120)
+    for r in res:
+        assert r["equal"] is True
+        # each rank stores the replicated block input and its own halves of up's and gelu's outputs
+        assert r["stored"] == 2 * LAYERS * (H + FF) * TOKENS * 4
+        assert r["param_skips"] == 2 * (2 * LAYERS - 1)
