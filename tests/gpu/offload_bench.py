@@ -8,6 +8,9 @@ optimizer: weights stay fixed, so every step computes the same gradients):
 - ``keep``: plain autograd (run twice: is the baseline itself bitwise reproducible?);
 - ``recompute``: ``torch.utils.checkpoint`` around every block (what Megatron-core's
   ``recompute_granularity='full', recompute_method='uniform', recompute_num_layers=1`` does);
+- ``torch_save_on_cpu``: PyTorch's own activation offloading, ``torch.autograd.graph.save_on_cpu(pin_memory=True)``
+  around the forward: every saved tensor copied to pinned host memory as it is saved, copied back when backward
+  needs it, on the compute stream (no budget, no prefetch);
 - ``flowlane``: ``flowlane.offload.install(..., OffloadConfig(backend='pinned_cpu', adaptive=True,
   prefetch_groups=4))``: the CUDA tier (bulk per-layer copies on their own streams, persistent pinned pool, reloads
   in stream order, no host waits) with the byte budget and prefetch depth chosen from the CUDA-event timings of the
@@ -96,10 +99,16 @@ class Net(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(Block(h, heads, dev, dtype) for _ in range(layers))
         self.recompute = False
+        self.save_on_cpu = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False) if self.recompute else blk(x)
+        with (
+            torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda)
+            if self.save_on_cpu
+            else contextlib.nullcontext()
+        ):
+            for blk in self.blocks:
+                x = checkpoint(blk, x, use_reentrant=False) if self.recompute else blk(x)
         return x
 
 
@@ -150,7 +159,15 @@ def _provenance(dev: torch.device) -> dict[str, Any]:
 
 
 #: the columns of both the correctness check and the benchmark, in the order they run
-STRATEGIES = ("keep", "keep_repeat", "recompute", "flowlane", "flowlane_recompute", "flowlane_all")
+STRATEGIES = (
+    "keep",
+    "keep_repeat",
+    "recompute",
+    "torch_save_on_cpu",
+    "flowlane",
+    "flowlane_recompute",
+    "flowlane_all",
+)
 
 
 class Timer:
@@ -229,6 +246,8 @@ def run_strategy(
     try:
         if name == "recompute":
             model.recompute = True
+        elif name == "torch_save_on_cpu":
+            model.save_on_cpu = True
         elif name.startswith("flowlane"):
             min_bytes = a.min_bytes if dev.type == "cuda" else 4096
             kw: dict[str, Any] = {
@@ -292,7 +311,7 @@ def run_strategy(
             r["backend"] = cache.backend.describe()
         return r | {"_grads": grads}
     finally:
-        model.recompute = False
+        model.recompute = model.save_on_cpu = False
         if cache is not None:
             cache.close()
 
@@ -366,7 +385,7 @@ def megatron_status() -> dict[str, Any]:
                 ""
                 if te
                 else "; Transformer Engine is not installed here, so the "
-                "comparison is with full recompute only"
+                "comparison is with full recompute and PyTorch's save_on_cpu only"
             )
             + ("" if not te else "; TE is present but this script does not build a TE model (not run)")
         ),
