@@ -1126,28 +1126,11 @@ class TensorCache:
 
     def _on_store_error(self, rec: _Record, st: _Stored, base: torch.Tensor, e: BaseException) -> None:
         with self._lock:
-            self.stats.io_errors += 1
             # keep the bytes in memory in both modes, so no unpack can ever see missing or partial data
             if st.ref is None and not st.released:
                 st.ref = base
             st.state = "fallback"
-            if self.config.on_io_error == "keep":
-                self.stats.fallbacks += 1
-                if not self._warned_fallback:
-                    self._warned_fallback = True
-                    warnings.warn(
-                        f"flowlane offload: storing an activation failed ({e}); keeping activations in "
-                        f"memory when this happens (offload.on_io_error='keep')",
-                        RuntimeWarning,
-                        stacklevel=1,
-                    )
-            elif self._error is None:
-                self._error = RuntimeError(
-                    f"flowlane offload: writing a saved activation ({st.nbytes} bytes, {st.where}) to "
-                    f"{self.backend.describe()} failed: {e}. Free space in the target directories, add more with "
-                    f"offload.dirs, or set offload.on_io_error='keep' to keep activations in memory instead"
-                )
-                self._error.__cause__ = e
+            self._note_store_error(rec, st.nbytes, st.where, e)
 
     def _raise_pending_error(self) -> None:
         if self._error is not None:
@@ -1465,7 +1448,8 @@ class TensorCache:
                 self._slab_cleanup(slab)
 
     def _note_store_error(self, rec: _Record, nbytes: int, where: str, e: BaseException) -> None:
-        """A failed write of a host block: its bytes stay in host memory (``keep``) or the next hint raises."""
+        """A failed write (of one storage, or of a layer's host block): its bytes stay in memory (``keep``) or the
+        next hint raises."""
         self.stats.io_errors += 1
         if self.config.on_io_error == "keep":
             self.stats.fallbacks += 1
