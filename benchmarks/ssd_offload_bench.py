@@ -90,7 +90,7 @@ def _gpt(a: argparse.Namespace, recompute: bool):
     return m.to(a.device)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--hidden", type=int, default=256)
@@ -115,13 +115,20 @@ def main(argv: list[str] | None = None) -> int:
         "leaving a core to the store/load workers is the analogue of a GPU computing while the "
         "host does the I/O; all three strategies use the same setting",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def setup(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Once per process: torch's threads and a one-rank Megatron-core parallel state."""
     if a.compute_threads is not None:
         if a.compute_threads < 1:
             p.error(f"--compute-threads must be >= 1, got {a.compute_threads}")
         torch.set_num_threads(a.compute_threads)
-
     _setup(a.device)
+
+
+def measure(a: argparse.Namespace) -> dict:
+    """Keep, offload and recompute side by side on one configuration (after :func:`setup`): the result document."""
     from megatron_plugin.ssd_offload import install
 
     tmp = tempfile.TemporaryDirectory(prefix="ssd-bench-", dir=a.dir)
@@ -248,6 +255,20 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_le_3pct": med["offload"] / med["keep"] - 1 <= 0.03,
         },
     }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    setup(a, p)
+    result = measure(a)
+    med, best, peaks = (
+        result["step_time_s_median"],
+        result["step_time_s_min"],
+        result["peak_activation_bytes"],
+    )
+    cpu = result["step_cpu_time_s_median"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = a.tag or f"{a.device}_{a.backend}_L{a.layers}"
