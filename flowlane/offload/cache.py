@@ -1090,10 +1090,14 @@ class TensorCache:
         st.state = "storing"
         st.weak = weakref.ref(storage)
         self.stats.storages_offloaded += 1
-        fut = self._store_pool.submit(self._store_job, rec, st, base)
+        # the job takes the tensor out of the list: a worker thread holds its job's arguments until it picks up its
+        # next job, and those must not keep a written activation alive (a busy CI host measured 2.25 layers
+        # resident for 2 in backward: the last layer's storages, stored but not yet dropped)
+        fut = self._store_pool.submit(self._store_job, rec, st, [base])
         self._track(rec, fut)
 
-    def _store_job(self, rec: _Record, st: _Stored, base: torch.Tensor) -> None:
+    def _store_job(self, rec: _Record, st: _Stored, box: list[torch.Tensor]) -> None:
+        base = box.pop()
         with self._lock:
             if st.released or st.ref is not None:
                 self.stats.cancellations += 1  # forwarded or released before the write began (thesis §5.3.5)
