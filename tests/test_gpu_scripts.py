@@ -14,24 +14,16 @@ pytestmark = pytest.mark.llm
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A GPU check's script, run from the repository root as run_all.sh runs it."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env
+    )
+
+
 def test_a_multi_rank_gpu_check_runs_its_logic_on_cpu_and_writes_its_envelope(tmp_path: Path) -> None:
     out = tmp_path / "syn.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "tests/gpu/syndicate_nccl.py",
-            "--backend",
-            "gloo",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    r = _run("tests/gpu/syndicate_nccl.py", "--backend", "gloo", "--device", "cpu", "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["ok"] is True and doc["world"] == 2 and doc["backend"] == "gloo"
@@ -41,12 +33,10 @@ def test_a_multi_rank_gpu_check_runs_its_logic_on_cpu_and_writes_its_envelope(tm
 
 def test_nccl_without_a_gpu_says_skip_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "syn.json"
-    r = subprocess.run(
-        [sys.executable, "tests/gpu/syndicate_nccl.py", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    r = _run(
+        "tests/gpu/syndicate_nccl.py",
+        "--out",
+        str(out),
         env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
     )
     assert r.returncode == 0 and r.stdout.startswith("SKIP: no CUDA device"), r.stdout + r.stderr
@@ -57,22 +47,7 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
     """tests/gpu/offload_bench.py's CPU smoke mode: every column runs, offloads bytes and gives keep's gradients, so a
     lent GPU's few minutes are not spent on a broken script."""
     out = tmp_path / "ob.json"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "tests/gpu/offload_bench.py",
-            "--device",
-            "cpu",
-            "--only-hidden",
-            "64",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    r = _run("tests/gpu/offload_bench.py", "--device", "cpu", "--only-hidden", "64", "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["complete"] is True and doc["failed"] == [] and doc["label"].startswith("CPU smoke test")
