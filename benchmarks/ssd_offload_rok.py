@@ -153,7 +153,8 @@ def _plot(doc: dict, front: list[dict], path: Path) -> None:
         lw=0.8,
         label="efficient frontier",
     )
-    ax.set_ylim(bottom=0)  # differences of a few % are within a shared CPU's noise; the axis does not magnify them
+    # differences of a few % are within a shared CPU's noise: the axis starts at 0 and does not magnify them
+    ax.set_ylim(bottom=0)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("peak saved-activation memory (MiB, log scale)")
     ax.set_ylabel("model throughput (GFLOP/s)")
