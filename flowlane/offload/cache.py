@@ -836,9 +836,8 @@ class TensorCache:
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided:
             return t
         if type(t) is not torch.Tensor:
-            if not is_flattenable(
-                t
-            ):  # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
+            if not is_flattenable(t):
+                # RuntimeError: torch turns a TypeError inside an operator into NotImplemented
                 raise RuntimeError(_subclass_msg(t, f"a saved activation {tuple(t.shape)}"))
             names, ctx = t.__tensor_flatten__()
             inner = {n: getattr(t, n) for n in names}
