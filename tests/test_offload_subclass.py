@@ -124,23 +124,24 @@ def test_dtensor_activations_are_offloaded_by_their_local_tensors_bitwise(
     assert s.param_skips == 2 * (2 * LAYERS - 1)
 
 
+def _fully_sharded(mesh: object) -> tuple[nn.Sequential, torch.Tensor]:
+    """FSDP2 on every block and the root; reshard after forward: the gathered weights are freed, then gathered
+    again for backward."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    for blk in model:
+        fully_shard(blk, mesh=mesh)
+    torch.manual_seed(1)
+    return fully_shard(model, mesh=mesh), torch.randn(TOKENS, H, requires_grad=True)
+
+
 def test_fsdp2_unsharded_parameters_are_never_offloaded_and_grads_are_bitwise(
     mesh: object, tmp_path: Path
 ) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    def sharded() -> nn.Sequential:
-        model = _model()
-        for blk in model:
-            fully_shard(
-                blk, mesh=mesh
-            )  # reshard after forward: the gathered weights are freed, then gathered again
-        return fully_shard(model, mesh=mesh)
-
-    torch.manual_seed(1)
-    x = torch.randn(TOKENS, H, requires_grad=True)
-    ref = _steps(sharded(), x)
-    model = sharded()
+    ref_model, x = _fully_sharded(mesh)
+    ref = _steps(ref_model, x)
+    model, _ = _fully_sharded(mesh)
     with install(model, _cfg(tmp_path), ["Block"]) as cache:
         got = _steps(model, x)
         s = cache.stats_snapshot()
@@ -176,3 +177,19 @@ def test_dtensor_tensor_parallel_on_two_ranks_offloads_each_ranks_shards_bitwise
         # each rank stores the replicated block input and its own halves of up's and gelu's outputs
         assert r["stored"] == 2 * LAYERS * (H + FF) * TOKENS * 4
         assert r["param_skips"] == 2 * (2 * LAYERS - 1)
+
+
+@pytest.mark.parametrize("build", [_fully_sharded, _tensor_parallel], ids=["fsdp2", "tensor_parallel"])
+def test_recompute_on_fsdp2_and_dtensor_models_is_bitwise(mesh: object, tmp_path: Path, build) -> None:  # noqa: ANN001
+    """``recompute``: the layers the budget names run their forward again in backward under torch's checkpoint (FSDP2
+    gathers their weights again for it); a link of 1 MB/s hides nothing, so the slack buys recomputation."""
+    (ref_model, x), (model, _) = build(mesh), build(mesh)
+    ref = _steps(ref_model, x, n=4)
+    cfg = _cfg(tmp_path, adaptive=True, profile_step=1, max_slowdown=0.9, recompute=True, link_GBps=0.001)
+    with install(model, cfg, ["Block"]) as cache:
+        got = _steps(model, x, n=4)
+        s = cache.stats_snapshot()
+    assert s.recomputed_layers >= 1, s
+    for step_ref, step_got in zip(ref, got, strict=True):
+        for a, b in zip(step_ref, step_got, strict=True):
+            assert torch.equal(a, b)
