@@ -52,6 +52,7 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
     doc = json.loads(out.read_text())
     assert doc["complete"] is True and doc["failed"] == [] and doc["label"].startswith("CPU smoke test")
     assert doc["provenance"]["command"].endswith(f"--out {out}")
+    assert doc["fsdp2"]["grads_equal"] is True and doc["fsdp2"]["stats"]["param_skips"] > 0
     correctness = doc["correctness"]["strategies"]
     assert correctness["keep_repeat"]["grads_equal"] is True
     assert all(s["grads_equal"] is True for name, s in correctness.items() if name != "keep"), correctness

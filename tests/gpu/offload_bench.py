@@ -21,6 +21,8 @@ optimizer: weights stay fixed, so every step computes the same gradients):
   link cannot move during forward is bought by recomputing the earliest kept layers (``budget.choose_recompute``);
 - ``flowlane_ssd``: hidden 4096 only, the posix tier (layer blocks written with O_DIRECT from the pool) with the budget,
   when time is left;
+- ``fsdp2`` (correctness only): the model under FSDP2's ``fully_shard`` on one rank, flowlane offload against FSDP2
+  without it, bitwise, with FSDP2's gathered weights never offloaded;
 - ``megatron_fine_grained``: Megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine
   (``fine_grained_activation_offload.py`` raises "TE CPU offload is not available" without it); it runs only where TE
   and megatron-core import, otherwise the JSON says why it did not.
@@ -367,6 +369,79 @@ def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, wo
     return out
 
 
+def fsdp2_correctness(dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """FSDP2 (``fully_shard`` on every block and the root, one rank, weights resharded after forward): flowlane's
+    offload against the same FSDP2 model without it, bitwise (math SDPA), and the weights FSDP2 gathers never
+    offloaded (they are saved as ``W.t()`` views of storages FSDP2 frees after each block's forward)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    SDPA["kernel"] = "math"
+    h, heads, seq, batch, layers = (1024, 8, 1024, 2, 4) if dev.type == "cuda" else (64, 4, 64, 2, 4)
+    own = not dist.is_initialized()
+    out: dict[str, Any] = {"size": {"hidden": h, "seq": seq, "batch": batch, "layers": layers}, "failed": []}
+    try:
+        if own:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=0, world_size=1)
+        mesh = init_device_mesh(dev.type, (1,))
+        torch.manual_seed(1)
+        x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
+        grads = {}
+        for name in ("fsdp2_keep", "fsdp2_flowlane"):
+            torch.manual_seed(0)
+            model = Net(h, heads, layers, dev, dtype)
+            for blk in model.blocks:
+                fully_shard(blk, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            cache = None
+            if name == "fsdp2_flowlane":
+                cfg = OffloadConfig(
+                    backend="pinned_cpu",
+                    min_bytes=MiB if dev.type == "cuda" else 4096,
+                    offload_cpu_tensors=True,
+                    on_io_error="raise",
+                    keep_last_k=1,
+                )
+                cache = _install(model, cfg, dev)
+            try:
+                for _ in range(3):
+                    _step(model, x, dev)
+                if cache is not None:
+                    cache.wait_io()
+                    s = cache.stats_snapshot()
+                    out["stats"] = {"bytes_written": s.bytes_written, "param_skips": s.param_skips}
+            finally:
+                if cache is not None:
+                    cache.close()
+            grads[name] = [p.grad.to_local().clone() for p in model.parameters()]
+            del model
+        out["grads_equal"], out["grads_max_abs_diff"] = _equal(grads["fsdp2_keep"], grads["fsdp2_flowlane"])
+        if not out["grads_equal"]:
+            out["failed"].append(
+                f"fsdp2: gradients differ from FSDP2's own (max abs diff {out['grads_max_abs_diff']})"
+            )
+        if out["stats"]["bytes_written"] == 0 or out["stats"]["param_skips"] == 0:
+            out["failed"].append(
+                f"fsdp2: expected activations stored and weight views skipped, got {out['stats']}"
+            )
+    except Exception as e:  # noqa: BLE001 - reported in the JSON; the other sections' figures are kept
+        out["failed"].append(f"fsdp2: {type(e).__name__}: {e}")
+        out["traceback"] = traceback.format_exc()[-3000:]
+    finally:
+        SDPA["kernel"] = "flash"
+        if own and dist.is_initialized():
+            dist.destroy_process_group()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def megatron_status() -> dict[str, Any]:
     te = importlib.util.find_spec("transformer_engine") is not None
     mc = (
@@ -446,6 +521,11 @@ def main() -> int:
         workdir := tempfile.mkdtemp(prefix="flowlane-offload-bench-", dir=os.environ.get("TMPDIR", "/tmp")),
     )
     doc["failed"] += doc["correctness"]["failed"]
+    doc["fsdp2"] = fsdp2_correctness(dev, dtype)
+    doc["failed"] += doc["fsdp2"]["failed"]
+    print(
+        f"[{time.monotonic() - T0:5.1f}s] FSDP2 with offload (math SDPA, bitwise): {doc['fsdp2']}", flush=True
+    )
     print(
         f"[{time.monotonic() - T0:5.1f}s] correctness (math SDPA, bitwise): {doc['correctness']['summary']}",
         flush=True,
