@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
-from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
+from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
 from flowlane.offload.backends import (
     BackendUnavailableError,
     IOBackend,
@@ -330,7 +330,8 @@ def _scope_modules(
     module: torch.nn.Module, scope_classes: tuple[str, ...], pipeline: bool
 ) -> list[torch.nn.Module]:
     if scope_classes:
-        return [m for m in module.modules() if type(m).__name__ in scope_classes]
+        spec = ScopeSpec(scope_classes)
+        return [m for m in module.modules() if spec.matches(m)]
     if pipeline:  # a PipelineModule's own layers (built from LayerSpecs)
         return [f for f in getattr(module, "forward_funcs", []) if isinstance(f, torch.nn.Module)]
     lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from flowlane.offload import OffloadConfig, OffloadHandle, TensorCache
+from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
 from flowlane.offload.config import BACKENDS
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
@@ -260,7 +260,7 @@ def install(
         return SSDOffload(None, None)
     if rank is None:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    names = set(scope_classes)
+    spec = ScopeSpec(tuple(scope_classes))
     if config.recompute:
         _check_recompute(_chunks(model))
     cache = TensorCache(
@@ -270,13 +270,13 @@ def install(
     for chunk in _chunks(model):
         cache.register_parameters(chunk.parameters())
         for mod in chunk.modules():
-            if type(mod).__name__ in names:
+            if spec.matches(mod):  # also FSDP2's FSDP<Layer> classes
                 cache.add_scope(mod)
                 found += 1
     if found == 0:
         cache.close()
         raise ValueError(
-            f"--ssd-offload: no module of class {sorted(names)} in the model; nothing to offload"
+            f"--ssd-offload: no module of class {sorted(spec.class_names)} in the model; nothing to offload"
         )
     hints = _ScheduleHints(cache) if schedule_hints else None
     cache.activate()

@@ -41,6 +41,7 @@ _HOME = {
     "OffloadHandle": "cache",
     "OffloadStats": "cache",
     "SavedHandle": "cache",
+    "ScopeSpec": "cache",
     "TensorCache": "cache",
     "install": "cache",
     "OffloadConfig": "config",
@@ -70,7 +71,14 @@ if TYPE_CHECKING:
         choose_recompute,
         exposed_time,
     )
-    from flowlane.offload.cache import OffloadHandle, OffloadStats, SavedHandle, TensorCache, install
+    from flowlane.offload.cache import (
+        OffloadHandle,
+        OffloadStats,
+        SavedHandle,
+        ScopeSpec,
+        TensorCache,
+        install,
+    )
     from flowlane.offload.config import OffloadConfig
     from flowlane.offload.pool import PinnedPool
     from flowlane.offload.residency import Residency, track_saved_tensors
@@ -100,6 +108,7 @@ __all__ = [
     "ProfileResult",
     "Residency",
     "SavedHandle",
+    "ScopeSpec",
     "StepProfile",
     "TensorCache",
     "choose_budget",
