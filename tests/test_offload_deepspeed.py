@@ -225,3 +225,16 @@ def test_flowlane_section_parser_reads_only_offload() -> None:
         parse_offload_section({"flowlane": {"offload": {"dir": "/x"}}})
     with pytest.raises(ValueError, match="scope_classes"):
         parse_offload_section({"flowlane": {"offload": {"scope_classes": "Block"}}})
+
+
+def test_scope_classes_match_subclasses_by_name_as_fully_shard_makes_them() -> None:
+    from deepspeed_plugin.ssd_offload import _scope_modules
+
+    class Layer(nn.Linear):
+        pass
+
+    class FSDPLayer(Layer):  # what FSDP2's fully_shard makes of a Layer
+        pass
+
+    model = nn.Sequential(Layer(4, 4), FSDPLayer(4, 4), nn.Linear(4, 4))
+    assert _scope_modules(model, ("Layer",), pipeline=False) == [model[0], model[1]]
