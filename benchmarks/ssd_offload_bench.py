@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import sys
@@ -159,6 +160,9 @@ def measure(a: argparse.Namespace) -> dict:
     )
 
     cpu_times: dict[str, list[float]] = {n: [] for n in models}
+    faults: dict[str, list[int]] = {
+        n: [] for n in models
+    }  # minor page faults: fresh host pages the step touched
 
     def step(name: str) -> float:
         m = models[name]
@@ -168,6 +172,7 @@ def measure(a: argparse.Namespace) -> dict:
         if a.device == "cuda":
             torch.cuda.synchronize()
         t0, c0 = time.perf_counter(), time.process_time()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         try:
             m(tok, pos, mask, labels=tok).float().mean().backward()
             if name == "offload":
@@ -175,6 +180,7 @@ def measure(a: argparse.Namespace) -> dict:
             if a.device == "cuda":
                 torch.cuda.synchronize()
             cpu_times[name].append(time.process_time() - c0)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             return time.perf_counter() - t0
         finally:
             if name == "offload":
@@ -227,6 +233,9 @@ def measure(a: argparse.Namespace) -> dict:
         "step_time_s_median": med,
         "step_time_s_min": best,
         "step_cpu_time_s_median": cpu,
+        "minor_page_faults_per_step_median": {
+            n: statistics.median(v[1 : 1 + a.steps]) for n, v in faults.items()
+        },
         "step_time_s_all": times,
         "peak_activation_bytes": peaks,
         "ratios": {

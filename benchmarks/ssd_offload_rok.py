@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                     "step_s": r["step_time_s_median"][s],
                     "model_flops": flops,
                     "throughput": flops / r["step_time_s_median"][s],
+                    "minor_page_faults": r["minor_page_faults_per_step_median"][s],
                 }
             )
         runs.append({k: r[k] for k in ("load_average_1m", "ratios", "offload", "step_time_s_all")} | {"B": b})

@@ -65,4 +65,5 @@ def test_a_tiny_rok_run_writes_points_frontier_and_plot(tmp_path: Path) -> None:
     )
     assert by["offload", 2]["peak_bytes"] < by["keep", 2]["peak_bytes"]
     assert all(run["offload"]["grads_bitwise_equal_to_keep"] for run in doc["runs"])
+    assert all(isinstance(p["minor_page_faults"], int | float) for p in doc["points"])
     assert doc["frontier"] and doc["provenance"]["command"]
