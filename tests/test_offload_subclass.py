@@ -7,8 +7,6 @@ bitwise with the same model trained without offloading; a subclass without the f
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,12 +43,8 @@ def mesh() -> Iterator[object]:
     from torch.distributed.device_mesh import init_device_mesh
 
     own = not dist.is_initialized()
-    if own:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if own:  # one rank: an in-process store, no port
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield init_device_mesh("cpu", (1,))
     if own:
         dist.destroy_process_group()

@@ -373,8 +373,6 @@ def fsdp2_correctness(dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """FSDP2 (``fully_shard`` on every block and the root, one rank, weights resharded after forward): flowlane's
     offload against the same FSDP2 model without it, bitwise (math SDPA), and the weights FSDP2 gathers never
     offloaded (they are saved as ``W.t()`` views of storages FSDP2 frees after each block's forward)."""
-    import socket
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -384,11 +382,9 @@ def fsdp2_correctness(dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     own = not dist.is_initialized()
     out: dict[str, Any] = {"size": {"hidden": h, "seq": seq, "batch": batch, "layers": layers}, "failed": []}
     try:
-        if own:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=0, world_size=1)
+        if own:  # one rank: an in-process store, no port
+            backend = "nccl" if dev.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         mesh = init_device_mesh(dev.type, (1,))
         torch.manual_seed(1)
         x = torch.randn(batch, seq, h, device=dev, dtype=dtype)
