@@ -167,10 +167,9 @@ def test_an_op_still_in_the_open_window_fails_at_once_when_the_pacer_fails():
         while not bad.is_completed() and time.monotonic() < deadline:  # no wait(): it would seal ``later``
             time.sleep(0.01)
         assert bad.is_completed()
-        t0 = time.monotonic()
+        # the pacer's own error, not the TimeoutError that waiting out wait_timeout_s would raise
         with pytest.raises(RuntimeError, match="failed") as e:
             later.wait()
-        assert time.monotonic() - t0 < 5
         assert "Connection closed by peer" in str(e.value.__cause__)
     finally:
         with pytest.raises(RuntimeError, match="failed"):
