@@ -10,7 +10,7 @@ estimate of the measured peak with recomputation: the measured flowlane peak les
 Label: **modelled** (a replay of measured profiles), not a measurement; the GPU column ``flowlane_recompute`` of
 ``offload_bench.py`` measures it when a device is lent.
 
-    .venv-llm/bin/python benchmarks/offload_budget_replay.py [--bench results/gpu/offload_bench.json]
+    .venv-llm/bin/python benchmarks/offload_budget_replay.py [--bench results/gpu/offload_bench_2026-11-26b.json]
         [--max-slowdown 0.05] [--out results/offload/budget_replay.json]
 """
 
@@ -70,7 +70,7 @@ def replay(size: dict, max_slowdown: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench", default="results/gpu/offload_bench.json")
+    ap.add_argument("--bench", default="results/gpu/offload_bench_2026-11-26b.json")
     ap.add_argument("--max-slowdown", type=float, default=0.05)
     ap.add_argument("--out", default="results/offload/budget_replay.json")
     a = ap.parse_args(argv)

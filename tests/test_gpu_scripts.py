@@ -59,7 +59,13 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
     (size,) = doc["sizes"]
     assert size["hidden"] == 64
     assert all(s["status"] == "ok" for s in size["strategies"].values()), size["strategies"]
-    for name in ("flowlane", "flowlane_all", "flowlane_recompute", "flowlane_ssd"):
+    for name in (
+        "flowlane",
+        "flowlane_all",
+        "flowlane_recompute",
+        "flowlane_ssd",
+        "flowlane_sublayer_recompute",
+    ):
         s = size["strategies"][name]
         assert s["grads_equal"] is True and s["stats"]["bytes_written"] > 0, (name, s)
     assert (
