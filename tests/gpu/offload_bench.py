@@ -36,8 +36,9 @@ computes the same gradients):
   and megatron-core import, otherwise the JSON says why it did not.
 
 Figures per strategy: peak activation memory = ``max_memory_allocated`` during a step minus the memory allocated
-before it (weights, gradients and the input stay allocated), and step time from CUDA events (median of the measured
-steps, after warm-up and the profiled step). Ratios against ``keep``. Correctness: gradients of every strategy must
+before it (weights, gradients and the input stay allocated); the reserved peak of one more step after
+``empty_cache`` (``_reserved_step``: it also counts device blocks whose store copy is still queued); step time from
+CUDA events (median of the measured steps, after warm-up and the profiled step). Ratios against ``keep``. Correctness: gradients of every strategy must
 be ``torch.equal`` to keep's (when keep is itself reproducible); the exit code is 1 when one is not, 0 otherwise.
 Goals (issue 36) are reported, not enforced: hidden 8192 >= 70 % less activation memory at <= 5 % step time, hidden
 4096 >= 40 % at <= 5 %.
@@ -252,6 +253,28 @@ def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
     return dt, peak
 
 
+def _reserved_step(model: Net, x: torch.Tensor, dev: torch.device) -> int:
+    """One more step, measuring what the allocator *holds* above what it held before: ``max_memory_reserved`` after
+    ``empty_cache``. A store frees its device tensor as soon as its copy is queued (``record_stream``), so
+    ``max_memory_allocated`` no longer counts it, but the allocator reuses that block only after the copy ran: the
+    reserved peak counts such blocks (and the allocator's rounding, for every column alike). Not timed: the step
+    after ``empty_cache`` pays for fresh ``cudaMalloc`` calls."""
+    if dev.type != "cuda":
+        return 0
+    model.zero_grad(set_to_none=False)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    with _sdpa_ctx(dev):
+        out = model(x)
+        loss = out.float().pow(2).mean()
+        loss.backward()
+    torch.cuda.synchronize()
+    del out, loss
+    return torch.cuda.max_memory_reserved() - base
+
+
 def _grads(model: Net) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
 
@@ -330,6 +353,7 @@ def run_strategy(
         r["step_s"] = statistics.median(times) if times else None
         r["step_s_all"] = times
         r["peak_act_bytes"] = max(peaks) if peaks else None
+        r["peak_reserved_bytes"] = _reserved_step(model, x, dev) if times else None
         grads = _grads(model)
         if ref is not None:
             r["grads_equal"], r["grads_max_abs_diff"] = _equal(ref, grads)
@@ -647,6 +671,8 @@ def main() -> int:
                 r["time_ratio_vs_keep"] = r["step_s"] / keep["step_s"]
             if keep.get("peak_act_bytes") and r.get("peak_act_bytes") is not None:
                 r["act_mem_ratio_vs_keep"] = r["peak_act_bytes"] / keep["peak_act_bytes"]
+            if keep.get("peak_reserved_bytes") and r.get("peak_reserved_bytes") is not None:
+                r["reserved_ratio_vs_keep"] = r["peak_reserved_bytes"] / keep["peak_reserved_bytes"]
             if r.get("grads_equal") is False:
                 if reproducible:
                     doc["failed"].append(
@@ -664,12 +690,18 @@ def main() -> int:
                 or fl.get("time_ratio_vs_keep") is None
             ):
                 continue
+            saved, time_ratio = 1 - fl["act_mem_ratio_vs_keep"], fl["time_ratio_vs_keep"]
+            saved_reserved = 1 - fl["reserved_ratio_vs_keep"] if "reserved_ratio_vs_keep" in fl else None
             size["goal"][name] = {
                 "act_mem_saved_at_least": GOALS[h],
                 "step_time_ratio_at_most": 1.05,
-                "act_mem_saved": 1 - fl["act_mem_ratio_vs_keep"],
-                "time_ratio": fl["time_ratio_vs_keep"],
-                "met": 1 - fl["act_mem_ratio_vs_keep"] >= GOALS[h] and fl["time_ratio_vs_keep"] <= 1.05,
+                "act_mem_saved": saved,
+                "reserved_saved": saved_reserved,
+                "time_ratio": time_ratio,
+                # both peaks: the allocated one misses blocks whose store is still queued (``_reserved_step``)
+                "met": saved >= GOALS[h]
+                and (saved_reserved is None or saved_reserved >= GOALS[h])
+                and time_ratio <= 1.05,
             }
         del model, x
         if dev.type == "cuda":
@@ -694,6 +726,8 @@ def main() -> int:
             print(
                 f"  {name:27s} step {r['step_s'] * 1e3:8.2f} ms  x{r.get('time_ratio_vs_keep', 1.0):.3f}   "
                 f"peak act {r['peak_act_bytes'] / MiB:9.1f} MiB  x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}   "
+                f"reserved {(r.get('peak_reserved_bytes') or 0) / MiB:9.1f} MiB  "
+                f"x{r.get('reserved_ratio_vs_keep', 1.0):.3f}   "
                 f"grads equal {r.get('grads_equal')}"
             )
         if size.get("goal"):
