@@ -1478,11 +1478,14 @@ class TensorCache:
         by_slab: dict[int, tuple[_Slab, list[_Stored]]] = {}
         for st in sts:
             by_slab.setdefault(id(st.slab), (st.slab, []))[1].append(st)  # type: ignore[arg-type]
+        dev = sts[0].device if sts else None
+        # the stream backward computes on (this thread's: autograd runs a layer's backward on its forward's stream)
+        compute = torch.cuda.current_stream(dev) if dev is not None and dev.type == "cuda" else None
         for slab, members in by_slab.values():
             if slab.block is not None:
-                self._h2d(rec, slab, members)
+                self._h2d(rec, slab, members, compute)
             elif slab.handle is not None:
-                fut = self._load_pool.submit(self._read_slab, rec, slab, members)
+                fut = self._load_pool.submit(self._read_slab, rec, slab, members, compute)
                 for m in members:
                     m.load_fut = fut
                 self._track(rec, fut)
@@ -1490,8 +1493,14 @@ class TensorCache:
                 for m in members:
                     m.error = RuntimeError("no stored copy exists (the write failed or was cancelled)")
 
-    def _h2d(self, rec: _Record, slab: _Slab, members: list[_Stored]) -> None:
-        """Issue the host-to-device copies of ``members`` from ``slab.block`` (caller holds the lock)."""
+    def _h2d(self, rec: _Record, slab: _Slab, members: list[_Stored], compute: Any = None) -> None:
+        """Issue the host-to-device copies of ``members`` from ``slab.block`` (caller holds the lock).
+
+        On a GPU the destinations come from ``compute``'s memory pool, where the forward's activations of the same
+        sizes went back once their stores ran: allocated on the copy stream, they would come from a pool of their own
+        and the allocator would hold both (a reserved peak above keeping everything, measured on an H200,
+        results/gpu). The caching allocator hands out a block as soon as the compute stream has *queued* its last use,
+        so the copy stream first waits for the compute stream to reach this point."""
         blk = slab.block
         assert blk is not None
         members = [m for m in members if m.ref is None and not m.released]
@@ -1502,14 +1511,18 @@ class TensorCache:
         ev = None
         if dev.type == "cuda":
             _, h2d = self._cuda_streams(dev)
+            compute = compute if compute is not None else torch.cuda.current_stream(dev)
+            with torch.cuda.stream(compute):
+                outs = [torch.empty(m.nbytes, dtype=torch.uint8, device=dev) for m in members]
+                reached = torch.cuda.Event()
+                reached.record(compute)
             with torch.cuda.stream(h2d):
+                h2d.wait_event(reached)
                 if slab.d2h_done is not None:
                     h2d.wait_event(slab.d2h_done)  # the store into the block, in stream order
                 start = _timing_event(dev) if rec.profiling else None
-                for m in members:
-                    d = torch.empty(m.nbytes, dtype=torch.uint8, device=dev)
+                for m, d in zip(members, outs, strict=True):
                     d.copy_(blk.buf[m.offset : m.offset + m.nbytes], non_blocking=True)
-                    outs.append(d)
                 ev = torch.cuda.Event(enable_timing=rec.profiling)
                 ev.record(h2d)
             slab.last_use = ev
@@ -1533,7 +1546,7 @@ class TensorCache:
             self.stats.bytes_read += m.nbytes
             self._slab_member_done(slab, m.sid)
 
-    def _read_slab(self, rec: _Record, slab: _Slab, members: list[_Stored]) -> None:
+    def _read_slab(self, rec: _Record, slab: _Slab, members: list[_Stored], compute: Any = None) -> None:
         """Disk thread: read a layer's block back into the pool (O_DIRECT where possible), then issue its reload."""
         try:
             blk = self._host_pool().acquire(slab.nbytes)
@@ -1556,7 +1569,7 @@ class TensorCache:
                 slab.block = blk
             else:
                 self._host_pool().release(blk)
-            self._h2d(rec, slab, members)
+            self._h2d(rec, slab, members, compute)
             for m in members:
                 m.load_fut = None
             if not slab.alive:
