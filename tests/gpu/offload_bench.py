@@ -557,7 +557,14 @@ def main() -> int:
         help="dump stacks and exit this many seconds after the process started",
     )
     ap.add_argument("--only-hidden", type=int, default=None)
+    ap.add_argument(
+        "--alloc-conf",
+        default=None,
+        help="PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True), set before CUDA starts",
+    )
     a = ap.parse_args()
+    if a.alloc_conf is not None:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf  # read when the allocator first runs
     out = Path(a.out)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("offload_bench: skipped: no CUDA device (run with --device cpu for the logic smoke test)")
@@ -573,6 +580,7 @@ def main() -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "dtype": str(dtype),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "megatron_fine_grained": megatron_status(),
         "sizes": [],
         "failed": [],
