@@ -42,15 +42,13 @@ def replay(size: dict, max_slowdown: float) -> dict:
             "offloaded_layers": sum(b.allow_bytes) / max(1, max(p.group_bytes)),
             "recomputed_layers": [i for i, r in enumerate(b.recompute) if r],
             "resident_GiB_at_backward_start": b.resident_bytes / GiB,
+            "peak_GiB": b.peak_bytes / GiB,
             "added_s": b.exposed_s + b.recompute_s,
             "added_vs_profiled_step": (b.exposed_s + b.recompute_s) / p.step_s,
             "added_vs_measured_keep_step": (b.exposed_s + b.recompute_s) / st["keep"]["step_s"],
         }
     keep_peak = st["keep"]["peak_act_bytes"]
-    lower = (
-        plans["budget"]["resident_GiB_at_backward_start"]
-        - plans["budget_recompute"]["resident_GiB_at_backward_start"]
-    ) * GiB
+    lower = (plans["budget"]["peak_GiB"] - plans["budget_recompute"]["peak_GiB"]) * GiB
     estimate = fl["peak_act_bytes"] - lower
     return {
         "hidden": size["hidden"],
@@ -92,9 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"hidden {r['hidden']}: measured flowlane {r['measured']['flowlane_peak_act_ratio']:.3f}x memory at "
             f"{r['measured']['flowlane_time_ratio']:.3f}x; recompute layers "
-            f"{m['budget_recompute']['recomputed_layers']}: resident at backward start "
-            f"{m['budget']['resident_GiB_at_backward_start']:.2f} -> "
-            f"{m['budget_recompute']['resident_GiB_at_backward_start']:.2f} GiB, +"
+            f"{m['budget_recompute']['recomputed_layers']}: modelled peak "
+            f"{m['budget']['peak_GiB']:.2f} -> {m['budget_recompute']['peak_GiB']:.2f} GiB, +"
             f"{100 * m['budget_recompute']['added_vs_measured_keep_step']:.1f} % of keep's step; estimated "
             f"{r['estimated_recompute_peak_act_ratio']:.3f}x memory at {r['estimated_recompute_time_ratio']:.3f}x"
         )

@@ -12,6 +12,7 @@ from flowlane.offload.budget import (
     choose_budget,
     choose_recompute,
     exposed_time,
+    peak_resident,
     resident_at_backward_start,
     with_recompute,
 )
@@ -143,19 +144,27 @@ def test_recompute_buys_with_the_slack_the_earliest_kept_layer_never_the_last() 
     assert b.recompute_s == pytest.approx(0.0055) and b.exposed_s + b.recompute_s <= 0.05 * p.step_s
     assert b.resident_bytes == pytest.approx(plain.resident_bytes - (1 << 30))
     everything = choose_budget(p, prefetch=3, slack_s=0.9 * p.step_s, recompute=True)
-    assert everything.recompute[-1] is False and all(everything.recompute[4:7])
+    # layers 4 and 5 bring the peak down to layer 3's backward, which holds itself and three reloads (4 GiB):
+    # recomputing layer 6 would cost its forward and buy nothing, and the last layer is never a candidate
+    assert everything.recompute == (False,) * 4 + (True, True, False, False)
+    assert everything.peak_bytes == pytest.approx(4 * (1 << 30))
     assert choose_budget(p, prefetch=3, slack_s=0.005, recompute=True).recompute == ()  # below one forward
 
 
 def test_recompute_counts_the_wait_it_adds_and_never_a_layer_with_bytes_offloaded() -> None:
-    p = _two_layers(fwd_s=(1.0, 1.0, 1.0), bwd_s=(2.0, 2.0, 2.0), group_bytes=(10, 10, 10))
-    allow = [10, 0, 0]
+    p = _two_layers(fwd_s=(1.0,) * 4, bwd_s=(2.0,) * 4, group_bytes=(10,) * 4)
+    allow = [10, 0, 0, 0]
     # layer 1 recomputed: 1 s of forward, and layer 0's reload (issued at layer 1's backward) is still hidden
-    assert choose_recompute(p, allow, slack_s=1.0) == (False, True, False)
-    assert choose_recompute(p, allow, slack_s=0.99) == (False, False, False)
-    assert choose_recompute(p, [10, 10, 0], slack_s=10.0) == (False, False, False)
-    assert with_recompute(p, (False, True, False)).bwd_s == (2.0, 3.0, 2.0)
-    with pytest.raises(ValueError, match="allow has 2 entries for 3 layers"):
+    assert choose_recompute(p, allow, slack_s=1.0) == (False, True, False, False)
+    assert choose_recompute(p, allow, slack_s=0.99) == (False, False, False, False)
+    assert choose_recompute(p, [10, 10, 10, 0], slack_s=10.0) == (False,) * 4
+    assert with_recompute(p, (False, True, False, False)).bwd_s == (2.0, 3.0, 2.0, 2.0)
+    # the peak then sits in layer 1's backward (itself rebuilt, layer 0 reloading: 20): recomputing layer 2 as
+    # well would cost a forward and not lower it, so ample slack buys layer 1 only
+    assert peak_resident(p, allow) == 30
+    assert peak_resident(p, allow, recompute=(False, True, False, False)) == 20
+    assert choose_recompute(p, allow, slack_s=10.0) == (False, True, False, False)
+    with pytest.raises(ValueError, match="allow has 2 entries for 4 layers"):
         choose_recompute(p, [10, 0], slack_s=1.0)
 
 
@@ -181,3 +190,22 @@ def test_replay_of_the_h200_profiles_recomputes_one_layer_within_the_slack(tmp_p
             - m["budget_recompute"]["resident_GiB_at_backward_start"]
         )
         assert drop == pytest.approx(1.0)  # one layer of 1 GiB
+
+
+def test_peak_resident_counts_the_group_in_backward_and_the_reloads_ahead() -> None:
+    """Every layer but the last offloaded over a link that stores each layer within the next one's forward: the peak
+    is not where backward begins (one layer) but in backward, a layer plus the reloads issued ahead of it, as measured
+    on an H200 (hidden 8192: every layer but the last and one-layer prefetch stopped at two of eight layers)."""
+    g = 1 << 30
+    p = StepProfile((g,) * 4, (1.0,) * 4, (2.0,) * 4, store_Bps=4.0 * g, load_Bps=4.0 * g)
+    allow = [g, g, g, 0]
+    assert resident_at_backward_start(p, allow) == pytest.approx(g)
+    assert peak_resident(p, allow, prefetch=1) == pytest.approx(2 * g)
+    assert peak_resident(p, allow, prefetch=2) == pytest.approx(3 * g)
+    # nothing offloaded: everything resident where backward begins, recomputed layers excluded there
+    assert peak_resident(p, [0, 0, 0, 0]) == pytest.approx(4 * g)
+    assert peak_resident(p, [0, 0, 0, 0], recompute=(True, True, False, False)) == pytest.approx(2 * g)
+    with pytest.raises(ValueError, match="recompute has 2 entries for 4 layers"):
+        peak_resident(p, allow, recompute=(True, False))
+    with pytest.raises(ValueError, match="allow has 3 entries for 4 layers"):
+        peak_resident(p, allow[:3])

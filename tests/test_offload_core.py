@@ -717,6 +717,8 @@ def test_ssd_estimate_recompute_is_the_caches_plan(capsys: pytest.CaptureFixture
     assert out["budget_resident_share_at_backward_start"] == pytest.approx(
         want.resident_bytes / (8 * per_layer)
     )
+    assert out["budget_peak_share"] == pytest.approx(want.peak_bytes / (8 * per_layer))
+    assert out["budget_peak_share"] >= out["budget_resident_share_at_backward_start"]
 
 
 def test_baseline_tracker_counts_all_layers() -> None:

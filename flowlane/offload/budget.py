@@ -25,8 +25,10 @@ their recomputation happens last in backward, after the later layers' activation
 layer would rebuild it at the peak and save nothing, so it is never chosen). Each costs its forward time, added to its
 backward in the timeline.
 
-What a plan saves at the memory peak is modelled too (:func:`resident_at_backward_start`): stores still queued when
-backward begins have not freed their device memory yet.
+What a plan saves at the memory peak is modelled too (:func:`peak_resident`): stores still queued when backward
+begins have not freed their device memory yet (:func:`resident_at_backward_start`), and later each layer's backward
+holds that layer whole plus the reloads issued ahead of it, so offloading every layer but the last stops at two layers
+(with ``prefetch=1``; measured on an H200, results/gpu). Recomputation is bought only while it lowers that peak.
 
 Pure Python: the tensor cache feeds it CUDA-event timings of a profiled micro-batch; ``flowlane ssd-estimate`` feeds it
 modelled sizes and times.
@@ -112,6 +114,8 @@ class Budget:
     """Layers recomputed in backward instead of kept (``choose_budget(recompute=True)``); empty: none."""
     recompute_s: float = 0.0
     """Modelled time the recomputations add (their forward times)."""
+    peak_bytes: float = 0.0
+    """Modelled peak of saved-activation bytes on the device over the step (:func:`peak_resident`)."""
 
     @property
     def total_bytes(self) -> int:
@@ -138,6 +142,7 @@ class Budget:
             "resident_bytes_at_backward_start": self.resident_bytes,
             "recompute": list(self.recompute),
             "recompute_s": self.recompute_s,
+            "peak_bytes": self.peak_bytes,
         }
 
 
@@ -154,12 +159,13 @@ def choose_recompute(
 ) -> tuple[bool, ...]:
     """Layers to recompute instead of keep, given the offload plan ``allow`` (module docstring): candidates are the
     layers with bytes saved and none offloaded, except the last; front to back, while the forward times added plus the
-    modelled wait stay <= ``slack_s``."""
+    modelled wait stay <= ``slack_s``, each only if it lowers the modelled peak (:func:`peak_resident`)."""
     n = len(p.group_bytes)
     if len(allow) != n:
         raise ValueError(f"allow has {len(allow)} entries for {n} layers")
     chosen = [False] * n
     spent = 0.0
+    peak = peak_resident(p, allow, prefetch)
     for i in range(n - 1):
         if allow[i] or not p.group_bytes[i]:
             continue
@@ -168,7 +174,10 @@ def choose_recompute(
         cost = spent + p.fwd_s[i] + exposed_time(with_recompute(p, trial), allow, prefetch)
         if cost > slack_s:
             break
-        chosen, spent = trial, spent + p.fwd_s[i]
+        lower = peak_resident(p, allow, prefetch, trial)
+        if lower >= peak:  # the peak sits elsewhere (a later layer's backward): recomputing buys nothing
+            continue
+        chosen, spent, peak = trial, spent + p.fwd_s[i], lower
     return tuple(chosen)
 
 
@@ -227,6 +236,31 @@ def resident_at_backward_start(p: StepProfile, allow: Sequence[int]) -> float:
         if a and ends[i] > t_b:  # the tail of the FIFO: the part of layer i not yet copied
             resident += min(a, (ends[i] - t_b) * p.store_Bps)
     return resident
+
+
+def peak_resident(
+    p: StepProfile, allow: Sequence[int], prefetch: int = 1, recompute: Sequence[bool] = ()
+) -> float:
+    """Modelled peak of saved-activation bytes on the device: the larger of the bytes resident where backward begins
+    (:func:`resident_at_backward_start`, less the layers recomputed) and, while layer ``i``'s backward runs, the bytes
+    kept by the layers before it, layer ``i`` whole (kept, reloaded or recomputed) and the reloads issued for the
+    ``prefetch`` layers after it (module docstring)."""
+    n = len(p.group_bytes)
+    if len(allow) != n:
+        raise ValueError(f"allow has {len(allow)} entries for {n} layers")
+    again = tuple(recompute) or (False,) * n
+    if len(again) != n:
+        raise ValueError(f"recompute has {len(again)} entries for {n} layers")
+    kept = [0 if r else g - a for g, a, r in zip(p.group_bytes, allow, again, strict=True)]
+    peak = resident_at_backward_start(p, allow) - sum(
+        g for g, r in zip(p.group_bytes, again, strict=True) if r
+    )
+    before = 0.0
+    for i in range(n):
+        ahead = sum(allow[max(0, i - prefetch) : i])
+        peak = max(peak, before + p.group_bytes[i] + ahead)
+        before += kept[i]
+    return peak
 
 
 def _fill(p: StepProfile, total: int, eligible: Sequence[bool]) -> list[int]:
@@ -315,6 +349,7 @@ def choose_budget(
         resident_at_backward_start(p, allow) - saved,
         again if any(again) else (),
         sum(f for f, r in zip(p.fwd_s, again, strict=True) if r),
+        peak_resident(p, allow, prefetch, again),
     )
 
 
@@ -322,12 +357,12 @@ def choose_plan(
     p: StepProfile, max_prefetch: int = 1, slack_s: float = 0.0, recompute: bool = False
 ) -> tuple[Budget, int]:
     """The budget and prefetch depth (1 ..  ``max_prefetch``) the cache runs with: the shallowest depth that offloads
-    the most bytes (deeper reloads hold memory longer); with ``recompute``, the one that leaves the fewest bytes on the
-    device where backward begins, then the most bytes."""
+    the most bytes (deeper reloads hold memory longer); with ``recompute``, the one with the lowest modelled peak
+    (:func:`peak_resident`), then the most bytes."""
 
     def better(b: Budget, than: Budget) -> bool:
         if recompute:
-            return (b.resident_bytes, -b.total_bytes) < (than.resident_bytes, -than.total_bytes)
+            return (b.peak_bytes, -b.total_bytes) < (than.peak_bytes, -than.total_bytes)
         return b.total_bytes > than.total_bytes
 
     budget, depth = choose_budget(p, prefetch=1, slack_s=slack_s, recompute=recompute), 1

@@ -176,6 +176,7 @@ def modelled_budget(
         "budget_resident_share_at_backward_start": b.resident_bytes / (per_layer * layers)
         if per_layer
         else 0.0,
+        "budget_peak_share": b.peak_bytes / (per_layer * layers) if per_layer else 0.0,
         "budget_prefetch_groups": depth,
         "budget_layers_recomputed": sum(b.recompute),
         "budget_added_s": b.exposed_s + b.recompute_s,
