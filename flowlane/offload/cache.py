@@ -1023,11 +1023,17 @@ class TensorCache:
         if fut is None:
             self.stats.sync_loads += 1  # not prefetched: a hook did not fire or the order differs
             fut = self._submit_load(rec, st)
-        self._lock.release()
-        try:
-            fut.result()
-        finally:
-            self._lock.acquire()
+        return self._await_load(st, fut)
+
+    def _await_load(self, st: _Stored, fut: Future | None) -> torch.Tensor:
+        """Wait for the read ``fut`` (if any) without the lock, then the storage back in memory or the read's error
+        (caller holds the lock)."""
+        if fut is not None:
+            self._lock.release()
+            try:
+                fut.result()
+            finally:
+                self._lock.acquire()
         if st.ref is None:
             err = st.error
             raise RuntimeError(
@@ -1583,18 +1589,8 @@ class TensorCache:
         fut = st.load_fut
         if st.ref is None and fut is not None:
             self.stats.late_loads += 1  # the disk read is still running: the one wait left (SSD tier)
-            self._lock.release()
-            try:
-                fut.result()
-            finally:
-                self._lock.acquire()
-        if st.ref is None:
-            err = st.error
-            raise RuntimeError(
-                f"flowlane offload: reading back a saved activation ({st.nbytes} bytes, "
-                f"{st.where}) failed: {err}; the gradient cannot be computed"
-            ) from err
-        return st.ref
+            return self._await_load(st, fut)
+        return self._await_load(st, None)
 
     def _slab_member_done(self, slab: _Slab, sid: int) -> None:
         """``sid`` no longer needs the tier's copy (loaded, forwarded or released)."""
