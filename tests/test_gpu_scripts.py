@@ -68,6 +68,11 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
     ):
         s = size["strategies"][name]
         assert s["grads_equal"] is True and s["stats"]["bytes_written"] > 0, (name, s)
+        # the allocator's view at every block's forward end, then at every backward begin in reverse
+        n = size["layers"]
+        assert [t["at"] for t in s["allocator_timeline"]] == [f"forward end {i}" for i in range(n)] + [
+            f"backward begin {i}" for i in reversed(range(n))
+        ], (name, s["allocator_timeline"])
     assert (
         doc["megatron_fine_grained"]["ran"] is False
         and "Transformer Engine" in doc["megatron_fine_grained"]["reason"]

@@ -254,30 +254,77 @@ def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
     return dt, peak
 
 
-def _reserved_step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[int, int]:
+def _allocator_view(dev: torch.device) -> dict[str, int]:
+    """What the caching allocator holds right now, as the host sees it (its reuse decisions are made on the host):
+    bytes allocated, freed but waiting for a stream's event (``active_pending_free``: a store's copy still queued
+    as far as the host knows), and cached free (``inactive``), summed over ``torch.cuda.memory_snapshot()``; zeros
+    on CPU."""
+    view = {"reserved": 0, "active_allocated": 0, "active_pending_free": 0, "inactive": 0}
+    if dev.type == "cuda":
+        for seg in torch.cuda.memory_snapshot():
+            view["reserved"] += seg["total_size"]
+            for blk in seg["blocks"]:
+                if blk["state"] in view:
+                    view[blk["state"]] += blk["size"]
+    return view
+
+
+def _reserved_step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[int, int, list[dict[str, Any]]]:
     """One more step, measuring what the allocator *holds* above what it held before: (``max_memory_reserved``
-    after ``empty_cache``, peak ``active_bytes``). A store frees its device tensor as soon as its copy is queued
+    after ``empty_cache``, peak ``active_bytes``, the allocator's view at each block's forward end and backward
+    begin). A store frees its device tensor as soon as its copy is queued
     (``record_stream``), so ``max_memory_allocated`` no longer counts it, but the allocator reuses that block only
     after the copy ran. Active bytes are the allocated ones plus such blocks; reserved adds what the allocator cached
     but could not hand out (rounding, split blocks), for every column alike. Not timed: the step after
-    ``empty_cache`` pays for fresh ``cudaMalloc`` calls."""
-    if dev.type != "cuda":
-        return 0, 0
+    ``empty_cache`` pays for fresh ``cudaMalloc`` calls, and each view walks the allocator's segments."""
     model.zero_grad(set_to_none=False)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_reserved()
-    active = torch.cuda.memory_stats().get("active_bytes.all.current", 0)
-    torch.cuda.reset_peak_memory_stats()
-    with _sdpa_ctx(dev):
-        out = model(x)
-        loss = out.float().pow(2).mean()
-        loss.backward()
-    torch.cuda.synchronize()
+    base = active = 0
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_reserved()
+        active = torch.cuda.memory_stats().get("active_bytes.all.current", 0)
+    timeline: list[dict[str, Any]] = []
+    phase = ["forward"]
+    before = _allocator_view(dev)  # weights, gradients and the input: every view is taken above them
+
+    def mark(at: str) -> None:
+        timeline.append({"at": at, **{k: v - before[k] for k, v in _allocator_view(dev).items()}})
+
+    def begin(i: int) -> Any:
+        def hook(_g: torch.Tensor) -> None:
+            phase[0] = "backward"
+            mark(f"backward begin {i}")
+
+        return hook
+
+    def after_forward(i: int) -> Any:
+        def hook(_m: nn.Module, _args: Any, out: torch.Tensor) -> None:
+            if phase[0] == "forward" and out.requires_grad:  # not a recomputation (which stops early anyway)
+                mark(f"forward end {i}")
+                out.register_hook(begin(i))
+
+        return hook
+
+    hooks = [blk.register_forward_hook(after_forward(i)) for i, blk in enumerate(model.blocks)]
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with _sdpa_ctx(dev):
+            out = model(x)
+            loss = out.float().pow(2).mean()
+            loss.backward()
+    finally:
+        for h in hooks:
+            h.remove()
     del out, loss
+    if dev.type != "cuda":
+        return 0, 0, timeline
+    torch.cuda.synchronize()
     return (
         torch.cuda.max_memory_reserved() - base,
         torch.cuda.memory_stats().get("active_bytes.all.peak", 0) - active,
+        timeline,
     )
 
 
@@ -360,7 +407,9 @@ def run_strategy(
         r["step_s_all"] = times
         r["peak_act_bytes"] = max(peaks) if peaks else None
         if times:
-            r["peak_reserved_bytes"], r["peak_active_bytes"] = _reserved_step(model, x, dev)
+            r["peak_reserved_bytes"], r["peak_active_bytes"], r["allocator_timeline"] = _reserved_step(
+                model, x, dev
+            )
         grads = _grads(model)
         if ref is not None:
             r["grads_equal"], r["grads_max_abs_diff"] = _equal(ref, grads)
@@ -748,6 +797,14 @@ def main() -> int:
                 f"x{r.get('reserved_ratio_vs_keep', 1.0):.3f}   "
                 f"grads equal {r.get('grads_equal')}"
             )
+            tl = r.get("allocator_timeline") or []
+            top = max(tl, key=lambda v: v["reserved"], default=None)
+            if top is not None and top["reserved"]:
+                print(
+                    f"  {'':27s} allocator at its largest ({top['at']}): reserved {top['reserved'] / MiB:.0f} MiB = "
+                    f"allocated {top['active_allocated'] / MiB:.0f} + awaiting a copy "
+                    f"{top['active_pending_free'] / MiB:.0f} + cached free {top['inactive'] / MiB:.0f}"
+                )
         if size.get("goal"):
             print(f"  goal: {size['goal']}")
     print(f"megatron fine-grained offloading: {doc['megatron_fine_grained']['reason']}")
