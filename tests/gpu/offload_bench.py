@@ -255,17 +255,17 @@ def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
 
 
 def _allocator_view(dev: torch.device) -> dict[str, int]:
-    """What the caching allocator holds right now, as the host sees it (its reuse decisions are made on the host):
-    bytes allocated, freed but waiting for a stream's event (``active_pending_free``: a store's copy still queued
-    as far as the host knows), and cached free (``inactive``), summed over ``torch.cuda.memory_snapshot()``; zeros
-    on CPU."""
-    view = {"reserved": 0, "active_allocated": 0, "active_pending_free": 0, "inactive": 0}
+    """What the caching allocator holds right now, as the host sees it (its reuse decisions are made on the host),
+    summed over ``torch.cuda.memory_snapshot()``'s segments: allocated, freed but waiting for another stream's event
+    (``active_size - allocated_size``: a store's copy still queued as far as the host knows) and cached free (the
+    rest of the segment); zeros on CPU."""
+    view = {"reserved": 0, "allocated": 0, "awaiting_copy": 0, "cached_free": 0}
     if dev.type == "cuda":
         for seg in torch.cuda.memory_snapshot():
             view["reserved"] += seg["total_size"]
-            for blk in seg["blocks"]:
-                if blk["state"] in view:
-                    view[blk["state"]] += blk["size"]
+            view["allocated"] += seg["allocated_size"]
+            view["awaiting_copy"] += seg["active_size"] - seg["allocated_size"]
+            view["cached_free"] += seg["total_size"] - seg["active_size"]
     return view
 
 
@@ -802,8 +802,8 @@ def main() -> int:
             if top is not None and top["reserved"]:
                 print(
                     f"  {'':27s} allocator at its largest ({top['at']}): reserved {top['reserved'] / MiB:.0f} MiB = "
-                    f"allocated {top['active_allocated'] / MiB:.0f} + awaiting a copy "
-                    f"{top['active_pending_free'] / MiB:.0f} + cached free {top['inactive'] / MiB:.0f}"
+                    f"allocated {top['allocated'] / MiB:.0f} + awaiting a copy "
+                    f"{top['awaiting_copy'] / MiB:.0f} + cached free {top['cached_free'] / MiB:.0f}"
                 )
         if size.get("goal"):
             print(f"  goal: {size['goal']}")
