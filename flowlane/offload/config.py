@@ -60,8 +60,9 @@ class OffloadConfig:
     the link hides are offloaded while the modelled wait stays below it and below recomputing the layer."""
     recompute: bool = False
     """``adaptive``: spend what ``max_slowdown`` leaves after the byte budget on recomputing layers kept whole (their
-    forward runs again in backward under ``torch.utils.checkpoint``), earliest first, never the last: past the bytes
-    the link moves during forward, only recomputation lowers the memory peak where backward begins (budget.py)."""
+    forward runs again in backward under ``torch.utils.checkpoint``), earliest first, never the last, each only while
+    it lowers the modelled peak: past the bytes the link moves during forward, only recomputation lowers the memory
+    peak where backward begins (budget.py)."""
     link_GBps: float = 0.0
     """``adaptive``: the link's rate in GB/s for the byte budget (pinned_cpu: PCIe; posix: the disk's write rate);
     0 measures it in the profiled micro-batch (CUDA events around the copies, or the store threads' clock on CPU)."""
