@@ -178,6 +178,36 @@ def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
             assert h.stats.profile["keep_last_k"] == 1 and len(h.stats.profile["allow_bytes"]) == L
 
 
+def test_megatron_half_layer_groups_bitwise_layer_norm_inputs_kept(megatron_env, monkeypatch) -> None:
+    """``scope_classes=["SelfAttention", "MLP"]``: each layer's attention and MLP are the offload groups (the H200
+    bench's half-layer groups lowered the floor backward holds, results/gpu). Under Megatron's own schedule the
+    gradients stay bitwise, every group but the last MLP is stored, and the two layer norms that the local spec keeps
+    in TransformerLayer itself save their inputs outside both groups, so those stay on the device (docs/offload.md)."""
+    from flowlane.offload import TensorCache
+    from megatron_plugin.ssd_offload import install_from_config
+
+    monkeypatch.setattr(TensorCache, "_is_bulk", lambda self, device: self._bulk_backend)
+    model = _gpt()
+    ref = _step(model)
+    cfg = {
+        "backend": "pinned_cpu",
+        "min_bytes": MIN_BYTES,
+        "keep_last_k": 1,
+        "offload_cpu_tensors": True,
+        "scope_classes": ["SelfAttention", "MLP"],
+    }
+    with install_from_config(cfg, model) as h:
+        before = h.stats
+        got = _step(model)
+        after = h.stats
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+    assert after.bulk_stores - before.bulk_stores == 2 * (2 * L - 1)  # two micro-batches, the last MLP kept
+    per_layer = activation_bytes_per_layer(LayerShape(SEQ, MB, HID, HEADS, dropout=False, elem_bytes=4))
+    sbh = MB * SEQ * HID * 4  # one fp32 [s, b, h] tensor: what each layer norm saves
+    last_mlp = (1 + 4 + 4) * sbh  # its norm's output (fc1's input), fc1's output and the activation's
+    assert after.bytes_written - before.bytes_written == 2 * (L * (per_layer - 2 * sbh) - last_mlp)
+
+
 def _seeded_step(model) -> list[torch.Tensor]:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
