@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import resource
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,13 +43,9 @@ def _setup(device: str) -> None:
         cpu_shim.apply()
     from megatron.core import parallel_state
 
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo" if device == "cpu" else "nccl", rank=0, world_size=1)
+    if not dist.is_initialized():  # one rank: an in-process store, no port to pick
+        backend = "gloo" if device == "cpu" else "nccl"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
 
 

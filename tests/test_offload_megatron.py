@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,12 +17,6 @@ L, HID, HEADS, SEQ, MB, VOCAB = 6, 64, 4, 32, 2, 128
 MIN_BYTES = 4096  # below: LN mean/rstd; above: every per-layer activation of this size
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def megatron_env():
     import torch.distributed as dist
@@ -35,10 +27,8 @@ def megatron_env():
     from megatron.core import parallel_state
 
     own = not dist.is_initialized()
-    if own:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(_port())
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if own:  # one rank: an in-process store, no port to pick
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     yield
     parallel_state.destroy_model_parallel()
