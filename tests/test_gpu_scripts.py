@@ -65,6 +65,7 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
         "flowlane_recompute",
         "flowlane_ssd",
         "flowlane_sublayer_recompute",
+        "flowlane_sublayer_recompute_ordered",
     ):
         s = size["strategies"][name]
         assert s["grads_equal"] is True and s["stats"]["bytes_written"] > 0, (name, s)

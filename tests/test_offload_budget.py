@@ -13,6 +13,7 @@ from flowlane.offload.budget import (
     choose_recompute,
     exposed_time,
     peak_resident,
+    release_points,
     resident_at_backward_start,
     with_recompute,
 )
@@ -209,3 +210,15 @@ def test_peak_resident_counts_the_group_in_backward_and_the_reloads_ahead() -> N
         peak_resident(p, allow, recompute=(True, False))
     with pytest.raises(ValueError, match="allow has 3 entries for 4 layers"):
         peak_resident(p, allow[:3])
+
+
+def test_release_points_are_the_first_hooks_after_each_store_ends() -> None:
+    """Three layers of 10 bytes, forward 1 s and backward 2 s each. At 10 B/s layer 0's store runs 1-2 s, ending as
+    layer 2's forward starts; layer 1's runs 2-3 s, past every forward start, and ends as backward begins (layer 2,
+    at 3 s). At 2.5 B/s the stores end at 5 s and 9 s: layer 0's at layer 1's backward begin (13 s, after waiting
+    for layer 1's reload), layer 1's only at its own."""
+    fast = _two_layers(fwd_s=(1.0,) * 3, bwd_s=(2.0,) * 3, group_bytes=(10,) * 3)
+    assert release_points(fast, [10, 10, 0]) == (("forward", 2), ("backward", 2), None)
+    slow = _two_layers(fwd_s=(1.0,) * 3, bwd_s=(2.0,) * 3, group_bytes=(10,) * 3, store_Bps=2.5, load_Bps=2.5)
+    assert release_points(slow, [10, 10, 0]) == (("backward", 1), ("backward", 1), None)
+    assert release_points(slow, [0, 0, 0]) == (None, None, None)

@@ -376,3 +376,40 @@ def test_recompute_with_an_rng_tracker_replays_the_first_runs_draws(restore: boo
     got = torch.autograd.grad(run(layer, x).sum(), x)[0]
     assert torch.equal(got, expected) is restore
     assert tracker.state == (2.0 if restore else 3.0)
+
+
+def test_stream_order_release_drops_each_layer_where_its_copy_has_ended(tmp_path: Path) -> None:
+    """``release="stream_order"``: a stored layer's tensors are held until the hook point where the timeline says
+    its copy has ended, then dropped (on a GPU after the compute stream waited for the copy's event). A link of 1 PB/s
+    ends each store within the next layer's forward, so layer i goes at layer i + 2's forward start and the last one
+    stored at the first backward begin (points on a slow link: ``test_offload_budget``). Gradients stay bitwise."""
+    m, idx = _model(L)
+    ref = _reference(m, idx)
+    cfg = _cfg(
+        tmp_path, backend="pinned_cpu", adaptive=True, profile_step=0, link_GBps=1e6, release="stream_order"
+    )
+    with _bulk(m, cfg) as cache:
+        seen: list[int] = []
+        for blk in m.blocks:  # after the cache's own pre-hook: what it has released when each forward starts
+            blk.register_forward_pre_hook(lambda mod, args: seen.append(cache.stats.ordered_releases))
+        for _ in range(2):
+            seen.clear()
+            before = cache.stats_snapshot()
+            m.zero_grad()
+            m(idx).backward()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        s = cache.stats_snapshot()
+    points = [tuple(p) if p else None for p in s.profile["release_at"]]
+    assert points == [("forward", i + 2) for i in range(L - 2)] + [("backward", L - 1), None]
+    assert [x - before.ordered_releases for x in seen] == [0, 0, *range(1, L - 1)]
+    assert s.ordered_releases - before.ordered_releases == L - 1 and s.ordered_release_misses == 0
+    assert s.bytes_written - before.bytes_written == (L - 1) * A
+
+
+def test_stream_order_release_needs_the_budget(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"offload.release='stream_order' needs adaptive=true"):
+        _cfg(tmp_path, release="stream_order")
+    with pytest.raises(
+        ValueError, match=r"offload.release='eventually' must be 'record_stream' or 'stream_order'"
+    ):
+        _cfg(tmp_path, adaptive=True, release="eventually")

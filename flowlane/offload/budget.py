@@ -181,8 +181,9 @@ def choose_recompute(
     return tuple(chosen)
 
 
-def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> float:
-    """Seconds backward waits for reloads when ``allow[i]`` bytes of layer ``i`` are offloaded (module docstring)."""
+def _timeline(p: StepProfile, allow: Sequence[int], prefetch: int) -> tuple[list[float], list[float], float]:
+    """The module docstring's timeline: (when each layer's store ends, when each layer's backward begins, seconds
+    backward waited for reloads)."""
     n = len(p.group_bytes)
     if len(allow) != n:
         raise ValueError(f"allow has {len(allow)} entries for {n} layers")
@@ -200,6 +201,7 @@ def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> flo
     waited = 0.0
     load_free = 0.0
     issued: dict[int, float] = {}
+    begins = [0.0] * n
     for i in range(n - 1, -1, -1):
         # reloads issued when this layer's backward is about to begin: itself (if not yet) and `prefetch` ahead
         for j in range(i, max(-1, i - prefetch - 1), -1):
@@ -213,8 +215,49 @@ def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> flo
         if issued[i] > t:  # layer i's backward waits for its reload
             waited += issued[i] - t
             t = issued[i]
+        begins[i] = t
         t += p.bwd_s[i]
-    return waited
+    return done, begins, waited
+
+
+def exposed_time(p: StepProfile, allow: Sequence[int], prefetch: int = 1) -> float:
+    """Seconds backward waits for reloads when ``allow[i]`` bytes of layer ``i`` are offloaded (module docstring)."""
+    return _timeline(p, allow, prefetch)[2]
+
+
+#: a point of the step where the tensor cache runs a hook: ("forward", j) when layer j's forward starts,
+#: ("backward", k) when layer k's backward begins
+Point = tuple[str, int]
+
+
+def release_points(
+    p: StepProfile, allow: Sequence[int], prefetch: int = 1, recompute: Sequence[bool] = ()
+) -> tuple[Point | None, ...]:
+    """Where each offloaded layer's device memory can go back to the allocator in the compute stream's order
+    (``OffloadConfig.release="stream_order"``): the first hook point at or after the modelled end of the layer's
+    store, a later layer's forward start or, in backward, a layer's backward begin, at the latest the layer's own.
+    There the compute stream waits for the store's event, which the timeline says has fired, and the layer's
+    tensors are dropped: the allocator reuses their blocks for the work that follows, in stream order, instead of
+    when the host next finds the event complete (``record_stream``). ``None`` for a layer with nothing offloaded."""
+    n = len(p.group_bytes)
+    again = tuple(recompute) or (False,) * n
+    done, begins, _ = _timeline(with_recompute(p, again), allow, prefetch)
+    starts = [sum(p.fwd_s[:j]) for j in range(n)]
+    points: list[Point | None] = []
+    for i in range(n):
+        if not allow[i]:
+            points.append(None)
+            continue
+        point: Point = ("backward", i)
+        later = [("forward", j) for j in range(i + 1, n) if starts[j] >= done[i]]
+        if later:
+            point = later[0]
+        else:
+            ready = [k for k in range(n - 1, i, -1) if begins[k] >= done[i]]
+            if ready:
+                point = ("backward", ready[0])
+        points.append(point)
+    return tuple(points)
 
 
 def resident_at_backward_start(p: StepProfile, allow: Sequence[int]) -> float:

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from flowlane.offload.backends import IOBackend, make_backend
-from flowlane.offload.budget import StepProfile, choose_plan
+from flowlane.offload.budget import Point, StepProfile, choose_plan, release_points
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.pool import HostBlock, PinnedPool, align_up
 from flowlane.offload.residency import Residency, is_flattenable, mark_parameters, plain_tensors, storage_uid
@@ -103,6 +103,10 @@ class OffloadStats:
     """host pool counters (CUDA tiers): allocated, in use, peak, hits, misses"""
     recomputed_layers: int = 0
     """layer forwards run under ``torch.utils.checkpoint`` because the budget chose to recompute them (``recompute``)"""
+    ordered_releases: int = 0
+    """layer blocks whose device tensors were dropped in the compute stream's order (``release="stream_order"``)"""
+    ordered_release_misses: int = 0
+    """layer blocks stored after their release point had passed: released by ``record_stream`` instead"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,6 +204,7 @@ class _Slab:
         "writing",
         "write_fut",
         "t_copy",
+        "hold",
     )
 
     def __init__(self, key: str, block: HostBlock, members: list[_Stored]) -> None:
@@ -215,6 +220,7 @@ class _Slab:
         self.writing = False
         self.write_fut: Future | None = None
         self.t_copy: tuple[Any, Any] | None = None  # (start, end) CUDA timing events while profiling
+        self.hold: list[torch.Tensor] | None = None  # the stored device tensors until their release point
 
 
 class _Record:
@@ -257,6 +263,9 @@ class _Record:
         self.load_spans: list[tuple[Any, Any, int]] = []
         self.load_bytes = 0
         self.load_s = 0.0
+        # release="stream_order": slabs whose device tensors are dropped at a hook point, and the points passed
+        self.due: dict[Point, list[_Slab]] = {}
+        self.passed: set[Point] = set()
 
 
 class SavedHandle:
@@ -422,6 +431,8 @@ class TensorCache:
         self._checkpoint = checkpoint or recompute_forward
         # family -> layers recomputed in backward (``recompute``)
         self._recompute: dict[Any, frozenset[int]] = {}
+        # family -> per layer, the hook point where its stored tensors are dropped (``release="stream_order"``)
+        self._release_at: dict[Any, tuple[Point | None, ...]] = {}
         # scopes whose forward is wrapped: (module, whether it had an instance forward of its own)
         self._forwards: list[tuple[torch.nn.Module, bool]] = []
 
@@ -662,6 +673,8 @@ class TensorCache:
         if rec.profiling and was_backward:
             self._finish_profile(rec)
             rec.profiling = False
+        for point in list(rec.due):
+            self._release_due(rec, point)
         for st in list(rec.storages.values()):
             self._release(rec, st)
         if self._records.get(rec.key) is rec:
@@ -779,6 +792,8 @@ class TensorCache:
                 rec.bwd_t0[sc.group] = now
                 if rec.bwd_start is None:
                     rec.bwd_start = now
+            if sc.parent is None:  # stored layers whose copies the timeline has ended by now, before reloads
+                self._release_due(rec, ("backward", sc.group))
             # this layer, then ``prefetch_groups`` layers ahead in backward order, in stream order
             for g in range(sc.group, max(-1, sc.group - 1 - self._prefetch), -1):
                 self._ensure_loading(rec, rec.group_sids[g])
@@ -819,10 +834,34 @@ class TensorCache:
                     self._release(rec, st)
 
     def _on_group_start(self, rec: _Record, group: int) -> None:
-        """Without a known layer count, kept layers are decided late: store groups that are now >= k behind."""
+        """Without a known layer count, kept layers are decided late: store groups that are now >= k behind. Stored
+        layers due here go back to the allocator (``release="stream_order"``)."""
+        self._release_due(rec, ("forward", group))
         k = self._effective_k(rec)
         if k > 0 and rec.family not in self._ngroups:
             self._flush_kept(rec, upto_group=group - k)
+
+    def _release_point(self, rec: _Record, group: int) -> Point | None:
+        """Where layer ``group``'s stored tensors are dropped (``release="stream_order"``), None: ``record_stream``."""
+        if rec.profiling or self.config.release != "stream_order":
+            return None
+        points = self._release_at.get(rec.family, ())
+        point = points[group] if group < len(points) else None
+        if point is not None and point in rec.passed:  # stored late (a flush after the layer's end)
+            self.stats.ordered_release_misses += 1
+            return None
+        return point
+
+    def _release_due(self, rec: _Record, point: Point) -> None:
+        """Drop the stored tensors due at ``point``: the compute stream first waits for their copies' events (the
+        timeline says they have fired), so the allocator may hand their blocks to the work that follows in stream
+        order (caller holds the lock)."""
+        rec.passed.add(point)
+        for slab in rec.due.pop(point, ()):
+            if slab.hold and slab.d2h_done is not None:
+                torch.cuda.current_stream(slab.hold[0].device).wait_event(slab.d2h_done)
+            slab.hold = None
+            self.stats.ordered_releases += 1
 
     # ------------------------------------------------------------------------------------------ pack / unpack
     def _pack(self, t: torch.Tensor) -> Any:
@@ -1322,6 +1361,8 @@ class TensorCache:
             return
         self._allow[rec.family] = list(budget.allow_bytes)
         self._recompute[rec.family] = frozenset(i for i, r in enumerate(budget.recompute) if r)
+        if self.config.release == "stream_order":
+            self._release_at[rec.family] = release_points(prof, budget.allow_bytes, depth, budget.recompute)
         self._prefetch = depth
         self._k = budget.keep_last_k
         self.stats.keep_last_k = budget.keep_last_k
@@ -1335,6 +1376,7 @@ class TensorCache:
             "read_bandwidth_Bps": load,
             "prefetch_groups": depth,
             **budget.as_dict(),
+            "release_at": [list(pt) if pt else None for pt in self._release_at.get(rec.family, ())],
         }
 
     # ------------------------------------------------------------------------------------------ bulk tiers
@@ -1372,6 +1414,10 @@ class TensorCache:
             offsets.append(off)
             off += align_up(st.nbytes)
         t0 = _clock()
+        point = self._release_point(rec, group)
+        if point is not None:  # dropped at ``point`` in the compute stream's order, not by record_stream
+            slab.hold = [st.ref for st in sts if st.ref is not None]
+            rec.due.setdefault(point, []).append(slab)
         if dev.type == "cuda":
             d2h, _ = self._cuda_streams(dev)
             produced = torch.cuda.Event()
@@ -1384,7 +1430,8 @@ class TensorCache:
                 start = _timing_event(dev) if rec.profiling else None
                 for st, o in zip(sts, offsets, strict=True):
                     blk.buf[o : o + st.nbytes].copy_(st.ref, non_blocking=True)
-                    st.ref.record_stream(d2h)
+                    if point is None:
+                        st.ref.record_stream(d2h)
                 done = torch.cuda.Event(enable_timing=rec.profiling)
                 done.record(d2h)
             slab.d2h_done = done

@@ -66,6 +66,12 @@ class OffloadConfig:
     link_GBps: float = 0.0
     """``adaptive``: the link's rate in GB/s for the byte budget (pinned_cpu: PCIe; posix: the disk's write rate);
     0 measures it in the profiled micro-batch (CUDA events around the copies, or the store threads' clock on CPU)."""
+    release: Literal["record_stream", "stream_order"] = "record_stream"
+    """Bulk tiers: when a stored layer's device memory goes back to the allocator. ``record_stream``: the allocator
+    reuses a block once the host finds the copy's event complete. ``stream_order`` (needs ``adaptive``; experimental,
+    not yet measured on a GPU): at the hook point where the budget's timeline says the copy has ended, the compute
+    stream waits for the copy's event and the layer's tensors are dropped, so the blocks are reused in stream order
+    (``budget.release_points``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.dirs, str):
@@ -112,6 +118,13 @@ class OffloadConfig:
             raise ValueError(f"offload.o_direct={self.o_direct!r} must be 'auto', 'on' or 'off'")
         if self.on_io_error not in ("keep", "raise"):
             raise ValueError(f"offload.on_io_error={self.on_io_error!r} must be 'keep' or 'raise'")
+        if self.release not in ("record_stream", "stream_order"):
+            raise ValueError(f"offload.release={self.release!r} must be 'record_stream' or 'stream_order'")
+        if self.release == "stream_order" and not self.adaptive:
+            raise ValueError(
+                "offload.release='stream_order' needs adaptive=true: the release points come from the profiled "
+                "step's timeline"
+            )
         if self.kvikio_compat_mode not in ("auto", "on", "off"):
             raise ValueError(
                 f"offload.kvikio_compat_mode={self.kvikio_compat_mode!r} must be 'auto', 'on' or 'off'"

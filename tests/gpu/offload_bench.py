@@ -25,6 +25,9 @@ computes the same gradients):
   layer: backward holds the group it differentiates plus the group being reloaded, so with 1 GiB layers the
   layer-granular floor is two layers (the 2026-11-27 H200 run: ``flowlane_all`` and ``flowlane_recompute`` both at
   0.345x at hidden 8192), and half-layer groups lower it;
+- ``flowlane_sublayer_recompute_ordered``: that column with ``release="stream_order"``: each stored layer's device
+  tensors dropped in the compute stream's order where the budget's timeline says its copy has ended, instead of by
+  ``record_stream`` (the allocator then reuses them once the host finds the copy's event complete);
 - a third size, hidden 8192 with 16 layers (where the GPU has the memory: ~75 GB), runs keep, recompute and three
   flowlane columns: the two-group floor is a smaller share of a deeper model;
 - ``flowlane_ssd``: hidden 4096 only, the posix tier (layer blocks written with O_DIRECT from the pool) with the budget,
@@ -86,9 +89,14 @@ MiB = 1 << 20
 GPU_SIZES = [(4096, 32, 4096, 2, 8), (8192, 64, 4096, 1, 8), (8192, 64, 4096, 1, 16)]
 CPU_SIZES = [(64, 4, 64, 2, 4), (128, 4, 64, 1, 4), (128, 4, 64, 1, 16)]
 #: the deep size (16 layers) runs these columns only (time), and only with the memory for it (weights + grads + keep)
-DEEP_LAYERS, DEEP_COLUMNS = (
-    16,
-    ("keep", "recompute", "flowlane", "flowlane_recompute", "flowlane_sublayer_recompute"),
+DEEP_LAYERS = 16
+DEEP_COLUMNS = (
+    "keep",
+    "recompute",
+    "flowlane",
+    "flowlane_recompute",
+    "flowlane_sublayer_recompute",
+    "flowlane_sublayer_recompute_ordered",
 )
 DEEP_NEEDS_BYTES = 100 << 30
 GOALS = {4096: 0.40, 8192: 0.70}  # activation memory saved, at <= 5 % step time (issue 36)
@@ -208,6 +216,7 @@ STRATEGIES = (
     "flowlane_recompute",
     "flowlane_sublayer",
     "flowlane_sublayer_recompute",
+    "flowlane_sublayer_recompute_ordered",
     "flowlane_all",
     "flowlane_sublayer_all",
 )
@@ -383,8 +392,10 @@ def run_strategy(
                 kw.update(adaptive=True, profile_step=1, prefetch_groups=4)
                 if name == "flowlane_slow3":
                     kw.update(max_slowdown=0.03)  # the budget may add 3 % of the step for more bytes
-                if name.endswith("_recompute"):
+                if "_recompute" in name:
                     kw.update(max_slowdown=0.05, recompute=True)  # the goals' 5 %, spent on recomputation
+                if name.endswith("_ordered"):
+                    kw.update(release="stream_order")  # stored layers dropped in the compute stream's order
                 warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
             else:
                 kw.update(keep_last_k=1)
@@ -748,7 +759,13 @@ def main() -> int:
                 else:
                     r["grads_note"] = "keep itself is not bitwise reproducible here: inconclusive"
         size["goal"] = {}  # per flowlane strategy that aims at it
-        for name in ("flowlane", "flowlane_recompute", "flowlane_sublayer", "flowlane_sublayer_recompute"):
+        for name in (
+            "flowlane",
+            "flowlane_recompute",
+            "flowlane_sublayer",
+            "flowlane_sublayer_recompute",
+            "flowlane_sublayer_recompute_ordered",
+        ):
             fl = st.get(name, {})
             if (
                 h not in GOALS
@@ -787,10 +804,10 @@ def main() -> int:
         )
         for name, r in size["strategies"].items():
             if r.get("status") != "ok":
-                print(f"  {name:27s} {r.get('status')}: {r.get('error', '')}")
+                print(f"  {name:35s} {r.get('status')}: {r.get('error', '')}")
                 continue
             print(
-                f"  {name:27s} step {r['step_s'] * 1e3:8.2f} ms  x{r.get('time_ratio_vs_keep', 1.0):.3f}   "
+                f"  {name:35s} step {r['step_s'] * 1e3:8.2f} ms  x{r.get('time_ratio_vs_keep', 1.0):.3f}   "
                 f"peak act {r['peak_act_bytes'] / MiB:9.1f} MiB  x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}   "
                 f"active x{r.get('active_ratio_vs_keep', 1.0):.3f}  "
                 f"reserved {(r.get('peak_reserved_bytes') or 0) / MiB:9.1f} MiB  "
@@ -801,7 +818,7 @@ def main() -> int:
             top = max(tl, key=lambda v: v["reserved"], default=None)
             if top is not None and top["reserved"]:
                 print(
-                    f"  {'':27s} allocator at its largest ({top['at']}): reserved {top['reserved'] / MiB:.0f} MiB = "
+                    f"  {'':35s} allocator at its largest ({top['at']}): reserved {top['reserved'] / MiB:.0f} MiB = "
                     f"allocated {top['allocated'] / MiB:.0f} + awaiting a copy "
                     f"{top['awaiting_copy'] / MiB:.0f} + cached free {top['cached_free'] / MiB:.0f}"
                 )
