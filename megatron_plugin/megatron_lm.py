@@ -79,7 +79,11 @@ class FlowlaneHooks:
         model = self._model_provider(*args, **kwargs)
         self._chunks.append(model)
         if len(self._chunks) == self._expected_chunks and self._args.ssd_offload:
-            self.offload = ssd_offload.install(self._chunks, ssd_offload.config_from_args(self._args))
+            self.offload = ssd_offload.install(
+                self._chunks,
+                ssd_offload.config_from_args(self._args),
+                scope_classes=self._args.ssd_offload_scope_classes,
+            )
         return model
 
     def forward_step(self, data_iterator: Any, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:

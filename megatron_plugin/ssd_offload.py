@@ -4,7 +4,7 @@ Launch flags (through ``megatron_plugin.args.add_flowlane_args``)::
 
     --ssd-offload --ssd-offload-dirs /nvme0 /nvme1 --ssd-offload-backend posix --ssd-offload-min-bytes 2097152
     --ssd-offload-keep-last-k 1 | --ssd-offload-adaptive [--ssd-offload-link-gbps 55]
-        [--ssd-offload-max-slowdown 0.05 --ssd-offload-recompute]
+        [--ssd-offload-max-slowdown 0.05 --ssd-offload-recompute] [--ssd-offload-scope-classes SelfAttention MLP]
 
 API::
 
@@ -105,6 +105,21 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "the step time the byte budget leaves",
     )
     g.add_argument(
+        "--ssd-offload-release",
+        choices=["record_stream", "stream_order"],
+        default=d.release,
+        help="CUDA tiers, with --ssd-offload-adaptive: when a stored layer's device memory returns to the allocator "
+        "(stream_order: in the compute stream's order where the budget's timeline says the copy ended; "
+        "experimental)",
+    )
+    g.add_argument(
+        "--ssd-offload-scope-classes",
+        nargs="+",
+        default=list(DEFAULT_SCOPES),
+        help="module classes whose outermost instances are the offload groups (SelfAttention MLP: each layer's "
+        "halves; with the local spec the layer norms' inputs then stay on the device)",
+    )
+    g.add_argument(
         "--ssd-offload-pinned-pool-bytes",
         type=int,
         default=d.pinned_pool_bytes,
@@ -132,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> OffloadConfig:
         pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
         max_slowdown=args.ssd_offload_max_slowdown,
         recompute=bool(args.ssd_offload_recompute),
+        release=args.ssd_offload_release,
     )
 
 

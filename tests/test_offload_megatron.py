@@ -314,7 +314,23 @@ def test_megatron_flags_build_the_config() -> None:
         ]
     )
     c = config_from_args(a)
-    assert c.recompute and c.adaptive and c.max_slowdown == 0.05
+    assert c.recompute and c.adaptive and c.max_slowdown == 0.05 and c.release == "record_stream"
+    assert a.ssd_offload_scope_classes == ["TransformerLayer", "SelfAttention", "MLP"]
+    a = p.parse_args(
+        [
+            "--ssd-offload",
+            "--ssd-offload-adaptive",
+            "--ssd-offload-release",
+            "stream_order",
+            "--ssd-offload-scope-classes",
+            "SelfAttention",
+            "MLP",
+        ]
+    )
+    assert config_from_args(a).release == "stream_order"
+    assert a.ssd_offload_scope_classes == ["SelfAttention", "MLP"]
+    with pytest.raises(ValueError, match="offload.release='stream_order' needs adaptive=true"):
+        config_from_args(p.parse_args(["--ssd-offload", "--ssd-offload-release", "stream_order"]))
     with pytest.raises(ValueError, match="offload.recompute=True needs adaptive=true and max_slowdown > 0"):
         config_from_args(p.parse_args(["--ssd-offload", "--ssd-offload-recompute"]))
     with pytest.raises(SystemExit):
