@@ -135,9 +135,11 @@ def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_pa
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize(
+    ("adaptive", "release"), [(False, "record_stream"), (True, "record_stream"), (True, "stream_order")]
+)
 def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
-    megatron_env, tmp_path: Path, monkeypatch, adaptive: bool
+    megatron_env, tmp_path: Path, monkeypatch, adaptive: bool, release: str
 ) -> None:
     """The CUDA tiers' bulk path (one host block per TransformerLayer, reloads in stream order, the byte budget)
     driven by Megatron's own schedule and hints; forced onto CPU tensors, where its copies are synchronous."""
@@ -155,6 +157,7 @@ def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
         "adaptive": adaptive,
         "profile_step": 0,
         "link_GBps": 1e6 if adaptive else 0.0,
+        "release": release,
     }
     with install_from_config(cfg, model) as h:
         for _ in range(2):
@@ -164,6 +167,10 @@ def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
             assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
         assert after.bulk_stores - before.bulk_stores == 2 * (L - 1)  # two micro-batches, last layer kept
         assert after.sync_loads == 0 and after.late_loads == 0
+        # stream order: every stored layer of both micro-batches dropped at its point, none stored too late
+        released = after.ordered_releases - before.ordered_releases
+        assert released == (2 * (L - 1) if release == "stream_order" else 0)
+        assert after.ordered_release_misses == 0
         if adaptive:  # profiled on micro-batch 0: a fast link hides every layer but the last
             assert h.stats.profile["keep_last_k"] == 1 and len(h.stats.profile["allow_bytes"]) == L
 
