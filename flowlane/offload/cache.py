@@ -20,9 +20,11 @@ Design choices where the thesis is silent or wrong (digest §2.6):
 CUDA tiers (``pinned_cpu``, and ``posix`` staged through host memory) never wait on the host in pack or unpack:
 a layer's storages are copied in bulk when the layer's forward ends, on a device-to-host stream that waits for the
 compute stream's event, into one block of a persistent host pool (``pool.py``); ``record_stream`` keeps the device
-memory from reuse until the copy ran. Reloads of a layer are issued when the backward of the layer ``prefetch_groups``
-after it begins, on a host-to-device stream that waits for the store's event; the consumer's stream waits for the
-reload's event. Threads remain only for disk I/O (``posix`` writes each layer's block with one O_DIRECT write straight
+memory from reuse until the copy ran (or, with ``release="stream_order"``, the compute stream waits for the copy where
+the budget's timeline says it ended and the tensors are dropped there). Reloads of a layer are issued when the
+backward of the layer ``prefetch_groups`` after it begins, into buffers from the compute stream's pool, on a
+host-to-device stream that waits for the store's event and for the compute stream to reach the point of issue; the
+consumer's stream waits for the reload's event. Threads remain only for disk I/O (``posix`` writes each layer's block with one O_DIRECT write straight
 from the pool). ``kvikio`` and ``null`` keep the thread path. ``adaptive`` profiles one micro-batch (CUDA events on a
 GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``; with ``recompute`` the scopes the budget
 names run their forward under ``torch.utils.checkpoint`` from then on (nothing of theirs is saved; backward runs the
