@@ -25,10 +25,11 @@ computes the same gradients):
   layer: backward holds the group it differentiates plus the group being reloaded, so with 1 GiB layers the
   layer-granular floor is two layers (the 2026-11-27 H200 run: ``flowlane_all`` and ``flowlane_recompute`` both at
   0.345x at hidden 8192), and half-layer groups lower it;
-- ``flowlane_sublayer_recompute_ordered``: that column with ``release="stream_order"``: each stored layer's device
-  tensors dropped in the compute stream's order where the budget's timeline says its copy has ended, instead of by
-  ``record_stream`` (the allocator then reuses them once the host finds the copy's event complete);
-- a third size, hidden 8192 with 16 layers (where the GPU has the memory: ~75 GB), runs keep, recompute and three
+- ``flowlane_ordered``, ``flowlane_sublayer_recompute_ordered``: ``flowlane`` and that column with
+  ``release="stream_order"``: each stored layer's device tensors dropped in the compute stream's order where the
+  budget's timeline says its copy has ended, instead of by ``record_stream`` (the allocator then reuses them once
+  the host finds the copy's event complete);
+- a third size, hidden 8192 with 16 layers (where the GPU has the memory: ~75 GB), runs keep, recompute and four
   flowlane columns: the two-group floor is a smaller share of a deeper model;
 - ``flowlane_ssd``: hidden 4096 only, the posix tier (layer blocks written with O_DIRECT from the pool) with the budget,
   when time is left;
@@ -213,6 +214,7 @@ STRATEGIES = (
     "recompute",
     "torch_save_on_cpu",
     "flowlane",
+    "flowlane_ordered",
     "flowlane_recompute",
     "flowlane_sublayer",
     "flowlane_sublayer_recompute",
@@ -761,6 +763,7 @@ def main() -> int:
         size["goal"] = {}  # per flowlane strategy that aims at it
         for name in (
             "flowlane",
+            "flowlane_ordered",
             "flowlane_recompute",
             "flowlane_sublayer",
             "flowlane_sublayer_recompute",
