@@ -48,7 +48,7 @@ code is 1 when one is not, 0 otherwise. Goals (issue 36) are reported, not enfor
 activation memory at <= 5 % step time, hidden 4096 >= 40 % at <= 5 %, met only when both the allocated and the
 reserved peak show it.
 
-    python3 tests/gpu/offload_bench.py --out $OUT/offload_bench.json          # on the GPU machine (< 155 s)
+    python3 tests/gpu/offload_bench.py --out $OUT/offload_bench.json          # on the GPU machine (< 170 s)
     .venv-llm/bin/python tests/gpu/offload_bench.py --device cpu --out /tmp/ob.json   # logic smoke test on CPU
 Without a GPU and without ``--device cpu`` it prints why it skips and exits 0.
 """
@@ -610,12 +610,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--min-bytes", type=int, default=4 * MiB)
     ap.add_argument(
-        "--budget-s", type=float, default=125.0, help="stop starting new work after this many seconds"
+        "--budget-s", type=float, default=140.0, help="stop starting new work after this many seconds"
     )
     ap.add_argument(
         "--hard-s",
         type=float,
-        default=150.0,
+        default=165.0,
         help="dump stacks and exit this many seconds after the process started",
     )
     ap.add_argument("--only-hidden", type=int, default=None)
