@@ -78,7 +78,7 @@ def _default() -> str:
         GPTRecipe,
         "Default recipe: a tiny GPT built with Megatron-core, pipeline 2 x data 2 on 4 CPU ranks, synthetic tokens.\n"
         "Generated from recipes.gpt.GPTRecipe by `python -m recipes.mirrors`: edit the dataclass, not this file.\n"
-        "Feature groups: scheduler=none|hermod, offload=none|ssd, dp_collective=none|aleph|syndicate.",
+        "Feature groups: scheduler=none|hermod, offload=none|ssd|pinned, dp_collective=none|aleph|syndicate.",
         preamble="defaults:\n  - scheduler: none\n  - offload: none\n  - dp_collective: none\n  - _self_\n\njob: gpt",
         skip=("features",),
     )

@@ -3,6 +3,7 @@
     flowlane-train                          # default recipe: tiny GPT, PP2 x DP2 on 4 CPU ranks
     flowlane-train scheduler=hermod         # + Hermod coflow scheduling
     flowlane-train offload=ssd              # + SSDTrain activation offloading
+    flowlane-train offload=pinned           # + offload to pinned host memory with the byte budget (GPU runs)
     flowlane-train dp_collective=aleph dp_collective.clusters='"0,1"'   # + ALEPH on the DP reduction
     flowlane-train --config-name gnn_fullgraph
 

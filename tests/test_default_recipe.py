@@ -119,6 +119,19 @@ def test_hermod_and_ssd_offload_recipe_options_do_not_change_the_math(tmp_path, 
     assert "features: scheduler=hermod (ep_algorithm=bvn); offload=posix" in r.stdout
 
 
+def test_pinned_offload_preset_budgets_from_a_profile_and_keeps_the_math(tmp_path, default_run):
+    """offload=pinned (the H200-measured configuration: pinned host memory, the byte budget, recompute within 5 %)
+    composes onto offload=ssd's fields and, on this CPU run, offloads what each stage's profile allows, bitwise."""
+    _, base = default_run
+    r, pinned = _train(tmp_path / "pinned", "offload=pinned", "offload.min_bytes=16384")
+    assert pinned["loss"] == base["loss"]
+    assert [x["param_digest"] for x in pinned["per_rank"]] == [x["param_digest"] for x in base["per_rank"]]
+    for x in pinned["per_rank"]:
+        s = x["feature_stats"]["SSDOffload"]
+        assert s["bytes_written"] > 0 and len(s["profile"]["allow_bytes"]) == 2  # two layers per stage
+    assert "features: offload=pinned_cpu" in r.stdout
+
+
 def test_aleph_recipe_option_does_not_change_the_math(tmp_path, default_run):
     """dp_collective=aleph: each stage's two data-parallel ranks reduce through a PS tree of two (a sum of two has
     one order), so the run is bitwise the default one."""
