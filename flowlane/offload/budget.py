@@ -286,8 +286,8 @@ def peak_resident(
 ) -> float:
     """Modelled peak of saved-activation bytes on the device: the larger of the bytes resident where backward begins
     (:func:`resident_at_backward_start`, less the layers recomputed) and, while layer ``i``'s backward runs, the bytes
-    kept by the layers before it, layer ``i`` whole (kept, reloaded or recomputed) and the reloads issued for the
-    ``prefetch`` layers after it (module docstring)."""
+    kept by the layers before it, layer ``i`` whole (kept, reloaded or recomputed) and the reloads already issued for
+    the ``prefetch`` layers whose backward comes next (``i - 1`` down to ``i - prefetch``; module docstring)."""
     n = len(p.group_bytes)
     if len(allow) != n:
         raise ValueError(f"allow has {len(allow)} entries for {n} layers")
