@@ -135,6 +135,10 @@ def test_megatron_gpt_offload_bitwise_grads_bytes_and_dedup(megatron_env, tmp_pa
     assert not list(tmp_path.iterdir())
 
 
+#: the bulk tier's settings these tests share (pinned host memory, CPU tensors offloaded, the last layer kept)
+_PINNED = {"backend": "pinned_cpu", "min_bytes": MIN_BYTES, "keep_last_k": 1, "offload_cpu_tensors": True}
+
+
 @pytest.mark.parametrize(
     ("adaptive", "release"), [(False, "record_stream"), (True, "record_stream"), (True, "stream_order")]
 )
@@ -149,11 +153,7 @@ def test_megatron_gpt_bulk_tier_under_megatron_schedule_bitwise(
     monkeypatch.setattr(TensorCache, "_is_bulk", lambda self, device: self._bulk_backend)
     model = _gpt()
     ref = _step(model)
-    cfg = {
-        "backend": "pinned_cpu",
-        "min_bytes": MIN_BYTES,
-        "keep_last_k": 1,
-        "offload_cpu_tensors": True,
+    cfg = _PINNED | {
         "adaptive": adaptive,
         "profile_step": 0,
         "link_GBps": 1e6 if adaptive else 0.0,
@@ -186,13 +186,7 @@ def test_megatron_half_layer_groups_bitwise_layer_norm_inputs_kept(megatron_env,
     monkeypatch.setattr(TensorCache, "_is_bulk", lambda self, device: self._bulk_backend)
     model = _gpt()
     ref = _step(model)
-    cfg = {
-        "backend": "pinned_cpu",
-        "min_bytes": MIN_BYTES,
-        "keep_last_k": 1,
-        "offload_cpu_tensors": True,
-        "scope_classes": ["SelfAttention", "MLP"],
-    }
+    cfg = _PINNED | {"scope_classes": ["SelfAttention", "MLP"]}
     with install_from_config(cfg, model) as h:
         before = h.stats
         got = _step(model)
