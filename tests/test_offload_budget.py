@@ -222,3 +222,24 @@ def test_release_points_are_the_first_hooks_after_each_store_ends() -> None:
     slow = _two_layers(fwd_s=(1.0,) * 3, bwd_s=(2.0,) * 3, group_bytes=(10,) * 3, store_Bps=2.5, load_Bps=2.5)
     assert release_points(slow, [10, 10, 0]) == (("backward", 1), ("backward", 1), None)
     assert release_points(slow, [0, 0, 0]) == (None, None, None)
+
+
+def test_gpu_run_plot_draws_every_measured_strategy(tmp_path) -> None:
+    """benchmarks/offload_gpu_plot.py on the committed H200 run: one panel per size, a point per strategy that ran
+    (reserved peaks since 2026-11-27), and a clear refusal of a run without sizes."""
+    import json
+
+    from benchmarks.offload_gpu_plot import ROOT, main, points
+
+    bench = ROOT / "results/gpu/offload_bench.json"
+    doc = json.loads(bench.read_text())
+    panels = points(doc)
+    assert [(p["hidden"], p["layers"]) for p in panels] == [(4096, 8), (8192, 8), (8192, 16)]
+    ran = {n for n, r in doc["sizes"][1]["strategies"].items() if r.get("status") == "ok" and n != "keep"}
+    assert set(panels[1]["rows"]) == ran and all(res is not None for _, _, res in panels[1]["rows"].values())
+    out = tmp_path / "plot.png"
+    assert main([str(bench), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"sizes": []}))
+    assert main([str(empty)]) == 2
