@@ -413,3 +413,5 @@ def test_stream_order_release_needs_the_budget(tmp_path: Path) -> None:
         ValueError, match=r"offload.release='eventually' must be 'record_stream' or 'stream_order'"
     ):
         _cfg(tmp_path, adaptive=True, release="eventually")
+    with pytest.raises(ValueError, match=r"applies to the bulk tiers \(pinned_cpu, posix\), not to the null"):
+        TensorCache(_cfg(tmp_path, backend="null", adaptive=True, release="stream_order"))

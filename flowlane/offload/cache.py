@@ -397,6 +397,17 @@ class TensorCache:
         self.config.validate()
         self.rank = rank
         self.backend = backend if backend is not None else make_backend(self.config, rank)
+        # CUDA tiers with bulk copies: pinned host memory, and posix staged through it (kvikio and null: threads)
+        self._bulk_backend = self.backend.name == "pinned_cpu" or (
+            self.backend.name == "posix" and hasattr(self.backend, "write_block")
+        )
+        if self.config.release == "stream_order" and not self._bulk_backend:
+            if backend is None:
+                self.backend.close()  # made here: its run directory goes with the refusal
+            raise ValueError(
+                f"offload.release='stream_order' applies to the bulk tiers (pinned_cpu, posix), not to the "
+                f"{self.backend.name} backend, whose stores run on threads; use release='record_stream'"
+            )
         self.stats = OffloadStats(keep_last_k=self.config.keep_last_k)
         self._k = self.config.keep_last_k
         self._lock = threading.RLock()
@@ -417,10 +428,6 @@ class TensorCache:
         self._closed = False
         self._outstanding: set[Future] = set()
         self._bulk_on_cpu = bulk_on_cpu
-        # CUDA tiers with bulk copies: pinned host memory, and posix staged through it (kvikio and null: threads)
-        self._bulk_backend = self.backend.name == "pinned_cpu" or (
-            self.backend.name == "posix" and hasattr(self.backend, "write_block")
-        )
         self._pool: PinnedPool | None = None
         self._streams: dict[
             int, tuple[Any, Any]
