@@ -123,12 +123,16 @@ def test_pinned_offload_preset_budgets_from_a_profile_and_keeps_the_math(tmp_pat
     """offload=pinned (the H200-measured configuration: pinned host memory, the byte budget, recompute within 5 %)
     composes onto offload=ssd's fields and, on this CPU run, offloads what each stage's profile allows, bitwise."""
     _, base = default_run
-    r, pinned = _train(tmp_path / "pinned", "offload=pinned", "offload.min_bytes=16384")
+    # a link given, not measured: the budget then offloads the same layers however loaded this machine is
+    r, pinned = _train(
+        tmp_path / "pinned", "offload=pinned", "offload.min_bytes=16384", "offload.link_GBps=1000"
+    )
     assert pinned["loss"] == base["loss"]
     assert [x["param_digest"] for x in pinned["per_rank"]] == [x["param_digest"] for x in base["per_rank"]]
     for x in pinned["per_rank"]:
         s = x["feature_stats"]["SSDOffload"]
         assert s["bytes_written"] > 0 and len(s["profile"]["allow_bytes"]) == 2  # two layers per stage
+        assert s["profile"]["allow_bytes"][0] > 0  # the first layer's copies hide behind the second's compute
     assert "features: offload=pinned_cpu" in r.stdout
 
 
