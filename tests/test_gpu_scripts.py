@@ -78,3 +78,15 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
         doc["megatron_fine_grained"]["ran"] is False
         and "Transformer Engine" in doc["megatron_fine_grained"]["reason"]
     )
+
+
+def test_the_expandable_segments_offload_check_passes_its_settings_on(tmp_path: Path) -> None:
+    """tests/gpu/offload_bench_expandable.py, run_all.sh's second offload check: the bench itself with the allocator
+    setting and hidden 8192 only (no CPU size has it, so only the correctness sections run here), both recorded."""
+    out = tmp_path / "obe.json"
+    r = _run("tests/gpu/offload_bench_expandable.py", "--device", "cpu", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["alloc_conf"] == "expandable_segments:True" and doc["complete"] is True and doc["sizes"] == []
+    assert "--alloc-conf expandable_segments:True --only-hidden 8192" in doc["provenance"]["command"]
+    assert doc["correctness"]["failed"] == [] and doc["fsdp2"]["grads_equal"] is True
