@@ -1703,12 +1703,14 @@ def install(
     config: OffloadConfig,
     scope_classes: Iterable[str],
     rank: int = 0,
+    bulk_on_cpu: bool = False,
 ) -> TensorCache:
     """configure_tensor_cache (Alg. 5.1 lines 1-5) for a framework-neutral model: parameters registered, every
-    module whose class name is in ``scope_classes`` made a scope, hooks activated in this thread."""
+    module whose class name is in ``scope_classes`` made a scope, hooks activated in this thread. ``bulk_on_cpu``
+    as for :class:`TensorCache` (CPU smoke tests of the CUDA tiers' logic)."""
     models = [model] if isinstance(model, torch.nn.Module) else list(model)
     spec = ScopeSpec(tuple(scope_classes))
-    cache = TensorCache(config, rank=rank)
+    cache = TensorCache(config, rank=rank, bulk_on_cpu=bulk_on_cpu)
     n = 0
     for m in models:
         cache.register_parameters(m.parameters())

@@ -81,7 +81,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from flowlane.offload import OffloadConfig, ScopeSpec, TensorCache, install  # noqa: E402
+from flowlane.offload import OffloadConfig, TensorCache, install  # noqa: E402
 
 T0 = time.monotonic()
 MiB = 1 << 20
@@ -354,17 +354,8 @@ def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[bool, float]:
 def _install(
     model: Net, cfg: OffloadConfig, dev: torch.device, scopes: tuple[str, ...] = LAYER_SCOPES
 ) -> TensorCache:
-    if dev.type == "cuda":
-        return install(model, cfg, scope_classes=scopes)
-    cache = TensorCache(
-        cfg, bulk_on_cpu=True
-    )  # CPU smoke test: the CUDA tiers' bulk logic, synchronous copies
-    cache.register_parameters(model.parameters())
-    spec = ScopeSpec(scopes)  # by class or base class name: FSDP2 turns a Block into an FSDPBlock
-    for m in model.modules():
-        if spec.matches(m):
-            cache.add_scope(m)
-    return cache.activate()
+    # on CPU (smoke test) the CUDA tiers' bulk logic runs with synchronous copies
+    return install(model, cfg, scope_classes=scopes, bulk_on_cpu=dev.type != "cuda")
 
 
 def run_strategy(
