@@ -181,6 +181,20 @@ def choose_recompute(
     return tuple(chosen)
 
 
+def _store_ends(p: StepProfile, allow: Sequence[int]) -> list[float]:
+    """When each layer's store ends: one bulk copy per layer, queued when its forward ends, moved in FIFO order at
+    ``store_Bps`` (a layer with nothing offloaded ends with the queue)."""
+    t = 0.0
+    free = 0.0
+    ends: list[float] = []
+    for f, a in zip(p.fwd_s, allow, strict=True):
+        t += f
+        if a:
+            free = max(free, t) + a / p.store_Bps
+        ends.append(free)
+    return ends
+
+
 def _timeline(p: StepProfile, allow: Sequence[int], prefetch: int) -> tuple[list[float], list[float], float]:
     """The module docstring's timeline: (when each layer's store ends, when each layer's backward begins, seconds
     backward waited for reloads)."""
@@ -189,15 +203,8 @@ def _timeline(p: StepProfile, allow: Sequence[int], prefetch: int) -> tuple[list
         raise ValueError(f"allow has {len(allow)} entries for {n} layers")
     if prefetch < 1:
         raise ValueError(f"prefetch={prefetch} must be >= 1")
-    done = [0.0] * n  # store of layer i complete
-    t = 0.0
-    free = 0.0
-    for i in range(n):
-        t += p.fwd_s[i]
-        if allow[i]:
-            free = max(free, t) + allow[i] / p.store_Bps
-        done[i] = free
-    t += p.head_s
+    done = _store_ends(p, allow)
+    t = sum(p.fwd_s) + p.head_s
     waited = 0.0
     load_free = 0.0
     issued: dict[int, float] = {}
@@ -265,15 +272,8 @@ def resident_at_backward_start(p: StepProfile, allow: Sequence[int]) -> float:
     the bytes kept plus the offloaded bytes whose store has not finished by then (a device block is reused only after
     its copy ran). A link that cannot store a layer within the forward caps what offloading saves at the peak, even
     when every reload is hidden."""
-    t = 0.0
-    free = 0.0
-    ends: list[float] = []
-    for i in range(len(p.group_bytes)):
-        t += p.fwd_s[i]
-        if allow[i]:
-            free = max(free, t) + allow[i] / p.store_Bps
-        ends.append(free)
-    t_b = t + p.head_s
+    ends = _store_ends(p, allow)
+    t_b = sum(p.fwd_s) + p.head_s
     resident = float(sum(p.group_bytes) - sum(allow))
     for i, a in enumerate(allow):
         if a and ends[i] > t_b:  # the tail of the FIFO: the part of layer i not yet copied
