@@ -235,6 +235,7 @@ def test_gpu_run_plot_draws_every_measured_strategy(tmp_path) -> None:
     doc = json.loads(bench.read_text())
     panels = points(doc)
     assert [(p["hidden"], p["layers"]) for p in panels] == [(4096, 8), (8192, 8), (8192, 16)]
+    assert [p["goal"] for p in panels] == [(0.4, 1.05), (0.7, 1.05), (0.7, 1.05)]  # as the bench judged them
     ran = {n for n, r in doc["sizes"][1]["strategies"].items() if r.get("status") == "ok" and n != "keep"}
     assert set(panels[1]["rows"]) == ran and all(res is not None for _, _, res in panels[1]["rows"].values())
     out = tmp_path / "plot.png"
