@@ -1,5 +1,5 @@
-"""Activation offload on one GPU, side by side in one run: keep / flowlane offload / Megatron-core's own offloading /
-full recompute (issue 36, item 6; seed 003 §5.4.3, the thesis' keep-offload-recompute comparison).
+"""Activation offload on one GPU, side by side in one run: keep / flowlane offload / PyTorch's save_on_cpu / full
+recompute (issue 36, item 6; seed 003 §5.4.3, the thesis' keep-offload-recompute comparison).
 
 Model: a stack of bf16 transformer blocks (LayerNorm, fused QKV, causal SDPA forced to the flash kernel, projection,
 GELU MLP 4h; attention and MLP are submodules, as in Megatron's TransformerLayer), the same weights and input for
@@ -35,9 +35,8 @@ computes the same gradients):
   when time is left;
 - ``fsdp2`` (correctness only): the model under FSDP2's ``fully_shard`` on one rank, flowlane offload against FSDP2
   without it, bitwise, with FSDP2's gathered weights never offloaded;
-- ``megatron_fine_grained``: Megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine
-  (``fine_grained_activation_offload.py`` raises "TE CPU offload is not available" without it); it runs only where TE
-  and megatron-core import, otherwise the JSON says why it did not.
+- Megatron-core's own fine-grained offloading hooks Megatron's layers, not this block stack:
+  ``megatron_offload_bench.py`` runs it beside flowlane on Megatron-core's GPT.
 
 Figures per strategy: peak activation memory = ``max_memory_allocated`` during a step minus the memory allocated
 before it (weights, gradients and the input stay allocated); the active and reserved peaks of one more step after
@@ -58,7 +57,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import importlib.util
 import json
 import os
 import platform
@@ -69,6 +67,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +247,11 @@ class Timer:
         return time.perf_counter() - self.t
 
 
+def _fwd_bwd(model: Net, x: torch.Tensor, dev: torch.device) -> None:
+    with _sdpa_ctx(dev):
+        model(x).float().pow(2).mean().backward()
+
+
 def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
     """One forward+backward: (seconds, peak bytes above what was allocated before it)."""
     model.zero_grad(set_to_none=False)
@@ -257,12 +261,8 @@ def _step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[float, int]:
         torch.cuda.reset_peak_memory_stats()
     tm = Timer(dev)
     tm.start()
-    with _sdpa_ctx(dev):
-        out = model(x)
-        loss = out.float().pow(2).mean()
-        loss.backward()
+    _fwd_bwd(model, x, dev)
     dt = tm.stop()
-    del out, loss
     peak = torch.cuda.max_memory_allocated() - base if dev.type == "cuda" else 0
     return dt, peak
 
@@ -282,10 +282,12 @@ def _allocator_view(dev: torch.device) -> dict[str, int]:
     return view
 
 
-def _reserved_step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[int, int, list[dict[str, Any]]]:
-    """One more step, measuring what the allocator *holds* above what it held before: (``max_memory_reserved``
-    after ``empty_cache``, peak ``active_bytes``, the allocator's view at each block's forward end and backward
-    begin). A store frees its device tensor as soon as its copy is queued
+def _reserved_step(
+    model: nn.Module, run_step: Callable[[], None], layers: Sequence[nn.Module], dev: torch.device
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """One more step (``run_step``: forward and backward of ``model``), measuring what the allocator *holds* above
+    what it held before: (``max_memory_reserved`` after ``empty_cache``, peak ``active_bytes``, the allocator's view
+    at each of ``layers``' forward end and backward begin). A store frees its device tensor as soon as its copy is queued
     (``record_stream``), so ``max_memory_allocated`` no longer counts it, but the allocator reuses that block only
     after the copy ran. Active bytes are the allocated ones plus such blocks; reserved adds what the allocator cached
     but could not hand out (rounding, split blocks), for every column alike. Not timed: the step after
@@ -312,25 +314,22 @@ def _reserved_step(model: Net, x: torch.Tensor, dev: torch.device) -> tuple[int,
         return hook
 
     def after_forward(i: int) -> Any:
-        def hook(_m: nn.Module, _args: Any, out: torch.Tensor) -> None:
+        def hook(_m: nn.Module, _args: Any, out: Any) -> None:
+            out = out[0] if isinstance(out, tuple) else out  # Megatron's TransformerLayer: (hidden, context)
             if phase[0] == "forward" and out.requires_grad:  # not a recomputation (which stops early anyway)
                 mark(f"forward end {i}")
                 out.register_hook(begin(i))
 
         return hook
 
-    hooks = [blk.register_forward_hook(after_forward(i)) for i, blk in enumerate(model.blocks)]
+    hooks = [layer.register_forward_hook(after_forward(i)) for i, layer in enumerate(layers)]
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     try:
-        with _sdpa_ctx(dev):
-            out = model(x)
-            loss = out.float().pow(2).mean()
-            loss.backward()
+        run_step()
     finally:
         for h in hooks:
             h.remove()
-    del out, loss
     if dev.type != "cuda":
         return 0, 0, timeline
     torch.cuda.synchronize()
@@ -414,7 +413,7 @@ def run_strategy(
         r["peak_act_bytes"] = max(peaks) if peaks else None
         if times:
             r["peak_reserved_bytes"], r["peak_active_bytes"], r["allocator_timeline"] = _reserved_step(
-                model, x, dev
+                model, lambda: _fwd_bwd(model, x, dev), model.blocks, dev
             )
         grads = _grads(model)
         if ref is not None:
@@ -570,31 +569,6 @@ def fsdp2_correctness(dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     return out
 
 
-def megatron_status() -> dict[str, Any]:
-    te = importlib.util.find_spec("transformer_engine") is not None
-    mc = (
-        importlib.util.find_spec("megatron") is not None
-        and importlib.util.find_spec("megatron.core") is not None
-    )
-    return {
-        "megatron_core_importable": mc,
-        "transformer_engine_importable": te,
-        "ran": False,
-        "reason": (
-            "megatron-core 0.16.1's fine-grained activation offloading needs Transformer Engine: "
-            "PipelineOffloadManager.__enter__ imports TE's cpu_offload and raises 'TE CPU offload is not "
-            "available' without it"
-            + (
-                ""
-                if te
-                else "; Transformer Engine is not installed here, so the "
-                "comparison is with full recompute and PyTorch's save_on_cpu only"
-            )
-            + ("" if not te else "; TE is present but this script does not build a TE model (not run)")
-        ),
-    }
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="offload_bench.json")
@@ -636,7 +610,6 @@ def main() -> int:
         "cuda": torch.version.cuda,
         "dtype": str(dtype),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "megatron_fine_grained": megatron_status(),
         "sizes": [],
         "failed": [],
         "complete": False,
@@ -813,7 +786,6 @@ def main() -> int:
                 )
         if size.get("goal"):
             print(f"  goal: {size['goal']}")
-    print(f"megatron fine-grained offloading: {doc['megatron_fine_grained']['reason']}")
     if doc["failed"]:
         print("FAILED: " + "; ".join(doc["failed"]))
     return doc["exit_code"]
