@@ -48,11 +48,8 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
-import json
-import statistics
 import sys
 import time
-import traceback
 import types
 from pathlib import Path
 from typing import Any
@@ -98,6 +95,8 @@ STRATEGIES = (
     "flowlane_sublayer_recompute",
 )
 MCORE_OFFLOAD_COLUMNS = tuple(n for n in STRATEGIES if n.startswith("mcore_offload"))
+#: flowlane's groups: the layer (its halves are scopes inside it), or the attention and MLP halves (``_sublayer``)
+LAYER_SCOPES, SUBLAYER_SCOPES = ("TransformerLayer", "SelfAttention", "MLP"), ("SelfAttention", "MLP")
 FLOWLANE_COLUMNS = tuple(n for n in STRATEGIES if n.startswith("flowlane"))
 
 
@@ -176,7 +175,7 @@ def build_gpt(
     weights: dict[str, torch.Tensor] | None,
 ) -> torch.nn.Module:
     """The GPT with ``column``'s Megatron config; initialized by Megatron (``weights`` None) or loaded from
-    ``weights`` (host copies), so that every column computes with the same numbers."""
+    ``weights`` (keep's, ``_stash``), so that every column computes with the same numbers."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.pipeline_parallel.fine_grained_activation_offload import PipelineOffloadManager
@@ -233,7 +232,7 @@ def fwd_bwd(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], de
     """One micro-batch through Megatron's own schedule (no pipelining): forward, loss, backward."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    tokens, positions = batch
+    tokens = batch[0]
 
     def forward_step_func(data_iterator: Any, m: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         tok, pos = next(data_iterator)
@@ -319,41 +318,18 @@ def run_column(
         elif name == "mcore_recompute":
             r["config"] = MEGATRON_CONFIGS[name]
         elif name.startswith("flowlane"):
-            kw: dict[str, Any] = {
-                "backend": "pinned_cpu",
-                "min_bytes": a.min_bytes if dev.type == "cuda" else 4096,
-                "offload_cpu_tensors": True,
-                "on_io_error": "raise",
-                "adaptive": True,
-                "profile_step": 1,
-                "prefetch_groups": 4,
-            }
-            if "_recompute" in name:
-                kw.update(max_slowdown=0.05, recompute=True)  # the goals' 5 %, spent on recomputation
-            scopes = (
-                ("SelfAttention", "MLP")
-                if "_sublayer" in name
-                else ("TransformerLayer", "SelfAttention", "MLP")
-            )
+            kw = ob.flowlane_kwargs(name, a.min_bytes if dev.type == "cuda" else 4096)
+            scopes = SUBLAYER_SCOPES if "_sublayer" in name else LAYER_SCOPES
             handle = install(model, OffloadConfig(**kw), scope_classes=scopes)
             r["config"] = kw | {"scope_classes": list(scopes)}
             warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
-        times, peaks = [], []
-        for i in range(warm + a.steps):
-            if time.monotonic() - T0 > a.budget_s and i >= warm + 1:
-                r["stopped_early_for_time"] = True
-                break
-            dt, peak = _step(model, batch, dev)
-            if i >= warm:
-                times.append(dt)
-                peaks.append(peak)
-        r["step_s"] = statistics.median(times) if times else None
-        r["step_s_all"] = times
-        r["peak_act_bytes"] = max(peaks) if peaks else None
-        if times:
-            r["peak_reserved_bytes"], r["peak_active_bytes"], r["allocator_timeline"] = ob._reserved_step(
-                model, lambda: fwd_bwd(model, batch, dev), model.decoder.layers, dev
-            )
+        ob.measure_steps(
+            r,
+            lambda: _step(model, batch, dev),
+            lambda: ob._reserved_step(model, lambda: fwd_bwd(model, batch, dev), model.decoder.layers, dev),
+            warm,
+            a,
+        )
         if ref is not None:
             r["grads_equal"], r["grads_max_abs_diff"] = _grads_equal(model, ref)
         if handle is not None:
@@ -380,29 +356,6 @@ def run_column(
             handle.close()
 
 
-def _ratios(st: dict[str, dict[str, Any]], failed: list[str], tag: str) -> None:
-    keep = st.get("keep", {})
-    reproducible = st.get("keep_repeat", {}).get("grads_equal")
-    for name, r in st.items():
-        if name == "keep" or r.get("status") != "ok":
-            continue
-        for key, ratio in (
-            ("step_s", "time_ratio_vs_keep"),
-            ("peak_act_bytes", "act_mem_ratio_vs_keep"),
-            ("peak_reserved_bytes", "reserved_ratio_vs_keep"),
-            ("peak_active_bytes", "active_ratio_vs_keep"),
-        ):
-            if keep.get(key) and r.get(key) is not None:
-                r[ratio] = r[key] / keep[key]
-        if r.get("grads_equal") is False:
-            if reproducible or tag == "correctness":
-                failed.append(
-                    f"{tag}:{name}: gradients differ from keep's (max abs diff {r['grads_max_abs_diff']})"
-                )
-            else:
-                r["grads_note"] = "keep itself is not bitwise reproducible here: inconclusive"
-
-
 def _judge(size: dict[str, Any]) -> None:
     """The issue's goals per flowlane column, and each Megatron offloading column against flowlane's."""
     st, h = size["strategies"], size["hidden"]
@@ -412,20 +365,8 @@ def _judge(size: dict[str, Any]) -> None:
             return None
         return r["act_mem_ratio_vs_keep"], r["reserved_ratio_vs_keep"]
 
-    size["goal"] = {}
-    for name in FLOWLANE_COLUMNS:
-        r = st.get(name, {})
-        if h not in GOALS or peaks(r) is None or r.get("time_ratio_vs_keep") is None:
-            continue
-        alloc, reserved = peaks(r)
-        size["goal"][name] = {
-            "act_mem_saved_at_least": GOALS[h],
-            "step_time_ratio_at_most": 1.05,
-            "act_mem_saved": 1 - alloc,
-            "reserved_saved": 1 - reserved,
-            "time_ratio": r["time_ratio_vs_keep"],
-            "met": min(1 - alloc, 1 - reserved) >= GOALS[h] and r["time_ratio_vs_keep"] <= 1.05,
-        }
+    verdicts = {name: ob.goal_verdict(h, st.get(name, {})) for name in FLOWLANE_COLUMNS}
+    size["goal"] = {name: v for name, v in verdicts.items() if v is not None}
     size["vs_megatron_offload"] = {}
     for m in MCORE_OFFLOAD_COLUMNS:
         mr = st.get(m, {})
@@ -482,12 +423,7 @@ def run_size(
                 out["stash"] = str(to := _stash_device(model, r.get("peak_act_bytes"), dev))
                 weights, ref = _stash(model, to)
         except Exception as e:  # noqa: BLE001 - one failing column must not lose the others' figures
-            r = {
-                "strategy": name,
-                "status": "error",
-                "error": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc()[-3000:],
-            }
+            r = ob.failed_column(name, e)
             out["failed"].append(f"{tag}:{name}: {r['error']}")
         finally:
             del model
@@ -501,24 +437,12 @@ def run_size(
             flush=True,
         )
         save()
-    _ratios(out["strategies"], out["failed"], tag)
+    ob.ratios_vs_keep(out["strategies"], out["failed"], tag, strict=tag == "correctness")
     return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="megatron_offload_bench.json")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--steps", type=int, default=3, help="measured steps per column (after warm-up)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--min-bytes", type=int, default=4 * MiB)
-    ap.add_argument(
-        "--budget-s", type=float, default=130.0, help="stop starting new columns after this many s"
-    )
-    ap.add_argument(
-        "--hard-s", type=float, default=160.0, help="dump stacks and exit this many s after start"
-    )
-    ap.add_argument("--only-hidden", type=int, default=None)
+    ap = ob.bench_parser(__doc__, "megatron_offload_bench.json", budget_s=130.0, hard_s=160.0)
     a = ap.parse_args()
     out = Path(a.out)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -552,12 +476,7 @@ def main() -> int:
         "complete": False,
     }
 
-    def save() -> None:
-        doc["elapsed_s"] = time.monotonic() - T0
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        tmp.replace(out)
+    save = ob.json_writer(out, doc)
 
     # 1. correctness, bitwise, with the deterministic math attention kernel
     ob.SDPA["kernel"] = "math"

@@ -357,6 +357,64 @@ def _install(
     return install(model, cfg, scope_classes=scopes, bulk_on_cpu=dev.type != "cuda")
 
 
+def failed_column(name: str, e: BaseException) -> dict[str, Any]:
+    """What the JSON keeps of a column that raised (the other columns' figures are kept)."""
+    return {
+        "strategy": name,
+        "status": "error",
+        "error": f"{type(e).__name__}: {e}",
+        "traceback": traceback.format_exc()[-3000:],
+    }
+
+
+def flowlane_kwargs(name: str, min_bytes: int) -> dict[str, Any]:
+    """The ``OffloadConfig`` fields of a flowlane column, from its name: the pinned CUDA tier with the byte budget
+    (``adaptive``, profiled on step 1, 4 groups of prefetch); ``_slow3``: 3 % of the step for more bytes;
+    ``_recompute``: 5 % (the goals') spent on recomputation; ``_ordered``: stored layers released in the compute
+    stream's order; ``_all``: no budget, every layer but the last offloaded."""
+    kw: dict[str, Any] = {
+        "backend": "pinned_cpu",
+        "min_bytes": min_bytes,
+        "offload_cpu_tensors": True,
+        "on_io_error": "raise",
+    }
+    if name.endswith("_all"):
+        return kw | {"keep_last_k": 1}
+    kw.update(adaptive=True, profile_step=1, prefetch_groups=4)
+    if name == "flowlane_slow3":
+        kw.update(max_slowdown=0.03)
+    if "_recompute" in name:
+        kw.update(max_slowdown=0.05, recompute=True)
+    if name.endswith("_ordered"):
+        kw.update(release="stream_order")
+    return kw
+
+
+def measure_steps(
+    r: dict[str, Any],
+    step: Callable[[], tuple[float, int]],
+    reserved_step: Callable[[], tuple[int, int, list[dict[str, Any]]]],
+    warm: int,
+    a: argparse.Namespace,
+) -> None:
+    """``warm`` + ``a.steps`` steps (fewer once the time budget is spent), then one reserved-memory step, into
+    ``r``: the median step time, every measured one, the largest allocated peak and ``_reserved_step``'s figures."""
+    times, peaks = [], []
+    for i in range(warm + a.steps):
+        if time.monotonic() - T0 > a.budget_s and i >= warm + 1:
+            r["stopped_early_for_time"] = True
+            break
+        dt, peak = step()
+        if i >= warm:
+            times.append(dt)
+            peaks.append(peak)
+    r["step_s"] = statistics.median(times) if times else None
+    r["step_s_all"] = times
+    r["peak_act_bytes"] = max(peaks) if peaks else None
+    if times:
+        r["peak_reserved_bytes"], r["peak_active_bytes"], r["allocator_timeline"] = reserved_step()
+
+
 def run_strategy(
     name: str,
     model: Net,
@@ -375,46 +433,21 @@ def run_strategy(
         elif name == "torch_save_on_cpu":
             model.save_on_cpu = True
         elif name.startswith("flowlane"):
-            min_bytes = a.min_bytes if dev.type == "cuda" else 4096
-            kw: dict[str, Any] = {
-                "backend": "pinned_cpu",
-                "min_bytes": min_bytes,
-                "offload_cpu_tensors": True,
-                "on_io_error": "raise",
-            }
-            if not name.endswith("_all"):
-                kw.update(adaptive=True, profile_step=1, prefetch_groups=4)
-                if name == "flowlane_slow3":
-                    kw.update(max_slowdown=0.03)  # the budget may add 3 % of the step for more bytes
-                if "_recompute" in name:
-                    kw.update(max_slowdown=0.05, recompute=True)  # the goals' 5 %, spent on recomputation
-                if name.endswith("_ordered"):
-                    kw.update(release="stream_order")  # stored layers dropped in the compute stream's order
-                warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
-            else:
-                kw.update(keep_last_k=1)
+            kw = flowlane_kwargs(name, a.min_bytes if dev.type == "cuda" else 4096)
             if name == "flowlane_ssd":
                 kw.update(backend="posix", dirs=(workdir,))
-            cfg = OffloadConfig(**kw)
             scopes = SUBLAYER_SCOPES if "_sublayer" in name else LAYER_SCOPES
-            cache = _install(model, cfg, dev, scopes)
-            r["config"] = {k: v for k, v in kw.items()} | {"scope_classes": list(scopes)}
-        times, peaks = [], []
-        for i in range(warm + a.steps):
-            if time.monotonic() - T0 > a.budget_s and i >= warm + 1:
-                r["stopped_early_for_time"] = True
-                break
-            dt, peak = _step(model, x, dev)
-            if i >= warm:
-                times.append(dt)
-                peaks.append(peak)
-        r["step_s"] = statistics.median(times) if times else None
-        r["step_s_all"] = times
-        r["peak_act_bytes"] = max(peaks) if peaks else None
-        if times:
-            r["peak_reserved_bytes"], r["peak_active_bytes"], r["allocator_timeline"] = _reserved_step(
-                model, lambda: _fwd_bwd(model, x, dev), model.blocks, dev
-            )
+            cache = _install(model, OffloadConfig(**kw), dev, scopes)
+            r["config"] = kw | {"scope_classes": list(scopes)}
+            if kw.get("adaptive"):
+                warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
+        measure_steps(
+            r,
+            lambda: _step(model, x, dev),
+            lambda: _reserved_step(model, lambda: _fwd_bwd(model, x, dev), model.blocks, dev),
+            warm,
+            a,
+        )
         grads = _grads(model)
         if ref is not None:
             r["grads_equal"], r["grads_max_abs_diff"] = _equal(ref, grads)
@@ -469,11 +502,8 @@ def correctness(dev: torch.device, dtype: torch.dtype, a: argparse.Namespace, wo
             try:
                 r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a2, ref, workdir)
             except Exception as e:  # noqa: BLE001
-                out["failed"].append(f"correctness:{name}: {type(e).__name__}: {e}")
-                out["strategies"][name] = {
-                    "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc()[-3000:],
-                }
+                out["strategies"][name] = failed_column(name, e)
+                out["failed"].append(f"correctness:{name}: {out['strategies'][name]['error']}")
                 continue
             g = r.pop("_grads")
             if name == "keep":
@@ -569,23 +599,89 @@ def fsdp2_correctness(dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="offload_bench.json")
+def bench_parser(doc: str | None, out: str, budget_s: float, hard_s: float) -> argparse.ArgumentParser:
+    """The flags of this bench and ``megatron_offload_bench.py``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--steps", type=int, default=3, help="measured steps per strategy (after warm-up)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--min-bytes", type=int, default=4 * MiB)
     ap.add_argument(
-        "--budget-s", type=float, default=140.0, help="stop starting new work after this many seconds"
+        "--budget-s", type=float, default=budget_s, help="stop starting new work after this many seconds"
     )
     ap.add_argument(
         "--hard-s",
         type=float,
-        default=165.0,
+        default=hard_s,
         help="dump stacks and exit this many seconds after the process started",
     )
     ap.add_argument("--only-hidden", type=int, default=None)
+    return ap
+
+
+def json_writer(out: Path, doc: dict[str, Any]) -> Callable[[], None]:
+    """A function that writes ``doc`` (with the seconds elapsed) to ``out`` atomically: a reader never sees half a
+    file, and what a killed run measured so far is kept."""
+
+    def save() -> None:
+        doc["elapsed_s"] = time.monotonic() - T0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        tmp.replace(out)
+
+    return save
+
+
+def ratios_vs_keep(st: dict[str, dict[str, Any]], failed: list[str], tag: str, strict: bool = False) -> None:
+    """Each column's step time and three peaks as ratios of keep's; a column whose gradients differ from keep's is
+    a failure when keep repeated itself bitwise (or ``strict``: the deterministic correctness pass), else noted as
+    inconclusive."""
+    keep = st.get("keep", {})
+    reproducible = st.get("keep_repeat", {}).get("grads_equal")
+    for name, r in st.items():
+        if name == "keep" or r.get("status") != "ok":
+            continue
+        for key, ratio in (
+            ("step_s", "time_ratio_vs_keep"),
+            ("peak_act_bytes", "act_mem_ratio_vs_keep"),
+            ("peak_reserved_bytes", "reserved_ratio_vs_keep"),
+            ("peak_active_bytes", "active_ratio_vs_keep"),
+        ):
+            if keep.get(key) and r.get(key) is not None:
+                r[ratio] = r[key] / keep[key]
+        if r.get("grads_equal") is False:
+            if reproducible or strict:
+                failed.append(
+                    f"{tag}:{name}: gradients differ from keep's (max abs diff {r.get('grads_max_abs_diff')})"
+                )
+            else:
+                r["grads_note"] = "keep itself is not bitwise reproducible here: inconclusive"
+
+
+def goal_verdict(hidden: int, r: dict[str, Any]) -> dict[str, Any] | None:
+    """The issue's goal for a column at this hidden size, or None where there is none or figures are missing: met
+    when both the allocated and the reserved peak are that much lower (the allocated one misses blocks whose store
+    is still queued, ``_reserved_step``) at <= 5 % step time."""
+    if hidden not in GOALS or r.get("act_mem_ratio_vs_keep") is None or r.get("time_ratio_vs_keep") is None:
+        return None
+    saved, time_ratio = 1 - r["act_mem_ratio_vs_keep"], r["time_ratio_vs_keep"]
+    saved_reserved = 1 - r["reserved_ratio_vs_keep"] if "reserved_ratio_vs_keep" in r else None
+    return {
+        "act_mem_saved_at_least": GOALS[hidden],
+        "step_time_ratio_at_most": 1.05,
+        "act_mem_saved": saved,
+        "reserved_saved": saved_reserved,
+        "time_ratio": time_ratio,
+        "met": saved >= GOALS[hidden]
+        and (saved_reserved is None or saved_reserved >= GOALS[hidden])
+        and time_ratio <= 1.05,
+    }
+
+
+def main() -> int:
+    ap = bench_parser(__doc__, "offload_bench.json", budget_s=140.0, hard_s=165.0)
     ap.add_argument(
         "--alloc-conf",
         default=None,
@@ -614,13 +710,7 @@ def main() -> int:
         "failed": [],
         "complete": False,
     }
-
-    def save() -> None:
-        doc["elapsed_s"] = time.monotonic() - T0
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
-        tmp.replace(out)
+    save = json_writer(out, doc)
 
     # 1. correctness, bitwise, with the deterministic math attention kernel: keep vs every offload path
     doc["correctness"] = correctness(
@@ -684,12 +774,7 @@ def main() -> int:
                 r = run_strategy(name.replace("keep_repeat", "keep"), model, x, dev, a, ref, workdir)
                 r["status"] = "ok"
             except Exception as e:  # noqa: BLE001 - one failing strategy must not lose the others' figures
-                r = {
-                    "strategy": name,
-                    "status": "error",
-                    "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc()[-3000:],
-                }
+                r = failed_column(name, e)
                 doc["failed"].append(f"h{h}:{name}: {r['error']}")
             grads = r.pop("_grads", None)
             if name == "keep":
@@ -704,50 +789,10 @@ def main() -> int:
             save()
         del ref
         st = size["strategies"]
-        keep = st.get("keep", {})
-        reproducible = st.get("keep_repeat", {}).get("grads_equal")
-        size["keep_bitwise_reproducible"] = reproducible
-        for name, r in st.items():
-            if name == "keep" or r.get("status") != "ok":
-                continue
-            if keep.get("step_s") and r.get("step_s"):
-                r["time_ratio_vs_keep"] = r["step_s"] / keep["step_s"]
-            if keep.get("peak_act_bytes") and r.get("peak_act_bytes") is not None:
-                r["act_mem_ratio_vs_keep"] = r["peak_act_bytes"] / keep["peak_act_bytes"]
-            if keep.get("peak_reserved_bytes") and r.get("peak_reserved_bytes") is not None:
-                r["reserved_ratio_vs_keep"] = r["peak_reserved_bytes"] / keep["peak_reserved_bytes"]
-            if keep.get("peak_active_bytes") and r.get("peak_active_bytes") is not None:
-                r["active_ratio_vs_keep"] = r["peak_active_bytes"] / keep["peak_active_bytes"]
-            if r.get("grads_equal") is False:
-                if reproducible:
-                    doc["failed"].append(
-                        f"h{h}:{name}: gradients differ from keep's "
-                        f"(max abs diff {r.get('grads_max_abs_diff')})"
-                    )
-                else:
-                    r["grads_note"] = "keep itself is not bitwise reproducible here: inconclusive"
-        size["goal"] = {}  # per flowlane strategy that aims at it
-        for name in GOAL_COLUMNS:
-            fl = st.get(name, {})
-            if (
-                h not in GOALS
-                or fl.get("act_mem_ratio_vs_keep") is None
-                or fl.get("time_ratio_vs_keep") is None
-            ):
-                continue
-            saved, time_ratio = 1 - fl["act_mem_ratio_vs_keep"], fl["time_ratio_vs_keep"]
-            saved_reserved = 1 - fl["reserved_ratio_vs_keep"] if "reserved_ratio_vs_keep" in fl else None
-            size["goal"][name] = {
-                "act_mem_saved_at_least": GOALS[h],
-                "step_time_ratio_at_most": 1.05,
-                "act_mem_saved": saved,
-                "reserved_saved": saved_reserved,
-                "time_ratio": time_ratio,
-                # both peaks: the allocated one misses blocks whose store is still queued (``_reserved_step``)
-                "met": saved >= GOALS[h]
-                and (saved_reserved is None or saved_reserved >= GOALS[h])
-                and time_ratio <= 1.05,
-            }
+        size["keep_bitwise_reproducible"] = st.get("keep_repeat", {}).get("grads_equal")
+        ratios_vs_keep(st, doc["failed"], f"h{h}")
+        verdicts = {name: goal_verdict(h, st.get(name, {})) for name in GOAL_COLUMNS}
+        size["goal"] = {name: v for name, v in verdicts.items() if v is not None}  # per flowlane column
         del model, x
         if dev.type == "cuda":
             torch.cuda.empty_cache()
