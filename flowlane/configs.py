@@ -11,6 +11,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 import typing
 from typing import Any
@@ -35,7 +36,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _first_sentence(text: str) -> str:
-    head = text.split(". ", 1)[0].rstrip(".")
+    """Up to the first period that a capital or a literal (``x``) follows: "(Alg. 5.2)" and "Fig. 5.9" go on."""
+    head = re.split(r"(?<=\.)\s+(?=[A-Z`])", text, maxsplit=1)[0].rstrip(".")
     return head.replace("%", "%%")  # argparse formats help with %
 
 
@@ -46,11 +48,13 @@ def add_dataclass_args(
     *,
     skip: tuple[str, ...] = (),
     overrides: dict[str, dict[str, Any]] | None = None,
+    flags: dict[str, str] | None = None,
 ) -> None:
     """One ``--<prefix><field>`` flag per field of dataclass ``cls`` on ``group`` (a parser or argument group):
     ``Literal`` fields get choices, ``bool`` fields ``--x/--no-x``, ``tuple[str, ...]`` fields a comma-separated
     string; the default is the dataclass's, the help the first sentence of the field's docstring. ``overrides``
-    replace keyword arguments per field; ``skip`` leaves fields out."""
+    replace keyword arguments per field; ``skip`` leaves fields out; ``flags`` gives a field another option string
+    (a name users already type), its value still stored where :func:`config_from_namespace` reads it."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"add_dataclass_args: {cls!r} is not a dataclass")
     hints = typing.get_type_hints(cls)
@@ -77,7 +81,8 @@ def add_dataclass_args(
         doc = _first_sentence(docs.get(f.name, ""))
         kw["help"] = f"{doc} (default: {kw['default']})" if doc else f"(default: {kw['default']})"
         kw.update((overrides or {}).get(f.name, {}))
-        group.add_argument(f"--{prefix}{f.name.replace('_', '-')}", **kw)
+        flag = (flags or {}).get(f.name, f"--{prefix}{f.name.replace('_', '-')}")
+        group.add_argument(flag, dest=prefix.replace("-", "_") + f.name, **kw)
 
 
 def config_from_namespace(cls: type, args: argparse.Namespace, prefix: str, **given: Any) -> Any:

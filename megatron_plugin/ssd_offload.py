@@ -35,82 +35,28 @@ from typing import Any
 
 import torch
 
+from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
-from flowlane.offload.config import BACKENDS
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """Megatron extra-args provider for SSD offloading."""
-    d = OffloadConfig()
+    """Megatron extra-args provider for SSD offloading: ``--ssd-offload`` (the master switch) and one
+    ``--ssd-offload-<field>`` flag per :class:`OffloadConfig` field (generated: names, choices, defaults and help
+    from the dataclass, :func:`flowlane.configs.add_dataclass_args`), plus ``--ssd-offload-scope-classes``."""
     g = parser.add_argument_group("flowlane SSD activation offloading (SSDTrain)")
     g.add_argument(
         "--ssd-offload", action="store_true", help="offload saved activations to SSD (or another tier)"
     )
-    g.add_argument("--ssd-offload-dirs", nargs="+", default=[], help="target directories, used round-robin")
-    g.add_argument(
-        "--ssd-offload-backend",
-        choices=list(BACKENDS),
-        default=d.backend,
-        help="pinned_cpu on CUDA: bulk per-layer copies on their own streams, no host waits",
-    )
-    g.add_argument(
-        "--ssd-offload-min-bytes",
-        type=int,
-        default=d.min_bytes,
-        help="saved tensors smaller than this stay in memory",
-    )
-    g.add_argument(
-        "--ssd-offload-keep-last-k",
-        type=int,
-        default=d.keep_last_k,
-        help="trailing transformer layers kept in memory",
-    )
-    g.add_argument(
-        "--ssd-offload-adaptive",
-        action="store_true",
-        help="choose keep-last-k from a profiled micro-batch (thesis §5.3.5)",
-    )
-    g.add_argument("--ssd-offload-profile-step", type=int, default=d.profile_step)
-    g.add_argument("--ssd-offload-store-workers", type=int, default=d.store_workers)
-    g.add_argument("--ssd-offload-load-workers", type=int, default=d.load_workers)
-    g.add_argument("--ssd-offload-on-io-error", choices=["keep", "raise"], default=d.on_io_error)
-    g.add_argument("--ssd-offload-o-direct", choices=["auto", "on", "off"], default=d.o_direct)
-    g.add_argument(
-        "--ssd-offload-cpu-tensors", action="store_true", help="also offload CPU tensors (CPU runs)"
-    )
-    g.add_argument(
-        "--ssd-offload-prefetch-groups",
-        type=int,
-        default=d.prefetch_groups,
-        help="CUDA tiers: layers reloaded ahead of the one in backward",
-    )
-    g.add_argument(
-        "--ssd-offload-link-gbps",
-        type=float,
-        default=d.link_GBps,
-        help="with --ssd-offload-adaptive: link rate for the byte budget in GB/s (0 = measure it)",
-    )
-    g.add_argument(
-        "--ssd-offload-max-slowdown",
-        type=float,
-        default=d.max_slowdown,
-        help="with --ssd-offload-adaptive: step time the budget may add, as a fraction (0.03 = 3 %%)",
-    )
-    g.add_argument(
-        "--ssd-offload-recompute",
-        action="store_true",
-        help="with --ssd-offload-adaptive and --ssd-offload-max-slowdown: recompute the earliest kept layers with "
-        "the step time the byte budget leaves",
-    )
-    g.add_argument(
-        "--ssd-offload-release",
-        choices=["record_stream", "stream_order"],
-        default=d.release,
-        help="CUDA tiers, with --ssd-offload-adaptive: when a stored layer's device memory returns to the allocator "
-        "(stream_order: in the compute stream's order where the budget's timeline says the copy ended; "
-        "experimental)",
+    add_dataclass_args(
+        g,
+        OffloadConfig,
+        "ssd-offload-",
+        skip=("enabled",),
+        # the names these two flags had before they were generated
+        flags={"offload_cpu_tensors": "--ssd-offload-cpu-tensors", "link_GBps": "--ssd-offload-link-gbps"},
+        overrides={"dirs": {"nargs": "+", "default": [], "help": "target directories, used round-robin"}},
     )
     g.add_argument(
         "--ssd-offload-scope-classes",
@@ -119,36 +65,18 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="module classes whose outermost instances are the offload groups (SelfAttention MLP: each layer's "
         "halves; with the local spec the layer norms' inputs then stay on the device)",
     )
-    g.add_argument(
-        "--ssd-offload-pinned-pool-bytes",
-        type=int,
-        default=d.pinned_pool_bytes,
-        help="host pool capacity in bytes (0 = unbounded); exhausting it keeps activations on the GPU",
-    )
 
 
 def config_from_args(args: argparse.Namespace) -> OffloadConfig:
-    """The OffloadConfig described by the ``--ssd-offload*`` flags."""
-    return OffloadConfig(
+    """The OffloadConfig described by the ``--ssd-offload*`` flags (it validates them)."""
+    cfg: OffloadConfig = config_from_namespace(
+        OffloadConfig,
+        args,
+        "ssd_offload_",
         enabled=bool(args.ssd_offload),
-        backend=args.ssd_offload_backend,
         dirs=tuple(args.ssd_offload_dirs),
-        min_bytes=args.ssd_offload_min_bytes,
-        keep_last_k=args.ssd_offload_keep_last_k,
-        adaptive=bool(args.ssd_offload_adaptive),
-        profile_step=args.ssd_offload_profile_step,
-        store_workers=args.ssd_offload_store_workers,
-        load_workers=args.ssd_offload_load_workers,
-        on_io_error=args.ssd_offload_on_io_error,
-        o_direct=args.ssd_offload_o_direct,
-        offload_cpu_tensors=bool(args.ssd_offload_cpu_tensors),
-        prefetch_groups=args.ssd_offload_prefetch_groups,
-        link_GBps=args.ssd_offload_link_gbps,
-        pinned_pool_bytes=args.ssd_offload_pinned_pool_bytes,
-        max_slowdown=args.ssd_offload_max_slowdown,
-        recompute=bool(args.ssd_offload_recompute),
-        release=args.ssd_offload_release,
     )
+    return cfg
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:

@@ -68,3 +68,18 @@ def test_a_field_type_without_a_flag_form_is_named() -> None:
 
     with pytest.raises(TypeError, match=r"field Bad.table has type .* which has no flag form"):
         add_dataclass_args(argparse.ArgumentParser(), Bad, "bad-")
+
+
+def test_a_field_keeps_the_flag_name_users_type_and_abbreviations_do_not_end_its_help() -> None:
+    @dataclass
+    class Renamed:
+        link_GBps: float = 0.0
+        """The link's rate (Alg. 5.2, Fig. 5.9). Measured when 0."""
+
+    p = argparse.ArgumentParser()
+    add_dataclass_args(p, Renamed, "x-", flags={"link_GBps": "--x-link-gbps"})
+    assert config_from_namespace(Renamed, p.parse_args(["--x-link-gbps", "55"]), "x_").link_GBps == 55.0
+    text = p.format_help()
+    assert "The link's rate (Alg. 5.2, Fig. 5.9) (default: 0.0)" in text and "Measured" not in text
+    with pytest.raises(SystemExit):
+        p.parse_args(["--x-link-GBps", "55"])  # the generated name is replaced, not added

@@ -263,6 +263,7 @@ def test_megatron_recompute_baseline_runs_with_same_grads(megatron_env) -> None:
 
 
 def test_megatron_flags_build_the_config() -> None:
+    from flowlane.offload import OffloadConfig
     from megatron_plugin.args import add_flowlane_args
     from megatron_plugin.ssd_offload import config_from_args
 
@@ -336,6 +337,16 @@ def test_megatron_flags_build_the_config() -> None:
         config_from_args(p.parse_args(["--ssd-offload", "--ssd-offload-recompute"]))
     with pytest.raises(SystemExit):
         p.parse_args(["--ssd-offload-backend", "gds"])
+    # every OffloadConfig field has its flag (generated from the dataclass): these two had none when hand-written
+    c = config_from_args(
+        p.parse_args(
+            ["--ssd-offload", "--ssd-offload-kvikio-compat-mode", "off", "--no-ssd-offload-check-versions"]
+        )
+    )
+    assert c.kvikio_compat_mode == "off" and c.check_versions is False
+    assert config_from_args(p.parse_args([])) == OffloadConfig(
+        enabled=False
+    )  # the flags' defaults: the dataclass's
 
 
 def test_install_from_config_disabled_is_a_noop(megatron_env) -> None:
