@@ -1,4 +1,5 @@
-"""Plot an activation-offload GPU run (``tests/gpu/offload_bench.py``): memory against step time, per size.
+"""Plot an activation-offload GPU run (``tests/gpu/offload_bench.py`` or ``tests/gpu/megatron_offload_bench.py``):
+memory against step time, per size.
 
 One panel per size (hidden x layers). Each strategy is a point at (step time / keep's, activation peak / keep's):
 a hollow marker for the allocated peak (``max_memory_allocated``), a filled one for the reserved peak (what the
@@ -46,6 +47,12 @@ def points(doc: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def source_script(doc: dict[str, Any]) -> str:
+    """The bench that wrote ``doc``: the ``.py`` in its provenance command."""
+    words = str(doc.get("provenance", {}).get("command", "")).split()
+    return next((w for w in words if w.endswith(".py")), "tests/gpu/offload_bench.py")
 
 
 def _colors(panels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,7 +122,7 @@ def plot(doc: dict[str, Any], out: Path) -> None:
     prov = doc.get("provenance", {})
     fig.suptitle(
         f"Activation offload, MEASURED on {prov.get('device', '?')} (commit {str(prov.get('commit', '?'))[:8]}, "
-        f"{prov.get('utc', '?')}; tests/gpu/offload_bench.py)",
+        f"{prov.get('utc', '?')}; {source_script(doc)})",
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))

@@ -229,7 +229,7 @@ def test_gpu_run_plot_draws_every_measured_strategy(tmp_path) -> None:
     (reserved peaks since 2026-11-27), and a clear refusal of a run without sizes."""
     import json
 
-    from benchmarks.offload_gpu_plot import ROOT, main, points
+    from benchmarks.offload_gpu_plot import ROOT, main, points, source_script
 
     bench = ROOT / "results/gpu/offload_bench.json"
     doc = json.loads(bench.read_text())
@@ -244,3 +244,8 @@ def test_gpu_run_plot_draws_every_measured_strategy(tmp_path) -> None:
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"sizes": []}))
     assert main([str(empty)]) == 2
+    assert source_script(doc).endswith("tests/gpu/offload_bench.py")
+    mcore = {"provenance": {"command": "python3 tests/gpu/megatron_offload_bench.py --out /o/m.json"}}
+    assert (
+        source_script(mcore) == "tests/gpu/megatron_offload_bench.py"
+    )  # the Megatron bench's runs plot alike

@@ -40,6 +40,7 @@ flowlane column holds no more memory (both peaks) at a lower step time.
 
     python3 tests/gpu/megatron_offload_bench.py --out $OUT/megatron_offload_bench.json     # GPU machine (< 160 s)
     .venv-llm/bin/python tests/gpu/megatron_offload_bench.py --device cpu --out /tmp/mob.json  # logic smoke test
+    .venv-llm/bin/python benchmarks/offload_gpu_plot.py $OUT/megatron_offload_bench.json     # memory vs time plot
 Without a GPU and without ``--device cpu`` it prints why it skips and exits 0.
 """
 
