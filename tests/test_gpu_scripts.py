@@ -112,16 +112,28 @@ def test_the_megatron_offload_bench_runs_megatrons_and_flowlanes_offload_on_cpu_
             "flowlane",
             "flowlane_recompute",
             "flowlane_sublayer_recompute",
+            "mcore_offload_flowlane",
         ]
         assert all(s["status"] == "ok" for s in st.values()), st
         assert all(s["grads_equal"] is True for n, s in st.items() if n != "keep"), st
-        for name in ("mcore_offload", "mcore_offload_recompute_mlp"):
+        for name in ("mcore_offload", "mcore_offload_recompute_mlp", "mcore_offload_flowlane"):
             moved = st[name]["stats"]["offload_summary_bytes"]
             assert set(moved) == {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"}, moved
             assert all(b > 0 for b in moved.values()), moved
-        for name in ("flowlane", "flowlane_recompute", "flowlane_sublayer_recompute"):
+        for name in (
+            "flowlane",
+            "flowlane_recompute",
+            "flowlane_sublayer_recompute",
+            "mcore_offload_flowlane",
+        ):
             assert st[name]["stats"]["bytes_written"] > 0, (name, st[name])
-        assert st["flowlane_sublayer_recompute"]["config"]["scope_classes"] == ["SelfAttention", "MLP"]
+        assert st["flowlane_sublayer_recompute"]["config"]["flowlane"]["scope_classes"] == [
+            "SelfAttention",
+            "MLP",
+        ]
+        # on top of Megatron's offloading flowlane stores only what Megatron's groups leave: fewer bytes than alone
+        both, alone = st["mcore_offload_flowlane"]["stats"], st["flowlane"]["stats"]
+        assert 0 < both["bytes_written"] < alone["bytes_written"], (both, alone)
 
 
 def test_the_megatron_offload_bench_judges_flowlane_at_no_more_memory_than_megatron() -> None:

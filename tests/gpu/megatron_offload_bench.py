@@ -22,7 +22,10 @@ gradients). Each column builds the model from the same weights with its own ``Tr
 - ``flowlane``: ``megatron_plugin.ssd_offload.install(model, OffloadConfig(backend='pinned_cpu', adaptive=True,
   prefetch_groups=4))`` (TransformerLayer groups, the byte budget from the profiled step 1);
 - ``flowlane_recompute``: the budget with 5 % of the step to spend on recomputing the earliest kept layers;
-- ``flowlane_sublayer_recompute``: that with each layer's ``SelfAttention`` and ``MLP`` as the groups.
+- ``flowlane_sublayer_recompute``: that with each layer's ``SelfAttention`` and ``MLP`` as the groups;
+- ``mcore_offload_flowlane``: building on Megatron's offloading: ``mcore_offload``'s config, and flowlane's budget
+  (``flowlane``'s) over what Megatron's groups leave on the device (the MLP's inner activations, the norms' outputs):
+  Megatron's hooks are pushed inside flowlane's, so each tensor is handled by one of the two.
 
 Megatron-core 0.16.1's fine-grained offloading without Transformer Engine: ``PipelineOffloadManager.__enter__`` sets
 TE's ``cpu_offload.CPUOffloadEnabled`` flag, which only TE's own layers read (the local spec has none), and raises
@@ -85,6 +88,7 @@ MEGATRON_CONFIGS: dict[str, dict[str, Any]] = {
         recompute_modules=["mlp"],
     ),
 }
+MEGATRON_CONFIGS["mcore_offload_flowlane"] = MEGATRON_CONFIGS["mcore_offload"]
 STRATEGIES = (
     "keep",
     "keep_repeat",
@@ -94,11 +98,13 @@ STRATEGIES = (
     "flowlane",
     "flowlane_recompute",
     "flowlane_sublayer_recompute",
+    "mcore_offload_flowlane",
 )
-MCORE_OFFLOAD_COLUMNS = tuple(n for n in STRATEGIES if n.startswith("mcore_offload"))
+#: Megatron's own offloading alone, and the columns where flowlane offloads (the last on top of Megatron's)
+MCORE_OFFLOAD_COLUMNS = ("mcore_offload", "mcore_offload_recompute_mlp")
 #: flowlane's groups: the layer (its halves are scopes inside it), or the attention and MLP halves (``_sublayer``)
 LAYER_SCOPES, SUBLAYER_SCOPES = ("TransformerLayer", "SelfAttention", "MLP"), ("SelfAttention", "MLP")
-FLOWLANE_COLUMNS = tuple(n for n in STRATEGIES if n.startswith("flowlane"))
+FLOWLANE_COLUMNS = tuple(n for n in STRATEGIES if "flowlane" in n)
 
 
 class SDPACoreAttention(torch.nn.Module):
@@ -313,16 +319,16 @@ def run_column(
     handle = None
     warm = a.warmup
     try:
-        if name.startswith("mcore_offload"):
-            r["config"] = MEGATRON_CONFIGS[name]
+        if name.startswith("mcore_"):
+            r["config"] = {"megatron": MEGATRON_CONFIGS[name]}
             warm = max(warm, 2)  # Megatron's offloading learns its groups in the first step
-        elif name == "mcore_recompute":
-            r["config"] = MEGATRON_CONFIGS[name]
-        elif name.startswith("flowlane"):
-            kw = ob.flowlane_kwargs(name, a.min_bytes if dev.type == "cuda" else 4096)
+        if "flowlane" in name:  # on top of Megatron's offloading: the tensors saved outside its groups
+            kw = ob.flowlane_kwargs(
+                name.removeprefix("mcore_offload_"), a.min_bytes if dev.type == "cuda" else 4096
+            )
             scopes = SUBLAYER_SCOPES if "_sublayer" in name else LAYER_SCOPES
             handle = install(model, OffloadConfig(**kw), scope_classes=scopes)
-            r["config"] = kw | {"scope_classes": list(scopes)}
+            r["config"] = r.get("config", {}) | {"flowlane": kw | {"scope_classes": list(scopes)}}
             warm = max(warm, 2)  # step 0 learns the layer count, step 1 is the profiled step
         ob.measure_steps(
             r,
@@ -346,11 +352,10 @@ def run_column(
             from megatron.core.pipeline_parallel.fine_grained_activation_offload import PipelineOffloadManager
 
             try:  # per offload module, counted after Megatron's warm-up step
-                r["stats"] = {
-                    "offload_summary_bytes": dict(PipelineOffloadManager.get_instance().offload_summary_bytes)
-                }
+                moved = dict(PipelineOffloadManager.get_instance().offload_summary_bytes)
             except AttributeError:
-                r["stats"] = {"offload_summary_bytes": None}
+                moved = None
+            r["stats"] = r.get("stats", {}) | {"offload_summary_bytes": moved}
         return r, model
     finally:
         if handle is not None:
