@@ -55,6 +55,8 @@ def _gpt(a: argparse.Namespace, recompute: bool):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_plugin.te_compat import UNFUSED
+
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
     extra = (
@@ -69,12 +71,7 @@ def _gpt(a: argparse.Namespace, recompute: bool):
         use_cpu_initialization=True,
         attention_dropout=0.0,
         hidden_dropout=0.0,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
+        **UNFUSED,
         **extra,
     )
     m = GPTModel(

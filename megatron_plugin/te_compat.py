@@ -13,6 +13,18 @@ import logging
 
 log = logging.getLogger("flowlane")
 
+#: ``TransformerConfig`` fields that turn off Megatron-core's kernel fusions, for runs without Apex or Transformer
+#: Engine: persistent LayerNorm, the masked softmax, RoPE and the gradient-accumulation GEMM need their compiled
+#: kernels; the jit-scripted bias-GeLU and bias-dropout-add need a CUDA tensor. ``TransformerConfig(..., **UNFUSED)``
+UNFUSED: dict[str, bool] = {
+    "bias_activation_fusion": False,
+    "masked_softmax_fusion": False,
+    "persist_layer_norm": False,
+    "bias_dropout_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "apply_rope_fusion": False,
+}
+
 
 def apply() -> bool:
     """Define ``moe_utils.te_general_gemm = None`` where megatron-core left it undefined. True when it did."""

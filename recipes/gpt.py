@@ -246,6 +246,8 @@ def build_model(recipe: GPTRecipe, device: str = "cpu") -> tuple[torch.nn.Module
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_plugin.te_compat import UNFUSED
+
     dtype = torch.bfloat16 if recipe.bf16 else torch.float32
     config = TransformerConfig(
         num_layers=recipe.num_layers,
@@ -258,12 +260,7 @@ def build_model(recipe: GPTRecipe, device: str = "cpu") -> tuple[torch.nn.Module
         params_dtype=dtype,
         bf16=recipe.bf16,
         fp16=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
+        **UNFUSED,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         batch_p2p_sync=False,

@@ -386,6 +386,7 @@ def _train_layout(name: str, hermod: bool) -> dict:
 
     from flowlane import comm
     from megatron_plugin.hermod import Hermod, HermodConfig
+    from megatron_plugin.te_compat import UNFUSED
     from recipes.gpt import GPTRecipe, _forward_step, synthetic_batches
 
     lay = LAYOUTS[name]
@@ -441,12 +442,7 @@ def _train_layout(name: str, hermod: bool) -> dict:
                 pipeline_dtype=dtype,
                 params_dtype=dtype,
                 **half,
-                bias_activation_fusion=False,
-                masked_softmax_fusion=False,
-                persist_layer_norm=False,
-                bias_dropout_fusion=False,
-                gradient_accumulation_fusion=False,
-                apply_rope_fusion=False,
+                **UNFUSED,
                 hidden_dropout=0.0,
                 attention_dropout=0.0,
                 **moe,

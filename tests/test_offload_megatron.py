@@ -42,6 +42,8 @@ def _gpt(recompute: bool = False, dropout: float = 0.0):
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_plugin.te_compat import UNFUSED
+
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
     extra = (
@@ -56,12 +58,7 @@ def _gpt(recompute: bool = False, dropout: float = 0.0):
         use_cpu_initialization=True,
         attention_dropout=dropout,
         hidden_dropout=dropout,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
+        **UNFUSED,
         **extra,
     )
     return GPTModel(
@@ -373,6 +370,7 @@ def _pp_rank(rank: int, world: int, tmp: str) -> dict:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_plugin.ssd_offload import install_from_config
+    from megatron_plugin.te_compat import UNFUSED
 
     parallel_state.initialize_model_parallel(1, 2)
     first, last = parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
@@ -387,12 +385,7 @@ def _pp_rank(rank: int, world: int, tmp: str) -> dict:
             use_cpu_initialization=True,
             attention_dropout=0.0,
             hidden_dropout=0.0,
-            bias_activation_fusion=False,
-            masked_softmax_fusion=False,
-            persist_layer_norm=False,
-            bias_dropout_fusion=False,
-            gradient_accumulation_fusion=False,
-            apply_rope_fusion=False,
+            **UNFUSED,
             pipeline_model_parallel_size=2,
             pipeline_dtype=torch.float32,
         )

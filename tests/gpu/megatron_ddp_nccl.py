@@ -70,6 +70,7 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_plugin.hermod import Hermod, HermodConfig
+    from megatron_plugin.te_compat import UNFUSED
 
     bf16, dist_opt, cuda = case["bf16"], case["dist_opt"], device.type == "cuda"
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -87,12 +88,7 @@ def _train(case: dict[str, Any], hermod: str | None, device: Any) -> dict[str, A
             pipeline_dtype=dtype,
             params_dtype=dtype,
             bf16=bf16,
-            bias_activation_fusion=False,
-            masked_softmax_fusion=False,
-            persist_layer_norm=False,
-            bias_dropout_fusion=False,
-            gradient_accumulation_fusion=False,
-            apply_rope_fusion=False,
+            **UNFUSED,
             hidden_dropout=0.0,
             attention_dropout=0.0,
         )

@@ -189,6 +189,8 @@ def build_gpt(
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_plugin.te_compat import UNFUSED
+
     h, heads, seq, _batch, layers = size
     extra = MEGATRON_CONFIGS[column if column in MEGATRON_CONFIGS else "keep"]
     if extra.get("fine_grained_activation_offloading"):
@@ -207,12 +209,7 @@ def build_gpt(
         hidden_dropout=0.0,
         use_cpu_initialization=dev.type == "cpu",
         perform_initialization=weights is None,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
+        **UNFUSED,
         # no linear biases (as Llama-style GPTs): with them, 0.16.1's selective "mlp" recompute returns fc2's bias
         # parameter itself from its checkpoint, whose backward then re-enters itself without end (seen on CPU)
         add_bias_linear=False,
