@@ -24,7 +24,7 @@ gradients). Each column builds the model from the same weights with its own ``Tr
 - ``flowlane_recompute``: the budget with 5 % of the step to spend on recomputing the earliest kept layers;
 - ``flowlane_sublayer_recompute``: that with each layer's ``SelfAttention`` and ``MLP`` as the groups;
 - ``mcore_offload_flowlane``: building on Megatron's offloading: ``mcore_offload``'s config, and flowlane's budget
-  (``flowlane``'s) over what Megatron's groups leave on the device (the MLP's inner activations, the norms' outputs):
+  (``flowlane``'s) over what Megatron's groups leave on the device (the MLP's input, fc1's and GELU's outputs):
   Megatron's hooks are pushed inside flowlane's, so each tensor is handled by one of the two.
 
 Megatron-core 0.16.1's fine-grained offloading without Transformer Engine: ``PipelineOffloadManager.__enter__`` sets
