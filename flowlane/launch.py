@@ -1055,16 +1055,45 @@ def run_this_rank(
         timeout=datetime.timedelta(seconds=op_timeout),
         **bind,
     )
+    held: list[Any] = []  # the last collectives' tensors, alive until the group is destroyed (see below)
     try:
         result = fn(ext.rank, ext.world_size, *args)
-        gathered: list[Any] | None = [None] * ext.world_size if ext.rank == 0 else None
-        dist.gather_object(result, gathered, dst=0)
+        gathered = _gather_to_rank0(result, ext.rank, ext.world_size, device, held)
         # every rank past the gather before any tears down: a gloo group destroyed while a peer still has work
         # queued on it can block that peer's destroy (seen under DistDGL's launcher, torch 2.2)
         dist.barrier()
         return gathered
     finally:
         destroy_default_group(min(op_timeout, 60.0))  # no work is left: a healthy destroy takes ms
+        held.clear()
+
+
+def _gather_to_rank0(result: Any, rank: int, world: int, device: Any, held: list[Any]) -> list[Any] | None:
+    """Every rank's ``result`` (pickled) on rank 0, in rank order; None on the others. Unlike ``gather_object``,
+    the tensors the collectives used are put in ``held`` for the caller to keep until the group is destroyed. A
+    gloo worker thread drops a finished work item a moment after the caller sees it complete, holding the group's
+    lock; if the work held the last reference to a tensor created in Python, dropping it needs the GIL, which
+    ``destroy_process_group`` (a Python call) holds while it waits for that lock: both wait for ever (seen in a
+    fresh-clone CI on a loaded 2-core machine, torch 2.2, rank 0 of a DistDGL run). With the tensors still
+    referenced from Python, the worker only decrements their count."""
+    import torch
+    import torch.distributed as dist
+
+    payload = torch.frombuffer(bytearray(pickle.dumps(result)), dtype=torch.uint8)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(n.item()) for n in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: payload.numel()] = payload.to(padded.device)
+    rows = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(rows, padded)
+    held += [payload, size, *sizes, padded, *rows]
+    if rank != 0:
+        return None
+    return [
+        pickle.loads(row[: int(n.item())].cpu().numpy().tobytes()) for row, n in zip(rows, sizes, strict=True)
+    ]
 
 
 def destroy_default_group(timeout: float, destroy: Callable[[], None] | None = None) -> bool:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -306,6 +307,24 @@ def test_a_destroy_that_never_returns_is_abandoned_with_a_warning(caplog):
         assert L.destroy_default_group(0.2, destroy=blocked.wait) is False
     assert "did not return" in caplog.text
     blocked.set()
+
+
+def gather_unequal(rank: int, world: int) -> tuple[Any, int, bool]:
+    import torch
+
+    held: list[Any] = []
+    got = L._gather_to_rank0({"rank": rank, "pad": "x" * (100 * rank)}, rank, world, None, held)
+    return got, len(held), all(isinstance(t, torch.Tensor) for t in held)
+
+
+def test_an_external_launchs_results_reach_rank_0_and_their_tensors_outlive_the_group():
+    """run_this_rank's final gather (pickled results of unequal length, rank order on rank 0) leaves every tensor
+    its collectives used in the caller's list, which is cleared only after the group is destroyed: a gloo worker
+    dropping a work item's last reference to a Python tensor needs the GIL, which the destroy holds while it waits
+    for that worker (a deadlock seen in a fresh-clone CI)."""
+    results = L.launch(gather_unequal, 2, timeout=120)
+    assert results[0] == ([{"rank": 0, "pad": ""}, {"rank": 1, "pad": "x" * 100}], 7, True)
+    assert results[1] == (None, 7, True)  # payload, size, 2 sizes, padded, 2 rows
 
 
 def test_a_destroy_that_returns_is_waited_for():
