@@ -42,6 +42,7 @@ import datetime
 import faulthandler
 import itertools
 import logging
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -52,7 +53,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -1096,22 +1097,48 @@ def _gather_to_rank0(result: Any, rank: int, world: int, device: Any, held: list
     ]
 
 
-def destroy_default_group(timeout: float, destroy: Callable[[], None] | None = None) -> bool:
+def destroy_default_group(
+    timeout: float, destroy: Callable[[], None] | None = None, backstop_s: float = 30.0
+) -> bool:
     """Destroy the default process group, waiting at most ``timeout`` seconds; True when it returned.
 
     After a failure a peer may be gone or blocked, and a group's destructor can then wait on it forever; the
     rank must still exit (and reach its framework's own shutdown, e.g. DistDGL's exit barrier), so the destroy
-    runs in a daemon thread and is abandoned, with a warning, when it has not returned in time."""
+    runs in a daemon thread and is abandoned, with a warning, when it has not returned in time. A destroy blocked
+    while holding the GIL (see :func:`_gather_to_rank0`) keeps this thread from ever waking to abandon it: then the
+    kernel ends the process ``backstop_s`` seconds later (SIGALRM with its default action, which runs no Python
+    code), so a rank stuck there exits with an error instead of hanging."""
     if destroy is None:
         import torch.distributed as dist
 
         destroy = dist.destroy_process_group
     done = threading.Thread(target=destroy, name="flowlane-destroy-pg", daemon=True)
-    done.start()
-    done.join(timeout)
+    with _alarm_backstop(timeout + backstop_s):
+        done.start()
+        done.join(timeout)
     if done.is_alive():
         log.warning(
             "destroying the process group did not return in %.0f s; leaving it to process exit", timeout
         )
         return False
     return True
+
+
+@contextlib.contextmanager
+def _alarm_backstop(seconds: float) -> Iterator[None]:
+    """End the process (SIGALRM, default action: no handler, no GIL needed) if the block runs ``seconds`` longer;
+    the signal's previous handler and any pending alarm are restored after it. Only in the main thread (where
+    signal handlers are set) and where ``signal.alarm`` exists; elsewhere the block runs without a backstop."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "alarm"):
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    pending = signal.alarm(max(1, math.ceil(seconds)))
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        if pending:  # someone's alarm was due: set it again for what is left of it
+            signal.alarm(max(1, pending - int(time.monotonic() - t0)))

@@ -329,5 +329,24 @@ def test_an_external_launchs_results_reach_rank_0_and_their_tensors_outlive_the_
 
 def test_a_destroy_that_returns_is_waited_for():
     calls = []
+    handler = signal.getsignal(signal.SIGALRM)
     assert L.destroy_default_group(60.0, destroy=lambda: calls.append(1)) is True
     assert calls == [1]
+    assert signal.getsignal(signal.SIGALRM) is handler  # the backstop's alarm is gone with it
+
+
+def test_a_destroy_blocked_while_holding_the_gil_ends_the_process_instead_of_hanging():
+    """The deadlock the CI saw, reduced: a destroy that blocks in native code without releasing the GIL (libc's
+    sleep called through ctypes.PyDLL) keeps the waiting thread from ever waking up; the SIGALRM backstop ends the
+    process after timeout + backstop_s."""
+    code = (
+        "import ctypes, time\n"
+        "from flowlane import launch as L\n"
+        "t0 = time.monotonic()\n"
+        "L.destroy_default_group(0.2, destroy=lambda: ctypes.PyDLL(None).sleep(60), backstop_s=1.0)\n"
+        "print('returned', flush=True)\n"
+    )
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert r.returncode == -signal.SIGALRM and "returned" not in r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert time.monotonic() - t0 < 45
