@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,6 +40,7 @@ from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
+log = logging.getLogger("flowlane.offload")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -224,6 +226,20 @@ def install(
         )
     hints = _ScheduleHints(cache) if schedule_hints else None
     cache.activate()
+    c = config
+    log.info(
+        "flowlane.offload: installed on %d modules (%s; the outermost are the groups), backend %s, saved tensors "
+        ">= %d B; %s%s%s",
+        found,
+        ", ".join(spec.class_names),
+        cache.backend.name,
+        c.min_bytes,
+        f"byte budget from micro-batch {c.profile_step}, max slowdown {c.max_slowdown:g}"
+        if c.adaptive
+        else f"last {c.keep_last_k} layer(s) kept",
+        ", recompute" if c.recompute else "",
+        "; schedule hints on Megatron's forward and backward steps" if hints is not None else "",
+    )
     return SSDOffload(cache, hints)
 
 

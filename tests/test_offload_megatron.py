@@ -259,6 +259,21 @@ def test_megatron_recompute_baseline_runs_with_same_grads(megatron_env) -> None:
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(ref, got, strict=True))
 
 
+def test_megatron_install_says_what_it_installed(megatron_env, caplog) -> None:
+    import logging
+
+    from flowlane.offload import OffloadConfig
+    from megatron_plugin.ssd_offload import install
+
+    cfg = OffloadConfig(backend="null", min_bytes=MIN_BYTES, adaptive=True, max_slowdown=0.05, recompute=True)
+    with caplog.at_level(logging.INFO, logger="flowlane.offload"), install(_gpt(), cfg):
+        pass
+    (line,) = [r.getMessage() for r in caplog.records if "installed on" in r.getMessage()]
+    assert f"installed on {3 * L} modules (TransformerLayer, SelfAttention, MLP;" in line, line
+    assert "backend null" in line and f">= {MIN_BYTES} B" in line and "max slowdown 0.05, recompute" in line
+    assert "schedule hints" in line
+
+
 def test_megatron_flags_build_the_config() -> None:
     from flowlane.offload import OffloadConfig
     from megatron_plugin.args import add_flowlane_args
