@@ -54,7 +54,7 @@ from flowlane.offload.backends import (
     make_run_dir,
     remove_run_dir,
 )
-from flowlane.offload.cache import recompute_with_rng_tracker
+from flowlane.offload.cache import log_installed, recompute_with_rng_tracker
 
 log = logging.getLogger("flowlane.offload")
 
@@ -507,5 +507,13 @@ def install(
         _patch_pipeline(engine, cache, handle)
     else:
         _patch_plain(engine, cache, handle)
+    log_installed(
+        cache,
+        len(mods),
+        scopes or (("the PipelineModule's layers",) if pipeline else ("the longest ModuleList's entries",)),
+        "DeepSpeed's pipeline schedule executor wrapped"
+        if pipeline
+        else "the engine's forward and backward wrapped",
+    )
     cache.activate()
     return handle

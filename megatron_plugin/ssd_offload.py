@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,9 +37,9 @@ import torch
 
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
+from flowlane.offload.cache import log_installed
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
-log = logging.getLogger("flowlane.offload")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -226,20 +225,8 @@ def install(
         )
     hints = _ScheduleHints(cache) if schedule_hints else None
     cache.activate()
-    c = config
-    log.info(
-        "flowlane.offload: installed on %d modules (%s; the outermost are the groups), backend %s, saved tensors "
-        ">= %d B; %s%s%s",
-        found,
-        ", ".join(spec.class_names),
-        cache.backend.name,
-        c.min_bytes,
-        f"byte budget from micro-batch {c.profile_step}, max slowdown {c.max_slowdown:g}"
-        if c.adaptive
-        else f"last {c.keep_last_k} layer(s) kept",
-        ", recompute" if c.recompute else "",
-        "; schedule hints on Megatron's forward and backward steps" if hints is not None else "",
-    )
+    where = "schedule hints on Megatron's forward and backward steps" if hints is not None else ""
+    log_installed(cache, found, spec.class_names, where)
     return SSDOffload(cache, hints)
 
 

@@ -726,3 +726,17 @@ def test_baseline_tracker_counts_all_layers() -> None:
     with track_saved_tensors(MIN_BYTES, list(m.parameters())) as res:
         m(idx).backward()
     assert res.peak >= 6 * A
+
+
+def test_install_says_what_it_installed(tmp_path: Path, caplog) -> None:
+    import logging
+
+    m, _ = _model()
+    with caplog.at_level(logging.INFO, logger="flowlane.offload"):
+        install(m, _cfg(tmp_path, keep_last_k=2), ["Block"]).close()
+        install(m, _cfg(tmp_path, adaptive=True, max_slowdown=0.05, recompute=True), ["Block"]).close()
+    lines = [r.getMessage() for r in caplog.records if "installed on" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "installed on 6 modules (Block; the outermost are the groups), backend posix" in lines[0]
+    assert f">= {MIN_BYTES} B; last 2 layer(s) kept" in lines[0]
+    assert "byte budget from micro-batch 1, max slowdown 0.05, recompute" in lines[1]

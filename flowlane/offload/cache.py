@@ -1724,7 +1724,32 @@ def install(
             f"no module of class {sorted(spec.class_names)} found in the model; offloading would do "
             "nothing (set scope classes to the model's layer class names)"
         )
+    log_installed(cache, n, spec.class_names)
     return cache.activate()
+
+
+def log_installed(cache: TensorCache, scopes: int, class_names: Iterable[str], where: str = "") -> None:
+    """One ``flowlane.offload`` INFO line saying what an installer put in place: the scope count and classes, the
+    tier, the size threshold, the policy (the byte budget, or the layers kept) and ``where`` (the framework's
+    hooks it added)."""
+    c = cache.config
+    policy = (
+        f"byte budget from micro-batch {c.profile_step}, max slowdown {c.max_slowdown:g}"
+        + (", recompute" if c.recompute else "")
+        + (f", release {c.release}" if c.release != "record_stream" else "")
+        if c.adaptive
+        else f"last {c.keep_last_k} layer(s) kept"
+    )
+    log.info(
+        "flowlane.offload: installed on %d modules (%s; the outermost are the groups), backend %s, saved tensors "
+        ">= %d B; %s%s",
+        scopes,
+        ", ".join(class_names),
+        cache.backend.name,
+        c.min_bytes,
+        policy,
+        f"; {where}" if where else "",
+    )
 
 
 class OffloadHandle:
