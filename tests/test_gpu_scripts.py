@@ -100,6 +100,7 @@ def test_the_megatron_offload_bench_runs_megatrons_and_flowlanes_offload_on_cpu_
     doc = json.loads(out.read_text())
     assert doc["complete"] is True and doc["failed"] == [] and doc["label"].startswith("CPU smoke test")
     assert doc["te_offload_flag_stand_in"] is True  # no Transformer Engine in this lane
+    assert doc["correctness"]["keep_bitwise_reproducible"] is True  # so a difference below would be a failure
     (size,) = doc["sizes"]
     for section in (doc["correctness"], size):
         st = section["strategies"]

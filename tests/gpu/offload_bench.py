@@ -634,10 +634,9 @@ def json_writer(out: Path, doc: dict[str, Any]) -> Callable[[], None]:
     return save
 
 
-def ratios_vs_keep(st: dict[str, dict[str, Any]], failed: list[str], tag: str, strict: bool = False) -> None:
+def ratios_vs_keep(st: dict[str, dict[str, Any]], failed: list[str], tag: str) -> None:
     """Each column's step time and three peaks as ratios of keep's; a column whose gradients differ from keep's is
-    a failure when keep repeated itself bitwise (or ``strict``: the deterministic correctness pass), else noted as
-    inconclusive."""
+    a failure when keep repeated itself bitwise, else noted as inconclusive."""
     keep = st.get("keep", {})
     reproducible = st.get("keep_repeat", {}).get("grads_equal")
     for name, r in st.items():
@@ -652,7 +651,7 @@ def ratios_vs_keep(st: dict[str, dict[str, Any]], failed: list[str], tag: str, s
             if keep.get(key) and r.get(key) is not None:
                 r[ratio] = r[key] / keep[key]
         if r.get("grads_equal") is False:
-            if reproducible or strict:
+            if reproducible:
                 failed.append(
                     f"{tag}:{name}: gradients differ from keep's (max abs diff {r.get('grads_max_abs_diff')})"
                 )
