@@ -3,7 +3,8 @@ activations (one rank, and 2-way on two ranks), and FSDP2 (``fully_shard``) on o
 is offloaded by its local tensor and rebuilt with ``__tensor_unflatten__``; FSDP2's unsharded parameters (storages
 it gathers before a layer's forward and frees after it) are parameters, never offloaded. Gradients are compared
 bitwise with the same model trained without offloading; a subclass without the flatten protocol is refused
-(tests/test_offload_bulk.py)."""
+(tests/test_offload_bulk.py). FP8 with torchao's real classes: a saved ``Float8TrainingTensor`` (offloaded by its
+e4m3 data, rebuilt with its metadata), and a model converted by ``convert_to_float8_training``."""
 
 from __future__ import annotations
 
@@ -187,3 +188,94 @@ def test_recompute_on_fsdp2_and_dtensor_models_is_bitwise(mesh: object, tmp_path
     for step_ref, step_got in zip(ref, got, strict=True):
         for a, b in zip(step_ref, step_got, strict=True):
             assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------ FP8 (torchao)
+class _SavesFloat8(torch.autograd.Function):
+    """``y = x @ w.T`` that saves ``x`` as torchao's ``Float8TrainingTensor`` (e4m3 data + a scale, the high-precision
+    dtype and the GEMM role in its metadata) and computes ``grad_w`` from it: what a float8 recipe that keeps its
+    cast inputs for backward saves."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        from torchao.float8.float8_training_tensor import LinearMMConfig, hp_tensor_and_scale_to_float8
+
+        scale = torch.finfo(torch.float8_e4m3fn).max / x.abs().amax().clamp(min=1e-12).float()
+        x8 = hp_tensor_and_scale_to_float8(x, scale, torch.float8_e4m3fn, LinearMMConfig())
+        ctx.save_for_backward(x8, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        x8, w = ctx.saved_tensors
+        return g @ w, g.t() @ x8.to_original_precision()
+
+
+class Float8Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(H, H) / H**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.gelu(_SavesFloat8.apply(x, self.w))
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["posix", "pinned_cpu"])
+def test_a_saved_float8_tensor_is_offloaded_by_its_inner_tensors_and_rebuilt(
+    tmp_path: Path, bulk: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchao's ``Float8TrainingTensor`` saved for backward: flowlane stores its e4m3 data (its scale is below the
+    size threshold), rebuilds it through ``__tensor_unflatten__`` with its metadata, and the gradients are bitwise
+    those without offloading."""
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
+
+    rebuilt: list[torch.dtype] = []
+    unflatten = Float8TrainingTensor.__tensor_unflatten__
+
+    def counting(inner: dict, meta: dict, *a: object) -> Float8TrainingTensor:
+        rebuilt.append(inner["_data"].dtype)
+        return unflatten(inner, meta, *a)
+
+    monkeypatch.setattr(Float8TrainingTensor, "__tensor_unflatten__", staticmethod(counting))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Float8Block() for _ in range(LAYERS)))
+    x = torch.randn(TOKENS, H, requires_grad=True)
+    ref = _steps(model, x)
+    saved: list[type] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(type(t)) or t, lambda t: t):
+        model(x).sum()
+    assert Float8TrainingTensor in saved  # the premise
+    if bulk:
+        cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), bulk_on_cpu=True)
+        cache.register_parameters(model.parameters())
+        for blk in model:
+            cache.add_scope(blk)
+        cache.activate()
+    else:
+        cache = install(model, _cfg(tmp_path), ["Float8Block"])
+    with cache:
+        got = _steps(model, x)
+        s = cache.stats_snapshot()
+    assert all(torch.equal(a, b) for r, g in zip(ref, got, strict=True) for a, b in zip(r, g, strict=True))
+    assert rebuilt == [torch.float8_e4m3fn] * (2 * LAYERS)  # every saved x8 came back through flowlane, once
+    if bulk:  # synchronous copies: exactly GELU's fp32 input and the e4m3 data, per block and step
+        assert s.bytes_written == 2 * LAYERS * (4 + 1) * TOKENS * H, s
+
+
+def test_torchao_float8_training_with_offload_is_bitwise(tmp_path: Path) -> None:
+    """A model converted by torchao's ``convert_to_float8_training`` (Float8Linear: dynamic e4m3 casts, the scaled
+    GEMM, here on CPU) with its layers offloaded: gradients bitwise those of the same float8 model without."""
+    from torchao.float8 import convert_to_float8_training
+
+    model = _model()
+    convert_to_float8_training(model)
+    assert type(model[0].up).__name__ == "Float8Linear"  # the premise
+    torch.manual_seed(1)
+    x = torch.randn(TOKENS, H, requires_grad=True)
+    ref = _steps(model, x)
+    with install(model, _cfg(tmp_path), ["Block"]) as cache:
+        got = _steps(model, x)
+        s = cache.stats_snapshot()
+    assert all(torch.equal(a, b) for r, g in zip(ref, got, strict=True) for a, b in zip(r, g, strict=True))
+    assert s.bytes_written > 0 and s.param_skips > 0, s
