@@ -249,3 +249,20 @@ def test_gpu_run_plot_draws_every_measured_strategy(tmp_path) -> None:
     assert (
         source_script(mcore) == "tests/gpu/megatron_offload_bench.py"
     )  # the Megatron bench's runs plot alike
+
+
+def test_the_docs_gpu_table_is_the_one_the_committed_run_gives() -> None:
+    """docs/offload.md's H200 table is benchmarks/offload_gpu_table.py's output for results/gpu/offload_bench.json
+    (hand-copied cells had drifted by double rounding: 0.345 written as 0.35); cells say when a column did not run."""
+    import json
+
+    from benchmarks.offload_gpu_plot import ROOT
+    from benchmarks.offload_gpu_table import cell, table
+
+    doc = json.loads((ROOT / "results/gpu/offload_bench.json").read_text())
+    cols = "recompute,torch_save_on_cpu,flowlane,flowlane_recompute,flowlane_sublayer_recompute,flowlane_sublayer_all"
+    rows = table(doc, cols.split(",")).split("\n\n")[0]
+    assert rows in (ROOT / "docs/offload.md").read_text()
+    assert "| h8192, 16 layers (keep 566.5 ms, 17.0 GiB) | 1.21x; 0.16 / 0.08 | not run |" in rows
+    assert cell({"status": "error"}) == "error" and cell({}) == "not run"
+    assert cell({"status": "ok", "time_ratio_vs_keep": 1.0, "act_mem_ratio_vs_keep": 0.5}) == "1.00x; 0.50"
