@@ -57,6 +57,17 @@ def _cfg(tmp_path: Path, **kw: object) -> OffloadConfig:
     )
 
 
+def _offloaded(model: nn.Sequential, tmp_path: Path, bulk: bool, scope: str) -> TensorCache:
+    """``model``'s blocks offloaded: the bulk pinned tier (synchronous copies on CPU) or ``install``'s posix tier."""
+    if not bulk:
+        return install(model, _cfg(tmp_path), [scope])
+    cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), bulk_on_cpu=True)
+    cache.register_parameters(model.parameters())
+    for blk in model:
+        cache.add_scope(blk)
+    return cache.activate()
+
+
 def _steps(model: nn.Module, x: torch.Tensor, n: int = 2) -> list[list[torch.Tensor]]:
     """Gradients of ``n`` forward/backward steps, as local tensors (a DTensor's ``to_local``)."""
     out = []
@@ -95,14 +106,7 @@ def test_dtensor_activations_are_offloaded_by_their_local_tensors_bitwise(
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(type(t).__name__) or t, lambda t: t):
         model(x).sum()
     assert "DTensor" in saved and "Tensor" not in saved  # the premise: what autograd saves is DTensors
-    if bulk:
-        cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), bulk_on_cpu=True)
-        cache.register_parameters(model.parameters())
-        for blk in model:
-            cache.add_scope(blk)
-        cache.activate()
-    else:
-        cache = install(model, _cfg(tmp_path), ["Block"])
+    cache = _offloaded(model, tmp_path, bulk, "Block")
     with cache:
         got = _steps(model, x)
         s = cache.stats_snapshot()
@@ -246,14 +250,7 @@ def test_a_saved_float8_tensor_is_offloaded_by_its_inner_tensors_and_rebuilt(
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(type(t)) or t, lambda t: t):
         model(x).sum()
     assert Float8TrainingTensor in saved  # the premise
-    if bulk:
-        cache = TensorCache(_cfg(tmp_path, backend="pinned_cpu"), bulk_on_cpu=True)
-        cache.register_parameters(model.parameters())
-        for blk in model:
-            cache.add_scope(blk)
-        cache.activate()
-    else:
-        cache = install(model, _cfg(tmp_path), ["Float8Block"])
+    cache = _offloaded(model, tmp_path, bulk, "Float8Block")
     with cache:
         got = _steps(model, x)
         s = cache.stats_snapshot()
