@@ -1128,8 +1128,13 @@ def destroy_default_group(
 def _alarm_backstop(seconds: float) -> Iterator[None]:
     """End the process (SIGALRM, default action: no handler, no GIL needed) if the block runs ``seconds`` longer;
     the signal's previous handler and any pending alarm are restored after it. Only in the main thread (where
-    signal handlers are set) and where ``signal.alarm`` exists; elsewhere the block runs without a backstop."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "alarm"):
+    signal handlers are set), where ``signal.alarm`` exists and where SIGALRM's handler can be put back (one set
+    from C reads as None and could not be); elsewhere the block runs without a backstop."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or not hasattr(signal, "alarm")
+        or signal.getsignal(signal.SIGALRM) is None
+    ):
         yield
         return
     previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
