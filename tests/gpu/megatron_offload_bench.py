@@ -469,20 +469,12 @@ def main() -> int:
     _megatron_setup(dev)
     import megatron.core as mc
 
-    doc: dict[str, Any] = {
-        "label": f"measured on {torch.cuda.get_device_name(0)}"
-        if dev.type == "cuda"
-        else "CPU smoke test (logic only; figures meaningless)",
-        "provenance": ob._provenance(dev),
-        "torch": torch.__version__,
-        "megatron_core": getattr(mc, "__version__", "unknown"),
-        "cuda": torch.version.cuda,
-        "dtype": str(dtype),
-        "te_offload_flag_stand_in": _te_offload_flag_stand_in(),
-        "sizes": [],
-        "failed": [],
-        "complete": False,
-    }
+    doc = ob.result_doc(
+        dev,
+        dtype,
+        megatron_core=getattr(mc, "__version__", "unknown"),
+        te_offload_flag_stand_in=_te_offload_flag_stand_in(),
+    )
 
     save = ob.json_writer(out, doc)
 
@@ -527,8 +519,8 @@ def main() -> int:
                 continue
             print(
                 f"  {name:30s} step {r['step_s'] * 1e3:8.2f} ms x{r.get('time_ratio_vs_keep', 1.0):.3f}  "
-                f"allocated x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}  reserved x{r.get('reserved_ratio_vs_keep', 1.0):.3f}  "
-                f"grads equal {r.get('grads_equal')}"
+                f"allocated x{r.get('act_mem_ratio_vs_keep', 1.0):.3f}  "
+                f"reserved x{r.get('reserved_ratio_vs_keep', 1.0):.3f}  grads equal {r.get('grads_equal')}"
             )
         print(f"  goals: {size.get('goal')}")
         print(f"  against Megatron-core's offloading: {size.get('vs_megatron_offload')}")

@@ -287,9 +287,9 @@ def _reserved_step(
 ) -> tuple[int, int, list[dict[str, Any]]]:
     """One more step (``run_step``: forward and backward of ``model``), measuring what the allocator *holds* above
     what it held before: (``max_memory_reserved`` after ``empty_cache``, peak ``active_bytes``, the allocator's view
-    at each of ``layers``' forward end and backward begin). A store frees its device tensor as soon as its copy is queued
-    (``record_stream``), so ``max_memory_allocated`` no longer counts it, but the allocator reuses that block only
-    after the copy ran. Active bytes are the allocated ones plus such blocks; reserved adds what the allocator cached
+    at each of ``layers``' forward end and backward begin). A store frees its device tensor as soon as its copy is
+    queued (``record_stream``), so ``max_memory_allocated`` no longer counts it, but the allocator reuses that block
+    only after the copy ran. Active bytes are the allocated ones plus such blocks; reserved adds what the allocator cached
     but could not hand out (rounding, split blocks), for every column alike. Not timed: the step after
     ``empty_cache`` pays for fresh ``cudaMalloc`` calls, and each view walks the allocator's segments."""
     model.zero_grad(set_to_none=False)
@@ -620,6 +620,25 @@ def bench_parser(doc: str | None, out: str, budget_s: float, hard_s: float) -> a
     return ap
 
 
+def result_doc(dev: torch.device, dtype: torch.dtype, **fields: Any) -> dict[str, Any]:
+    """A result JSON's opening fields (this bench's and ``megatron_offload_bench.py``'s): its label (measured on
+    which GPU, or a CPU smoke test), provenance (command, commit), versions, ``fields``, and the lists and flag the
+    run fills in."""
+    return {
+        "label": f"measured on {torch.cuda.get_device_name(0)}"
+        if dev.type == "cuda"
+        else "CPU smoke test (logic only; figures meaningless)",
+        "provenance": _provenance(dev),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": str(dtype),
+        **fields,
+        "sizes": [],
+        "failed": [],
+        "complete": False,
+    }
+
+
 def json_writer(out: Path, doc: dict[str, Any]) -> Callable[[], None]:
     """A function that writes ``doc`` (with the seconds elapsed) to ``out`` atomically: a reader never sees half a
     file, and what a killed run measured so far is kept."""
@@ -696,19 +715,7 @@ def main() -> int:
     faulthandler.dump_traceback_later(max(5.0, a.hard_s - _process_age()), exit=True)
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    doc: dict[str, Any] = {
-        "label": f"measured on {torch.cuda.get_device_name(0)}"
-        if dev.type == "cuda"
-        else "CPU smoke test (logic only; figures meaningless)",
-        "provenance": _provenance(dev),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "dtype": str(dtype),
-        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "sizes": [],
-        "failed": [],
-        "complete": False,
-    }
+    doc = result_doc(dev, dtype, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     save = json_writer(out, doc)
 
     # 1. correctness, bitwise, with the deterministic math attention kernel: keep vs every offload path
