@@ -131,22 +131,28 @@ def plot(doc: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
+def read_run(src: Path, prog: str) -> dict[str, Any] | None:
+    """A GPU offload bench's result JSON with at least one size, or None after saying on stderr (as ``prog``) why
+    not: unreadable, not JSON, or a run that stopped before the benchmark."""
+    try:
+        doc = json.loads(src.read_text())
+    except (OSError, ValueError) as e:
+        print(f"{prog}: cannot read {src}: {e}", file=sys.stderr)
+        return None
+    if not isinstance(doc, dict) or not doc.get("sizes"):
+        print(f"{prog}: {src} has no sizes (a run that stopped before the benchmark?)", file=sys.stderr)
+        return None
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench", nargs="?", default=str(ROOT / "results/gpu/offload_bench.json"))
     ap.add_argument("--out", default=None, help="PNG path (default: the JSON's, .png)")
     a = ap.parse_args(argv)
     src = Path(a.bench)
-    try:
-        doc = json.loads(src.read_text())
-    except (OSError, ValueError) as e:
-        print(f"offload_gpu_plot: cannot read {src}: {e}", file=sys.stderr)
-        return 2
-    if not doc.get("sizes"):
-        print(
-            f"offload_gpu_plot: {src} has no sizes (a run that stopped before the benchmark?)",
-            file=sys.stderr,
-        )
+    doc = read_run(src, "offload_gpu_plot")
+    if doc is None:
         return 2
     out = Path(a.out) if a.out else src.with_suffix(".png")
     plot(doc, out)

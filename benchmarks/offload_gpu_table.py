@@ -9,10 +9,13 @@ Run: .venv-llm/bin/python benchmarks/offload_gpu_table.py results/gpu/offload_be
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.offload_gpu_plot import read_run  # noqa: E402
 
 GiB = 1 << 30
 
@@ -64,16 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         "--columns", default=None, help="comma-separated strategies, in order (default: all that ran)"
     )
     a = ap.parse_args(argv)
-    try:
-        doc = json.loads(Path(a.bench).read_text())
-    except (OSError, ValueError) as e:
-        print(f"offload_gpu_table: cannot read {a.bench}: {e}", file=sys.stderr)
-        return 2
-    if not doc.get("sizes"):
-        print(
-            f"offload_gpu_table: {a.bench} has no sizes (a run that stopped before the benchmark?)",
-            file=sys.stderr,
-        )
+    doc = read_run(Path(a.bench), "offload_gpu_table")
+    if doc is None:
         return 2
     print(table(doc, a.columns.split(",") if a.columns else None))
     return 0
