@@ -340,13 +340,11 @@ def test_a_destroy_blocked_while_holding_the_gil_ends_the_process_instead_of_han
     sleep called through ctypes.PyDLL) keeps the waiting thread from ever waking up; the SIGALRM backstop ends the
     process after timeout + backstop_s."""
     code = (
-        "import ctypes, time\n"
+        "import ctypes\n"
         "from flowlane import launch as L\n"
-        "t0 = time.monotonic()\n"
         "L.destroy_default_group(0.2, destroy=lambda: ctypes.PyDLL(None).sleep(60), backstop_s=1.0)\n"
         "print('returned', flush=True)\n"
     )
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    # a hang raises TimeoutExpired; the backstop ends the process in about 2 s
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGALRM and "returned" not in r.stdout, (r.returncode, r.stdout, r.stderr)
-    assert time.monotonic() - t0 < 45
