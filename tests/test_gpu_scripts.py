@@ -12,6 +12,9 @@ import pytest
 pytestmark = pytest.mark.llm
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the offload benches' own time budget and stack-dump deadline off: on a loaded machine they would skip columns or
+#: exit; the subprocess timeout still catches a hang
+NO_TIME_LIMITS = ("--budget-s", "1e9", "--hard-s", "1e9")
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -47,7 +50,16 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
     """tests/gpu/offload_bench.py's CPU smoke mode: every column runs, offloads bytes and gives keep's gradients, so a
     lent GPU's few minutes are not spent on a broken script."""
     out = tmp_path / "ob.json"
-    r = _run("tests/gpu/offload_bench.py", "--device", "cpu", "--only-hidden", "64", "--out", str(out))
+    r = _run(
+        "tests/gpu/offload_bench.py",
+        "--device",
+        "cpu",
+        "--only-hidden",
+        "64",
+        *NO_TIME_LIMITS,
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["complete"] is True and doc["failed"] == [] and doc["label"].startswith("CPU smoke test")
@@ -80,7 +92,7 @@ def test_the_expandable_segments_offload_check_passes_its_settings_on(tmp_path: 
     """tests/gpu/offload_bench_expandable.py, run_all.sh's second offload check: the bench itself with the allocator
     setting and hidden 8192 only (no CPU size has it, so only the correctness sections run here), both recorded."""
     out = tmp_path / "obe.json"
-    r = _run("tests/gpu/offload_bench_expandable.py", "--device", "cpu", "--out", str(out))
+    r = _run("tests/gpu/offload_bench_expandable.py", "--device", "cpu", *NO_TIME_LIMITS, "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["alloc_conf"] == "expandable_segments:True" and doc["complete"] is True and doc["sizes"] == []
@@ -95,7 +107,7 @@ def test_the_megatron_offload_bench_runs_megatrons_and_flowlanes_offload_on_cpu_
     fine-grained offloading (through the bench's stand-in for TE's flag) and with flowlane's, every column's gradients
     equal to stock Megatron-core's and both offloads moving bytes."""
     out = tmp_path / "mob.json"
-    r = _run("tests/gpu/megatron_offload_bench.py", "--device", "cpu", "--out", str(out))
+    r = _run("tests/gpu/megatron_offload_bench.py", "--device", "cpu", *NO_TIME_LIMITS, "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["complete"] is True and doc["failed"] == [] and doc["label"].startswith("CPU smoke test")
