@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from flowlane.offload import OffloadConfig, PosixBackend, TensorCache, install, make_backend
 from flowlane.offload.pool import ALIGN, PinnedPool, size_class
-from tests.test_offload_core import MIN_BYTES, A, B, H, S, _grads, _model, _reference
+from tests.test_offload_core import MIN_BYTES, A, B, Block, H, S, _grads, _model, _reference
 
 L = 6
 
@@ -63,6 +63,7 @@ def test_pinned_tier_one_block_per_layer_from_a_persistent_pool_bitwise(tmp_path
             assert s.bytes_read - before.bytes_read == (L - 1) * A
             assert s.bulk_stores - before.bulk_stores == L - 1  # one bulk copy per offloaded layer
             assert s.sync_loads == 0 and s.late_loads == 0  # every reload was issued a layer ahead
+            assert s.unused_loads == 0
             pools.append(s.pool)
     # first step: layer count unknown, kept layers stored late; from the second step on no new host memory
     assert (
@@ -376,6 +377,55 @@ def test_recompute_with_an_rng_tracker_replays_the_first_runs_draws(restore: boo
     got = torch.autograd.grad(run(layer, x).sum(), x)[0]
     assert torch.equal(got, expected) is restore
     assert tracker.state == (2.0 if restore else 3.0)
+
+
+class _ProbedBlock(Block):
+    """A block that also computes a probe no loss depends on: ``exp`` saves its output, whose autograd node never
+    runs, so the layer's reload brings back a storage nobody unpacks."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.exp(x * 0.5)  # dropped at once; the cache holds the saved output until the layer's bulk store
+        return super().forward(x)
+
+
+def test_a_reload_nobody_unpacks_is_counted_and_released_after_its_copy(tmp_path: Path, monkeypatch) -> None:
+    """On a GPU such a reload's memory returns to the compute stream's pool while its copy may still be queued, so
+    the release makes that stream wait for the copy's event first (``TensorCache._release``). CPU copies have no
+    events: each reload here gets a stand-in, and the stand-in stream records what it was made to wait for."""
+    waited: list[object] = []
+    issued: list[object] = []
+
+    class _Stream:
+        def wait_event(self, ev: object) -> None:
+            waited.append(ev)
+
+    h2d = TensorCache._h2d
+
+    def h2d_with_events(self, rec, slab, members, compute=None) -> None:
+        h2d(self, rec, slab, members, compute)
+        for mem in members:
+            if mem.state == "loaded" and mem.event is None:
+                mem.event = object()
+                issued.append(mem.event)
+
+    monkeypatch.setattr(TensorCache, "_h2d", h2d_with_events)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    m, idx = _model(L)
+    for i, blk in enumerate(m.blocks):
+        probed = _ProbedBlock()
+        probed.load_state_dict(blk.state_dict())
+        m.blocks[i] = probed
+    ref = _reference(m, idx)
+    with _bulk(m, _cfg(tmp_path, backend="pinned_cpu", keep_last_k=1)) as cache:
+        for _ in range(2):
+            before = cache.stats_snapshot()
+            m.zero_grad()
+            m(idx).backward()
+            s = cache.stats_snapshot()
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+            assert s.unused_loads - before.unused_loads == L - 1  # one probe per offloaded layer
+            assert s.sync_loads == 0
+    assert len(waited) == 2 * (L - 1) and set(map(id, waited)) <= set(map(id, issued))
 
 
 def test_stream_order_release_drops_each_layer_where_its_copy_has_ended(tmp_path: Path) -> None:

@@ -109,6 +109,8 @@ class OffloadStats:
     """layer blocks whose device tensors were dropped in the compute stream's order (``release="stream_order"``)"""
     ordered_release_misses: int = 0
     """layer blocks stored after their release point had passed: released by ``record_stream`` instead"""
+    unused_loads: int = 0
+    """reloads released without being unpacked (their autograd node never ran): link time spent for nothing"""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +169,8 @@ class _Stored:
         "where",
         "slab",
         "offset",
+        "reloaded",
+        "unpacked",
     )
 
     def __init__(self, sid: int, nbytes: int, device: torch.device, group: int, where: str) -> None:
@@ -187,6 +191,8 @@ class _Stored:
         self.where = where
         self.slab: _Slab | None = None  # bulk tiers: the layer block holding this storage's bytes
         self.offset = 0
+        self.reloaded = False  # read back from the tier (not forwarded)
+        self.unpacked = False  # handed to autograd at least once
 
 
 class _Slab:
@@ -1050,9 +1056,11 @@ class TensorCache:
                     "gradient"
                 )
             base = self._materialize(rec, st)
+            st.unpacked = True
         if base.is_cuda and st.event is not None and st.state == "loaded":
-            torch.cuda.current_stream().wait_event(st.event)
-            base.record_stream(torch.cuda.current_stream())
+            consumer = torch.cuda.current_stream(base.device)
+            consumer.wait_event(st.event)
+            base.record_stream(consumer)  # a thread-path reload's memory belongs to its I/O stream's pool
         if rec.profiling and st.group not in rec.bwd_c0:
             # the layer's backward computes from here: its time excludes waiting for the reload, which the
             # profiled step (everything offloaded) may do, so the budget sees compute, not the stall
@@ -1267,12 +1275,19 @@ class TensorCache:
             st.ref = buf
             st.event = ev
             st.state = "loaded"
+            st.reloaded = True
 
     def _release(self, rec: _Record, st: _Stored) -> None:
         """Drop the reference and the file (thesis §5.3.4 release)."""
         if st.released:
             return
         st.released = True
+        if st.reloaded and not st.unpacked and st.ref is not None:
+            self.stats.unused_loads += 1
+            if st.slab is not None and st.event is not None:
+                # the reload's memory is the compute stream's (_h2d) and goes back to its pool with this reference,
+                # while the copy into it may still be queued: that stream waits for the copy first
+                torch.cuda.current_stream(st.device).wait_event(st.event)
         st.ref = None
         st.weak = None
         if st.handle is not None:
@@ -1601,6 +1616,7 @@ class TensorCache:
             m.ref = d
             m.event = ev
             m.state = "loaded"
+            m.reloaded = True
             m.load_fut = None
             self._resident.add(d.untyped_storage())
             self._resident_all.add(d.untyped_storage())
