@@ -14,6 +14,22 @@
 
 This package's ``__init__`` imports only the pure modules; ``hook`` and ``probe`` (torch) and ``udp`` are imported
 by name.
+
+Example: eight workers (Gbit/s), two fast ones; capacities, clusters, and one iteration's time against a PS and a
+ring::
+
+    >>> from flowlane.aleph import adjacency_complete, aleph_time, capacities, mwcha, plan_clusters, ps_time, ring_time
+    >>> bw = [10, 10, 40, 40, 10, 10, 25, 10]
+    >>> g = capacities(bw)  # Eq. 1 with b = min(bw): how many members each worker can aggregate
+    >>> g
+    [0, 0, 3, 3, 0, 0, 1, 0]
+    >>> plan = mwcha(g, adjacency_complete(len(bw)), seed=0)  # M-WCHA (Alg. 1); seeded: the same on every rank
+    >>> [list(c.members) for c in plan.clusters]  # head first; one flow into the PS per cluster
+    [[2, 0, 6, 7], [3, 1, 4, 5]]
+    >>> plan_clusters(bw) == plan  # the same in one call (options: AlephConfig)
+    True
+    >>> [ft.time for ft in (aleph_time(8, plan, bw, ps=40), ps_time(8, bw, ps=40), ring_time(8, bw))]  # 8 Gbit
+    [0.8, 1.6, 1.4]
 """
 
 from flowlane.aleph.cluster import (

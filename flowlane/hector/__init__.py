@@ -1,14 +1,34 @@
 """Hector (seed 003 ch. 3): relational-GNN operators without per-edge weight copies, in plain torch.
 
-Public API::
+A typed linear over rows sorted by type, one weight per type::
 
-    from flowlane.hector import segment_ptr, segment_mm, compact_rows, materialize, EdgeAggregator
-    ptr = segment_ptr(types_sorted, num_types)        # CSR-like offsets of type-sorted rows (refuses unsorted)
-    y = segment_mm(x_sorted, W, ptr)                  # typed linear: torch._grouped_mm or one matmul per type
-    rows = compact_rows(src, etype, num_nodes, R)     # one row per unique (source, edge type); rows.ratio
-    msg = materialize(h, W, rows)                     # h[rows.node] @ W[rows.etype], never W[etype] per edge
-    out = EdgeAggregator(dst, rows.edge_row, N, rows.num_rows)(msg, values)   # sum over in-edges (SpMM)
-    plan = plan_fold(rows.num_rows, R, d_in, d_out, heads)   # linear-operator reordering, by a cost model
+    >>> import torch
+    >>> from flowlane.hector import compact_rows, materialize, replicated_typed_linear, segment_mm, segment_ptr
+    >>> _ = torch.manual_seed(0)
+    >>> types, x, W = torch.tensor([0, 0, 1, 2, 2, 2]), torch.randn(6, 4), torch.randn(3, 4, 5)  # one W per type
+    >>> ptr = segment_ptr(types, 3)  # CSR-like offsets of the type-sorted rows (refuses unsorted types)
+    >>> ptr.tolist()
+    [0, 2, 3, 6]
+    >>> y = segment_mm(x, W, ptr)  # y[a:b] = x[a:b] @ W[t]: torch._grouped_mm (CUDA) or one matmul per type
+    >>> tuple(y.shape), torch.allclose(y, replicated_typed_linear(x, types, W), atol=1e-6)  # vs W[types] per row
+    ((6, 5), True)
+
+Messages that depend only on an edge's (source, edge type) are computed once per distinct pair, here 5 rows for 8
+edges::
+
+    >>> src, etype = torch.tensor([0, 0, 1, 1, 2, 0, 0, 3]), torch.tensor([0, 0, 1, 1, 0, 1, 1, 0])
+    >>> rows = compact_rows(src, etype, num_nodes=4, num_types=2)
+    >>> rows.num_rows, rows.ratio
+    (5, 0.625)
+    >>> h, Wr = torch.randn(4, 4), torch.randn(2, 4, 5)
+    >>> msg = materialize(h, Wr, rows)  # h[rows.node] @ Wr[rows.etype], never Wr[etype] copied per edge
+    >>> per_edge = torch.stack([h[s] @ Wr[t] for s, t in zip(src.tolist(), etype.tolist())])
+    >>> tuple(msg.shape), torch.allclose(msg[rows.edge_row], per_edge, atol=1e-6)  # edge e reads row edge_row[e]
+    ((5, 5), True)
+
+:class:`EdgeAggregator` then sums the messages over each node's in-edges (SpMM:
+``EdgeAggregator(dst, rows.edge_row, num_nodes, rows.num_rows)(msg, values)``), and :func:`plan_fold` chooses the
+linear-operator reordering of an attention term by a cost model.
 
 Also: :func:`typed_linear` (rows in any order), :func:`vanilla_rows`, :func:`edge_softmax`, :func:`gather_dot`,
 :func:`gather_rows` (compact rows to edges, fp32 gradient sums), :func:`fold_attention`,

@@ -1,11 +1,29 @@
 """SSDTrain activation offloading (seed 003 ch. 5): a tensor cache on saved-tensor hooks with pluggable I/O backends.
 
-Public API::
+Saved activations of a tiny 3-block model go to files in a temporary folder and come back for backward; the gradients
+are bitwise those of the run without offloading (on CPU, ``offload_cpu_tensors=True`` is needed: the thesis leaves CPU
+tensors alone)::
 
-    from flowlane.offload import OffloadConfig, TensorCache, install
-    cache = install(model, OffloadConfig(dirs=("/nvme0", "/nvme1")), scope_classes=["Block"])
-    loss = model(x).sum(); loss.backward()      # activations of all but the last block go to disk and come back
-    print(cache.stats_snapshot()); cache.close()
+    >>> import tempfile, torch
+    >>> from flowlane.offload import OffloadConfig, install
+    >>> class Block(torch.nn.Sequential):  # the layer class: each instance is one scope
+    ...     def __init__(self):
+    ...         super().__init__(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    >>> _ = torch.manual_seed(0)
+    >>> model, x = torch.nn.Sequential(Block(), Block(), Block()), torch.randn(32, 64)
+    >>> model(x).square().sum().backward()  # the reference: no offloading
+    >>> ref = [p.grad.clone() for p in model.parameters()]; model.zero_grad()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> cfg = OffloadConfig(dirs=(tmp.name,), min_bytes=1024, offload_cpu_tensors=True)  # backend="posix"
+    >>> cache = install(model, cfg, scope_classes=["Block"])
+    >>> loss = model(x).square().sum()
+    >>> cache.wait_io(); loss.backward()  # waits for the stores only so that the counts below are exact
+    >>> all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), ref))
+    True
+    >>> # x and the first two blocks' outputs (32 x 64 fp32 each) went to disk; the last block stays (keep_last_k=1)
+    >>> s = cache.stats_snapshot(); s.storages_offloaded, s.bytes_written
+    (3, 24576)
+    >>> cache.close(); tmp.cleanup()
 
 On CUDA, ``backend="pinned_cpu"`` (and ``posix``, staged through it) copies each layer in bulk on its own streams
 into a persistent host pool, with no host waits; ``adaptive=True`` offloads only the byte budget that the link can

@@ -1,12 +1,23 @@
 """SYNDICATE (seed 004): motifs, a joint search of execution plan and order, and the enforcer that runs it.
 
-Public API::
+Example: the two-path toy (E1): all-reduces b, c, d run on path F only, the all-to-all a on F or S::
 
-    from flowlane.syndicate import CommOp, Option, CostModel, PathCost, TrainingDAG, opt_sched, mcmc_search
-    dag, cost = dlrm_dag()                        # flowlane.syndicate.workloads
-    best = mcmc_search(dag, cost, SearchConfig(seed=0, time_budget_s=10))
-    plan = SyndicatePlan.from_search(dag, best)   # versioned, hashed; flowlane.syndicate.plan
-    # per rank (torch): flowlane.syndicate.enforcer.Enforcer(plan, paths, store, rank, world)
+    >>> from flowlane.syndicate import SearchConfig, mcmc_search, opt_sched
+    >>> from flowlane.syndicate.replan import plan_from_search
+    >>> from flowlane.syndicate.workloads import two_path_toy
+    >>> dag, cost = two_path_toy()  # TrainingDAG, CostModel; durations in units
+    >>> [c.name for c in dag.comms]  # submission order
+    ['b', 'c', 'd', 'a']
+    >>> opt_sched(dag, dag.greedy_plan(cost), cost, order="fifo").per_iteration  # greedy plan + FIFO: all on F
+    11.0
+    >>> best = mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=200))  # seeded, 200 proposals: repeatable
+    >>> best.cost, best.plan["a"].path  # a on S beside the all-reduces
+    (9.5, 'S')
+    >>> plan = plan_from_search(dag, best, {c.name: "float32" for c in dag.comms}, version=1)  # SyndicatePlan
+    >>> [(plan.ops[i].name, motif) for i, motif in plan.order]  # the launch order every rank follows
+    [('d', 0), ('a', 0), ('b', 0), ('c', 0)]
+
+Per rank (torch): ``flowlane.syndicate.enforcer.Enforcer(paths, store, rank, world).install(plan)``.
 
 ``motif``: the IR (segmentation, splining, validity). ``cost``: options and the alpha-beta-delta model.
 ``optsched``: the training DAG and greedy critical-path list scheduling. ``search``: MCMC and exhaustive search.
