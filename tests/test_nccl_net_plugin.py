@@ -141,6 +141,8 @@ def test_properties_are_consistent_across_versions_and_cuda_memory_is_rejected(b
     res = _driver("props")
     assert res.returncode == 0, res.stderr
     assert "host memory only" in res.stderr
+    # a call NCCL's contract rules out is refused with the call and the broken condition named
+    assert "fl_isend: refused: c != NULL && request != NULL && c->is_send does not hold" in res.stderr
 
 
 # -- LEO path model (issue 32 item 4) -------------------------------------------------------------------------------

@@ -1480,11 +1480,20 @@ static int scenario_props(void) {
   int warns = g_warns_host_only;
   if (v11->regMr(sc, (void*)0x1000, 4096, NCCL_PTR_CUDA, &mh) == ncclSuccess) FAILF("regMr accepted NCCL_PTR_CUDA");
   if (g_warns_host_only <= warns) FAILF("CUDA rejection did not log a 'host memory only' message");
+  /* Calls NCCL's contract rules out are refused with a warning naming the call, never silently. */
+  warns = g_warns_refused;
+  void* req = NULL;
+  char byte = 0;
+  if (v11->isend(rc, &byte, 1, 0, NULL, NULL, &req) == ncclSuccess) FAILF("isend accepted a receive comm");
+  if (v11->irecv(sc, 1, (void**)&mh, (size_t[]){1}, (int[]){0}, NULL, NULL, &req) == ncclSuccess)
+    FAILF("irecv accepted a send comm");
+  if (v11->devices(NULL) == ncclSuccess) FAILF("devices accepted a NULL count");
+  if (g_warns_refused - warns != 3) FAILF("%d of 3 contract violations logged as refused", g_warns_refused - warns);
   v11->closeSend(sc);
   v11->closeRecv(rc);
   v11->closeListen(lc);
   v11->finalize(ctx);
-  printf("[driver] v8..v11 tables present; properties consistent; CUDA memory rejected\n");
+  printf("[driver] v8..v11 tables present; properties consistent; CUDA memory and contract violations refused\n");
   return 0;
 }
 

@@ -52,7 +52,7 @@ static void props_to_v9(const ncclNetProperties_v11_t* in, ncclNetProperties_v9_
 
 static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
   ncclNetProperties_v11_t p;
-  if (!props) return ncclInternalError;
+  FL_REQUIRE(props != NULL, ncclInternalError);
   ncclResult_t rc = fl_get_properties(dev, &p);
   if (rc == ncclSuccess) props_to_v8(&p, props);
   return rc;
@@ -60,7 +60,7 @@ static ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
 
 static ncclResult_t get_properties_v9(int dev, ncclNetProperties_v9_t* props) {
   ncclNetProperties_v11_t p;
-  if (!props) return ncclInternalError;
+  FL_REQUIRE(props != NULL, ncclInternalError);
   ncclResult_t rc = fl_get_properties(dev, &p);
   if (rc == ncclSuccess) props_to_v9(&p, props);
   return rc;
@@ -142,11 +142,11 @@ static ncclResult_t make_vdevice_v9(int* d, ncclNetVDeviceProps_v9_t* props) { r
 static ncclResult_t init_v11(void** ctx, uint64_t comm_id, ncclNetCommConfig_v11_t* config, ncclDebugLogger_t logger,
                              ncclProfilerCallback_t prof) {
   (void)prof;
-  if (!ctx) return ncclInternalError;
+  FL_REQUIRE(ctx != NULL, ncclInternalError);
   ncclResult_t rc = fl_init(logger);
   if (rc != ncclSuccess) return rc;
   struct fl_ctx* c = calloc(1, sizeof(*c));
-  if (!c) return ncclSystemError;
+  if (!c) FL_NO_MEMORY("per-communicator context");
   c->magic = FL_CTX_MAGIC;
   c->comm_id = comm_id;
   c->traffic_class = config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF;

@@ -13,4 +13,21 @@ void fl_log_stderr(ncclDebugLogLevel level, unsigned long flags, const char* fil
 #define FL_INFO(fmt, ...) \
   (fl_logger ? fl_logger : fl_log_stderr)(NCCL_LOG_INFO, NCCL_NET, __FILE__, __LINE__, "NET/flowlane : " fmt, ##__VA_ARGS__)
 
+/* The API's boundary checks: a call NCCL's contract rules out (a NULL out-pointer, a comm of the wrong kind) is
+ * refused with a warning naming the call and the broken condition, never silently (aws-ofi-nccl does the same). */
+#define FL_REQUIRE(cond, rc)                                        \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      FL_WARN("%s: refused: %s does not hold", __func__, #cond);    \
+      return (rc);                                                  \
+    }                                                               \
+  } while (0)
+
+/* An allocation that failed: said once where it happened, then ncclSystemError as before. */
+#define FL_NO_MEMORY(what)                                          \
+  do {                                                              \
+    FL_WARN("%s: out of memory (%s)", __func__, what);              \
+    return ncclSystemError;                                         \
+  } while (0)
+
 #endif

@@ -233,7 +233,7 @@ ncclResult_t fl_init(ncclDebugLogger_t logger) {
 }
 
 ncclResult_t fl_devices(int* ndev) {
-  if (!ndev) return ncclInternalError;
+  FL_REQUIRE(ndev != NULL, ncclInternalError);
   *ndev = E.initialized ? 1 : 0;
   return ncclSuccess;
 }
@@ -268,7 +268,7 @@ ncclResult_t fl_get_properties(int dev, ncclNetProperties_v11_t* props) {
 }
 
 ncclResult_t fl_make_vdevice(int* d, ncclNetVDeviceProps_v11_t* props) {
-  if (!d || !props) return ncclInternalError;
+  FL_REQUIRE(d != NULL && props != NULL, ncclInternalError);
   if (props->ndevs == 1 && props->devs[0] == 0) {
     *d = 0;
     return ncclSuccess;
@@ -329,13 +329,13 @@ static void wire_to_sockaddr(const struct fl_wire_addr* a, struct sockaddr_stora
 /* ---------------------------------------------------------------- listen */
 
 ncclResult_t fl_listen(int dev, void* handle, void** listen_comm) {
-  if (!handle || !listen_comm) return ncclInternalError;
+  FL_REQUIRE(handle != NULL && listen_comm != NULL, ncclInternalError);
   if (!E.initialized || dev != 0) {
     FL_WARN("listen(dev=%d): flowlane exposes one device (0) after init", dev);
     return ncclInvalidArgument;
   }
   struct fl_listen* l = calloc(1, sizeof(*l));
-  if (!l) return ncclSystemError;
+  if (!l) FL_NO_MEMORY("listen comm");
   for (int i = 0; i < FL_MAX_PENDING_ACCEPTS; i++) l->pend[i].fd = -1;
   if (random_bytes(l->secret, sizeof(l->secret)) != 0) {
     FL_WARN("getrandom failed: %s", strerror(errno));
@@ -470,7 +470,7 @@ static void connect_drop(struct fl_connect_state* st, int close_fds) {
 static ncclResult_t connect_start(uint8_t* handle, int traffic_class, struct fl_connect_state** out) {
   char err[160];
   struct fl_connect_state* st = calloc(1, sizeof(*st));
-  if (!st) return ncclSystemError;
+  if (!st) FL_NO_MEMORY("connect state");
   if (fl_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, &st->h, err, sizeof(err)) != 0) {
     FL_WARN("connect: invalid handle: %s", err);
     free(st);
@@ -481,6 +481,7 @@ static ncclResult_t connect_start(uint8_t* handle, int traffic_class, struct fl_
   if (st->npaths > FL_MAX_PATHS) st->npaths = FL_MAX_PATHS;
   uint64_t conn_id;
   if (random_bytes(&conn_id, sizeof(conn_id)) != 0 || random_bytes(&st->cookie, sizeof(st->cookie)) != 0) {
+    FL_WARN("connect: getrandom failed: %s", strerror(errno));
     free(st);
     return ncclSystemError;
   }
@@ -523,7 +524,7 @@ static ncclResult_t connect_start(uint8_t* handle, int traffic_class, struct fl_
 /* Non-blocking: returns ncclSuccess with *send_comm NULL until every path is
  * connected and has sent its hello (NCCL calls connect() again). */
 ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_comm) {
-  if (!handle || !send_comm) return ncclInternalError;
+  FL_REQUIRE(handle != NULL && send_comm != NULL, ncclInternalError);
   *send_comm = NULL;
   if (!E.initialized || dev != 0) {
     FL_WARN("connect(dev=%d): flowlane exposes one device (0) after init", dev);
@@ -755,7 +756,7 @@ static struct fl_pending_accept* pending_slot(struct fl_listen* l, uint64_t now)
  * conn_id; returns a recv comm once every path of one connection arrived. */
 ncclResult_t fl_accept(void* listen_comm, void** recv_comm) {
   struct fl_listen* l = listen_comm;
-  if (!l || !recv_comm) return ncclInternalError;
+  FL_REQUIRE(l != NULL && recv_comm != NULL, ncclInternalError);
   *recv_comm = NULL;
   pthread_mutex_lock(&E.lock);
   uint64_t now = now_ns();
@@ -814,14 +815,14 @@ struct fl_mr {
 #define FL_MR_MAGIC 0x464c4d52464c4d52ull
 
 ncclResult_t fl_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
-  if (!comm || !mhandle) return ncclInternalError;
+  FL_REQUIRE(comm != NULL && mhandle != NULL, ncclInternalError);
   if (type != NCCL_PTR_HOST) {
     FL_WARN("regMr(type=%d): flowlane transports host memory only (ptrSupport=NCCL_PTR_HOST); "
             "NCCL must stage GPU buffers through host memory", type);
     return ncclInternalError;
   }
   struct fl_mr* mr = malloc(sizeof(*mr));
-  if (!mr) return ncclSystemError;
+  if (!mr) FL_NO_MEMORY("memory registration");
   mr->magic = FL_MR_MAGIC;
   mr->data = data;
   mr->size = size;
@@ -1284,7 +1285,7 @@ static void progress(struct fl_comm* c) {
 
 ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   struct fl_comm* c = send_comm;
-  if (!c || !request || !c->is_send) return ncclInternalError;
+  FL_REQUIRE(c != NULL && request != NULL && c->is_send, ncclInternalError);
   (void)mhandle;
   *request = NULL;
   if (size > NCCL_MAX_NET_SIZE_BYTES || (size > 0 && !data)) {
@@ -1356,7 +1357,7 @@ ncclResult_t fl_irecv(void* recv_comm, int n, void** data, const size_t* sizes, 
                       void** request) {
   struct fl_comm* c = recv_comm;
   (void)mhandles;
-  if (!c || !request || c->is_send) return ncclInternalError;
+  FL_REQUIRE(c != NULL && request != NULL && !c->is_send, ncclInternalError);
   *request = NULL;
   if (n < 1 || n > FL_MAX_RECVS || !data || !sizes || !tags) {
     FL_WARN("irecv: n=%d outside 1..%d (maxRecvs) or missing arrays", n, FL_MAX_RECVS);
