@@ -57,13 +57,13 @@ _HOME = {
     "choose_recompute": "budget",
     "exposed_time": "budget",
     "OffloadHandle": "cache",
-    "OffloadStats": "cache",
-    "SavedHandle": "cache",
     "ScopeSpec": "cache",
     "TensorCache": "cache",
     "install": "cache",
     "OffloadConfig": "config",
     "PinnedPool": "pool",
+    "OffloadStats": "record",
+    "SavedHandle": "record",
     "Residency": "residency",
     "track_saved_tensors": "residency",
 }
@@ -89,16 +89,10 @@ if TYPE_CHECKING:
         choose_recompute,
         exposed_time,
     )
-    from flowlane.offload.cache import (
-        OffloadHandle,
-        OffloadStats,
-        SavedHandle,
-        ScopeSpec,
-        TensorCache,
-        install,
-    )
+    from flowlane.offload.cache import OffloadHandle, ScopeSpec, TensorCache, install
     from flowlane.offload.config import OffloadConfig
     from flowlane.offload.pool import PinnedPool
+    from flowlane.offload.record import OffloadStats, SavedHandle
     from flowlane.offload.residency import Residency, track_saved_tensors
 
 

@@ -29,6 +29,9 @@ block with one O_DIRECT write straight from the pool). ``kvikio`` and ``null`` k
 GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``; with ``recompute`` the scopes the budget
 names run their forward under ``torch.utils.checkpoint`` from then on (nothing of theirs is saved; backward runs the
 forward again).
+
+What the cache knows of one micro-batch (its record, scopes, storages, host blocks) and its counters are in
+``record.py``; this module does every transition.
 """
 
 from __future__ import annotations
@@ -42,78 +45,30 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from flowlane.offload.backends import IOBackend, make_backend
-from flowlane.offload.budget import Point, StepProfile, choose_plan, release_points
+from flowlane.offload.budget import Point, choose_plan, release_points
 from flowlane.offload.config import OffloadConfig
 from flowlane.offload.pool import HostBlock, PinnedPool, align_up
+from flowlane.offload.record import (
+    OffloadStats,
+    Record,
+    SavedHandle,
+    Scope,
+    Slab,
+    Stored,
+    SubclassHandle,
+    measured_profile,
+)
 from flowlane.offload.residency import Residency, is_flattenable, mark_parameters, plain_tensors, storage_uid
 
 log = logging.getLogger("flowlane.offload")
 
 _clock = time.perf_counter
-
-
-@dataclass
-class OffloadStats:
-    """Counters of one cache (cumulative; take :meth:`TensorCache.stats_snapshot` differences per step).
-
-    A store still queued on the I/O pool adds its bytes to ``bytes_written`` or ``bytes_cancelled`` when it runs:
-    call :meth:`TensorCache.wait_io` first for final byte counts."""
-
-    packs: int = 0
-    small_skips: int = 0
-    param_skips: int = 0
-    cpu_skips: int = 0
-    outside_scope: int = 0
-    backward_packs: int = 0
-    dedup_hits: int = 0
-    storages_tracked: int = 0
-    storages_offloaded: int = 0
-    storages_kept: int = 0
-    bytes_written: int = 0
-    bytes_cancelled: int = 0
-    """bytes whose store was cancelled because the tensor was forwarded (needed again) before its write began"""
-    bytes_read: int = 0
-    forwards: int = 0
-    cancellations: int = 0
-    fallbacks: int = 0
-    io_errors: int = 0
-    loads: int = 0
-    sync_loads: int = 0
-    version_errors: int = 0
-    records: int = 0
-    keep_last_k: int = 0
-    profile: dict[str, Any] | None = None
-    peak_resident_bytes: int = 0
-    """peak bytes of saved-activation storages inside scopes that are alive (kept, in flight, or reloaded)"""
-    peak_resident_all_bytes: int = 0
-    """the same including eligible tensors saved outside scopes or during backward (comparable across strategies)"""
-    bulk_stores: int = 0
-    """layers copied in bulk into one host block (CUDA tiers)"""
-    bulk_loads: int = 0
-    """layer reloads issued as one bulk copy (CUDA tiers)"""
-    budget_kept: int = 0
-    """storages kept resident because the byte budget was spent (``adaptive``)"""
-    late_loads: int = 0
-    """unpacks that waited on the host for a disk read still running (SSD tier only; never for pinned_cpu)"""
-    pool: dict[str, int] | None = None
-    """host pool counters (CUDA tiers): allocated, in use, peak, hits, misses"""
-    recomputed_layers: int = 0
-    """layer forwards run under ``torch.utils.checkpoint`` because the budget chose to recompute them (``recompute``)"""
-    ordered_releases: int = 0
-    """layer blocks whose device tensors were dropped in the compute stream's order (``release="stream_order"``)"""
-    ordered_release_misses: int = 0
-    """layer blocks stored after their release point had passed: released by ``record_stream`` instead"""
-    unused_loads: int = 0
-    """reloads released without being unpacked (their autograd node never ran): link time spent for nothing"""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _IO = threading.local()
@@ -134,175 +89,6 @@ def _io_stream(device: torch.device) -> Iterator[None]:
         streams[index] = torch.cuda.Stream(device=index)
     with torch.cuda.stream(streams[index]):
         yield
-
-
-class _Scope:
-    __slots__ = ("name", "group", "parent", "begun", "ended", "sids")
-
-    def __init__(self, name: str, group: int, parent: int | None) -> None:
-        self.name = name
-        self.group = group
-        self.parent = parent
-        self.begun = False
-        self.ended = False
-        self.sids: set[int] = set()
-
-
-class _Stored:
-    """One storage of one micro-batch record."""
-
-    __slots__ = (
-        "sid",
-        "nbytes",
-        "device",
-        "group",
-        "scopes",
-        "state",
-        "ref",
-        "weak",
-        "handle",
-        "load_fut",
-        "event",
-        "dirty",
-        "error",
-        "released",
-        "where",
-        "slab",
-        "offset",
-        "reloaded",
-        "unpacked",
-    )
-
-    def __init__(self, sid: int, nbytes: int, device: torch.device, group: int, where: str) -> None:
-        self.sid = sid
-        self.nbytes = nbytes
-        self.device = device
-        self.group = group
-        self.scopes: set[int] = set()
-        self.state = "new"  # kept | storing | stored | fallback | loaded
-        self.ref: torch.Tensor | None = None  # strong uint8 view of the storage while in memory
-        self.weak: weakref.ref | None = None  # the original storage while it may still be alive
-        self.handle: Any = None
-        self.load_fut: Future | None = None
-        self.event: Any = None  # CUDA event: producer done (pack) or load done
-        self.dirty: str | None = None
-        self.error: BaseException | None = None
-        self.released = False
-        self.where = where
-        self.slab: _Slab | None = None  # bulk tiers: the layer block holding this storage's bytes
-        self.offset = 0
-        self.reloaded = False  # read back from the tier (not forwarded)
-        self.unpacked = False  # handed to autograd at least once
-
-
-class _Slab:
-    """One layer's storages in one host block (bulk tiers). ``alive``: members not yet released; ``block`` is
-    returned to the pool once no member needs the host copy (``last_use``: the event of the last copy from it)."""
-
-    __slots__ = (
-        "key",
-        "block",
-        "nbytes",
-        "payload",
-        "members",
-        "alive",
-        "d2h_done",
-        "last_use",
-        "handle",
-        "writing",
-        "write_fut",
-        "t_copy",
-        "hold",
-    )
-
-    def __init__(self, key: str, block: HostBlock, members: list[_Stored]) -> None:
-        self.key = key
-        self.block: HostBlock | None = block
-        self.members = members
-        self.alive = {m.sid for m in members}
-        self.payload = sum(m.nbytes for m in members)
-        self.nbytes = sum(align_up(m.nbytes) for m in members)
-        self.d2h_done: Any = None
-        self.last_use: Any = None
-        self.handle: Any = None
-        self.writing = False
-        self.write_fut: Future | None = None
-        self.t_copy: tuple[Any, Any] | None = None  # (start, end) CUDA timing events while profiling
-        self.hold: list[torch.Tensor] | None = None  # the stored device tensors until their release point
-
-
-class _Record:
-    """The cache's state for one micro-batch (one record set per micro-batch, thesis §5.3.2/Fig. 5.5)."""
-
-    def __init__(self, key: Any, family: Any, profiling: bool) -> None:
-        self.key = key
-        self.family = family
-        self.phase = "forward"  # forward | forward_done | backward | done
-        self.scopes: list[_Scope] = []
-        self.groups: list[list[int]] = []  # group -> scope ids
-        self.group_sids: list[set[int]] = []
-        self.group_bytes: list[int] = []
-        self.group_t0: list[float] = []
-        self.group_time: list[float] = []
-        self.storages: dict[int, _Stored] = {}
-        self.watches: list[
-            tuple[weakref.ref, int, int, str]
-        ] = []  # (tensor base, version at pack, sid, desc)
-        self.profiling = profiling
-        self.store_t0 = float("inf")
-        self.store_t1 = 0.0
-        self.store_bytes = 0
-        self.callback_queued = False
-        self.futures: list[Future] = []
-        self.released: dict[int, str] = {}  # sid -> why (diagnostics)
-        self.pending: dict[
-            int, list[_Stored]
-        ] = {}  # bulk tiers: group -> storages waiting for the layer's end
-        self.assigned: list[int] = []  # bytes of each group given to the budget so far
-        self.slabs: list[_Slab] = []
-        # profiling (adaptive): per group backward times, the head time, the copy spans
-        self.bwd_t0: dict[int, Any] = {}
-        self.bwd_c0: dict[int, Any] = {}  # first unpack of a layer in backward, after its reload wait
-        self.bwd_time: dict[int, float] = {}
-        self.fwd_ev: dict[int, tuple[Any, Any]] = {}
-        self.bwd_ev: dict[int, list[Any]] = {}
-        self.fwd_end: Any = None
-        self.bwd_start: Any = None
-        self.load_spans: list[tuple[Any, Any, int]] = []
-        self.load_bytes = 0
-        self.load_s = 0.0
-        # release="stream_order": slabs whose device tensors are dropped at a hook point, and the points passed
-        self.due: dict[Point, list[_Slab]] = {}
-        self.passed: set[Point] = set()
-
-
-class SavedHandle:
-    """What the autograd graph holds instead of an offloaded tensor."""
-
-    __slots__ = ("rec", "sid", "shape", "stride", "offset", "dtype", "watch")
-
-    def __init__(self, rec: _Record, sid: int, t: torch.Tensor, watch: int) -> None:
-        self.rec = rec
-        self.sid = sid
-        self.shape = tuple(t.shape)
-        self.stride = tuple(t.stride())
-        self.offset = t.storage_offset()
-        self.dtype = t.dtype
-        self.watch = watch
-
-
-class SubclassHandle:
-    """What the graph holds for a saved tensor subclass (DTensor, float8 tensors): its inner tensors, each kept or
-    offloaded like any activation, and what ``__tensor_unflatten__`` needs to rebuild it around them."""
-
-    __slots__ = ("cls", "inner", "ctx", "size", "stride")
-
-    def __init__(self, t: torch.Tensor, inner: dict[str, Any], ctx: Any) -> None:
-        self.cls = type(t)
-        self.inner = inner
-        self.ctx = ctx
-        self.size = t.size()
-        self.stride = t.stride()
 
 
 def _in_backward() -> bool:
@@ -419,10 +205,10 @@ class TensorCache:
         self._lock = threading.RLock()
         self._store_pool = ThreadPoolExecutor(self.config.store_workers, thread_name_prefix="flowlane-store")
         self._load_pool = ThreadPoolExecutor(self.config.load_workers, thread_name_prefix="flowlane-load")
-        self._records: dict[Any, _Record] = {}
-        self._current: _Record | None = None
+        self._records: dict[Any, Record] = {}
+        self._current: Record | None = None
         self._auto_key = 0
-        self._stack: list[tuple[_Record, int] | None] = []
+        self._stack: list[tuple[Record, int] | None] = []
         self._ngroups: dict[Any, int] = {}
         self._module_handles: list[Any] = []
         self._hooks_ctx: Any = None
@@ -614,10 +400,10 @@ class TensorCache:
         return self._resident.current
 
     # ------------------------------------------------------------------------------------------ records
-    def _new_record(self, key: Any) -> _Record:
+    def _new_record(self, key: Any) -> Record:
         family = key[0] if isinstance(key, tuple) and key else "default"
         profiling = self.config.adaptive and self.stats.records == self.config.profile_step
-        rec = _Record(key, family, profiling)
+        rec = Record(key, family, profiling)
         self._records[key] = rec
         self.stats.records += 1
         if profiling and self._pool is not None and family in self._warm:
@@ -640,7 +426,7 @@ class TensorCache:
         for blk in got:
             pool.release(blk, blk.ready)
 
-    def _forward_record(self) -> _Record:
+    def _forward_record(self) -> Record:
         rec = self._current
         if rec is not None and rec.phase == "forward":
             return rec
@@ -650,12 +436,12 @@ class TensorCache:
         self._current = rec
         return rec
 
-    def _flush_others(self, rec: _Record) -> None:
+    def _flush_others(self, rec: Record) -> None:
         for other in self._records.values():
             if other is not rec and other.phase in ("forward", "forward_done"):
                 self._flush_kept(other)
 
-    def _complete_forward(self, rec: _Record) -> None:
+    def _complete_forward(self, rec: Record) -> None:
         if rec.phase != "forward":
             return
         rec.phase = "forward_done"
@@ -669,7 +455,7 @@ class TensorCache:
         for g in sorted(rec.pending):  # layers whose forward hook did not run (an exception, a partial layer)
             self._store_bulk(rec, g, rec.pending.pop(g))
 
-    def _enter_backward(self, rec: _Record) -> None:
+    def _enter_backward(self, rec: Record) -> None:
         if rec.phase == "backward":
             return
         if self._current is rec:
@@ -678,7 +464,7 @@ class TensorCache:
         rec.phase = "backward"
         self._flush_others(rec)
 
-    def _finish_backward(self, rec: _Record) -> None:
+    def _finish_backward(self, rec: Record) -> None:
         if rec.phase == "done":
             return
         was_backward = rec.phase == "backward"
@@ -695,7 +481,7 @@ class TensorCache:
         if self._records.get(rec.key) is rec:
             del self._records[rec.key]
 
-    def _effective_k(self, rec: _Record) -> int:
+    def _effective_k(self, rec: Record) -> int:
         return 0 if rec.profiling else self._k
 
     # ------------------------------------------------------------------------------------------ scope hooks
@@ -724,7 +510,7 @@ class TensorCache:
             else:
                 group = rec.scopes[parent].group
             sid = len(rec.scopes)
-            rec.scopes.append(_Scope(name, group, parent))
+            rec.scopes.append(Scope(name, group, parent))
             rec.groups[group].append(sid)
         self._stack.append((rec, sid))
         hook = self._end_hook(rec, sid)
@@ -777,19 +563,19 @@ class TensorCache:
                 return self._checkpoint(forward, *args, **kwargs)
         return forward(*args, **kwargs)
 
-    def _begin_hook(self, rec: _Record, sid: int) -> Any:
+    def _begin_hook(self, rec: Record, sid: int) -> Any:
         def hook(grad: torch.Tensor | None) -> None:
             self._scope_backward_begin(rec, sid)
 
         return hook
 
-    def _end_hook(self, rec: _Record, sid: int) -> Any:
+    def _end_hook(self, rec: Record, sid: int) -> Any:
         def hook(grad: torch.Tensor) -> None:
             self._scope_backward_end(rec, sid)
 
         return hook
 
-    def _scope_backward_begin(self, rec: _Record, sid: int) -> None:
+    def _scope_backward_begin(self, rec: Record, sid: int) -> None:
         """``full_backward_pre_hook``: prefetch this layer and the next one in backward order (Alg. 5.2 l.5-6)."""
         with self._lock:
             if rec.phase == "done":
@@ -813,7 +599,7 @@ class TensorCache:
             for g in range(sc.group, max(-1, sc.group - 1 - self._prefetch), -1):
                 self._ensure_loading(rec, rec.group_sids[g])
 
-    def _on_engine_done(self, rec: _Record) -> None:
+    def _on_engine_done(self, rec: Record) -> None:
         with self._lock:
             if rec.profiling:
                 # a layer whose input needs no gradient (the first, fed the batch itself) gets no end hook: its
@@ -823,7 +609,7 @@ class TensorCache:
                         self._time_backward_end(rec, sc)
             self._finish_backward(rec)
 
-    def _time_backward_end(self, rec: _Record, sc: _Scope) -> None:
+    def _time_backward_end(self, rec: Record, sc: Scope) -> None:
         if rec.profiling and sc.parent is None and sc.group in rec.bwd_t0:
             t0 = rec.bwd_c0.get(sc.group, rec.bwd_t0[sc.group])
             if isinstance(t0, float):
@@ -831,7 +617,7 @@ class TensorCache:
             else:
                 rec.bwd_ev[sc.group] = [t0, _timing_event(torch.device("cuda"))]
 
-    def _scope_backward_end(self, rec: _Record, sid: int) -> None:
+    def _scope_backward_end(self, rec: Record, sid: int) -> None:
         """``full_backward_hook``: drop this scope from its tensors; release those no scope uses (Alg. 5.2 l.7-10)."""
         with self._lock:
             sc = rec.scopes[sid]
@@ -848,7 +634,7 @@ class TensorCache:
                     rec.released[s] = f" after the backward of {sc.name}#{sid}"
                     self._release(rec, st)
 
-    def _on_group_start(self, rec: _Record, group: int) -> None:
+    def _on_group_start(self, rec: Record, group: int) -> None:
         """Without a known layer count, kept layers are decided late: store groups that are now >= k behind. Stored
         layers due here go back to the allocator (``release="stream_order"``)."""
         self._release_due(rec, ("forward", group))
@@ -856,7 +642,7 @@ class TensorCache:
         if k > 0 and rec.family not in self._ngroups:
             self._flush_kept(rec, upto_group=group - k)
 
-    def _release_point(self, rec: _Record, group: int) -> Point | None:
+    def _release_point(self, rec: Record, group: int) -> Point | None:
         """Where layer ``group``'s stored tensors are dropped (``release="stream_order"``), None: ``record_stream``."""
         if rec.profiling or self.config.release != "stream_order":
             return None
@@ -867,7 +653,7 @@ class TensorCache:
             return None
         return point
 
-    def _release_due(self, rec: _Record, point: Point) -> None:
+    def _release_due(self, rec: Record, point: Point) -> None:
         """Drop the stored tensors due at ``point``: the compute stream first waits for their copies' events (the
         timeline says they have fired), so the allocator may hand their blocks to the work that follows in stream
         order (caller holds the lock)."""
@@ -930,7 +716,7 @@ class TensorCache:
                 self.stats.dedup_hits += 1  # another view of a storage already recorded (thesis §5.3.3)
                 stored.scopes.add(scope_id)
             else:
-                stored = _Stored(uid, st.nbytes(), t.device, sc.group, f"{sc.name}#{scope_id}")
+                stored = Stored(uid, st.nbytes(), t.device, sc.group, f"{sc.name}#{scope_id}")
                 stored.scopes.add(scope_id)
                 rec.storages[uid] = stored
                 rec.group_sids[sc.group].add(uid)
@@ -971,7 +757,7 @@ class TensorCache:
     def _is_bulk(self, device: torch.device) -> bool:
         return self._bulk_backend and (device.type == "cuda" or (self._bulk_on_cpu and device.type == "cpu"))
 
-    def _within_budget(self, rec: _Record, group: int, nbytes: int) -> bool:
+    def _within_budget(self, rec: Record, group: int, nbytes: int) -> bool:
         """``adaptive`` after profiling: offload a layer's storages, in the order they are saved, while they fit in
         the layer's byte allowance (budget.py); the rest stays resident."""
         allow = None if rec.profiling else self._allow.get(rec.family)
@@ -984,7 +770,7 @@ class TensorCache:
         rec.assigned[group] += nbytes
         return True
 
-    def _keep_now(self, rec: _Record, group: int) -> bool:
+    def _keep_now(self, rec: Record, group: int) -> bool:
         if not rec.profiling and rec.family in self._allow:
             return False  # the budget decides (it keeps the last layers resident itself)
         k = self._effective_k(rec)
@@ -1037,7 +823,7 @@ class TensorCache:
                 for n, x in h.inner.items()
             }
             return h.cls.__tensor_unflatten__(inner, h.ctx, h.size, h.stride)
-        rec: _Record = h.rec
+        rec: Record = h.rec
         with self._lock:
             st = rec.storages.get(h.sid)
             if st is None:
@@ -1067,7 +853,7 @@ class TensorCache:
             rec.bwd_c0[st.group] = _timing_event(base.device) if base.is_cuda else _clock()
         return torch.as_strided(base.view(h.dtype), h.shape, h.stride, h.offset)
 
-    def _materialize(self, rec: _Record, st: _Stored) -> torch.Tensor:
+    def _materialize(self, rec: Record, st: Stored) -> torch.Tensor:
         if st.ref is not None:
             return st.ref
         fwd = self._try_forward(st)
@@ -1081,7 +867,7 @@ class TensorCache:
             fut = self._submit_load(rec, st)
         return self._await_load(st, fut)
 
-    def _await_load(self, st: _Stored, fut: Future | None) -> torch.Tensor:
+    def _await_load(self, st: Stored, fut: Future | None) -> torch.Tensor:
         """Wait for the read ``fut`` (if any) without the lock, then the storage back in memory or the read's error
         (caller holds the lock)."""
         if fut is not None:
@@ -1098,7 +884,7 @@ class TensorCache:
             ) from err
         return st.ref
 
-    def _try_forward(self, st: _Stored) -> torch.Tensor | None:
+    def _try_forward(self, st: Stored) -> torch.Tensor | None:
         """Forwarding (thesis §5.3.4): a tensor still in memory (being written, or alive elsewhere) is reused."""
         if st.state in ("storing", "stored") and st.weak is not None:
             s = st.weak()
@@ -1113,7 +899,7 @@ class TensorCache:
         return None
 
     # ------------------------------------------------------------------------------------------ versions
-    def _check_watch(self, rec: _Record, i: int) -> None:
+    def _check_watch(self, rec: Record, i: int) -> None:
         ref, version, sid, desc = rec.watches[i]
         t = ref()
         if t is not None and t._version != version:
@@ -1121,17 +907,17 @@ class TensorCache:
             if st is not None and st.dirty is None:
                 st.dirty = f"{desc}: version {version} at save, {t._version} now"
 
-    def _check_versions(self, rec: _Record) -> None:
+    def _check_versions(self, rec: Record) -> None:
         if not self.config.check_versions:
             return
         for i in range(len(rec.watches)):
             self._check_watch(rec, i)
 
     # ------------------------------------------------------------------------------------------ store / load
-    def _flush_kept(self, rec: _Record, upto_group: int | None = None) -> None:
+    def _flush_kept(self, rec: Record, upto_group: int | None = None) -> None:
         if rec.phase in ("backward", "done"):
             return
-        bulk: dict[int, list[_Stored]] = {}
+        bulk: dict[int, list[Stored]] = {}
         for st in list(rec.storages.values()):
             if st.state == "kept" and (upto_group is None or st.group <= upto_group):
                 if self._is_bulk(st.device):
@@ -1146,7 +932,7 @@ class TensorCache:
             self._store_bulk(rec, g, sts)
 
     def _submit_store(
-        self, rec: _Record, st: _Stored, base: torch.Tensor, storage: torch.UntypedStorage
+        self, rec: Record, st: Stored, base: torch.Tensor, storage: torch.UntypedStorage
     ) -> None:
         st.state = "storing"
         st.weak = weakref.ref(storage)
@@ -1157,7 +943,7 @@ class TensorCache:
         fut = self._store_pool.submit(self._store_job, rec, st, [base])
         self._track(rec, fut)
 
-    def _store_job(self, rec: _Record, st: _Stored, box: list[torch.Tensor]) -> None:
+    def _store_job(self, rec: Record, st: Stored, box: list[torch.Tensor]) -> None:
         base = box.pop()
         with self._lock:
             if st.released or st.ref is not None:
@@ -1189,7 +975,7 @@ class TensorCache:
                 self.backend.delete(handle)
                 st.handle = None
 
-    def _on_store_error(self, rec: _Record, st: _Stored, base: torch.Tensor, e: BaseException) -> None:
+    def _on_store_error(self, rec: Record, st: Stored, base: torch.Tensor, e: BaseException) -> None:
         with self._lock:
             # keep the bytes in memory in both modes, so no unpack can ever see missing or partial data
             if st.ref is None and not st.released:
@@ -1202,8 +988,8 @@ class TensorCache:
             err, self._error = self._error, None
             raise err
 
-    def _ensure_loading(self, rec: _Record, sids: Iterable[int]) -> None:
-        bulk: list[_Stored] = []
+    def _ensure_loading(self, rec: Record, sids: Iterable[int]) -> None:
+        bulk: list[Stored] = []
         for s in sorted(sids):
             st = rec.storages.get(s)
             if st is None or st.ref is not None or st.load_fut is not None or st.released:
@@ -1216,18 +1002,18 @@ class TensorCache:
         if bulk:
             self._load_bulk(rec, bulk)
 
-    def _submit_load(self, rec: _Record, st: _Stored) -> Future:
+    def _submit_load(self, rec: Record, st: Stored) -> Future:
         fut = self._load_pool.submit(self._load_job, rec, st)
         st.load_fut = fut
         self._track(rec, fut)
         return fut
 
-    def _track(self, rec: _Record, fut: Future) -> None:
+    def _track(self, rec: Record, fut: Future) -> None:
         rec.futures.append(fut)
         self._outstanding.add(fut)
         fut.add_done_callback(self._outstanding.discard)
 
-    def _load_job(self, rec: _Record, st: _Stored) -> None:
+    def _load_job(self, rec: Record, st: Stored) -> None:
         with self._lock:
             if st.ref is not None or st.released:
                 return
@@ -1277,7 +1063,7 @@ class TensorCache:
             st.state = "loaded"
             st.reloaded = True
 
-    def _release(self, rec: _Record, st: _Stored) -> None:
+    def _release(self, rec: Record, st: Stored) -> None:
         """Drop the reference and the file (thesis §5.3.4 release)."""
         if st.released:
             return
@@ -1297,11 +1083,10 @@ class TensorCache:
             self._slab_member_done(st.slab, st.sid)
         rec.storages.pop(st.sid, None)
 
-    def _finish_profile(self, rec: _Record) -> None:
+    def _finish_profile(self, rec: Record) -> None:
         """Adaptive offloading (thesis §5.3.5, on a timeline): after the profiled micro-batch's backward, read its
-        per-layer forward/backward times (CUDA events on a GPU, the clock on CPU) and the link rates seen by its
-        copies, and set each layer's byte allowance from :func:`budget.choose_plan`. The one host wait of the
-        feature happens here, once: the profiled step's events must have completed to be read."""
+        timings (:func:`record.measured_profile`) and set each layer's byte allowance from
+        :func:`budget.choose_plan`."""
         futs = list(rec.futures)
         self._lock.release()
         try:
@@ -1309,65 +1094,8 @@ class TensorCache:
                 f.exception()
         finally:
             self._lock.acquire()
-        n = len(rec.groups)
         try:
-            if rec.fwd_ev and len(rec.fwd_ev) == n and all(e[1] is not None for e in rec.fwd_ev.values()):
-                timer = "cuda events"
-                torch.cuda.synchronize()
-                fwd = [rec.fwd_ev[g][0].elapsed_time(rec.fwd_ev[g][1]) / 1e3 for g in range(n)]
-                bwd = [
-                    rec.bwd_ev[g][0].elapsed_time(rec.bwd_ev[g][1]) / 1e3 if g in rec.bwd_ev else 0.0
-                    for g in range(n)
-                ]
-                head = (
-                    rec.fwd_end.elapsed_time(rec.bwd_start) / 1e3
-                    if rec.fwd_end is not None and rec.bwd_start is not None
-                    else 0.0
-                )
-                spans = [
-                    (sl.t_copy[0].elapsed_time(sl.t_copy[1]) / 1e3, sl.payload)
-                    for sl in rec.slabs
-                    if sl.t_copy is not None
-                ]
-                store_s = sum(t for t, _ in spans)
-                store = sum(b for _, b in spans) / store_s if store_s > 0 else 0.0
-                load_s = sum(a.elapsed_time(b) / 1e3 for a, b, _ in rec.load_spans)
-                load = sum(nb for _, _, nb in rec.load_spans) / load_s if load_s > 0 else 0.0
-                if not self.backend.keeps_host_memory:  # SSD tier: the slower of PCIe and the disk (issue 36)
-                    window = rec.store_t1 - rec.store_t0
-                    if window > 0 and rec.store_bytes:
-                        store = min(store, rec.store_bytes / window) if store else rec.store_bytes / window
-                    if rec.load_s > 0 and rec.load_bytes:
-                        load = min(load, rec.load_bytes / rec.load_s) if load else rec.load_bytes / rec.load_s
-            else:
-                timer = "clock"
-                fwd = list(rec.group_time)
-                bwd = [rec.bwd_time.get(g, 0.0) for g in range(n)]
-                head = (
-                    (rec.bwd_start - rec.fwd_end)
-                    if isinstance(rec.bwd_start, float) and isinstance(rec.fwd_end, float)
-                    else 0.0
-                )
-                window = rec.store_t1 - rec.store_t0
-                store = rec.store_bytes / window if window > 0 else 0.0
-                load = rec.load_bytes / rec.load_s if rec.load_s > 0 else 0.0
-            if self.config.link_GBps > 0:
-                store = load = self.config.link_GBps * 1e9
-            store = store or load
-            load = load or store
-            if not store:
-                raise ValueError(
-                    "no copy ran in the profiled micro-batch (everything was forwarded or kept); set "
-                    "offload.link_GBps"
-                )
-            prof = StepProfile(
-                tuple(rec.group_bytes),
-                tuple(max(0.0, x) for x in fwd),
-                tuple(max(0.0, x) for x in bwd),
-                store,
-                load,
-                max(0.0, head),
-            )
+            prof, timer = measured_profile(rec, self.backend.keeps_host_memory, self.config.link_GBps)
             budget, depth = choose_plan(
                 prof,
                 self.config.prefetch_groups,
@@ -1392,12 +1120,12 @@ class TensorCache:
         self.stats.keep_last_k = budget.keep_last_k
         self.stats.profile = {
             "timer": timer,
-            "sizes": list(rec.group_bytes),
-            "fwd_times_s": fwd,
-            "bwd_times_s": bwd,
-            "head_s": head,
-            "write_bandwidth_Bps": store,
-            "read_bandwidth_Bps": load,
+            "sizes": list(prof.group_bytes),
+            "fwd_times_s": list(prof.fwd_s),
+            "bwd_times_s": list(prof.bwd_s),
+            "head_s": prof.head_s,
+            "write_bandwidth_Bps": prof.store_Bps,
+            "read_bandwidth_Bps": prof.load_Bps,
             "prefetch_groups": depth,
             **budget.as_dict(),
             "release_at": [list(pt) if pt else None for pt in self._release_at.get(rec.family, ())],
@@ -1416,7 +1144,7 @@ class TensorCache:
             self._pool = PinnedPool(self.config.pinned_pool_bytes, pin=torch.cuda.is_available())
         return self._pool
 
-    def _store_bulk(self, rec: _Record, group: int, sts: list[_Stored]) -> None:
+    def _store_bulk(self, rec: Record, group: int, sts: list[Stored]) -> None:
         """Copy one layer's storages into one host block: on the device-to-host stream after an event of the compute
         stream (no host wait), ``record_stream`` so their device memory is reused only after the copy ran."""
         sts = [st for st in sts if st.state == "pending" and st.ref is not None and not st.released]
@@ -1430,7 +1158,7 @@ class TensorCache:
             for st in sts:
                 self._on_store_error(rec, st, st.ref, e)  # keeps every byte in device memory
             return
-        slab = _Slab(f"{_key_str(rec.key)}-g{group}-{len(rec.slabs)}", blk, sts)
+        slab = Slab(f"{_key_str(rec.key)}-g{group}-{len(rec.slabs)}", blk, sts)
         rec.slabs.append(slab)
         offsets = []
         off = 0
@@ -1485,7 +1213,7 @@ class TensorCache:
         slab.write_fut = fut
         self._track(rec, fut)
 
-    def _write_slab(self, rec: _Record, slab: _Slab) -> None:
+    def _write_slab(self, rec: Record, slab: Slab) -> None:
         """Disk thread: one large write of the layer's block, straight from the pool (O_DIRECT where possible)."""
         with self._lock:
             blk = slab.block
@@ -1527,7 +1255,7 @@ class TensorCache:
             if not slab.alive:
                 self._slab_cleanup(slab)
 
-    def _note_store_error(self, rec: _Record, nbytes: int, where: str, e: BaseException) -> None:
+    def _note_store_error(self, rec: Record, nbytes: int, where: str, e: BaseException) -> None:
         """A failed write (of one storage, or of a layer's host block): its bytes stay in memory (``keep``) or the
         next hint raises."""
         self.stats.io_errors += 1
@@ -1549,10 +1277,10 @@ class TensorCache:
             )
             self._error.__cause__ = e
 
-    def _load_bulk(self, rec: _Record, sts: list[_Stored]) -> None:
+    def _load_bulk(self, rec: Record, sts: list[Stored]) -> None:
         """Reload storages, one bulk copy per layer block: from the host block when it is still there (pinned tier,
         or a disk write not yet done), else a disk thread reads the block back and then issues the copy."""
-        by_slab: dict[int, tuple[_Slab, list[_Stored]]] = {}
+        by_slab: dict[int, tuple[Slab, list[Stored]]] = {}
         for st in sts:
             by_slab.setdefault(id(st.slab), (st.slab, []))[1].append(st)  # type: ignore[arg-type]
         dev = sts[0].device if sts else None
@@ -1570,7 +1298,7 @@ class TensorCache:
                 for m in members:
                     m.error = RuntimeError("no stored copy exists (the write failed or was cancelled)")
 
-    def _h2d(self, rec: _Record, slab: _Slab, members: list[_Stored], compute: Any = None) -> None:
+    def _h2d(self, rec: Record, slab: Slab, members: list[Stored], compute: Any = None) -> None:
         """Issue the host-to-device copies of ``members`` from ``slab.block`` (caller holds the lock).
 
         On a GPU the destinations come from ``compute``'s memory pool, where the forward's activations of the same
@@ -1624,7 +1352,7 @@ class TensorCache:
             self.stats.bytes_read += m.nbytes
             self._slab_member_done(slab, m.sid)
 
-    def _read_slab(self, rec: _Record, slab: _Slab, members: list[_Stored], compute: Any = None) -> None:
+    def _read_slab(self, rec: Record, slab: Slab, members: list[Stored], compute: Any = None) -> None:
         """Disk thread: read a layer's block back into the pool (O_DIRECT where possible), then issue its reload."""
         try:
             blk = self._host_pool().acquire(slab.nbytes)
@@ -1653,7 +1381,7 @@ class TensorCache:
             if not slab.alive:
                 self._slab_cleanup(slab)
 
-    def _materialize_bulk(self, rec: _Record, st: _Stored) -> torch.Tensor:
+    def _materialize_bulk(self, rec: Record, st: Stored) -> torch.Tensor:
         """Unpack of a bulk-tier storage that is not in memory yet (caller holds the lock)."""
         if st.load_fut is None:
             self.stats.sync_loads += 1  # not prefetched: a hook did not fire or the order differs
@@ -1664,19 +1392,19 @@ class TensorCache:
             return self._await_load(st, fut)
         return self._await_load(st, None)
 
-    def _slab_member_done(self, slab: _Slab, sid: int) -> None:
+    def _slab_member_done(self, slab: Slab, sid: int) -> None:
         """``sid`` no longer needs the tier's copy (loaded, forwarded or released)."""
         slab.alive.discard(sid)
         if not slab.alive:
             self._slab_cleanup(slab)
 
-    def _slab_release_block(self, slab: _Slab) -> None:
+    def _slab_release_block(self, slab: Slab) -> None:
         """The disk holds the bytes: give the host block back (after its last GPU copy, in stream order)."""
         if slab.block is not None and not slab.writing and slab.handle is not None:
             self._host_pool().release(slab.block, slab.last_use or slab.d2h_done)
             slab.block = None
 
-    def _slab_cleanup(self, slab: _Slab) -> None:
+    def _slab_cleanup(self, slab: Slab) -> None:
         """No member needs the tier's copy any more: free the host block and the file."""
         if slab.writing:
             return  # the writer calls back when it is done
