@@ -41,6 +41,7 @@ _ONCE_FILES = (
     "test_sim_workloads.py",
     "test_sched_gate.py",
     "test_offload_budget.py",
+    "test_docs_snippets.py",
     "test_sim_runtime_costs.py",
 )
 
