@@ -1,8 +1,10 @@
-"""The Python in the docs names what exists: every ```python block in README.md and docs/*.md parses, and every
-name it takes from flowlane's own packages (``from flowlane.aleph.hook import install_aleph_hook``,
-``deepspeed_plugin.aleph.install(...)``) is defined where it says. Read from the source files (``ast``), so no
-framework is imported and both lanes' plugins are checked in one place. The runnable examples are the packages'
-doctests (``test_doctests.py``); these blocks are fragments with the user's own variables."""
+"""The docs name what exists. Every ```python block in README.md and docs/*.md parses, and every name it takes from
+flowlane's own packages (``from flowlane.aleph.hook import install_aleph_hook``, ``deepspeed_plugin.aleph.install``)
+is defined where it says; every benchmark or GPU-check command the docs and results READMEs quote
+(``benchmarks/aleph_netns.py --reps 5 --chunk-kb 256``) names a script that exists and flags its parser defines.
+Read from the source files (``ast``), so no framework is imported and both lanes' code is checked in one place. The
+runnable examples are the packages' doctests (``test_doctests.py``); these blocks are fragments with the user's own
+variables."""
 
 from __future__ import annotations
 
@@ -16,6 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 OWN = ("flowlane", "megatron_plugin", "deepspeed_plugin", "dgl_plugin", "recipes")
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+# where commands are quoted: the docs, the benchmark index, the results folders' READMEs
+COMMAND_DOCS = sorted(
+    {
+        *DOCS,
+        ROOT / "benchmarks/README.md",
+        ROOT / "nccl_net_plugin/README.md",
+        *(ROOT / "results").glob("*/README.md"),
+    }
+)
+COMMAND = re.compile(
+    r"((?:benchmarks|tests/gpu|scripts)/\w+\.py)((?: --?[a-zA-Z][-\w]*(?:[ =](?!-)[^\s`|]+)?)+)"
+)
+FLAG = re.compile(r"(?<![\w-])(--[a-zA-Z][-\w]*)")
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -92,7 +107,47 @@ def _missing(code: str) -> list[str]:
     return missing
 
 
+def _parser_flags(path: Path, seen: set[Path] | None = None) -> set[str]:
+    """The ``add_argument`` option strings of a script and of the project modules it imports (shared bench parsers,
+    a script that hands its other flags to another's parser)."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return set()
+    seen.add(path)
+    flags: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
+            flags.update(
+                a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")
+            )
+        modules: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        for m in modules:
+            dep = _module_file(m) if m.split(".")[0] in (*OWN, "benchmarks", "tests") else None
+            sibling = path.parent / f"{m}.py"  # a script beside it, imported by its bare name
+            for found in (dep, sibling if sibling.is_file() else None):
+                if found is not None:
+                    flags |= _parser_flags(found, seen)
+    return flags
+
+
+def _commands() -> list[tuple[str, str, list[str]]]:
+    out = []
+    for doc in COMMAND_DOCS:
+        for m in COMMAND.finditer(doc.read_text()):
+            out.append((str(doc.relative_to(ROOT)), m.group(1), FLAG.findall(m.group(2))))
+    return out
+
+
 BLOCKS = _blocks()
+COMMANDS = _commands()
 
 
 def test_the_docs_have_python_blocks_to_check() -> None:
@@ -109,3 +164,25 @@ def test_the_check_finds_a_misnamed_import_and_attribute() -> None:
         "from flowlane.aleph import plan_clusters, no_such_name\ndeepspeed_plugin.aleph.no_such_install(e)\n"
     )
     assert _missing(code) == ["flowlane.aleph.no_such_name", "deepspeed_plugin.aleph.no_such_install"]
+
+
+def test_the_docs_quote_commands_to_check() -> None:
+    assert len(COMMANDS) >= 30
+
+
+def test_every_quoted_command_names_a_script_and_flags_it_has() -> None:
+    wrong = []
+    for doc, script, flags in COMMANDS:
+        path = ROOT / script
+        if not path.is_file():
+            wrong.append(f"{doc}: {script} does not exist")
+            continue
+        known = _parser_flags(path) | {"--help"}
+        wrong += [f"{doc}: {script} has no {f}" for f in flags if f not in known]
+    assert wrong == []
+
+
+def test_the_flag_check_follows_a_parser_another_script_owns() -> None:
+    # ssd_offload_rok.py hands every flag but its own to ssd_offload_bench.py's parser
+    flags = _parser_flags(ROOT / "benchmarks/ssd_offload_rok.py")
+    assert {"--micro-batches", "--compute-threads"} <= flags and "--no-such-flag" not in flags
