@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from flowlane.launch import free_port
 
 if TYPE_CHECKING:
     from .distdgl import DistDGLRole
@@ -102,12 +103,6 @@ def partition_redundant(workdir: str | Path, num_parts: int, seed: int = 0, **da
 def _graph_name(part_config: str) -> str:
     with open(part_config) as f:
         return json.load(f)["graph_name"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------------ trainer process
@@ -431,7 +426,7 @@ def run_cluster(
             f"net has {net.num_ranks} ranks but num_parts={num_parts}: one namespace per partition"
         )
     ips = list(net.ips[:num_parts]) if net is not None else ["127.0.0.1"] * num_parts
-    ip_config.write_text("".join(f"{ip} {_free_port()}\n" for ip in ips))
+    ip_config.write_text("".join(f"{ip} {free_port()}\n" for ip in ips))
     env = dict(
         os.environ,
         DGL_IP_CONFIG=str(ip_config),
@@ -489,7 +484,7 @@ def run_cluster(
             _server_pid(p, deadline=time.monotonic() + 120, log=log)
             for _, p, log in (procs if net is not None else procs[:1])
         ]
-        port = _free_port()
+        port = free_port()
         results = []
         for r in range(num_parts):
             a = dict(

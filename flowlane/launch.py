@@ -400,7 +400,9 @@ def _arrive(store_dir: str, rank: int, world: int, ch: _Channel) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ in the launcher
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (the OS picks it; another process may take it before use, so
+    callers bind it soon: a rendezvous, a DistDGL server)."""
     import socket
 
     with socket.socket() as s:
@@ -529,7 +531,7 @@ def launch(
     base_env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "GLOO_SOCKET_IFNAME": "lo",
         "OMP_NUM_THREADS": str(threads_per_rank),
         **(env or {}),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -21,13 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from flowlane.launch import free_port  # noqa: E402
+
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(work: Path) -> int:
@@ -35,7 +30,7 @@ def main(work: Path) -> int:
 
     work.mkdir(parents=True, exist_ok=True)
     part, _ = partition_redundant(work, 2, seed=0, num_nodes=2000)
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     ip = work / "ip_config.txt"
     ip.write_text(f"127.0.0.1 {ports[0]}\n127.0.0.1 {ports[1]}\n")
     train = [str(BIN / "flowlane-train"), "--config-name", "gnn_dgs", "world_size=2", "epochs=3"]

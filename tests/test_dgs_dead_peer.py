@@ -14,13 +14,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from flowlane.launch import free_port
 
 pytestmark = pytest.mark.gnn
 dgl = pytest.importorskip("dgl")
@@ -55,12 +56,6 @@ needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="the DistDGL server gets a private /dev/shm (root + unshare)",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill(p: subprocess.Popen) -> None:
@@ -101,7 +96,7 @@ def test_a_dead_or_silent_trainer_ends_its_peer_with_an_error_never_a_hang(tmp_p
             name = f"deadpeer{os.getpid()}{mode}{time.monotonic_ns() % 10**9}"  # unique: no shared segment
             dgl.distributed.partition_graph(g, name, 1, str(tmp_path / mode), num_hops=1, part_method="metis")
             ip = tmp_path / f"ip_config_{mode}.txt"
-            ip.write_text(f"127.0.0.1 {_free_port()}\n")
+            ip.write_text(f"127.0.0.1 {free_port()}\n")
             common = {
                 **os.environ,
                 "PYTHONPATH": str(ROOT),
@@ -123,7 +118,7 @@ def test_a_dead_or_silent_trainer_ends_its_peer_with_an_error_never_a_hang(tmp_p
                 ],
                 dict(common, DGL_ROLE="server", DGL_SERVER_ID="0"),
             )
-            port = str(_free_port())
+            port = str(free_port())
             for rank in (0, 1):
                 env = dict(common, DGL_ROLE="client", DGL_DIST_MODE="distributed")
                 env |= dict(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)

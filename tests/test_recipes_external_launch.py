@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from flowlane.launch import ExternalLaunch, LauncherEnvError, check_world, cuda_device_for, detect_launcher
+from flowlane.launch import (
+    ExternalLaunch,
+    LauncherEnvError,
+    check_world,
+    cuda_device_for,
+    detect_launcher,
+    free_port,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -215,12 +221,6 @@ def test_a_bad_launcher_environment_is_refused_before_any_work(tmp_path, monkeyp
         run_job({"job": "gpt", "output_dir": str(tmp_path / "out"), **override})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(
     cmd: list[str], tmp: Path, name: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
@@ -269,7 +269,7 @@ def test_torchrun_with_four_gloo_ranks_gives_the_local_launchers_losses(tmp_path
             "--master_addr",
             "127.0.0.1",
             "--master_port",
-            str(_free_port()),
+            str(free_port()),
             train,
             *small,
             f"output_dir={tmp_path}/torchrun",
@@ -433,7 +433,7 @@ def test_gnn_recipe_under_distdgls_launcher_on_localhost_equals_the_local_launch
     partitions from disk and map no segment."""
     pytest.importorskip("dgl")
     part = _partition(tmp_path)
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     ip = tmp_path / "ip_config.txt"
     ip.write_text(f"127.0.0.1 {ports[0]}\n127.0.0.1 {ports[1]}\n")
     common = {
