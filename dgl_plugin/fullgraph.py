@@ -734,44 +734,7 @@ class FullGraphRuntime:
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         cfg.validate(self.world)
         self.part_stats: dict = {}
-        if isinstance(source, LocalPartition):
-            if part is not None:
-                raise ValueError("part= applies to a whole graph, not to a LocalPartition")
-            lp = source
-            if lp.relation.num_ranks != self.world:
-                raise ValueError(
-                    f"the partition was made for {lp.relation.num_ranks} ranks, world size is {self.world}"
-                )
-        else:
-            check_graph(source, feat, label)
-            n = source.num_nodes()
-            if part is None:
-                part_t = torch.zeros(n, dtype=torch.int64)
-                if self.rank == 0:
-                    src, dst = (t.numpy().astype(np.int64) for t in source.edges())
-                    method = "metis" if cfg.partition == "g3" else cfg.partition
-                    p, stats = g3_partition(
-                        src,
-                        dst,
-                        n,
-                        self.world,
-                        cfg.gamma,
-                        method,
-                        cfg.objtype,
-                        refine_stage2=cfg.partition == "g3",
-                        seed=cfg.seed,
-                    )
-                    part_t = torch.from_numpy(p)
-                    self.part_stats = stats.as_dict()
-                if self.world > 1:
-                    comm.broadcast(part_t, 0, group=group, kind="setup")
-                part = part_t.numpy()
-            part = np.asarray(part, np.int64)
-            if part.shape != (n,) or part.min() < 0 or part.max() >= self.world:
-                raise ValueError(f"partition must assign each of the {n} nodes a rank in [0, {self.world})")
-            lp = local_from_graph(source, part, self.rank, self.world, feat, label)
-        # the whole graph's assignment (in-memory path only; a rank that loaded its partition has none)
-        self.part = part if not isinstance(source, LocalPartition) else None
+        lp = self._local_partition(source, part, feat, label)
         x = lp.x
         if x.dim() != 2 or not torch.is_floating_point(x):
             raise ValueError(
@@ -782,9 +745,91 @@ class FullGraphRuntime:
             check_layer0_takes_features(model, x.shape[1], x.dtype)
         self.device = resolve_device(cfg.device)
         self.model = model.to(self.device)
-        rel = lp.relation
         self.n_local = lp.inner_ids.size
-        # -- boundary (sent to other ranks) and the BFS, boundary-first row order (§4.4.3 step 1) ------------------
+        order, e_src, e_dst = self._order_rows(lp)
+        xgroup = self._plan_exchange(lp.relation)
+        norms = self._edge_norms(lp, order, e_src, e_dst, xgroup)
+        self._build_bins(e_src, e_dst, norms, model, x)
+        self._index_bin_rows()
+        self._load_rows(lp, order, xgroup)
+        layer_params = [list(layer.parameters()) for layer in model.layers]
+        seen = {id(p) for ps in layer_params for p in ps}
+        rest = [p for p in model.parameters() if id(p) not in seen]
+        # parameters outside the graph layers (a head, an input projection) are all-reduced as one more group
+        self._layer_groups = layer_params + ([rest] if rest else [])
+        self._pending_ar: list = []
+        log.info(
+            "G3 rank %d/%d on %s: %d nodes (%d boundary), %d halo rows, %s plan, %s schedule, bins %s",
+            self.rank,
+            self.world,
+            self.device,
+            self.n_local,
+            self.n_boundary,
+            self.n_remote,
+            self.plan.method,
+            cfg.schedule,
+            {k: len(v) for k, v in self.bins.items()},
+        )
+        budget = cfg.mem_budget_bytes
+        if budget is not None:
+            log.info(
+                "G3 memory budget %.0f bytes: bins of at most %.0f by estimate (largest %d), each recomputed in "
+                "backward; the layer tensors stay on %s",
+                budget,
+                budget / 2,
+                max(self.bin_bytes, default=0),
+                self.device,
+            )
+
+    # -- construction steps, in order -----------------------------------------------------------------------------
+    def _local_partition(
+        self, source: dgl.DGLGraph | LocalPartition, part: np.ndarray | None, feat: str, label: str
+    ) -> LocalPartition:
+        """This rank's partition: the one given, or cut from a whole graph by ``part`` or by the seed's partitioner
+        (G3's two-stage METIS, §4.4.2) run on rank 0 and broadcast."""
+        cfg, group = self.cfg, self.group
+        if isinstance(source, LocalPartition):
+            if part is not None:
+                raise ValueError("part= applies to a whole graph, not to a LocalPartition")
+            if source.relation.num_ranks != self.world:
+                raise ValueError(
+                    f"the partition was made for {source.relation.num_ranks} ranks, world size is {self.world}"
+                )
+            self.part = None  # a rank that loaded its partition has no whole-graph assignment
+            return source
+        check_graph(source, feat, label)
+        n = source.num_nodes()
+        if part is None:
+            part_t = torch.zeros(n, dtype=torch.int64)
+            if self.rank == 0:
+                src, dst = (t.numpy().astype(np.int64) for t in source.edges())
+                method = "metis" if cfg.partition == "g3" else cfg.partition
+                p, stats = g3_partition(
+                    src,
+                    dst,
+                    n,
+                    self.world,
+                    cfg.gamma,
+                    method,
+                    cfg.objtype,
+                    refine_stage2=cfg.partition == "g3",
+                    seed=cfg.seed,
+                )
+                part_t = torch.from_numpy(p)
+                self.part_stats = stats.as_dict()
+            if self.world > 1:
+                comm.broadcast(part_t, 0, group=group, kind="setup")
+            part = part_t.numpy()
+        part = np.asarray(part, np.int64)
+        if part.shape != (n,) or part.min() < 0 or part.max() >= self.world:
+            raise ValueError(f"partition must assign each of the {n} nodes a rank in [0, {self.world})")
+        self.part = part  # the whole graph's assignment
+        return local_from_graph(source, part, self.rank, self.world, feat, label)
+
+    def _order_rows(self, lp: LocalPartition) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Boundary rows (sent to other ranks) first, in BFS order (§4.4.3 step 1): the row order, and the edges'
+        source and destination rows in it (halo rows keep their indices past ``n_local``)."""
+        rel = lp.relation
         others = [ids for r, ids in enumerate(rel.needs) if r != self.rank]
         boundary = np.isin(lp.inner_ids, np.concatenate(others)) if others else np.zeros(self.n_local, bool)
         order = _bfs_boundary_first(self.n_local, lp.e_src, lp.e_dst, boundary)
@@ -794,7 +839,12 @@ class FullGraphRuntime:
         self.n_boundary = int(boundary.sum())
         e_dst = inv[lp.e_dst]
         e_src = np.where(lp.e_src < self.n_local, inv[np.minimum(lp.e_src, self.n_local - 1)], lp.e_src)
-        # -- DGCL plan (same seeded planner on every rank; digests compared), tables ---------------------------
+        return order, e_src, e_dst
+
+    def _plan_exchange(self, rel: CommRelation) -> dist.ProcessGroup | None:
+        """The DGCL plan (the same seeded planner on every rank; digests compared), this rank's tables and the halo
+        exchange; returns the exchange's own process group."""
+        cfg, group = self.cfg, self.group
         if cfg.topology == "full_mesh":
             topo = full_mesh(max(self.world, 2), **({"bandwidth": 1e9} | cfg.topology_kwargs))
         else:
@@ -825,20 +875,37 @@ class FullGraphRuntime:
             self.device.type != "cpu" and self.world > 1 and dist.get_backend(xgroup) == "gloo"
         )
         self.n_remote = self.tables.num_remote
-        # -- global degrees (GCN normalisation, B6 #14): in-degree = local in-edges (all present); out-degree of
-        #    halo rows needs the owners' totals: partial counts summed along the reversed plan, then sent forward --
+        return xgroup
+
+    def _edge_norms(
+        self, lp: LocalPartition, order: np.ndarray, e_src: np.ndarray, e_dst: np.ndarray, xgroup: Any
+    ) -> dict[str, np.ndarray]:
+        """Per-edge GCN normalisations from global degrees (B6 #14): in-degree = local in-edges (all present);
+        out-degree of halo rows needs the owners' totals: partial counts summed along the reversed plan, then sent
+        forward."""
         in_deg = np.bincount(e_dst, minlength=self.n_local).clip(min=1).astype(np.float64)
         if lp.out_deg is not None:
             full_out = np.concatenate([lp.out_deg[: self.n_local][order], lp.out_deg[self.n_local :]])
         else:
             full_out = self._global_out_degree(e_src, xgroup)
         out_deg = full_out.clip(min=1)
-        norms = {
+        return {
             "both": out_deg[e_src] ** -0.5 * in_deg[e_dst] ** -0.5,
             "left": 1.0 / out_deg[e_src],
             "right": 1.0 / in_deg[e_dst],
         }
-        # -- groups and bins (§4.4.3 steps 2-3) ----------------------------------------------------------------
+
+    def _build_bins(
+        self,
+        e_src: np.ndarray,
+        e_dst: np.ndarray,
+        norms: dict[str, np.ndarray],
+        model: torch.nn.Module,
+        x: torch.Tensor,
+    ) -> None:
+        """The four groups of rows and their bins (§4.4.3 steps 2-3): each bin a DGL block over the in-edges of its
+        destination rows, carrying the edges' normalisations."""
+        cfg = self.cfg
         needs_halo = np.zeros(self.n_local, bool)
         needs_halo[e_dst[e_src >= self.n_local]] = True
         is_b = np.arange(self.n_local) < self.n_boundary
@@ -851,7 +918,7 @@ class FullGraphRuntime:
         d_in = x.shape[1]
         eo = np.argsort(e_dst, kind="stable")
         e_src, e_dst = e_src[eo], e_dst[eo]
-        norms = {k: torch.from_numpy(v[eo]).to(x.dtype) for k, v in norms.items()}
+        norms_t = {k: torch.from_numpy(v[eo]).to(x.dtype) for k, v in norms.items()}
         eptr = np.searchsorted(e_dst, np.arange(self.n_local + 1))
         self.avg_in_degree = float(e_dst.size / max(self.n_local, 1))
         self.bins: dict[str, list] = {k: [] for k in groups}
@@ -886,7 +953,7 @@ class FullGraphRuntime:
                 refused, splits[name] = refused or f"rank {self.rank}: {e}", []
         if budget is not None and self.world > 1:
             # all ranks refuse together: a rank left running would wait for the refused one in its first exchange
-            refused = next((r for r in comm.all_gather_object(refused, group=group) if r), None)
+            refused = next((r for r in comm.all_gather_object(refused, group=self.group) if r), None)
         if refused:
             raise ValueError(f"flowlane.fullgraph: bad mem_budget_bytes={budget!r}: {refused}")
         for name, mask in groups.items():
@@ -916,7 +983,7 @@ class FullGraphRuntime:
                     num_src_nodes=num_src,
                     num_dst_nodes=b.size,
                 )
-                for k, w in norms.items():
+                for k, w in norms_t.items():
                     blk.edata[f"norm_{k}"] = w[torch.from_numpy(eidx)]
                 self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
             self._gather[name] = (
@@ -928,6 +995,11 @@ class FullGraphRuntime:
                 if compact
                 else None
             )
+
+    def _index_bin_rows(self) -> None:
+        """Where each row lands when the bins' outputs are concatenated (group order A, D, C, E; boundary first:
+        A, C, D, E), and the backward schedule's state."""
+        cfg = self.cfg
         self._boundary_rows = torch.cat(
             [b for nm in ("A", "C") for b, _ in self.bins[nm]]
             or [torch.zeros(0, dtype=torch.long, device=self.device)]
@@ -950,11 +1022,15 @@ class FullGraphRuntime:
         self.backward_stats: dict = {}
         """Pipelined backward of the last step: exchanges started in the background, and how many of them were
         applied by ``add_deferred_grad`` (the rest are joined after autograd)."""
-        # -- data ----------------------------------------------------------------------------------------------
+
+    def _load_rows(self, lp: LocalPartition, order: np.ndarray, xgroup: Any) -> None:
+        """The partition's features, labels and masks in the runtime's row order: features on the device, or in host
+        memory behind a PyTorch-Direct store (``features="host"``)."""
+        cfg = self.cfg
         o = torch.from_numpy(order)
         self.store: FeatureStore | None = None
         self.x: torch.Tensor | _HostRows
-        if host:
+        if cfg.features == "host":
             if self.world > 1 and self.device.type != "cpu" and not self._host_exchange:
                 raise ValueError(
                     f"flowlane.fullgraph: bad features='host': layer-0 halo rows are sent from host memory, which "
@@ -981,33 +1057,6 @@ class FullGraphRuntime:
         self._halo0 = None
         if cfg.cache_halo_inputs:
             self._halo0 = self._allgather(self.x)
-        layer_params = [list(layer.parameters()) for layer in model.layers]
-        seen = {id(p) for ps in layer_params for p in ps}
-        rest = [p for p in model.parameters() if id(p) not in seen]
-        # parameters outside the graph layers (a head, an input projection) are all-reduced as one more group
-        self._layer_groups = layer_params + ([rest] if rest else [])
-        self._pending_ar: list = []
-        log.info(
-            "G3 rank %d/%d on %s: %d nodes (%d boundary), %d halo rows, %s plan, %s schedule, bins %s",
-            self.rank,
-            self.world,
-            self.device,
-            self.n_local,
-            self.n_boundary,
-            self.n_remote,
-            self.plan.method,
-            cfg.schedule,
-            {k: len(v) for k, v in self.bins.items()},
-        )
-        if budget is not None:
-            log.info(
-                "G3 memory budget %.0f bytes: bins of at most %.0f by estimate (largest %d), each recomputed in "
-                "backward; the layer tensors stay on %s",
-                budget,
-                budget / 2,
-                max(self.bin_bytes, default=0),
-                self.device,
-            )
 
     def _global_out_degree(self, e_src: np.ndarray, xgroup: Any) -> np.ndarray:
         """Out-degree of every ``[inner | halo]`` row over the whole graph, from partial counts (one setup exchange
