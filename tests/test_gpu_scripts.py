@@ -86,6 +86,9 @@ def test_the_offload_gpu_bench_runs_every_strategy_on_cpu_bitwise(tmp_path: Path
         assert [t["at"] for t in s["allocator_timeline"]] == [f"forward end {i}" for i in range(n)] + [
             f"backward begin {i}" for i in reversed(range(n))
         ], (name, s["allocator_timeline"])
+    # release="stream_order" did drop layers in stream order (a miss would fall back to record_stream)
+    ordered = size["strategies"]["flowlane_sublayer_recompute_ordered"]["stats"]
+    assert ordered["ordered_releases"] > 0 and ordered["ordered_release_misses"] == 0, ordered
 
 
 def test_the_expandable_segments_offload_check_passes_its_settings_on(tmp_path: Path) -> None:

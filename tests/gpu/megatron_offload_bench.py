@@ -343,7 +343,7 @@ def run_column(
             r["stats"] = {
                 k: s[k]
                 for k in ("bytes_written", "bytes_read", "bulk_stores", "bulk_loads", "budget_kept", "pool")
-                + ("recomputed_layers", "sync_loads", "late_loads", "fallbacks", "io_errors")
+                + ("recomputed_layers", "sync_loads", "late_loads", "unused_loads", "fallbacks", "io_errors")
             }
             r["budget_profile"] = s["profile"]
         if name.startswith("mcore_offload"):

@@ -464,6 +464,7 @@ def run_strategy(
                     "forwards",
                     "sync_loads",
                     "late_loads",
+                    "unused_loads",
                     "fallbacks",
                     "io_errors",
                     "budget_kept",
@@ -471,6 +472,8 @@ def run_strategy(
                     "keep_last_k",
                     "pool",
                     "recomputed_layers",
+                    "ordered_releases",  # release="stream_order": layers dropped in stream order
+                    "ordered_release_misses",  # ... and those stored too late, left to record_stream
                 )
             }
             r["budget_profile"] = s["profile"]
