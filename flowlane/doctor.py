@@ -9,7 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -31,7 +34,11 @@ def _package(name: str, dist: str, import_name: str | None = None) -> Check:
     if v is None:
         return Check(name, False, "not installed")
     try:
-        importlib.import_module(import_name or dist)
+        with (
+            warnings.catch_warnings()
+        ):  # a framework's import-time notices (Megatron's "no Transformer Engine")
+            warnings.simplefilter("ignore")  # would bury the table; what they say is reported as rows instead
+            importlib.import_module(import_name or dist)
     except Exception as e:  # noqa: BLE001 - report any import failure
         return Check(name, False, f"{v} installed but import fails: {type(e).__name__}: {str(e)[:120]}")
     return Check(name, True, v)
@@ -82,6 +89,35 @@ def _kvikio() -> Check:
         return Check("kvikio/GDS", False, f"{v} import fails: {e}")
 
 
+def _transformer_engine() -> Check:
+    v = _version("transformer-engine") or _version("transformer_engine")
+    if v is None:
+        return Check(
+            "Transformer Engine",
+            False,
+            "not installed: Megatron-core runs its local layers (no FP8 or TE's fused kernels)",
+        )
+    return Check("Transformer Engine", True, v)
+
+
+def _offload_tiers(directory: str | None = None) -> Check:
+    """Which activation-offload tiers work here: pinned host memory needs CUDA; the SSD tier's O_DIRECT is probed
+    with one aligned 4 KiB write in ``directory`` (default: the temporary folder)."""
+    from flowlane.offload.backends import _probe_o_direct
+
+    d = Path(directory or tempfile.gettempdir())
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        cuda = False
+    direct = _probe_o_direct(d)
+    pinned = "pinned_cpu: yes" if cuda else "pinned_cpu: needs CUDA"
+    posix = f"posix in {d}: {'O_DIRECT' if direct else 'buffered (no O_DIRECT there)'}"
+    return Check("activation offload", True, f"{pinned}; {posix}; offload.dirs picks the SSD folders")
+
+
 def _has_libcuda() -> bool:
     import ctypes
 
@@ -115,13 +151,15 @@ def environment() -> Check:
     return Check("environment", True, f"{where}: Python {sys.version.split()[0]} at {sys.executable}")
 
 
-def checks() -> list[Check]:
+def checks(offload_dir: str | None = None) -> list[Check]:
     out = [environment(), *_torch_checks()]
     out += [
         _package("megatron-core", "megatron-core", "megatron.core"),
+        _transformer_engine(),
         _package("deepspeed", "deepspeed"),
         _package("DGL", "dgl"),
         _kvikio(),
+        _offload_tiers(offload_dir),
         _netns(),
     ]
     try:  # PyTorch-Direct (issue 39): which feature-gather path a FeatureStore picks here, and why
@@ -148,11 +186,18 @@ def checks() -> list[Check]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser(
+    p = sub.add_parser(
         "doctor",
         help="show what this machine and environment (lane) can use",
         description="What this machine can use, as seen from this Python environment (lane): run it "
         "from each lane, e.g. .venv-llm/bin/flowlane doctor and .venv-gnn/bin/flowlane doctor.",
+    )
+    p.add_argument(
+        "--offload-dir",
+        metavar="DIR",
+        default=None,
+        help="the folder to probe for the activation offload's SSD tier (O_DIRECT or buffered; default: the "
+        "temporary folder), e.g. a mount you would give offload.dirs",
     )
 
 
@@ -165,7 +210,10 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("component")
     table.add_column("usable")
     table.add_column("detail")
-    for c in checks():
+    offload_dir = getattr(args, "offload_dir", None)
+    if offload_dir is not None and not os.path.isdir(offload_dir):
+        raise SystemExit(f"flowlane doctor: --offload-dir {offload_dir!r} is not a directory")
+    for c in checks(offload_dir):
         table.add_row(c.name, "[green]yes[/]" if c.ok else "[yellow]no[/]", c.detail)
     Console().print(table)
     return 0
