@@ -593,7 +593,7 @@ RUN_KEYS = {
     "lr",
     "seed",
     "timeout_s",
-    "out_dir",
+    "output_dir",
     "workdir",
     "batch_size",
     "fanouts",
@@ -726,7 +726,7 @@ def run_dgs(cfg: Any) -> dict:
     and trainers (:func:`run_cluster`) and train with ``flowlane.dgs`` (DGS off when the section is null). Under
     DistDGL's launcher: this process is a server (serves until the trainers finish) or one trainer of the
     partitions in DGL_CONF_PATH (``data`` is then unused). Returns per-rank bytes and accuracy (rank 0 / the local
-    parent; other launched processes return {}) and writes ``out_dir/summary.json``."""
+    parent; other launched processes return {}) and writes ``output_dir/summary.json``."""
     from .train import _plain
 
     c = _plain(cfg)
@@ -772,7 +772,7 @@ def run_dgs(cfg: Any) -> dict:
         ],
         "ranks": ranks,
     }
-    out_dir = c.get("out_dir")
+    out_dir = c.get("output_dir")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         tmp = os.path.join(out_dir, "summary.json.tmp")

@@ -6,7 +6,7 @@ seed and trains full-graph with :class:`dgl_plugin.fullgraph.FullGraphRuntime` (
 ``data.part_config`` (the JSON written by ``dgl.distributed.partition_graph`` with ``num_parts = world_size``): each
 rank loads only its own partition (inner nodes, halo, in-edges); otherwise every rank loads the whole graph
 (``data.name``, the in-memory path for small graphs) and rank 0 partitions it with ``flowlane.fullgraph.partition``.
-Returns and writes (``out_dir/summary.json``) per-epoch loss, time and accuracy plus communication bytes by kind.
+Returns and writes (``output_dir/summary.json``) per-epoch loss, time and accuracy plus communication bytes by kind.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def run_fullgraph(cfg: Any) -> dict:
             for r in res
         ],
     }
-    out_dir = c.get("out_dir")
+    out_dir = c.get("output_dir")
     if out_dir:  # atomically: a reader (or a crash) never sees half a summary
         os.makedirs(out_dir, exist_ok=True)
         tmp = os.path.join(out_dir, "summary.json.tmp")

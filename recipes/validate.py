@@ -164,7 +164,18 @@ def check_launch_gpt(recipe: Any) -> None:
 
 
 # the gnn_fullgraph recipe: top-level keys and their checks (recipes/conf/gnn_fullgraph.yaml)
-_GNN_KEYS = ("job", "world_size", "epochs", "lr", "seed", "timeout_s", "out_dir", "data", "model", "flowlane")
+_GNN_KEYS = (
+    "job",
+    "world_size",
+    "epochs",
+    "lr",
+    "seed",
+    "timeout_s",
+    "output_dir",
+    "data",
+    "model",
+    "flowlane",
+)
 _GNN_MODEL_KEYS = ("name", "hidden", "num_layers")
 
 
@@ -214,8 +225,8 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
     fg = fl.get("fullgraph") or {}
     check_types(FullGraphConfig, fg, "flowlane.fullgraph.")
     _as_config_error(FullGraphConfig.from_dict, fg)
-    if cfg.get("out_dir"):
-        check_output_dir(cfg["out_dir"], "out_dir")
+    if cfg.get("output_dir"):
+        check_output_dir(cfg["output_dir"], "output_dir")
 
 
 def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:

@@ -34,7 +34,7 @@ def main(work: Path) -> int:
     ip = work / "ip_config.txt"
     ip.write_text(f"127.0.0.1 {ports[0]}\n127.0.0.1 {ports[1]}\n")
     train = [str(BIN / "flowlane-train"), "--config-name", "gnn_dgs", "world_size=2", "epochs=3"]
-    train += [f"out_dir={work}/out", f"hydra.run.dir={work}/hydra"]
+    train += [f"output_dir={work}/out", f"hydra.run.dir={work}/hydra"]
     common = {"DGL_NUM_SAMPLER": "0", "DGL_NUM_CLIENT": "2", "DGL_CONF_PATH": part, "DGL_IP_CONFIG": str(ip)}
     common |= {"DGL_NUM_SERVER": "1", "DGL_GRAPH_FORMAT": "csc", "OMP_NUM_THREADS": "1"}
 

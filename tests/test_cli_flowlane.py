@@ -140,7 +140,7 @@ def test_default_output_folders_are_not_tracked_by_git():
     conf = ROOT / "recipes" / "conf"
     outs = [
         yaml.safe_load((conf / f"{n}.yaml").read_text()).get(k)
-        for n, k in (("default", "output_dir"), ("moe", "output_dir"), ("gnn_fullgraph", "out_dir"))
+        for n, k in (("default", "output_dir"), ("moe", "output_dir"), ("gnn_fullgraph", "output_dir"))
     ]
     from flowlane.sim import cli as sim_cli
 

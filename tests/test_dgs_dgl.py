@@ -214,7 +214,7 @@ def test_gnn_dgs_under_distdgls_launcher_serves_or_trains_the_launchers_partitio
     monkeypatch.setattr("dgl_plugin.distdgl.serve", serve)
     env = _launch_env(tmp_path, "server")
     _set_env(monkeypatch, env)
-    assert run_job({"job": "gnn_dgs", "out_dir": str(tmp_path / "out")}) == {}
+    assert run_job({"job": "gnn_dgs", "output_dir": str(tmp_path / "out")}) == {}
     assert served[0][0].role == "server" and served[0][0].part_config == env["DGL_CONF_PATH"]
     assert served[0][1] is not None  # registered before serving
     assert not (tmp_path / "out").exists()
@@ -234,7 +234,7 @@ def test_gnn_dgs_under_distdgls_launcher_serves_or_trains_the_launchers_partitio
     monkeypatch.setattr("dgl_plugin.dgs_train._trainer", trainer)
     env = _launch_env(tmp_path, "client")
     _set_env(monkeypatch, env)
-    out = run_job({"job": "gnn_dgs", "out_dir": str(tmp_path / "out"), "flowlane": {"dgs": {"t_ex": 7}}})
+    out = run_job({"job": "gnn_dgs", "output_dir": str(tmp_path / "out"), "flowlane": {"dgs": {"t_ex": 7}}})
     (args,) = seen
     assert args["ip_config"] == env["DGL_IP_CONFIG"] and args["part_config"] == env["DGL_CONF_PATH"]
     assert args["gather"] and args["classes"] is None  # classes come from the partitions' labels

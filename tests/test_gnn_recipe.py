@@ -19,7 +19,7 @@ def test_gnn_fullgraph_recipe_trains_across_two_ranks_and_learns(tmp_path):
             "--config-name",
             "gnn_fullgraph",
             "epochs=4",
-            f"out_dir={tmp_path}",
+            f"output_dir={tmp_path}",
             f"hydra.run.dir={tmp_path}/hydra",
         ],
         capture_output=True,
@@ -53,7 +53,7 @@ def test_gnn_fullgraph_recipe_trains_from_distdgl_partitions(tmp_path):
             "--config-name",
             "gnn_fullgraph",
             "epochs=3",
-            f"out_dir={tmp_path}/out",
+            f"output_dir={tmp_path}/out",
             f"+data.part_config={tmp_path}/parts/syn.json",
             f"hydra.run.dir={tmp_path}/hydra",
         ],
@@ -83,7 +83,7 @@ def test_gnn_fullgraph_recipe_trains_from_distdgl_partitions(tmp_path):
             {"flowlane": {"fullgraph": {"partition": "foo"}}},
             r"flowlane.fullgraph.partition='foo' must be one of",
         ),
-        ({"out_dir": "{tmp}/a_file/out"}, r"out_dir='.*a_file/out' is not a writable folder"),
+        ({"output_dir": "{tmp}/a_file/out"}, r"output_dir='.*a_file/out' is not a writable folder"),
     ],
 )
 def test_a_bad_gnn_config_is_refused_before_any_rank_starts(tmp_path, monkeypatch, override, match):
@@ -104,4 +104,4 @@ def test_a_bad_gnn_config_is_refused_before_any_rank_starts(tmp_path, monkeypatc
         for k, v in override.items()
     }
     with pytest.raises(ConfigError, match=match):
-        run_job({"job": "gnn_fullgraph", "out_dir": str(tmp_path / "out"), **override})
+        run_job({"job": "gnn_fullgraph", "output_dir": str(tmp_path / "out"), **override})

@@ -387,7 +387,9 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
             if v is not None:
                 monkeypatch.setenv(k, v)
         with pytest.raises(ConfigError, match=match):
-            run_job({"job": "gnn_fullgraph", "world_size": 2, "out_dir": str(tmp_path / "out"), **override})
+            run_job(
+                {"job": "gnn_fullgraph", "world_size": 2, "output_dir": str(tmp_path / "out"), **override}
+            )
 
 
 def test_a_host_listed_once_per_trainer_gives_each_trainer_its_own_slot(tmp_path):
@@ -411,7 +413,7 @@ def _gnn_cmd(tmp: Path, name: str) -> list[str]:
         "world_size=2",
         "epochs=3",
         "model.hidden=16",
-        f"out_dir={tmp}/{name}",
+        f"output_dir={tmp}/{name}",
         f"hydra.run.dir={tmp}/{name}/hydra",
     ]
 
