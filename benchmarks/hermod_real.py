@@ -101,7 +101,7 @@ PORT = 29561
 # real compute; sized so that one iteration's DP traffic (reduce-scatter + gather of ~7.4 MB per stage) takes about
 # as long as its compute at 200 Mbit/s
 MEGATRON_WORK = dict(
-    num_ranks=4,
+    world_size=4,
     pipeline_parallel=2,
     num_layers=4,
     hidden_size=256,

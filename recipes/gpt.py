@@ -26,7 +26,7 @@ import torch
 class GPTRecipe:
     """The default recipe (mirrored by recipes/conf/default.yaml)."""
 
-    num_ranks: int = 4
+    world_size: int = 4
     """Ranks in the job (pipeline_parallel x tensor_parallel x data-parallel size)."""
     pipeline_parallel: int = 2
     """Pipeline stages (Megatron's --pipeline-model-parallel-size); the 1F1B schedule runs when > 1."""
@@ -95,7 +95,7 @@ class GPTRecipe:
                 raise ValueError(msg)
 
         for name in (
-            "num_ranks",
+            "world_size",
             "pipeline_parallel",
             "tensor_parallel",
             "num_layers",
@@ -111,8 +111,8 @@ class GPTRecipe:
             need(isinstance(v, int) and v >= 1, f"{name} must be an integer >= 1, got {v!r}")
         mp = self.pipeline_parallel * self.tensor_parallel
         need(
-            self.num_ranks % mp == 0,
-            f"num_ranks={self.num_ranks} must be a multiple of pipeline_parallel x tensor_parallel = {mp}",
+            self.world_size % mp == 0,
+            f"world_size={self.world_size} must be a multiple of pipeline_parallel x tensor_parallel = {mp}",
         )
         need(
             self.num_layers % self.pipeline_parallel == 0,
@@ -159,7 +159,7 @@ class GPTRecipe:
 
     @property
     def data_parallel(self) -> int:
-        return self.num_ranks // (self.pipeline_parallel * self.tensor_parallel)
+        return self.world_size // (self.pipeline_parallel * self.tensor_parallel)
 
 
 @dataclass
@@ -488,7 +488,7 @@ def resolve_device(recipe: GPTRecipe, ext: Any) -> str:
             raise ValueError(
                 "device=cuda runs one process per GPU, started by torchrun or srun (flowlane-train "
                 "alone starts CPU ranks): torchrun --nproc_per_node <GPUs> $(which flowlane-train) "
-                "num_ranks=<GPUs> device=cuda"
+                "world_size=<GPUs> device=cuda"
             )
         if not cuda:
             raise ValueError(
@@ -511,7 +511,7 @@ def launch_mode(recipe: GPTRecipe) -> tuple[Any, str]:
 
     ext = detect_launcher()
     if ext is not None:
-        check_world(ext, recipe.num_ranks, "num_ranks")
+        check_world(ext, recipe.world_size, "world_size")
     return ext, resolve_device(recipe, ext)
 
 
@@ -542,23 +542,23 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
         # CPU ranks: CUDA hidden, so Megatron-core runs through the CPU shim even on a machine with GPUs
         results = launch(
             train_rank,
-            recipe.num_ranks,
+            recipe.world_size,
             args=(rdict,),
             timeout=recipe.timeout_s,
             env={"CUDA_VISIBLE_DEVICES": ""},
         )
-        mode = {"launcher": "flowlane.launch (local)", "world_size": recipe.num_ranks}
+        mode = {"launcher": "flowlane.launch (local)", "world_size": recipe.world_size}
         note = "measured on CPU ranks (gloo over loopback)"
     else:
         backend = "nccl" if device == "cuda" else "gloo"
         gathered = run_this_rank(
             train_rank,
             ext,
-            recipe.num_ranks,
+            recipe.world_size,
             args=(rdict,),
             backend=backend,
             op_timeout=recipe.timeout_s,
-            key="num_ranks",
+            key="world_size",
         )
         if gathered is None:
             return {}  # rank 0 reports for every rank

@@ -156,7 +156,7 @@ def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
 
 
 def check_launch_gpt(recipe: Any) -> None:
-    """An external launcher's environment (torchrun, srun) against the recipe: its world size is ``num_ranks``,
+    """An external launcher's environment (torchrun, srun) against the recipe: its world size is ``world_size``,
     its rendezvous is complete, each rank has a GPU for device=cuda (recipes.gpt.launch_mode)."""
     from recipes.gpt import launch_mode
 

@@ -66,7 +66,7 @@ def train(
     from recipes.gpt import GPTRecipe, _forward_step, build_model, synthetic_batches
 
     recipe = GPTRecipe(
-        num_ranks=world,
+        world_size=world,
         **{**RECIPE, "pipeline_parallel": pp, "tensor_parallel": tp},
         num_moe_experts=experts,
         expert_parallel=ep,
@@ -196,7 +196,7 @@ def refusal(
     from flowlane import comm
     from recipes.gpt import GPTRecipe, build_model
 
-    recipe = GPTRecipe(num_ranks=world, **RECIPE, num_moe_experts=experts, expert_parallel=ep)
+    recipe = GPTRecipe(world_size=world, **RECIPE, num_moe_experts=experts, expert_parallel=ep)
     with comm.owned_process_groups():
         ps.initialize_model_parallel(expert_model_parallel_size=ep)
         try:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.llm
 pytest.importorskip("megatron.core")
 
 RECIPE = dict(
-    num_ranks=4,
+    world_size=4,
     pipeline_parallel=2,
     num_layers=2,
     hidden_size=32,
@@ -171,7 +171,7 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
 
 # -- MoE: expert parameters over the expert-DP group, EP all-to-all through flowlane.comm ---------------------------
 MOE = dict(
-    num_ranks=4,
+    world_size=4,
     pipeline_parallel=2,
     num_layers=2,
     hidden_size=32,

@@ -24,7 +24,7 @@ M, ITERATIONS = 3, 3
 #: last microbatch, Hermod reads the next count at the end of each iteration
 RAMP = (3, 2, 4)
 RECIPE = dict(
-    num_ranks=4,
+    world_size=4,
     pipeline_parallel=2,
     num_layers=2,
     hidden_size=32,

@@ -120,13 +120,13 @@ def test_a_partial_or_contradictory_launcher_environment_is_refused(env, match):
 
 def test_the_launchers_world_must_be_the_jobs():
     ext = detect_launcher(_torchrun_env())
-    check_world(ext, 4, "num_ranks")
+    check_world(ext, 4, "world_size")
     with pytest.raises(
         LauncherEnvError,
-        match=r"num_ranks=2 does not match the 4 ranks torchrun started "
-        r"\(WORLD_SIZE=4\): pass num_ranks=4",
+        match=r"world_size=2 does not match the 4 ranks torchrun started "
+        r"\(WORLD_SIZE=4\): pass world_size=4",
     ):
-        check_world(ext, 2, "num_ranks")
+        check_world(ext, 2, "world_size")
 
 
 def test_more_local_ranks_than_gpus_is_refused_unless_each_has_its_own_nccl_host(monkeypatch):
@@ -177,21 +177,21 @@ def _no_ranks(*a, **kw):
     [
         (
             _torchrun_env(),
-            {"num_ranks": 2, "pipeline_parallel": 2},
-            r"num_ranks=2 does not match the 4 ranks torchrun started",
+            {"world_size": 2, "pipeline_parallel": 2},
+            r"world_size=2 does not match the 4 ranks torchrun started",
         ),
         (
             _torchrun_env(WORLD_SIZE="6", LOCAL_WORLD_SIZE="6"),
-            {"num_ranks": 6, "pipeline_parallel": 4},
-            r"num_ranks=6 must be a multiple of pipeline_parallel x tensor_parallel = 4",
+            {"world_size": 6, "pipeline_parallel": 4},
+            r"world_size=6 must be a multiple of pipeline_parallel x tensor_parallel = 4",
         ),
         (_torchrun_env(MASTER_PORT=None), {}, r"MASTER_PORT not set under torchrun"),
         (_torchrun_env(), {"device": "cuda"}, r"device=cuda but torch .* sees no CUDA device"),
         ({}, {"device": "cuda"}, r"device=cuda runs one process per GPU, started by torchrun or srun"),
         (
             _srun_env(SLURM_NTASKS="4", SLURM_TASKS_PER_NODE="2(x2)", SLURM_PROCID="3"),
-            {"num_ranks": 8},
-            r"num_ranks=8 does not match the 4 ranks slurm started",
+            {"world_size": 8},
+            r"world_size=8 does not match the 4 ranks slurm started",
         ),
     ],
 )
