@@ -196,3 +196,55 @@ def test_the_flag_check_follows_a_parser_another_script_owns() -> None:
     # ssd_offload_rok.py hands every flag but its own to ssd_offload_bench.py's parser
     flags = _parser_flags(ROOT / "benchmarks/ssd_offload_rok.py")
     assert {"--micro-batches", "--compute-threads"} <= flags and "--no-such-flag" not in flags
+
+
+# -- flowlane-train commands: the Hydra overrides the docs quote compose against the recipes' configs -----------------
+TRAIN = re.compile(r"flowlane-train\)?((?:[ \t]+(?:--config-name \w+|[+\w.]+=[^\s`\"'|;]+))*)")
+PLACEHOLDER = re.compile(r"<[^>]*>|\$\{?\w+\}?")
+
+
+def _train_commands() -> list[tuple[str, str, list[str]]]:
+    """(doc, config name, overrides) of every ``flowlane-train`` command quoted, continuation lines joined; the
+    user's placeholders (``<machines>``, ``$SLURM_NTASKS``) stand for values, so a plain one replaces them."""
+    out = []
+    for doc in COMMAND_DOCS:
+        text = doc.read_text().replace("\\\n", " ")
+        for m in TRAIN.finditer(text):
+            tokens = m.group(1).split()
+            name, overrides = "default", []
+            for i, tok in enumerate(tokens):
+                if tok == "--config-name":
+                    name = tokens[i + 1]
+                elif "=" in tok and not tok.startswith("hydra."):
+                    key, value = tok.split("=", 1)
+                    overrides.append(f"{key}={PLACEHOLDER.sub('1', value)}")
+            out.append((str(doc.relative_to(ROOT)), name, overrides))
+    return out
+
+
+TRAIN_COMMANDS = _train_commands()
+
+
+def test_the_docs_quote_training_commands_to_check() -> None:
+    assert sum(bool(o) for _, _, o in TRAIN_COMMANDS) >= 10
+
+
+def _compose_errors(commands: list[tuple[str, str, list[str]]]) -> list[str]:
+    hydra = pytest.importorskip("hydra")
+    wrong = []
+    with hydra.initialize_config_dir(config_dir=str(ROOT / "recipes/conf"), version_base="1.3"):
+        for doc, name, overrides in commands:
+            try:
+                hydra.compose(config_name=name, overrides=overrides)
+            except Exception as e:  # noqa: BLE001 - every failure is listed with its doc
+                wrong.append(f"{doc}: flowlane-train --config-name {name} {' '.join(overrides)}: {e}")
+    return wrong
+
+
+def test_every_quoted_training_command_composes_against_its_recipe() -> None:
+    assert _compose_errors(TRAIN_COMMANDS) == []
+
+
+def test_the_compose_check_finds_a_key_a_recipe_lacks() -> None:
+    (error,) = _compose_errors([("doc", "gnn_fullgraph", ["out_dir=x"])])
+    assert "out_dir" in error
