@@ -1,8 +1,9 @@
 """The docs name what exists. Every ```python block in README.md and docs/*.md parses, and every name it takes from
 flowlane's own packages (``from flowlane.aleph.hook import install_aleph_hook``, ``deepspeed_plugin.aleph.install``)
-is defined where it says; every benchmark or GPU-check command the docs and results READMEs quote
-(``benchmarks/aleph_netns.py --reps 5 --chunk-kb 256``) names a script that exists and flags its parser defines.
-Read from the source files (``ast``), so no framework is imported and both lanes' code is checked in one place. The
+is defined where it says; every benchmark, GPU-check or ``flowlane`` sub-command the docs and results READMEs quote
+(``benchmarks/aleph_netns.py --reps 5 --chunk-kb 256``, ``flowlane sim --no-overlap``) names a script that exists and
+flags its parser defines; every ``flowlane-train`` command's overrides compose against its recipe (Hydra). Code is
+read from the source files (``ast``), so no framework is imported and both lanes' code is checked in one place. The
 runnable examples are the packages' doctests (``test_doctests.py``); these blocks are fragments with the user's own
 variables."""
 
