@@ -249,3 +249,14 @@ def test_every_quoted_training_command_composes_against_its_recipe() -> None:
 def test_the_compose_check_finds_a_key_a_recipe_lacks() -> None:
     (error,) = _compose_errors([("doc", "gnn_fullgraph", ["out_dir=x"])])
     assert "out_dir" in error
+
+
+def test_the_benchmark_index_lists_every_benchmark_and_gpu_check() -> None:
+    """benchmarks/README.md indexes every script in benchmarks/ and tests/gpu/ (helpers included, by name)."""
+    index = (ROOT / "benchmarks/README.md").read_text()
+    scripts = [*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests/gpu").glob("*.py")]
+    missing = [
+        str(p.relative_to(ROOT)) for p in scripts if p.name != "__init__.py" and f"`{p.name}`" not in index
+    ]
+    missing = [m for m in missing if f"`{m}`" not in index]
+    assert missing == []
