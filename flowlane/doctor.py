@@ -34,10 +34,10 @@ def _package(name: str, dist: str, import_name: str | None = None) -> Check:
     if v is None:
         return Check(name, False, "not installed")
     try:
-        with (
-            warnings.catch_warnings()
-        ):  # a framework's import-time notices (Megatron's "no Transformer Engine")
-            warnings.simplefilter("ignore")  # would bury the table; what they say is reported as rows instead
+        # a framework's import-time notices (Megatron's "no Transformer Engine") would bury the table; what they
+        # say is reported as rows instead
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             importlib.import_module(import_name or dist)
     except Exception as e:  # noqa: BLE001 - report any import failure
         return Check(name, False, f"{v} installed but import fails: {type(e).__name__}: {str(e)[:120]}")
@@ -103,7 +103,7 @@ def _transformer_engine() -> Check:
 def _offload_tiers(directory: str | None = None) -> Check:
     """Which activation-offload tiers work here: pinned host memory needs CUDA; the SSD tier's O_DIRECT is probed
     with one aligned 4 KiB write in ``directory`` (default: the temporary folder)."""
-    from flowlane.offload.backends import _probe_o_direct
+    from flowlane.offload.backends import probe_o_direct
 
     d = Path(directory or tempfile.gettempdir())
     try:
@@ -112,7 +112,7 @@ def _offload_tiers(directory: str | None = None) -> Check:
         cuda = torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         cuda = False
-    direct = _probe_o_direct(d)
+    direct = probe_o_direct(d)
     pinned = "pinned_cpu: yes" if cuda else "pinned_cpu: needs CUDA"
     posix = f"posix in {d}: {'O_DIRECT' if direct else 'buffered (no O_DIRECT there)'}"
     return Check("activation offload", True, f"{pinned}; {posix}; offload.dirs picks the SSD folders")

@@ -170,11 +170,11 @@ def test_a_command_that_refuses_its_input_exits_2_like_argparse(argv, match, cap
 
 def test_doctor_reports_the_offload_tiers_and_transformer_engine(tmp_path: Path) -> None:
     from flowlane.doctor import _offload_tiers, _transformer_engine, checks
-    from flowlane.offload.backends import _probe_o_direct
+    from flowlane.offload.backends import probe_o_direct
 
     c = _offload_tiers(str(tmp_path))
     assert f"posix in {tmp_path}: " in c.detail
-    assert ("O_DIRECT" in c.detail.split("posix in")[1].split(";")[0]) == _probe_o_direct(tmp_path)
+    assert ("O_DIRECT" in c.detail.split("posix in")[1].split(";")[0]) == probe_o_direct(tmp_path)
     assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
     assert _transformer_engine().name == "Transformer Engine"
     assert [x.name for x in checks(str(tmp_path))].count("activation offload") == 1

@@ -192,7 +192,7 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------- posix
-def _probe_o_direct(d: Path) -> bool:
+def probe_o_direct(d: Path) -> bool:
     """Whether O_DIRECT open + aligned write works in ``d`` (tmpfs on older kernels says EINVAL)."""
     if not hasattr(os, "O_DIRECT"):
         return False
@@ -236,7 +236,7 @@ class PosixBackend(IOBackend):
         targets = [Path(d) for d in (dirs or (tempfile.gettempdir(),))]
         self.rank = rank
         self.run_dirs: list[Path] = [make_run_dir(t) for t in targets]
-        probes = [_probe_o_direct(d) if o_direct != "off" else False for d in self.run_dirs]
+        probes = [probe_o_direct(d) if o_direct != "off" else False for d in self.run_dirs]
         if o_direct == "on" and not all(probes):
             bad = [str(t) for t, ok in zip(targets, probes, strict=True) if not ok]
             self.close()
