@@ -25,10 +25,10 @@ the budget's timeline says it ended and the tensors are dropped there). Reloads 
 backward of the layer ``prefetch_groups`` after it begins, into buffers from the compute stream's pool, on a
 host-to-device stream that waits for the store's event and for the compute stream to reach the point of issue; the
 consumer's stream waits for the reload's event. Threads remain only for disk I/O (``posix`` writes each layer's
-block with one O_DIRECT write straight from the pool). ``kvikio`` and ``null`` keep the thread path. ``adaptive`` profiles one micro-batch (CUDA events on a
-GPU, the clock on CPU) and offloads only the byte budget of ``budget.py``; with ``recompute`` the scopes the budget
-names run their forward under ``torch.utils.checkpoint`` from then on (nothing of theirs is saved; backward runs the
-forward again).
+block with one O_DIRECT write straight from the pool). ``kvikio`` and ``null`` keep the thread path. ``adaptive``
+profiles one micro-batch (CUDA events on a GPU, the clock on CPU) and offloads only the byte budget of
+``budget.py``; with ``recompute`` the scopes the budget names run their forward under ``torch.utils.checkpoint``
+from then on (nothing of theirs is saved; backward runs the forward again).
 
 What the cache knows of one micro-batch (its record, scopes, storages, host blocks) and its counters are in
 ``record.py``; this module does every transition.

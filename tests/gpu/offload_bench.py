@@ -289,8 +289,8 @@ def _reserved_step(
     what it held before: (``max_memory_reserved`` after ``empty_cache``, peak ``active_bytes``, the allocator's view
     at each of ``layers``' forward end and backward begin). A store frees its device tensor as soon as its copy is
     queued (``record_stream``), so ``max_memory_allocated`` no longer counts it, but the allocator reuses that block
-    only after the copy ran. Active bytes are the allocated ones plus such blocks; reserved adds what the allocator cached
-    but could not hand out (rounding, split blocks), for every column alike. Not timed: the step after
+    only after the copy ran. Active bytes are the allocated ones plus such blocks; reserved adds what the allocator
+    cached but could not hand out (rounding, split blocks), for every column alike. Not timed: the step after
     ``empty_cache`` pays for fresh ``cudaMalloc`` calls, and each view walks the allocator's segments."""
     model.zero_grad(set_to_none=False)
     base = active = 0
