@@ -231,7 +231,8 @@ def test_the_docs_quote_training_commands_to_check() -> None:
 
 
 def _compose_errors(commands: list[tuple[str, str, list[str]]]) -> list[str]:
-    hydra = pytest.importorskip("hydra")
+    import hydra  # noqa: PLC0415 - a core dependency (pyproject), imported only by these tests
+
     wrong = []
     with hydra.initialize_config_dir(config_dir=str(ROOT / "recipes/conf"), version_base="1.3"):
         for doc, name, overrides in commands:
