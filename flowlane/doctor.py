@@ -112,9 +112,10 @@ def _offload_tiers(directory: str | None = None) -> Check:
         cuda = torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         cuda = False
-    direct = probe_o_direct(d)
     pinned = "pinned_cpu: yes" if cuda else "pinned_cpu: needs CUDA"
-    posix = f"posix in {d}: {'O_DIRECT' if direct else 'buffered (no O_DIRECT there)'}"
+    if not os.access(d, os.W_OK):
+        return Check("activation offload", cuda, f"{pinned}; posix in {d}: not writable by this user")
+    posix = f"posix in {d}: {'O_DIRECT' if probe_o_direct(d) else 'buffered (no O_DIRECT there)'}"
     return Check("activation offload", True, f"{pinned}; {posix}; offload.dirs picks the SSD folders")
 
 

@@ -179,6 +179,12 @@ def test_doctor_reports_the_offload_tiers_and_transformer_engine(tmp_path: Path)
     assert _transformer_engine().name == "Transformer Engine"
     assert [x.name for x in checks(str(tmp_path))].count("activation offload") == 1
 
+    import flowlane.doctor as doctor
+
+    with pytest.MonkeyPatch.context() as mp:  # a folder this user cannot write (root writes anywhere)
+        mp.setattr(doctor.os, "access", lambda path, mode: False)
+        assert f"posix in {tmp_path}: not writable by this user" in _offload_tiers(str(tmp_path)).detail
+
 
 def test_doctor_refuses_an_offload_dir_that_is_not_a_directory(tmp_path: Path) -> None:
     r = subprocess.run(
