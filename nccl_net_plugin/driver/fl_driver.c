@@ -477,6 +477,15 @@ static void integrity_send(int to, int from) {
   for (size_t k = 0; k < NLADDER; k++) {
     if (kLadder[k] > O.max_bytes) continue;
     fill(buf, kLadder[k], 9000 + k);
+    if (k == 3) { /* the receiver posted 4096 + 64 bytes: one byte more is the caller's error, and the comm lives on */
+      void* over = NULL;
+      ncclResult_t orc = ncclSuccess;
+      double until = now_s() + O.timeout_s;
+      while (orc == ncclSuccess && !over && now_s() < until) orc = net_isend(sc, buf, kLadder[k] + 65, 1, bmh, &over);
+      if (orc != ncclInvalidUsage || over)
+        FAILF("isend beyond the posted receive returned %d (request %p), expected ncclInvalidUsage (%d)", orc, over,
+              ncclInvalidUsage);
+    }
     void* r = isend_blocking(sc, buf, kLadder[k], 1, bmh);
     int got = -1;
     wait_req(r, &got);
@@ -1000,10 +1009,11 @@ static void survivor_wait_error(void* req, const char* what) {
   double t0 = now_s();
   while (!done) {
     ncclResult_t rc = net_test(req, &done, NULL);
-    if (rc != ncclSuccess) {
+    if (rc == ncclRemoteError) {
       printf("[%s] test() reported error %d after %.2f s (%s) - ok\n", g_role, rc, now_s() - t0, what);
       return;
     }
+    if (rc != ncclSuccess) FAILF("%s: test() returned %d, expected ncclRemoteError (%d)", what, rc, ncclRemoteError);
     if (now_s() - t0 > O.timeout_s) FAILF("%s: test() neither failed nor completed within %d s", what, O.timeout_s);
   }
   FAILF("%s: request completed although the peer failed mid-message", what);
@@ -1102,6 +1112,7 @@ static void badsecret_send(int to, int from) {
   ncclResult_t rc = ncclSuccess;
   while (!r && rc == ncclSuccess && now_s() - t0 < O.timeout_s) rc = net_isend(bad, msg, 8, 5, mh, &r);
   if (rc == ncclSuccess) FAILF("impostor connection was able to send (refusal not enforced)");
+  if (rc != ncclRemoteError) FAILF("impostor's isend returned %d, expected ncclRemoteError (%d)", rc, ncclRemoteError);
   net_close_send(bad);
   void* sc = connect_blocking(-1, handle);
   char good[16] = "genuine msg";

@@ -170,7 +170,8 @@ static void test_all(struct peer* pe) {
     int done = 0, sizes[FL_MAX_RECVS];
     for (int i = 0; i < FL_MAX_RECVS; i++) sizes[i] = -1;
     ncclResult_t rc = fl_test(q->req, &done, sizes);
-    if (rc != ncclSuccess) {
+    if (rc != ncclSuccess) { /* whatever the peer sends, it is the peer's fault, never this host's or flowlane's */
+      CHECK(rc == ncclRemoteError, "test() on receive %u returned %d, expected ncclRemoteError", q->seq, rc);
       pe->failed = 1;
       return; /* the comm failed: its requests are dead, closeRecv cleans up */
     }
@@ -428,6 +429,7 @@ static void regression_overlap_two_paths(void) {
     for (int k = 0; k < 200 && !done2; k++)
       if (fl_test(req2, &done2, &size) != ncclSuccess) break;
   CHECK(!done, "regression: overlapping frames completed a receive (test() must return an error)");
+  CHECK(rc == ncclRemoteError, "regression: overlapping frames gave %d, expected ncclRemoteError (a protocol fault)", rc);
   fl_close_recv(pe.rc);
   pe.rc = NULL;
   free(buf);

@@ -165,8 +165,8 @@ struct fl_comm {
   struct fl_request* slots[FL_RECV_SLOTS];
   struct fl_claims claims; /* DATA ranges granted above each entry's claimed prefix */
   /* health */
-  int failed;
-  char errmsg[256];
+  int failed;        /* 0, or the negative errno that ended the comm (fl_errors.h) */
+  char errmsg[256]; /* what ended it, for the WARN the next call gives NCCL */
   uint64_t last_progress_ns;
   struct fl_comm *prev, *next;
 };

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "fl_core.h"
+#include "fl_errors.h"
 #include "fl_log.h"
 
 int fl_params_load(struct fl_params* p);
@@ -435,10 +436,11 @@ static void comm_free(struct fl_comm* c) {
   free(c);
 }
 
-static void comm_fail(struct fl_comm* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-static void comm_fail(struct fl_comm* c, const char* fmt, ...) {
+/* The comm's first failure ends it: err (a negative errno, fl_errors.h) is what test/isend/irecv return, translated. */
+static void comm_fail(struct fl_comm* c, int err, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static void comm_fail(struct fl_comm* c, int err, const char* fmt, ...) {
   if (c->failed) return;
-  c->failed = 1;
+  c->failed = err < 0 ? err : -EIO;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
@@ -467,23 +469,28 @@ static void connect_drop(struct fl_connect_state* st, int close_fds) {
   free(st);
 }
 
-static ncclResult_t connect_start(uint8_t* handle, int traffic_class, struct fl_connect_state** out) {
+/* Starts the connect a handle describes: 0, or a negative errno (fl_errors.h). */
+static int connect_start(uint8_t* handle, int traffic_class, struct fl_connect_state** out) {
   char err[160];
   struct fl_connect_state* st = calloc(1, sizeof(*st));
-  if (!st) FL_NO_MEMORY("connect state");
+  if (!st) {
+    FL_WARN("connect: out of memory (connect state)");
+    return -ENOMEM;
+  }
   if (fl_handle_decode(handle, NCCL_NET_HANDLE_MAXSIZE, &st->h, err, sizeof(err)) != 0) {
     FL_WARN("connect: invalid handle: %s", err);
     free(st);
-    return ncclInvalidUsage;
+    return -EINVAL;
   }
   st->traffic_class = traffic_class;
   st->npaths = E.params.paths ? E.params.paths : st->h.naddrs;
   if (st->npaths > FL_MAX_PATHS) st->npaths = FL_MAX_PATHS;
   uint64_t conn_id;
   if (random_bytes(&conn_id, sizeof(conn_id)) != 0 || random_bytes(&st->cookie, sizeof(st->cookie)) != 0) {
-    FL_WARN("connect: getrandom failed: %s", strerror(errno));
+    int e = errno;
+    FL_WARN("connect: getrandom failed: %s", strerror(e));
     free(st);
-    return ncclSystemError;
+    return -e;
   }
   st->cookie |= 1; /* 0 means "no connect in progress" */
   st->deadline_ns = now_ns() + (uint64_t)E.params.timeout_ms * 1000000ull;
@@ -497,18 +504,20 @@ static ncclResult_t connect_start(uint8_t* handle, int traffic_class, struct fl_
     wire_to_sockaddr(&st->h.addrs[p % st->h.naddrs], &ss, &sl);
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-      FL_WARN("connect: socket() failed: %s", strerror(errno));
+      int e = errno;
+      FL_WARN("connect: socket() failed: %s", strerror(e));
       connect_drop(st, 1);
-      return ncclSystemError;
+      return -e;
     }
     st->fds[p] = fd;
     set_lane_options(fd, ss.ss_family, lane);
     if (connect(fd, (struct sockaddr*)&ss, sl) != 0 && errno != EINPROGRESS) {
+      int e = errno;
       char a[80];
       fmt_sockaddr((struct sockaddr*)&ss, a, sizeof(a));
-      FL_WARN("connect to %s failed: %s", a, strerror(errno));
+      FL_WARN("connect to %s failed: %s", a, strerror(e));
       connect_drop(st, 1);
-      return ncclSystemError;
+      return -e;
     }
     struct fl_hello hello = {.version = FL_NET_VERSION, .conn_id = conn_id, .path_index = (uint16_t)p,
                              .npaths = (uint16_t)st->npaths, .traffic_class = (uint8_t)traffic_class};
@@ -518,7 +527,7 @@ static ncclResult_t connect_start(uint8_t* handle, int traffic_class, struct fl_
   st->next = E.connecting;
   E.connecting = st;
   *out = st;
-  return ncclSuccess;
+  return 0;
 }
 
 /* Non-blocking: returns ncclSuccess with *send_comm NULL until every path is
@@ -542,10 +551,10 @@ ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_co
   memcpy(&cookie, hb + FL_HANDLE_STATE_OFFSET, sizeof(cookie));
   /* The cookie is only a lookup key into our own registry, never dereferenced. */
   struct fl_connect_state* st = cookie ? connect_lookup(cookie) : NULL;
-  ncclResult_t rc = ncclSuccess;
+  int err = 0; /* a negative errno ends the connect (fl_errors.h) */
   if (!st) {
-    rc = connect_start(hb, traffic_class, &st);
-    if (rc != ncclSuccess) goto out;
+    err = connect_start(hb, traffic_class, &st);
+    if (err) goto out;
     memcpy(hb + FL_HANDLE_STATE_OFFSET, &st->cookie, sizeof(st->cookie));
   }
   int all_done = 1;
@@ -559,7 +568,7 @@ ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_co
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
         if (soerr) {
           FL_WARN("connect path %d failed: %s", p, strerror(soerr));
-          rc = ncclSystemError;
+          err = -soerr;
           break;
         }
         st->stage[p] = 1;
@@ -568,20 +577,20 @@ ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_co
     if (st->stage[p] == 1) {
       ssize_t w = send(fd, st->hello[p] + st->hello_off[p], FL_HELLO_BYTES - st->hello_off[p], MSG_NOSIGNAL);
       if (w > 0) st->hello_off[p] += (uint32_t)w;
-      else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        FL_WARN("connect path %d: sending hello failed: %s", p, strerror(errno));
-        rc = ncclSystemError;
+      else if (w < 0 && !io_would_block()) {
+        err = -errno;
+        FL_WARN("connect path %d: sending hello failed: %s", p, strerror(-err));
         break;
       }
       if (st->hello_off[p] == FL_HELLO_BYTES) st->stage[p] = 2;
     }
     if (st->stage[p] != 2) all_done = 0;
   }
-  if (rc == ncclSuccess && !all_done && now_ns() > st->deadline_ns) {
+  if (!err && !all_done && now_ns() > st->deadline_ns) {
     FL_WARN("connect did not complete within %d ms (%s)", E.params.timeout_ms, FL_ENV_TIMEOUT_MS);
-    rc = ncclSystemError;
+    err = -ETIMEDOUT;
   }
-  if (rc != ncclSuccess) {
+  if (err) {
     memset(hb + FL_HANDLE_STATE_OFFSET, 0, sizeof(uint64_t));
     connect_drop(st, 1);
     goto out;
@@ -589,7 +598,8 @@ ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_co
   if (all_done) {
     struct fl_comm* c = comm_new(1, st->traffic_class, st->npaths);
     if (!c) {
-      rc = ncclSystemError;
+      FL_WARN("connect: out of memory (send comm)");
+      err = -ENOMEM;
       connect_drop(st, 1);
       goto out;
     }
@@ -603,7 +613,7 @@ ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_co
   }
 out:
   pthread_mutex_unlock(&E.lock);
-  return rc;
+  return fl_retval(err);
 }
 
 /* ---------------------------------------------------------------- accept */
@@ -882,12 +892,12 @@ static int ctl_push(struct fl_comm* c, struct fl_path* p, const struct fl_frame*
       uint64_t cap = p->ctl_cap ? p->ctl_cap * 2 : 4096;
       while (cap < p->ctl_len + need) cap *= 2;
       if (cap > (64u << 20)) {
-        comm_fail(c, "control queue above 64 MiB: peer is not reading");
+        comm_fail(c, -EREMOTEIO, "control queue above 64 MiB: peer is not reading");
         return -1;
       }
       uint8_t* nb = realloc(p->ctl, cap);
       if (!nb) {
-        comm_fail(c, "out of memory for the control queue");
+        comm_fail(c, -ENOMEM, "out of memory for the control queue");
         return -1;
       }
       p->ctl = nb;
@@ -904,7 +914,7 @@ static void ctl_flush(struct fl_comm* c, struct fl_path* p, int pi) {
   while (p->ctl_off < p->ctl_len) {
     ssize_t w = send(p->fd, p->ctl + p->ctl_off, p->ctl_len - p->ctl_off, MSG_NOSIGNAL);
     if (w < 0) {
-      if (!io_would_block()) comm_fail(c, "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
+      if (!io_would_block()) comm_fail(c, -errno, "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
       return;
     }
     p->ctl_off += (uint64_t)w;
@@ -924,19 +934,19 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
   char err[200];
   struct fl_frame* f = &p->in_frame;
   if (fl_frame_decode(p->in_hdr, FL_FRAME_HDR_BYTES, f, err, sizeof(err)) != 0) {
-    comm_fail(c, "path %d: malformed frame from peer: %s", pi, err);
+    comm_fail(c, -EPROTO, "path %d: malformed frame from peer: %s", pi, err);
     return -1;
   }
   p->in_got = 0;
   p->in_req = NULL;
   if (c->is_send) {
     if (f->type == FL_FRAME_DATA) {
-      comm_fail(c, "path %d: peer sent DATA to a send comm", pi);
+      comm_fail(c, -EPROTO, "path %d: peer sent DATA to a send comm", pi);
       return -1;
     }
     if (f->type == FL_FRAME_ACK) {
       if (p->ring_count == 0 || p->ring[p->ring_head].id != f->seq) {
-        comm_fail(c, "path %d: ACK for chunk %u does not match the oldest unacknowledged chunk", pi, f->seq);
+        comm_fail(c, -EPROTO, "path %d: ACK for chunk %u does not match the oldest unacknowledged chunk", pi, f->seq);
         return -1;
       }
       struct fl_chunk_rec* rec = &p->ring[p->ring_head];
@@ -957,26 +967,26 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
     return 0; /* CTS: payload follows */
   }
   if (f->type != FL_FRAME_DATA) {
-    comm_fail(c, "path %d: peer sent frame type %u to a recv comm", pi, f->type);
+    comm_fail(c, -EPROTO, "path %d: peer sent frame type %u to a recv comm", pi, f->type);
     return -1;
   }
   struct fl_request* r = c->slots[f->seq % FL_RECV_SLOTS];
   if (!r || r->seq != f->seq || r->kind != FL_REQ_RECV || r->done) {
-    comm_fail(c, "path %d: DATA for receive slot %u, which is not posted", pi, f->seq);
+    comm_fail(c, -EPROTO, "path %d: DATA for receive slot %u, which is not posted", pi, f->seq);
     return -1;
   }
   if (f->index >= r->n) {
-    comm_fail(c, "path %d: DATA for receive index %u of a %d-way receive", pi, f->index, r->n);
+    comm_fail(c, -EPROTO, "path %d: DATA for receive index %u of a %d-way receive", pi, f->index, r->n);
     return -1;
   }
   int i = f->index;
   if (f->total > r->caps[i]) {
-    comm_fail(c, "message of %llu bytes exceeds the posted receive of %llu bytes (tag %d)",
+    comm_fail(c, -EPROTO, "message of %llu bytes exceeds the posted receive of %llu bytes (tag %d)",
               (unsigned long long)f->total, (unsigned long long)r->caps[i], r->tags[i]);
     return -1;
   }
   if (r->known[i] && r->totals[i] != f->total) {
-    comm_fail(c, "path %d: sub-chunk claims message size %llu, earlier ones said %llu", pi,
+    comm_fail(c, -EPROTO, "path %d: sub-chunk claims message size %llu, earlier ones said %llu", pi,
               (unsigned long long)f->total, (unsigned long long)r->totals[i]);
     return -1;
   }
@@ -984,7 +994,7 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
    * overlaps another one (on any path) or overruns the message is refused, so
    * test() never reports done while a path is still writing into the buffer. */
   if (fl_claim(&c->claims, f->seq, f->index, &r->claimed[i], f->total, f->offset, f->length, err, sizeof(err)) != 0) {
-    comm_fail(c, "path %d: DATA for receive %u index %d (tag %d): %s", pi, f->seq, i, r->tags[i], err);
+    comm_fail(c, -EPROTO, "path %d: DATA for receive %u index %d (tag %d): %s", pi, f->seq, i, r->tags[i], err);
     return -1;
   }
   r->known[i] = 1;
@@ -1000,14 +1010,14 @@ static int on_frame_body(struct fl_comm* c, struct fl_path* p, int pi) {
   if (c->is_send) {
     if (f->type != FL_FRAME_CTS) return 0;
     if (c->cts_count == FL_CTS_QUEUE) {
-      comm_fail(c, "peer posted more than %d receives", FL_CTS_QUEUE);
+      comm_fail(c, -EPROTO, "peer posted more than %d receives", FL_CTS_QUEUE);
       return -1;
     }
     char err[160];
     struct fl_cts* e = &c->cts[(c->cts_head + c->cts_count) % FL_CTS_QUEUE];
     memset(e, 0, sizeof(*e));
     if (fl_cts_decode(p->in_ctl, f->length, f->index, e->e, err, sizeof(err)) != 0) {
-      comm_fail(c, "path %d: malformed CTS: %s", pi, err);
+      comm_fail(c, -EPROTO, "path %d: malformed CTS: %s", pi, err);
       return -1;
     }
     e->seq = f->seq;
@@ -1064,7 +1074,7 @@ static void path_read(struct fl_comm* c, int pi) {
       return;
     }
     if (r < 0) {
-      if (!io_would_block()) comm_fail(c, "path %d: recv failed: %s", pi, strerror(errno));
+      if (!io_would_block()) comm_fail(c, -errno, "path %d: recv failed: %s", pi, strerror(errno));
       return;
     }
     c->last_progress_ns = now_ns();
@@ -1095,7 +1105,7 @@ static void path_write(struct fl_comm* c, int pi) {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
     if (w < 0) {
-      if (!io_would_block()) comm_fail(c, "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
+      if (!io_would_block()) comm_fail(c, -errno, "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
       return;
     }
     p->out_done += (uint64_t)w;
@@ -1198,7 +1208,7 @@ static void progress_comm(struct fl_comm* c, const short* revents, int gated, in
     if (!revents || (revents[pi] & (POLLIN | POLLHUP | POLLERR))) path_read(c, pi);
   }
   for (int pi = 0; pi < c->npaths && !c->failed; pi++)
-    if (c->paths[pi].eof && comm_expects_peer(c)) comm_fail(c, "path %d: peer closed the connection", pi);
+    if (c->paths[pi].eof && comm_expects_peer(c)) comm_fail(c, -ECONNRESET, "path %d: peer closed the connection", pi);
   for (int pi = 0; pi < c->npaths && !c->failed; pi++) {
     if (c->is_send) path_write(c, pi);
     else ctl_flush(c, &c->paths[pi], pi);
@@ -1207,8 +1217,8 @@ static void progress_comm(struct fl_comm* c, const short* revents, int gated, in
   if (!c->failed && comm_waits_on_peer(c)) {
     uint64_t idle = now_ns() - c->last_progress_ns;
     if (idle > (uint64_t)E.params.timeout_ms * 1000000ull)
-      comm_fail(c, "peer made no progress for %llu ms (%s=%d): stalled or dead", (unsigned long long)(idle / 1000000),
-                FL_ENV_TIMEOUT_MS, E.params.timeout_ms);
+      comm_fail(c, -ETIMEDOUT, "peer made no progress for %llu ms (%s=%d): stalled or dead",
+                (unsigned long long)(idle / 1000000), FL_ENV_TIMEOUT_MS, E.params.timeout_ms);
   }
 }
 
@@ -1296,10 +1306,10 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
   ncclResult_t rc = ncclSuccess;
   progress(c);
   for (int pi = 0; pi < c->npaths && !c->failed; pi++) /* a closed receiver will post no more receives */
-    if (c->paths[pi].eof) comm_fail(c, "path %d: peer closed the connection", pi);
+    if (c->paths[pi].eof) comm_fail(c, -ECONNRESET, "path %d: peer closed the connection", pi);
   if (c->failed) {
     FL_WARN("isend on send comm %llu: %s", (unsigned long long)c->id, c->errmsg);
-    rc = ncclRemoteError;
+    rc = fl_retval(c->failed);
     goto out;
   }
   if (c->cts_count == 0) goto out; /* receiver has not posted yet: NCCL retries */
@@ -1318,7 +1328,7 @@ ncclResult_t fl_isend(void* send_comm, void* data, size_t size, int tag, void* m
   if (size > e->e[idx].size) {
     FL_WARN("isend of %zu bytes exceeds the peer's posted receive of %llu bytes (tag %d)", size,
             (unsigned long long)e->e[idx].size, tag);
-    rc = ncclInvalidUsage;
+    rc = fl_retval(-EMSGSIZE);
     goto out;
   }
   struct fl_request* r = req_alloc(c, FL_REQ_SEND);
@@ -1367,7 +1377,7 @@ ncclResult_t fl_irecv(void* recv_comm, int n, void** data, const size_t* sizes, 
   ncclResult_t rc = ncclSuccess;
   if (c->failed) {
     FL_WARN("irecv on recv comm %llu: %s", (unsigned long long)c->id, c->errmsg);
-    rc = ncclRemoteError;
+    rc = fl_retval(c->failed);
     goto out;
   }
   if (c->slots[c->next_seq % FL_RECV_SLOTS]) goto out; /* too many outstanding: would block */
@@ -1388,8 +1398,9 @@ ncclResult_t fl_irecv(void* recv_comm, int n, void** data, const size_t* sizes, 
   fl_cts_encode(payload, ent, n);
   struct fl_frame f = {.type = FL_FRAME_CTS, .index = (uint8_t)n, .seq = r->seq,
                        .length = (uint32_t)(n * FL_CTS_ENTRY_BYTES)};
-  if (ctl_push(c, &c->paths[0], &f, payload) != 0) {
-    rc = ncclSystemError;
+  if (ctl_push(c, &c->paths[0], &f, payload) != 0) { /* the comm failed: the queue's memory or an unread peer */
+    FL_WARN("irecv on recv comm %llu: %s", (unsigned long long)c->id, c->errmsg);
+    rc = fl_retval(c->failed);
     goto out;
   }
   *request = r;
@@ -1427,7 +1438,7 @@ ncclResult_t fl_test(void* request, int* done, int* sizes) {
   } else if (r->comm->failed) {
     FL_WARN("test: request on %s comm %llu failed: %s", r->comm->is_send ? "send" : "recv",
             (unsigned long long)r->comm->id, r->comm->errmsg);
-    rc = ncclRemoteError;
+    rc = fl_retval(r->comm->failed);
   }
   pthread_mutex_unlock(&c->lock);
   return rc;
