@@ -153,9 +153,8 @@ def _trainer_body(args: dict, peer_s: float, log) -> list[dict]:
         out.append(_train_one(g, rank, world, dict(args, **run), lp, log))
         log(f"run {run.get('name', len(out))} done")
     leave(peer_s)  # DGL's exit barrier, at most peer_s
-    if args.get(
-        "gather"
-    ):  # under DistDGL's launcher: every rank's results to rank 0 (run_cluster reads files)
+    # under DistDGL's launcher: every rank's results to rank 0 (run_cluster reads files)
+    if args.get("gather"):
         every = [None] * world
         torch.distributed.all_gather_object(every, out)
         return every if rank == 0 else []
@@ -163,16 +162,16 @@ def _trainer_body(args: dict, peer_s: float, log) -> list[dict]:
 
 
 def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
+    """One run on this rank: a fresh model, sampler, ledger and (with DGS) explainer; train ``args["epochs"]``
+    epochs of the same number of steps on every rank, then evaluate."""
     import dgl
     import torch
-    import torch.nn.functional as F
     from dgl.distributed import rpc
 
-    from flowlane import comm
     from flowlane.dgs import DGSConfig
     from flowlane.direct import DirectConfig
 
-    from .dgs import CountingNeighborSampler, DGSNeighborSampler, DGSRuntime, NodeWeightRequest
+    from .dgs import DGSRuntime, NodeWeightRequest
     from .models import build_model
 
     cfg = DGSConfig.from_dict(args["dgs"])
@@ -197,115 +196,26 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     }
     model = build_model(**model_kw)
     opt = torch.optim.Adam(model.parameters(), lr=args["lr"])
-    fanouts = [int(f) for f in args["fanouts"]]
-    if on and (cfg.node_sampling or cfg.base_sampler == "labor"):
-        sampler = DGSNeighborSampler(
-            fanouts,
-            rt,
-            weighted=cfg.node_sampling,
-            epsilon=cfg.epsilon,
-            base=cfg.base_sampler,
-            seed=args["seed"] * 100 + rank,
-        )
-    else:
-        sampler = CountingNeighborSampler(fanouts, rt)
+    sampler = _sampler(cfg, on, [int(f) for f in args["fanouts"]], rt, seed=args["seed"] * 100 + rank)
     loader = dgl.dataloading.DistNodeDataLoader(
         g, train, sampler, batch_size=args["batch"], shuffle=True, drop_last=False
     )
-    counts = torch.tensor([float(len(train))])
-    comm.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, kind="setup")
-    steps = max(1, math.ceil(float(counts) / args["batch"]))
-
-    explainer = None
-    halo_ids = np.zeros(0, np.int64)
-    pull_check = None
+    steps = _steps_per_epoch(len(train), args["batch"])
+    explainer, halo_ids, pull_check = None, np.zeros(0, np.int64), None
     if on and cfg.needs_explainer:
-        from .dgs_explainer import ExplainerHandle, ExplainerSpec
-
-        halo_ids = lp.halo_ids
-        halo_x = rt.pull(torch.from_numpy(halo_ids), None, kind="setup")  # A6 #4: one setup pull, counted
-        if args.get("self_check") and len(halo_ids):
-            pull_check = _check_column_pull(g, rt, torch.from_numpy(halo_ids[:50]))
-        x_all = torch.cat([lp.x.float(), halo_x])
-        spec = ExplainerSpec(lp.e_src, lp.e_dst, len(lp.inner_ids), model_kw, cfg, seed=args["seed"])
-        explainer = ExplainerHandle(spec, x_all, model)
-        log(f"explainer started (halo {len(halo_ids)} nodes)")
-
-    def run(blocks, x):
-        h = x
-        for k, blk in enumerate(blocks):
-            h = model.forward_layer(k, blk, h, h[: blk.num_dst_nodes()])
-        return h
-
-    hist, it, t_train, grad_bytes = [], 0, 0.0, 0
+        explainer, halo_ids, pull_check = _start_explainer(g, rt, lp, cfg, model, model_kw, args, log)
+    loop = _TrainLoop(g, rt, cfg, model, opt, world, explainer, halo_ids)
+    hist = []
     try:
         for ep in range(args["epochs"]):
-            model.train()
-            t0 = time.perf_counter()
-            before = rt.ledger.as_dict()
-            rows0 = dict(rt.stats)
-            waited = 0.0  # in explainer.wait() (synchronous mode): the explainer's time, not the trainer's
-            batches = iter(loader)
-            tot, n = 0.0, 0
-            for _ in range(steps):
-                if explainer is not None:
-                    new = explainer.poll()
-                    if new is not None:
-                        rt.apply_masks(halo_ids, *new)
-                batch = next(batches, None)
-                opt.zero_grad()
-                if batch is not None:
-                    inp, seeds, blocks = batch
-                    x = rt.pull_inputs(inp)
-                    loss = F.cross_entropy(run(blocks, x), g.ndata["label"][seeds])
-                    loss.backward()
-                    tot, n = tot + float(loss), n + 1
-                flat = torch.cat(
-                    [
-                        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                        for p in model.parameters()
-                    ]
-                )
-                comm.all_reduce(flat, kind="dp")  # data parallel: average the gradients (what DDP does)
-                grad_bytes += flat.numel() * flat.element_size()
-                flat /= world
-                off = 0
-                for p in model.parameters():
-                    p.grad = flat[off : off + p.numel()].view_as(p).clone()
-                    off += p.numel()
-                opt.step()
-                it += 1
-                if explainer is not None and it % cfg.t_ex == 0:
-                    explainer.publish(model)
-                    if cfg.synchronous:
-                        tw = time.perf_counter()
-                        new = explainer.wait()
-                        waited += time.perf_counter() - tw
-                        rt.apply_masks(halo_ids, *new)
-            for _ in batches:  # DistNodeDataLoader must be drained
-                pass
-            dt = time.perf_counter() - t0
-            t_train += dt
-            after = rt.ledger.as_dict()
-            hist.append(
-                {
-                    "epoch": ep,
-                    "loss": tot / max(n, 1),
-                    "epoch_s": dt,
-                    "explainer_wait_s": waited,
-                    "mask_version": rt.mask_version,
-                    "bytes": {k: after[k] - before[k] for k in after},
-                    "remote_rows": rt.stats["remote_rows"] - rows0["remote_rows"],
-                    "input_rows": rt.stats["input_rows"] - rows0["input_rows"],
-                }
-            )
+            hist.append(dict(epoch=ep, **loop.epoch(loader, steps)))
             log(f"epoch {ep} loss {hist[-1]['loss']:.4f} mask version {rt.mask_version}")
         ex_stats = explainer.stop() if explainer is not None else {}
     except BaseException:
         if explainer is not None and explainer.proc.is_alive():
             explainer.proc.kill()
         raise
-    acc = _evaluate(g, pb, rank, model, run, args["batch"])
+    acc = _evaluate(g, pb, rank, model, loop.forward, args["batch"])
     log(f"evaluated: {acc}")
     return {
         "name": args.get("name"),
@@ -313,17 +223,162 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
         "history": hist,
         "bytes": rt.ledger.as_dict(),
         "stats": dict(rt.stats),
-        "grad_allreduce_bytes": grad_bytes,
+        "grad_allreduce_bytes": loop.grad_bytes,
         "steps_per_epoch": steps,
         "train_nodes": int(len(train)),
         "columns_pulled": None if rt.dims is None else int(rt.dims.numel()),
         "direct": rt.direct_note,
         "feat_dim": rt.f,
         "explainer": ex_stats,
-        "train_s": t_train,
+        "train_s": loop.train_s,
         "pull_check": pull_check,
         **acc,
     }
+
+
+def _sampler(cfg, on: bool, fanouts: list[int], rt, seed: int):
+    """DGS's weighted (or LABOR-based) neighbour sampler when DGS samples nodes, else DGL's uniform one; both count
+    the rows they fetch in the runtime's ledger."""
+    from .dgs import CountingNeighborSampler, DGSNeighborSampler
+
+    if on and (cfg.node_sampling or cfg.base_sampler == "labor"):
+        return DGSNeighborSampler(
+            fanouts, rt, weighted=cfg.node_sampling, epsilon=cfg.epsilon, base=cfg.base_sampler, seed=seed
+        )
+    return CountingNeighborSampler(fanouts, rt)
+
+
+def _steps_per_epoch(train_nodes: int, batch: int) -> int:
+    """The same on every rank: the largest partition's batches (a rank out of batches adds zero gradients, so no
+    rank waits in an all-reduce the others never join)."""
+    import torch
+
+    from flowlane import comm
+
+    counts = torch.tensor([float(train_nodes)])
+    comm.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, kind="setup")
+    return max(1, math.ceil(float(counts) / batch))
+
+
+def _start_explainer(g, rt, lp, cfg, model, model_kw: dict, args: dict, log):
+    """The trainer's explainer process over its partition plus halo (DGS §A5.1): the halo's features come in one
+    counted setup pull (A6 #4). Returns (explainer, halo ids, the column-pull self-check or None)."""
+    import torch
+
+    from .dgs_explainer import ExplainerHandle, ExplainerSpec
+
+    halo_ids = lp.halo_ids
+    halo_x = rt.pull(torch.from_numpy(halo_ids), None, kind="setup")
+    pull_check = None
+    if args.get("self_check") and len(halo_ids):
+        pull_check = _check_column_pull(g, rt, torch.from_numpy(halo_ids[:50]))
+    x_all = torch.cat([lp.x.float(), halo_x])
+    spec = ExplainerSpec(lp.e_src, lp.e_dst, len(lp.inner_ids), model_kw, cfg, seed=args["seed"])
+    explainer = ExplainerHandle(spec, x_all, model)
+    log(f"explainer started (halo {len(halo_ids)} nodes)")
+    return explainer, halo_ids, pull_check
+
+
+class _TrainLoop:
+    """A run's training steps: pull the batch's inputs through DGS, forward layer by layer, average the gradients
+    across ranks, step; every ``t_ex`` steps hand the model to the explainer and apply the masks it returns."""
+
+    def __init__(self, g, rt, cfg, model, opt, world: int, explainer, halo_ids) -> None:
+        self.g, self.rt, self.cfg, self.model, self.opt = g, rt, cfg, model, opt
+        self.world, self.explainer, self.halo_ids = world, explainer, halo_ids
+        self.it = 0
+        self.train_s = 0.0
+        self.grad_bytes = 0
+
+    def forward(self, blocks, x):
+        h = x
+        for k, blk in enumerate(blocks):
+            h = self.model.forward_layer(k, blk, h, h[: blk.num_dst_nodes()])
+        return h
+
+    def epoch(self, loader, steps: int) -> dict:
+        """``steps`` steps (the loader's batches, then empty ones), drained loader; the epoch's history row."""
+        rt = self.rt
+        self.model.train()
+        t0 = time.perf_counter()
+        before, rows0 = rt.ledger.as_dict(), dict(rt.stats)
+        waited = 0.0  # in explainer.wait() (synchronous mode): the explainer's time, not the trainer's
+        batches = iter(loader)
+        tot, n = 0.0, 0
+        for _ in range(steps):
+            if self.explainer is not None:
+                new = self.explainer.poll()
+                if new is not None:
+                    rt.apply_masks(self.halo_ids, *new)
+            loss = self._step(next(batches, None))
+            if loss is not None:
+                tot, n = tot + loss, n + 1
+            waited += self._explain()
+        for _ in batches:  # DistNodeDataLoader must be drained
+            pass
+        dt = time.perf_counter() - t0
+        self.train_s += dt
+        after = rt.ledger.as_dict()
+        return {
+            "loss": tot / max(n, 1),
+            "epoch_s": dt,
+            "explainer_wait_s": waited,
+            "mask_version": rt.mask_version,
+            "bytes": {k: after[k] - before[k] for k in after},
+            "remote_rows": rt.stats["remote_rows"] - rows0["remote_rows"],
+            "input_rows": rt.stats["input_rows"] - rows0["input_rows"],
+        }
+
+    def _step(self, batch) -> float | None:
+        """One optimizer step; ``batch`` None (this rank is out of batches) still joins the gradient average."""
+        import torch.nn.functional as F
+
+        self.opt.zero_grad()
+        loss = None
+        if batch is not None:
+            inp, seeds, blocks = batch
+            out = F.cross_entropy(
+                self.forward(blocks, self.rt.pull_inputs(inp)), self.g.ndata["label"][seeds]
+            )
+            out.backward()
+            loss = float(out)
+        self._average_gradients()
+        self.opt.step()
+        self.it += 1
+        return loss
+
+    def _average_gradients(self) -> None:
+        """What DDP does, as one all-reduce of the flattened gradients: the model runs layer by layer
+        (``forward_layer``), which DDP's forward would not see, and a rank without a batch contributes zeros."""
+        import torch
+
+        from flowlane import comm
+
+        params = list(self.model.parameters())
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        comm.all_reduce(flat, kind="dp")
+        self.grad_bytes += flat.numel() * flat.element_size()
+        flat /= self.world
+        off = 0
+        for p in params:
+            p.grad = flat[off : off + p.numel()].view_as(p).clone()
+            off += p.numel()
+
+    def _explain(self) -> float:
+        """Every ``t_ex`` steps the explainer gets the model (A5.1); in synchronous mode the trainer waits for its
+        masks (returns the seconds waited)."""
+        if self.explainer is None or self.it % self.cfg.t_ex:
+            return 0.0
+        self.explainer.publish(self.model)
+        if not self.cfg.synchronous:
+            return 0.0
+        tw = time.perf_counter()
+        new = self.explainer.wait()
+        waited = time.perf_counter() - tw
+        self.rt.apply_masks(self.halo_ids, *new)
+        return waited
 
 
 def _check_column_pull(g, rt, ids) -> dict:
