@@ -107,9 +107,8 @@ def _train_distdgl(a: argparse.Namespace) -> None:
             model.train()
             for inp, seeds, blocks in loader:
                 rows += int(inp.numel())
-                remote += int(
-                    (pb.nid2partid(inp) != pb.partid).sum()
-                )  # feature rows pulled from another machine
+                # feature rows pulled from another machine
+                remote += int((pb.nid2partid(inp) != pb.partid).sum())
                 x, y = g.ndata["feat"][inp], g.ndata["label"][seeds]
                 loss = F.cross_entropy(run(blocks, x), y)
                 opt.zero_grad()
@@ -131,9 +130,8 @@ def _train_distdgl(a: argparse.Namespace) -> None:
                 for inp, seeds, blocks in vloader:
                     pred = run(blocks, g.ndata["feat"][inp]).argmax(1)
                     ok += torch.tensor([float((pred == g.ndata["label"][seeds]).sum()), float(seeds.numel())])
-            torch.distributed.all_reduce(
-                ok
-            )  # every trainer holds the same global accuracy: they stop together
+            # every trainer holds the same global accuracy: they stop together
+            torch.distributed.all_reduce(ok)
             t = time.perf_counter()
             hist.append({"epoch": ep, "t": t - t0, "val_acc": float(ok[0] / ok[1]), "eval_s": t - te})
             print(
@@ -508,9 +506,8 @@ def _g3(net, a, part_config: str, seed: int, layer_list: list[int], workdir: str
     out["wire_tx_bytes_per_machine"] = _wire(net, before)
     out |= res
     if status == "ok":
-        out["startup_s"] = (
-            out["t_ready_unix"] - t_unix
-        )  # launch to the process group up (imports, rendezvous)
+        # launch to the process group up (imports, rendezvous)
+        out["startup_s"] = out["t_ready_unix"] - t_unix
     else:
         out["progress"] = _read_progress(progress)
     return out
@@ -780,9 +777,8 @@ def main() -> None:
                     balance_edges=True,
                 )
                 run["partition_s"] = time.perf_counter() - t
-                run["main_max_rss_mb_after_partition"] = (
-                    _max_rss_mb()
-                )  # graph generation + METIS, this process
+                # graph generation + METIS, this process
+                run["main_max_rss_mb_after_partition"] = _max_rss_mb()
                 del g
                 write("running")
                 part_config = os.path.join(workdir, "parts", f"{name}.json")

@@ -97,9 +97,8 @@ def _step(run, params):
 
 
 def _ref_params(model, ref, x):
-    if (
-        model == "rgat"
-    ):  # HectorRGAT stacks the per-relation GATConv weights: compare the input gradient + output
+    # HectorRGAT stacks the per-relation GATConv weights: compare the input gradient + output
+    if model == "rgat":
         return [x]
     return [x, *ref.parameters()]
 

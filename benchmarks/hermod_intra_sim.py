@@ -415,9 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--op-overhead-us must be a finite number >= 0, got {a.op_overhead_us}")
     if a.scale_gpus < 1:
         ap.error(f"--scale-gpus must be >= 1, got {a.scale_gpus}")
-    a.op_overhead_s = op_overhead_s = round(
-        a.op_overhead_us * 1e-6, 12
-    )  # seconds, once, for points and summary
+    # seconds, once, for points and summary
+    a.op_overhead_s = op_overhead_s = round(a.op_overhead_us * 1e-6, 12)
     costs = dict(COSTS_OFF)
     if a.measured_costs:
         try:

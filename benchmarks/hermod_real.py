@@ -190,9 +190,8 @@ def megatron_flags(variant: dict[str, Any]) -> dict[str, Any]:
     if v.pop("mode", None) != "hermod":
         return dict(v["megatron"])
     wire = v.pop("wire", 0)
-    v.pop(
-        "chunk_bytes", None
-    )  # Megatron-core DDP sends a bucket group whole: its bucket size is the granularity
+    # Megatron-core DDP sends a bucket group whole: its bucket size is the granularity
+    v.pop("chunk_bytes", None)
     if "max_inflight_chunks" in v:
         v["max_inflight_buckets"] = v.pop("max_inflight_chunks")
     # Hermod hooks Megatron-core DDP's overlapped reductions and parameter gathers (the fifo baseline's flags)

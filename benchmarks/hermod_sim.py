@@ -153,9 +153,8 @@ def isolated_ep_cct_s(
         out = np.bincount(nic[c.src[off]], weights=c.nbytes[off], minlength=nic.max() + 1)
         into = np.bincount(nic[c.dst[off]], weights=c.nbytes[off], minlength=nic.max() + 1)
         alone.append(max(out.max(), into.max()))
-        acc = sets.setdefault(
-            (c.meta.iteration, c.name), [0, 0]
-        )  # name "ep:F3 L5 dispatch": mb, pass, layer, op
+        # name "ep:F3 L5 dispatch": mb, pass, layer, op
+        acc = sets.setdefault((c.meta.iteration, c.name), [0, 0])
         acc[0], acc[1] = acc[0] + out, acc[1] + into
     with_set = [max(o.max(), i.max()) for o, i in sets.values()]
     to_s = 8 / (gbps * 1e9)
@@ -534,9 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / f"{name}.json").exists():
             ap.error(f"--summarise-only: {out / name}.json does not exist")
         tasks, a.merge = [], True
-    out.mkdir(
-        parents=True, exist_ok=True
-    )  # only once the options are valid: a bad call leaves nothing behind
+    # only once the options are valid: a bad call leaves nothing behind
+    out.mkdir(parents=True, exist_ok=True)
     a.points_computed = len(tasks)
     t0 = time.time()
     points: list[dict] = []

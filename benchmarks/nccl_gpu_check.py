@@ -391,9 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in runs if r not in RUNS]
     if bad:
         ap.error(f"--runs {bad} not in {list(RUNS)}")
-    if (
-        args.backend == "gloo"
-    ):  # gloo has one clone per group unless given an interface per class (tested elsewhere)
+    # gloo has one clone per group unless given an interface per class (tested elsewhere)
+    if args.backend == "gloo":
         runs = [r for r in runs if r != "hermod_ep"]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -84,9 +84,8 @@ class SyndicateDSConfig:
             )
         if self.mode == "plan" and self.plan is None and self.enabled:
             raise ValueError('flowlane.syndicate.plan is required with mode "plan" (or set mode "fifo")')
-        EnforcerConfig(
-            self.mode, self.check_every, self.timeout_s
-        )  # names a bad mode / check_every / timeout
+        # names a bad mode / check_every / timeout
+        EnforcerConfig(self.mode, self.check_every, self.timeout_s)
 
     def load_plan(self) -> SyndicatePlan | None:
         if self.plan is None:

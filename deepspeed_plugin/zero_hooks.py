@@ -323,9 +323,8 @@ class ZeroHooks:
                 bucket = opt.ipg_buckets[dt]
                 if not bucket.params:
                     continue
-                snap = copy.copy(
-                    bucket
-                )  # the detached bucket keeps the containers and the filled buffer slot
+                # the detached bucket keeps the containers and the filled buffer slot
+                snap = copy.copy(bucket)
                 bucket.params, bucket.grads, bucket.elements, bucket.has_moe_params = [], [], 0, False
                 bucket.ready_events, bucket.copy_streams = {}, set()
                 if bucket.buffer:

@@ -82,9 +82,8 @@ def explainer_main(spec: ExplainerSpec, sh: dict, lock, parent: int) -> None:
     part_g = dgl.graph((torch.from_numpy(spec.e_src), torch.from_numpy(spec.e_dst)), num_nodes=x_all.shape[0])
     s, d = star_edges(n_halo)
     sg = dgl.graph((s, d), num_nodes=n_halo + 1)
-    x_e = torch.cat(
-        [x_all[:n_inner].mean(0, keepdim=True), x_all[n_inner:]]
-    )  # A6 #3: v_G = mean of local rows
+    # A6 #3: v_G = mean of local rows
+    x_e = torch.cat([x_all[:n_inner].mean(0, keepdim=True), x_all[n_inner:]])
     model = build_model(**spec.model_kw)
     model.eval()
     for p in model.parameters():

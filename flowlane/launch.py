@@ -67,9 +67,8 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LAUNCHER_DIED = signal.SIGRTMIN + 7
 _RANK_BLOCKED = (*_FORWARDED, _LAUNCHER_DIED)  # taken by the rank's signal thread only
 _BEAT_EVERY_S = 0.5  # a rank reports progress at most this often; stall timeouts are seconds or more
-_SETTLE_S = (
-    2.0  # after the first failure: time for its cause to show (a killed peer's exit, the others' errors)
-)
+# after the first failure: time for its cause to show (a killed peer's exit, the others' errors)
+_SETTLE_S = 2.0
 _RANK_GRACE_S = 2.0  # a signalled rank blocked in native code past this runs its atexit cleanup and exits
 _CLEANUP_S = 5.0  # a stopping rank's wait for its exit hooks (atexit) before it exits without the rest
 _EXIT_GUARD_S = 30  # a rank's own exit (thread joins, atexit, interpreter teardown) past this ends by SIGALRM
@@ -79,9 +78,8 @@ _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
 _START_METHODS = ("auto", "forkserver", "spawn")
 _PRELOAD: list[str] = []  # modules the fork server imports before its first rank (see preload())
 _SERVER_NOTED = False  # the fork server's start was logged (it lives as long as this process)
-_STACK_WAIT_S = (
-    10.0  # for ranks that cannot answer at all; one that answers is read as soon as it has written
-)
+# for ranks that cannot answer at all; one that answers is read as soon as it has written
+_STACK_WAIT_S = 10.0
 
 
 class LaunchError(RuntimeError):
@@ -294,9 +292,8 @@ def _install_rank_signals(parent_pid: int, store_dir: str) -> None:
     _LAUNCHER_START = _start_time(parent_pid)
     for s in _RANK_BLOCKED:
         signal.signal(s, _raise_interrupted)
-    signal.pthread_sigmask(
-        signal.SIG_BLOCK, _RANK_BLOCKED
-    )  # (already, from the launcher) and for new threads
+    # (already, from the launcher) and for new threads
+    signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)
     threading.Thread(
         target=_watch, args=(parent_pid, store_dir), name="flowlane-signals", daemon=True
     ).start()
@@ -354,9 +351,8 @@ def _child(
             import torch.distributed as dist
 
             torch.set_num_threads(threads)
-            _arrive(
-                store_dir, rank, world, ch
-            )  # every rank has its imports done: the rendezvous below is quick
+            # every rank has its imports done: the rendezvous below is quick
+            _arrive(store_dir, rank, world, ch)
             # torch's barrier at the end of init: a rank whose fn returns at once must not exit (closing its
             # sockets) while a peer is still connecting to it (gloo's connectFullMesh then fails in that peer)
             # (only there: fn's own new_group calls keep the rank's setting)
@@ -1047,9 +1043,8 @@ def run_this_rank(
     if device is not None:
         torch.cuda.set_device(device)
     log.info("rank %d of %d (%s, %s)", ext.rank, ext.world_size, ext.launcher, backend)
-    bind = (
-        {} if device is None else {"device_id": device}
-    )  # (torch >= 2.3; the gnn lane's 2.2 has no device_id)
+    # (torch >= 2.3; the gnn lane's 2.2 has no device_id)
+    bind = {} if device is None else {"device_id": device}
     dist.init_process_group(
         backend,
         init_method="env://",

@@ -18,12 +18,10 @@ POLICIES: dict[str, Callable[[], SchedulingPolicy]] = {
     "pp-first": lambda: CtypeFirstPolicy("pp"),
     "ep-first": lambda: CtypeFirstPolicy("ep"),
     "hermod": HermodPolicy,  # the exact Hermod order (seed 000 §5.3.1)
-    "hermod-dscp": lambda: QuantisedHermodPolicy(
-        quant=QuantisationConfig("dscp")
-    ),  # what 6 DSCP bits carry (§5.4)
-    "hermod-nccl": lambda: QuantisedHermodPolicy(
-        quant=QuantisationConfig("nccl")
-    ),  # three NCCL traffic classes
+    # what 6 DSCP bits carry (§5.4)
+    "hermod-dscp": lambda: QuantisedHermodPolicy(quant=QuantisationConfig("dscp")),
+    # three NCCL traffic classes
+    "hermod-nccl": lambda: QuantisedHermodPolicy(quant=QuantisationConfig("nccl")),
 }
 
 

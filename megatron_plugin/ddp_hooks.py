@@ -182,9 +182,8 @@ class DDPHooks:
                 return bg.param_gather_handle
 
             pending[id(bg)] = sched.defer(keys.dp_gather(layer), [launch])
-            bg.param_gather_dispatched = (
-                True  # Megatron's own flag: finish_param_sync must not dispatch it again
-            )
+            # Megatron's own flag: finish_param_sync must not dispatch it again
+            bg.param_gather_dispatched = True
             sched.seal()
 
         def finish_param_sync(skip_next_bucket_dispatch: bool = False) -> None:

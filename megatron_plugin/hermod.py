@@ -63,9 +63,8 @@ log = logging.getLogger("flowlane.hermod")
 
 #: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
 CRITICAL_CLASS = 0
-EP_ALGORITHMS = (
-    RUN_ALGORITHMS  # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
-)
+# HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
+EP_ALGORITHMS = RUN_ALGORITHMS
 #: megatron-core versions whose private ``P2PCommunicator._communicate`` and DDP bucket-group methods Hermod wraps
 #: ([first, last) by (major, minor)); others are refused at install
 MEGATRON_CORE_VERSIONS = ((0, 14), (0, 17))
@@ -298,13 +297,11 @@ class Hermod:
             mine.append(dist.get_process_group_ranks(expert_dp_group))
         from megatron.core import parallel_state as ps
 
-        if num_stages > 1:  # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a
-            mine.append(
-                dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
-            )  # high-priority stream)
-        if (
-            expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1
-        ):  # MoE all-to-alls too
+        # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a high-priority stream)
+        if num_stages > 1:
+            mine.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
+        # MoE all-to-alls too
+        if expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1:
             mine.append(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
         # collective: every rank constructs its Hermod together
         self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
@@ -352,9 +349,8 @@ class Hermod:
     def end_iteration(self) -> None:
         """The end of this rank's iteration (:meth:`attach_finalize` calls it; without it, call it yourself
         once per iteration on every rank, or ``ep_algorithm="auto"`` never leaves its warm-up)."""
-        if (
-            self.a2a.choice is None
-        ):  # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
+        # ep_algorithm=auto: probes whole iterations, then decides on every rank at once
+        if self.a2a.choice is None:
             self.a2a.end_iteration(key=self.keys.ep(self.M - 1, self.keys.first_layer, "auto_decision"))
         else:
             self.a2a.end_iteration()

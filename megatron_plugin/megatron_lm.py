@@ -94,9 +94,8 @@ class FlowlaneHooks:
             boundary = self.syndicate is not None or (
                 self.aleph is not None and self.aleph.config.replan_every
             )
-            if (
-                boundary and not self._finalize_attached
-            ):  # the iteration boundary: the end of finalize_model_grads
+            # the iteration boundary: the end of finalize_model_grads
+            if boundary and not self._finalize_attached:
                 from megatron.core.utils import get_model_config
 
                 dp.attach_finalize(get_model_config(model))

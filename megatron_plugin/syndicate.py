@@ -94,9 +94,8 @@ class SyndicateMegatronConfig:
     """How long the watchdog waits for the other ranks before naming the missing ones."""
 
     def __post_init__(self) -> None:
-        EnforcerConfig(
-            self.mode, self.check_every, self.timeout_s
-        )  # names a bad mode / check_every / timeout
+        # names a bad mode / check_every / timeout
+        EnforcerConfig(self.mode, self.check_every, self.timeout_s)
         if self.param_gather not in ("plan", "passthrough"):
             raise ValueError(
                 f"syndicate param_gather {self.param_gather!r} is not one of ['passthrough', 'plan']"
@@ -287,9 +286,8 @@ class _Lane:
                     f"{namespace}/{'-'.join(map(str, ranks))}",
                 ),
             )
-            enforcer.install(
-                plan
-            )  # compares the plan's digest on the group's ranks; names the ones that differ
+            # compares the plan's digest on the group's ranks; names the ones that differ
+            enforcer.install(plan)
             self.enforcer = enforcer
             return _SyndicateComponent(enforcer)
 

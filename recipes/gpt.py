@@ -353,9 +353,8 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
 
 def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
     device = recipe.device
-    if (
-        device == "auto"
-    ):  # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
+    # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
+    if device == "auto":
         device = resolve_device(recipe, None)
     if device not in ("cpu", "cuda"):
         raise ValueError(

@@ -65,20 +65,17 @@ def multi_ps_cases(rank: int, world: int, clusters: list, cases: list) -> list[d
     plan = Plan.from_clusters(world, clusters)
     out = []
     for kw in cases:
-        h = HierarchicalAllReduce(
-            plan, top="ps", chunk_bytes=4096, **kw
-        )  # 20 KB int64 / 40 KB: several chunks
+        # 20 KB int64 / 40 KB: several chunks
+        h = HierarchicalAllReduce(plan, top="ps", chunk_bytes=4096, **kw)
         ded = set(h.ps) if h.dedicated_ps else set()
         xi = torch.arange(5003, dtype=torch.int64) * (rank + 1) + rank**3 - 7
         xf = torch.randn(5003, generator=torch.Generator().manual_seed(rank))
-        xr = (
-            torch.arange(5005, dtype=torch.int64) * (rank + 2) - rank
-        )  # 5005 = 5 x 1001 = 7 x 715: equal blocks
+        # 5005 = 5 x 1001 = 7 x 715: equal blocks
+        xr = torch.arange(5005, dtype=torch.int64) * (rank + 2) - rank
         with _RecordP2P() as rec:
             got_i, got_f = h(xi.clone()), h(xf.clone())
-        with (
-            _RecordP2P() as rec_r
-        ):  # the reduce-scatter's blocks come down the same tree (dedicated PSs: refused)
+        # the reduce-scatter's blocks come down the same tree (dedicated PSs: refused)
+        with _RecordP2P() as rec_r:
             got_r = None if h.dedicated_ps else h.reduce_scatter(xr.clone())
         with _RecordP2P() as rec_a:  # the same tensor all-reduced, to compare what came down
             h(xr.clone()) if not h.dedicated_ps else None
@@ -129,9 +126,8 @@ def ddp_multi_ps(rank: int, world: int, clusters: list, kw: dict) -> float:
     model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     runs = []
     for hook in (False, True):
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            copy.deepcopy(model)
-        )  # one bucket: one hook call a step
+        # one bucket: one hook call a step
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
         if hook:
             install_aleph_hook(ddp, Plan.from_clusters(world, clusters), top="ps", chunk_bytes=1024, **kw)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)

@@ -41,9 +41,8 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     DDP's own all-reduce (all-singleton plan: bitwise; the first case's plan: close); then the bandwidth probe."""
     out: dict = {"int_equal": [], "rs_equal": [], "float_maxdiff": []}
     for clusters, top in cases:
-        h = HierarchicalAllReduce(
-            Plan.from_clusters(world, clusters), top=top, chunk_bytes=4096
-        )  # 40 KB: 10 chunks
+        # 40 KB: 10 chunks
+        h = HierarchicalAllReduce(Plan.from_clusters(world, clusters), top=top, chunk_bytes=4096)
         x = torch.arange(5000, dtype=torch.int64) * (rank + 1) + rank**3 - 7
         ref = x.clone()
         dist.all_reduce(ref)
@@ -65,9 +64,8 @@ def hierarchical_cases(rank: int, world: int, cases: list) -> dict:
     out["ddp_hier_maxdiff"] = max(
         float((a - b).abs().max()) for a, b in zip(ref + ref, hier + hier_ps, strict=True)
     )
-    if (
-        world == 4
-    ):  # re-planning every iteration (a stub probe, the same figures on every rank): the figures of
+    # re-planning every iteration (a stub probe, the same figures on every rank): the figures of
+    if world == 4:
         # iteration 2 make the plan in force infeasible, so a new hierarchy takes over for the third step
         from flowlane.aleph import AlephConfig, Replanner
 

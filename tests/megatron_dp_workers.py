@@ -568,9 +568,8 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     res["sync_order"] = [list(e) for e in sync_plan.order]
     if device == "cpu":  # the refusals are device-free (checked on CPU only)
         g = res["plan_gathers"]
-        scatters = SyndicatePlan(
-            1, plan.ops[g:], tuple((i - g, j) for i, j in plan.order if i >= g)
-        )  # the reduce-scatters alone
+        # the reduce-scatters alone
+        scatters = SyndicatePlan(1, plan.ops[g:], tuple((i - g, j) for i, j in plan.order if i >= g))
         rs_path = write("rs_plan.json", scatters)
         res["refused_rs_plan"] = refusal(
             world, lambda m, c: install([m], SyndicateMegatronConfig(plan=rs_path, timeout_s=30), c)

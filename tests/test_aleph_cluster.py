@@ -170,9 +170,8 @@ def test_treesim_orders_aleph_before_ring_before_ps_on_the_testbed_star():
     assert t["ring"] == pytest.approx(2 * 7 / 8 / 10)
     ls = Fabric.leaf_spine(TESTBED, 40, hosts_per_leaf=4, leaf_uplink=20)
     assert ls.leaf_of is not None
-    rack = plan_clusters(
-        TESTBED, adjacency_same_switch(ls.leaf_of)
-    )  # members one switch hop from their aggregator
+    # members one switch hop from their aggregator
+    rack = plan_clusters(TESTBED, adjacency_same_switch(ls.leaf_of))
     r = {s: simulate(s, ls, 1.0, rack) for s in ("ps", "ring", "aleph")}
     assert r["aleph"].link_bytes < r["ps"].link_bytes
     assert r["aleph"].mean_hops <= r["ps"].mean_hops < r["ring"].mean_hops

@@ -21,9 +21,8 @@ def _check(res: list[dict], ncases: int) -> None:
         assert r["int_equal"] == [True] * ncases, (rank, r["int_equal"])
         assert r["rs_equal"] == [True] * ncases, (rank, r["rs_equal"])
         assert max(r["float_maxdiff"]) < 1e-4, (rank, r["float_maxdiff"])
-        assert r["ddp_singletons_bitwise"], (
-            rank
-        )  # DDP's own reducer: x (1/size), then one all-reduce: bit for bit
+        # DDP's own reducer: x (1/size), then one all-reduce: bit for bit
+        assert r["ddp_singletons_bitwise"], rank
         assert r["ddp_hier_maxdiff"] < 1e-5, (rank, r["ddp_hier_maxdiff"])
         assert r["ddp_moved"] > 1e-3  # training changed the parameters: the comparison is not vacuous
         assert r["probe"] == res[0]["probe"] and all(f > 0 for f in r["probe"])

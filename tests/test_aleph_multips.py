@@ -31,9 +31,8 @@ def _check_p2p_order(logs: list[list]) -> None:
     partial's send, both on the default group), which is the likely cause. The connection greeting before the first
     all-reduce is the exception: each pair's one send and one receive come first on the group, in paired order."""
     greet: dict = {}
-    for rank, log in enumerate(
-        logs
-    ):  # the connection greeting (HierarchicalAllReduce._connect) is checked apart
+    # the connection greeting (HierarchicalAllReduce._connect) is checked apart
+    for rank, log in enumerate(logs):
         seen: set = set()
         for op, group, peer, tag in log:
             if tag == _CONNECT_TAG:

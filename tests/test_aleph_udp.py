@@ -63,9 +63,8 @@ def test_udp_tree_sums_exactly_under_loss_without_double_counting(drop):
     x = rng.integers(-(2**27), 2**27, size=(6, 4, 40 * 128 + 77), dtype=np.int64).astype(np.int32)
     run = run_tree(PLAN, x, drop=drop, seed=3, rto_ms=15)
     want = x.astype(np.int64).sum(0)
-    assert np.array_equal(
-        run.outputs, np.broadcast_to(want, run.outputs.shape)
-    )  # every worker, every iteration
+    # every worker, every iteration
+    assert np.array_equal(run.outputs, np.broadcast_to(want, run.outputs.shape))
     every = [s for role in run.stats.values() for s in role]
     assert all(s["overflow"] == 0 and sum(s["bad"].values()) == 0 for s in every)
     if drop >= 0.01:  # loss really happened and was repaired (the seeds make this deterministic enough)
@@ -176,9 +175,8 @@ def test_bad_packets_are_dropped_and_counted_by_reason():
                 sock.sendto(W.pack(W.DATA, 1, sg, v * (src + 1), src=src, scale=4), to)
         a.sendto(W.pack(W.DATA, 1, 0, segs[0], src=0, scale=4), to)  # a duplicate: must not be added twice
         b.sendto(W.pack(W.DATA, 1, 1, segs[1], src=0, scale=4), to)  # child 0's id from another address
-        a.sendto(
-            W.pack(W.DATA, 1, 1, segs[1], src=0, scale=5), to
-        )  # another fixed-point scale this iteration
+        # another fixed-point scale this iteration
+        a.sendto(W.pack(W.DATA, 1, 1, segs[1], src=0, scale=5), to)
         got = {}
         while len(got) < 2:
             fields, vals = W.unpack(a.recv(2048))

@@ -204,9 +204,8 @@ def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_packets(live_net, m
 
     run = _live(live_net, x, mode=mode, before_go=send_bad)
     want = x.astype(np.int64).sum(0)
-    assert np.array_equal(
-        run.outputs, np.broadcast_to(want, run.outputs.shape)
-    )  # every worker, every iteration
+    # every worker, every iteration
+    assert np.array_equal(run.outputs, np.broadcast_to(want, run.outputs.shape))
     (agg,) = run.xdp
     nseg = -(-elems // W.SEG_ELEMS)
     if mode == "skb":
@@ -216,9 +215,8 @@ def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_packets(live_net, m
     assert {k: c[k] for k in bad} == dict.fromkeys(bad, 1) and c["dup"] == c["overflow"] == 0
     assert agg["run_cnt"] >= c["rx"] > 0  # the kernel ran it on the live path (BPF stats)
     (relay,) = run.stats["aggregator"]
-    assert (
-        relay["unaggregated"] == 0 and sum(relay["bad"].values()) == 0
-    )  # userspace saw neither DATA nor bad
+    # userspace saw neither DATA nor bad
+    assert relay["unaggregated"] == 0 and sum(relay["bad"].values()) == 0
     (ps,) = run.stats["ps"]
     assert ps["rx"] == 2 * nseg * iters and sum(ps["bad"].values()) == 0  # the aggregator's sums + worker 3's
 

@@ -54,9 +54,8 @@ def test_flags_carry_types_choices_defaults_and_the_docstrings_first_sentence() 
     assert "20 % headroom (default: 100.0)" in text and "rounds per rate" in text
     with pytest.raises(SystemExit):
         p.parse_args(["--ex-mode", "slow"])
-    with pytest.raises(
-        ValueError, match="rounds must be >= 1, got 0"
-    ):  # the dataclass validates what was read
+    # the dataclass validates what was read
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
         config_from_namespace(_Example, p.parse_args(["--ex-rounds", "0"]), "ex_")
     assert config_from_namespace(_Example, p.parse_args([]), "ex_", rounds=7).rounds == 7  # given values win
 

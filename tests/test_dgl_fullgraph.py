@@ -178,12 +178,10 @@ def partitioned(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(partitioned):
-    res = launch(
-        _worker, RANKS, args=(partitioned[0],), timeout=600
-    )  # generous: the shared box is often loaded
-    return tuple(
-        list(part) for part in zip(*res, strict=True)
-    )  # (device, disk, host, budget, refused) by rank
+    # generous: the shared box is often loaded
+    res = launch(_worker, RANKS, args=(partitioned[0],), timeout=600)
+    # (device, disk, host, budget, refused) by rank
+    return tuple(list(part) for part in zip(*res, strict=True))
 
 
 def _check_exact(per_rank, name, ids_to_orig=None):
@@ -204,9 +202,8 @@ def test_distributed_logits_and_gradients_equal_single_process(results, case):
     _check_exact(per_rank, CASES[case][0])
     assert sum(r["graph_bytes"] for r in per_rank) > 0
     back = [r["summary"]["backward"] for r in per_rank]
-    if (
-        CASES[case][1] == "pipelined"
-    ):  # pipelined backward: layer 1's halo gradients returned in the background
+    # pipelined backward: layer 1's halo gradients returned in the background
+    if CASES[case][1] == "pipelined":
         assert all(b["deferred_exchanges"] == 1 for b in back)
         assert all(b["applied_where_needed"] == 1 for b in back)  # every rank here has boundary rows
     else:

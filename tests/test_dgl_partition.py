@@ -25,9 +25,8 @@ def test_algorithm2_lowers_largest_remote_count_and_keeps_sizes_and_degree_balan
     assert remote_counts(indptr, indices, part, parts) == d["remote"]  # tracked counts equal a recount
     ref, _ = g3_partition(graph["src"], graph["dst"], 6000, parts, refine_stage2=False)
     assert (part != ref).any()  # stage 2 moved nodes ...
-    assert (
-        np.bincount(part, minlength=parts).tolist() == np.bincount(ref, minlength=parts).tolist()
-    )  # ... 1 for 1
+    # ... 1 for 1
+    assert np.bincount(part, minlength=parts).tolist() == np.bincount(ref, minlength=parts).tolist()
     assert d["degree_imbalance"] <= max(d["stage1_degree_imbalance"], 1.05) + 1e-9
 
 
@@ -35,9 +34,8 @@ def test_seed_reaches_metis():
     a = synthetic_arrays(SyntheticSpec(num_nodes=2000, avg_degree=8, seed=4))
     p0, _ = g3_partition(a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=0)
     p0b, _ = g3_partition(a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=0)
-    p1, _ = g3_partition(
-        a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=2
-    )  # METIS: seeds 0 and 1 agree
+    # METIS: seeds 0 and 1 agree
+    p1, _ = g3_partition(a["src"], a["dst"], 2000, 4, refine_stage2=False, seed=2)
     assert np.array_equal(p0, p0b) and not np.array_equal(p0, p1)
 
 

@@ -79,8 +79,7 @@ def test_an_explainer_whose_trainer_was_killed_exits_by_itself(tmp_path):
         assert not _running(pid), f"explainer {pid} still runs 30 s after its trainer was killed"
     finally:
         if trainer.poll() is None or (pid is not None and _running(pid)):
-            with contextlib.suppress(
-                ProcessLookupError
-            ):  # the group the trainer and its explainer started in
+            # the group the trainer and its explainer started in
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait(timeout=30)

@@ -24,12 +24,10 @@ def test_request_model_reproduces_the_thesis_scaled_example_7_to_5():
 
 def test_per_row_schemes_against_a_hand_count():
     # one fp32 row of 33 elements starting 4 B into line 1 (row 1 at base 0): lines 1 and 2
-    assert (
-        request_counts([1], 33, 4, "row")[0] == 3
-    )  # lanes 0-31 straddle lines 1-2, lane 32 reads line 2 again
-    assert (
-        request_counts([1], 33, 4, "row_aligned")[0] == 2
-    )  # lane 0 idles; lanes 1-31 line 1; lanes 32-33 line 2
+    # lanes 0-31 straddle lines 1-2, lane 32 reads line 2 again
+    assert request_counts([1], 33, 4, "row")[0] == 3
+    # lane 0 idles; lanes 1-31 line 1; lanes 32-33 line 2
+    assert request_counts([1], 33, 4, "row_aligned")[0] == 2
     assert request_counts([1], 33, 4, "min")[0] == 2
 
 

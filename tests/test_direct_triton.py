@@ -63,9 +63,8 @@ def test_row_windows_move_as_the_widest_word_that_divides_them_and_stay_bitwise(
 
 @pytest.mark.parametrize("offset_rows", [1, 3])
 def test_a_table_that_starts_off_a_128_byte_line_is_gathered_exactly(offset_rows):
-    big = _table(
-        torch.float32, 30, 33
-    )  # 132-B rows: a view from row 1 starts 4 B past the allocation's alignment
+    # 132-B rows: a view from row 1 starts 4 B past the allocation's alignment
+    big = _table(torch.float32, 30, 33)
     t = big[offset_rows:]
     assert (t.data_ptr() % 128) != 0
     idx = torch.arange(t.shape[0]).flip(0)

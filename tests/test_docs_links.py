@@ -24,9 +24,8 @@ def _markdown_files() -> list[Path]:
 def dead_links() -> list[str]:
     dead = []
     for md in _markdown_files():
-        text = re.sub(
-            r"```.*?```", "", md.read_text(errors="replace"), flags=re.S
-        )  # code blocks are not links
+        # code blocks are not links
+        text = re.sub(r"```.*?```", "", md.read_text(errors="replace"), flags=re.S)
         for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
                 continue  # http(s)/mailto links and in-page anchors

@@ -33,9 +33,8 @@ def test_bins_cover_the_rows_in_order_and_respect_both_caps(max_bytes, max_nodes
         n_src = np.unique(np.concatenate([e_src[eptr[v] : eptr[v + 1]] for v in b])).size
         assert b.size <= max_nodes
         assert bin_bytes(n_src, b.size, WIDTHS, 8) <= max_bytes
-    for b, nxt in zip(
-        bins[:-1], bins[1:], strict=True
-    ):  # greedy: a bin closes only when its next row would not fit
+    # greedy: a bin closes only when its next row would not fit
+    for b, nxt in zip(bins[:-1], bins[1:], strict=True):
         grown = np.concatenate([b, nxt[:1]])
         n_src = np.unique(np.concatenate([e_src[eptr[v] : eptr[v + 1]] for v in grown])).size
         assert grown.size > max_nodes or bin_bytes(n_src, grown.size, WIDTHS, 8) > max_bytes

@@ -118,9 +118,8 @@ def test_hgt_equals_dgl_hgtconv_forward_and_backward(graph, reorder):
         [x, *ref.parameters()],
         [x2, *hec.parameters()],
     )
-    order = torch.sort(
-        gd["etype"], stable=True
-    ).indices  # presorted: nodes (already) and edges sorted by type
+    # presorted: nodes (already) and edges sorted by type
+    order = torch.sort(gd["etype"], stable=True).indices
     gs = dgl.graph((gd["src"][order], gd["dst"][order]), num_nodes=N)
     x, x2 = _x(), _x()
     _same_step(
@@ -197,9 +196,8 @@ def test_install_hector_swaps_dgl_modules_in_place_sharing_parameters(graph):
     swapped = install_hector(net, {"gemm": "loop"})
     assert swapped == {"rgcn": "HectorRelGraphConv", "hgt": "HectorHGTConv"}
     assert isinstance(net.rgcn, HectorRelGraphConv) and isinstance(net.hgt, dgl.nn.HGTConv)
-    assert all(
-        a is b for a, b in zip(params, net.parameters(), strict=True)
-    )  # an optimizer built before still applies
+    # an optimizer built before still applies
+    assert all(a is b for a, b in zip(params, net.parameters(), strict=True))
     _close(net(g, x), before)
     assert install_hector(nn.Sequential(dgl.nn.GraphConv(4, 4)), {"enabled": False}) == {}
     with pytest.raises(

@@ -181,12 +181,10 @@ def test_plan_cache_hits_return_the_same_plan_and_stay_bounded():
         b.clear()  # the caller owns the list it got
         assert plan_all_to_all(T) == a
         assert plan_cache_info()["hits"] == 2
-        assert plan_all_to_all(T, algorithm="bvn_bottleneck") == bvn_phases(
-            T, "bottleneck"
-        )  # keyed by algorithm
-        assert plan_all_to_all(T, quantum=2) == bvn_phases(
-            [[0, 3, 1], [2, 0, 1], [2, 2, 0]]
-        )  # and by quantum
+        # keyed by algorithm
+        assert plan_all_to_all(T, algorithm="bvn_bottleneck") == bvn_phases(T, "bottleneck")
+        # and by quantum
+        assert plan_all_to_all(T, quantum=2) == bvn_phases([[0, 3, 1], [2, 0, 1], [2, 2, 0]])
         for k in range(5):
             plan_all_to_all([[0, k + 1], [1, 0]])
         assert plan_cache_info()["size"] == 3

@@ -98,9 +98,8 @@ def test_deepspeed_pipeline_hermod_keeps_the_math_and_keys_p2p_with_microbatch_i
                 for op in {e[1] for e in log if e[0] == "critical"}:
                     mbs = [e[2] for e in log if e[0] == "critical" and e[1] == op and e[3] == it]
                     assert mbs == list(range(4)), (zero, op, it, mbs)  # microbatch ids in schedule order
-                assert [e for e in log if e[0] == "chunk" and e[3] == it], (
-                    zero
-                )  # ReduceGrads went through the pacer
+                # ReduceGrads went through the pacer
+                assert [e for e in log if e[0] == "chunk" and e[3] == it], zero
             # every gradient reduction of DeepSpeed's own run is issued by the pacer under a DP key
             reduce_ops = ("all_reduce", "reduce", "reduce_scatter_tensor")
             ours = sorted(

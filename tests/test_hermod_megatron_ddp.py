@@ -263,9 +263,8 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             # one deferred coflow per bucket group and iteration, keyed (MID M-1, DP, the group's highest layer)
             assert len(dp) == x["bucket_groups"] * ITERATIONS, (rank, dist_opt, dp)
             ms = (M,) * ITERATIONS if dist_opt else RAMP
-            assert {e[1] for e in dp} == {"dp"} and all(
-                e[4] == ms[e[3]] - 1 for e in dp
-            )  # MID M-1 of its iteration
+            # MID M-1 of its iteration
+            assert {e[1] for e in dp} == {"dp"} and all(e[4] == ms[e[3]] - 1 for e in dp)
             assert {e[2] for e in dp} == {"reduce_scatter" if dist_opt else "all_reduce"}
             assert {e[3] for e in dp} == set(range(ITERATIONS))
             assert {e[5] for e in dp} <= {stage}  # one layer per stage
@@ -280,9 +279,8 @@ def test_hermod_on_megatron_core_ddp_and_schedules_is_bitwise_stock_and_keys_eve
             else:
                 assert gathers == []
             pp = [e for e in log if e[0] == "critical"]
-            for it in range(
-                ITERATIONS
-            ):  # every microbatch's p2p is a critical op, keyed with its microbatch id
+            # every microbatch's p2p is a critical op, keyed with its microbatch id
+            for it in range(ITERATIONS):
                 mbs = sorted(e[4] for e in pp if e[3] == it)
                 assert mbs and set(mbs) == set(range(ms[it])), (rank, it, mbs)
         if stage == 1:
@@ -677,9 +675,8 @@ def test_hermod_on_megatron_core_moe_tp_layouts_and_checkpoint_resume_is_bitwise
         # the same model as tp2_pp2_tied, to rounding (~1e-5; an unreduced norm grad: ~5e-2)
         assert x["vs_tp"] is not None and x["vs_tp"] < 1e-3, (rank, x["vs_tp"])
         assert sp["losses"] == pytest.approx(r["tp2_pp2_tied"]["losses"], rel=1e-5, abs=0), rank
-        assert {e[4] for e in sp["log"] if e[0] == "critical"} == set(range(M)), (
-            rank
-        )  # the (seq / TP)-sized p2p, keyed
+        # the (seq / TP)-sized p2p, keyed
+        assert {e[4] for e in sp["log"] if e[0] == "critical"} == set(range(M)), rank
         # mixed precision: Megatron's Float16Module holds bf16 / fp16 parameters, the optimizer fp32 master weights;
         # the grad buffers Megatron reduces are fp32 with grad_reduce_in_fp32 (bf16), fp16 without it
         for name, half, grads in (

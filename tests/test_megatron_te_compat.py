@@ -18,9 +18,8 @@ def test_router_gemm_without_te_fails_in_stock_and_is_torch_mm_after_apply(monke
 
     if getattr(moe_utils, "HAVE_TE", False):
         pytest.fail("this lane is meant to run without Transformer Engine; the test would not test the fix")
-    monkeypatch.delattr(
-        moe_utils, "te_general_gemm", raising=False
-    )  # stock, whatever ran before in this process
+    # stock, whatever ran before in this process
+    monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
     g = torch.Generator().manual_seed(0)
     inp, weight = torch.randn(6, 16, generator=g), torch.randn(4, 16, generator=g)
     with pytest.raises(NameError, match="te_general_gemm"):

@@ -472,9 +472,8 @@ def test_hermod_real_reports_auto_probe_apart_from_the_steady_iterations() -> No
         ]
     }
     assert s["per_iter"]["auto"] == [1.5, 1.7] and s["speedup"]["auto"] == pytest.approx(2.1 / 1.6)
-    assert s["ops"]["auto"]["stage0"]["ep"]["op_time_per_iter_s"] == pytest.approx(
-        0.5
-    )  # 1 s over 2 steady its
+    # 1 s over 2 steady its
+    assert s["ops"]["auto"]["stage0"]["ep"]["op_time_per_iter_s"] == pytest.approx(0.5)
 
 
 def test_hermod_real_star_fabric_and_more_ranks_are_checked_before_any_setup(

@@ -246,9 +246,8 @@ def test_gpu_run_plot_draws_every_measured_strategy(tmp_path) -> None:
     assert main([str(empty)]) == 2
     assert source_script(doc).endswith("tests/gpu/offload_bench.py")
     mcore = {"provenance": {"command": "python3 tests/gpu/megatron_offload_bench.py --out /o/m.json"}}
-    assert (
-        source_script(mcore) == "tests/gpu/megatron_offload_bench.py"
-    )  # the Megatron bench's runs plot alike
+    # the Megatron bench's runs plot alike
+    assert source_script(mcore) == "tests/gpu/megatron_offload_bench.py"
 
 
 def test_the_docs_gpu_table_is_the_one_the_committed_run_gives() -> None:

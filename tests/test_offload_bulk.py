@@ -167,9 +167,8 @@ def test_pool_is_sized_before_the_profiled_step_so_no_pinning_is_timed(tmp_path:
 
     monkeypatch.setattr(PinnedPool, "_new", spy)
     with cache:
-        m(
-            idx
-        ).backward()  # step 0: the last layer kept (stored late), so one block fewer than the profile needs
+        # step 0: the last layer kept (stored late), so one block fewer than the profile needs
+        m(idx).backward()
         misses0 = cache.stats_snapshot().pool["misses"]
         m(idx).backward()  # step 1: profiled, every layer offloaded
         s = cache.stats_snapshot()
@@ -305,9 +304,8 @@ def test_recompute_runs_the_chosen_layers_under_checkpoint_with_exact_gradients(
             loss.backward()
             assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
         s = cache.stats_snapshot()
-    assert all(
-        "forward" not in vars(blk) for blk in m.blocks
-    )  # close() gave the layers their own forward back
+    # close() gave the layers their own forward back
+    assert all("forward" not in vars(blk) for blk in m.blocks)
     prof = s.profile
     p = StepProfile.from_stats(prof)
     want = choose_recompute(p, prof["allow_bytes"], prof["prefetch_groups"], 0.99 * p.step_s)

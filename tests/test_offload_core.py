@@ -395,9 +395,8 @@ def test_run_directory_private_and_removed_at_exit_and_after_crash(tmp_path: Pat
     """)
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120).stdout
     lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
-    assert lines["exit"] == "[]" and lines["term"] == "[]", (
-        out
-    )  # atexit / SIGTERM handler removed the run dir
+    # atexit / SIGTERM handler removed the run dir
+    assert lines["exit"] == "[]" and lines["term"] == "[]", out
     left = [p for p in tmp_path.iterdir() if p.name.startswith(RUN_PREFIX)]
     assert len(left) == 1 and list(left[0].iterdir())  # SIGKILL skips every handler
     assert cleanup_stale(tmp_path) == left  # the next run removes it

@@ -356,9 +356,8 @@ def test_megatron_flags_build_the_config() -> None:
         )
     )
     assert c.kvikio_compat_mode == "off" and c.check_versions is False
-    assert config_from_args(p.parse_args([])) == OffloadConfig(
-        enabled=False
-    )  # the flags' defaults: the dataclass's
+    # the flags' defaults: the dataclass's
+    assert config_from_args(p.parse_args([])) == OffloadConfig(enabled=False)
 
 
 def test_install_from_config_disabled_is_a_noop(megatron_env) -> None:

@@ -117,9 +117,8 @@ def test_dtensor_activations_are_offloaded_by_their_local_tensors_bitwise(
     assert model[0].up.weight.grad.placements == model[0].up.weight.placements
     # each step, each block: its input, up's output and gelu's output stored (or cancelled when backward came
     # first), the weights never (the first block's input needs no gradient, so its ``up`` saves no weight)
-    assert (
-        s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
-    )  # cancelled: still queued
+    # cancelled: still queued
+    assert s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
     assert s.param_skips == 2 * (2 * LAYERS - 1)
 
 
@@ -149,9 +148,8 @@ def test_fsdp2_unsharded_parameters_are_never_offloaded_and_grads_are_bitwise(
             assert torch.equal(a, b)
     # the gathered weights (saved as W.t() views) are known as parameters from each block's forward start
     assert s.param_skips == 2 * LAYERS * 2
-    assert (
-        s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
-    )  # cancelled: still queued
+    # cancelled: still queued
+    assert s.bytes_written + s.bytes_cancelled == 2 * LAYERS * (H + 2 * FF) * TOKENS * 4
 
 
 def tensor_parallel_rank(rank: int, world: int, tmp: str) -> dict[str, object]:

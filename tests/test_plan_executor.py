@@ -68,9 +68,8 @@ def _check(method):
     x, gx = _reference_grad(rel, local_ids)
     for r, (ids, out, grad, _fwd_bytes, _stages, _) in enumerate(res):
         assert np.array_equal(out, x[torch.from_numpy(ids)].numpy())  # bit-exact forward
-        torch.testing.assert_close(
-            torch.from_numpy(grad), gx[torch.from_numpy(local_ids[r])]
-        )  # summed at relays
+        # summed at relays
+        torch.testing.assert_close(torch.from_numpy(grad), gx[torch.from_numpy(local_ids[r])])
     sent = sum(r[3] for r in res)
     assert sent == plan.num_transfers * DIM * 8  # every transfer counted once
     return res

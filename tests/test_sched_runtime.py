@@ -124,9 +124,8 @@ def test_auto_all_to_all_in_the_workload_probes_by_iteration_and_keeps_the_math(
             for s, e in zip(a["iter_starts"], ends, strict=True)
         ]
         assert ep_ops[1] == ep_ops[3] == {"all_to_all"} and ep_ops[2] == {"isend", "irecv"}, ep_ops
-        assert ep_ops[4] == {"isend", "irecv", "all_reduce", "broadcast"}, (
-            ep_ops
-        )  # the decision ends iteration 4
+        # the decision ends iteration 4
+        assert ep_ops[4] == {"isend", "irecv", "all_reduce", "broadcast"}, ep_ops
         assert ep_ops[5] == ({"all_to_all"} if a["ep_auto"]["choice"] == "plain" else {"isend", "irecv"}), (
             ep_ops
         )
@@ -161,9 +160,8 @@ def test_auto_all_to_all_probes_whole_iterations_keeps_the_faster_and_agrees_acr
         assert a["used"][:5] == ["bvn", "plain", "bvn", "plain", "bvn"], a
         assert a["used"][5:] == [a["choice"]] * 2, a
         assert a["slow_plain"] == "bvn" and a["slow_bvn"] == "plain", a
-        assert a["slow_bvn_seconds"]["bvn"] > a["slow_bvn_seconds"]["plain"] + 0.1, (
-            a
-        )  # 2 iterations x 2 all-to-alls x 50 ms (virtual)
+        # 2 iterations x 2 all-to-alls x 50 ms (virtual)
+        assert a["slow_bvn_seconds"]["bvn"] > a["slow_bvn_seconds"]["plain"] + 0.1, a
         assert a["fixed"] == ["alg3"] * 3, a  # a fixed algorithm never probes
         # three candidates: warm-up with the first matched one, then two cycles in the given order, then the choice
         assert a["three"] == ["bvn", "plain", "bvn", "alg3", "plain", "bvn", "alg3", "alg3"], a
@@ -209,9 +207,8 @@ def _auto_rank(rank: int, world: int, splits: list, x, ref, matrix) -> dict:
     used, ok = iterations(runner, 7)
     out = {"used": used, "all_equal": ok, "choice": runner.choice}
 
-    def slowed(
-        fn, delay_s: float = 0.05
-    ):  # rank 1 lags in one algorithm only, as behind an incast-prone port
+    # rank 1 lags in one algorithm only, as behind an incast-prone port
+    def slowed(fn, delay_s: float = 0.05):
         def wrapper(*args, **kw):
             if rank == 1:
                 clock[0] += delay_s
@@ -291,9 +288,8 @@ def _a2a_rank(rank: int, world: int) -> dict:
     y = torch.full((sum(recv), 3), -1.0)
     matched_all_to_all(y, x, recv, splits, matrix, phase_sync="barrier")
     out["equal_bvn_barrier"] = bool(torch.equal(y, ref))
-    y = torch.full(
-        (sum(recv), 3), -1.0
-    )  # a plan capped at 2 phases: the second sends everything left at once
+    # a plan capped at 2 phases: the second sends everything left at once
+    y = torch.full((sum(recv), 3), -1.0)
     capped = matched_all_to_all(y, x, recv, splits, matrix, max_phases=2)
     out["equal_bvn_capped"] = bool(torch.equal(y, ref)) and len(capped) <= 2
     try:

@@ -288,6 +288,5 @@ def test_the_batching_window_survives_a_finish_time_that_rounds_inside_it():
     win, tf = th + q, t + x
     assert tf <= win and not x <= win - t  # the rounding case itself
     assert _last_finish(t, np.array([x, 2 * x]), win, tf) == tf
-    assert (
-        _last_finish(1.0, np.array([0.5, 0.25, 3.0]), 1.6, 1.25) == 1.5
-    )  # the ordinary case: the latest inside
+    # the ordinary case: the latest inside
+    assert _last_finish(1.0, np.array([0.5, 0.25, 3.0]), 1.6, 1.25) == 1.5

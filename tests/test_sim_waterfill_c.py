@@ -60,9 +60,8 @@ def test_random_instances_give_bit_identical_rates(
         kw["incast_links"] = (rng.random(cap.size) < 0.6).astype(np.int64)
         kw["incast_group"] = np.where(rng.random(len(hops)) < 0.4, rng.integers(0, 3, len(hops)), -1)
     (c, _), (ref, _) = _both(monkeypatch, allocate, hops, cls, cap, **kw)
-    np.testing.assert_array_equal(
-        np.isinf(ref), (hops == cap.size).all(axis=1)
-    )  # only all-pad flows are unlimited
+    # only all-pad flows are unlimited
+    np.testing.assert_array_equal(np.isinf(ref), (hops == cap.size).all(axis=1))
     np.testing.assert_array_equal(c, ref)
 
 
@@ -77,9 +76,8 @@ def test_waterfill_gives_identical_rates_and_remaining_capacity(
     for rtol in (0.0, 1e-9, 1e-3):
         (c, (_, _, cap_c)), (ref, (_, _, cap_ref)) = _both(monkeypatch, waterfill, hops, w, capp, rtol=rtol)
         np.testing.assert_array_equal(c, ref)
-        np.testing.assert_array_equal(
-            cap_c, cap_ref
-        )  # the in-place decrease too (strict classes chain on it)
+        # the in-place decrease too (strict classes chain on it)
+        np.testing.assert_array_equal(cap_c, cap_ref)
 
 
 @needs_cc

@@ -73,9 +73,8 @@ def test_pipeline_bubble_matches_1f1b_closed_form_when_the_network_is_fast() -> 
     step = next(n.duration for n in w.nodes if getattr(n, "cat", "") == "step")
     tb = 2 * tf
     M, P = 8, 4
-    assert r.iteration_time == pytest.approx(
-        (M + P - 1) * (tf + tb) + step, rel=1e-4
-    )  # vocab=1 logits: ~1e-5
+    # vocab=1 logits: ~1e-5
+    assert r.iteration_time == pytest.approx((M + P - 1) * (tf + tb) + step, rel=1e-4)
 
 
 @pytest.mark.parametrize(

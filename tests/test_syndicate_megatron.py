@@ -36,9 +36,8 @@ def test_syndicate_on_megatron_core_ddp_is_bitwise_its_own_run_in_one_launch_ord
             launched = [[op, m] for i, _, op, m in p["log"] if i == it]
             assert launched == r["plan_order"], (rank, it, launched)
         assert "plan mismatch at install" in r["mismatch"] and "rank" in r["mismatch"], r["mismatch"]
-    assert (
-        res[0]["plan"]["log"] == res[1]["plan"]["log"]
-    )  # one launch sequence on both ranks, every iteration
+    # one launch sequence on both ranks, every iteration
+    assert res[0]["plan"]["log"] == res[1]["plan"]["log"]
 
 
 def test_syndicate_flags_parse_and_bad_values_are_named(tmp_path) -> None:

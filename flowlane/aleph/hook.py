@@ -508,9 +508,8 @@ def aleph_comm_hook(
     """DDP comm hook: the bucket's mean over the group through the plan's hierarchy, scaled by 1/size first (no ``from __future__ import
     annotations`` in this module: DDP checks that ``bucket`` is annotated with the class itself)."""
     buf = bucket.buffer()
-    buf.mul_(
-        1.0 / len(state.ranks)
-    )  # DDP's built-in reducer scales by 1/size before the sum: bitwise at any size
+    # DDP's built-in reducer scales by 1/size before the sum: bitwise at any size
+    buf.mul_(1.0 / len(state.ranks))
     state(buf)
     if bucket.is_last() and isinstance(state, ReplanningAllReduce):
         state.end_iteration()  # every rank reduces the iteration's buckets in one order: the same point everywhere

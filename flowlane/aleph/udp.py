@@ -228,9 +228,8 @@ def run_tree(
                                    str(sd * 7919 + w + 17), *common], wraps[w])  # fmt: skip
                     procs.append(("worker", part, p))
                     workers.append((p, out, part, w))
-            t0 = (
-                time.perf_counter()
-            )  # every worker is up: start them together (process start-up is not timed)
+            # every worker is up: start them together (process start-up is not timed)
+            t0 = time.perf_counter()
             for p, _, _, _ in workers:
                 assert p.stdin is not None
                 p.stdin.write("go\n")

@@ -401,9 +401,8 @@ def run_live_tree(
             )  # fmt: skip
             a = Attached(net.ifname, cfg, mode=mode, wrap=ex[slot])
             peer = None
-            if (
-                a.mode == "native" and peer_pass
-            ):  # XDP_TX on a veth reaches its peer only when the peer runs XDP (or GRO)
+            # XDP_TX on a veth reaches its peer only when the peer runs XDP (or GRO)
+            if a.mode == "native" and peer_pass:
                 peer = Attached(f"p{slot}", None, prog="aleph_xdp_pass", mode="native", wrap=["ip", "netns",
                                 "exec", net.switch_ns])  # fmt: skip
             attached.append((i, a, peer))

@@ -455,9 +455,8 @@ def edge_softmax(scores: Tensor, group: Tensor, num_groups: int) -> Tensor:
         raise ValueError(f"scores has {scores.shape[0]} rows for {group.numel()} edges")
     idx = group.to(torch.int64).view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
     shape = (num_groups,) + tuple(scores.shape[1:])
-    with (
-        torch.no_grad()
-    ):  # the max only shifts for stability; softmax's value and gradient do not depend on it
+    # the max only shifts for stability; softmax's value and gradient do not depend on it
+    with torch.no_grad():
         top = scores.new_full(shape, float("-inf")).scatter_reduce(0, idx, scores, "amax", include_self=True)
     e = torch.exp(scores - top.gather(0, idx))
     z = scores.new_zeros(shape).index_add(0, group.to(torch.int64), e)

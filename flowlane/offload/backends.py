@@ -447,9 +447,8 @@ class KvikioBackend(IOBackend):
         with self._rr_lock:
             i = next(self._rr)
         path = self.run_dirs[i] / f"r{self.rank}-{key}.bin"
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-        )  # create private, then let kvikio write
+        # create private, then let kvikio write
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.close(fd)
         try:
             f = self._kvikio.CuFile(str(path), "r+")

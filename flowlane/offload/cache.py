@@ -301,9 +301,8 @@ class TensorCache:
             else:
                 module.__dict__.pop("forward", None)
         self._forwards.clear()
-        with contextlib.suppress(
-            RuntimeError, OSError
-        ):  # closing must not fail on an I/O error already reported
+        # closing must not fail on an I/O error already reported
+        with contextlib.suppress(RuntimeError, OSError):
             self.wait_io()
         self._store_pool.shutdown(wait=True)
         self._load_pool.shutdown(wait=True)
@@ -738,9 +737,8 @@ class TensorCache:
                     stored.ref = base
                     self.stats.storages_kept += 1
                 elif bulk:
-                    stored.state = (
-                        "pending"  # copied with the rest of its layer when the layer's forward ends
-                    )
+                    # copied with the rest of its layer when the layer's forward ends
+                    stored.state = "pending"
                     stored.ref = base
                     rec.pending.setdefault(sc.group, []).append(stored)
                 else:
@@ -1036,9 +1034,8 @@ class TensorCache:
         try:
             with _io_stream(st.device):
                 buf = self.backend.read(handle, st.nbytes, st.device)
-                if (
-                    buf.is_cuda
-                ):  # on this worker's I/O stream; backward's stream waits for it before the unpack
+                # on this worker's I/O stream; backward's stream waits for it before the unpack
+                if buf.is_cuda:
                     ev = torch.cuda.Event()
                     ev.record()
                 else:

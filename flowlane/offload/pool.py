@@ -75,9 +75,8 @@ class PinnedPool:
     def _new(self, cap: int) -> HostBlock:
         if self.pin:
             buf = torch.empty(cap, dtype=torch.uint8, pin_memory=True)
-            if (
-                buf.data_ptr() % ALIGN
-            ):  # the caching host allocator returns page-aligned blocks; never assume it
+            # the caching host allocator returns page-aligned blocks; never assume it
+            if buf.data_ptr() % ALIGN:
                 raw = torch.empty(cap + ALIGN, dtype=torch.uint8, pin_memory=True)
                 shift = (-raw.data_ptr()) % ALIGN
                 buf = raw[shift : shift + cap]

@@ -283,9 +283,8 @@ class AllToAllRunner:
         comm.all_reduce(stats, group=g, kind="ep", key=key)
         self.probe_seconds = dict(zip(self.candidates, stats.tolist(), strict=True))
         totals = stats.tolist()
-        pick = torch.tensor(
-            [totals.index(min(totals))], dtype=torch.long, device=device
-        )  # ties: the earlier one
+        # ties: the earlier one
+        pick = torch.tensor([totals.index(min(totals))], dtype=torch.long, device=device)
         first = 0 if g is None else dist.get_process_group_ranks(g)[0]
         comm.broadcast(pick, src=first, group=g, kind="ep", key=key)
         return self.candidates[int(pick.item())]

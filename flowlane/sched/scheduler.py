@@ -176,9 +176,8 @@ class DeferredHandle:
         self._sched._make_urgent(self._op)
         if self._sched.program_order:
             if not self._op.done.is_set():
-                _wait(
-                    self._op.works
-                )  # the backend's own wait (NCCL: the caller's stream waits, the host does not)
+                # the backend's own wait (NCCL: the caller's stream waits, the host does not)
+                _wait(self._op.works)
                 self._op.done.set()
                 with self._sched._cond:
                     self._sched._live.pop(id(self._op), None)

@@ -122,9 +122,8 @@ class SimResult:
     link_names: list[str]
     link_capacity: np.ndarray
     link_bytes: np.ndarray  # offered: sum over flows of bytes x links on their routes
-    link_bytes_moved: (
-        np.ndarray
-    )  # integrated: sum over time of rate x dt (equals link_bytes: byte conservation)
+    # integrated: sum over time of rate x dt (equals link_bytes: byte conservation)
+    link_bytes_moved: np.ndarray
     num_flows: int
     events: int
     rate_updates: int
@@ -175,9 +174,8 @@ class _PhasedRun:
     waits: np.ndarray  # flow -> predecessors not yet completed
     succ_ptr: np.ndarray  # CSR: flow f's successors are succ_idx[succ_ptr[f]:succ_ptr[f + 1]]
     succ_idx: np.ndarray
-    earliest: np.ndarray | None = (
-        None  # flow -> earliest start (plan and issue costs), None = as soon as ready
-    )
+    # flow -> earliest start (plan and issue costs), None = as soon as ready
+    earliest: np.ndarray | None = None
     # every flow routed once at the start (hops, latency), so starting a few flows is indexing; None = route per start
     hops: np.ndarray | None = None
     lat: np.ndarray | None = None
@@ -364,9 +362,8 @@ class _EventLoop:
         self.incast_links = sim.incast_links
         self.link_keys = sim.link_keys
         self.path_row = sim._path_row
-        nodes: list[Any] = (
-            w.nodes
-        )  # a node's kind is checked where it matters (isinstance), not typed per use
+        # a node's kind is checked where it matters (isinstance), not typed per use
+        nodes: list[Any] = w.nodes
         self.nodes = nodes
         n = self.n = len(nodes)
         self.pairs, self.rfirst, self.rcount, self.table, self.rlat, self.hmax = sim._route_table(w)
@@ -479,9 +476,8 @@ class _EventLoop:
     ) -> None:
         np.add.at(self.pending, unit, 1)
         self.last_arrival[unit] = now
-        np.add.at(
-            self.link_bytes, h.ravel(), np.repeat(nb, self.hmax)
-        )  # offered bytes per link (routes x sizes)
+        # offered bytes per link (routes x sizes)
+        np.add.at(self.link_bytes, h.ravel(), np.repeat(nb, self.hmax))
         self.flows.add(h, nb, np.full(len(nb), cls, np.int64), unit, np.full(len(nb), grp, np.int64), lat)
         self.num_flows += len(nb)
 
@@ -735,9 +731,8 @@ class _EventLoop:
             t_next = min(tf, th)
             if t_next == math.inf:
                 break
-            if (
-                q > 0
-            ):  # batch every event that falls within [t_next, t_next + q]: fewer rate updates, error < q
+            # batch every event that falls within [t_next, t_next + q]: fewer rate updates, error < q
+            if q > 0:
                 win = t_next + q
                 cand = [t_next]
                 if tf <= win:

@@ -39,12 +39,10 @@ class Coflow:
     name: str
     stream: str | None = None
     steps: int = 1  # sequential algorithm steps: each adds one route latency (ring all-reduce: 2(n-1))
-    paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = (
-        None  # flow index -> [(device path, fraction)]
-    )
-    matched: bool = (
-        False  # incast-free (Hermod's matching all-to-all): one flow per link for the incast model
-    )
+    # flow index -> [(device path, fraction)]
+    paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = None
+    # incast-free (Hermod's matching all-to-all): one flow per link for the incast model
+    matched: bool = False
 
     @property
     def total_bytes(self) -> float:
@@ -69,9 +67,8 @@ class PhasedAllToAll:
     pred_idx: np.ndarray  # int32 flow indices, each < the flow that waits on it
     meta: CoflowMeta
     name: str
-    stream: None = (
-        None  # the phase flows are not serialised on a stream (each waits on its own ranks instead)
-    )
+    # the phase flows are not serialised on a stream (each waits on its own ranks instead)
+    stream: None = None
     # the plan's identity for the runtime's plan cache (flowlane.hermod.matching.plan_all_to_all: algorithm + the
     # matrix, diagonal ignored); b"" = never a cache hit. Read only where SimConfig charges planning (issue 30)
     plan_key: bytes = b""
@@ -95,9 +92,8 @@ class Workload:
 
     devices: list[str]
     name: str = "workload"
-    nodes: list[ComputeTask | Coflow | PhasedAllToAll | None] = field(
-        default_factory=list
-    )  # None = join (no-op) node
+    # None = join (no-op) node
+    nodes: list[ComputeTask | Coflow | PhasedAllToAll | None] = field(default_factory=list)
     deps: list[tuple[int, ...]] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     _dev_index: dict[str, int] = field(default_factory=dict, repr=False)

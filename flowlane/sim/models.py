@@ -176,9 +176,8 @@ class ParallelConfig:
     num_microbatches: int = 0  # 0 -> 2 * pp (global batch is not stated in the seed, table 5.5)
     schedule: str = "1f1b"
     virtual_stages: int = 2  # model chunks per device for interleaved 1F1B
-    zero: bool = (
-        True  # ZeRO-2 / distributed optimizer: RS + AG (the thesis' default, §5.2.2); False: all-reduce
-    )
+    # ZeRO-2 / distributed optimizer: RS + AG (the thesis' default, §5.2.2); False: all-reduce
+    zero: bool = True
     bucket_params: int = 0  # 0 -> Megatron's max(40M, 1M * dp) elements per bucket [ext]
     dp_algo: str = "ring"
     dp_chunks: int = 1
@@ -190,9 +189,8 @@ class ParallelConfig:
     async_p2p: bool = False  # 1F1B sends do not block the sender's next op (thesis Case I, FlexFlow task DAG)
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool = True
-    ep_a2a: str = (
-        "plain"  # MoE all-to-all: plain (NCCL), matched / phases / phases_bottleneck (Hermod, §5.3.2)
-    )
+    # MoE all-to-all: plain (NCCL), matched / phases / phases_bottleneck (Hermod, §5.3.2)
+    ep_a2a: str = "plain"
     bytes_per_elem: int = 2
     grad_bytes: int = 2
 

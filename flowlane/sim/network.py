@@ -255,9 +255,8 @@ class _ClassCounting:
 
     cls: np.ndarray  # int64 classes
     link: np.ndarray  # uint8 per link, pad included (0): an incast link
-    count: (
-        np.ndarray | None
-    )  # uint8 per (flow, hop): 0 where a matched coflow's (link) pair repeats; None: all count
+    # uint8 per (flow, hop): 0 where a matched coflow's (link) pair repeats; None: all count
+    count: np.ndarray | None
     alpha: float
     threshold: int
 

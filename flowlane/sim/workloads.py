@@ -549,9 +549,8 @@ class _LLMBuilder:
     def dp_groups(self, s: int, expert: bool) -> np.ndarray:
         """Rows = DP (or expert-DP) groups of stage s, as rank arrays."""
         p = self.p
-        if (
-            expert
-        ):  # GPUs holding the same expert shard: same position in their EP group (and same TP rank for dp)
+        # GPUs holding the same expert shard: same position in their EP group (and same TP rank for dp)
+        if expert:
             rows: dict[tuple[int, int], list[int]] = defaultdict(list)
             for (d, c, k), (_, j) in self.ep_pos.items():
                 rows[(j, k if p.ep_layout == "dp" else 0)].append(self.rank(s, d, c, k))
@@ -640,9 +639,8 @@ class _LLMBuilder:
                         self.gathers.setdefault(layer, []).append(node)
                 if not overlap:
                     ready = ag_nodes or ready
-            if (
-                overlap
-            ):  # Case III: the next forward waits per layer (see gated()), the iteration ends at the step
+            # Case III: the next forward waits per layer (see gated()), the iteration ends at the step
+            if overlap:
                 self.param_ready[s] = []
                 ends += list(step_nodes.values())
             else:

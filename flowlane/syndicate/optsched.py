@@ -302,9 +302,8 @@ def _run(g: _Graph, static: list[int] | None, key: list[tuple] | None) -> Schedu
                     f"order launches motif {j} of {name!r} (iteration {it}) before a motif it "
                     f"depends on: the ranks would deadlock"
                 )
-            raise OrderError(
-                "no task can run: the DAG has a cycle"
-            )  # cannot happen: deps point to earlier steps
+            # cannot happen: deps point to earlier steps
+            raise OrderError("no task can run: the DAG has a cycle")
         if static is not None:
             si += 1
         else:

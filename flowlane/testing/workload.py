@@ -249,9 +249,8 @@ class _Rank:
         for local in [0] if lazy else reversed(range(L)):  # not lazy: all at once, in bucket (reverse) order
             gather(local)
         self.sched.seal()  # one window: Hermod sorts the gathers by key
-        if (
-            not cfg.overlap_dp
-        ):  # gathered before the forward starts, as in the optimizer step of Megatron's default
+        # gathered before the forward starts, as in the optimizer step of Megatron's default
+        if not cfg.overlap_dp:
             for local in reversed(range(L)):
                 gathers.pop(local).wait()
                 self.params[local] = full[local]
@@ -292,9 +291,8 @@ class _Rank:
                 grads[local][: cfg.act_elems] += g * saved[local] * 0.01
                 grads[local][cfg.act_elems :] += float(g.mean()) * 1e-3
                 g = g * 0.9
-                if (
-                    mb == M - 1 and cfg.overlap_dp
-                ):  # Case II: a layer's reduction starts after the last microbatch
+                # Case II: a layer's reduction starts after the last microbatch
+                if mb == M - 1 and cfg.overlap_dp:
                     reduce(local)
             return g
 
@@ -357,9 +355,8 @@ class _Rank:
                 None,
                 self.meta("pp", bwd_mb - 1, self.layer_id(0), "send_bwd"),
             )
-        if (
-            not cfg.overlap_dp
-        ):  # Megatron's default: finalize_model_grads after the whole backward, bucket order
+        # Megatron's default: finalize_model_grads after the whole backward, bucket order
+        if not cfg.overlap_dp:
             for local in reversed(range(L)):
                 reduce(local)
         for local, h in reductions:

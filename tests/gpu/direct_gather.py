@@ -419,9 +419,8 @@ class Run:
 
         torch.use_deterministic_algorithms(True)
         fill = torch.utils.deterministic.fill_uninitialized_memory
-        torch.utils.deterministic.fill_uninitialized_memory = (
-            False  # no NaN fill of gather outputs: not a cost to time
-        )
+        # no NaN fill of gather outputs: not a cost to time
+        torch.utils.deterministic.fill_uninitialized_memory = False
         try:
             zc, cpu = (
                 run("zero-copy" if dev.type == "cuda" or interpreting() else "cpu-gather"),

@@ -105,9 +105,8 @@ def run_ranks(
     from flowlane.launch import launch
     from flowlane.testing.provenance import write_result
 
-    os.environ.setdefault(
-        "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-    )  # deterministic cuBLAS, inherited by the ranks
+    # deterministic cuBLAS, inherited by the ranks
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     t0 = time.perf_counter()
     out: dict[str, Any] = {"world": world, "backend": a.backend, **doc}

@@ -461,9 +461,8 @@ def main() -> int:
         print(f"megatron_offload_bench: skipped: megatron-core is not importable here ({e})")
         return 0
     faulthandler.dump_traceback_later(max(5.0, a.hard_s - ob._process_age()), exit=True)
-    os.environ.setdefault(
-        "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-    )  # deterministic cuBLAS (read when CUDA starts)
+    # deterministic cuBLAS (read when CUDA starts)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     _megatron_setup(dev)
