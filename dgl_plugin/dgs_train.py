@@ -473,13 +473,13 @@ def run_cluster(
             "run_cluster needs root, unshare(1) and nsenter(1): every DistGraph server runs with a private "
             "/dev/shm (DGL names its KVStore segments after the tensor only), which the trainers join"
         )
-    work = Path(workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    ip_config = work / "ip_config.txt"
     if net is not None and net.num_ranks != num_parts:
         raise ValueError(
             f"net has {net.num_ranks} ranks but num_parts={num_parts}: one namespace per partition"
         )
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    ip_config = work / "ip_config.txt"
     ips = list(net.ips[:num_parts]) if net is not None else ["127.0.0.1"] * num_parts
     ip_config.write_text("".join(f"{ip} {free_port()}\n" for ip in ips))
     env = dict(
@@ -493,45 +493,9 @@ def run_cluster(
         DGL_DIST_MODE="distributed",
         PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
-    server_py = [
-        sys.executable,
-        "-c",
-        "from dgl_plugin.dgs import register_services; register_services(); "
-        f"import dgl; dgl.distributed.initialize({str(ip_config)!r})",
-    ]
-    procs: list[tuple[str, subprocess.Popen, Path]] = []
+    procs: list[_Proc] = []
     try:
-        for i in range(num_parts):
-            # every server in its own mount namespace with a private /dev/shm: DGL names a partition's graph
-            # segments after the graph but its KVStore segments ("node~_N:feat-kvdata-", labels, masks) after the
-            # tensor only, so two DistDGL sessions on one host overwrite each other's partition 0 otherwise
-            cmd = [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
-                "sh",
-                *(net.exec_prefix(i) if net is not None else []),
-                *server_py,
-            ]
-            log = work / f"server{i}.log"
-            with open(log, "w") as fh:
-                procs.append(
-                    (
-                        f"server {i}",
-                        subprocess.Popen(
-                            cmd,
-                            cwd=ROOT,
-                            stdout=fh,
-                            stderr=subprocess.STDOUT,
-                            env=dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(i)),
-                        ),
-                        log,
-                    )
-                )
+        _start_servers(procs, work, ip_config, num_parts, env, net)
         # the trainers (all "machine 0" to DGL on one host) map partition 0's segments: they join server 0's
         # mount namespace, once it is in there (its command is python, after the tmpfs mount)
         # (with ``net``: trainer p is machine p and joins server p's mount and network namespaces)
@@ -539,80 +503,102 @@ def run_cluster(
             _server_pid(p, deadline=time.monotonic() + 120, log=log)
             for _, p, log in (procs if net is not None else procs[:1])
         ]
-        port = free_port()
-        results = []
-        for r in range(num_parts):
-            a = dict(
-                trainer_args,
-                ip_config=str(ip_config),
-                part_config=part_config,
-                result=str(work / f"trainer{r}.json"),
-            )
-            (work / f"trainer{r}.args.json").write_text(json.dumps(a))
-            results.append(work / f"trainer{r}.json")
-            log = work / f"trainer{r}.log"
-            with open(log, "w") as fh:
-                procs.append(
-                    (
-                        f"trainer {r}",
-                        subprocess.Popen(
-                            [
-                                "nsenter",
-                                f"--mount=/proc/{spids[r if net is not None else 0]}/ns/mnt",
-                                *([f"--net=/proc/{spids[r]}/ns/net"] if net is not None else []),
-                                "--",
-                                sys.executable,
-                                "-m",
-                                "dgl_plugin.dgs_train",
-                                str(work / f"trainer{r}.args.json"),
-                            ],
-                            cwd=ROOT,
-                            stdout=fh,
-                            stderr=subprocess.STDOUT,
-                            env=dict(
-                                env,
-                                DGL_ROLE="client",
-                                RANK=str(r),
-                                WORLD_SIZE=str(num_parts),
-                                MASTER_ADDR=ips[0],
-                                **({"GLOO_SOCKET_IFNAME": net.ifname} if net is not None else {}),
-                                MASTER_PORT=str(port),
-                            ),
-                        ),
-                        log,
-                    )
-                )
-        deadline = time.monotonic() + timeout_s
-        trainers = [p for p in procs if p[0].startswith("trainer")]
-        while any(p.poll() is None for _, p, _ in trainers):
-            bad = [(n, p.returncode, log) for n, p, log in procs if p.poll() not in (None, 0)]
-            if bad:
-                raise RuntimeError(
-                    "DGS run failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}" for n, rc, log in bad)
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"DGS run exceeded timeout_s={timeout_s}; trainer logs:\n"
-                    + "\n".join(f"{n}:\n{_tail(log)}" for n, _, log in trainers)
-                )
-            time.sleep(0.2)
-        bad = [(n, p.returncode, log) for n, p, log in trainers if p.returncode != 0]
-        if bad:
-            raise RuntimeError(
-                "DGS trainers failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}" for n, rc, log in bad)
-            )
+        args = dict(trainer_args, ip_config=str(ip_config), part_config=part_config)
+        trainers = _start_trainers(procs, work, args, ips, spids, env, net)
+        _wait_for_trainers(procs, trainers, timeout_s)
         for _, p, _ in procs:
             try:
                 p.wait(timeout=30)  # servers leave when the last client has left
             except subprocess.TimeoutExpired:
                 p.kill()
-        return [json.loads(r.read_text()) for r in results]
+        return [json.loads((work / f"trainer{r}.json").read_text()) for r in range(num_parts)]
     finally:
         for _, p, _ in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
         # no segment is left in the host's /dev/shm: each private tmpfs goes with its last process
+
+
+#: (name, process, its log) of one server or trainer that run_cluster started
+_Proc = tuple[str, subprocess.Popen, Path]
+
+
+def _start_servers(
+    procs: list[_Proc], work: Path, ip_config: Path, num_parts: int, env: dict, net: Any
+) -> None:
+    """One DistGraph server per partition, each in its own mount namespace with a private /dev/shm: DGL names a
+    partition's graph segments after the graph but its KVStore segments ("node~_N:feat-kvdata-", labels, masks)
+    after the tensor only, so two DistDGL sessions on one host overwrite each other's partition 0 otherwise. Each
+    is added to ``procs`` as it starts (the caller kills them all if a later one fails)."""
+    server_py = [
+        sys.executable,
+        "-c",
+        "from dgl_plugin.dgs import register_services; register_services(); "
+        f"import dgl; dgl.distributed.initialize({str(ip_config)!r})",
+    ]
+    for i in range(num_parts):
+        private_shm = ["unshare", "--mount", "--propagation", "private"]
+        private_shm += ["sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
+        cmd = [*private_shm, *(net.exec_prefix(i) if net is not None else []), *server_py]
+        server_env = dict(env, DGL_ROLE="server", DGL_SERVER_ID=str(i))
+        procs.append(_spawn(f"server {i}", cmd, work / f"server{i}.log", server_env))
+
+
+def _start_trainers(
+    procs: list[_Proc], work: Path, args: dict, ips: list[str], spids: list[int], env: dict, net: Any
+) -> list[_Proc]:
+    """Trainer r (``python -m dgl_plugin.dgs_train trainer{r}.args.json``) in server 0's mount namespace, or with
+    ``net`` in server r's mount and network namespaces; the trainers' gloo group meets at ``ips[0]``. Each is added
+    to ``procs`` as it starts; returns the trainers."""
+    port = free_port()
+    first = len(procs)
+    for r in range(len(ips)):
+        arg_file = work / f"trainer{r}.args.json"
+        arg_file.write_text(json.dumps(dict(args, result=str(work / f"trainer{r}.json"))))
+        spid = spids[r if net is not None else 0]
+        enter = ["nsenter", f"--mount=/proc/{spid}/ns/mnt"]
+        enter += [f"--net=/proc/{spid}/ns/net"] if net is not None else []
+        cmd = [*enter, "--", sys.executable, "-m", "dgl_plugin.dgs_train", str(arg_file)]
+        trainer_env = dict(
+            env,
+            DGL_ROLE="client",
+            RANK=str(r),
+            WORLD_SIZE=str(len(ips)),
+            MASTER_ADDR=ips[0],
+            MASTER_PORT=str(port),
+            **({"GLOO_SOCKET_IFNAME": net.ifname} if net is not None else {}),
+        )
+        procs.append(_spawn(f"trainer {r}", cmd, work / f"trainer{r}.log", trainer_env))
+    return procs[first:]
+
+
+def _spawn(name: str, cmd: list[str], log: Path, env: dict) -> _Proc:
+    with open(log, "w") as fh:
+        return name, subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env), log
+
+
+def _wait_for_trainers(procs: list[_Proc], trainers: list[_Proc], timeout_s: float) -> None:
+    """Until every trainer has exited 0; a process that exits non-zero, or ``timeout_s`` passing, raises
+    RuntimeError with the logs' tails."""
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for _, p, _ in trainers):
+        bad = [(n, p.returncode, log) for n, p, log in procs if p.poll() not in (None, 0)]
+        if bad:
+            raise RuntimeError(
+                "DGS run failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}" for n, rc, log in bad)
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"DGS run exceeded timeout_s={timeout_s}; trainer logs:\n"
+                + "\n".join(f"{n}:\n{_tail(log)}" for n, _, log in trainers)
+            )
+        time.sleep(0.2)
+    bad = [(n, p.returncode, log) for n, p, log in trainers if p.returncode != 0]
+    if bad:
+        raise RuntimeError(
+            "DGS trainers failed: " + "; ".join(f"{n} exited {rc}:\n{_tail(log)}" for n, rc, log in bad)
+        )
 
 
 def _server_pid(p: subprocess.Popen, deadline: float, log: Path) -> int:
