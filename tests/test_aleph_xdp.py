@@ -140,9 +140,8 @@ def test_xdp_drops_and_counts_every_malformed_field(needs_xdp):
 
 # ---------------------------------------------------------------------------------------- attached to a live veth
 
-LIVE_PLAN = Plan.from_clusters(
-    4, [[0, 1, 2], [3]]
-)  # one XDP aggregator (3 children) and a worker direct to the PS
+# one XDP aggregator (3 children) and a worker direct to the PS
+LIVE_PLAN = Plan.from_clusters(4, [[0, 1, 2], [3]])
 
 
 @pytest.fixture(scope="module")

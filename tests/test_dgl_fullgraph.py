@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gnn
-dgl = pytest.importorskip(
-    "dgl"
-)  # the llm lane collects this file without DGL; tests/test_dgl_lane.py guards the lane
+# the llm lane collects this file without DGL; tests/test_dgl_lane.py guards the lane
+dgl = pytest.importorskip("dgl")
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402

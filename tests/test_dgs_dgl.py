@@ -35,9 +35,8 @@ DGS = {
 
 @needs_root
 @pytest.mark.slow
-@pytest.mark.timeout(
-    1000
-)  # six processes import torch + DGL: 2-6 min on a loaded 2-core host; run_cluster stops at 900
+# six processes import torch + DGL: 2-6 min on a loaded 2-core host; run_cluster stops at 900
+@pytest.mark.timeout(1000)
 def test_dgs_on_two_distdgl_partitions_pulls_exact_columns_explains_and_converges(tmp_path):
     part_config, classes = partition_redundant(tmp_path, 2, seed=0, num_nodes=600, avg_degree=8)
     args = {

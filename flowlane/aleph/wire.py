@@ -21,9 +21,8 @@ SEG_ELEMS = 128
 MAX_CHILDREN = 32
 NACK_SPAN = 32
 DATA, RESULT, NACK, RETX = 1, 2, 3, 4
-HEADER = struct.Struct(
-    "<HBBHHIIIbBH"
-)  # magic version type job src iteration segment bitmap scale flags count
+# magic version type job src iteration segment bitmap scale flags count
+HEADER = struct.Struct("<HBBHHIIIbBH")
 SCALE_MIN, SCALE_MAX = -100, 100
 
 
