@@ -576,30 +576,78 @@ def launch(
 
 
 def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store_dir: str) -> None:
-    seq = itertools.count()
-    failures: list[_Failure] = []
-    first_failure = 0.0
-    n_ready = n_imported = 0
-    t0 = last_note = time.monotonic()
+    """Until every rank has its result, or a failure (and those it sets off, for ``_SETTLE_S``) is known: raises
+    RankFailedError naming the rank at fault, or RankTimeoutError for ranks that do not start or stop progressing."""
+    _Supervisor(ranks, timeout, startup_timeout, store_dir).run()
 
-    def fail(r: _Rank, severity: int, text: str, headline: str | None = None) -> None:
-        nonlocal first_failure
+
+class _Supervisor:
+    """The launcher's view of its ranks: what each sends (start-up progress, heart beats, its result or error) and
+    when each exits; failures are ranked by severity, then by when they were seen (:class:`_Failure`)."""
+
+    def __init__(self, ranks: list[_Rank], timeout: float, startup_timeout: float, store_dir: str) -> None:
+        self.ranks, self.timeout, self.startup_timeout, self.store_dir = (
+            ranks,
+            timeout,
+            startup_timeout,
+            store_dir,
+        )
+        self.seq = itertools.count()
+        self.failures: list[_Failure] = []
+        self.first_failure = 0.0
+        self.n_ready = self.n_imported = 0
+        self.t0 = self.last_note = time.monotonic()
+
+    def run(self) -> None:
+        while not all(r.done or r.failure for r in self.ranks):
+            if self.failures and time.monotonic() - self.first_failure >= _SETTLE_S:
+                break
+            self._wait_for_events(0.5)
+            if not self.failures:
+                self._check_progress()
+        if self.failures:
+            self._raise_failure()
+
+    def _fail(self, r: _Rank, severity: int, text: str, headline: str | None = None) -> None:
         if r.failure is None and not r.done:
-            r.failure = _Failure(r.rank, severity, next(seq), headline, text)
-            failures.append(r.failure)
-            first_failure = first_failure or time.monotonic()
+            r.failure = _Failure(r.rank, severity, next(self.seq), headline, text)
+            self.failures.append(r.failure)
+            self.first_failure = self.first_failure or time.monotonic()
 
-    def handle(r: _Rank, kind: str, payload: Any) -> None:
-        nonlocal n_ready, n_imported
+    def _wait_for_events(self, timeout: float) -> None:
+        """A rank's messages, then its exit, for every rank with either within ``timeout`` seconds."""
+        by_obj: dict[Any, tuple[str, _Rank]] = {}
+        for r in self.ranks:
+            if r.conn is not None:
+                by_obj[r.conn] = ("conn", r)
+            if not r.exited:
+                by_obj[r.proc.sentinel] = ("exit", r)
+        ready = wait(list(by_obj), timeout=timeout)
+        for what, r in sorted((by_obj[o] for o in ready), key=lambda x: x[0] != "conn"):  # messages first
+            if what == "conn" and r.conn is not None:
+                self._drain(r)
+            elif what == "exit":
+                self._on_exit(r)
+
+    def _drain(self, r: _Rank) -> None:
+        assert r.conn is not None
+        try:
+            while r.conn.poll():
+                self._on_message(r, *pickle.loads(r.conn.recv_bytes()))
+        except (EOFError, OSError):
+            r.conn.close()
+            r.conn = None
+
+    def _on_message(self, r: _Rank, kind: str, payload: Any) -> None:
         now = time.monotonic()
         if kind == "imported":  # start-up progress: imports are most of it
-            n_imported += 1
-            log.info("ranks started: %d/%d (%.0f s)", n_imported, len(ranks), now - t0)
+            self.n_imported += 1
+            log.info("ranks started: %d/%d (%.0f s)", self.n_imported, len(self.ranks), now - self.t0)
         elif kind == "ready":
             r.ready = r.progress = now
-            n_ready += 1
-            if n_ready == len(ranks):
-                log.info("all %d ranks ready (%.0f s)", n_ready, now - t0)
+            self.n_ready += 1
+            if self.n_ready == len(self.ranks):
+                log.info("all %d ranks ready (%.0f s)", self.n_ready, now - self.t0)
         elif kind == "beat":
             r.progress = now
         elif kind == "ok":
@@ -608,95 +656,67 @@ def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store
             tb, signum = payload
             if signum is not None:  # someone else signalled this rank (the launcher's own stop comes later)
                 name = signal.Signals(signum).name
-                fail(
-                    r,
-                    0,
-                    tb,
-                    f"rank {r.rank} was stopped by {name} (signal {signum}) from outside the launcher",
-                )
+                headline = f"rank {r.rank} was stopped by {name} (signal {signum}) from outside the launcher"
+                self._fail(r, 0, tb, headline)
             else:
-                fail(r, 2, tb)
+                self._fail(r, 2, tb)
 
-    def drain(r: _Rank) -> None:
-        assert r.conn is not None
-        try:
-            while r.conn.poll():
-                handle(r, *pickle.loads(r.conn.recv_bytes()))
-        except (EOFError, OSError):
-            r.conn.close()
-            r.conn = None
+    def _on_exit(self, r: _Rank) -> None:
+        r.proc.join(5)  # the sentinel closes a moment before the process can be reaped
+        r.exited = True
+        if r.conn is not None:
+            self._drain(r)  # what it wrote before it exited
+        if not r.done and r.failure is None:
+            self._fail(r, *_exit_failure(r.rank, r.proc.exitcode, _crash_stack(self.store_dir, r.rank)))
 
-    while True:
-        if all(r.done or r.failure for r in ranks):
-            break
-        now = time.monotonic()
-        if failures and now - first_failure >= _SETTLE_S:
-            break
-        by_obj: dict[Any, tuple[str, _Rank]] = {}
-        for r in ranks:
-            if r.conn is not None:
-                by_obj[r.conn] = ("conn", r)
-            if not r.exited:
-                by_obj[r.proc.sentinel] = ("exit", r)
-        ready = wait(list(by_obj), timeout=0.5)
-        for what, r in sorted((by_obj[o] for o in ready), key=lambda x: x[0] != "conn"):  # messages first
-            if what == "conn" and r.conn is not None:
-                drain(r)
-            elif what == "exit":
-                r.proc.join(5)  # the sentinel closes a moment before the process can be reaped
-                r.exited = True
-                if r.conn is not None:
-                    drain(r)  # what it wrote before it exited
-                if not r.done and r.failure is None:
-                    fail(r, *_exit_failure(r.rank, r.proc.exitcode, _crash_stack(store_dir, r.rank)))
-        if failures:
-            continue
-        now = time.monotonic()
-        if n_ready < len(ranks) and now - last_note >= _STARTUP_NOTE_S:
-            last_note = now
+    def _check_progress(self) -> None:
+        """Say that start-up goes on; raise RankTimeoutError for ranks past ``startup_timeout`` unstarted, or past
+        ``timeout`` without progress (a stopped process among the running ranks is named as the culprit)."""
+        ranks, now = self.ranks, time.monotonic()
+        if self.n_ready < len(ranks) and now - self.last_note >= _STARTUP_NOTE_S:
+            self.last_note = now
             log.info(
                 "still starting (imports, rendezvous): %d/%d ranks ready after %.0f s (startup_timeout=%g s)",
-                n_ready,
+                self.n_ready,
                 len(ranks),
-                now - t0,
-                startup_timeout,
+                now - self.t0,
+                self.startup_timeout,
             )
-        late = [r.rank for r in ranks if r.ready is None and now - r.started > startup_timeout]
+        late = [r.rank for r in ranks if r.ready is None and now - r.started > self.startup_timeout]
         if late:
-            raise RankTimeoutError(
-                late, startup_timeout, _dump_stacks(ranks, late, store_dir), phase="start-up"
-            )
-        stuck = [r.rank for r in ranks if r.ready is not None and not r.done and now - r.progress > timeout]
+            stacks = _dump_stacks(ranks, late, self.store_dir)
+            raise RankTimeoutError(late, self.startup_timeout, stacks, phase="start-up")
+        stuck = [
+            r.rank for r in ranks if r.ready is not None and not r.done and now - r.progress > self.timeout
+        ]
         if stuck:
             running = [r.rank for r in ranks if not r.done and not r.exited]
             stopped = [i for i in running if _stopped(ranks[i].proc.pid)]
             stuck = sorted(set(stuck) | set(stopped))
             note = "".join(f"{_stopped_text(i)}\n" for i in stopped)
-            raise RankTimeoutError(
-                stuck,
-                timeout,
-                _dump_stacks(ranks, stuck, store_dir),
-                culprit=next(iter(stopped), None),
-                note=note,
-            )
-    if not failures:
-        return
-    for r in ranks:  # a stopped rank is the one its peers' errors are about
-        if not r.done and not r.exited and r.failure is None and _stopped(r.proc.pid):
-            fail(r, 0, "", _stopped_text(r.rank))
-    running = [r.rank for r in ranks if not r.done and r.failure is None and not r.exited]
-    stacks = _dump_stacks(ranks, running, store_dir) if running else {}
-    cause = min(failures, key=lambda f: (f.severity, f.seq))
-    parts = [cause.text] if cause.text else []
-    parts += [
-        f"--- then rank {f.rank}: {f.headline or 'failed'} ---\n{f.text[-3000:]}"
-        for f in sorted(failures, key=lambda f: f.seq)
-        if f is not cause
-    ]
-    parts += [
-        f"--- rank {i} still running, at ---\n{stacks.get(i) or '(no stack captured)'}" for i in running
-    ]
-    raise RankFailedError(cause.rank, "\n".join(parts) or "(no further detail)", cause.headline)
+            stacks = _dump_stacks(ranks, stuck, self.store_dir)
+            raise RankTimeoutError(stuck, self.timeout, stacks, culprit=next(iter(stopped), None), note=note)
+
+    def _raise_failure(self) -> None:
+        """RankFailedError for the root cause (lowest severity, then first seen), with what followed it and the
+        stacks of the ranks still running."""
+        ranks = self.ranks
+        for r in ranks:  # a stopped rank is the one its peers' errors are about
+            if not r.done and not r.exited and r.failure is None and _stopped(r.proc.pid):
+                self._fail(r, 0, "", _stopped_text(r.rank))
+        running = [r.rank for r in ranks if not r.done and r.failure is None and not r.exited]
+        stacks = _dump_stacks(ranks, running, self.store_dir) if running else {}
+        cause = min(self.failures, key=lambda f: (f.severity, f.seq))
+        parts = [cause.text] if cause.text else []
+        parts += [
+            f"--- then rank {f.rank}: {f.headline or 'failed'} ---\n{f.text[-3000:]}"
+            for f in sorted(self.failures, key=lambda f: f.seq)
+            if f is not cause
+        ]
+        parts += [
+            f"--- rank {i} still running, at ---\n{stacks.get(i) or '(no stack captured)'}" for i in running
+        ]
+        raise RankFailedError(cause.rank, "\n".join(parts) or "(no further detail)", cause.headline)
 
 
 def _crash_stack(store_dir: str, rank: int) -> str:
