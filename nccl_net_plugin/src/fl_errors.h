@@ -25,6 +25,9 @@
 
 #include "flowlane_net_abi.h"
 
+/* The failed call's errno as an internal error: never 0, which would read as success. */
+static inline int fl_neg_errno(void) { return errno > 0 ? -errno : -EIO; }
+
 static inline ncclResult_t fl_retval(int err) {
   switch (-err) {
     case 0:

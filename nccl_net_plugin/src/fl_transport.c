@@ -487,7 +487,7 @@ static int connect_start(uint8_t* handle, int traffic_class, struct fl_connect_s
   if (st->npaths > FL_MAX_PATHS) st->npaths = FL_MAX_PATHS;
   uint64_t conn_id;
   if (random_bytes(&conn_id, sizeof(conn_id)) != 0 || random_bytes(&st->cookie, sizeof(st->cookie)) != 0) {
-    int e = errno;
+    int e = -fl_neg_errno();
     FL_WARN("connect: getrandom failed: %s", strerror(e));
     free(st);
     return -e;
@@ -504,7 +504,7 @@ static int connect_start(uint8_t* handle, int traffic_class, struct fl_connect_s
     wire_to_sockaddr(&st->h.addrs[p % st->h.naddrs], &ss, &sl);
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-      int e = errno;
+      int e = -fl_neg_errno();
       FL_WARN("connect: socket() failed: %s", strerror(e));
       connect_drop(st, 1);
       return -e;
@@ -512,7 +512,7 @@ static int connect_start(uint8_t* handle, int traffic_class, struct fl_connect_s
     st->fds[p] = fd;
     set_lane_options(fd, ss.ss_family, lane);
     if (connect(fd, (struct sockaddr*)&ss, sl) != 0 && errno != EINPROGRESS) {
-      int e = errno;
+      int e = -fl_neg_errno();
       char a[80];
       fmt_sockaddr((struct sockaddr*)&ss, a, sizeof(a));
       FL_WARN("connect to %s failed: %s", a, strerror(e));
@@ -578,7 +578,7 @@ ncclResult_t fl_connect(int dev, int traffic_class, void* handle, void** send_co
       ssize_t w = send(fd, st->hello[p] + st->hello_off[p], FL_HELLO_BYTES - st->hello_off[p], MSG_NOSIGNAL);
       if (w > 0) st->hello_off[p] += (uint32_t)w;
       else if (w < 0 && !io_would_block()) {
-        err = -errno;
+        err = fl_neg_errno();
         FL_WARN("connect path %d: sending hello failed: %s", p, strerror(-err));
         break;
       }
@@ -914,7 +914,7 @@ static void ctl_flush(struct fl_comm* c, struct fl_path* p, int pi) {
   while (p->ctl_off < p->ctl_len) {
     ssize_t w = send(p->fd, p->ctl + p->ctl_off, p->ctl_len - p->ctl_off, MSG_NOSIGNAL);
     if (w < 0) {
-      if (!io_would_block()) comm_fail(c, -errno, "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
+      if (!io_would_block()) comm_fail(c, fl_neg_errno(), "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
       return;
     }
     p->ctl_off += (uint64_t)w;
@@ -1074,7 +1074,7 @@ static void path_read(struct fl_comm* c, int pi) {
       return;
     }
     if (r < 0) {
-      if (!io_would_block()) comm_fail(c, -errno, "path %d: recv failed: %s", pi, strerror(errno));
+      if (!io_would_block()) comm_fail(c, fl_neg_errno(), "path %d: recv failed: %s", pi, strerror(errno));
       return;
     }
     c->last_progress_ns = now_ns();
@@ -1105,7 +1105,7 @@ static void path_write(struct fl_comm* c, int pi) {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t w = sendmsg(p->fd, &mh, MSG_NOSIGNAL);
     if (w < 0) {
-      if (!io_would_block()) comm_fail(c, -errno, "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
+      if (!io_would_block()) comm_fail(c, fl_neg_errno(), "path %d: send failed: %s (peer gone?)", pi, strerror(errno));
       return;
     }
     p->out_done += (uint64_t)w;
