@@ -352,24 +352,8 @@ def train_rank(rank: int, world: int, recipe_dict: dict[str, Any]) -> dict[str, 
 
 
 def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
-    device = recipe.device
-    # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
-    if device == "auto":
-        device = resolve_device(recipe, None)
-    if device not in ("cpu", "cuda"):
-        raise ValueError(
-            f"device={device!r}: train_rank needs it resolved to 'cpu' or 'cuda' (resolve_device)"
-        )
-    if device == "cpu":
-        from megatron_plugin import cpu_shim
-
-        cpu_shim.apply()
-    from megatron_plugin import te_compat
-
-    te_compat.apply()
+    device = _rank_device(recipe)
     from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from flowlane import comm, trace
@@ -391,69 +375,108 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
         dp_bytes = dp_bytes_per_iteration(model)
         ctx = TrainContext(recipe, model, config, p2p, grad_sync, rank, optimizer=optimizer)
         handles = install_features(recipe.features, ctx)
-        fwd_bwd = get_forward_backward_func()
-        # a custom p2p_communicator must come with the full process-group collection (megatron-core >= 0.15)
-        pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-        dp_rank = ps.get_data_parallel_rank()
-        is_last = ps.is_pipeline_last_stage()
-        losses, iter_times = [], []
-        progress = _progress(rank == world - 1 and recipe.progress, recipe.iterations)
         t_start = time.perf_counter()
-        for it in range(recipe.iterations):
-            ctx.iteration = it
-            comm.get_recorder().enabled = it > 0  # iteration 0 warms up; count bytes of steady state
-            t0 = time.perf_counter()
-            model.zero_grad_buffer()
-            optimizer.zero_grad()
-            with trace.span("forward_backward", iteration=it):
-                out = fwd_bwd(
-                    forward_step_func=partial(_forward_step, recipe=recipe, device=device),
-                    data_iterator=synthetic_batches(recipe, dp_rank, it),
-                    model=[model],
-                    num_microbatches=recipe.num_microbatches,
-                    seq_length=recipe.seq_length,
-                    micro_batch_size=recipe.micro_batch_size,
-                    forward_only=False,
-                    p2p_communicator=p2p,
-                    pg_collection=pg_collection,
-                )
-            with trace.span("optimizer", iteration=it):
-                optimizer.step()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            iter_times.append(time.perf_counter() - t0)
-            if is_last:
-                losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
-            progress(it, losses[-1] if losses else None)
+        losses, iter_times = _iterate(ctx, device, show_progress=rank == world - 1 and recipe.progress)
         if recipe.distributed_optimizer:
             model.start_param_sync(force_sync=True)  # the last step's shards, gathered
         rec = comm.get_recorder()
         bytes_by_kind = rec.bytes_by_kind()
         bytes_by_kind["dp"] = dp_bytes * (recipe.iterations - 1)  # steady state, as the recorder counts
-        feature_stats = {}
-        for h in handles:
-            stats = getattr(h, "stats", None)
-            if dataclasses.is_dataclass(stats):
-                feature_stats[type(h).__name__] = dataclasses.asdict(stats)
-            if hasattr(h, "close"):
-                h.close()
-        grads_digest = float(sum(p.detach().double().sum() for p in model.parameters()))
         return {
             "rank": rank,
             "pp_stage": ps.get_pipeline_model_parallel_rank(),
-            "dp_rank": dp_rank,
+            "dp_rank": ps.get_data_parallel_rank(),
             "losses": losses,
             "iteration_times": iter_times,
             "bytes_by_kind": bytes_by_kind,
             "ops_by_kind": rec.count_by_kind(),
-            "param_digest": grads_digest,
+            "param_digest": float(sum(p.detach().double().sum() for p in model.parameters())),
             "num_params": sum(p.numel() for p in model.parameters()),
-            "feature_stats": feature_stats,
+            "feature_stats": _close_features(handles),
             "trace": trace.rank_events(rank, t_start),
             "wall": time.perf_counter() - t_start,
         }
     finally:
         ps.destroy_model_parallel()
+
+
+def _rank_device(recipe: GPTRecipe) -> str:
+    """'cpu' or 'cuda' for this rank, with the shims that device needs applied (before Megatron-core is used)."""
+    device = recipe.device
+    # called directly (tests, benchmarks under flowlane.launch): as flowlane-train's local ranks
+    if device == "auto":
+        device = resolve_device(recipe, None)
+    if device not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device={device!r}: train_rank needs it resolved to 'cpu' or 'cuda' (resolve_device)"
+        )
+    if device == "cpu":
+        from megatron_plugin import cpu_shim
+
+        cpu_shim.apply()
+    from megatron_plugin import te_compat
+
+    te_compat.apply()
+    return device
+
+
+def _iterate(ctx: TrainContext, device: str, show_progress: bool) -> tuple[list[float], list[float]]:
+    """The recipe's iterations under Megatron-core's own schedule: zero the grad buffers, forward-backward over the
+    micro-batches, optimizer step. Returns the last stage's mean loss and every rank's time per iteration."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from flowlane import comm, trace
+
+    recipe, model, optimizer = ctx.recipe, ctx.model, ctx.optimizer
+    fwd_bwd = get_forward_backward_func()
+    # a custom p2p_communicator must come with the full process-group collection (megatron-core >= 0.15)
+    pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    dp_rank = ps.get_data_parallel_rank()
+    is_last = ps.is_pipeline_last_stage()
+    losses: list[float] = []
+    iter_times: list[float] = []
+    progress = _progress(show_progress, recipe.iterations)
+    for it in range(recipe.iterations):
+        ctx.iteration = it
+        comm.get_recorder().enabled = it > 0  # iteration 0 warms up; count bytes of steady state
+        t0 = time.perf_counter()
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        with trace.span("forward_backward", iteration=it):
+            out = fwd_bwd(
+                forward_step_func=partial(_forward_step, recipe=recipe, device=device),
+                data_iterator=synthetic_batches(recipe, dp_rank, it),
+                model=[model],
+                num_microbatches=recipe.num_microbatches,
+                seq_length=recipe.seq_length,
+                micro_batch_size=recipe.micro_batch_size,
+                forward_only=False,
+                p2p_communicator=ctx.p2p_communicator,
+                pg_collection=pg_collection,
+            )
+        with trace.span("optimizer", iteration=it):
+            optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        iter_times.append(time.perf_counter() - t0)
+        if is_last:
+            losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
+        progress(it, losses[-1] if losses else None)
+    return losses, iter_times
+
+
+def _close_features(handles: list[Any]) -> dict[str, Any]:
+    """Each installed feature's ``stats`` (a dataclass) by its class name; the features that can close are closed."""
+    stats: dict[str, Any] = {}
+    for h in handles:
+        s = getattr(h, "stats", None)
+        if dataclasses.is_dataclass(s) and not isinstance(s, type):
+            stats[type(h).__name__] = dataclasses.asdict(s)
+        if hasattr(h, "close"):
+            h.close()
+    return stats
 
 
 def _progress(enabled: bool, total: int) -> Any:
