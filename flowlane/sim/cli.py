@@ -125,94 +125,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    """``flowlane sim``: build the workload, simulate it under each policy, print the table, write sim.json (and the
+    traces and plot asked for). Bad options print one error line and return 2 before any work."""
     from rich.console import Console
-    from rich.table import Table
 
-    con = Console(stderr=True)
-    pols = [x.strip() for x in args.policy.split(",") if x.strip()]
     try:
-        if not pols:
-            raise ValueError(
-                f"--policy {args.policy!r} names no policy; choose from {', '.join(policy_names())}"
-            )
-        policies = [make_policy(x) for x in pols]
+        policies = _policies(args.policy)
         out = check_output_dir(args.out, "--out")  # before the work: its results must have somewhere to go
-    except ValueError as e:
-        con.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        return 2
-    con = Console()
-    over = {}
-    if args.schedule:
-        over["schedule"] = args.schedule
-    if args.microbatches is not None:
-        over["num_microbatches"] = args.microbatches
-    if args.iterations is not None:
-        over["iterations"] = args.iterations
-    if args.ep_a2a:
-        over["ep_a2a"] = args.ep_a2a
-    if args.no_overlap:
-        over.update(overlap_grad_reduce=False, overlap_param_gather=False)
-    try:
-        if (over or args.nics_per_server) and args.workload not in WORKLOADS[:6]:
-            raise SimSpecError(
-                "--schedule/--microbatches/--iterations/--ep-a2a/--nics-per-server/--no-overlap apply "
-                f"to LLM presets, not {args.workload!r}"
-            )
-        topo_kw = (
-            {"topology": cluster(args.gpus, args.bandwidth, nics_per_server=args.nics_per_server)}
-            if args.nics_per_server
-            else {}
-        )
-        topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over, **topo_kw)
-        cfg = SimConfig(
-            routing=args.routing,
-            sharing=args.sharing,
-            seed=args.seed,
-            incast=IncastModel(alpha=args.incast_alpha, count=args.incast_count)
-            if args.incast_alpha > 0
-            else None,
-        )
+        over = _preset_overrides(args)
+        topo, wl, cfg = _build(args, over)
     except (SimSpecError, ValueError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
+    con = Console()
     con.print(
         f"[bold]{wl.name}[/bold]: {len(wl.nodes)} nodes, {len(wl.coflows)} coflows, {wl.num_flows} flows "
         f"on {topo.name} ({args.bandwidth:g} Gbps) — simulated"
     )
-    results: dict[str, SimResult] = {}
-    from rich.progress import Progress, TaskID
-
-    with Progress(console=con, transient=True) as prog:
-        for pol in policies:
-            task = prog.add_task(f"simulating {pol.name}", total=len(wl.nodes))
-
-            def show(done: int, total: int, t: TaskID = task) -> None:
-                prog.update(t, completed=done)
-
-            results[pol.name] = Simulator(topo, cfg).run(wl, pol, on_progress=show)
+    results = _simulate(con, topo, cfg, wl, policies)
+    con.print(_table(wl.name, results))
     base = next(iter(results.values())).iteration_time
-    ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
-    tab = Table(title=f"{wl.name} — simulated iteration time")
-    for col in [
-        "policy",
-        "iteration (s)",
-        "speedup",
-        *[f"{c} CCT (ms)" for c in ctypes],
-        "events/cpu-s",
-        "cpu (s)",
-    ]:
-        tab.add_column(col, justify="right")
-    for name, r in results.items():
-        cc = r.cct_by_ctype()
-        tab.add_row(
-            name,
-            f"{r.iteration_time:.4f}",
-            f"{base / r.iteration_time:.3f}x",
-            *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
-            f"{r.events / max(r.cpu_s, 1e-9):,.0f}",
-            f"{r.cpu_s:.2f}",
-        )
-    con.print(tab)
     doc = {
         "simulated": True,
         "workload": args.workload,
@@ -226,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             "nics_per_server": args.nics_per_server or "one per GPU",
             "iterations": len(wl.info.get("iteration_end", [])) or 1,
         },
-        "baseline": pols[0],
+        "baseline": policies[0].name,
         "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()},
     }
     write_json(out / "sim.json", doc)
@@ -237,6 +169,92 @@ def run(args: argparse.Namespace) -> int:
         plot(results, out / "sim.png", f"{wl.name}, {args.bandwidth:g} Gbps (simulated)")
     con.print(f"wrote {out / 'sim.json'}" + ("" if args.no_plot else f" and {out / 'sim.png'}"))
     return 0
+
+
+def _policies(spec: str) -> list:
+    """``--policy a,b,...`` as policies; the first is the baseline the speed-ups are against."""
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"--policy {spec!r} names no policy; choose from {', '.join(policy_names())}")
+    return [make_policy(x) for x in names]
+
+
+def _preset_overrides(args: argparse.Namespace) -> dict:
+    """The LLM presets' ParallelConfig fields the flags set; refused for the other workloads."""
+    over: dict = {}
+    if args.schedule:
+        over["schedule"] = args.schedule
+    if args.microbatches is not None:
+        over["num_microbatches"] = args.microbatches
+    if args.iterations is not None:
+        over["iterations"] = args.iterations
+    if args.ep_a2a:
+        over["ep_a2a"] = args.ep_a2a
+    if args.no_overlap:
+        over.update(overlap_grad_reduce=False, overlap_param_gather=False)
+    if (over or args.nics_per_server) and args.workload not in WORKLOADS[:6]:
+        raise SimSpecError(
+            "--schedule/--microbatches/--iterations/--ep-a2a/--nics-per-server/--no-overlap apply "
+            f"to LLM presets, not {args.workload!r}"
+        )
+    return over
+
+
+def _build(args: argparse.Namespace, over: dict) -> tuple:
+    """(topology, workload, SimConfig) from the flags."""
+    topo_kw = {}
+    if args.nics_per_server:
+        topo_kw["topology"] = cluster(args.gpus, args.bandwidth, nics_per_server=args.nics_per_server)
+    topo, wl = build_workload(args.workload, args.gpus, args.bandwidth, seed=args.seed, **over, **topo_kw)
+    incast = IncastModel(alpha=args.incast_alpha, count=args.incast_count) if args.incast_alpha > 0 else None
+    cfg = SimConfig(routing=args.routing, sharing=args.sharing, seed=args.seed, incast=incast)
+    return topo, wl, cfg
+
+
+def _simulate(con, topo, cfg: SimConfig, wl, policies: list) -> dict[str, SimResult]:
+    """One simulation per policy, with a progress bar over the workload's nodes."""
+    from rich.progress import Progress, TaskID
+
+    results: dict[str, SimResult] = {}
+    with Progress(console=con, transient=True) as prog:
+        for pol in policies:
+            task = prog.add_task(f"simulating {pol.name}", total=len(wl.nodes))
+
+            def show(done: int, total: int, t: TaskID = task) -> None:
+                prog.update(t, completed=done)
+
+            results[pol.name] = Simulator(topo, cfg).run(wl, pol, on_progress=show)
+    return results
+
+
+def _table(name: str, results: dict[str, SimResult]):
+    """Iteration time, speed-up over the first policy and mean CCT per coflow type, one row per policy."""
+    from rich.table import Table
+
+    base = next(iter(results.values())).iteration_time
+    ctypes = sorted({c for r in results.values() for c in r.cct_by_ctype()})
+    tab = Table(title=f"{name} — simulated iteration time")
+    cols = [
+        "policy",
+        "iteration (s)",
+        "speedup",
+        *[f"{c} CCT (ms)" for c in ctypes],
+        "events/cpu-s",
+        "cpu (s)",
+    ]
+    for col in cols:
+        tab.add_column(col, justify="right")
+    for pol, r in results.items():
+        cc = r.cct_by_ctype()
+        tab.add_row(
+            pol,
+            f"{r.iteration_time:.4f}",
+            f"{base / r.iteration_time:.3f}x",
+            *[f"{cc[c]['mean_s'] * 1e3:.3f}" if c in cc else "-" for c in ctypes],
+            f"{r.events / max(r.cpu_s, 1e-9):,.0f}",
+            f"{r.cpu_s:.2f}",
+        )
+    return tab
 
 
 def main(argv: list[str] | None = None) -> int:
