@@ -168,9 +168,8 @@ def run_point(
     )
     last = [t0]
 
-    def progress(
-        done: int, n: int
-    ) -> None:  # a line per 5 CPU-minutes: what a cut-off long point had reached
+    # a line per 5 CPU-minutes: what a cut-off long point had reached
+    def progress(done: int, n: int) -> None:
         now = time.process_time()
         if now - last[0] >= 300 or done == n:
             last[0] = now

@@ -164,12 +164,8 @@ def checks_rank(rank: int, world: int, backend: str, device: str, partial: str) 
 
     def collectives() -> dict:
         res = {}
-        for n in (
-            1,
-            1000,
-            1 << 20,
-            1 << 22,
-        ):  # integers in float32: every reduction order gives the exact sum
+        # integers in float32: every reduction order gives the exact sum
+        for n in (1, 1000, 1 << 20, 1 << 22):
             t = torch.full((n,), float(rank + 1), device=dev)
             dist.all_reduce(t)
             res[f"all_reduce_{n}"] = bool(torch.all(t == world * (world + 1) / 2).item())

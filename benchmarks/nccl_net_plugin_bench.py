@@ -532,12 +532,8 @@ def main() -> int:
     t0 = time.time()
     load0 = os.getloadavg()[0]  # other work on the machine skews timings; recorded so readers can judge
     only = set(args.only or ["throughput", "priority", "multipath", "scaling"])
-    for name in (
-        "throughput",
-        "priority",
-        "multipath",
-        "scaling",
-    ):  # studies not rerun keep their last results
+    # studies not rerun keep their last results
+    for name in ("throughput", "priority", "multipath", "scaling"):
         if name not in only and (OUT / f"{name}.json").exists():
             results[name] = json.loads((OUT / f"{name}.json").read_text())
     if "throughput" in only:

@@ -352,9 +352,8 @@ class AlephMegatron:
             else:
                 self.plan = plan
 
-            def build(
-                plan: Plan,
-            ) -> HierarchicalAllReduce:  # the groups serve any plan of the group (top="ps")
+            # the groups serve any plan of the group (top="ps")
+            def build(plan: Plan) -> HierarchicalAllReduce:
                 return HierarchicalAllReduce(
                     plan, group, config.top, config.chunk_bytes, p2p_groups=p2p, **multi
                 )

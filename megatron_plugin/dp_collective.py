@@ -359,9 +359,8 @@ class DPCollective:
         _register()
         self.group: _DPGroup | None = None
         self.component: DPComponent | None = None
-        for (
-            ranks
-        ) in self.all_groups:  # every rank creates every group, in one order (new_group is collective)
+        # every rank creates every group, in one order (new_group is collective)
+        for ranks in self.all_groups:
             component = make_component(dp_group if ranks == mine else None, ranks)
             if (
                 param_gather

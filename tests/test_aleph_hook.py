@@ -35,9 +35,8 @@ def _check(res: list[dict], ncases: int) -> None:
 def test_hierarchical_allreduce_and_ddp_hook_match_all_reduce_and_plans_must_agree_on_4_ranks():
     res = launch(aleph_workers.hierarchical_cases, 4, args=(CASES_4,), timeout=120)
     _check(res, len(CASES_4))
-    for (
-        r
-    ) in res:  # the DDP hook re-planning after each iteration's last bucket: the plan changed at iteration 2
+    # the DDP hook re-planning after each iteration's last bucket: the plan changed at iteration 2
+    for r in res:
         assert r["replan_decisions"] == [(1, False), (2, True), (3, False)], r["replan_decisions"]
         assert r["replan_maxdiff"] < 1e-5, r["replan_maxdiff"]
         # the default (real, confirmed) probe: three re-planning points, the same decisions on every rank

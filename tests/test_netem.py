@@ -217,10 +217,8 @@ def test_sysctls_are_set_in_the_rank_namespaces_only() -> None:
     with pytest.raises(NetemError, match=r"only network keys .* got \['kernel.pid_max'\]"):
         EmulatedNetwork(2, sysctls={"kernel.pid_max": "4096"})
     bad = EmulatedNetwork(2, sysctls={"net.ipv4.no_such_key": "1"}, subnet="10.221.0.0/24")
-    with (
-        pytest.raises(NetemError, match="net.ipv4.no_such_key=1"),
-        bad,
-    ):  # the kernel refuses it: up() fails ...
+    # the kernel refuses it: up() fails ...
+    with pytest.raises(NetemError, match="net.ipv4.no_such_key=1"), bad:
         pass
     assert not set(bad.namespaces) & _existing(), "namespaces left behind"  # ... and removes what it built
 

@@ -412,10 +412,8 @@ class HierarchicalAllReduce:
             raise errors[0]
         if relay_stream is not None:
             caller.wait_stream(relay_stream)  # type: ignore[union-attr]  # its received results, before reading them
-        for (
-            k,
-            d,
-        ) in downs.items():  # those the relay passed on it waited for (a gloo Work is waited for once only)
+        # those the relay passed on it waited for (a gloo Work is waited for once only)
+        for k, d in downs.items():
             if k not in down_to:
                 d.wait()
         for w in sends + relay_sends:

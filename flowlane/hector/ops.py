@@ -436,10 +436,8 @@ class EdgeAggregator:
                 )
             if y.dim() > 2:
                 values = values.reshape(want)
-        if y.dtype not in (
-            torch.float32,
-            torch.float64,
-        ):  # no sparse CSR product for this dtype: gather + index_add
+        # no sparse CSR product for this dtype: gather + index_add
+        if y.dtype not in (torch.float32, torch.float64):
             m = y.index_select(0, self.col)
             if values is not None:
                 m = m * values.reshape(values.shape + (1,) * (m.dim() - values.dim()))
