@@ -172,9 +172,8 @@ def fullsize(datasets: list[str], ranks: list[int], reps: int, out: str) -> None
     if os.path.exists(out):
         with open(out) as f:
             old = json.load(f)
-        res["rows"] = [
-            r for r in old.get("rows", []) if "seconds_all" in r
-        ]  # keep rows of this benchmark version
+        # keep rows of this benchmark version
+        res["rows"] = [r for r in old.get("rows", []) if "seconds_all" in r]
     for ds in datasets:
         n, deg = TABLE4[ds]
         t = time.perf_counter()

@@ -78,9 +78,8 @@ def main() -> None:
             "test_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
             "val_mean": statistics.fmean(val),
         }
-    gap = [
-        100 * (d - f) for d, f in zip(table["dgs"]["test_acc"], table["full"]["test_acc"], strict=True)
-    ]  # per seed, pp
+    # per seed, pp
+    gap = [100 * (d - f) for d, f in zip(table["dgs"]["test_acc"], table["full"]["test_acc"], strict=True)]
     doc = {
         "label": "measured on a shared 2-core CPU VM: real DistDGL on localhost (loopback, not shaped); accuracy "
         "after equal epochs, evaluation with all neighbours and full features for every run",

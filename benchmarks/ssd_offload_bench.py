@@ -152,9 +152,8 @@ def measure(a: argparse.Namespace) -> dict:
     )
 
     cpu_times: dict[str, list[float]] = {n: [] for n in models}
-    faults: dict[str, list[int]] = {
-        n: [] for n in models
-    }  # minor page faults: fresh host pages the step touched
+    # minor page faults: fresh host pages the step touched
+    faults: dict[str, list[int]] = {n: [] for n in models}
 
     def step(name: str) -> float:
         m = models[name]
@@ -209,9 +208,8 @@ def measure(a: argparse.Namespace) -> dict:
 
     med = {n: statistics.median(v) for n, v in times.items()}
     best = {n: min(v) for n, v in times.items()}  # least disturbed by other processes on a shared machine
-    cpu = {
-        n: statistics.median(v[1 : 1 + a.steps]) for n, v in cpu_times.items()
-    }  # process CPU s (all threads)
+    # process CPU s (all threads)
+    cpu = {n: statistics.median(v[1 : 1 + a.steps]) for n, v in cpu_times.items()}
     per_layer = activation_bytes_per_layer(
         LayerShape(a.seq, a.micro_batch, a.hidden, a.heads, dropout=False, elem_bytes=4)
     )

@@ -128,9 +128,8 @@ def test_heterogeneous_graphs_get_dgls_own_features_per_node_type():
     assert set(storage.stores) == {"user", "item"}
     seen = set()
     for input_nodes, _, blocks, x in loader:
-        stock = blocks[0].srcdata[
-            "feat"
-        ]  # DGL's own prefetch: {ntype: features} for the types that have them
+        # DGL's own prefetch: {ntype: features} for the types that have them
+        stock = blocks[0].srcdata["feat"]
         assert set(x) == set(stock) and "tag" not in x
         for nt, feats in x.items():
             assert feats.dtype == tables[nt].dtype and torch.equal(_bits(feats), _bits(stock[nt]))

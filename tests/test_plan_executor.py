@@ -19,9 +19,8 @@ def _problem(method):
     # ranks on gpu0, gpu1, gpu5, gpu6 of a DGX-1: some pairs only via PCIe/QPI -> multi-stage plans with relays
     lm = LinkModel.from_topology(T.dgx1(), devices=["gpu0", "gpu1", "gpu5", "gpu6"])
     plan = build_plan(rel, lm, method=method)
-    local_ids = [
-        rng.permutation(np.nonzero(owner == r)[0]) for r in range(RANKS)
-    ]  # arbitrary local row order
+    # arbitrary local row order
+    local_ids = [rng.permutation(np.nonzero(owner == r)[0]) for r in range(RANKS)]
     return rel, plan, local_ids
 
 

@@ -251,9 +251,8 @@ def test_torchrun_with_four_gloo_ranks_gives_the_local_launchers_losses(tmp_path
     recipe, with 2 layers (1 MoE layer per stage), 2 micro-batches and 2 iterations (the second after an update)."""
     pytest.importorskip("megatron.core")
     small = ["--config-name", "moe", "iterations=2", "num_layers=2", "num_microbatches=2", "progress=false"]
-    small += [
-        "timeout_s=900"
-    ]  # the ranks' start-up limit is max(300 s, timeout_s): ~30 s CPU of imports each
+    # the ranks' start-up limit is max(300 s, timeout_s): ~30 s CPU of imports each
+    small += ["timeout_s=900"]
     train = str(BIN / "flowlane-train")
     local = _run(
         [train, *small, f"output_dir={tmp_path}/local", f"hydra.run.dir={tmp_path}/local/hydra"],

@@ -221,14 +221,12 @@ class TensorCache:
         self._outstanding: set[Future] = set()
         self._bulk_on_cpu = bulk_on_cpu
         self._pool: PinnedPool | None = None
-        self._streams: dict[
-            int, tuple[Any, Any]
-        ] = {}  # device index -> (device-to-host, host-to-device) stream
+        # device index -> (device-to-host, host-to-device) stream
+        self._streams: dict[int, tuple[Any, Any]] = {}
         self._allow: dict[Any, list[int]] = {}  # family -> bytes per group the budget offloads (adaptive)
         self._prefetch = self.config.prefetch_groups  # layers reloaded ahead (adaptive: the budget's choice)
-        self._warm: dict[
-            Any, list[int]
-        ] = {}  # family -> host block size per layer (to size the pool before profiling)
+        # family -> host block size per layer (to size the pool before profiling)
+        self._warm: dict[Any, list[int]] = {}
         self._checkpoint = checkpoint or recompute_forward
         # family -> layers recomputed in backward (``recompute``)
         self._recompute: dict[Any, frozenset[int]] = {}

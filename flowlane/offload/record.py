@@ -189,9 +189,8 @@ class Record:
         self.group_t0: list[float] = []
         self.group_time: list[float] = []
         self.storages: dict[int, Stored] = {}
-        self.watches: list[
-            tuple[weakref.ref, int, int, str]
-        ] = []  # (tensor base, version at pack, sid, desc)
+        # (tensor base, version at pack, sid, desc)
+        self.watches: list[tuple[weakref.ref, int, int, str]] = []
         self.profiling = profiling
         self.store_t0 = float("inf")
         self.store_t1 = 0.0
@@ -199,9 +198,8 @@ class Record:
         self.callback_queued = False
         self.futures: list[Future] = []
         self.released: dict[int, str] = {}  # sid -> why (diagnostics)
-        self.pending: dict[
-            int, list[Stored]
-        ] = {}  # bulk tiers: group -> storages waiting for the layer's end
+        # bulk tiers: group -> storages waiting for the layer's end
+        self.pending: dict[int, list[Stored]] = {}
         self.assigned: list[int] = []  # bytes of each group given to the budget so far
         self.slabs: list[Slab] = []
         # profiling (adaptive): per group backward times, the head time, the copy spans

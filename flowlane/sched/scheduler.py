@@ -435,10 +435,9 @@ class CommScheduler:
                 if wait_stream is None and self._cuda_device is not None:
                     torch.cuda.set_device(self._cuda_device)
                     wait_stream = torch.cuda.Stream()
-                chunk, work = inflight[
-                    0
-                ]  # wait for the oldest chunk on the wire; it stays listed until done,
-                _wait_done(work, wait_stream)  # so that a failure fails its op too
+                # wait for the oldest chunk on the wire; it stays listed until done, so that a failure fails its op too
+                chunk, work = inflight[0]
+                _wait_done(work, wait_stream)
                 inflight.popleft()
                 chunk.op.remaining -= 1
                 if chunk.op.remaining == 0:

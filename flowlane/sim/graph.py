@@ -72,9 +72,8 @@ class PhasedAllToAll:
     # the plan's identity for the runtime's plan cache (flowlane.hermod.matching.plan_all_to_all: algorithm + the
     # matrix, diagonal ignored); b"" = never a cache hit. Read only where SimConfig charges planning (issue 30)
     plan_key: bytes = b""
-    group: tuple[
-        int, ...
-    ] = ()  # the EP group's device indices: whose plan cache it is (each rank keeps its own)
+    # the EP group's device indices: whose plan cache it is (each rank keeps its own)
+    group: tuple[int, ...] = ()
 
     @property
     def total_bytes(self) -> float:

@@ -114,9 +114,8 @@ class _Rank:
             else None
         )  # type: ignore[arg-type]
         self.oldest_mid = 0  # oldest microbatch forwarded but not yet backwarded on this rank
-        self.ep_classes: list[
-            tuple[int, int, int, str, int]
-        ] = []  # (iteration, mb, layer, pass, class) per a2a
+        # (iteration, mb, layer, pass, class) per a2a
+        self.ep_classes: list[tuple[int, int, int, str, int]] = []
         if self.encoder is not None and dist.get_backend() == "gloo" and not cfg.gloo_class_ifnames:
             # without interfaces gloo has one clone, shared with the deferred DP traffic: nothing to gain, and an
             # all-to-all would queue behind DP chunks on the same communicator

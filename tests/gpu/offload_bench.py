@@ -171,9 +171,8 @@ def _process_age() -> float:
         return 0.0
 
 
-SDPA = {
-    "kernel": "flash"
-}  # "math" for the bitwise correctness section (flash's backward may not be deterministic)
+# "math" for the bitwise correctness section (flash's backward may not be deterministic)
+SDPA = {"kernel": "flash"}
 
 
 def _sdpa_ctx(dev: torch.device) -> Any:
