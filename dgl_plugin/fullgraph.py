@@ -546,9 +546,7 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
                 f"LayerNorm (row by row)"
             )
     mode = "forward_layer" if callable(getattr(model, "forward_layer", None)) else "forward"
-    n = 24
-    g, x = _probe_graph(model, n, in_feats, dtype)
-    dev = x.device
+    g, x = _probe_graph(model, 24, in_feats, dtype)
     was = model.training
     model.eval()
     try:
@@ -561,70 +559,94 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
                     f"needs DGL's full-graph convention forward(graph, features)"
                 ) from e
             if mode == "forward_layer":
-                h = x
-                for k in range(len(layers)):
-                    h = model.forward_layer(k, g, h, h)
-                if h.shape != ref.shape or not torch.allclose(h, ref, rtol=1e-5, atol=1e-6):
-                    raise ModelContractError(
-                        "chaining model.forward_layer(k, ...) over model.layers does not give "
-                        "model(g, x); make forward_layer run layer k plus exactly what follows it"
-                    )
-                return mode
-            inputs: list = []
-
-            def full(k: int, h: torch.Tensor) -> torch.Tensor:
-                if len(inputs) != k:
-                    raise ModelContractError(
-                        f"model.forward calls layers[{k}] out of order (after {len(inputs)} "
-                        f"layer calls); layers must run once each, in order"
-                    )
-                out = layers_saved[k](g, h)
-                inputs.append((h, out))
-                return out
-
-            layers_saved = _swap_layers(model, full)
-            try:
-                out_full = model(_NoGraph(), x)
-                if len(inputs) != len(layers_saved):
-                    raise ModelContractError(
-                        f"model.forward called {len(inputs)} of its {len(layers_saved)} layers; "
-                        f"each must run once, in order"
-                    )
-                if out_full.shape != ref.shape or not torch.allclose(out_full, ref, rtol=1e-5, atol=1e-6):
-                    raise ModelContractError(
-                        "model.forward gives different results when its layers are called "
-                        "through the runtime; add forward_layer(k, block, h_src, h_dst)"
-                    )
-                for half in (torch.arange(0, n, 2, device=dev), torch.arange(1, n, 2, device=dev)):
-
-                    def part(k: int, h: torch.Tensor, half: torch.Tensor = half) -> torch.Tensor:
-                        hin, hout = inputs[k]
-                        if h.shape[0] != half.numel() or not torch.allclose(
-                            h, hin[half], rtol=1e-5, atol=1e-6
-                        ):
-                            raise ModelContractError(
-                                f"model.forward mixes nodes outside its graph layers (the input of layers[{k}] "
-                                f"depends on other nodes' rows); the runtime would compute a different function. "
-                                f"Add forward_layer(k, block, h_src, h_dst) to the model"
-                            )
-                        return hout[half]
-
-                    for k in range(len(layers_saved)):
-                        model.layers[k] = _LayerCall(k, part)
-                    out = model(_NoGraph(), x[half])
-                    if out.shape != ref[half].shape or not torch.allclose(
-                        out, ref[half], rtol=1e-5, atol=1e-6
-                    ):
-                        raise ModelContractError(
-                            "model.forward mixes nodes after its last graph layer; the runtime "
-                            "would compute a different function. Add forward_layer(k, block, "
-                            "h_src, h_dst)"
-                        )
-            finally:
-                _restore_layers(model, layers_saved)
+                _check_forward_layer(model, g, x, ref)
+            else:
+                _check_row_by_row(model, g, x, ref)
     finally:
         model.train(was)
     return mode
+
+
+def _matches(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _check_forward_layer(model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torch.Tensor) -> None:
+    """Chaining ``forward_layer(k, g, h, h)`` over the layers must give ``model(g, x)``."""
+    h = x
+    for k in range(len(model.layers)):
+        h = model.forward_layer(k, g, h, h)
+    if not _matches(h, ref):
+        raise ModelContractError(
+            "chaining model.forward_layer(k, ...) over model.layers does not give "
+            "model(g, x); make forward_layer run layer k plus exactly what follows it"
+        )
+
+
+def _check_row_by_row(model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torch.Tensor) -> None:
+    """The user's ``forward`` with each graph layer swapped for a call the runtime makes: run once on the whole graph
+    (recording each layer's input and output), then on each half of the nodes, fed the recorded outputs; a half's
+    inputs to the layers and its result must be the full run's rows."""
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def full(k: int, h: torch.Tensor) -> torch.Tensor:
+        if len(inputs) != k:
+            raise ModelContractError(
+                f"model.forward calls layers[{k}] out of order (after {len(inputs)} "
+                f"layer calls); layers must run once each, in order"
+            )
+        out = layers_saved[k](g, h)
+        inputs.append((h, out))
+        return out
+
+    layers_saved = _swap_layers(model, full)
+    try:
+        out_full = model(_NoGraph(), x)
+        if len(inputs) != len(layers_saved):
+            raise ModelContractError(
+                f"model.forward called {len(inputs)} of its {len(layers_saved)} layers; each must run once, in order"
+            )
+        if not _matches(out_full, ref):
+            raise ModelContractError(
+                "model.forward gives different results when its layers are called "
+                "through the runtime; add forward_layer(k, block, h_src, h_dst)"
+            )
+        n = x.shape[0]
+        for half in (torch.arange(0, n, 2, device=x.device), torch.arange(1, n, 2, device=x.device)):
+            _check_half(model, inputs, x, ref, half)
+    finally:
+        _restore_layers(model, layers_saved)
+
+
+def _check_half(
+    model: torch.nn.Module,
+    inputs: list[tuple[torch.Tensor, torch.Tensor]],
+    x: torch.Tensor,
+    ref: torch.Tensor,
+    half,
+) -> None:
+    """``forward`` on the rows ``half`` alone, each layer returning the full run's output rows: what reaches a layer
+    must be the full run's input rows (nothing mixed nodes before it), and the result the full run's rows (nothing
+    after the last layer did)."""
+
+    def part(k: int, h: torch.Tensor) -> torch.Tensor:
+        hin, hout = inputs[k]
+        if h.shape[0] != half.numel() or not torch.allclose(h, hin[half], rtol=1e-5, atol=1e-6):
+            raise ModelContractError(
+                f"model.forward mixes nodes outside its graph layers (the input of layers[{k}] "
+                f"depends on other nodes' rows); the runtime would compute a different function. "
+                f"Add forward_layer(k, block, h_src, h_dst) to the model"
+            )
+        return hout[half]
+
+    for k in range(len(inputs)):
+        model.layers[k] = _LayerCall(k, part)
+    if not _matches(model(_NoGraph(), x[half]), ref[half]):
+        raise ModelContractError(
+            "model.forward mixes nodes after its last graph layer; the runtime "
+            "would compute a different function. Add forward_layer(k, block, "
+            "h_src, h_dst)"
+        )
 
 
 class _HostRows:

@@ -392,6 +392,34 @@ class _BatchNorm(DGLStyleSAGE):
         self.bn = nn.BatchNorm1d(8)
 
 
+class _MixesAfter(DGLStyleSAGE):
+    def forward(self, graph, x):
+        h = self.layers[1](graph, F.relu(self.layers[0](graph, x)))
+        return self.head(h - h.mean(0))
+
+
+class _LayerTwice(DGLStyleSAGE):
+    def forward(self, graph, x):
+        h = F.relu(self.layers[0](graph, x))
+        return self.head(self.layers[1](graph, self.layers[1](graph, h)))
+
+
+class _SkipsLayer(DGLStyleSAGE):
+    def forward(self, graph, x):
+        return self.head(F.relu(self.layers[0](graph, x)))
+
+
+class _ForwardLayerWithoutHead(DGLStyleSAGE):
+    def forward_layer(self, k, block, h_src, h_dst):
+        h = self.layers[k](block, (h_src, h_dst))
+        return F.relu(h) if k == 0 else torch.tanh(h)  # the head is missing
+
+
+class _FeaturesOnly(DGLStyleSAGE):
+    def forward(self, x):
+        return self.head(x)
+
+
 class _NoLayers(nn.Module):
     def __init__(self):
         super().__init__()
@@ -408,6 +436,11 @@ class _NoLayers(nn.Module):
         (_UsesGraph, r"uses graph.local_scope outside model.layers.* Add forward_layer"),
         (_BatchNorm, r"model.bn \(BatchNorm1d\) normalises across all nodes"),
         (_NoLayers, r"keep its graph layers in `self.layers`"),
+        (_MixesAfter, r"mixes nodes after its last graph layer"),
+        (_LayerTwice, r"calls layers\[1\] out of order \(after 2 layer calls\)"),
+        (_SkipsLayer, r"called 1 of its 2 layers"),
+        (_ForwardLayerWithoutHead, r"chaining model.forward_layer\(k, ...\) over model.layers does not give"),
+        (_FeaturesOnly, r"model\(g, x\) failed on a full graph \(TypeError"),
     ],
 )
 def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match):
