@@ -238,6 +238,26 @@ def config_from_args(args: argparse.Namespace) -> HermodConfig:
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+def _classed_groups(
+    dp_group: dist.ProcessGroup | None, expert_dp_group: dist.ProcessGroup | None, num_stages: int
+) -> list[list[int]]:
+    """The ranks of every group whose traffic gets a clone per traffic class: DP (and expert DP), the pipeline's p2p
+    (to the critical class's clone: on NCCL its traffic class and a high-priority stream) and the MoE all-to-alls."""
+    from megatron.core import parallel_state as ps
+
+    dp = (
+        dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(dist.get_world_size()))
+    )
+    groups = [dp]
+    if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
+        groups.append(dist.get_process_group_ranks(expert_dp_group))
+    if num_stages > 1:
+        groups.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
+    if expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1:
+        groups.append(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
+    return groups
+
+
 class Hermod:
     """Per-rank Hermod state for one Megatron model chunk (1F1B, non-interleaved)."""
 
@@ -269,13 +289,9 @@ class Hermod:
                 "(--hermod-schedule interleaved; CType order EP > PP > DP, seed 000 §5.3.1), and "
                 "'interleaved' needs virtual_chunks > 1"
             )
-        self.config, self.M, self.L, self.stage, self.num_stages = (
-            config,
-            num_microbatches,
-            layers_per_stage,
-            stage,
-            num_stages,
-        )
+        self.config = config
+        self.M, self.L = num_microbatches, layers_per_stage
+        self.stage, self.num_stages = stage, num_stages
         self.policy = HermodPolicy(HermodOrderConfig(num_microbatches, config.schedule, config.dp_mid))
         self.sched = CommScheduler(self.policy, config.scheduler_config(dist.get_backend(dp_group)))
         self.a2a = AllToAllRunner(
@@ -287,24 +303,11 @@ class Hermod:
         )
         self.dp_group = dp_group
         self.expert_dp_group = expert_dp_group
-        ranks = (
-            dist.get_process_group_ranks(dp_group)
-            if dp_group is not None
-            else list(range(dist.get_world_size()))
-        )
-        mine = [ranks]
-        if expert_dp_group is not None and dist.get_world_size(expert_dp_group) > 1:
-            mine.append(dist.get_process_group_ranks(expert_dp_group))
-        from megatron.core import parallel_state as ps
-
-        # pipeline p2p moves to the critical class's clone (NCCL: its traffic class and a high-priority stream)
-        if num_stages > 1:
-            mine.append(dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
-        # MoE all-to-alls too
-        if expert_dp_group is not None and ps.get_expert_model_parallel_world_size() > 1:
-            mine.append(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
         # collective: every rank constructs its Hermod together
-        self.classes = build_class_groups(mine, gloo_class_ifnames=config.gloo_class_ifnames or None)
+        self.classes = build_class_groups(
+            _classed_groups(dp_group, expert_dp_group, num_stages),
+            gloo_class_ifnames=config.gloo_class_ifnames or None,
+        )
         self.bulk_group = self.classes.get(dp_group, 2)
         # one clone per class (NCCL, or gloo with an interface per class): the all-to-alls take the critical one.
         # With a single gloo clone it would be the DP traffic's too, which a pacer thread launches: they stay put.
