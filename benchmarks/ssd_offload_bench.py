@@ -262,11 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     setup(a, p)
     result = measure(a)
-    med, best, peaks = (
-        result["step_time_s_median"],
-        result["step_time_s_min"],
-        result["peak_activation_bytes"],
-    )
+    med = result["step_time_s_median"]
+    best = result["step_time_s_min"]
+    peaks = result["peak_activation_bytes"]
     cpu = result["step_cpu_time_s_median"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

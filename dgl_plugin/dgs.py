@@ -365,13 +365,11 @@ class DGSNeighborSampler(dgl.dataloading.BlockSampler):
         super().__init__()
         if any((not isinstance(f, int)) or (f < 1 and f != -1) for f in fanouts):
             raise ValueError(f"fanouts={fanouts!r}: each must be an integer >= 1, or -1 for all neighbours")
-        self.fanouts, self.rt, self.weighted, self.epsilon, self.base = (
-            list(fanouts),
-            runtime,
-            weighted,
-            epsilon,
-            base,
-        )
+        self.fanouts = list(fanouts)
+        self.rt = runtime
+        self.weighted = weighted
+        self.epsilon = epsilon
+        self.base = base
         self.calls = seed * 1_000_003
 
     def _hop(self, g, seeds: torch.Tensor, fanout: int) -> dgl.DGLGraph:

@@ -306,12 +306,10 @@ class HectorRGAT(nn.Module):
                 raise ValueError(f"HectorRGAT: {name}={val!r} must be an int >= 1")
         if softmax not in ("relation", "node"):
             raise ValueError(f"HectorRGAT: softmax={softmax!r} is not one of ('relation', 'node')")
-        self.in_feats, self.out_feats, self.num_heads, self.num_rels = (
-            in_feats,
-            out_feats,
-            num_heads,
-            num_rels,
-        )
+        self.in_feats = in_feats
+        self.out_feats = out_feats
+        self.num_heads = num_heads
+        self.num_rels = num_rels
         self.negative_slope, self.softmax = negative_slope, softmax
         self.hector = hector or HectorConfig()
         hd = out_feats * num_heads

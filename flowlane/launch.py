@@ -586,12 +586,10 @@ class _Supervisor:
     when each exits; failures are ranked by severity, then by when they were seen (:class:`_Failure`)."""
 
     def __init__(self, ranks: list[_Rank], timeout: float, startup_timeout: float, store_dir: str) -> None:
-        self.ranks, self.timeout, self.startup_timeout, self.store_dir = (
-            ranks,
-            timeout,
-            startup_timeout,
-            store_dir,
-        )
+        self.ranks = ranks
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.store_dir = store_dir
         self.seq = itertools.count()
         self.failures: list[_Failure] = []
         self.first_failure = 0.0
