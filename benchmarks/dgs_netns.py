@@ -8,7 +8,8 @@ rate trains ``uniform`` (DGL's own ``NeighborSampler`` and pulls) and ``dgs`` (`
 initial model; the explainer runs synchronously (reproducible masks), and the time each epoch spent waiting for it is
 recorded apart (``explainer_wait_s``): ``epoch_s - explainer_wait_s`` is the trainer's own time, what the seed's
 asynchronous explainer (on spare cores) would leave. Per epoch = mean over epochs 2.. (epoch 1 has no masks yet).
-The tbf bucket is ``--burst-kb`` (netem's 32 KB default caps near 200 Mbit/s).
+The tbf bucket is ``--burst-kb`` (netem's 32 KB default topped out near 200 Mbit/s on a host at load ~25; a quiet
+host reaches 0.96x of 1 Gbit/s with it).
 
 Emulated: a shared 2-core CPU VM, links shaped with tc; compute is slow and noisy here, so the time a link adds is
 what the comparison shows, not absolute speeds.
