@@ -24,6 +24,7 @@ path's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,6 @@ def to_workload(
     launch order. Every comm-op must span the same ``ranks`` (the GPUs simulated). ``path_bandwidth`` (bytes/s per
     endpoint link) is needed for every path after the first (see the module docstring)."""
     from flowlane.sim import SimSpecError, Workload
-    from flowlane.sim import collectives as C
     from flowlane.sim.workloads import cluster
 
     used = {plan[c.name].path for c in dag.comms}
@@ -59,23 +59,7 @@ def to_workload(
         )
     n = sizes.pop()
     topo = topology or cluster(n, bandwidth_gbps)
-    devices = list(topo.gpus[:n])  # type: ignore[attr-defined]
-    offset = {order[0]: 0}
-    for p in order[1:]:
-        if p not in used:
-            continue
-        bw = (path_bandwidth or {}).get(p)
-        if bw is None or not bw > 0:
-            raise SimSpecError(
-                f"path {p!r} needs its per-endpoint bandwidth (bytes/s) in path_bandwidth to get a fabric of "
-                f"its own; got {path_bandwidth!r}"
-            )
-        offset[p] = len(devices)
-        topo.add_device(f"{p}-sw", "switch")  # type: ignore[attr-defined]
-        for r in range(n):
-            topo.add_device(f"{p}-nic{r}", "host", server=r)  # type: ignore[attr-defined]
-            topo.add_link(f"{p}-nic{r}", f"{p}-sw", float(bw), 1e-6, kind="nic")  # type: ignore[attr-defined]
-            devices.append(f"{p}-nic{r}")
+    devices, offset = _path_fabrics(topo, n, [p for p in order if p in used or p == order[0]], path_bandwidth)
     w = Workload(devices, name=f"{dag.name}@{n}")
     ranks = np.arange(n)
     steps = {s.name: (k, s) for k, s in enumerate(dag.steps)}
@@ -111,36 +95,11 @@ def to_workload(
         assert isinstance(step, Comm)
         j = key[2]
         m = motifs_of[name][j]
-        opt = plan[name]
-        pr = ranks + offset[opt.path]  # the endpoints of the motif's path
         deps = [d for p, pit in zip(pred_names, pred_its, strict=True) for d in ends[(pit, p)]]
         deps += [motif_ids[(it, name, a)] for a in m.after]
-        ctype = "dp" if step.op.kind in ("all_reduce", "reduce_scatter") else "ep"
-        meta = CoflowMeta(ctype, iteration=it)
-        label = f"{name}#{j}"
-        if m.kind == "all_reduce":
-            cid = C.all_reduce(
-                w,
-                pr,
-                float(m.nbytes),
-                meta,
-                deps,
-                algo="tree" if opt.algo == "tree" else "ring",
-                stream=opt.path,
-                name=label,
-            )
-        elif m.kind == "reduce_scatter" and step.op.kind == "all_reduce":
-            cid = C.reduce_scatter(w, pr, float(m.nbytes), meta, deps, stream=opt.path, name=label)
-        elif m.kind == "all_gather" and step.op.kind == "all_reduce":
-            cid = C.all_gather(w, pr, float(m.nbytes), meta, deps, stream=opt.path, name=label)
-        elif m.kind in ("all_to_all", "all_gather"):
-            mat = np.zeros((n, n))
-            for t in m.dests:
-                if t % n:
-                    mat[ranks, (ranks + t) % n] = m.nbytes
-            cid = C.all_to_all(w, pr, mat, meta, deps, stream=opt.path, name=label)
-        else:
-            raise SimSpecError(f"{name}: motif kind {m.kind!r} has no flow-level model here")
+        opt = plan[name]
+        endpoints = ranks + offset[opt.path]  # the motif's path's own devices
+        cid = _emit_motif(w, f"{name}#{j}", m, step, opt, endpoints, deps, it)
         motif_ids[(it, name, j)] = cid
         ends.setdefault((it, name), []).append(cid)
     w.info.update(
@@ -150,6 +109,60 @@ def to_workload(
         ]
     )
     return topo, w
+
+
+def _path_fabrics(
+    topo: Any, n: int, paths: Sequence[str], path_bandwidth: Mapping[str, float] | None
+) -> tuple[list[str], dict[str, int]]:
+    """The devices the motifs run on: the first path is the topology's first ``n`` GPUs, every later one a fabric of
+    its own (a switch and a NIC per rank at ``path_bandwidth[path]``). Returns the device list and each path's offset
+    into it."""
+    from flowlane.sim import SimSpecError
+
+    devices = list(topo.gpus[:n])
+    offset = {paths[0]: 0}
+    for p in paths[1:]:
+        bw = (path_bandwidth or {}).get(p)
+        if bw is None or not bw > 0:
+            raise SimSpecError(
+                f"path {p!r} needs its per-endpoint bandwidth (bytes/s) in path_bandwidth to get a fabric of "
+                f"its own; got {path_bandwidth!r}"
+            )
+        offset[p] = len(devices)
+        topo.add_device(f"{p}-sw", "switch")
+        for r in range(n):
+            topo.add_device(f"{p}-nic{r}", "host", server=r)
+            topo.add_link(f"{p}-nic{r}", f"{p}-sw", float(bw), 1e-6, kind="nic")
+            devices.append(f"{p}-nic{r}")
+    return devices, offset
+
+
+def _emit_motif(
+    w: Any, label: str, m: Any, step: Comm, opt: Option, endpoints: np.ndarray, deps: list[int], it: int
+) -> int:
+    """One motif as the simulator's collective of its kind on its path's endpoints; a reduce-scatter or all-gather
+    motif of an all-reduce is that half of it, an all-gather of its own an all-to-all of its destinations."""
+    from flowlane.sim import SimSpecError
+    from flowlane.sim import collectives as C
+
+    n = len(endpoints)
+    ctype = "dp" if step.op.kind in ("all_reduce", "reduce_scatter") else "ep"
+    meta = CoflowMeta(ctype, iteration=it)
+    if m.kind == "all_reduce":
+        algo = "tree" if opt.algo == "tree" else "ring"
+        return C.all_reduce(w, endpoints, float(m.nbytes), meta, deps, algo=algo, stream=opt.path, name=label)
+    if m.kind == "reduce_scatter" and step.op.kind == "all_reduce":
+        return C.reduce_scatter(w, endpoints, float(m.nbytes), meta, deps, stream=opt.path, name=label)
+    if m.kind == "all_gather" and step.op.kind == "all_reduce":
+        return C.all_gather(w, endpoints, float(m.nbytes), meta, deps, stream=opt.path, name=label)
+    if m.kind in ("all_to_all", "all_gather"):
+        ranks = np.arange(n)
+        mat = np.zeros((n, n))
+        for t in m.dests:
+            if t % n:
+                mat[ranks, (ranks + t) % n] = m.nbytes
+        return C.all_to_all(w, endpoints, mat, meta, deps, stream=opt.path, name=label)
+    raise SimSpecError(f"{step.name}: motif kind {m.kind!r} has no flow-level model here")
 
 
 def simulate(
