@@ -410,7 +410,6 @@ class _LLMBuilder:
             self.tokens * (m.attn_flops_per_token(m.seq_len) + m.dense_mlp_flops_per_token()) / p.tp
         ) / self.fl
         bf = 1.0 if fwd else self.bwd_factor()
-        tok_bytes = m.hidden * p.bytes_per_elem
         cur = {x: list(deps[x]) for x in self.execs}
         cpn = self.emit_cp(s, vs, mb, fwd, deps)
         layers = list(self.layers_of(vs)) if fwd else list(reversed(self.layers_of(vs)))
@@ -428,27 +427,9 @@ class _LLMBuilder:
                         "fwd",
                     )
                     a_nodes[x] = self.emit_tp(s, x, vs, mb, fwd, a, 1)
-            ops = ("dispatch", "combine")
             # forward: attn -> dispatch(T) -> experts -> combine(T^T); backward mirrors it
-            a2a1 = []
-            for gi, xs in enumerate(groups):
-                T = mats[gi] if fwd else mats[gi].T
-                dd = [a_nodes[x] for x in xs] if fwd else [y for x in xs for y in cur[x]]
-                meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[0] if fwd else ops[1])
-                grp = self.ep_ranks(s, gi)
-                a2a1.append(
-                    C.all_to_all(
-                        w,
-                        grp,
-                        T,
-                        meta,
-                        dd,
-                        stream=f"ep:{s}:{gi}",
-                        name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
-                        mode=p.ep_a2a,
-                        unit_bytes=tok_bytes,
-                    )
-                )
+            before = [[a_nodes[x] for x in xs] if fwd else [y for x in xs for y in cur[x]] for xs in groups]
+            a2a1 = self.emit_ep_all_to_alls(s, mats, mb, layer, vs, fwd, True, before)
             exp = {}
             for x in self.execs:
                 recv = []
@@ -466,24 +447,9 @@ class _LLMBuilder:
                     f"{'F' if fwd else 'B'}{mb} L{layer} experts",
                     "fwd" if fwd else "bwd",
                 )
-            a2a2 = []
-            for gi, xs in enumerate(groups):
-                T = mats[gi].T if fwd else mats[gi]
-                meta = CoflowMeta("ep", self.it, mb, layer, vs, ops[1] if fwd else ops[0])
-                grp = self.ep_ranks(s, gi)
-                a2a2.append(
-                    C.all_to_all(
-                        w,
-                        grp,
-                        T,
-                        meta,
-                        [exp[x] for x in xs],
-                        stream=f"ep:{s}:{gi}",
-                        name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {meta.op}",
-                        mode=p.ep_a2a,
-                        unit_bytes=tok_bytes,
-                    )
-                )
+            a2a2 = self.emit_ep_all_to_alls(
+                s, mats, mb, layer, vs, fwd, False, [[exp[x] for x in xs] for xs in groups]
+            )
             for x in self.execs:
                 after = [a2a2[gi] for gi in of_exec[x]]
                 if fwd:
@@ -518,6 +484,32 @@ class _LLMBuilder:
                 nodes = [*nodes, cpn[x[0]]]
             done[x] = nodes[0] if len(nodes) == 1 else w.join(nodes)
         return done
+
+    def emit_ep_all_to_alls(
+        self, s: int, mats: list, mb: int, layer: int, vs: int, fwd: bool, first: bool, deps: list[list[Any]]
+    ) -> list[int]:
+        """One all-to-all per EP group of stage ``s``, after ``deps[group]``: a layer's first is the dispatch of the
+        token matrix forward and the combine's gradient (its transpose) backward; the second is the other one."""
+        p, m = self.p, self.m
+        op = "dispatch" if first == fwd else "combine"
+        out = []
+        for gi in range(len(mats)):
+            T = mats[gi] if first == fwd else mats[gi].T
+            meta = CoflowMeta("ep", self.it, mb, layer, vs, op)
+            out.append(
+                C.all_to_all(
+                    self.w,
+                    self.ep_ranks(s, gi),
+                    T,
+                    meta,
+                    deps[gi],
+                    stream=f"ep:{s}:{gi}",
+                    name=f"ep:{'F' if fwd else 'B'}{mb} L{layer} {op}",
+                    mode=p.ep_a2a,
+                    unit_bytes=m.hidden * p.bytes_per_elem,
+                )
+            )
+        return out
 
     # DP --------------------------------------------------------------------------------------------------
     def buckets(self, s: int) -> list[tuple[list[int], float, bool]]:
