@@ -292,7 +292,7 @@ def _install_rank_signals(parent_pid: int, store_dir: str) -> None:
     _LAUNCHER_START = _start_time(parent_pid)
     for s in _RANK_BLOCKED:
         signal.signal(s, _raise_interrupted)
-    # (already, from the launcher) and for new threads
+    # blocked here (already, from the launcher) and so in every thread this rank starts
     signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)
     threading.Thread(
         target=_watch, args=(parent_pid, store_dir), name="flowlane-signals", daemon=True
@@ -1061,7 +1061,7 @@ def run_this_rank(
     if device is not None:
         torch.cuda.set_device(device)
     log.info("rank %d of %d (%s, %s)", ext.rank, ext.world_size, ext.launcher, backend)
-    # (torch >= 2.3; the gnn lane's 2.2 has no device_id)
+    # device_id binds the group to this rank's GPU (torch >= 2.3; the gnn lane's 2.2 has none)
     bind = {} if device is None else {"device_id": device}
     dist.init_process_group(
         backend,
