@@ -649,6 +649,32 @@ def _check_half(
         )
 
 
+def _bin_block(
+    rows: np.ndarray, eptr: np.ndarray, e_src: np.ndarray, norms: dict[str, torch.Tensor], n_src: int | None
+) -> tuple[np.ndarray | None, Any]:
+    """The DGL block of one bin: the in-edges of its destination ``rows`` (edges sorted by destination, ``eptr`` their
+    offsets), each with its normalisations. ``n_src`` None: compacted, the block's sources are only the rows its edges
+    read (returned, sorted); else the block spans all ``n_src`` source rows and no sources are returned."""
+    eidx = (
+        np.concatenate([np.arange(eptr[r], eptr[r + 1]) for r in rows])
+        if rows.size
+        else np.zeros(0, np.int64)
+    )
+    dst_pos = np.repeat(np.arange(rows.size), eptr[rows + 1] - eptr[rows])
+    src = None
+    if n_src is None:
+        src, src_pos = np.unique(e_src[eidx], return_inverse=True)
+        src_pos, num_src = src_pos.reshape(-1), src.size
+    else:
+        src_pos, num_src = e_src[eidx], n_src
+    blk = dgl.create_block(
+        (torch.from_numpy(src_pos), torch.from_numpy(dst_pos)), num_src_nodes=num_src, num_dst_nodes=rows.size
+    )
+    for k, w in norms.items():
+        blk.edata[f"norm_{k}"] = w[torch.from_numpy(eidx)]
+    return src, blk
+
+
 class _HostRows:
     """Layer 0's input with ``features="host"``: this rank's rows in a :class:`FeatureStore` (host memory) and, once
     they have arrived, the halo rows on the device. Stands where a ``[local | halo]`` tensor would."""
@@ -960,24 +986,7 @@ class FullGraphRuntime:
         self.widths = layer_widths(model, d_in, x.dtype) if budget is not None else []
         self.bin_bytes: list[int] = []
         """``mem_budget_bytes``: the estimate of every bin (:func:`g3_bins.bin_bytes`), each <= budget / 2."""
-        splits: dict[str, list[np.ndarray]] = {}
-        refused = None
-        for name, mask in groups.items():
-            rows = np.nonzero(mask)[0]
-            if budget is None:
-                splits[name] = [rows[s : s + self._bin_limit] for s in range(0, rows.size, self._bin_limit)]
-                continue
-            try:
-                splits[name] = pack_bins(
-                    rows, eptr, e_src, self._bin_limit, budget / 2, self.widths, x.element_size()
-                )
-            except ValueError as e:
-                refused, splits[name] = refused or f"rank {self.rank}: {e}", []
-        if budget is not None and self.world > 1:
-            # all ranks refuse together: a rank left running would wait for the refused one in its first exchange
-            refused = next((r for r in comm.all_gather_object(refused, group=self.group) if r), None)
-        if refused:
-            raise ValueError(f"flowlane.fullgraph: bad mem_budget_bytes={budget!r}: {refused}")
+        splits = self._split_bins(groups, eptr, e_src, x.element_size())
         for name, mask in groups.items():
             rows = np.nonzero(mask)[0]
             # a budget recomputes every bin in backward from its gathered rows: every group is compacted
@@ -985,28 +994,12 @@ class FullGraphRuntime:
             n_src = self.n_local if name in ("A", "D") else self.n_local + self.n_remote
             srcs = []
             for b in splits[name]:
-                eidx = (
-                    np.concatenate([np.arange(eptr[r], eptr[r + 1]) for r in b])
-                    if b.size
-                    else np.zeros(0, np.int64)
-                )
-                dst_pos = np.repeat(np.arange(b.size), eptr[b + 1] - eptr[b])
-                if compact:
-                    src, src_pos = np.unique(e_src[eidx], return_inverse=True)
-                    src_pos, num_src = src_pos.reshape(-1), src.size
+                src, blk = _bin_block(b, eptr, e_src, norms_t, n_src if not compact else None)
+                if src is not None:
                     srcs.append(src)
                     if budget is not None:
                         self.bin_bytes.append(bin_bytes(src.size, b.size, self.widths, x.element_size()))
                     self._n_local_src.setdefault(name, []).append(int(np.searchsorted(src, self.n_local)))
-                else:
-                    src_pos, num_src = e_src[eidx], n_src
-                blk = dgl.create_block(
-                    (torch.from_numpy(src_pos), torch.from_numpy(dst_pos)),
-                    num_src_nodes=num_src,
-                    num_dst_nodes=b.size,
-                )
-                for k, w in norms_t.items():
-                    blk.edata[f"norm_{k}"] = w[torch.from_numpy(eidx)]
                 self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
             self._gather[name] = (
                 (
@@ -1017,6 +1010,31 @@ class FullGraphRuntime:
                 if compact
                 else None
             )
+
+    def _split_bins(
+        self, groups: dict[str, np.ndarray], eptr: np.ndarray, e_src: np.ndarray, elem: int
+    ) -> dict[str, list[np.ndarray]]:
+        """Each group's destination rows cut into bins: ``bin_size`` rows each, or with ``mem_budget_bytes`` packed
+        so that every bin's estimate fits half the budget (:func:`g3_bins.pack_bins`). A budget no bin can meet is
+        refused on every rank together."""
+        budget = self.cfg.mem_budget_bytes
+        splits: dict[str, list[np.ndarray]] = {}
+        refused = None
+        for name, mask in groups.items():
+            rows = np.nonzero(mask)[0]
+            if budget is None:
+                splits[name] = [rows[s : s + self._bin_limit] for s in range(0, rows.size, self._bin_limit)]
+                continue
+            try:
+                splits[name] = pack_bins(rows, eptr, e_src, self._bin_limit, budget / 2, self.widths, elem)
+            except ValueError as e:
+                refused, splits[name] = refused or f"rank {self.rank}: {e}", []
+        if budget is not None and self.world > 1:
+            # all ranks refuse together: a rank left running would wait for the refused one in its first exchange
+            refused = next((r for r in comm.all_gather_object(refused, group=self.group) if r), None)
+        if refused:
+            raise ValueError(f"flowlane.fullgraph: bad mem_budget_bytes={budget!r}: {refused}")
+        return splits
 
     def _index_bin_rows(self) -> None:
         """Where each row lands when the bins' outputs are concatenated (group order A, D, C, E; boundary first:
