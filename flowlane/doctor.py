@@ -115,7 +115,10 @@ def _offload_tiers(directory: str | None = None) -> Check:
     pinned = "pinned_cpu: yes" if cuda else "pinned_cpu: needs CUDA"
     if not os.access(d, os.W_OK):
         return Check("activation offload", cuda, f"{pinned}; posix in {d}: not writable by this user")
-    posix = f"posix in {d}: {'O_DIRECT' if probe_o_direct(d) else 'buffered (no O_DIRECT there)'}"
+    # probed in a private folder of its own: a fixed name in a shared one (/tmp) could be another user's symlink
+    with tempfile.TemporaryDirectory(prefix="flowlane-doctor-", dir=d) as private:
+        o_direct = probe_o_direct(Path(private))
+    posix = f"posix in {d}: {'O_DIRECT' if o_direct else 'buffered (no O_DIRECT there)'}"
     return Check("activation offload", True, f"{pinned}; {posix}; offload.dirs picks the SSD folders")
 
 

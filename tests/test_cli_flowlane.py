@@ -186,6 +186,18 @@ def test_doctor_reports_the_offload_tiers_and_transformer_engine(tmp_path: Path)
         assert f"posix in {tmp_path}: not writable by this user" in _offload_tiers(str(tmp_path)).detail
 
 
+def test_doctor_probes_o_direct_in_a_private_folder_not_through_a_planted_symlink(tmp_path: Path) -> None:
+    from flowlane.doctor import _offload_tiers
+
+    shared, victim = tmp_path / "shared", tmp_path / "victim"
+    shared.mkdir()
+    victim.write_text("keep me")
+    (shared / ".o_direct_probe").symlink_to(victim)  # another user's plant in a shared folder such as /tmp
+    _offload_tiers(str(shared))
+    assert victim.read_text() == "keep me"
+    assert sorted(p.name for p in shared.iterdir()) == [".o_direct_probe"]  # and the private folder is gone
+
+
 def test_doctor_refuses_an_offload_dir_that_is_not_a_directory(tmp_path: Path) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "flowlane.cli", "doctor", "--offload-dir", str(tmp_path / "missing")],

@@ -197,11 +197,11 @@ def probe_o_direct(d: Path) -> bool:
     if not hasattr(os, "O_DIRECT"):
         return False
     p = d / ".o_direct_probe"
-    buf = mmap.mmap(-1, _ALIGN)
     try:
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
     except OSError:
         return False
+    buf = mmap.mmap(-1, _ALIGN)  # page-aligned, as O_DIRECT needs
     try:
         os.write(fd, buf)
         return True
