@@ -9,7 +9,7 @@ initial model; the explainer runs synchronously (reproducible masks), and the ti
 recorded apart (``explainer_wait_s``): ``epoch_s - explainer_wait_s`` is the trainer's own time, what the seed's
 asynchronous explainer (on spare cores) would leave. Per epoch = mean over epochs 2.. (epoch 1 has no masks yet).
 The tbf bucket is ``--burst-kb`` (netem's 32 KB default topped out near 200 Mbit/s on a host at load ~25; a quiet
-host reaches 0.96x of 1 Gbit/s with it).
+host reaches 0.96x of 1 Gbit/s with it: results/netem/tbf_burst.json).
 
 Emulated: a shared 2-core CPU VM, links shaped with tc; compute is slow and noisy here, so the time a link adds is
 what the comparison shows, not absolute speeds.

@@ -137,9 +137,10 @@ def _mbit(x: float) -> str:
 
 
 def _burst(rate_mbit: float, burst_kb: float) -> str:
-    # at least burst_kb, and at least 1 ms of traffic so fast links are not throttled by a tiny bucket. Measured
-    # 2026-11-28 on a quiet 2-core host: one TCP flow gets 0.96x of 100, 400 and 1000 Mbit/s with 32 or 128 KB; on a
-    # host at load ~25 the 32 KB bucket topped out near 200 Mbit/s (results/aleph/README.md): pass more when loaded
+    # at least burst_kb, and at least 1 ms of traffic so fast links are not throttled by a tiny bucket. On a quiet
+    # 2-core host one TCP flow gets 0.96x of 100, 400 and 1000 Mbit/s with 32 or 128 KB (results/netem/tbf_burst.json,
+    # benchmarks/netem_tbf_burst.py); at load ~25 the 32 KB bucket topped out near 200 Mbit/s (results/aleph/README.md):
+    # pass more when loaded
     return f"{max(burst_kb * 1024, rate_mbit * 1e6 / 8 * 1e-3):.0f}b"
 
 
