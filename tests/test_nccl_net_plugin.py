@@ -159,6 +159,25 @@ def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: Non
     assert "all cases passed" in res.stdout
 
 
+# -- the send path against a raw peer ------------------------------------------------------------------------------
+
+
+def test_send_is_done_only_after_its_last_byte_left_the_callers_buffer(built: None) -> None:
+    """A peer holding the secret ACKs a 16 MiB chunk after reading only its header (nccl_net_plugin/test/
+    send_peer_test.c, ASan+UBSan): test() must fail the comm with ncclRemoteError rather than report the send done
+    while the plugin still writes from the buffer NCCL then hands back. Before the fix it reported done and ~3 MB of
+    the payload still left the buffer afterwards. Also an honest peer (done, bytes intact) and an ACK for a chunk
+    that was never sent (ncclRemoteError)."""
+    res = subprocess.run([str(BUILD / "send_peer_test")], capture_output=True, text=True, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "FAIL" not in out, out[-4000:]
+    assert [line.split(":")[0] for line in res.stdout.splitlines()] == [
+        "PASS honest",
+        "PASS early_ack",
+        "PASS wrong_ack",
+    ], out
+
+
 # -- loopback scenarios, both API versions ---------------------------------------------------------------------------
 
 
@@ -361,6 +380,20 @@ def test_leo_selector_over_netns_multirecv_and_peer_death(built: None, two_paths
     _assert_pass(
         _driver(*_ns_args(two_paths), "peerdeath", env={"FL_DRIVER_VICTIM": "send"}), "peerdeath over netns"
     )
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("victim", ["send", "recv"])
+def test_a_host_that_vanishes_while_the_comm_is_idle_is_an_error(built: None, two_paths: str, victim: str) -> None:
+    """No data in flight, so no retransmission can time out: the receiver has a receive posted that the sender has
+    not started (victim send), or the sender retries isend for a CTS that never comes (victim recv). The victim takes
+    its namespace's links down and freezes (no FIN, no RST); keepalive probes, started after the plugin's timeout
+    (1.5 s here) and bounded by TCP_USER_TIMEOUT, must end the comm with ncclRemoteError. Before keepalive was tuned
+    the kernel's default (7,200 s idle) left the survivor waiting past the driver's 60 s bound."""
+    res = _driver(*_ns_args(two_paths), "hostdeath", env={"FL_DRIVER_VICTIM": victim}, timeout=120)
+    _assert_pass(res, "hostdeath")
+    assert "links down, frozen" in res.stdout
+    assert ("test() reported error" if victim == "send" else "isend() reported error") in res.stdout
 
 
 @pytest.mark.netns

@@ -8,7 +8,8 @@
  *
  *   fl_driver --plugin PATH [--api v8|v11] SCENARIO [options]
  * Scenarios: props integrity multirecv grouped closeload manycomms threads badsecret
- *            strangers peerdeath stall cudareject all | bench-stream bench-pingpong bench-comms
+ *            strangers peerdeath stall cudareject all | hostdeath (namespaces only) |
+ *            bench-stream bench-pingpong bench-comms
  * Exit status 0 = every check passed; failures print "FAIL: ...".
  */
 #ifndef _GNU_SOURCE
@@ -18,6 +19,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -1072,6 +1075,82 @@ static void fault_send(int to, int from) {
   _exit(0);
 }
 
+/* hostdeath (namespaces only): the victim's host vanishes while the comm is idle - a receive posted that the sender
+ * has not started, or a send whose receiver has posted nothing - with no FIN or RST: the victim takes its namespace's
+ * links down and freezes. No data is unacknowledged, so only keepalive can notice; the survivor's test() (or isend,
+ * which NCCL keeps retrying while no CTS came) must fail with ncclRemoteError, not wait forever. */
+static void blackhole_own_namespace(void) {
+  struct if_nameindex* ifs = if_nameindex();
+  int s = socket(AF_INET, SOCK_DGRAM, 0);
+  if (!ifs || s < 0) FAILF("cannot list this namespace's links: %s", strerror(errno));
+  for (struct if_nameindex* i = ifs; i->if_index; i++) {
+    if (!strcmp(i->if_name, "lo")) continue;
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", i->if_name);
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) FAILF("SIOCGIFFLAGS %s: %s", i->if_name, strerror(errno));
+    ifr.ifr_flags &= ~IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) FAILF("cannot take %s down: %s", i->if_name, strerror(errno));
+  }
+  close(s);
+  if_freenameindex(ifs);
+}
+
+static void vanish_when_told(int from) {
+  uint8_t go;
+  read_all(from, &go, 1);
+  blackhole_own_namespace();
+  printf("[%s] links down, frozen\n", g_role);
+  fflush(NULL);
+  raise(SIGSTOP);
+}
+
+static void hostdeath_recv(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* lc;
+  net_listen(-1, handle, &lc);
+  write_all(to, handle, sizeof(handle));
+  void* rc = accept_blocking(lc);
+  if (!victim_is_sender()) vanish_when_told(from); /* posts nothing: the sender's isend never gets a CTS */
+  uint8_t buf[64];
+  void* mh = net_regmr(rc, buf, sizeof(buf));
+  void* b = buf;
+  size_t sz = sizeof(buf);
+  int tag = 0;
+  void* r = NULL;
+  while (!r)
+    if (net_irecv(rc, 1, &b, &sz, &tag, &mh, &r) != ncclSuccess) FAILF("irecv failed");
+  write_all(to, "", 1); /* the sender never sends: the posted receive idles until its host is gone */
+  survivor_wait_error(r, "sender's host vanished while idle");
+  fflush(NULL);
+  _exit(0);
+}
+
+static void hostdeath_send(int to, int from) {
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  read_all(from, handle, sizeof(handle));
+  void* sc = connect_blocking(-1, handle);
+  if (victim_is_sender()) vanish_when_told(from);
+  write_all(to, "", 1);
+  uint8_t buf[64] = {0};
+  void* mh = net_regmr(sc, buf, sizeof(buf));
+  double t0 = now_s();
+  for (;;) { /* as NCCL's proxy: retry isend on a NULL request */
+    void* r = NULL;
+    ncclResult_t rc = net_isend(sc, buf, sizeof(buf), 0, mh, &r);
+    if (rc == ncclRemoteError) {
+      printf("[%s] isend() reported error %d after %.2f s (receiver's host vanished while idle) - ok\n", g_role, rc,
+             now_s() - t0);
+      break;
+    }
+    if (rc != ncclSuccess) FAILF("isend returned %d, expected ncclRemoteError (%d)", rc, ncclRemoteError);
+    if (r) FAILF("isend started although the receiver posted nothing");
+    if (now_s() - t0 > O.timeout_s) FAILF("isend neither failed nor started within %d s", O.timeout_s);
+  }
+  fflush(NULL);
+  _exit(0);
+}
+
 /* badsecret: a connection presenting a wrong secret is refused and logged;
  * the genuine one is still accepted. */
 static void badsecret_recv(int to, int from) {
@@ -1868,6 +1947,7 @@ static const struct scenario kScenarios[] = {
     {"strangers", strangers_recv, strangers_send},
     {"peerdeath", fault_recv, fault_send},
     {"stall", fault_recv, fault_send},
+    {"hostdeath", hostdeath_recv, hostdeath_send},
     {"bench-stream", stream_recv, stream_send},
     {"bench-pingpong", pp_side_b, pp_side_a},
     {"bench-comms", comms_recv, comms_send},
@@ -1886,15 +1966,21 @@ static int run_scenario(const char* name) {
   for (size_t i = 0; i < sizeof(kScenarios) / sizeof(kScenarios[0]); i++) {
     const struct scenario* s = &kScenarios[i];
     if (strcmp(s->name, name) != 0) continue;
-    int own_timeout = (!strcmp(name, "stall") || !strcmp(name, "strangers")) && !getenv(FL_ENV_TIMEOUT_MS);
+    if (!strcmp(name, "hostdeath") && (!O.send_ns || !O.recv_ns)) {
+      fprintf(stderr, "[driver] hostdeath: FAIL: needs --send-ns and --recv-ns (it takes the victim's links down)\n");
+      return 1;
+    }
+    int own_timeout = (!strcmp(name, "stall") || !strcmp(name, "strangers") || !strcmp(name, "hostdeath")) &&
+                      !getenv(FL_ENV_TIMEOUT_MS);
     /* stall detection bound; for strangers it caps the hello and half-open deadlines (4 s) but not the first-byte
      * one (1 s), so phases B and D end sooner */
-    if (own_timeout) setenv(FL_ENV_TIMEOUT_MS, !strcmp(name, "stall") ? "1500" : "4000", 1);
+    if (own_timeout) setenv(FL_ENV_TIMEOUT_MS, !strcmp(name, "strangers") ? "4000" : "1500", 1);
     if (!strcmp(name, "stall")) setenv("FL_DRIVER_FAULT", "stop", 1);
     if (!strcmp(name, "peerdeath")) setenv("FL_DRIVER_FAULT", "kill", 1);
+    if (!strcmp(name, "hostdeath")) setenv("FL_DRIVER_FAULT", "vanish", 1);
     int own_paths = !strcmp(name, "closeload") && !getenv(FL_ENV_PATHS);
     if (own_paths) setenv(FL_ENV_PATHS, "2", 1); /* closes with sub-chunks spread over two paths */
-    int fault = !strcmp(name, "stall") || !strcmp(name, "peerdeath");
+    int fault = !strcmp(name, "stall") || !strcmp(name, "peerdeath") || !strcmp(name, "hostdeath");
     int rs, ss;
     pid_t sp;
     double t0 = now_s();
@@ -1924,6 +2010,7 @@ static void usage(void) {
           "                 [--max-bytes N] [--bytes N --iters K --window W] [--comms K] [--timeout S]\n"
           "                 [--bulk] [--ping-class C] [--bulk-class C] [--ping-size B] SCENARIO...\n"
           "scenarios: props integrity multirecv grouped closeload manycomms threads isolation badsecret strangers peerdeath stall all\n"
+          "           hostdeath (with --send-ns/--recv-ns)\n"
           "           bench-stream bench-pingpong bench-comms\n");
   exit(2);
 }

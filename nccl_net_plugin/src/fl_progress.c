@@ -103,6 +103,12 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
         fl_comm_fail(c, -EPROTO, "path %d: ACK for chunk %u does not match the oldest unacknowledged chunk", pi, f->seq);
         return -1;
       }
+      /* Chunks go out one at a time, so only the newest ring entry can be mid-write. An ACK for it before its last
+       * byte left would let test() report the send done while this path still reads the caller's buffer. */
+      if (p->out_active && p->ring_count == 1) {
+        fl_comm_fail(c, -EPROTO, "path %d: ACK for chunk %u before all of it was sent", pi, f->seq);
+        return -1;
+      }
       struct fl_chunk_rec* rec = &p->ring[p->ring_head];
       c->unacked_bytes -= rec->bytes;
       struct fl_request* r = rec->req;
@@ -330,7 +336,7 @@ static void carve_chunk(struct fl_comm* c, int pi, struct fl_request* r, uint64_
 static int comm_waits_on_peer(const struct fl_comm* c) {
   for (int pi = 0; pi < c->npaths; pi++) {
     const struct fl_path* p = &c->paths[pi];
-    if (p->ring_count > 0 || p->out_active || p->ctl_off < p->ctl_len) return 1;
+    if (p->ring_count > 0 || p->out_active || p->ctl_off < p->ctl_len || p->in_hdr_got) return 1;
     if (!c->is_send && p->in_body) return 1;
   }
   if (!c->is_send)

@@ -283,8 +283,16 @@ static void set_lane_options(int fd, int family, int lane) {
   if (setsockopt(fd, SOL_SOCKET, SO_PRIORITY, &prio, sizeof(prio)) != 0)
     FL_WARN("SO_PRIORITY=%d failed: %s", prio, strerror(errno));
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  /* A dead host: unacknowledged data times out after TCP_USER_TIMEOUT. An idle comm (a posted receive the sender has
+   * not started, a send waiting for its CTS) has none, so keepalive probes start after a quiet timeout and the same
+   * user timeout ends the connection when they go unanswered (tcp(7)): the next test()/isend fails. */
+  unsigned int user_timeout = (unsigned int)fl_engine.params.timeout_ms;
+  int keep_idle_s = fl_engine.params.timeout_ms < 1000 ? 1 : fl_engine.params.timeout_ms / 1000, keep_intvl_s = 1,
+      keep_cnt = 3;
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  unsigned int user_timeout = (unsigned int)fl_engine.params.timeout_ms; /* dead host: unacked data times out */
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &keep_idle_s, sizeof(keep_idle_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &keep_intvl_s, sizeof(keep_intvl_s));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &keep_cnt, sizeof(keep_cnt));
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
 }
 
