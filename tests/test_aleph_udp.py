@@ -2,8 +2,10 @@
 
 import json
 import re
+import select
 import socket
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -204,6 +206,66 @@ def test_bad_packets_are_dropped_and_counted_by_reason():
         "iter": 1,
     }
     assert stats["dup"] == 1
+
+
+def test_an_aggregator_keeps_asking_its_parent_while_its_children_keep_asking_it():
+    """A parent that misses a few NACK rounds (busy, lossy) must still be asked again. The children's own NACKs reach
+    the aggregator every 100 ms; they are packets, not progress, so they must not hold off its NACKs upward, whose wait
+    backs off 50, 100, 200, 400, 800 ms. The parent ignores the first four and answers the fifth. Before the fix the
+    aggregator counted any packet as activity: once its wait passed 100 ms it never asked again, and the workers gave
+    up."""
+    exe = str(build(sanitize=True))
+    parent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    parent.bind(("127.0.0.1", 0))
+    node = subprocess.Popen(
+        [exe, "node", "--children", "2", "--parent", f"127.0.0.1:{parent.getsockname()[1]}", "--id", "0"]
+        + ["--elems", "256", "--iters", "1", "--rto-ms", "50", "--linger-ms", "200", "--max-idle-ms", "60000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    children = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        assert node.stdout is not None
+        to = ("127.0.0.1", int(node.stdout.readline().split()[1]))
+        for src, child in enumerate(children):
+            child.bind(("127.0.0.1", 0))
+            for seg in (0, 1):
+                child.sendto(W.pack(W.DATA, 1, seg, np.full(128, src + 1, np.int32), src=src), to)
+        sums: dict[int, np.ndarray] = {}
+        nacks_up = 0
+        result0 = None
+        next_child_nack = 0.0
+        deadline = time.monotonic() + 30  # a bound against a hang, not a timing assertion
+        while result0 is None and time.monotonic() < deadline:
+            if time.monotonic() >= next_child_nack:  # "segment 0, please", as a worker that backed off to 100 ms
+                children[0].sendto(W.pack(W.NACK, 1, 0, src=0, bitmap=1), to)
+                next_child_nack = time.monotonic() + 0.1
+            readable, _, _ = select.select([parent, children[1]], [], [], 0.02)
+            if parent in readable:
+                pkt, addr = parent.recvfrom(2048)
+                fields, vals = W.unpack(pkt)
+                if fields[2] == W.DATA:  # a cluster sum: answer segment 1, withhold segment 0
+                    sums[fields[6]] = vals
+                    if fields[6] == 1:
+                        parent.sendto(W.pack(W.RESULT, 1, 1, vals), addr)
+                elif fields[2] == W.NACK and 0 in sums:
+                    nacks_up += 1
+                    if nacks_up == 5:
+                        parent.sendto(W.pack(W.RESULT, 1, 0, sums[0]), addr)
+            if children[1] in readable:
+                fields, vals = W.unpack(children[1].recv(2048))
+                if fields[2] == W.RESULT and fields[6] == 0:
+                    result0 = vals
+        out, err = node.communicate(timeout=30)
+    finally:
+        if node.poll() is None:
+            node.kill()
+        for sock in (parent, *children):
+            sock.close()
+    assert nacks_up >= 5, f"the aggregator asked its parent {nacks_up} times, then fell silent"
+    assert result0 is not None and np.array_equal(result0, np.full(128, 3, np.int32))
+    assert node.returncode == 0, err
 
 
 def test_bad_command_lines_name_the_value():

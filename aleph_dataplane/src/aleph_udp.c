@@ -252,7 +252,10 @@ static int node(struct opts *o) {
     int rc = 0, rto = o->rto_ms;
     unsigned cur = 0; /* iteration 0 is "complete": the first DATA of iteration 1 opens it */
     buf[0].known = nseg;
-    long long last = now_ms(), last_nack = 0;
+    /* last: any valid packet (linger ends after a quiet --linger-ms); progress: a new contribution, a result or an
+     * opened iteration. Children NACKing this node are packets, not progress: were they to hold off its own NACKs,
+     * a parent that missed one round could never be asked again while the children keep asking. */
+    long long last = now_ms(), progress = last, last_nack = 0;
     unsigned char pkt[ALEPH_MAX_PACKET + 1];
     for (;;) {
         struct slotbuf *s = &buf[cur & 1];
@@ -263,13 +266,13 @@ static int node(struct opts *o) {
             if (poll(&pf, 1, 0) <= 0) /* leave only with nothing queued: a descheduled node still counts all */
                 break;
         }
-        if (!done && t - last >= o->max_idle_ms) {
-            fprintf(stderr, "aleph_udp node: no packet for %d ms in iteration %u; giving up\n", o->max_idle_ms, cur);
+        if (!done && t - progress >= o->max_idle_ms) {
+            fprintf(stderr, "aleph_udp node: no progress for %d ms in iteration %u; giving up\n", o->max_idle_ms, cur);
             rc = 3;
             break;
         }
         /* an aggregator missing results asks its parent (it also answers its children's NACKs meanwhile) */
-        if (o->has_parent && cur > 0 && s->known < nseg && t - last >= rto && t - last_nack >= rto) {
+        if (o->has_parent && cur > 0 && s->known < nseg && t - progress >= rto && t - last_nack >= rto) {
             for (unsigned base = 0; base < nseg; base += ALEPH_NACK_SPAN) {
                 uint32_t miss = 0;
                 for (unsigned k = 0; k < ALEPH_NACK_SPAN && base + k < nseg; k++)
@@ -320,6 +323,7 @@ static int node(struct opts *o) {
             cur++;
             s = &buf[cur & 1];
             slot_reset(s, cur, nseg, o->elems);
+            progress = now_ms();
         }
         last = now_ms();
         if (h.iteration != cur && !(h.type == ALEPH_NACK && h.iteration + 1 == cur)) {
@@ -339,6 +343,7 @@ static int node(struct opts *o) {
             }
             s->scale = h.scale;
             s->scale_set = 1;
+            progress = now_ms();
             const unsigned char *v = pkt + sizeof h;
             int32_t *dst = s->sum + seg * ALEPH_SEG_ELEMS;
             for (unsigned i = 0; i < h.count; i++) {
@@ -372,6 +377,7 @@ static int node(struct opts *o) {
             s->scale = h.scale;
             s->have[seg] = 1;
             s->known++;
+            progress = now_ms();
             rto = o->rto_ms;
             for (unsigned c = 0; c < n; c++)
                 if (child_known[c])
@@ -514,9 +520,17 @@ static int worker(struct opts *o) {
             }
         }
     }
-    f = fopen(o->out, "wb");
-    if (!f || fwrite(out, 4, total, f) != total || fclose(f) != 0)
+    /* all or nothing: a failed write leaves no half file under --out's name */
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", o->out, (int)getpid()) >= (int)sizeof tmp)
+        die("--out: the path is too long");
+    f = fopen(tmp, "wb");
+    int ok = f && fwrite(out, 4, total, f) == total;
+    ok = f && fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+    if ((f && fclose(f) != 0) || !ok || rename(tmp, o->out) != 0) {
+        unlink(tmp);
         die("--out: cannot write the results");
+    }
     free(in);
     free(out);
     free(have);

@@ -16,6 +16,9 @@
  * is read; for a packet addressed to the ALEPH port every field is checked as check_packet() in aleph_udp.c does
  * (length, magic, version, type, job, flags, iteration range, src id, segment range, count vs the segment's length,
  * UDP length vs count, one scale per iteration); a packet that fails is dropped and counted by reason, never added.
+ * One check of check_packet() is not here: the userspace node pins each child id to the address its first packet
+ * came from, while this program adds a DATA for a valid src id from any source address: a host on the children's
+ * network that spoofs an id can add to a sum (keep the tier on an isolated network, as the docs say).
  * A duplicate (its bit already set) is dropped and counted: no double counting. Values are added in 64 bits and an
  * int32 overflow is counted (the sender's scale leaves log2(n) headroom bits; digest §5.2 #1).
  *
