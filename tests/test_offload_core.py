@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,226 @@ def test_inplace_modification_after_save_is_an_error(tmp_path: Path) -> None:
         assert cache.stats.version_errors == 1
 
 
+class _GatedBackend(PosixBackend):
+    """Writes wait for ``go``: the test decides what the main thread does while a store is in flight."""
+
+    def __init__(self, dirs) -> None:  # noqa: ANN001 - PosixBackend's
+        super().__init__(dirs)
+        self.go = threading.Event()
+
+    def write(self, key, data):  # noqa: ANN001, ANN201 - PosixBackend's
+        assert self.go.wait(30), "the test never let the write run"
+        return super().write(key, data)
+
+
+def test_inplace_change_to_an_intermediate_before_its_copy_is_an_error(tmp_path: Path) -> None:
+    """The layer drops its last reference to ``h`` before any check (the weak watch alone saw nothing, and the
+    gradient used 2x or 2x+1 by the store's timing): the cache holds ``h`` until the copy is written (003 §2.6 A3)."""
+
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(H))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x * 2
+            y = h * self.w  # saves h
+            h.add_(1.0)  # a bug plain autograd refuses: the saved h changed
+            return y
+
+    mod = Scale()
+    x = torch.randn(64, H)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        mod(x).sum().backward()  # plain autograd
+    backend = _GatedBackend((str(tmp_path),))
+    cache = TensorCache(_cfg(tmp_path, keep_last_k=0), backend=backend)
+    cache.register_parameters(mod.parameters())
+    cache.add_scope(mod)
+    with cache.activate():
+        y = mod(x)
+        assert cache.stats.storages_offloaded == 1
+        backend.go.set()  # the write completes only after the in-place change
+        cache.wait_io()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+    cache.close()
+
+
+def test_conjugate_and_negative_views_keep_their_bit_and_nested_tensors_are_kept(tmp_path: Path) -> None:
+    """Rebuilt from storage bytes a lazy conj/neg view would lose its bit (a silently conjugated or negated
+    gradient) and a nested tensor its structure: such saved tensors stay resident, counted."""
+
+    class Conj(nn.Module):
+        def __init__(self, dtype: torch.dtype, neg: bool) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(64, 64, dtype=dtype))
+            self.neg = neg
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (torch._neg_view(x) if self.neg else x.conj()) * self.w  # saves the lazy view
+
+    for dtype, neg in ((torch.complex64, False), (torch.float32, True)):
+        torch.manual_seed(0)
+        m = nn.Sequential(Conj(dtype, neg), Conj(dtype, neg))
+        x = torch.randn(64, 64, dtype=dtype, requires_grad=True)
+        m(x).abs().sum().backward()
+        ref = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        with install(m, _cfg(tmp_path, keep_last_k=0, min_bytes=1024), ["Conj"]) as cache:
+            loss = m(x).abs().sum()
+            cache.wait_io()
+            loss.backward()
+            assert all(torch.equal(p.grad, g) for p, g in zip(m.parameters(), ref, strict=True)), (dtype, neg)
+            assert cache.stats.lazy_view_skips >= 2
+
+    class Sin(nn.Module):
+        def forward(self, nt: torch.Tensor) -> torch.Tensor:
+            return nt.sin()  # saves the nested input
+
+    mod = Sin()
+    with install(mod, _cfg(tmp_path, keep_last_k=0, min_bytes=16), ["Sin"]) as cache:
+        parts = [torch.randn(30, 8), torch.randn(50, 8)]
+        nt = torch.nested.nested_tensor(parts, requires_grad=True)
+        torch.nested.to_padded_tensor(mod(nt), 0.0).sum().backward()
+        got = torch.nested.to_padded_tensor(nt.grad, 0.0)
+        assert all(torch.equal(got[i, : len(p)], p.cos()) for i, p in enumerate(parts))
+        assert cache.stats.lazy_view_skips >= 1 and cache.stats.storages_tracked == 0
+
+
+def test_a_backward_that_raises_leaves_no_record_behind(tmp_path: Path) -> None:
+    """The engine's end-of-backward callback never runs when backward raises; the next forward ends that record
+    (its files deleted, its reloaded layers dropped) instead of holding them until close()."""
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+            raise RuntimeError("simulated out of memory in backward")
+
+    def files() -> int:
+        return sum(len(fs) for _, _, fs in os.walk(tmp_path))
+
+    m, idx = _model(4)
+    with install(m, _cfg(tmp_path, keep_last_k=0), ["Block"]) as cache:
+        for _ in range(3):
+            x = m.emb(idx)
+            for i, blk in enumerate(m.blocks):
+                x = Boom.apply(blk(x)) if i == 1 else blk(x)  # fails after blocks 3 and 2 ran their backward
+            loss = F.cross_entropy(m.head(x).flatten(0, 1), idx.flatten())
+            cache.wait_io()
+            with pytest.raises(RuntimeError, match="simulated out of memory"):
+                loss.backward()
+            del x, loss
+        m.zero_grad()
+        m(idx).backward()  # a good step after three failed ones
+        cache.wait_io()
+        cache.backend._janitor.submit(lambda: None).result()  # deletes run on the backend's unlink thread
+        assert len(cache._records) == 0 and files() == 0 and cache.resident_bytes == 0
+
+
+def test_host_blocks_go_back_to_the_pool_after_failed_block_writes_and_reads(tmp_path: Path) -> None:
+    """Bulk tier (layer blocks, run on CPU): a block write that fails after backward already reloaded every member,
+    and a block read that fails, each used to keep a pinned block in use for good (1 MiB more per step)."""
+    gate = threading.Event()
+
+    class SlowFullDisk(PosixBackend):
+        def write_block(self, key, buf, nbytes):  # noqa: ANN001, ANN201 - PosixBackend's
+            gate.wait(30)  # backward reloads every layer from its host block meanwhile
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    class BadRead(PosixBackend):
+        def read_block(self, handle, buf, nbytes):  # noqa: ANN001, ANN201 - PosixBackend's
+            raise OSError(errno.EIO, "Input/output error")
+
+    m, idx = _model(4)
+    for backend, fails in ((SlowFullDisk, "write"), (BadRead, "read")):
+        cache = TensorCache(
+            _cfg(tmp_path, keep_last_k=0), backend=backend((str(tmp_path),)), bulk_on_cpu=True
+        )
+        cache.register_parameters(m.parameters())
+        for blk in m.blocks:
+            cache.add_scope(blk)
+        with cache.activate(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the "keeping activations in memory" warning
+            for _ in range(2):
+                gate.clear()
+                loss = m(idx)
+                if fails == "read":
+                    cache.wait_io()  # every block written and given back: backward must read from disk
+                    with pytest.raises(RuntimeError, match="Input/output error"):
+                        loss.backward()
+                else:
+                    loss.backward()
+                    gate.set()
+                    cache.wait_io()
+                del loss
+                assert cache.stats_snapshot().pool["in_use_bytes"] == 0, fails
+        cache.close()
+
+
+def test_a_reused_record_key_never_meets_its_previous_block_file(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """DeepSpeed's pipeline keys records by buffer id, reused every step; the old layer-block files are deleted on
+    the backend's unlink thread. Held back here until the end, a same-named file made each new write fail
+    (O_EXCL: File exists) and the tier fell back to memory."""
+    import flowlane.offload.backends as backends
+
+    unlink, go = backends._unlink, threading.Event()
+    monkeypatch.setattr(backends, "_unlink", lambda path: (go.wait(30), unlink(path)))
+    m, idx = _model(4)
+    ref = _reference(m, idx)
+    cache = TensorCache(_cfg(tmp_path, keep_last_k=0), bulk_on_cpu=True)
+    cache.register_parameters(m.parameters())
+    for blk in m.blocks:
+        cache.add_scope(blk)
+    with cache.activate():
+        for _ in range(3):
+            m.zero_grad()
+            cache.forward_begin(("pipe", 0))
+            loss = m(idx)
+            cache.forward_end(("pipe", 0))
+            cache.wait_io()
+            cache.backward_begin(("pipe", 0))
+            loss.backward()
+            cache.backward_end(("pipe", 0))
+            assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+        s = cache.stats_snapshot()
+        go.set()  # before the cache closes: close() joins the unlink thread
+        assert s.io_errors == 0 and s.fallbacks == 0 and s.bulk_stores == 3 * 4
+
+
+def test_closing_one_cache_leaves_another_caches_hooks_in_place(tmp_path: Path) -> None:
+    """Torch pops whichever saved-tensor hooks are on top: closing the first of two caches (a GAN's generator, then
+    its discriminator) used to pop the second's, which then offloaded nothing while the closed one kept packing."""
+    g, idx = _model(3)
+    d, _ = _model(3)
+    ref_g, ref_d = _reference(g, idx), _reference(d, idx)
+    cache_g = install(g, _cfg(tmp_path, keep_last_k=0), ["Block"])
+    cache_d = install(d, _cfg(tmp_path, keep_last_k=0), ["Block"])
+    cache_g.close()
+    for m, ref in ((g, ref_g), (d, ref_d)):
+        m.zero_grad()
+        m(idx).backward()
+        assert all(torch.equal(a, b) for a, b in zip(ref, _grads(m), strict=True))
+    assert cache_d.stats.storages_offloaded > 0 and cache_g.stats.storages_tracked == 0
+    cache_d.close()
+
+    def pack_count(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t)
+        return t
+
+    seen: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        pack_count, lambda t: t
+    ):  # both gone: the stack is as before
+        with install(g, _cfg(tmp_path, keep_last_k=0), ["Block"]):
+            pass
+        g(idx)
+    assert seen
+
+
 class _SlowBackend(PosixBackend):
     def write(self, key, data):
         time.sleep(0.05)
@@ -402,6 +623,11 @@ def test_run_directory_private_and_removed_at_exit_and_after_crash(tmp_path: Pat
     assert cleanup_stale(tmp_path) == left  # the next run removes it
     d = make_run_dir(tmp_path)
     assert list(tmp_path.iterdir()) == [d]
+    # another container with this hostname (host networking) shares the folder: its pids mean nothing here
+    host, ns = d.name[len(RUN_PREFIX) + 1 :].split("-", 1)[0].rsplit("_pidns", 1)
+    ours, theirs = (tmp_path / f"{RUN_PREFIX}-{host}_pidns{n}-999999999-0-ab" for n in (ns, int(ns) + 1))
+    ours.mkdir(), theirs.mkdir()
+    assert cleanup_stale(tmp_path) == [ours] and theirs.exists()  # pid 999999999 exists in no namespace
 
 
 def test_round_robin_directories_and_o_direct_roundtrip(tmp_path: Path) -> None:
@@ -448,6 +674,28 @@ def test_kvikio_refused_without_cuda_and_auto_picks_posix(tmp_path: Path) -> Non
     be = make_backend(_cfg(tmp_path, backend="auto"))
     assert be.name == "posix"
     be.close()
+
+
+def test_auto_backend_starts_kvikio_in_the_configured_compat_mode(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """kvikio reads KVIKIO_COMPAT_MODE once, at its first import: ``backend='auto'`` probes kvikio first, and that
+    probe used to import it before the configured mode was set, so ``kvikio_compat_mode`` did nothing."""
+    import flowlane.offload.backends as backends
+
+    imports: list[str | None] = []
+
+    class Probe:  # stands in for kvikio's import: records the mode it would start in
+        def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201 - the finder protocol
+            if name == "kvikio":
+                imports.append(os.environ.get("KVIKIO_COMPAT_MODE"))
+                raise ImportError("no kvikio here")
+            return None
+
+    monkeypatch.setattr(backends.torch.cuda, "is_available", lambda: True)
+    monkeypatch.delitem(sys.modules, "kvikio", raising=False)
+    monkeypatch.delenv("KVIKIO_COMPAT_MODE", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Probe(), *sys.meta_path])
+    assert backends.kvikio_usable("off") == (False, "kvikio not usable: ImportError: no kvikio here")
+    assert imports == ["OFF"]
 
 
 def test_microbatch_records_keep_only_when_own_backward_follows(tmp_path: Path) -> None:

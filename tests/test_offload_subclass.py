@@ -179,14 +179,15 @@ def test_dtensor_tensor_parallel_on_two_ranks_offloads_each_ranks_shards_bitwise
 @pytest.mark.parametrize("build", [_fully_sharded, _tensor_parallel], ids=["fsdp2", "tensor_parallel"])
 def test_recompute_on_fsdp2_and_dtensor_models_is_bitwise(mesh: object, tmp_path: Path, build) -> None:  # noqa: ANN001
     """``recompute``: the layers the budget names run their forward again in backward under torch's checkpoint (FSDP2
-    gathers their weights again for it); a link of 1 MB/s hides nothing, so the slack buys recomputation."""
+    gathers their weights again for it); a link of 1 kB/s hides nothing (1 MB/s hid a 73 kB layer behind a loaded
+    host's 0.4 s step and the budget offloaded instead), so the slack buys recomputation."""
     (ref_model, x), (model, _) = build(mesh), build(mesh)
     ref = _steps(ref_model, x, n=4)
-    cfg = _cfg(tmp_path, adaptive=True, profile_step=1, max_slowdown=0.9, recompute=True, link_GBps=0.001)
+    cfg = _cfg(tmp_path, adaptive=True, profile_step=1, max_slowdown=0.9, recompute=True, link_GBps=1e-6)
     with install(model, cfg, ["Block"]) as cache:
         got = _steps(model, x, n=4)
         s = cache.stats_snapshot()
-    assert s.recomputed_layers >= 1, s
+    assert s.recomputed_layers >= 1, s.profile
     for step_ref, step_got in zip(ref, got, strict=True):
         for a, b in zip(step_ref, step_got, strict=True):
             assert torch.equal(a, b)

@@ -55,7 +55,13 @@ def _proc_start_time(pid: int) -> str:
 
 
 def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:40] or "host"
+    """This host and PID namespace: containers sharing a hostname (host networking) and an offload folder see
+    each other's run directories but not each other's pids, so each sweeps only its own namespace's."""
+    name = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:40] or "host"
+    try:
+        return f"{name}_pidns{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return name
 
 
 _RUN_RE = re.compile(rf"^{RUN_PREFIX}-(?P<host>.+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<tok>[0-9a-f]+)$")
@@ -419,8 +425,7 @@ class KvikioBackend(IOBackend):
                 "offload.backend='kvikio' needs a CUDA driver: kvikio cannot do file I/O without libcuda, even in "
                 "compat mode; use backend='posix' (or 'auto') on this machine"
             )
-        if "kvikio" not in sys.modules and compat_mode != "auto":
-            os.environ["KVIKIO_COMPAT_MODE"] = compat_mode.upper()
+        _set_kvikio_compat_env(compat_mode)
         try:
             import kvikio  # noqa: PLC0415 - optional dependency, import-guarded
             import kvikio.defaults  # noqa: PLC0415,F401 - not imported by ``import kvikio`` (26.10)
@@ -430,6 +435,13 @@ class KvikioBackend(IOBackend):
                 "kvikio-cu12/cu13 (and libcufile) or use backend='posix'"
             ) from e
         self._kvikio = kvikio
+        running = self._compat_mode()
+        if compat_mode != "auto" and running not in (None, compat_mode.upper()):
+            raise BackendUnavailableError(
+                f"offload.kvikio_compat_mode={compat_mode!r}, but kvikio was imported earlier in this process with "
+                f"compat mode {running} (KVIKIO_COMPAT_MODE is read once, at import); set "
+                f"KVIKIO_COMPAT_MODE={compat_mode.upper()} in the job's environment"
+            )
         self.rank = rank
         targets = [Path(d) for d in (dirs or (tempfile.gettempdir(),))]
         self.run_dirs = [make_run_dir(t) for t in targets]
@@ -437,11 +449,18 @@ class KvikioBackend(IOBackend):
         self._rr_lock = threading.Lock()
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="flowlane-unlink")
 
+    def _compat_mode(self) -> str | None:
+        """kvikio's compat mode as ON / OFF / AUTO; None where this kvikio version does not say."""
+        with contextlib.suppress(Exception):  # the API differs across kvikio versions
+            return str(self._kvikio.defaults.get("compat_mode")).rsplit(".", 1)[-1].upper()  # CompatMode.ON
+        return None
+
     def describe(self) -> dict[str, Any]:
-        compat = None
-        with contextlib.suppress(Exception):  # informational only; the API differs across kvikio versions
-            compat = str(self._kvikio.defaults.get("compat_mode"))
-        return {"backend": self.name, "dirs": [str(d) for d in self.run_dirs], "compat_mode": compat}
+        return {
+            "backend": self.name,
+            "dirs": [str(d) for d in self.run_dirs],
+            "compat_mode": self._compat_mode(),
+        }
 
     def write(self, key: str, data: torch.Tensor) -> KvikioHandle:
         with self._rr_lock:
@@ -541,10 +560,18 @@ class NullBackend(IOBackend):
         pass
 
 
-def kvikio_usable() -> tuple[bool, str]:
-    """(usable, reason) for the kvikio backend on this machine, without doing any I/O."""
+def _set_kvikio_compat_env(compat_mode: str) -> None:
+    """kvikio reads KVIKIO_COMPAT_MODE once, when it is first imported: set it before any import of ours."""
+    if "kvikio" not in sys.modules and compat_mode != "auto":
+        os.environ["KVIKIO_COMPAT_MODE"] = compat_mode.upper()
+
+
+def kvikio_usable(compat_mode: str = "auto") -> tuple[bool, str]:
+    """(usable, reason) for the kvikio backend on this machine, without doing any I/O. ``compat_mode``: the mode
+    kvikio is to start in, should this probe be its first import."""
     if not torch.cuda.is_available():
         return False, "no CUDA driver (kvikio cannot do file I/O without libcuda, even in compat mode)"
+    _set_kvikio_compat_env(compat_mode)
     try:
         import kvikio  # noqa: F401, PLC0415
     except Exception as e:  # noqa: BLE001 - ImportError, or a RuntimeError when libcufile cannot be loaded
@@ -556,7 +583,7 @@ def make_backend(cfg: OffloadConfig, rank: int = 0) -> IOBackend:
     """Build the backend named by ``cfg.backend`` ('auto' = kvikio when usable, else posix)."""
     name = cfg.backend
     if name == "auto":
-        name = "kvikio" if kvikio_usable()[0] else "posix"
+        name = "kvikio" if kvikio_usable(cfg.kvikio_compat_mode)[0] else "posix"
     if name in ("posix", "kvikio"):
         cfg.check_dirs()
     if name == "posix":

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -67,6 +68,8 @@ from flowlane.offload.record import (
 from flowlane.offload.residency import Residency, is_flattenable, mark_parameters, plain_tensors, storage_uid
 
 log = logging.getLogger("flowlane.offload")
+# per thread: the caches whose hooks are on torch's saved-tensor hooks stack (also thread-local), in push order
+_hook_owners = threading.local()
 
 _clock = time.perf_counter
 
@@ -89,6 +92,13 @@ def _io_stream(device: torch.device) -> Iterator[None]:
         streams[index] = torch.cuda.Stream(device=index)
     with torch.cuda.stream(streams[index]):
         yield
+
+
+def _owners() -> list[TensorCache]:
+    owners = getattr(_hook_owners, "caches", None)
+    if owners is None:
+        owners = _hook_owners.caches = []
+    return owners
 
 
 def _in_backward() -> bool:
@@ -208,10 +218,14 @@ class TensorCache:
         self._records: dict[Any, Record] = {}
         self._current: Record | None = None
         self._auto_key = 0
+        # layer-block files are named by record key, which a pipeline reuses every step (DeepSpeed's buffer id):
+        # a cache-wide serial keeps a new block from meeting the old file its unlink thread has not deleted yet
+        self._slab_serial = itertools.count()
         self._stack: list[tuple[Record, int] | None] = []
         self._ngroups: dict[Any, int] = {}
         self._module_handles: list[Any] = []
         self._hooks_ctx: Any = None
+        self._hooks_leaving = False  # deactivated while a cache activated later is still on the stack above
         self._error: BaseException | None = None
         self._warned_fallback = False
         self._first_backward_seen = False
@@ -270,12 +284,23 @@ class TensorCache:
         if self._hooks_ctx is None:
             self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self._hooks_ctx.__enter__()
+            _owners().append(self)
+        self._hooks_leaving = False
         return self
 
     def deactivate(self) -> None:
-        if self._hooks_ctx is not None:
-            self._hooks_ctx.__exit__(None, None, None)
-            self._hooks_ctx = None
+        """Take the hooks off this thread's stack. Torch pops whichever hooks are on top: while a cache activated
+        later is still active this one only stops packing, and leaves the stack when the caches above it do."""
+        if self._hooks_ctx is None:
+            return
+        self._hooks_leaving = True
+        owners = _owners()
+        if self not in owners:
+            return  # activated in another thread: its hooks stay there, inert
+        while owners and owners[-1]._hooks_leaving:
+            top = owners.pop()
+            top._hooks_ctx.__exit__(None, None, None)
+            top._hooks_ctx = None
 
     def __enter__(self) -> TensorCache:
         return self.activate()
@@ -427,6 +452,11 @@ class TensorCache:
         rec = self._current
         if rec is not None and rec.phase == "forward":
             return rec
+        for other in list(self._records.values()):
+            # an automatic record's backward ends with the engine's callback, which never runs when backward
+            # raised (an OOM caught to skip the batch): its files and reloaded layers would stay until close()
+            if other.phase == "backward" and isinstance(other.key, tuple) and other.key[:1] == ("auto",):
+                self._finish_backward(other)
         self._auto_key += 1
         rec = self._new_record(("auto", self._auto_key))
         self._flush_others(rec)
@@ -451,6 +481,11 @@ class TensorCache:
             self._warm[rec.family] = sizes
         for g in sorted(rec.pending):  # layers whose forward hook did not run (an exception, a partial layer)
             self._store_bulk(rec, g, rec.pending.pop(g))
+        for st in (
+            rec.storages.values()
+        ):  # kept ones now rely on the weak watches; a write in flight settles itself
+            if st.state != "storing":
+                self._settle_roots(st)
 
     def _enter_backward(self, rec: Record) -> None:
         if rec.phase == "backward":
@@ -664,6 +699,8 @@ class TensorCache:
     # ------------------------------------------------------------------------------------------ pack / unpack
     def _pack(self, t: torch.Tensor) -> Any:
         """Alg. 5.2 lines 11-18."""
+        if self._hooks_leaving:
+            return t
         self.stats.packs += 1
         if self._error is not None:
             self._raise_pending_error()
@@ -671,6 +708,11 @@ class TensorCache:
 
     def _pack_tensor(self, t: torch.Tensor) -> Any:
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.layout != torch.strided:
+            return t
+        if t.is_nested or t.is_conj() or t.is_neg():
+            # rebuilt from storage bytes these would lose their structure or their lazy conjugate / negative bit
+            # (a silently wrong gradient): kept
+            self.stats.lazy_view_skips += 1
             return t
         if type(t) is not torch.Tensor:
             if not is_flattenable(t):
@@ -744,10 +786,13 @@ class TensorCache:
             watch = -1
             if self.config.check_versions:
                 root = t._base if t._base is not None else t
+                desc = f"{tuple(t.shape)} {t.dtype} saved in {sc.name}"
                 watch = len(rec.watches)
-                rec.watches.append(
-                    (weakref.ref(root), t._version, uid, f"{tuple(t.shape)} {t.dtype} saved in {sc.name}")
-                )
+                rec.watches.append((weakref.ref(root), t._version, uid, desc))
+                if stored.state in ("kept", "resident", "pending", "storing"):
+                    # while the cache holds these bytes the tensor costs no memory: held, so an in-place change
+                    # made before the copy is taken is seen even once the layer dropped its last reference
+                    stored.roots.append((root, t._version, desc))
             return SavedHandle(rec, uid, t, watch)
 
     def _is_bulk(self, device: torch.device) -> bool:
@@ -793,6 +838,7 @@ class TensorCache:
                     "outside every scope class (pass scope_classes naming the model's layer classes)",
                 ),
                 (st.param_skips, "parameters (never offloaded)"),
+                (st.lazy_view_skips, "nested, or views with a lazy conjugate/negative bit (kept)"),
                 (st.backward_packs, "saved during backward (recomputation: kept)"),
             )
             if n
@@ -909,6 +955,16 @@ class TensorCache:
         for i in range(len(rec.watches)):
             self._check_watch(rec, i)
 
+    @staticmethod
+    def _settle_roots(st: Stored) -> None:
+        """The copy of ``st`` is taken (written, enqueued as a layer's bulk copy) or the forward is over: an in-place
+        change before this point is in the copy, so check now and drop the strong references (003 §2.6 A3: the
+        tensor is held until its write completes). Later changes are seen through the weak watches."""
+        for root, version, desc in st.roots:
+            if root._version != version and st.dirty is None:
+                st.dirty = f"{desc}: version {version} at save, {root._version} when its copy was taken"
+        st.roots.clear()
+
     # ------------------------------------------------------------------------------------------ store / load
     def _flush_kept(self, rec: Record, upto_group: int | None = None) -> None:
         if rec.phase in ("backward", "done"):
@@ -947,6 +1003,7 @@ class TensorCache:
                 self.stats.bytes_cancelled += st.nbytes
                 if st.state == "storing":
                     st.state = "loaded" if st.ref is not None else "stored"
+                self._settle_roots(st)
                 return
         t0 = _clock()
         if st.event is not None:
@@ -967,6 +1024,7 @@ class TensorCache:
                 rec.store_bytes += st.nbytes
             if st.state == "storing":
                 st.state = "stored"
+            self._settle_roots(st)
             if st.released:
                 self.backend.delete(handle)
                 st.handle = None
@@ -977,6 +1035,7 @@ class TensorCache:
             if st.ref is None and not st.released:
                 st.ref = base
             st.state = "fallback"
+            self._settle_roots(st)
             self._note_store_error(rec, st.nbytes, st.where, e)
 
     def _raise_pending_error(self) -> None:
@@ -1063,6 +1122,7 @@ class TensorCache:
         if st.released:
             return
         st.released = True
+        st.roots.clear()
         if st.reloaded and not st.unpacked and st.ref is not None:
             self.stats.unused_loads += 1
             if st.slab is not None and st.event is not None:
@@ -1143,6 +1203,8 @@ class TensorCache:
         """Copy one layer's storages into one host block: on the device-to-host stream after an event of the compute
         stream (no host wait), ``record_stream`` so their device memory is reused only after the copy ran."""
         sts = [st for st in sts if st.state == "pending" and st.ref is not None and not st.released]
+        for st in sts:  # the copies below are queued after everything this thread ran so far
+            self._settle_roots(st)
         if not sts:
             return
         dev = sts[0].device
@@ -1153,7 +1215,7 @@ class TensorCache:
             for st in sts:
                 self._on_store_error(rec, st, st.ref, e)  # keeps every byte in device memory
             return
-        slab = Slab(f"{_key_str(rec.key)}-g{group}-{len(rec.slabs)}", blk, sts)
+        slab = Slab(f"{_key_str(rec.key)}-g{group}-b{next(self._slab_serial)}", blk, sts)
         rec.slabs.append(slab)
         offsets = []
         off = 0
@@ -1233,6 +1295,10 @@ class TensorCache:
                     if m.state == "storing":
                         m.state = "stored"
                 self._note_store_error(rec, slab.payload, slab.key, e)
+                if (
+                    not slab.alive
+                ):  # every member was reloaded or released while the write ran: nobody frees it
+                    self._slab_cleanup(slab)
             return
         t1 = _clock()
         with self._lock:
@@ -1349,6 +1415,7 @@ class TensorCache:
 
     def _read_slab(self, rec: Record, slab: Slab, members: list[Stored], compute: Any = None) -> None:
         """Disk thread: read a layer's block back into the pool (O_DIRECT where possible), then issue its reload."""
+        blk = None
         try:
             blk = self._host_pool().acquire(slab.nbytes)
             blk.wait_ready_on_host()  # its previous GPU copy must be done before the disk writes into it
@@ -1356,6 +1423,8 @@ class TensorCache:
             self.backend.read_block(slab.handle, blk.buf, slab.nbytes)  # type: ignore[attr-defined]
             dt = _clock() - t0
         except Exception as e:  # noqa: BLE001 - recorded and raised at the unpack that needs the tensor
+            if blk is not None:
+                self._host_pool().release(blk)
             with self._lock:
                 self.stats.io_errors += 1
                 for m in members:

@@ -31,6 +31,8 @@ class OffloadStats:
     small_skips: int = 0
     param_skips: int = 0
     cpu_skips: int = 0
+    lazy_view_skips: int = 0
+    """nested tensors and views with a lazy conjugate or negative bit: kept (bytes alone would lose them)"""
     outside_scope: int = 0
     backward_packs: int = 0
     dedup_hits: int = 0
@@ -115,6 +117,7 @@ class Stored:
         "offset",
         "reloaded",
         "unpacked",
+        "roots",
     )
 
     def __init__(self, sid: int, nbytes: int, device: torch.device, group: int, where: str) -> None:
@@ -137,6 +140,8 @@ class Stored:
         self.offset = 0
         self.reloaded = False  # read back from the tier (not forwarded)
         self.unpacked = False  # handed to autograd at least once
+        # (saved tensor's base, version at pack, desc) while the cache holds these bytes for a copy (check_versions)
+        self.roots: list[tuple[torch.Tensor, int, str]] = []
 
 
 class Slab:
