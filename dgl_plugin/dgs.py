@@ -22,6 +22,7 @@ is the trainer's own partition ``part_id``: the rows a trainer on that machine w
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import dgl
@@ -40,6 +41,8 @@ from flowlane.dgs import (
 )
 from flowlane.direct import DirectConfig, FeatureStore
 
+from .distdgl import DEFAULT_PEER_TIMEOUT_S
+
 SERVICE_COLUMN_PULL = 7_353_001
 SERVICE_QUOTA_SAMPLE = 7_353_002
 SERVICE_NODE_WEIGHT = 7_353_003
@@ -52,19 +55,65 @@ def _ids(t) -> torch.Tensor:
     return torch.as_tensor(t, dtype=torch.int64).reshape(-1)
 
 
+class _Request(rpc.Request):
+    """A DGS request whose failure on the server is answered, not raised: an exception in ``process_request`` ends
+    DGL's server process (every trainer then loses that partition, and DGL's RPCs wait for it). The trainer raises
+    the answered error instead (:func:`remote_call`)."""
+
+    response: type
+
+    def process_request(self, server_state):
+        try:
+            return self.process(server_state)
+        except Exception as e:  # any handler failure: answered, so the server lives on for the other trainers
+            log.exception("DGS %s failed on the server", type(self).__name__)
+            return self.response.failed(f"{type(e).__name__}: {e}")
+
+    def process(self, server_state):
+        raise NotImplementedError
+
+
+def remote_call(reqs: list, timeout_s: float, what: str) -> list:
+    """``rpc.remote_call_to_machine(reqs)`` waiting at most ``timeout_s`` for each answer (DGL's default waits for
+    ever: a server that died in a request hung its trainer). No answer in time raises
+    :class:`dgl_plugin.distdgl.PeerLostError`; an error answered by a server raises RuntimeError with its text."""
+    from .distdgl import PeerLostError
+
+    try:
+        res = rpc.remote_call_to_machine(reqs, timeout=max(1, math.ceil(timeout_s * 1000)))
+    except dgl.DGLError as e:
+        if "timed out" not in str(e).lower():
+            raise
+        parts = sorted({p for p, _ in reqs})
+        raise PeerLostError(
+            f"{what}: the graph server(s) of partition(s) {parts} did not answer within peer_timeout_s="
+            f"{timeout_s:g} s (a server died or hangs; its log says why)"
+        ) from e
+    for (p, _), r in zip(reqs, res, strict=True):
+        if getattr(r, "error", None):
+            raise RuntimeError(f"{what}: the graph server of partition {p} failed: {r.error}")
+    return res
+
+
 class ColumnPullResponse(rpc.Response):
-    def __init__(self, data: torch.Tensor):
-        self.data = data
+    def __init__(self, data: torch.Tensor, error: str | None = None):
+        self.data, self.error = data, error
+
+    @classmethod
+    def failed(cls, error: str) -> ColumnPullResponse:
+        return cls(torch.zeros(0), error)
 
     def __getstate__(self):
-        return self.data
+        return self.data, self.error
 
     def __setstate__(self, state):
-        self.data = state
+        self.data, self.error = state
 
 
-class ColumnPullRequest(rpc.Request):
+class ColumnPullRequest(_Request):
     """Pull rows ``ids`` (global) of KVStore tensor ``name``, columns ``dims`` only (an empty ``dims``: all)."""
+
+    response = ColumnPullResponse
 
     def __init__(self, name: str, ids: torch.Tensor, dims: torch.Tensor):
         self.name, self.ids, self.dims = name, ids, dims
@@ -75,7 +124,7 @@ class ColumnPullRequest(rpc.Request):
     def __setstate__(self, state):
         self.name, self.ids, self.dims = state
 
-    def process_request(self, server_state):
+    def process(self, server_state):
         kv = server_state.kv_store
         if self.name not in kv.data_store:
             raise RuntimeError(f"ColumnPullRequest: no KVStore tensor {self.name!r} on server {kv.server_id}")
@@ -120,18 +169,24 @@ def _server_graph(server_state) -> _ServerGraph:
 
 
 class QuotaSampleResponse(rpc.Response):
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor):
-        self.src, self.dst = src, dst
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, error: str | None = None):
+        self.src, self.dst, self.error = src, dst, error
+
+    @classmethod
+    def failed(cls, error: str) -> QuotaSampleResponse:
+        return cls(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), error)
 
     def __getstate__(self):
-        return self.src, self.dst
+        return self.src, self.dst, self.error
 
     def __setstate__(self, state):
-        self.src, self.dst = state
+        self.src, self.dst, self.error = state
 
 
-class QuotaSampleRequest(rpc.Request):
+class QuotaSampleRequest(_Request):
     """One hop for ``seeds`` (global ids owned by the receiving server): see the module docstring."""
+
+    response = QuotaSampleResponse
 
     def __init__(
         self,
@@ -152,7 +207,7 @@ class QuotaSampleRequest(rpc.Request):
     def __setstate__(self, state):
         self.seeds, self.fanout, self.epsilon, self.requester, self.weighted, self.base, self.key = state
 
-    def process_request(self, server_state):
+    def process(self, server_state):
         sg = _server_graph(server_state)
         pb = server_state.partition_book
         loc = pb.nid2localnid(self.seeds, pb.partid).numpy().astype(np.int64)
@@ -170,19 +225,25 @@ class QuotaSampleRequest(rpc.Request):
 
 
 class NodeWeightResponse(rpc.Response):
-    def __init__(self, version: int):
-        self.version = version
+    def __init__(self, version: int, error: str | None = None):
+        self.version, self.error = version, error
+
+    @classmethod
+    def failed(cls, error: str) -> NodeWeightResponse:
+        return cls(-1, error)
 
     def __getstate__(self):
-        return self.version
+        return self.version, self.error
 
     def __setstate__(self, state):
-        self.version = state
+        self.version, self.error = state
 
 
-class NodeWeightRequest(rpc.Request):
+class NodeWeightRequest(_Request):
     """Set the sampling weight of nodes ``gids`` (halo nodes of the receiving server's partition); no ids: reset
     all to 1."""
+
+    response = NodeWeightResponse
 
     def __init__(self, gids: torch.Tensor, weight: torch.Tensor):
         self.gids, self.weight = gids, weight
@@ -193,7 +254,7 @@ class NodeWeightRequest(rpc.Request):
     def __setstate__(self, state):
         self.gids, self.weight = state
 
-    def process_request(self, server_state):
+    def process(self, server_state):
         sg = _server_graph(server_state)
         g = self.gids.numpy()
         if g.size == 0:  # reset: every node back to weight 1
@@ -246,6 +307,8 @@ class DGSRuntime:
     """Own-partition rows through a FeatureStore over the local table (None: DGL's own read)."""
     device: torch.device | str = "cpu"
     """Where pulled rows land."""
+    peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
+    """How long a DGS request waits for a graph server's answer before it is an error (:func:`remote_call`)."""
 
     def __post_init__(self) -> None:
         _check_registered()
@@ -307,7 +370,7 @@ class DGSRuntime:
             reqs.append((p, ColumnPullRequest(self.key, ids[sel], dims)))
             where.append(sel)
             self.ledger.add(kind, sum(pull_bytes(sel.numel(), dims.numel(), self.itemsize, self.f)))
-        for sel, res in zip(where, rpc.remote_call_to_machine(reqs), strict=True):
+        for sel, res in zip(where, remote_call(reqs, self.peer_timeout_s, "DGS column pull"), strict=True):
             sel_d, dims_d = sel.to(self.device), dims.to(self.device)
             out[sel_d[:, None], dims_d[None, :]] = res.data.to(self.device, non_blocking=True)
         return out
@@ -323,7 +386,7 @@ class DGSRuntime:
         if self.cfg.node_sampling and len(halo_ids):
             w = torch.from_numpy(node_probabilities(sn.numpy(), self.cfg.prob_floor))
             gids = torch.from_numpy(np.asarray(halo_ids, dtype=np.int64))
-            rpc.remote_call_to_machine([(self.part_id, NodeWeightRequest(gids, w))])
+            remote_call([(self.part_id, NodeWeightRequest(gids, w))], self.peer_timeout_s, "DGS node weights")
             self.ledger.add("prob_update", gids.numel() * 8 + w.numel() * w.element_size())
         self.mask_version = version
 
@@ -393,7 +456,7 @@ class DGSNeighborSampler(dgl.dataloading.BlockSampler):
                     ),
                 )
             )
-        res = rpc.remote_call_to_machine(reqs)
+        res = remote_call(reqs, self.rt.peer_timeout_s, "DGS sampling")
         for (p, req), r in zip(reqs, res, strict=True):
             if p != self.rt.part_id:
                 self.rt.ledger.add("sampling_rpc", sum(sampling_bytes(req.seeds.numel(), r.src.numel())))

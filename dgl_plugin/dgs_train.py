@@ -166,12 +166,12 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     epochs of the same number of steps on every rank, then evaluate."""
     import dgl
     import torch
-    from dgl.distributed import rpc
 
     from flowlane.dgs import DGSConfig
     from flowlane.direct import DirectConfig
 
-    from .dgs import DGSRuntime, NodeWeightRequest
+    from .dgs import DGSRuntime, NodeWeightRequest, remote_call
+    from .distdgl import DEFAULT_PEER_TIMEOUT_S
     from .models import build_model
 
     cfg = DGSConfig.from_dict(args["dgs"])
@@ -179,11 +179,13 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     torch.manual_seed(args["seed"] + rank)
     pb = g.get_partition_book()
     direct = None if args.get("direct") is None else DirectConfig.from_dict(args["direct"])
-    rt = DGSRuntime(g, rank, cfg, direct=direct)
+    peer_s = float(args.get("peer_timeout_s", DEFAULT_PEER_TIMEOUT_S))
+    rt = DGSRuntime(g, rank, cfg, direct=direct, peer_timeout_s=peer_s)
     if direct is not None:
         log(f"own-partition rows by PyTorch-Direct: {rt.direct_note}")
     # every run starts from uniform node weights on this partition's server (empty ids: reset)
-    rpc.remote_call_to_machine([(rank, NodeWeightRequest(torch.zeros(0, dtype=torch.int64), torch.zeros(0)))])
+    reset = NodeWeightRequest(torch.zeros(0, dtype=torch.int64), torch.zeros(0))
+    remote_call([(rank, reset)], rt.peer_timeout_s, "DGS node weights")
     own = pb.partid2nids(rank)
     train = own[g.ndata["train_mask"][own].bool()]
     model_kw = {
@@ -398,7 +400,9 @@ def _check_column_pull(g, rt, ids) -> dict:
 
     own = g.get_partition_book().partid2nids(rt.part_id)
     mixed = torch.cat([own[: ids.numel()], ids])
-    direct = DGSRuntime(g, rt.part_id, rt.cfg, direct=DirectConfig(path="cpu-gather"))
+    direct = DGSRuntime(
+        g, rt.part_id, rt.cfg, direct=DirectConfig(path="cpu-gather"), peer_timeout_s=rt.peer_timeout_s
+    )
     return {
         "rows": int(ids.numel()),
         "cols": dims.tolist(),
@@ -644,6 +648,9 @@ RUN_KEYS = {
 }
 
 
+MODEL_KEYS = ("name", "hidden")
+
+
 def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole | None:
     """Reject unknown keys and bad values by name, before any process starts; under DistDGL's launcher (``env``,
     default ``os.environ``) also a launch that does not fit: returns this process's role, or None (local run)."""
@@ -682,11 +689,24 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
         from .distdgl import check_peer_timeout
 
         check_peer_timeout(c["peer_timeout_s"], "gnn_dgs: peer_timeout_s")
-    for key in ("epochs", "batch_size"):
-        v = c.get(key, 1)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"gnn_dgs: {key}={v!r} must be an integer >= 1")
-    model = (c.get("model") or {}).get("name", "sage")
+    for key, low in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+        v = c.get(key, low)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            # seed: the servers' sampling RNG is keyed by it; a negative key would end a server (numpy refuses it)
+            raise ValueError(f"gnn_dgs: {key}={v!r} must be an integer >= {low}")
+    lr = c.get("lr", 0.01)
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"gnn_dgs: lr={lr!r} must be a number > 0")
+    m = c.get("model") or {}
+    if not isinstance(m, Mapping):
+        raise ValueError(f"gnn_dgs: model={m!r} must be a group of {list(MODEL_KEYS)}")
+    unknown = sorted(set(m) - set(MODEL_KEYS))
+    if unknown:
+        raise ValueError(f"gnn_dgs: unknown model key(s) {unknown}; known: {list(MODEL_KEYS)}")
+    hidden = m.get("hidden", 32)
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+        raise ValueError(f"gnn_dgs: model.hidden={hidden!r} must be an integer >= 1")
+    model = m.get("name", "sage")
     if model not in ("sage", "gcn"):
         raise ValueError(
             f"gnn_dgs: model.name={model!r}: choose 'sage' or 'gcn' (the explainer needs layers that "
@@ -698,8 +718,9 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
 def check_launch(world: int, env: Mapping[str, str] | None = None) -> DistDGLRole | None:
     """gnn_dgs under DistDGL's launcher (``tools/launch.py``: servers with DGL_ROLE=server, trainers under
     torch.distributed.run with DGL_ROLE=client; :mod:`dgl_plugin.distdgl` reads the variables): one trainer per
-    partition (trainer p trains partition p, and its explainer explains partition p), no sampler processes (the DGS
-    block sampler calls the servers from the trainer), and torchrun's world equal to ``world_size``. Returns the
+    partition (trainer p trains partition p, and its explainer explains partition p), one server per machine (the
+    servers' DGS weights are per process), no sampler processes (the DGS block sampler calls the servers from the
+    trainer), and torchrun's world equal to ``world_size``. Returns the
     role, or None when no launcher started this process. Errors are :class:`flowlane.launch.LauncherEnvError`."""
     from flowlane.launch import LauncherEnvError, check_world, detect_launcher
 
@@ -720,6 +741,13 @@ def check_launch(world: int, env: Mapping[str, str] | None = None) -> DistDGLRol
         raise LauncherEnvError(
             f"DGL_CONF_PATH={role.part_config!r} has num_parts={parts} but world_size={world}: gnn_dgs trains "
             f"one partition per trainer"
+        )
+    if role.num_servers != 1:
+        # DGS's node weights (NodeWeightRequest) live in the server process that stored them, and DGL sends each
+        # request to a random server of the machine: with several, sampling would read weights never set there
+        raise LauncherEnvError(
+            f"DGL_NUM_SERVER={role.num_servers}: gnn_dgs keeps its sampling weights in the graph server's process, "
+            f"so it needs one server per machine; launch with --num_servers 1"
         )
     if role.role == "server":
         return role

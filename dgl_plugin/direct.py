@@ -168,6 +168,11 @@ def attach_direct_features(
         if rows:
             need = {nt: loader.graph.num_nodes(nt) for nt in rows}
             raise ValueError(f"feature tables need one row per node: got {rows} rows for {need} nodes")
+    elif isinstance(features, torch.Tensor) and features.shape[0] != loader.graph.num_nodes():
+        raise ValueError(
+            f"the feature table needs one row per node: got {features.shape[0]} rows for "
+            f"{loader.graph.num_nodes()} nodes"
+        )
     storage = DirectFeatureStorage(features, config, device=loader.device)
     loader.attach_data(name, storage)
     return storage

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from dgl.nn import GraphConv
+from dgl.nn import EdgeWeightNorm, GraphConv
 from torch.utils.checkpoint import checkpoint
 
 from flowlane import comm
@@ -116,8 +116,9 @@ class FullGraphConfig:
     emulate_bandwidth: float | None = None
     """Benchmarks only: emulated per-peer link speed (bytes/s) for the halo exchange."""
     device: str = "auto"
-    """Where blocks, features, the model and the exchange buffers live: "auto" (CUDA when present, else CPU),
-    "cpu", "cuda" or "cuda:<index>" ("cuda" picks the rank's local device)."""
+    """Where blocks, features, the model and the exchange buffers live: "auto" (CUDA when present and DGL is a CUDA
+    build, else CPU), "cpu", "cuda" or "cuda:<index>" ("cuda" picks the rank's local device; refused when DGL has no
+    CUDA support, as PyPI's dgl 2.1.0 wheels have not)."""
     features: Literal["device", "host"] = "device"
     """Where the input features (layer 0's input) live. "device": copied to ``device`` once. "host": PyTorch-Direct
     (seed 003 ch.4): the partition's table stays in host memory, pinned in place, and each bin gathers the rows it
@@ -177,6 +178,13 @@ class FullGraphConfig:
             bad("device", dev, "choose 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
         if dev.startswith("cuda") and not torch.cuda.is_available():
             bad("device", dev, "CUDA is not available here; use 'auto' or 'cpu'")
+        if dev.startswith("cuda") and not dgl_has_cuda():
+            bad(
+                "device",
+                dev,
+                f"this DGL build ({dgl.__version__}) has no CUDA support (PyPI's dgl wheels are CPU-only); use "
+                f"'cpu', or 'auto' (CPU then), or install a CUDA build of DGL",
+            )
         if self.features not in ("device", "host"):
             bad("features", self.features, "choose 'device' or 'host'")
         if not isinstance(self.direct, dict):
@@ -349,6 +357,7 @@ def load_local_partition(
     masks = {k: nf(k).bool() for k in ("train_mask", "val_mask", "test_mask") if nf(k) is not None}
     n_train = torch.tensor([float(masks["train_mask"].sum())], dtype=torch.float64)
     if world > 1:
+        n_train = n_train.to(collective_device(group))
         comm.all_reduce(n_train, group=group, kind="setup")
     return LocalPartition(
         gid[:n_inner],
@@ -529,7 +538,9 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     ``"forward"`` (the user's own ``forward`` runs with each ``model.layers[k]`` computed distributedly; every other
     operation must act row by row). Both are verified on a small random graph, in eval mode: the forward is run on
     two disjoint halves of the nodes, fed the layer outputs of a full run, and each half must reproduce the full run.
-    Anything else raises :class:`ModelContractError` saying what to add."""
+    A module normalising by out-degrees other than a ``GraphConv`` that is ``model.layers[k]`` is refused (it would
+    count a bin's degrees; :func:`_check_degree_norms`). Anything else raises :class:`ModelContractError` saying what
+    to add."""
     layers = getattr(model, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         raise ModelContractError(
@@ -545,6 +556,7 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
                 f"statistics would differ from single-process training. Remove it, or use "
                 f"LayerNorm (row by row)"
             )
+    _check_degree_norms(model)
     mode = "forward_layer" if callable(getattr(model, "forward_layer", None)) else "forward"
     g, x = _probe_graph(model, 24, in_feats, dtype)
     was = model.training
@@ -565,6 +577,27 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     finally:
         model.train(was)
     return mode
+
+
+def _check_degree_norms(model: torch.nn.Module) -> None:
+    """A module that normalises by source out-degrees computes them from the graph it is given: on a bin's block that
+    is the bin's share of the edges, not the graph's (the probe runs of :func:`check_model` use the whole graph, so
+    they cannot see it). Global degrees are folded into edge weights for a ``GraphConv`` that is ``model.layers[k]``
+    itself (B6 #14); any other such module is refused, naming it. In-degree normalisation (``norm="right"``) is exact:
+    a bin's block holds every in-edge of its destination rows."""
+    layers = {id(layer) for layer in model.layers}
+    for name, m in model.named_modules():
+        norm = getattr(m, "_norm", None)
+        if not isinstance(m, GraphConv | EdgeWeightNorm) or norm not in ("left", "both"):
+            continue
+        if isinstance(m, GraphConv) and id(m) in layers:
+            continue
+        raise ModelContractError(
+            f"model.{name} ({type(m).__name__}, norm={norm!r}) normalises by out-degrees, which it would count on "
+            f"each bin's block, not on the graph. The runtime uses global degrees only for a GraphConv that is "
+            f"itself model.layers[k]: put the GraphConv there (what wraps it goes into forward or forward_layer), "
+            f"or use norm='right' or 'none'"
+        )
 
 
 def _matches(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -747,16 +780,38 @@ def _gather_rows(h: torch.Tensor, ids: torch.Tensor, acc: _RowGrads) -> torch.Te
     return _GatherRows.apply(h, ids, acc) if h.requires_grad else h[ids]
 
 
+def dgl_has_cuda() -> bool:
+    """Whether DGL can put graphs on a GPU here: torch sees one and this DGL build has CUDA (PyPI's dgl 2.1.0 wheels,
+    the gnn lane's pin, are CPU-only: there a block on CUDA fails at its first use)."""
+    return torch.cuda.is_available() and bool(dgl.ndarray.gpu(0).exist)
+
+
 def resolve_device(name: str) -> torch.device:
-    """``auto``: the rank's local CUDA device when present, else CPU (``LOCAL_RANK`` picks the index)."""
+    """``auto``: the rank's local CUDA device when DGL can use it (:func:`dgl_has_cuda`), else CPU (``LOCAL_RANK``
+    picks the index)."""
     import os
 
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if dgl_has_cuda() else "cpu"
     if name == "cuda":
         idx = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
         return torch.device("cuda", idx % max(torch.cuda.device_count(), 1))
     return torch.device(name)
+
+
+def collective_backend(device: str) -> str:
+    """The torch.distributed backend for ranks started by an external launcher with ``device`` (a
+    :class:`FullGraphConfig` value): nccl when the runtime computes on CUDA, else gloo (nccl moves CUDA tensors
+    only)."""
+    return "nccl" if resolve_device(device).type == "cuda" else "gloo"
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a setup or metric tensor for a collective on ``group`` must live: this rank's CUDA device on nccl,
+    else CPU."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class FullGraphRuntime:
@@ -829,6 +884,25 @@ class FullGraphRuntime:
                 self.device,
             )
 
+    def close(self) -> None:
+        """Destroy the halo exchange's own process group (a gloo group keeps its threads and a socket per peer: a
+        process that builds runtime after runtime, as a sweep does, would gain them with each). Collective: every
+        rank of ``group`` calls it, after its last step (a barrier first, so no peer still uses the group). The
+        runtime cannot exchange afterwards; a second call does nothing."""
+        xgroup, self._xgroup = getattr(self, "_xgroup", None), None
+        if xgroup is None:
+            return
+        dist.barrier(group=self.group)
+        dist.destroy_process_group(xgroup)
+
+    def __enter__(self) -> FullGraphRuntime:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        # after an error a peer may still be blocked in the group: it is left to the launcher's teardown
+        if exc_type is None:
+            self.close()
+
     # -- construction steps, in order -----------------------------------------------------------------------------
     def _local_partition(
         self, source: dgl.DGLGraph | LocalPartition, part: np.ndarray | None, feat: str, label: str
@@ -866,8 +940,9 @@ class FullGraphRuntime:
                 part_t = torch.from_numpy(p)
                 self.part_stats = stats.as_dict()
             if self.world > 1:
+                part_t = part_t.to(collective_device(group))
                 comm.broadcast(part_t, 0, group=group, kind="setup")
-            part = part_t.numpy()
+            part = part_t.cpu().numpy()
         part = np.asarray(part, np.int64)
         if part.shape != (n,) or part.min() < 0 or part.max() >= self.world:
             raise ValueError(f"partition must assign each of the {n} nodes a rank in [0, {self.world})")
@@ -917,6 +992,7 @@ class FullGraphRuntime:
                 list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
             )
             xgroup = dist.new_group(ranks)
+        self._xgroup = xgroup
         self.exchange = GraphExchange(self.tables, group=xgroup, emulate_bandwidth=cfg.emulate_bandwidth)
         # gloo moves CPU tensors only: with a CUDA device on gloo the exchange stages through host memory
         self._host_exchange = (
@@ -1103,8 +1179,9 @@ class FullGraphRuntime:
         each way, DGCL plan reversed then forward)."""
         ex = GraphExchange(self.tables, group=xgroup, kind="setup")
         cnt = torch.from_numpy(np.bincount(e_src, minlength=self.n_local + self.n_remote).astype(np.float64))
+        cnt = cnt.to(collective_device(xgroup))
         total = ex.backward_raw(cnt[:, None].contiguous())  # own counts + the halo counts of other ranks
-        return ex.forward_raw(total)[:, 0].numpy()
+        return ex.forward_raw(total)[:, 0].cpu().numpy()
 
     def _allgather(self, h: torch.Tensor | _HostRows) -> Any:
         if isinstance(h, _HostRows):  # layer 0, host features: the table is sent from host memory
@@ -1237,7 +1314,7 @@ class FullGraphRuntime:
                 h = layer(blk, (x_src, x_dst), edge_weight=blk.edata[f"norm_{saved}"].to(x_src.dtype))
             finally:
                 layer._norm = saved
-            return _post(self.model, k, h) if fl is not None else h
+            return _post(self.model, k, h, blk, x_src, x_dst) if fl is not None else h
         if fl is not None:
             return fl(k, blk, x_src, x_dst)
         return layer(blk, (x_src, x_dst))
@@ -1449,8 +1526,9 @@ class FullGraphRuntime:
         self.model.eval()
         pred = self.forward().argmax(1)
         m = self.masks[mask]
-        t = torch.tensor([float((pred[m] == self.y[m]).sum()), float(m.sum())])  # on CPU (gloo)
+        t = torch.tensor([float((pred[m] == self.y[m]).sum()), float(m.sum())])
         if self.world > 1:
+            t = t.to(collective_device(self.group))
             comm.all_reduce(t, group=self.group, kind="metric")
         return float(t[0] / t[1].clamp(min=1))
 
@@ -1475,8 +1553,12 @@ class FullGraphRuntime:
         }
 
 
-def _post(model: torch.nn.Module, k: int, h: torch.Tensor) -> torch.Tensor:
-    """Apply ``model.forward_layer``'s post-processing (activation, head reshaping) to an already computed output."""
+def _post(
+    model: torch.nn.Module, k: int, h: torch.Tensor, blk: Any, x_src: torch.Tensor, x_dst: torch.Tensor
+) -> torch.Tensor:
+    """``model.forward_layer(k, blk, x_src, x_dst)`` with layer ``k``'s output already computed (``h``: a GraphConv
+    run with global-degree edge weights): what follows the layer (activation, a residual on ``x_dst``, head
+    reshaping) runs on the bin's own block and rows."""
 
     class _Given(torch.nn.Module):
         def forward(self, blk, feats):
@@ -1485,6 +1567,6 @@ def _post(model: torch.nn.Module, k: int, h: torch.Tensor) -> torch.Tensor:
     saved = model.layers[k]
     model.layers[k] = _Given()
     try:
-        return model.forward_layer(k, None, None, None)
+        return model.forward_layer(k, blk, x_src, x_dst)
     finally:
         model.layers[k] = saved

@@ -1,11 +1,13 @@
 """Recipe entry for ``job: gnn_fullgraph``: ``run_fullgraph(cfg) -> dict`` (wired into recipes/train.py).
 
 Starts ``world_size`` local gloo ranks (flowlane.launch, one rank is allowed), or under torchrun/srun/DistDGL's
-launcher runs this process's rank only (NCCL when the model's device is CUDA) with results gathered to rank 0; every rank builds the model with the same
-seed and trains full-graph with :class:`dgl_plugin.fullgraph.FullGraphRuntime` (one update per epoch). Graph source:
-``data.part_config`` (the JSON written by ``dgl.distributed.partition_graph`` with ``num_parts = world_size``): each
-rank loads only its own partition (inner nodes, halo, in-edges); otherwise every rank loads the whole graph
-(``data.name``, the in-memory path for small graphs) and rank 0 partitions it with ``flowlane.fullgraph.partition``.
+launcher runs this process's rank only (NCCL when the runtime's device is CUDA, which needs a CUDA build of DGL:
+:func:`dgl_plugin.fullgraph.collective_backend`) with results gathered to rank 0; every rank builds the model with the
+same seed and trains full-graph with :class:`dgl_plugin.fullgraph.FullGraphRuntime` (one update per epoch). Graph
+source: ``data.part_config`` (the JSON written by ``dgl.distributed.partition_graph`` with ``num_parts =
+world_size``): each rank loads only its own partition (inner nodes, halo, in-edges); otherwise every rank loads the
+whole graph (``data.name``, the in-memory path for small graphs) and rank 0 partitions it with
+``flowlane.fullgraph.partition``.
 Returns and writes (``output_dir/summary.json``) per-epoch loss, time and accuracy plus communication bytes by kind.
 """
 
@@ -37,7 +39,7 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
     from flowlane import comm
 
     from .datasets import load_graph
-    from .fullgraph import FullGraphConfig, FullGraphRuntime, load_local_partition
+    from .fullgraph import FullGraphConfig, FullGraphRuntime, collective_device, load_local_partition
     from .models import build_model
 
     data = dict(c.get("data", {}))
@@ -54,6 +56,7 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
         feat, labels = source.ndata["feat"], source.ndata["label"]
     top = torch.tensor([int(labels.max()) if labels.numel() else 0])
     if world > 1:
+        top = top.to(collective_device())
         comm.all_reduce(top, op=torch.distributed.ReduceOp.MAX, kind="setup")
     m = c.get("model", {})
     model = build_model(
@@ -64,18 +67,18 @@ def _rank_main(rank: int, world: int, c: dict) -> dict:
         m.get("num_layers", 2),
         seed=c.get("seed", 0),
     )
-    rt = FullGraphRuntime(source, model, fg)
-    setup_s = time.perf_counter() - t0
-    opt = torch.optim.Adam(model.parameters(), lr=c.get("lr", 0.01))
-    hist = []
-    for ep in range(int(c.get("epochs", 20))):
-        t = time.perf_counter()
-        loss = rt.train_step(opt)
-        dt = time.perf_counter() - t
-        val = rt.evaluate("val_mask") if "val_mask" in rt.masks else float("nan")
-        hist.append({"epoch": ep, "loss": loss, "epoch_s": dt, "val_acc": val})
-        heartbeat()  # progress: the launcher's stall timeout counts from the last epoch, not from the start
-    test = rt.evaluate("test_mask") if "test_mask" in rt.masks else float("nan")
+    with FullGraphRuntime(source, model, fg) as rt:  # its exchange group is destroyed after the last epoch
+        setup_s = time.perf_counter() - t0
+        opt = torch.optim.Adam(model.parameters(), lr=c.get("lr", 0.01))
+        hist = []
+        for ep in range(int(c.get("epochs", 20))):
+            t = time.perf_counter()
+            loss = rt.train_step(opt)
+            dt = time.perf_counter() - t
+            val = rt.evaluate("val_mask") if "val_mask" in rt.masks else float("nan")
+            hist.append({"epoch": ep, "loss": loss, "epoch_s": dt, "val_acc": val})
+            heartbeat()  # progress: the launcher's stall timeout counts from the last epoch, not from the start
+        test = rt.evaluate("test_mask") if "test_mask" in rt.masks else float("nan")
     return {
         "summary": rt.summary(),
         "history": hist,
@@ -97,12 +100,13 @@ def run_fullgraph(cfg: Any) -> dict:
         preload("dgl", "dgl_plugin.datasets", "dgl_plugin.fullgraph", "dgl_plugin.models")
         res = launch(_rank_main, world, args=(c,), timeout=float(c.get("timeout_s", 1800)))
     else:  # torchrun, srun, DistDGL's trainers: this process's rank only; rank 0 reports for all
-        dev = ((c.get("flowlane") or {}).get("fullgraph") or {}).get("device", "auto")
-        import torch
-
         from .distdgl import distdgl_role, peer_guard
+        from .fullgraph import FullGraphConfig, collective_backend
 
-        backend = "nccl" if dev != "cpu" and torch.cuda.is_available() else "gloo"
+        fg = FullGraphConfig.from_dict((c.get("flowlane") or {}).get("fullgraph") or {})
+        fg.validate(world)  # before this rank joins: e.g. device=cuda with a DGL that has no CUDA, by name
+        # nccl only where the runtime computes on CUDA: auto is CPU when DGL has no CUDA (PyPI's wheels)
+        backend = collective_backend(fg.device)
         op_timeout = float(c.get("timeout_s", 1800))
         # under DistDGL's launcher: a failure here or a lost peer ends this trainer, never a wait in DGL's exit
         # barrier (dgl_plugin.distdgl); every collective waits at most timeout_s

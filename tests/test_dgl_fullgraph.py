@@ -31,6 +31,13 @@ CASES = [  # (model, schedule, comm_plan, bin_size, cache_halo_inputs)
     ("gcn", "pipelined", "spst", 50, True),
     ("gat", "sequential", "spst", 13, False),
     ("dglsage", "pipelined", "spst", 11, False),  # DGL-style: layers + activation in the user's own forward
+    (
+        "resgcn",
+        "pipelined",
+        "spst",
+        9,
+        False,
+    ),  # forward_layer + GraphConv: a residual on h_dst after the layer
 ]
 DISK_CASES = [("gcn", "pipelined"), ("dglsage", "sequential")]  # from partition_graph output on disk
 #: features="host" (PyTorch-Direct gathers per bin, layer 0 recomputed in backward): (model, schedule, bin_size,
@@ -72,10 +79,31 @@ class DGLStyleSAGE(nn.Module):
         return self.head(torch.tanh(h))
 
 
+class ResidualGCN(nn.Module):
+    """A ``forward_layer`` model whose layers are GraphConvs (global-degree edge weights in the runtime) and whose
+    rest uses the destination rows: a projected residual after layer 0."""
+
+    def __init__(self, in_feats, hidden, n_classes):
+        super().__init__()
+        dims = [(in_feats, hidden), (hidden, n_classes)]
+        self.layers = nn.ModuleList(GraphConv(a, b, allow_zero_in_degree=True) for a, b in dims)
+        self.proj = nn.Linear(in_feats, hidden)
+
+    def forward(self, graph, x):
+        h = x
+        for k in range(len(self.layers)):
+            h = self.forward_layer(k, graph, h, h)
+        return h
+
+    def forward_layer(self, k, block, h_src, h_dst):
+        h = self.layers[k](block, (h_src, h_dst))
+        return F.relu(h + self.proj(h_dst)) if k == 0 else h
+
+
 def _model(name):
-    if name == "dglsage":
+    if name in ("dglsage", "resgcn"):
         torch.manual_seed(0)
-        return DGLStyleSAGE(6, 8, 4).double()
+        return (DGLStyleSAGE if name == "dglsage" else ResidualGCN)(6, 8, 4).double()
     return build_model(name, 6, 8, 4, num_layers=2, seed=0).double()
 
 
@@ -110,15 +138,21 @@ def _dgx1_run(name, **cfg):
     """One 3-rank run on the DGX-1 topology's planner, with the halo bytes it sent."""
     model = _model(name)
     cfg = FullGraphConfig(topology="dgx1", devices=["gpu0", "gpu5", "gpu6"], device="cpu", **cfg)
-    with comm.recording() as rec:
-        rt = FullGraphRuntime(_graph(), model, cfg)
+    with comm.recording() as rec, FullGraphRuntime(_graph(), model, cfg) as rt:
         res = _run(rt, model)
     res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
     res["bin_rows"] = {k: [int(b.numel()) for b, _ in v] for k, v in rt.bins.items()}
     return res
 
 
+def _process_groups() -> int:
+    from torch.distributed import distributed_c10d as c10d
+
+    return len(c10d._world.pg_map)  # torch keeps no public list of groups
+
+
 def _worker(rank, world, part_config):
+    groups = _process_groups()
     out = [
         _dgx1_run(name, comm_plan=plan, schedule=schedule, bin_size=bins, cache_halo_inputs=cache)
         for name, schedule, plan, bins, cache in CASES
@@ -150,10 +184,11 @@ def _worker(rank, world, part_config):
     for name, schedule in DISK_CASES:
         model = _model(name)
         lp = load_local_partition(part_config, rank, world)
-        rt = FullGraphRuntime(lp, model, FullGraphConfig(schedule=schedule, bin_size=17, device="cpu"))
-        res = _run(rt, model)
+        with FullGraphRuntime(lp, model, FullGraphConfig(schedule=schedule, bin_size=17, device="cpu")) as rt:
+            res = _run(rt, model)
         res["n_inner_loaded"], res["n_halo"] = int(lp.inner_ids.size), int(lp.halo_ids.size)
         disk.append(res)
+    groups_left = _process_groups() - groups  # every runtime above closed its exchange group
     # a budget one rank cannot honour (here: only rank 1's is too small, as a hub in one partition would make it):
     # every rank refuses at install, naming that rank, instead of the others waiting for it in the first exchange
     try:
@@ -163,7 +198,7 @@ def _worker(rank, world, part_config):
         refused = None
     except ValueError as e:
         refused = str(e)
-    return out, disk, host, budget, refused
+    return out, disk, host, budget, refused, groups_left
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +214,7 @@ def partitioned(tmp_path_factory):
 def results(partitioned):
     # generous: the shared box is often loaded
     res = launch(_worker, RANKS, args=(partitioned[0],), timeout=600)
-    # (device, disk, host, budget, refused) by rank
+    # (device, disk, host, budget, refused, groups_left) by rank
     return tuple(list(part) for part in zip(*res, strict=True))
 
 
@@ -243,6 +278,12 @@ def test_memory_budget_gives_single_process_results_with_bins_within_half_the_bu
 def test_a_budget_one_rank_cannot_honour_is_refused_on_every_rank(results):
     for msg in results[4]:
         assert msg is not None and "bad mem_budget_bytes" in msg and "rank 1: destination row" in msg, msg
+
+
+def test_closed_runtimes_leave_no_process_group_behind(results):
+    """Each runtime's halo exchange has its own gloo group (threads and a socket per peer); close() (the context
+    manager's exit) destroys it, so a rank that built a runtime per case holds no more groups than before."""
+    assert results[5] == [0] * RANKS
 
 
 def _step_allocations(rt):
@@ -343,7 +384,7 @@ def test_halo_bytes_are_one_transfer_per_plan_edge_and_no_feature_backward(resul
     assert total == t * (6 + 8 + 8) * 8
 
 
-@pytest.mark.parametrize("name", ["gcn", "dglsage"])
+@pytest.mark.parametrize("name", ["gcn", "dglsage", "resgcn"])
 def test_one_rank_trains_the_whole_graph_exactly(name):
     ref_logits, ref_grads = _reference(name)
     model = _model(name)
@@ -415,6 +456,37 @@ class _ForwardLayerWithoutHead(DGLStyleSAGE):
         return F.relu(h) if k == 0 else torch.tanh(h)  # the head is missing
 
 
+class _Block(nn.Module):
+    """A wrapper as many user models have: ``layers[k]`` is this, the GraphConv is below it."""
+
+    def __init__(self, a, b, norm):
+        super().__init__()
+        self.conv = GraphConv(a, b, norm=norm, allow_zero_in_degree=True)
+
+    def forward(self, graph, h):
+        return self.conv(graph, h)
+
+
+class _WrappedGCN(nn.Module):
+    def __init__(self, in_feats, hidden, n_classes, norm="both"):
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(in_feats, hidden, norm), _Block(hidden, n_classes, norm)])
+
+    def forward(self, graph, x):
+        return self.layers[1](graph, F.relu(self.layers[0](graph, x)))
+
+
+class _EdgeWeightNormInLayer(ResidualGCN):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.ewn = dgl.nn.EdgeWeightNorm(norm="both")
+
+    def forward_layer(self, k, block, h_src, h_dst):
+        w = self.ewn(block, torch.ones(block.num_edges(), dtype=h_src.dtype))
+        h = self.layers[k](block, (h_src, h_dst), edge_weight=w)
+        return F.relu(h) if k == 0 else h
+
+
 class _FeaturesOnly(DGLStyleSAGE):
     def forward(self, x):
         return self.head(x)
@@ -441,12 +513,30 @@ class _NoLayers(nn.Module):
         (_SkipsLayer, r"called 1 of its 2 layers"),
         (_ForwardLayerWithoutHead, r"chaining model.forward_layer\(k, ...\) over model.layers does not give"),
         (_FeaturesOnly, r"model\(g, x\) failed on a full graph \(TypeError"),
+        (
+            _WrappedGCN,
+            r"model.layers.0.conv \(GraphConv, norm='both'\) normalises by out-degrees.* norm='right'",
+        ),
+        (_EdgeWeightNormInLayer, r"model.ewn \(EdgeWeightNorm, norm='both'\) normalises by out-degrees"),
     ],
 )
 def test_models_the_runtime_cannot_run_exactly_are_refused_at_install(cls, match):
     model = (cls() if cls is _NoLayers else cls(6, 8, 4)).double()
     with pytest.raises(ModelContractError, match=match):
         FullGraphRuntime(_graph(), model, FullGraphConfig(device="cpu"))
+
+
+def test_a_wrapped_graphconv_normalising_by_in_degree_gives_single_process_results():
+    """norm='right' (in-degrees: a bin's block holds every in-edge of its rows) below layers[k] is exact, so it is
+    not refused with norm='both' (out-degrees, which a bin's block would count on its own edges)."""
+    g = _graph()
+    torch.manual_seed(0)
+    model = _WrappedGCN(6, 8, 4, norm="right").double()
+    ref = model(g, g.ndata["feat"]).detach()
+    rt = FullGraphRuntime(g, model, FullGraphConfig(bin_size=16, device="cpu"))
+    torch.testing.assert_close(
+        rt.forward().detach(), ref[torch.from_numpy(rt.local_ids)], rtol=1e-9, atol=1e-11
+    )
 
 
 @pytest.mark.parametrize(
@@ -474,6 +564,31 @@ def test_bad_configs_are_rejected_naming_the_value(bad, match):
         FullGraphConfig(**bad).validate(2)
     with pytest.raises(ValueError, match="unknown option"):
         FullGraphConfig.from_dict({"bin_sise": 3})
+
+
+def test_auto_picks_cuda_only_where_dgl_can_use_it(monkeypatch):
+    """A GPU host with PyPI's CPU-only DGL (the lane's pin): auto is CPU and a launched rank's backend gloo (nccl
+    would get the runtime's CPU tensors), and device=cuda is refused naming DGL, not left to fail at the first block
+    on CUDA. With a CUDA build of DGL, auto is CUDA on nccl."""
+    from types import SimpleNamespace
+
+    from dgl_plugin import fullgraph
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert not dgl.ndarray.gpu(0).exist  # the gnn lane's DGL: no CUDA device API
+    assert not fullgraph.dgl_has_cuda()
+    assert fullgraph.resolve_device("auto") == torch.device("cpu")
+    assert fullgraph.collective_backend("auto") == "gloo"
+    for dev in ("cuda", "cuda:0"):
+        with pytest.raises(
+            ValueError, match=rf"bad device='{dev}': this DGL build \({dgl.__version__}\) has no CUDA"
+        ):
+            FullGraphConfig(device=dev).validate(2)
+    monkeypatch.setattr(dgl.ndarray, "gpu", lambda i=0: SimpleNamespace(exist=True))  # a CUDA build of DGL
+    assert fullgraph.resolve_device("auto").type == "cuda"
+    assert fullgraph.collective_backend("auto") == "nccl" and fullgraph.collective_backend("cpu") == "gloo"
+    FullGraphConfig(device="cuda").validate(2)
 
 
 def test_bad_part_configs_are_rejected(tmp_path, partitioned):

@@ -106,6 +106,11 @@ def test_a_dead_explainer_is_an_error_in_the_trainer_never_a_hang():
         ({"flowlane": {"direct": {"path": "uva"}}}, r"flowlane.direct: direct.path='uva' is not one of"),
         ({"world_size": 1}, r"world_size=1"),
         ({"model": {"name": "gat"}}, r"model.name='gat'"),
+        ({"model": {"hiden": 8}}, r"unknown model key\(s\) \['hiden'\]; known: \['name', 'hidden'\]"),
+        ({"model": {"hidden": 0}}, r"model.hidden=0 must be an integer >= 1"),
+        ({"seed": -1}, r"seed=-1 must be an integer >= 0"),
+        ({"lr": 0}, r"lr=0 must be a number > 0"),
+        ({"lr": -0.01}, r"lr=-0.01 must be a number > 0"),
     ],
 )
 def test_gnn_dgs_recipe_rejects_bad_keys_and_values_by_name_before_starting(override, match):
@@ -265,6 +270,14 @@ def test_gnn_dgs_under_distdgls_launcher_serves_or_trains_the_launchers_partitio
             r"DGL_ROLE=client without torchrun",
         ),
         ("server", {}, 3, r"num_parts=2 but world_size=3"),
+        # DGS's node weights live in one server process per machine; DGL picks a random server per request
+        (
+            "server",
+            {"DGL_NUM_SERVER": "2"},
+            2,
+            r"DGL_NUM_SERVER=2: gnn_dgs keeps its sampling weights.*--num_servers 1",
+        ),
+        ("client", {"DGL_NUM_SERVER": "2"}, 2, r"DGL_NUM_SERVER=2: gnn_dgs keeps its sampling weights"),
         (
             "server",
             {"DGL_CONF_PATH": "/nonexistent.json"},
@@ -290,3 +303,67 @@ def test_gnn_dgs_refuses_a_launch_that_does_not_fit_before_any_work(
     _set_env(monkeypatch, full)
     with pytest.raises(ConfigError, match=match):
         run_job({"job": "gnn_dgs", "world_size": world})
+
+
+# ------------------------------------------------------------------ a graph server that fails or does not answer
+def test_a_server_that_does_not_answer_is_an_error_after_peer_timeout_never_a_hang(monkeypatch):
+    """DGS's RPCs wait at most peer_timeout_s per answer. DGL's contract, emulated here: timeout=0 waits for ever (a
+    server that died in a request hung the trainer), a finite one raises DGLError "Timed out ..." when nothing came."""
+    from types import SimpleNamespace
+
+    import dgl
+    from dgl.distributed import rpc
+
+    from dgl_plugin.dgs import DGSNeighborSampler
+    from dgl_plugin.distdgl import PeerLostError
+    from flowlane.dgs import ByteLedger
+
+    waits = []
+
+    def no_answer(target_and_requests, timeout=0):
+        waits.append(timeout)
+        if timeout == 0:
+            raise AssertionError("remote_call_to_machine(timeout=0) waits for ever for a dead server")
+        raise dgl.DGLError(f"Timed out for receiving message within {timeout} milliseconds")
+
+    monkeypatch.setattr(rpc, "remote_call_to_machine", no_answer)
+    rt = SimpleNamespace(
+        owner=lambda ids: ids % 2, part_id=0, mask_version=0, ledger=ByteLedger(), peer_timeout_s=2.5
+    )
+    sampler = DGSNeighborSampler([3], rt, weighted=True, epsilon=0.1)
+    g = SimpleNamespace(num_nodes=lambda: 10)
+    with pytest.raises(
+        PeerLostError,
+        match=r"DGS sampling: the graph server\(s\) of partition\(s\) \[0, 1\] did not answer "
+        r"within peer_timeout_s=2.5 s",
+    ):
+        sampler._hop(g, torch.arange(4), 3)
+    assert waits == [2500]
+
+
+def test_a_failing_dgs_request_is_answered_as_an_error_and_the_server_lives_on(tmp_path, monkeypatch):
+    """An exception in a request handler used to end DGL's server process (here: a negative sampling key, which numpy
+    refuses); it is answered instead, and the trainer raises it naming the partition."""
+    import types
+
+    import dgl
+    from dgl.distributed import rpc
+
+    from dgl_plugin.dgs import QuotaSampleRequest, QuotaSampleResponse, remote_call
+
+    part_config, _ = partition_redundant(tmp_path, 2, num_nodes=300)
+    g, _, _, gpb, *_ = dgl.distributed.load_partition(part_config, 0)
+    server = types.SimpleNamespace(graph=g, partition_book=gpb)
+    seeds = gpb.partid2nids(0)[:5]
+    ok = QuotaSampleRequest(seeds, 3, 0.1, 0, True, "uniform", 1).process_request(server)
+    assert ok.error is None and ok.src.numel() > 0
+    bad = QuotaSampleRequest(seeds, 3, 0.1, 0, True, "uniform", -5).process_request(server)
+    assert bad.src.numel() == 0 and "ValueError" in bad.error
+    data, tensors = rpc.serialize_to_payload(bad)  # the error crosses the wire with the response
+    got = rpc.deserialize_from_payload(QuotaSampleResponse, data, tensors)
+    assert got.error == bad.error
+    monkeypatch.setattr(rpc, "remote_call_to_machine", lambda reqs, timeout=0: [ok, got])
+    with pytest.raises(
+        RuntimeError, match=r"DGS sampling: the graph server of partition 1 failed: ValueError"
+    ):
+        remote_call([(0, None), (1, None)], 5.0, "DGS sampling")

@@ -152,3 +152,12 @@ def test_heterogeneous_tables_are_checked_against_the_graph():
         attach_direct_features(loader, {"user": torch.zeros(7, 2)}, name="d")
     with pytest.raises(TypeError, match="must map node types to tensors"):
         DirectFeatureStorage({"user": [1.0]}, device="cpu")
+
+
+def test_a_homogeneous_table_is_checked_against_the_graph():
+    g = _graph()
+    loader = dgl.dataloading.DataLoader(
+        g, torch.arange(8), DirectSampler(dgl.dataloading.NeighborSampler([2]), "d"), batch_size=4
+    )
+    with pytest.raises(ValueError, match=r"one row per node: got 299 rows for 300 nodes"):
+        attach_direct_features(loader, g.ndata["feat"][:299], name="d")
