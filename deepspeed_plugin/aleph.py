@@ -137,6 +137,11 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
         cfg = AlephConfig.from_dict(rest)
     except ValueError as e:
         raise ValueError(f"flowlane.aleph: {e} (section keys also allowed: {list(SECTION_KEYS)})") from None
+    if cfg.cpu_per_member:
+        raise ValueError(
+            f"flowlane.aleph: cpu_per_member={cfg.cpu_per_member!r}: the plugin has no per-rank CPU figures for it "
+            "to limit capacity with; only 0 is allowed"
+        )
     if ("bandwidth_gbps" in own) == ("clusters" in own):
         raise ValueError(
             "flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "

@@ -66,7 +66,8 @@ class AlephMegatronConfig:
     b_gbps: float = 0.0
     """Bandwidth one aggregation flow needs (AlephConfig.b_gbps); 0 = the slowest rank's."""
     cpu_per_member: float = 0.0
-    """CPU one aggregated member costs (AlephConfig.cpu_per_member); 0 = CPU does not limit capacity."""
+    """CPU one aggregated member costs (AlephConfig.cpu_per_member); only 0 (CPU does not limit capacity): the plugin
+    has no per-rank CPU figures, so a nonzero value is refused."""
     max_empty_rounds: int = 5
     """Rounds without a selected aggregator before the rest go straight to the top (AlephConfig.max_empty_rounds)."""
     ps_gbps: float = 0.0
@@ -99,6 +100,11 @@ class AlephMegatronConfig:
         if not (isinstance(self.chunk_bytes, int) and self.chunk_bytes >= 1024):
             raise ValueError(f"aleph chunk_bytes={self.chunk_bytes!r} must be an integer >= 1024")
         self.aleph_config()  # validates the planner's fields
+        if self.cpu_per_member:
+            raise ValueError(
+                f"aleph cpu_per_member={self.cpu_per_member!r} (--aleph-cpu-per-member): the plugin has no per-rank "
+                "CPU figures for it to limit capacity with; only 0 is allowed"
+            )
         self._parse("")  # validates the numbers
         self._parse("expert_")
         if (self.ps or self.split or self.ps_bandwidths_gbps) and self.top != "ps":
@@ -308,13 +314,15 @@ class AlephMegatron:
         self.expert_plan: Plan | None = None
         if expert_dp_group is not None and not config.has_expert_plan:
             raise ValueError(
-                "flowlane.aleph: the model has experts (MoE), whose bucket groups reduce over the expert-data-"
-                "parallel group: give expert_bandwidth_gbps or expert_clusters (--aleph-expert-bandwidth-gbps / "
-                "--aleph-expert-clusters) for it"
+                "flowlane.aleph: the model has experts (MoE) at expert-model-parallel size > 1, whose bucket groups "
+                "reduce over the expert-data-parallel group: give expert_bandwidth_gbps or expert_clusters "
+                "(--aleph-expert-bandwidth-gbps / --aleph-expert-clusters) for it"
             )
         if expert_dp_group is None and config.has_expert_plan:
             raise ValueError(
-                "flowlane.aleph: expert_bandwidth_gbps / expert_clusters are set but the model has no experts"
+                "flowlane.aleph: expert_bandwidth_gbps / expert_clusters are set but the model has no expert bucket "
+                "groups (no experts, or expert-model-parallel size 1, where megatron-core reduces the experts with "
+                "the dense bucket groups over the data-parallel group); leave them out"
             )
         self._dp = DPCollective(dp_group, self._maker(dp_group, False), "flowlane.aleph")
         self._expert = (

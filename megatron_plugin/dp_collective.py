@@ -34,14 +34,19 @@ unchanged, to Megatron's own group (ALEPH: it moves no gradient, and ALEPH shape
 Refused at install, naming the value (never silently skipped):
 
 * a model chunk that is not Megatron-core's ``DistributedDataParallel``;
-* ``num_distributed_optimizer_instances > 1`` (a second, inter-instance all-reduce on another group) and
-  ``average_in_collective=True`` (an AVG reduce op);
+* ``num_distributed_optimizer_instances > 1`` (a second, inter-instance all-reduce on another group),
+  ``average_in_collective=True`` (an AVG reduce op) and, with the distributed optimizer,
+  ``reduce_scatter_with_fp32_accumulation=True`` (Megatron then reduce-scatters with its own ``all_to_all_single``
+  on the bucket group's group and sums in fp32 itself: no reduce-scatter reaches the component);
 * a bucket group another feature already holds: Hermod's DDP hooks (``start_grad_sync`` replaced on the instance)
   or another component's ``flowlane_dp`` group.
 
 MoE: Megatron keeps the experts' gradients in separate bucket groups (``expert_parallel_bucket_groups``) that reduce
 over the expert-data-parallel group; ``DPCollective(..., expert=True)`` takes those over, with their own component per
-expert-data-parallel group (a component decides whether it can carry them, and refuses them otherwise).
+expert-data-parallel group (a component decides whether it can carry them, and refuses them otherwise). Megatron-core
+marks expert parameters ``allreduce=False`` (which is what puts them there) only at expert-model-parallel size > 1:
+at EP 1 the experts sit in the dense bucket groups and there is no expert lane (:func:`expert_parallel`); a pipeline
+stage or virtual chunk of dense layers only (``moe_layer_freq``) has none either, at any EP.
 
 ``overlap_grad_reduce=False`` is accepted: Megatron then starts and waits for each bucket group inside
 ``finish_grad_sync``, one after the other (a component that orders collectives across bucket groups says what that
@@ -314,6 +319,12 @@ def check_chunks(model_chunks: Sequence[torch.nn.Module], feature: str, expert: 
                 f"{feature}: average_in_collective=True (an AVG reduce op) is not supported; Megatron's "
                 "default (scale, then SUM) is"
             )
+        if cfg.use_distributed_optimizer and getattr(cfg, "reduce_scatter_with_fp32_accumulation", False):
+            raise ValueError(
+                f"{feature}: reduce_scatter_with_fp32_accumulation=True is not supported with the distributed "
+                "optimizer: Megatron then reduce-scatters with its own all_to_all_single on the bucket group's "
+                f"group, which the {BACKEND_NAME} group does not carry; Megatron's default (False) is"
+            )
         for bg in c.expert_parallel_bucket_groups if expert else c.bucket_groups:
             if "start_grad_sync" in vars(bg):
                 raise RuntimeError(
@@ -448,17 +459,26 @@ def has_expert_groups(model_chunks: Sequence[torch.nn.Module]) -> bool:
     return any(getattr(c, "expert_parallel_bucket_groups", None) for c in model_chunks)
 
 
+def expert_parallel(args: Any) -> bool:
+    """Whether a Megatron-LM run's experts get bucket groups of their own, reduced over the expert-data-parallel
+    group: a MoE model (``--num-experts``) at ``--expert-model-parallel-size`` > 1. Megatron-core marks expert
+    parameters ``allreduce=False`` only then; at EP 1 they sit in the dense bucket groups (reduced over the
+    data-parallel group), so there is no expert lane to set up and no expert plan to give."""
+    return (
+        bool(getattr(args, "num_experts", None)) and (getattr(args, "expert_model_parallel_size", 1) or 1) > 1
+    )
+
+
 def check_expert_setup(
     model_chunks: Sequence[torch.nn.Module], expert_collective: bool, feature: str
 ) -> None:
-    """Refuse chunks whose expert bucket groups (MoE) do not match how ``feature`` was set up: with (or without) a
-    collective for the expert-data-parallel group."""
-    if has_expert_groups(model_chunks) != expert_collective:
+    """Refuse chunks with expert bucket groups (MoE) when ``feature`` was set up without a collective for the
+    expert-data-parallel group. The converse is accepted: with one, a chunk may still have none (a pipeline stage or
+    virtual chunk of dense layers only, ``moe_layer_freq``), and the expert lane then carries nothing of it."""
+    if has_expert_groups(model_chunks) and not expert_collective:
         raise ValueError(
-            f"{feature}: set up for experts, but the chunks have no expert bucket groups"
-            if expert_collective
-            else f"{feature}: the chunks have expert bucket groups (MoE) but {feature} was set up without the "
-            "expert-data-parallel group"
+            f"{feature}: the chunks have expert bucket groups (MoE at expert-model-parallel size > 1) but "
+            f"{feature} was set up without the expert-data-parallel group"
         )
 
 

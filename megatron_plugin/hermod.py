@@ -32,7 +32,11 @@ Hooks and what they do:
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
   matched (incast-free BvN) all-to-all with the same autograd semantics (one ``all_to_all_single`` in EP groups of
   two, which have no incast: :func:`flowlane.sched.alltoall.needs_matching`; ``ep_algorithm="auto"`` measures
-  whether matching pays on this fabric: :class:`flowlane.sched.alltoall.AllToAllRunner`).
+  whether matching pays on this fabric: :class:`flowlane.sched.alltoall.AllToAllRunner`). Its key simplifies
+  :mod:`flowlane.hermod.keys`' rule (the issuing MoE layer's microbatch and layer): the dispatcher does not know its
+  layer, so every EP all-to-all is keyed with the highest forward microbatch the pipeline p2p has reached and the
+  stage's first layer. EP all-to-alls are critical ops the training thread launches at once, so the key labels them
+  (trace, scheduler log) and its type (EP) closes the DP gate; no launch order depends on its microbatch or layer.
 """
 
 from __future__ import annotations
@@ -736,6 +740,7 @@ def _run_a2a(
         out_splits = [x.shape[0] // n] * n
     in_splits, out_splits = [int(v) for v in in_splits], [int(v) for v in out_splits]
     out = torch.empty((sum(out_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    # not the issuing layer's microbatch and layer (keys.py's rule): a label only, see the module docstring
     meta = h.keys.ep(h._fwd_mb, h.keys.first_layer, op)
     with h.sched.critical_section(meta):
         grp = h.classes.get(group, CRITICAL_CLASS) if h._ep_on_class else group

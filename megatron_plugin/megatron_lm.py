@@ -31,7 +31,10 @@ What happens where (every step at the same program point on every rank):
   has run): Hermod hooks the chunk's DDP bucket groups (:mod:`megatron_plugin.ddp_hooks`), and on the first call
   wraps ``config.finalize_model_grads_func`` to end its iteration and read ``get_num_microbatches()`` (ramp-up).
   ALEPH or SYNDICATE takes over the chunk's bucket-group all-reduces (:mod:`megatron_plugin.dp_collective`, local),
-  and SYNDICATE's iteration ends after ``finalize_model_grads_func`` likewise.
+  and SYNDICATE's iteration ends after ``finalize_model_grads_func`` likewise; once the last chunk is attached,
+  SYNDICATE refuses a plan whose parameter all-gathers are not exactly the chunks' buckets. With MoE the expert lane
+  (its groups made in the model provider) exists only at ``--expert-model-parallel-size`` > 1, the only case where
+  megatron-core gives the experts bucket groups of their own.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 import torch
 
 from megatron_plugin import aleph, hermod, ssd_offload, syndicate
+from megatron_plugin.dp_collective import expert_parallel
 
 
 def _megatron_lm_get_args() -> argparse.Namespace:
@@ -89,8 +93,16 @@ class FlowlaneHooks:
     def forward_step(self, data_iterator: Any, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         dp = self.aleph or self.syndicate  # the DP collective's owner (one at most: _setup refuses both)
         if dp is not None and id(model) not in self._attached:
-            dp.attach([model])  # local: the groups were made in _setup
-            self._attached.add(id(model))
+            try:
+                dp.attach([model])  # local: the groups were made in _setup
+                self._attached.add(id(model))
+                if self.syndicate is not None and len(self._attached) == self._expected_chunks:
+                    # every chunk is here: the plan's parameter gathers must be exactly their buckets' (one that
+                    # does not match would fall back to FIFO every iteration)
+                    self.syndicate.check_all_attached()
+            except BaseException:
+                self.close()  # never half-installed
+                raise
             boundary = self.syndicate is not None or (
                 self.aleph is not None and self.aleph.config.replan_every
             )
@@ -132,18 +144,18 @@ class FlowlaneHooks:
             # collectives (plans, process groups), at the same program point on every rank; the bucket groups are
             # attached at each chunk's first forward step, once Megatron's DDP exists
             dp_group = ps.get_data_parallel_group(with_context_parallel=True)
-            moe = bool(getattr(args, "num_experts", None))
+            # an expert lane only where the experts have bucket groups of their own (EP > 1); every rank makes it,
+            # also on a stage of dense layers only, whose chunks then give it nothing
+            expert_dp_group = ps.get_expert_data_parallel_group() if expert_parallel(args) else None
             if aleph_cfg is not None:
-                self.aleph = aleph.AlephMegatron(
-                    aleph_cfg, dp_group, ps.get_expert_data_parallel_group() if moe else None
-                )
+                self.aleph = aleph.AlephMegatron(aleph_cfg, dp_group, expert_dp_group)
             else:
                 self.syndicate = syndicate.SyndicateMegatron(
                     syndicate_cfg,  # type: ignore[arg-type]
                     dp_group,
                     overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
                     distributed_optimizer=bool(getattr(args, "use_distributed_optimizer", False)),
-                    expert_dp_group=ps.get_expert_data_parallel_group() if moe else None,
+                    expert_dp_group=expert_dp_group,
                 )
         if cfg.name != "hermod":
             return
@@ -225,6 +237,14 @@ def check_dp_collective_args(args: argparse.Namespace) -> str:
         return "--num-distributed-optimizer-instances > 1 is not supported (1 only)"
     if getattr(args, "ddp_average_in_collective", False):
         return "--ddp-average-in-collective (an AVG reduce op) is not supported; Megatron's default is"
+    if getattr(args, "use_distributed_optimizer", False) and getattr(
+        args, "ddp_reduce_scatter_with_fp32_accumulation", False
+    ):
+        return (
+            "--ddp-reduce-scatter-with-fp32-accumulation with --use-distributed-optimizer is not supported "
+            "(Megatron then reduce-scatters with its own all-to-all, which the taken-over group does not carry); "
+            "Megatron's default (off) is"
+        )
     return ""
 
 

@@ -30,7 +30,13 @@ after this iteration boundary, so iteration 0 has no gathers and falls back to F
 and waits for each bucket group's gather before it starts the next: the plan's gathers are its first ops, each one's
 motifs launched before any later op's (digest §5 item 9: a host wait point the order must respect). Refused at
 install, naming the op: gathers after a reduce-scatter, a gather interleaved with a later op, a plan without gathers
-(unless ``passthrough``) or with gathers that are not the buckets' blocks.
+(unless ``passthrough``) or with gathers that are not the buckets' blocks (with the Megatron-LM flags, which attach
+each chunk at its first forward step: once the last chunk is attached). A plan whose ops do not match what Megatron
+submits at run time falls back to FIFO (logged as a warning, recorded in ``enforcer.events``).
+
+MoE at expert-model-parallel size > 1: the experts' bucket groups get a second enforcer and ``expert_plan``; a
+pipeline stage of dense layers only has none, and its expert plan is an empty one (no ops). At EP 1 megatron-core
+keeps the experts in the dense bucket groups, so there is no expert plan.
 
 Several data-parallel groups (PP, TP or CP > 1): each group gets its own enforcer, its own path groups (made on
 every rank in one order) and its own store namespace, so a group's watchdog compares its own ranks. Each pipeline stage has other
@@ -110,7 +116,8 @@ class SyndicateMegatronConfig:
                 raise ValueError(
                     f'syndicate {field} is required with mode "plan" (or set mode "fifo")'
                     + (
-                        ": the model has experts (MoE), whose bucket groups need their own plan"
+                        ": the model has experts (MoE) at expert-model-parallel size > 1, whose bucket groups "
+                        "need their own plan"
                         if expert
                         else ""
                     )
@@ -145,7 +152,9 @@ def check_plan_for_megatron(
             "sends the parameters' all-gathers to Megatron's own group unshaped (set param_gather='plan' to shape "
             "them)"
         )
-    if distributed_optimizer and param_gather == "plan" and not gathers:
+    # a plan without ops is the expert plan of a pipeline stage of dense layers only (no expert buckets); whether a
+    # plan's gathers are exactly the buckets' is checked once the chunks are attached (check_gathers_match_buckets)
+    if distributed_optimizer and param_gather == "plan" and not gathers and plan.ops:
         raise PlanError(
             f"plan v{plan.version} has no 'all_gather' op, but with the distributed optimizer and "
             "param_gather='plan' the parameters' all-gathers are plan ops: add them (FIFO mode records their "
@@ -320,7 +329,9 @@ class SyndicateMegatron:
         expert_plan = config.load_plan(*stage, expert=True) if expert_dp_group is not None else None
         if expert_dp_group is None and config.expert_plan:
             raise ValueError(
-                f"syndicate expert_plan={config.expert_plan!r} is set but the model has no experts"
+                f"syndicate expert_plan={config.expert_plan!r} is set but the model has no expert bucket groups (no "
+                "experts, or expert-model-parallel size 1, where megatron-core reduces the experts with the dense "
+                "bucket groups over the data-parallel group); leave it out"
             )
         if store is None:
             try:  # torch.distributed's own store (every rank has it after init_process_group)
@@ -383,6 +394,14 @@ class SyndicateMegatron:
                 self.config.mode,
                 f"v{lane.plan.version}" if lane.plan is not None else "none",
             )
+
+    def check_all_attached(self) -> None:
+        """Every model chunk is attached: refuse a plan whose parameter all-gathers are not exactly the attached
+        chunks' buckets (:func:`check_gathers_match_buckets`), naming the difference; it would otherwise fall back to
+        FIFO every iteration."""
+        for lane in (self._lane, self._expert):
+            if lane is not None and lane.param_gather and lane.plan is not None:
+                check_gathers_match_buckets(lane.plan, lane.chunks, len(lane.dp.ranks), lane.expert)
 
     def attach_finalize(self, model_config: Any) -> None:
         """End the enforcers' iteration after Megatron's ``model_config.finalize_model_grads_func`` (kept whole)."""
@@ -468,10 +487,7 @@ def install(
     syn = SyndicateMegatron(config, dp_group, overlap, store, _distributed_optimizer(chunks), expert_dp_group)
     try:
         syn.attach(chunks)
-        # every chunk is here: the plan's gathers must be exactly theirs
-        for lane in (syn._lane, syn._expert):
-            if lane is not None and lane.param_gather and lane.plan is not None:
-                check_gathers_match_buckets(lane.plan, chunks, len(lane.dp.ranks), lane.expert)
+        syn.check_all_attached()  # every chunk is here: the plan's gathers must be exactly theirs
     except BaseException:
         syn.close()
         raise
@@ -509,7 +525,9 @@ def config_from_args(args: argparse.Namespace) -> SyndicateMegatronConfig | None
     if not getattr(args, "syndicate", False):
         return None
     cfg: SyndicateMegatronConfig = config_from_namespace(SyndicateMegatronConfig, args, "syndicate_")
+    from megatron_plugin.dp_collective import expert_parallel
+
     cfg.load_plan()  # a missing plan or file is named before training
-    if getattr(args, "num_experts", None):
+    if expert_parallel(args):  # at EP 1 the experts are in the dense bucket groups: no expert plan
         cfg.load_plan(expert=True)
     return cfg

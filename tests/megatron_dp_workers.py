@@ -4,7 +4,9 @@ finalize_model_grads and the stock schedule, trained with and without ALEPH / SY
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 RECIPE = dict(
@@ -84,6 +86,7 @@ def train(
                 args = add_flowlane_args(argparse.ArgumentParser()).parse_args(list(flags))
                 args.num_layers, args.pipeline_model_parallel_size = recipe.num_layers, pp
                 args.tensor_model_parallel_size, args.num_experts = tp, experts
+                args.expert_model_parallel_size = ep
                 args.overlap_grad_reduce, args.use_distributed_optimizer = overlap, dist_opt
                 hooks = FlowlaneHooks(
                     lambda **kw: build_model(recipe, device)[0], forward_step, get_args=lambda: args
@@ -215,6 +218,22 @@ def refusal(
             return ""
         finally:
             ps.destroy_model_parallel()
+
+
+@contextlib.contextmanager
+def _warnings(logger: str) -> Iterator[list[str]]:
+    """The messages ``logger`` warns with inside the block."""
+    import logging
+
+    got: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: got.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger(logger)
+    log.addHandler(handler)
+    try:
+        yield got
+    finally:
+        log.removeHandler(handler)
 
 
 def _equal(a: dict, b: dict) -> dict:
@@ -555,16 +574,17 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
     stock_sync = train("stock", world, dist_opt=True, param_overlap=False, device=device)
     sync_plan = gather_plan(fifo["submitted"], world, 3, reverse_gathers=True)
     sync_path = write("sync_plan.json", sync_plan)
-    out = train(
-        "megatron_lm",
-        world,
-        flags=("--syndicate", "--syndicate-plan", sync_path),
-        dist_opt=True,
-        param_overlap=False,
-        device=device,
-    )
+    with _warnings("flowlane.syndicate") as warned:
+        out = train(
+            "megatron_lm",
+            world,
+            flags=("--syndicate", "--syndicate-plan", sync_path),
+            dist_opt=True,
+            param_overlap=False,
+            device=device,
+        )
     res["sync"] = _equal(stock_sync, out)
-    res["sync"].update({k: out[k] for k in keys}, **log_of(out))
+    res["sync"].update({k: out[k] for k in keys}, **log_of(out), warnings=warned)
     res["sync_order"] = [list(e) for e in sync_plan.order]
     if device == "cpu":  # the refusals are device-free (checked on CPU only)
         g = res["plan_gathers"]
@@ -609,6 +629,30 @@ def dist_opt_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
             lambda m, c: install([m], SyndicateMegatronConfig(plan=ar_path, timeout_s=30), c),
             dist_opt=True,
         )
+        # a gather no bucket has, through the Megatron-LM flags (each chunk attached at its first forward step):
+        # refused once the last chunk is attached, not run as FIFO every iteration
+        first = plan.ops[0]
+        extra = SyndicatePlan(
+            1,
+            (PlanOp("extra", "all_gather", first.numel + 8, first.dtype, world, first.option), *plan.ops),
+            tuple((0, j) for j in range(first.option.segments)) + tuple((i + 1, j) for i, j in plan.order),
+        )
+        extra_path = write("extra_plan.json", extra)
+        try:
+            train("megatron_lm", world, flags=("--syndicate", "--syndicate-plan", extra_path), dist_opt=True)
+            res["refused_extra_flags"] = ""
+        except (ValueError, RuntimeError) as e:
+            res["refused_extra_flags"] = f"{type(e).__name__}: {e}"
+        # Megatron's own all-to-all reduce-scatter (summed in fp32) bypasses the group's reduce-scatter (last: a DDP
+        # built with it makes it megatron-core's reduce-scatter for the whole process)
+        from megatron_plugin.aleph import AlephMegatronConfig
+        from megatron_plugin.aleph import install as aleph_install
+
+        fp32acc = {"dist_opt": True, "reduce_scatter_with_fp32_accumulation": True}
+        res["refused_fp32acc"] = [
+            refusal(world, lambda m, c: aleph_install([m], AlephMegatronConfig(clusters="0;1")), **fp32acc),
+            refusal(world, lambda m, c: install([m], SyndicateMegatronConfig(mode="fifo"), c), **fp32acc),
+        ]
     return res
 
 
@@ -706,4 +750,50 @@ def moe_runs(rank: int, world: int, tmp: str, device: str = "cpu") -> dict:
         res["do_kinds"] = [
             [k for it, k, _, _ in fifo[s] if it == 1] for s in ("submitted", "expert_submitted")
         ]
+    return res
+
+
+def moe_ep1_runs(rank: int, world: int) -> dict:
+    """MoE (2 experts) at expert-model-parallel size 1 on DP ``world``: megatron-core marks expert parameters
+    ``allreduce=False`` only at EP > 1, so here they sit in the dense bucket groups and the model has no expert bucket
+    groups. Megatron's own run; ALEPH (``--aleph-clusters``, no expert flags) and SYNDICATE (FIFO) through the
+    Megatron-LM flags; expert flags given anyway (refused)."""
+    import dataclasses
+
+    import megatron.core.transformer.transformer_config as tc
+
+    from megatron_plugin import cpu_shim
+
+    cpu_shim.apply()
+
+    # megatron-core 0.16 cannot train experts with biases at EP 1 and TP 1 (MLP.forward adds the bias in place to
+    # the output of an autograd Function that returns its input); the recipe's layers have biases, so this process
+    # builds them without (Megatron-LM: --disable-bias-linear)
+    @dataclasses.dataclass
+    class NoBias(tc.TransformerConfig):
+        add_bias_linear: bool = False
+
+    tc.TransformerConfig = NoBias  # type: ignore[misc]
+    moe = {"experts": 2, "ep": 1}
+    stock = train("stock", world, **moe)
+    singletons = ";".join(map(str, range(world)))
+    res: dict = {}
+    keys = ("calls", "expert_calls", "bucket_groups", "expert_bucket_groups", "restored")
+    for name, flags in (
+        ("aleph", ("--aleph", "--aleph-clusters", singletons)),
+        ("syndicate", ("--syndicate", "--syndicate-mode", "fifo")),
+    ):
+        out = train("megatron_lm", world, flags=flags, **moe)
+        res[name] = {k: out[k] for k in keys}
+        res[name].update(_equal(stock, out))
+    try:
+        train(
+            "megatron_lm",
+            world,
+            flags=("--aleph", "--aleph-clusters", singletons, "--aleph-expert-clusters", "0"),
+            **moe,
+        )
+        res["expert_flags"] = ""
+    except ValueError as e:
+        res["expert_flags"] = str(e)
     return res

@@ -233,6 +233,26 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
         "bad": bad,
     }
 
+    # 9. a long run keeps a bounded launch log and store: each step deletes the rank's previous fingerprint key
+    enf = Enforcer({"F": paths["F"]}, store, rank, world, EnforcerConfig(namespace="s9", log_entries=8))
+    enf.install(
+        SyndicatePlan.fifo((PlanOp("b", "all_reduce", 16, "float32", world, Option("F", segments=2)),), 1)
+    )
+    keys = []
+    for it in range(40):
+        enf.all_reduce(torch.zeros(16)).wait()
+        enf.step()
+        if it in (9, 39):  # every rank past this boundary, none at the next, while the store is counted
+            dist.barrier()
+            keys.append(store.num_keys())
+            dist.barrier()
+    out["long_run"] = {
+        "log": list(enf.log),
+        "keys": keys,
+        "fp0": store.check([f"s9/fp/0/{rank}"]),
+        "fp39": store.check([f"s9/fp/39/{rank}"]),
+    }
+
     # 8. replanning on ranks 0 and 1 (the E1 toy is a 2-rank instance); rank 2 only joins the group creations
     from tests.syndicate_fw_workers import replan_scenario
 

@@ -136,6 +136,11 @@ def test_bad_inputs_are_refused_naming_the_value():
         AlephConfig.from_dict({"seeed": 1})
     with pytest.raises(ValueError, match="bandwidth must be > 0"):
         capacities([10, 0])
+    # CPU limits capacity only with C_w figures: without them the key used to be ignored silently
+    with pytest.raises(ValueError, match=r"cpu_per_member=0.1 needs the workers' CPU figures \(cpu="):
+        capacities([40, 40], b=10, c=0.1)
+    with pytest.raises(ValueError, match="cpu_per_member=0.5 needs the workers' CPU figures"):
+        plan_clusters([30, 20, 10], config=AlephConfig(cpu_per_member=0.5))
     with pytest.raises(ValueError, match="not symmetric"):
         mwcha([1, 1], [frozenset({1}), frozenset()])
     with pytest.raises(ValueError, match="brute force is exponential"):

@@ -37,6 +37,8 @@ def test_aleph_section_is_parsed_strictly():
     assert cfg.variant == "paper" and own["bandwidth_gbps"] == [30, 10]
     with pytest.raises(ValueError, match="unknown aleph config key"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0]], "bogus": 1}}})
+    with pytest.raises(ValueError, match=r"cpu_per_member=0.2: the plugin has no per-rank CPU figures"):
+        parse_section({"flowlane": {"aleph": {"bandwidth_gbps": [30, 10], "cpu_per_member": 0.2}}})
     bw = {"bandwidth_gbps": [30, 10], "top": "ps"}
     cfg, own = parse_section(
         {"flowlane": {"aleph": {**bw, "replan_every": 5, "hysteresis": 0.1, "probe_bytes": 4096}}}

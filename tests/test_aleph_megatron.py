@@ -113,6 +113,8 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
     assert cfg is not None and cfg.aleph_config().replan_every == 100
     with pytest.raises(ValueError, match="chunk_bytes=10 must be an integer >= 1024"):
         AlephMegatronConfig(clusters="0", chunk_bytes=10)
+    with pytest.raises(ValueError, match=r"cpu_per_member=0.2 \(--aleph-cpu-per-member\): the plugin has no"):
+        AlephMegatronConfig(bandwidth_gbps="30,10", cpu_per_member=0.2)
     with pytest.raises(ValueError, match="aleph variant='x'"):
         AlephMegatronConfig(clusters="0", variant="x")  # type: ignore[arg-type]
     args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--coflow-scheduler", "hermod"])
@@ -120,6 +122,14 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
     args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1"])
     args.use_distributed_optimizer = True
     assert check_dp_collective_args(args) == ""  # the reduce-scatter is taken over too
+    args.ddp_reduce_scatter_with_fp32_accumulation = True  # Megatron's own all-to-all reduce-scatter
+    assert (
+        "--ddp-reduce-scatter-with-fp32-accumulation with --use-distributed-optimizer"
+        in check_dp_collective_args(args)
+    )
+    args.use_distributed_optimizer = False  # without it the flag changes nothing (Megatron all-reduces)
+    assert check_dp_collective_args(args) == ""
+    args.use_distributed_optimizer, args.ddp_reduce_scatter_with_fp32_accumulation = True, False
     args.num_distributed_optimizer_instances = 2
     assert "--num-distributed-optimizer-instances > 1" in check_dp_collective_args(args)
     args.use_distributed_optimizer, args.num_distributed_optimizer_instances, args.num_experts = False, 1, 4

@@ -165,5 +165,21 @@ def test_install_aleph_hook_hands_several_ps_to_the_udp_tier(monkeypatch):
     with pytest.raises(Built):
         install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), split="equal", drop=0.01)
     assert seen == {"ps": (0, 1), "split": "equal", "ps_bandwidths": None, "drop": 0.01}
-    with pytest.raises(ValueError, match="dedicated_ps and replanner apply to dataplane='torch' only"):
-        install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), dedicated_ps=True)
+    with pytest.raises(ValueError, match="replanner applies to dataplane='torch' only"):
+        install_aleph_hook(model, PLAN, dataplane="udp", ps=(0, 1), split="equal", replanner=object())
+
+
+@pytest.mark.parametrize("dataplane", ["torch", "udp"])
+def test_install_aleph_hook_refuses_dedicated_ps(dataplane):
+    """A dedicated PS is left out of the sum while DDP trains on it and the hook's 1/size counts it: 3 gloo ranks with
+    one dedicated PS all ended with 5/3, neither the workers' mean 5/2 nor the all-rank mean 2."""
+    import torch
+
+    from flowlane.aleph.hook import install_aleph_hook
+
+    ddp = torch.nn.parallel.DistributedDataParallel
+    model = ddp.__new__(ddp)  # refused before the group is touched
+    with pytest.raises(ValueError, match="dedicated_ps=True is not allowed"):
+        install_aleph_hook(
+            model, PLAN, top="ps", dataplane=dataplane, ps=(0, 1), split="equal", dedicated_ps=True
+        )

@@ -139,6 +139,34 @@ def test_without_cuda_the_auto_path_is_cpu_gather_and_says_why(monkeypatch):
     assert store.path == "cpu-gather" and store.device == torch.device("cpu") and not store.table.is_pinned()
 
 
+def test_two_stores_on_one_table_keep_it_pinned_until_the_last_closes(monkeypatch):
+    # CUDA registration simulated: closing the first store used to unpin the table under the second's zero-copy reads
+    import flowlane.direct.store as S
+
+    registered: list[int] = []
+
+    def register(t: torch.Tensor) -> None:
+        assert t.data_ptr() not in registered, "cudaError 712: already registered"
+        registered.append(t.data_ptr())
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: t.data_ptr() in registered)
+    monkeypatch.setattr(S, "choose_path", lambda *a, **k: S.PathChoice("zero-copy", "simulated"))
+    monkeypatch.setattr(S, "_register", register)
+    monkeypatch.setattr(S, "_unregister", registered.remove)
+    table, own = torch.zeros(4, 8), torch.zeros(4, 8)
+    a, b = FeatureStore(table, device="cuda"), FeatureStore(table, device="cuda")
+    assert registered == [table.data_ptr()]
+    a.close()
+    assert registered == [table.data_ptr()]  # b still reads it
+    b.close()
+    b.close()  # idempotent
+    assert registered == [] and S._PINS == {}
+    registered.append(own.data_ptr())  # the caller's own pinned table: used as is, never unpinned by a store
+    FeatureStore(own, device="cuda").close()
+    assert registered == [own.data_ptr()]
+
+
 def test_zero_copy_is_refused_at_construction_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

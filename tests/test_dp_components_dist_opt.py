@@ -52,6 +52,11 @@ def test_aleph_and_syndicate_carry_the_distributed_optimizers_collectives_bitwis
         assert [e[:2] for e in s["events"]] == [(0, "fallback")], s["events"]
         assert "submission 0 is (reduce_scatter" in s["events"][0][2], s["events"]
         assert "plan has ('all_gather'" in s["events"][0][2], s["events"]
+        # the fallback is logged, not only recorded
+        assert (
+            len(s["warnings"]) == 1
+            and "iteration 0 runs as FIFO, not the plan: submission 0" in s["warnings"][0]
+        )
         assert (
             "is 'reduce_scatter': Megatron submits only its gradient buckets' all-reduces"
             in r["refused_rs_plan"]
@@ -65,6 +70,14 @@ def test_aleph_and_syndicate_carry_the_distributed_optimizers_collectives_bitwis
             "is 'all_reduce': Megatron with the distributed optimizer submits only its gradient buckets' "
             "reduce-scatters and its parameters' all-gathers" in r["refused_ar_plan"]
         ), r["refused_ar_plan"]
+        # a plan with a gather no bucket has, given by the flags: refused once the chunk is attached
+        assert "buckets' blocks" in r["refused_extra_flags"], r["refused_extra_flags"]
+        assert "ops without a bucket [(" in r["refused_extra_flags"], r["refused_extra_flags"]
+        # Megatron's fp32-accumulating reduce-scatter (an all-to-all of its own) is refused by both, naming it
+        for msg, feature in zip(r["refused_fp32acc"], ("aleph", "syndicate"), strict=True):
+            assert (
+                f"flowlane.{feature}: reduce_scatter_with_fp32_accumulation=True is not supported" in msg
+            ), msg
     assert (
         res[0]["plan"]["steady"] == res[1]["plan"]["steady"]
         and res[0]["sync"]["steady"] == res[1]["sync"]["steady"]

@@ -66,3 +66,59 @@ def test_aleph_and_syndicate_carry_the_expert_bucket_groups(tmp_path) -> None:
     assert all(r["do_plan"]["steady"] == res[0]["do_plan"]["steady"] for r in res)
     assert res[0]["do_plan"]["expert_steady"] == res[2]["do_plan"]["expert_steady"]
     assert res[1]["do_plan"]["expert_steady"] == res[3]["do_plan"]["expert_steady"]
+
+
+@pytest.mark.slow  # 2 ranks x 3 Megatron trainings: ~1.5 min on a busy 2-core machine
+def test_moe_at_expert_parallel_size_1_goes_through_the_dense_lane_with_the_flags() -> None:
+    """megatron-core marks expert parameters ``allreduce=False`` (their own bucket groups, reduced over the
+    expert-data-parallel group) only at EP > 1: at EP 1 the flags set up no expert lane and take no expert plan."""
+    from flowlane.launch import launch
+    from tests.megatron_dp_workers import moe_ep1_runs
+
+    res = launch(moe_ep1_runs, 2, timeout=600)
+    for rank, r in enumerate(res):
+        for name in ("aleph", "syndicate"):
+            x = r[name]
+            assert x["expert_bucket_groups"] == 0 and x["expert_calls"] == 0, (rank, name, x)
+            assert x["bucket_groups"] >= 2 and x["calls"] == x["bucket_groups"] * ITERATIONS, (rank, name, x)
+            assert x["restored"] and x["bitwise"], (rank, name, x)
+        msg = r["expert_flags"]
+        assert "expert_clusters are set but the model has no expert bucket groups" in msg, msg
+        assert "expert-model-parallel size 1" in msg, msg
+
+
+def test_the_expert_lane_follows_the_expert_parallel_size_and_a_dense_stage_has_none(tmp_path) -> None:
+    """The flags ask for an expert plan only at EP > 1; a chunk without expert bucket groups (a pipeline stage or
+    virtual chunk of dense layers only, ``moe_layer_freq``) attaches to an expert lane, carrying nothing of it, and
+    its expert plan may be empty; a chunk with them is refused without one."""
+    import argparse
+    from types import SimpleNamespace
+
+    from flowlane.syndicate.plan import SyndicatePlan
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.dp_collective import check_expert_setup, expert_parallel
+    from megatron_plugin.syndicate import check_plan_for_megatron, config_from_args
+
+    parser = add_flowlane_args(argparse.ArgumentParser())
+    dense = tmp_path / "dense.json"
+    dense.write_text(SyndicatePlan(1, (), ()).to_json())
+    args = parser.parse_args(["--syndicate", "--syndicate-plan", str(dense)])
+    args.num_experts, args.expert_model_parallel_size = 4, 1
+    assert not expert_parallel(args) and config_from_args(args) is not None  # no expert plan at EP 1
+    args.expert_model_parallel_size = 2
+    assert expert_parallel(args)
+    with pytest.raises(ValueError, match="expert_plan is required .* at expert-model-parallel size > 1"):
+        config_from_args(args)
+    args.num_experts = None
+    assert not expert_parallel(args)
+    stage = [SimpleNamespace(expert_parallel_bucket_groups=[])]  # dense layers only
+    check_expert_setup(stage, True, "test")
+    check_expert_setup(stage, False, "test")
+    moe = [SimpleNamespace(expert_parallel_bucket_groups=[object()])]
+    check_expert_setup(moe, True, "test")
+    with pytest.raises(
+        ValueError, match="test: the chunks have expert bucket groups .* without the expert-data"
+    ):
+        check_expert_setup(moe, False, "test")
+    # a dense stage's expert plan under the distributed optimizer: no ops, so no gathers either
+    check_plan_for_megatron(SyndicatePlan(1, (), ()), 2, True, distributed_optimizer=True)

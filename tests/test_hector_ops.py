@@ -94,6 +94,18 @@ def test_grouped_mm_path_equals_loop_or_is_refused_where_torch_lacks_it():
     torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
     for a, b in zip(_grads(y1, [x1, w1]), _grads(y2, [x2, w2]), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # an expanded incoming gradient (zero strides), as y.sum() gives: _grouped_mm's backward refused it on the CPU
+    segment_mm(x1, w1, ptr, gemm="grouped_mm").sum().backward()
+    segment_mm(x2, w2, ptr, gemm="loop").sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-5, atol=1e-5)
+    # operands it cannot take are refused by name, not left to fail inside torch
+    with pytest.raises(
+        ValueError, match=r"16-byte-aligned feature sizes \(multiples of 4 torch.float32\), got in=16 out=3"
+    ):
+        segment_mm(x32, w32[:, :, :3].contiguous(), ptr, gemm="grouped_mm")
+    with pytest.raises(ValueError, match="float32, bf16 or fp16 operands, got torch.float64"):
+        segment_mm(x32.double(), w32.double(), ptr, gemm="grouped_mm")
 
 
 def test_segment_ops_refuse_unsorted_types_types_out_of_range_and_shape_mismatches():

@@ -225,6 +225,20 @@ def test_bad_relations_are_rejected():
         build_plan(rel, LinkModel.from_topology(T.dgx1()))
 
 
+def test_the_c_kernel_asked_for_past_64_ranks_is_refused_and_auto_uses_python(monkeypatch):
+    rel = _random_relation(n=200, deg=2, ranks=65)
+    lm = LinkModel.from_topology(full_mesh(65, 1e9))
+    with pytest.raises(
+        PlanError, match="impl='c' .* cannot plan 65 ranks: the C SPST kernel takes at most 64"
+    ):
+        build_plan(rel, lm, method="spst", impl="c")
+    monkeypatch.setenv("FLOWLANE_SPST", "c")
+    with pytest.raises(PlanError, match="cannot plan 65 ranks"):
+        build_plan(rel, lm, method="spst")
+    monkeypatch.delenv("FLOWLANE_SPST")
+    assert build_plan(rel, lm, method="spst").info["impl"] == "python"
+
+
 @pytest.mark.parametrize("method", ["spst", "p2p", "auto"])
 def test_one_rank_gets_the_empty_plan(method):
     rel = CommRelation(np.zeros(10, np.int64), (np.zeros(0, np.int64),))

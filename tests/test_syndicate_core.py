@@ -291,6 +291,10 @@ class DictStore:
         with self.lock:
             return all(k in self.d for k in keys)
 
+    def delete_key(self, k: str) -> bool:
+        with self.lock:
+            return self.d.pop(k, None) is not None
+
 
 def _ranks(
     store: DictStore, world: int, iters: int, propose_at: int, switch_at: int, late: int | None
@@ -335,6 +339,48 @@ def test_two_phase_commit_switches_every_rank_at_the_same_iteration() -> None:
 def test_a_rank_that_sees_the_plan_too_late_aborts_it_everywhere() -> None:
     seen = _ranks(DictStore(), 3, 6, propose_at=1, switch_at=3, late=2)
     assert all(2 not in s for s in seen), seen
+
+
+def test_a_second_proposal_cannot_split_the_ranks_on_two_plans() -> None:
+    # v1 committed to switch at 3; rank 0 switches, then v2 is proposed before rank 1 reaches boundary 2. Rank 1
+    # used to vote on v2 and drop its acknowledged v1 (rank 0 on v1, rank 1 on none); now it keeps v1 and refuses v2
+    v1 = SyndicatePlan.fifo(_ops(), 1)
+    v2 = SyndicatePlan.fifo(_ops(), 2)
+    st = DictStore()
+    coord, r0, r1 = (PlanChannel(st, r, 2, timeout_s=1) for r in (0, 0, 1))
+    coord.propose(v1, switch_at=3)
+    r0.poll(1), r1.poll(1)
+    assert coord.decide(1)
+    r0.poll(2)
+    p0 = r0.poll(3)
+    coord.propose(v2, switch_at=5)
+    r1.poll(2)
+    p1 = r1.poll(3)
+    assert p0 is not None and p0.version == 1 and p1 is not None and p1.version == 1, r1.log
+    assert r1.log == [(1, "ack", 1), (2, "nack", 2), (3, "switch", 1)]
+    r0.poll(4)
+    assert not coord.decide(2)  # rank 1 refused it: aborted, so no rank switches to v2
+    assert r0.poll(5).version == r1.poll(5).version == 1  # type: ignore[union-attr]
+
+
+def test_a_proposal_waits_for_the_previous_decision_and_switches_after_it() -> None:
+    v1 = SyndicatePlan.fifo(_ops(), 1)
+    v2 = SyndicatePlan.fifo(_ops(), 2)
+    st = DictStore()
+    ch = PlanChannel(st, 0, 1, timeout_s=1)
+    ch.propose(v1, switch_at=3)
+    with pytest.raises(PlanError, match="plan v1 \\(switch at 3\\) is not decided yet"):
+        ch.propose(v2, switch_at=5)
+    ch.poll(1)
+    assert ch.decide(1)
+    with pytest.raises(PlanError, match="plan v2 switches at 3, not after v1"):
+        ch.propose(v2, switch_at=3)
+    with pytest.raises(PlanError, match="plan v1 is not newer than the last proposal, v1"):
+        ch.propose(v1, switch_at=6)
+    ch.propose(v2, switch_at=6)
+    assert ch.poll(3) == v1  # v1 settled first, then v2 acknowledged at the same boundary
+    assert ch.log == [(1, "ack", 1), (3, "switch", 1), (3, "ack", 2)], ch.log
+    assert ch.decide(2) and ch.poll(6).version == 2  # type: ignore[union-attr]
 
 
 def test_the_core_imports_without_torch() -> None:

@@ -104,3 +104,12 @@ def test_the_replanned_plan_is_the_searchs_answer(runs: list[dict]) -> None:
 def test_replanned_results_equal_plain_collectives_before_and_after_the_switch(runs: list[dict]) -> None:
     for r in (x["replan"] for x in runs[:2]):
         assert r["equal"] and all(r["equal"]), r["equal"]
+
+
+def test_a_long_run_keeps_the_launch_log_and_the_store_bounded(runs: list[dict]) -> None:
+    # 40 iterations of 2 motifs: the log keeps its last 8 launches, and the store as many keys after 40 steps as
+    # after 10 (before: every launch kept, world fingerprint keys more per step)
+    for r in (x["long_run"] for x in runs):
+        assert r["log"] == [(it, pos, 0, pos) for it in range(36, 40) for pos in (0, 1)], r["log"]
+        assert r["keys"][0] == r["keys"][1], r["keys"]
+        assert not r["fp0"] and r["fp39"]

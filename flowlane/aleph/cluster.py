@@ -167,7 +167,13 @@ def _check_adj(adj: Neighbours, n: int) -> None:
 def capacities(
     bandwidth: Sequence[float], b: float | None = None, cpu: Sequence[float] | None = None, c: float = 0.0
 ) -> list[int]:
-    """g_w = floor(min(B_w/b - 1, C_w/c)) clamped at 0; ``b`` defaults to min B (§4.1); c = 0 ignores CPU."""
+    """g_w = floor(min(B_w/b - 1, C_w/c)) clamped at 0; ``b`` defaults to min B (§4.1); c = 0 ignores CPU, c > 0
+    needs ``cpu`` (C_w, one per worker)."""
+    if c > 0 and cpu is None:  # C_w/c cannot be formed: refused, not planned as if CPU were free
+        raise ValueError(
+            f"cpu_per_member={c!r} needs the workers' CPU figures (cpu=[C_w, ...], one per worker) to limit capacity; "
+            "give them or set cpu_per_member=0"
+        )
     if not bandwidth:
         raise ValueError("bandwidth must name at least one worker")
     if any(not x > 0 for x in bandwidth):
@@ -180,7 +186,7 @@ def capacities(
     out = []
     for i, bw in enumerate(bandwidth):
         g = bw / b - 1
-        if c > 0 and cpu is not None:
+        if c > 0 and cpu is not None:  # (cpu is given whenever c > 0, checked above)
             g = min(g, cpu[i] / c)
         out.append(max(0, math.floor(g + 1e-9)))  # 1e-9: 30/10 - 1 must floor to 2, not 1.999...
     return out

@@ -532,18 +532,26 @@ def install_aleph_hook(
     **udp_options: Any,
 ) -> Any:
     """Register the ALEPH hook on a DDP model (its process group); returns the hook's state. ``dataplane``: "torch"
-    (tier 0, :class:`HierarchicalAllReduce`; ``ps``, ``split``, ``ps_bandwidths``, ``dedicated_ps``: its several PSs)
-    or "udp" (tier 1, :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`, PS-rooted; ``udp_options`` go to it, and so
-    do ``ps``, ``split`` and ``ps_bandwidths``; ``top``, ``chunk_bytes`` and ``dedicated_ps`` do not apply).
+    (tier 0, :class:`HierarchicalAllReduce`; ``ps``, ``split``, ``ps_bandwidths``: its several PSs) or "udp" (tier 1,
+    :class:`flowlane.aleph.udp_allreduce.UdpAllReduce`, PS-rooted; ``udp_options`` go to it, and so do ``ps``,
+    ``split`` and ``ps_bandwidths``; ``top`` and ``chunk_bytes`` do not apply). ``dedicated_ps=True`` is refused: every
+    DDP rank is a trainer, and a dedicated PS is left out of the sum.
     ``replanner`` (a :class:`flowlane.aleph.Replanner` whose plan is ``plan``; torch tier, ``top="ps"``, one PS):
     re-plan after every ``replan_every``-th iteration's last bucket from ``probe()`` (default:
     :func:`flowlane.aleph.probe.probe_bandwidth` over the model's group, probed a second time where the first
     moves a worker, :func:`flowlane.aleph.replan.confirmed_probe`), see :class:`ReplanningAllReduce`."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
-    multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths, "dedicated_ps": dedicated_ps}
-    if dataplane == "udp" and (dedicated_ps or replanner is not None):
-        raise ValueError("dedicated_ps and replanner apply to dataplane='torch' only")
+    if dedicated_ps:
+        # a dedicated PS is a server outside the sum, not a DDP trainer: DDP on it would apply a gradient it did not
+        # help make, and the hook's 1/size would count it (3 ranks, one dedicated: every rank got 5/3, not 5/2)
+        raise ValueError(
+            "install_aleph_hook: dedicated_ps=True is not allowed (a dedicated PS is no DDP trainer); use "
+            "dedicated_ps=False, or HierarchicalAllReduce(..., dedicated_ps=True) directly outside DDP"
+        )
+    multi = {"ps": ps, "split": split, "ps_bandwidths": ps_bandwidths}
+    if dataplane == "udp" and replanner is not None:
+        raise ValueError("replanner applies to dataplane='torch' only")
     if dataplane == "torch" and udp_options:
         raise ValueError(f"{sorted(udp_options)} apply to dataplane='udp' only")
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -367,6 +368,36 @@ def _unregister(ptr: int) -> None:
         torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
+#: table address -> open stores reading the pages a FeatureStore registered: the last one to close unpins them (a
+#: second store on the table sees it pinned, and closing the first must not unpin it under the second's reads)
+_PINS: dict[int, int] = {}
+_PINS_LOCK = threading.Lock()
+
+
+def _hold_pin(t: torch.Tensor, pinned: bool) -> bool:
+    """Take a reference on ``t``'s registration, registering it when it is not pinned yet; False: the caller's own
+    pinned memory, which no store unpins."""
+    ptr = t.data_ptr()
+    with _PINS_LOCK:
+        if ptr in _PINS:
+            _PINS[ptr] += 1
+            return True
+        if pinned:
+            return False
+        _register(t)  # in place: the table's own pages become pinned and mapped (UVA)
+        _PINS[ptr] = 1
+        return True
+
+
+def _release_pin(ptr: int) -> None:
+    with _PINS_LOCK:
+        _PINS[ptr] -= 1
+        if _PINS[ptr]:
+            return
+        del _PINS[ptr]
+        _unregister(ptr)
+
+
 class FeatureStore:
     """A host feature table gathered onto ``device`` by the chosen path; ``store.gather(idx) == table[idx]`` bitwise.
 
@@ -375,7 +406,8 @@ class FeatureStore:
     table : torch.Tensor
         Contiguous CPU tensor ``[rows, ...]``; trailing dimensions are flattened into one row and restored on output.
         When CUDA is present and ``config.pin`` it is pinned **in place** (``cudaHostRegister``, no second copy) and
-        unpinned by :meth:`close` (or when the store is garbage-collected). A table that is already pinned is used as is.
+        unpinned by :meth:`close` (or when the store is garbage-collected) of the last store on it. A table that is
+        already pinned otherwise is used as is.
     config : DirectConfig, optional
         Path, alignment, pinning and index checks.
     device : torch.device or str, optional
@@ -431,9 +463,9 @@ class FeatureStore:
         self.choice = choose_path(
             self.device, table.dtype, pinned=pinned or want_pin, requested=self.config.path
         )
-        if self.choice.path == "zero-copy" and self.device.type == "cuda" and not pinned and table.numel():
-            _register(table)  # in place: the table's own pages become pinned and mapped (UVA)
-            self._finalizer = weakref.finalize(self, _unregister, table.data_ptr())
+        zero_copy = self.choice.path == "zero-copy" and self.device.type == "cuda" and table.numel()
+        if zero_copy and _hold_pin(table, pinned):
+            self._finalizer = weakref.finalize(self, _release_pin, table.data_ptr())
 
     @property
     def path(self) -> str:
@@ -477,7 +509,8 @@ class FeatureStore:
         return out if cols is not None or self.table.dim() == 2 else out.reshape(-1, *self.row_shape)
 
     def close(self) -> None:
-        """Unpin the table if this store pinned it (idempotent); later gathers are refused."""
+        """Release the table (idempotent): unpinned if a store pinned it and no other store on it is open; later
+        gathers are refused."""
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()

@@ -33,8 +33,8 @@ class HectorConfig:
     (``h (W_r w_r)``) as Hector does, ``never`` keeps ``(h W_r) w_r``, ``auto`` decides per layer and per term by
     counting multiply-adds (the thesis assumes reordering always pays; digest §4.6)."""
     gemm: Gemm = "auto"
-    """Segment GEMM over type-sorted rows: ``grouped_mm`` (``torch._grouped_mm``: one call for all types; on CUDA it
-    needs bf16 and 16-byte-aligned feature sizes), ``loop`` (one matmul per type), ``auto`` (grouped_mm on CUDA where
+    """Segment GEMM over type-sorted rows: ``grouped_mm`` (``torch._grouped_mm``: one call for all types; it needs
+    16-byte-aligned feature sizes and bf16 on CUDA, float32/bf16/fp16 on the CPU), ``loop`` (one matmul per type), ``auto`` (grouped_mm on CUDA where
     the torch has it and the operands qualify, else loop)."""
 
     def __post_init__(self) -> None:

@@ -126,14 +126,17 @@ def _grouped_mm_ok(x: Tensor, weight: Tensor) -> str | None:
     """None where ``torch._grouped_mm`` can run these operands, else why not."""
     if not grouped_mm_available():
         return f"torch {torch.__version__} has no torch._grouped_mm"
-    if x.is_cuda:
-        if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
-            return f"on CUDA torch._grouped_mm takes bf16 operands, got {x.dtype} x {weight.dtype}"
-        if (x.shape[1] * 2) % 16 or (weight.shape[2] * 2) % 16:
-            return (
-                f"on CUDA torch._grouped_mm needs 16-byte-aligned feature sizes (multiples of 8 bf16), got "
-                f"in={x.shape[1]} out={weight.shape[2]}"
-            )
+    if x.is_cuda and (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16):
+        return f"on CUDA torch._grouped_mm takes bf16 operands, got {x.dtype} x {weight.dtype}"
+    cpu = (torch.float32, torch.bfloat16, torch.float16)
+    if not x.is_cuda and x.dtype not in cpu:
+        return f"on the CPU torch._grouped_mm takes float32, bf16 or fp16 operands, got {x.dtype}"
+    es = x.element_size()
+    if (x.shape[1] * es) % 16 or (weight.shape[2] * es) % 16:
+        return (
+            f"torch._grouped_mm needs 16-byte-aligned feature sizes (multiples of {16 // es} {x.dtype}), got "
+            f"in={x.shape[1]} out={weight.shape[2]}"
+        )
     return None
 
 
@@ -173,7 +176,12 @@ def segment_mm(x: Tensor, weight: Tensor, seg_ptr: Tensor, gemm: str = "auto") -
     path = choose_gemm(x, weight, gemm)
     if path == "grouped_mm":
         offs = torch.tensor(bounds[1:], dtype=torch.int32, device=x.device)
-        return torch._grouped_mm(x.contiguous(), weight, offs=offs)
+        y = torch._grouped_mm(x.contiguous(), weight, offs=offs)
+        if y.requires_grad:
+            # its backward refuses a gradient with zero strides ("Invalid strides/sizes"), which is what an expanded
+            # gradient, e.g. of y.sum(), has (torch 2.15, CPU): hand it a dense one
+            y.register_hook(lambda g: g.contiguous())
+        return y
     return _SegmentMM.apply(x.contiguous(), weight, tuple(bounds))
 
 

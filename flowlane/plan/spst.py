@@ -121,7 +121,8 @@ def build_plan(
 
     ``method``: "spst", "p2p", or "auto" (SPST, falling back to P2P where P2P is cheaper under the model).
     ``alpha``/``unit_bytes``: optional per-stage latency (s) and embedding size (bytes) that make costs seconds.
-    ``impl``: "c" or "python" (default: C when it builds, else Python; env ``FLOWLANE_SPST`` overrides).
+    ``impl``: "c" or "python" (default: C when it builds and there are at most 64 ranks, else Python; env
+    ``FLOWLANE_SPST`` overrides). "c" is refused past 64 ranks.
     """
     if method not in METHODS:
         raise PlanError(f"method must be one of {METHODS}, got {method!r}")
@@ -184,13 +185,22 @@ def _inputs(rel: CommRelation, lm: LinkModel, seed: int, unit_bytes: float, dest
     return verts.astype(np.int64), ptr.astype(np.int64), dests.astype(np.int32), srcs, order, inv, raw
 
 
+#: ranks the C kernel plans (its rank sets are 64-bit masks)
+_C_MAX_RANKS = 64
+
+
 def _spst(rel, lm, S, seed, alpha, unit_bytes, impl, dest=None):
     """(u, stage, src, dst, load, impl): the transfers and ``load[k, h] = c_h^k`` (row 0 unused)."""
     impl = impl or os.environ.get("FLOWLANE_SPST") or "auto"
     if impl not in ("auto", "c", "python"):
         raise PlanError(f"impl must be 'c', 'python' or unset, got {impl!r}")
+    if impl == "c" and rel.num_ranks > _C_MAX_RANKS:  # asked for by name: refused, not run in Python instead
+        raise PlanError(
+            f"impl='c' (argument or FLOWLANE_SPST) cannot plan {rel.num_ranks} ranks: the C SPST kernel takes at most "
+            f"{_C_MAX_RANKS}; use impl='python' or leave it unset (the Python planner is used past {_C_MAX_RANKS})"
+        )
     args = _inputs(rel, lm, seed, unit_bytes, dest)
-    if impl in ("auto", "c") and rel.num_ranks <= 64:
+    if impl in ("auto", "c") and rel.num_ranks <= _C_MAX_RANKS:
         lib = _KERNEL.load()
         if lib is not None:
             return (*_spst_c(lib, lm, S, alpha, *args), "c")

@@ -6,11 +6,14 @@ launch order: a sequence of (submission index, motif index). Its :meth:`~Syndica
 canonical JSON, so two ranks hold the same plan exactly when their digests agree (digest §5 item 8).
 
 Distribution is the digest's two-phase commit (§5 item 15) over a key-value store (``torch.distributed``'s
-``TCPStore`` or anything with ``set``/``get``/``check``): the coordinator writes PREPARE (the plan and a switch
-iteration ``k``); every rank, at an iteration boundary before ``k``, validates it and acknowledges with its digest
-(or refuses with a reason); the coordinator commits if every rank acknowledged the same digest, else aborts naming
-the ranks. A rank that acknowledged waits at boundary ``k`` for the decision, so all ranks switch at ``k`` or none
-does. A rank that sees PREPARE at or after ``k`` refuses it, so a late rank cannot split the ranks.
+``TCPStore`` or anything with ``set``/``get``/``check``, and ``delete_key`` for the enforcer's old keys): the
+coordinator writes PREPARE (the plan and a switch iteration ``k``); every rank, at an iteration boundary before
+``k``, validates it and acknowledges with its digest (or refuses with a reason); the coordinator commits if every
+rank acknowledged the same digest, else aborts naming the ranks. A rank that acknowledged waits at boundary ``k``
+for the decision, so all ranks switch at ``k`` or none does. A rank that sees PREPARE at or after ``k`` refuses it,
+so a late rank cannot split the ranks. One plan is in flight at a time: :meth:`PlanChannel.propose` waits for the
+previous decision, and a rank refuses a newer PREPARE while the plan it acknowledged has not reached its switch
+iteration (so the newer plan is aborted everywhere).
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from flowlane.syndicate.motif import CommOp, MotifError
 
 
 class Store(Protocol):
-    """The part of ``torch.distributed.Store`` the plan channel uses."""
+    """The part of ``torch.distributed.Store`` the plan channel and the enforcer use."""
 
     def set(self, key: str, value: str | bytes) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
     def check(self, keys: list[str]) -> bool: ...
+
+    def delete_key(self, key: str) -> bool: ...
 
 
 class PlanError(RuntimeError):
@@ -199,7 +204,23 @@ class PlanChannel:
 
     # -- coordinator ------------------------------------------------------------------------------------------------
     def propose(self, plan: SyndicatePlan, switch_at: int) -> None:
-        """PREPARE: publish ``plan`` to switch to at iteration ``switch_at``."""
+        """PREPARE: publish ``plan`` to switch to at iteration ``switch_at``. Refused while the previous proposal is
+        undecided (its votes might not all be in, and a rank only reads the latest PREPARE), and unless ``plan`` is
+        newer and switches later than it (ranks settle plans in switch order)."""
+        latest = self._k("latest")
+        if self.store.check([latest]):
+            prev = int(self.store.get(latest))
+            prev_at = int(self.store.get(self._k("v", prev, "switch_at")))
+            if plan.version <= prev:
+                raise PlanError(f"propose: plan v{plan.version} is not newer than the last proposal, v{prev}")
+            if not self.store.check([self._k("v", prev, "decision")]):
+                raise PlanError(
+                    f"propose: plan v{prev} (switch at {prev_at}) is not decided yet; decide it first"
+                )
+            if switch_at <= prev_at:
+                raise PlanError(
+                    f"propose: plan v{plan.version} switches at {switch_at}, not after v{prev} (at {prev_at})"
+                )
         self.store.set(self._k("v", plan.version, "plan"), plan.to_json())
         self.store.set(self._k("v", plan.version, "switch_at"), str(switch_at))
         self.store.set(self._k("v", plan.version, "digest"), plan.digest())
@@ -223,14 +244,20 @@ class PlanChannel:
 
     # -- every rank -------------------------------------------------------------------------------------------------
     def poll(self, iteration: int) -> SyndicatePlan | None:
-        """At the boundary before ``iteration``: vote on a new PREPARE; at its switch iteration, wait for the
-        decision and return the plan now in force (None: none yet)."""
+        """At the boundary before ``iteration``: at an acknowledged plan's switch iteration, wait for the decision;
+        then vote on a new PREPARE; return the plan now in force (None: none yet). The acknowledged plan is settled
+        first, and a PREPARE seen while it is still pending is refused: replacing it dropped a committed plan on
+        this rank while the ranks that had switched kept it."""
+        self._settle(iteration)
         latest = self._k("latest")
         if self.store.check([latest]):
             v = int(self.store.get(latest))
             if v > self._seen:
                 self._seen = v
                 self._vote(v, iteration)
+        return self.current
+
+    def _settle(self, iteration: int) -> None:
         if self._pending is not None and iteration >= self._pending[1]:
             plan, _ = self._pending
             self._pending = None
@@ -245,7 +272,6 @@ class PlanChannel:
                 self.log.append((iteration, "switch", plan.version))
             else:
                 self.log.append((iteration, "abort", plan.version))
-        return self.current
 
     def _vote(self, v: int, iteration: int) -> None:
         key = self._k("v", v, "vote", self.rank)
@@ -265,6 +291,13 @@ class PlanChannel:
             return
         if plan.digest() != announced:
             self.store.set(key, f"nack: digest {plan.digest()[:12]} != announced {announced[:12]}")
+            self.log.append((iteration, "nack", v))
+            return
+        if self._pending is not None:
+            pending, at = self._pending
+            self.store.set(
+                key, f"nack: acknowledged v{pending.version} switches at {at}, after iteration {iteration}"
+            )
             self.log.append((iteration, "nack", v))
             return
         self.store.set(key, plan.digest())
