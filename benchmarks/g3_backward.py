@@ -60,12 +60,15 @@ def _worker(rank, world, spec, layers, hidden, bw, epochs, bin_size):
         torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads[False], grads[True], strict=True)
     )
     rt = variants[True][0]
+    summary = {k: rt.summary()[k] for k in ("n_local", "n_remote", "n_boundary", "bins", "backward")}
+    for rt, _ in variants.values():
+        rt.close()
     return {
         "rank": rank,
         "same_gradients": bool(same),
         "blocking": rec[False],
         "pipelined": rec[True],
-        "summary": {k: rt.summary()[k] for k in ("n_local", "n_remote", "n_boundary", "bins", "backward")},
+        "summary": summary,
     }
 
 

@@ -250,6 +250,7 @@ def _rt_worker(rank, world, spec, bw, epochs, mb_epochs):
             "bytes": comm.get_recorder().bytes_by_kind(),
             "summary": rt.summary(),
         }
+        rt.close()  # its exchange group, before the next schedule builds its own
     # DistDGL-style mini-batch baseline on the same partition
     import dgl
 

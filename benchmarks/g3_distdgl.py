@@ -250,6 +250,7 @@ def _g3_rank(rank: int, world: int, a: dict) -> dict:
             if a["stop_at"] and hist[-1]["val_acc"] >= a["stop_at"]:  # a global accuracy: all ranks stop
                 break
         wire = _sum_ranks(_ns_tx_bytes(a["ifname"]) - tx0)
+        rt.close()  # its exchange group, before the next depth builds its own
         return {
             "layers": layers,
             "history": hist,

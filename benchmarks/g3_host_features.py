@@ -74,8 +74,8 @@ def main() -> None:
                 features=feats,
                 direct={"path": "cpu-gather"} if feats == "host" else {},
             )
-            rt = FullGraphRuntime(g, model, cfg)
-            held, step = held_bytes_and_time(rt, a.repeats)
+            with FullGraphRuntime(g, model, cfg) as rt:
+                held, step = held_bytes_and_time(rt, a.repeats)
             point[feats] = {"held_for_backward_bytes": held, "step_s": step}
             print(f"bins {bins} features={feats}: held {held / 1e6:.1f} MB, step {step:.3f} s", flush=True)
         d, h = point["device"], point["host"]

@@ -75,7 +75,8 @@ def main() -> None:
             rows.append({"mem_budget_bytes": budget, "refused": str(e)})
             print(f"budget {budget}: refused: {e}", flush=True)
             continue
-        peak, held, step = measure(rt, a.repeats)
+        with rt:
+            peak, held, step = measure(rt, a.repeats)
         point = {
             "mem_budget_bytes": budget,
             "bins": sum(len(v) for v in rt.bins.values()),
