@@ -3,11 +3,11 @@
 Enabled by the ``"flowlane": {"hermod": {...}}`` section of the DeepSpeed config (keys = the fields of
 :class:`HermodDSConfig`)::
 
-    "flowlane": {"hermod": {"enabled": true, "schedule": "1f1b", "dp_mid": "last", "gate_timeout_s": 0.05}}
+    "flowlane": {"hermod": {"enabled": true, "window": "bucket", "gate_timeout_s": 0.05}}
 
     engine, *_ = deepspeed.initialize(model=model, config=ds_config)
     h = install(engine, ds_config)        # None when the section is absent or "enabled": false
-    ... train ...; h.close()
+    ... train ...; h.close()               # with other flowlane features: the reverse order of their install
 
 What is hooked (DeepSpeed's classes are not patched; every hook is an attribute of this engine's objects):
 
@@ -66,6 +66,30 @@ def check_deepspeed_version() -> str:
     return check_version_range("deepspeed", DEEPSPEED_VERSIONS, "flowlane.hermod")
 
 
+#: keys of the shared Hermod section that nothing on DeepSpeed reads: (the only value accepted, why it has no effect)
+NO_EFFECT: dict[str, tuple[Any, str]] = {
+    "schedule": (
+        "1f1b",
+        "it orders EP and PP against DP, and Hermod defers only DeepSpeed's DP reductions (pipeline p2p and "
+        "ZeRO-3 gathers are critical ops, launched at once in DeepSpeed's order)",
+    ),
+    "dp_mid": (
+        "last",
+        "it moves DP parameter gathers, and DeepSpeed's ZeRO-3 gathers are critical ops, never deferred",
+    ),
+    "max_inflight_buckets": (
+        1,
+        "the pacer calls DeepSpeed's own bucket function, one call at a time in its thread, and the call "
+        "returns no handle to keep in flight, so buckets go out one after the other whatever this allows",
+    ),
+    "layers_per_stage": (
+        1,
+        "it only sets the layer label of the PipelineEngine's p2p keys, which are critical ops launched at "
+        "once in DeepSpeed's order",
+    ),
+}
+
+
 @dataclass
 class HermodDSConfig:
     """The ``flowlane.hermod`` section."""
@@ -73,9 +97,10 @@ class HermodDSConfig:
     enabled: bool = True
     """False: the section is parsed and checked, nothing is installed."""
     schedule: Literal["1f1b", "interleaved"] = "1f1b"
-    """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1)."""
+    """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1). Only the default: see
+    :data:`NO_EFFECT`."""
     dp_mid: Literal["last", "consumer"] = "last"
-    """MID of DP coflows (digest A2.4 / A6.1 #1)."""
+    """MID of DP coflows (digest A2.4 / A6.1 #1). Only the default: see :data:`NO_EFFECT`."""
     gate_timeout_s: float = 0.05
     """Longest a paced reduction is held back while a critical op (p2p, ZeRO-3 fetch) is outstanding."""
     window: Literal["bucket", "backward"] = "bucket"
@@ -84,9 +109,9 @@ class HermodDSConfig:
     apply); ``backward`` -- with the rest of the backward's buckets, sealed at the epilogue and sent in Hermod's
     order (lowest layer first), no overlap with backward. Critical ops (ZeRO-3 fetches, p2p) seal a window too."""
     max_inflight_buckets: int = 1
-    """Deferred bucket reductions on the wire at once."""
+    """Deferred bucket reductions on the wire at once. Only the default: see :data:`NO_EFFECT`."""
     layers_per_stage: int = 1
-    """PipelineEngine: used for the stage-boundary LID of PP keys."""
+    """PipelineEngine: the stage-boundary LID of PP keys. Only the default: see :data:`NO_EFFECT`."""
     gloo_class_ifnames: str = ""
     """gloo only: one interface per class ("eth0,eth0,bulk0") so the bulk class leaves from its own address
     (flowlane.sched.groups); empty = host-side ordering only. NCCL uses traffic classes instead."""
@@ -128,6 +153,12 @@ class HermodDSConfig:
             raise ValueError(
                 f"flowlane.hermod.gloo_class_ifnames must be a string, got {self.gloo_class_ifnames!r}"
             )
+        for name, (default, why) in NO_EFFECT.items():
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"flowlane.hermod.{name} {getattr(self, name)!r} has no effect on DeepSpeed: {why}; leave "
+                    f"it out (or {default!r})"
+                )
 
     def scheduler_config(self) -> SchedulerConfig:
         # a bucket is one coflow: DeepSpeed's reduce_bucket_size sets the granularity, Hermod does not split it
@@ -224,7 +255,8 @@ class DeepSpeedHermod:
                     self.keys.end_iteration()
                 return out
 
-            engine.step = hooked_step
+            # one registry of patches (ZeroHooks): close checks them all before undoing any
+            self.zero._set(engine, "step", hooked_step)
 
     @property
     def iteration(self) -> int:
@@ -240,7 +272,7 @@ class DeepSpeedHermod:
                 hooked[instr] = self._p2p_hook(name, fn)
             elif name == "OptimizerStep":
                 hooked[instr] = self._step_hook(fn)
-        engine._INSTRUCTION_MAP = hooked  # instance attribute shadows the class map
+        self.zero._set(engine, "_INSTRUCTION_MAP", hooked)  # instance attribute shadows the class map
         log.info(
             "Hermod: PipelineEngine p2p keyed (%s), on the critical class's clone of pipeline group %s",
             self.cfg.schedule,
@@ -270,14 +302,15 @@ class DeepSpeedHermod:
         return hook
 
     def close(self) -> None:
-        """Wait for what is queued, then undo every hook and the tap (the class clones stay: groups are not freed)."""
+        """Wait for what is queued, then undo every hook and the tap (the class clones stay: groups are not freed).
+        Refused, changing nothing, while a feature installed after Hermod still wraps one of its hooks: close that
+        one first (:meth:`deepspeed_plugin.zero_hooks.ZeroHooks.check_removable`)."""
+        self.zero.check_removable()
         if self.sched is not None:
             self.zero.flush()
             self.sched.close()
             self.sched = None
         self.zero.remove()
-        for name in ("_INSTRUCTION_MAP", "step"):
-            vars(self.engine).pop(name, None)
         if self.tap is not None:
             self.tap.close()
             self.tap = None

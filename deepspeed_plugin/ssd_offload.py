@@ -274,7 +274,9 @@ def choose_backend(config: OffloadConfig, deepspeed_aio: str, rank: int = 0) -> 
         raise ValueError(
             f'"flowlane.offload.deepspeed_aio" {deepspeed_aio!r} is not one of {list(DEEPSPEED_AIO)}'
         )
-    posix = config.backend == "posix" or (config.backend == "auto" and not kvikio_usable()[0])
+    posix = config.backend == "posix" or (
+        config.backend == "auto" and not kvikio_usable(config.kvikio_compat_mode)[0]
+    )
     if not posix or deepspeed_aio == "off":
         if deepspeed_aio == "on":
             raise ValueError(
@@ -345,11 +347,24 @@ class DSOffload(OffloadHandle):
         super().__init__(cache)
         self.engine = engine
         self._undo: list[Any] = []
+        #: (object, attribute, the offload's value) of every patch, checked before any undo
+        self._owned: list[tuple[Any, str, Any]] = []
 
     def close(self) -> None:
+        """Undo the patches; refused, changing nothing, while a feature installed after the offload wraps one of
+        them again (Hermod on ZeRO-3's ``fetch_sub_module``): restoring what the offload saw at install would drop
+        that wrapper, and the other feature's close would then put the offload's back."""
+        for obj, name, value in self._owned:
+            if vars(obj).get(name) is not value:
+                raise RuntimeError(
+                    f"flowlane.offload: cannot close: {type(obj).__name__}.{name} was wrapped again after the "
+                    "offload was installed (another flowlane feature, e.g. deepspeed_plugin.hermod); close the "
+                    "features in the reverse order of their install (the last installed first)"
+                )
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
+        self._owned.clear()
         super().close()
 
 
@@ -380,6 +395,7 @@ def _tag_gathered_parameters(engine: Any, cache: TensorCache, handle: DSOffload)
             vars(coordinator).pop("fetch_sub_module", None)
 
     handle._undo.append(undo)
+    handle._owned.append((coordinator, "fetch_sub_module", fetch_sub_module))
 
 
 def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
@@ -417,6 +433,7 @@ def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
 
     engine._exec_schedule = MethodType(exec_schedule, engine)
     handle._undo.append(lambda: engine.__dict__.pop("_exec_schedule", None))
+    handle._owned.append((engine, "_exec_schedule", engine._exec_schedule))
 
 
 def _patch_plain(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
@@ -454,6 +471,7 @@ def _patch_plain(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
         engine.__dict__.pop("backward", None)
 
     handle._undo.append(undo)
+    handle._owned += [(engine, "forward", forward), (engine, "backward", backward)]
 
 
 def install(

@@ -131,7 +131,8 @@ class ZeroHooks:
         self._pending: list[Any] = []
         self._batch = False
         self._grad_layer: dict[int, int] = {}
-        self._undo: list[Callable[[], None]] = []
+        #: (object, attribute, Hermod's value, whether the instance had one, that value) per patch
+        self._undo: list[tuple[Any, str, Any, bool, Any]] = []
         self.stage = int(engine.zero_optimization_stage())
         self._check()
 
@@ -146,10 +147,11 @@ class ZeroHooks:
     # -- install-time checks: everything is refused before anything is patched ------------------------------------
     def _check(self) -> None:
         e, opt = self.engine, self.opt
-        if getattr(e, "is_deepcompile_active", lambda: False)():
+        # "compile": {"deepcompile": true} in the config; "active" turns true only at engine.compile(), after install
+        if any(getattr(e, f, lambda: False)() for f in ("is_deepcompile_enabled", "is_deepcompile_active")):
             raise ValueError(
-                "flowlane.hermod does not support DeepCompile: it compiles DeepSpeed's reductions into "
-                "the graph, where Hermod cannot order them"
+                'flowlane.hermod does not support DeepCompile ("compile": {"deepcompile": true}): it '
+                "compiles DeepSpeed's reductions into the graph, where Hermod cannot order them"
             )
         if self.stage in (1, 2):
             from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer, IPGBucket  # noqa: PLC0415
@@ -222,6 +224,9 @@ class ZeroHooks:
                 out.extend(g)
             elif g is not None:
                 out.append(g)
+        # ZeRO-0 reduces expert gradients over these (engine._reduce_expert_gradients)
+        if getattr(e, "has_moe_layers", False):
+            out.extend(getattr(e, "expert_data_parallel_group", {}).values())
         if self.stage == 3:
             out.extend(
                 {
@@ -236,10 +241,14 @@ class ZeroHooks:
     def _defer(self, layer: int, op: str, run: Callable[[], Any]) -> None:
         h = self.h
         meta = h.keys.dp_reduce(layer, op)
+        once = [run]
 
         def launch() -> None:
+            # one-shot: run holds the detached bucket and its buffer, which must not outlive the reduction in the
+            # handle kept in _pending until the epilogue (it held about the whole model's gradients again)
+            fn = once.pop()
             with h.tap.on_class(BULK_CLASS, meta):
-                run()
+                fn()
 
         self._pending.append(h.sched.defer(meta, [launch]))
         if not self._batch and h.cfg.window == "bucket":
@@ -253,17 +262,11 @@ class ZeroHooks:
             handle.wait()
 
     def _set(self, obj: Any, name: str, value: Any) -> None:
+        """Set ``obj.name`` on the instance; :meth:`remove` restores what was there."""
         had = name in vars(obj)
         old = vars(obj).get(name)
         setattr(obj, name, value)
-
-        def undo() -> None:
-            if had:
-                setattr(obj, name, old)
-            else:
-                vars(obj).pop(name, None)
-
-        self._undo.append(undo)
+        self._undo.append((obj, name, value, had, old))
 
     def _layer_of(self, params: Iterable[Any]) -> int:
         return max((self.layers.get(id(p), self.hi) for p in params), default=self.hi)
@@ -390,7 +393,23 @@ class ZeroHooks:
 
         self._set(coordinator, "fetch_sub_module", hooked_fetch)
 
+    def check_removable(self) -> None:
+        """Raise, changing nothing, when an attribute Hermod set was wrapped again since (another feature installed
+        after Hermod, e.g. deepspeed_plugin.ssd_offload on ZeRO-3's ``fetch_sub_module``): restoring the value
+        Hermod saw would drop that wrapper, and the wrapper would later restore Hermod's closed hook."""
+        for obj, name, value, _, _ in self._undo:
+            if vars(obj).get(name) is not value:
+                raise RuntimeError(
+                    f"flowlane.hermod: cannot close: {type(obj).__name__}.{name} was wrapped again after Hermod "
+                    "was installed (another flowlane feature, e.g. deepspeed_plugin.ssd_offload); close the "
+                    "features in the reverse order of their install (the last installed first)"
+                )
+
     def remove(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
+        self.check_removable()
+        for obj, name, _, had, old in reversed(self._undo):
+            if had:
+                setattr(obj, name, old)
+            else:
+                vars(obj).pop(name, None)
         self._undo.clear()

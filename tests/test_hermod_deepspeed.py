@@ -28,7 +28,7 @@ def _ds_config(hermod: bool, zero: int) -> dict:
         "zero_allow_untested_optimizer": True,
     }
     if hermod:
-        cfg["flowlane"] = {"hermod": {"enabled": True, "gate_timeout_s": 0.02, "layers_per_stage": 2}}
+        cfg["flowlane"] = {"hermod": {"enabled": True, "gate_timeout_s": 0.02}}
     return cfg
 
 
@@ -123,8 +123,22 @@ def test_deepspeed_pipeline_hermod_keeps_the_math_and_keys_p2p_with_microbatch_i
 def test_hermod_section_is_parsed_strictly_and_only_its_own_subsection():
     assert parse_hermod_section({"flowlane": {"offload": {"backend": "posix"}}}) is None
     assert parse_hermod_section({"flowlane": {"hermod": {"enabled": False}}}) is None
-    assert parse_hermod_section({"flowlane": {"hermod": {"dp_mid": "consumer"}}}).dp_mid == "consumer"
+    assert parse_hermod_section({"flowlane": {"hermod": {"window": "backward"}}}).window == "backward"
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['chunk'\]"):
         parse_hermod_section({"flowlane": {"hermod": {"chunk": 1}}})
     with pytest.raises(ValueError, match="dp_mid"):
         parse_hermod_section({"flowlane": {"hermod": {"dp_mid": "first"}}})
+
+
+@pytest.mark.parametrize(
+    "key, value, default",
+    [("schedule", "interleaved", "1f1b"), ("dp_mid", "consumer", "last"), ("max_inflight_buckets", 4, 1)]
+    + [("layers_per_stage", 2, 1)],
+)
+def test_keys_that_change_nothing_on_deepspeed_are_refused_naming_the_key(key, value, default):
+    """Every op Hermod defers on DeepSpeed is a DP reduction run by DeepSpeed's own bucket function, and its
+    critical ops go out at once: these keys were accepted and changed nothing (review: same order, one bucket in
+    flight at 1 or 4). Their defaults stay accepted."""
+    with pytest.raises(ValueError, match=rf"flowlane.hermod.{key} {value!r} has no effect on DeepSpeed"):
+        parse_hermod_section({"flowlane": {"hermod": {key: value}}})
+    assert getattr(parse_hermod_section({"flowlane": {"hermod": {key: default}}}), key) == default

@@ -100,6 +100,25 @@ def test_bad_matrices_are_rejected_with_the_offending_entry():
         bvn_phases([[0, 1], [1, 0]], "best")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("quantum", [1, 4])
+def test_planned_all_to_alls_check_entries_before_quantising(quantum):
+    """plan_all_to_all quantised with int(x) before the check, so 2.5 rows planned as 2 (or 1 unit of 4) and -1 with a
+    quantum of 4 as 0, silently."""
+    from flowlane.hermod.matching import plan_all_to_all, plan_for_rank
+
+    for bad, shown in ((2.5, "2.5"), (-1, "-1"), (float("nan"), "nan")):
+        T = [[0, 8, 1], [bad, 0, 4], [3, 5, 0]]
+        with pytest.raises(ValueError, match=rf"T\[1\]\[0\] = {shown}"):
+            plan_all_to_all(T, quantum=quantum, cache=False)
+        with pytest.raises(ValueError, match=rf"T\[1\]\[0\] = {shown}"):
+            plan_for_rank(T, 1, quantum=quantum, cache=False)
+    ints = [[0, 8, 1], [2, 0, 4], [3, 5, 0]]
+    floats = [[float(x) for x in row] for row in ints]  # integral floats were always accepted
+    assert plan_all_to_all(floats, quantum=quantum, cache=False) == plan_all_to_all(ints, quantum=quantum)
+    big = [[0, 2**70], [2**70 + 1, 0]]  # beyond int64: quantised on the Python planner's lists
+    assert phases_total(plan_all_to_all(big, quantum=quantum)) == -(-(2**70 + 1) // quantum)
+
+
 def test_groups_of_two_skip_matching_because_every_2x2_plan_is_the_one_exchange():
     """flowlane.sched.alltoall.needs_matching: with two ranks nobody receives from two peers at once, so the plan of
     any 2x2 matrix is a single phase, the exchange all_to_all_single makes; from three ranks on incast exists."""

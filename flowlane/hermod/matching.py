@@ -406,11 +406,13 @@ def _planned(
         raise ValueError(f"algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
     if impl not in IMPLS:
         raise ValueError(f"impl {impl!r} is not one of {list(IMPLS)}")
-    v: tuple[int, array] | Matrix | None = _fast_ints(matrix)
-    if isinstance(v, tuple) and quantum > 1:
-        v = (v[0], array("q", [-(-x // quantum) for x in v[1]]))
-    if v is None:  # anything but plain int64 entries: the original path, whose checks name a bad value
-        v = _validated([[-(-int(x) // quantum) for x in row] for row in matrix])
+    # checked before quantising: a ceil of int(x) would turn 2.5 into 3 instead of naming it
+    v: tuple[int, array] | Matrix = _validated(matrix)
+    if quantum > 1:
+        if isinstance(v, tuple):
+            v = (v[0], array("q", [-(-x // quantum) for x in v[1]]))
+        else:  # entries beyond int64: quantising may bring them back into range
+            v = _validated([[-(-x // quantum) for x in row] for row in v])
     if not cache or _CACHE.maxsize == 0 or not isinstance(v, tuple):
         return _plan_arrays(v, algorithm, impl, max_phases)  # type: ignore[arg-type]
     key = (algorithm, max_phases, v[0], v[1].tobytes())

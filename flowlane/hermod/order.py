@@ -48,9 +48,10 @@ GATHER_OPS: frozenset[str] = frozenset({"all_gather", "param_gather"})
 class CoflowKey:
     """The identity of one coflow: ``(iteration, microbatch, ctype, layer)`` (+ ``op``, used by the DP-MID knob).
 
-    ``microbatch`` is 0-based within the iteration; ``layer`` is the global 0-based layer index (PP: last layer of the
-    sending stage in forward / first layer of the receiving stage in backward; DP bucket: its lowest layer for
-    gathers, highest for reductions -- decisions.md A6.1 #6). For a DP parameter gather issued after step ``i``, pass the
+    ``microbatch`` is 0-based within the iteration; ``layer`` is the global 0-based layer index (PP: the last layer
+    before the stage boundary the data crosses, i.e. of the sending stage in forward and of the receiving stage in
+    backward, :mod:`flowlane.hermod.keys`; DP bucket: its lowest layer for gathers, highest for reductions --
+    decisions.md A6.1 #6). For a DP parameter gather issued after step ``i``, pass the
     iteration that consumes it (``i + 1``).
     """
 

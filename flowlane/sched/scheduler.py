@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -72,6 +72,9 @@ class SchedulerConfig:
     """Coflow types whose critical ops close the gate; None: all of them (Hermod: EP, PP and CP go before DP).
     ``("ep",)`` is Lina's rule (all-to-all before all-reduce; the thesis' Lina baseline, seed 000 §5.5.1), which
     lets DP chunks share the link with pipeline sends."""
+    log_entries: int = 100_000
+    """Newest entries of ``CommScheduler.log`` kept (traces, tests); older ones are dropped, so a long run's memory
+    stays bounded (about 100 B each). ``CommScheduler.events`` keeps every count. 0 keeps none."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("hermod", "fifo"):
@@ -89,6 +92,8 @@ class SchedulerConfig:
             )
         if not self.gate_timeout_s >= 0:
             raise ValueError(f"SchedulerConfig.gate_timeout_s must be >= 0, got {self.gate_timeout_s!r}")
+        if not isinstance(self.log_entries, int) or self.log_entries < 0:
+            raise ValueError(f"SchedulerConfig.log_entries must be an integer >= 0, got {self.log_entries!r}")
         if not self.wait_timeout_s > 0:
             raise ValueError(f"SchedulerConfig.wait_timeout_s must be > 0, got {self.wait_timeout_s!r}")
         if self.gate_ctypes is not None:
@@ -144,9 +149,18 @@ def _wait_done(work: Any, stream: Any = None) -> None:
 class _Chunk:
     op: _Deferred
     index: int
-    launch: Launch
+    launch: Launch | None
+    """None once launched: the closure may hold the op's data (a DeepSpeed bucket and its buffer), which must not
+    live on in a handle the caller keeps until the end of backward."""
     seq_no: int = -1
     window: int = -1
+
+    def take_launch(self) -> Launch:
+        """The launch, dropped from the chunk (a chunk is launched once)."""
+        fn, self.launch = self.launch, None
+        if fn is None:
+            raise RuntimeError(f"chunk {self.index} of {self.op.meta} was already launched")
+        return fn
 
 
 @dataclass
@@ -178,6 +192,7 @@ class DeferredHandle:
             if not self._op.done.is_set():
                 # the backend's own wait (NCCL: the caller's stream waits, the host does not)
                 _wait(self._op.works)
+                self._op.works = []
                 self._op.done.set()
                 with self._sched._cond:
                     self._sched._live.pop(id(self._op), None)
@@ -199,7 +214,8 @@ class CommScheduler:
     def __init__(self, policy: SchedulingPolicy | None = None, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.policy = policy or FifoPolicy()
-        self.log: list[LogEntry] = []
+        self.log: deque[LogEntry] = deque(maxlen=self.config.log_entries)
+        self.events: Counter[str] = Counter()  # every decision's count, however long the run
         self._cond = threading.Condition()
         self._open: list[_Deferred] = []
         self._live: dict[int, _Deferred] = {}
@@ -288,7 +304,7 @@ class CommScheduler:
             works = []
             for c in op.chunks:
                 self._log("chunk", meta, c.index)
-                works.append(c.launch())
+                works.append(c.take_launch()())
             op.remaining = 0
             handle_works = works
 
@@ -340,7 +356,9 @@ class CommScheduler:
 
     # -- internals --------------------------------------------------------------------------------------------------
     def _log(self, event: str, meta: CoflowMeta, chunk: int, window: int = -1) -> None:
-        self.log.append(LogEntry(event, meta, chunk, time.perf_counter(), window))
+        self.events[event] += 1
+        if self.config.log_entries:
+            self.log.append(LogEntry(event, meta, chunk, time.perf_counter(), window))
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -361,7 +379,7 @@ class CommScheduler:
             while self._seq:
                 c = self._seq.popleft()
                 self._log("chunk", c.op.meta, c.index, c.window)
-                c.op.works.append(c.launch())
+                c.op.works.append(c.take_launch()())
 
     def _enter_critical(self, meta: CoflowMeta) -> bool:
         """Seal (a program-order point) and close the gate if ``meta``'s type gates; returns whether it did."""
@@ -428,13 +446,15 @@ class CommScheduler:
                         if inflight:
                             break
                         self._cond.wait(timeout=until)
-                if launch is not None:
-                    self._log("chunk", launch.op.meta, launch.index, launch.window)
-                    inflight.append((launch, launch.launch()))
-                    continue
                 if wait_stream is None and self._cuda_device is not None:
+                    # before the first launch: the current device is per thread, and a launch (DeepSpeed's bucket
+                    # function runs in this thread) or the wait stream would otherwise land on device 0
                     torch.cuda.set_device(self._cuda_device)
                     wait_stream = torch.cuda.Stream()
+                if launch is not None:
+                    self._log("chunk", launch.op.meta, launch.index, launch.window)
+                    inflight.append((launch, launch.take_launch()()))
+                    continue
                 # wait for the oldest chunk on the wire; it stays listed until done, so that a failure fails its op too
                 chunk, work = inflight[0]
                 _wait_done(work, wait_stream)
@@ -443,7 +463,9 @@ class CommScheduler:
                 if chunk.op.remaining == 0:
                     with self._cond:
                         self._live.pop(id(chunk.op), None)
+                        chunk.op.chunks = []
                     chunk.op.done.set()
+                del chunk, work  # nothing of a finished chunk stays alive in this frame while the pacer waits
         except BaseException as e:  # noqa: BLE001 - surface in the caller's thread
             with self._cond:
                 self._error = e
