@@ -1,8 +1,9 @@
 """Recorded communication: thin wrappers over torch.distributed.
 
 Every byte flowlane moves goes through these functions, and each call appends one :class:`CommOp` (kind, op, group,
-peers, bytes, start, end, optional scheduling key) to the process-wide :class:`CommRecorder`. This is the one place
-where bytes are counted: benchmarks and summaries read the recorder, never wall-clock guesses.
+peers, bytes, start, end, optional scheduling key) to the process-wide :class:`CommRecorder` (its newest 100,000,
+with totals of all). This is the one place where bytes are counted: benchmarks and summaries read the recorder, never
+wall-clock guesses.
 
 Asynchronous calls return a :class:`RecordedWork`; the op's ``end`` is stamped when it is waited on (or, for the
 common case of ``batch_isend_irecv``, when the last request completes).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -54,18 +55,30 @@ class ComputeSpan:
 
 
 class CommRecorder:
-    """Append-only, thread-safe log of communication ops and compute spans for this process."""
+    """Thread-safe log of communication ops and compute spans for this process, with running totals per kind.
 
-    def __init__(self) -> None:
+    ``max_entries``: the newest ops (and, separately, spans) kept, None for all. The process-wide recorder is
+    bounded: a training job that never clears it (Megatron's pipeline sends, DGL's halo exchange, Hermod's
+    all-to-alls, one op each) would otherwise grow by every op it sends; the totals count every op either way
+    and ``dropped`` says how many left the log."""
+
+    def __init__(self, max_entries: int | None = None) -> None:
         self._lock = threading.Lock()
-        self.ops: list[CommOp] = []
-        self.spans: list[ComputeSpan] = []
+        self.ops: deque[CommOp] = deque(maxlen=max_entries)
+        self.spans: deque[ComputeSpan] = deque(maxlen=max_entries)
         self.enabled = True
+        self.dropped = 0
+        self._bytes: dict[str, int] = defaultdict(int)
+        self._count: dict[str, int] = defaultdict(int)
 
     def add(self, op: CommOp) -> CommOp:
         if self.enabled:
             with self._lock:
+                self.dropped += len(self.ops) == self.ops.maxlen
                 self.ops.append(op)
+                self._count[op.kind] += 1
+                if op.op not in ("recv", "irecv"):
+                    self._bytes[op.kind] += op.nbytes
         return op
 
     def add_span(self, span: ComputeSpan) -> None:
@@ -77,23 +90,22 @@ class CommRecorder:
         with self._lock:
             self.ops.clear()
             self.spans.clear()
+            self.dropped = 0
+            self._bytes.clear()
+            self._count.clear()
 
     def bytes_by_kind(self) -> dict[str, int]:
-        """Bytes this rank sent (or contributed, for collectives), grouped by kind."""
-        out: dict[str, int] = defaultdict(int)
-        for op in self.ops:
-            if op.op not in ("recv", "irecv"):
-                out[op.kind] += op.nbytes
-        return dict(out)
+        """Bytes this rank sent (or contributed, for collectives), grouped by kind, since the last :meth:`clear`."""
+        with self._lock:
+            return dict(self._bytes)
 
     def count_by_kind(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for op in self.ops:
-            out[op.kind] += 1
-        return dict(out)
+        """Ops recorded per kind since the last :meth:`clear` (also those no longer in the log)."""
+        with self._lock:
+            return dict(self._count)
 
 
-_recorder = CommRecorder()
+_recorder = CommRecorder(max_entries=100_000)  # about 35 MB of ops at most, plus as many spans
 
 
 def get_recorder() -> CommRecorder:
