@@ -10,7 +10,7 @@ train:
 test:
 	scripts/test.sh $(ARGS)
 
-# the edit loop: Hermod's pure model and the simulator, no framework, no multi-rank runs (about a minute)
+# the edit loop: Hermod's pure model and the simulator, no framework, no multi-rank runs (a few minutes)
 test-fast:
 	scripts/bootstrap.sh llm
 	.venv-llm/bin/python -m pytest -q -p no:cacheprovider -m "once and not slow" $(ARGS)

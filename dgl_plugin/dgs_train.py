@@ -8,7 +8,8 @@ other's; the trainers join server 0's namespace, whose segments they map; root, 
 trainer (``python -m dgl_plugin.dgs_train <args.json>``: ``DistGraph``, ``DistNodeDataLoader``,
 gradients averaged by a gloo all-reduce each step) and, when DGS is on, that trainer's explainer process. Every
 process exits by itself: trainers at the end, servers when the last client leaves (DistDGL), explainers with their
-trainer; the parent kills whatever is left after ``timeout_s`` and reports it as an error.
+trainer; the parent kills whatever is left once ``timeout_s`` passes without progress (no trainer's log grew: they
+log every epoch) and reports it as an error.
 
 Under DistDGL's own launcher (one machine per partition) the recipe runs one server or one trainer per process instead
 (:func:`check_launch`, :func:`run_dgs`).
@@ -452,6 +453,13 @@ def _evaluate(g, pb, rank, model, run, batch) -> dict:
 # ------------------------------------------------------------------------------------------------ parent process
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _tail(path: Path, n: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-n:]
@@ -471,7 +479,8 @@ def run_cluster(
     entry of ``trainer_args["runs"]``). ``net`` (a :class:`flowlane.testing.netem.EmulatedNetwork` that is up, one
     rank per partition): server p and trainer p run in rank p's namespace, so every sampling RPC, feature pull and
     gradient all-reduce between partitions crosses the shaped links, and DGL sees one machine per partition.
-    Raises RuntimeError (with the logs' tails) if a process fails or the run exceeds ``timeout_s``."""
+    Raises RuntimeError (with the logs' tails) if a process fails or the trainers make no progress for ``timeout_s``
+    (a stall timeout: a long run that keeps logging epochs is never cut)."""
     if os.geteuid() != 0 or not _which("unshare") or not _which("nsenter"):
         raise RuntimeError(
             "run_cluster needs root, unshare(1) and nsenter(1): every DistGraph server runs with a private "
@@ -583,10 +592,13 @@ def _spawn(name: str, cmd: list[str], log: Path, env: dict) -> _Proc:
 
 
 def _wait_for_trainers(procs: list[_Proc], trainers: list[_Proc], timeout_s: float) -> None:
-    """Until every trainer has exited 0; a process that exits non-zero, or ``timeout_s`` passing, raises
-    RuntimeError with the logs' tails."""
-    deadline = time.monotonic() + timeout_s
+    """Until every trainer has exited 0; a process that exits non-zero, or ``timeout_s`` without progress (no
+    trainer's log grew; each logs every epoch), raises RuntimeError with the logs' tails."""
+    logged, deadline = -1, 0.0
     while any(p.poll() is None for _, p, _ in trainers):
+        size = sum(_size(log) for _, _, log in trainers)
+        if size != logged:
+            logged, deadline = size, time.monotonic() + timeout_s
         bad = [(n, p.returncode, log) for n, p, log in procs if p.poll() not in (None, 0)]
         if bad:
             raise RuntimeError(
@@ -594,7 +606,7 @@ def _wait_for_trainers(procs: list[_Proc], trainers: list[_Proc], timeout_s: flo
             )
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"DGS run exceeded timeout_s={timeout_s}; trainer logs:\n"
+                f"DGS trainers made no progress for timeout_s={timeout_s} s (no trainer log grew); trainer logs:\n"
                 + "\n".join(f"{n}:\n{_tail(log)}" for n, _, log in trainers)
             )
         time.sleep(0.2)

@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("detail")
     offload_dir = getattr(args, "offload_dir", None)
     if offload_dir is not None and not os.path.isdir(offload_dir):
-        raise SystemExit(f"flowlane doctor: --offload-dir {offload_dir!r} is not a directory")
+        raise SystemExit(f"doctor: --offload-dir {offload_dir!r} is not a directory")
     for c in checks(offload_dir):
         table.add_row(c.name, "[green]yes[/]" if c.ok else "[yellow]no[/]", c.detail)
     Console().print(table)

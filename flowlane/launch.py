@@ -6,7 +6,7 @@ private FileStore, so parallel test runs never fight over a TCP port) and return
 
 A dead or stuck peer is an error, never a hang, and a healthy run is never killed for taking long:
 
-- start-up (spawn, imports, rendezvous) has its own limit, ``startup_timeout``;
+- start-up (the fork server's imports, spawn, imports, rendezvous) has its own limit, ``startup_timeout``;
 - after start-up a rank is stuck only when it makes no progress for ``timeout`` seconds. Progress is a
   :func:`heartbeat` call or a finished :func:`flowlane.trace.span` (the recipes record spans every step), so a run
   lasts as long as it keeps moving; a stuck rank's Python stack is dumped (faulthandler on SIGUSR1);
@@ -74,10 +74,13 @@ _CLEANUP_S = 5.0  # a stopping rank's wait for its exit hooks (atexit) before it
 _EXIT_GUARD_S = 30  # a rank's own exit (thread joins, atexit, interpreter teardown) past this ends by SIGALRM
 _PARENT_POLL_S = 0.5  # how often a rank checks that its launcher is alive
 _STARTUP_NOTE_S = 15.0  # while ranks start (imports take minutes on a busy host), say so this often
+_STARTUP_MIN_S = 300.0  # startup_timeout's default is max(this, timeout)
 _STOP_GRACE_S = 10.0  # the launcher's wait for signalled ranks before SIGKILL
 _START_METHODS = ("auto", "forkserver", "spawn")
 _PRELOAD: list[str] = []  # modules the fork server imports before its first rank (see preload())
 _SERVER_NOTED = False  # the fork server's start was logged (it lives as long as this process)
+_SERVER_READY: int | None = None  # pid of the fork server known to have finished its imports
+_PRELOAD_MISSING: set[str] = set()  # preload names this Python cannot find (warned about once)
 # for ranks that cannot answer at all; one that answers is read as soon as it has written
 _STACK_WAIT_S = 10.0
 
@@ -104,17 +107,23 @@ class RankTimeoutError(LaunchError):
         phase: str = "stall",
         culprit: int | None = None,
         note: str = "",
+        key: str | None = None,
     ) -> None:
         where = "\n".join(f"--- rank {r} stack ---\n{stacks.get(r) or '(no stack captured)'}" for r in ranks)
         if phase == "start-up":
+            fix = (
+                f"raise {key} on a slow machine: start-up may take max({_STARTUP_MIN_S:g}, {key}) s"
+                if key
+                else "raise startup_timeout on a slow machine"
+            )
             what = (
                 f"rank(s) {list(ranks)} did not start within {timeout:g} s (spawn, imports, process-group "
-                f"rendezvous; raise startup_timeout on a slow machine)"
+                f"rendezvous; {fix})"
             )
         else:
             what = (
                 f"rank(s) {list(ranks)} made no progress for {timeout:g} s (stuck; progress is "
-                f"flowlane.launch.heartbeat() or a finished flowlane.trace.span)"
+                f"flowlane.launch.heartbeat() or a finished flowlane.trace.span{f'; the limit is {key}' if key else ''})"
             )
         super().__init__(f"{what}:\n{note}{where}")
         self.ranks = list(ranks)
@@ -472,17 +481,26 @@ def preload(*modules: str) -> None:
             _PRELOAD.append(m)
 
 
-def _rank_context(fn: Callable[..., Any], start_method: str) -> Any:
+def _rank_context(fn: Callable[..., Any], start_method: str) -> tuple[Any, list[str] | None]:
+    """(the multiprocessing context, the fork server's preload modules or None for spawn)."""
     if start_method not in _START_METHODS:
         raise ValueError(f"start_method must be one of {', '.join(_START_METHODS)}, got {start_method!r}")
     if start_method == "auto":
         gpu = any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists()
         start_method = "spawn" if gpu else "forkserver"
     ctx = mp.get_context(start_method)
+    modules = None
     if start_method == "forkserver":
         mod = getattr(fn, "__module__", None)
         # __main__ is re-imported in every rank as __mp_main__, as under spawn
         modules = [*_PRELOAD, *([mod] if mod and mod != "__main__" else [])]
+        # the fork server skips a module that fails to import without a word: one this Python cannot find is left
+        # out here and said so (a lane's venv lacks the other lane's frameworks: tests/conftest.py names both)
+        for m in [m for m in modules if not _findable(m)]:
+            modules.remove(m)
+            if m not in _PRELOAD_MISSING:
+                _PRELOAD_MISSING.add(m)
+                log.warning("preload: %r is not found by this Python (%s): not preloaded", m, sys.executable)
         ctx.set_forkserver_preload(modules)
         global _SERVER_NOTED
         if not _SERVER_NOTED:  # its imports delay the first rank (~20 s for Megatron-core): say why
@@ -490,7 +508,114 @@ def _rank_context(fn: Callable[..., Any], start_method: str) -> Any:
             log.info(
                 "ranks fork from a fork server; it imports %s once first", ", ".join(modules) or "nothing"
             )
-    return ctx
+    return ctx, modules
+
+
+def _findable(name: str) -> bool:
+    """Whether module ``name`` is on this Python's path, found without importing it or its parents
+    (importlib.util.find_spec imports the parents: Megatron-core's would cost the launcher its ~20 s)."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for i in range(2, len(parts) + 1):
+            if spec is None or spec.submodule_search_locations is None:
+                return False
+            sub = ".".join(parts[:i])
+            loaded = sys.modules.get(sub)
+            spec = getattr(loaded, "__spec__", None) or importlib.machinery.PathFinder.find_spec(
+                sub, list(spec.submodule_search_locations)
+            )
+    except (ImportError, ValueError):
+        return False
+    return spec is not None
+
+
+def _server_ready() -> None:
+    """The fork server's first child, forked once its imports are done; does nothing."""
+
+
+def _start_fork_server(
+    ctx: Any, modules: list[str], startup_timeout: float, nprocs: int, key: str | None
+) -> None:
+    """Start the ranks' fork server and wait, within ``startup_timeout``, until it has imported ``modules`` (a rank
+    asked of it before then waits in ``Process.start`` with no limit, and a signal there left the request queued:
+    rank 0 forked after the launcher had gone). Its first child is a no-op that proves the imports are done.
+    A server that does not finish in time, or is interrupted, is killed; one that exits is a LaunchError."""
+    global _SERVER_READY
+    from multiprocessing import forkserver, resource_tracker
+
+    # the resource tracker's first start unblocks SIGINT and SIGTERM in this thread (CPython's resource_tracker.py):
+    # start it before they are blocked, then the fork server with them blocked (ranks inherit its mask, see launch)
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    pid = forkserver._forkserver._forkserver_pid  # private, CPython 3.8-3.13
+    if pid == _SERVER_READY:
+        return
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def first_child() -> None:
+        try:
+            p = ctx.Process(target=_server_ready, name="flowlane-fork-server-ready", daemon=True)
+            p.start()
+            p.join()
+        except BaseException as e:  # noqa: BLE001 - reported by the launcher's thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    waiter = threading.Thread(target=first_child, name="flowlane-fork-server-wait", daemon=True)
+    t0 = last = time.monotonic()
+    waiter.start()
+    try:
+        while not done.wait(0.5):
+            now = time.monotonic()
+            if now - last >= _STARTUP_NOTE_S:
+                last = now
+                log.info(
+                    "still starting: the fork server is importing %s after %.0f s (startup_timeout=%g s)",
+                    ", ".join(modules),
+                    now - t0,
+                    startup_timeout,
+                )
+            if now - t0 > startup_timeout:
+                note = f"the ranks' fork server was still importing {', '.join(modules)}; it was stopped\n"
+                raise RankTimeoutError(
+                    list(range(nprocs)), startup_timeout, {}, "start-up", note=note, key=key
+                )
+    finally:
+        if not done.is_set():  # timed out or interrupted: no rank may fork from it later
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            waiter.join(10)
+    if failed:
+        raise LaunchError(
+            f"the ranks' fork server {_exit_text(pid)} while importing {', '.join(modules)} "
+            f"({type(failed[0]).__name__}; its own error, if any, is printed above)"
+        ) from failed[0]
+    _SERVER_READY = pid
+
+
+def _exit_text(pid: int) -> str:
+    """'exited with code N' or 'was killed by SIGX' for a child that has ended (not reaped: its owner reaps it)."""
+    for _ in range(20):
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return "exited"
+        if info is not None:
+            if info.si_code == os.CLD_EXITED:
+                return f"exited with code {info.si_status}"
+            return f"was killed by {signal.Signals(info.si_status).name}"
+        time.sleep(0.05)
+    return "stopped answering"
 
 
 def launch(
@@ -505,6 +630,7 @@ def launch(
     startup_timeout: float | None = None,
     op_timeout: float | None = None,
     start_method: str = "auto",
+    timeout_key: str | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, nprocs, *args)`` on ``nprocs`` local ranks and return the results in rank order.
 
@@ -514,16 +640,20 @@ def launch(
 
     ``fn`` must be importable (module level). ``backend=None`` skips process-group initialisation (for frameworks
     that do their own). ``MASTER_ADDR``/``MASTER_PORT`` are set for those. ``start_method``: ``auto`` (fork server
-    without a GPU, spawn with one), ``forkserver`` or ``spawn``.
+    without a GPU, spawn with one), ``forkserver`` or ``spawn``. ``timeout_key``: the name the caller's user gives
+    ``timeout`` (a recipe's ``timeout_s``); the timeout errors tell them to raise it.
     """
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise ValueError(f"nprocs must be an integer >= 1, got {nprocs!r}")
-    startup_timeout = max(300.0, timeout) if startup_timeout is None and timeout > 0 else startup_timeout
+    startup_key = timeout_key if startup_timeout is None else None  # start-up's limit follows timeout
+    startup_timeout = (
+        max(_STARTUP_MIN_S, timeout) if startup_timeout is None and timeout > 0 else startup_timeout
+    )
     op_timeout = timeout if op_timeout is None else op_timeout
     for name, v in (("timeout", timeout), ("startup_timeout", startup_timeout), ("op_timeout", op_timeout)):
         if not (isinstance(v, int | float) and v > 0):
             raise ValueError(f"{name} must be > 0 seconds, got {v!r}")
-    ctx = _rank_context(fn, start_method)
+    ctx, modules = _rank_context(fn, start_method)
     base_env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
@@ -536,6 +666,14 @@ def launch(
     with _Interrupts(nprocs) as intr, tempfile.TemporaryDirectory(prefix="flowlane-launch-") as store_dir:
         try:
             log.info("starting %d rank(s) (%s)", nprocs, backend or "no process group")
+            started = time.monotonic()  # start-up's limit counts the fork server's imports too
+            if modules is not None:
+                _start_fork_server(ctx, modules, startup_timeout, nprocs, startup_key)
+            else:
+                # see _start_fork_server: its first start would unblock the signals blocked around p.start()
+                from multiprocessing import resource_tracker
+
+                resource_tracker.ensure_running()
             for r in range(nprocs):
                 reader, writer = ctx.Pipe(duplex=False)
                 p = ctx.Process(
@@ -561,11 +699,19 @@ def launch(
                 old = signal.pthread_sigmask(signal.SIG_BLOCK, _RANK_BLOCKED)
                 try:
                     p.start()
+                except (EOFError, OSError) as e:
+                    # the fork server died (EOF where its reply, the rank's pid, should be) or fork failed (EAGAIN)
+                    writer.close()
+                    reader.close()
+                    via = (
+                        "" if modules is None else f" from the fork server (preloaded: {', '.join(modules)})"
+                    )
+                    raise LaunchError(f"could not start rank {r}{via}: {type(e).__name__}: {e}") from e
                 finally:
                     signal.pthread_sigmask(signal.SIG_SETMASK, old)
                 writer.close()  # only the rank writes: its exit is then EOF here
-                ranks.append(_Rank(r, p, reader, time.monotonic()))
-            _supervise(ranks, timeout, startup_timeout, store_dir)
+                ranks.append(_Rank(r, p, reader, started))
+            _supervise(ranks, timeout, startup_timeout, store_dir, timeout_key, startup_key)
         finally:
             intr.stopping = True
             _stop([r.proc for r in ranks], graceful=bool(ranks) and all(r.done for r in ranks))
@@ -575,18 +721,35 @@ def launch(
     return [r.result for r in ranks]
 
 
-def _supervise(ranks: list[_Rank], timeout: float, startup_timeout: float, store_dir: str) -> None:
+def _supervise(
+    ranks: list[_Rank],
+    timeout: float,
+    startup_timeout: float,
+    store_dir: str,
+    key: str | None = None,
+    startup_key: str | None = None,
+) -> None:
     """Until every rank has its result, or a failure (and those it sets off, for ``_SETTLE_S``) is known: raises
-    RankFailedError naming the rank at fault, or RankTimeoutError for ranks that do not start or stop progressing."""
-    _Supervisor(ranks, timeout, startup_timeout, store_dir).run()
+    RankFailedError naming the rank at fault, or RankTimeoutError for ranks that do not start or stop progressing
+    (naming ``key`` / ``startup_key``, the caller's name for the limit, where given)."""
+    _Supervisor(ranks, timeout, startup_timeout, store_dir, key, startup_key).run()
 
 
 class _Supervisor:
     """The launcher's view of its ranks: what each sends (start-up progress, heart beats, its result or error) and
     when each exits; failures are ranked by severity, then by when they were seen (:class:`_Failure`)."""
 
-    def __init__(self, ranks: list[_Rank], timeout: float, startup_timeout: float, store_dir: str) -> None:
+    def __init__(
+        self,
+        ranks: list[_Rank],
+        timeout: float,
+        startup_timeout: float,
+        store_dir: str,
+        key: str | None = None,
+        startup_key: str | None = None,
+    ) -> None:
         self.ranks = ranks
+        self.key, self.startup_key = key, startup_key
         self.timeout = timeout
         self.startup_timeout = startup_timeout
         self.store_dir = store_dir
@@ -594,7 +757,7 @@ class _Supervisor:
         self.failures: list[_Failure] = []
         self.first_failure = 0.0
         self.n_ready = self.n_imported = 0
-        self.t0 = self.last_note = time.monotonic()
+        self.t0 = self.last_note = min((r.started for r in ranks), default=time.monotonic())
 
     def run(self) -> None:
         while not all(r.done or r.failure for r in self.ranks):
@@ -683,7 +846,7 @@ class _Supervisor:
         late = [r.rank for r in ranks if r.ready is None and now - r.started > self.startup_timeout]
         if late:
             stacks = _dump_stacks(ranks, late, self.store_dir)
-            raise RankTimeoutError(late, self.startup_timeout, stacks, phase="start-up")
+            raise RankTimeoutError(late, self.startup_timeout, stacks, phase="start-up", key=self.startup_key)
         stuck = [
             r.rank for r in ranks if r.ready is not None and not r.done and now - r.progress > self.timeout
         ]
@@ -693,7 +856,9 @@ class _Supervisor:
             stuck = sorted(set(stuck) | set(stopped))
             note = "".join(f"{_stopped_text(i)}\n" for i in stopped)
             stacks = _dump_stacks(ranks, stuck, self.store_dir)
-            raise RankTimeoutError(stuck, self.timeout, stacks, culprit=next(iter(stopped), None), note=note)
+            raise RankTimeoutError(
+                stuck, self.timeout, stacks, culprit=next(iter(stopped), None), note=note, key=self.key
+            )
 
     def _raise_failure(self) -> None:
         """RankFailedError for the root cause (lowest severity, then first seen), with what followed it and the

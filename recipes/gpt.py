@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import torch
 
+from recipes.validate import MAX_TIMEOUT_S
+
 
 @dataclass
 class GPTRecipe:
@@ -72,8 +74,9 @@ class GPTRecipe:
     moe_router_topk: int = 2
     """Experts each token is routed to (Megatron's --moe-router-topk)."""
     timeout_s: float = 300.0
-    """Seconds the job may take on local ranks, or a collective may wait under an external launcher, before the job
-    fails."""
+    """A stall timeout, not a cap on the run: on local ranks, seconds a rank may go without progress (an iteration)
+    before the job fails as stuck, and start-up (imports, rendezvous) may take max(300, timeout_s); under an external
+    launcher, seconds one collective may wait. At most a year."""
     output_dir: str = "results/train"
     """Folder for the run's metrics JSON and Chrome trace."""
     progress: bool = True
@@ -106,6 +109,7 @@ class GPTRecipe:
             "micro_batch_size",
             "num_microbatches",
             "iterations",
+            "expert_parallel",
         ):
             v = getattr(self, name)
             need(isinstance(v, int) and v >= 1, f"{name} must be an integer >= 1, got {v!r}")
@@ -121,6 +125,27 @@ class GPTRecipe:
         need(
             self.hidden_size % self.num_attention_heads == 0,
             f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={self.num_attention_heads}",
+        )
+        # Megatron-core's own checks, which fail only inside every rank after start-up (TransformerConfig,
+        # VocabParallelEmbedding: Megatron-LM pads the vocabulary, this recipe gives it as it is)
+        need(
+            self.num_attention_heads % self.tensor_parallel == 0,
+            f"num_attention_heads={self.num_attention_heads} must be divisible by "
+            f"tensor_parallel={self.tensor_parallel} (each tensor-parallel rank takes whole heads)",
+        )
+        need(
+            self.vocab_size % self.tensor_parallel == 0,
+            f"vocab_size={self.vocab_size} must be divisible by tensor_parallel={self.tensor_parallel} "
+            "(Megatron-core's vocab-parallel embedding splits it evenly)",
+        )
+        need(
+            isinstance(self.dp_bucket_bytes, int) and self.dp_bucket_bytes >= 4,
+            f"dp_bucket_bytes={self.dp_bucket_bytes!r} must be an integer >= 4 (bytes of fp32 gradients: "
+            "Megatron-core's bucket_size counts elements)",
+        )
+        need(
+            0 < self.timeout_s <= MAX_TIMEOUT_S,
+            f"timeout_s={self.timeout_s!r} must be > 0 and at most {MAX_TIMEOUT_S:.0f} seconds (a year)",
         )
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(
@@ -143,6 +168,12 @@ class GPTRecipe:
                 "end of the step, after the pipeline traffic, and there is nothing to schedule)",
             )
         if self.num_moe_experts is not None:
+            need(
+                self.tensor_parallel == 1,
+                f"num_moe_experts={self.num_moe_experts} needs tensor_parallel=1, got {self.tensor_parallel}: the "
+                "experts' linear layers have biases, which Megatron-core allows only with expert tensor-parallel "
+                "size 1 (it follows tensor_parallel)",
+            )
             need(
                 self.num_moe_experts >= 1 and self.num_moe_experts % self.expert_parallel == 0,
                 f"num_moe_experts={self.num_moe_experts} must be >= 1 and divisible by "
@@ -568,6 +599,7 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
             args=(rdict,),
             timeout=recipe.timeout_s,
             env={"CUDA_VISIBLE_DEVICES": ""},
+            timeout_key="timeout_s",
         )
         mode = {"launcher": "flowlane.launch (local)", "world_size": recipe.world_size}
         note = "measured on CPU ranks (gloo over loopback)"

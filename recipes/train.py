@@ -14,6 +14,7 @@ writes the run's outputs; see docs/train.md for the commands (one node, several 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -33,6 +34,12 @@ JOBS: dict[str, str] = {
     "gnn_dgs": "dgl_plugin.dgs_train:run_dgs",
 }
 FEATURE_GROUPS = ("scheduler", "offload", "dp_collective")
+# job -> (the framework it runs on, the lane that has it): one environment cannot hold both (DESIGN, "two lanes")
+LANES: dict[str, tuple[str, str]] = {
+    "gpt": ("megatron.core", "llm"),
+    "gnn_fullgraph": ("dgl", "gnn"),
+    "gnn_dgs": ("dgl", "gnn"),
+}
 
 
 # Third-party notices every CPU run prints once per rank and module (no Transformer Engine or Apex on CPU; a
@@ -126,12 +133,30 @@ def run_gnn(cfg: dict[str, Any]) -> dict[str, Any]:
     return run_fullgraph(cfg)
 
 
+def check_lane(job: str) -> None:
+    """The job's framework is in this Python, or a :class:`ConfigError` names the lane to run it from (a gnn recipe
+    in the llm lane was a ModuleNotFoundError in Hydra's traceback; the GPT recipe in the gnn lane started 4 ranks
+    that each failed on ``import megatron``)."""
+    module, lane = LANES[job]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package ("megatron" of megatron.core)
+        found = False
+    if not found:
+        how = "" if job == "gpt" else f" --config-name {job}"
+        raise ConfigError(
+            f"recipe job {job!r} needs {module.split('.')[0]}, which this Python ({sys.executable}) does not have: "
+            f"run it from the {lane} lane, .venv-{lane}/bin/flowlane-train{how} (make train picks the lane)"
+        )
+
+
 def run_job(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     """Check the whole config in this process (a :class:`ConfigError` names the key), then run the job."""
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     job = plain.get("job")
     if job not in JOBS:
         raise ConfigError(f"recipe job {job!r} is not one of {sorted(JOBS)}")
+    check_lane(job)
     if job in CHECKS:
         CHECKS[job](plain)
     module, func = JOBS[job].split(":")

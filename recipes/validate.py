@@ -15,6 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+# timeout_s's upper bound: past ~8.6e13 s datetime.timedelta (the process group's timeout) overflows in every rank;
+# a year is past any real job
+MAX_TIMEOUT_S = 365 * 86400.0
+
 
 class ConfigError(ValueError):
     """A recipe value is wrong; the message names the key, the value and what is allowed."""
@@ -130,6 +134,51 @@ def check_dp_collective(group: Mapping[str, Any], scheduler: Mapping[str, Any] |
         )
 
 
+def check_aleph_groups(group: Mapping[str, Any], recipe: Any) -> None:
+    """ALEPH's plans against the data-parallel groups this recipe makes: the checks megatron_plugin.aleph makes in
+    every rank at install (AlephMegatronConfig.plan, the expert plan, top='allreduce' with one group), here before
+    any rank starts. Megatron-core folds expert parallelism into data parallelism: an expert-data-parallel group
+    has data-parallel size / expert_parallel ranks (expert tensor-parallel size 1, which the MoE recipe needs)."""
+    from megatron_plugin.aleph import config_from_group
+
+    cfg = _as_config_error(config_from_group, dict(group))
+    dp, ws = recipe.data_parallel, recipe.world_size
+    groups = [
+        (
+            False,
+            dp,
+            f"world_size={ws} / (pipeline_parallel={recipe.pipeline_parallel} x "
+            f"tensor_parallel={recipe.tensor_parallel})",
+        )
+    ]
+    if recipe.num_moe_experts is not None:
+        groups.append(
+            (True, dp // recipe.expert_parallel, f"{dp} / expert_parallel={recipe.expert_parallel}")
+        )
+        if not cfg.has_expert_plan:
+            raise ConfigError(
+                f"dp_collective=aleph on a MoE model (num_moe_experts={recipe.num_moe_experts}) needs "
+                "dp_collective.expert_bandwidth_gbps or dp_collective.expert_clusters for the experts' bucket "
+                f"groups (expert-data-parallel groups of {groups[1][1]} ranks)"
+            )
+    elif cfg.has_expert_plan:
+        raise ConfigError(
+            "dp_collective.expert_bandwidth_gbps / dp_collective.expert_clusters are set but the model has no "
+            "experts (num_moe_experts=null)"
+        )
+    for expert, n, why in groups:
+        try:
+            plan = cfg.plan(n, expert=expert)
+        except ValueError as e:  # "aleph clusters='0,1,2' cover 3 ranks; the data-parallel group has 2"
+            raise ConfigError(f"dp_collective.{str(e).removeprefix('aleph ')} ({why})") from None
+        if plan.num_flows > 1 and cfg.top == "allreduce" and n != ws:
+            kind = "expert-data-parallel" if expert else "data-parallel"
+            raise ConfigError(
+                f"dp_collective.top='allreduce' with a hierarchical plan needs a single {kind} group, but the "
+                f"recipe has {ws // n} groups of {n} ranks ({why}): use dp_collective.top=ps"
+            )
+
+
 def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
     """The default/moe recipe: returns the validated :class:`recipes.gpt.GPTRecipe`."""
     from recipes.gpt import GPTRecipe
@@ -140,8 +189,6 @@ def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
         raise ConfigError(f"unknown recipe field(s) {unknown}; allowed: {sorted(fields - {'features'})}")
     values = {k: v for k, v in cfg.items() if k in fields}
     check_types(GPTRecipe, values)
-    if "timeout_s" in values and not values["timeout_s"] > 0:
-        raise ConfigError(f"timeout_s={values['timeout_s']!r} must be > 0 seconds")
     if cfg.get("offload"):
         check_offload(cfg["offload"])
     if cfg.get("scheduler"):
@@ -150,6 +197,8 @@ def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
         check_dp_collective(cfg["dp_collective"], cfg.get("scheduler"))
     recipe = GPTRecipe(**values, features={g: cfg[g] for g in feature_groups if g in cfg})
     _as_config_error(recipe.validate)
+    if (cfg.get("dp_collective") or {}).get("name") == "aleph":
+        check_aleph_groups(cfg["dp_collective"], recipe)
     check_launch_gpt(recipe)
     check_output_dir(recipe.output_dir, "output_dir")
     return recipe
@@ -200,6 +249,10 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
     integer("seed", cfg.get("seed", 0), 0)
     positive("lr", cfg.get("lr", 0.01))
     positive("timeout_s", cfg.get("timeout_s", 1800))
+    if cfg.get("timeout_s", 1800) > MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"timeout_s={cfg['timeout_s']!r} must be > 0 and at most {MAX_TIMEOUT_S:.0f} seconds (a year)"
+        )
     model = cfg.get("model") or {}
     if not isinstance(model, Mapping):
         raise ConfigError(f"model={model!r} must be a group of {list(_GNN_MODEL_KEYS)}")

@@ -38,6 +38,10 @@ def test_sim_help_shows_defaults_and_policy_names_without_importing_torch():
     assert not torch_loaded
     assert "(default: gpt3-13b)" in out and "(default: 32)" in out
     assert "hermod" in out and "fifo" in out
+    # every option says its default (README): --routing, --sharing and --seed said none, --iterations "(default: None)"
+    options = re.split(r"\n  (?=-)", out.split("options:", 1)[1])[1:]
+    assert options and all("default" in o for o in options if not o.startswith("-h")), options
+    assert "(default: None)" not in out
 
 
 def test_ssd_estimate_help_shows_every_default_without_importing_torch():
@@ -75,6 +79,11 @@ def _no_simulation(*a, **kw):
         (["--nics-per-server", "9"], r"argument --nics-per-server: must be an integer in \[0, 8\], got '9'"),
         (["--workload", "gpt5"], r"argument --workload: invalid choice: 'gpt5'"),
         (["--out", "{tmp}/a_file/out"], r"--out='.*a_file/out' is not a writable folder"),
+        # a dense model has no all-to-all: the flag changed nothing but was recorded in sim.json
+        (
+            ["--ep-a2a", "matched"],
+            r"--ep-a2a matched applies to MoE presets \(mixtral-8x7b.*\), not the dense 'gpt3-13b'",
+        ),
     ],
 )
 def test_sim_refuses_bad_input_before_simulating(argv, match, capsys, monkeypatch, tmp_path):
@@ -206,4 +215,9 @@ def test_doctor_refuses_an_offload_dir_that_is_not_a_directory(tmp_path: Path) -
         timeout=120,
         cwd=ROOT,
     )
-    assert r.returncode != 0 and "is not a directory" in r.stderr
+    # one prefix, argparse's exit code (it printed "flowlane doctor: error: flowlane doctor: --offload-dir ...")
+    assert r.returncode == 2, r.stderr
+    assert (
+        r.stderr
+        == f"flowlane doctor: error: --offload-dir {str(tmp_path / 'missing')!r} is not a directory\n"
+    )

@@ -44,16 +44,75 @@ def _cases(tmp: Path):
         ({"scheduler": {"name": "fifo"}}, r"scheduler.name='fifo' must be one of \['none', 'hermod'\]"),
         ({"lr": "abc"}, r"lr='abc' must be a finite number"),
         ({"iterations": True}, r"iterations=True must be an integer"),
-        ({"timeout_s": 0}, r"timeout_s=0 must be > 0 seconds"),
+        ({"timeout_s": 0}, r"timeout_s=0 must be > 0 and at most 31536000 seconds"),
+        # Megatron-core's and ALEPH's checks, which failed in every rank after start-up (exit 1, not 2)
+        (
+            {"world_size": 6, "tensor_parallel": 3},
+            r"num_attention_heads=4 must be divisible by tensor_parallel=3",
+        ),
+        ({"vocab_size": 255, "tensor_parallel": 2}, r"vocab_size=255 must be divisible by tensor_parallel=2"),
+        (
+            {"num_moe_experts": 4, "tensor_parallel": 2},
+            r"num_moe_experts=4 needs tensor_parallel=1, got 2: .*expert tensor-parallel size 1",
+        ),
+        ({"dp_bucket_bytes": 0}, r"dp_bucket_bytes=0 must be an integer >= 4"),
+        ({"dp_bucket_bytes": -5}, r"dp_bucket_bytes=-5 must be an integer >= 4"),
+        ({"timeout_s": 1e14}, r"timeout_s=100000000000000.0 must be > 0 and at most 31536000 seconds"),
+        (
+            {"dp_collective": {"name": "aleph", "top": "ps", "clusters": "0,1,2"}},
+            r"dp_collective.clusters='0,1,2' cover 3 ranks; the data-parallel group has 2 \(world_size=4 / "
+            r"\(pipeline_parallel=2 x tensor_parallel=1\)\)",
+        ),
+        (
+            {"dp_collective": {"name": "aleph", "top": "ps", "bandwidth_gbps": "10,20,30"}},
+            r"dp_collective.bandwidth_gbps='10,20,30' has 3 figures; the data-parallel group has 2 ranks",
+        ),
+        (
+            {"dp_collective": {"name": "aleph", "top": "allreduce", "clusters": "0;1"}},
+            r"dp_collective.top='allreduce' with a hierarchical plan needs a single data-parallel group, but the "
+            r"recipe has 2 groups of 2 ranks",
+        ),
+        (
+            {
+                "dp_collective": {"name": "aleph", "top": "ps", "clusters": "0,1"},
+                "num_moe_experts": 4,
+                "expert_parallel": 2,
+            },
+            r"dp_collective=aleph on a MoE model \(num_moe_experts=4\) needs dp_collective.expert_bandwidth_gbps",
+        ),
+        (
+            {
+                "dp_collective": {"name": "aleph", "top": "ps", "clusters": "0,1", "expert_clusters": "0,1"},
+                "num_moe_experts": 4,
+                "expert_parallel": 2,
+            },
+            r"dp_collective.expert_clusters='0,1' cover 2 ranks; the expert-data-parallel group has 1 \(2 / "
+            r"expert_parallel=2\)",
+        ),
     ]
 
 
-@pytest.mark.parametrize("i", range(10))
+@pytest.mark.parametrize("i", range(21))
 def test_a_bad_gpt_config_is_refused_before_any_rank_starts(tmp_path, no_launch, i):
     override, match = _cases(tmp_path)[i]
     with pytest.raises(ConfigError, match=match):
         run_job({"job": "gpt", "output_dir": str(tmp_path / "out"), **override})
     assert not (tmp_path / "nvme0-typo").exists()  # a mistyped offload dir is not created
+
+
+def test_the_recipes_timeout_errors_name_timeout_s(tmp_path, monkeypatch):
+    """The launcher's timeout errors told a recipe's user to raise startup_timeout (no recipe key) and never named
+    timeout_s: the recipe names its key to the launcher (tests/test_launch_faults.py checks the messages)."""
+    seen: dict = {}
+
+    def capture(fn, nprocs, **kw):
+        seen.update(kw)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr("flowlane.launch.launch", capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        run_job({"job": "gpt", "output_dir": str(tmp_path / "out"), "timeout_s": 42.0})
+    assert seen["timeout"] == 42.0 and seen["timeout_key"] == "timeout_s", seen
 
 
 def test_flowlane_train_prints_one_clear_error_and_exits_2(tmp_path):

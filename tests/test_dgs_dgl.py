@@ -4,6 +4,9 @@ pulls, the explainer's life cycle and convergence; the explainer's failure path 
 import math
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -367,3 +370,32 @@ def test_a_failing_dgs_request_is_answered_as_an_error_and_the_server_lives_on(t
         RuntimeError, match=r"DGS sampling: the graph server of partition 1 failed: ValueError"
     ):
         remote_call([(0, None), (1, None)], 5.0, "DGS sampling")
+
+
+def test_the_run_timeout_is_a_stall_timeout_not_a_cap(tmp_path):
+    """The parent cuts a trainer only after ``timeout_s`` without a line in any trainer's log: one that logs every
+    0.2 s runs twice as long as a 2 s timeout; one that falls silent is an error naming the stall (a cap of
+    ``timeout_s`` on the whole run cut the first)."""
+    from dgl_plugin.dgs_train import _wait_for_trainers
+
+    def trainer(name: str, code: str):
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as fh:
+            return (
+                name,
+                subprocess.Popen([sys.executable, "-c", code], stdout=fh, stderr=subprocess.STDOUT),
+                log,
+            )
+
+    busy = "import time\nfor i in range(20):\n    print(i, flush=True)\n    time.sleep(0.2)"
+    t0 = time.monotonic()
+    procs = [trainer("busy", busy)]
+    _wait_for_trainers(procs, procs, timeout_s=2.0)  # 4 s of epochs under a 2 s stall timeout
+    assert time.monotonic() - t0 > 2.0 and procs[0][1].returncode == 0
+    silent = [trainer("silent", "print('start', flush=True)\nimport time\ntime.sleep(60)")]
+    try:
+        with pytest.raises(RuntimeError, match=r"made no progress for timeout_s=1.0 s"):
+            _wait_for_trainers(silent, silent, timeout_s=1.0)
+    finally:
+        silent[0][1].kill()
+        silent[0][1].wait()

@@ -78,6 +78,8 @@ def test_gnn_fullgraph_recipe_trains_from_distdgl_partitions(tmp_path):
         ({"epochs": 0}, r"epochs=0 must be an integer >= 1"),
         ({"epoch": 3}, r"unknown gnn_fullgraph key\(s\) \['epoch'\]; allowed:"),
         ({"lr": "abc"}, r"lr='abc' must be a number > 0"),
+        # datetime.timedelta overflowed in every rank (OverflowError) after start-up
+        ({"timeout_s": 1e14}, r"timeout_s=100000000000000.0 must be > 0 and at most 31536000 seconds"),
         ({"model": {"name": "mlp"}}, r"model.name='mlp' is not one of \['gat', 'gcn', 'sage'\]"),
         (
             {"flowlane": {"fullgraph": {"partition": "foo"}}},

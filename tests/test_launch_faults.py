@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,6 +110,123 @@ def test_start_up_has_its_own_timeout():
     with pytest.raises(L.RankTimeoutError, match=r"did not start within 1 s") as e:
         L.launch(quick, 2, args=(_SlowToUnpickle(60),), timeout=300, startup_timeout=1, backend=None)
     assert e.value.ranks == [0, 1] and e.value.phase == "start-up"
+
+
+def _fork_server_launcher(tmp_path: Path, preload: str, mode: str, startup_timeout: float) -> list[str]:
+    """A fresh process (the fork server is one per process) that preloads ``preload`` and launches one rank, which
+    writes tmp_path/rank.pid; it prints the LaunchError it gets."""
+    code = (
+        "import sys\n"
+        "from flowlane import launch as L\n"
+        "from tests.forkserver_workers import mark_started\n"
+        f"L.preload({preload!r})\n"
+        "try:\n"
+        f"    L.launch(mark_started, 1, args=({str(tmp_path / 'rank.pid')!r},), backend=None,"
+        f" startup_timeout={startup_timeout}, start_method='forkserver')\n"
+        "    print('ran')\n"
+        "except L.LaunchInterrupted as e:\n"
+        "    sys.exit(128 + e.signum)\n"
+        "except L.LaunchError as e:\n"
+        "    print(f'{type(e).__name__}: {e}')\n"
+        "    sys.exit(1)\n"
+    )
+    return [sys.executable, "-c", code], {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "FLOWLANE_TEST_PRELOAD": mode,
+    }
+
+
+@pytest.mark.parametrize(
+    "preload, mode, match",
+    [
+        # was a raw EOFError from Process.start (a traceback, not the launcher's error)
+        (
+            "tests.forkserver_preload",
+            "exit",
+            r"^LaunchError: the ranks' fork server exited with code 3 while importing tests.forkserver_preload",
+        ),
+        # was a hang: the first rank's Process.start waited for the fork server with no limit
+        (
+            "tests.forkserver_preload",
+            "hang:{tmp}",
+            r"^RankTimeoutError: rank\(s\) \[0\] did not start within 2 s .*\n"
+            r"the ranks' fork server was still importing tests.forkserver_preload, tests.forkserver_workers; it was "
+            r"stopped",
+        ),
+    ],
+    ids=["exits", "hangs"],
+)
+def test_a_fork_server_that_cannot_import_its_modules_is_a_launch_error(tmp_path, preload, mode, match):
+    cmd, env = _fork_server_launcher(tmp_path, preload, mode.format(tmp=tmp_path), 2)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and re.search(match, r.stdout, re.S), (r.stdout, r.stderr[-3000:])
+    assert not (tmp_path / "rank.pid").exists()
+    if (tmp_path / "importing").exists():  # the hung fork server was stopped, not left importing forever
+        server = int((tmp_path / "importing").read_text())
+        deadline = time.monotonic() + 30  # a bound for "eventually", not a speed requirement
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server)
+
+
+def test_a_preload_module_that_cannot_be_found_is_said_to_be_left_out(tmp_path):
+    """The fork server skips a module that fails to import without a word, and the launcher said it imported it."""
+    cmd, env = _fork_server_launcher(tmp_path, "tests.no_such_module", "", 120)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "ran\n", (r.stdout, r.stderr[-3000:])
+    assert (
+        f"preload: 'tests.no_such_module' is not found by this Python ({sys.executable}): not preloaded"
+        in r.stderr
+    )
+
+
+def test_a_signal_while_the_fork_server_imports_leaves_no_rank_behind(tmp_path):
+    """SIGTERM while the fork server still imported its modules raised inside the first Process.start, after rank
+    0's fork request was queued (the resource tracker's first start had unblocked SIGTERM): the launcher exited and
+    the fork server, still importing, forked rank 0 later as an orphan. Now the server is stopped with the launcher."""
+    cmd, env = _fork_server_launcher(tmp_path, "tests.forkserver_preload", f"hang:{tmp_path}", 300)
+    with open(tmp_path / "launcher.log", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=out, stderr=out)
+    server = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "importing").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "launcher.log"
+            ).read_text()
+            time.sleep(0.05)
+        server = int((tmp_path / "importing").read_text())
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        log = (tmp_path / "launcher.log").read_text()
+        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in log, log
+        deadline = time.monotonic() + 30  # a bound for "eventually", not a speed requirement
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server), (
+            "the fork server outlived its launcher and would fork rank 0 when its imports end"
+        )
+        assert not (tmp_path / "rank.pid").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if server is not None and _alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
+def test_timeout_errors_name_the_callers_key(monkeypatch):
+    """A recipe's user sets timeout_s, not startup_timeout (no recipe key): both timeout errors name timeout_s."""
+    with pytest.raises(L.RankTimeoutError) as e:
+        L.launch(steady_steps, 1, args=(1, 30), timeout=1, backend=None, timeout_key="timeout_s")
+    assert "made no progress for 1 s" in str(e.value) and "the limit is timeout_s" in str(e.value)
+    monkeypatch.setattr(L, "_STARTUP_MIN_S", 1.0)  # start-up's limit: max(this, timeout)
+    with pytest.raises(L.RankTimeoutError) as e:
+        L.launch(quick, 1, args=(_SlowToUnpickle(60),), timeout=1, backend=None, timeout_key="timeout_s")
+    assert "did not start within 1 s" in str(e.value), str(e.value)
+    assert "raise timeout_s on a slow machine: start-up may take max(1, timeout_s) s" in str(e.value)
+    assert "startup_timeout" not in str(e.value)
 
 
 @pytest.mark.parametrize(

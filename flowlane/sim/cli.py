@@ -10,7 +10,7 @@ from flowlane.launch import check_output_dir
 from flowlane.policies import make_policy, policy_names
 from flowlane.sim.engine import ROUTING, SimConfig, SimResult, Simulator
 from flowlane.sim.graph import SimSpecError
-from flowlane.sim.models import EP_A2A, SCHEDULES
+from flowlane.sim.models import EP_A2A, MODELS, SCHEDULES
 from flowlane.sim.network import INCAST_COUNTS, SHARING, IncastModel
 from flowlane.sim.output import chrome_trace, plot, summary, write_json
 from flowlane.sim.workloads import WORKLOADS, build_workload, cluster
@@ -44,13 +44,21 @@ def _number(
     return parse
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """'(default: X)' after each option's help; an option whose default is the preset's own (None) says so in its
+    help instead of '(default: None)'."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sim",
         help="flow-level training simulator (simulated times)",
         description="Simulate one training workload under several scheduling policies "
         "(all times are simulated).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpWithDefaults,
     )
     p.add_argument(
         "--workload",
@@ -74,8 +82,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help=f"comma-separated scheduling policies, the first is the speedup baseline; "
         f"from: {', '.join(policy_names())}",
     )
-    p.add_argument("--routing", default="ecmp", choices=ROUTING)
-    p.add_argument("--sharing", default="strict", choices=SHARING)
+    p.add_argument(
+        "--routing",
+        default="ecmp",
+        choices=ROUTING,
+        help="equal-cost routes: ecmp (each flow hashed onto one), spray (every flow split over all), first",
+    )
+    p.add_argument(
+        "--sharing",
+        default="strict",
+        choices=SHARING,
+        help="bandwidth across priority classes: strict (a higher class fills first) or weighted",
+    )
     p.add_argument(
         "--incast-alpha", type=_number(float, 0), default=0.0, help="incast penalty alpha (0 = off)"
     )
@@ -86,19 +104,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="who adds to a port's incast fan-in: every flow (port: one shared queue) or the flows of the "
         "same priority class (class: a switch queue per class)",
     )
-    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets)")
-    p.add_argument("--microbatches", type=_number(int, 1), help="microbatches per iteration (LLM presets)")
+    p.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (LLM presets; default: 1f1b)")
+    p.add_argument(
+        "--microbatches",
+        type=_number(int, 1),
+        help="microbatches per iteration (LLM presets; default: 2 x the preset's pipeline stages)",
+    )
     p.add_argument(
         "--iterations",
         type=_number(int, 1),
-        help="iterations to simulate (LLM presets; default 2, the second (steady) one is reported)",
+        help="iterations to simulate (LLM presets; default: 2, the second (steady) one is reported)",
     )
     p.add_argument(
         "--ep-a2a",
         choices=EP_A2A,
         help="MoE all-to-all (LLM MoE presets): plain = NCCL's; phases = Hermod's BvN matching phases "
         "as the runtime sends them (phases_bottleneck: with bottleneck BvN, fewer phases); "
-        "matched = their fluid abstraction (seed 000 §5.3.2)",
+        "matched = their fluid abstraction (seed 000 §5.3.2); default: plain",
     )
     p.add_argument(
         "--nics-per-server",
@@ -113,7 +135,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="Megatron-LM's defaults: DP reductions after the backward, gathers before the next forward "
         "(LLM presets; default: both overlapped)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the random draws (MoE token routing, ECMP hashing)"
+    )
     p.add_argument(
         "--out",
         default="outputs/sim",
@@ -196,6 +220,11 @@ def _preset_overrides(args: argparse.Namespace) -> dict:
         raise SimSpecError(
             "--schedule/--microbatches/--iterations/--ep-a2a/--nics-per-server/--no-overlap apply "
             f"to LLM presets, not {args.workload!r}"
+        )
+    if args.ep_a2a and not MODELS[args.workload].moe:  # a dense model has no all-to-all for it to change
+        moe = [w for w in WORKLOADS if w in MODELS and MODELS[w].moe]
+        raise SimSpecError(
+            f"--ep-a2a {args.ep_a2a} applies to MoE presets ({', '.join(moe)}), not the dense {args.workload!r}"
         )
     return over
 
