@@ -2,6 +2,7 @@
 flag, the value and what is allowed (issue 33, items 4, 5 and 7)."""
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -128,6 +129,15 @@ def test_sim_runs_and_writes_its_results(tmp_path, capsys):
         == 0
     )
     assert (tmp_path / "sim.json").exists() and "speedup" in capsys.readouterr().out
+
+
+def test_sim_orders_hermod_by_the_workloads_interleaved_schedule(tmp_path):
+    """The Hermod policy is built from the workload ``flowlane sim`` built (EP > PP > DP for interleaved 1F1B);
+    made before the workload, it carried 1F1B's order and the simulator refused it."""
+    argv = ["sim", "--workload", "gpt3-13b", "--gpus", "32", "--schedule", "interleaved"]
+    assert main([*argv, "--policy", "fifo,hermod", "--no-plot", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "sim.json").read_text())
+    assert set(doc["results"]) == {"fifo", "hermod"} and doc["config"]["schedule"] == "interleaved"
 
 
 def test_doctor_says_which_environment_it_reports_on():

@@ -178,6 +178,85 @@ def test_explicit_multipath_splits_a_flow_over_two_paths() -> None:
         Simulator(t).run(w3)
 
 
+def _two_switches() -> Topology:
+    t = Topology()
+    for d in ("a", "b"):
+        t.add_device(d, "host")
+    for m in ("m1", "m2"):
+        t.add_device(m, "switch")
+        t.add_link("a", m, B)
+        t.add_link(m, "b", B)
+    return t
+
+
+def test_explicit_paths_stay_with_their_flow_when_a_zero_byte_flow_is_dropped() -> None:
+    t = _two_switches()
+    w = Workload(t.gpus)
+    # flow 0 (0 bytes) is dropped; the path given for flow 1 must stay with it, not move to the 3x larger flow 2
+    c = w.coflow(([0, 0, 0], [1, 1, 1], [0.0, S, 3 * S]), "dp", paths={1: [(("a", "m2", "b"), 1.0)]})
+    assert w.nodes[c].paths is not None and set(w.nodes[c].paths) == {0}
+    r = Simulator(t, SimConfig(routing="first")).run(w)
+    moved = dict(zip(r.link_names, r.link_bytes, strict=True))
+    assert moved["a->m2"] == pytest.approx(S) and moved["a->m1"] == pytest.approx(3 * S)
+    # a path for a dropped flow goes with it; one for a flow that does not exist is refused
+    c = w.coflow(([0, 0], [1, 1], [0.0, S]), "dp", paths={0: [(("a", "m2", "b"), 1.0)]})
+    assert not w.nodes[c].paths
+    with pytest.raises(SimSpecError, match="paths refers to flow 5, which does not exist"):
+        w.coflow(([0], [1], [S]), "dp", paths={5: [(("a", "m2", "b"), 1.0)]})
+
+
+@pytest.mark.timeout(60)  # before the check, a NaN or inf fraction spun run() forever
+@pytest.mark.parametrize("fracs", [(float("nan"), 1.0), (float("inf"), 1.0), (2.0, -1.0)])
+def test_path_fractions_must_be_finite_and_non_negative(fracs: tuple[float, float]) -> None:
+    t = _two_switches()
+    w = Workload(t.gpus)
+    w.coflow(([0], [1], [S]), "dp", paths={0: [(("a", "m1", "b"), fracs[0]), (("a", "m2", "b"), fracs[1])]})
+    with pytest.raises(SimSpecError, match=r"flow 0 path fraction must be a finite number >= 0, got"):
+        Simulator(t).run(w)
+
+
+@pytest.mark.timeout(60)
+def test_a_nan_time_fails_instead_of_spinning() -> None:
+    from flowlane.sim import Coflow
+
+    topo = _star(2)
+    w = Workload(topo.gpus)
+    # bypasses Workload.coflow's checks, as a builder of its own could: NaN bytes make every finish time NaN
+    w.nodes.append(Coflow(np.array([0]), np.array([1]), np.array([np.nan]), CoflowMeta("dp"), "nan"))
+    w.deps.append(())
+    with pytest.raises(SimSpecError, match="simulation time became NaN"):
+        Simulator(topo).run(w)
+
+
+def test_bytes_carried_equal_bytes_offered_with_a_time_quantum() -> None:
+    # two flows on their own links end 0.2 s apart, inside one 0.5 s batching window: the first carries its 1 GB, not
+    # rate x the window's 1.2 s
+    topo = _star(4)
+    w = Workload(topo.gpus)
+    w.coflow(([0], [1], [1e9]), "dp")
+    w.coflow(([2], [3], [1.2e9]), "dp")
+    r = Simulator(topo, SimConfig(time_quantum=0.5)).run(w)
+    np.testing.assert_allclose(r.link_bytes_moved, r.link_bytes, rtol=1e-9, atol=1e3)
+    topo = leaf_spine(servers=4, gpus_per_server=2, servers_per_leaf=2)
+    w = _random_workload(topo, 1)
+    r = Simulator(topo, SimConfig(time_quantum=1e-2)).run(w, make_policy("priority"))
+    np.testing.assert_allclose(r.link_bytes_moved, r.link_bytes, rtol=1e-6, atol=1e3)
+    assert r.link_utilisation.max() <= 1 + 1e-9
+
+
+def test_an_executor_runs_its_queued_tasks_in_program_order_not_ready_order() -> None:
+    topo = _star(2)
+    w = Workload(topo.gpus)
+    w.compute("x", 1.0, name="busy")
+    late = w.compute("y", 0.7)
+    early = w.compute("z", 0.5)
+    c = w.compute("x", 1.0, [late])  # ready at 0.7, but added first
+    d = w.compute("x", 1.0, [early])  # ready at 0.5
+    r = Simulator(topo).run(w)
+    start = dict(zip(r.compute_nodes.tolist(), r.compute_start.tolist(), strict=True))
+    assert (start[c], start[d]) == (1.0, 2.0)
+
+
 def test_same_seed_same_result_and_seed_changes_jittered_result() -> None:
     topo = leaf_spine(servers=4, gpus_per_server=2, servers_per_leaf=2)
     w = _random_workload(topo, 7)

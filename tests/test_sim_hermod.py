@@ -172,6 +172,32 @@ def test_the_sim_cli_runs_the_hermod_policies(tmp_path) -> None:
     assert doc["config"]["iterations"] == 2
 
 
+def test_hermod_policies_order_for_the_workloads_schedule_and_refuse_another() -> None:
+    from flowlane.policy import CoflowMeta
+    from flowlane.sim import SimSpecError
+
+    pp, ep = CoflowMeta("pp", microbatch=1, layer=2), CoflowMeta("ep", microbatch=1, layer=2)
+    for name in ("hermod", "hermod-dscp", "hermod-nccl"):
+        cfg = make_policy(name, schedule="interleaved", num_microbatches=4).hermod_order.config  # type: ignore[attr-defined]
+        assert (cfg.schedule, cfg.num_microbatches) == ("interleaved", 4), name
+    for name in ("hermod", "hermod-dscp"):  # (3 NCCL classes put EP and PP in one either way)
+        # interleaved 1F1B: EP > PP > DP (seed 000 §5.3.1); 1F1B: EP and PP share a rank
+        inter = make_policy(name, schedule="interleaved", num_microbatches=4)
+        assert inter.priority(ep) < inter.priority(pp), name
+        assert make_policy(name).priority(ep)[:2] == make_policy(name).priority(pp)[:2], name
+    job = LLMJob(
+        TINY_DENSE, ParallelConfig(tp=2, pp=2, num_microbatches=4, schedule="interleaved", iterations=1)
+    )
+    topo, w = build_llm(job, 8)
+    assert (w.info["schedule"], w.info["microbatches"]) == ("interleaved", 4)
+    with pytest.raises(SimSpecError, match=r"'1f1b' pipeline schedule but workload .* runs 'interleaved'"):
+        Simulator(topo).run(w, make_policy("hermod"))
+    with pytest.raises(SimSpecError, match="orders coflows for 8 microbatches but workload .* runs 4"):
+        Simulator(topo).run(w, make_policy("hermod-nccl", "interleaved", 8))
+    assert Simulator(topo).run(w, make_policy("hermod", "interleaved", 4)).iteration_time > 0
+    assert Simulator(topo).run(w, make_policy("fifo", "interleaved", 4)).iteration_time > 0
+
+
 def test_hermod_beats_fifo_and_dp_first_loses_when_the_network_is_the_bottleneck() -> None:
     topo, w = build_llm(_moe(num_microbatches=4), 64, 2.0)
     t = {n: Simulator(topo).run(w, make_policy(n)).iteration_time for n in ("fifo", "dp-first", "hermod")}

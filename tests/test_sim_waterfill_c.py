@@ -137,6 +137,25 @@ def test_strict_classes_chain_on_the_remaining_capacity() -> None:
     np.testing.assert_array_equal(r, [0.0, 8.0, 2.0])
 
 
+@pytest.mark.parametrize("no_c", ["", "1"])
+def test_weighted_sharing_refuses_more_classes_than_its_weights_can_hold(
+    monkeypatch: pytest.MonkeyPatch, no_c: str
+) -> None:
+    # weights 0.5**rank: up to 665 classes every rate stays finite (a flow alone on its link gets all of it);
+    # beyond, the smallest weights overflowed the filling to infinite rates (1,100 classes: 105 of them)
+    monkeypatch.setenv("FLOWLANE_SIM_NO_C", no_c)
+    k = N.max_weighted_classes(0.5)
+    assert k == 665 and N.max_weighted_classes(1.0) > 10**9
+    r = allocate(np.arange(k).reshape(k, 1), np.arange(k), np.full(k, 1e12), "weighted", 0.5)
+    np.testing.assert_array_equal(r, np.full(k, 1e12))
+    with pytest.raises(
+        ValueError, match=r"weight_ratio=0.5 handles at most 665 priority classes .* got 1100"
+    ):
+        allocate(np.arange(1100).reshape(1100, 1), np.arange(1100), np.full(1100, 1e9), "weighted", 0.5)
+    # strict sharing has no such limit
+    assert np.isfinite(allocate(np.arange(1100).reshape(1100, 1), np.arange(1100), np.full(1100, 1e9))).all()
+
+
 def _tiny() -> LLMJob:
     m = ModelConfig("tiny", layers=8, hidden=1024, heads=8, vocab=1, seq_len=512)
     return LLMJob(m, ParallelConfig(tp=2, pp=4, micro_batch=1, num_microbatches=4, iterations=2))

@@ -133,6 +133,48 @@ def test_dlrm_and_dp_workloads_run() -> None:
         )
 
 
+@pytest.mark.parametrize("gpus", [16, 64])
+def test_dlrm_all_to_alls_carry_every_gpus_batch_for_each_table_owner(gpus: int) -> None:
+    from flowlane.sim.workloads import DLRMConfig
+
+    cfg = DLRMConfig()
+    _, w = build_dlrm(cfg, gpus=gpus, bandwidth_gbps=25)
+    by = {c.name: c for c in w.coflows}
+    tables = cfg.num_tables / gpus
+    # B samples per GPU: each owner sends each GPU the pooled vectors of its B samples, and gets their indices
+    emb = by["a2a-emb-fwd"]
+    assert emb.nbytes == pytest.approx(cfg.batch_per_gpu * tables * cfg.emb_dim * cfg.bytes_per_elem)
+    assert by["a2a-emb-bwd"].total_bytes == pytest.approx(emb.total_bytes)
+    assert by["a2a-data-prep"].nbytes == pytest.approx(cfg.batch_per_gpu * tables * cfg.pooling * 8)
+    # what one owner sends (+ keeps for its own samples) is what its lookups pooled: the global batch's vectors
+    pooled = cfg.batch_per_gpu * gpus * tables * cfg.emb_dim * cfg.bytes_per_elem
+    assert emb.nbytes[emb.src == 0].sum() == pytest.approx(pooled * (gpus - 1) / gpus)
+    if gpus == 16:
+        assert emb.total_bytes == pytest.approx(534.77376e6)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_tp_all_reduces_are_two_per_layer_each_way_plus_the_recomputed_two(recompute: bool) -> None:
+    """Megatron's TP: 2 all-reduces per layer forward, 2 backward, and the forward's 2 again when backward
+    recomputes the layer; the analytic time and the explicit flows charge the same count."""
+
+    def durations(tp_comm: str) -> dict[str, float]:
+        _, w = build_llm(_tiny(recompute=recompute, tp_comm=tp_comm, iterations=1), 8)
+        out: dict[str, float] = {}
+        for n in w.nodes:
+            out.setdefault(getattr(n, "name", ""), getattr(n, "duration", 0.0))
+        return out
+
+    analytic, compute_only = durations("analytic"), durations("flows")  # flows: TP is not in the durations
+    tp_fwd = analytic["F0 vs0"] - compute_only["F0 vs0"]
+    tp_bwd = analytic["B0 vs0"] - compute_only["B0 vs0"]
+    assert tp_fwd > 0
+    assert tp_bwd == pytest.approx(tp_fwd * (2 if recompute else 1), rel=1e-9)
+    _, w = build_llm(_tiny(recompute=recompute, tp_comm="flows", iterations=1), 8)
+    tp = {c.name: c.total_bytes for c in w.coflows if c.meta.ctype == "tp"}
+    assert tp["tp:B0"] == pytest.approx(tp["tp:F0"] * (2 if recompute else 1))
+
+
 @pytest.mark.parametrize(
     "call, match",
     [

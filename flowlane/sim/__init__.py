@@ -13,8 +13,8 @@ sooner when they go first, the data-parallel all-reduces (``dp``) and the iterat
     ...     res = Simulator(topo, SimConfig()).run(wl, make_policy(name))
     ...     cct = {ctype: round(c["mean_s"] * 1e3, 3) for ctype, c in res.cct_by_ctype().items()}
     ...     print(f"{name}: iteration {res.iteration_time * 1e3:.1f} ms, mean coflow time (ms) {cct}")
-    fifo: iteration 80.3 ms, mean coflow time (ms) {'dp': 38.546, 'ep': 0.381}
-    hermod: iteration 80.3 ms, mean coflow time (ms) {'dp': 38.546, 'ep': 0.336}
+    fifo: iteration 95.2 ms, mean coflow time (ms) {'dp': 41.22, 'ep': 6.03}
+    hermod: iteration 95.2 ms, mean coflow time (ms) {'dp': 41.22, 'ep': 5.317}
 
 ``res.link_utilisation`` and the per-coflow and per-task start and end arrays hold the rest; ``flowlane sim --workload
 dlrm --gpus 16 --bandwidth 25 --policy fifo,hermod`` runs the same from the command line.

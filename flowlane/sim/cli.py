@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         out = check_output_dir(args.out, "--out")  # before the work: its results must have somewhere to go
         over = _preset_overrides(args)
         topo, wl, cfg = _build(args, over)
+        policies = _policies(args.policy, wl.info)  # Hermod's order follows the workload's schedule and M
     except (SimSpecError, ValueError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
@@ -195,12 +196,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policies(spec: str) -> list:
-    """``--policy a,b,...`` as policies; the first is the baseline the speed-ups are against."""
+def _policies(spec: str, info: dict | None = None) -> list:
+    """``--policy a,b,...`` as policies for a workload whose ``info`` names its pipeline schedule and microbatches
+    (none yet: only the names are checked); the first is the baseline the speed-ups are against."""
     names = [x.strip() for x in spec.split(",") if x.strip()]
     if not names:
         raise ValueError(f"--policy {spec!r} names no policy; choose from {', '.join(policy_names())}")
-    return [make_policy(x) for x in names]
+    info = info or {}
+    return [make_policy(x, info.get("schedule"), info.get("microbatches")) for x in names]
 
 
 def _preset_overrides(args: argparse.Namespace) -> dict:

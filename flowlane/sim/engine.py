@@ -2,9 +2,10 @@
 flow-level stand-in: no packets, rates recomputed whenever the set of active flows changes).
 
 Semantics:
-* A node starts when all its dependencies have completed. Compute tasks run one at a time per executor (in the
-  order they become ready, ties by node id). Coflows on the same ``stream`` run one at a time; the next one is the
-  ready coflow with the smallest ``policy.order(meta)`` (FIFO: issue order).
+* A node starts when all its dependencies have completed. Compute tasks run one at a time per executor: a ready
+  task starts at once if its executor is idle, else it queues, and the queue runs in program order (smallest node
+  id first), not in the order the tasks became ready. Coflows on the same ``stream`` run one at a time; the next
+  one is the ready coflow with the smallest ``policy.order(meta)`` (FIFO: issue order).
 * A started coflow's flows all become active at once. Rates: :func:`flowlane.sim.network.allocate` with the
   policy's priority keys ranked into strict classes. Events at the same instant are processed together and rates
   are recomputed once per instant.
@@ -283,9 +284,35 @@ class Simulator:
         for d in w.devices:
             if d not in self.topo.devices:
                 raise SimSpecError(f"workload device {d!r} is not in topology {self.topo.name!r}")
+        _check_policy_fits(policy, w)
         loop = _EventLoop(self, w, policy)
         loop.run(on_progress)
         return loop.result(time.perf_counter() - t_wall, time.process_time() - t_cpu)
+
+
+def _check_policy_fits(policy: SchedulingPolicy, w: Workload) -> None:
+    """A Hermod policy's order depends on the pipeline schedule (CType ranks) and on M (the DP coflows' MID): refuse
+    one built for another schedule or M than the workload's (``Workload.info``, set by the LLM builder)."""
+    from flowlane.hermod.order import HermodOrder
+
+    order = getattr(policy, "hermod_order", None)
+    if not isinstance(order, HermodOrder):
+        return
+    cfg, sched, m = order.config, w.info.get("schedule"), w.info.get("microbatches")
+    fix = (
+        f"build it with flowlane.policies.make_policy({policy.name!r}, schedule={sched or '1f1b'!r}, "
+        f"num_microbatches={m!r})"
+    )
+    if sched is not None and cfg.schedule != sched:
+        raise SimSpecError(
+            f"policy {policy.name!r} orders coflows for the {cfg.schedule!r} pipeline schedule but workload "
+            f"{w.name!r} runs {sched!r}: {fix}"
+        )
+    if m is not None and cfg.num_microbatches is not None and cfg.num_microbatches != m:
+        raise SimSpecError(
+            f"policy {policy.name!r} orders coflows for {cfg.num_microbatches} microbatches but workload {w.name!r} "
+            f"runs {m}: {fix}"
+        )
 
 
 class _ActiveFlows:
@@ -507,6 +534,13 @@ class _EventLoop:
             for fi, splits in c.paths.items():
                 if not 0 <= fi < len(c.src):
                     raise SimSpecError(f"coflow {c.name!r}: paths refers to flow {fi}, which does not exist")
+                for _, frac in splits:
+                    if not (
+                        isinstance(frac, int | float | np.integer | np.floating) and 0 <= frac < math.inf
+                    ):
+                        raise SimSpecError(
+                            f"coflow {c.name!r}: flow {fi} path fraction must be a finite number >= 0, got {frac!r}"
+                        )
                 tot = sum(f for _, f in splits)
                 if not splits or tot <= 0:
                     raise SimSpecError(f"coflow {c.name!r}: flow {fi} path fractions must sum to > 0")
@@ -731,6 +765,10 @@ class _EventLoop:
             t_next = min(tf, th)
             if t_next == math.inf:
                 break
+            if math.isnan(tf) or math.isnan(th):  # a NaN time would never reach an event: fail, do not spin
+                raise SimSpecError(
+                    f"simulation time became NaN at t={t!r} s (a flow's bytes or rate, or an event time, is NaN)"
+                )
             # batch every event that falls within [t_next, t_next + q]: fewer rate updates, error < q
             if q > 0:
                 win = t_next + q
@@ -749,6 +787,15 @@ class _EventLoop:
                 fl.rem = fl.rem - fl.rate * dt
                 fin = fl.rem <= fl.rate * eps_t + 1e-6
                 if fin.any():
+                    over = -fl.rem[fin]
+                    if q > 0 and (over > 0).any():
+                        # a flow that finished inside the batching window carried what it had left, not rate x dt:
+                        # take back what `load` integrates past its finish (min(left, rate x dt) per flow)
+                        moved -= np.bincount(
+                            fl.h[fin].ravel(),
+                            weights=np.repeat(np.maximum(over, 0.0), hmax),
+                            minlength=pad + 1,
+                        )
                     cof_f = fl.unit[fin]
                     arr = t + fl.lat[fin]
                     u, inv, cnt = np.unique(cof_f, return_inverse=True, return_counts=True)

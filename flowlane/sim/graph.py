@@ -39,7 +39,7 @@ class Coflow:
     name: str
     stream: str | None = None
     steps: int = 1  # sequential algorithm steps: each adds one route latency (ring all-reduce: 2(n-1))
-    # flow index -> [(device path, fraction)]
+    # flow index (into src/dst/nbytes) -> [(device path, fraction)]
     paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = None
     # incast-free (Hermod's matching all-to-all): one flow per link for the incast model
     matched: bool = False
@@ -162,7 +162,9 @@ class Workload:
         paths: dict[int, list[tuple[tuple[str, ...], float]]] | None = None,
         matched: bool = False,
     ) -> int:
-        """Add a coflow. ``flows`` = (src indices, dst indices, bytes); use :meth:`dev` to map names."""
+        """Add a coflow. ``flows`` = (src indices, dst indices, bytes); use :meth:`dev` to map names. Zero-byte flows
+        are dropped; ``paths`` (flow index -> [(device path, fraction)]) is keyed by the index in ``flows`` as
+        given and renumbered to the flows kept."""
         if isinstance(meta, str):
             if meta not in CTYPES:
                 raise SimSpecError(f"coflow type {meta!r} is not one of {CTYPES}")
@@ -198,8 +200,16 @@ class Workload:
             )
         if not isinstance(steps, int) or steps < 1:
             raise SimSpecError(f"coflow {nm!r}: steps must be an integer >= 1, got {steps!r}")
+        for fi in paths or ():
+            if not (isinstance(fi, int | np.integer) and 0 <= fi < len(src)):
+                raise SimSpecError(
+                    f"coflow {nm!r}: paths refers to flow {fi!r}, which does not exist (flows 0..{len(src) - 1})"
+                )
         keep = nb > 0
         if not keep.all():
+            if paths:  # the kept flows' new indices; a dropped flow's paths go with it
+                new = np.cumsum(keep) - 1
+                paths = {int(new[fi]): sp for fi, sp in paths.items() if keep[fi]} or None
             src, dst, nb = src[keep], dst[keep], nb[keep]
         d = self._check_deps(deps)
         self.nodes.append(Coflow(src, dst, nb, meta, nm, stream, steps, paths, matched))

@@ -9,7 +9,9 @@ Compute model (assumptions, stated once):
 * Time = FLOPs / (peak * efficiency). Default GPU: A100 (Hermod's testbed, seed 000 §5.5.1), 312 TFLOP/s bf16 peak
   at 50% efficiency (Megatron reports ~44-52% of peak for GPT-3-class runs [ext]); element size 2 bytes (bf16).
 * TP is split evenly over TP ranks; TP communication is either an analytic ring all-reduce time on the intra-node
-  route (tp_comm="analytic", default: Hermod does not schedule TP, seed 000 §5.2.2) or explicit flows.
+  route (tp_comm="analytic", default: Hermod does not schedule TP, seed 000 §5.2.2) or explicit flows; either way
+  2 all-reduces per layer in forward and 2 in backward, 4 with full activation recomputation (Megatron-core's
+  counts; ``flowlane.sim.workloads._LLMBuilder.tp_all_reduces``), added to the compute time, not scaled with it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Flows are rows of a padded link-index matrix ``hops`` (n_flows x max_hops); the 
 has unlimited capacity. Within one priority class, rates are (weighted) max-min fair: every unfrozen flow grows at
 the same (weight-proportional) rate until a link saturates, flows crossing a saturated link freeze, and filling goes
 on with the rest. Across classes, sharing is strict (class 0 fills first, the next class gets what is left: a lower
-class gets nothing on a link a higher class saturates) or weighted (one filling pass, class weight ratio**rank).
+class gets nothing on a link a higher class saturates) or weighted (one filling pass, class weight ratio**rank;
+refused beyond :func:`max_weighted_classes` classes at once, where the smallest weights would overflow the filling).
 
 Optional incast penalty (:class:`IncastModel`): the seeds report that many-to-one traffic loses goodput (Hermod
 §5.1.3: imbalanced EP all-to-all causes incast and long CCTs; SYNDICATE Fig. 17: incast grows with fan-in, which
@@ -34,7 +35,9 @@ adjustment stays in numpy either way.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +48,19 @@ from flowlane._cbuild import CKernel
 SHARING = ("strict", "weighted")
 INCAST_COUNTS = ("port", "class")
 _RTOL = 1e-9  # allocate's freeze tolerance (waterfill's default)
+# weighted sharing's smallest class weight (weight_ratio ** rank): the filling divides a link's capacity by the sum of
+# its flows' weights, which overflows to inf (or, once the weight underflows to 0, is never reached) for smaller ones
+_MIN_WEIGHT = 1e-200
+
+
+def max_weighted_classes(weight_ratio: float) -> int:
+    """The most priority classes weighted sharing handles at ``weight_ratio`` (weights ratio**rank >= 1e-200:
+    664 + 1 at 0.5); ``sys.maxsize`` at 1."""
+    if not 0 < weight_ratio <= 1:
+        raise ValueError(f"weight_ratio must be in (0, 1], got {weight_ratio!r}")
+    if weight_ratio == 1:
+        return sys.maxsize
+    return 1 + math.floor(math.log(_MIN_WEIGHT) / math.log(weight_ratio))
 
 
 @dataclass(frozen=True)
@@ -205,6 +221,14 @@ def allocate(
         )
     if n == 0:
         return np.zeros(0)
+    if sharing == "weighted":
+        n_cls, n_max = np.unique(cls).size, max_weighted_classes(weight_ratio)
+        if n_cls > n_max:
+            raise ValueError(
+                f"weighted sharing with weight_ratio={weight_ratio!r} handles at most {n_max} priority classes at "
+                f"once (class weights ratio**rank below {_MIN_WEIGHT:g} overflow the filling), got {n_cls}: use "
+                "sharing='strict' or a weight_ratio closer to 1"
+            )
     cap = np.empty(capacity.shape[0] + 1)
     cap[:-1] = capacity
     cap[-1] = np.inf

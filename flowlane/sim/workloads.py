@@ -179,19 +179,33 @@ class _LLMBuilder:
         return range(vs * self.Lv, (vs + 1) * self.Lv)
 
     # durations -------------------------------------------------------------------------------------------
-    def dense_fwd(self, vs: int) -> float:
+    def dense_compute(self, vs: int) -> float:
+        """Forward compute time of virtual stage ``vs`` (no TP communication)."""
         m, p = self.m, self.p
         per_tok = m.attn_flops_per_token(m.seq_len) + m.dense_mlp_flops_per_token()
         fl = self.Lv * self.tokens * per_tok / p.tp
         if vs == self.V - 1:
             fl += 2 * self.tokens * m.hidden * m.vocab / p.tp
-        t = fl / self.fl
-        if p.tp_comm == "analytic":
-            t += self.Lv * 2 * self.tp_ar
+        return fl / self.fl
+
+    def dense_time(self, vs: int, fwd: bool) -> float:
+        """Compute (x bwd_factor in backward) plus, with tp_comm="analytic", the layers' TP all-reduces: the TP
+        time is added, not multiplied by the backward factor (tp_all_reduces counts the backward's own)."""
+        t = self.dense_compute(vs) * (1.0 if fwd else self.bwd_factor())
+        if self.p.tp_comm == "analytic":
+            t += self.Lv * self.tp_all_reduces(fwd) * self.tp_ar
         return t
 
     def bwd_factor(self) -> float:
         return 3.0 if self.p.recompute else 2.0
+
+    def tp_all_reduces(self, fwd: bool) -> int:
+        """TP all-reduces per layer, Megatron-core's tensor_parallel [ext]: 2 in forward (the attention and MLP
+        row-parallel outputs) and 2 in backward (the gradients of the column-parallel inputs), + the forward's 2
+        again when backward recomputes the layer (full activation recomputation). With sequence parallelism each is
+        a reduce-scatter + all-gather of the same ring bytes; the backward's re-all-gather of each column-parallel
+        input (for the weight gradient) is issued asynchronously behind the input-gradient GEMM and not charged."""
+        return 2 if fwd or not self.p.recompute else 4
 
     # build -----------------------------------------------------------------------------------------------
     def build(self) -> Workload:
@@ -234,6 +248,7 @@ class _LLMBuilder:
             gpus=self.gpus,
             model=self.m.name,
             parallel=self.p.__dict__,
+            schedule=self.p.schedule,  # with microbatches: what a Hermod policy orders by (flowlane.policies)
             microbatches=self.M,
             ep_layout=self.p.ep_layout if self.m.moe else None,
             ep_crosses_servers=self.ep_crosses_servers() if self.m.moe else False,
@@ -263,7 +278,7 @@ class _LLMBuilder:
             done = self.emit_moe(s, vs, mb, fwd, deps)
         else:
             done = {}
-            dur = self.dense_fwd(vs) * (1.0 if fwd else self.bwd_factor())
+            dur = self.dense_time(vs, fwd)
             cpn = self.emit_cp(s, vs, mb, fwd, deps)
             for x in self.execs:
                 if not fwd and mb == self.M - 1:
@@ -320,7 +335,7 @@ class _LLMBuilder:
         p = self.p
         if p.tp_comm != "flows" or p.tp == 1:
             return node
-        n_ar = 2 * (layers or self.Lv)
+        n_ar = self.tp_all_reduces(fwd) * (layers or self.Lv)
         s_bytes = self.tokens * self.m.hidden * p.bytes_per_elem
         meta = CoflowMeta("tp", self.it, mb, self.layers_of(vs)[0], vs)
         g = np.array(self.gpus_of(s, x))
@@ -421,7 +436,7 @@ class _LLMBuilder:
                     gate = self.gathers.get(layer, []) if self.gated(fwd, mb) else []
                     a = w.compute(
                         self.ex(s, x),
-                        attn + 2 * self.tp_ar * (p.tp_comm == "analytic"),
+                        attn + self.tp_all_reduces(fwd) * self.tp_ar * (p.tp_comm == "analytic"),
                         [*cur[x], *gate],
                         f"F{mb} L{layer} attn",
                         "fwd",
@@ -457,7 +472,7 @@ class _LLMBuilder:
                 else:
                     b: int | None = w.compute(
                         self.ex(s, x),
-                        attn * bf + 2 * self.tp_ar * (p.tp_comm == "analytic"),
+                        attn * bf + self.tp_all_reduces(fwd) * self.tp_ar * (p.tp_comm == "analytic"),
                         after,
                         f"B{mb} L{layer} attn",
                         "bwd",
@@ -729,7 +744,10 @@ def build_dlrm(
     bf, bp = mlp(cfg.bottom_mlp, cfg.dense_features)
     tf, tp_ = mlp(cfg.top_mlp, cfg.bottom_mlp[-1] + cfg.num_tables * cfg.emb_dim)
     tables_per = cfg.num_tables / gpus
-    emb_bytes = B / gpus * tables_per * cfg.emb_dim * be  # pooled vectors per (src, dst)
+    # B samples per GPU: the owner of a table looks it up for the global batch (B * gpus samples) and sends each GPU
+    # the pooled vectors of that GPU's B samples; the data prep sends each owner the int64 indices of B samples
+    emb_bytes = B * tables_per * cfg.emb_dim * be  # pooled vectors per (src, dst)
+    idx_bytes = B * tables_per * cfg.pooling * 8  # sparse indices per (src, dst)
     lookup = B * gpus * tables_per * cfg.pooling * cfg.emb_dim * be / g.hbm_bw  # memory bound lookups
     ranks = np.arange(gpus)
     full = np.full((gpus, gpus), 1.0)
@@ -740,7 +758,7 @@ def build_dlrm(
         prep = C.all_to_all(
             w,
             ranks,
-            full * B / gpus * tables_per * cfg.pooling * 8,
+            full * idx_bytes,
             mk("all_to_all"),
             [prev[r] for r in ranks],
             name="a2a-data-prep",
