@@ -217,9 +217,10 @@ def test_an_aggregator_keeps_asking_its_parent_while_its_children_keep_asking_it
     exe = str(build(sanitize=True))
     parent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     parent.bind(("127.0.0.1", 0))
+    up = f"127.0.0.1:{parent.getsockname()[1]}"
+    opts = ["--elems", "256", "--iters", "1", "--rto-ms", "50", "--linger-ms", "200"]
     node = subprocess.Popen(
-        [exe, "node", "--children", "2", "--parent", f"127.0.0.1:{parent.getsockname()[1]}", "--id", "0"]
-        + ["--elems", "256", "--iters", "1", "--rto-ms", "50", "--linger-ms", "200", "--max-idle-ms", "60000"],
+        [exe, "node", "--children", "2", "--parent", up, "--id", "0", *opts, "--max-idle-ms", "60000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -238,7 +239,8 @@ def test_an_aggregator_keeps_asking_its_parent_while_its_children_keep_asking_it
         next_child_nack = 0.0
         deadline = time.monotonic() + 30  # a bound against a hang, not a timing assertion
         while result0 is None and time.monotonic() < deadline:
-            if time.monotonic() >= next_child_nack:  # "segment 0, please", as a worker that backed off to 100 ms
+            # "segment 0, please", as a worker that backed off to 100 ms
+            if time.monotonic() >= next_child_nack:
                 children[0].sendto(W.pack(W.NACK, 1, 0, src=0, bitmap=1), to)
                 next_child_nack = time.monotonic() + 0.1
             readable, _, _ = select.select([parent, children[1]], [], [], 0.02)

@@ -384,7 +384,9 @@ def test_leo_selector_over_netns_multirecv_and_peer_death(built: None, two_paths
 
 @pytest.mark.netns
 @pytest.mark.parametrize("victim", ["send", "recv"])
-def test_a_host_that_vanishes_while_the_comm_is_idle_is_an_error(built: None, two_paths: str, victim: str) -> None:
+def test_a_host_that_vanishes_while_the_comm_is_idle_is_an_error(
+    built: None, two_paths: str, victim: str
+) -> None:
     """No data in flight, so no retransmission can time out: the receiver has a receive posted that the sender has
     not started (victim send), or the sender retries isend for a CTS that never comes (victim recv). The victim takes
     its namespace's links down and freezes (no FIN, no RST); keepalive probes, started after the plugin's timeout
