@@ -114,7 +114,7 @@ def rank_main(rank: int, world: int, backend: str, device_name: str, store_path:
                     ),
                 }
             )
-        out.update(checks=checks, log=enf.log, order=[list(e) for e in plan.order], events=enf.events)
+        out.update(checks=checks, log=list(enf.log), order=[list(e) for e in plan.order], events=enf.events)
 
         enf2 = Enforcer(paths, store, rank, world, EnforcerConfig(namespace="mismatch"))
         try:
