@@ -711,7 +711,7 @@ def launch(
                     signal.pthread_sigmask(signal.SIG_SETMASK, old)
                 writer.close()  # only the rank writes: its exit is then EOF here
                 ranks.append(_Rank(r, p, reader, started))
-            _supervise(ranks, timeout, startup_timeout, store_dir, timeout_key, startup_key)
+            _Supervisor(ranks, timeout, startup_timeout, store_dir, timeout_key, startup_key).run()
         finally:
             intr.stopping = True
             _stop([r.proc for r in ranks], graceful=bool(ranks) and all(r.done for r in ranks))
@@ -721,23 +721,13 @@ def launch(
     return [r.result for r in ranks]
 
 
-def _supervise(
-    ranks: list[_Rank],
-    timeout: float,
-    startup_timeout: float,
-    store_dir: str,
-    key: str | None = None,
-    startup_key: str | None = None,
-) -> None:
-    """Until every rank has its result, or a failure (and those it sets off, for ``_SETTLE_S``) is known: raises
-    RankFailedError naming the rank at fault, or RankTimeoutError for ranks that do not start or stop progressing
-    (naming ``key`` / ``startup_key``, the caller's name for the limit, where given)."""
-    _Supervisor(ranks, timeout, startup_timeout, store_dir, key, startup_key).run()
-
-
 class _Supervisor:
     """The launcher's view of its ranks: what each sends (start-up progress, heart beats, its result or error) and
-    when each exits; failures are ranked by severity, then by when they were seen (:class:`_Failure`)."""
+    when each exits; failures are ranked by severity, then by when they were seen (:class:`_Failure`).
+
+    :meth:`run` waits until every rank has its result, or a failure (and those it sets off, for ``_SETTLE_S``) is
+    known: it raises RankFailedError naming the rank at fault, or RankTimeoutError for ranks that do not start or stop
+    progressing (naming ``key`` / ``startup_key``, the caller's name for the limit, where given)."""
 
     def __init__(
         self,
