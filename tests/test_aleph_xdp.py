@@ -1,10 +1,11 @@
 """ALEPH tier 2: the XDP aggregator, run in the kernel with BPF_PROG_TEST_RUN (exact sums, the completing packet sent
-up to the parent, duplicates and malformed packets dropped and counted), then attached to a live veth in network
-namespaces, aggregating tier-1 workers' DATA for tier 1's PS (exact sums, malformed packets dropped and counted on
-the live path, recovery when the PS loses an aggregated packet). Skips with the reason where clang/libbpf are
-missing, the kernel refuses the program or it cannot attach, or namespaces cannot be made; tiers 0 and 1 have their
-own tests."""
+up to the parent, duplicates, malformed packets and DATA from a source other than the child id's dropped and
+counted), then attached to a live veth in network namespaces, aggregating tier-1 workers' DATA for tier 1's PS (exact
+sums, malformed and spoofed packets dropped and counted on the live path, recovery when the PS loses an aggregated
+packet). Skips with the reason where clang/libbpf are missing, the kernel refuses the program or it cannot attach, or
+namespaces cannot be made; tiers 0 and 1 have their own tests."""
 
+import dataclasses
 import random
 import shutil
 import struct
@@ -138,6 +139,50 @@ def test_xdp_drops_and_counts_every_malformed_field(needs_xdp):
     assert c["added"] == 1 and c["tx_up"] == 0 and c["pass"] == 1  # only the first scale-3 packet was added
 
 
+def test_xdp_pins_each_child_id_to_its_source_address(needs_xdp):
+    """As tier 1's node: a DATA for a valid child id from another source (IPv4 address or UDP port) than the id's is
+    dropped and counted as bad_addr, never added; the id's source is pinned by its first valid DATA, or given by the
+    loader (then a spoofer that comes first is refused too)."""
+    cfg = dataclasses.replace(CFG, iters=1, elems=128)
+    rng = np.random.default_rng(2)
+    x = rng.integers(-(2**20), 2**20, size=(3, 128), dtype=np.int32)
+    spoof = np.full(128, 1 << 20, np.int32)
+    ips = [f"10.0.0.{10 + c}" for c in range(3)]
+
+    def d(src: int, vals: np.ndarray, ip: str, sport: int = 9001, **kw) -> bytes:
+        return X.frame(W.pack(W.DATA, 1, 0, vals, job=cfg.job, src=src, **kw), src_ip=ip, sport=sport)
+
+    def check(run: X.XdpRun, n_spoofed: int) -> None:
+        assert run.verdicts == ["DROP"] * (len(run.verdicts) - 1) + ["TX"]
+        vals = W.unpack(X.parse_frame(run.out[-1])["payload"])[1]
+        assert np.array_equal(vals, x.astype(np.int64).sum(0))  # the honest children's sum, exactly
+        c = run.counters
+        assert c["bad_addr"] == n_spoofed and c["added"] == 3 and c["tx_up"] == 1 and c["dup"] == 0
+
+    # pinned by the first valid DATA (child 0's); a malformed packet pins nothing (child 2's id stays free)
+    pinned = [
+        d(0, x[0], ips[0]),
+        d(0, spoof, "10.0.0.66"),  # another host
+        d(0, spoof, ips[0], sport=9002),  # the child's host, another port
+        d(2, spoof[:127], "10.0.0.66", count=128),  # bad_len: checked before the source
+        d(1, x[1], ips[1]),
+        d(2, x[2], ips[2]),
+    ]
+    run = X.run_frames(pinned, cfg)
+    check(run, 2)
+    assert run.counters["bad_len"] == 1
+    # given by the loader (the relay's --child-addrs): the spoofed copies arrive before any honest DATA
+    given = dataclasses.replace(cfg, child_addrs=tuple(f"{ip}:9001" for ip in ips))
+    first = [
+        d(1, spoof, "10.0.0.66"),
+        d(1, spoof, ips[1], sport=9002),
+        *(d(c, x[c], ips[c]) for c in range(3)),
+    ]
+    check(X.run_frames(first, given), 2)
+    with pytest.raises(RuntimeError, match="--child-addrs=10.0.0.10:9001,10.0.0.11:9001 needs"):
+        X.run_frames([], dataclasses.replace(given, child_addrs=given.child_addrs[:2]))
+
+
 # ---------------------------------------------------------------------------------------- attached to a live veth
 
 # one XDP aggregator (3 children) and a worker direct to the PS
@@ -186,7 +231,7 @@ def _live(net, x: np.ndarray, **kw) -> X.LiveRun:
 
 
 @pytest.mark.parametrize("mode", ["auto", "skb"])
-def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_packets(live_net, mode):
+def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_and_spoofed_packets(live_net, mode):
     rng = np.random.default_rng(5)
     iters, elems = 3, 5 * W.SEG_ELEMS + 44
     x = rng.integers(-(2**24), 2**24, size=(4, iters, elems), dtype=np.int32)
@@ -197,9 +242,16 @@ def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_packets(live_net, m
         "bad_len": W.pack(W.DATA, 1, 0, np.ones(128, np.int32), src=1)[:100],  # cut short
     }
 
+    # valid DATA for children 1 and 0 of iteration 1 that are not theirs: from worker 3 (direct to the PS, on the
+    # children's network) and from worker 0's host at another port than its worker's; added, they would spoil the sum
+    spoofed = {3: W.pack(W.DATA, 1, 0, np.full(128, 1 << 20, np.int32), src=1),
+               0: W.pack(W.DATA, 1, 0, np.full(128, 1 << 20, np.int32), src=0)}  # fmt: skip
+
     def send_bad(info: dict) -> None:
         agg, w1 = info["agg_slot"][0], info["worker_slot"][1]
         _send_from(info["ns"][w1], (info["ips"][agg], info["port"]), list(bad.values()))
+        for w, pkt in spoofed.items():
+            _send_from(info["ns"][info["worker_slot"][w]], (info["ips"][agg], info["port"]), [pkt])
 
     run = _live(live_net, x, mode=mode, before_go=send_bad)
     want = x.astype(np.int64).sum(0)
@@ -212,9 +264,11 @@ def test_xdp_on_a_live_veth_sums_exactly_and_drops_malformed_packets(live_net, m
     c = agg["counters"]
     assert c["added"] == 3 * nseg * iters and c["tx_up"] == nseg * iters  # every DATA summed in the kernel
     assert {k: c[k] for k in bad} == dict.fromkeys(bad, 1) and c["dup"] == c["overflow"] == 0
+    # dropped in the kernel: the program was given the children's addresses
+    assert c["bad_addr"] == len(spoofed)
     assert agg["run_cnt"] >= c["rx"] > 0  # the kernel ran it on the live path (BPF stats)
     (relay,) = run.stats["aggregator"]
-    # userspace saw neither DATA nor bad
+    # userspace saw neither DATA nor bad nor spoofed
     assert relay["unaggregated"] == 0 and sum(relay["bad"].values()) == 0
     (ps,) = run.stats["ps"]
     assert ps["rx"] == 2 * nseg * iters and sum(ps["bad"].values()) == 0  # the aggregator's sums + worker 3's

@@ -16,9 +16,11 @@
  * is read; for a packet addressed to the ALEPH port every field is checked as check_packet() in aleph_udp.c does
  * (length, magic, version, type, job, flags, iteration range, src id, segment range, count vs the segment's length,
  * UDP length vs count, one scale per iteration); a packet that fails is dropped and counted by reason, never added.
- * One check of check_packet() is not here: the userspace node pins each child id to the address its first packet
- * came from, while this program adds a DATA for a valid src id from any source address: a host on the children's
- * network that spoofs an id can add to a sum (keep the tier on an isolated network, as the docs say).
+ * Then, as the userspace node does, the DATA's source (IPv4 address and UDP port) must be its child id's: the loader
+ * gives the children's addresses when it knows them (--child-addrs, the relay's list), else an id is pinned to the
+ * source of its first DATA that passes the checks; a DATA for that id from another source is dropped and counted
+ * (bad_addr), so a host on the children's network that spoofs an id cannot add to a sum. The pin is taken under the
+ * id's bpf_spin_lock: of two first packets from different sources on two CPUs exactly one pins the id.
  * A duplicate (its bit already set) is dropped and counted: no double counting. Values are added in 64 bits and an
  * int32 overflow is counted (the sender's scale leaves log2(n) headroom bits; digest §5.2 #1).
  *
@@ -59,6 +61,7 @@ enum {
     C_OVERFLOW,   /* an int32 sum overflowed (counted, wraps as in the userspace tier) */
     C_NOT_CONFIGURED,
     C_RESENT_UP,  /* a child's DATA again for a complete segment: the cluster sum is sent up again (XDP_TX) */
+    C_BAD_ADDR,   /* a DATA from a source other than its child id's (given by the loader or pinned by its first) */
     C_NCOUNTERS
 };
 
@@ -83,6 +86,13 @@ struct slot {
     __s32 sum[ALEPH_SEG_ELEMS];
 };
 
+struct child_addr { /* the source a child id's DATA must come from (aleph_udp.c's child[] / child_known[]) */
+    struct bpf_spin_lock lock;
+    __u32 ip;     /* network order */
+    __u16 port;   /* network order */
+    __u16 pinned; /* 1: given by the loader, or taken by the id's first DATA */
+};
+
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
     __uint(max_entries, 1);
@@ -96,6 +106,13 @@ struct {
     __type(key, __u32);
     __type(value, struct slot);
 } aleph_slots SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, ALEPH_MAX_CHILDREN);
+    __type(key, __u32);
+    __type(value, struct child_addr);
+} aleph_children SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -184,6 +201,24 @@ int aleph_xdp(struct xdp_md *ctx) {
         return count(C_BAD_COUNT, XDP_DROP);
     if (dlen != sizeof(*h) + 4u * h->count)
         return count(C_BAD_LEN, XDP_DROP);
+
+    /* the source must be the child id's: pinned by its first valid DATA unless the loader gave it (as tier 1) */
+    __u32 cid = h->src_id, saddr = ip->saddr;
+    __u16 sport = udp->source;
+    struct child_addr *ca = bpf_map_lookup_elem(&aleph_children, &cid);
+    if (!ca)
+        return count(C_BAD_SRC, XDP_DROP);
+    int foreign = 0;
+    bpf_spin_lock(&ca->lock);
+    if (!ca->pinned) {
+        ca->ip = saddr;
+        ca->port = sport;
+        ca->pinned = 1;
+    } else
+        foreign = ca->ip != saddr || ca->port != sport;
+    bpf_spin_unlock(&ca->lock);
+    if (foreign)
+        return count(C_BAD_ADDR, XDP_DROP);
 
     struct slot *s = bpf_map_lookup_elem(&aleph_slots, &seg);
     if (!s)

@@ -2,10 +2,12 @@
  *
  *   aleph_xdp_run OBJ --port P --job J --iters K --elems E --children N --my-id I
  *                     --parent-ip A.B.C.D --parent-port P --parent-mac aa:bb:cc:dd:ee:ff
- *                     [--attach IFNAME [--xdp-mode auto|native|skb]]
+ *                     [--child-addrs IP:PORT,...] [--attach IFNAME [--xdp-mode auto|native|skb]]
  *   aleph_xdp_run OBJ --prog aleph_xdp_pass --attach IFNAME [--xdp-mode ...]
  *
- * Loads the object (the kernel's verifier checks every packet access) and fills the config map. Then either
+ * Loads the object (the kernel's verifier checks every packet access) and fills the config map; --child-addrs (one
+ * IPV4:PORT per child, in src id order, as the relay node takes them) pins each child id to its source address in the
+ * program's aleph_children map: without it each id is pinned by its first valid DATA. Then either
  *
  * - (no --attach) reads frames from stdin -- each a little-endian uint32 length and that many bytes of Ethernet
  *   frame -- and runs the program on each with BPF_PROG_TEST_RUN (the kernel runs it on a copy of the frame, no
@@ -43,11 +45,18 @@ struct cfg { /* struct aleph_xdp_cfg in aleph_xdp.bpf.c */
     uint8_t parent_mac[6];
 };
 
+struct child_addr { /* struct child_addr in aleph_xdp.bpf.c (the kernel leaves the lock word alone on an update) */
+    uint32_t lock;
+    uint32_t ip;   /* network order */
+    uint16_t port; /* network order */
+    uint16_t pinned;
+};
+
 static const char *const COUNTERS[] = {"rx",        "added",     "tx_up",       "pass",      "bad_len",
                                        "bad_magic", "bad_version", "bad_type",  "bad_job",   "bad_flags",
                                        "bad_iter",  "bad_src",   "bad_seg",     "bad_count", "bad_scale",
                                        "dup",       "stale",     "overflow",    "not_configured",
-                                       "resent_up"};
+                                       "resent_up", "bad_addr"};
 #define NCOUNTERS (sizeof COUNTERS / sizeof *COUNTERS)
 
 static unsigned long parse_num(const char *what, const char *s, unsigned long lo, unsigned long hi) {
@@ -59,6 +68,35 @@ static unsigned long parse_num(const char *what, const char *s, unsigned long lo
         exit(2);
     }
     return v;
+}
+
+/* --child-addrs: "IPV4:PORT,..." into kids[], the count into *n (exit 2 naming the value when malformed). */
+static void parse_child_addrs(const char *v, struct child_addr *kids, uint32_t *n) {
+    *n = 0;
+    for (const char *a = v; a; a = strchr(a, ',') ? strchr(a, ',') + 1 : NULL) {
+        char one[64], *colon;
+        size_t len = strcspn(a, ",");
+        struct in_addr ip;
+        if (*n == 32 || len == 0 || len >= sizeof one) {
+            fprintf(stderr, "aleph_xdp_run: --child-addrs=%s: more than 32, an empty or an overlong address\n", v);
+            exit(2);
+        }
+        memcpy(one, a, len);
+        one[len] = 0;
+        if (!(colon = strrchr(one, ':'))) {
+            fprintf(stderr, "aleph_xdp_run: --child-addrs=%s: %s is not IPV4:PORT\n", v, one);
+            exit(2);
+        }
+        *colon = 0;
+        if (inet_pton(AF_INET, one, &ip) != 1) {
+            fprintf(stderr, "aleph_xdp_run: --child-addrs=%s: %s is not an IPv4 address\n", v, one);
+            exit(2);
+        }
+        kids[*n] = (struct child_addr){.ip = ip.s_addr,
+                                       .port = htons((uint16_t)parse_num("--child-addrs port", colon + 1, 1, 65535)),
+                                       .pinned = 1};
+        (*n)++;
+    }
 }
 
 static const char *verdict_name(uint32_t v) {
@@ -141,10 +179,14 @@ static int attached(int prog_fd, unsigned ifindex, const char *ifname, const cha
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: aleph_xdp_run OBJ --port P --job J --iters K --elems E --children N --my-id I "
-                        "--parent-ip A.B.C.D --parent-port P --parent-mac aa:bb:cc:dd:ee:ff\n");
+                        "--parent-ip A.B.C.D --parent-port P --parent-mac aa:bb:cc:dd:ee:ff "
+                        "[--child-addrs IP:PORT,...]\n");
         return 2;
     }
     struct cfg c = {.configured = 1};
+    struct child_addr kids[32];
+    uint32_t nkids = 0;
+    const char *kids_arg = NULL;
     const char *prog_name = "aleph_xdp", *ifname = NULL, *mode = "auto";
     for (int i = 2; i < argc; i += 2) {
         if (i + 1 >= argc) {
@@ -180,7 +222,10 @@ int main(int argc, char **argv) {
             c.my_id = (uint32_t)parse_num(k, v, 0, 31);
         else if (!strcmp(k, "--parent-port"))
             c.parent_port = htons((uint16_t)parse_num(k, v, 1, 65535));
-        else if (!strcmp(k, "--parent-ip")) {
+        else if (!strcmp(k, "--child-addrs")) {
+            parse_child_addrs(v, kids, &nkids);
+            kids_arg = v;
+        } else if (!strcmp(k, "--parent-ip")) {
             struct in_addr a;
             if (inet_pton(AF_INET, v, &a) != 1) {
                 fprintf(stderr, "aleph_xdp_run: --parent-ip=%s is not an IPv4 address\n", v);
@@ -216,6 +261,11 @@ int main(int argc, char **argv) {
                         "required\n");
         return 2;
     }
+    if (kids_arg && (!aggregator || nkids != c.nchildren)) {
+        fprintf(stderr, "aleph_xdp_run: --child-addrs=%s needs --prog aleph_xdp and one address per child "
+                        "(--children=%u)\n", kids_arg, c.nchildren);
+        return 2;
+    }
     libbpf_set_strict_mode(LIBBPF_STRICT_ALL);
     struct bpf_object *obj = bpf_object__open_file(argv[1], NULL);
     if (!obj) {
@@ -232,11 +282,17 @@ int main(int argc, char **argv) {
     struct bpf_program *prog = bpf_object__find_program_by_name(obj, prog_name);
     int cfg_fd = bpf_object__find_map_fd_by_name(obj, "aleph_cfg");
     int cnt_fd = bpf_object__find_map_fd_by_name(obj, "aleph_counters");
-    if (!prog || cfg_fd < 0 || cnt_fd < 0) {
+    int kids_fd = bpf_object__find_map_fd_by_name(obj, "aleph_children");
+    if (!prog || cfg_fd < 0 || cnt_fd < 0 || kids_fd < 0) {
         fprintf(stderr, "aleph_xdp_run: %s lacks the program %s or its maps\n", argv[1], prog_name);
         return 3;
     }
     uint32_t zero = 0;
+    for (uint32_t k = 0; k < nkids; k++) /* the children's sources, when given: pinned before any packet runs */
+        if (bpf_map_update_elem(kids_fd, &k, &kids[k], BPF_ANY)) {
+            fprintf(stderr, "aleph_xdp_run: cannot write the children map: %s\n", strerror(errno));
+            return 3;
+        }
     if (aggregator && bpf_map_update_elem(cfg_fd, &zero, &c, BPF_ANY)) {
         fprintf(stderr, "aleph_xdp_run: cannot write the config map: %s\n", strerror(errno));
         return 3;

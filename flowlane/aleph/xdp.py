@@ -63,12 +63,17 @@ class XdpConfig:
     """the parent's UDP port"""
     parent_mac: str = "02:00:00:00:00:01"
     """the parent's (or the next hop's) Ethernet address"""
+    child_addrs: tuple[str, ...] = ()
+    """the children's "IPV4:PORT" source addresses in src id order (the relay's ``--child-addrs``): a DATA for an id
+    from any other source is dropped (``bad_addr``); empty: each id is pinned to the source of its first valid DATA,
+    as tier 1's node does"""
 
     def argv(self) -> list[str]:
         return [
             "--port", str(self.port), "--job", str(self.job), "--iters", str(self.iters),
             "--elems", str(self.elems), "--children", str(self.children), "--my-id", str(self.my_id),
             "--parent-ip", self.parent_ip, "--parent-port", str(self.parent_port), "--parent-mac", self.parent_mac,
+            *(["--child-addrs", ",".join(self.child_addrs)] if self.child_addrs else []),
         ]  # fmt: skip
 
 
@@ -353,11 +358,12 @@ def run_live_tree(
 
     A cluster head's own worker has a namespace of its own: a host's own packets never cross its interface's XDP
     hook, so the aggregator namespace holds only the aggregation. ``before_go(info)`` runs once everything is up,
-    before the workers send (``info``: namespaces, addresses, port; tests send malformed packets from it). ``drop``:
-    the probability that each tier-1 process of the roles in ``drop_at`` drops a received datagram (seeded; the
-    XDP program itself sees every frame: at a PS that drops an aggregator's sum, recovery goes NACK -> RETX relayed
-    to the children -> their DATA again -> the program sends the stored sum up again). Raises
-    :class:`XdpUnavailable` when the program cannot load or attach."""
+    before the workers send (``info``: namespaces, addresses, port; tests send malformed and spoofed packets from it:
+    the program is given its children's addresses, the relay's ``--child-addrs``, and drops a DATA for an id from any
+    other source as ``bad_addr``). ``drop``: the probability that each tier-1 process of the roles in ``drop_at``
+    drops a received datagram (seeded; the XDP program itself sees every frame: at a PS that drops an aggregator's
+    sum, recovery goes NACK -> RETX relayed to the children -> their DATA again -> the program sends the stored sum
+    up again). Raises :class:`XdpUnavailable` when the program cannot load or attach."""
     inputs = np.ascontiguousarray(inputs, dtype="<i4")
     if inputs.ndim != 3 or inputs.shape[0] != plan.n:
         raise ValueError(f"inputs must be workers x iters x elems with {plan.n} workers, got {inputs.shape}")
@@ -390,6 +396,10 @@ def run_live_tree(
         p = drop if role in drop_at else 0.0
         return [*base, "--drop", repr(p), "--seed", str(seed * 1009 + k), "--port"]
 
+    def child_addrs(i: int) -> list[str]:
+        """Cluster i's workers' sources, in child id order: the program pins them, the relay sends to them."""
+        return [f"{net.ips[w_slot[m]]}:{wport}" for m in plan.clusters[i].members]
+
     procs: list[tuple[str, subprocess.Popen[str]]] = []
     attached: list[tuple[int, Attached, Attached | None]] = []
     try:
@@ -397,7 +407,7 @@ def run_live_tree(
             c, slot = plan.clusters[i], agg_slot[i]
             cfg = XdpConfig(
                 port=port, job=0, iters=iters, elems=elems, children=len(c.members), my_id=i, parent_ip=ps_ip,
-                parent_port=port, parent_mac=_if_mac(net.ns[0], net.ifname),
+                parent_port=port, parent_mac=_if_mac(net.ns[0], net.ifname), child_addrs=tuple(child_addrs(i)),
             )  # fmt: skip
             a = Attached(net.ifname, cfg, mode=mode, wrap=ex[slot])
             peer = None
@@ -415,12 +425,7 @@ def run_live_tree(
             if len(c.members) == 1:
                 parent_of[c.head] = (f"{ps_ip}:{port}", i)
                 continue
-            relay = [
-                "--xdp",
-                "1",
-                "--child-addrs",
-                ",".join(f"{net.ips[w_slot[m]]}:{wport}" for m in c.members),
-            ]
+            relay = ["--xdp", "1", "--child-addrs", ",".join(child_addrs(i))]
             argv = [
                 exe,
                 "node",
