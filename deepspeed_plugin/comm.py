@@ -134,13 +134,16 @@ class CommTap:
         self.cdb, self.classes = cdb, classes
         self.records: deque[CommRecord] = deque(maxlen=max_records)
         self._local = threading.local()
-        self._names: list[str] = []
+        # (name, the wrapper installed, whether the instance had its own attribute, that attribute): close() removes
+        # only what is still its own wrapper and puts back what it wrapped
+        self._wrapped: list[tuple[str, Any, bool, Any]] = []
         for name in COLLECTIVES:
             original = getattr(cdb, name, None)
             if original is None:
                 continue
-            setattr(cdb, name, self._wrap(name, original))
-            self._names.append(name)
+            wrapper = self._wrap(name, original)
+            self._wrapped.append((name, wrapper, name in vars(cdb), vars(cdb).get(name)))
+            setattr(cdb, name, wrapper)
         cdb._flowlane_tap = self
 
     def _wrap(self, name: str, original: Any) -> Any:
@@ -223,12 +226,36 @@ class CommTap:
         finally:
             self._local.meta = old
 
+    def check_removable(self) -> None:
+        """Raise, changing nothing, when closing would remove what is not this tap's: it is no longer the backend's
+        tap, or a method it wrapped was wrapped again since (a feature installed after it); no-op once closed."""
+        if self._wrapped and getattr(self.cdb, "_flowlane_tap", None) is not self:
+            raise RuntimeError(
+                "flowlane.hermod: cannot close the deepspeed.comm tap: it is no longer the backend's tap (another "
+                "tap or wrapper replaced it); close the features in the reverse order of their install (the last "
+                "installed first)"
+            )
+        for name, wrapper, _, _ in self._wrapped:
+            if vars(self.cdb).get(name) is not wrapper:
+                raise RuntimeError(
+                    f"flowlane.hermod: cannot close the deepspeed.comm tap: {type(self.cdb).__name__}.{name} was "
+                    "wrapped again after the tap was installed (another flowlane feature or user code); close the "
+                    "features in the reverse order of their install (the last installed first)"
+                )
+
     def close(self) -> None:
-        for name in self._names:
-            vars(self.cdb).pop(name, None)
-        self._names.clear()
-        if getattr(self.cdb, "_flowlane_tap", None) is self:
-            del self.cdb._flowlane_tap
+        """Restore the backend's methods (refused, changing nothing, out of close order: :meth:`check_removable`).
+        Idempotent: a second close does nothing."""
+        if not self._wrapped:
+            return
+        self.check_removable()
+        for name, _, had, old in reversed(self._wrapped):
+            if had:
+                setattr(self.cdb, name, old)
+            else:
+                vars(self.cdb).pop(name, None)
+        self._wrapped.clear()
+        del self.cdb._flowlane_tap
 
 
 # -- one data-parallel all-reduce routed elsewhere (ALEPH's hierarchy, SYNDICATE's enforcer) -------------------------

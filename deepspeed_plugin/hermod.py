@@ -304,8 +304,10 @@ class DeepSpeedHermod:
     def close(self) -> None:
         """Wait for what is queued, then undo every hook and the tap (the class clones stay: groups are not freed).
         Refused, changing nothing, while a feature installed after Hermod still wraps one of its hooks: close that
-        one first (:meth:`deepspeed_plugin.zero_hooks.ZeroHooks.check_removable`)."""
+        one first (:meth:`deepspeed_plugin.zero_hooks.ZeroHooks.check_removable`, :meth:`CommTap.check_removable`)."""
         self.zero.check_removable()
+        if self.tap is not None:
+            self.tap.check_removable()  # before anything is undone: a refused close leaves Hermod whole
         if self.sched is not None:
             self.zero.flush()
             self.sched.close()

@@ -233,21 +233,28 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
         "bad": bad,
     }
 
-    # 9. a long run keeps a bounded launch log and store: each step deletes the rank's previous fingerprint key
-    enf = Enforcer({"F": paths["F"]}, store, rank, world, EnforcerConfig(namespace="s9", log_entries=8))
+    # 9. a long run keeps a bounded launch log, stats and store: each step deletes the rank's previous fingerprint key
+    enf = Enforcer(
+        {"F": paths["F"]}, store, rank, world, EnforcerConfig(namespace="s9", log_entries=8, stats_entries=5)
+    )
     enf.install(
         SyndicatePlan.fifo((PlanOp("b", "all_reduce", 16, "float32", world, Option("F", segments=2)),), 1)
     )
-    keys = []
+    keys, rows = [], []
     for it in range(40):
         enf.all_reduce(torch.zeros(16)).wait()
         enf.step()
+        rows.append(enf.stats[-1])  # every iteration's row, as it was made
         if it in (9, 39):  # every rank past this boundary, none at the next, while the store is counted
             dist.barrier()
             keys.append(store.num_keys())
             dist.barrier()
     out["long_run"] = {
         "log": list(enf.log),
+        "stats": list(enf.stats),
+        "rows": rows,
+        "held_s": enf.held_s,
+        "iteration": enf.iteration,
         "keys": keys,
         "fp0": store.check([f"s9/fp/0/{rank}"]),
         "fp39": store.check([f"s9/fp/39/{rank}"]),

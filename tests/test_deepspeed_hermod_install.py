@@ -201,6 +201,21 @@ def _close_order(rank: int, world: int, tmp: str) -> dict:
         handles[first].close()
         out[f"{first}_fetch_left"] = "fetch_sub_module" in vars(coord)
         out[f"{first}_after"] = _step(engine, rank)  # DeepSpeed's own again
+    # the tap's all_reduce wrapped again after Hermod (user code): Hermod's close is refused before it undoes anything
+    import deepspeed.comm.comm as dscomm
+
+    h = hermod.install(engine, cfg)
+    tapped = vars(dscomm.cdb)["all_reduce"]
+    dscomm.cdb.all_reduce = lambda *a, **k: tapped(*a, **k)
+    try:
+        h.close()
+        out["rewrapped"] = "closed"
+    except RuntimeError as e:
+        out["rewrapped"] = str(e)
+    out["rewrapped_hooks_left"] = "fetch_sub_module" in vars(coord)
+    dscomm.cdb.all_reduce = tapped
+    h.close()
+    out["rewrapped_fetch_left"] = "fetch_sub_module" in vars(coord)
     engine.destroy()
     return out
 
@@ -265,3 +280,6 @@ def test_closing_in_install_order_is_refused_and_the_reverse_order_restores_deep
         for first in ("hermod", "offload"):
             assert len(c[f"{first}_then_step"]) == len(c[f"{first}_after"]) == 1
             assert not c[f"{first}_fetch_left"]
+        # a refused tap close leaves Hermod whole (its ZeRO hooks were undone first, then the tap refused)
+        assert "wrapped again" in c["rewrapped"] and "reverse order" in c["rewrapped"]
+        assert c["rewrapped_hooks_left"] and not c["rewrapped_fetch_left"]

@@ -106,10 +106,24 @@ def test_replanned_results_equal_plain_collectives_before_and_after_the_switch(r
         assert r["equal"] and all(r["equal"]), r["equal"]
 
 
-def test_a_long_run_keeps_the_launch_log_and_the_store_bounded(runs: list[dict]) -> None:
-    # 40 iterations of 2 motifs: the log keeps its last 8 launches, and the store as many keys after 40 steps as
-    # after 10 (before: every launch kept, world fingerprint keys more per step)
+def test_a_long_run_keeps_the_launch_log_stats_and_the_store_bounded(runs: list[dict]) -> None:
+    # 40 iterations of 2 motifs: the log keeps its last 8 launches, the stats their last 5 iterations' rows, and the
+    # store as many keys after 40 steps as after 10 (before: every launch and every row kept, world fingerprint keys
+    # more per step)
     for r in (x["long_run"] for x in runs):
         assert r["log"] == [(it, pos, 0, pos) for it in range(36, 40) for pos in (0, 1)], r["log"]
+        assert [row[0] for row in r["rows"]] == list(range(40))
+        assert r["stats"] == r["rows"][-5:], r["stats"]
+        # the totals still cover every iteration, not only the rows kept
+        assert r["iteration"] == 40
+        assert r["held_s"] == pytest.approx(sum(held for _, held, _ in r["rows"]), rel=1e-9, abs=1e-12)
         assert r["keys"][0] == r["keys"][1], r["keys"]
         assert not r["fp0"] and r["fp39"]
+
+
+def test_the_log_and_stats_bounds_must_be_integers_at_least_zero() -> None:
+    from flowlane.syndicate.enforcer import EnforcerConfig
+
+    for key in ("log_entries", "stats_entries"):
+        with pytest.raises(ValueError, match=f"EnforcerConfig.{key} must be an integer >= 0, got -1"):
+            EnforcerConfig(**{key: -1})

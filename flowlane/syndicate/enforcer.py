@@ -148,6 +148,8 @@ class EnforcerConfig:
     """Store key prefix (one per enforcer sharing a store)."""
     log_entries: int = 4096
     """How many launches :attr:`Enforcer.log` keeps, the latest (0: none); the watchdog does not read it."""
+    stats_entries: int = 4096
+    """How many iterations' rows :attr:`Enforcer.stats` keeps, the latest (0: none): the replanner's feedback."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("plan", "fifo"):
@@ -158,6 +160,10 @@ class EnforcerConfig:
             raise ValueError(f"EnforcerConfig.timeout_s must be > 0, got {self.timeout_s!r}")
         if not isinstance(self.log_entries, int) or self.log_entries < 0:
             raise ValueError(f"EnforcerConfig.log_entries must be an integer >= 0, got {self.log_entries!r}")
+        if not isinstance(self.stats_entries, int) or self.stats_entries < 0:
+            raise ValueError(
+                f"EnforcerConfig.stats_entries must be an integer >= 0, got {self.stats_entries!r}"
+            )
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -335,9 +341,11 @@ class Enforcer:
         self._search: Future[SyndicatePlan | None] | None = None
         self._proposed: tuple[int, int] | None = None  # (version, switch iteration) awaiting the decision
         self._pool: ThreadPoolExecutor | None = None
-        self.stats: list[tuple[int, float, float]] = []
-        """(iteration, held seconds, wall seconds since the previous boundary): the feedback the optimizer pulls
-        (seed 004 §5.1 interface C); ``trigger`` turns it into "replan" events."""
+        self.stats: deque[tuple[int, float, float]] = deque(maxlen=self.config.stats_entries)
+        """(iteration, held seconds, wall seconds since the previous boundary) of the last ``config.stats_entries``
+        iterations: the feedback the optimizer pulls (seed 004 §5.1 interface C); ``trigger`` turns it into "replan"
+        events. Bounded (a long job would otherwise keep a row per step); ``held_s`` and ``iteration`` are the
+        totals. A deque: ``list()`` it to serialise."""
         self._held_at_start = 0.0
         self._t_start = time.perf_counter()
         self._verifies = 0
