@@ -538,9 +538,11 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     ``"forward"`` (the user's own ``forward`` runs with each ``model.layers[k]`` computed distributedly; every other
     operation must act row by row). Both are verified on a small random graph, in eval mode: the forward is run on
     two disjoint halves of the nodes, fed the layer outputs of a full run, and each half must reproduce the full run.
-    A module normalising by out-degrees other than a ``GraphConv`` that is ``model.layers[k]`` is refused (it would
-    count a bin's degrees; :func:`_check_degree_norms`). Anything else raises :class:`ModelContractError` saying what
-    to add."""
+    Each layer must also give the full run's rows when computed as the runtime computes it, on bins' blocks
+    (:func:`_check_layers_on_blocks`: one halo exchange, one message-passing round per ``model.layers[k]``). A module
+    normalising by out-degrees other than a ``GraphConv`` that is ``model.layers[k]`` is refused (it would count a
+    bin's degrees; :func:`_check_degree_norms`). Anything else raises :class:`ModelContractError` saying what to
+    add."""
     layers = getattr(model, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         raise ModelContractError(
@@ -571,9 +573,10 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
                     f"needs DGL's full-graph convention forward(graph, features)"
                 ) from e
             if mode == "forward_layer":
-                _check_forward_layer(model, g, x, ref)
+                hs = _check_forward_layer(model, g, x, ref)
             else:
-                _check_row_by_row(model, g, x, ref)
+                hs = _check_row_by_row(model, g, x, ref)
+            _check_layers_on_blocks(model, mode, g, hs)
     finally:
         model.train(was)
     return mode
@@ -581,10 +584,10 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
 
 def _check_degree_norms(model: torch.nn.Module) -> None:
     """A module that normalises by source out-degrees computes them from the graph it is given: on a bin's block that
-    is the bin's share of the edges, not the graph's (the probe runs of :func:`check_model` use the whole graph, so
-    they cannot see it). Global degrees are folded into edge weights for a ``GraphConv`` that is ``model.layers[k]``
-    itself (B6 #14); any other such module is refused, naming it. In-degree normalisation (``norm="right"``) is exact:
-    a bin's block holds every in-edge of its destination rows."""
+    is the bin's share of the edges, not the graph's (named here by its module path; the block probe of
+    :func:`_check_layers_on_blocks` would see only different rows). Global degrees are folded into edge weights for
+    a ``GraphConv`` that is ``model.layers[k]`` itself (B6 #14); any other such module is refused, naming it.
+    In-degree normalisation (``norm="right"``) is exact: a bin's block holds every in-edge of its destination rows."""
     layers = {id(layer) for layer in model.layers}
     for name, m in model.named_modules():
         norm = getattr(m, "_norm", None)
@@ -604,22 +607,35 @@ def _matches(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _check_forward_layer(model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torch.Tensor) -> None:
-    """Chaining ``forward_layer(k, g, h, h)`` over the layers must give ``model(g, x)``."""
-    h = x
-    for k in range(len(model.layers)):
-        h = model.forward_layer(k, g, h, h)
+def _check_forward_layer(
+    model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torch.Tensor
+) -> list[torch.Tensor]:
+    """Chaining ``forward_layer(k, g, h, h)`` over the layers must give ``model(g, x)``. Returns each layer's input."""
+    h, hs = x, []
+    for k, layer in enumerate(model.layers):
+        hs.append(h)
+        try:
+            h = model.forward_layer(k, g, h, h)
+        except Exception as e:
+            raise ModelContractError(
+                _not_one_round(
+                    k, layer, "forward_layer", f"forward_layer({k}, graph, h, h) raised {_first_line(e)}"
+                )
+            ) from e
     if not _matches(h, ref):
         raise ModelContractError(
             "chaining model.forward_layer(k, ...) over model.layers does not give "
             "model(g, x); make forward_layer run layer k plus exactly what follows it"
         )
+    return hs
 
 
-def _check_row_by_row(model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torch.Tensor) -> None:
+def _check_row_by_row(
+    model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torch.Tensor
+) -> list[torch.Tensor]:
     """The user's ``forward`` with each graph layer swapped for a call the runtime makes: run once on the whole graph
     (recording each layer's input and output), then on each half of the nodes, fed the recorded outputs; a half's
-    inputs to the layers and its result must be the full run's rows."""
+    inputs to the layers and its result must be the full run's rows. Returns each layer's input."""
     inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def full(k: int, h: torch.Tensor) -> torch.Tensor:
@@ -649,6 +665,7 @@ def _check_row_by_row(model: torch.nn.Module, g: Any, x: torch.Tensor, ref: torc
             _check_half(model, inputs, x, ref, half)
     finally:
         _restore_layers(model, layers_saved)
+    return [h for h, _ in inputs]
 
 
 def _check_half(
@@ -680,6 +697,102 @@ def _check_half(
             "would compute a different function. Add forward_layer(k, block, "
             "h_src, h_dst)"
         )
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0].rstrip(':') if lines else ''}"
+
+
+def _not_one_round(k: int, layer: torch.nn.Module, mode: str, why: str) -> str:
+    """The refusal of a ``model.layers[k]`` the runtime cannot compute bin by bin: what failed, what is supported."""
+    call = f"model.forward_layer({k}, ...) with " if mode == "forward_layer" else ""
+    return (
+        f"{call}model.layers[{k}] ({type(layer).__name__}) cannot run bin by bin: {why}. The runtime exchanges the "
+        f"halo once per model.layers[k] and then computes the layer on each bin's block as "
+        f"layer(block, (h_src, h_dst)), so a layer may do one message-passing round (source rows to destination "
+        f"rows) and read nothing else of the graph: single-round convolutions such as GraphConv, SAGEConv, GATConv, "
+        f"GINConv or EdgeConv. A module propagating k hops in one call (SGConv, TAGConv, APPNPConv, ChebConv, "
+        f"GatedGraphConv, TWIRLSConv) would need k halo exchanges, and graph-wide state (a cache, a Laplacian's "
+        f"lambda_max) would be the bin's: express the k hops as k entries of model.layers (e.g. k GraphConv "
+        f"layers), each one round"
+    )
+
+
+def _check_layers_on_blocks(model: torch.nn.Module, mode: str, g: Any, hs: list[torch.Tensor]) -> None:
+    """Each ``model.layers[k]`` computed as the runtime computes it (:func:`_layer_on_block` on :func:`_bin_block`
+    blocks, GCN weights from the probe graph's degrees) must give the rows of its full-graph run on input ``hs[k]``:
+    each half of the probe's nodes as a bin, compacted and over every source row. This catches, by the property
+    rather than by name, what one halo exchange per layer cannot compute: several message-passing rounds in one
+    module (SGConv, TAGConv, APPNPConv; their second hop would need the halo's neighbours), graph-wide state
+    (ChebConv's lambda_max, SGConv's cache) and modules that do not take a block with ``(h_src, h_dst)``."""
+    src, dst = (t.cpu().numpy().astype(np.int64) for t in g.edges())
+    n = g.num_nodes()
+    eo = np.argsort(dst, kind="stable")
+    src, dst = src[eo], dst[eo]
+    eptr = np.searchsorted(dst, np.arange(n + 1))
+    deg_in, deg_out = (np.bincount(a, minlength=n).clip(min=1).astype(np.float64) for a in (dst, src))
+    norms = {k: torch.from_numpy(v).to(hs[0].dtype) for k, v in _gcn_norms(deg_in, deg_out, src, dst).items()}
+    dev = hs[0].device
+    bins = []
+    for rows in (np.arange(0, n, 2), np.arange(1, n, 2)):
+        for n_src in (None, n):
+            ids, blk = _bin_block(rows, eptr, src, norms, n_src)
+            src_ids = None if ids is None else torch.from_numpy(ids).to(dev)
+            bins.append((torch.from_numpy(rows).to(dev), src_ids, blk.to(dev)))
+    for k, layer in enumerate(model.layers):
+        h = hs[k]
+        want = model.forward_layer(k, g, h, h) if mode == "forward_layer" else layer(g, h)
+        for rows, src_ids, blk in bins:
+            try:
+                got = _layer_on_block(
+                    model, mode, k, layer, blk, h if src_ids is None else h[src_ids], h[rows]
+                )
+            except Exception as e:
+                raise ModelContractError(
+                    _not_one_round(k, layer, mode, f"on a bin's block it raised {_first_line(e)}")
+                ) from e
+            if not _matches(got, want[rows]):
+                raise ModelContractError(
+                    _not_one_round(
+                        k, layer, mode, "on a bin's block it gives other rows than on the whole graph"
+                    )
+                )
+
+
+def _gcn_norms(
+    in_deg: np.ndarray, out_deg: np.ndarray, e_src: np.ndarray, e_dst: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per-edge GraphConv weights of each ``norm`` from (global, clipped) degrees (B6 #14)."""
+    return {
+        "both": out_deg[e_src] ** -0.5 * in_deg[e_dst] ** -0.5,
+        "left": 1.0 / out_deg[e_src],
+        "right": 1.0 / in_deg[e_dst],
+    }
+
+
+def _layer_on_block(
+    model: torch.nn.Module,
+    mode: str,
+    k: int,
+    layer: torch.nn.Module,
+    blk: Any,
+    x_src: torch.Tensor,
+    x_dst: torch.Tensor,
+) -> torch.Tensor:
+    """Layer ``k`` on one bin's block; with ``forward_layer`` also what follows the layer."""
+    fl = model.forward_layer if mode == "forward_layer" else None
+    if isinstance(layer, GraphConv) and layer._norm != "none":
+        saved = layer._norm
+        layer._norm = "none"  # B6 #14: global-degree normalisation folded into edge weights
+        try:
+            h = layer(blk, (x_src, x_dst), edge_weight=blk.edata[f"norm_{saved}"].to(x_src.dtype))
+        finally:
+            layer._norm = saved
+        return _post(model, k, h, blk, x_src, x_dst) if fl is not None else h
+    if fl is not None:
+        return fl(k, blk, x_src, x_dst)
+    return layer(blk, (x_src, x_dst))
 
 
 def _bin_block(
@@ -850,11 +963,19 @@ class FullGraphRuntime:
         self.model = model.to(self.device)
         self.n_local = lp.inner_ids.size
         order, e_src, e_dst = self._order_rows(lp)
-        xgroup = self._plan_exchange(lp.relation)
-        norms = self._edge_norms(lp, order, e_src, e_dst, xgroup)
-        self._build_bins(e_src, e_dst, norms, model, x)
-        self._index_bin_rows()
-        self._load_rows(lp, order, xgroup)
+        self._xgroup: dist.ProcessGroup | None = None
+        self.store: FeatureStore | None = None
+        try:
+            xgroup = self._plan_exchange(lp.relation)
+            norms = self._edge_norms(lp, order, e_src, e_dst, xgroup)
+            self._build_bins(e_src, e_dst, norms, model, x)
+            self._index_bin_rows()
+            self._load_rows(lp, order, xgroup)
+        except BaseException:
+            # a failed constructor returns no runtime to close(): release what it made (the exchange's group keeps
+            # threads and a socket per peer; the store may hold the feature table pinned), then re-raise
+            self._release()
+            raise
         layer_params = [list(layer.parameters()) for layer in model.layers]
         seen = {id(p) for ps in layer_params for p in ps}
         rest = [p for p in model.parameters() if id(p) not in seen]
@@ -889,11 +1010,21 @@ class FullGraphRuntime:
         process that builds runtime after runtime, as a sweep does, would gain them with each). Collective: every
         rank of ``group`` calls it, after its last step (a barrier first, so no peer still uses the group). The
         runtime cannot exchange afterwards; a second call does nothing."""
-        xgroup, self._xgroup = getattr(self, "_xgroup", None), None
+        xgroup, self._xgroup = self._xgroup, None
         if xgroup is None:
             return
         dist.barrier(group=self.group)
         dist.destroy_process_group(xgroup)
+
+    def _release(self) -> None:
+        """Destroy the exchange group and close the feature store, without a barrier (a failed constructor: the
+        peers fail at the same step, or get a closed connection, not a hang)."""
+        store, self.store = self.store, None
+        if store is not None:
+            store.close()
+        xgroup, self._xgroup = self._xgroup, None
+        if xgroup is not None:
+            dist.destroy_process_group(xgroup)
 
     def __enter__(self) -> FullGraphRuntime:
         return self
@@ -991,8 +1122,8 @@ class FullGraphRuntime:
             ranks = (
                 list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
             )
-            xgroup = dist.new_group(ranks)
-        self._xgroup = xgroup
+            # kept at once: a failure later in the constructor destroys it (_release)
+            xgroup = self._xgroup = dist.new_group(ranks)
         self.exchange = GraphExchange(self.tables, group=xgroup, emulate_bandwidth=cfg.emulate_bandwidth)
         # gloo moves CPU tensors only: with a CUDA device on gloo the exchange stages through host memory
         self._host_exchange = (
@@ -1012,12 +1143,7 @@ class FullGraphRuntime:
             full_out = np.concatenate([lp.out_deg[: self.n_local][order], lp.out_deg[self.n_local :]])
         else:
             full_out = self._global_out_degree(e_src, xgroup)
-        out_deg = full_out.clip(min=1)
-        return {
-            "both": out_deg[e_src] ** -0.5 * in_deg[e_dst] ** -0.5,
-            "left": 1.0 / out_deg[e_src],
-            "right": 1.0 / in_deg[e_dst],
-        }
+        return _gcn_norms(in_deg, full_out.clip(min=1), e_src, e_dst)
 
     def _build_bins(
         self,
@@ -1144,7 +1270,6 @@ class FullGraphRuntime:
         memory behind a PyTorch-Direct store (``features="host"``)."""
         cfg = self.cfg
         o = torch.from_numpy(order)
-        self.store: FeatureStore | None = None
         self.x: torch.Tensor | _HostRows
         if cfg.features == "host":
             if self.world > 1 and self.device.type != "cpu" and not self._host_exchange:
@@ -1306,18 +1431,7 @@ class FullGraphRuntime:
         self, k: int, layer: torch.nn.Module, blk: Any, x_src: torch.Tensor, x_dst: torch.Tensor
     ) -> torch.Tensor:
         """Layer ``k`` on one bin's block; with ``forward_layer`` also what follows the layer."""
-        fl = self.model.forward_layer if self.mode == "forward_layer" else None
-        if isinstance(layer, GraphConv) and layer._norm != "none":
-            saved = layer._norm
-            layer._norm = "none"  # B6 #14: global-degree normalisation folded into edge weights
-            try:
-                h = layer(blk, (x_src, x_dst), edge_weight=blk.edata[f"norm_{saved}"].to(x_src.dtype))
-            finally:
-                layer._norm = saved
-            return _post(self.model, k, h, blk, x_src, x_dst) if fl is not None else h
-        if fl is not None:
-            return fl(k, blk, x_src, x_dst)
-        return layer(blk, (x_src, x_dst))
+        return _layer_on_block(self.model, self.mode, k, layer, blk, x_src, x_dst)
 
     def _local(self, full: torch.Tensor | _HostRows) -> torch.Tensor | _HostRows:
         """This rank's rows of ``[local | halo]`` (host features: the bins of groups A and D read no halo rows)."""

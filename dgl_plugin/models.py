@@ -1,7 +1,8 @@
 """Small dgl.nn models that follow the full-graph runtime's layer contract.
 
 Contract (what :class:`dgl_plugin.fullgraph.FullGraphRuntime` needs): ``model.layers`` is an ``nn.ModuleList`` of
-dgl.nn graph convolutions callable as ``layer(block, (h_src, h_dst))``; ``model.forward_layer(k, block, h_src, h_dst)``
+dgl.nn graph convolutions callable as ``layer(block, (h_src, h_dst))``, one message-passing round each (the halo is
+exchanged once per layer; k-hop modules such as SGConv are refused); ``model.forward_layer(k, block, h_src, h_dst)``
 runs layer ``k`` plus what follows it (activation, head reshaping); ``model(g, x)`` is ordinary single-process
 full-graph training. A model without ``forward_layer`` (DGL's own style: layers and activations in ``forward``) runs
 its own ``forward`` with each layer computed over the partition, if everything between layers acts row by row;

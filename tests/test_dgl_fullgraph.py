@@ -198,7 +198,16 @@ def _worker(rank, world, part_config):
         refused = None
     except ValueError as e:
         refused = str(e)
-    return out, disk, host, budget, refused, groups_left
+    # a constructor that fails after making its exchange group (the refusal above, in _build_bins; no train node,
+    # in _load_rows after the host feature store) destroys it: none is left behind
+    g = _graph()
+    g.ndata["train_mask"][:] = False
+    try:
+        FullGraphRuntime(g, _model("sage"), FullGraphConfig(features="host", direct={"path": "cpu-gather"}))
+        no_train = None
+    except ValueError as e:
+        no_train = str(e)
+    return out, disk, host, budget, refused, groups_left, (no_train, _process_groups() - groups)
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +223,7 @@ def partitioned(tmp_path_factory):
 def results(partitioned):
     # generous: the shared box is often loaded
     res = launch(_worker, RANKS, args=(partitioned[0],), timeout=600)
-    # (device, disk, host, budget, refused, groups_left) by rank
+    # (device, disk, host, budget, refused, groups_left, failed constructors) by rank
     return tuple(list(part) for part in zip(*res, strict=True))
 
 
@@ -284,6 +293,14 @@ def test_closed_runtimes_leave_no_process_group_behind(results):
     """Each runtime's halo exchange has its own gloo group (threads and a socket per peer); close() (the context
     manager's exit) destroys it, so a rank that built a runtime per case holds no more groups than before."""
     assert results[5] == [0] * RANKS
+
+
+def test_failed_constructors_leave_no_process_group_behind(results):
+    """Two constructors fail after their exchange group exists (a refused budget; no train node, after the host
+    feature store): each destroys the group before raising, so the ranks hold no more groups than at the start."""
+    for no_train, groups_left in results[6]:
+        assert no_train is not None and "train_mask selects no node" in no_train, no_train
+        assert groups_left == 0
 
 
 def _step_allocations(rt):
@@ -537,6 +554,102 @@ def test_a_wrapped_graphconv_normalising_by_in_degree_gives_single_process_resul
     torch.testing.assert_close(
         rt.forward().detach(), ref[torch.from_numpy(rt.local_ids)], rtol=1e-9, atol=1e-11
     )
+
+
+class _OneKind(nn.Module):
+    """DGL-style, every ``layers[k]`` one dgl.nn module kind (``make(in, out)``), after an optional row-wise
+    projection."""
+
+    def __init__(self, make, dims, proj=None):
+        super().__init__()
+        self.proj = proj
+        self.layers = nn.ModuleList(make(a, b) for a, b in dims)
+
+    def forward(self, graph, x):
+        h = x if self.proj is None else self.proj(x)
+        for k, layer in enumerate(self.layers):
+            h = layer(graph, h)
+            if k < len(self.layers) - 1:
+                h = F.relu(h)
+        return h
+
+
+class _OneKindLayerwise(_OneKind):
+    def forward_layer(self, k, block, h_src, h_dst):
+        h = self.layers[k](block, (h_src, h_dst))
+        return F.relu(h) if k < len(self.layers) - 1 else h
+
+
+class _EdgeCountScaled(nn.Module):
+    """One round, but reads graph-wide state: on a bin's block ``num_edges`` is the bin's."""
+
+    def __init__(self, a, b):
+        super().__init__()
+        self.conv = SAGEConv(a, b, "mean")
+
+    def forward(self, graph, h):
+        return self.conv(graph, h) * graph.num_edges() / 100
+
+
+_TWO = [(6, 8), (8, 4)]
+NOT_ONE_ROUND = {  # module kinds one halo exchange per layer cannot compute
+    "SGConv": lambda: _OneKind(lambda a, b: dgl.nn.SGConv(a, b, k=2, allow_zero_in_degree=True), _TWO),
+    "TAGConv": lambda: _OneKind(lambda a, b: dgl.nn.TAGConv(a, b, k=2), _TWO),
+    "APPNPConv": lambda: _OneKind(lambda a, b: dgl.nn.APPNPConv(k=3, alpha=0.1), [(4, 4)], nn.Linear(6, 4)),
+    "ChebConv": lambda: _OneKind(lambda a, b: dgl.nn.ChebConv(a, b, k=2), _TWO),
+    "_EdgeCountScaled": lambda: _OneKind(_EdgeCountScaled, _TWO),
+    "SGConv in forward_layer": lambda: _OneKindLayerwise(
+        lambda a, b: dgl.nn.SGConv(a, b, k=2, allow_zero_in_degree=True), _TWO
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_ONE_ROUND))
+def test_layers_of_several_rounds_or_graph_wide_state_are_refused_at_install(name):
+    """k hops in one module need k halo exchanges (the runtime makes one per model.layers[k]); graph-wide state
+    would be a bin's. Refused at install naming the module (they passed install and failed at the first forward),
+    by running each layer on bins' blocks as the runtime does. fp32: DGL's APPNPConv fails in fp64 by itself."""
+    g = _graph()
+    g.ndata["feat"] = g.ndata["feat"].float()
+    torch.manual_seed(0)
+    model = NOT_ONE_ROUND[name]()
+    model(g, g.ndata["feat"])  # single-process DGL runs it
+    cls = name.split()[0]
+    prefix = r"model.forward_layer\(0, ...\) with " if "forward_layer" in name else ""
+    why = "other rows than on the whole graph" if cls == "_EdgeCountScaled" else "raised"
+    with pytest.raises(
+        ModelContractError,
+        match=rf"^{prefix}model.layers\[0\] \({cls}\) cannot run bin by bin: .*{why}.* exchanges the halo once "
+        r"per model.layers\[k\].* express the k hops as k entries of model.layers",
+    ):
+        FullGraphRuntime(g, model, FullGraphConfig(device="cpu"))
+
+
+ONE_ROUND = {
+    "GINConv": lambda a, b: dgl.nn.GINConv(nn.Linear(a, b), "sum"),
+    "EdgeConv": lambda a, b: dgl.nn.EdgeConv(a, b, allow_zero_in_degree=True),
+    "SAGEConv": lambda a, b: SAGEConv(a, b, "pool"),
+    "GraphConv": lambda a, b: GraphConv(a, b, norm="both", allow_zero_in_degree=True),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_ROUND))
+def test_single_round_layers_pass_the_block_check_and_train_exactly(name):
+    """Single-round dgl.nn convolutions (layer(block, (h_src, h_dst))) pass the install check and give the
+    single-process logits and gradients on one rank with several bins per group."""
+    g = _graph()
+    torch.manual_seed(0)
+    model = _OneKind(ONE_ROUND[name], _TWO).double()
+    ref_model = _OneKind(ONE_ROUND[name], _TWO).double()
+    ref_model.load_state_dict(model.state_dict())
+    ref = ref_model(g, g.ndata["feat"])
+    m = g.ndata["train_mask"]
+    F.cross_entropy(ref[m], g.ndata["label"][m], reduction="sum").div(int(m.sum())).backward()
+    res = _run(FullGraphRuntime(g, model, FullGraphConfig(bin_size=16, device="cpu")), model)
+    assert sum(res["summary"]["bins"].values()) > 4
+    np.testing.assert_allclose(res["logits"], ref.detach().numpy()[res["ids"]], rtol=1e-9, atol=1e-11)
+    for k, p in ref_model.named_parameters():
+        np.testing.assert_allclose(res["grads"][k], p.grad.numpy(), rtol=1e-8, atol=1e-11, err_msg=k)
 
 
 @pytest.mark.parametrize(
