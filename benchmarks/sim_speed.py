@@ -4,7 +4,10 @@ on the machine), events per CPU second, and how time grows with the number of fl
 results/sim/speed.json and speed.png (``--name``). Goals (issue 3): 1,024 GPUs <= 10 s, 8,192 GPUs <= 120 s on one core.
 
     .venv-llm/bin/python benchmarks/sim_speed.py [--sizes 256,512,1024,2048,4096,8192] [--quantum 1e-4]
-        [--before OLD.json --before-label TEXT]
+        [--numpy-up-to 1024] [--before OLD.json --before-label TEXT]
+
+``--numpy-up-to`` also runs the scaled config on the numpy rate path (no C kernel) up to that size: same events,
+its CPU time beside the kernel's (``numpy_over_c``).
 
 ``--before`` keeps a run of this benchmark on other code (e.g. the engine before a change) in the JSON beside this
 one, with the CPU-time ratio per row and whether the simulated iteration times are identical (they must be, bit for
@@ -15,14 +18,31 @@ runs made back to back.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from flowlane.policies import make_policy
 from flowlane.sim import SimConfig, Simulator
 from flowlane.sim.workloads import build_workload
 from flowlane.testing.provenance import provenance
+
+
+@contextlib.contextmanager
+def _rate_path(kernel: str) -> Iterator[None]:
+    """Run the rate allocation on the C kernel or on numpy (``FLOWLANE_SIM_NO_C``, read at each allocation)."""
+    old = os.environ.get("FLOWLANE_SIM_NO_C")
+    os.environ["FLOWLANE_SIM_NO_C"] = "1" if kernel == "numpy" else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["FLOWLANE_SIM_NO_C"]
+        else:
+            os.environ["FLOWLANE_SIM_NO_C"] = old
 
 
 def main() -> None:
@@ -33,6 +53,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--exact-up-to", type=int, default=8192, help="also run exact (quantum 0) up to this size"
+    )
+    ap.add_argument(
+        "--numpy-up-to",
+        type=int,
+        default=1024,
+        help="also run the scaled config on the numpy rate path (FLOWLANE_SIM_NO_C=1) up to this size",
     )
     ap.add_argument("--out", default="results/sim")
     ap.add_argument("--name", default="speed", help="output file stem (NAME.json, NAME.png)")
@@ -55,13 +81,17 @@ def main() -> None:
         c0 = time.process_time()
         topo, wl = build_workload("gpt3-175b", g)
         build_cpu = time.process_time() - c0
-        for q in ([0.0] if g <= a.exact_up_to else []) + [a.quantum]:
+        runs = [(q, "c") for q in ([0.0] if g <= a.exact_up_to else []) + [a.quantum]]
+        runs += [(a.quantum, "numpy")] if g <= a.numpy_up_to else []
+        for q, kernel in runs:
             c1 = time.process_time()
-            r = Simulator(topo, SimConfig(time_quantum=q)).run(wl, make_policy("fifo"))
+            with _rate_path(kernel):
+                r = Simulator(topo, SimConfig(time_quantum=q)).run(wl, make_policy("fifo"))
             sim_cpu = time.process_time() - c1
             row = {
                 "gpus": g,
                 "quantum_s": q,
+                "kernel": kernel,
                 "flows": r.num_flows,
                 "coflows": len(r.coflow_nodes),
                 "nodes": len(wl.nodes),
@@ -73,13 +103,27 @@ def main() -> None:
                 "sim_wall_s": r.wall_s,
                 "events_per_cpu_s": r.events / sim_cpu,
                 "iteration_time_s_simulated": r.iteration_time,
+                "load_average_1min": os.getloadavg()[0],  # CPU seconds grow with the machine's load
             }
             rows.append(row)
             con.print(row)
         del topo, wl
+    numpy_over_c = {}
+    for r in rows:
+        if r["kernel"] == "numpy":
+            c = next(
+                x
+                for x in rows
+                if x["kernel"] == "c" and (x["gpus"], x["quantum_s"]) == (r["gpus"], r["quantum_s"])
+            )
+            numpy_over_c[str(r["gpus"])] = {
+                "sim_cpu_s_ratio": r["sim_cpu_s"] / c["sim_cpu_s"],
+                "iteration_time_identical": r["iteration_time_s_simulated"]
+                == c["iteration_time_s_simulated"],
+            }
     goals = {}
     for g, lim in ((1024, 10.0), (8192, 120.0)):
-        rs = [r for r in rows if r["gpus"] == g]
+        rs = [r for r in rows if r["gpus"] == g and r["kernel"] == "c"]
         if rs:
             best = min(rs, key=lambda r: r["total_cpu_s"])
             goals[str(g)] = {
@@ -91,7 +135,7 @@ def main() -> None:
     exact_err = {}
     for g in {r["gpus"] for r in rows}:
         e = [r for r in rows if r["gpus"] == g and r["quantum_s"] == 0]
-        q = [r for r in rows if r["gpus"] == g and r["quantum_s"] > 0]
+        q = [r for r in rows if r["gpus"] == g and r["quantum_s"] > 0 and r["kernel"] == "c"]
         if e and q:
             exact_err[str(g)] = abs(
                 q[0]["iteration_time_s_simulated"] / e[0]["iteration_time_s_simulated"] - 1
@@ -106,12 +150,13 @@ def main() -> None:
         "rows": rows,
         "goals": goals,
         "quantum_relative_error": exact_err,
+        "numpy_over_c": numpy_over_c,
     }
     if before is not None:
-        old = {(r["gpus"], r["quantum_s"]): r for r in before["rows"]}
+        old = {(r["gpus"], r["quantum_s"]): r for r in before["rows"] if r.get("kernel", "c") == "c"}
         cmp = []
         for r in rows:
-            o = old.get((r["gpus"], r["quantum_s"]))
+            o = old.get((r["gpus"], r["quantum_s"])) if r["kernel"] == "c" else None
             if o is not None:
                 cmp.append(
                     {
@@ -138,6 +183,7 @@ def main() -> None:
     for c in (
         "GPUs",
         "quantum",
+        "rates",
         "flows",
         "events",
         "rate updates",
@@ -150,6 +196,7 @@ def main() -> None:
         tab.add_row(
             str(r["gpus"]),
             f"{r['quantum_s']:g}",
+            r["kernel"],
             f"{r['flows']:,}",
             f"{r['events']:,}",
             f"{r['rate_updates']:,}",
@@ -158,16 +205,17 @@ def main() -> None:
             f"{r['events_per_cpu_s']:,.0f}",
         )
     con.print(tab)
-    con.print({"goals": goals, "quantum_relative_error": exact_err})
+    con.print({"goals": goals, "quantum_relative_error": exact_err, "numpy_over_c": numpy_over_c})
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for q in sorted({r["quantum_s"] for r in rows}):
-        rs = [r for r in rows if r["quantum_s"] == q]
-        ax.loglog([r["flows"] for r in rs], [r["total_cpu_s"] for r in rs], "o-", label=f"quantum {q:g} s")
+    for q, kernel in sorted({(r["quantum_s"], r["kernel"]) for r in rows}):
+        rs = [r for r in rows if (r["quantum_s"], r["kernel"]) == (q, kernel)]
+        label = f"quantum {q:g} s" + (", numpy rates" if kernel == "numpy" else "")
+        ax.loglog([r["flows"] for r in rs], [r["total_cpu_s"] for r in rs], "o-", label=label)
         for r in rs:
             ax.annotate(f"{r['gpus']}", (r["flows"], r["total_cpu_s"]), fontsize=7)
     ax.set_xlabel("flows per iteration")

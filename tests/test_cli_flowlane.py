@@ -129,6 +129,8 @@ def test_sim_runs_and_writes_its_results(tmp_path, capsys):
         == 0
     )
     assert (tmp_path / "sim.json").exists() and "speedup" in capsys.readouterr().out
+    prov = json.loads((tmp_path / "sim.json").read_text())["provenance"]
+    assert prov["commit"] and prov["command"]  # what produced the file, as every result JSON records
 
 
 def test_sim_orders_hermod_by_the_workloads_interleaved_schedule(tmp_path):

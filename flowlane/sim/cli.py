@@ -14,6 +14,7 @@ from flowlane.sim.models import EP_A2A, MODELS, SCHEDULES
 from flowlane.sim.network import INCAST_COUNTS, SHARING, IncastModel
 from flowlane.sim.output import chrome_trace, plot, summary, write_json
 from flowlane.sim.workloads import WORKLOADS, build_workload, cluster
+from flowlane.testing.provenance import provenance
 
 # the simulator holds every flow in memory: 8,192 GPUs is the largest run measured, a million ends in MemoryError
 MAX_GPUS = 16384
@@ -185,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         },
         "baseline": policies[0].name,
         "results": {n: {**summary(r), "speedup": base / r.iteration_time} for n, r in results.items()},
+        "provenance": provenance(),  # the command line and commit that produced this file
     }
     write_json(out / "sim.json", doc)
     if args.trace:
