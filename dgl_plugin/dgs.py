@@ -13,6 +13,13 @@ before ``dgl.distributed.initialize``; :func:`register_services`). DGL itself is
 - ``NodeWeightRequest(gids, w)``: a worker stores 𝒮𝒩 (+ floor) for its halo nodes on its own server, once per mask
   version (A6 #12; the seed's "tensor interpreted from 𝒮𝒩 to the service").
 
+DGL's own reads from the servers (``DistTensor[ids]``, i.e. its KVStore pull, and its ``NeighborSampler``'s sampling
+RPCs) wait for the answer with no timeout and cannot be given one: DGL 2.1's C++ ``fast_pull`` and
+``rpc.recv_responses`` call ``RecvRPCMessage(msg, 0)``, which retries every 5 s for ever, so a server that died with
+a request in flight (or stopped answering) hung the trainer. Here they run through :func:`bounded`: DGL's own call,
+in a daemon thread, the trainer waiting at most ``peer_timeout_s`` for it (:func:`read_rows`,
+:class:`BoundedNeighborSampler`).
+
 Bytes are counted here, where flowlane sends them (:class:`flowlane.dgs.ByteLedger`): remote feature pulls, sampling
 RPCs to servers of other partitions (DGL's own sampler's too, by the same payload formula), probability updates,
 and setup pulls. On one host DGL maps every trainer to machine 0 (it picks the machine by local IP), so "local" here
@@ -23,7 +30,11 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import dgl
 import numpy as np
@@ -84,15 +95,86 @@ def remote_call(reqs: list, timeout_s: float, what: str) -> list:
     except dgl.DGLError as e:
         if "timed out" not in str(e).lower():
             raise
-        parts = sorted({p for p, _ in reqs})
-        raise PeerLostError(
-            f"{what}: the graph server(s) of partition(s) {parts} did not answer within peer_timeout_s="
-            f"{timeout_s:g} s (a server died or hangs; its log says why)"
-        ) from e
+        raise PeerLostError(_no_answer(what, sorted({p for p, _ in reqs}), timeout_s)) from e
     for (p, _), r in zip(reqs, res, strict=True):
         if getattr(r, "error", None):
             raise RuntimeError(f"{what}: the graph server of partition {p} failed: {r.error}")
     return res
+
+
+def _no_answer(what: str, parts: list[int], timeout_s: float) -> str:
+    return (
+        f"{what}: the graph server(s) of partition(s) {parts} did not answer within peer_timeout_s={timeout_s:g} s "
+        "(a server died or hangs; its log says why)"
+    )
+
+
+class _Waiter:
+    """The daemon thread that runs :func:`bounded`'s calls, one at a time (DGL's RPC client is not made for
+    concurrent callers). Daemon: a call left waiting for a dead server does not hold the interpreter's exit."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.stuck: str | None = None  # the call that timed out: it still occupies the thread
+        self.thread = threading.Thread(target=self._run, name="flowlane-dgl-wait", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, box, done = self.jobs.get()
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # handed to the caller, which raises it
+                box["error"] = e
+            done.set()
+
+
+_WAITER: _Waiter | None = None
+_WAITER_LOCK = threading.Lock()
+
+
+def bounded(fn: Callable[[], Any], timeout_s: float, what: str, parts: list[int]) -> Any:
+    """``fn()``, a DGL call that waits on the graph servers of ``parts`` with no timeout of its own, waited for at
+    most ``timeout_s``: past it, :class:`dgl_plugin.distdgl.PeerLostError` naming the partitions and the timeout.
+    DGL's wait (native code) cannot be cancelled, so ``fn`` runs in a daemon thread and stays there when it times out;
+    the trainer then has to end (its DGL client has a request without an answer), which
+    :func:`~dgl_plugin.distdgl.peer_guard` and :func:`~dgl_plugin.distdgl.leave` do without DGL's exit barrier.
+    Errors of ``fn`` are raised here; a call from inside another bounded call runs directly (it is already
+    bounded)."""
+    from .distdgl import PeerLostError
+
+    global _WAITER
+    with _WAITER_LOCK:
+        if _WAITER is None:
+            _WAITER = _Waiter()
+        w = _WAITER
+    if threading.current_thread() is w.thread:
+        return fn()
+    if w.stuck is not None:
+        raise PeerLostError(f"{what}: not sent: an earlier DistDGL call ({w.stuck}) still waits for a server")
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    w.jobs.put((fn, box, done))
+    if not done.wait(timeout_s):
+        w.stuck = what
+        raise PeerLostError(
+            f"{_no_answer(what, parts, timeout_s)}. DGL's own wait has no timeout and cannot be cancelled: the "
+            "trainer must end"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def read_rows(g: dgl.distributed.DistGraph, name: str, ids: torch.Tensor, timeout_s: float) -> torch.Tensor:
+    """``g.ndata[name][ids]`` (DGL's KVStore pull), waiting at most ``timeout_s`` for the servers of other machines
+    (:func:`bounded`); rows of this machine's partition only (shared memory, no RPC) are read directly."""
+    ids = _ids(ids)
+    pb = g.get_partition_book()
+    far = sorted(set(torch.unique(pb.nid2partid(ids)).tolist()) - {pb.partid})
+    if not far:
+        return g.ndata[name][ids]
+    return bounded(lambda: g.ndata[name][ids], timeout_s, f"DistDGL pull of {name!r}", far)
 
 
 class ColumnPullResponse(rpc.Response):
@@ -308,7 +390,8 @@ class DGSRuntime:
     device: torch.device | str = "cpu"
     """Where pulled rows land."""
     peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S
-    """How long a DGS request waits for a graph server's answer before it is an error (:func:`remote_call`)."""
+    """How long a DGS request, or a DGL read (pull, sampling), waits for a graph server's answer before it is an
+    error (:func:`remote_call`, :func:`bounded`)."""
 
     def __post_init__(self) -> None:
         _check_registered()
@@ -340,6 +423,11 @@ class DGSRuntime:
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
         return self.pb.nid2partid(ids)
 
+    def read(self, ids: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        """Rows ``ids`` of node tensor ``name`` (default: the features) through DGL's own pull, bounded by
+        ``peer_timeout_s`` (:func:`read_rows`)."""
+        return read_rows(self.g, name or self.feat, ids, self.peer_timeout_s)
+
     def pull(
         self, ids: torch.Tensor, dims: torch.Tensor | None = None, kind: str = "feature_remote"
     ) -> torch.Tensor:
@@ -353,7 +441,7 @@ class DGSRuntime:
             if self.store is not None:
                 out[mine.to(self.device)] = self.store.gather(self.pb.nid2localnid(ids[mine], self.part_id))
             else:
-                out[mine.to(self.device)] = self.tensor[ids[mine]].to(self.device, non_blocking=True)
+                out[mine.to(self.device)] = self.read(ids[mine]).to(self.device, non_blocking=True)
         rmt = ~mine
         n_rmt = int(rmt.sum())
         self.stats["remote_rows"] += n_rmt if kind == "feature_remote" else 0
@@ -361,7 +449,7 @@ class DGSRuntime:
         if not n_rmt:
             return out
         if dims is None or int(dims.numel()) == self.f:
-            out[rmt.to(self.device)] = self.tensor[ids[rmt]].to(self.device, non_blocking=True)
+            out[rmt.to(self.device)] = self.read(ids[rmt]).to(self.device, non_blocking=True)
             self.ledger.add(kind, sum(pull_bytes(n_rmt, self.f, self.itemsize, self.f)))
             return out
         reqs, where = [], []
@@ -391,12 +479,33 @@ class DGSRuntime:
         self.mask_version = version
 
 
-class CountingNeighborSampler(dgl.dataloading.NeighborSampler):
+class BoundedNeighborSampler(dgl.dataloading.NeighborSampler):
+    """DGL's own ``NeighborSampler``, each batch's sampling (RPCs to the servers of other machines, no timeout in
+    DGL) waited for at most ``timeout_s`` (:func:`bounded`)."""
+
+    def __init__(self, fanouts: list[int], timeout_s: float, **kw):
+        super().__init__(fanouts, **kw)
+        self.timeout_s = timeout_s
+
+    def sample_blocks(self, g, seed_nodes, exclude_eids=None):
+        pb = g.get_partition_book()
+        far = sorted(set(range(pb.num_partitions())) - {pb.partid})
+        sample = super().sample_blocks
+        return bounded(
+            lambda: sample(g, seed_nodes, exclude_eids=exclude_eids),
+            self.timeout_s,
+            "DGL neighbour sampling",
+            far,
+        )
+
+
+class CountingNeighborSampler(BoundedNeighborSampler):
     """DGL's own ``NeighborSampler`` (the baseline path), with its sampling RPCs to other partitions counted by the
-    same payload formula as the DGS service: frontier ids in, (src, dst) per sampled edge out."""
+    same payload formula as the DGS service: frontier ids in, (src, dst) per sampled edge out; bounded by the
+    runtime's ``peer_timeout_s``."""
 
     def __init__(self, fanouts: list[int], runtime: DGSRuntime, **kw):
-        super().__init__(fanouts, **kw)
+        super().__init__(fanouts, runtime.peer_timeout_s, **kw)
         self.rt = runtime
 
     def sample_blocks(self, g, seed_nodes, exclude_eids=None):

@@ -133,6 +133,7 @@ def _trainer_body(args: dict, peer_s: float, log) -> list[dict]:
     import dgl
     import torch
 
+    from .dgs import read_rows
     from .distdgl import leave, trainer_process_group
 
     trainer_process_group(peer_s)  # every collective bounded by peer_s
@@ -141,7 +142,7 @@ def _trainer_body(args: dict, peer_s: float, log) -> list[dict]:
     g = dgl.distributed.DistGraph(_graph_name(args["part_config"]), part_config=args["part_config"])
     if args.get("classes") is None:  # under DistDGL's launcher: the partitions are all there is
         own = g.get_partition_book().partid2nids(rank)
-        top = torch.tensor([int(g.ndata["label"][own].max()) if len(own) else 0])
+        top = torch.tensor([int(read_rows(g, "label", own, peer_s).max()) if len(own) else 0])
         torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
         args = dict(args, classes=int(top) + 1)
     lp = None
@@ -188,7 +189,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
     reset = NodeWeightRequest(torch.zeros(0, dtype=torch.int64), torch.zeros(0))
     remote_call([(rank, reset)], rt.peer_timeout_s, "DGS node weights")
     own = pb.partid2nids(rank)
-    train = own[g.ndata["train_mask"][own].bool()]
+    train = own[rt.read(own, "train_mask").bool()]
     model_kw = {
         "name": args["model"],
         "in_feats": rt.f,
@@ -218,7 +219,7 @@ def _train_one(g, rank: int, world: int, args: dict, lp, log) -> dict:
         if explainer is not None and explainer.proc.is_alive():
             explainer.proc.kill()
         raise
-    acc = _evaluate(g, pb, rank, model, loop.forward, args["batch"])
+    acc = _evaluate(rt, rank, model, loop.forward, args["batch"])
     log(f"evaluated: {acc}")
     return {
         "name": args.get("name"),
@@ -341,7 +342,7 @@ class _TrainLoop:
         if batch is not None:
             inp, seeds, blocks = batch
             out = F.cross_entropy(
-                self.forward(blocks, self.rt.pull_inputs(inp)), self.g.ndata["label"][seeds]
+                self.forward(blocks, self.rt.pull_inputs(inp)), self.rt.read(seeds, "label")
             )
             out.backward()
             loss = float(out)
@@ -391,7 +392,7 @@ def _check_column_pull(g, rt, ids) -> dict:
 
     dims = torch.tensor(sorted({0, 2, rt.f - 1, rt.f // 2}), dtype=torch.int64)
     got = rt.pull(ids, dims, kind="setup")
-    ref = g.ndata[rt.feat][ids]
+    ref = rt.read(ids)
     other = torch.ones(rt.f, dtype=torch.bool)
     other[dims] = False
     # PyTorch-Direct: own rows gathered from the local table by a FeatureStore, remote rows as before
@@ -412,7 +413,7 @@ def _check_column_pull(g, rt, ids) -> dict:
         "zero_elsewhere": bool((got[:, other] == 0).all()),
         "direct_own_rows": int(min(own.numel(), ids.numel())),
         "direct_applied": direct.store is not None,
-        "direct_equal": bool(torch.equal(direct.pull(mixed, kind="setup"), g.ndata[rt.feat][mixed]))
+        "direct_equal": bool(torch.equal(direct.pull(mixed, kind="setup"), rt.read(mixed)))
         and bool(torch.equal(direct.pull(mixed, dims, kind="setup"), rt.pull(mixed, dims, kind="setup"))),
     }
 
@@ -423,19 +424,24 @@ def _rss() -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
-def _evaluate(g, pb, rank, model, run, batch) -> dict:
+def _evaluate(rt, rank, model, run, batch) -> dict:
+    """Validation and test accuracy on this rank's partition: DGL's own sampler (all neighbours) and pulls, each
+    bounded by ``peer_timeout_s`` like the training's."""
     import dgl
     import torch
 
+    from .dgs import BoundedNeighborSampler
+
     out = {}
-    own = pb.partid2nids(rank)
+    g = rt.g
+    own = rt.pb.partid2nids(rank)
     model.eval()
     for key in ("val_mask", "test_mask"):
-        ids = own[g.ndata[key][own].bool()]
+        ids = own[rt.read(own, key).bool()]
         loader = dgl.dataloading.DistNodeDataLoader(
             g,
             ids,
-            dgl.dataloading.NeighborSampler([-1] * len(model.layers)),
+            BoundedNeighborSampler([-1] * len(model.layers), rt.peer_timeout_s),
             batch_size=batch,
             shuffle=False,
             drop_last=False,
@@ -443,8 +449,8 @@ def _evaluate(g, pb, rank, model, run, batch) -> dict:
         ok = torch.zeros(2)
         with torch.no_grad():
             for inp, seeds, blocks in loader:
-                pred = run(blocks, g.ndata["feat"][inp]).argmax(1)
-                ok += torch.tensor([float((pred == g.ndata["label"][seeds]).sum()), float(seeds.numel())])
+                pred = run(blocks, rt.read(inp, "feat")).argmax(1)
+                ok += torch.tensor([float((pred == rt.read(seeds, "label")).sum()), float(seeds.numel())])
         torch.distributed.all_reduce(ok)
         out[key.replace("_mask", "_acc")] = float(ok[0] / ok[1]) if ok[1] else float("nan")
     return out

@@ -6,8 +6,12 @@ then waited for ever. Here real DistDGL processes play it out: one graph server 
 running the guard the gnn_dgs and G3 trainers run (``connect_trainer``, ``trainer_process_group``, ``peer_guard``,
 ``leave``). Trainer 1 stops after three all-reduces: it raises (the reported case; fast tier), or, in a ``slow`` test
 of two sessions side by side, is SIGKILLed or stops answering (SIGSTOP). Trainer 0 must exit non-zero
-with PeerLostError, within ``peer_timeout_s`` for the silent peer; a failing trainer must exit too. Hard limits
-(process waits, pytest timeout) keep a regression from hanging CI."""
+with PeerLostError, within ``peer_timeout_s`` for the silent peer; a failing trainer must exit too.
+
+A dead graph *server* (``slow``): two servers, two DGS trainers reading partition 1 through DGL (its KVStore pull, its
+neighbour sampler); server 1 is SIGKILLed with both reads in flight, and each trainer must exit with PeerLostError
+after ``peer_timeout_s`` (DGL's own wait has no timeout). Hard limits (process waits, pytest timeout) keep a
+regression from hanging CI."""
 
 import contextlib
 import json
@@ -27,6 +31,7 @@ pytestmark = pytest.mark.gnn
 dgl = pytest.importorskip("dgl")
 
 ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable.encode()
 PEER_S = 15.0  # peer_timeout_s of the trainers: the silent peer's survivor gives up after it
 
 # A trainer: a DGL client, then the gloo pair; rank 1 stops after three all-reduces.
@@ -178,3 +183,158 @@ def test_a_bad_peer_timeout_is_refused_naming_the_value(bad):
 
     with pytest.raises(ValueError, match=rf"peer_timeout_s={bad!r} must be a number of seconds > 0"):
         check_config({"peer_timeout_s": bad})
+
+
+# A DGS trainer with no gloo group: DGL client, DistGraph over 2 partitions (served by servers 0 and 1), then the
+# DistDGL reads DGS makes of partition 1's rows ("pull": DGSRuntime.pull, DGL's KVStore pull; "sample": a batch of
+# DGL's neighbour sampler, CountingNeighborSampler). Three rounds, "ready", wait for the go file (server 1 is stopped
+# by then, and killed once both requests reached it), one more round: PeerLostError, not a wait for ever.
+PULLER = """
+import os, sys, time
+import dgl, torch
+from dgl_plugin import distdgl
+from dgl_plugin.dgs import CountingNeighborSampler, DGSRuntime, register_services
+from flowlane.dgs import DGSConfig
+
+mode, peer_s, go = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+register_services()
+role = distdgl.distdgl_role()
+distdgl.connect(role, peer_s)
+with distdgl.peer_guard(peer_s, "test DGS trainer"):
+    g = dgl.distributed.DistGraph(os.environ["GRAPH_NAME"], part_config=role.part_config)
+    rt = DGSRuntime(g, 0, DGSConfig(), peer_timeout_s=peer_s)
+    far = g.get_partition_book().partid2nids(1)
+
+    def one_round():
+        if mode == "pull":
+            return rt.pull(far)
+        loader = dgl.dataloading.DistNodeDataLoader(g, far, CountingNeighborSampler([2], rt), batch_size=far.numel())
+        return list(loader)
+
+    for _ in range(3):
+        one_round()
+    print(f"{mode}: ready at {time.time():.3f}", flush=True)
+    for _ in range(3000):  # the test writes the go file once server 1 is dead (hard limit: 300 s)
+        if os.path.exists(go):
+            break
+        time.sleep(0.1)
+    print(f"{mode}: go at {time.time():.3f}", flush=True)
+    one_round()
+    print(f"{mode}: read from a dead server", flush=True)
+distdgl.leave(peer_s)
+"""
+
+
+def _unread_connections(port: int) -> int:
+    """Established TCP connections to local ``port`` with bytes its (stopped) server has not read."""
+    n = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if int(f[1].split(":")[1], 16) == port and f[3] == "01" and int(f[4].split(":")[1], 16) > 0:
+            n += 1
+    return n
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("nsenter") is None, reason="the trainers join server 0's /dev/shm (nsenter)")
+@pytest.mark.slow  # 4 processes import torch + DGL, then a 15 s timeout: 1-2 min (the mechanism: test_dgs_dgl.py)
+@pytest.mark.timeout(480)
+def test_a_dead_graph_server_ends_dgls_distdgl_reads_with_peer_lost_error_never_a_hang(tmp_path):
+    """Server 1 dies (SIGKILL) while both trainers wait for its answer: DGL's KVStore pull (``fast_pull``) and its
+    sampling RPC wait with no timeout (C++ ``RecvRPCMessage(msg, 0)``), so both trainers hung before; DGS bounds them
+    by ``peer_timeout_s``. Each trainer must exit 1 with PeerLostError naming partition 1 and the timeout. The bound
+    on the wait (``PEER_S`` + 150 s) only tells a hang from an error; it is not a speed assertion."""
+    from dgl_plugin.datasets import load_graph
+
+    g = load_graph(
+        "synthetic", seed=0, num_nodes=80, avg_degree=4, num_classes=2, num_communities=2, feat_dim=4
+    )
+    name = f"deadsrv{os.getpid()}x{time.monotonic_ns() % 10**9}"
+    dgl.distributed.partition_graph(g, name, 2, str(tmp_path / "parts"), num_hops=1, part_method="metis")
+    ip = tmp_path / "ip_config.txt"
+    port1 = free_port()
+    ip.write_text(f"127.0.0.1 {free_port()}\n127.0.0.1 {port1}\n")
+    go = tmp_path / "go"
+    common = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "DGL_IP_CONFIG": str(ip),
+        "DGL_NUM_SERVER": "1",
+        "DGL_NUM_CLIENT": "2",
+        "DGL_NUM_SAMPLER": "0",
+        "DGL_CONF_PATH": str(tmp_path / "parts" / f"{name}.json"),
+        "GRAPH_NAME": name,
+    }
+    serve = "from dgl_plugin.dgs import register_services; register_services(); import dgl; "
+    serve += f"dgl.distributed.initialize({str(ip)!r})"
+    procs: dict[str, subprocess.Popen] = {}
+    logs = []
+
+    def start(key: str, cmd: list[str], env: dict[str, str]) -> None:
+        f = open(tmp_path / f"{key}.log", "w")  # noqa: SIM115 - closed below
+        logs.append(f)
+        procs[key] = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
+
+    def log(key: str) -> str:
+        return (tmp_path / f"{key}.log").read_text(errors="replace")
+
+    def dump() -> str:
+        return "\n".join(f"--- {k} (rc {p.poll()})\n{log(k)[-2500:]}" for k, p in procs.items())
+
+    modes = {"pull": "DistDGL pull of 'feat'", "sample": "DGL neighbour sampling"}
+    exited: set[str] = set()
+    try:
+        # each server in a private /dev/shm (DGL names KVStore segments after the tensor only)
+        for sid in (0, 1):
+            start(
+                f"server{sid}",
+                [
+                    *("unshare", "--mount", "--propagation", "private", "sh", "-c"),
+                    'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
+                    *("sh", sys.executable, "-c", serve),
+                ],
+                dict(common, DGL_ROLE="server", DGL_SERVER_ID=str(sid)),
+            )
+        deadline = time.monotonic() + 120
+        while Path(f"/proc/{procs['server0'].pid}/cmdline").read_bytes().split(b"\0")[0] != PY:
+            assert procs["server0"].poll() is None and time.monotonic() < deadline, dump()
+            time.sleep(0.05)
+        for mode in modes:  # the trainers map partition 0's segments: they join server 0's mount namespace
+            enter = ["nsenter", f"--mount=/proc/{procs['server0'].pid}/ns/mnt", "--"]
+            env = dict(common, DGL_ROLE="client", DGL_DIST_MODE="distributed")
+            start(mode, [*enter, sys.executable, "-c", PULLER, mode, str(PEER_S), str(go)], env)
+        deadline = time.monotonic() + 300  # torch + DGL imports on a busy 2-core host
+        while not all(f"{m}: ready" in log(m) for m in modes):
+            assert time.monotonic() < deadline and all(procs[m].poll() is None for m in modes), dump()
+            time.sleep(0.2)
+        # server 1 dies with both trainers' requests in flight: stopped, the requests reach its sockets (unread
+        # bytes), then SIGKILL. (Killed between requests instead, DGL's sender aborts the trainer: "Broken pipe".)
+        os.killpg(procs["server1"].pid, signal.SIGSTOP)
+        go.write_text("")
+        deadline = time.monotonic() + 120
+        while _unread_connections(port1) < 2:
+            assert time.monotonic() < deadline and all(procs[m].poll() is None for m in modes), dump()
+            time.sleep(0.2)
+        os.killpg(procs["server1"].pid, signal.SIGKILL)
+        deadline = time.monotonic() + PEER_S + 150
+        while time.monotonic() < deadline and not all(m in exited for m in modes):
+            for m in modes:
+                if procs[m].poll() is not None:
+                    exited.add(m)
+            time.sleep(0.2)
+        assert all(m in exited for m in modes), f"a trainer hung in a read from the dead server:\n{dump()}"
+    finally:
+        for p in procs.values():
+            _kill(p)
+        for f in logs:
+            f.close()
+    for m, what in modes.items():
+        out = log(m)
+        assert procs[m].returncode == 1, dump()
+        assert "PeerLostError" in out and "read from a dead server" not in out, dump()
+        lost = f"{what}: the graph server(s) of partition(s) [1] did not answer within peer_timeout_s={PEER_S:g} s"
+        assert lost in out, dump()

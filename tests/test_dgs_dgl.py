@@ -344,6 +344,50 @@ def test_a_server_that_does_not_answer_is_an_error_after_peer_timeout_never_a_ha
     assert waits == [2500]
 
 
+def test_a_dgl_read_without_an_answer_is_peer_lost_error_after_peer_timeout_never_a_hang(monkeypatch):
+    """DGL's own pull (``DistTensor[ids]``) and sampling have no timeout (C++ ``RecvRPCMessage(msg, 0)``); DGS runs
+    them through ``bounded``. Emulated: a tensor whose rows of partition 1 never come. Rows of this machine's partition
+    are read directly; a read that waits on partition 1 is PeerLostError after peer_timeout_s, and so is every later
+    read (the first still holds DGL's client). Errors and values of the call pass through. (The real thing, a killed
+    server: tests/test_dgs_dead_peer.py.)"""
+    import threading
+    from types import SimpleNamespace
+
+    from dgl_plugin import dgs
+    from dgl_plugin.distdgl import PeerLostError
+
+    release, seen = threading.Event(), []
+
+    class Rows:  # a DistTensor over 2 partitions whose server 1 never answers
+        def __getitem__(self, ids):
+            seen.append(threading.current_thread())
+            if bool((ids % 2 == 1).any()):
+                release.wait()
+            return ids.float()[:, None]
+
+    pb = SimpleNamespace(partid=0, nid2partid=lambda ids: ids % 2)
+    g = SimpleNamespace(get_partition_book=lambda: pb, ndata={"feat": Rows()})
+    monkeypatch.setattr(dgs, "_WAITER", None)
+    try:
+        assert dgs.read_rows(g, "feat", torch.tensor([0, 2]), 0.5).tolist() == [[0.0], [2.0]]
+        assert seen == [threading.current_thread()]  # shared memory only: no server to wait for
+        lost = r"DistDGL pull of 'feat': the graph server\(s\) of partition\(s\) \[1\] did not answer within "
+        with pytest.raises(PeerLostError, match=lost + r"peer_timeout_s=0.5 s"):
+            dgs.read_rows(g, "feat", torch.tensor([0, 1]), 0.5)
+        with pytest.raises(
+            PeerLostError, match=r"not sent: an earlier DistDGL call \(DistDGL pull of 'feat'\)"
+        ):
+            dgs.read_rows(g, "feat", torch.tensor([3]), 0.5)
+    finally:
+        release.set()  # let the emulated read end (a real one stays, in a daemon thread)
+    monkeypatch.setattr(dgs, "_WAITER", None)
+    with pytest.raises(ZeroDivisionError):
+        dgs.bounded(lambda: 1 / 0, 5.0, "x", [1])
+    assert (
+        dgs.bounded(lambda: dgs.bounded(lambda: 7, 5.0, "inner", [1]), 5.0, "outer", [1]) == 7
+    )  # nested: direct
+
+
 def test_a_failing_dgs_request_is_answered_as_an_error_and_the_server_lives_on(tmp_path, monkeypatch):
     """An exception in a request handler used to end DGL's server process (here: a negative sampling key, which numpy
     refuses); it is answered instead, and the trainer raises it naming the partition."""
