@@ -32,15 +32,17 @@ Needs ``bandwidth_gbps`` (the first plan's figures) and ``"top": "ps"`` with one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
 
 from deepspeed_plugin.comm import (
+    InstanceWrap,
     after_iteration,
     check_zero_all_reduce,
     route_dp_all_reduce,
+    undo_all,
     unwrapped_backend,
 )
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
@@ -89,21 +91,21 @@ class AlephDeepSpeed:
         self.har: Any = HierarchicalAllReduce(plan, dp_group, top, **(multi_ps or {}))
         self.calls = 0
         self.engine = engine
-        self._undo_step: Callable[[], None] = lambda: None
+        self._undo_step: InstanceWrap | None = None
         if replanner is not None:
             from flowlane.aleph.replan import confirmed_probe
 
             # a caller's probe() is used as it is (tests); the real one is confirmed where it moves a rank (E10)
             figures = probe or confirmed_probe(replanner, dp_group, probe_bytes)
             self.har = ReplanningAllReduce(self.har, replanner, figures)
-            self._undo_step = after_iteration(engine, self.har.end_iteration)
+            self._undo_step = after_iteration(engine, self.har.end_iteration, "aleph")
 
         def reduce(tensor: Any, async_op: bool) -> Any:
             self.calls += 1
             self.har(tensor)
             return _Done() if async_op else None
 
-        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce)
+        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "aleph")
 
     @property
     def plan(self) -> Plan:
@@ -116,8 +118,8 @@ class AlephDeepSpeed:
         return list(getattr(self.har, "decisions", []))
 
     def close(self) -> None:
-        self._undo()
-        self._undo_step()
+        """Undo the wraps (refused, changing nothing, while a later install wraps one of them: close that first)."""
+        undo_all(self._undo, self._undo_step)
 
 
 def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any]] | None:

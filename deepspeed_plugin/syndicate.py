@@ -43,6 +43,7 @@ from deepspeed_plugin.comm import (
     after_iteration,
     check_zero_all_reduce,
     route_dp_all_reduce,
+    undo_all,
     unwrapped_backend,
 )
 from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
@@ -180,8 +181,8 @@ class SyndicateDeepSpeed:
             handle.wait()
             return None
 
-        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce)
-        self._undo_step = after_iteration(engine, self.enforcer.step)
+        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "syndicate")
+        self._undo_step = after_iteration(engine, self.enforcer.step, "syndicate")
         log.info(
             "flowlane.syndicate: enforcer on DeepSpeed's DP all-reduce (%d ranks, mode %s, plan %s)",
             len(self.ranks),
@@ -190,8 +191,9 @@ class SyndicateDeepSpeed:
         )
 
     def close(self) -> None:
-        self._undo()
-        self._undo_step()
+        """Undo the wraps (refused, changing nothing, while a later install wraps one of them: close that first),
+        then close the enforcer."""
+        undo_all(self._undo, self._undo_step)
         self.enforcer.close()
 
 
