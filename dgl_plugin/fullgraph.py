@@ -103,8 +103,9 @@ class FullGraphConfig:
     bin_size: int | None = None
     """Bin size in nodes; None (default): one bin per group. The seed launches bins of 1000 nodes (DGL's batch size)
     as GPU work units; here a group's bins run back to back in one thread and the exchange overlaps whole groups, so
-    smaller bins add only per-bin cost: a 2-layer SAGE step on one CPU thread took 5.5x as long with bins of 1000 as
-    with one bin per group at 125k nodes per rank (17.6x before blocks were compacted). Set it to mimic the seed."""
+    smaller bins add only per-bin cost: a 2-layer SAGE step on one CPU thread took 4.1x as long with bins of 1000 as
+    with one bin per group at 125k nodes per rank (results/g3/bin_cost.json; ~21x before blocks were compacted). Set
+    it to mimic the seed."""
     mem_budget_bytes: float | None = None
     """Device memory budget M in bytes (§4.4.1, B2.5; B6 #8), or None (no cap). Each bin is packed to at most M / 2
     by the estimate of :func:`dgl_plugin.g3_bins.bin_bytes` (and to ``bin_size`` nodes), every group is compacted, and
@@ -1176,7 +1177,8 @@ class FullGraphRuntime:
         # to_block makes them) and the group gathers all its bins' source and destination rows with one index each.
         # A block over every source row makes each bin cost O(rows of the partition) (DGL's SAGEConv and GraphConv
         # apply their weight to every source row when it narrows the features; backward makes a dense gradient per
-        # bin): 17.6x the step time of a single bin at 125k nodes per rank with bins of 1000, 5.5x compacted. A group
+        # bin): ~21x the step time of a single bin at 125k nodes per rank with bins of 1000, 4.1x compacted
+        # (results/g3/bin_cost.json; docs/g3.md "Bins"). A group
         # of one bin keeps the block over every row (no gather).
         # With host features every group is compacted: a bin then gathers exactly the input rows it reads.
         self._gather: dict[str, tuple[torch.Tensor, list[int], torch.Tensor] | None] = {}
