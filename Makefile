@@ -26,5 +26,5 @@ lint: lanes
 	.venv-llm/bin/ruff check flowlane megatron_plugin deepspeed_plugin dgl_plugin recipes benchmarks tests
 
 clean:
-	rm -rf .venv-llm .venv-gnn .tools results outputs
+	rm -rf .venv-llm .venv-gnn .tools results/train results/test-reports outputs  # results/ itself is tracked
 	[ ! -f nccl_net_plugin/Makefile ] || $(MAKE) -C nccl_net_plugin clean

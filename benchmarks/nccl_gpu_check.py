@@ -15,7 +15,7 @@ connections of those classes; the matched all-to-all (BvN, bottleneck BvN, Algor
 workload of :mod:`flowlane.testing.workload` gives bitwise the same parameters under fifo, Hermod (chunked, gated),
 Hermod with all-to-alls on their wire class's communicator, Lina and Megatron's defaults.
 
-``python -m benchmarks.nccl_gpu_check --out results/nccl_gpu`` (``--nets flowlane,socket``; the plugin is built with
+``python -m benchmarks.nccl_gpu_check --out results/gpu`` (``--nets flowlane,socket``; the plugin is built with
 ``make -C nccl_net_plugin`` first). ``--backend gloo --device cpu`` runs the same checks on CPU (a dry run of the
 script's logic; no NCCL).
 """
@@ -373,7 +373,7 @@ def compare_workloads(ranks: list[dict]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="results/nccl_gpu")
+    ap.add_argument("--out", default="results/gpu")
     ap.add_argument(
         "--nets", default="flowlane,socket", help="flowlane (the plugin) and/or socket (NCCL's own)"
     )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run (results/nccl_gpu/README.md says what came out of them).
+# The checks that need a GPU, in one run (results/gpu/README.md says what came out of them).
 # For a one-GPU machine with python3 + torch (CUDA) already installed and no network: it installs nothing from an
 # index. Optional kvikio wheels in .whl/ are installed into a private temporary folder first (the SSD offload's
 # GPUDirect backend).
@@ -20,6 +20,7 @@ mkdir -p "$OUT"
 export TMPDIR="$work"
 exec > >(tee "$OUT/gpu_checks_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
+status=0
 date -u
 echo "results: $OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -36,14 +37,15 @@ python3 -c 'import kvikio; print("kvikio", kvikio.__version__)' 2>&1 | tail -1
 if [ -z "${SKIP_OFFLOAD:-}" ]; then
   if [ -f tests/gpu/offload_bench.py ]; then
     timeout -k 10 130 python3 tests/gpu/offload_bench.py --out "$OUT/offload_bench.json" ${OFFLOAD_CHECK_ARGS:-}
-    echo "offload_bench rc=$?"
+    rc=$?; echo "offload_bench rc=$rc"; [ $rc -eq 0 ] || status=1
   else
     echo "offload_bench: tests/gpu/offload_bench.py is not in this tree, skipped"
   fi
 fi
 
 timeout 330 python3 -m benchmarks.nccl_gpu_check --out "$work/nccl_gpu" --timeout 75 ${NCCL_CHECK_ARGS:-}
-echo "nccl_gpu_check rc=$?"
+rc=$?; echo "nccl_gpu_check rc=$rc"; [ $rc -eq 0 ] || status=1
 cp "$work/nccl_gpu/nccl_gpu_check.json" "$OUT/" 2>/dev/null
 tar czf "$OUT/nccl_logs.tgz" -C "$work/nccl_gpu" logs 2>/dev/null
 date -u
+exit $status  # 1 when a check failed or timed out
