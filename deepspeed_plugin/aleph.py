@@ -12,13 +12,15 @@ to DeepSpeed's own. An ``async_op`` caller gets a completed handle (the hierarch
 Refused at install (never silently skipped): ZeRO stage 3 (partitioned parameters: its reductions are
 reduce-scatters), ZeRO 1/2 with ``use_multi_rank_bucket_allreduce`` off (a ``reduce`` to each partition's owner) or
 MoE layers (expert gradients reduce over expert groups), pipeline engines (their DP group is the mpu's; not
-tested), a backend another flowlane tap already wraps (Hermod), and a plan whose size is not the DP group's.
+tested), a backend another flowlane tap already wraps (Hermod), a plan whose size is not the DP group's, and
+DeepSpeed versions other than 0.19 (:data:`DEEPSPEED_VERSIONS`).
 
 Config: the ``"flowlane": {"aleph": {...}}`` section of the DeepSpeed config holds :class:`flowlane.aleph.AlephConfig`
 keys plus ``"enabled"`` and ``"bandwidth_gbps"`` (one figure per DP rank; the plan is made from it with M-WCHA) or
 ``"clusters"`` (an explicit plan: a list of member lists, aggregator first), and with ``"top": "ps"`` several PSs:
 ``"ps"`` (their positions, aggregators), ``"split"`` (``"equal"`` or one fraction each) or ``"ps_bandwidths"`` (a
-proportional split; digest §2.9). :func:`install` reads it.
+proportional split; digest §2.9). :func:`install` reads it, after checking the whole ``"flowlane"`` section
+(:func:`deepspeed_plugin.config.validate_flowlane_section`).
 
 Re-planning (digest §5.1 #13, E10): ``"replan_every": K`` (default 0, off), ``"hysteresis"`` (0.2) and
 ``"probe_bytes"`` (each timed transfer, default 4 MiB). The iteration boundary is the one DeepSpeed gives: the
@@ -32,7 +34,9 @@ Needs ``bandwidth_gbps`` (the first plan's figures) and ``"top": "ps"`` with one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -45,9 +49,11 @@ from deepspeed_plugin.comm import (
     undo_all,
     unwrapped_backend,
 )
+from deepspeed_plugin.config import DEEPSPEED_VERSIONS, validate_flowlane_section
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
 from flowlane.aleph.config import PROBE_BYTES
 from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
+from flowlane.versions import check_version_range
 
 SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters", "ps", "split", "ps_bandwidths", "probe_bytes")
 REPLAN_KEYS = ("hysteresis", "probe_bytes")
@@ -131,7 +137,10 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
     if not isinstance(section, dict):
         raise ValueError(f"flowlane.aleph must be a mapping, got {type(section).__name__}")
     own = {k: section[k] for k in SECTION_KEYS if k in section}
-    if not own.get("enabled", True):
+    if not own.get("enabled", True):  # off: its values are not read, but a misspelt key is still an error
+        allowed = set(SECTION_KEYS) | {f.name for f in dataclasses.fields(AlephConfig)}
+        if bad := sorted(set(section) - allowed):
+            raise ValueError(f"flowlane.aleph: unknown key(s) {bad}; allowed: {sorted(allowed)}")
         return None
     rest = {k: v for k, v in section.items() if k not in SECTION_KEYS}
     rest.setdefault("replan_every", 0)  # off unless asked for (AlephConfig's own default is 100)
@@ -181,13 +190,19 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
     return cfg, own
 
 
-def install(engine: Any, ds_config: dict[str, Any], probe: Any = None) -> AlephDeepSpeed | None:
-    """Install ALEPH on ``engine`` from its DeepSpeed config's ``flowlane.aleph`` section (None when absent).
-    ``probe``: with ``replan_every``, re-planning's figures (``probe()`` -> one Gbit/s figure per DP rank, the same on
-    every rank), used as it is; default: the DP group's confirmed ``probe_bandwidth``."""
-    parsed = parse_section(ds_config)
+def install(
+    engine: Any, ds_config: Mapping[str, Any] | str | Path | None, probe: Any = None
+) -> AlephDeepSpeed | None:
+    """Install ALEPH on ``engine`` from its DeepSpeed config's ``flowlane.aleph`` section (None when absent or
+    disabled). The whole ``"flowlane"`` section is checked first
+    (:func:`deepspeed_plugin.config.validate_flowlane_section`: a typo in another feature's sub-section is not
+    silently ignored), then the DeepSpeed version (:data:`DEEPSPEED_VERSIONS`). ``probe``: with ``replan_every``,
+    re-planning's figures (``probe()`` -> one Gbit/s figure per DP rank, the same on every rank), used as it is;
+    default: the DP group's confirmed ``probe_bandwidth``."""
+    parsed = validate_flowlane_section(ds_config)["aleph"]
     if parsed is None:
         return None
+    check_version_range("deepspeed", DEEPSPEED_VERSIONS, "flowlane.aleph")
     cfg, own = parsed
     n = dist.get_world_size(engine.seq_data_parallel_group)
     replanner = None

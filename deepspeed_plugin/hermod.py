@@ -44,7 +44,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from deepspeed_plugin.comm import CommTap
-from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
+from deepspeed_plugin.config import DEEPSPEED_VERSIONS, flowlane_subsection, validate_flowlane_section
 from deepspeed_plugin.zero_hooks import ZeroHooks
 from flowlane.hermod.keys import HermodKeys
 from flowlane.hermod.order import HermodOrderConfig
@@ -56,9 +56,6 @@ log = logging.getLogger("flowlane.hermod")
 
 #: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
 CRITICAL_CLASS = 0
-
-#: deepspeed versions whose private functions the hooks wrap ([first, last) by (major, minor)); others are refused
-DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
 
 
 def check_deepspeed_version() -> str:

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
+from deepspeed_plugin.config import DEEPSPEED_VERSIONS, flowlane_subsection, validate_flowlane_section
 from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
 from flowlane.offload.backends import (
     BackendUnavailableError,
@@ -55,6 +55,7 @@ from flowlane.offload.backends import (
     remove_run_dir,
 )
 from flowlane.offload.cache import log_installed, recompute_with_rng_tracker
+from flowlane.versions import check_version_range
 
 log = logging.getLogger("flowlane.offload")
 
@@ -498,6 +499,8 @@ def install(
         config, scopes, deepspeed_aio = parsed[0], scopes or parsed[1], parsed[2]
     if not config.enabled:
         return DSOffload(engine, None)
+    # it wraps ZeRO-3's coordinator (fetch_sub_module) and the engines' forward as this range has them
+    check_version_range("deepspeed", DEEPSPEED_VERSIONS, "flowlane.offload")
     pipeline = _is_pipeline_engine(engine)
     module = engine.module
     mods = _scope_modules(module, scopes, pipeline)

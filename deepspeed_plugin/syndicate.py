@@ -46,7 +46,7 @@ from deepspeed_plugin.comm import (
     undo_all,
     unwrapped_backend,
 )
-from deepspeed_plugin.config import flowlane_subsection, validate_flowlane_section
+from deepspeed_plugin.config import DEEPSPEED_VERSIONS, flowlane_subsection, validate_flowlane_section
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
 from flowlane.versions import check_version_range
@@ -55,9 +55,6 @@ log = logging.getLogger("flowlane.syndicate")
 
 #: installs in this process: each gets its own store namespace (installs are collective, so ranks agree)
 _INSTALLS = itertools.count()
-
-#: deepspeed versions whose ``allreduce_bucket`` path was read for this adapter ([first, last) by (major, minor))
-DEEPSPEED_VERSIONS = ((0, 19), (0, 20))
 
 
 @dataclass(frozen=True)
@@ -202,8 +199,8 @@ def install(
 ) -> SyndicateDeepSpeed | None:
     """Install the enforcer on ``engine`` from ``flowlane.syndicate`` (None when absent or disabled). A collective:
     every rank, after ``deepspeed.initialize``. ``store``: a store every rank shares (default: torch's own)."""
-    validate_flowlane_section(ds_config)  # the other sub-sections too: a typo there is not silently ignored
-    cfg = parse_syndicate_section(ds_config)
+    # the whole section (parse_syndicate_section included): a typo in another sub-section is not silently ignored
+    cfg: SyndicateDSConfig | None = validate_flowlane_section(ds_config)["syndicate"]
     if cfg is None:
         return None
     check_version_range("deepspeed", DEEPSPEED_VERSIONS, "flowlane.syndicate")
