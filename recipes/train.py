@@ -86,8 +86,12 @@ def feature_lines(cfg: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
         on.append(f"dp_collective={dp['name']}")
     off = cfg.get("offload") or {}
     if off.get("enabled", False):
-        dirs = ", ".join(off.get("dirs") or []) or "system temp folder"
-        on.append(f"offload={off.get('backend', 'posix')} ({dirs})")
+        backend = off.get("backend", "posix")
+        if backend in ("pinned_cpu", "null"):  # host memory, or accounting only: no files, so no folder
+            on.append(f"offload={backend}")
+        else:
+            dirs = ", ".join(off.get("dirs") or []) or "system temp folder"
+            on.append(f"offload={backend} ({dirs})")
     lines = [f"features: {'; '.join(on) if on else 'none'}"]
     stats = [
         r["feature_stats"]["SSDOffload"]

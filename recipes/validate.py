@@ -7,6 +7,8 @@ Feature groups are parsed by the same ``from_dict`` the ranks use, so a config t
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import math
 import os
 import types
@@ -87,9 +89,30 @@ def _as_config_error(fn: Any, *a: Any) -> Any:
         raise ConfigError(str(e)) from None
 
 
+def _options(group: str) -> list[str]:
+    """The Hydra options that turn feature group ``group`` on: recipes/conf/<group>/*.yaml but ``none``."""
+    return sorted(p.stem for p in (Path(__file__).parent / "conf" / group).glob("*.yaml") if p.stem != "none")
+
+
+def check_group_off(group: str, values: Mapping[str, Any], selector: str, off: str) -> None:
+    """A feature group that is off takes its selector only: any other key would be accepted and ignored (a run
+    with ``+offload.min_bytes=5`` and offload off trained without offload and exited 0)."""
+    extra = sorted(k for k in values if k != selector)
+    if extra:
+        keys = ", ".join(f"{group}.{k}={values[k]!r}" for k in extra)
+        choose = " or ".join(f"{group}={o}" for o in _options(group))
+        raise ConfigError(
+            f"{keys} {'is' if len(extra) == 1 else 'are'} set but {group} is off ({group}.{selector}={off}): "
+            f"choose {choose}"
+        )
+
+
 def check_offload(group: Mapping[str, Any]) -> None:
     from flowlane.offload.config import OffloadConfig
 
+    if group.get("enabled", OffloadConfig.enabled) is False:
+        check_group_off("offload", group, "enabled", "false")
+        return
     d = {k: v for k, v in group.items() if k != "scope_classes"}
     check_types(OffloadConfig, d, "offload.")
     scopes = group.get("scope_classes")
@@ -105,6 +128,9 @@ def check_offload(group: Mapping[str, Any]) -> None:
 def check_scheduler(group: Mapping[str, Any]) -> None:
     from megatron_plugin.hermod import HermodConfig
 
+    if group.get("name", HermodConfig.name) == "none":
+        check_group_off("scheduler", group, "name", "none")
+        return
     check_types(HermodConfig, group, "scheduler.")
     _as_config_error(HermodConfig.from_dict, dict(group))
 
@@ -112,6 +138,7 @@ def check_scheduler(group: Mapping[str, Any]) -> None:
 def check_dp_collective(group: Mapping[str, Any], scheduler: Mapping[str, Any] | None) -> None:
     name = group.get("name", "none")
     if name == "none":
+        check_group_off("dp_collective", group, "name", "none")
         return
     if name not in ("aleph", "syndicate"):
         raise ConfigError(f"dp_collective={name!r} must be one of ['none', 'aleph', 'syndicate']")
@@ -183,10 +210,11 @@ def check_gpt(cfg: Mapping[str, Any], feature_groups: tuple[str, ...]) -> Any:
     """The default/moe recipe: returns the validated :class:`recipes.gpt.GPTRecipe`."""
     from recipes.gpt import GPTRecipe
 
-    fields = {f.name for f in dataclasses.fields(GPTRecipe)}
+    # features is filled from the feature groups, never a key of its own (it was a TypeError in GPTRecipe)
+    fields = {f.name for f in dataclasses.fields(GPTRecipe)} - {"features"}
     unknown = sorted(set(cfg) - fields - set(feature_groups) - {"job"})
     if unknown:
-        raise ConfigError(f"unknown recipe field(s) {unknown}; allowed: {sorted(fields - {'features'})}")
+        raise ConfigError(f"unknown recipe field(s) {unknown}; allowed: {sorted(fields)}")
     values = {k: v for k, v in cfg.items() if k in fields}
     check_types(GPTRecipe, values)
     if cfg.get("offload"):
@@ -226,6 +254,85 @@ _GNN_KEYS = (
     "flowlane",
 )
 _GNN_MODEL_KEYS = ("name", "hidden", "num_layers")
+# data.name values dgl_plugin.datasets.load_graph takes besides synthetic, dgl-bin:<path> and ogbn-<name>: DGL's
+# offline datasets (a dict inside load_graph; tests/test_validate_gnn_data.py pins this copy to it)
+DGL_OFFLINE_DATASETS = ("bacommunity", "bashape", "karate", "treecycle")
+# data.* keys besides the synthetic generator's fields (dgl_plugin.synthetic.SyntheticSpec, less its seed: the
+# graph's seed is the recipe's)
+_GNN_DATA_KEYS = ("name", "root", "part_config")
+
+
+def check_gnn_data(data: Any) -> None:
+    """gnn_fullgraph's ``data`` group as dgl_plugin.train reads it: the partitions of ``part_config``, or
+    ``load_graph(name, seed=<the recipe's seed>, **rest)``, which passes ``rest`` to the generator (an unknown key
+    was a TypeError, an unknown name a ValueError, in every rank). The partition count is checked with the launch
+    (:func:`check_launch_gnn`), which knows the ranks and DistDGL's partitioning."""
+    from dgl_plugin.synthetic import SyntheticSpec
+
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"data={data!r} must be a group (data.name, data.num_nodes, ...)")
+    spec = [f.name for f in dataclasses.fields(SyntheticSpec) if f.name != "seed"]
+    allowed = [*_GNN_DATA_KEYS, *spec]
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        why = " (the graph's seed is the recipe's seed)" if "seed" in unknown else ""
+        raise ConfigError(f"unknown data key(s) {unknown}{why}; allowed: {allowed}")
+    gen = {k: v for k, v in data.items() if k in spec}
+    check_types(SyntheticSpec, gen, "data.")
+    name, root, pc = data.get("name", "synthetic"), data.get("root"), data.get("part_config")
+    for key, v in (("data.root", root), ("data.part_config", pc)):
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"{key}={v!r} must be a string (a path) or null")
+    forms = "'synthetic', 'dgl-bin:<path>', 'ogbn-<name>' (already on disk) or one of"
+    if not (
+        isinstance(name, str)
+        and (name in ("synthetic", *DGL_OFFLINE_DATASETS) or name.startswith(("dgl-bin:", "ogbn-")))
+    ):
+        raise ConfigError(f"data.name={name!r} must be {forms} {list(DGL_OFFLINE_DATASETS)}")
+    if pc is not None:
+        if not os.path.isfile(pc):
+            raise ConfigError(
+                f"data.part_config={pc!r} is not a file (the JSON written by dgl.distributed.partition_graph)"
+            )
+        return  # each rank loads its partition: data.name and the generator are not used
+    if root is not None and not name.startswith("ogbn-"):
+        raise ConfigError(f"data.root={root!r} applies to data.name='ogbn-<name>' only; data.name={name!r}")
+    if name == "synthetic":
+        try:
+            SyntheticSpec(**gen).validate()
+        except ValueError as e:  # "synthetic graph: bad num_classes=1 (num_nodes=..., num_classes=1)"
+            raise ConfigError(str(e).replace("bad ", "bad data.", 1)) from None
+    elif name.startswith("dgl-bin:") and not os.path.isfile(name.split(":", 1)[1]):
+        raise ConfigError(
+            f"data.name={name!r}: no file at {name.split(':', 1)[1]!r} (a graph saved with dgl.save_graphs; "
+            "nothing is downloaded)"
+        )
+    elif name.startswith("ogbn-"):
+        base = root or os.environ.get("OGB_ROOT", "dataset")  # load_graph's lookup
+        folder = os.path.join(base, name.replace("-", "_"))
+        if not os.path.isdir(folder):
+            raise ConfigError(
+                f"data.name={name!r} is not on disk under {folder!r} (data.root, else $OGB_ROOT, else ./dataset): "
+                "nothing is downloaded"
+            )
+        if importlib.util.find_spec("ogb") is None:
+            raise ConfigError(f"data.name={name!r} needs the ogb package, which this Python does not have")
+
+
+def partition_count(pc: str) -> int:
+    """``num_parts`` of a dgl.distributed.partition_graph JSON."""
+    try:
+        with open(pc) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"data.part_config={pc!r} cannot be read as a partition JSON: {e}") from None
+    parts = meta.get("num_parts") if isinstance(meta, dict) else None
+    if not isinstance(parts, int) or isinstance(parts, bool):
+        raise ConfigError(
+            f"data.part_config={pc!r} has no integer num_parts: not a JSON written by "
+            "dgl.distributed.partition_graph"
+        )
+    return parts
 
 
 def check_gnn(cfg: Mapping[str, Any]) -> None:
@@ -263,14 +370,7 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"model.name={model.get('name')!r} is not one of {sorted(MODELS)}")
     integer("model.hidden", model.get("hidden", 64), 1)
     integer("model.num_layers", model.get("num_layers", 2), 1)
-    data = cfg.get("data") or {}
-    if not isinstance(data, Mapping) or not isinstance(data.get("name", "synthetic"), str):
-        raise ConfigError(f"data={data!r} must be a group with a string data.name")
-    pc = data.get("part_config")
-    if pc is not None and not (isinstance(pc, str) and os.path.isfile(pc)):
-        raise ConfigError(
-            f"data.part_config={pc!r} is not a file (the JSON written by dgl.distributed.partition_graph)"
-        )
+    check_gnn_data(cfg.get("data") or {})
     fl = cfg.get("flowlane") or {}
     unknown = sorted(set(fl) - {"fullgraph"}) if isinstance(fl, Mapping) else ["<not a group>"]
     if unknown:
@@ -283,13 +383,11 @@ def check_gnn(cfg: Mapping[str, Any]) -> None:
 
 
 def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
-    """gnn_fullgraph under an external launcher: (the config, with ``data.part_config`` taken from DistDGL's
+    """gnn_fullgraph's launch, local or external: (the config, with ``data.part_config`` taken from DistDGL's
     DGL_CONF_PATH where that launcher started the process, and its :class:`dgl_plugin.distdgl.DistDGLRole` or
-    None). Checks, before any rank, server or connection: the launcher's environment, world_size against the
-    trainers it started, one trainer per line of DistDGL's ip_config, and the partition count against world_size
-    (one partition per trainer)."""
-    import json
-
+    None). Checks, before any rank, server or connection: an external launcher's environment, world_size against
+    the trainers it started, one trainer per line of DistDGL's ip_config; and, however the ranks start, the
+    partition count against world_size (one partition per rank)."""
     from dgl_plugin.distdgl import (
         check_full_graph_trainers,
         check_trainers_per_machine,
@@ -319,22 +417,19 @@ def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
             "DGL_ROLE=client without torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR...): "
             "DistDGL's launch.py starts trainers with python -m torch.distributed.run"
         )
-    if ext is None:
-        return cfg, role
     world = cfg.get("world_size", 2)
-    _as_config_error(check_world, ext, world, "world_size")
+    if ext is not None:
+        _as_config_error(check_world, ext, world, "world_size")
     pc = (cfg.get("data") or {}).get("part_config")
-    parts = None
-    if pc is not None:
-        with open(pc) as f:
-            parts = json.load(f).get("num_parts")
-    if role is not None:
+    parts = None if pc is None else partition_count(pc)
+    if ext is not None and role is not None:
         _as_config_error(check_full_graph_trainers, role, world)
         _as_config_error(check_trainers_per_machine, role, ext.local_world_size, parts)
         _as_config_error(host_slot, role, os.environ)
-    if pc is not None and parts != world:
+    # local ranks too (no launcher): a 2-part partitioning with world_size=4 failed in all four ranks
+    if parts is not None and parts != world:
         raise ConfigError(
-            f"data.part_config={pc!r} has num_parts={parts} but {world} trainers were started: "
-            f"full-graph training needs one partition per trainer"
+            f"data.part_config={pc!r} has num_parts={parts} but world_size={world}: full-graph training needs one "
+            f"partition per rank (world_size={parts}, or a partitioning into {world} parts)"
         )
     return cfg, role
