@@ -42,6 +42,7 @@ from flowlane import configs
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
 from flowlane.aleph.config import PROBE_BYTES
 from flowlane.configs import add_dataclass_args, config_from_namespace
+from megatron_plugin.undo import Patch, check_all, undo_all
 
 log = logging.getLogger("flowlane.aleph")
 
@@ -309,7 +310,7 @@ class AlephMegatron:
         """Re-planning's figures: ``probe(group)`` -> one Gbit/s figure per group rank, the same on every rank, used
         as it is (default: :func:`flowlane.aleph.probe.probe_bandwidth` over the group, confirmed by a second probe
         where the first moves a rank, :func:`replan_parts`)."""
-        self._undo_finalize: list[Any] = []
+        self._undo_finalize: list[Patch] = []
         self.plan: Plan | None = None
         self.expert_plan: Plan | None = None
         if expert_dp_group is not None and not config.has_expert_plan:
@@ -435,12 +436,16 @@ class AlephMegatron:
         return self._expert.bucket_groups if self._expert is not None else 0
 
     def close(self) -> None:
+        """Put Megatron's groups and ``finalize_model_grads_func`` back; refused, changing nothing, while a feature
+        installed after ALEPH wraps one of them again (:mod:`megatron_plugin.undo`). A second close does nothing."""
+        for collective in (self._dp, self._expert):
+            if collective is not None:
+                collective.check_removable()
+        check_all(self._undo_finalize)
         if self._expert is not None:
             self._expert.remove()
         self._dp.remove()
-        for undo in reversed(self._undo_finalize):
-            undo()
-        self._undo_finalize.clear()
+        undo_all(self._undo_finalize)
 
 
 def install(

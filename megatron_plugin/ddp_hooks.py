@@ -29,10 +29,13 @@ them (on the bulk clone). A bucket group is one coflow: Hermod does not split it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from megatron_plugin.hermod import FEATURE
+from megatron_plugin.undo import Patch, undo_all
 
 if TYPE_CHECKING:
     from megatron_plugin.hermod import Hermod
@@ -65,7 +68,8 @@ def layer_of_parameters(chunk: torch.nn.Module) -> dict[int, int]:
 
 
 class DDPHooks:
-    """Hermod's hooks on Megatron-core DDP model chunks (see the module docstring); :meth:`remove` undoes them."""
+    """Hermod's hooks on Megatron-core DDP model chunks (see the module docstring); :meth:`remove` undoes them
+    (refused, changing nothing, where a feature installed later wraps one again: :mod:`megatron_plugin.undo`)."""
 
     def __init__(self, h: Hermod, model_chunks: Sequence[torch.nn.Module]) -> None:
         from megatron.core.distributed import DistributedDataParallel
@@ -95,7 +99,8 @@ class DDPHooks:
         self.h = h
         self._pending: dict[int, Any] = {}
         self._gathers: dict[int, Any] = {}
-        self._undo: list[Callable[[], None]] = []
+        self.patches: list[Patch] = []
+        """Every attribute set on the bucket groups (Hermod's close undoes them too)."""
         plans = []  # everything is checked before anything is patched: never half-installed
         gathers: list[tuple[Any, int]] = []
         for c in chunks:
@@ -124,7 +129,6 @@ class DDPHooks:
         self.bucket_groups = len(plans)
 
     def _hook_bucket_group(self, bg: Any, attr: str, clone: Any, layer: int, op: str) -> None:
-        original_group = getattr(bg, attr)
         start, finish = bg.start_grad_sync, bg.finish_grad_sync  # Megatron's own, bound to this bucket group
         pending = self._pending
         sched, keys = self.h.sched, self.h.keys
@@ -148,15 +152,11 @@ class DDPHooks:
                 handle.wait()
             finish(force_all_reduce=force_all_reduce)
 
-        setattr(bg, attr, clone)
-        bg.start_grad_sync, bg.finish_grad_sync = start_grad_sync, finish_grad_sync
-
-        def undo() -> None:
-            vars(bg).pop("start_grad_sync", None)
-            vars(bg).pop("finish_grad_sync", None)
-            setattr(bg, attr, original_group)
-
-        self._undo.append(undo)
+        self.patches += [
+            Patch(bg, attr, clone, FEATURE),
+            Patch(bg, "start_grad_sync", start_grad_sync, FEATURE),
+            Patch(bg, "finish_grad_sync", finish_grad_sync, FEATURE),
+        ]
 
     def _hook_param_gather(self, bg: Any, layer: int) -> None:
         """The distributed optimizer's parameter all-gather of one bucket group (``overlap_param_gather``): Megatron
@@ -194,15 +194,10 @@ class DDPHooks:
                 handle.wait()
             finish(skip_next_bucket_dispatch=skip_next_bucket_dispatch)
 
-        bg.start_param_sync, bg.finish_param_sync = start_param_sync, finish_param_sync
-
-        def undo() -> None:
-            vars(bg).pop("start_param_sync", None)
-            vars(bg).pop("finish_param_sync", None)
-
-        self._undo.append(undo)
+        self.patches += [
+            Patch(bg, "start_param_sync", start_param_sync, FEATURE),
+            Patch(bg, "finish_param_sync", finish_param_sync, FEATURE),
+        ]
 
     def remove(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
+        undo_all(self.patches)

@@ -62,6 +62,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from megatron_plugin.undo import Patch, check_all, undo_all
+
 log = logging.getLogger("flowlane.dp_collective")
 
 BACKEND_NAME = "flowlane_dp"
@@ -349,8 +351,9 @@ class DPCollective:
     rank, so it may create process groups too: ``group`` is Megatron's group when this rank is in it (return the
     component; it may use that group for its traffic) and None otherwise (return None). :meth:`attach` is local
     (any point before a chunk's first backward): it checks the chunks and sets the ``flowlane_dp`` group as their
-    bucket groups' collective group. :meth:`remove` restores Megatron's groups. ``expert``: the chunks' expert bucket
-    groups (MoE), ``dp_group`` then being this rank's expert-data-parallel group. ``param_gather``: the distributed
+    bucket groups' collective group. :meth:`remove` restores Megatron's groups (refused, changing nothing, where a
+    feature attached later holds one: :mod:`megatron_plugin.undo`). ``expert``: the chunks' expert bucket groups
+    (MoE), ``dp_group`` then being this rank's expert-data-parallel group. ``param_gather``: the distributed
     optimizer's parameter all-gathers go to the component's ``all_gather`` (:class:`DPGatherComponent`) instead of
     Megatron's own group."""
 
@@ -389,7 +392,7 @@ class DPCollective:
             if ranks == mine:
                 self.group, self.component = pg, component  # type: ignore[assignment]
         self.ranks = mine
-        self._undo: list[tuple[Any, Any]] = []
+        self._undo: list[Patch] = []
         self.bucket_groups = 0
 
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> int:
@@ -404,11 +407,9 @@ class DPCollective:
                     f"{list(self.ranks)} this was set up for"
                 )
         for bg in bucket_groups:
-            original = collective_group(bg)
-            self._undo.append((bg, original))
             if self.group is not None:
-                self.group.passthrough = original
-            setattr(bg, _group_attr(bg), self.group)
+                self.group.passthrough = collective_group(bg)
+            self._undo.append(Patch(bg, _group_attr(bg), self.group, self.feature))
         self.bucket_groups += len(bucket_groups)
         log.info(
             "%s: took over the gradient %s of %d Megatron-core DDP %sbucket group(s)",
@@ -432,10 +433,13 @@ class DPCollective:
         else passed through to Megatron's group."""
         return self.group.gathers if self.group is not None else 0
 
+    def check_removable(self) -> None:
+        """Raise, changing nothing, if a bucket group's collective group is no longer this one's."""
+        check_all(self._undo)
+
     def remove(self) -> None:
-        for bg, original in reversed(self._undo):
-            setattr(bg, _group_attr(bg), original)
-        self._undo.clear()
+        """Put Megatron's groups back (checked first; a second call does nothing)."""
+        undo_all(self._undo)
 
 
 def data_parallel_group_of(
@@ -488,9 +492,10 @@ FINALIZE_UNSET = (
 )
 
 
-def after_finalize(model_config: Any, step: Callable[[], None], feature: str) -> Callable[[], None]:
+def after_finalize(model_config: Any, step: Callable[[], None], feature: str) -> Patch:
     """Call ``step()`` at the end of Megatron's ``model_config.finalize_model_grads_func`` (wrapped, kept whole): the
-    same program point on every rank, after the iteration's gradient reductions. Returns the undo."""
+    same program point on every rank, after the iteration's gradient reductions. Returns the undo (a
+    :class:`~megatron_plugin.undo.Patch`: it removes only this wrapper)."""
     finalize = getattr(model_config, "finalize_model_grads_func", None)
     if finalize is None:
         raise ValueError(f"{feature}: {FINALIZE_UNSET}")
@@ -500,12 +505,7 @@ def after_finalize(model_config: Any, step: Callable[[], None], feature: str) ->
         step()
         return out
 
-    model_config.finalize_model_grads_func = finalize_then_step
-
-    def undo() -> None:
-        model_config.finalize_model_grads_func = finalize
-
-    return undo
+    return Patch(model_config, "finalize_model_grads_func", finalize_then_step, feature)
 
 
 def groups_of(

@@ -59,6 +59,7 @@ from flowlane.hermod.policy import HermodPolicy
 from flowlane.policy import CoflowMeta
 from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build_class_groups
 from flowlane.versions import check_version_range
+from megatron_plugin.undo import Patch, check_all, undo_all
 
 if TYPE_CHECKING:
     from megatron_plugin.ddp_hooks import DDPHooks
@@ -72,6 +73,8 @@ EP_ALGORITHMS = RUN_ALGORITHMS
 #: megatron-core versions whose private ``P2PCommunicator._communicate`` and DDP bucket-group methods Hermod wraps
 #: ([first, last) by (major, minor)); others are refused at install
 MEGATRON_CORE_VERSIONS = ((0, 14), (0, 17))
+FEATURE = "flowlane.hermod"
+"""How Hermod's errors name it."""
 
 
 def check_megatron_core_version(what: str) -> None:
@@ -332,7 +335,7 @@ class Hermod:
         self._a2a_direction: str | None = None
         self._keys: dict[str, CoflowMeta] = {}
         self._fwd_mb = 0
-        self._restore: list[Callable[[], None]] = []
+        self._restore: list[Patch] = []  # every attribute Hermod set, undone last first by close()
 
     # keys ---------------------------------------------------------------------------------------------------------
     @property
@@ -371,11 +374,10 @@ class Hermod:
     def attach_p2p(self, p2p: Any) -> Any:
         """Make every pipeline p2p step of one P2PCommunicator (an instance handed to the schedules through
         ``p2p_communicator=``) a critical, keyed op."""
-        original = p2p._communicate
-        p2p._communicate = self._keyed_communicate(original, p2p)
+        communicate = self._keyed_communicate(p2p._communicate, p2p)
+        self._restore.append(Patch(p2p, "_communicate", communicate, FEATURE))
         if hasattr(p2p, "key_provider"):
-            p2p.key_provider = self.key_provider
-        self._restore.append(lambda: vars(p2p).pop("_communicate", None))
+            self._restore.append(Patch(p2p, "key_provider", self.key_provider, FEATURE))
         return p2p
 
     def attach_pipeline(self) -> None:
@@ -392,8 +394,7 @@ class Hermod:
         original = P2PCommunicator._communicate
         wrapped = self._keyed_communicate(original)
         wrapped._flowlane = True  # type: ignore[attr-defined]
-        P2PCommunicator._communicate = wrapped
-        self._restore.append(lambda: setattr(P2PCommunicator, "_communicate", original))
+        self._restore.append(Patch(P2PCommunicator, "_communicate", wrapped, FEATURE))
         log.info(
             "Hermod: pipeline p2p of Megatron-core's schedules keyed (%s), on the critical class",
             self.config.schedule,
@@ -487,7 +488,7 @@ class Hermod:
 
         check_megatron_core_version("Hermod.attach_ddp")
         hooks = DDPHooks(self, model_chunks)
-        self._restore.append(hooks.remove)
+        self._restore.extend(hooks.patches)
         log.info(
             "Hermod: %d DDP bucket group(s) and %d parameter gather(s) of Megatron-core scheduled (launch: %s)",
             hooks.bucket_groups,
@@ -514,8 +515,7 @@ class Hermod:
                 self.set_num_microbatches(int(num_microbatches()))
             return out
 
-        config.finalize_model_grads_func = finalize_then_end_iteration
-        self._restore.append(lambda: setattr(config, "finalize_model_grads_func", finalize))
+        self._restore.append(Patch(config, "finalize_model_grads_func", finalize_then_end_iteration, FEATURE))
 
     def set_num_microbatches(self, num_microbatches: int) -> None:
         """A new microbatch count M from the next iteration on (DP coflows carry MID M-1)."""
@@ -554,14 +554,8 @@ class Hermod:
                 "Hermod schedules the 'alltoall' dispatcher only (allgather and flex are not)"
             )
         cls = td.MoEAlltoAllTokenDispatcher
-        originals = (
-            td.all_to_all,
-            td.gather_from_sequence_parallel_region,
-            cls.preprocess,
-            cls.token_dispatch,
-            cls.token_combine,
-        )
-        a2a, gather, preprocess, dispatch, combine = originals
+        gather, preprocess = td.gather_from_sequence_parallel_region, cls.preprocess
+        dispatch, combine = cls.token_dispatch, cls.token_combine
         h = self
 
         def counting_gather(input_: torch.Tensor, *args: Any, group: Any = None, **kw: Any) -> Any:
@@ -588,15 +582,13 @@ class Hermod:
 
             return run
 
-        td.all_to_all, td.gather_from_sequence_parallel_region = self.all_to_all, counting_gather
-        cls.preprocess, cls.token_dispatch = counted_preprocess, flowing(dispatch, "dispatch")
-        cls.token_combine = flowing(combine, "combine")
-
-        def undo() -> None:
-            td.all_to_all, td.gather_from_sequence_parallel_region = a2a, gather
-            cls.preprocess, cls.token_dispatch, cls.token_combine = preprocess, dispatch, combine
-
-        self._restore.append(undo)
+        self._restore += [
+            Patch(td, "all_to_all", self.all_to_all, FEATURE),
+            Patch(td, "gather_from_sequence_parallel_region", counting_gather, FEATURE),
+            Patch(cls, "preprocess", counted_preprocess, FEATURE),
+            Patch(cls, "token_dispatch", flowing(dispatch, "dispatch"), FEATURE),
+            Patch(cls, "token_combine", flowing(combine, "combine"), FEATURE),
+        ]
         log.info(
             "Hermod: MoE alltoall dispatcher's all-to-alls matched (%s), planned from its token counts",
             self.config.ep_algorithm,
@@ -625,10 +617,12 @@ class Hermod:
         )
 
     def close(self) -> None:
+        """Stop the scheduler and put back everything Hermod wrapped; refused, changing nothing, while a feature
+        installed after Hermod wraps one of those attributes again (e.g. ALEPH or SYNDICATE on
+        ``finalize_model_grads_func``: :mod:`megatron_plugin.undo`). A second close does nothing more."""
+        check_all(self._restore)
         self.sched.close()
-        for undo in reversed(self._restore):
-            undo()
-        self._restore.clear()
+        undo_all(self._restore)
 
 
 class _HeldRequests:

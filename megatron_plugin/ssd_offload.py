@@ -38,6 +38,7 @@ import torch
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.offload import OffloadConfig, OffloadHandle, ScopeSpec, TensorCache
 from flowlane.offload.cache import log_installed
+from megatron_plugin.undo import Patch, undo_all
 
 DEFAULT_SCOPES: tuple[str, ...] = ("TransformerLayer", "SelfAttention", "MLP")
 
@@ -104,8 +105,10 @@ class _ScheduleHints:
         self.seq = itertools.count()
         self.by_output: dict[int, Any] = {}
         self.fifo: deque[Any] = deque()
-        schedules.forward_step = self.forward_step
-        schedules.backward_step = self.backward_step
+        self.patches = [
+            Patch(schedules, "forward_step", self.forward_step, "flowlane.offload"),
+            Patch(schedules, "backward_step", self.backward_step, "flowlane.offload"),
+        ]
 
     def forward_step(self, *args: Any, **kwargs: Any) -> Any:
         chunk = kwargs.get("vp_stage")
@@ -141,10 +144,7 @@ class _ScheduleHints:
                 self.cache.backward_end(key)
 
     def remove(self) -> None:
-        if self.schedules.forward_step == self.forward_step:
-            self.schedules.forward_step = self.orig_forward
-        if self.schedules.backward_step == self.backward_step:
-            self.schedules.backward_step = self.orig_backward
+        undo_all(self.patches)
 
 
 class SSDOffload(OffloadHandle):
@@ -155,6 +155,9 @@ class SSDOffload(OffloadHandle):
         self._hints = hints
 
     def close(self) -> None:
+        """Put Megatron's schedule steps back and close the cache; refused, changing nothing, while a feature
+        installed after the offload wraps a step again (:mod:`megatron_plugin.undo`). A second close does nothing
+        more."""
         if self._hints is not None:
             self._hints.remove()
             self._hints = None

@@ -71,6 +71,7 @@ from flowlane import configs
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, Handle, check_dp_gradient_plan
 from flowlane.syndicate.plan import PlanError, SyndicatePlan
+from megatron_plugin.undo import Patch, check_all, undo_all
 
 log = logging.getLogger("flowlane.syndicate")
 
@@ -354,7 +355,7 @@ class SyndicateMegatron:
         self.component = self._lane.component
         self.config, self.plan, self.expert_plan = config, plan, expert_plan
         self._distributed_optimizer = distributed_optimizer
-        self._undo_finalize: list[Any] = []
+        self._undo_finalize: list[Patch] = []
 
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> None:
         """Route the chunks' bucket groups (dense, and expert with MoE) through the enforcers (local; before their
@@ -446,12 +447,16 @@ class SyndicateMegatron:
         return self._expert.dp.gathers if self._expert is not None else 0
 
     def close(self) -> None:
-        for lane in (self._expert, self._lane):
-            if lane is not None:
-                lane.dp.remove()
-        for undo in reversed(self._undo_finalize):
-            undo()
-        self._undo_finalize.clear()
+        """Put Megatron's groups and ``finalize_model_grads_func`` back and stop the enforcers; refused, changing
+        nothing, while a feature installed after SYNDICATE wraps one of them again (:mod:`megatron_plugin.undo`). A
+        second close does nothing."""
+        lanes = [lane for lane in (self._expert, self._lane) if lane is not None]
+        for lane in lanes:
+            lane.dp.check_removable()
+        check_all(self._undo_finalize)
+        for lane in lanes:
+            lane.dp.remove()
+        undo_all(self._undo_finalize)
         for enforcer in (self.enforcer, self.expert_enforcer):
             if enforcer is not None:
                 enforcer.close()
