@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from megatron_plugin.hermod import FEATURE
-from megatron_plugin.undo import Patch, undo_all
+from megatron_plugin.undo import GROUP_OWNER, Patch, check_group_free, undo_all
 
 if TYPE_CHECKING:
     from megatron_plugin.hermod import Hermod
@@ -103,6 +103,9 @@ class DDPHooks:
         """Every attribute set on the bucket groups (Hermod's close undoes them too)."""
         plans = []  # everything is checked before anything is patched: never half-installed
         gathers: list[tuple[Any, int]] = []
+        check_group_free(
+            (bg for c in chunks for bg in c.bucket_groups + c.expert_parallel_bucket_groups), FEATURE
+        )
         for c in chunks:
             layers = layer_of_parameters(c)
             dist_opt = bool(c.ddp_config.use_distributed_optimizer)
@@ -153,6 +156,7 @@ class DDPHooks:
             finish(force_all_reduce=force_all_reduce)
 
         self.patches += [
+            Patch(bg, GROUP_OWNER, FEATURE, FEATURE),
             Patch(bg, attr, clone, FEATURE),
             Patch(bg, "start_grad_sync", start_grad_sync, FEATURE),
             Patch(bg, "finish_grad_sync", finish_grad_sync, FEATURE),

@@ -62,7 +62,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from megatron_plugin.undo import Patch, check_all, undo_all
+from megatron_plugin.undo import GROUP_OWNER, Patch, check_all, check_group_free, undo_all
 
 log = logging.getLogger("flowlane.dp_collective")
 
@@ -398,6 +398,7 @@ class DPCollective:
     def attach(self, model_chunks: Sequence[torch.nn.Module]) -> int:
         """Take over the bucket groups of ``model_chunks``; returns how many. Checks everything first."""
         bucket_groups = check_chunks(model_chunks, self.feature, self.expert)
+        check_group_free(bucket_groups, self.feature)
         for bg in bucket_groups:
             ranks = tuple(dist.get_process_group_ranks(collective_group(bg)))
             if ranks != self.ranks:
@@ -409,6 +410,7 @@ class DPCollective:
         for bg in bucket_groups:
             if self.group is not None:
                 self.group.passthrough = collective_group(bg)
+            self._undo.append(Patch(bg, GROUP_OWNER, self.feature, self.feature))
             self._undo.append(Patch(bg, _group_attr(bg), self.group, self.feature))
         self.bucket_groups += len(bucket_groups)
         log.info(

@@ -182,15 +182,17 @@ class FlowlaneHooks:
             h.patch_moe_dispatcher()
 
     def close(self) -> None:
-        if self.aleph is not None:
-            self.aleph.close()
-            self.aleph = None
-        if self.syndicate is not None:
-            self.syndicate.close()
-            self.syndicate = None
+        """Close the features in the reverse order of their install (offload, ALEPH/SYNDICATE, Hermod): the last
+        installed first, as each close requires (:mod:`megatron_plugin.undo`)."""
         if self.hermod is not None:
             self.hermod.close()
             self.hermod = None
+        if self.syndicate is not None:
+            self.syndicate.close()
+            self.syndicate = None
+        if self.aleph is not None:
+            self.aleph.close()
+            self.aleph = None
         if self.offload is not None:
             self.offload.close()
             self.offload = None

@@ -66,3 +66,20 @@ def undo_all(patches: list[Patch]) -> None:
     for p in reversed(patches):
         p()
     patches.clear()
+
+
+#: the attribute a feature sets on each bucket group whose gradient collective it takes over (Hermod's DDP hooks,
+#: ALEPH, SYNDICATE): the feature's name, removed with the feature's other patches at its close
+GROUP_OWNER = "_flowlane_grad_sync_owner"
+
+
+def check_group_free(bucket_groups: Iterable[Any], feature: str) -> None:
+    """Refuse bucket groups whose gradient collective another feature already took over: two cannot share one (the
+    second would wrap the first's group, and its check of the group's ranks or classes would pass only by chance)."""
+    for bg in bucket_groups:
+        owner = getattr(bg, GROUP_OWNER, None)
+        if owner is not None:
+            raise ValueError(
+                f"{feature}: a Megatron-core DDP bucket group's gradient reduction is already taken over by {owner}; "
+                "Hermod's DDP hooks, ALEPH and SYNDICATE cannot share a bucket group (install one of them)"
+            )

@@ -499,12 +499,14 @@ def _iterate(ctx: TrainContext, device: str, show_progress: bool) -> tuple[list[
 
 
 def _close_features(handles: list[Any]) -> dict[str, Any]:
-    """Each installed feature's ``stats`` (a dataclass) by its class name; the features that can close are closed."""
+    """Each installed feature's ``stats`` (a dataclass) by its class name; the features that can close are closed,
+    the last installed first (each close refuses another order: :mod:`megatron_plugin.undo`)."""
     stats: dict[str, Any] = {}
     for h in handles:
         s = getattr(h, "stats", None)
         if dataclasses.is_dataclass(s) and not isinstance(s, type):
             stats[type(h).__name__] = dataclasses.asdict(s)
+    for h in reversed(handles):
         if hasattr(h, "close"):
             h.close()
     return stats

@@ -140,3 +140,33 @@ def test_two_offloads_close_only_last_installed_first(megatron_env) -> None:
         for handle in (second, first):
             with contextlib.suppress(RuntimeError):
                 handle.close()
+
+
+def test_hermods_ddp_hooks_and_a_dp_collective_cannot_share_bucket_groups(megatron_env) -> None:
+    """At DP 1 Hermod's attach_ddp took SYNDICATE's group for Megatron's (no clone needed) and wrapped it; now it is
+    refused, changing nothing (the other order was refused already: Hermod's start_grad_sync is seen), and once the
+    first feature is closed the bucket groups are free again."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_plugin import syndicate
+    from megatron_plugin.hermod import Hermod, HermodConfig
+
+    model, config = _ddp_model()
+    dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+    shared = r"already taken over by flowlane\.{}; Hermod's DDP hooks, ALEPH and SYNDICATE cannot share"
+    syn = syndicate.install([model], syndicate.SyndicateMegatronConfig(mode="fifo"), config)
+    h = Hermod(HermodConfig(), num_microbatches=1, layers_per_stage=2, stage=0, dp_group=dp_group)
+    try:
+        groups = [bg.data_parallel_group for bg in model.bucket_groups]
+        with pytest.raises(ValueError, match=shared.format("syndicate")):
+            h.attach_ddp([model])
+        assert [bg.data_parallel_group for bg in model.bucket_groups] == groups  # nothing patched
+        syn.close()
+        h.attach_ddp([model])
+        with pytest.raises(RuntimeError, match=r"flowlane\.syndicate: .*Hermod's DDP hooks.*cannot share"):
+            syndicate.install([model], syndicate.SyndicateMegatronConfig(mode="fifo"), config)
+    finally:
+        for feature in (syn, h):
+            with contextlib.suppress(RuntimeError):
+                feature.close()
+    assert all(bg.data_parallel_group is dp_group for bg in model.bucket_groups)
