@@ -667,6 +667,105 @@ RUN_KEYS = {
 
 
 MODEL_KEYS = ("name", "hidden")
+# peer_timeout_s's upper bound (recipes.validate.MAX_TIMEOUT_S): past ~8.6e13 s datetime.timedelta, the trainers'
+# gloo timeout, overflows in every trainer; a year is past any real job
+MAX_TIMEOUT_S = 365 * 86400.0
+# SyntheticSpec fields redundant_graph sets itself: feat_dim (= signal_dims), num_communities and the seed (the
+# recipe's); the other fields pass through its **kw
+_SET_BY_GRAPH = ("feat_dim", "num_communities", "seed")
+
+
+def data_fields() -> dict[str, Any]:
+    """The ``data.*`` keys and their types: :func:`redundant_graph`'s parameters (but ``seed``), then the
+    :class:`~dgl_plugin.synthetic.SyntheticSpec` fields it passes on."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from .synthetic import SyntheticSpec
+
+    hints = typing.get_type_hints(redundant_graph)
+    own = inspect.signature(redundant_graph).parameters.values()
+    fields = {p.name: hints[p.name] for p in own if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "seed"}
+    spec = typing.get_type_hints(SyntheticSpec)
+    for f in dataclasses.fields(SyntheticSpec):
+        if f.name not in fields and f.name not in _SET_BY_GRAPH:
+            fields[f.name] = spec[f.name]
+    return fields
+
+
+def redundant_spec(data: Mapping[str, Any]):
+    """The :class:`~dgl_plugin.synthetic.SyntheticSpec` :func:`redundant_graph` builds from ``data`` (seed 0: the
+    checks do not depend on it); tests/test_validate_dgs_config.py pins it to redundant_graph's own."""
+    import inspect
+
+    from .synthetic import SyntheticSpec
+
+    params = inspect.signature(redundant_graph).parameters
+    d = {n: p.default for n, p in params.items() if p.default is not p.empty} | dict(data)
+    kw = {k: v for k, v in data.items() if k not in params}  # what redundant_graph's **kw passes on
+    return SyntheticSpec(
+        num_nodes=d["num_nodes"],
+        avg_degree=d["avg_degree"],
+        num_classes=d["num_classes"],
+        num_communities=max(4 * d["num_classes"], 8),
+        feat_dim=d["signal_dims"],
+        signal=d["signal"],
+        **kw,
+    )
+
+
+def check_data(data: Any) -> None:
+    """gnn_dgs's ``data`` group as the local run reads it, ``partition_redundant(..., **data)``: an unknown key was
+    a TypeError, a bad value a ValueError, in the parent after the run had started (exit 1, a traceback)."""
+    fields = data_fields()
+    if not isinstance(data, Mapping):
+        raise ValueError(f"gnn_dgs: data={data!r} must be a group of {list(fields)}")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        why = " (the graph's seed is the recipe's seed)" if "seed" in unknown else ""
+        raise ValueError(f"gnn_dgs: unknown data key(s) {unknown}{why}; allowed: {list(fields)}")
+    for k, v in data.items():
+        if fields[k] is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"gnn_dgs: data.{k}={v!r} must be an integer")
+        if fields[k] is float and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+        ):
+            raise ValueError(f"gnn_dgs: data.{k}={v!r} must be a finite number")
+    for k in ("redundant_dims", "noise_dims"):
+        if data.get(k, 0) < 0:
+            raise ValueError(f"gnn_dgs: data.{k}={data[k]!r} must be an integer >= 0")
+    spec = redundant_spec(data)
+    try:
+        spec.validate()
+    except ValueError as e:  # "synthetic graph: bad num_classes=1 (num_nodes=2000, num_classes=1)"
+        msg = str(e)
+        if "bad num_communities=" in msg:
+            raise ValueError(
+                f"gnn_dgs: data.num_nodes={spec.num_nodes} is too small for data.num_classes={spec.num_classes}: "
+                f"the graph has max(4 x num_classes, 8) = {spec.num_communities} communities, at most one per node"
+            ) from None
+        for a, b in (
+            ("bad feat_dim=", "bad data.signal_dims="),
+            ("bad train_frac + val_frac=", "bad data.train_frac + data.val_frac="),
+            ("bad ", "bad data."),
+        ):
+            if a in msg:
+                msg = msg.replace(a, b, 1)
+                break
+        raise ValueError(f"gnn_dgs: {msg}") from None
+
+
+def _check_folder(c: Mapping[str, Any], key: str) -> None:
+    """Create ``c[key]`` and prove it takes a file (flowlane.launch.check_output_dir), before any process."""
+    from flowlane.launch import check_output_dir
+
+    try:
+        check_output_dir(c[key], key)
+    except ValueError as e:
+        raise ValueError(
+            f"gnn_dgs: {str(e).replace(f'with {key} <folder>', f'with {key}=<folder>')}"
+        ) from None
 
 
 def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole | None:
@@ -677,13 +776,19 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
     unknown = sorted(set(c) - RUN_KEYS)
     if unknown:
         raise ValueError(f"gnn_dgs: unknown key(s) {unknown}; known: {sorted(RUN_KEYS)}")
-    fl = dict(c.get("flowlane") or {})
+    fl = c.get("flowlane") or {}
+    if not isinstance(fl, Mapping):
+        raise ValueError(f"gnn_dgs: flowlane={fl!r} must be a group of ['dgs', 'direct']")
     extra = sorted(set(fl) - {"dgs", "direct"})
     if extra:
         raise ValueError(f"gnn_dgs: unknown flowlane section(s) {extra}; known: ['dgs', 'direct']")
     dgs = fl.get("dgs")
     if dgs is not None:
-        DGSConfig.from_dict(dgs)
+        if not isinstance(dgs, Mapping):
+            raise ValueError(
+                f"gnn_dgs: flowlane.dgs={dgs!r} must be a group of DGSConfig's keys, or null (DGS off)"
+            )
+        DGSConfig.from_dict(dict(dgs))
     if fl.get("direct") is not None:
         from flowlane.direct import DirectConfig
 
@@ -706,7 +811,14 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
     if "peer_timeout_s" in c:
         from .distdgl import check_peer_timeout
 
-        check_peer_timeout(c["peer_timeout_s"], "gnn_dgs: peer_timeout_s")
+        if check_peer_timeout(c["peer_timeout_s"], "gnn_dgs: peer_timeout_s") > MAX_TIMEOUT_S:
+            raise ValueError(
+                f"gnn_dgs: peer_timeout_s={c['peer_timeout_s']!r} must be at most {MAX_TIMEOUT_S:.0f} seconds "
+                "(a year; it is the trainers' gloo timeout)"
+            )
+    t = c.get("timeout_s", 600)
+    if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t > 0):
+        raise ValueError(f"gnn_dgs: timeout_s={t!r} must be a finite number of seconds > 0")
     for key, low in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
         v = c.get(key, low)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -730,7 +842,15 @@ def check_config(c: dict, env: Mapping[str, str] | None = None) -> DistDGLRole |
             f"gnn_dgs: model.name={model!r}: choose 'sage' or 'gcn' (the explainer needs layers that "
             f"take edge weights)"
         )
-    return check_launch(w, env)
+    check_data(c.get("data") or {})
+    role = check_launch(w, env)
+    # the folders this process writes: the summary (the local parent; rank 0 of the trainers under DistDGL's
+    # launcher), the partitions (the local parent)
+    if c.get("output_dir") and (role is None or role.role == "client"):
+        _check_folder(c, "output_dir")
+    if c.get("workdir") and role is None:
+        _check_folder(c, "workdir")
+    return role
 
 
 def check_launch(world: int, env: Mapping[str, str] | None = None) -> DistDGLRole | None:

@@ -124,7 +124,7 @@ def test_gnn_dgs_recipe_rejects_bad_keys_and_values_by_name_before_starting(over
         run_job({"job": "gnn_dgs", **override})
 
 
-def test_the_gnn_dgs_recipe_file_passes_its_own_checks():
+def test_the_gnn_dgs_recipe_file_passes_its_own_checks(tmp_path):
     from pathlib import Path
 
     import yaml
@@ -133,7 +133,7 @@ def test_the_gnn_dgs_recipe_file_passes_its_own_checks():
 
     cfg = yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes/conf/gnn_dgs.yaml").read_text())
     assert cfg["job"] == "gnn_dgs" and JOBS["gnn_dgs"] == "dgl_plugin.dgs_train:run_dgs"
-    CHECKS["gnn_dgs"](cfg)
+    CHECKS["gnn_dgs"]({**cfg, "output_dir": str(tmp_path / "out")})  # the check creates output_dir
     assert DGSConfig.from_dict(cfg["flowlane"]["dgs"]).n_f == 0.85
 
 
