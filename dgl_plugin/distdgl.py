@@ -221,11 +221,17 @@ class _ExitState:
 _EXIT = _ExitState()
 
 
+#: peer_timeout_s's upper bound: past ~8.6e13 s ``datetime.timedelta`` (the trainers' gloo timeout) overflows in
+#: every trainer; a year is past any real job (recipes.validate.MAX_TIMEOUT_S is the same)
+MAX_PEER_TIMEOUT_S = 365 * 86400.0
+
+
 def check_peer_timeout(value: object, key: str = "peer_timeout_s") -> float:
     """``value`` as seconds, or ValueError naming ``key`` and what is allowed."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_PEER_TIMEOUT_S:
         raise ValueError(
-            f"{key}={value!r} must be a number of seconds > 0 (how long a trainer waits for a peer)"
+            f"{key}={value!r} must be a number of seconds > 0 and at most {MAX_PEER_TIMEOUT_S:.0f} (a year; how "
+            "long a trainer waits for a peer)"
         )
     return float(value)
 

@@ -117,6 +117,7 @@ def test_config_rejects_unknown_keys_and_bad_values_by_name():
         ("prob_floor", 0),
         ("explainer_min_epochs", 51),
         ("synchronous", 1),
+        ("explainer_timeout_s", 1e20),  # a join() timeout that large overflows
     ):
         with pytest.raises(ValueError, match=f"bad {key}="):
             DGSConfig.from_dict({key: val})

@@ -81,7 +81,10 @@ def _recipe(tmp: Path) -> dict:
         ({"timeout_s": 0}, r"^gnn_dgs: timeout_s=0 must be a finite number of seconds > 0$"),
         ({"timeout_s": float("inf")}, r"^gnn_dgs: timeout_s=inf must be"),
         # the trainers' gloo timeout: datetime.timedelta overflows past ~8.6e13 s
-        ({"peer_timeout_s": 1e20}, r"^gnn_dgs: peer_timeout_s=1e\+20 must be at most 31536000 seconds"),
+        (
+            {"peer_timeout_s": 1e20},
+            r"^gnn_dgs: peer_timeout_s=1e\+20 must be a number of seconds > 0 and at most 31536000",
+        ),
         ({"output_dir": "/dev/null/out"}, r"^gnn_dgs: output_dir='/dev/null/out' is not a writable folder"),
         ({"output_dir": 5}, r"^gnn_dgs: output_dir=5 must be a folder path$"),
         ({"workdir": "/dev/null/work"}, r"^gnn_dgs: workdir='/dev/null/work' is not a writable folder"),
@@ -164,3 +167,16 @@ def test_flowlane_train_refuses_a_bad_data_key_with_exit_2(tmp_path):
         "flowlane-train: error: gnn_dgs: unknown data key(s) ['num_node']; allowed: ["
     ), r.stderr[-3000:]
     assert "Traceback" not in r.stderr and not (tmp_path / "work").exists()
+
+
+def test_peer_timeout_is_bounded_for_every_distdgl_user() -> None:
+    """gnn_fullgraph's DistDGL path checks peer_timeout_s with the same function: inf and 1e20 passed it and
+    overflowed the trainers' gloo timeout (datetime.timedelta)."""
+    from dgl_plugin.distdgl import check_peer_timeout
+
+    assert check_peer_timeout(300) == 300.0
+    for bad in (0, -1, float("inf"), 1e20, True, "5"):
+        with pytest.raises(
+            ValueError, match=r"peer_timeout_s=.* must be a number of seconds > 0 and at most"
+        ):
+            check_peer_timeout(bad)

@@ -105,6 +105,10 @@ class DGSConfig:
         for name in ("explainer_lr", "explainer_timeout_s"):
             if not getattr(self, name) > 0:
                 bad(name, getattr(self, name), "must be > 0")
+        if (
+            self.explainer_timeout_s > 365 * 86400.0
+        ):  # a join() timeout past ~8.6e13 s overflows; a year is plenty
+            bad("explainer_timeout_s", self.explainer_timeout_s, "must be at most 31536000 seconds (a year)")
         for name in ("loss_threshold", "alpha1", "alpha2", "beta1", "beta2"):
             if getattr(self, name) < 0:
                 bad(name, getattr(self, name), "must be >= 0")
