@@ -17,7 +17,12 @@ DeepSpeed's own run (bitwise on 2 ranks, where a sum of two has one order; withi
 Config: ``"flowlane": {"syndicate": {...}}`` (:class:`SyndicateDSConfig`): ``plan`` (a path to a plan JSON written
 by :meth:`flowlane.syndicate.plan.SyndicatePlan.to_json`, or the plan's dict), ``mode`` (``plan`` or ``fifo``: every
 op whole, the baseline, and the way to learn the op signatures with :attr:`SyndicateDeepSpeed.submitted`),
-``check_every``, ``timeout_s``, ``enabled``. Unknown keys are an error naming them.
+``check_every``, ``timeout_s``, ``profile_iteration``, ``enabled``. Unknown keys are an error naming them.
+
+From FIFO to a plan: in FIFO mode the enforcer profiles iteration ``profile_iteration`` (optimizer steps, counted
+from 0; the second by default) and :meth:`SyndicateDeepSpeed.write_profile` writes it as JSON for the plan search
+(:meth:`flowlane.syndicate.enforcer.Enforcer.profile`: each op's signature, ranks, submission and completion time;
+a synchronous all-reduce is waited for at once, so on gloo its ``done_s`` is when it completed).
 
 Refused at install (never silently skipped): ZeRO 3 and the ZeRO 1/2 settings whose reductions are not bucket
 all-reduces (:func:`deepspeed_plugin.comm.check_zero_all_reduce`), pipeline engines, a backend another flowlane
@@ -32,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -71,6 +77,9 @@ class SyndicateDSConfig:
     """Compare the iteration's launch sequence across ranks every this many iterations (0: never)."""
     timeout_s: float = 60.0
     """How long the watchdog waits for the other ranks before naming the missing ones."""
+    profile_iteration: int = 1
+    """FIFO mode: the iteration the enforcer profiles for the plan search (``write_profile``); -1: none.
+    :attr:`SyndicateDeepSpeed.submitted` keeps iterations 0 to this one only (none at -1)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -82,8 +91,8 @@ class SyndicateDSConfig:
             )
         if self.mode == "plan" and self.plan is None and self.enabled:
             raise ValueError('flowlane.syndicate.plan is required with mode "plan" (or set mode "fifo")')
-        # names a bad mode / check_every / timeout
-        EnforcerConfig(self.mode, self.check_every, self.timeout_s)
+        # names a bad mode / check_every / timeout / profile_iteration
+        EnforcerConfig(self.mode, self.check_every, self.timeout_s, profile_iteration=self.profile_iteration)
 
     def load_plan(self) -> SyndicatePlan | None:
         if self.plan is None:
@@ -160,18 +169,26 @@ class SyndicateDeepSpeed:
             rank,
             len(self.ranks),
             EnforcerConfig(
-                cfg.mode, cfg.check_every, cfg.timeout_s, f"flowlane-ds-syndicate/{next(_INSTALLS)}"
+                cfg.mode,
+                cfg.check_every,
+                cfg.timeout_s,
+                f"flowlane-ds-syndicate/{next(_INSTALLS)}",
+                profile_iteration=cfg.profile_iteration,
             ),
         )
         self.enforcer.install(plan)  # refuses options it cannot run; compares the plan's digest on every rank
         self.submitted: list[tuple[int, str, int, str]] = []
-        """(iteration, kind, numel, dtype) of every op routed through the enforcer: the plan's signatures."""
+        """(iteration, kind, numel, dtype) of every op routed through the enforcer in iterations 0 to
+        ``profile_iteration`` (none at -1; later ones are not kept, bounded in a long job): the plan's
+        signatures."""
         self.engine, self.cfg = engine, cfg
 
         def reduce(tensor: Any, async_op: bool) -> Any:
-            self.submitted.append(
-                (self.enforcer.iteration, "all_reduce", tensor.numel(), str(tensor.dtype)[6:])
-            )
+            last = self.enforcer.config.profile_iteration
+            if last is not None and self.enforcer.iteration <= last:  # bounded: not a row per op per step
+                self.submitted.append(
+                    (self.enforcer.iteration, "all_reduce", tensor.numel(), str(tensor.dtype)[6:])
+                )
             handle = self.enforcer.all_reduce(tensor)
             if async_op:
                 return handle
@@ -186,6 +203,19 @@ class SyndicateDeepSpeed:
             cfg.mode,
             f"v{plan.version}" if plan is not None else "none",
         )
+
+    def write_profile(self, path: str | os.PathLike[str]) -> Path:
+        """Write the enforcer's profile (FIFO mode; :meth:`flowlane.syndicate.enforcer.Enforcer.profile`, format
+        :data:`flowlane.syndicate.enforcer.PROFILE_FORMAT`) to ``path`` as JSON with a ``provenance`` envelope,
+        atomically. Local: one rank of the data-parallel group is enough (every rank records the same ops).
+        Refused, writing nothing, while there is no profile (naming why). Returns the path."""
+        from flowlane.testing.provenance import write_result
+
+        prof = self.enforcer.profile()
+        if prof is None:
+            why = self.enforcer.why_no_profile()
+            raise ValueError(f"flowlane.syndicate: no profile to write to {str(path)!r}: {why}")
+        return write_result(path, prof)
 
     def close(self) -> None:
         """Undo the wraps (refused, changing nothing, while a later install wraps one of them: close that first),

@@ -20,12 +20,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "flowlane.offload.estimate",
         "activation bytes, write bandwidth and SSD lifespan (SSDTrain)",
     ),
+    "syndicate-plan": (
+        "flowlane.syndicate.profile",
+        "a SYNDICATE plan JSON from a recorded FIFO iteration (syndicate_profile.json)",
+    ),
 }
 
 EPILOG = (
     "Examples:\n"
     "  flowlane doctor\n"
     "  flowlane sim --workload gpt3-13b --gpus 32 --policy fifo,hermod\n"
+    "  flowlane syndicate-plan outputs/run/syndicate_profile.json --out plan.json\n"
     "  flowlane <command> --help     options of one command, with their defaults"
 )
 

@@ -51,6 +51,11 @@ megatron-core API::
 
 Megatron-LM: ``--syndicate --syndicate-plan plan.json`` (``--syndicate-mode fifo`` runs every op whole and records
 the signatures, :attr:`SyndicateMegatron.submitted`, to build a plan from).
+
+From FIFO to a plan: in FIFO mode each enforcer profiles iteration ``profile_iteration`` (the second by default:
+:meth:`flowlane.syndicate.enforcer.Enforcer.profile`, each op's signature, ranks, submission and completion time);
+:meth:`SyndicateMegatron.write_profile` writes it as JSON (the recipe does, from DP rank 0 of each pipeline stage,
+to ``output_dir/syndicate_profile.json`` or ``syndicate_profile_stage{pp_rank}.json``), and the plan search reads it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,10 +105,13 @@ class SyndicateMegatronConfig:
     """Compare the iteration's launch sequence across ranks every this many iterations (0: never)."""
     timeout_s: float = 60.0
     """How long the watchdog waits for the other ranks before naming the missing ones."""
+    profile_iteration: int = 1
+    """FIFO mode: the iteration each enforcer profiles for the plan search (``write_profile``); -1: none. The
+    signatures (``submitted``) are kept for iterations 0 to this one only (none at -1), bounded in a long job."""
 
     def __post_init__(self) -> None:
-        # names a bad mode / check_every / timeout
-        EnforcerConfig(self.mode, self.check_every, self.timeout_s)
+        # names a bad mode / check_every / timeout / profile_iteration
+        EnforcerConfig(self.mode, self.check_every, self.timeout_s, profile_iteration=self.profile_iteration)
         if self.param_gather not in ("plan", "passthrough"):
             raise ValueError(
                 f"syndicate param_gather {self.param_gather!r} is not one of ['passthrough', 'plan']"
@@ -223,7 +232,10 @@ class _SyndicateComponent:
         self.submitted: list[tuple[int, str, int, str]] = []
 
     def _record(self, kind: str, numel: int, t: torch.Tensor) -> None:
-        self.submitted.append((self.enforcer.iteration, kind, numel, str(t.dtype).removeprefix("torch.")))
+        # iterations 0..profile_iteration only: a row per op per step would grow for as long as the job runs
+        last = self.enforcer.config.profile_iteration
+        if last is not None and self.enforcer.iteration <= last:
+            self.submitted.append((self.enforcer.iteration, kind, numel, str(t.dtype).removeprefix("torch.")))
 
     def all_reduce(self, tensors: list[torch.Tensor]) -> _Handles:
         out = []
@@ -294,6 +306,7 @@ class _Lane:
                     config.check_every,
                     config.timeout_s,
                     f"{namespace}/{'-'.join(map(str, ranks))}",
+                    profile_iteration=config.profile_iteration,
                 ),
             )
             # compares the plan's digest on the group's ranks; names the ones that differ
@@ -418,13 +431,36 @@ class SyndicateMegatron:
 
     @property
     def submitted(self) -> list[tuple[int, str, int, str]]:
-        """(iteration, kind, numel, dtype) of every op routed through the enforcer: the plan's signatures."""
+        """(iteration, kind, numel, dtype) of every op routed through the enforcer in iterations 0 to
+        ``config.profile_iteration`` (none at -1; later ones are not kept): the plan's signatures."""
         return list(self.component.submitted) if self.component is not None else []
 
     @property
     def expert_submitted(self) -> list[tuple[int, str, int, str]]:
         """The same for the experts' bucket groups (MoE): the expert plan's signatures."""
         return list(self._expert.component.submitted) if self._expert is not None else []
+
+    def write_profile(self, path: str | os.PathLike[str]) -> list[Path]:
+        """Write each enforcer's profile (FIFO mode; :meth:`flowlane.syndicate.enforcer.Enforcer.profile`, the
+        format is :data:`flowlane.syndicate.enforcer.PROFILE_FORMAT`) as JSON with a ``provenance`` envelope,
+        atomically: the dense bucket groups' to ``path``, and with MoE's expert enforcer the experts' to
+        ``<stem>_expert<suffix>`` beside it (one file per enforcer: each is planned on its own, as ``plan`` and
+        ``expert_plan``). Local: call it on one rank of each data-parallel group (every rank of a group records the
+        same ops). Refused, writing nothing, while an enforcer has no profile (naming why). Returns the paths."""
+        from flowlane.testing.provenance import write_result
+
+        out = Path(path)
+        lanes = [(self.enforcer, out)]
+        if self._expert is not None:
+            lanes.append((self.expert_enforcer, out.with_name(f"{out.stem}_expert{out.suffix}")))
+        docs = []
+        for enforcer, where in lanes:
+            prof = enforcer.profile() if enforcer is not None else None
+            if prof is None:
+                why = enforcer.why_no_profile() if enforcer is not None else "no enforcer on this rank"
+                raise ValueError(f"flowlane.syndicate: no profile to write to {str(where)!r}: {why}")
+            docs.append((where, prof))
+        return [write_result(where, prof) for where, prof in docs]
 
     @property
     def calls(self) -> int:

@@ -187,6 +187,24 @@ class GPTRecipe:
             self.data_parallel % self.expert_parallel == 0,
             f"expert_parallel={self.expert_parallel} must divide the data-parallel size {self.data_parallel}",
         )
+        syn = self.features.get("dp_collective") or {}
+        if syn.get("name") == "syndicate":
+            from megatron_plugin.syndicate import SyndicateMegatronConfig
+
+            syn = {
+                "mode": SyndicateMegatronConfig.mode,
+                "profile_iteration": SyndicateMegatronConfig.profile_iteration,
+                **syn,
+            }
+        if syn.get("name") == "syndicate" and syn["mode"] == "fifo":
+            # the run writes the profile of this iteration at its end: refused now, not after the training
+            at = syn["profile_iteration"]
+            need(
+                not isinstance(at, int) or at < self.iterations,
+                f"dp_collective=syndicate in FIFO mode profiles iteration dp_collective.profile_iteration={at} "
+                f"(counted from 0), but iterations={self.iterations}: set iterations > {at}, or "
+                "dp_collective.profile_iteration=-1 to write no profile",
+            )
 
     @property
     def data_parallel(self) -> int:
@@ -423,7 +441,7 @@ def _train_rank(rank: int, world: int, recipe: GPTRecipe) -> dict[str, Any]:
             "ops_by_kind": rec.count_by_kind(),
             "param_digest": float(sum(p.detach().double().sum() for p in model.parameters())),
             "num_params": sum(p.numel() for p in model.parameters()),
-            "feature_stats": _close_features(handles),
+            "feature_stats": _close_features(handles, recipe),
             "trace": trace.rank_events(rank, t_start),
             "wall": time.perf_counter() - t_start,
         }
@@ -498,18 +516,45 @@ def _iterate(ctx: TrainContext, device: str, show_progress: bool) -> tuple[list[
     return losses, iter_times
 
 
-def _close_features(handles: list[Any]) -> dict[str, Any]:
-    """Each installed feature's ``stats`` (a dataclass) by its class name; the features that can close are closed,
-    the last installed first (each close refuses another order: :mod:`megatron_plugin.undo`)."""
+def _close_features(handles: list[Any], recipe: GPTRecipe) -> dict[str, Any]:
+    """Each installed feature's ``stats`` (a dataclass) by its class name; the features' outputs are written
+    (:func:`_write_syndicate_profile`), then the features that can close are closed, the last installed first (each
+    close refuses another order: :mod:`megatron_plugin.undo`)."""
     stats: dict[str, Any] = {}
     for h in handles:
         s = getattr(h, "stats", None)
         if dataclasses.is_dataclass(s) and not isinstance(s, type):
             stats[type(h).__name__] = dataclasses.asdict(s)
+    _write_syndicate_profile(handles, recipe)
     for h in reversed(handles):
         if hasattr(h, "close"):
             h.close()
     return stats
+
+
+def _write_syndicate_profile(handles: list[Any], recipe: GPTRecipe) -> None:
+    """dp_collective=syndicate in FIFO mode: data-parallel rank 0 (tensor-parallel rank 0) of each pipeline stage
+    writes the profile its enforcers recorded (``SyndicateMegatron.write_profile``; MoE's expert enforcer beside it,
+    ``*_expert.json``) to ``output_dir/syndicate_profile.json``, with several stages
+    ``syndicate_profile_stage{pp_rank}.json`` (as the plan path's ``{pp_rank}``): the plan search's input."""
+    dp = recipe.features.get("dp_collective") or {}
+    if dp.get("name", "none") != "syndicate":
+        return
+    from megatron.core import parallel_state as ps
+
+    from megatron_plugin.syndicate import SyndicateMegatron
+
+    if ps.get_data_parallel_rank() != 0 or ps.get_tensor_model_parallel_rank() != 0:
+        return
+    pp = ps.get_pipeline_model_parallel_world_size()
+    name = (
+        "syndicate_profile.json"
+        if pp == 1
+        else f"syndicate_profile_stage{ps.get_pipeline_model_parallel_rank()}.json"
+    )
+    for h in handles:
+        if isinstance(h, SyndicateMegatron) and h.config.mode == "fifo" and h.config.profile_iteration >= 0:
+            h.write_profile(Path(recipe.output_dir) / name)
 
 
 def _progress(enabled: bool, total: int) -> Any:

@@ -64,8 +64,9 @@ def _syndicate() -> str:
         SyndicateMegatronConfig,
         "SYNDICATE motifs and launch order on Megatron-core's DP reduction (seed 004). Generated from\n"
         "megatron_plugin.syndicate.SyndicateMegatronConfig by `python -m recipes.mirrors`: edit the dataclass, not\n"
-        "this file. Select with `dp_collective=syndicate`; the recipe starts in FIFO mode (every op whole, recording\n"
-        "the signatures to plan from); set dp_collective.mode=plan and dp_collective.plan=<plan JSON> to enforce one.",
+        "this file. Select with `dp_collective=syndicate`; the recipe starts in FIFO mode (every op whole; it writes\n"
+        "output_dir/syndicate_profile[_stage<pp>].json), `flowlane syndicate-plan <profile>` makes a plan from it, and\n"
+        "dp_collective.mode=plan 'dp_collective.plan=\"<plan JSON>\"' enforces it (docs/syndicate.md).",
         {"mode": "fifo"},
         preamble="name: syndicate",
     )

@@ -16,7 +16,10 @@ from flowlane.syndicate.plan import PlanOp, SyndicatePlan
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
     """DeepSpeed ZeRO 0, then ZeRO 2: its own run (recording the signatures of its DP SUM all-reduces), then the same
     run with a plan that cuts each of them into up to 3 motifs launched last-first on path S; then ZeRO 3, which
-    install refuses."""
+    install refuses. ZeRO 0 also runs in FIFO mode for 3 iterations, writing the profile of iteration 1."""
+    import json
+    import tempfile
+
     from tests.ds_workers_common import init_deepspeed_gloo, tiny_engine, tiny_net, train
 
     init_deepspeed_gloo()
@@ -28,6 +31,7 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     recorded: list[tuple[int, str]] = []
 
     def run(name: str, zero: int, section: dict | None, steps: int = 4, record: bool = False) -> None:
+        """``steps`` micro-steps (2 per iteration); a flowlane run also tries to write its profile."""
         if record:
             recorded.clear()
         engine, cfg = tiny_engine(zero, None if section is None else {"syndicate": section})
@@ -58,6 +62,11 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
                 submitted=list(s.submitted),
                 iterations=s.enforcer.iteration,
             )
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    out[name]["profile"] = json.loads(s.write_profile(f"{tmp}/p.json").read_text())
+                except ValueError as e:  # plan mode: no profile
+                    out[name]["profile"] = str(e)
             s.close()
         engine.destroy()
 
@@ -72,6 +81,11 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
 
     for zero, suffix in ((0, ""), (2, "2")):
         run(f"own{suffix}", zero, None, record=True)
+        if zero == 0:
+            run("fifo", 0, {"mode": "fifo"}, steps=6)
+            out["fifo"]["same_losses"] = out["fifo"].pop("losses")[:4] == out["own"]["losses"]
+            out["fifo"].pop("params")
+            out["recorded"] = list(recorded)
         plan = last_first()
         out[f"plan_order{suffix}"] = [list(e) for e in plan.order]
         run(f"plan{suffix}", zero, {"plan": plan.to_dict()})

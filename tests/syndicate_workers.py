@@ -260,6 +260,25 @@ def enforcer_scenarios(rank: int, world: int, store_path: str) -> dict:
         "fp39": store.check([f"s9/fp/39/{rank}"]),
     }
 
+    # 10. FIFO mode profiles iteration 1 (signatures, group ranks, submit/done times), launching exactly what an
+    # enforcer that profiles nothing launches, with bitwise the same results
+    runs = {}
+    for name, at in (("on", 1), ("off", -1)):
+        enf = Enforcer(
+            paths, store, rank, world, EnforcerConfig("fifo", namespace=f"s10{name}", profile_iteration=at)
+        )
+        got, seen = [], []
+        for it in range(3):
+            got += _iteration(enf, rank, world, it, None)
+            seen.append(enf.profile())
+        runs[name] = {"got": got, "log": list(enf.log), "seen": seen}
+    out["profile"] = {
+        "seen": runs["on"]["seen"],
+        "off": runs["off"]["seen"],
+        "same_log": runs["on"]["log"] == runs["off"]["log"],
+        "bitwise": all(torch.equal(a, b) for a, b in zip(runs["on"]["got"], runs["off"]["got"], strict=True)),
+    }
+
     # 8. replanning on ranks 0 and 1 (the E1 toy is a 2-rank instance); rank 2 only joins the group creations
     from tests.syndicate_fw_workers import replan_scenario
 

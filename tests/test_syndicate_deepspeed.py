@@ -51,6 +51,29 @@ def test_every_rank_launches_the_plans_motif_order_each_iteration(runs: list[dic
         assert [(i, j) for (i2, _, i, j) in runs[0]["plan2"]["log"] if i2 == it] == order2
 
 
+def test_fifo_mode_writes_the_profile_of_iteration_1_and_keeps_the_signatures_bounded(
+    runs: list[dict],
+) -> None:
+    # 3 iterations in FIFO mode: the losses of the first two are DeepSpeed's own, the signatures are kept for
+    # iterations 0 and 1 only (before: a row per all-reduce per step, for as long as the job ran), and the file holds
+    # iteration 1's all-reduces, in DeepSpeed's order, each waited for before the iteration's end
+    for r in runs:
+        fifo, recorded = r["fifo"], [tuple(x) for x in r["recorded"]]
+        assert fifo["same_losses"] and fifo["events"] == [] and fifo["iterations"] == 3, fifo
+        assert [s[0] for s in fifo["submitted"]] == [0] * len(recorded) + [1] * len(recorded)
+        prof = fifo["profile"]
+        assert prof["format"] == "flowlane.syndicate.profile/1" and prof["iteration"] == 1, prof
+        assert prof["ranks"] == [0, 1] and "commit" in prof["provenance"]
+        assert [(o["kind"], o["numel"], o["dtype"]) for o in prof["ops"]] == [
+            ("all_reduce", *x) for x in recorded
+        ]
+        for o in prof["ops"]:
+            assert o["ranks"] == [0, 1]
+            assert 0 <= o["submit_s"] <= o["done_s"] <= prof["iteration_s"], prof
+        # plan mode has no profile: refused, naming why
+        assert "no profile to write" in r["plan"]["profile"] and "mode is 'plan'" in r["plan"]["profile"]
+
+
 def test_what_cannot_apply_is_refused_at_install(runs: list[dict]) -> None:
     for r in runs:
         assert "supports ZeRO stages 0-2" in r["refused"]["zero3"], r["refused"]

@@ -127,3 +127,32 @@ def test_the_log_and_stats_bounds_must_be_integers_at_least_zero() -> None:
     for key in ("log_entries", "stats_entries"):
         with pytest.raises(ValueError, match=f"EnforcerConfig.{key} must be an integer >= 0, got -1"):
             EnforcerConfig(**{key: -1})
+
+
+def test_fifo_mode_profiles_one_iteration_without_changing_what_runs(runs: list[dict]) -> None:
+    # the ops of iteration 1 in submission order, their signatures as the plan keys them (all-gather: the input
+    # block), on the group of ranks 0-2; before iteration 1 ends there is no profile, after it the same one stays
+    world = len(runs)
+    for r in (x["profile"] for x in runs):
+        assert r["bitwise"] and r["same_log"], r
+        assert r["off"] == [None, None, None]  # profile_iteration=-1: none
+        first, prof, later = r["seen"]
+        assert first is None and prof == later
+        assert prof["format"] == "flowlane.syndicate.profile/1" and prof["iteration"] == 1, prof
+        assert prof["ranks"] == list(range(world))
+        sigs = [(o["kind"], o["numel"], o["dtype"], o["ranks"]) for o in prof["ops"]]
+        assert sigs == [(op.kind, op.numel, op.dtype, list(range(world))) for op in W.plan_ops(world)], sigs
+        for o in prof["ops"]:  # every op was waited for before step(): done_s is known
+            assert 0 <= o["submit_s"] <= o["done_s"] <= prof["iteration_s"], prof
+        assert [o["submit_s"] for o in prof["ops"]] == sorted(o["submit_s"] for o in prof["ops"])
+
+
+def test_the_profiled_iteration_must_be_an_integer_at_least_minus_one() -> None:
+    from flowlane.syndicate.enforcer import EnforcerConfig
+
+    for bad in (-2, 1.5, True):
+        with pytest.raises(ValueError, match="profile_iteration must be an integer >= -1"):
+            EnforcerConfig("fifo", profile_iteration=bad)  # type: ignore[arg-type]
+    assert EnforcerConfig("fifo").profiled_iteration == 1
+    assert EnforcerConfig("fifo", profile_iteration=None).profiled_iteration is None
+    assert EnforcerConfig("plan").profiled_iteration is None  # a plan-mode iteration is not the FIFO baseline

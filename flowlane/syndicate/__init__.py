@@ -22,13 +22,21 @@ Per rank (torch): ``flowlane.syndicate.enforcer.Enforcer(paths, store, rank, wor
 ``motif``: the IR (segmentation, splining, validity). ``cost``: options and the alpha-beta-delta model.
 ``optsched``: the training DAG and greedy critical-path list scheduling. ``search``: MCMC and exhaustive search.
 ``plan``: plan versioning, hashing and two-phase distribution. ``replan``: the search re-run when the enforcer's
-trigger fires. ``flowsim``: plans (several paths included) replayed in flowlane.sim. ``enforcer`` (imports torch):
+trigger fires. ``profile``: a recorded FIFO iteration -> its DAG, a fitted cost model and a plan (``flowlane
+syndicate-plan``). ``flowsim``: plans (several paths included) replayed in flowlane.sim. ``enforcer`` (imports torch):
 one launch order on every rank. Nothing here runs on import, and only ``enforcer`` imports torch.
 """
 
 from flowlane.syndicate.cost import CostModel, Option, PathCost, fit_path_cost, option_space
 from flowlane.syndicate.motif import CommOp, Motif, MotifError, decompose, validate
 from flowlane.syndicate.optsched import Comm, Compute, OrderError, Schedule, TrainingDAG, opt_sched
+from flowlane.syndicate.profile import (
+    ProfileError,
+    dag_from_profile,
+    fit_cost,
+    load_profile,
+    plan_from_profile,
+)
 from flowlane.syndicate.search import SearchConfig, SearchResult, exhaustive, mcmc_search
 
 __all__ = [
@@ -41,15 +49,20 @@ __all__ = [
     "Option",
     "OrderError",
     "PathCost",
+    "ProfileError",
     "Schedule",
     "SearchConfig",
     "SearchResult",
     "TrainingDAG",
+    "dag_from_profile",
     "decompose",
     "exhaustive",
+    "fit_cost",
     "fit_path_cost",
+    "load_profile",
     "mcmc_search",
     "opt_sched",
     "option_space",
+    "plan_from_profile",
     "validate",
 ]

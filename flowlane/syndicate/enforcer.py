@@ -22,6 +22,11 @@ before it have been submitted.
 * **Replanning.** With ``replanner`` (rank 0 runs it; :class:`flowlane.syndicate.replan.SearchReplanner`), a fired
   ``trigger`` starts the search in a thread; its plan is proposed at the next boundary through ``channel`` (two-phase
   commit) and every rank switches two boundaries later, or none does.
+* **Profile** (FIFO mode; digest §7 "comm-op trace to training DAG"). The enforcer records one steady iteration
+  (``EnforcerConfig.profile_iteration``, the second by default) for the search to plan from: each op's signature,
+  group ranks, submission time and completion time, and the iteration's length; :meth:`Enforcer.profile` returns it
+  as JSON-ready data (:data:`PROFILE_FORMAT`, below). Only host clocks are read and only that iteration's ops are
+  kept: nothing is launched otherwise, no sync is added, and memory stays bounded however long the job runs.
 * **With Hermod.** :func:`shape_for_hermod` hands one op's motifs to Hermod's
   :class:`~flowlane.sched.CommScheduler` as its chunks: Hermod orders the coflows, SYNDICATE shapes them.
 
@@ -31,6 +36,7 @@ gloo and torch expose no per-call algorithm), and paths with no process group.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
@@ -60,6 +66,14 @@ log = logging.getLogger("flowlane.syndicate")
 #: Option algorithms the enforcer runs: the backend's own collective (ring) or one message per destination (direct).
 RUNNABLE_ALGOS: tuple[str, ...] = ("ring", "direct")
 _KINDS = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter")
+
+#: The ``format`` of :meth:`Enforcer.profile`'s dict (the input of the plan search; bump on a change of fields)::
+#:
+#:     {"format": "flowlane.syndicate.profile/1", "iteration": int, "iteration_s": float,
+#:      "ranks": [int, ...],  # global ranks of the enforcer's group
+#:      "ops": [{"kind": str, "numel": int, "dtype": str, "ranks": [int, ...],
+#:               "submit_s": float, "done_s": float | None}, ...]}  # in submission order
+PROFILE_FORMAT = "flowlane.syndicate.profile/1"
 
 #: The optimizer's replanning entry: (plan in force, the enforcer's stats rows) -> a newer plan, or None to keep it
 #: (:class:`flowlane.syndicate.replan.SearchReplanner` re-runs the joint search).
@@ -150,6 +164,10 @@ class EnforcerConfig:
     """How many launches :attr:`Enforcer.log` keeps, the latest (0: none); the watchdog does not read it."""
     stats_entries: int = 4096
     """How many iterations' rows :attr:`Enforcer.stats` keeps, the latest (0: none): the replanner's feedback."""
+    profile_iteration: int | None = 1
+    """FIFO mode: the iteration :meth:`Enforcer.profile` records (counted from 0 by ``step()``); -1 or None: none.
+    The second by default: in Megatron's first iteration ``finish_grad_sync`` starts and waits for each bucket
+    group in turn, which is not the steady state."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("plan", "fifo"):
@@ -164,6 +182,17 @@ class EnforcerConfig:
             raise ValueError(
                 f"EnforcerConfig.stats_entries must be an integer >= 0, got {self.stats_entries!r}"
             )
+        p = self.profile_iteration
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < -1):
+            raise ValueError(
+                f"EnforcerConfig.profile_iteration must be an integer >= -1 (-1: no profile) or None, got {p!r}"
+            )
+
+    @property
+    def profiled_iteration(self) -> int | None:
+        """The iteration :meth:`Enforcer.profile` records: ``profile_iteration`` in FIFO mode, else None."""
+        p = self.profile_iteration
+        return p if self.mode == "fifo" and p is not None and p >= 0 else None
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -295,6 +324,7 @@ class Handle:
             if r.repack is not None:
                 r.repack()
         self._done = True
+        self._enf._op_done(self._index, self._iteration)
         return True
 
     def is_completed(self) -> bool:
@@ -348,6 +378,12 @@ class Enforcer:
         totals. A deque: ``list()`` it to serialise."""
         self._held_at_start = 0.0
         self._t_start = time.perf_counter()
+        # the profile (FIFO mode): the iteration it records, that iteration's start (the return of the step() that
+        # opened it; iteration 0: its first submission), its rows while it runs, then the finished dict
+        self._profile_at = self.config.profiled_iteration
+        self._t_iteration: float | None = None
+        self._profile_ops: list[dict[str, Any]] | None = None
+        self._profile: dict[str, Any] | None = None
         self._verifies = 0
         # this rank's last fingerprint key, deleted once every rank is past it
         self._fp_key: str | None = None
@@ -431,6 +467,8 @@ class Enforcer:
 
     def step(self) -> None:
         """The iteration boundary: launch what is left, compare fingerprints, take up a committed plan."""
+        if self.iteration == self._profile_at:
+            self._finish_profile(time.perf_counter())
         if self._pending:
             self._fallback("the iteration ended before the plan's remaining ops were submitted")
         it = self.iteration
@@ -471,6 +509,33 @@ class Enforcer:
             self.channel.decide(self._proposed[0])  # type: ignore[union-attr]
             self._proposed = None
         self._reset_iteration()
+        self._t_iteration = time.perf_counter()  # the next iteration starts as this boundary returns
+
+    def profile(self) -> dict[str, Any] | None:
+        """The profile of iteration ``config.profile_iteration`` (FIFO mode), JSON-ready (:data:`PROFILE_FORMAT`);
+        None before the ``step()`` that ends that iteration, in plan mode, or with profiling off.
+
+        Times are ``time.perf_counter`` seconds since the iteration's start: the return of the ``step()`` that
+        opened it (iteration 0, which no ``step()`` opens: its first submission). ``iteration_s`` is the entry of
+        the ``step()`` that ends it. Per op, in submission order: ``kind``, ``numel`` (the plan's signature: a
+        reduce-scatter's output block, an all-gather's input block), ``dtype``, ``ranks`` (global ranks of the group
+        it ran on), ``submit_s`` (when the application submitted it) and ``done_s``: when its handle's ``wait()``
+        returned, its motifs done, or None if nothing waited for it before that ``step()``. Observed at the
+        application's wait, ``done_s`` is an upper bound on when the op finished (gloo: ``wait()`` blocks until
+        it has); on CUDA (NCCL) ``wait()`` only makes the current stream wait, so ``done_s`` is the host time the
+        application reached its wait point, not the op's end: no sync is added to learn more. So
+        ``0 <= submit_s <= done_s <= iteration_s``."""
+        return copy.deepcopy(self._profile)
+
+    def why_no_profile(self) -> str:
+        """Why :meth:`profile` is None, for an error message ('' when there is a profile)."""
+        if self._profile is not None:
+            return ""
+        if self.config.mode != "fifo":
+            return "mode is 'plan'; the enforcer profiles in FIFO mode only"
+        if self._profile_at is None:
+            return f"profile_iteration={self.config.profile_iteration} turns profiling off"
+        return f"iteration {self._profile_at} (profile_iteration) has not ended; the run is at iteration {self.iteration}"
 
     @property
     def _coordinating(self) -> bool:
@@ -515,6 +580,7 @@ class Enforcer:
     def _submit(self, kind: str, out: torch.Tensor, inp: torch.Tensor) -> Handle:
         if not (out.is_contiguous() and inp.is_contiguous()):
             raise ValueError("the enforcer needs contiguous tensors")
+        t_submit = time.perf_counter() if self.iteration == self._profile_at else None
         i = self._sub
         self._sub += 1
         numel = out.numel() if kind == "reduce_scatter" else inp.numel()  # the IR's payload (CommOp.nbytes)
@@ -543,6 +609,8 @@ class Enforcer:
             self._launch_pending_fifo()
         else:
             self._advance()
+        if t_submit is not None:  # after the launch: profiling changes nothing launched, nor when
+            self._profile_op(kind, numel, _dtype_name(inp), group, t_submit)
         return Handle(self, i, runs, self.iteration)
 
     def _launch(self, key: tuple[int, int]) -> None:
@@ -579,10 +647,49 @@ class Enforcer:
                 )
         self._launch_pending_fifo()
 
+    def _profile_op(self, kind: str, numel: int, dtype: str, group: Any, t: float) -> None:
+        if self._profile_ops is None:  # the profiled iteration's first submission
+            self._profile_ops = []
+            if self._t_iteration is None:  # iteration 0: no step() opened it
+                self._t_iteration = t
+        self._profile_ops.append(
+            {
+                "kind": kind,
+                "numel": numel,
+                "dtype": dtype,
+                "ranks": _group_ranks(group),
+                "submit_s": t - self._t_iteration,  # type: ignore[operator]
+                "done_s": None,
+            }
+        )
+
+    def _op_done(self, index: int, iteration: int) -> None:
+        """Op ``index`` of ``iteration`` completed (its handle's ``wait()`` returned): its profile row's ``done_s``."""
+        if self._profile_ops is not None and iteration == self.iteration and index < len(self._profile_ops):
+            self._profile_ops[index]["done_s"] = time.perf_counter() - self._t_iteration  # type: ignore[operator]
+
+    def _finish_profile(self, t_end: float) -> None:
+        t0 = t_end if self._t_iteration is None else self._t_iteration  # iteration 0 without submissions
+        self._profile = {
+            "format": PROFILE_FORMAT,
+            "iteration": self.iteration,
+            "iteration_s": t_end - t0,
+            "ranks": _group_ranks(self.paths.get("default", next(iter(self.paths.values()), None))),
+            "ops": self._profile_ops or [],
+        }
+        self._profile_ops = None
+
     def _blocked_wait(self, index: int, iteration: int) -> None:
         if iteration != self.iteration:
             raise PlanError(f"wait() on op {index} of iteration {iteration} after step() ended it unlaunched")
         self._fallback(f"wait() on op {index}, whose motifs wait behind an op not yet submitted")
+
+
+def _group_ranks(group: Any) -> list[int]:
+    """Global ranks of a path's process group (None: the world)."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    return list(dist.get_process_group_ranks(group))
 
 
 def shape_for_hermod(
