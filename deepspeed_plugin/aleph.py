@@ -137,6 +137,8 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
     if not isinstance(section, dict):
         raise ValueError(f"flowlane.aleph must be a mapping, got {type(section).__name__}")
     own = {k: section[k] for k in SECTION_KEYS if k in section}
+    if not isinstance(own.get("enabled", True), bool):  # "false" is a true string: it would install
+        raise ValueError(f"flowlane.aleph.enabled must be true or false, got {own['enabled']!r}")
     if not own.get("enabled", True):  # off: its values are not read, but a misspelt key is still an error
         allowed = set(SECTION_KEYS) | {f.name for f in dataclasses.fields(AlephConfig)}
         if bad := sorted(set(section) - allowed):

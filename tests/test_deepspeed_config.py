@@ -142,3 +142,11 @@ def test_a_misspelt_key_in_a_disabled_aleph_section_is_still_refused() -> None:
         ValueError, match=r"flowlane\.aleph: unknown key\(s\) \['topp'\]; allowed: .*'bandwidth_gbps'"
     ):
         parse_section({"flowlane": {"aleph": {"enabled": False, "topp": 1}}})
+
+
+def test_aleph_enabled_must_be_a_boolean() -> None:
+    """The string "false" is true in Python: the section installed; Hermod's and SYNDICATE's refuse it already."""
+    from deepspeed_plugin.aleph import parse_section
+
+    with pytest.raises(ValueError, match=r"flowlane\.aleph\.enabled must be true or false, got 'false'"):
+        parse_section({"flowlane": {"aleph": {"enabled": "false", "clusters": [[0]]}}})
