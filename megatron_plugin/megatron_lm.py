@@ -135,6 +135,8 @@ class FlowlaneHooks:
         vp = getattr(args, "virtual_pipeline_model_parallel_size", None)
         self._expected_chunks = int(vp) if vp else 1
         aleph_cfg, syndicate_cfg = aleph.config_from_args(args), syndicate.config_from_args(args)
+        if getattr(args, "syndicate_profile_out", "") and syndicate_cfg is None:
+            raise ValueError("--syndicate-profile-out is set but --syndicate is not: nothing would record a profile")
         if aleph_cfg is not None or syndicate_cfg is not None:
             refuse = check_dp_collective_args(args)
             if refuse:
@@ -150,6 +152,12 @@ class FlowlaneHooks:
             if aleph_cfg is not None:
                 self.aleph = aleph.AlephMegatron(aleph_cfg, dp_group, expert_dp_group)
             else:
+                if getattr(args, "syndicate_profile_out", ""):  # refused before the enforcer starts
+                    syndicate.check_profile_out(
+                        args.syndicate_profile_out,
+                        syndicate_cfg,  # type: ignore[arg-type]
+                        args.pipeline_model_parallel_size,
+                    )
                 self.syndicate = syndicate.SyndicateMegatron(
                     syndicate_cfg,  # type: ignore[arg-type]
                     dp_group,
@@ -188,6 +196,9 @@ class FlowlaneHooks:
             self.hermod.close()
             self.hermod = None
         if self.syndicate is not None:
+            out = getattr(self._args, "syndicate_profile_out", "") if self._args is not None else ""
+            if out:  # FIFO mode's recorded iteration, for `flowlane syndicate-plan` (checked at set-up)
+                syndicate.write_stage_profile(self.syndicate, out)
             self.syndicate.close()
             self.syndicate = None
         if self.aleph is not None:

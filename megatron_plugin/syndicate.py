@@ -549,8 +549,38 @@ def install_from_config(group: dict[str, Any], ctx: Any) -> Any:
 
 
 # -- launch flags ------------------------------------------------------------------------------------------------------
+def check_profile_out(path: str, cfg: SyndicateMegatronConfig, pp_size: int) -> None:
+    """Refuse a profile path that cannot apply: plan mode records nothing, ``profile_iteration=-1`` turns recording
+    off, and with several pipeline stages each needs its own file (``{pp_rank}`` in the path, as the plan's)."""
+    if cfg.mode != "fifo":
+        raise ValueError(
+            f"--syndicate-profile-out={path!r}: only FIFO mode records a profile (--syndicate-mode fifo)"
+        )
+    if cfg.profile_iteration < 0:
+        raise ValueError(
+            f"--syndicate-profile-out={path!r} with --syndicate-profile-iteration -1 records nothing"
+        )
+    if pp_size > 1 and "{pp_rank}" not in path:
+        raise ValueError(
+            f"--syndicate-profile-out={path!r}: with {pp_size} pipeline stages each stage records its own buckets; "
+            "put {pp_rank} in the path (e.g. out/syndicate_profile_stage{pp_rank}.json)"
+        )
+
+
+def write_stage_profile(feature: SyndicateMegatron, path: str) -> list[Path]:
+    """On data-parallel rank 0 (tensor-parallel rank 0) of each pipeline stage, :meth:`SyndicateMegatron.write_profile`
+    to ``path`` with ``{pp_rank}`` replaced by the stage; nothing on the other ranks (every rank of a DP group
+    records the same ops). Returns the paths written here."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_data_parallel_rank() != 0 or ps.get_tensor_model_parallel_rank() != 0:
+        return []
+    return feature.write_profile(path.replace("{pp_rank}", str(ps.get_pipeline_model_parallel_rank())))
+
+
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``--syndicate`` and one ``--syndicate-<field>`` flag per :class:`SyndicateMegatronConfig` field."""
+    """``--syndicate``, one ``--syndicate-<field>`` flag per :class:`SyndicateMegatronConfig` field, and
+    ``--syndicate-profile-out``."""
     g = parser.add_argument_group("flowlane syndicate", "SYNDICATE motifs and launch order (seed 004)")
     g.add_argument(
         "--syndicate",
@@ -558,6 +588,12 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="cut Megatron-core DDP's gradient all-reduces into a plan's motifs, launched in its order",
     )
     add_dataclass_args(g, SyndicateMegatronConfig, "syndicate-")
+    g.add_argument(
+        "--syndicate-profile-out",
+        default="",
+        help="FIFO mode: where the recorded iteration's profile is written at the end of training (DP rank 0 of "
+        "each stage; {pp_rank} in the path is the stage), the input of `flowlane syndicate-plan`",
+    )
     return parser
 
 

@@ -542,19 +542,13 @@ def _write_syndicate_profile(handles: list[Any], recipe: GPTRecipe) -> None:
         return
     from megatron.core import parallel_state as ps
 
-    from megatron_plugin.syndicate import SyndicateMegatron
+    from megatron_plugin.syndicate import SyndicateMegatron, write_stage_profile
 
-    if ps.get_data_parallel_rank() != 0 or ps.get_tensor_model_parallel_rank() != 0:
-        return
     pp = ps.get_pipeline_model_parallel_world_size()
-    name = (
-        "syndicate_profile.json"
-        if pp == 1
-        else f"syndicate_profile_stage{ps.get_pipeline_model_parallel_rank()}.json"
-    )
+    name = "syndicate_profile.json" if pp == 1 else "syndicate_profile_stage{pp_rank}.json"
     for h in handles:
         if isinstance(h, SyndicateMegatron) and h.config.mode == "fifo" and h.config.profile_iteration >= 0:
-            h.write_profile(Path(recipe.output_dir) / name)
+            write_stage_profile(h, str(Path(recipe.output_dir) / name))
 
 
 def _progress(enabled: bool, total: int) -> Any:

@@ -5,8 +5,10 @@ finalize_model_grads and the stock schedule, trained with and without ALEPH / SY
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 RECIPE = dict(
@@ -382,6 +384,12 @@ def syndicate_runs(rank: int, world: int, tmp: str) -> dict:
         {k: out[k] for k in ("calls", "bucket_groups", "restored", "log", "events", "iterations")}
     )
     res["plan_order"] = [list(e) for e in plan.order]
+    # the Megatron-LM flags in FIFO mode write the recorded iteration's profile at the end (DP rank 0 only)
+    prof = os.path.join(tmp, "profile.json")
+    flags = ("--syndicate", "--syndicate-mode", "fifo", "--syndicate-profile-out", prof)
+    res["profile_run"] = _equal(stock, train("megatron_lm", world, flags=flags))["bitwise"]
+    dist.barrier()
+    res["profile_ops"] = len(json.loads(Path(prof).read_text())["ops"]) if os.path.exists(prof) else None
     other = os.path.join(tmp, f"plan{rank}.json")
     with open(other, "w") as f:
         f.write((plan_with(2) if rank == 1 else plan).to_json())

@@ -8,6 +8,7 @@ and a rank holding another plan."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 
 import pytest
@@ -29,6 +30,8 @@ def test_syndicate_on_megatron_core_ddp_is_bitwise_its_own_run_in_one_launch_ord
         assert p["bitwise"], (rank, p["maxdiff"])
         assert p["iterations"] == 3 and p["restored"], (rank, p)
         assert r["ops"] >= 2 and p["calls"] == p["bucket_groups"] * 3, (rank, r["ops"], p)
+        # --syndicate-profile-out: the FIFO run is unchanged and its profile holds the steady iteration's ops
+        assert r["profile_run"] and r["profile_ops"] == r["ops"], (rank, r["profile_run"], r["profile_ops"])
         # from iteration 1 on, Megatron starts every bucket group before it waits for any: the plan's order holds
         # (iteration 0 starts and waits for each bucket group in turn inside finish_grad_sync: FIFO fallback there)
         assert {e[0] for e in p["events"] if e[1] == "fallback"} <= {0}, (rank, p["events"])
@@ -71,6 +74,23 @@ def test_syndicate_flags_parse_and_bad_values_are_named(tmp_path) -> None:
     tree = SyndicatePlan(1, (PlanOp("t", "all_reduce", 100, "float32", 2, Option("F", "tree")),), ((0, 0),))
     with pytest.raises(PlanError, match="algorithm 'tree' cannot be forced"):
         check_plan_for_megatron(tree, 2, overlap_grad_reduce=True)
+
+
+def test_profile_out_is_refused_where_it_cannot_apply() -> None:
+    from megatron_plugin.args import add_flowlane_args
+    from megatron_plugin.syndicate import check_profile_out, config_from_args
+
+    parser = add_flowlane_args(argparse.ArgumentParser())
+    fifo = config_from_args(parser.parse_args(["--syndicate", "--syndicate-mode", "fifo"]))
+    assert fifo is not None
+    check_profile_out("out/p.json", fifo, 1)
+    check_profile_out("out/p{pp_rank}.json", fifo, 2)
+    with pytest.raises(ValueError, match=r"put \{pp_rank\} in the path"):
+        check_profile_out("out/p.json", fifo, 2)
+    with pytest.raises(ValueError, match="records nothing"):
+        check_profile_out("out/p.json", dataclasses.replace(fifo, profile_iteration=-1), 1)
+    with pytest.raises(ValueError, match="only FIFO mode records a profile"):
+        check_profile_out("out/p.json", dataclasses.replace(fifo, mode="plan", plan="p.json"), 1)
 
 
 def test_distributed_optimizer_plans_gathers_first_each_whole_before_the_next() -> None:
