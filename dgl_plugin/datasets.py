@@ -30,9 +30,17 @@ def _split(g: dgl.DGLGraph, seed: int, train: float = 0.6, val: float = 0.2) -> 
 
 
 def load_graph(
-    name: str = "synthetic", root: str | None = None, seed: int = 0, feat_dim: int = 16, **synthetic: object
+    name: str = "synthetic",
+    root: str | None = None,
+    seed: int = 0,
+    feat_dim: int | None = None,
+    **synthetic: object,
 ) -> dgl.DGLGraph:
+    """``feat_dim``: the synthetic graph's feature width (None: SyntheticSpec's, 32), or the width of the random
+    features of an offline dataset that has none (None: 16); datasets with features keep theirs."""
     if name == "synthetic":
+        if feat_dim is not None:
+            synthetic["feat_dim"] = feat_dim
         return synthetic_graph(SyntheticSpec(seed=seed, **synthetic))  # type: ignore[arg-type]
     if name.startswith("dgl-bin:"):
         path = name.split(":", 1)[1]
@@ -69,7 +77,9 @@ def load_graph(
         g = getattr(dgl.data, offline[name])()[0]
         if "feat" not in g.ndata:
             g.ndata["feat"] = torch.randn(
-                g.num_nodes(), feat_dim, generator=torch.Generator().manual_seed(seed)
+                g.num_nodes(),
+                16 if feat_dim is None else feat_dim,
+                generator=torch.Generator().manual_seed(seed),
             )
         g.ndata["label"] = g.ndata["label"].long()
         g = dgl.to_bidirected(dgl.remove_self_loop(g), copy_ndata=True)

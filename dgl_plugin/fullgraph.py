@@ -36,9 +36,12 @@ flowlane.comm.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -104,8 +107,8 @@ class FullGraphConfig:
     """Bin size in nodes; None (default): one bin per group. The seed launches bins of 1000 nodes (DGL's batch size)
     as GPU work units; here a group's bins run back to back in one thread and the exchange overlaps whole groups, so
     smaller bins add only per-bin cost: a 2-layer SAGE step on one CPU thread took 4.1x as long with bins of 1000 as
-    with one bin per group at 125k nodes per rank (results/g3/bin_cost.json; ~21x before blocks were compacted). Set
-    it to mimic the seed."""
+    with one bin per group at 125k nodes per rank (results/g3/bin_cost.json; 17.6x before blocks were compacted,
+    measured at f4f923d's parent, no result JSON). Set it to mimic the seed."""
     mem_budget_bytes: float | None = None
     """Device memory budget M in bytes (§4.4.1, B2.5; B6 #8), or None (no cap). Each bin is packed to at most M / 2
     by the estimate of :func:`dgl_plugin.g3_bins.bin_bytes` (and to ``bin_size`` nodes), every group is compacted, and
@@ -500,10 +503,27 @@ def _probe_graph(
     return dgl.graph((src, dst), num_nodes=n).to(dev), torch.randn(n, in_feats, generator=gen).to(dev, dtype)
 
 
+@contextlib.contextmanager
+def _probe_copy(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """A deep copy of ``model``, in eval mode, for an install-time probe; torch's RNG state is restored after it. The
+    probes run the model on a small graph, and nothing of that may stay in the user's model (a layer's cache, e.g.
+    ``SGConv(cached=True)``'s, would keep the probe graph's rows and serve them on the real graph) or move its random
+    streams."""
+    try:
+        probe = copy.deepcopy(model)
+    except Exception as e:
+        raise ModelContractError(
+            f"the install check runs the model on a small probe graph, on a deep copy so that nothing of the probe "
+            f"stays in the model; copy.deepcopy(model) raised {_first_line(e)}. Make the model deep-copyable"
+        ) from e
+    cuda = sorted({t.get_device() for t in itertools.chain(probe.parameters(), probe.buffers()) if t.is_cuda})
+    with torch.random.fork_rng(devices=cuda):
+        yield probe.eval()
+
+
 def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> list[tuple[int, int]]:
     """(input, output) row width of every ``model.layers[k]`` (heads flattened), from one eval-mode run of
     ``model(g, x)`` on a small graph. Sizes the bins of ``mem_budget_bytes``."""
-    g, x = _probe_graph(model, 8, in_feats, dtype)
     widths: dict[int, tuple[int, int]] = {}
 
     def row(t: Any) -> int:
@@ -516,16 +536,11 @@ def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> l
 
         return record
 
-    handles = [layer.register_forward_hook(hook(k)) for k, layer in enumerate(model.layers)]
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(g, x)
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
+    with _probe_copy(model) as probe, torch.no_grad():
+        g, x = _probe_graph(probe, 8, in_feats, dtype)
+        for k, layer in enumerate(probe.layers):
+            layer.register_forward_hook(hook(k))
+        probe(g, x)
     missing = [k for k in range(len(model.layers)) if k not in widths]
     if missing:
         raise ModelContractError(f"model(g, x) did not call layers {missing}; every layer must run once")
@@ -540,7 +555,9 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
     operation must act row by row). Both are verified on a small random graph, in eval mode: the forward is run on
     two disjoint halves of the nodes, fed the layer outputs of a full run, and each half must reproduce the full run.
     Each layer must also give the full run's rows when computed as the runtime computes it, on bins' blocks
-    (:func:`_check_layers_on_blocks`: one halo exchange, one message-passing round per ``model.layers[k]``). A module
+    (:func:`_check_layers_on_blocks`: one halo exchange, one message-passing round per ``model.layers[k]``; in
+    float64, so that rounding cannot decide). Every probe runs on deep copies of the model and torch's RNG state is
+    restored after them: the user's model and random streams are left as they were (:func:`_probe_copy`). A module
     normalising by out-degrees other than a ``GraphConv`` that is ``model.layers[k]`` is refused (it would count a
     bin's degrees; :func:`_check_degree_norms`). Anything else raises :class:`ModelContractError` saying what to
     add."""
@@ -561,25 +578,20 @@ def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torc
             )
     _check_degree_norms(model)
     mode = "forward_layer" if callable(getattr(model, "forward_layer", None)) else "forward"
-    g, x = _probe_graph(model, 24, in_feats, dtype)
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            try:
-                ref = model(g, x)
-            except Exception as e:
-                raise ModelContractError(
-                    f"model(g, x) failed on a full graph ({type(e).__name__}: {e}); the runtime "
-                    f"needs DGL's full-graph convention forward(graph, features)"
-                ) from e
-            if mode == "forward_layer":
-                hs = _check_forward_layer(model, g, x, ref)
-            else:
-                hs = _check_row_by_row(model, g, x, ref)
-            _check_layers_on_blocks(model, mode, g, hs)
-    finally:
-        model.train(was)
+    with _probe_copy(model) as probe, _probe_copy(model) as exact, torch.no_grad():
+        g, x = _probe_graph(probe, 24, in_feats, dtype)
+        try:
+            ref = probe(g, x)
+        except Exception as e:
+            raise ModelContractError(
+                f"model(g, x) failed on a full graph ({type(e).__name__}: {e}); the runtime "
+                f"needs DGL's full-graph convention forward(graph, features)"
+            ) from e
+        if mode == "forward_layer":
+            hs = _check_forward_layer(probe, g, x, ref)
+        else:
+            hs = _check_row_by_row(probe, g, x, ref)
+        _check_layers_on_blocks(exact.double(), probe, mode, g, hs)
     return mode
 
 
@@ -720,20 +732,30 @@ def _not_one_round(k: int, layer: torch.nn.Module, mode: str, why: str) -> str:
     )
 
 
-def _check_layers_on_blocks(model: torch.nn.Module, mode: str, g: Any, hs: list[torch.Tensor]) -> None:
+def _check_layers_on_blocks(
+    exact: torch.nn.Module, model: torch.nn.Module, mode: str, g: Any, hs: list[torch.Tensor]
+) -> None:
     """Each ``model.layers[k]`` computed as the runtime computes it (:func:`_layer_on_block` on :func:`_bin_block`
     blocks, GCN weights from the probe graph's degrees) must give the rows of its full-graph run on input ``hs[k]``:
     each half of the probe's nodes as a bin, compacted and over every source row. This catches, by the property
     rather than by name, what one halo exchange per layer cannot compute: several message-passing rounds in one
     module (SGConv, TAGConv, APPNPConv; their second hop would need the halo's neighbours), graph-wide state
-    (ChebConv's lambda_max, SGConv's cache) and modules that do not take a block with ``(h_src, h_dst)``."""
+    (ChebConv's lambda_max, SGConv's cache) and modules that do not take a block with ``(h_src, h_dst)``.
+
+    Both runs use ``exact``, a float64 copy of the model, on ``hs[k]`` in float64: the two runs round differently
+    (GraphConv folds its normalisation into edge weights on blocks), and in the model's own dtype a correct
+    GraphConv with large weights, or any in bfloat16, was refused for the difference. A layer whose
+    whole-graph run fails in float64 (DGL's APPNPConv) is compared in the model's dtype, on ``model``. Rows match
+    within ``rtol`` of each value or of the layer output's largest magnitude (:func:`_close`); a block run that
+    raises is a refusal."""
     src, dst = (t.cpu().numpy().astype(np.int64) for t in g.edges())
     n = g.num_nodes()
     eo = np.argsort(dst, kind="stable")
     src, dst = src[eo], dst[eo]
     eptr = np.searchsorted(dst, np.arange(n + 1))
     deg_in, deg_out = (np.bincount(a, minlength=n).clip(min=1).astype(np.float64) for a in (dst, src))
-    norms = {k: torch.from_numpy(v).to(hs[0].dtype) for k, v in _gcn_norms(deg_in, deg_out, src, dst).items()}
+    # float64: _layer_on_block casts them to the dtype of the run
+    norms = {k: torch.from_numpy(v) for k, v in _gcn_norms(deg_in, deg_out, src, dst).items()}
     dev = hs[0].device
     bins = []
     for rows in (np.arange(0, n, 2), np.arange(1, n, 2)):
@@ -741,24 +763,40 @@ def _check_layers_on_blocks(model: torch.nn.Module, mode: str, g: Any, hs: list[
             ids, blk = _bin_block(rows, eptr, src, norms, n_src)
             src_ids = None if ids is None else torch.from_numpy(ids).to(dev)
             bins.append((torch.from_numpy(rows).to(dev), src_ids, blk.to(dev)))
-    for k, layer in enumerate(model.layers):
-        h = hs[k]
-        want = model.forward_layer(k, g, h, h) if mode == "forward_layer" else layer(g, h)
+
+    def whole(m: torch.nn.Module, k: int, h: torch.Tensor) -> torch.Tensor:
+        return m.forward_layer(k, g, h, h) if mode == "forward_layer" else m.layers[k](g, h)
+
+    for k in range(len(model.layers)):
+        m, h, rtol = exact, hs[k].double(), 1e-5
+        try:
+            want = whole(m, k, h)
+        except Exception:  # not runnable in float64: compare in the model's dtype, to its rounding
+            m, h, rtol = model, hs[k], max(1e-5, 4 * torch.finfo(hs[k].dtype).eps)
+            want = whole(m, k, h)
+        layer = m.layers[k]
         for rows, src_ids, blk in bins:
             try:
-                got = _layer_on_block(
-                    model, mode, k, layer, blk, h if src_ids is None else h[src_ids], h[rows]
-                )
+                got = _layer_on_block(m, mode, k, layer, blk, h if src_ids is None else h[src_ids], h[rows])
             except Exception as e:
                 raise ModelContractError(
                     _not_one_round(k, layer, mode, f"on a bin's block it raised {_first_line(e)}")
                 ) from e
-            if not _matches(got, want[rows]):
+            if not _close(got, want[rows], want, rtol):
                 raise ModelContractError(
                     _not_one_round(
                         k, layer, mode, "on a bin's block it gives other rows than on the whole graph"
                     )
                 )
+
+
+def _close(got: Any, want: torch.Tensor, whole: torch.Tensor, rtol: float) -> bool:
+    """``got`` equals ``want`` within ``rtol`` of each value or of the largest magnitude in ``whole`` (the layer's
+    output): an absolute floor scaled to the output, so that a layer's rounding on large outputs cannot decide."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return False
+    scale = float(whole.abs().max()) if whole.numel() else 0.0
+    return torch.allclose(got.double(), want.double(), rtol=rtol, atol=rtol * scale)
 
 
 def _gcn_norms(
@@ -1177,8 +1215,8 @@ class FullGraphRuntime:
         # to_block makes them) and the group gathers all its bins' source and destination rows with one index each.
         # A block over every source row makes each bin cost O(rows of the partition) (DGL's SAGEConv and GraphConv
         # apply their weight to every source row when it narrows the features; backward makes a dense gradient per
-        # bin): ~21x the step time of a single bin at 125k nodes per rank with bins of 1000, 4.1x compacted
-        # (results/g3/bin_cost.json; docs/g3.md "Bins"). A group
+        # bin): 17.6x the step time of a single bin at 125k nodes per rank with bins of 1000 (measured at f4f923d's
+        # parent, no result JSON), 4.1x compacted (results/g3/bin_cost.json; docs/g3.md "Bins"). A group
         # of one bin keeps the block over every row (no gather).
         # With host features every group is compacted: a bin then gathers exactly the input rows it reads.
         self._gather: dict[str, tuple[torch.Tensor, list[int], torch.Tensor] | None] = {}
