@@ -136,7 +136,9 @@ class FlowlaneHooks:
         self._expected_chunks = int(vp) if vp else 1
         aleph_cfg, syndicate_cfg = aleph.config_from_args(args), syndicate.config_from_args(args)
         if getattr(args, "syndicate_profile_out", "") and syndicate_cfg is None:
-            raise ValueError("--syndicate-profile-out is set but --syndicate is not: nothing would record a profile")
+            raise ValueError(
+                "--syndicate-profile-out is set but --syndicate is not: nothing would record a profile"
+            )
         if aleph_cfg is not None or syndicate_cfg is not None:
             refuse = check_dp_collective_args(args)
             if refuse:
