@@ -554,6 +554,10 @@ class Hermod:
                 "Hermod schedules the 'alltoall' dispatcher only (allgather and flex are not)"
             )
         cls = td.MoEAlltoAllTokenDispatcher
+        if getattr(cls.preprocess, "_flowlane", False):  # two would key, and match, every all-to-all twice
+            raise RuntimeError(
+                "Hermod.patch_moe_dispatcher: the alltoall token dispatcher is already patched by another Hermod"
+            )
         gather, preprocess = td.gather_from_sequence_parallel_region, cls.preprocess
         dispatch, combine = cls.token_dispatch, cls.token_combine
         h = self
@@ -571,6 +575,8 @@ class Hermod:
                 return preprocess(disp, *args, **kw)
             finally:
                 h._capturing = None
+
+        counted_preprocess._flowlane = True  # type: ignore[attr-defined]
 
         def flowing(fn: Callable[..., Any], direction: str) -> Callable[..., Any]:
             def run(disp: Any, *args: Any, **kw: Any) -> Any:

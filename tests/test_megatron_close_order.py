@@ -170,3 +170,28 @@ def test_hermods_ddp_hooks_and_a_dp_collective_cannot_share_bucket_groups(megatr
             with contextlib.suppress(RuntimeError):
                 feature.close()
     assert all(bg.data_parallel_group is dp_group for bg in model.bucket_groups)
+
+
+def test_a_second_hermod_on_the_moe_dispatcher_is_refused(megatron_env) -> None:
+    """attach_pipeline refused a second Hermod; patch_moe_dispatcher wrapped the dispatcher twice."""
+    import megatron.core.transformer.moe.token_dispatcher as td
+    from megatron.core import parallel_state as ps
+
+    from megatron_plugin.hermod import Hermod, HermodConfig
+
+    dp_group = ps.get_data_parallel_group(with_context_parallel=True)
+    first, second = (
+        Hermod(HermodConfig(), num_microbatches=1, layers_per_stage=2, stage=0, dp_group=dp_group)
+        for _ in "ab"
+    )
+    preprocess = td.MoEAlltoAllTokenDispatcher.preprocess
+    first.patch_moe_dispatcher()
+    try:
+        patched = td.MoEAlltoAllTokenDispatcher.preprocess
+        with pytest.raises(RuntimeError, match="already patched by another Hermod"):
+            second.patch_moe_dispatcher()
+        assert td.MoEAlltoAllTokenDispatcher.preprocess is patched  # nothing changed
+    finally:
+        first.close()
+        second.close()
+    assert td.MoEAlltoAllTokenDispatcher.preprocess is preprocess
