@@ -42,17 +42,16 @@ from typing import Any
 import torch.distributed as dist
 
 from deepspeed_plugin.comm import (
-    InstanceWrap,
     after_iteration,
     check_zero_all_reduce,
     route_dp_all_reduce,
-    undo_all,
     unwrapped_backend,
 )
 from deepspeed_plugin.config import DEEPSPEED_VERSIONS, validate_flowlane_section
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
 from flowlane.aleph.config import PROBE_BYTES
 from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
+from flowlane.patching import Patch, undo_all
 from flowlane.versions import check_version_range
 
 SECTION_KEYS = ("enabled", "bandwidth_gbps", "clusters", "ps", "split", "ps_bandwidths", "probe_bytes")
@@ -97,21 +96,21 @@ class AlephDeepSpeed:
         self.har: Any = HierarchicalAllReduce(plan, dp_group, top, **(multi_ps or {}))
         self.calls = 0
         self.engine = engine
-        self._undo_step: InstanceWrap | None = None
+        self._undo_step: Patch | None = None
         if replanner is not None:
             from flowlane.aleph.replan import confirmed_probe
 
             # a caller's probe() is used as it is (tests); the real one is confirmed where it moves a rank (E10)
             figures = probe or confirmed_probe(replanner, dp_group, probe_bytes)
             self.har = ReplanningAllReduce(self.har, replanner, figures)
-            self._undo_step = after_iteration(engine, self.har.end_iteration, "aleph")
+            self._undo_step = after_iteration(engine, self.har.end_iteration, "flowlane.aleph")
 
         def reduce(tensor: Any, async_op: bool) -> Any:
             self.calls += 1
             self.har(tensor)
             return _Done() if async_op else None
 
-        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "aleph")
+        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "flowlane.aleph")
 
     @property
     def plan(self) -> Plan:
@@ -125,7 +124,7 @@ class AlephDeepSpeed:
 
     def close(self) -> None:
         """Undo the wraps (refused, changing nothing, while a later install wraps one of them: close that first)."""
-        undo_all(self._undo, self._undo_step)
+        undo_all([w for w in (self._undo, self._undo_step) if w is not None])
 
 
 def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any]] | None:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from flowlane.patching import Patch
 from flowlane.policy import CoflowMeta
 from flowlane.sched import ClassGroups
 
@@ -281,54 +282,13 @@ def _is_sum(op: Any) -> bool:
     return op == dist.ReduceOp.SUM or getattr(op, "name", None) == "SUM"
 
 
-class InstanceWrap:
-    """``obj.<name> = wrapper`` on the instance (the class is not patched), remembering what the instance held
-    before. Calling it undoes the wrap: idempotent, and refused, changing nothing, when the method was wrapped again
-    since (:meth:`check_removable`). ``feature`` names the flowlane feature in that error."""
-
-    def __init__(self, obj: Any, name: str, wrapper: Callable[..., Any], feature: str) -> None:
-        self.obj, self.name, self.wrapper, self.feature = obj, name, wrapper, feature
-        self.had = name in vars(obj)
-        self.old = vars(obj).get(name)
-        self.active = True
-        setattr(obj, name, wrapper)
-
-    def check_removable(self) -> None:
-        """Raise when undoing would remove what is not this wrap's: the method was wrapped again after it."""
-        if self.active and vars(self.obj).get(self.name) is not self.wrapper:
-            raise RuntimeError(
-                f"flowlane.{self.feature}: cannot close: {type(self.obj).__name__}.{self.name} was wrapped again "
-                "after it was installed (another flowlane feature or user code); close the features in the "
-                "reverse order of their install (the last installed first)"
-            )
-
-    def __call__(self) -> None:
-        if not self.active:
-            return
-        self.check_removable()
-        if self.had:
-            setattr(self.obj, self.name, self.old)
-        else:
-            delattr(self.obj, self.name)
-        self.active = False
-
-
-def undo_all(*wraps: InstanceWrap | None) -> None:
-    """Undo ``wraps`` (None: not installed), checking all of them first: a refused close changes nothing."""
-    for w in wraps:
-        if w is not None:
-            w.check_removable()
-    for w in wraps:
-        if w is not None:
-            w()
-
-
 def route_dp_all_reduce(
     cdb: Any, ranks: tuple[int, ...], reduce: Callable[[torch.Tensor, bool], Any], feature: str
-) -> InstanceWrap:
+) -> Patch:
     """Wrap ``cdb.all_reduce`` on the instance (the class is not patched): a SUM all-reduce of a contiguous tensor
     over exactly ``ranks`` (ZeRO-0's ``allreduce_bucket`` on the DP group) returns ``reduce(tensor, async_op)``;
-    every other call goes to DeepSpeed's own. Returns the wrap (calling it undoes it)."""
+    every other call goes to DeepSpeed's own. Returns the :class:`flowlane.patching.Patch` (calling it undoes it);
+    ``feature`` (e.g. ``flowlane.aleph``) names the feature in its close-order error."""
     original = cdb.all_reduce
     world = tuple(range(dist.get_world_size()))
 
@@ -340,13 +300,13 @@ def route_dp_all_reduce(
             return reduce(tensor, async_op)
         return original(tensor, op, group, async_op)
 
-    return InstanceWrap(cdb, "all_reduce", all_reduce, feature)
+    return Patch(cdb, "all_reduce", all_reduce, feature)
 
 
-def after_iteration(engine: Any, fn: Callable[[], None], feature: str) -> InstanceWrap:
+def after_iteration(engine: Any, fn: Callable[[], None], feature: str) -> Patch:
     """Wrap ``engine.step`` on the instance: ``fn()`` runs after each step that ends a gradient-accumulation boundary,
     DeepSpeed's iteration boundary (every DP rank reaches it at the same micro-step, after the boundary's
-    all-reduces). Returns the wrap (calling it undoes it)."""
+    all-reduces). Returns the :class:`flowlane.patching.Patch` (calling it undoes it)."""
     step = engine.step
 
     def step_then(*args: Any, **kwargs: Any) -> Any:
@@ -356,7 +316,7 @@ def after_iteration(engine: Any, fn: Callable[[], None], feature: str) -> Instan
             fn()
         return out
 
-    return InstanceWrap(engine, "step", step_then, feature)
+    return Patch(engine, "step", step_then, feature)
 
 
 def check_zero_all_reduce(engine: Any, feature: str) -> None:

@@ -49,10 +49,10 @@ from deepspeed_plugin.comm import (
     after_iteration,
     check_zero_all_reduce,
     route_dp_all_reduce,
-    undo_all,
     unwrapped_backend,
 )
 from deepspeed_plugin.config import DEEPSPEED_VERSIONS, flowlane_subsection, validate_flowlane_section
+from flowlane.patching import undo_all
 from flowlane.syndicate.enforcer import Enforcer, EnforcerConfig, check_dp_gradient_plan
 from flowlane.syndicate.plan import SyndicatePlan
 from flowlane.versions import check_version_range
@@ -195,8 +195,8 @@ class SyndicateDeepSpeed:
             handle.wait()
             return None
 
-        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "syndicate")
-        self._undo_step = after_iteration(engine, self.enforcer.step, "syndicate")
+        self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "flowlane.syndicate")
+        self._undo_step = after_iteration(engine, self.enforcer.step, "flowlane.syndicate")
         log.info(
             "flowlane.syndicate: enforcer on DeepSpeed's DP all-reduce (%d ranks, mode %s, plan %s)",
             len(self.ranks),
@@ -220,7 +220,7 @@ class SyndicateDeepSpeed:
     def close(self) -> None:
         """Undo the wraps (refused, changing nothing, while a later install wraps one of them: close that first),
         then close the enforcer."""
-        undo_all(self._undo, self._undo_step)
+        undo_all([w for w in (self._undo, self._undo_step) if w is not None])
         self.enforcer.close()
 
 

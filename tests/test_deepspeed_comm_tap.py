@@ -88,21 +88,22 @@ def test_aleph_and_syndicate_wraps_undo_only_their_own_and_refuse_out_of_order(
     (the undo used to pop whatever was there, a later feature's wrapper included)."""
     import torch.distributed as dist
 
-    from deepspeed_plugin.comm import after_iteration, route_dp_all_reduce, undo_all
+    from deepspeed_plugin.comm import after_iteration, route_dp_all_reduce
+    from flowlane.patching import undo_all
 
     monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)
     engine, ends = _Engine(), []
-    reduce_wrap = route_dp_all_reduce(cdb, (0, 1), lambda t, a: None, "aleph")
-    step_wrap = after_iteration(engine, lambda: ends.append(1), "aleph")
+    reduce_wrap = route_dp_all_reduce(cdb, (0, 1), lambda t, a: None, "flowlane.aleph")
+    step_wrap = after_iteration(engine, lambda: ends.append(1), "flowlane.aleph")
     assert engine.step() == "stepped" and ends == [1]
     cdb.all_reduce = _other  # a later install wraps the routed all_reduce
     with pytest.raises(RuntimeError, match=r"flowlane\.aleph: cannot close: .*all_reduce was wrapped again"):
-        undo_all(reduce_wrap, step_wrap)
+        undo_all([reduce_wrap, step_wrap])
     assert vars(cdb) == {"all_reduce": _other} and "step" in vars(engine)  # nothing undone
-    cdb.all_reduce = reduce_wrap.wrapper  # the later one closed first
-    undo_all(reduce_wrap, step_wrap)
-    undo_all(reduce_wrap, step_wrap)  # a second close does nothing
+    cdb.all_reduce = reduce_wrap.value  # the later one closed first
+    undo_all([reduce_wrap, step_wrap])
+    undo_all([reduce_wrap, step_wrap])  # a second close does nothing
     assert vars(cdb) == {} and vars(engine) == {}
     engine.step = _other  # an instance wrapper from before: put back, not removed
-    undo_all(after_iteration(engine, lambda: None, "syndicate"))
+    undo_all([after_iteration(engine, lambda: None, "flowlane.syndicate")])
     assert vars(engine) == {"step": _other}
