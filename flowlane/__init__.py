@@ -19,7 +19,8 @@ the full map with tests, benchmarks and results):
 
 Each package's docstring opens with a runnable example (checked by ``tests/test_doctests.py``). Shared pieces:
 ``topology`` and ``comm`` (fabrics, recorded communication), ``launch`` (the local launcher), ``trace``,
-``configs`` (config dataclasses and their argparse/Hydra mirrors), ``testing`` (netem and workload tools).
+``configs`` (config dataclasses and their argparse/Hydra mirrors), ``patching`` (the plugins' close-order-safe
+patches), ``testing`` (netem and workload tools).
 """
 
 __version__ = "0.1.0"
