@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -70,6 +71,45 @@ def _kill(p: subprocess.Popen) -> None:
         p.wait(timeout=30)
 
 
+class _Procs:
+    """The processes a test starts, each in its own session logging to ``tmp/<key>.log``; :meth:`close` kills
+    whatever still runs and closes the logs."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._logs: list[IO[str]] = []
+
+    def start(self, key: str, cmd: list[str], env: dict[str, str]) -> None:
+        f = open(self.tmp / f"{key}.log", "w")  # noqa: SIM115 - closed in close()
+        self._logs.append(f)
+        self.procs[key] = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
+
+    def log(self, key: str) -> str:
+        return (self.tmp / f"{key}.log").read_text(errors="replace")
+
+    def dump(self, tail: int = 2500) -> str:
+        return "\n".join(f"--- {k} (rc {p.poll()})\n{self.log(k)[-tail:]}" for k, p in self.procs.items())
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            _kill(p)
+        for f in self._logs:
+            f.close()
+
+
+def _private_shm_server(code: str) -> list[str]:
+    """``python -c code`` (a DistDGL server) in a private /dev/shm: DGL names KVStore segments after the tensor
+    only, so two servers on one host would share them."""
+    return [
+        *("unshare", "--mount", "--propagation", "private", "sh", "-c"),
+        'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
+        *("sh", sys.executable, "-c", code),
+    ]
+
+
 @needs_root
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
@@ -82,18 +122,7 @@ def test_a_dead_or_silent_trainer_ends_its_peer_with_an_error_never_a_hang(tmp_p
     g = load_graph(
         "synthetic", seed=0, num_nodes=60, avg_degree=4, num_classes=2, num_communities=2, feat_dim=4
     )
-    procs: dict[str, subprocess.Popen] = {}
-    logs = []
-
-    def start(key: str, cmd: list[str], env: dict[str, str]) -> None:
-        f = open(tmp_path / f"{key}.log", "w")  # noqa: SIM115 - closed below
-        logs.append(f)
-        procs[key] = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
-        )
-
-    def log(key: str) -> str:
-        return (tmp_path / f"{key}.log").read_text(errors="replace")
+    ps = _Procs(tmp_path)
 
     exited: dict[str, float] = {}
     try:
@@ -114,38 +143,31 @@ def test_a_dead_or_silent_trainer_ends_its_peer_with_an_error_never_a_hang(tmp_p
                 "DGL_CONF_PATH": str(tmp_path / mode / f"{name}.json"),
             }
             serve = f"import dgl; dgl.distributed.initialize({str(ip)!r})"
-            start(
+            ps.start(
                 f"{mode}-server",
-                [
-                    *("unshare", "--mount", "--propagation", "private", "sh", "-c"),
-                    'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
-                    *("sh", sys.executable, "-c", serve),
-                ],
+                _private_shm_server(serve),
                 dict(common, DGL_ROLE="server", DGL_SERVER_ID="0"),
             )
             port = str(free_port())
             for rank in (0, 1):
                 env = dict(common, DGL_ROLE="client", DGL_DIST_MODE="distributed")
                 env |= dict(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-                start(f"{mode}{rank}", [sys.executable, "-c", TRAINER, mode, str(PEER_S)], env)
+                ps.start(f"{mode}{rank}", [sys.executable, "-c", TRAINER, mode, str(PEER_S)], env)
         # every trainer exits by itself, but a stopped one
         waiting = [f"{m}{r}" for m in modes for r in (0, 1) if (m, r) != ("stop", 1)]
         deadline = time.monotonic() + 360  # the trainers import torch + DGL on a busy 2-core host
         while time.monotonic() < deadline and not all(k in exited for k in waiting):
             for k in waiting:
-                if k not in exited and procs[k].poll() is not None:
+                if k not in exited and ps.procs[k].poll() is not None:
                     exited[k] = time.time()
             time.sleep(0.2)
-        dump = "\n".join(f"--- {k} (rc {p.poll()})\n{log(k)[-2000:]}" for k, p in procs.items())
+        dump = ps.dump(2000)
         assert all(k in exited for k in waiting), f"a trainer hung:\n{dump}"
     finally:
-        for p in procs.values():
-            _kill(p)
-        for f in logs:
-            f.close()
+        ps.close()
     for mode in modes:
-        out = log(f"{mode}0")
-        assert procs[f"{mode}0"].returncode != 0, dump
+        out = ps.log(f"{mode}0")
+        assert ps.procs[f"{mode}0"].returncode != 0, dump
         assert "PeerLostError" in out and "lost a peer trainer" in out, dump
         # trainer 0 did its three all-reduces with trainer 1, then lost it
         waited = exited[f"{mode}0"] - float(out.split("3 all-reduces done at ")[1].split()[0])
@@ -155,9 +177,11 @@ def test_a_dead_or_silent_trainer_ends_its_peer_with_an_error_never_a_hang(tmp_p
         else:  # a peer that is gone: noticed when its sockets close, not after the timeout
             assert "Connection closed by peer" in out or "reset by peer" in out, dump
         if mode == "raise":  # the failing trainer exits too, instead of waiting in DGL's exit barrier
-            assert procs["raise1"].returncode == 1 and "trainer 1 fails on purpose" in log("raise1"), dump
+            assert ps.procs["raise1"].returncode == 1 and "trainer 1 fails on purpose" in ps.log("raise1"), (
+                dump
+            )
         if mode == "kill":
-            assert procs["kill1"].returncode == -signal.SIGKILL
+            assert ps.procs["kill1"].returncode == -signal.SIGKILL
 
 
 def test_a_collective_that_lost_its_peer_becomes_peer_lost_error_and_skips_dgls_exit_barrier(monkeypatch):
@@ -269,72 +293,51 @@ def test_a_dead_graph_server_ends_dgls_distdgl_reads_with_peer_lost_error_never_
     }
     serve = "from dgl_plugin.dgs import register_services; register_services(); import dgl; "
     serve += f"dgl.distributed.initialize({str(ip)!r})"
-    procs: dict[str, subprocess.Popen] = {}
-    logs = []
-
-    def start(key: str, cmd: list[str], env: dict[str, str]) -> None:
-        f = open(tmp_path / f"{key}.log", "w")  # noqa: SIM115 - closed below
-        logs.append(f)
-        procs[key] = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
-        )
-
-    def log(key: str) -> str:
-        return (tmp_path / f"{key}.log").read_text(errors="replace")
-
-    def dump() -> str:
-        return "\n".join(f"--- {k} (rc {p.poll()})\n{log(k)[-2500:]}" for k, p in procs.items())
+    ps = _Procs(tmp_path)
 
     modes = {"pull": "DistDGL pull of 'feat'", "sample": "DGL neighbour sampling"}
     exited: set[str] = set()
     try:
         # each server in a private /dev/shm (DGL names KVStore segments after the tensor only)
         for sid in (0, 1):
-            start(
+            ps.start(
                 f"server{sid}",
-                [
-                    *("unshare", "--mount", "--propagation", "private", "sh", "-c"),
-                    'mount -t tmpfs tmpfs /dev/shm && exec "$@"',
-                    *("sh", sys.executable, "-c", serve),
-                ],
+                _private_shm_server(serve),
                 dict(common, DGL_ROLE="server", DGL_SERVER_ID=str(sid)),
             )
         deadline = time.monotonic() + 120
-        while Path(f"/proc/{procs['server0'].pid}/cmdline").read_bytes().split(b"\0")[0] != PY:
-            assert procs["server0"].poll() is None and time.monotonic() < deadline, dump()
+        while Path(f"/proc/{ps.procs['server0'].pid}/cmdline").read_bytes().split(b"\0")[0] != PY:
+            assert ps.procs["server0"].poll() is None and time.monotonic() < deadline, ps.dump()
             time.sleep(0.05)
         for mode in modes:  # the trainers map partition 0's segments: they join server 0's mount namespace
-            enter = ["nsenter", f"--mount=/proc/{procs['server0'].pid}/ns/mnt", "--"]
+            enter = ["nsenter", f"--mount=/proc/{ps.procs['server0'].pid}/ns/mnt", "--"]
             env = dict(common, DGL_ROLE="client", DGL_DIST_MODE="distributed")
-            start(mode, [*enter, sys.executable, "-c", PULLER, mode, str(PEER_S), str(go)], env)
+            ps.start(mode, [*enter, sys.executable, "-c", PULLER, mode, str(PEER_S), str(go)], env)
         deadline = time.monotonic() + 300  # torch + DGL imports on a busy 2-core host
-        while not all(f"{m}: ready" in log(m) for m in modes):
-            assert time.monotonic() < deadline and all(procs[m].poll() is None for m in modes), dump()
+        while not all(f"{m}: ready" in ps.log(m) for m in modes):
+            assert time.monotonic() < deadline and all(ps.procs[m].poll() is None for m in modes), ps.dump()
             time.sleep(0.2)
         # server 1 dies with both trainers' requests in flight: stopped, the requests reach its sockets (unread
         # bytes), then SIGKILL. (Killed between requests instead, DGL's sender aborts the trainer: "Broken pipe".)
-        os.killpg(procs["server1"].pid, signal.SIGSTOP)
+        os.killpg(ps.procs["server1"].pid, signal.SIGSTOP)
         go.write_text("")
         deadline = time.monotonic() + 120
         while _unread_connections(port1) < 2:
-            assert time.monotonic() < deadline and all(procs[m].poll() is None for m in modes), dump()
+            assert time.monotonic() < deadline and all(ps.procs[m].poll() is None for m in modes), ps.dump()
             time.sleep(0.2)
-        os.killpg(procs["server1"].pid, signal.SIGKILL)
+        os.killpg(ps.procs["server1"].pid, signal.SIGKILL)
         deadline = time.monotonic() + PEER_S + 150
         while time.monotonic() < deadline and not all(m in exited for m in modes):
             for m in modes:
-                if procs[m].poll() is not None:
+                if ps.procs[m].poll() is not None:
                     exited.add(m)
             time.sleep(0.2)
-        assert all(m in exited for m in modes), f"a trainer hung in a read from the dead server:\n{dump()}"
+        assert all(m in exited for m in modes), f"a trainer hung in a read from the dead server:\n{ps.dump()}"
     finally:
-        for p in procs.values():
-            _kill(p)
-        for f in logs:
-            f.close()
+        ps.close()
     for m, what in modes.items():
-        out = log(m)
-        assert procs[m].returncode == 1, dump()
-        assert "PeerLostError" in out and "read from a dead server" not in out, dump()
+        out = ps.log(m)
+        assert ps.procs[m].returncode == 1, ps.dump()
+        assert "PeerLostError" in out and "read from a dead server" not in out, ps.dump()
         lost = f"{what}: the graph server(s) of partition(s) [1] did not answer within peer_timeout_s={PEER_S:g} s"
-        assert lost in out, dump()
+        assert lost in out, ps.dump()
