@@ -69,3 +69,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.once)
         if item.path.name in _LLM_SIDE_FILES:
             item.add_marker(pytest.mark.llm)
+
+
+@pytest.fixture(scope="module")
+def megatron_env():
+    """Megatron-core's model-parallel state on one gloo rank in this process (an in-process store), for tests that
+    build Megatron objects without collectives; torn down after the module."""
+    import torch.distributed as dist
+
+    from megatron_plugin import cpu_shim  # tests only; the plugin never imports it
+
+    cpu_shim.apply()
+    from megatron.core import parallel_state
+
+    own = not dist.is_initialized()
+    if own:  # one rank: an in-process store, no port to pick
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
+    if own:
+        dist.destroy_process_group()

@@ -20,25 +20,6 @@ OUT_OF_ORDER = (
 )
 
 
-@pytest.fixture(scope="module")
-def megatron_env():
-    import torch.distributed as dist
-
-    from megatron_plugin import cpu_shim  # tests only; the plugin never imports it
-
-    cpu_shim.apply()
-    from megatron.core import parallel_state
-
-    own = not dist.is_initialized()
-    if own:  # one rank: an in-process store, no port to pick
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    yield
-    parallel_state.destroy_model_parallel()
-    if own:
-        dist.destroy_process_group()
-
-
 def _ddp_model():
     import torch
     from megatron.core.distributed import (

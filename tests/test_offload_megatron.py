@@ -17,25 +17,6 @@ L, HID, HEADS, SEQ, MB, VOCAB = 6, 64, 4, 32, 2, 128
 MIN_BYTES = 4096  # below: LN mean/rstd; above: every per-layer activation of this size
 
 
-@pytest.fixture(scope="module")
-def megatron_env():
-    import torch.distributed as dist
-
-    from megatron_plugin import cpu_shim  # tests only; the plugin never imports it
-
-    cpu_shim.apply()
-    from megatron.core import parallel_state
-
-    own = not dist.is_initialized()
-    if own:  # one rank: an in-process store, no port to pick
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    yield
-    parallel_state.destroy_model_parallel()
-    if own:
-        dist.destroy_process_group()
-
-
 def _gpt(recompute: bool = False, dropout: float = 0.0):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
