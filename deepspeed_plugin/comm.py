@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flowlane.patching import Patch
+from flowlane.patching import Patch, check_all, undo_all
 from flowlane.policy import CoflowMeta
 from flowlane.sched import ClassGroups
 
@@ -135,16 +135,12 @@ class CommTap:
         self.cdb, self.classes = cdb, classes
         self.records: deque[CommRecord] = deque(maxlen=max_records)
         self._local = threading.local()
-        # (name, the wrapper installed, whether the instance had its own attribute, that attribute): close() removes
-        # only what is still its own wrapper and puts back what it wrapped
-        self._wrapped: list[tuple[str, Any, bool, Any]] = []
+        # close() removes only what is still its own wrapper and puts back what it wrapped (flowlane.patching)
+        self._patches: list[Patch] = []
         for name in COLLECTIVES:
             original = getattr(cdb, name, None)
-            if original is None:
-                continue
-            wrapper = self._wrap(name, original)
-            self._wrapped.append((name, wrapper, name in vars(cdb), vars(cdb).get(name)))
-            setattr(cdb, name, wrapper)
+            if original is not None:
+                self._patches.append(Patch(cdb, name, self._wrap(name, original), "flowlane.hermod"))
         cdb._flowlane_tap = self
 
     def _wrap(self, name: str, original: Any) -> Any:
@@ -230,32 +226,21 @@ class CommTap:
     def check_removable(self) -> None:
         """Raise, changing nothing, when closing would remove what is not this tap's: it is no longer the backend's
         tap, or a method it wrapped was wrapped again since (a feature installed after it); no-op once closed."""
-        if self._wrapped and getattr(self.cdb, "_flowlane_tap", None) is not self:
+        if self._patches and getattr(self.cdb, "_flowlane_tap", None) is not self:
             raise RuntimeError(
                 "flowlane.hermod: cannot close the deepspeed.comm tap: it is no longer the backend's tap (another "
                 "tap or wrapper replaced it); close the features in the reverse order of their install (the last "
                 "installed first)"
             )
-        for name, wrapper, _, _ in self._wrapped:
-            if vars(self.cdb).get(name) is not wrapper:
-                raise RuntimeError(
-                    f"flowlane.hermod: cannot close the deepspeed.comm tap: {type(self.cdb).__name__}.{name} was "
-                    "wrapped again after the tap was installed (another flowlane feature or user code); close the "
-                    "features in the reverse order of their install (the last installed first)"
-                )
+        check_all(self._patches)
 
     def close(self) -> None:
         """Restore the backend's methods (refused, changing nothing, out of close order: :meth:`check_removable`).
         Idempotent: a second close does nothing."""
-        if not self._wrapped:
+        if not self._patches:
             return
         self.check_removable()
-        for name, _, had, old in reversed(self._wrapped):
-            if had:
-                setattr(self.cdb, name, old)
-            else:
-                vars(self.cdb).pop(name, None)
-        self._wrapped.clear()
+        undo_all(self._patches)
         del self.cdb._flowlane_tap
 
 
