@@ -17,10 +17,13 @@ DeepSpeed's own run (bitwise on 2 ranks, where a sum of two has one order; withi
 Config: ``"flowlane": {"syndicate": {...}}`` (:class:`SyndicateDSConfig`): ``plan`` (a path to a plan JSON written
 by :meth:`flowlane.syndicate.plan.SyndicatePlan.to_json`, or the plan's dict), ``mode`` (``plan`` or ``fifo``: every
 op whole, the baseline, and the way to learn the op signatures with :attr:`SyndicateDeepSpeed.submitted`),
-``check_every``, ``timeout_s``, ``profile_iteration``, ``enabled``. Unknown keys are an error naming them.
+``check_every``, ``timeout_s``, ``profile_iteration``, ``profile_out``, ``enabled``. Unknown keys are an error
+naming them.
 
 From FIFO to a plan: in FIFO mode the enforcer profiles iteration ``profile_iteration`` (optimizer steps, counted
-from 0; the second by default) and :meth:`SyndicateDeepSpeed.write_profile` writes it as JSON for the plan search
+from 0; the second by default). With ``profile_out`` set, data-parallel rank 0 writes it there as JSON, for
+``flowlane syndicate-plan``, at the ``step()`` that ends that iteration; :meth:`SyndicateDeepSpeed.write_profile`
+writes it from code
 (:meth:`flowlane.syndicate.enforcer.Enforcer.profile`: each op's signature, ranks, submission and completion time;
 a synchronous all-reduce is waited for at once, so on gloo its ``done_s`` is when it completed).
 
@@ -80,6 +83,9 @@ class SyndicateDSConfig:
     profile_iteration: int = 1
     """FIFO mode: the iteration the enforcer profiles for the plan search (``write_profile``); -1: none.
     :attr:`SyndicateDeepSpeed.submitted` keeps iterations 0 to this one only (none at -1)."""
+    profile_out: str | None = None
+    """FIFO mode: data-parallel rank 0 writes the profile to this JSON path at the ``step()`` that ends
+    ``profile_iteration`` (the input of ``flowlane syndicate-plan``); None: only :meth:`SyndicateDeepSpeed.write_profile`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -93,6 +99,19 @@ class SyndicateDSConfig:
             raise ValueError('flowlane.syndicate.plan is required with mode "plan" (or set mode "fifo")')
         # names a bad mode / check_every / timeout / profile_iteration
         EnforcerConfig(self.mode, self.check_every, self.timeout_s, profile_iteration=self.profile_iteration)
+        if self.profile_out is not None:
+            if not isinstance(self.profile_out, str) or not self.profile_out:
+                raise ValueError(
+                    f"flowlane.syndicate.profile_out must be a file path, got {self.profile_out!r}"
+                )
+            if self.mode != "fifo":
+                raise ValueError(
+                    f'flowlane.syndicate.profile_out={self.profile_out!r}: only mode "fifo" records a profile'
+                )
+            if self.profile_iteration < 0:
+                raise ValueError(
+                    f"flowlane.syndicate.profile_out={self.profile_out!r} with profile_iteration -1 records nothing"
+                )
 
     def load_plan(self) -> SyndicatePlan | None:
         if self.plan is None:
@@ -149,6 +168,16 @@ class SyndicateDeepSpeed:
         plan = cfg.load_plan()
         if plan is not None:
             check_plan_for_deepspeed(plan, len(self.ranks))
+        rank = dist.get_rank(dp_group)
+        if (
+            cfg.profile_out is not None
+        ):  # refused on every rank, before any group is made, if rank 0 cannot write
+            why = [_why_unwritable(cfg.profile_out) if rank == 0 else ""]
+            dist.broadcast_object_list(why, src=self.ranks[0], group=dp_group)
+            if why[0]:
+                raise ValueError(
+                    f"flowlane.syndicate.profile_out={cfg.profile_out!r} on data-parallel rank 0: {why[0]}"
+                )
         path_names = sorted({op.option.path for op in plan.ops}) if plan is not None else ["default"]
         # one clone of the DP group per path, made in name order on every rank (group creation is collective)
         self.paths = {name: dist.new_group(list(self.ranks)) for name in path_names}
@@ -162,7 +191,6 @@ class SyndicateDeepSpeed:
                     "flowlane.syndicate: this torch has no default store to share; pass install(store=...)"
                 ) from None
             store = _get_default_store()
-        rank = dist.get_rank(dp_group)
         self.enforcer = Enforcer(
             self.paths,
             store,
@@ -195,8 +223,22 @@ class SyndicateDeepSpeed:
             handle.wait()
             return None
 
+        self.profile_written: Path | None = None
+        """Where ``profile_out`` was written on this rank (data-parallel rank 0 only), once it has been."""
+        write_out = cfg.profile_out if rank == 0 else None
+
+        def step() -> None:
+            self.enforcer.step()
+            if write_out is not None and self.profile_written is None and self.enforcer.profile() is not None:
+                self.profile_written = self.write_profile(write_out)
+                log.info(
+                    "flowlane.syndicate: wrote the profile of iteration %d to %s",
+                    cfg.profile_iteration,
+                    write_out,
+                )
+
         self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "flowlane.syndicate")
-        self._undo_step = after_iteration(engine, self.enforcer.step, "flowlane.syndicate")
+        self._undo_step = after_iteration(engine, step, "flowlane.syndicate")
         log.info(
             "flowlane.syndicate: enforcer on DeepSpeed's DP all-reduce (%d ranks, mode %s, plan %s)",
             len(self.ranks),
@@ -222,6 +264,21 @@ class SyndicateDeepSpeed:
         then close the enforcer."""
         undo_all([w for w in (self._undo, self._undo_step) if w is not None])
         self.enforcer.close()
+
+
+def _why_unwritable(path: str) -> str:
+    """Why the profile cannot be written to ``path`` here ('' when it can): its folder is made now, as
+    :func:`flowlane.testing.provenance.write_result` would at the end of the profiled iteration."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot make its folder: {e}"
+    if p.is_dir():
+        return "it is a folder; give a file path"
+    if not os.access(p.parent, os.W_OK):
+        return f"its folder {str(p.parent)!r} is not writable"
+    return ""
 
 
 def install(

@@ -16,7 +16,8 @@ from flowlane.syndicate.plan import PlanOp, SyndicatePlan
 def deepspeed_with_and_without(rank: int, world: int) -> dict:
     """DeepSpeed ZeRO 0, then ZeRO 2: its own run (recording the signatures of its DP SUM all-reduces), then the same
     run with a plan that cuts each of them into up to 3 motifs launched last-first on path S; then ZeRO 3, which
-    install refuses. ZeRO 0 also runs in FIFO mode for 3 iterations, writing the profile of iteration 1."""
+    install refuses. ZeRO 0 also runs in FIFO mode for 3 iterations, writing the profile of iteration 1 (by
+    ``profile_out`` on rank 0, and by ``write_profile``); a ``profile_out`` rank 0 cannot write is refused."""
     import json
     import tempfile
 
@@ -62,6 +63,8 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
                 submitted=list(s.submitted),
                 iterations=s.enforcer.iteration,
             )
+            if s.profile_written is not None:  # profile_out, written at the step that ended the iteration
+                out[name]["profile_out"] = json.loads(s.profile_written.read_text())
             with tempfile.TemporaryDirectory() as tmp:
                 try:
                     out[name]["profile"] = json.loads(s.write_profile(f"{tmp}/p.json").read_text())
@@ -82,7 +85,11 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     for zero, suffix in ((0, ""), (2, "2")):
         run(f"own{suffix}", zero, None, record=True)
         if zero == 0:
-            run("fifo", 0, {"mode": "fifo"}, steps=6)
+            with tempfile.TemporaryDirectory() as auto:
+                run("fifo", 0, {"mode": "fifo", "profile_out": f"{auto}/sub/auto.json"}, steps=6)
+            # rank 0 cannot make the folder (rank 1 could): refused on both, before any group is made
+            bad = "/dev/null/p.json" if rank == 0 else f"{tempfile.gettempdir()}/p.json"
+            run("profile_out_bad", 0, {"mode": "fifo", "profile_out": bad}, steps=0)
             out["fifo"]["same_losses"] = out["fifo"].pop("losses")[:4] == out["own"]["losses"]
             out["fifo"].pop("params")
             out["recorded"] = list(recorded)

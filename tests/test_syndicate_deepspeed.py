@@ -70,6 +70,13 @@ def test_fifo_mode_writes_the_profile_of_iteration_1_and_keeps_the_signatures_bo
         for o in prof["ops"]:
             assert o["ranks"] == [0, 1]
             assert 0 <= o["submit_s"] <= o["done_s"] <= prof["iteration_s"], prof
+        # profile_out: written by rank 0 alone, at the step that ended iteration 1, the same profile
+        if r is runs[0]:
+            auto = fifo["profile_out"]
+            assert auto["iteration"] == 1 and auto["ops"] == prof["ops"], auto
+        else:
+            assert "profile_out" not in fifo
+        assert "data-parallel rank 0: cannot make its folder" in r["refused"]["profile_out_bad"], r["refused"]
         # plan mode has no profile: refused, naming why
         assert "no profile to write" in r["plan"]["profile"] and "mode is 'plan'" in r["plan"]["profile"]
 
@@ -89,6 +96,14 @@ def test_the_section_is_checked_by_name() -> None:
         parse_syndicate_section({"flowlane": {"syndicate": {}}})
     with pytest.raises(ValueError, match="mode 'lifo' is not one of"):
         parse_syndicate_section({"flowlane": {"syndicate": {"mode": "lifo"}}})
+    plan = SyndicatePlan.fifo([PlanOp("b", "all_reduce", 64, "float32", 2, Option("F", "ring"))]).to_dict()
+    for bad, match in (
+        ({"plan": plan, "profile_out": "p.json"}, 'only mode "fifo" records a profile'),
+        ({"mode": "fifo", "profile_iteration": -1, "profile_out": "p.json"}, "records nothing"),
+        ({"mode": "fifo", "profile_out": ""}, "must be a file path"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            parse_syndicate_section({"flowlane": {"syndicate": bad}})
     # install checks the other sub-sections too, before it touches the engine
     with pytest.raises(ValueError, match=r"\['gate_timout_s'\]"):
         install(None, {"flowlane": {"hermod": {"gate_timout_s": 1}, "syndicate": {"mode": "fifo"}}})

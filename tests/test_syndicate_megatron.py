@@ -91,6 +91,18 @@ def test_profile_out_is_refused_where_it_cannot_apply() -> None:
         check_profile_out("out/p.json", dataclasses.replace(fifo, profile_iteration=-1), 1)
     with pytest.raises(ValueError, match="only FIFO mode records a profile"):
         check_profile_out("out/p.json", dataclasses.replace(fifo, mode="plan", plan="p.json"), 1)
+    # without --syndicate: refused by the Megatron-LM hooks at the first model-provider call, before any model
+    from megatron_plugin.megatron_lm import FlowlaneHooks
+
+    built: list[int] = []
+    hooks = FlowlaneHooks(
+        lambda: built.append(1),
+        lambda *a: None,
+        get_args=lambda: parser.parse_args(["--syndicate-profile-out", "out/p.json"]),
+    )
+    with pytest.raises(ValueError, match="--syndicate-profile-out is set but --syndicate is not"):
+        hooks.model_provider()
+    assert built == []
 
 
 def test_distributed_optimizer_plans_gathers_first_each_whole_before_the_next() -> None:
