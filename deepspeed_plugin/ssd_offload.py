@@ -55,6 +55,7 @@ from flowlane.offload.backends import (
     remove_run_dir,
 )
 from flowlane.offload.cache import log_installed, recompute_with_rng_tracker
+from flowlane.patching import Patch, undo_all
 from flowlane.versions import check_version_range
 
 log = logging.getLogger("flowlane.offload")
@@ -347,25 +348,14 @@ class DSOffload(OffloadHandle):
     def __init__(self, engine: Any, cache: TensorCache | None) -> None:
         super().__init__(cache)
         self.engine = engine
-        self._undo: list[Any] = []
-        #: (object, attribute, the offload's value) of every patch, checked before any undo
-        self._owned: list[tuple[Any, str, Any]] = []
+        #: every attribute the offload set, all checked before any is undone
+        self._patches: list[Patch] = []
 
     def close(self) -> None:
         """Undo the patches; refused, changing nothing, while a feature installed after the offload wraps one of
         them again (Hermod on ZeRO-3's ``fetch_sub_module``): restoring what the offload saw at install would drop
         that wrapper, and the other feature's close would then put the offload's back."""
-        for obj, name, value in self._owned:
-            if vars(obj).get(name) is not value:
-                raise RuntimeError(
-                    f"flowlane.offload: cannot close: {type(obj).__name__}.{name} was wrapped again after the "
-                    "offload was installed (another flowlane feature, e.g. deepspeed_plugin.hermod); close the "
-                    "features in the reverse order of their install (the last installed first)"
-                )
-        for undo in reversed(self._undo):
-            undo()
-        self._undo.clear()
-        self._owned.clear()
+        undo_all(self._patches)
         super().close()
 
 
@@ -377,8 +367,6 @@ def _zero_stage(engine: Any) -> int:
 def _tag_gathered_parameters(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
     """ZeRO-3: after the coordinator gathers a module's parameters, tag their (new) storages as parameters."""
     coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
-    had = "fetch_sub_module" in vars(coordinator)
-    previous = vars(coordinator).get("fetch_sub_module")
     fetch = coordinator.fetch_sub_module
 
     def fetch_sub_module(current_submodule: torch.nn.Module, forward: bool) -> Any:
@@ -387,16 +375,7 @@ def _tag_gathered_parameters(engine: Any, cache: TensorCache, handle: DSOffload)
         cache.register_parameters(p for p in (own or current_submodule.parameters()) if p.numel() > 0)
         return out
 
-    coordinator.fetch_sub_module = fetch_sub_module
-
-    def undo() -> None:
-        if had:
-            coordinator.fetch_sub_module = previous
-        else:
-            vars(coordinator).pop("fetch_sub_module", None)
-
-    handle._undo.append(undo)
-    handle._owned.append((coordinator, "fetch_sub_module", fetch_sub_module))
+    handle._patches.append(Patch(coordinator, "fetch_sub_module", fetch_sub_module, "flowlane.offload"))
 
 
 def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
@@ -432,9 +411,9 @@ def _patch_pipeline(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
             elif isinstance(cmd, S.BackwardPass):
                 cache.backward_end(("pipe", cmd.buffer_id))  # line 15: this micro-batch's I/O is done
 
-    engine._exec_schedule = MethodType(exec_schedule, engine)
-    handle._undo.append(lambda: engine.__dict__.pop("_exec_schedule", None))
-    handle._owned.append((engine, "_exec_schedule", engine._exec_schedule))
+    handle._patches.append(
+        Patch(engine, "_exec_schedule", MethodType(exec_schedule, engine), "flowlane.offload")
+    )
 
 
 def _patch_plain(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
@@ -464,15 +443,10 @@ def _patch_plain(engine: Any, cache: TensorCache, handle: DSOffload) -> None:
                 cache.backward_end(key)
                 state["key"] = None
 
-    engine.forward = forward
-    engine.backward = backward
-
-    def undo() -> None:
-        engine.__dict__.pop("forward", None)
-        engine.__dict__.pop("backward", None)
-
-    handle._undo.append(undo)
-    handle._owned += [(engine, "forward", forward), (engine, "backward", backward)]
+    handle._patches += [
+        Patch(engine, "forward", forward, "flowlane.offload"),
+        Patch(engine, "backward", backward, "flowlane.offload"),
+    ]
 
 
 def install(

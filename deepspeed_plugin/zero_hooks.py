@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from flowlane.patching import Patch, check_all, undo_all
+
 if TYPE_CHECKING:
     from deepspeed_plugin.hermod import DeepSpeedHermod
 
@@ -131,8 +133,8 @@ class ZeroHooks:
         self._pending: list[Any] = []
         self._batch = False
         self._grad_layer: dict[int, int] = {}
-        #: (object, attribute, Hermod's value, whether the instance had one, that value) per patch
-        self._undo: list[tuple[Any, str, Any, bool, Any]] = []
+        #: every attribute Hermod set, undone by :meth:`remove`
+        self._patches: list[Patch] = []
         self.stage = int(engine.zero_optimization_stage())
         self._check()
 
@@ -263,10 +265,7 @@ class ZeroHooks:
 
     def _set(self, obj: Any, name: str, value: Any) -> None:
         """Set ``obj.name`` on the instance; :meth:`remove` restores what was there."""
-        had = name in vars(obj)
-        old = vars(obj).get(name)
-        setattr(obj, name, value)
-        self._undo.append((obj, name, value, had, old))
+        self._patches.append(Patch(obj, name, value, "flowlane.hermod"))
 
     def _layer_of(self, params: Iterable[Any]) -> int:
         return max((self.layers.get(id(p), self.hi) for p in params), default=self.hi)
@@ -397,19 +396,7 @@ class ZeroHooks:
         """Raise, changing nothing, when an attribute Hermod set was wrapped again since (another feature installed
         after Hermod, e.g. deepspeed_plugin.ssd_offload on ZeRO-3's ``fetch_sub_module``): restoring the value
         Hermod saw would drop that wrapper, and the wrapper would later restore Hermod's closed hook."""
-        for obj, name, value, _, _ in self._undo:
-            if vars(obj).get(name) is not value:
-                raise RuntimeError(
-                    f"flowlane.hermod: cannot close: {type(obj).__name__}.{name} was wrapped again after Hermod "
-                    "was installed (another flowlane feature, e.g. deepspeed_plugin.ssd_offload); close the "
-                    "features in the reverse order of their install (the last installed first)"
-                )
+        check_all(self._patches)
 
     def remove(self) -> None:
-        self.check_removable()
-        for obj, name, _, had, old in reversed(self._undo):
-            if had:
-                setattr(obj, name, old)
-            else:
-                vars(obj).pop(name, None)
-        self._undo.clear()
+        undo_all(self._patches)
