@@ -159,6 +159,11 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
             "flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
             "M-WCHA) or 'clusters' (an explicit plan)"
         )
+    if cfg.ps_gbps is not None and "clusters" in own:
+        raise ValueError(
+            f"flowlane.aleph: ps_gbps={cfg.ps_gbps!r} re-plans from 'bandwidth_gbps' (digest §5.1 #12), but the plan "
+            "here is explicit ('clusters'): give 'bandwidth_gbps' or remove 'ps_gbps'"
+        )
     if not cfg.replan_every:
         idle = sorted(k for k in REPLAN_KEYS if k in section)
         if idle:

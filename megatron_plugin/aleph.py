@@ -72,7 +72,8 @@ class AlephMegatronConfig:
     max_empty_rounds: int = 5
     """Rounds without a selected aggregator before the rest go straight to the top (AlephConfig.max_empty_rounds)."""
     ps_gbps: float = 0.0
-    """Top-tier bandwidth for the check |D|*b <= P (AlephConfig.ps_gbps); 0 = no check."""
+    """Top-tier (PS) Gbit/s P for the check |D|*b <= P (AlephConfig.ps_gbps; 0 = no check): where it fails, b is
+    lowered to P/|D| and the plan re-made with bigger clusters, fewer flows into the top. Needs bandwidth figures."""
     top: Literal["allreduce", "ps"] = "allreduce"
     """Top tier: ``allreduce`` among the aggregators, or ``ps`` (a tree rooted at the first aggregator)."""
     chunk_bytes: int = 256 << 10
@@ -105,6 +106,11 @@ class AlephMegatronConfig:
             raise ValueError(
                 f"aleph cpu_per_member={self.cpu_per_member!r} (--aleph-cpu-per-member): the plugin has no per-rank "
                 "CPU figures for it to limit capacity with; only 0 is allowed"
+            )
+        if self.ps_gbps and not (self.bandwidth_gbps or self.expert_bandwidth_gbps):
+            raise ValueError(
+                f"aleph ps_gbps={self.ps_gbps!r} (--aleph-ps-gbps) re-plans from bandwidth figures, but every plan "
+                "here is explicit (clusters): give bandwidth_gbps or leave ps_gbps at 0"
             )
         self._parse("")  # validates the numbers
         self._parse("expert_")

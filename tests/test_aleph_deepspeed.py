@@ -61,3 +61,12 @@ def test_aleph_section_is_parsed_strictly():
     assert own["ps"] == [0, 1] and own["split"] == "equal"
     with pytest.raises(ValueError, match="exactly one of 'bandwidth_gbps'"):
         parse_section({"flowlane": {"aleph": {"top": "ps"}}})
+    # ps_gbps re-plans from the figures (digest §5.1 #12): refused with an explicit plan
+    cfg, _ = parse_section(
+        {"flowlane": {"aleph": {"bandwidth_gbps": [30, 20, 20, 10, 10, 10, 10, 10], "ps_gbps": 20}}}
+    )
+    assert cfg.ps_gbps == 20
+    with pytest.raises(
+        ValueError, match=r"ps_gbps=5 re-plans from 'bandwidth_gbps'.*explicit \('clusters'\)"
+    ):
+        parse_section({"flowlane": {"aleph": {"clusters": [[0, 1]], "ps_gbps": 5}}})

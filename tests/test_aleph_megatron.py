@@ -115,6 +115,13 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
         AlephMegatronConfig(clusters="0", chunk_bytes=10)
     with pytest.raises(ValueError, match=r"cpu_per_member=0.2 \(--aleph-cpu-per-member\): the plugin has no"):
         AlephMegatronConfig(bandwidth_gbps="30,10", cpu_per_member=0.2)
+    # the PS check (digest §5.1 #12): a tiny budget re-plans the testbed into one cluster; an explicit plan cannot be
+    testbed = ["--aleph", "--aleph-bandwidth-gbps", "30,20,20,10,10,10,10,10", "--aleph-top", "ps"]
+    cfg = config_from_args(parser.parse_args([*testbed, "--aleph-ps-gbps", "1e-6"]))
+    assert cfg is not None and cfg.plan(8).num_flows == 1
+    assert config_from_args(parser.parse_args(testbed)).plan(8).num_flows == 4  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"ps_gbps=5.0 \(--aleph-ps-gbps\) re-plans from bandwidth figures"):
+        AlephMegatronConfig(clusters="0,1;2", ps_gbps=5.0)
     with pytest.raises(ValueError, match="aleph variant='x'"):
         AlephMegatronConfig(clusters="0", variant="x")  # type: ignore[arg-type]
     args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--coflow-scheduler", "hermod"])

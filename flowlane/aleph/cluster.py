@@ -12,7 +12,8 @@ Choices where the paper is silent or off by one (digest §5.1): capacities are f
 neighbourhood restricted to unclustered workers (#3); the 2-hop comparison is over unclustered workers and ties make
 both candidates (#5); m < 1 is clipped (1/m <= 1) and a candidate with no non-candidate neighbour uses m = 1 (#6);
 the paper's random assignment is hard-capped at the capacity and selected candidates are processed in a seeded,
-capacity-descending order (#7); ``max_empty_rounds`` empty rounds before the rest go direct (#8).
+capacity-descending order (#7); ``max_empty_rounds`` empty rounds before the rest go direct (#8); with ``ps_gbps``, the
+PS check |D|*b <= P, b lowered to P/|D| and the plan re-made where it fails (#12, :func:`plan_with_rate`).
 
 Adjacency is a plug-in (#9): :func:`adjacency_complete`, :func:`adjacency_same_switch`, :func:`adjacency_rtt`, or any
 list of neighbour sets. The exact optimum: closed form on a complete graph or disjoint cliques, brute force (subsets
@@ -22,6 +23,7 @@ of aggregators + a capacitated matching) for n <= 14 otherwise.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import random
 import statistics
@@ -30,6 +32,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flowlane.aleph.config import AlephConfig
+from flowlane.aleph.model import plan_rate, ps_feasibility
+
+log = logging.getLogger("flowlane.aleph")
 
 Neighbours = list[frozenset[int]]
 """Open neighbourhoods: ``adj[w]`` is the set of workers w can aggregate or be aggregated by (never w itself)."""
@@ -270,11 +275,66 @@ def plan_clusters(
     cpu: Sequence[float] | None = None,
 ) -> Plan:
     """The control plane's entry point: capacities from ``bandwidth`` (Gbit/s, one per worker) and ``config``, then
-    M-WCHA over ``adj`` (default: complete)."""
+    M-WCHA over ``adj`` (default: complete); with ``config.ps_gbps``, re-planned at a lower b while |D|*b exceeds the
+    PS (:func:`plan_with_rate`)."""
+    return plan_with_rate(bandwidth, adj, config, cpu)[0]
+
+
+def flow_rate(plan: Plan, bandwidth: Sequence[float], config: AlephConfig | None = None) -> float:
+    """The rate b every flow of ``plan`` gets under ``bandwidth``. Without ``ps_gbps``: the paper's b (``b_gbps``, or
+    min B), which the capacities guarantee at every aggregator. With it: min(b, the flow model's lockstep rate:
+    members B_m, aggregators B_h/(k+1), the PS P/|D|) (:func:`flowlane.aleph.model.plan_rate`; digest §5.1 #12)."""
     config = config or AlephConfig()
-    g = capacities(bandwidth, config.b_gbps, cpu, config.cpu_per_member)
-    adj = adjacency_complete(len(g)) if adj is None else adj
-    return mwcha(g, adj, config.variant, config.seed, config.max_empty_rounds)
+    b = min(bandwidth) if config.b_gbps is None else config.b_gbps
+    return b if config.ps_gbps is None else min(b, plan_rate(plan, bandwidth, config.ps_gbps))
+
+
+def plan_with_rate(
+    bandwidth: Sequence[float],
+    adj: Neighbours | None = None,
+    config: AlephConfig | None = None,
+    cpu: Sequence[float] | None = None,
+) -> tuple[Plan, float]:
+    """:func:`plan_clusters`'s plan and its rate per flow (:func:`flow_rate`).
+
+    With ``config.ps_gbps`` = P, the PS check of digest §5.1 #12 (Eq. 1 has no PS budget): while the plan's |D| flows
+    at b exceed P, b is lowered to P/|D| and the plan re-made at that b (capacities B_w/b - 1 grow, so aggregators
+    take more members and |D| falls). b only falls and takes the values P/k, so this ends within n re-plans. Of the
+    plans made, the one with the highest rate is kept (fewest flows on a tie): never slower than the first plan at
+    P/|D|. The outcome is logged (logger ``flowlane.aleph``)."""
+    config = config or AlephConfig()
+
+    def make(b: float | None) -> Plan:
+        g = capacities(bandwidth, b, cpu, config.cpu_per_member)
+        neighbours = adjacency_complete(len(g)) if adj is None else adj
+        return mwcha(g, neighbours, config.variant, config.seed, config.max_empty_rounds)
+
+    plan = make(config.b_gbps)  # validates the figures first
+    ps = config.ps_gbps
+    if ps is None:
+        return plan, flow_rate(plan, bandwidth, config)
+    b0 = b = min(bandwidth) if config.b_gbps is None else config.b_gbps
+    made = [plan]
+    while not (check := ps_feasibility(plan, b, ps)).feasible:
+        b = check.rate  # P / |D| < b
+        plan = make(b)
+        made.append(plan)
+    best = max(made, key=lambda p: (flow_rate(p, bandwidth, config), -p.num_flows))
+    rate = flow_rate(best, bandwidth, config)
+    d0 = made[0].num_flows
+    if len(made) == 1:
+        log.info(
+            "flowlane.aleph: PS check |D|*b = %d x %.4g = %.4g <= ps_gbps=%.4g Gbit/s: plan kept, rate per flow "
+            "%.4g Gbit/s",
+            *(d0, b0, d0 * b0, ps, rate),
+        )
+    else:
+        log.info(
+            "flowlane.aleph: PS check |D|*b = %d x %.4g = %.4g > ps_gbps=%.4g Gbit/s: b lowered to P/|D| and "
+            "re-planned (%d plans made); |D| %d -> %d, rate per flow %.4g Gbit/s",
+            *(d0, b0, d0 * b0, ps, len(made), d0, best.num_flows, rate),
+        )
+    return best, rate
 
 
 def greedy_by_capacity(capacity: Sequence[int], adj: Neighbours) -> Plan:

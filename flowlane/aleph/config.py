@@ -28,8 +28,9 @@ class AlephConfig:
     """Rounds without any selected aggregator before every unclustered worker goes straight to the PS. The paper
     stops after one (1); digest §5.1 #8 recommends a few."""
     ps_gbps: float | None = None
-    """The PS's (or the aggregators' all-reduce) bandwidth for the feasibility check |D|*b <= P (digest §5.1 #12);
-    None skips the check."""
+    """The PS's (or the aggregators' all-reduce) bandwidth P for the check |D|*b <= P (digest §5.1 #12). Where it
+    fails, planning and re-planning lower b to P/|D| and re-make the plan at that b, whose larger capacities give
+    bigger clusters and fewer flows into the top (:func:`flowlane.aleph.cluster.plan_with_rate`). None: no check."""
     replan_every: int = 100
     """Re-plan every K iterations from fresh bandwidth figures (digest §5.1 #13); 0 never re-plans."""
     hysteresis: float = 0.2

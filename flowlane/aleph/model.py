@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from flowlane.aleph.cluster import Plan
+if TYPE_CHECKING:  # annotations only: cluster imports this module (the planner's PS check, digest §5.1 #12)
+    from flowlane.aleph.cluster import Plan
 
 
 @dataclass(frozen=True)

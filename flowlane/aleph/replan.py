@@ -6,7 +6,13 @@ Every ``replan_every`` iterations the caller hands in fresh per-worker bandwidth
 1. a worker's figure is replaced only when the new one differs from the figure in use by more than ``hysteresis``
    (relative), so jitter around a capacity threshold never reaches the planner;
 2. with the figures in use changed, the current plan is kept unless it is now infeasible (an aggregator has more
-   members than its new capacity) or a fresh plan needs fewer flows into the PS.
+   members than its new capacity) or a fresh plan needs fewer flows into the PS (with ``ps_gbps``: is faster, or
+   as fast with fewer flows).
+
+With ``ps_gbps`` (digest §5.1 #12) plans are made by :func:`flowlane.aleph.cluster.plan_with_rate` (b lowered to
+P/|D| while |D|*b > P) and the plan in force is checked at the fresh plan's rate b: it is infeasible when an
+aggregator exceeds its capacity at that b or its |D| flows at b exceed P, i.e. when it is slower than a fresh plan.
+Without ``ps_gbps`` that b is the paper's (``b_gbps`` or min B), the check above. ``rate`` is the plan in force's.
 
 Every rank must feed the same figures (all-gathered) so every rank takes the same decision: the planner is seeded.
 """
@@ -16,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from flowlane.aleph.cluster import Neighbours, Plan, adjacency_complete, capacities, mwcha
+from flowlane.aleph.cluster import Neighbours, Plan, adjacency_complete, capacities, flow_rate, plan_with_rate
 from flowlane.aleph.config import PROBE_BYTES, AlephConfig
+from flowlane.aleph.model import ps_feasibility
 
 
 @dataclass(frozen=True)
@@ -43,14 +50,21 @@ class Replanner:
         self.adj = adjacency_complete(len(bandwidth)) if adj is None else adj
         self.cpu = None if cpu is None else list(cpu)
         self.bandwidth = [float(b) for b in bandwidth]
-        self.plan = self._plan(self.bandwidth)
+        self.plan, self.rate = self._plan(self.bandwidth)
+        """The plan in force and its rate per flow b (Gbit/s, :func:`flowlane.aleph.cluster.flow_rate`)."""
 
-    def _capacity(self, bandwidth: Sequence[float]) -> list[int]:
-        return capacities(bandwidth, self.config.b_gbps, self.cpu, self.config.cpu_per_member)
+    def _plan(self, bandwidth: Sequence[float]) -> tuple[Plan, float]:
+        return plan_with_rate(bandwidth, self.adj, self.config, self.cpu)
 
-    def _plan(self, bandwidth: Sequence[float]) -> Plan:
+    def _infeasible(self, bandwidth: Sequence[float], b: float) -> list[str]:
+        """Why the plan in force cannot run at rate ``b`` under ``bandwidth``: capacities (Eq. 1) and the PS check."""
         c = self.config
-        return mwcha(self._capacity(bandwidth), self.adj, c.variant, c.seed, c.max_empty_rounds)
+        bad = self.plan.violations(capacities(bandwidth, b, self.cpu, c.cpu_per_member), self.adj)
+        if c.ps_gbps is not None and not (check := ps_feasibility(self.plan, b, c.ps_gbps)).feasible:
+            bad.append(
+                f"|D|={self.plan.num_flows} flows at b={b:.4g} need {check.ps_load:.4g} > ps_gbps={c.ps_gbps:.4g}"
+            )
+        return bad
 
     def due(self, iteration: int) -> bool:
         """Whether ``iteration`` is a re-planning point (every ``replan_every``; never when it is 0)."""
@@ -75,20 +89,32 @@ class Replanner:
             return ReplanDecision(False, f"no worker moved by more than {h:.0%}", self.plan)
         for w in moved:
             self.bandwidth[w] = float(bandwidth[w])
-        bad = self.plan.violations(self._capacity(self.bandwidth), self.adj)
-        fresh = self._plan(self.bandwidth)
+        fresh, rate = self._plan(self.bandwidth)
+        bad = self._infeasible(self.bandwidth, rate)
         if bad:
-            self.plan = fresh
-            return ReplanDecision(True, f"plan infeasible after workers {moved} moved: {bad[0]}", fresh)
-        if fresh.num_flows < self.plan.num_flows:
-            old, self.plan = self.plan.num_flows, fresh
-            return ReplanDecision(True, f"workers {moved} moved; |D| {old} -> {fresh.num_flows}", fresh)
+            self.plan, self.rate = fresh, rate
+            return ReplanDecision(
+                True, f"plan infeasible after workers {moved} moved: {bad[0]}{self._b()}", fresh
+            )
+        now = flow_rate(self.plan, self.bandwidth, self.config)
+        # a faster fresh plan, or as fast with fewer flows (without ps_gbps both rates are b: fewer flows)
+        faster = rate > now * (1 + 1e-9)
+        if faster or (rate >= now * (1 - 1e-9) and fresh.num_flows < self.plan.num_flows):
+            old, self.plan, self.rate = self.plan.num_flows, fresh, rate
+            return ReplanDecision(
+                True, f"workers {moved} moved; |D| {old} -> {fresh.num_flows}{self._b()}", fresh
+            )
+        self.rate = now
         return ReplanDecision(
             False,
             f"workers {moved} moved; plan still feasible and no better one "
-            f"(|D| {self.plan.num_flows} vs {fresh.num_flows})",
+            f"(|D| {self.plan.num_flows} vs {fresh.num_flows}){self._b()}",
             self.plan,
         )
+
+    def _b(self) -> str:
+        """The rate in force, for a decision's reason where the PS check applies (``ps_gbps``)."""
+        return "" if self.config.ps_gbps is None else f"; rate per flow {self.rate:.4g} Gbit/s"
 
 
 def confirm_figures(
