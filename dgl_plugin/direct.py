@@ -16,9 +16,11 @@ Usage (the path is a config option, ``DirectConfig`` or a mapping such as a Hydr
     for input_nodes, output_nodes, blocks, x in loader:   # x == g.ndata["feat"][input_nodes], on loader.device
         ...
 
-DGL's own zero-copy path (``g.pin_memory_()`` + ``use_uva=True``, ``gather_pinned_tensor_rows``) needs a CUDA build of
-DGL, which PyPI does not ship; this one needs torch + Triton only and falls back to DGL's CPU gather semantics
-(index_select + non_blocking copy) where zero-copy cannot run.
+Zero-copy applies only to a CUDA loader (``device="cuda"``), and DGL moves the sampled blocks there, which needs a CUDA
+build of DGL: PyPI's dgl wheels (dgl 2.1.0, the gnn lane's pin) are CPU-only, so :func:`attach_direct_features`
+refuses a CUDA loader on such a build, naming it. With a CPU loader the features are gathered on the CPU (the
+cpu-gather path: index_select, DGL's own semantics) and zero-copy never applies. (DGL's own UVA path,
+``g.pin_memory_()`` + ``use_uva=True``, needs a CUDA build of DGL as well.)
 
 Heterogeneous graphs: pass ``{ntype: table}``; each table is its own store (pinned in place, path chosen per table)
 and a typed mini-batch (``input_nodes`` a ``{ntype: ids}`` dict) gets ``{ntype: features}`` for the types that have
@@ -30,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import dgl
 import torch
 from dgl.dataloading import Sampler
 from dgl.frame import LazyFeature
@@ -108,7 +111,8 @@ class DirectFeatureStorage(FeatureStorage):
 
     def close(self) -> None:
         """Unpin the feature tables the stores pinned."""
-        for store in (self.stores or {"": self.store}).values():
+        # self.stores is {} (and self.store unset) when the first of several tables is refused
+        for store in (self.stores if self.stores is not None else {"": self.store}).values():
             store.close()
 
 
@@ -149,7 +153,8 @@ def attach_direct_features(
 ) -> DirectFeatureStorage:
     """Register ``features`` (a table, or ``{ntype: table}`` for a heterogeneous graph) under ``name`` on a
     ``dgl.dataloading.DataLoader`` (its ``attach_data``), gathered onto ``loader.device`` by the configured path.
-    Returns the storage (``storage.store.path`` says which path runs)."""
+    Returns the storage (``storage.store.path`` says which path runs). A CUDA loader needs a CUDA build of DGL
+    (refused otherwise); on a CPU loader the features take the cpu-gather path."""
     if not hasattr(loader, "attach_data"):
         raise TypeError(
             f"loader must be a dgl.dataloading.DataLoader (it has attach_data), got {type(loader).__name__}"
@@ -159,6 +164,17 @@ def attach_direct_features(
             f"the loader's sampler must be DirectSampler(..., name={name!r}) so that its samples ask for "
             f"{name!r}; got {type(loader.graph_sampler).__name__}"
         )
+    dev = torch.device(loader.device)
+    if dev.type == "cuda":
+        from dgl_plugin.fullgraph import dgl_has_cuda
+
+        if not dgl_has_cuda():
+            # DGL itself would fail at the first batch ("Device API cuda is not enabled") moving the blocks there
+            raise ValueError(
+                f"the DataLoader's device={dev} needs a CUDA build of DGL, and this DGL build ({dgl.__version__}) "
+                f"has no CUDA support (PyPI's dgl wheels are CPU-only): install a CUDA build of DGL, or use "
+                f"device='cpu' (then the features take the cpu-gather path; zero-copy needs a CUDA loader)"
+            )
     if isinstance(features, Mapping):
         ntypes = list(loader.graph.ntypes)
         unknown = sorted(set(features) - set(ntypes))

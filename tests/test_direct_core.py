@@ -5,6 +5,8 @@ Runs in both lanes: the DGL plugin (gnn lane) uses this core.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -139,32 +141,200 @@ def test_without_cuda_the_auto_path_is_cpu_gather_and_says_why(monkeypatch):
     assert store.path == "cpu-gather" and store.device == torch.device("cpu") and not store.table.is_pinned()
 
 
-def test_two_stores_on_one_table_keep_it_pinned_until_the_last_closes(monkeypatch):
-    # CUDA registration simulated: closing the first store used to unpin the table under the second's zero-copy reads
+class _Cuda:
+    """CUDA simulated on the CPU, as the driver behaves: cudaHostRegister pins byte ranges and refuses one overlapping
+    a registered range (error 712); ``is_pinned`` is true for any address inside a pinned range (so for views)."""
+
+    def __init__(self) -> None:
+        self.ranges: dict[int, int] = {}  # registered start -> bytes
+        self.caller_pinned: dict[
+            int, int
+        ] = {}  # the caller's own pinned memory (cudaHostAlloc / pin_memory_)
+        self.log: list[str] = []
+        self.entered: list[torch.device] = []  # torch.cuda.device contexts open now
+        self.registered_on: list[torch.device | None] = []
+
+    def register(self, t: torch.Tensor) -> None:
+        lo, n = t.data_ptr(), t.numel() * t.element_size()
+        for q, m in (self.ranges | self.caller_pinned).items():
+            assert not (lo < q + m and q < lo + n), "cudaError 712: part of the range is registered already"
+        self.ranges[lo] = n
+        self.log.append(f"register {n}")
+        self.registered_on.append(self.entered[-1] if self.entered else None)
+
+    def unregister(self, ptr: int) -> None:
+        self.log.append(f"unregister {self.ranges.pop(ptr)}")
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        p = t.data_ptr()
+        return any(q <= p < q + m for q, m in (self.ranges | self.caller_pinned).items())
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """Two simulated CUDA devices (current: 0), registration simulated, zero-copy chosen, gathers and events faked
+    (each kernel launch and event call is logged)."""
     import flowlane.direct.store as S
 
-    registered: list[int] = []
+    sim = _Cuda()
 
-    def register(t: torch.Tensor) -> None:
-        assert t.data_ptr() not in registered, "cudaError 712: already registered"
-        registered.append(t.data_ptr())
+    class Event:
+        def record(self, stream: str) -> None:
+            sim.log.append(f"record on {stream}")
+
+        def synchronize(self) -> None:
+            sim.log.append("synchronize")
+
+    @contextlib.contextmanager
+    def device(d):
+        sim.entered.append(torch.device(d))
+        yield
+        sim.entered.pop()
+
+    def gather(table, idx, device, *a, **k):
+        sim.log.append(f"kernel on {device}")
+        return table[idx]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: t.data_ptr() in registered)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: f"the current stream of {d}")
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: sim.is_pinned(t))
     monkeypatch.setattr(S, "choose_path", lambda *a, **k: S.PathChoice("zero-copy", "simulated"))
-    monkeypatch.setattr(S, "_register", register)
-    monkeypatch.setattr(S, "_unregister", registered.remove)
+    monkeypatch.setattr(S, "zero_copy_gather", gather)
+    monkeypatch.setattr(S, "_register", sim.register)
+    monkeypatch.setattr(S, "_unregister", sim.unregister)
+    monkeypatch.setattr(S, "_PINS", {})  # this test's registrations only
+    return sim
+
+
+def test_two_stores_on_one_table_keep_it_pinned_until_the_last_closes(cuda):
+    # closing the first store used to unpin the table under the second's zero-copy reads
     table, own = torch.zeros(4, 8), torch.zeros(4, 8)
     a, b = FeatureStore(table, device="cuda"), FeatureStore(table, device="cuda")
-    assert registered == [table.data_ptr()]
+    assert cuda.ranges == {table.data_ptr(): 128}
     a.close()
-    assert registered == [table.data_ptr()]  # b still reads it
+    assert cuda.ranges == {table.data_ptr(): 128}  # b still reads it
     b.close()
     b.close()  # idempotent
-    assert registered == [] and S._PINS == {}
-    registered.append(own.data_ptr())  # the caller's own pinned table: used as is, never unpinned by a store
+    assert cuda.ranges == {}
+    cuda.caller_pinned[own.data_ptr()] = (
+        128  # the caller's own pinned table: used as is, never unpinned by a store
+    )
     FeatureStore(own, device="cuda").close()
-    assert registered == [own.data_ptr()]
+    assert cuda.ranges == {} and cuda.log == ["register 128", "unregister 128"]
+
+
+def test_a_store_on_a_view_shares_the_pin_of_the_table_it_lies_in(cuda):
+    # the pin used to be counted by exact address: a view was taken for the caller's own pinned memory (no reference)
+    # and closing the table's store unpinned it under the view's reads
+    t = torch.zeros(100, 8)
+    a = FeatureStore(t, device="cuda")
+    b, c = FeatureStore(t[10:], device="cuda"), FeatureStore(t[:10], device="cuda")
+    a.close()
+    c.close()
+    assert cuda.ranges == {t.data_ptr(): 3200}  # b still reads rows 10..99
+    b.close()
+    assert cuda.ranges == {} and cuda.log == ["register 3200", "unregister 3200"]
+
+
+@pytest.mark.parametrize(
+    "first", [slice(0, 10), slice(10, 100), slice(5, 20)], ids=["head", "tail", "middle"]
+)
+def test_a_table_partly_overlapping_a_pinned_range_is_refused_naming_both(cuda, first):
+    # FeatureStore(t[:10]) then FeatureStore(t) used to count t as pinned (same address) with 320 of its 3200 bytes
+    # registered, and t[10:] then t failed with a bare cudaError 712
+    t = torch.zeros(100, 8)
+    part = FeatureStore(t[first], device="cuda")
+    lo = t.data_ptr()
+    p0 = lo + first.start * 32
+    with pytest.raises(RuntimeError) as e:
+        FeatureStore(t, device="cuda")
+    msg = str(e.value)
+    assert f"[{lo:#x}, {lo + 3200:#x}) (3,200 B) partly overlap the range [{p0:#x}, " in msg
+    assert "build the store on the enclosing table first" in msg
+    part.close()
+    FeatureStore(t, device="cuda").close()  # alone it pins
+    assert cuda.log[-2:] == ["register 3200", "unregister 3200"]
+
+
+def test_a_store_waits_for_its_last_kernel_before_unpinning(cuda):
+    # kernels are asynchronous: close (or the GC, for FeatureStore(t).gather(idx) as one line) used to unpin the table
+    # while the last kernel could still read it
+    t, idx = torch.arange(32.0).reshape(4, 8), torch.tensor([3, 1])
+    store = FeatureStore(t, device="cuda")
+    assert torch.equal(store.gather(idx), t[idx]) and torch.equal(store.gather(idx), t[idx])
+    store.close()
+    kernel, record = "kernel on cuda:0", "record on the current stream of cuda:0"
+    assert cuda.log == ["register 128", kernel, record, kernel, record, "synchronize", "unregister 128"]
+    cuda.log.clear()
+    assert torch.equal(FeatureStore(t, device="cuda").gather(idx), t[idx])  # collected right away
+    assert cuda.log == ["register 128", kernel, record, "synchronize", "unregister 128"]
+
+
+def test_zero_copy_gather_runs_on_its_target_device(monkeypatch):
+    # Triton launches on the current device and stream: a gather onto cuda:1 used to run where the caller's thread
+    # stood (DGL's prefetch thread: device 0)
+    import flowlane.direct.store as S
+
+    entered: list[torch.device] = []
+    seen: list[tuple[torch.device, list[torch.device]]] = []
+
+    class Device:  # torch.cuda.device, recorded
+        def __init__(self, d: torch.device) -> None:
+            self.d = d
+
+        def __enter__(self) -> None:
+            entered.append(self.d)
+
+        def __exit__(self, *exc: object) -> None:
+            entered.pop()
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(S, "_zero_copy_gather", lambda t, i, d, *a: seen.append((d, list(entered))))
+    S.zero_copy_gather(torch.zeros(4, 2), torch.tensor([1]), "cuda:1")
+    S.zero_copy_gather(torch.zeros(4, 2), torch.tensor([1]), "cpu")
+    cuda1, cpu = torch.device("cuda", 1), torch.device("cpu")
+    assert seen == [(cuda1, [cuda1]), (cpu, [])] and entered == []
+
+
+def test_a_cuda_device_means_a_usable_one_and_cuda_is_the_current_device(monkeypatch, cuda):
+    t = torch.zeros(4, 8)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    with FeatureStore(
+        t, device="cuda"
+    ) as s:  # DGL's DataLoader normalises 'cuda' the same way; fetch compares them
+        assert s.device == torch.device("cuda", 1)
+    assert cuda.registered_on == [torch.device("cuda", 1)]  # from the device whose kernels read it
+    with pytest.raises(RuntimeError, match=r"device='cuda:2': there are 2 CUDA device\(s\) here"):
+        FeatureStore(t, device="cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for dev in ("cuda", "cuda:0", torch.device("cuda", 0)):
+        # used to build, and fail at the first gather with a raw driver error
+        with pytest.raises(
+            RuntimeError, match=r"device='cuda(:0)?': CUDA is not available here; use device='cpu'"
+        ):
+            FeatureStore(t, device=dev)
+
+
+def test_pin_false_never_reads_zero_copy_even_a_pinned_table(monkeypatch):
+    import flowlane.direct.store as S
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: True)  # pinned by the caller (g.pin_memory_())
+    monkeypatch.setattr(S, "triton_status", lambda: (True, "Triton (simulated)"))
+    t = torch.zeros(4, 8)
+    assert FeatureStore(t, device="cuda").path == "zero-copy"
+    store = FeatureStore(t, DirectConfig(pin=False), device="cuda")
+    assert store.path == "cpu-gather" and store.choice.reason.startswith("direct.pin=false")
+    with pytest.raises(RuntimeError, match="cannot run here: direct.pin=false"):
+        FeatureStore(t, DirectConfig(path="zero-copy", pin=False), device="cuda")
 
 
 def test_zero_copy_is_refused_at_construction_where_it_cannot_run(monkeypatch):

@@ -161,3 +161,31 @@ def test_a_homogeneous_table_is_checked_against_the_graph():
     )
     with pytest.raises(ValueError, match=r"one row per node: got 299 rows for 300 nodes"):
         attach_direct_features(loader, g.ndata["feat"][:299], name="d")
+
+
+def test_a_cuda_loader_is_refused_where_dgl_has_no_cuda(monkeypatch):
+    """A GPU host with PyPI's CPU-only DGL (the lane's pin): the store would pin the table and pick zero-copy, then
+    DGL would fail moving the first batch's blocks to the GPU ("Device API cuda is not enabled"). Refused at attach,
+    naming the DGL build, before anything is pinned."""
+    g = _graph()
+    loader = dgl.dataloading.DataLoader(
+        g, torch.arange(8), DirectSampler(dgl.dataloading.NeighborSampler([2]), "d"), batch_size=4
+    )
+    loader.device = torch.device(
+        "cuda", 0
+    )  # as DGL's own DataLoader(..., device="cuda") sets it on a GPU host
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not dgl.ndarray.gpu(0).exist  # the gnn lane's DGL: no CUDA device API
+    with pytest.raises(
+        ValueError,
+        match=rf"device=cuda:0 needs a CUDA build of DGL, and this DGL build \({dgl.__version__}\) has no CUDA",
+    ):
+        attach_direct_features(loader, g.ndata["feat"], name="d")
+    assert "d" not in loader.other_storages
+
+
+def test_a_refused_first_table_of_several_reports_its_own_error():
+    # close() on the way out used to raise AttributeError ('store'), hiding the table's own error
+    with pytest.raises(ValueError, match="contiguous") as e:
+        DirectFeatureStorage({"user": torch.zeros(4, 3).t(), "item": torch.zeros(5, 2)}, device="cpu")
+    assert e.value.__context__ is None

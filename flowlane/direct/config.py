@@ -25,8 +25,9 @@ class DirectConfig:
     """Zero-copy kernel: shift each row's lanes so every warp load starts on a 128-B line (DGL's per-row scheme,
     digest §3.6 B4). False gives the unshifted ("naive") kernel, kept for the alignment measurement (Fig. 4.7)."""
     pin: bool = True
-    """Pin the host table in place (cudaHostRegister, no second copy; digest B3) when CUDA is present. False keeps it
-    pageable: zero-copy is then refused and cpu-gather is used."""
+    """Pin the host table in place (cudaHostRegister, no second copy; digest B3) when CUDA is present. False: the store
+    neither pins the table nor reads it zero-copy, even one pinned already (auto takes cpu-gather; path='zero-copy'
+    with pin=False is refused)."""
     check_indices: bool = True
     """Refuse indices outside [0, rows) with the first bad index named. Costs one min/max reduction per gather
     (and a device sync for CUDA indices); with False a bad index is undefined behaviour on the zero-copy path."""

@@ -16,6 +16,7 @@ Both return exactly ``table[idx]`` (``table[idx][:, cols]`` with a column select
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -70,9 +71,10 @@ def choose_path(
 ) -> PathChoice:
     """Pick the gather path for a table of ``dtype`` gathered onto ``device`` (pure, apart from probing CUDA/Triton).
 
-    Zero-copy needs a CUDA target device, CUDA available, Triton importable, a pinned (or pinnable) table and a dtype in
-    :data:`ZERO_COPY_DTYPES`. On a CPU device it runs only under the Triton interpreter (tests). ``requested`` is
-    ``DirectConfig.path``; asking for 'zero-copy' where it cannot run raises ``RuntimeError`` with the reason.
+    Zero-copy needs a CUDA target device, CUDA available, Triton importable, ``pinned`` (the store may read the table
+    pinned: ``DirectConfig.pin``) and a dtype in :data:`ZERO_COPY_DTYPES`. On a CPU device it runs only under the
+    Triton interpreter (tests). ``requested`` is ``DirectConfig.path``; asking for 'zero-copy' where it cannot run
+    raises ``RuntimeError`` with the reason.
     """
     if requested not in ("auto", "zero-copy", "cpu-gather"):
         raise ValueError(f"direct.path={requested!r} is not one of ('auto', 'zero-copy', 'cpu-gather')")
@@ -86,7 +88,7 @@ def choose_path(
         elif interpreting():
             why = "TRITON_INTERPRET=1 runs kernels on the CPU, not the GPU"
         elif not pinned:
-            why = "the host table is not pinned (direct.pin=false)"
+            why = "direct.pin=false: the store neither pins the table nor reads it zero-copy"
     elif dev.type == "cpu":
         if not interpreting():
             why = "the target device is the CPU (zero-copy needs CUDA; TRITON_INTERPRET=1 runs it on CPU for tests)"
@@ -259,10 +261,31 @@ def zero_copy_gather(
     ``idx``: checked int64 indices. On a CPU ``device`` this needs ``TRITON_INTERPRET=1``. ``widen``: a contiguous
     column window is copied as the widest integer words that fit it (:func:`word_bytes`); a column list is not.
     ``sort_indices``: read the rows in address order (one sort of ``idx`` on the device), each written to its place.
+
+    On CUDA it all runs under ``torch.cuda.device(device)``: Triton launches on the *current* device and its current
+    stream, which need not be ``device`` (a store on cuda:1, or DGL's prefetch thread, which starts on device 0).
     """
+    dev = torch.device(device)
+    guard = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        return _zero_copy_gather(
+            table, idx, dev, cols, aligned, rows_per_program, widen, sort_indices, num_warps
+        )
+
+
+def _zero_copy_gather(
+    table: torch.Tensor,
+    idx: torch.Tensor,
+    dev: torch.device,
+    cols: Columns,
+    aligned: bool,
+    rows_per_program: int,
+    widen: bool,
+    sort_indices: bool,
+    num_warps: int,
+) -> torch.Tensor:
     from flowlane.direct import kernels
 
-    dev = torch.device(device)
     idx = idx.to(dev)
     n, n_cols = idx.numel(), table.shape[1]
     pos = idx  # not read unless permuted
@@ -368,34 +391,76 @@ def _unregister(ptr: int) -> None:
         torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
-#: table address -> open stores reading the pages a FeatureStore registered: the last one to close unpins them (a
-#: second store on the table sees it pinned, and closing the first must not unpin it under the second's reads)
-_PINS: dict[int, int] = {}
+#: start address -> [bytes, open stores] of each range a FeatureStore registered. A store on the range or on a view
+#: inside it takes a reference, and the last one to close unpins it (closing one must not unpin it under another's
+#: reads); cudaHostRegister cannot pin a range that partly overlaps a registered one, so such a table is refused.
+_PINS: dict[int, list[int]] = {}
 _PINS_LOCK = threading.Lock()
 
 
-def _hold_pin(t: torch.Tensor, pinned: bool) -> bool:
-    """Take a reference on ``t``'s registration, registering it when it is not pinned yet; False: the caller's own
-    pinned memory, which no store unpins."""
-    ptr = t.data_ptr()
+def _hold_pin(t: torch.Tensor, pinned: bool) -> int | None:
+    """Take a reference on the registered range holding ``t``'s bytes, registering them when they are not pinned yet;
+    returns the range's start for :func:`_release_pin`, or None for the caller's own pinned memory (never unpinned by
+    a store)."""
+    lo = t.data_ptr()
+    hi = lo + t.numel() * t.element_size()
     with _PINS_LOCK:
-        if ptr in _PINS:
-            _PINS[ptr] += 1
-            return True
+        for start, held in _PINS.items():
+            end = start + held[0]
+            if start <= lo and hi <= end:
+                held[1] += 1
+                return start
+            if lo < end and start < hi:
+                raise RuntimeError(
+                    f"the feature table's bytes [{lo:#x}, {hi:#x}) ({hi - lo:,} B) partly overlap the range "
+                    f"[{start:#x}, {end:#x}) ({held[0]:,} B) that an open FeatureStore pinned; overlapping ranges "
+                    f"cannot be pinned twice: build the store on the enclosing table first (stores on views inside "
+                    f"it share its pin), or close the stores on the other range"
+                )
         if pinned:
-            return False
+            return None
         _register(t)  # in place: the table's own pages become pinned and mapped (UVA)
-        _PINS[ptr] = 1
-        return True
+        _PINS[lo] = [hi - lo, 1]
+        return lo
 
 
-def _release_pin(ptr: int) -> None:
+def _release_pin(start: int, last_gather: list[Any]) -> None:
+    """Drop a store's reference on the range at ``start``; the last one unpins it. Waits first for the store's last
+    zero-copy kernel (``last_gather[0]``, a CUDA event): launches are asynchronous, and a one-line
+    ``FeatureStore(t).gather(idx)`` is collected while its kernel may still read the pages."""
+    if last_gather[0] is not None:
+        last_gather[0].synchronize()
     with _PINS_LOCK:
-        _PINS[ptr] -= 1
-        if _PINS[ptr]:
+        held = _PINS[start]
+        held[1] -= 1
+        if held[1]:
             return
-        del _PINS[ptr]
-        _unregister(ptr)
+        del _PINS[start]
+        _unregister(start)
+
+
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """Where a store's gathers land: ``device``, with a bare ``cuda`` made ``cuda:<current device>`` (as DGL's
+    DataLoader does, so the two compare equal); None: the current CUDA device when available, else CPU. A CUDA device
+    is refused when CUDA is not usable here (instead of a driver error at the first gather)."""
+    if device is None:
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={str(device)!r}: CUDA is not available here; use device='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"device={str(device)!r}: there are {torch.cuda.device_count()} CUDA device(s) here "
+                f"(allowed: cuda:0..cuda:{torch.cuda.device_count() - 1})"
+            )
+    return dev
 
 
 class FeatureStore:
@@ -406,12 +471,14 @@ class FeatureStore:
     table : torch.Tensor
         Contiguous CPU tensor ``[rows, ...]``; trailing dimensions are flattened into one row and restored on output.
         When CUDA is present and ``config.pin`` it is pinned **in place** (``cudaHostRegister``, no second copy) and
-        unpinned by :meth:`close` (or when the store is garbage-collected) of the last store on it. A table that is
-        already pinned otherwise is used as is.
+        unpinned by :meth:`close` (or when the store is garbage-collected) of the last store on it or on a view inside
+        it, after that store's last zero-copy kernel. A table that is already pinned otherwise is used as is. With
+        ``config.pin=False`` the store neither pins nor reads zero-copy, even a table pinned already.
     config : DirectConfig, optional
         Path, alignment, pinning and index checks.
     device : torch.device or str, optional
-        Where gathered rows land (default: the current CUDA device when available, else CPU).
+        Where gathered rows land (default: the current CUDA device when available, else CPU); ``"cuda"`` means the
+        current CUDA device. A CUDA device is refused where CUDA is not usable.
 
     Examples
     --------
@@ -447,25 +514,25 @@ class FeatureStore:
         self.table = table
         self.row_shape = tuple(table.shape[1:])
         self._flat = table if table.dim() == 2 else table.view(table.shape[0], math.prod(self.row_shape))
-        self.device = (
-            torch.device(device)
-            if device is not None
-            else (
-                torch.device("cuda", torch.cuda.current_device())
-                if torch.cuda.is_available()
-                else torch.device("cpu")
-            )
-        )
+        self.device = resolve_device(device)
         self._finalizer: weakref.finalize | None = None
         self._closed = False
-        want_pin = self.config.pin and torch.cuda.is_available() and self.config.path != "cpu-gather"
+        #: the event recorded after the last zero-copy launch, waited for before the table is unpinned
+        self._last_gather: list[Any] = [None]
         pinned = table.is_pinned() if torch.cuda.is_available() else False
+        # config.pin=False: no zero-copy even on a table pinned already (the config's documented meaning)
         self.choice = choose_path(
-            self.device, table.dtype, pinned=pinned or want_pin, requested=self.config.path
+            self.device,
+            table.dtype,
+            pinned=self.config.pin and (pinned or torch.cuda.is_available()),
+            requested=self.config.path,
         )
         zero_copy = self.choice.path == "zero-copy" and self.device.type == "cuda" and table.numel()
-        if zero_copy and _hold_pin(table, pinned):
-            self._finalizer = weakref.finalize(self, _release_pin, table.data_ptr())
+        if zero_copy:
+            with torch.cuda.device(self.device):  # registered from the device whose kernels read it
+                start = _hold_pin(table, pinned)
+            if start is not None:
+                self._finalizer = weakref.finalize(self, _release_pin, start, self._last_gather)
 
     @property
     def path(self) -> str:
@@ -504,13 +571,17 @@ class FeatureStore:
                 sort_indices=c.sort_indices,
                 num_warps=c.num_warps,
             )
+            if self._finalizer is not None:
+                if self._last_gather[0] is None:
+                    self._last_gather[0] = torch.cuda.Event()
+                self._last_gather[0].record(torch.cuda.current_stream(self.device))
         else:
             out = cpu_gather(self._flat, idx, self.device, cols)
         return out if cols is not None or self.table.dim() == 2 else out.reshape(-1, *self.row_shape)
 
     def close(self) -> None:
-        """Release the table (idempotent): unpinned if a store pinned it and no other store on it is open; later
-        gathers are refused."""
+        """Release the table (idempotent): unpinned, once this store's last zero-copy kernel is done, if a store pinned
+        it and no other store on it is open; later gathers are refused."""
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()

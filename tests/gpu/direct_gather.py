@@ -296,6 +296,75 @@ class Run:
             self.doc["sections"]["sweep"] = rows
             self.save()
 
+    # ------------------------------------------------------------------------------------------- 0. handling
+    def handling(self) -> None:
+        """The store's CUDA handling, no timings (each a correctness check): ``"cuda"`` resolves to the current
+        device; the kernel runs under ``torch.cuda.device(store.device)`` (and, with two GPUs, on cuda:1 while the
+        thread stands on cuda:0); a view inside the pinned table shares its pin, a table partly overlapping a pinned
+        range is refused; ``pin=False`` reads a pinned table by the CPU path; ``close()`` waits for the last kernel."""
+        res: dict[str, Any] = {}
+        tab = self.view(torch.float32, 2048)[:4096]  # inside the master's pin; the sweep's kernel shape
+        idx = torch.randint(0, tab.shape[0], (1024,), generator=torch.Generator().manual_seed(3))
+        entered: list[torch.device] = []
+        real_device = torch.cuda.device
+
+        class Recorded(real_device):  # type: ignore[misc, valid-type]
+            def __enter__(self) -> Any:
+                entered.append(torch.device("cuda", self.idx))
+                return super().__enter__()
+
+        store = FeatureStore(tab, DirectConfig(), device="cuda")
+        self.check(
+            store.device == torch.device("cuda", torch.cuda.current_device()), "'cuda' is cuda:<current>"
+        )
+        self.check(store._finalizer is not None, "a store on a view inside the pinned table shares its pin")
+        torch.cuda.device = Recorded  # type: ignore[misc]
+        try:
+            out = store.gather(idx)
+        finally:
+            torch.cuda.device = real_device  # type: ignore[misc]
+        self.check(
+            entered == [store.device], f"the gather ran under torch.cuda.device({store.device}): {entered}"
+        )
+        self.check(same(out, tab[idx]), "gather under the device guard equals table[idx]")
+        store.close()
+        ev = store._last_gather[0]
+        self.check(ev is not None and ev.query(), "close() waited for the last kernel's event")
+        res["guard_entered"] = [str(d) for d in entered]
+        fresh = torch.zeros(64, 512)  # pageable: pinned by the stores below
+        part = FeatureStore(fresh[:8], device="cuda")
+        try:
+            FeatureStore(fresh, device="cuda")
+            self.check(False, "a table partly overlapping a pinned range is refused")
+        except RuntimeError as e:
+            self.check("partly overlap" in str(e), f"overlap refused naming both ranges: {e}")
+        part.close()
+        self.check(not fresh.is_pinned(), "the last store's close unpins its range")
+        whole = FeatureStore(fresh, device="cuda")
+        self.check(
+            fresh.is_pinned() and whole.path == "zero-copy", "alone the table pins and reads zero-copy"
+        )
+        off = FeatureStore(fresh, DirectConfig(pin=False), device="cuda")
+        self.check(
+            off.path == "cpu-gather", f"pin=False on a pinned table takes the CPU path ({off.choice.reason})"
+        )
+        whole.close()
+        if torch.cuda.device_count() > 1:  # the kernel on cuda:1 while this thread stands on cuda:0
+            torch.cuda.set_device(0)
+            s1 = FeatureStore(tab, DirectConfig(), device="cuda:1")
+            out1 = s1.gather(idx)
+            s1.close()
+            self.check(out1.device == torch.device("cuda", 1), "a cuda:1 store's rows land on cuda:1")
+            self.check(
+                same(out1, tab[idx]), "a cuda:1 store's gather, from a thread on cuda:0, equals table[idx]"
+            )
+            res["second_gpu"] = "checked"
+        else:
+            res["second_gpu"] = "one GPU: only the guard was checked"
+        self.doc["sections"]["handling"] = res
+        print(f"  handling: guard {res['guard_entered']}, second GPU: {res['second_gpu']}", flush=True)
+        self.save()
+
     # ------------------------------------------------------------------------------------------- 2. masked
     def masked(self) -> None:
         a, dev = self.a, self.dev
@@ -370,7 +439,9 @@ class Run:
 
         def run(path: str) -> dict[str, Any]:
             torch.manual_seed(0)
-            store = FeatureStore(feats, DirectConfig(path=path), device=dev)  # already pinned: used as is
+            store = FeatureStore(
+                feats, DirectConfig(path=path), device=dev
+            )  # inside the master's pin: shares it
             l1s, l1n = torch.nn.Linear(f_in, hidden).to(dev), torch.nn.Linear(f_in, hidden).to(dev)
             l2s, l2n = torch.nn.Linear(hidden, classes).to(dev), torch.nn.Linear(hidden, classes).to(dev)
             params = [p for m in (l1s, l1n, l2s, l2n) for p in m.parameters()]
@@ -535,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run.make_table()
         run.save()
+        if dev.type == "cuda":
+            run.handling()
         run.sweep()
         for name, fn in (("masked", run.masked), ("e2e", run.e2e)):
             if elapsed() > a.budget_s * (0.8 if name == "masked" else 0.85):
