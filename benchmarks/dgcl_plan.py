@@ -3,7 +3,8 @@
 1. SPST vs peer-to-peer communication time per graphAllgather on the DGX-1-like (8 ranks), PCIe-only (8) and
    two-server (16) presets of flowlane.topology, for synthetic power-law community graphs partitioned by METIS and by
    a random assignment (the seed: -77.5 % communication time on average, measured on real GPUs; digest §4.2 E1).
-2. Link-class balance (Table 7 analogue): per link class, Σ_k max over that class's hops.
+2. Link balance (Table 7 analogue), ``*_by_class``: per physical hop kind (nvlink, pcie, qpi, eth), Σ_k max over
+   the hops of that kind (a multi-hop route counts under each of its hops' kinds; see link_class_breakdown).
 3. Planning time vs graph size (Table 8 analogue): graphs with the vertex counts and average degrees of Table 4
    (Reddit's degree capped, see JSON), 2/4/8/16 ranks, single thread, next to the seed's seconds.
 4. --fullsize: planning time at Table 4's vertex counts *and* average degrees (synthetic graphs, pymetis partitions

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import itertools
 import logging
 from collections import deque
@@ -958,6 +959,18 @@ def collective_backend(device: str) -> str:
     return "nccl" if resolve_device(device).type == "cuda" else "gloo"
 
 
+def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta | None:
+    """The op timeout ``group`` (default: the world, as the launcher set it up) was created with, for groups made
+    from its ranks; None (torch's default) where the backend does not expose it."""
+    pg = dist.GroupMember.WORLD if group is None else group
+    dev = torch.device("cuda" if dist.get_backend(pg) == "nccl" else "cpu")
+    try:
+        timeout = pg._get_backend(dev).options._timeout  # no public getter in torch 2.2 - 2.x
+    except (AttributeError, RuntimeError):
+        return None
+    return timeout if isinstance(timeout, datetime.timedelta) else None
+
+
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where a setup or metric tensor for a collective on ``group`` must live: this rank's CUDA device on nccl,
     else CPU."""
@@ -1161,8 +1174,10 @@ class FullGraphRuntime:
             ranks = (
                 list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
             )
-            # kept at once: a failure later in the constructor destroys it (_release)
-            xgroup = self._xgroup = dist.new_group(ranks)
+            # kept at once: a failure later in the constructor destroys it (_release); it inherits the op timeout
+            # of the runtime's group (the launch's), not torch's 30-minute default: a dead peer fails the exchange
+            # as soon as any other collective
+            xgroup = self._xgroup = dist.new_group(ranks, timeout=group_timeout(group))
         self.exchange = GraphExchange(self.tables, group=xgroup, emulate_bandwidth=cfg.emulate_bandwidth)
         # gloo moves CPU tensors only: with a CUDA device on gloo the exchange stages through host memory
         self._host_exchange = (

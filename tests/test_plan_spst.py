@@ -246,3 +246,78 @@ def test_one_rank_gets_the_empty_plan(method):
     assert plan.num_transfers == 0 and plan.num_stages == 0 and plan.cost == 0.0
     tabs = compile_tables(plan, rel)
     assert tabs[0].num_local == 10 and tabs[0].num_remote == 0 and tabs[0].stages == ()
+
+
+def test_auto_keeps_p2p_when_spst_costs_exactly_as_much():
+    # 4-rank uniform mesh: SPST's 3-stage plan (with relay rows) costs bit-for-bit what P2P's one stage costs
+    rel = _random_relation(n=4000, deg=8, ranks=4, seed=0)
+    lm = LinkModel.from_topology(full_mesh(4, 1e9))
+    spst = build_plan(rel, lm, method="spst")
+    assert spst.cost == spst.info["p2p_cost"] and spst.num_stages > 1  # the tie this test is about
+    auto = build_plan(rel, lm, method="auto")
+    assert auto.method == "p2p" and auto.info["fallback"] is True and auto.num_stages == 1
+    assert auto.digest() == p2p_plan(rel).digest() and auto.cost == spst.cost
+
+
+def test_compile_tables_refuses_local_ids_outside_the_vertex_range():
+    owner = np.array([0, 0, 1, 1])
+    rel = CommRelation.from_edges(np.array([0, 2]), np.array([2, 0]), owner, 2)
+    plan = p2p_plan(rel)
+    # -1 would index owner[-1] (rank 1's vertex 3) and pass the ownership and count checks
+    with pytest.raises(PlanError, match=r"local_ids\[1\] lists vertex -1, outside \[0, 4\)"):
+        compile_tables(plan, rel, [np.array([0, 1]), np.array([2, -1])])
+    with pytest.raises(PlanError, match=r"lists vertex 4, outside"):
+        compile_tables(plan, rel, [np.array([0, 1]), np.array([2, 4])])
+
+
+def test_check_plan_refuses_stages_below_one_and_ragged_arrays():
+    rel = _random_relation(n=300)
+    plan = p2p_plan(rel)
+    Plan = type(plan)
+    st0 = plan.stage.copy()
+    st0[0] = 0  # compile_tables builds stages 1..num_stages: this send would be dropped
+    with pytest.raises(PlanError, match="transfer in stage 0; stages start at 1"):
+        check_plan(Plan(plan.u, st0, plan.src, plan.dst, 8, 0.0, "p2p"), rel)
+    with pytest.raises(PlanError, match="transfer in stage 0"):
+        compile_tables(Plan(plan.u, st0, plan.src, plan.dst, 8, 0.0, "p2p"), rel)
+    with pytest.raises(PlanError, match=r"plan dst has shape \(\d+,\) but u has \d+ transfers"):
+        check_plan(Plan(plan.u, plan.stage, plan.src, plan.dst[:-1], 8, 0.0, "p2p"), rel)
+    lm = LinkModel.from_topology(T.dgx1())
+    with pytest.raises(PlanError, match="stages start at 1"):
+        evaluate(st0, plan.src, plan.dst, lm)
+
+
+def test_spst_relays_around_a_missing_link_and_p2p_refuses_naming_it():
+    bw = np.full((4, 4), 1e9)
+    bw[1, 3] = 0.0  # one direction only: 1 -> 3 has no link, 3 -> 1 has
+    lm = LinkModel.from_topology(mesh_from_matrix(bw))
+    assert lm.hops(1, 3).size == 0 and lm.hops(3, 1).size == 1
+    rel = _random_relation(n=500, deg=4, ranks=4, seed=3)
+    for impl in ("c", "python"):
+        plan = build_plan(rel, lm, method="auto", impl=impl)
+        assert plan.method == "spst" and plan.info["p2p_cost"] == np.inf
+        assert not ((plan.src == 1) & (plan.dst == 3)).any()
+        check_plan(plan, rel)
+        assert plan.cost == evaluate(plan.stage, plan.src, plan.dst, lm)
+    with pytest.raises(PlanError, match=r"needs a link from rank 1 \(host1\) to rank 3 \(host3\)"):
+        build_plan(rel, lm, method="p2p")
+    with pytest.raises(PlanError, match="needs a link from rank 1"):
+        p2p_plan(rel, lm)
+    p2p = p2p_plan(rel)  # without a link model: transfers only; costing them over lm refuses the missing link
+    with pytest.raises(PlanError, match=r"from rank 1 \(host1\) to 3 \(host3\), which have no link"):
+        evaluate(p2p.stage, p2p.src, p2p.dst, lm)
+    with pytest.raises(PlanError, match="no link between ranks 1"):
+        lm.link_class(1, 3)
+
+
+def test_link_class_breakdown_is_per_hop_kind():
+    # one transfer gpu0 -> gpu5 on the DGX-1 crosses PCIe, QPI and PCIe hops (its link class, slowest hop, is qpi):
+    # it counts under both kinds, as a Table-7 "NVLink vs other links" time does
+    lm = LinkModel.from_topology(T.dgx1())
+    assert lm.link_class(0, 5) == "qpi"
+    one = type(p2p_plan(_random_relation(n=10)))(
+        np.array([0]), np.array([1]), np.array([0]), np.array([5]), 8, 0.0, "spst"
+    )
+    got = link_class_breakdown(one, lm)
+    kinds = {lm.hop_kinds[h] for h in lm.hops(0, 5)}
+    assert kinds == {"pcie", "qpi"} and {k for k, v in got.items() if v > 0} == kinds

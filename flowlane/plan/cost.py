@@ -58,15 +58,19 @@ class LinkModel:
         return raw
 
     def link_class(self, a: int, b: int) -> str:
-        """The kind of a link's slowest hop (e.g. "nvlink" vs "pcie"/"qpi"/"eth"), for Table-7-style breakdowns."""
+        """The kind of a link's slowest hop (e.g. "nvlink" vs "pcie"/"qpi"/"eth")."""
         hs = self.hops(a, b)
+        if not hs.size:
+            raise PlanError(f"no link between ranks {a} ({self.devices[a]}) and {b} ({self.devices[b]})")
         return self.hop_kinds[int(hs[np.argmin(self.hop_bw[hs])])]
 
     @classmethod
     def from_topology(
         cls, topo: Topology, devices: Sequence[str] | None = None, num_ranks: int | None = None
     ) -> LinkModel:
-        """Links between ``devices`` (default: the topology's first ``num_ranks`` GPUs/hosts, in order)."""
+        """Links between ``devices`` (default: the topology's first ``num_ranks`` GPUs/hosts, in order). A pair with
+        no route (e.g. a zero in :func:`mesh_from_matrix`) has no logical link: SPST relays around it, peer-to-peer
+        refuses a relation that needs it."""
         if devices is None:
             eps = topo.gpus
             n = len(eps) if num_ranks is None else num_ranks
@@ -88,10 +92,8 @@ class LinkModel:
                     continue
                 try:
                     r = topo.route(devices[a], devices[b])
-                except TopologyError as e:
-                    raise PlanError(
-                        f"no route between ranks {a} ({devices[a]}) and {b} ({devices[b]}): {e}"
-                    ) from e
+                except TopologyError:  # devices were checked above: no path, so no link (all -1)
+                    continue
                 routes[a, b] = r
                 for lk in r.links:
                     hop_index.setdefault((lk.src, lk.dst), len(hop_index))
@@ -143,12 +145,21 @@ def stage_hop_loads(
     lm: LinkModel,
     num_stages: int | None = None,
 ) -> np.ndarray:
-    """``c_h^k``: embeddings crossing hop ``h`` in stage ``k`` (row ``k-1``), shape [stages, H]."""
+    """``c_h^k``: embeddings crossing hop ``h`` in stage ``k`` (row ``k-1``), shape [stages, H]. A transfer in a stage
+    below 1 or between ranks without a link is refused (it would count on the wrong row, or on no hop at all)."""
     s = int(num_stages if num_stages is not None else (plan_stage.max() if plan_stage.size else 0))
     load = np.zeros((max(s, 1), lm.hop_bw.size))
     if plan_stage.size == 0:
         return load
+    if plan_stage.min() < 1:
+        raise PlanError(f"a transfer in stage {int(plan_stage.min())}; stages start at 1")
     hops = lm.link_hops[plan_src, plan_dst]  # [T, maxh]
+    if (hops[:, 0] < 0).any():
+        i = int(np.nonzero(hops[:, 0] < 0)[0][0])
+        a, b = int(plan_src[i]), int(plan_dst[i])
+        raise PlanError(
+            f"a transfer from rank {a} ({lm.devices[a]}) to {b} ({lm.devices[b]}), which have no link"
+        )
     st = np.broadcast_to((plan_stage - 1)[:, None], hops.shape)
     ok = hops >= 0
     np.add.at(load, (st[ok], hops[ok]), 1.0)

@@ -11,8 +11,13 @@ that stage back to the sender, and adds (``index_add_``) what its children retur
 are deeper in the tree, a relay has summed all of its subtree's gradients before it sends one message to its parent
 (digest §5 item 13). On CPU ``index_add_`` is serial and deterministic, so no sub-stage split is needed (item 14).
 
-All bytes go through :mod:`flowlane.comm` (kind ``"graph"``), so they are counted. Works on gloo and NCCL (tensors on
-the device of the input; index tables are moved there once).
+Each stage's receives and sends are posted together as one ``batch_isend_irecv`` on the exchange's ``group``: NCCL
+deadlocks when two ranks exchange through separate, ungrouped send/recv calls (NVIDIA/nccl#479), and the group keeps
+the exchange apart from other traffic (e.g. layer all-reduces on another thread). NCCL also requires the first
+batched call on a group to involve every rank of it, while a stage may involve only some: so the first exchange of a
+:class:`GraphExchange` (forward or backward, the same call on every rank) starts with a one-element all-reduce on the
+group (kind ``"setup"``). All bytes go through :mod:`flowlane.comm` (kind ``"graph"``), so they are counted. Works on
+gloo and NCCL (tensors on the device of the input; index tables are moved there once).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class GraphExchange:
         self.emulate_bandwidth = emulate_bandwidth
         self._idx: dict[torch.device, list[tuple[list, list]]] = {}
         self._bwd_tail: _Background | None = None  # the last deferred backward exchange (GradSlot)
+        self._joined = False  # the group's one-time all-reduce done (NCCL's first-batched-call rule)
 
     @property
     def num_out(self) -> int:
@@ -81,16 +87,12 @@ class GraphExchange:
         self._check(local, t.num_local, "graph_allgather input")
         buf = local.new_zeros((t.num_rows, *local.shape[1:]))
         buf[: t.num_local] = local
+        self._join(buf)
         for sends, recvs in self._stages(local.device):
             if not sends and not recvs:
                 continue
             got = [(ix, buf.new_empty((ix.numel(), *buf.shape[1:]))) for _, ix in recvs]
-            works = [
-                comm.irecv(g, p, kind=self.kind, key=key) for (p, _), (_, g) in zip(recvs, got, strict=True)
-            ]
-            works += [comm.isend(buf.index_select(0, ix), p, kind=self.kind, key=key) for p, ix in sends]
-            for w in works:
-                w.wait()
+            self._exchange([(p, g) for (p, _), (_, g) in zip(recvs, got, strict=True)], sends, buf, key)
             self._emulate(sends, recvs, buf)
             for ix, g in got:
                 buf.index_copy_(0, ix, g)
@@ -101,20 +103,33 @@ class GraphExchange:
         self._check(grad, self.num_out, "graph_allgather gradient")
         buf = grad.new_zeros((t.num_rows, *grad.shape[1:]))
         buf[: self.num_out] = grad
+        self._join(buf)
         for sends, recvs in reversed(self._stages(grad.device)):
             if not sends and not recvs:
                 continue
             got = [(ix, buf.new_empty((ix.numel(), *buf.shape[1:]))) for _, ix in sends]
-            works = [
-                comm.irecv(g, p, kind=self.kind, key=key) for (p, _), (_, g) in zip(sends, got, strict=True)
-            ]
-            works += [comm.isend(buf.index_select(0, ix), p, kind=self.kind, key=key) for p, ix in recvs]
-            for w in works:
-                w.wait()
+            self._exchange([(p, g) for (p, _), (_, g) in zip(sends, got, strict=True)], recvs, buf, key)
             self._emulate(sends, recvs, buf)
             for ix, g in got:
                 buf.index_add_(0, ix, g)
         return buf[: t.num_local].contiguous()
+
+    def _join(self, buf: torch.Tensor) -> None:
+        """Once per exchange, before its first stage: a one-element all-reduce on the group, so that the group's
+        first collective involves all of its ranks (NCCL requires it of the first ``batch_isend_irecv``; a stage may
+        involve only some ranks). Skipped for a plan without stages (then no rank exchanges anything)."""
+        if self._joined or not self.tables.stages:
+            return
+        comm.all_reduce(torch.zeros(1, device=buf.device), group=self.group, kind="setup")
+        self._joined = True
+
+    def _exchange(self, recvs: list, sends: list, buf: torch.Tensor, key: Any) -> None:
+        """One stage: receive into ``recvs`` ``(peer, tensor)`` and send ``buf``'s rows ``sends`` ``(peer, rows)``,
+        posted as one batch on the group (NCCL: one group call), then wait for all of it."""
+        ops = [dist.P2POp(dist.irecv, g, p, group=self.group) for p, g in recvs]
+        ops += [dist.P2POp(dist.isend, buf.index_select(0, ix), p, group=self.group) for p, ix in sends]
+        for w in comm.batch_isend_irecv(ops, kind=self.kind, key=key):
+            w.wait()
 
     def _emulate(self, sends: list, recvs: list, buf: torch.Tensor) -> None:
         if self.emulate_bandwidth is None:

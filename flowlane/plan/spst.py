@@ -10,7 +10,9 @@ evaluated on demand). Choices where the seed is silent (digest §5):
 - item 6: ties broken by the key (cost, hops, uncontended link time, rank, depth), so plans are deterministic and
   short; item 7: loop until every destination is covered (a path may pass through several);
 - item 8: stages are capped at ``max_depth`` (default ``num_ranks - 1``, the paper's bound), optional latency ``alpha``;
-- item 12: ``method="auto"`` also evaluates the peer-to-peer plan under the same model and keeps the cheaper one.
+- item 12: ``method="auto"`` also evaluates the peer-to-peer plan under the same model and keeps the cheaper one;
+  on a tie (equal within float rounding, relative 1e-9) it keeps peer-to-peer: one stage, fewer transfers, no relay
+  rows (a uniform mesh often ties exactly).
 
 Two implementations with identical results: a C kernel (``_spst.c``, compiled on first use with the system C compiler,
 ``-O3`` and no CPU-specific flags, cached in ``~/.cache/flowlane`` under a hash of source + flags, loaded with ctypes;
@@ -36,6 +38,8 @@ from .cost import LinkModel, evaluate, stage_hop_loads
 from .relation import CommRelation, PlanError
 
 METHODS = ("spst", "p2p", "auto")
+#: ``method="auto"``: SPST must be cheaper than P2P by more than this relative margin (float rounding) to be kept
+_TIE_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,12 @@ class Plan:
 
 
 def p2p_plan(rel: CommRelation, lm: LinkModel | None = None) -> Plan:
-    """Peer-to-peer baseline: every (``s_u``, ``d ∈ D_u``) on the direct link in stage 1 (digest §5 item 20)."""
-    u, stage, src, dst = _p2p_arrays(rel, rel.destinations())
+    """Peer-to-peer baseline: every (``s_u``, ``d ∈ D_u``) on the direct link in stage 1 (digest §5 item 20).
+    With ``lm``, a pair that has no link is refused (:class:`PlanError` naming it)."""
+    dest = rel.destinations()
+    u, stage, src, dst = _p2p_arrays(rel, dest)
+    if lm is not None and (pair := _p2p_missing_link(rel, lm, dest)) is not None:
+        raise PlanError(pair)
     cost = evaluate(stage, src, dst, lm) if lm is not None else float("nan")
     return Plan(u, stage, src, dst, rel.num_ranks, cost, "p2p")
 
@@ -83,6 +91,22 @@ def _p2p_arrays(rel: CommRelation, dest) -> tuple[np.ndarray, np.ndarray, np.nda
     u = np.repeat(verts, np.diff(ptr)).astype(np.int64)
     src = np.asarray(rel.owner)[u].astype(np.int32)
     return u, np.ones(u.size, np.int32), src, dests.astype(np.int32)
+
+
+def _p2p_missing_link(rel: CommRelation, lm: LinkModel, dest) -> str | None:
+    """Why peer-to-peer cannot run (an owner and a destination of one of its vertices have no link), or None."""
+    verts, ptr, dests = dest
+    R = rel.num_ranks
+    src = np.repeat(np.asarray(rel.owner)[verts], np.diff(ptr))
+    pairs = np.unique(src * R + dests)
+    miss = pairs[lm.link_hops[pairs // R, pairs % R, 0] < 0]
+    if not miss.size:
+        return None
+    a, b = int(miss[0] // R), int(miss[0] % R)
+    return (
+        f"peer-to-peer needs a link from rank {a} ({lm.devices[a]}) to rank {b} ({lm.devices[b]}), which the "
+        f"topology lacks ({miss.size} such pairs); use method='spst' or 'auto', which relay around it"
+    )
 
 
 def _cost_from_loads(load: np.ndarray, lm: LinkModel, unit_bytes: float, alpha: float) -> float:
@@ -119,7 +143,9 @@ def build_plan(
 ) -> Plan:
     """Plan the embedding exchange of ``rel`` over ``lm``.
 
-    ``method``: "spst", "p2p", or "auto" (SPST, falling back to P2P where P2P is cheaper under the model).
+    ``method``: "spst", "p2p", or "auto" (SPST, falling back to P2P where P2P costs as much or less under the model).
+    A pair of ranks without a link (see :meth:`LinkModel.from_topology`) is relayed around by SPST; "p2p" refuses a
+    relation that needs it, and "auto" then keeps SPST (``info["p2p_cost"]`` is inf).
     ``alpha``/``unit_bytes``: optional per-stage latency (s) and embedding size (bytes) that make costs seconds.
     ``impl``: "c" or "python" (default: C when it builds and there are at most 64 ranks, else Python; env
     ``FLOWLANE_SPST`` overrides). "c" is refused past 64 ranks.
@@ -145,7 +171,13 @@ def build_plan(
             "p2p" if method == "p2p" else "spst",
             {"p2p_cost": 0.0, "seed": seed, "plan_seconds": 0.0, "max_depth": S, "pairs": 0},
         )
-    p2p_cost = _cost_from_loads(_p2p_loads(rel, lm, dest), lm, unit_bytes, alpha)
+    missing = _p2p_missing_link(rel, lm, dest)
+    if missing is not None and method == "p2p":
+        raise PlanError(missing)
+    # a pair without a link: peer-to-peer is impossible (cost inf), so "auto" keeps SPST, which relays around it
+    p2p_cost = (
+        _cost_from_loads(_p2p_loads(rel, lm, dest), lm, unit_bytes, alpha) if missing is None else np.inf
+    )
     if method == "p2p":
         return Plan(
             *_p2p_arrays(rel, dest),
@@ -169,7 +201,8 @@ def build_plan(
         "max_depth": S,
         "pairs": rel.num_pairs,
     }
-    if method == "auto" and p2p_cost < cost:
+    # ties go to P2P (module docstring, item 12)
+    if method == "auto" and p2p_cost <= cost * (1.0 + _TIE_RTOL):
         return Plan(*_p2p_arrays(rel, dest), R, p2p_cost, "p2p", {**info, "fallback": True})
     return Plan(u, st, a, b, R, cost, "spst", {**info, "fallback": False})
 
@@ -393,7 +426,10 @@ def _spst_c(lib, lm: LinkModel, S: int, alpha: float, verts, ptr, dests, srcs, o
 
 
 def link_class_breakdown(plan: Plan, lm: LinkModel, unit_bytes: float = 1.0) -> dict[str, float]:
-    """Per link class (slowest-hop kind): Σ_k max over that class's hops of load/bandwidth (Table 7 analogue)."""
+    """Per physical hop kind ("nvlink", "pcie", "qpi", "eth", ...): Σ_k max over the hops of that kind of
+    load/bandwidth (Table 7 analogue, seed 001 E3: NVLink time vs the other links' time). Grouped by hop, not by
+    logical link: a transfer over a multi-hop route (gpu0 -> gpu5 on a DGX-1: PCIe, QPI, PCIe) counts under each of
+    its hops' kinds; :meth:`LinkModel.link_class` names a route by its slowest hop instead."""
     load = stage_hop_loads(plan.stage, plan.src, plan.dst, lm)
     t = load * (unit_bytes * lm.hop_inv_bw)[None, :]
     kinds = np.array(lm.hop_kinds)

@@ -44,11 +44,19 @@ class RankTables:
 
 
 def check_plan(plan: Plan, rel: CommRelation) -> None:
-    """Every destination receives every needed vertex exactly once; every send's data is already present."""
+    """One (u, stage >= 1, src, dst) per transfer; every destination receives every needed vertex exactly once;
+    every send's data is already present."""
     R = rel.num_ranks
     owner = np.asarray(rel.owner)
     nv = rel.num_vertices
-    if plan.u.size and (plan.u.min() < 0 or plan.u.max() >= nv):
+    n = plan.u.size
+    for name, a in (("stage", plan.stage), ("src", plan.src), ("dst", plan.dst)):
+        if a.shape != (n,):
+            raise PlanError(f"plan {name} has shape {a.shape} but u has {n} transfers (one entry each)")
+    # compile_tables builds stages 1..num_stages: a send in stage 0 would be dropped
+    if n and plan.stage.min() < 1:
+        raise PlanError(f"plan has a transfer in stage {int(plan.stage.min())}; stages start at 1")
+    if n and (plan.u.min() < 0 or plan.u.max() >= nv):
         raise PlanError(f"plan refers to vertex ids outside [0, {nv})")
     for name, a in (("src", plan.src), ("dst", plan.dst)):
         if a.size and (a.min() < 0 or a.max() >= R):
@@ -96,6 +104,9 @@ def compile_tables(
     out = []
     for r in range(R):
         loc = np.asarray(local_ids[r], np.int64)
+        if loc.size and (loc.min() < 0 or loc.max() >= owner.size):  # a negative id would index from the end
+            bad = int(loc[(loc < 0) | (loc >= owner.size)][0])
+            raise PlanError(f"local_ids[{r}] lists vertex {bad}, outside [0, {owner.size})")
         if loc.size and not (owner[loc] == r).all():
             raise PlanError(
                 f"local_ids[{r}] lists vertex {int(loc[owner[loc] != r][0])} not owned by rank {r}"

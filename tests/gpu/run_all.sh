@@ -40,7 +40,8 @@ python3 -c 'import deepspeed as d; print("deepspeed", d.__version__)' 2>&1 | tai
 
 # check name, seconds allowed
 CHECKS=("megatron_ddp_nccl 150" "deepspeed_zero3_nccl 100" "offload_bench 185" "megatron_offload_bench 170" "offload_bench_expandable 150" "direct_gather 100" "hector_ops 100"
-        "recipe_torchrun_nccl 150" "syndicate_nccl 90" "megatron_dp_nccl 200" "megatron_dp_pp_nccl 260")
+        "recipe_torchrun_nccl 150" "syndicate_nccl 90" "megatron_dp_nccl 200" "megatron_dp_pp_nccl 260"
+        "graph_exchange_nccl 120")
 failed=()
 want=("$@")  # named checks run in the order given (most wanted first), else all in CHECKS order
 if [ ${#want[@]} -eq 0 ]; then for entry in "${CHECKS[@]}"; do want+=("${entry%% *}"); done; fi
