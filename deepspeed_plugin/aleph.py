@@ -49,7 +49,7 @@ from deepspeed_plugin.comm import (
 )
 from deepspeed_plugin.config import DEEPSPEED_VERSIONS, validate_flowlane_section
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
-from flowlane.aleph.config import PROBE_BYTES
+from flowlane.aleph.config import PLANNER_FIELDS, PROBE_BYTES
 from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
 from flowlane.patching import Patch, undo_all
 from flowlane.versions import check_version_range
@@ -159,10 +159,11 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
             "flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
             "M-WCHA) or 'clusters' (an explicit plan)"
         )
-    if cfg.ps_gbps is not None and "clusters" in own:
+    if "clusters" in own and (idle := sorted(k for k in PLANNER_FIELDS if k in section)):
         raise ValueError(
-            f"flowlane.aleph: ps_gbps={cfg.ps_gbps!r} re-plans from 'bandwidth_gbps' (digest §5.1 #12), but the plan "
-            "here is explicit ('clusters'): give 'bandwidth_gbps' or remove 'ps_gbps'"
+            f"flowlane.aleph: {idle} set M-WCHA's planning (ps_gbps: its PS check, digest §5.1 #12) from "
+            "'bandwidth_gbps', but the plan here is explicit ('clusters'): they would have no effect; give "
+            "'bandwidth_gbps' or remove them"
         )
     if not cfg.replan_every:
         idle = sorted(k for k in REPLAN_KEYS if k in section)

@@ -30,6 +30,7 @@ Megatron-LM: ``--aleph --aleph-bandwidth-gbps 30,20,20,10`` (or ``--aleph-cluste
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ import torch.distributed as dist
 
 from flowlane import configs
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
-from flowlane.aleph.config import PROBE_BYTES
+from flowlane.aleph.config import PLANNER_FIELDS, PROBE_BYTES
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from megatron_plugin.undo import Patch, check_all, undo_all
 
@@ -107,11 +108,17 @@ class AlephMegatronConfig:
                 f"aleph cpu_per_member={self.cpu_per_member!r} (--aleph-cpu-per-member): the plugin has no per-rank "
                 "CPU figures for it to limit capacity with; only 0 is allowed"
             )
-        if self.ps_gbps and not (self.bandwidth_gbps or self.expert_bandwidth_gbps):
-            raise ValueError(
-                f"aleph ps_gbps={self.ps_gbps!r} (--aleph-ps-gbps) re-plans from bandwidth figures, but every plan "
-                "here is explicit (clusters): give bandwidth_gbps or leave ps_gbps at 0"
-            )
+        if not (self.bandwidth_gbps or self.expert_bandwidth_gbps):  # every plan explicit: nothing is planned
+            idle = [
+                f"{f.name}={getattr(self, f.name)!r} (--aleph-{f.name.replace('_', '-')})"
+                for f in dataclasses.fields(self)
+                if f.name in PLANNER_FIELDS and getattr(self, f.name) != f.default
+            ]
+            if idle:
+                raise ValueError(
+                    f"aleph {', '.join(idle)}: M-WCHA's settings act only on a plan made from bandwidth figures, "
+                    "but every plan here is explicit (clusters): give bandwidth_gbps or leave them at their defaults"
+                )
         self._parse("")  # validates the numbers
         self._parse("expert_")
         if (self.ps or self.split or self.ps_bandwidths_gbps) and self.top != "ps":

@@ -66,7 +66,10 @@ def test_aleph_section_is_parsed_strictly():
         {"flowlane": {"aleph": {"bandwidth_gbps": [30, 20, 20, 10, 10, 10, 10, 10], "ps_gbps": 20}}}
     )
     assert cfg.ps_gbps == 20
-    with pytest.raises(
-        ValueError, match=r"ps_gbps=5 re-plans from 'bandwidth_gbps'.*explicit \('clusters'\)"
-    ):
+    with pytest.raises(ValueError, match=r"\['ps_gbps'\] set M-WCHA's planning.*explicit \('clusters'\)"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0, 1]], "ps_gbps": 5}}})
+    # so are the planner's other settings: nothing is planned from a given plan
+    with pytest.raises(ValueError, match=r"\['b_gbps', 'seed', 'variant'\] .*no effect"):
+        parse_section(
+            {"flowlane": {"aleph": {"clusters": [[0, 1]], "seed": 3, "variant": "paper", "b_gbps": 1}}}
+        )

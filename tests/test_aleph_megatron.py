@@ -120,8 +120,15 @@ def test_aleph_flags_parse_and_bad_values_are_named() -> None:
     cfg = config_from_args(parser.parse_args([*testbed, "--aleph-ps-gbps", "1e-6"]))
     assert cfg is not None and cfg.plan(8).num_flows == 1
     assert config_from_args(parser.parse_args(testbed)).plan(8).num_flows == 4  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match=r"ps_gbps=5.0 \(--aleph-ps-gbps\) re-plans from bandwidth figures"):
+    with pytest.raises(ValueError, match=r"ps_gbps=5.0 \(--aleph-ps-gbps\): M-WCHA's settings act only on"):
         AlephMegatronConfig(clusters="0,1;2", ps_gbps=5.0)
+    with pytest.raises(
+        ValueError, match=r"seed=3 \(--aleph-seed\), max_empty_rounds=1 .*explicit \(clusters\)"
+    ):
+        AlephMegatronConfig(clusters="0,1;2", seed=3, max_empty_rounds=1)
+    AlephMegatronConfig(
+        clusters="0,1;2", expert_bandwidth_gbps="10,20", seed=3
+    )  # the experts' plan is planned
     with pytest.raises(ValueError, match="aleph variant='x'"):
         AlephMegatronConfig(clusters="0", variant="x")  # type: ignore[arg-type]
     args = parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--coflow-scheduler", "hermod"])

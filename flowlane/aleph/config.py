@@ -8,6 +8,8 @@ from typing import Any, Literal
 VARIANTS = ("paper", "fill")
 TOP_MODES = ("allreduce", "ps")
 PROBE_BYTES = 1 << 22  # one timed transfer of the bandwidth probe (4 MiB), every caller's default
+#: the settings of M-WCHA and its PS check: they act only on a plan made from bandwidth figures, never on given clusters
+PLANNER_FIELDS = ("variant", "seed", "b_gbps", "max_empty_rounds", "ps_gbps")
 
 
 @dataclass(frozen=True)
