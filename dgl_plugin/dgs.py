@@ -468,11 +468,12 @@ class DGSRuntime:
         return self.pull(input_nodes, self.dims if self.cfg.feature_sampling else None)
 
     def apply_masks(self, halo_ids: np.ndarray, sn: torch.Tensor, sf: torch.Tensor, version: int) -> None:
-        """A new explanation (Alg. 1 l. 26): the column list from 𝒮ℱ, and 𝒮𝒩 (+ floor) to the own server."""
+        """A new explanation (Alg. 1 l. 26): the column list from 𝒮ℱ, and 𝒮𝒩 (through ``sn_transform``, + floor) to
+        the own server."""
         if self.cfg.feature_sampling:
             self.dims = torch.from_numpy(top_columns(sf.numpy(), self.cfg.n_f))
         if self.cfg.node_sampling and len(halo_ids):
-            w = torch.from_numpy(node_probabilities(sn.numpy(), self.cfg.prob_floor))
+            w = torch.from_numpy(node_probabilities(sn.numpy(), self.cfg.prob_floor, self.cfg.sn_transform))
             gids = torch.from_numpy(np.asarray(halo_ids, dtype=np.int64))
             remote_call([(self.part_id, NodeWeightRequest(gids, w))], self.peer_timeout_s, "DGS node weights")
             self.ledger.add("prob_update", gids.numel() * 8 + w.numel() * w.element_size())

@@ -128,7 +128,19 @@ def explainer_main(spec: ExplainerSpec, sh: dict, lock, parent: int) -> None:
             sh["stats"][0] = time.process_time() - cpu0
             sh["stats"][1] = ex.fidelity
             sh["stats"][2] = _rss_bytes()
+            spread = ex.sn_spread()  # can the node weights matter? (A6 #8; a flat mask picks as uniform does)
+            sh["stats"][3:6] = torch.tensor(
+                [spread["min"], spread["max"], spread["rel_spread"]], dtype=torch.float64
+            )
     sh["stats"][0] = time.process_time() - cpu0
+
+
+SN_STATS = ("last_sn_min", "last_sn_max", "last_sn_rel_spread")
+
+
+def _number(x: torch.Tensor) -> float | None:
+    v = float(x)
+    return v if v == v else None  # nan (no remote nodes) -> None: summaries stay plain JSON
 
 
 def _rss_bytes() -> float:
@@ -143,6 +155,19 @@ class ExplainerError(RuntimeError):
     """The explainer process died or did not stop in time."""
 
 
+def shared_state(spec: ExplainerSpec, x_all: torch.Tensor, model: torch.nn.Module) -> dict:
+    """The tensors trainer and explainer share: input rows, model snapshot, masks, control counters, stats (cpu s,
+    fidelity, rss, and the last node mask's min, max and relative spread)."""
+    return {
+        "x": x_all.float().contiguous().share_memory_(),
+        "params": _flat(model).clone().share_memory_(),
+        "sn": torch.zeros(x_all.shape[0] - spec.n_inner).share_memory_(),
+        "sf": torch.zeros(x_all.shape[1]).share_memory_(),
+        "ctl": torch.zeros(6, dtype=torch.int64).share_memory_(),
+        "stats": torch.zeros(6, dtype=torch.float64).share_memory_(),
+    }
+
+
 class ExplainerHandle:
     """Trainer side of one explainer process (spawned, CPU)."""
 
@@ -151,15 +176,7 @@ class ExplainerHandle:
 
         self.cfg = spec.cfg
         ctx = mp.get_context("spawn")
-        flat = _flat(model)
-        self.sh = {
-            "x": x_all.float().contiguous().share_memory_(),
-            "params": flat.clone().share_memory_(),
-            "sn": torch.zeros(x_all.shape[0] - spec.n_inner).share_memory_(),
-            "sf": torch.zeros(x_all.shape[1]).share_memory_(),
-            "ctl": torch.zeros(6, dtype=torch.int64).share_memory_(),
-            "stats": torch.zeros(3, dtype=torch.float64).share_memory_(),
-        }
+        self.sh = shared_state(spec, x_all, model)
         self.lock = ctx.Lock()
         self.proc = ctx.Process(
             target=explainer_main,
@@ -222,6 +239,9 @@ class ExplainerHandle:
             "explainer_cpu_s": float(st[0]),
             "last_fidelity": float(st[1]),
             "explainer_rss_bytes": float(st[2]),
+            # the last explanation's node mask: min, max and (max - min) / mean (None before the first one, or
+            # without remote nodes)
+            **{k: _number(st[i]) if int(ctl[CTL_EXPLAINED]) else None for i, k in enumerate(SN_STATS, 3)},
         }
 
     def stop(self) -> dict:

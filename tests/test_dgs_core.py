@@ -7,11 +7,13 @@ import torch
 from flowlane.dgs import (
     ByteLedger,
     DGSConfig,
+    labor_inclusion,
     node_probabilities,
     pick,
     pooled_target,
     pull_bytes,
     quota_split,
+    shared_uniform,
     star_edges,
     top_columns,
     train_masks,
@@ -75,6 +77,84 @@ def test_labor_inclusion_matches_its_probability_and_shares_decisions_across_see
     assert abs(keep[:, :6].sum(1).mean() - 3.0) < 0.1  # expected count = the quota
 
 
+def test_labor_solves_the_scale_so_clipped_candidates_keep_the_expected_count_at_the_quota():
+    # LABOR: π_t = min(1, c_s · w_t) with Σ π_t = q. The old rule c_s = q / Σ w lost the excess of the 5 heavy
+    # candidates clipped at 1: 7.71 picks on average instead of 10 (the fanout was not kept)
+    w = np.array([0.95] * 5 + [0.05] * 35)
+    group, quota = np.zeros(40, np.int64), np.array([10])
+    pi = labor_inclusion(group, w, quota)
+    assert (pi[:5] == 1.0).all() and np.allclose(pi[5:], 5 / 35) and abs(pi.sum() - 10) < 1e-12
+    # several groups at once, random weights (some zero, some heavy), every group's sum is its quota exactly
+    rng = np.random.default_rng(3)
+    group = np.repeat(np.arange(6), [12, 30, 7, 1, 25, 9])
+    w = rng.pareto(0.8, group.size) * (rng.random(group.size) > 0.1)
+    quota = np.array([3, 10, 7, 0, 12, 4])
+    pi = labor_inclusion(group, w, quota)
+    assert ((pi >= 0) & (pi <= 1)).all() and (pi[w == 0] == 0).all()
+    npos = np.bincount(group, weights=w > 0)
+    assert np.allclose(np.bincount(group, weights=pi), np.minimum(quota, npos), atol=1e-9)
+    # the sampler draws that many: 4000 mini-batch keys (deterministic: hashed variates), 40 remote candidates
+    offsets, nbr, local = np.array([0, 40]), np.arange(100, 140), np.zeros(40, bool)
+    w = np.array([0.95] * 5 + [0.05] * 35)
+    counts = [int(pick(offsets, nbr, local, w, 10, 0.0, rng, "labor", k).sum()) for k in range(4000)]
+    assert abs(np.mean(counts) - 10) < 0.15  # sd of the mean ~0.033; before the fix 7.71
+
+
+def test_labor_with_equal_weights_is_labor_zero_itself():
+    # equal weights: c_s = q / d, every candidate kept iff r_t <= q / d (LABOR-0), local side and remote side alike
+    offsets = np.array([0, 8, 20])
+    nbr = np.arange(20) * 7 + 3
+    local = np.arange(20) % 3 == 0
+    w = np.ones(20)
+    seg = np.repeat([0, 1], [8, 12])
+    q_loc, q_rmt = quota_split(np.bincount(seg, weights=local), np.bincount(seg, weights=~local), 5, 0.0)
+    quota = np.stack([q_loc, q_rmt], 1).reshape(-1)
+    group = seg * 2 + ~local
+    size = np.bincount(group, minlength=4)
+    assert (labor_inclusion(group, w, quota) == (quota / size)[group]).all()
+    for key in range(50):
+        keep = pick(offsets, nbr, local, w, 5, 0.0, np.random.default_rng(0), "labor", key)
+        assert (keep == (shared_uniform(nbr, key) <= (quota / size)[group])).all()
+
+
+def test_minmax_transform_lets_a_nearly_flat_node_mask_rank_the_picks():
+    # the explainer's node mask can come out nearly flat (measured 0.0076-0.0079 over 600 remote nodes): as σ(M)
+    # weights it picks as uniform weights do; "minmax" (A6 #8) rescales it to [0, 1] and the ranking drives the picks
+    n, fanout, draws = 40, 10, 3000
+    sn = np.random.default_rng(7).permutation(np.linspace(0.0076, 0.0079, n))
+    offsets, nbr, local = np.array([0, n]), np.arange(n), np.zeros(n, bool)
+    rank = np.argsort(np.argsort(sn))
+
+    def freq(w, base="uniform"):
+        rng = np.random.default_rng(1)
+        keep = [pick(offsets, nbr, local, w, fanout, 0.0, rng, base, k) for k in range(draws)]
+        return np.mean(keep, axis=0), keep
+
+    f_uni, k_uni = freq(np.ones(n))
+    f_sig, k_sig = freq(node_probabilities(sn))
+    f_mm, k_mm = freq(node_probabilities(sn, transform="minmax"))
+    # σ weights: the same picks as equal weights in most draws (same random numbers)
+    assert sum((a == b).all() for a, b in zip(k_uni, k_sig, strict=True)) > 0.9 * draws
+    assert np.abs(f_sig - fanout / n).max() < 0.05
+    # minmax: other picks, and the frequency follows the mask's ranking
+    assert sum((a != b).any() for a, b in zip(k_uni, k_mm, strict=True)) > 0.9 * draws
+    assert np.corrcoef(rank, f_mm)[0, 1] > 0.9
+    top, bottom = f_mm[rank >= n - 10].mean(), f_mm[rank < 10].mean()
+    assert top > 0.35 and bottom < 0.1  # equal weights: 0.25 each
+    # LABOR on minmax weights: the same ranking, and the expected count is still the quota
+    f_lab, k_lab = freq(node_probabilities(sn, transform="minmax"), "labor")
+    assert np.corrcoef(rank, f_lab)[0, 1] > 0.9 and abs(np.sum(k_lab, axis=1).mean() - fanout) < 0.2
+
+
+def test_node_probability_transforms():
+    sn = np.array([0.2, 0.4, 0.3])
+    assert node_probabilities(sn, 0.0).tolist() == sn.tolist()
+    assert np.allclose(node_probabilities(sn, 1e-6, "minmax"), [1e-6, 1 + 1e-6, 0.5 + 1e-6])
+    assert node_probabilities(np.full(3, 0.3), 0.0, "minmax").tolist() == [1.0, 1.0, 1.0]  # nothing to rank
+    with pytest.raises(ValueError, match="transform='softmax'"):
+        node_probabilities(sn, 1e-6, "softmax")
+
+
 def test_top_columns_keeps_the_ceiling_fraction_with_largest_importance():
     sf = np.array([0.1, 0.9, 0.5, 0.9, 0.2, 0.7])
     assert top_columns(sf, 0.5).tolist() == [1, 3, 5]
@@ -113,6 +193,7 @@ def test_config_rejects_unknown_keys_and_bad_values_by_name():
         ("t_ex", 0),
         ("t_ex", 2.5),
         ("base_sampler", "ladies"),
+        ("sn_transform", "softmax"),
         ("node_sampling", "yes"),
         ("prob_floor", 0),
         ("explainer_min_epochs", 51),
@@ -151,5 +232,11 @@ def test_mask_training_ranks_the_informative_remote_node_and_feature_first():
     assert ex.sn.shape == (R,) and ex.sf.shape == (f,)
     assert ex.sn[0] > 0.9 and (ex.sn[1:] < 0.1).all()  # remote node 1 (edge 0) kept, the others dropped
     assert ex.sf[0] > 0.9 and (ex.sf[1:] < 0.1).all()  # feature 0 is the informative dimension
+    spread = ex.sn_spread()
+    assert (
+        spread["min"] == float(ex.sn.min())
+        and spread["max"] == float(ex.sn.max())
+        and spread["rel_spread"] > 1
+    )
     early = train_masks(forward, x, target, R, epochs=200, min_epochs=5, lr=0.05, loss_threshold=10.0)
     assert early.early_stop and early.epochs == 6  # the threshold applies after min_epochs

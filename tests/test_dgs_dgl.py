@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -15,7 +16,16 @@ pytestmark = pytest.mark.gnn
 pytest.importorskip("dgl")
 torch = pytest.importorskip("torch")
 
-from dgl_plugin.dgs_explainer import ExplainerError, ExplainerHandle, ExplainerSpec  # noqa: E402
+from dgl_plugin.dgs_explainer import (  # noqa: E402
+    CTL_MASK,
+    CTL_MODEL,
+    CTL_STOP,
+    ExplainerError,
+    ExplainerHandle,
+    ExplainerSpec,
+    explainer_main,
+    shared_state,
+)
 from dgl_plugin.dgs_train import partition_redundant, run_cluster  # noqa: E402
 from dgl_plugin.models import build_model  # noqa: E402
 from flowlane.dgs import DGSConfig  # noqa: E402
@@ -98,6 +108,31 @@ def test_a_dead_explainer_is_an_error_in_the_trainer_never_a_hang():
         h.wait()
     with pytest.raises(ExplainerError, match="exited with code"):
         h.stop()
+
+
+def test_the_explainer_reports_the_spread_of_its_last_node_mask():
+    # whether 𝒮𝒩 can steer the picks at all: min, max and (max - min) / mean of the last node mask, in the stats
+    # that reach the run's summary (A6 #8). The explainer's loop runs in a thread here (no process start).
+    cfg = DGSConfig(explainer_epochs=3, explainer_min_epochs=0, explainer_threads=torch.get_num_threads())
+    spec, x, model = _tiny_spec(cfg)
+    h = object.__new__(ExplainerHandle)  # the trainer side's view of the same shared tensors
+    h.sh, h.published = shared_state(spec, x, model), 1
+    assert h.stats()["last_sn_rel_spread"] is None  # no explanation yet
+    h.sh["ctl"][CTL_MODEL] = 1
+    t = threading.Thread(
+        target=explainer_main, args=(spec, h.sh, threading.Lock(), os.getppid()), daemon=True
+    )
+    t.start()
+    deadline = time.monotonic() + 120
+    while int(h.sh["ctl"][CTL_MASK]) < 1 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    h.sh["ctl"][CTL_STOP] = 1
+    t.join(120)
+    assert not t.is_alive() and int(h.sh["ctl"][CTL_MASK]) == 1
+    st, sn = h.stats(), h.sh["sn"].double()
+    assert st["explanations"] == 1 and sn.numel() == 10
+    assert (st["last_sn_min"], st["last_sn_max"]) == (float(sn.min()), float(sn.max()))
+    assert st["last_sn_rel_spread"] == pytest.approx(float((sn.max() - sn.min()) / sn.mean()), rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,9 @@ The DistDGL parts (services, sampler, explainer process) are in ``dgl_plugin.dgs
 from flowlane.dgs.config import DGSConfig
 from flowlane.dgs.explain import Explanation, pooled_target, star_edges, train_masks
 from flowlane.dgs.sampling import (
+    SN_TRANSFORMS,
     ByteLedger,
+    labor_inclusion,
     node_probabilities,
     pick,
     pull_bytes,
@@ -39,9 +41,11 @@ from flowlane.dgs.sampling import (
 )
 
 __all__ = [
+    "SN_TRANSFORMS",
     "ByteLedger",
     "DGSConfig",
     "Explanation",
+    "labor_inclusion",
     "node_probabilities",
     "pick",
     "pooled_target",

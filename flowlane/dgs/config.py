@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from flowlane.dgs.sampling import SN_TRANSFORMS
+
 SAMPLERS = ("uniform", "labor")
 
 
@@ -27,9 +29,15 @@ class DGSConfig:
     """Iterations between model snapshots to the explainer (seed default 30)."""
     base_sampler: Literal["uniform", "labor"] = "uniform"
     """How picks are drawn inside each quota: weighted without replacement (uniform when no masks yet), or LABOR-0's
-    shared per-vertex variates (Balin & Catalyurek, NeurIPS'23), which DistGraph lacks in DGL 2.1."""
+    shared per-vertex variates (Balin & Catalyurek, NeurIPS'23), which DistGraph lacks in DGL 2.1, with LABOR's scale
+    solved so the expected count is the quota (:func:`flowlane.dgs.labor_inclusion`)."""
     prob_floor: float = 1e-6
     """Added to every node probability so a near-zero mask never starves a node (A6 #8)."""
+    sn_transform: Literal["sigmoid", "minmax"] = "sigmoid"
+    """Node mask to sampling weight (A6 #8, "option for temperature or normalisation"): ``sigmoid`` is the mask value
+    σ(M) itself (the seed's); ``minmax`` rescales each explanation's 𝒮𝒩 to [0, 1] by its min and max, so the ranking
+    drives the picks even when the mask values sit close together (the explainer's spread is in its stats,
+    ``last_sn_rel_spread``). ``minmax`` gives the least important remote node only ``prob_floor``."""
     explainer_epochs: int = 50
     """Most mask-training epochs per explanation (seed 𝒯_E = 50)."""
     explainer_min_epochs: int = 25
@@ -100,6 +108,8 @@ class DGSConfig:
             )
         if self.base_sampler not in SAMPLERS:
             bad("base_sampler", self.base_sampler, f"choose one of {list(SAMPLERS)}")
+        if self.sn_transform not in SN_TRANSFORMS:
+            bad("sn_transform", self.sn_transform, f"choose one of {list(SN_TRANSFORMS)}")
         if not 0.0 < self.prob_floor < 1.0:
             bad("prob_floor", self.prob_floor, "must be in (0, 1)")
         for name in ("explainer_lr", "explainer_timeout_s"):

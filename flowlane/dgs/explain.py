@@ -50,6 +50,17 @@ class Explanation:
     fidelity: float
     early_stop: bool
 
+    def sn_spread(self) -> dict[str, float]:
+        """How far apart the node-mask values are: ``min``, ``max`` and ``rel_spread = (max - min) / mean``. The
+        node-mask regularisers (α1 Σσ(M), α2 H(σ(M))) pull every edge's mask alike, and with the soft target the
+        fidelity term is small from the start (A6 #7), so the masks can shrink together: measured 0.0076-0.0079
+        (3.6 %) on a trained 2-layer SAGE with 600 remote nodes. With ``sn_transform="sigmoid"`` such a mask gives
+        the same picks as uniform weights; ``"minmax"`` keeps its ranking (digest A6 #8)."""
+        if self.sn.numel() == 0:
+            return {"min": float("nan"), "max": float("nan"), "rel_spread": float("nan")}
+        lo, hi, mean = float(self.sn.min()), float(self.sn.max()), float(self.sn.double().mean())
+        return {"min": lo, "max": hi, "rel_spread": (hi - lo) / mean if mean > 0 else float("nan")}
+
 
 def _entropy(m: torch.Tensor) -> torch.Tensor:
     return -(m * torch.log(m + 1e-15) + (1 - m) * torch.log(1 - m + 1e-15))

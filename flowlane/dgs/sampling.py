@@ -16,14 +16,48 @@ import numpy as np
 _U64 = np.uint64
 
 
-def node_probabilities(sn: np.ndarray, floor: float = 1e-6) -> np.ndarray:
-    """A6 #8: a node-mask value in [0, 1] (σ of the mask parameter) plus a floor, so no node is starved."""
+SN_TRANSFORMS = ("sigmoid", "minmax")
+
+
+def node_probabilities(sn: np.ndarray, floor: float = 1e-6, transform: str = "sigmoid") -> np.ndarray:
+    """A6 #8: node-mask values 𝒮𝒩 in [0, 1] (σ of the mask parameters) to sampling weights, plus a floor so no node
+    is starved. ``transform="sigmoid"``: the mask value itself (the seed's σ(M)). ``"minmax"`` (A6 #8's "option for
+    normalisation"): ``(𝒮𝒩 - min) / (max - min)`` over the explanation, so a mask whose values all sit close together
+    (the regularisers shrink every node's mask alike; measured spreads of a few per cent) still ranks the picks;
+    all-equal values give equal weights."""
     sn = np.asarray(sn, dtype=np.float64)
+    if transform not in SN_TRANSFORMS:
+        raise ValueError(f"transform={transform!r}: choose one of {list(SN_TRANSFORMS)}")
     if sn.size and (not np.isfinite(sn).all() or sn.min() < 0 or sn.max() > 1):
         raise ValueError(
             f"node mask values must be finite and in [0, 1]; got min={sn.min()!r} max={sn.max()!r}"
         )
+    if transform == "minmax" and sn.size:
+        lo, span = sn.min(), sn.max() - sn.min()
+        sn = (sn - lo) / span if span > 0 else np.ones_like(sn)
     return sn + floor
+
+
+def labor_inclusion(group: np.ndarray, weight: np.ndarray, quota: np.ndarray) -> np.ndarray:
+    """LABOR's inclusion probability of each candidate, ``π_t = min(1, c_s · w_t)``, with ``c_s`` per group
+    (frontier node and side) solved so that ``Σ_t π_t`` is the group's quota (Balin & Catalyurek, NeurIPS'23):
+    water-filling, exact: candidates with ``c_s · w_t >= 1`` are fixed at 1 and ``c_s`` is solved again over the
+    rest, until none is added (``c_s`` only grows, so at most one round per candidate). Without this a heavy
+    candidate clipped at 1 loses the excess and the group falls short of its quota. Zero-weight candidates get 0, so
+    a group with fewer positive weights than its quota takes all of them."""
+    group = np.asarray(group, dtype=np.int64)
+    weight = np.asarray(weight, dtype=np.float64)
+    quota = np.asarray(quota, dtype=np.float64)
+    pos = weight > 0
+    sat = np.zeros(weight.size, dtype=bool)
+    while True:
+        q_rest = quota - np.bincount(group, weights=sat, minlength=quota.size)
+        w_rest = np.bincount(group, weights=np.where(sat, 0.0, weight), minlength=quota.size)
+        c = np.where(w_rest > 0, np.maximum(q_rest, 0.0) / np.maximum(w_rest, 1e-300), 0.0)
+        new = pos & ~sat & (c[group] * weight >= 1.0)
+        if not new.any():
+            return np.where(sat, 1.0, np.minimum(1.0, c[group] * weight))
+        sat |= new
 
 
 def quota_split(
@@ -80,8 +114,9 @@ def pick(
 
     Quotas come from :func:`quota_split`. ``base="uniform"``: inside each quota, weighted sampling without replacement
     (Efraimidis-Spirakis keys ``log(u) / w``: one pick has probability ∝ w, as DGL's ``sample_neighbors(prob=)``).
-    ``base="labor"``: LABOR-0 inside each quota: candidate ``t`` is kept iff ``r_t <= min(1, q · w_t / Σ w)``, so the
-    expected count is the quota and seeds sharing a neighbour share its decision.
+    ``base="labor"``: LABOR-0 inside each quota: candidate ``t`` is kept iff ``r_t <= π_t = min(1, c_s · w_t)`` with
+    ``c_s`` solved so that ``Σ π_t`` is the quota (:func:`labor_inclusion`), so the expected count is the quota (the
+    total stays the fanout in expectation) and seeds sharing a neighbour share its decision.
     """
     offsets = np.asarray(offsets, dtype=np.int64)
     local = np.asarray(local, dtype=bool)
@@ -103,10 +138,9 @@ def pick(
     group = seg * 2 + (~local)  # (frontier node, side)
     quota = np.stack([q_loc, q_rmt], axis=1).reshape(-1)
     if base == "labor":
-        wsum = np.bincount(group, weights=weight, minlength=quota.size)
         size = np.bincount(group, minlength=quota.size)
         full = quota >= size  # take the whole side
-        pi = np.minimum(1.0, quota[group] * weight / np.maximum(wsum[group], 1e-300))
+        pi = labor_inclusion(group, weight, quota)
         return full[group] | (shared_uniform(nbr, labor_key) <= pi)
     u = rng.random(n_cand)
     key = np.where(weight > 0, np.log(np.maximum(u, 1e-300)) / np.maximum(weight, 1e-300), -np.inf)
