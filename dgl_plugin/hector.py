@@ -24,11 +24,13 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 
 import dgl
 import torch
 import torch.nn.functional as F
 from dgl.nn import GATConv, HeteroGraphConv, HGTConv, RelGraphConv
+from dgl.nn.pytorch.hetero import _agg_func, _sum_reduce_func
 from torch import Tensor, nn
 
 from flowlane.hector import (
@@ -39,6 +41,7 @@ from flowlane.hector import (
     edge_softmax,
     fold_attention,
     gather_dot,
+    gather_rows,
     materialize,
     plan_fold,
     plan_side,
@@ -156,12 +159,17 @@ class _LayoutCache:
         return self._layout
 
 
+def _eye(n: int, like: Tensor) -> Tensor:
+    """Identity in ``like``'s dtype and device: ``torch.eye`` has no bf16 CPU kernel in torch 2.2.1 (gnn lane)."""
+    return torch.diag_embed(like.new_ones(n))
+
+
 def _typed_weight(linear: nn.Module) -> Tensor:
     """(types, in, out) weights of a ``dgl.nn.TypedLinear``; ``bdd`` blocks become block-diagonal matrices."""
     if linear.regularizer == "bdd":
         t, b = linear.num_types, linear.num_bases
         w = linear.W.view(t, b, linear.submat_in, linear.submat_out)
-        eye = torch.eye(b, dtype=w.dtype, device=w.device)
+        eye = _eye(b, w)
         return torch.einsum("tbio,bc->tbico", w, eye).reshape(t, linear.in_size, linear.out_size)
     return linear.get_weight()
 
@@ -200,6 +208,10 @@ class HectorRelGraphConv(RelGraphConv):
                     f"norm must hold one value per edge ({g.num_edges()}), got shape {tuple(norm.shape)}"
                 )
             norm = norm.reshape(-1)
+            # DGL multiplies each message by its norm before the sum, which promotes (bf16 messages x an fp32 norm
+            # sum and return fp32): the same here, rather than rounding the norm to the messages' dtype
+            dt = torch.promote_types(msg.dtype, norm.dtype)
+            msg, norm = msg.to(dt), norm.to(dt)
         h = lay.aggregator(msg, norm)
         if self.layer_norm:
             h = self.layer_norm_weight(h)
@@ -247,12 +259,13 @@ class HectorHGTConv(HGTConv):
                 dr = lay.dst_rows
                 qw = materialize(q[:, i], w_att.transpose(1, 2), dr, cfg.gemm)
                 a = gather_dot(k[:, i], lay.src, qw, dr.edge_row)
-            scores.append(a * self.relation_pri[i][lay.etype] / self.sqrt_d)
+            # gather_rows: the relation's gradient sums over all its edges, in fp32 for bf16/fp16
+            scores.append(a * gather_rows(self.relation_pri[i], lay.etype) / self.sqrt_d)
             msgs.append(materialize(v[:, i], _typed_weight(self.relation_msg[i]), rows, cfg.gemm))
         att = edge_softmax(torch.stack(scores, 1), lay.dst, lay.num_dst)
         h = lay.aggregator(torch.stack(msgs, 1), att).view(-1, H * D)
         h = self.drop(_node_typed_linear(self.linear_a, h, dstntype, presorted, cfg.gemm))
-        alpha = torch.sigmoid(self.skip[dstntype]).unsqueeze(-1)
+        alpha = torch.sigmoid(gather_rows(self.skip, dstntype)).unsqueeze(-1)
         if x_dst.shape != h.shape:
             h = h * alpha + (x_dst @ self.residual_w) * (1 - alpha)
         else:
@@ -270,8 +283,7 @@ def _head_dot_weight(attn: Tensor) -> Tensor:
     """(types, heads, D) attention vectors as (types, heads*D, heads) matrices: ``y @ M[t]`` is the per-head dot
     product of a (heads*D) row with ``attn[t]`` (block-diagonal: head h reads only its own D columns)."""
     t, h, d = attn.shape
-    eye = torch.eye(h, dtype=attn.dtype, device=attn.device)
-    return torch.einsum("thd,hk->thdk", attn, eye).reshape(t, h * d, h)
+    return torch.einsum("thd,hk->thdk", attn, _eye(h, attn)).reshape(t, h * d, h)
 
 
 class HectorRGAT(nn.Module):
@@ -280,7 +292,10 @@ class HectorRGAT(nn.Module):
     over all its in-edges (``softmax="node"``, thesis Listing 3.1), messages ``h_u W_r`` summed over relations.
 
     Parameters: ``W`` (relations, in, heads*out), ``attn_l``/``attn_r`` (relations, heads, out), ``bias``
-    (relations, heads*out; a relation's bias is added when it has edges, as ``HeteroGraphConv`` skips empty ones).
+    (relations, heads*out). Every relation's bias is added to every destination node, with or without edges of that
+    relation: ``HeteroGraphConv`` calls the ``GATConv`` of every relation its heterograph holds
+    (:func:`to_relation_graph` builds all of them, and a sampled block keeps them), and a ``GATConv`` allowed zero
+    in-degrees (``HeteroGraphConv`` sets that) returns 0 + its bias for a node without in-edges.
     ``forward(g, feat, etypes)`` returns (dst nodes, heads, out).
     """
 
@@ -323,22 +338,55 @@ class HectorRGAT(nn.Module):
         self._layouts = _LayoutCache()
         self.last_plan: dict = {}
 
+    @staticmethod
+    def _dgl_relations(conv: HeteroGraphConv, rel_names: list[str]) -> list[GATConv]:
+        """The ``GATConv`` of each relation name, after checking what every later read relies on (refused by name)."""
+        if not isinstance(conv, HeteroGraphConv):
+            raise ValueError(
+                f"HectorRGAT loads a dgl.nn.HeteroGraphConv of GATConv, got {type(conv).__name__}"
+            )
+        if not isinstance(rel_names, (list, tuple)) or not rel_names:
+            raise ValueError(f"rel_names must be a non-empty list of relation names, got {rel_names!r}")
+        missing = [n for n in rel_names if n not in conv.mods]
+        extra = sorted(set(conv.mods) - set(rel_names))
+        if missing or extra:
+            raise ValueError(
+                f"rel_names must name every relation of the HeteroGraphConv once: missing from the module "
+                f"{missing}, in the module but not named {extra}; its relations are {sorted(conv.mods)}"
+            )
+        agg = conv.agg_fn
+        if not (
+            isinstance(agg, partial) and agg.func is _agg_func and agg.keywords.get("fn") is _sum_reduce_func
+        ):
+            raise ValueError(
+                f"HectorRGAT sums the relations (HeteroGraphConv aggregate='sum'); this module aggregates with "
+                f"{getattr(getattr(agg, 'keywords', {}).get('fn', agg), '__name__', agg)}: build it with "
+                f"aggregate='sum'"
+            )
+        mods = []
+        for name in rel_names:
+            mod = conv.mods[name]
+            if not isinstance(mod, GATConv):
+                raise ValueError(f"relation {name!r}: expected a dgl.nn.GATConv, got {type(mod).__name__}")
+            if not hasattr(mod, "fc"):
+                raise ValueError(
+                    f"relation {name!r}: GATConv settings ['fc_src/fc_dst'] differ from what HectorRGAT computes "
+                    f"(one fc shared by sources and destinations: build GATConv with an int in_feats)"
+                )
+            mods.append(mod)
+        return mods
+
     @torch.no_grad()
     def load_dgl(self, conv: HeteroGraphConv, rel_names: list[str]) -> HectorRGAT:
         """Copy the weights of ``HeteroGraphConv({rel_names[r]: GATConv})``; relation r is ``rel_names[r]``."""
-        if not isinstance(conv, HeteroGraphConv) or len(rel_names) != self.num_rels:
-            raise ValueError(
-                f"load_dgl needs a dgl.nn.HeteroGraphConv and {self.num_rels} relation names, got "
-                f"{type(conv).__name__} and {len(rel_names)} names"
-            )
-        for r, name in enumerate(rel_names):
-            mod = conv.mods[name] if name in conv.mods else None  # noqa: SIM401 - ModuleDict has no get
-            if not isinstance(mod, GATConv):
-                raise ValueError(f"relation {name!r}: expected a dgl.nn.GATConv, got {type(mod).__name__}")
+        mods = self._dgl_relations(conv, rel_names)
+        if len(rel_names) != self.num_rels:
+            raise ValueError(f"load_dgl needs {self.num_rels} relation names, got {len(rel_names)}")
+        for r, (name, mod) in enumerate(zip(rel_names, mods, strict=True)):
             bad = [
                 k
                 for k, ok in (
-                    ("fc_src/fc_dst", hasattr(mod, "fc")),
+                    ("in_feats", mod.fc.in_features == self.in_feats),
                     ("residual", mod.res_fc is None),
                     ("activation", mod.activation is None),
                     ("feat_drop", mod.feat_drop.p == 0),
@@ -353,7 +401,7 @@ class HectorRGAT(nn.Module):
             if bad:
                 raise ValueError(
                     f"relation {name!r}: GATConv settings {bad} differ from what HectorRGAT computes "
-                    f"(one fc, no residual, activation or dropout; same heads/out/slope/bias)"
+                    f"(one fc, no residual, activation or dropout; same in/heads/out/slope/bias)"
                 )
             self.W[r].copy_(mod.fc.weight.t())
             self.attn_l[r].copy_(mod.attn_l[0])
@@ -371,7 +419,7 @@ class HectorRGAT(nn.Module):
         hector: HectorConfig | None = None,
     ) -> HectorRGAT:
         """A HectorRGAT holding the weights of ``HeteroGraphConv({name: GATConv})`` (``aggregate="sum"``)."""
-        first = conv.mods[rel_names[0]]
+        first = cls._dgl_relations(conv, rel_names)[0]
         layer = cls(
             first.fc.in_features,
             first._out_feats,
@@ -407,8 +455,9 @@ class HectorRGAT(nn.Module):
                 drows.ptr,
                 cfg.gemm,
             )
+        # rows -> edges with fp32 gradient sums in bf16/fp16 (a hub row feeds thousands of edges; gather_rows)
         e = F.leaky_relu(
-            el.index_select(0, rows.edge_row) + er.index_select(0, drows.edge_row), self.negative_slope
+            gather_rows(el, rows.edge_row) + gather_rows(er, drows.edge_row), self.negative_slope
         )
         if self.softmax == "relation":
             grp = lay.groups
@@ -416,9 +465,8 @@ class HectorRGAT(nn.Module):
         else:
             a = edge_softmax(e, lay.dst, lay.num_dst)
         out = lay.aggregator(msg.view(-1, H, D), a)
-        if self.bias is not None:
-            present = (rows.ptr[1:] > rows.ptr[:-1]).to(self.bias.device)
-            out = out + self.bias[present].sum(0).view(H, D)
+        if self.bias is not None:  # every relation's GATConv adds its bias to every node (class docstring)
+            out = out + self.bias.sum(0).view(H, D)
         return out
 
 
@@ -432,9 +480,10 @@ SWAPS = {RelGraphConv: HectorRelGraphConv, HGTConv: HectorHGTConv}
 def install_hector(model: nn.Module, config: HectorConfig | dict | None = None) -> dict[str, str]:
     """Replace every ``dgl.nn.RelGraphConv`` / ``dgl.nn.HGTConv`` in ``model`` by its Hector version, in place.
 
-    The new modules share the old ones' parameters and buffers (an optimizer built before keeps working). Returns
-    ``{module name: new class}``. With ``config.enabled`` False nothing changes; with True a model holding neither
-    module is refused (Hector would silently not apply). RGAT has no DGL module of the same call signature
+    The new modules share the old ones' parameters and buffers (an optimizer built before keeps working); a module
+    held at several places (``nn.ModuleList([conv] * 3)``) is replaced by one new module at all of them. Returns
+    ``{module name: new class}`` with every place named. With ``config.enabled`` False nothing changes; with True a
+    model holding neither module is refused (Hector would silently not apply). RGAT has no DGL module of the same call signature
     (``HeteroGraphConv`` of ``GATConv`` takes a heterograph): build :meth:`HectorRGAT.from_dgl` explicitly.
     """
     cfg = config if isinstance(config, HectorConfig) else HectorConfig.from_dict(config)
@@ -442,14 +491,19 @@ def install_hector(model: nn.Module, config: HectorConfig | dict | None = None) 
         return {}
     check_version_range("dgl", DGL_RANGE, "install_hector")
     swapped: dict[str, str] = {}
-    for name, mod in list(model.named_modules()):
+    # remove_duplicate=False: a module held twice (nn.ModuleList([conv] * 3)) is listed at each place, and every
+    # place gets the same new module (id(old) -> new), so the layers stay shared
+    new_of: dict[int, nn.Module] = {}
+    for name, mod in list(model.named_modules(remove_duplicate=False)):
         new_cls = SWAPS.get(type(mod))
         if new_cls is None:
             continue
-        new = new_cls.__new__(new_cls)
-        new.__dict__.update(mod.__dict__)
-        new.hector = cfg
-        new._layouts = _LayoutCache()
+        new = new_of.get(id(mod))
+        if new is None:
+            new = new_of[id(mod)] = new_cls.__new__(new_cls)
+            new.__dict__.update(mod.__dict__)
+            new.hector = cfg
+            new._layouts = _LayoutCache()
         if name:
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

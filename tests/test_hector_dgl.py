@@ -23,6 +23,7 @@ from dgl_plugin.hector import (  # noqa: E402
     to_relation_graph,
 )
 from flowlane.hector import typed_graph  # noqa: E402
+from tests.hector_probes import LowPrecisionSums  # noqa: E402
 
 F64 = torch.float64
 N, E, R, NT = 80, 900, 5, 3
@@ -141,16 +142,32 @@ def _stacked_dgl_grads(conv, names, grads):
     ]
 
 
-@pytest.mark.parametrize("reorder", ["never", "always", "auto"])
-def test_rgat_equals_dgl_heterographconv_of_gatconv_forward_and_backward(graph, reorder):
-    g, gd = graph
-    torch.manual_seed(0)
+def _rgat_reference_with_random_biases(seed=0):
+    """DGL's relational GAT in float64 with non-zero biases (GATConv initialises them to 0, which hides bias bugs)."""
+    torch.manual_seed(seed)
     conv, names = hetero_rgat_reference(12, 4, 2, R)
     conv = conv.double()
-    hg = to_relation_graph(gd["src"], gd["dst"], gd["etype"], N, R)
+    with torch.no_grad():
+        for n in names:
+            conv.mods[n].bias.normal_()
+    return conv, names
+
+
+@pytest.mark.parametrize("reorder", ["never", "always", "auto"])
+@pytest.mark.parametrize("empty", [None, 2], ids=["all-relations", "relation-2-empty"])
+def test_rgat_equals_dgl_heterographconv_of_gatconv_forward_and_backward(graph, reorder, empty):
+    g, gd = graph
+    et = gd["etype"].clone()
+    if (
+        empty is not None
+    ):  # a relation without edges, as sampled blocks often have: DGL still adds its GATConv's bias
+        et[et == empty] = (empty + 1) % R
+    conv, names = _rgat_reference_with_random_biases()
+    hg = to_relation_graph(gd["src"], gd["dst"], et, N, R)
+    assert empty is None or hg.num_edges(names[empty]) == 0
     hec = HectorRGAT.from_dgl(conv, names, hector=HectorConfig(reorder=reorder))
     x, x2 = _x(), _x()
-    out_ref, out_hec = conv(hg, {"n": x})["n"], hec(g, x2, gd["etype"])
+    out_ref, out_hec = conv(hg, {"n": x})["n"], hec(g, x2, et)
     _close(out_hec, out_ref)
     ref_params = list(conv.parameters())
     gr = _grads(out_ref, [x, *ref_params])
@@ -195,7 +212,7 @@ def test_install_hector_swaps_dgl_modules_in_place_sharing_parameters(graph):
     before = net(g, x)
     swapped = install_hector(net, {"gemm": "loop"})
     assert swapped == {"rgcn": "HectorRelGraphConv", "hgt": "HectorHGTConv"}
-    assert isinstance(net.rgcn, HectorRelGraphConv) and isinstance(net.hgt, dgl.nn.HGTConv)
+    assert type(net.rgcn) is HectorRelGraphConv and type(net.hgt) is HectorHGTConv
     # an optimizer built before still applies
     assert all(a is b for a, b in zip(params, net.parameters(), strict=True))
     _close(net(g, x), before)
@@ -227,6 +244,138 @@ def test_layers_refuse_bad_edge_types_and_mismatched_dgl_modules(graph):
         HectorRGAT.from_dgl(conv, names)
     with pytest.raises(ValueError, match="num_heads=0 must be an int >= 1"):
         HectorRGAT(12, 4, 0, R)
+
+
+def test_rgat_from_dgl_refuses_modules_it_cannot_load_by_name_before_reading_them():
+    # separate source/destination fc (GATConv with a pair of in_feats): was an AttributeError on .fc
+    conv = dgl.nn.HeteroGraphConv({f"r{i}": dgl.nn.GATConv((12, 6), 4, 2) for i in range(R)}, aggregate="sum")
+    with pytest.raises(ValueError, match=r"relation 'r0': GATConv settings \['fc_src/fc_dst'\]"):
+        HectorRGAT.from_dgl(conv, [f"r{i}" for i in range(R)])
+    conv, names = hetero_rgat_reference(12, 4, 2, R)
+    # a relation name the module lacks: was a bare KeyError
+    with pytest.raises(ValueError, match=r"missing from the module \['cites'\].*not named \['r0'\]"):
+        HectorRGAT.from_dgl(conv, ["cites", *names[1:]])
+    with pytest.raises(ValueError, match="HectorRGAT loads a dgl.nn.HeteroGraphConv of GATConv, got GATConv"):
+        HectorRGAT.from_dgl(conv.mods["r0"], names)
+    # HectorRGAT sums the relations; DGL's mean (or max, stack, ...) would give other outputs
+    mean = dgl.nn.HeteroGraphConv({n: conv.mods[n] for n in names}, aggregate="mean")
+    with pytest.raises(
+        ValueError, match=r"sums the relations \(HeteroGraphConv aggregate='sum'\).*_mean_reduce"
+    ):
+        HectorRGAT.from_dgl(mean, names)
+    with pytest.raises(ValueError, match=r"GATConv settings \['in_feats'\]"):
+        HectorRGAT(10, 4, 2, R).load_dgl(conv, names)
+
+
+def test_rgcn_low_precision_with_an_fp32_norm_promotes_as_dgl_does(graph):
+    """DGL multiplies bf16 messages by an fp32 norm before the sum and returns fp32; Hector crashed in index_add_."""
+    g, gd = graph
+    torch.manual_seed(0)
+    ref = dgl.nn.RelGraphConv(12, 6, R)
+    norm = torch.rand(E, 1, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(N, 12, generator=torch.Generator().manual_seed(0))
+    for dt in (torch.bfloat16, torch.float16):
+        hec = HectorRelGraphConv(12, 6, R)
+        hec.load_state_dict(ref.state_dict())
+        hec = hec.to(dt)
+        xh = x.to(dt).requires_grad_()
+        out = hec(g, xh, gd["etype"], norm)
+        assert out.dtype == torch.float32
+        if dt == torch.bfloat16:  # DGL has no fp16 kernels on the CPU
+            ref_dt = dgl.nn.RelGraphConv(12, 6, R)
+            ref_dt.load_state_dict(ref.state_dict())
+            ref_dt = ref_dt.to(dt)
+            want = ref_dt(g, x.to(dt), gd["etype"], norm)
+            assert want.dtype == torch.float32
+        else:
+            want = ref(g, x, gd["etype"], norm)
+        torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+        out.square().sum().backward()
+        assert xh.grad.dtype == dt and bool(xh.grad.isfinite().all())
+
+
+@pytest.mark.parametrize("layer", ["rgcn-bdd", "rgat", "hgt"])
+def test_layers_run_in_bf16_on_the_cpu_close_to_float32(graph, layer):
+    """torch 2.2.1 has no bf16 torch.eye on the CPU: RGAT's head-dot weights and the bdd blocks built one."""
+    g, gd = graph
+    torch.manual_seed(0)
+    if layer == "rgcn-bdd":
+        mk = lambda: HectorRelGraphConv(12, 6, R, regularizer="bdd", num_bases=2)  # noqa: E731
+        call = lambda m, x: m(g, x, gd["etype"])  # noqa: E731
+    elif layer == "rgat":
+        mk = lambda: HectorRGAT(12, 4, 2, R, hector=HectorConfig(reorder="never"))  # noqa: E731
+        call = lambda m, x: m(g, x, gd["etype"])  # noqa: E731
+    else:
+        mk = lambda: HectorHGTConv(12, 4, 2, NT, R, dropout=0.0)  # noqa: E731
+        call = lambda m, x: m(g, x, gd["ntype"], gd["etype"])  # noqa: E731
+    ref, low = mk(), mk()
+    if layer == "rgat":
+        with torch.no_grad():
+            ref.bias.normal_()
+    low.load_state_dict(ref.state_dict())
+    low = low.bfloat16()
+    x = torch.randn(N, 12, generator=torch.Generator().manual_seed(0))
+    xr, xl = x.clone().requires_grad_(), x.bfloat16().requires_grad_()
+    out_r, out_l = call(ref, xr), call(low, xl)
+    assert out_l.dtype == torch.bfloat16
+    scale = out_r.abs().max().item()
+    assert (out_l.float() - out_r).abs().max().item() <= 3e-2 * scale
+    gy = torch.randn(out_r.shape, generator=torch.Generator().manual_seed(1))
+    out_r.backward(gy)
+    out_l.backward(gy.bfloat16())
+    assert (xl.grad.float() - xr.grad).abs().max().item() <= 3e-2 * xr.grad.abs().max().item()
+
+
+@pytest.mark.parametrize("layer", ["rgcn-vanilla", "rgcn-compact-norm", "rgat", "hgt"])
+def test_layers_sum_in_fp32_in_bf16_forward_and_backward(graph, layer):
+    """Every sum of several terms (a hub row's edges, a relation's edges) runs in fp32 (tests/hector_probes.py)."""
+    g, gd = graph
+    norm = None
+    if layer.startswith("rgcn"):
+        mat = layer.split("-")[1]
+        m = HectorRelGraphConv(12, 6, R, hector=HectorConfig(materialization=mat))
+        if layer.endswith("norm"):
+            norm = torch.rand(E, 1, generator=torch.Generator().manual_seed(3)).bfloat16()
+        call = lambda m, x: m(g, x, gd["etype"], norm)  # noqa: E731
+    elif layer == "rgat":
+        m = HectorRGAT(12, 4, 2, R, hector=HectorConfig(reorder="never"))
+        call = lambda m, x: m(g, x, gd["etype"])  # noqa: E731
+    else:
+        m = HectorHGTConv(12, 4, 2, NT, R, dropout=0.0)
+        call = lambda m, x: m(g, x, gd["ntype"], gd["etype"])  # noqa: E731
+    m = m.bfloat16()
+    x = torch.randn(N, 12, generator=torch.Generator().manual_seed(0)).bfloat16().requires_grad_()
+    call(m, x)  # graph layout built outside the probe
+    with LowPrecisionSums() as probe:
+        call(m, x).float().square().sum().backward()
+    assert probe.found == []
+
+
+def test_install_hector_replaces_a_module_held_at_several_places_everywhere(graph):
+    g, gd = graph
+    conv = dgl.nn.RelGraphConv(12, 12, R)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(
+                [conv] * 3
+            )  # one module, three references (weights shared across layers)
+            self.first = conv
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(g, x, gd["etype"]).tanh()
+            return x
+
+    net = Net().double()
+    x = _x()
+    before = net(x)
+    swapped = install_hector(net, {"gemm": "loop"})
+    assert swapped == {n: "HectorRelGraphConv" for n in ("layers.0", "layers.1", "layers.2", "first")}
+    assert type(net.layers[0]) is HectorRelGraphConv
+    assert all(m is net.layers[0] for m in (*net.layers, net.first))  # still one module, so still shared
+    _close(net(x), before)
 
 
 def test_auto_materialization_uses_compact_rows_only_up_to_the_configured_ratio(graph):

@@ -30,6 +30,7 @@ from flowlane.hector import (
     typed_linear,
     vanilla_rows,
 )
+from tests.hector_probes import LowPrecisionSums
 
 F64 = torch.float64
 
@@ -298,17 +299,55 @@ def test_typed_graph_is_seeded_skewed_and_validated():
 
 
 def test_gather_rows_sums_a_hub_rows_edge_gradients_in_fp32_for_bf16():
-    """A compact row feeds every edge of its (source, type) pair: 4,096 edges of one hub row in bf16."""
-    y = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
+    """A compact row feeds every edge of its (source, type) pair: 4,096 edges of one hub row in bf16.
+
+    Constructed so that summing in bf16 provably loses it: 4,096 gradients of 1.0 (bf16 has 8 significant bits, so a
+    running bf16 sum stops at 256, where 256 + 1 rounds back to 256). gather_rows must give 4,096 exactly. torch's own
+    CPU index_add happens to sum bf16 accurately, so this cannot tell it from gather_rows on the CPU; the sum in bf16
+    is CUDA's problem (tests/gpu/hector_ops.py asserts the same case on the GPU, and the probe below checks the dtype
+    every sum runs in)."""
     index = torch.tensor([0] * 4096 + [1, 2, 2])
-    g = torch.randn(index.numel(), 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ones = torch.ones(index.numel(), 8, dtype=torch.bfloat16)
+    running = torch.zeros((), dtype=torch.bfloat16)
+    for _ in range(4096):  # what a bf16 accumulator holds after each term
+        running = running + torch.ones((), dtype=torch.bfloat16)
+    assert running.item() == 256.0  # the case discriminates
+    y = torch.randn(3, 8, dtype=torch.bfloat16, requires_grad=True)
     out = gather_rows(y, index)
     assert torch.equal(out, y.detach().index_select(0, index))
-    out.backward(g)
-    want = torch.zeros(3, 8).index_add_(0, index, g.float())
-    assert torch.equal(y.grad, want.to(torch.bfloat16))  # one rounding, at the end
-    y2 = y.detach().clone().requires_grad_()
-    y2.index_select(0, index).backward(g)  # torch's own bf16 index_add rounds on the way
-    assert (y2.grad.float() - want).abs().max() >= (y.grad.float() - want).abs().max()
+    with LowPrecisionSums() as probe:
+        out.backward(ones)
+    assert probe.found == []
+    assert y.grad[0].eq(4096).all() and y.grad[1].eq(1).all() and y.grad[2].eq(2).all()
+    # random gradients: one rounding of the fp32 sum, at the end
+    y.grad = None
+    g = torch.randn(index.numel(), 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    gather_rows(y, index).backward(g)
+    assert torch.equal(y.grad, torch.zeros(3, 8).index_add_(0, index, g.float()).to(torch.bfloat16))
     with pytest.raises(ValueError, match=r"index holds 3, outside the allowed range \[0, 3\)"):
         gather_rows(y, torch.tensor([3]))
+
+
+def test_bf16_ops_sum_in_fp32_and_take_values_of_another_dtype():
+    """The layers' bf16 path: vanilla rows (one per edge: a hub source's gradient sums thousands), the aggregation
+    (gather + index_add: its backward sums every edge of a compact row), gather_dot and edge_softmax."""
+    g = _graph()
+    rows_v = vanilla_rows(g["src"], g["etype"], 60, 5)
+    rows_c = compact_rows(g["src"], g["etype"], 60, 5)
+    x = torch.randn(60, 8, generator=torch.Generator().manual_seed(0)).bfloat16().requires_grad_()
+    w = torch.randn(5, 8, 6, generator=torch.Generator().manual_seed(1)).bfloat16().requires_grad_()
+    v = torch.rand(700, generator=torch.Generator().manual_seed(2))  # float32 values, bf16 rows
+    agg = EdgeAggregator(g["dst"], rows_c.edge_row, 60, rows_c.num_rows)
+    with LowPrecisionSums() as probe:
+        mv = materialize(x, w, rows_v, gemm="loop")
+        mc = materialize(x, w, rows_c, gemm="loop")
+        out = agg(mc, v)
+        s = gather_dot(mc, rows_c.edge_row, x[:, :6], g["dst"])
+        a = edge_softmax(s, g["dst"], 60)
+        (out.float().square().sum() + mv.float().sum() + a.float().square().sum()).backward()
+    assert probe.found == []
+    assert out.dtype == torch.bfloat16 and a.dtype == torch.bfloat16
+    # values of another dtype are cast to the rows' dtype, as the CSR path does (crashed in index_add_)
+    assert torch.equal(out, agg(mc, v.bfloat16()))
+    ref = EdgeAggregator(g["dst"], rows_c.edge_row, 60, rows_c.num_rows)(mc.detach().double(), v.double())
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())

@@ -16,7 +16,9 @@ GEMMS: tuple[str, ...] = ("auto", "grouped_mm", "loop")
 
 @dataclass
 class HectorConfig:
-    """One config for the Hector ops and the DGL layers built on them; every field is a key of a ``hector`` group."""
+    """One config for the Hector ops and the DGL layers built on them. Its fields are the keys of the plain mapping
+    that :func:`dgl_plugin.hector.install_hector` and :meth:`from_dict` take; no recipe group holds them (the recipe
+    validator knows no ``hector`` group), so a job passes them in its own code."""
 
     enabled: bool = True
     """Swap Hector layers in for DGL's modules at install (:func:`dgl_plugin.hector.install_hector`). With True, a
@@ -34,8 +36,8 @@ class HectorConfig:
     counting multiply-adds (the thesis assumes reordering always pays; digest §4.6)."""
     gemm: Gemm = "auto"
     """Segment GEMM over type-sorted rows: ``grouped_mm`` (``torch._grouped_mm``: one call for all types; it needs
-    16-byte-aligned feature sizes and bf16 on CUDA, float32/bf16/fp16 on the CPU), ``loop`` (one matmul per type), ``auto`` (grouped_mm on CUDA where
-    the torch has it and the operands qualify, else loop)."""
+    16-byte-aligned feature sizes and bf16 on CUDA, float32/bf16/fp16 on the CPU), ``loop`` (one matmul per type),
+    ``auto`` (grouped_mm on CUDA where the torch has it and the operands qualify, else loop)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -52,7 +54,7 @@ class HectorConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> HectorConfig:
-        """Build from a plain mapping (a Hydra group); unknown keys are an error naming them and the allowed ones."""
+        """Build from a plain mapping; unknown keys are an error naming them and the allowed ones."""
         d = dict(d or {})
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(d) - set(known))

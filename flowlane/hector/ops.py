@@ -9,7 +9,10 @@ Contracts (choices where the thesis is silent, digest §4.6):
 * Materialization (Fig. 3.7): a :class:`RowIndex` says which rows an edgewise operator computes and which row each
   edge reads. ``vanilla`` has one row per edge (in edge-type order), ``compact`` one per unique (source, edge type)
   pair (``unique_row_idx`` / ``unique_etype_ptr``). The backward of the gather from rows to edges is a scatter-add
-  (``index_select``'s own backward, or the transposed sparse product in :class:`EdgeAggregator`).
+  (:func:`gather_rows`, or the transposed sparse product in :class:`EdgeAggregator`).
+* fp16/bf16: every sum of many terms runs in fp32 and is rounded once (the gathers' scatter-adds, the bf16
+  aggregation, :func:`gather_dot`'s backward, :func:`edge_softmax`): a hub row feeds thousands of edges, and CUDA's
+  bf16 ``index_add`` over them put dx 0.16-0.22 from an fp32 reference on an H200 (results/hector/README.md).
 * Aggregation of edge messages into destination nodes ``out[v] = sum_e a[e] * Y[row[e]]`` is a sparse-times-dense
   product (the traversal template with partial aggregation, §3.3.4), so no (#edges, hidden) message tensor is built.
 """
@@ -280,10 +283,18 @@ def materialize(x: Tensor, weight: Tensor, rows: RowIndex, gemm: str = "auto") -
             f"weight must be (types={rows.ptr.numel() - 1}, in, out), got "
             f"{tuple(getattr(weight, 'shape', ()))}"
         )
-    return segment_mm(x.index_select(0, rows.node), weight, rows.ptr, gemm)
+    # as gather_rows: with vanilla rows a hub source feeds thousands of rows, whose gradients sum in fp32 (bf16/fp16)
+    return segment_mm(_GatherRows.apply(x, rows.node), weight, rows.ptr, gemm)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype of long sums: fp32 for fp16/bf16 (a bf16 sum of thousands of terms loses the gradient)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 class _GatherRows(torch.autograd.Function):
+    """``y.index_select(0, index)`` (which bounds-checks ``index``) whose backward sums in fp32 for fp16/bf16."""
+
     @staticmethod
     def forward(ctx, y: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(index)
@@ -293,7 +304,7 @@ class _GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         (index,) = ctx.saved_tensors
-        acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+        acc = _acc_dtype(grad.dtype)
         out = torch.zeros((ctx.num_rows, *grad.shape[1:]), dtype=acc, device=grad.device)
         return out.index_add_(0, index, grad.to(acc)).to(grad.dtype), None
 
@@ -322,12 +333,15 @@ def _gather_dot_chunked(a: Tensor, ia: Tensor, b: Tensor, ib: Tensor) -> Tensor:
     return out
 
 
-def _gather_scale_add(out: Tensor, io: Tensor, g: Tensor, b: Tensor, ib: Tensor) -> Tensor:
-    """out[io[e]] += g[e] * b[ib[e]], in edge chunks."""
+def _gather_scale_add(like: Tensor, io: Tensor, g: Tensor, b: Tensor, ib: Tensor) -> Tensor:
+    """zeros_like(like) with out[io[e]] += g[e] * b[ib[e]], in edge chunks, summed in fp32 for fp16/bf16 (a hub row
+    gathers the terms of all its edges)."""
+    acc = _acc_dtype(like.dtype)
+    out = torch.zeros(like.shape, dtype=acc, device=like.device)
     for s in range(0, io.numel(), EDGE_CHUNK):
         e = slice(s, s + EDGE_CHUNK)
-        out.index_add_(0, io[e], g[e].unsqueeze(-1) * b.index_select(0, ib[e]))
-    return out
+        out.index_add_(0, io[e], (g[e].unsqueeze(-1) * b.index_select(0, ib[e])).to(acc))
+    return out.to(like.dtype)
 
 
 class _GatherDot(torch.autograd.Function):
@@ -339,8 +353,8 @@ class _GatherDot(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
         a, ia, b, ib = ctx.saved_tensors
-        ga = _gather_scale_add(torch.zeros_like(a), ia, g, b, ib) if ctx.needs_input_grad[0] else None
-        gb = _gather_scale_add(torch.zeros_like(b), ib, g, a, ia) if ctx.needs_input_grad[2] else None
+        ga = _gather_scale_add(a, ia, g, b, ib) if ctx.needs_input_grad[0] else None
+        gb = _gather_scale_add(b, ib, g, a, ia) if ctx.needs_input_grad[2] else None
         return ga, None, gb, None
 
 
@@ -444,12 +458,16 @@ class EdgeAggregator:
                 )
             if y.dim() > 2:
                 values = values.reshape(want)
-        # no sparse CSR product for this dtype: gather + index_add
+        # no sparse CSR product for this dtype (bf16/fp16): gather + index_add, both summed in fp32 (gather_rows in
+        # the backward: a compact row feeds every edge of its (source, type) pair, thousands for a hub); values are
+        # cast to y's dtype as the CSR path does, so the result has y's dtype
         if y.dtype not in (torch.float32, torch.float64):
-            m = y.index_select(0, self.col)
+            m = _GatherRows.apply(y, self.col)  # col checked at construction
             if values is not None:
-                m = m * values.reshape(values.shape + (1,) * (m.dim() - values.dim()))
-            return y.new_zeros((self.num_dst,) + tuple(y.shape[1:])).index_add_(0, self.dst, m)
+                m = m * values.to(y.dtype).reshape(values.shape + (1,) * (m.dim() - values.dim()))
+            acc = _acc_dtype(y.dtype)
+            out = torch.zeros((self.num_dst,) + tuple(y.shape[1:]), dtype=acc, device=y.device)
+            return out.index_add_(0, self.dst, m.to(acc)).to(y.dtype)
         return _SpMM.apply(self, values, y)
 
 
@@ -459,6 +477,8 @@ def edge_softmax(scores: Tensor, group: Tensor, num_groups: int) -> Tensor:
     _check_index("group", group, num_groups)
     if scores.shape[0] != group.numel():
         raise ValueError(f"scores has {scores.shape[0]} rows for {group.numel()} edges")
+    if (acc := _acc_dtype(scores.dtype)) != scores.dtype:  # the group sums (a hub's in-edges) in fp32
+        return edge_softmax(scores.to(acc), group, num_groups).to(scores.dtype)
     idx = group.to(torch.int64).view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
     shape = (num_groups,) + tuple(scores.shape[1:])
     # the max only shifts for stability; softmax's value and gradient do not depend on it
