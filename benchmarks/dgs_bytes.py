@@ -18,7 +18,9 @@ Per epoch = mean over the epochs after the first (the first runs the conventiona
 The explainer runs ``synchronous`` here (each snapshot's masks are applied before the next step), so the bytes do
 not depend on how busy the host is; ``dgs_async`` (sensitivity suite) is the seed's asynchronous mode.
 
-Run: .venv-gnn/bin/python benchmarks/dgs_bytes.py [--suite table|sens] [--nodes 4000] [--parts 3] [--only uniform,dgs]
+``sn`` suite: the node mask's weight transform, ``sigmoid`` against ``minmax`` at ε = 0 and 0.1.
+
+Run: .venv-gnn/bin/python benchmarks/dgs_bytes.py [--suite table|sens|sn] [--nodes 4000] [--parts 3] [--only uniform,dgs]
 [--name table_3parts] -> results/dgs/<name or suite>.json/.png (root: every DistDGL server gets a private /dev/shm).
 """
 
@@ -61,6 +63,22 @@ def sens_runs(t_ex: int) -> list[dict]:
     runs += [{"name": f"t_ex={v}", "dgs": dict(base, t_ex=v), "dgs_on": True} for v in (3 * t_ex,)]
     runs += [{"name": "dgs_async", "dgs": {"t_ex": t_ex, "explainer_timeout_s": 1800.0}, "dgs_on": True}]
     return runs
+
+
+def sn_runs(t_ex: int) -> list[dict]:
+    """The node mask's weights alone (ε = 0: no quota shift) and with DGS's default ε = 0.1, under each
+    ``sn_transform``: ``sigmoid`` (the seed's σ(M)) and ``minmax`` (digest A6 #8's normalisation)."""
+    base = {"t_ex": t_ex, "synchronous": True, "explainer_timeout_s": 1800.0}
+    runs = [{"name": "uniform", "dgs": {}, "dgs_on": False}]
+    for eps in (0.0, 0.1):
+        for tr in ("sigmoid", "minmax"):
+            runs.append(
+                {"name": f"eps={eps},{tr}", "dgs": dict(base, epsilon=eps, sn_transform=tr), "dgs_on": True}
+            )
+    return runs
+
+
+SUITES = {"table": table_runs, "sens": sens_runs, "sn": sn_runs}
 
 
 def summarise(name: str, ranks: list[dict]) -> dict:
@@ -132,7 +150,7 @@ def main() -> None:
     from flowlane.testing.provenance import provenance
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", choices=["table", "sens"], default="table")
+    ap.add_argument("--suite", choices=sorted(SUITES), default="table")
     add_session_args(ap, t_ex=5, workdir="/tmp/flowlane_dgs_bench", timeout_s=5400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated run names to keep (default: the whole suite)")
@@ -140,7 +158,7 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.workdir) / a.suite
     part_config, classes = partition_redundant(work, a.parts, seed=a.seed, **graph_data(a))
-    runs = table_runs(a.t_ex) if a.suite == "table" else sens_runs(a.t_ex)
+    runs = SUITES[a.suite](a.t_ex)
     if a.only:
         keep = a.only.split(",")
         unknown = sorted(set(keep) - {r["name"] for r in runs})
