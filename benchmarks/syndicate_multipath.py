@@ -48,14 +48,19 @@ def main() -> int:
                 },
                 "joint_plan": {k: v.label() for k, v in best.plan.items()},
                 "paths_used": sorted({v.path for v in best.plan.values()}),
-                "search": {"iters": best.iters, "stopped_by": best.stopped_by, "elapsed_s": best.elapsed_s},
+                "search": {
+                    "iters": best.iters,
+                    "stopped_by": best.stopped_by,
+                    "elapsed_s": best.elapsed_s,
+                    "pick": best.pick,
+                },
             }
             row["flow_level_speedup"] = row["flow_level_ms"]["fifo_greedy"] / row["flow_level_ms"]["joint"]
             row["optsched_speedup"] = row["optsched_ms"]["fifo_greedy"] / row["optsched_ms"]["joint"]
             rows.append(row)
             print(
                 f"{name:28s} {gpus:4d} GPUs  optSched {row['optsched_speedup']:.3f}x  "
-                f"flow-level {row['flow_level_speedup']:.3f}x  paths {row['paths_used']}",
+                f"flow-level {row['flow_level_speedup']:.3f}x  paths {row['paths_used']}  rule {best.pick}",
                 flush=True,
             )
     doc = {

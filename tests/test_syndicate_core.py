@@ -30,7 +30,7 @@ from flowlane.syndicate import (
 )
 from flowlane.syndicate.motif import Motif, transfers
 from flowlane.syndicate.plan import PlanChannel, PlanError, PlanOp, SyndicatePlan
-from flowlane.syndicate.search import SYSTEMS, ablation
+from flowlane.syndicate.search import SYSTEMS, SearchResult, ablation
 from flowlane.syndicate.workloads import DLRMSpec, dlrm_dag, linear_chain, random_dag, two_path_toy
 
 pytestmark = pytest.mark.once
@@ -186,6 +186,144 @@ def test_fifo_on_one_path_serialises_and_critical_path_reorders() -> None:
     assert starts == sorted(starts)
 
 
+def _x_y_dag() -> tuple[TrainingDAG, CostModel]:
+    """One path, 1 unit per 1000 bytes: c0 (1), X (5 units, nothing needs it), Y (1 unit, after c0), c1 (5, after Y).
+    Y then X runs in 7 units; X first holds Y (and c1 behind it) until 5: 11."""
+    cost = CostModel({"F": PathCost(0.0, 1 / 1000)})
+    f = (Option("F", "ring"),)
+    steps = [
+        Compute("c0", 1.0),
+        Comm(CommOp("X", "all_reduce", 5000, 2, align=1), (), f),
+        Comm(CommOp("Y", "all_reduce", 1000, 2, align=1), ("c0",), f),
+        Compute("c1", 5.0, ("Y",)),
+    ]
+    return TrainingDAG("x-y", steps, iterations=1), cost
+
+
+def test_critical_path_takes_the_highest_bottom_level_first_and_computes_its_start_after() -> None:
+    # digest §2.4.4: the ready-comm heap pops the highest bottom level (Y: 1 + 5), which then starts when it can
+    # (1); X, ready at 0 but less critical, waits. The non-delay rule (pick="earliest") launched X at 0: 11.
+    dag, cost = _x_y_dag()
+    plan = dag.default_plan()
+    s = opt_sched(dag, plan, cost)
+    assert s.makespan == pytest.approx(7.0)
+    assert [(m.op, m.start, m.finish) for m in s.motifs] == [("Y", 1.0, 2.0), ("X", 2.0, 7.0)]
+    assert s.makespan == pytest.approx(opt_sched(dag, plan, cost, order=[(0, "Y", 0), (0, "X", 0)]).makespan)
+    assert opt_sched(dag, plan, cost, pick="earliest").makespan == pytest.approx(11.0)
+    # a boost ranks an op above the bottom-level rule, so it can move X first: the search has both orders
+    assert [m.op for m in opt_sched(dag, plan, cost, boosts={"X": 1}).motifs] == ["X", "Y"]
+    assert opt_sched(dag, plan, cost, boosts={"X": 1}).makespan == pytest.approx(11.0)
+    # with the rule searched too (the earliest rule gives 11 here), the priority rule's 7 is still found
+    ex = exhaustive(dag, cost, search_plan=False, search_order=True)
+    assert (ex.cost, ex.pick) == (pytest.approx(7.0), "priority")
+    r = mcmc_search(dag, cost, SearchConfig(max_iters=50))
+    assert (r.cost, r.pick) == (pytest.approx(7.0), "priority")
+    with pytest.raises(ValueError, match="pick 'soonest' is not one of"):
+        opt_sched(dag, plan, cost, pick="soonest")
+
+
+def test_critical_path_launches_a_ready_motif_once_compute_is_past_its_paths_free_time() -> None:
+    # the alternation compares compute with the comm frontier (the path free), not with the pick's ready time: on
+    # the DP chain each all-reduce goes out as its gradient is ready, as FIFO does, rather than waiting for the
+    # backward to release the more critical first layer's (which took 19.93 ms an iteration against 19.26)
+    dag, cost = linear_chain()
+    plan = dag.greedy_plan(cost)
+    cp = opt_sched(dag, plan, cost)
+    assert cp.per_iteration == pytest.approx(opt_sched(dag, plan, cost, order="fifo").per_iteration)
+    assert [m.op for m in cp.motifs if m.iteration == 0] == [f"ar-{k}" for k in range(6, 0, -1)]
+
+
+def test_a_boost_reaches_the_order_the_bottom_level_misses() -> None:
+    # one path: X (3 units, ready at 0, nothing needs it); c0 (5) then Y (4 units, then c1). Bottom level ranks
+    # Y (4 + 1) over X (3), so X waits for Y, released by c0 at 5: 5-9, X 9-12. Boosting X runs it in c0's shadow
+    # (0-3), Y 5-9, c1 9-10: 10, the exhaustive optimum over boosts.
+    cost = CostModel({"F": PathCost(0.0, 1 / 1000)})
+    f = (Option("F", "ring"),)
+    steps = [
+        Comm(CommOp("X", "all_reduce", 3000, 2, align=1), (), f),
+        Compute("c0", 5.0),
+        Comm(CommOp("Y", "all_reduce", 4000, 2, align=1), ("c0",), f),
+        Compute("c1", 1.0, ("Y",)),
+    ]
+    dag = TrainingDAG("boost", steps, iterations=1)
+    plan = dag.default_plan()
+    assert opt_sched(dag, plan, cost).makespan == pytest.approx(12.0)
+    boosted = opt_sched(dag, plan, cost, boosts={"X": 1})
+    assert boosted.makespan == pytest.approx(10.0)
+    assert [(m.op, m.start) for m in boosted.motifs] == [("X", 0.0), ("Y", 5.0)]
+    ex = exhaustive(dag, cost, search_plan=False, search_order=True)
+    assert ex.cost == pytest.approx(10.0) and ex.boosts["X"] > ex.boosts["Y"]
+    assert mcmc_search(dag, cost, SearchConfig(max_iters=50)).cost == pytest.approx(10.0)
+
+
+def _dp_chain(buckets: int = 4) -> tuple[TrainingDAG, CostModel]:
+    """A DP bucket chain in units (one path, 1 unit per 1000 bytes, one iteration): forward 1 per bucket, backward 2,
+    each bucket's all-reduce a reduce-scatter then an all-gather motif (rs_ag on 2 ranks: 1 unit each)."""
+    cost = CostModel({"F": PathCost(0.0, 1 / 1000)})
+    rs_ag = (Option("F", "rs_ag"),)
+    steps: list[Compute | Comm] = [
+        Compute(f"fwd-{k}", 1.0, (f"fwd-{k - 1}",) if k > 1 else ()) for k in range(1, buckets + 1)
+    ]
+    prev = f"fwd-{buckets}"
+    for k in range(buckets, 0, -1):
+        steps.append(Compute(f"bwd-{k}", 2.0, (prev,)))
+        steps.append(Comm(CommOp(f"ar-{k}", "all_reduce", 2000, 2, align=1), (f"bwd-{k}",), rs_ag))
+        prev = f"bwd-{k}"
+    return TrainingDAG("dp-chain", steps, iterations=1), cost
+
+
+def test_the_search_finds_the_earliest_rule_where_it_beats_every_boost_of_the_priority_rule() -> None:
+    from flowlane.syndicate.replan import SearchReplanner, plan_from_search, replayed
+
+    # the backward ends at 12. The priority rule launches each bucket's reduce-scatter, then the next bucket's
+    # (bottom level 2 against the all-gather's 1) when the backward releases it, leaving the path idle while the
+    # all-gather is ready: the four all-gathers go last, 17. Boosts (3 levels) reach 15; the earliest rule runs each
+    # all-gather in the next bucket's backward: 14, the last bucket's two motifs after the backward.
+    dag, cost = _dp_chain()
+    plan = dag.default_plan()
+    assert opt_sched(dag, plan, cost).makespan == pytest.approx(17.0)
+    assert opt_sched(dag, plan, cost, pick="earliest").makespan == pytest.approx(14.0)
+    seed_space = exhaustive(dag, cost, search_plan=False, search_order=True, picks=("priority",))
+    assert (seed_space.cost, seed_space.pick) == (pytest.approx(15.0), "priority")
+    ex = exhaustive(dag, cost, search_plan=False, search_order=True)
+    assert (ex.cost, ex.pick, ex.evaluations) == (pytest.approx(14.0), "earliest", 2 * 3**4)
+    r = mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=100))
+    assert (r.cost, r.pick) == (pytest.approx(14.0), "earliest")
+    assert mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=100, picks=("priority",))).cost > 14.5
+    # the plan keeps the order that rule generated; the enforcer's replay of it gives the same 14
+    sp = plan_from_search(dag, r, {c.name: "float32" for c in dag.comms}, 1)
+    assert [(sp.ops[i].name, j) for i, j in sp.order] == [
+        (f"ar-{k}", j) for k in range(4, 0, -1) for j in (0, 1)
+    ]
+    assert replayed(dag, sp, cost).per_iteration == pytest.approx(14.0)
+    # the replanner, from the best plan of the seed's space (15), proposes the earliest rule's order
+    dtypes = {c.name: "float32" for c in dag.comms}
+    rp = SearchReplanner(dag, cost, dtypes, SearchConfig(seed=0, max_iters=100))
+    new = rp(plan_from_search(dag, seed_space, dtypes, 1), [])
+    assert new is not None and (new.version, new.order) == (2, sp.order) and rp.results[0].pick == "earliest"
+    assert rp.replays == [(pytest.approx(15.0), pytest.approx(14.0))]
+    with pytest.raises(ValueError, match=r"SearchConfig.picks \('soonest',\) must be distinct values of"):
+        SearchConfig(picks=("soonest",))
+
+
+def test_the_search_score_replays_statically_and_the_enforcers_replay_is_reported_apart() -> None:
+    from flowlane.syndicate.replan import plan_from_search, replayed, unrolled_order
+
+    dag, cost = dlrm_dag()
+    r = mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=200, time_budget_s=120))
+    # the dynamic schedule is one static two-iteration sequence: replayed, it gives the score exactly
+    assert opt_sched(dag, r.plan, cost, order=r.schedule.order()).per_iteration == pytest.approx(r.cost)
+    # what the enforcer runs: the steady-state iteration's order, every iteration
+    plan = plan_from_search(dag, r, {c.name: "float32" for c in dag.comms}, 1)
+    steady = [(name, j) for it, name, j in r.schedule.order() if it == dag.iterations - 1]
+    static = [(it, name, j) for it in range(dag.iterations) for name, j in steady]
+    assert unrolled_order(dag, plan) == static
+    rep = replayed(dag, plan, cost).per_iteration
+    assert rep == pytest.approx(opt_sched(dag, r.plan, cost, order=static).per_iteration)
+    # on E2 the score mixes the two iterations' motifs, which the enforcer cannot: its replay is slower
+    assert rep > r.cost * 1.01
+
+
 # -- search -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("t_a_slow", [5.0, 9.5, 10.9, 11.1, 20.0])
 def test_e1_joint_plan_beats_greedy_fifo_exactly_when_the_closed_form_says(t_a_slow: float) -> None:
@@ -212,9 +350,10 @@ def test_mcmc_is_deterministic_for_a_seed_and_returns_the_best_state_seen() -> N
     dag, cost = dlrm_dag()
     a = mcmc_search(dag, cost, SearchConfig(seed=3, max_iters=150, time_budget_s=120))
     b = mcmc_search(dag, cost, SearchConfig(seed=3, max_iters=150, time_budget_s=120))
-    assert (a.cost, a.plan, a.boosts) == (b.cost, b.plan, b.boosts)
+    assert (a.cost, a.plan, a.boosts, a.pick) == (b.cost, b.plan, b.boosts, b.pick)
     assert a.cost <= a.start_cost
-    assert a.cost == pytest.approx(opt_sched(dag, a.plan, cost, boosts=a.boosts).per_iteration)
+    # the best state is (plan, boosts, rule): rescoring it under its own rule gives its cost
+    assert a.cost == pytest.approx(opt_sched(dag, a.plan, cost, boosts=a.boosts, pick=a.pick).per_iteration)
     assert a.trace == sorted(a.trace, key=lambda e: e[0]) and all(
         x[1] > y[1] for x, y in zip(a.trace, a.trace[1:], strict=False)
     )
@@ -453,12 +592,45 @@ def test_the_search_replanner_reruns_the_search_and_returns_the_next_plan_versio
 
     r = SearchReplanner(dag, cost, dtypes, SearchConfig(seed=0, max_iters=200), refit=refit)
     p2 = r(None, [(0, 0.1, 1.0)])
-    p3 = r(p2, [(0, 0.1, 1.0), (1, 0.2, 1.0)])
-    assert (p2.version, p3.version) == (1, 2) and seen == [1, 2] and len(r.results) == 2
+    assert p2 is not None and p2.version == 1
     assert {o.name: o.option.path for o in p2.ops}["a"] == "S"  # E1: the joint plan runs a on S (9.5 < 11)
     assert [o.name for o in p2.ops] == [c.name for c in dag.comms] and p2.ops[0].numel == 2000
+    # p2 is optimal: the second search finds nothing faster, so the plan in force is kept and no version is spent
+    assert r(p2, [(0, 0.1, 1.0), (1, 0.2, 1.0)]) is None
+    assert seen == [1, 2] and len(r.results) == 2
+    assert r.replays == [(pytest.approx(11.0), pytest.approx(9.5)), (pytest.approx(9.5), pytest.approx(9.5))]
     with pytest.raises(PlanError, match="no dtype for comm-op 'b'"):
         plan_from_search(dag, r.results[0], {"a": "uint8"}, 1)
+    other = SyndicatePlan(1, (PlanOp("z", "all_reduce", 4, "uint8", 2, Option("F", "ring")),), ((0, 0),))
+    with pytest.raises(PlanError, match=r"the plan in force has ops \['z'\], the DAG's comm-ops are"):
+        r(other, [])
+
+
+def test_the_search_replanner_keeps_the_plan_when_the_candidates_replay_is_not_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import flowlane.syndicate.replan as replan_mod
+    from flowlane.syndicate.replan import SearchReplanner, plan_from_search, replayed
+
+    dag, cost = dlrm_dag()
+    dtypes = {c.name: "float32" for c in dag.comms}
+    in_force = plan_from_search(dag, mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=100)), dtypes, 3)
+    # a search answer whose score beats the plan in force, while its order, replayed each iteration, does not
+    # (16.40 ms scored, 17.37 replayed, against 17.22 replayed)
+    cand = mcmc_search(dag, cost, SearchConfig(seed=0, max_iters=50))
+    t_in_force = replayed(dag, in_force, cost).per_iteration
+    t_cand = replayed(dag, plan_from_search(dag, cand, dtypes, 4), cost).per_iteration
+    assert cand.cost < t_in_force < t_cand
+    monkeypatch.setattr(replan_mod, "mcmc_search", lambda *a, **k: cand)
+    r = SearchReplanner(dag, cost, dtypes, SearchConfig(seed=0, max_iters=100))
+    assert r(in_force, []) is None
+    assert r.replays == [(pytest.approx(t_in_force), pytest.approx(t_cand))] and r.results == [cand]
+    # against a slower plan in force (FIFO + greedy, replayed 18.99 ms) the same answer is proposed, one version up
+    greedy = dag.greedy_plan(cost)
+    fifo_s = opt_sched(dag, greedy, cost, order="fifo")
+    fifo_plan = plan_from_search(dag, SearchResult(greedy, {}, fifo_s.per_iteration, fifo_s, 0.0), dtypes, 3)
+    new = r(fifo_plan, [])
+    assert new is not None and new.version == 4 and r.replays[-1][1] == pytest.approx(t_cand)
 
 
 def test_moe_presets_map_to_a_dag_of_all_to_all_motifs_beside_the_dp_all_reduce() -> None:

@@ -203,6 +203,51 @@ def test_the_plan_never_predicts_worse_than_fifo_and_two_clones_overlap_the_buck
     check_dp_gradient_plan(SyndicatePlan.from_json(plan.to_json()), 4, "Megatron-core")
 
 
+def distopt_profile(ranks=4, buckets=4, numel=1 << 21, gap=0.006) -> dict:
+    """Megatron's distributed optimizer with --overlap-grad-reduce and --overlap-param-gather: the parameters'
+    all-gathers at the forward's start, the gradients' reduce-scatters during the backward, ``gap`` apart, all
+    waited for after the backward (no done_s)."""
+    ops = [
+        {
+            "kind": kind,
+            "numel": numel,
+            "dtype": dtype,
+            "ranks": list(range(ranks)),
+            "submit_s": t0 + step * i,
+            "done_s": None,
+        }
+        for kind, dtype, t0, step in (
+            ("all_gather", "bfloat16", 0.0, 0.001),
+            ("reduce_scatter", "float32", 0.02, gap),
+        )
+        for i in range(buckets)
+    ]
+    end = 0.02 + gap * (buckets - 1) + 0.03
+    return {"format": FORMAT, "iteration": 1, "iteration_s": end, "ranks": list(range(ranks)), "ops": ops}
+
+
+def test_the_plan_is_the_order_of_the_list_scheduling_rule_the_search_chose(tmp_path, capsys):
+    from dataclasses import replace
+
+    from flowlane.syndicate.replan import plan_from_search
+
+    # on this bucket chain the seed's priority rule holds a clone for the next bucket's more critical motif while
+    # a ready one waits; the search's other rule (earliest) wins, and the written plan is that rule's order
+    prof = distopt_profile()
+    cost = fit_cost(prof, 2, bandwidth_gbps=10, latency_us=20)
+    plan, report = plan_from_profile(prof, cost, SEARCH)
+    _, seed_only = plan_from_profile(prof, cost, replace(SEARCH, picks=("priority",)))
+    assert report.search.pick == "earliest" and not report.kept_fifo
+    # replayed as the enforcer runs them: 96.4 ms against the priority rule's best, 100.5 (FIFO 151.3)
+    assert report.plan_predicted_s < seed_only.plan_predicted_s - 2e-3 < report.fifo_predicted_s
+    dtypes = {f"op{i}": o["dtype"] for i, o in enumerate(prof["ops"])}
+    dag = dag_from_profile(prof, lambda op: runnable_options(op, cost))
+    assert plan == plan_from_search(dag, report.search, dtypes, 1)
+    argv = ["syndicate-plan", str(_write(tmp_path, prof)), "--paths", "2", "--bandwidth-gbps", "10"]
+    assert main([*argv, "--latency-us", "20", "--seed", "0", "--max-iters", "300"]) == 0
+    assert "order from optSched's 'earliest' rule" in capsys.readouterr().out.replace("\n", "")
+
+
 def test_a_search_result_slower_than_fifo_is_not_written(monkeypatch):
     from flowlane.syndicate import profile as mod
     from flowlane.syndicate.optsched import opt_sched

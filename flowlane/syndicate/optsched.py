@@ -8,10 +8,22 @@ cannot overlap two motifs on disjoint paths, which the text says it does (digest
 * compute tasks run on one compute stream in **program order** (the framework's own);
 * a motif holds its path exclusively and is not preempted; motifs on different paths overlap;
 * motifs **launch** in one global sequence (the enforcer's): none starts before the one launched before it;
-* compute advances while it is not ahead of communication; then the ready motif that can start first is launched,
-  ties (motifs startable at that instant) going to the highest priority: for ``critical_path`` the bottom level
-  (longest remaining path to the sink, own duration included; digest §5 item 2), after an optional per-op *boost*
-  (the order-search knob of :mod:`flowlane.syndicate.search`).
+* the next motif is the released one (every predecessor scheduled) of **highest priority**, and its start is
+  computed after: ``max(ready, its path free, last launch)`` (§2.4.4: the ready-comm heap pops "highest bottom
+  level first"; the seed: optSched "always dequeues motifs on the critical path"). For ``critical_path`` the
+  priority is an optional per-op *boost* (the order-search knob of :mod:`flowlane.syndicate.search`), then the
+  bottom level (longest remaining path to the sink, own duration included; digest §5 item 2);
+* compute advances while it is not ahead of communication (the paper's alternation): while the next compute task
+  would start no later than the comm frontier, the time that motif's path is free (and no earlier than the last
+  launch). A motif released by that compute is ranked with the others before the launch is decided.
+
+``pick="earliest"`` is the non-delay rule: the released motif that can start first, priority only breaking ties
+among motifs startable at that instant. It models the online schedulers of the ablation (``lifo``: ByteScheduler+,
+``hand``: HO), which dispatch inside PyTorch only what is ready and so never hold a path idle for a later, more
+critical motif; SYNDICATE's enforcer does (it busy-waits for the plan's next sequence number, §2.5.2). Under it,
+boosts barely change the ``critical_path`` order (the motif that can start first goes first whatever its rank).
+Either rule only generates a launch order, so the search (:mod:`flowlane.syndicate.search`) also toggles ``pick``
+for ``critical_path``: our extension of the seed's order space, which wins on DP bucket chains.
 
 Other orders, for the ablations: ``fifo`` (submission order, a static sequence: PyTorch's default), ``lifo``
 (ByteScheduler-like: the latest-submitted ready op first, at motif granularity), a hand rank per op, or an explicit
@@ -207,10 +219,17 @@ def opt_sched(
     boosts: Mapping[str, int] | None = None,
     hand: Mapping[str, int] | None = None,
     cache: dict | None = None,
+    pick: str | None = None,
 ) -> Schedule:
-    """Schedule ``dag`` under ``plan``. ``order``: ``critical_path`` (optSched; ``boosts`` raise ops above the
+    """Schedule ``dag`` under ``plan``. ``order``: ``critical_path`` (optSched; ``boosts`` rank ops above the
     bottom-level rule), ``lifo``, ``hand`` (``hand[op]``: smaller launches first, then submission order), ``fifo``,
-    or an explicit sequence of (iteration, op, motif index) covering every motif."""
+    or an explicit sequence of (iteration, op, motif index) covering every motif. ``pick`` (for the ranked orders):
+    ``priority`` (the released motif of highest priority next) or ``earliest`` (the one that can start first);
+    None: ``priority`` for ``critical_path``, ``earliest`` for the online schedulers ``lifo`` and ``hand``."""
+    if pick is None:
+        pick = "priority" if order == "critical_path" else "earliest"
+    if pick not in ("priority", "earliest"):
+        raise ValueError(f"pick {pick!r} is not one of ['priority', 'earliest']")
     g = _Graph(dag, plan, cost, cache)
     static: list[int] | None = None
     key: list[tuple] | None = None
@@ -241,10 +260,10 @@ def opt_sched(
         raise ValueError(
             f"order {order!r} is not one of ['critical_path', 'fifo', 'lifo', 'hand'] or a sequence"
         )
-    return _run(g, static, key)
+    return _run(g, static, key, pick == "earliest")
 
 
-def _run(g: _Graph, static: list[int] | None, key: list[tuple] | None) -> Schedule:
+def _run(g: _Graph, static: list[int] | None, key: list[tuple] | None, earliest: bool = False) -> Schedule:
     finish = [-1.0] * g.n
     npred = [len(p) for p in g.preds]
     ready_at = [0.0] * g.n
@@ -279,15 +298,22 @@ def _run(g: _Graph, static: list[int] | None, key: list[tuple] | None) -> Schedu
         s_c = max(comp_clock, ready_at[c]) if c_ok else 0.0
         pick = -1
         t_star = float("inf")
+        frontier = t_star  # compute that would start by this time runs before the next launch is decided
         if static is not None:
             if si < len(static) and in_released[static[si]]:
                 pick = static[si]
-                t_star = max(ready_at[pick], path_free[g.path[pick]], last_launch)
-        elif released:
+                frontier = t_star = max(ready_at[pick], path_free[g.path[pick]], last_launch)
+        elif released and earliest:
             ests = [(max(ready_at[m], path_free[g.path[m]], last_launch), m) for m in released]
-            t_star = min(e for e, _ in ests)
+            frontier = t_star = min(e for e, _ in ests)
             pick = min((m for e, m in ests if e <= t_star + _EPS), key=lambda m: key[m])  # type: ignore[index]
-        if c_ok and (pick < 0 or s_c <= t_star):
+        elif released:
+            # digest §2.4.4: compute advances while it is not ahead of the comm frontier (the pick's path free, and
+            # no earlier than the last launch); then the highest priority goes, its start computed after
+            pick = min(released, key=lambda m: key[m])  # type: ignore[index]
+            frontier = max(path_free[g.path[pick]], last_launch)
+            t_star = max(ready_at[pick], frontier)
+        if c_ok and (pick < 0 or s_c <= frontier):
             f = s_c + g.dur[c]
             comp_clock = f
             comp_out.append((g.info[c][0], g.info[c][1], s_c, f))

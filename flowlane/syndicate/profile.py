@@ -26,7 +26,9 @@ returned (an upper bound on its completion; ``null`` if not observed), both in s
   from the ops the profile saw *alone* (no other op submitted or in flight between its submission and its wait), or
   takes the link's figures from the user when those samples cannot pin it down.
 * :func:`plan_from_profile` runs :func:`~flowlane.syndicate.search.mcmc_search` and returns the plan with a report:
-  optSched's prediction for the recorded FIFO policy and for the plan, beside the measured iteration.
+  optSched's prediction for the recorded FIFO policy and for the plan, beside the measured iteration. The plan's
+  order is the one optSched generated under the list-scheduling rule the search chose (``SearchResult.pick``, which
+  the command prints; :mod:`flowlane.syndicate.search`).
 
 Paths: the plugins (``megatron_plugin.syndicate``, ``deepspeed_plugin.syndicate``) make one clone of the
 data-parallel group per path name a plan uses, so the planner offers ``paths`` clones named ``clone0``,
@@ -56,7 +58,7 @@ from flowlane.syndicate.cost import CostModel, Option, PathCost, fit_path_cost, 
 from flowlane.syndicate.motif import CommOp, MotifError
 from flowlane.syndicate.optsched import Comm, Compute, OrderError, TrainingDAG, opt_sched
 from flowlane.syndicate.plan import PlanError, SyndicatePlan, element_size
-from flowlane.syndicate.replan import plan_from_search
+from flowlane.syndicate.replan import plan_from_search, unrolled_order
 from flowlane.syndicate.search import SearchConfig, SearchResult, mcmc_search
 
 FORMAT = "flowlane.syndicate.profile/1"
@@ -418,7 +420,7 @@ def plan_from_profile(
     result = mcmc_search(dag, cost, search_config or SearchConfig())
     plan = plan_from_search(dag, result, dtypes, version=1)
     try:
-        replayed = opt_sched(dag, result.plan, cost, order=_unrolled(dag, plan)).per_iteration
+        replayed = opt_sched(dag, result.plan, cost, order=unrolled_order(dag, plan)).per_iteration
     except OrderError:  # cannot happen: each iteration's order respects its own DAG; keep FIFO if it did
         replayed = math.inf
     kept_fifo = not replayed < fifo.per_iteration
@@ -442,11 +444,6 @@ def plan_from_profile(
         result,
     )
     return plan, report
-
-
-def _unrolled(dag: TrainingDAG, plan: SyndicatePlan) -> list[tuple[int, str, int]]:
-    """The plan's launch order in every unrolled iteration (the enforcer replays it each iteration)."""
-    return [(it, plan.ops[i].name, j) for it in range(dag.iterations) for i, j in plan.order]
 
 
 def write_plan(plan: SyndicatePlan, out: str | os.PathLike) -> Path:
@@ -595,7 +592,11 @@ def run(args: argparse.Namespace) -> int:
         f"link ({source}): alpha {pc.alpha * 1e6:.2f} us/step, {8 / pc.beta / 1e9 if pc.beta else math.inf:.3g} "
         f"Gbit/s, delta {pc.delta * 1e6:.2f} us/motif; paths {', '.join(report.paths)}; search: "
         f"{report.search.iters} proposals, stopped by {report.search.stopped_by}"
-        + ("; nothing beat FIFO, the plan is FIFO's" if report.kept_fifo else ""),
+        + (
+            "; nothing beat FIFO, the plan is FIFO's"
+            if report.kept_fifo
+            else f"; order from optSched's {report.search.pick!r} rule"
+        ),
         highlight=False,
         soft_wrap=True,
     )
