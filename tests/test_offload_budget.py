@@ -10,6 +10,7 @@ from flowlane.offload.budget import (
     Budget,
     StepProfile,
     choose_budget,
+    choose_plan,
     choose_recompute,
     exposed_time,
     peak_resident,
@@ -85,16 +86,45 @@ def test_prefetching_two_layers_ahead_hides_more_when_backward_is_short() -> Non
 
 
 def test_slack_adds_bytes_only_while_waiting_is_cheaper_than_recompute() -> None:
-    p = _two_layers()
-    hidden = choose_budget(p, granularity=1)
-    # layer 1's extra wait for all its 10 bytes is 2 s > its forward (1 s): recompute it instead
+    p = StepProfile((10,) * 4, (1.0,) * 4, (1.0,) * 4, store_Bps=5.0, load_Bps=5.0)
+    assert choose_budget(p, granularity=1).allow_bytes == (5, 0, 0, 0)
+    # layers 0 and 1 whole add 2 s of wait, each layer's share below its 1 s forward; layer 2's would add 2 s > 1 s:
+    # recomputing it is cheaper. The last layer is never offloaded.
     b = choose_budget(p, slack_s=5.0, granularity=1)
-    assert b.allow_bytes == hidden.allow_bytes and b.recompute_cheaper == (False, True)
-    cheap = _two_layers(fwd_s=(1.0, 3.0))  # recomputing layer 1 costs 3 s > 2 s of waiting: offload it
-    b2 = choose_budget(cheap, slack_s=5.0, granularity=1)
-    assert b2.allow_bytes == (10, 10) and b2.exposed_s <= 5.0 and not any(b2.recompute_cheaper)
-    b3 = choose_budget(cheap, slack_s=1.0, granularity=1)  # a smaller slack stops part-way through layer 1
-    assert 10 < b3.total_bytes < 20 and b3.exposed_s <= 1.0
+    assert b.allow_bytes == (10, 10, 0, 0) and b.exposed_s == pytest.approx(2.0)
+    assert b.recompute_cheaper == (False, False, True, False)
+    b3 = choose_budget(p, slack_s=1.0, granularity=1)  # a smaller slack stops part-way through layer 1
+    assert b3.allow_bytes == (10, 5, 0, 0) and b3.exposed_s <= 1.0
+
+
+def test_slack_buys_bytes_only_while_the_modelled_peak_falls() -> None:
+    """Layer 2's 2 s of added wait is below its 5 s forward and within the slack, but with one-layer prefetch the
+    peak is already at its floor (a layer in backward plus the reload ahead of it): offloading it buys nothing."""
+    p = StepProfile((10,) * 4, (1.0, 1.0, 5.0, 1.0), (1.0,) * 4, store_Bps=5.0, load_Bps=5.0)
+    assert peak_resident(p, [10, 10, 0, 0]) == peak_resident(p, [10, 10, 10, 0]) == 20
+    assert exposed_time(p, [10, 10, 10, 0]) == pytest.approx(4.0)
+    b = choose_budget(p, slack_s=5.0, granularity=1)
+    assert b.allow_bytes == (10, 10, 0, 0) and b.peak_bytes == 20 and not any(b.recompute_cheaper)
+    # a big first layer sets the peak (its own backward, or the next one's with its reload ahead): the slack buys
+    # no more than the hidden bytes
+    big = StepProfile((30, 10, 10, 10), (1.0,) * 4, (2.0,) * 4, store_Bps=10.0, load_Bps=10.0)
+    hidden = choose_budget(big, granularity=1)
+    assert choose_budget(big, slack_s=3.0, granularity=1).allow_bytes == hidden.allow_bytes == (20, 0, 0, 0)
+
+
+def test_slack_never_offloads_the_last_layer() -> None:
+    """The reviewer's case: 4 layers of 100 MiB, 10/20 ms forward/backward, 50 GB/s, the recipe's 5 % slack. The
+    last layer's backward follows its forward at once (thesis §5.3.4): offloading it added 2.1 ms of modelled wait
+    and left the modelled peak at two layers."""
+    mib = 1 << 20
+    p = StepProfile((100 * mib,) * 4, (0.01,) * 4, (0.02,) * 4, 50e9, 50e9)
+    for slack in (0.0, 0.05 * p.step_s):
+        b, depth = choose_plan(p, max_prefetch=1, slack_s=slack)
+        assert b.allow_bytes == (100 * mib,) * 3 + (0,) and b.keep_last_k == 1 and b.exposed_s == 0.0
+        assert b.peak_bytes == 200 * mib and depth == 1
+    assert choose_budget(p, slack_s=1.0, recompute=True).allow_bytes[-1] == 0
+    single = StepProfile((10,), (1.0,), (1.0,), 1e9, 1e9)  # one layer: it is the last
+    assert choose_budget(single, slack_s=1.0).allow_bytes == (0,)
 
 
 @pytest.mark.parametrize(

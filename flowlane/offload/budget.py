@@ -12,10 +12,12 @@ their own streams in FIFO order, so this module replays the step instead: a time
 
 Compute never waits for a store (no host waits), so the only cost is backward waiting for reloads: ``exposed_s``.
 :func:`choose_budget` offloads bytes front to back (the earliest layers have the longest windows; the layers reloaded
-first stay resident) and keeps the largest amount whose exposed time is <= ``slack_s``. Exposed time never falls when
-bytes are added to the front-to-back order, so a bisection finds it. Bytes beyond the hidden amount (``slack_s > 0``)
-are added only while each layer's added exposed time is below its forward time: past that, recomputing the layer is
-cheaper than waiting for it ("never offload what is cheaper to recompute").
+first stay resident) and keeps the largest amount whose exposed time is <= ``slack_s``. The last layer is never
+offloaded: its backward follows its forward at once (thesis §5.3.4, Fig. 5.5), so its copy only delays frees. Exposed
+time never falls when bytes are added to the front-to-back order, so a bisection finds it. Bytes beyond the hidden
+amount (``slack_s > 0``) are added layer by layer only while each layer's added exposed time is below its forward
+time (past that, recomputing the layer is cheaper than waiting for it: "never offload what is cheaper to
+recompute") and the modelled peak (:func:`peak_resident`) falls: bytes that lower no peak would cost time for nothing.
 
 With ``recompute``, the time left in ``slack_s`` buys memory the link cannot: layers kept whole are recomputed in
 backward instead (their forward runs again under ``torch.utils.checkpoint``; seed 003 §5.4.3 weighs keep, offload and
@@ -327,15 +329,18 @@ def choose_budget(
     granularity: int = 1 << 16,
     recompute: bool = False,
 ) -> Budget:
-    """The most bytes, filled front to back, whose modelled exposed time is <= ``slack_s`` (module docstring); with
-    ``recompute``, then the kept layers that the rest of ``slack_s`` can recompute (:func:`choose_recompute`).
+    """The most bytes, filled front to back over every layer but the last, whose modelled exposed time is <=
+    ``slack_s`` and, past the hidden amount, that each lower the modelled peak (module docstring); with ``recompute``,
+    then the kept layers that the rest of ``slack_s`` can recompute (:func:`choose_recompute`).
 
     ``granularity`` rounds the bisection (bytes); a layer's share is a byte allowance, which the cache fills with
     whole storages in the order they were saved."""
     if not (math.isfinite(slack_s) and slack_s >= 0):
         raise ValueError(f"slack_s={slack_s!r} must be a finite number >= 0")
     n = len(p.group_bytes)
-    eligible = [True] * n
+    # never the last layer: its backward follows its forward at once, so offloading it only delays frees (thesis
+    # §5.3.4, Fig. 5.5; digest §2.2.4, §2.2.8)
+    eligible = [i < n - 1 for i in range(n)]
     cheaper = [False] * n
 
     def cost(total: int) -> float:
@@ -360,14 +365,18 @@ def choose_budget(
                 hi = mid
         return lo
 
-    total_all = sum(p.group_bytes)
+    def peak(total: int) -> float:
+        return peak_resident(p, _fill(p, total, eligible), prefetch)
+
+    total_all = sum(g for g, e in zip(p.group_bytes, eligible, strict=True) if e)
     hidden = best(0.0, total_all)
     chosen = hidden
     if slack_s > 0:
-        # extend layer by layer while each layer's added wait is below its recompute (forward) time
+        # extend layer by layer while each layer's added wait is below its recompute (forward) time and the
+        # modelled peak falls (bytes that lower no peak cost step time for nothing)
         filled = _fill(p, hidden, eligible)
         for i in range(n):
-            if filled[i] >= p.group_bytes[i]:
+            if not eligible[i] or filled[i] >= p.group_bytes[i]:
                 continue
             before = cost(chosen)
             full = chosen + (p.group_bytes[i] - filled[i])
@@ -375,12 +384,14 @@ def choose_budget(
             if extra > p.fwd_s[i]:
                 cheaper[i] = True
                 for j in range(i, n):  # later layers have shorter windows: at least as costly
-                    cheaper[j] = cheaper[j] or p.group_bytes[j] > 0
+                    cheaper[j] = cheaper[j] or (eligible[j] and p.group_bytes[j] > 0)
                 break
-            if cost(full) > slack_s:
-                chosen = best(slack_s, full)
+            more = full if cost(full) <= slack_s else best(slack_s, full)
+            if peak(more) >= peak(chosen):
                 break
-            chosen = full
+            chosen = more
+            if more < full:
+                break
     allow = _fill(p, chosen, eligible)
     again = choose_recompute(p, allow, prefetch, slack_s) if recompute else (False,) * n
     saved = sum(b for b, r in zip(p.group_bytes, again, strict=True) if r)

@@ -813,7 +813,7 @@ class TensorCache:
 
     def _keep_now(self, rec: Record, group: int) -> bool:
         if not rec.profiling and rec.family in self._allow:
-            return False  # the budget decides (it keeps the last layers resident itself)
+            return False  # the budget decides (it never offloads the last layer: budget.choose_budget)
         k = self._effective_k(rec)
         if k <= 0:
             return False
@@ -1005,9 +1005,10 @@ class TensorCache:
                     st.state = "loaded" if st.ref is not None else "stored"
                 self._settle_roots(st)
                 return
-        t0 = _clock()
         if st.event is not None:
             st.event.synchronize()  # the producer kernel must have finished (digest A4)
+        # the write's own time: the budget's rate is bytes over busy I/O time (record.busy_rate)
+        t0 = _clock()
         try:
             with _io_stream(base.device):
                 handle = self.backend.write(f"{_key_str(rec.key)}-s{st.sid}", base)
@@ -1019,9 +1020,7 @@ class TensorCache:
             st.handle = handle
             self.stats.bytes_written += st.nbytes
             if rec.profiling:
-                rec.store_t0 = min(rec.store_t0, t0)
-                rec.store_t1 = max(rec.store_t1, t1)
-                rec.store_bytes += st.nbytes
+                rec.store_io.append((t0, t1, st.nbytes))
             if st.state == "storing":
                 st.state = "stored"
             self._settle_roots(st)
@@ -1097,6 +1096,7 @@ class TensorCache:
                     ev.record()
                 else:
                     ev = None
+            t_read = _clock()
         except Exception as e:  # noqa: BLE001 - recorded and raised at the unpack that needs the tensor
             with self._lock:
                 self.stats.io_errors += 1
@@ -1106,8 +1106,7 @@ class TensorCache:
             self.stats.bytes_read += st.nbytes
             self.stats.loads += 1
             if rec.profiling:
-                rec.load_bytes += st.nbytes
-                rec.load_s += _clock() - t_load
+                rec.load_io.append((t_load, t_read, st.nbytes))
             if st.released or st.ref is not None:
                 return
             self._resident.add(buf.untyped_storage())
@@ -1222,7 +1221,6 @@ class TensorCache:
         for st in sts:
             offsets.append(off)
             off += align_up(st.nbytes)
-        t0 = _clock()
         point = self._release_point(rec, group)
         if point is not None:  # dropped at ``point`` in the compute stream's order, not by record_stream
             slab.hold = [st.ref for st in sts if st.ref is not None]
@@ -1247,8 +1245,10 @@ class TensorCache:
             if start is not None:
                 slab.t_copy = (start, done)
         else:
+            t0 = _clock()
             for st, o in zip(sts, offsets, strict=True):
                 blk.buf[o : o + st.nbytes].copy_(st.ref)
+            t1 = _clock()
         for st, o in zip(sts, offsets, strict=True):
             st.slab, st.offset = slab, o
             st.weak = weakref.ref(st.ref.untyped_storage())
@@ -1259,9 +1259,7 @@ class TensorCache:
         if self.backend.keeps_host_memory:  # pinned_cpu: the host block is the tier
             self.stats.bytes_written += slab.payload
             if rec.profiling and dev.type != "cuda":
-                rec.store_t0 = min(rec.store_t0, t0)
-                rec.store_t1 = max(rec.store_t1, _clock())
-                rec.store_bytes += slab.payload
+                rec.store_io.append((t0, t1, slab.payload))
             return
         for st in sts:
             st.state = "storing"
@@ -1283,9 +1281,9 @@ class TensorCache:
                         m.state = "stored"
                 self._slab_cleanup(slab)
                 return
-        t0 = _clock()
         if slab.d2h_done is not None:
             slab.d2h_done.synchronize()  # a disk thread may wait: the bulk copy into the block must be complete
+        t0 = _clock()  # the write's own time (record.busy_rate)
         try:
             handle = self.backend.write_block(slab.key, blk.buf, slab.nbytes)  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 - the host block still holds the bytes: loads read it from there
@@ -1306,9 +1304,7 @@ class TensorCache:
             slab.handle = handle
             self.stats.bytes_written += slab.payload
             if rec.profiling:
-                rec.store_t0 = min(rec.store_t0, t0)
-                rec.store_t1 = max(rec.store_t1, t1)
-                rec.store_bytes += slab.payload
+                rec.store_io.append((t0, t1, slab.payload))
             for m in slab.members:
                 if m.state == "storing":
                     m.state = "stored"
@@ -1397,9 +1393,8 @@ class TensorCache:
         else:
             t0 = _clock()
             outs = [blk.buf[m.offset : m.offset + m.nbytes].clone() for m in members]
-            if rec.profiling:
-                rec.load_s += _clock() - t0
-                rec.load_bytes += sum(m.nbytes for m in members)
+            if rec.profiling and self.backend.keeps_host_memory:  # an SSD tier timed its disk read instead
+                rec.load_io.append((t0, _clock(), sum(m.nbytes for m in members)))
         self.stats.bulk_loads += 1
         for m, d in zip(members, outs, strict=True):
             m.ref = d
@@ -1421,7 +1416,7 @@ class TensorCache:
             blk.wait_ready_on_host()  # its previous GPU copy must be done before the disk writes into it
             t0 = _clock()
             self.backend.read_block(slab.handle, blk.buf, slab.nbytes)  # type: ignore[attr-defined]
-            dt = _clock() - t0
+            t1 = _clock()
         except Exception as e:  # noqa: BLE001 - recorded and raised at the unpack that needs the tensor
             if blk is not None:
                 self._host_pool().release(blk)
@@ -1433,8 +1428,7 @@ class TensorCache:
             return
         with self._lock:
             if rec.profiling:  # the disk's read rate (the H2D copy is timed by events on a GPU)
-                rec.load_s += dt
-                rec.load_bytes += slab.payload
+                rec.load_io.append((t0, t1, slab.payload))
             if slab.block is None:
                 slab.block = blk
             else:

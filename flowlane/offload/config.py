@@ -33,7 +33,10 @@ class OffloadConfig:
     """Number of trailing transformer layers (scope groups) kept in memory; their backward follows the forward
     immediately (thesis §5.3.5, Fig. 5.5). With ``adaptive`` this is only the value used until profiling ends."""
     adaptive: bool = False
-    """Choose keep_last_k from a profiling micro-batch (thesis §5.3.5, Fig. 5.9; formula in digest §2.2.8)."""
+    """Profile one micro-batch (``profile_step``) and give each layer a byte allowance by replaying its timeline
+    (budget.py, thesis §5.3.5): the bytes the link moves while compute runs, never from the last layer. keep_last_k
+    is then only derived (the trailing layers with nothing offloaded); the thesis' bandwidth formula (Fig. 5.9,
+    digest §2.2.8, adaptive.py) is not used."""
     profile_step: int = 1
     """Index of the micro-batch record that is profiled when ``adaptive`` (0 = the very first; 1 skips warm-up)."""
     store_workers: int = 2

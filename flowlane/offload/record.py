@@ -9,6 +9,7 @@ byte budget is planned from. State only: the cache (``cache.py``) does every tra
 
 from __future__ import annotations
 
+import math
 import weakref
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -197,9 +198,8 @@ class Record:
         # (tensor base, version at pack, sid, desc)
         self.watches: list[tuple[weakref.ref, int, int, str]] = []
         self.profiling = profiling
-        self.store_t0 = float("inf")
-        self.store_t1 = 0.0
-        self.store_bytes = 0
+        # profiling: (start, end, bytes) of each host-side store call (CPU copy into a host block, or disk write)
+        self.store_io: list[tuple[float, float, int]] = []
         self.callback_queued = False
         self.futures: list[Future] = []
         self.released: dict[int, str] = {}  # sid -> why (diagnostics)
@@ -216,8 +216,7 @@ class Record:
         self.fwd_end: Any = None
         self.bwd_start: Any = None
         self.load_spans: list[tuple[Any, Any, int]] = []
-        self.load_bytes = 0
-        self.load_s = 0.0
+        self.load_io: list[tuple[float, float, int]] = []  # the same for each host-side load call
         # release="stream_order": slabs whose device tensors are dropped at a hook point, and the points passed
         self.due: dict[Point, list[Slab]] = {}
         self.passed: set[Point] = set()
@@ -252,6 +251,19 @@ class SubclassHandle:
         self.stride = t.stride()
 
 
+def busy_rate(spans: list[tuple[float, float, int]]) -> float:
+    """Bytes/s of I/O calls ``(start, end, bytes)``: their bytes over the union of their busy intervals. The time
+    between calls (the disk idle while layers compute) is not I/O time, and calls that overlap on parallel workers
+    count once (the forward's I/O time, thesis §5.3.5; digest §2.2.8, A10). 0.0 when no call took time."""
+    busy = 0.0
+    end = -math.inf
+    for a, b, _ in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return sum(nb for _, _, nb in spans) / busy if busy > 0 else 0.0
+
+
 def measured_profile(rec: Record, keeps_host_memory: bool, link_GBps: float = 0.0) -> tuple[StepProfile, str]:
     """The profiled micro-batch ``rec`` as a :class:`StepProfile`, and the timer it was read with: per-layer
     forward/backward times (CUDA events on a GPU, which this waits for: the feature's one host wait; the clock on
@@ -279,14 +291,15 @@ def measured_profile(rec: Record, keeps_host_memory: bool, link_GBps: float = 0.
         ]
         store_s = sum(t for t, _ in spans)
         store = sum(b for _, b in spans) / store_s if store_s > 0 else 0.0
+        # one copy stream each way, FIFO: the copies never overlap, so their times add up to the busy time
         load_s = sum(a.elapsed_time(b) / 1e3 for a, b, _ in rec.load_spans)
         load = sum(nb for _, _, nb in rec.load_spans) / load_s if load_s > 0 else 0.0
         if not keeps_host_memory:  # SSD tier: the slower of PCIe and the disk
-            window = rec.store_t1 - rec.store_t0
-            if window > 0 and rec.store_bytes:
-                store = min(store, rec.store_bytes / window) if store else rec.store_bytes / window
-            if rec.load_s > 0 and rec.load_bytes:
-                load = min(load, rec.load_bytes / rec.load_s) if load else rec.load_bytes / rec.load_s
+            disk_w, disk_r = busy_rate(rec.store_io), busy_rate(rec.load_io)
+            if disk_w:
+                store = min(store, disk_w) if store else disk_w
+            if disk_r:
+                load = min(load, disk_r) if load else disk_r
     else:
         timer = "clock"
         fwd = list(rec.group_time)
@@ -296,9 +309,8 @@ def measured_profile(rec: Record, keeps_host_memory: bool, link_GBps: float = 0.
             if isinstance(rec.bwd_start, float) and isinstance(rec.fwd_end, float)
             else 0.0
         )
-        window = rec.store_t1 - rec.store_t0
-        store = rec.store_bytes / window if window > 0 else 0.0
-        load = rec.load_bytes / rec.load_s if rec.load_s > 0 else 0.0
+        store = busy_rate(rec.store_io)
+        load = busy_rate(rec.load_io)
     if link_GBps > 0:
         store = load = link_GBps * 1e9
     store = store or load
