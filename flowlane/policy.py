@@ -46,10 +46,12 @@ Key = tuple[float | int | str, ...]
 class CoflowMeta:
     """What a scheduler may know about a coflow before it starts (all fields are fixed by the training DAG).
 
-    ``microbatch`` is the 0-based microbatch index within the iteration (DP coflows carry the last one, M-1:
-    "DP coflows always carry the highest MID", seed 000 §5.3.1); ``layer`` is the global 0-based layer index
-    (DP bucket: its first layer; PP: last layer of the sending stage); ``stage`` is the pipeline stage.
-    ``seq`` is the issue order, used only to break ties (FIFO).
+    ``microbatch`` is the 0-based microbatch index within the iteration (DP reductions carry the last one, M-1:
+    "DP coflows always carry the highest MID", seed 000 §5.3.1; a parameter gather carries 0 and the iteration that
+    consumes it); ``layer`` is the global 0-based layer index (DP bucket: its highest layer for a reduction, its
+    lowest for a gather; PP: the last layer before the stage boundary the data crosses, i.e. the sending stage's
+    last in forward and the receiving stage's last in backward: :mod:`flowlane.hermod.keys`, decisions.md A6.1 #6);
+    ``stage`` is the pipeline stage. ``seq`` is the issue order, used only to break ties (FIFO).
     """
 
     ctype: str
@@ -107,12 +109,14 @@ class PriorityByKeyPolicy(SchedulingPolicy):
     ``fields`` names CoflowMeta attributes compared in order (``"ctype"`` is mapped through ``ctype_rank``; a ctype
     missing from the map ranks after all listed ones). The default, microbatch > ctype > layer with EP & PP before
     DP, is the inter-coflow order of Hermod (seed 000 §5.3.1, table 5.3; digest A2.4 recommends this plain
-    lexicographic form because the printed conditional rule is not transitive).
+    lexicographic form because the printed conditional rule is not transitive), then the older iteration, which
+    only breaks ties (decisions.md A6.1 #2). Unlike :class:`~flowlane.hermod.policy.HermodPolicy` it takes the
+    keys' microbatch as is (no ``dp_mid``, no M).
     """
 
     def __init__(
         self,
-        fields: Sequence[str] = ("iteration", "microbatch", "ctype", "layer"),
+        fields: Sequence[str] = ("microbatch", "ctype", "layer", "iteration"),
         ctype_rank: Mapping[str, int] | None = None,
         name: str = "priority",
     ) -> None:

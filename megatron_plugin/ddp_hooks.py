@@ -7,8 +7,14 @@ all of that and changes only *when the collective goes on the wire and on which 
 
 * ``start_grad_sync`` of each bucket group (dense and expert) becomes a deferred coflow keyed
   (MID M-1, DP, the bucket group's highest layer: :meth:`flowlane.hermod.keys.HermodKeys.dp_reduce`), sealed at that
-  program point; the pacer runs Megatron's own ``start_grad_sync`` (its scaling, its all-reduce or reduce-scatter,
-  its coalescing) when Hermod's order and the gate allow. The math is Megatron's, so results are bitwise equal.
+  program point as a launch window of its own; the pacer (or, under ``launch=program_order``, the sealing thread)
+  runs Megatron's own ``start_grad_sync`` (its scaling, its all-reduce or reduce-scatter, its coalescing) when the
+  gate allows. The math is Megatron's, so results are bitwise equal. Windows go out in seal order, so the bucket
+  groups leave in Megatron's order (backward reaches the highest layers first), not sorted by key: holding them
+  until the next point common to every DP rank (a p2p op, or ``finalize_model_grads`` on the first stage) to sort
+  them lowest layer first would take the reductions' overlap with the rest of backward away. Hermod's part is the
+  gate (held behind outstanding PP/EP ops) and the bulk class; ``dp_mid`` is refused for that reason
+  (:data:`megatron_plugin.hermod.NO_EFFECT`).
 * the bucket group's collective group becomes its Hermod bulk-class clone (same ranks, same order:
   :mod:`flowlane.sched.groups`), so deferred traffic never interleaves with what the training thread issues on the
   original group (a cross-rank ordering hazard), and on NCCL it carries the bulk traffic class.
@@ -145,7 +151,9 @@ class DDPHooks:
                 return bg.grad_reduce_handle
 
             pending[id(bg)] = sched.defer(keys.dp_reduce(layer, op), [launch])
-            sched.seal()  # this program point is the same on every DP rank: the bucket may go out now
+            # a window of its own: this program point is the same on every DP rank, and the bucket may go out now,
+            # overlapping the rest of backward (see the module docstring)
+            sched.seal()
 
         def finish_grad_sync(force_all_reduce: bool | None = False) -> None:
             if bg.is_first_batch and id(bg) not in pending:

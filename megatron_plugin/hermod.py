@@ -27,8 +27,12 @@ Hooks and what they do:
   runs) whose recorded ops carry a :class:`~flowlane.policy.CoflowMeta` key.
 * **DDP bucket groups** (:mod:`megatron_plugin.ddp_hooks`): each bucket group's reduction (all-reduce, or
   reduce-scatter with the distributed optimizer) and, with ``overlap_param_gather``, its parameter all-gather is a
-  deferred coflow on the bulk-class clone of its group, launched by Megatron's own code in Hermod's order
-  (MID M-1, CType DP, LID = the group's highest layer; gathers: the consuming iteration, MID 0, lowest layer).
+  deferred coflow on the bulk-class clone of its group, keyed MID M-1, CType DP, LID = the group's highest layer
+  (gathers: the consuming iteration, MID 0, lowest layer) and run by Megatron's own code. Each is sealed as a window
+  of its own the moment Megatron starts it, so DP leaves in Megatron's order (backward: highest layer first) and
+  keeps its overlap with the rest of backward; what Hermod changes is *when* (held behind PP/EP ops, pacer) and on
+  which class. Hence ``dp_mid`` is refused at any value but ``last`` (:data:`NO_EFFECT`), and ``schedule`` only
+  has to name the pipeline schedule that runs.
 * **MoE token dispatcher**: ``megatron.core.transformer.moe.token_dispatcher.all_to_all`` is replaced by a
   matched (incast-free BvN) all-to-all with the same autograd semantics (one ``all_to_all_single`` in EP groups of
   two, which have no incast: :func:`flowlane.sched.alltoall.needs_matching`; ``ep_algorithm="auto"`` measures
@@ -58,6 +62,7 @@ from flowlane.hermod.order import HermodOrder, HermodOrderConfig
 from flowlane.hermod.policy import HermodPolicy
 from flowlane.policy import CoflowMeta
 from flowlane.sched import AllToAllRunner, CommScheduler, SchedulerConfig, build_class_groups
+from flowlane.sched.alltoall import check_max_phases
 from flowlane.versions import check_version_range
 from megatron_plugin.undo import Patch, check_all, undo_all
 
@@ -66,7 +71,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flowlane.hermod")
 
-#: Hermod's critical class (flowlane.hermod.wire: pipeline p2p and the oldest microbatch's traffic)
+#: Hermod's critical class: every pipeline p2p and MoE all-to-all of every microbatch goes out on it, so on the wire
+#: the adapter carries the CType alone (critical vs bulk); flowlane.hermod.wire's MID split into classes 0 / 1 is the
+#: simulator's and the synthetic workload's (flowlane.testing.workload), not this adapter's
 CRITICAL_CLASS = 0
 # HermodConfig.ep_algorithm: a planner of flowlane.sched.alltoall, plain or auto
 EP_ALGORITHMS = RUN_ALGORITHMS
@@ -88,9 +95,12 @@ class HermodConfig:
     name: Literal["none", "hermod"] = "hermod"
     """``none`` leaves Megatron's default order untouched."""
     schedule: Literal["1f1b", "interleaved"] = "1f1b"
-    """CType order: 1f1b = EP & PP > DP; interleaved = EP > PP > DP (seed 000 §5.3.1)."""
+    """The pipeline schedule that runs: ``interleaved`` with virtual pipeline chunks, else ``1f1b`` (checked
+    against them; the launch flag follows ``--num-layers-per-virtual-pipeline-stage``). It sets the CType ranks
+    (1f1b: EP & PP > DP; interleaved: EP > PP > DP, seed 000 §5.3.1) of the keys in the scheduler's log; no launch
+    order depends on it here, since PP and EP ops are launched at once and every deferred op is DP."""
     dp_mid: Literal["last", "consumer"] = "last"
-    """MID of DP coflows (docs/decisions.md A2.4, A6.1 #1)."""
+    """MID of DP coflows (docs/decisions.md A2.4, A6.1 #1). Only ``last``: see :data:`NO_EFFECT`."""
     max_inflight_buckets: int = 2
     """``launch=pacer`` only: DP bucket groups (reduce-scatters / all-reduces, parameter gathers) on the wire at
     once. Two keep the link busy while the next one is launched; with one, each launch gap left the link idle and the
@@ -101,7 +111,8 @@ class HermodConfig:
     """``launch=pacer`` only: longest a DP bucket group is held back while a PP/EP op is outstanding."""
     ep_algorithm: Literal["bvn", "bvn_bottleneck", "alg3", "plain", "auto"] = "bvn"
     """MoE all-to-all: BvN matching (optimal: flowlane.hermod.matching), ``bvn_bottleneck`` (BvN in fewer, longer
-    phases; slower on gloo, see flowlane.hermod.matching), the seed's Algorithm 3, plain all_to_all_single (EP
+    phases; slower on gloo, see flowlane.hermod.matching), the seed's Algorithm 3 (the digest's matched-min
+    reading of its weight rule, A2.6), plain all_to_all_single (EP
     groups of two always run plain: no incast to avoid), or ``auto`` (iterations 1-4 alternate plain and BvN, then
     every rank keeps the one whose iterations were faster: flowlane.sched.alltoall.AllToAllRunner). Matching pays
     where the fabric drops under fan-in: on an emulated switch with 64-128 KiB port buffers it sped the all-to-all up
@@ -118,7 +129,8 @@ class HermodConfig:
     """Rows per planning unit for the matched all-to-all (bounds the number of phases)."""
     ep_max_phases: int = 0
     """Cap on the matched all-to-all's phases (0: none). Past it, one last phase sends what is left at once (it may
-    incast): bounds planning time (~5 us a phase at EP 32) and the per-phase launch costs."""
+    incast): bounds planning time (~5 us a phase at EP 32) and the per-phase launch costs. BvN plans only
+    (``bvn``, ``bvn_bottleneck``, or ``auto`` with one of them); refused with ``alg3`` or ``plain``."""
     launch: Literal["auto", "pacer", "program_order"] = "auto"
     """Who launches the deferred DP coflows (flowlane.sched.scheduler): ``pacer`` (a thread, host-side gate: the
     measured gloo path), ``program_order`` (the training thread at the seal point, whole windows in key order; PP/EP
@@ -139,11 +151,16 @@ class HermodConfig:
             raise ValueError(
                 f"ep_auto_probe_iterations must be an integer >= 1, got {self.ep_auto_probe_iterations!r}"
             )
-        if not isinstance(self.ep_max_phases, int) or self.ep_max_phases < 0:
-            raise ValueError(f"ep_max_phases must be an integer >= 0 (0: no cap), got {self.ep_max_phases!r}")
+        check_max_phases(self.ep_algorithm, self.ep_auto_candidates, self.ep_max_phases, "ep_max_phases")
         if not isinstance(self.ep_quantum, int) or self.ep_quantum < 1:
             raise ValueError(f"ep_quantum must be an integer >= 1, got {self.ep_quantum!r}")
         HermodOrderConfig(1, self.schedule, self.dp_mid)  # validates schedule / dp_mid
+        for name, (default, why) in NO_EFFECT.items():
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"scheduler {name}={getattr(self, name)!r} has no effect on Megatron-core: {why}; leave it "
+                    f"out (or {default!r})"
+                )
         if self.launch not in ("auto", "pacer", "program_order"):
             raise ValueError(f"launch {self.launch!r} is not one of ['auto', 'pacer', 'program_order']")
         if (
@@ -202,6 +219,17 @@ class HermodConfig:
 
 PACER_ONLY = ("max_inflight_buckets", "gate_timeout_s")
 """HermodConfig fields that only the pacer thread reads (launch=pacer)."""
+
+#: HermodConfig fields that nothing on Megatron-core reads at another value: (the only value accepted, why); the
+#: DeepSpeed adapter refuses the same (deepspeed_plugin.hermod.NO_EFFECT)
+NO_EFFECT: dict[str, tuple[Any, str]] = {
+    "dp_mid": (
+        "last",
+        "it ranks parameter gathers against reductions and PP/EP traffic inside a launch window, and here every "
+        "window holds one DP op: Hermod seals each bucket group's reduction or gather where Megatron's DDP starts "
+        "it, so that it overlaps the rest of backward (or forward), and DP leaves in Megatron's order",
+    ),
+}
 
 
 # -- launch flags ------------------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from flowlane.policies import POLICIES, make_policy
 from flowlane.policy import CoflowMeta
 from flowlane.sim import SimConfig, Simulator
 from flowlane.sim.workloads import build_workload
-keys = {n: make_policy(n).priority(CoflowMeta("pp", microbatch=1, layer=2)) for n in sorted(POLICIES)}
+keys = {n: make_policy(n, layers_per_stage=4).priority(CoflowMeta("pp", microbatch=1, layer=2)) for n in sorted(POLICIES)}
 topo, w = build_workload("qwen-moe-12l", 32, 10.0, num_microbatches=2, iterations=1)
 t = Simulator(topo, SimConfig()).run(w, make_policy("hermod")).iteration_time
 assert t > 0 and "torch" not in sys.modules

@@ -108,10 +108,26 @@ def test_coflow_scheduler_flag_is_added_through_the_extra_args_provider():
 
     p = add_flowlane_args(argparse.ArgumentParser())
     args = p.parse_args(
-        ["--coflow-scheduler", "hermod", "--hermod-dp-mid", "consumer", "--hermod-max-inflight-buckets", "1"]
+        ["--coflow-scheduler", "hermod", "--hermod-dp-mid", "last", "--hermod-max-inflight-buckets", "1"]
     )
     cfg = config_from_args(args)
-    assert cfg == HermodConfig(name="hermod", dp_mid="consumer", max_inflight_buckets=1)
+    assert cfg == HermodConfig(name="hermod", dp_mid="last", max_inflight_buckets=1)
+    # every DP window holds one bucket group (sealed where Megatron starts it): dp_mid could reorder nothing
+    with pytest.raises(ValueError, match=r"dp_mid='consumer' has no effect on Megatron-core: .* one DP op"):
+        config_from_args(p.parse_args(["--coflow-scheduler", "hermod", "--hermod-dp-mid", "consumer"]))
+    # the phase cap applies to BvN plans only
+    for alg in ("alg3", "plain"):
+        with pytest.raises(
+            ValueError, match=rf"ep_max_phases=8 has no effect with '{alg}': .*\(bvn, bvn_bottleneck\)"
+        ):
+            HermodConfig(ep_algorithm=alg, ep_max_phases=8)
+    with pytest.raises(
+        ValueError, match=r"ep_max_phases=8 has no effect with auto with candidates \['plain', 'alg3'\]"
+    ):
+        HermodConfig(ep_algorithm="auto", ep_auto_candidates=("plain", "alg3"), ep_max_phases=8)
+    assert (
+        HermodConfig(ep_algorithm="auto", ep_max_phases=8).ep_max_phases == 8
+    )  # auto's bvn candidate is capped
     with pytest.raises(SystemExit):  # a bucket group is never split: there is no chunk size to set
         p.parse_args(["--coflow-scheduler", "hermod", "--hermod-chunk-bytes", "65536"])
     assert config_from_args(p.parse_args([])).name == "none"

@@ -123,6 +123,31 @@ def test_nccl_classes_are_few_and_ordered():
         nccl_traffic_class(3)
 
 
+@pytest.mark.parametrize("m", [1, 2, 4, None])
+@pytest.mark.parametrize("dp_mid", ["last", "consumer"])
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_nccl_classes_never_reverse_the_exact_order(m, dp_mid, schedule):
+    """Three classes merge keys but never serve a later key's class first, whatever dp_mid (random pairs)."""
+    enc = WireEncoder(HermodOrder(HermodOrderConfig(m, schedule, dp_mid)))
+    r = random.Random(11)
+    mbs = m or 6
+    ops = ["all_gather", "reduce_scatter", "all_reduce", "dispatch", "send_fwd"]
+    for _ in range(4000):
+        oldest = r.randrange(mbs)
+        a, b = (
+            CoflowKey(r.randint(0, 2), r.randrange(mbs), r.choice(CTYPES), r.randint(0, 7), r.choice(ops))
+            for _ in range(2)
+        )
+        if enc.order.before(a, b):
+            assert enc.nccl_class(a, oldest) <= enc.nccl_class(b, oldest), (a, b, oldest)
+    # the reviewer's pair: a gather for iteration 1's first microbatch goes before EP of its microbatch 1
+    if m == 4 and dp_mid == "consumer":
+        gather, ep = CoflowKey(1, 0, "dp", 0, "all_gather"), CoflowKey(1, 1, "ep", 5, "all_to_all")
+        assert enc.order.before(gather, ep)
+        assert (enc.nccl_class(gather), enc.nccl_class(ep)) == (0, 1)
+        assert enc.nccl_class(CoflowKey(0, 3, "dp", 7, "reduce_scatter")) == 2  # reductions stay bulk
+
+
 def test_hermod_policies_are_named_for_the_simulator():
     p = make_policy("hermod")
     from flowlane.policy import CoflowMeta

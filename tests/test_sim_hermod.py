@@ -178,13 +178,14 @@ def test_hermod_policies_order_for_the_workloads_schedule_and_refuse_another() -
 
     pp, ep = CoflowMeta("pp", microbatch=1, layer=2), CoflowMeta("ep", microbatch=1, layer=2)
     for name in ("hermod", "hermod-dscp", "hermod-nccl"):
-        cfg = make_policy(name, schedule="interleaved", num_microbatches=4).hermod_order.config  # type: ignore[attr-defined]
+        cfg = make_policy(name, "interleaved", 4, layers_per_stage=4).hermod_order.config  # type: ignore[attr-defined]
         assert (cfg.schedule, cfg.num_microbatches) == ("interleaved", 4), name
     for name in ("hermod", "hermod-dscp"):  # (3 NCCL classes put EP and PP in one either way)
         # interleaved 1F1B: EP > PP > DP (seed 000 §5.3.1); 1F1B: EP and PP share a rank
-        inter = make_policy(name, schedule="interleaved", num_microbatches=4)
+        inter = make_policy(name, schedule="interleaved", num_microbatches=4, layers_per_stage=4)
         assert inter.priority(ep) < inter.priority(pp), name
-        assert make_policy(name).priority(ep)[:2] == make_policy(name).priority(pp)[:2], name
+        one = make_policy(name, layers_per_stage=4)
+        assert one.priority(ep)[:2] == one.priority(pp)[:2], name
     job = LLMJob(
         TINY_DENSE, ParallelConfig(tp=2, pp=2, num_microbatches=4, schedule="interleaved", iterations=1)
     )

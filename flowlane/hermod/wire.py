@@ -4,6 +4,12 @@ The seed's 6-bit DSCP = 3 bits MID | 1 bit CType | 2 bits LID (§5.4), with rela
 buckets (decisions.md A6.1 #3; the thesis does not state the quantisation), and a small number of NCCL traffic classes for
 per-communicator ``ncclConfig_t.trafficClass`` (digest A6.2 options 1/2). The class -> ``trafficClass`` numbers are
 the NCCL net plugin's contract (:mod:`flowlane.wire_classes`, pinned to its C header by a test). Pure Python.
+
+Who uses what: the simulator's quantised policies (``hermod-dscp``, ``hermod-nccl``) use both encodings, and the
+synthetic workload (:mod:`flowlane.testing.workload`, ``ep_wire_classes``) puts :meth:`WireEncoder.nccl_class` on its
+all-to-alls. The Megatron and DeepSpeed adapters carry the CType alone: class 0 for all pipeline and EP traffic, class
+2 for DP. No code puts :meth:`WireEncoder.dscp` on a packet: the NCCL net plugin marks its own per-class DiffServ
+code points (EF 46 for class 0, CS1 8 for bulk: :data:`flowlane.wire_classes.CLASS_DSCP`).
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ class WireConfig:
 
 
 class WireEncoder:
-    """Quantises exact keys into DSCP code points and NCCL traffic classes; smaller = higher priority."""
+    """Quantises exact keys into the seed's DSCP code points (a simulator model) and NCCL traffic classes; smaller =
+    higher priority for both (unlike the plugin's DiffServ marking)."""
 
     def __init__(self, order: HermodOrder, wire: WireConfig | None = None) -> None:
         self.order = order
@@ -67,11 +74,22 @@ class WireEncoder:
         return (mid << (w.ctype_bits + w.lid_bits)) | (ct << w.lid_bits) | lid
 
     def nccl_class(self, key: CoflowKey, oldest_mid: int = 0) -> int:
-        """Hermod NCCL class: 0 critical (non-DP, oldest in-flight microbatch), 1 pipeline (non-DP, later
-        microbatches), 2 bulk (DP). DP is last because "EP & PP > DP" holds within every microbatch."""
-        if key.ctype == "dp":
+        """Hermod NCCL class: 0 critical (effective MID up to the oldest in-flight microbatch), 1 pipeline (later
+        microbatches), 2 bulk (DP at the last MID, M-1: reductions, and gathers under ``dp_mid="last"``).
+
+        The classes coarsen the exact order and never reverse it (for keys with microbatch < M; a test checks
+        random pairs): DP at M-1 ranks after every non-DP key, so it may take the last class; a parameter gather that
+        ``dp_mid="consumer"`` ranks at an earlier microbatch is served before that microbatch's successors, so it
+        takes the class of that microbatch, not the bulk one."""
+        mid = self.order.effective_mid(key)
+        if key.ctype == "dp" and mid >= self._last_mid:
             return 2
-        return 0 if self.order.effective_mid(key) <= oldest_mid else 1
+        return 0 if mid <= oldest_mid else 1
+
+    @property
+    def _last_mid(self) -> int:
+        """The effective MID of a DP reduction: M-1, or past every microbatch when M is unknown."""
+        return self.order.effective_mid(CoflowKey(0, 0, "dp", 0, "reduce_scatter"))
 
 
 def nccl_traffic_class(hermod_class: int) -> int:

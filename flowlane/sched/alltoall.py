@@ -35,6 +35,24 @@ from flowlane.hermod.matching import (
     plan_for_rank,
 )
 
+#: the planners that ``max_phases`` caps (Birkhoff-von Neumann; Algorithm 3 and the plain all-to-all have no cap)
+CAPPED_ALGORITHMS = ("bvn", "bvn_bottleneck")
+
+
+def check_max_phases(
+    algorithm: str, candidates: Sequence[str], max_phases: int, name: str = "max_phases"
+) -> None:
+    """Refuse a phase cap that nothing would read: ``algorithm`` (``auto``: its ``candidates``) runs no BvN plan."""
+    if not isinstance(max_phases, int) or isinstance(max_phases, bool) or max_phases < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0: no cap), got {max_phases!r}")
+    runs = tuple(candidates) if algorithm == "auto" else (algorithm,)
+    if max_phases and not any(a in CAPPED_ALGORITHMS for a in runs):
+        what = f"auto with candidates {list(runs)}" if algorithm == "auto" else repr(algorithm)
+        raise ValueError(
+            f"{name}={max_phases} has no effect with {what}: it caps the Birkhoff-von Neumann plans "
+            f"({', '.join(CAPPED_ALGORITHMS)}) only; leave it at 0 or run one of them"
+        )
+
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where a small metadata tensor for a collective on ``group`` must live: NCCL moves CUDA tensors only (a CPU
@@ -190,12 +208,11 @@ class AllToAllRunner:
             raise ValueError(f"probe_iterations must be an integer >= 1, got {probe_iterations!r}")
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"quantum must be an integer >= 1, got {quantum!r}")
-        if not isinstance(max_phases, int) or max_phases < 0:
-            raise ValueError(f"max_phases must be an integer >= 0 (0: no cap), got {max_phases!r}")
+        self.candidates = check_candidates(candidates)
+        check_max_phases(algorithm, self.candidates, max_phases)
         self.algorithm, self.quantum, self.probe_iterations = algorithm, quantum, probe_iterations
         self.max_phases = max_phases
         self.decision_group = decision_group
-        self.candidates = check_candidates(candidates)
         self.iteration = 0
         self.choice: str | None = None if algorithm == "auto" else algorithm
         self.probe_seconds: dict[str, float] = dict.fromkeys(self.candidates, 0.0)
@@ -251,7 +268,7 @@ class AllToAllRunner:
             input_split_sizes,
             matrix,
             group=group,
-            max_phases=self.max_phases if algorithm != "alg3" else 0,
+            max_phases=self.max_phases if algorithm in CAPPED_ALGORITHMS else 0,  # auto's alg3 runs uncapped
             quantum=self.quantum,
             algorithm=algorithm,
             kind=kind,
