@@ -13,8 +13,8 @@ constant here to it. Pure Python: imports nothing from torch or the plugins.
 from __future__ import annotations
 
 #: plugin traffic classes (the values NCCL passes as ``trafficClass``)
-CLASS_CRITICAL = 0  # EP/PP of the oldest in-flight microbatch
-CLASS_HIGH = 1  # other EP/PP traffic
+CLASS_CRITICAL = 0  # EP/PP traffic (the framework adapters: every microbatch's; the simulator: the oldest's)
+CLASS_HIGH = 1  # EP/PP of later microbatches (the simulator and the synthetic workload only)
 CLASS_DEFAULT = 2  # untagged traffic (used when NCCL gives NCCL_NET_TRAFFIC_CLASS_UNDEF = -1)
 CLASS_BULK = 3  # DP gradient / parameter traffic
 NUM_CLASSES = 4

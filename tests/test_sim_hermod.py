@@ -158,7 +158,7 @@ def test_the_sim_cli_runs_the_hermod_policies(tmp_path) -> None:
             "--bandwidth",
             "10",
             "--policy",
-            "fifo,hermod,hermod-nccl",
+            "fifo,hermod,hermod-nccl,hermod-dscp",
             "--microbatches",
             "4",
             "--out",
@@ -168,8 +168,15 @@ def test_the_sim_cli_runs_the_hermod_policies(tmp_path) -> None:
     )
     assert rc == 0
     doc = json.loads((tmp_path / "sim.json").read_text())
-    assert set(doc["results"]) == {"fifo", "hermod", "hermod-nccl"}
+    assert set(doc["results"]) == {"fifo", "hermod", "hermod-nccl", "hermod-dscp"}
     assert doc["config"]["iterations"] == 2
+    # hermod-dscp takes its LID buckets from the workload (layers per pipeline stage), not a default of 1
+    from flowlane.sim.models import MODELS
+
+    job = LLMJob(MODELS["qwen-moe-12l"], ParallelConfig(pp=2, num_microbatches=4))
+    _, w = build_llm(job, 32, 10.0)
+    (dscp,) = sim_cli._policies("hermod-dscp", w.info)
+    assert w.info["layers_per_stage"] == 6 and dscp.quant.layers_per_stage == 6
 
 
 def test_hermod_policies_order_for_the_workloads_schedule_and_refuse_another() -> None:

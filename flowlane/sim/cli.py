@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     try:
-        policies = _policies(args.policy)
+        _policies(args.policy, names_only=True)
         out = check_output_dir(args.out, "--out")  # before the work: its results must have somewhere to go
         over = _preset_overrides(args)
         topo, wl, cfg = _build(args, over)
@@ -198,14 +198,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policies(spec: str, info: dict | None = None) -> list:
-    """``--policy a,b,...`` as policies for a workload whose ``info`` names its pipeline schedule and microbatches
-    (none yet: only the names are checked); the first is the baseline the speed-ups are against."""
+def _policies(spec: str, info: dict | None = None, names_only: bool = False) -> list:
+    """``--policy a,b,...`` as policies for a workload whose ``info`` names its pipeline schedule, microbatches and
+    layers per stage; ``names_only``: only the names are checked (before the workload is built). The first is the
+    baseline the speed-ups are against."""
     names = [x.strip() for x in spec.split(",") if x.strip()]
     if not names:
         raise ValueError(f"--policy {spec!r} names no policy; choose from {', '.join(policy_names())}")
+    if names_only:
+        unknown = [x for x in names if x not in policy_names()]
+        if unknown:
+            raise ValueError(f"unknown scheduling policy {unknown[0]!r}; choose one of {policy_names()}")
+        return []
     info = info or {}
-    return [make_policy(x, info.get("schedule"), info.get("microbatches")) for x in names]
+    return [
+        make_policy(x, info.get("schedule"), info.get("microbatches"), info.get("layers_per_stage"))
+        for x in names
+    ]
 
 
 def _preset_overrides(args: argparse.Namespace) -> dict:

@@ -250,6 +250,9 @@ class _LLMBuilder:
             parallel=self.p.__dict__,
             schedule=self.p.schedule,  # with microbatches: what a Hermod policy orders by (flowlane.policies)
             microbatches=self.M,
+            layers_per_stage=max(
+                1, self.m.layers // self.p.pp
+            ),  # hermod-dscp's LID buckets (flowlane.policies)
             ep_layout=self.p.ep_layout if self.m.moe else None,
             ep_crosses_servers=self.ep_crosses_servers() if self.m.moe else False,
         )

@@ -14,9 +14,11 @@
 #define FL_NET_PLUGIN_NAME "flowlane"
 #define FL_NET_VERSION 1
 
-/* Traffic classes (Hermod: MID > CType > LID collapsed to 4 wire levels). */
-#define FL_CLASS_CRITICAL 0 /* EP/PP of the oldest in-flight microbatch */
-#define FL_CLASS_HIGH 1     /* other EP/PP traffic */
+/* Traffic classes (Hermod: MID > CType > LID collapsed to 4 wire levels; the
+ * framework adapters send EP/PP as class 0 and DP as class 3, MID classes come
+ * from the simulator's model only: docs/decisions.md A6.1 #3). */
+#define FL_CLASS_CRITICAL 0 /* EP/PP traffic */
+#define FL_CLASS_HIGH 1     /* EP/PP of later microbatches (simulator model) */
 #define FL_CLASS_DEFAULT 2  /* untagged traffic */
 #define FL_CLASS_BULK 3     /* DP gradient/parameter traffic */
 #define FL_NUM_CLASSES 4
