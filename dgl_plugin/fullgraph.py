@@ -15,18 +15,25 @@ the model). Per rank (digest B2.8):
   #8) and, with ``mem_budget_bytes``, of at most half the budget by estimate, each recomputed in backward (§4.4.1;
   :mod:`dgl_plugin.g3_bins`). ``schedule="pipelined"`` computes, per layer: ready boundary bins, ready interior bins
   (eager: no halo needed, overlapping the previous exchange), waits for the halo, halo boundary bins, *starts sending
-  the boundary outputs* (inter-layer pipeline), then the halo interior bins while the exchange runs. ``"sequential"``
+  the boundary outputs* (inter-layer pipeline), then the halo interior bins while the exchange runs. Departure from
+  the seed (B2.2 step 3, B2.6 "start sending as early as possible"): the seed sends each bin's output as soon as the
+  bin finishes; here a layer's boundary outputs (all A and C bins) leave together, once the C bins are done, because
+  the halo exchange is one planned :func:`graph_allgather` per layer (a DGCL plan of relays and stages over every
+  boundary row), which cannot start on part of the rows; per-bin sends would need a plan per bin. ``"sequential"``
   exchanges, then computes every bin (the seed's "Sequential" variant). Backward, pipelined (``pipeline_backward``): a
   layer's halo-gradient exchange runs in the background while the bins that do not need its result compute their
   backward; the returned rows are added where first needed;
 - parameter sync: layer-wise asynchronous all-reduce (SUM) as each layer's gradients are accumulated, one optimizer
-  step per epoch (B6 #12); the loss is Σ local CE / global #train nodes, so gradients equal single-process training
-  exactly (B6 #13).
+  step per epoch (B6 #12): one group per graph layer and one for the parameters outside them, trainable ones only,
+  issued in the order a probe backward accumulates them (the same on every rank, which gloo needs); the loss is
+  Σ local CE / global #train nodes, so gradients equal single-process training exactly (B6 #13).
 
-Open decisions (digest B6), decided here: #1 symmetrised partitioning, in-neighbour halos; #4 ``cache_halo_inputs``
-(default False: layer-1 halo features are resent every epoch); #8 bin limit = bin_size, and with a budget M the estimate
-of g3_bins.bin_bytes <= M / 2 (widest layer, forward and backward); #9 a bin launches when full or when no more ready
-nodes exist (bins are built statically from the groups above); #10 boundary group first, stable BFS order inside; #11
+Open decisions (digest B6), decided here: #1 symmetrised partitioning, in-neighbour halos; #2 stage 1 balances node
+count and in-edges |E(V_i)|; #4 ``cache_halo_inputs`` (default False: layer-1 halo features are resent every epoch);
+#8 bin limit = bin_size, and with a budget M the estimate of g3_bins.bin_bytes <= M / 2 (widest layer, forward and
+backward, GAT attention per edge; one bin layout for every layer, a departure from the seed's per-layer limit, see
+g3_bins); #9 a bin launches when full or when no more ready nodes exist (bins are built statically from the groups
+above); #10 boundary group first, stable BFS order inside; #11
 backward runs the autograd graph in reverse (bins reversed) and exchanges gradients along the reversed DGCL plan, all
 remote contributions summed before use (fp32); #12 per-layer async all-reduce, no coordinator thread; #13 global-count
 loss normalisation; #14 GCN normalisation uses global degrees (folded into edge weights); #15 GAT shares ``h`` and
@@ -89,8 +96,9 @@ class FullGraphConfig:
     gamma: float = 0.005
     """Algorithm 2 convergence: stop when (max - min) / max of |V_i^remote| <= gamma (seed: 0.5 %)."""
     objtype: Literal["vol", "cut"] = "cut"
-    """METIS objective: edge cut, or total communication volume (closest to Eq. 4.3; measured, with the two balance
-    constraints it leaves partitions 1.6x unbalanced, so cut is the default)."""
+    """METIS objective: edge cut, or total communication volume (closest to Eq. 4.3). Both keep the two balances
+    (nodes, in-edges) within 1.03; after Algorithm 2 cut left the lower largest |V_i^remote| at 8 and 16 parts on a
+    20k-node synthetic graph, so cut is the default (:mod:`dgl_plugin.g3_partition`)."""
     comm_plan: Literal["spst", "p2p", "auto"] = "auto"
     """DGCL planner for the halo exchange; auto = SPST unless peer-to-peer is cheaper under the cost model."""
     topology: str = "full_mesh"
@@ -522,10 +530,12 @@ def _probe_copy(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         yield probe.eval()
 
 
-def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> list[tuple[int, int]]:
-    """(input, output) row width of every ``model.layers[k]`` (heads flattened), from one eval-mode run of
-    ``model(g, x)`` on a small graph. Sizes the bins of ``mem_budget_bytes``."""
-    widths: dict[int, tuple[int, int]] = {}
+def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> list[tuple[int, int, int]]:
+    """(input, output, per-edge) width of every ``model.layers[k]``: its row widths (heads flattened), from one
+    eval-mode run of ``model(g, x)`` on a small graph, and its attention values per edge (B6 #8: the number of
+    heads of a DGL attention layer in it, which keeps it in ``_num_heads`` (GATConv, GATv2Conv, DotGatConv, EGATConv,
+    EdgeGATConv); 0 for the others). Sizes the bins of ``mem_budget_bytes``."""
+    widths: dict[int, tuple[int, int, int]] = {}
 
     def row(t: Any) -> int:
         t = t[0] if isinstance(t, tuple) else t
@@ -533,10 +543,13 @@ def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> l
 
     def hook(k: int) -> Any:
         def record(_m: Any, args: tuple, out: Any) -> None:  # returns None: the output is left unchanged
-            widths.setdefault(k, (row(args[1]), row(out)))
+            widths.setdefault(k, (row(args[1]), row(out), heads[k]))
 
         return record
 
+    heads = [
+        max((int(getattr(m, "_num_heads", 0)) for m in layer.modules()), default=0) for layer in model.layers
+    ]
     with _probe_copy(model) as probe, torch.no_grad():
         g, x = _probe_graph(probe, 8, in_feats, dtype)
         for k, layer in enumerate(probe.layers):
@@ -546,6 +559,30 @@ def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> l
     if missing:
         raise ModelContractError(f"model(g, x) did not call layers {missing}; every layer must run once")
     return [widths[k] for k in range(len(model.layers))]
+
+
+def grad_ready_order(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> dict[str, int]:
+    """Position of every parameter (by name; frozen ones included) in the order one backward of ``model(g, x)`` on
+    a small probe graph accumulates their gradients: autograd accumulates a parameter's gradient as soon as its
+    last contribution exists, so a head comes before the last layer and an input projection used in layer 0 after
+    it. The same on every rank (the same model and probe, on CPU: one autograd thread); it orders the layer-wise
+    all-reduce (B6 #12)."""
+    order: dict[str, int] = {}
+    with _probe_copy(model) as probe, torch.enable_grad():
+        probe.to("cpu")
+
+        def ready(name: str) -> Callable[[torch.Tensor], None]:
+            def hook(_p: torch.Tensor) -> None:  # a hook returns None
+                order.setdefault(name, len(order))
+
+            return hook
+
+        for name, p in probe.named_parameters():
+            p.requires_grad_(True)
+            p.register_post_accumulate_grad_hook(ready(name))
+        g, x = _probe_graph(probe, 8, in_feats, dtype)
+        probe(g, x).sum().backward()
+    return order
 
 
 def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torch.float32) -> str:
@@ -1028,11 +1065,20 @@ class FullGraphRuntime:
             # threads and a socket per peer; the store may hold the feature table pinned), then re-raise
             self._release()
             raise
-        layer_params = [list(layer.parameters()) for layer in model.layers]
-        seen = {id(p) for ps in layer_params for p in ps}
+        # layer-wise all-reduce groups (B6 #12): each graph layer's parameters (one held by two layers belongs to the
+        # first), and those outside the graph layers (a head, an input projection) as one more group, "rest"
+        self._layer_groups: list[tuple[str, list[torch.nn.Parameter]]] = []
+        seen: set[int] = set()
+        for i, layer in enumerate(model.layers):
+            ps = [p for p in layer.parameters() if id(p) not in seen]
+            seen.update(map(id, ps))
+            self._layer_groups.append((f"layer{i}", ps))
         rest = [p for p in model.parameters() if id(p) not in seen]
-        # parameters outside the graph layers (a head, an input projection) are all-reduced as one more group
-        self._layer_groups = layer_params + ([rest] if rest else [])
+        if rest:
+            self._layer_groups.append(("rest", rest))
+        self._param_names = {id(p): n for n, p in model.named_parameters()}
+        self._ready_pos = grad_ready_order(model, x.shape[1], x.dtype) if self.world > 1 else {}
+        self._ar_groups: list[tuple[str, list[torch.nn.Parameter]]] = []
         self._pending_ar: list = []
         log.info(
             "G3 rank %d/%d on %s: %d nodes (%d boundary), %d halo rows, %s plan, %s schedule, bins %s",
@@ -1255,7 +1301,10 @@ class FullGraphRuntime:
                 if src is not None:
                     srcs.append(src)
                     if budget is not None:
-                        self.bin_bytes.append(bin_bytes(src.size, b.size, self.widths, x.element_size()))
+                        n_edges = int((eptr[b + 1] - eptr[b]).sum())
+                        self.bin_bytes.append(
+                            bin_bytes(src.size, b.size, self.widths, x.element_size(), n_edges)
+                        )
                     self._n_local_src.setdefault(name, []).append(int(np.searchsorted(src, self.n_local)))
                 self.bins[name].append((torch.from_numpy(b).to(self.device), blk.to(self.device)))
             self._gather[name] = (
@@ -1593,40 +1642,46 @@ class FullGraphRuntime:
             _restore_layers(self.model, saved)
 
     def _issue_ready(self, force: bool = False) -> None:
-        """Issue layer all-reduces last layer first, each once all its gradients exist, so every rank issues the
-        collectives in the same order (gloo matches collectives by order)."""
-        while self._next_ar >= 0:
-            params = self._layer_groups[self._next_ar]
+        """Issue the groups' all-reduces in ``_ar_groups`` order, the same on every rank (gloo matches collectives
+        by order), each as soon as its gradients and those of every group before it exist."""
+        while self._next_ar < len(self._ar_groups):
+            key, params = self._ar_groups[self._next_ar]
             if not force and not self._ready[self._next_ar]:
                 return
             for p in params:
                 if p.grad is None:  # a layer this rank's loss did not reach still joins the all-reduce
                     p.grad = torch.zeros_like(p)
-            flat = (
-                torch.cat([p.grad.reshape(-1) for p in params])
-                if params
-                else torch.zeros(0, device=self.device)
-            )
-            work = comm.all_reduce(
-                flat, group=self.group, kind="dp", key=f"layer{self._next_ar}", async_op=True
-            )
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            work = comm.all_reduce(flat, group=self.group, kind="dp", key=key, async_op=True)
             self._pending_ar.append((params, flat, work))
-            self._next_ar -= 1
+            self._next_ar += 1
 
     def _hook_layerwise_allreduce(self) -> list:
-        """Async SUM all-reduce of a layer's gradients as soon as they are accumulated (B6 #12)."""
-        self._ready = [False] * len(self._layer_groups)
-        self._next_ar = len(self._layer_groups) - 1
+        """Async SUM all-reduce of a layer's gradients as soon as they are accumulated (B6 #12). A group holds the
+        parameters that require a gradient now (a frozen one has none to hook or sum; a group left empty is
+        dropped). Groups are issued in the order a probe backward accumulated their last gradient
+        (:func:`grad_ready_order`): an input projection used in layer 0 comes after the last layer, a head before
+        it, so no layer's all-reduce waits for a group that becomes ready later."""
+        names, pos = self._param_names, self._ready_pos
+        groups = [(key, [p for p in ps if p.requires_grad]) for key, ps in self._layer_groups]
+        groups = [(key, ps) for key, ps in groups if ps]
+
+        def ready_at(i: int) -> tuple[float, int]:  # groups the probe did not reach last, last layer first
+            return max(pos.get(names.get(id(p), ""), float("inf")) for p in groups[i][1]), -i
+
+        self._ar_groups = [groups[i] for i in sorted(range(len(groups)), key=ready_at)]
+        self._ready = [False] * len(self._ar_groups)
+        self._next_ar = 0
         handles = []
         if self.world == 1:
             return handles
-        for li, params in enumerate(self._layer_groups):
+        for gi, (_key, params) in enumerate(self._ar_groups):
             left = {"n": len(params)}
 
-            def hook(_p, left=left, li=li):
+            def hook(_p, left=left, gi=gi):
                 left["n"] -= 1
                 if left["n"] == 0:
-                    self._ready[li] = True
+                    self._ready[gi] = True
                     self._issue_ready()
 
             handles += [p.register_post_accumulate_grad_hook(hook) for p in params]

@@ -1,17 +1,24 @@
 """G3 locality-aware iterative partitioning (seed 000 ch.4 §4.3.2; digest B2.4, Algorithm 2).
 
-Stage 1 (Eqs. 4.1-4.3): multi-constraint METIS k-way (pymetis): vertex weights (1, degree) balance node count and
-degree sum; objective edge cut (``objtype="cut"``, default) or communication volume (``"vol"``, closest to Eq. 4.3 but,
-measured with two constraints, it breaks the balance: 1.58x nodes, 1.90x degree at 8 parts); the ``seed`` reaches
-METIS, so a seed gives one partition. ``dgl-metis`` is DGL's METIS call (no seed).
+Stage 1 (Eqs. 4.1-4.3): multi-constraint METIS k-way (:func:`metis_kway`, METIS's C API from pymetis's library):
+vertex weights (1, in-degree) balance node count and in-edges ``|E(V_i)|`` (Eq. 4.2 with ``d_v`` the in-degree,
+B6 #2: what aggregation costs; on a symmetric graph the degree); objective edge cut (``objtype="cut"``, default) or
+communication volume (``"vol"``, closest to Eq. 4.3). Measured on a 20k-node synthetic graph (average degree 20,
+seed 0), both keep both balances within 1.03, and after Algorithm 2 cut leaves the lower largest |V_i^remote| at 8
+and 16 parts (5434 vs 5620, 3528 vs 4032; 7383 vs 7227 at 4). The ``seed`` reaches METIS, so a seed gives one
+partition. ``dgl-metis`` is DGL's METIS call on the directed graph (the same two weights: DGL balances its
+in-degree; no seed). Until 2026-11-28 stage 1 called pymetis's ``part_graph``, which passes METIS one constraint (see
+:func:`metis_kway`): its partitions balanced neither weight as intended (at 8 parts, objtype vol: 1.14x nodes,
+1.32x degree).
 Stage 2 (Eq. 4.4, Algorithm 2): while ``(R_max - R_min) / R_max > γ`` with ``R_i = |V_i^remote|``: swap ``v_max``, the
 node of ``V_max`` with the most remote neighbours, and ``v_min``, the node of ``V_min`` with the fewest neighbours
 outside ``V_max`` (one for one, so sizes are kept). ``|V_i^remote|`` is tracked incrementally in O(d_v) per move with
 per-partition in-partition degree counts of remote nodes (the seed's fast neighbour tracking), never recounted.
 
-Decisions (digest B6): #1 partition on the symmetrised graph, ``N(v)`` = its neighbours; #5 stop at the γ test, on a
-repeated swap pair ("cyclic swapping", literal variant), after ``patience`` rejected swaps in a row, or at
-``max_iters``; #6 degree-sum balance guarded (checked variant); #7 one swap per iteration (faithful).
+Decisions (digest B6): #1 partition on the symmetrised graph, ``N(v)`` = its neighbours; #2 node weight 1, degree =
+in-degree (counted on the directed edges, repeats and self loops included: the edges a layer aggregates); #5 stop at
+the γ test, on a repeated swap pair ("cyclic swapping", literal variant), after ``patience`` rejected swaps in a row,
+or at ``max_iters``; #6 in-edge balance guarded (checked variant); #7 one swap per iteration (faithful).
 Extension (flagged, ``variant="checked"`` by default): the seed's goal is Eq. 4.4 (the largest |V_i^remote|), but read
 literally Algorithm 2 narrows the spread by raising ``V_min`` and can raise the maximum (measured: +6-25 % over
 METIS alone with an earlier node-locking fix). The checked variant keeps the seed's candidate choice and accepts a
@@ -39,6 +46,7 @@ class PartitionStats:
     num_parts: int
     sizes: list[int]
     degree_sums: list[int]
+    """In-edges per partition, ``|E(V_i)| = Σ_{v ∈ V_i} in-degree(v)`` (Eq. 4.2, B6 #2)."""
     remote: list[int]
     stage1_remote: list[int]
     iterations: int = 0
@@ -97,10 +105,20 @@ def remote_counts(indptr: np.ndarray, indices: np.ndarray, part: np.ndarray, n: 
     return np.bincount(key // part.size, minlength=n).tolist()
 
 
-def stage1(indptr, indices, n: int, method: str = "metis", objtype: str = "cut", seed: int = 0) -> np.ndarray:
-    """Stage 1 (Eqs. 4.1-4.3). ``metis``/``pymetis``: METIS k-way through pymetis with two vertex weights (1, degree),
-    ``objtype`` and ``seed`` passed to METIS (deterministic for a given seed). ``dgl-metis``: DGL's METIS call (same
-    weights; it takes no seed). ``random`` (seeded) and ``chunk`` (contiguous id ranges) are baselines."""
+def stage1(
+    indptr,
+    indices,
+    n: int,
+    method: str = "metis",
+    objtype: str = "cut",
+    seed: int = 0,
+    edges: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Stage 1 (Eqs. 4.1-4.3) on the symmetrised graph ``indptr``/``indices``. ``metis``/``pymetis``: METIS k-way
+    through pymetis with two vertex weights (1, in-degree), ``objtype`` and ``seed`` passed to METIS (deterministic
+    for a given seed). ``dgl-metis``: DGL's METIS call (same weights: DGL balances the in-degree of the graph it is
+    given; it takes no seed). ``edges``: the directed edges (src, dst), whose in-degree is the Eq. 4.2 weight (B6 #2);
+    None: the symmetrised graph's degree. ``random`` (seeded) and ``chunk`` (contiguous id ranges) are baselines."""
     N = indptr.size - 1
     if method == "random":
         return np.random.default_rng(seed).integers(0, n, N)
@@ -110,24 +128,95 @@ def stage1(indptr, indices, n: int, method: str = "metis", objtype: str = "cut",
         import dgl
         import torch
 
-        rows = np.repeat(np.arange(N), np.diff(indptr))
-        g = dgl.graph((torch.from_numpy(indices), torch.from_numpy(rows)), num_nodes=N)
+        if edges is None:
+            edges = indices, np.repeat(np.arange(N), np.diff(indptr))
+        g = dgl.graph((torch.from_numpy(edges[0]), torch.from_numpy(edges[1])), num_nodes=N)
         part = dgl.metis_partition_assignment(
             g, n, balance_ntypes=torch.zeros(N, dtype=torch.int64), balance_edges=True, objtype=objtype
         )
         return part.numpy().astype(np.int64)
     if method in ("metis", "pymetis"):
-        import pymetis
-
-        deg = np.diff(indptr)
-        # node weight scaled to the mean degree: measured, METIS then meets both balance constraints far better
-        # (16 parts, 6k nodes: 1.06 / 1.06 vs 1.24 / 1.34 with weight 1); best of 4 cuts
-        unit = max(1, int(round(deg.mean())))
-        vw = np.stack([np.full(N, unit, np.int64), np.maximum(deg, 1)], 1).ravel()
-        opts = pymetis.Options(seed=int(seed), objtype={"cut": 0, "vol": 1}[objtype], ncuts=4)
-        res = pymetis.part_graph(n, xadj=indptr, adjncy=indices, vweights=vw, options=opts, recursive=False)
-        return np.asarray(res.vertex_part, np.int64)
+        deg = np.diff(indptr) if edges is None else in_degree(edges[1], N)
+        # B6 #2: weight 1 per node and the degree (at least 1: a constraint needs a positive total)
+        return metis_kway(
+            indptr, indices, np.stack([np.ones(N, np.int64), np.maximum(deg, 1)], 1), n, objtype, seed
+        )
     raise PartitionError(f"stage-1 method must be one of {STAGE1}, got {method!r}")
+
+
+#: pymetis (major, minor) versions whose library :func:`metis_kway` calls into, [first, last)
+PYMETIS_VERSIONS = ((2025, 2), (2025, 3))
+
+
+def metis_kway(
+    indptr: np.ndarray, indices: np.ndarray, vwgt: np.ndarray, n: int, objtype: str = "cut", seed: int = 0
+) -> np.ndarray:
+    """METIS k-way partition of the symmetric graph ``indptr``/``indices`` into ``n`` parts with one balance
+    constraint per column of ``vwgt`` (N x ncon), ``objtype`` and ``seed``, best of 4 cuts.
+
+    METIS_PartGraphKway is called through its C API, from the METIS library pymetis ships: pymetis's ``part_graph``
+    hands METIS one constraint whatever ``vweights`` holds (pymetis 2025.2.2 divides its length by ``len(xadj)`` =
+    N + 1, so 2N weights give ncon = 1; METIS then reports "Number of balancing constraints: 1" and reads the first N
+    values, interleaved node and degree weights, as one weight per node), which left stage 1 with neither balance."""
+    import ctypes
+
+    from pymetis import _internal as pm
+
+    from flowlane.versions import check_version_range
+
+    # METIS's own C symbols and pymetis's private helpers (_idx_type_width, Options._len): checked on 2025.2 only
+    check_version_range(
+        "pymetis", PYMETIS_VERSIONS, "G3 stage 1 (METIS_PartGraphKway from pymetis's library)"
+    )
+    N = indptr.size - 1
+    vwgt = np.asarray(vwgt)
+    if vwgt.ndim != 2 or vwgt.shape[0] != N or vwgt.shape[1] < 1:
+        raise PartitionError(f"vwgt must have shape (num_nodes={N}, ncon >= 1), got {vwgt.shape}")
+    if n == 1:
+        return np.zeros(N, np.int64)
+    idx = {32: np.int32, 64: np.int64}[pm._idx_type_width()]
+    lib = ctypes.CDLL(pm.__file__)
+    if not hasattr(lib, "METIS_PartGraphKway") or not hasattr(lib, "METIS_SetDefaultOptions"):
+        raise PartitionError(
+            f"G3 stage 1: {pm.__file__} does not export METIS_PartGraphKway; use stage-1 method 'dgl-metis'"
+        )
+    ptr = ctypes.c_void_p
+
+    def arr(a: object) -> np.ndarray:
+        return np.ascontiguousarray(a, idx)
+
+    opts = arr(np.zeros(pm.Options._len()))
+    lib.METIS_SetDefaultOptions(opts.ctypes.data_as(ptr))
+    oi = pm.options_indices
+    opts[oi.OBJTYPE] = {"cut": pm.ObjType.CUT, "vol": pm.ObjType.VOL}[objtype]
+    opts[oi.SEED], opts[oi.NCUTS], opts[oi.NUMBERING] = int(seed), 4, 0
+    part, cut = arr(np.zeros(N)), arr([0])
+    keep = [arr([N]), arr([vwgt.shape[1]]), arr(indptr), arr(indices), arr(vwgt.reshape(-1)), arr([n])]
+    nv, ncon, xadj, adjncy, vw, nparts = (a.ctypes.data_as(ptr) for a in keep)
+    rc = lib.METIS_PartGraphKway(
+        nv,
+        ncon,
+        xadj,
+        adjncy,
+        vw,
+        None,
+        None,
+        nparts,
+        None,
+        None,
+        opts.ctypes.data_as(ptr),
+        cut.ctypes.data_as(ptr),
+        part.ctypes.data_as(ptr),
+    )
+    if rc != pm.Status.OK:
+        raise PartitionError(f"METIS_PartGraphKway failed (status {rc}) for {N} nodes into {n} parts")
+    return part.astype(np.int64)
+
+
+def in_degree(dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """Each node's in-degree: the edges destined to it (repeats and self loops included), what its aggregation
+    reads (Eq. 4.2's ``d_v``, B6 #2)."""
+    return np.bincount(np.asarray(dst, np.int64), minlength=num_nodes).astype(np.int64)
 
 
 class _Tracker:
@@ -211,20 +300,23 @@ def refine(
     patience: int = 200,
     variant: str = "checked",
     deg_tol: float = 0.05,
+    deg: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, str]:
-    """Algorithm 2 on ``part`` (copied). Returns (partition, iterations = accepted swaps, stop reason).
+    """Algorithm 2 on ``part`` (copied); ``deg``: the Eq. 4.2 weight the degree guard balances (in-degree; None: the
+    symmetrised degree). Returns (partition, iterations = accepted swaps, stop reason).
 
     ``variant="literal"``: the printed algorithm (swap ``v_max``/``v_min`` until γ or a repeated pair). Measured, it
     often *raises* the largest |V_i^remote| (Eq. 4.4) while narrowing the spread, by pulling ``V_min`` up.
     ``variant="checked"`` (default; flagged extension): the same candidates (lines 4-5, 9-10), but a swap is kept only
-    if it lowers Eq. 4.4 (remote counts sorted descending, lexicographically) and keeps every partition's degree
+    if it lowers Eq. 4.4 (remote counts sorted descending, lexicographically) and keeps every partition's ``deg``
     sum within ``max(stage-1 maximum, (1 + deg_tol) x mean)``; a rejected swap is undone (O(d_v), incremental
     tracking) and its ``v_max`` is skipped until the next accepted swap. Sizes are kept (one-for-one swaps)."""
     if variant not in ("checked", "literal"):
         raise PartitionError(f"variant must be 'checked' or 'literal', got {variant!r}")
     part = part.copy()
     tr = _Tracker(indptr, indices, part, n)
-    deg = np.diff(indptr)
+    nbrs = np.diff(indptr)  # |N(v)| on the symmetrised graph (line 10)
+    deg = nbrs if deg is None else deg
     dsum = np.bincount(part, weights=deg, minlength=n)
     deg_cap = max(float(dsum.max()), (1 + deg_tol) * float(dsum.mean()))
     max_iters = max_iters if max_iters is not None else 20 * part.size
@@ -242,7 +334,7 @@ def refine(
         if v_max is None or members.size == 0:
             reason = "no_candidate" if variant == "literal" else "no_improving_swap"
             break
-        v_min = int(members[np.argmin(deg[members] - tr.nbr_in[members, a])])
+        v_min = int(members[np.argmin(nbrs[members] - tr.nbr_in[members, a])])
         if variant == "literal":
             pair = (min(v_max, v_min), max(v_max, v_min))
             if pair in seen:
@@ -306,15 +398,16 @@ def g3_partition(
     if stage1_method not in STAGE1:
         raise PartitionError(f"stage-1 method must be one of {STAGE1}, got {stage1_method!r}")
     indptr, indices = symmetric_csr(src, dst, num_nodes)
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    deg = in_degree(dst, num_nodes)
     t0 = time.perf_counter()
     part = (
-        stage1(indptr, indices, num_parts, stage1_method, objtype, seed)
+        stage1(indptr, indices, num_parts, stage1_method, objtype, seed, edges=(src, dst))
         if num_parts > 1
         else np.zeros(num_nodes, np.int64)
     )
     t1 = time.perf_counter()
     r1 = remote_counts(indptr, indices, part, num_parts)
-    deg = np.diff(indptr)
     s1, d1 = np.bincount(part, minlength=num_parts), np.bincount(part, weights=deg, minlength=num_parts)
     first = {
         "stage1_size_imbalance": float(s1.max() / s1.mean()),
@@ -323,7 +416,7 @@ def g3_partition(
     it, reason = 0, "disabled"
     if refine_stage2 and num_parts > 1:
         part, it, reason = refine(
-            indptr, indices, part, num_parts, gamma, max_iters, variant=variant, deg_tol=deg_tol
+            indptr, indices, part, num_parts, gamma, max_iters, variant=variant, deg_tol=deg_tol, deg=deg
         )
     t2 = time.perf_counter()
     stats = PartitionStats(

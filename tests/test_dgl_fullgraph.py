@@ -17,6 +17,7 @@ from dgl_plugin.fullgraph import (  # noqa: E402
     FullGraphConfig,
     FullGraphRuntime,
     ModelContractError,
+    layer_widths,
     load_local_partition,
 )
 from dgl_plugin.models import build_model  # noqa: E402
@@ -39,6 +40,7 @@ CASES = [  # (model, schedule, comm_plan, bin_size, cache_halo_inputs)
         False,
     ),  # forward_layer + GraphConv: a residual on h_dst after the layer
 ]
+FROZEN = ("layers.1.bias",)
 DISK_CASES = [("gcn", "pipelined"), ("dglsage", "sequential")]  # from partition_graph output on disk
 #: features="host" (PyTorch-Direct gathers per bin, layer 0 recomputed in backward): (model, schedule, bin_size,
 #: cache_halo_inputs, the CASES entry with the same bins to equal bitwise, or None)
@@ -100,11 +102,15 @@ class ResidualGCN(nn.Module):
         return F.relu(h + self.proj(h_dst)) if k == 0 else h
 
 
-def _model(name):
+def _model(name, frozen=()):
     if name in ("dglsage", "resgcn"):
         torch.manual_seed(0)
-        return (DGLStyleSAGE if name == "dglsage" else ResidualGCN)(6, 8, 4).double()
-    return build_model(name, 6, 8, 4, num_layers=2, seed=0).double()
+        model = (DGLStyleSAGE if name == "dglsage" else ResidualGCN)(6, 8, 4).double()
+    else:
+        model = build_model(name, 6, 8, 4, num_layers=2, seed=0).double()
+    for k, p in model.named_parameters():
+        p.requires_grad_(k not in frozen)
+    return model
 
 
 def _graph():
@@ -113,14 +119,18 @@ def _graph():
     return g
 
 
-def _reference(name):
+def _reference(name, frozen=()):
     g = _graph()
-    model = _model(name)
+    model = _model(name, frozen)
     logits = model(g, g.ndata["feat"])
     m = g.ndata["train_mask"]
     loss = torch.nn.functional.cross_entropy(logits[m], g.ndata["label"][m], reduction="sum") / int(m.sum())
     loss.backward()
-    return logits.detach().numpy(), {k: p.grad.numpy() for k, p in model.named_parameters()}
+    return logits.detach().numpy(), _grads(model)
+
+
+def _grads(model):
+    return {k: p.grad.numpy() for k, p in model.named_parameters() if p.grad is not None}
 
 
 def _run(rt, model):
@@ -129,18 +139,27 @@ def _run(rt, model):
     return {
         "ids": rt.local_ids,
         "logits": logits.detach().numpy(),
-        "grads": {k: p.grad.numpy() for k, p in model.named_parameters()},
+        "grads": _grads(model),
         "summary": rt.summary(),
     }
 
 
-def _dgx1_run(name, **cfg):
-    """One 3-rank run on the DGX-1 topology's planner, with the halo bytes it sent."""
-    model = _model(name)
+def _dgx1_run(name, frozen=(), **cfg):
+    """One 3-rank run on the DGX-1 topology's planner, with the halo bytes it sent, the layer-wise all-reduces
+    (keys, in issue order) and every parameter's gradient accumulation with how many of them were issued before."""
+    model = _model(name, frozen)
     cfg = FullGraphConfig(topology="dgx1", devices=["gpu0", "gpu5", "gpu6"], device="cpu", **cfg)
     with comm.recording() as rec, FullGraphRuntime(_graph(), model, cfg) as rt:
+        ready = []
+        for k, p in model.named_parameters():
+            if p.requires_grad:  # registered before the runtime's hooks, so it runs first
+                p.register_post_accumulate_grad_hook(
+                    lambda _p, k=k: ready.append((k, sum(op.kind == "dp" for op in rec.ops)))
+                )
         res = _run(rt, model)
     res["graph_bytes"] = rec.bytes_by_kind().get("graph", 0)
+    res["allreduce_keys"] = [op.key for op in rec.ops if op.kind == "dp"]
+    res["grad_ready"] = ready
     res["bin_rows"] = {k: [int(b.numel()) for b, _ in v] for k, v in rt.bins.items()}
     return res
 
@@ -207,7 +226,9 @@ def _worker(rank, world, part_config):
         no_train = None
     except ValueError as e:
         no_train = str(e)
-    return out, disk, host, budget, refused, groups_left, (no_train, _process_groups() - groups)
+    # a frozen parameter (the last layer's bias): neither hooked nor all-reduced
+    frozen = _dgx1_run("resgcn", frozen=FROZEN, comm_plan="spst", schedule="pipelined", bin_size=9)
+    return out, disk, host, budget, refused, groups_left, (no_train, _process_groups() - groups), frozen
 
 
 @pytest.fixture(scope="module")
@@ -223,12 +244,12 @@ def partitioned(tmp_path_factory):
 def results(partitioned):
     # generous: the shared box is often loaded
     res = launch(_worker, RANKS, args=(partitioned[0],), timeout=600)
-    # (device, disk, host, budget, refused, groups_left, failed constructors) by rank
+    # (device, disk, host, budget, refused, groups_left, failed constructors, frozen) by rank
     return tuple(list(part) for part in zip(*res, strict=True))
 
 
-def _check_exact(per_rank, name, ids_to_orig=None):
-    ref_logits, ref_grads = _reference(name)
+def _check_exact(per_rank, name, ids_to_orig=None, frozen=()):
+    ref_logits, ref_grads = _reference(name, frozen)
     seen = np.zeros(ref_logits.shape[0], int)
     for res in per_rank:
         ids = res["ids"] if ids_to_orig is None else ids_to_orig[res["ids"]]
@@ -236,6 +257,7 @@ def _check_exact(per_rank, name, ids_to_orig=None):
         seen[ids] += 1
         for k, gr in ref_grads.items():
             np.testing.assert_allclose(res["grads"][k], gr, rtol=1e-8, atol=1e-11, err_msg=k)
+        assert res["grads"].keys() == ref_grads.keys()
     assert (seen == 1).all()  # every node computed by exactly one rank
 
 
@@ -284,6 +306,43 @@ def test_memory_budget_gives_single_process_results_with_bins_within_half_the_bu
         assert sum(bins.values()) >= 2 * sum(1 for n in bins.values() if n), bins
 
 
+def _allreduce_group(param):
+    """The layer-wise all-reduce group of a parameter of these models."""
+    return f"layer{param.split('.')[1]}" if param.startswith("layers.") else "rest"
+
+
+@pytest.mark.parametrize("case", [*range(len(CASES)), "frozen"])
+def test_layer_allreduces_run_in_one_order_each_as_soon_as_its_gradients_are_ready(results, case):
+    """B6 #12: every rank issues the groups' all-reduces in the same order (gloo matches them by order), and each
+    group's is issued when its last gradient is accumulated, before any later gradient: an input projection used in
+    layer 0 (resgcn) is issued after layer 1 instead of holding it back, a head (dglsage) before the last layer."""
+    per_rank = [results[7][r] if case == "frozen" else results[0][r][case] for r in range(RANKS)]
+    keys = per_rank[0]["allreduce_keys"]
+    assert all(r["allreduce_keys"] == keys for r in per_rank)
+    name = "resgcn" if case == "frozen" else CASES[case][0]
+    groups = {_allreduce_group(k) for k in per_rank[0]["grads"]}
+    assert sorted(keys) == sorted(groups)  # one all-reduce per group
+    if name == "resgcn":
+        assert keys == ["layer1", "rest", "layer0"]
+    if name == "dglsage":
+        assert keys == ["rest", "layer1", "layer0"]
+    for r in per_rank:
+        for i, key in enumerate(keys):
+            issued_before = [n for p, n in r["grad_ready"] if _allreduce_group(p) == key][-1]
+            assert issued_before == i, (key, r["grad_ready"])
+
+
+def test_frozen_parameters_are_not_all_reduced_and_the_rest_equal_single_process(results):
+    """A parameter with requires_grad=False (here the last layer's bias) is neither hooked nor all-reduced (torch
+    refuses a hook on it): it gets no gradient, as in single-process training, and every other gradient equals
+    single-process training's."""
+    per_rank = [results[7][r] for r in range(RANKS)]
+    _check_exact(per_rank, "resgcn", frozen=FROZEN)
+    for r in per_rank:
+        assert FROZEN[0] not in r["grads"] and r["grad_ready"]
+        assert FROZEN[0] not in {p for p, _ in r["grad_ready"]}
+
+
 def test_a_budget_one_rank_cannot_honour_is_refused_on_every_rank(results):
     for msg in results[4]:
         assert msg is not None and "bad mem_budget_bytes" in msg and "rank 1: destination row" in msg, msg
@@ -330,6 +389,13 @@ def test_memory_budget_keeps_only_layer_tensors_for_backward():
     assert held[2e6][1] < held[None][1], held
     for k, gr in grads[None].items():
         torch.testing.assert_close(grads[2e6][k], gr, rtol=1e-4, atol=1e-6)
+
+
+def test_layer_widths_count_attention_values_per_edge():
+    """B6 #8: the bins' memory estimate sees each layer's attention values per edge (a GATConv's heads), 0 for
+    layers without attention."""
+    assert layer_widths(_model("gat"), 6, torch.float64) == [(6, 32, 4), (32, 4, 1)]
+    assert layer_widths(_model("sage"), 6, torch.float64) == [(6, 8, 0), (8, 4, 0)]
 
 
 def test_a_budget_too_small_for_one_node_is_refused_at_install():
