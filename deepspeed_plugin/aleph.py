@@ -159,7 +159,10 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
             "flowlane.aleph needs exactly one of 'bandwidth_gbps' (one figure per DP rank, planned with "
             "M-WCHA) or 'clusters' (an explicit plan)"
         )
-    if "clusters" in own and (idle := sorted(k for k in PLANNER_FIELDS if k in section)):
+    defaults = AlephConfig()
+    if "clusters" in own and (
+        idle := sorted(k for k in PLANNER_FIELDS if k in section and getattr(cfg, k) != getattr(defaults, k))
+    ):
         raise ValueError(
             f"flowlane.aleph: {idle} set M-WCHA's planning (ps_gbps: its PS check, digest §5.1 #12) from "
             "'bandwidth_gbps', but the plan here is explicit ('clusters'): they would have no effect; give "

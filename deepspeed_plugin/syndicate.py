@@ -226,16 +226,31 @@ class SyndicateDeepSpeed:
         self.profile_written: Path | None = None
         """Where ``profile_out`` was written on this rank (data-parallel rank 0 only), once it has been."""
         write_out = cfg.profile_out if rank == 0 else None
+        self._profile_failed = False
 
         def step() -> None:
             self.enforcer.step()
-            if write_out is not None and self.profile_written is None and self.enforcer.profile() is not None:
+            if write_out is None or self.profile_written is not None or self._profile_failed:
+                return
+            if self.enforcer.profile() is None:
+                return
+            try:
                 self.profile_written = self.write_profile(write_out)
-                log.info(
-                    "flowlane.syndicate: wrote the profile of iteration %d to %s",
-                    cfg.profile_iteration,
+            except OSError as e:
+                # rank 0 alone writes: raising here would leave the other ranks in the next all-reduce until the
+                # backend's timeout; the job goes on without the file, said once, loudly
+                self._profile_failed = True
+                log.error(
+                    "flowlane.syndicate: could not write the profile to %s (the job goes on): %s",
                     write_out,
+                    e,
                 )
+                return
+            log.info(
+                "flowlane.syndicate: wrote the profile of iteration %d to %s",
+                cfg.profile_iteration,
+                write_out,
+            )
 
         self._undo = route_dp_all_reduce(cdb, self.ranks, reduce, "flowlane.syndicate")
         self._undo_step = after_iteration(engine, step, "flowlane.syndicate")

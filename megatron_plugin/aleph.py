@@ -108,7 +108,10 @@ class AlephMegatronConfig:
                 f"aleph cpu_per_member={self.cpu_per_member!r} (--aleph-cpu-per-member): the plugin has no per-rank "
                 "CPU figures for it to limit capacity with; only 0 is allowed"
             )
-        if not (self.bandwidth_gbps or self.expert_bandwidth_gbps):  # every plan explicit: nothing is planned
+        explicit = (self.clusters or self.expert_clusters) and not (
+            self.bandwidth_gbps or self.expert_bandwidth_gbps
+        )
+        if explicit:  # every plan given: nothing is planned
             idle = [
                 f"{f.name}={getattr(self, f.name)!r} (--aleph-{f.name.replace('_', '-')})"
                 for f in dataclasses.fields(self)

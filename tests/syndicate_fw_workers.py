@@ -31,8 +31,16 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
     out: dict = {"refused": {}}
     recorded: list[tuple[int, str]] = []
 
-    def run(name: str, zero: int, section: dict | None, steps: int = 4, record: bool = False) -> None:
-        """``steps`` micro-steps (2 per iteration); a flowlane run also tries to write its profile."""
+    def run(
+        name: str,
+        zero: int,
+        section: dict | None,
+        steps: int = 4,
+        record: bool = False,
+        disk_full: bool = False,
+    ) -> None:
+        """``steps`` micro-steps (2 per iteration); a flowlane run also tries to write its profile. ``disk_full``:
+        every profile write fails with ENOSPC."""
         if record:
             recorded.clear()
         engine, cfg = tiny_engine(zero, None if section is None else {"syndicate": section})
@@ -42,6 +50,12 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             out["refused"][name] = f"{type(e).__name__}: {e}"
             engine.destroy()
             return
+        if disk_full and s is not None:
+
+            def full(path):
+                raise OSError(28, "No space left on device", str(path))
+
+            s.write_profile = full
         cdb = dscomm.cdb
         if record:  # DeepSpeed's own run, observed only: the signature of each DP all-reduce of one iteration
             original = cdb.all_reduce
@@ -65,6 +79,11 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             )
             if s.profile_written is not None:  # profile_out, written at the step that ended the iteration
                 out[name]["profile_out"] = json.loads(s.profile_written.read_text())
+            if disk_full:
+                out[name]["profile_failed"] = s._profile_failed
+                s.close()
+                engine.destroy()
+                return
             with tempfile.TemporaryDirectory() as tmp:
                 try:
                     out[name]["profile"] = json.loads(s.write_profile(f"{tmp}/p.json").read_text())
@@ -90,6 +109,13 @@ def deepspeed_with_and_without(rank: int, world: int) -> dict:
             # rank 0 cannot make the folder (rank 1 could): refused on both, before any group is made
             bad = "/dev/null/p.json" if rank == 0 else f"{tempfile.gettempdir()}/p.json"
             run("profile_out_bad", 0, {"mode": "fifo", "profile_out": bad}, steps=0)
+            # the write fails on rank 0 (a full disk): said once, and every rank trains on (no rank left waiting)
+            with tempfile.TemporaryDirectory() as auto:
+                run(
+                    "disk_full", 0, {"mode": "fifo", "profile_out": f"{auto}/p.json"}, steps=6, disk_full=True
+                )
+            out["disk_full"]["same_losses"] = out["disk_full"].pop("losses")[:4] == out["own"]["losses"]
+            out["disk_full"].pop("params")
             out["fifo"]["same_losses"] = out["fifo"].pop("losses")[:4] == out["own"]["losses"]
             out["fifo"].pop("params")
             out["recorded"] = list(recorded)

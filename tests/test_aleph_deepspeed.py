@@ -68,7 +68,10 @@ def test_aleph_section_is_parsed_strictly():
     assert cfg.ps_gbps == 20
     with pytest.raises(ValueError, match=r"\['ps_gbps'\] set M-WCHA's planning.*explicit \('clusters'\)"):
         parse_section({"flowlane": {"aleph": {"clusters": [[0, 1]], "ps_gbps": 5}}})
-    # so are the planner's other settings: nothing is planned from a given plan
+    # so are the planner's other settings: nothing is planned from a given plan (their defaults are accepted)
+    parse_section(
+        {"flowlane": {"aleph": {"clusters": [[0, 1]], "seed": 0, "variant": "fill", "ps_gbps": None}}}
+    )
     with pytest.raises(ValueError, match=r"\['b_gbps', 'seed', 'variant'\] .*no effect"):
         parse_section(
             {"flowlane": {"aleph": {"clusters": [[0, 1]], "seed": 3, "variant": "paper", "b_gbps": 1}}}

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from flowlane.aleph import AlephConfig, Replanner, plan_clusters
+from flowlane.aleph.cluster import flow_rate, plan_with_rate
 from flowlane.aleph.model import aleph_time, ps_feasibility
 
 pytestmark = pytest.mark.once
@@ -38,10 +39,9 @@ def test_a_tiny_ps_budget_replans_the_testbed_into_one_cluster_at_p_over_d() -> 
 
 @pytest.mark.parametrize(
     ("ps", "flows", "rate"),
-    [(None, 4, 10), (40, 4, 10), (30, 3, 7.5), (20, 2, 5), (10, 1, 3.75)],
+    [(None, 4, 10), (40, 4, 10), (30, 3, 7.5), (20, 3, 20 / 3), (10, 2, 5)],
 )
 def test_the_plan_and_its_rate_follow_the_ps_budget(ps: float | None, flows: int, rate: float) -> None:
-    from flowlane.aleph.cluster import plan_with_rate
 
     default = plan_clusters(TESTBED)
     plan, b = plan_with_rate(TESTBED, config=AlephConfig(ps_gbps=ps))
@@ -54,6 +54,12 @@ def test_the_plan_and_its_rate_follow_the_ps_budget(ps: float | None, flows: int
     assert ps_feasibility(plan, b, ps).feasible
     assert aleph_time(1.0, plan, TESTBED, ps).rate == pytest.approx(b)
     assert b >= ps / default.num_flows
+    # every b = P/k below the paper's b was planned: none gives a faster plan (one step to P/|D| overshot: at P = 20
+    # it gave |D| = 2 at 5, at P = 10 |D| = 1 at 3.75)
+    for k in range(1, len(TESTBED) + 1):
+        if ps / k < 10:
+            other = plan_clusters(TESTBED, config=AlephConfig(b_gbps=ps / k))
+            assert flow_rate(other, TESTBED, AlephConfig(ps_gbps=ps)) <= b + 1e-12
 
 
 def test_the_ps_check_and_the_rate_are_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -63,8 +69,8 @@ def test_the_ps_check_and_the_rate_are_logged(caplog: pytest.LogCaptureFixture) 
         plan_clusters(TESTBED)
     got = [r.getMessage() for r in caplog.records if r.name == "flowlane.aleph"]
     assert got == [
-        "flowlane.aleph: PS check |D|*b = 4 x 10 = 40 > ps_gbps=20 Gbit/s: b lowered to P/|D| and re-planned "
-        "(2 plans made); |D| 4 -> 2, rate per flow 5 Gbit/s",
+        "flowlane.aleph: PS check |D|*b = 4 x 10 = 40 > ps_gbps=20 Gbit/s: re-planned at b = P/k (7 plans made); "
+        "|D| 4 -> 3, rate per flow 6.667 Gbit/s",
         "flowlane.aleph: PS check |D|*b = 4 x 10 = 40 <= ps_gbps=40 Gbit/s: plan kept, rate per flow 10 Gbit/s",
     ]
 
@@ -72,19 +78,23 @@ def test_the_ps_check_and_the_rate_are_logged(caplog: pytest.LogCaptureFixture) 
 def test_replanning_under_a_ps_budget_keeps_a_faster_plan_and_checks_the_ps() -> None:
     cfg = AlephConfig(ps_gbps=20, replan_every=1)
     r = Replanner(TESTBED, cfg)
-    assert (r.plan.num_flows, r.rate) == (2, 5)
+    assert (r.plan.num_flows, r.rate) == (3, pytest.approx(20 / 3))
     start = r.plan
-    # the fast worker doubles its rate: the plan in force now runs at 10 = P/|D|; a fresh one is no faster
+    # the fast worker doubles its rate: a fresh plan runs at 10 (|D| = 2), faster than the plan in force: replaced
     d = r.observe([60, *TESTBED[1:]])
-    assert not d.changed and d.plan == start and r.rate == 10 and d.reason.endswith("rate per flow 10 Gbit/s")
-    # the aggregators 1 and 2 (20 Gbit/s) slow to 10: the fresh plan (|D| = 1) has fewer flows but is slower
-    # (3.75 against the plan in force's 5), so the plan in force stays; without ps_gbps fewer flows would win
+    assert (
+        d.changed and (d.plan.num_flows, r.rate) == (2, 10) and d.reason.endswith("rate per flow 10 Gbit/s")
+    )
+    # five workers move: the fresh plan (|D| = 1) has fewer flows but is slower (3.75 against the plan in force's
+    # 5), so the plan in force stays (the rule without ps_gbps, fewer flows wins, would have switched to it)
     r = Replanner(TESTBED, cfg)
-    slow = [30, 10, 10, *TESTBED[3:]]
-    d = r.observe(slow)
+    moved = [30, 30, 20, 60, 40, 5, 10, 30]
+    fresh, fresh_rate = plan_with_rate(moved, config=cfg)
+    assert (fresh.num_flows, fresh_rate) == (1, 3.75)
+    d = r.observe(moved)
     assert not d.changed and d.plan == start and r.rate == 5
-    # the aggregator of 5 members slows to 15: 15/6 = 2.5 < the fresh plan's 3.33: infeasible, replaced
+    # the aggregator of 4 slows to 15: at the fresh plan's rate it may take 1 member: infeasible, replaced
     r = Replanner(TESTBED, cfg)
     d = r.observe([15, *TESTBED[1:]])
-    assert d.changed and "aggregator 0 has 5 members > capacity 3" in d.reason
-    assert r.rate == pytest.approx(20 / 6) and ps_feasibility(d.plan, r.rate, 20).feasible
+    assert d.changed and "aggregator 0 has 3 members > capacity 1" in d.reason
+    assert r.rate == pytest.approx(20 / 3) and ps_feasibility(d.plan, r.rate, 20).feasible

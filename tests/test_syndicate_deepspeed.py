@@ -77,6 +77,11 @@ def test_fifo_mode_writes_the_profile_of_iteration_1_and_keeps_the_signatures_bo
         else:
             assert "profile_out" not in fifo
         assert "data-parallel rank 0: cannot make its folder" in r["refused"]["profile_out_bad"], r["refused"]
+        # a write that fails later (a full disk) does not stop rank 0 alone: both ranks train the 3 iterations
+        full = r["disk_full"]
+        assert full["same_losses"] and full["iterations"] == 3 and full["profile_failed"] == (r is runs[0]), (
+            full
+        )
         # plan mode has no profile: refused, naming why
         assert "no profile to write" in r["plan"]["profile"] and "mode is 'plan'" in r["plan"]["profile"]
 

@@ -297,11 +297,13 @@ def plan_with_rate(
 ) -> tuple[Plan, float]:
     """:func:`plan_clusters`'s plan and its rate per flow (:func:`flow_rate`).
 
-    With ``config.ps_gbps`` = P, the PS check of digest §5.1 #12 (Eq. 1 has no PS budget): while the plan's |D| flows
-    at b exceed P, b is lowered to P/|D| and the plan re-made at that b (capacities B_w/b - 1 grow, so aggregators
-    take more members and |D| falls). b only falls and takes the values P/k, so this ends within n re-plans. Of the
-    plans made, the one with the highest rate is kept (fewest flows on a tie): never slower than the first plan at
-    P/|D|. The outcome is logged (logger ``flowlane.aleph``)."""
+    With ``config.ps_gbps`` = P, the PS check of digest §5.1 #12 (Eq. 1 has no PS budget): when the plan's |D| flows
+    at b exceed P, b is lowered to P/|D| as the digest says, and the plan re-made (capacities B_w/b - 1 grow, so
+    aggregators take more members and |D| falls). One step to P/|D| can overshoot: from a large |D| the capacities
+    balloon into one cluster while a b = P/k in between keeps more, faster flows (measured: 14 of 400 random cases,
+    down to 0.55x of the best rate). So every b = P/k below the paper's b, k = 1..n, is planned (at most n M-WCHA
+    runs), and the plan with the highest rate is kept, fewest flows on a tie. The outcome is logged (logger
+    ``flowlane.aleph``)."""
     config = config or AlephConfig()
 
     def make(b: float | None) -> Plan:
@@ -315,10 +317,8 @@ def plan_with_rate(
         return plan, flow_rate(plan, bandwidth, config)
     b0 = b = min(bandwidth) if config.b_gbps is None else config.b_gbps
     made = [plan]
-    while not (check := ps_feasibility(plan, b, ps)).feasible:
-        b = check.rate  # P / |D| < b
-        plan = make(b)
-        made.append(plan)
+    if not ps_feasibility(plan, b, ps).feasible:  # |D| * b > P: every b = P/k below b (P/|D| among them)
+        made += [make(ps / k) for k in range(1, len(bandwidth) + 1) if ps / k < b0]
     best = max(made, key=lambda p: (flow_rate(p, bandwidth, config), -p.num_flows))
     rate = flow_rate(best, bandwidth, config)
     d0 = made[0].num_flows
@@ -330,8 +330,8 @@ def plan_with_rate(
         )
     else:
         log.info(
-            "flowlane.aleph: PS check |D|*b = %d x %.4g = %.4g > ps_gbps=%.4g Gbit/s: b lowered to P/|D| and "
-            "re-planned (%d plans made); |D| %d -> %d, rate per flow %.4g Gbit/s",
+            "flowlane.aleph: PS check |D|*b = %d x %.4g = %.4g > ps_gbps=%.4g Gbit/s: re-planned at b = P/k "
+            "(%d plans made); |D| %d -> %d, rate per flow %.4g Gbit/s",
             *(d0, b0, d0 * b0, ps, len(made), d0, best.num_flows, rate),
         )
     return best, rate
