@@ -566,10 +566,28 @@ def grad_ready_order(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) 
     a small probe graph accumulates their gradients: autograd accumulates a parameter's gradient as soon as its
     last contribution exists, so a head comes before the last layer and an input projection used in layer 0 after
     it. The same on every rank (the same model and probe, on CPU: one autograd thread); it orders the layer-wise
-    all-reduce (B6 #12)."""
+    all-reduce (B6 #12). In float32 whatever ``dtype`` (DGL's CPU kernels refuse fp16, and the order does not
+    depend on the dtype). A model that cannot run on the CPU (a CUDA-only op, a CUDA tensor kept as a plain
+    attribute) gets ``{}``, with a warning: the all-reduces then go in the fixed order used before this probe
+    existed (the same on every rank: every rank holds the same model)."""
+    del dtype  # kept in the signature: the caller's feature dtype; the probe runs in float32
     order: dict[str, int] = {}
+    try:
+        _grad_ready_probe(model, in_feats, order)
+    except Exception as e:  # noqa: BLE001 - any failure of the user's model on the CPU probe
+        log.warning(
+            "G3: the gradient-ready probe could not run the model on the CPU (%s: %s); the layer-wise all-reduces "
+            "go in the fixed order (the group outside the layers, then the last layer first)",
+            type(e).__name__,
+            e,
+        )
+        return {}
+    return order
+
+
+def _grad_ready_probe(model: torch.nn.Module, in_feats: int, order: dict[str, int]) -> None:
     with _probe_copy(model) as probe, torch.enable_grad():
-        probe.to("cpu")
+        probe.to("cpu", torch.float32)
 
         def ready(name: str) -> Callable[[torch.Tensor], None]:
             def hook(_p: torch.Tensor) -> None:  # a hook returns None
@@ -580,9 +598,8 @@ def grad_ready_order(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) 
         for name, p in probe.named_parameters():
             p.requires_grad_(True)
             p.register_post_accumulate_grad_hook(ready(name))
-        g, x = _probe_graph(probe, 8, in_feats, dtype)
+        g, x = _probe_graph(probe, 8, in_feats, torch.float32)
         probe(g, x).sum().backward()
-    return order
 
 
 def check_model(model: torch.nn.Module, in_feats: int, dtype: torch.dtype = torch.float32) -> str:
@@ -1060,6 +1077,8 @@ class FullGraphRuntime:
             self._build_bins(e_src, e_dst, norms, model, x)
             self._index_bin_rows()
             self._load_rows(lp, order, xgroup)
+            # the layer-wise all-reduces' order (B6 #12): local, the same on every rank
+            self._ready_pos = grad_ready_order(model, x.shape[1], x.dtype) if self.world > 1 else {}
         except BaseException:
             # a failed constructor returns no runtime to close(): release what it made (the exchange's group keeps
             # threads and a socket per peer; the store may hold the feature table pinned), then re-raise
@@ -1077,7 +1096,6 @@ class FullGraphRuntime:
         if rest:
             self._layer_groups.append(("rest", rest))
         self._param_names = {id(p): n for n, p in model.named_parameters()}
-        self._ready_pos = grad_ready_order(model, x.shape[1], x.dtype) if self.world > 1 else {}
         self._ar_groups: list[tuple[str, list[torch.nn.Parameter]]] = []
         self._pending_ar: list = []
         log.info(

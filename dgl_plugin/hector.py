@@ -260,12 +260,12 @@ class HectorHGTConv(HGTConv):
                 qw = materialize(q[:, i], w_att.transpose(1, 2), dr, cfg.gemm)
                 a = gather_dot(k[:, i], lay.src, qw, dr.edge_row)
             # gather_rows: the relation's gradient sums over all its edges, in fp32 for bf16/fp16
-            scores.append(a * gather_rows(self.relation_pri[i], lay.etype) / self.sqrt_d)
+            scores.append(a * gather_rows(self.relation_pri[i], lay.etype, check=False) / self.sqrt_d)
             msgs.append(materialize(v[:, i], _typed_weight(self.relation_msg[i]), rows, cfg.gemm))
         att = edge_softmax(torch.stack(scores, 1), lay.dst, lay.num_dst)
         h = lay.aggregator(torch.stack(msgs, 1), att).view(-1, H * D)
         h = self.drop(_node_typed_linear(self.linear_a, h, dstntype, presorted, cfg.gemm))
-        alpha = torch.sigmoid(gather_rows(self.skip, dstntype)).unsqueeze(-1)
+        alpha = torch.sigmoid(gather_rows(self.skip, dstntype, check=False)).unsqueeze(-1)
         if x_dst.shape != h.shape:
             h = h * alpha + (x_dst @ self.residual_w) * (1 - alpha)
         else:
@@ -348,11 +348,12 @@ class HectorRGAT(nn.Module):
         if not isinstance(rel_names, (list, tuple)) or not rel_names:
             raise ValueError(f"rel_names must be a non-empty list of relation names, got {rel_names!r}")
         missing = [n for n in rel_names if n not in conv.mods]
-        extra = sorted(set(conv.mods) - set(rel_names))
-        if missing or extra:
+        repeated = sorted({n for n in rel_names if list(rel_names).count(n) > 1})
+        if missing or repeated:
+            # a module may hold relations the graph lacks (DGL calls only those the graph holds): they are not read
             raise ValueError(
-                f"rel_names must name every relation of the HeteroGraphConv once: missing from the module "
-                f"{missing}, in the module but not named {extra}; its relations are {sorted(conv.mods)}"
+                f"rel_names must name relations of the HeteroGraphConv, each once (edge type i reads relation i): "
+                f"missing from the module {missing}, repeated {repeated}; its relations are {sorted(conv.mods)}"
             )
         agg = conv.agg_fn
         if not (
@@ -457,7 +458,8 @@ class HectorRGAT(nn.Module):
             )
         # rows -> edges with fp32 gradient sums in bf16/fp16 (a hub row feeds thousands of edges; gather_rows)
         e = F.leaky_relu(
-            gather_rows(el, rows.edge_row) + gather_rows(er, drows.edge_row), self.negative_slope
+            gather_rows(el, rows.edge_row, check=False) + gather_rows(er, drows.edge_row, check=False),
+            self.negative_slope,
         )
         if self.softmax == "relation":
             grp = lay.groups

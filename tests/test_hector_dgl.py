@@ -253,8 +253,19 @@ def test_rgat_from_dgl_refuses_modules_it_cannot_load_by_name_before_reading_the
         HectorRGAT.from_dgl(conv, [f"r{i}" for i in range(R)])
     conv, names = hetero_rgat_reference(12, 4, 2, R)
     # a relation name the module lacks: was a bare KeyError
-    with pytest.raises(ValueError, match=r"missing from the module \['cites'\].*not named \['r0'\]"):
+    with pytest.raises(ValueError, match=r"missing from the module \['cites'\], repeated \[\]"):
         HectorRGAT.from_dgl(conv, ["cites", *names[1:]])
+    # a name twice would give two edge types one relation's weights
+    with pytest.raises(ValueError, match=r"missing from the module \[\], repeated \['r0'\]"):
+        HectorRGAT.from_dgl(conv, [names[0], *names])
+    # a module holding more relations than the graph (DGL calls only the graph's): loaded, equal to DGL's own
+    sub = names[:2]
+    hg = dgl.heterograph({("n", r, "n"): (torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])) for r in sub})
+    x = torch.randn(3, 12)
+    want = conv(hg, {"n": x})["n"]
+    g = dgl.graph((torch.tensor([0, 1, 2, 0, 1, 2]), torch.tensor([1, 2, 0, 1, 2, 0])), num_nodes=3)
+    got = HectorRGAT.from_dgl(conv, sub)(g, x, torch.tensor([0, 0, 0, 1, 1, 1]))
+    torch.testing.assert_close(got, want.reshape(got.shape), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="HectorRGAT loads a dgl.nn.HeteroGraphConv of GATConv, got GATConv"):
         HectorRGAT.from_dgl(conv.mods["r0"], names)
     # HectorRGAT sums the relations; DGL's mean (or max, stack, ...) would give other outputs

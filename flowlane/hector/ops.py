@@ -309,11 +309,14 @@ class _GatherRows(torch.autograd.Function):
         return out.index_add_(0, index, grad.to(acc)).to(grad.dtype), None
 
 
-def gather_rows(y: Tensor, index: Tensor) -> Tensor:
+def gather_rows(y: Tensor, index: Tensor, check: bool = True) -> Tensor:
     """``y[index]`` (compact rows to edges) whose backward sums the edges of a row in fp32 for fp16/bf16: one compact
     row feeds every edge of its (source, type) pair, thousands for a hub, and a bf16 sum that long loses the
-    gradient (on an H200, bf16 index_add put the weight gradient 3.7e-2 from an fp32 reference)."""
-    _check_index("index", index, y.shape[0])
+    gradient (on an H200, bf16 index_add put the weight gradient 3.7e-2 from an fp32 reference). ``check=False``
+    skips the bounds check (two device-to-host syncs) for indices checked once already, e.g. a cached layout's;
+    ``index_select`` still refuses an out-of-range index."""
+    if check:
+        _check_index("index", index, y.shape[0])
     return _GatherRows.apply(y, index)
 
 
