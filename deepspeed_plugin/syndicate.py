@@ -98,19 +98,18 @@ class SyndicateDSConfig:
         if self.mode == "plan" and self.plan is None and self.enabled:
             raise ValueError('flowlane.syndicate.plan is required with mode "plan" (or set mode "fifo")')
         # names a bad mode / check_every / timeout / profile_iteration
-        EnforcerConfig(self.mode, self.check_every, self.timeout_s, profile_iteration=self.profile_iteration)
+        enf = EnforcerConfig(
+            self.mode, self.check_every, self.timeout_s, profile_iteration=self.profile_iteration
+        )
         if self.profile_out is not None:
             if not isinstance(self.profile_out, str) or not self.profile_out:
                 raise ValueError(
                     f"flowlane.syndicate.profile_out must be a file path, got {self.profile_out!r}"
                 )
-            if self.mode != "fifo":
+            if why := enf.why_nothing_recorded():
                 raise ValueError(
-                    f'flowlane.syndicate.profile_out={self.profile_out!r}: only mode "fifo" records a profile'
-                )
-            if self.profile_iteration < 0:
-                raise ValueError(
-                    f"flowlane.syndicate.profile_out={self.profile_out!r} with profile_iteration -1 records nothing"
+                    f"flowlane.syndicate.profile_out={self.profile_out!r}: {why} (mode {self.mode!r}, "
+                    f"profile_iteration {self.profile_iteration})"
                 )
 
     def load_plan(self) -> SyndicatePlan | None:

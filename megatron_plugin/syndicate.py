@@ -552,13 +552,11 @@ def install_from_config(group: dict[str, Any], ctx: Any) -> Any:
 def check_profile_out(path: str, cfg: SyndicateMegatronConfig, pp_size: int) -> None:
     """Refuse a profile path that cannot apply: plan mode records nothing, ``profile_iteration=-1`` turns recording
     off, and with several pipeline stages each needs its own file (``{pp_rank}`` in the path, as the plan's)."""
-    if cfg.mode != "fifo":
+    enf = EnforcerConfig(cfg.mode, profile_iteration=cfg.profile_iteration)
+    if why := enf.why_nothing_recorded():
         raise ValueError(
-            f"--syndicate-profile-out={path!r}: only FIFO mode records a profile (--syndicate-mode fifo)"
-        )
-    if cfg.profile_iteration < 0:
-        raise ValueError(
-            f"--syndicate-profile-out={path!r} with --syndicate-profile-iteration -1 records nothing"
+            f"--syndicate-profile-out={path!r}: {why} (--syndicate-mode {cfg.mode}, --syndicate-profile-iteration "
+            f"{cfg.profile_iteration})"
         )
     if pp_size > 1 and "{pp_rank}" not in path:
         raise ValueError(

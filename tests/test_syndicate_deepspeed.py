@@ -103,7 +103,7 @@ def test_the_section_is_checked_by_name() -> None:
         parse_syndicate_section({"flowlane": {"syndicate": {"mode": "lifo"}}})
     plan = SyndicatePlan.fifo([PlanOp("b", "all_reduce", 64, "float32", 2, Option("F", "ring"))]).to_dict()
     for bad, match in (
-        ({"plan": plan, "profile_out": "p.json"}, 'only mode "fifo" records a profile'),
+        ({"plan": plan, "profile_out": "p.json"}, "only FIFO mode records a profile"),
         ({"mode": "fifo", "profile_iteration": -1, "profile_out": "p.json"}, "records nothing"),
         ({"mode": "fifo", "profile_out": ""}, "must be a file path"),
     ):

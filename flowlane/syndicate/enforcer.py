@@ -194,6 +194,15 @@ class EnforcerConfig:
         p = self.profile_iteration
         return p if self.mode == "fifo" and p is not None and p >= 0 else None
 
+    def why_nothing_recorded(self) -> str:
+        """Why this config records no profile ('' when it records one): what a profile path next to it is refused
+        with (the plugins name their own keys)."""
+        if self.mode != "fifo":
+            return "only FIFO mode records a profile"
+        if self.profiled_iteration is None:
+            return f"profile_iteration {self.profile_iteration} records nothing"
+        return ""
+
 
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
