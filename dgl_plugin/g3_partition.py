@@ -13,9 +13,12 @@ in-degree; no seed). Until 2026-11-28 stage 1 called pymetis's ``part_graph``, w
 Stage 2 (Eq. 4.4, Algorithm 2): while ``(R_max - R_min) / R_max > γ`` with ``R_i = |V_i^remote|``: swap ``v_max``, the
 node of ``V_max`` with the most remote neighbours, and ``v_min``, the node of ``V_min`` with the fewest neighbours
 outside ``V_max`` (one for one, so sizes are kept). ``|V_i^remote|`` is tracked incrementally in O(d_v) per move with
-per-partition in-partition degree counts of remote nodes (the seed's fast neighbour tracking), never recounted.
+per-partition counts of each remote node's edges into the partition (the seed's fast neighbour tracking), never
+recounted.
 
-Decisions (digest B6): #1 partition on the symmetrised graph, ``N(v)`` = its neighbours; #2 node weight 1, degree =
+Decisions (digest B6): #1 partition on the symmetrised graph, ``N(v)`` = its neighbours (METIS, line 10), but
+``V_i^remote`` = the in-neighbours of ``V_i`` owned elsewhere (what aggregation needs; until 2026-11-28 the
+neighbours in either direction, the same on a symmetric graph); #2 node weight 1, degree =
 in-degree (counted on the directed edges, repeats and self loops included: the edges a layer aggregates); #5 stop at
 the γ test, on a repeated swap pair ("cyclic swapping", literal variant), after ``patience`` rejected swaps in a row,
 or at ``max_iters``; #6 in-edge balance guarded (checked variant); #7 one swap per iteration (faithful).
@@ -96,8 +99,24 @@ def symmetric_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.
     return np.searchsorted(a, np.arange(num_nodes + 1)).astype(np.int64), b.astype(np.int64)
 
 
+def in_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (indptr, indices) whose row ``v`` lists ``v``'s distinct in-neighbours (the sources of edges into ``v``,
+    self loops dropped); ``in_csr(dst, src, N)`` lists out-neighbours. On a symmetric graph: :func:`symmetric_csr`."""
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    if src.shape != dst.shape:
+        raise PartitionError(f"src and dst differ in length: {src.shape} vs {dst.shape}")
+    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
+        raise PartitionError(f"edge endpoints must lie in [0, {num_nodes})")
+    keep = src != dst
+    key = np.unique(dst[keep] * num_nodes + src[keep])
+    a, b = key // num_nodes, key % num_nodes
+    return np.searchsorted(a, np.arange(num_nodes + 1)).astype(np.int64), b.astype(np.int64)
+
+
 def remote_counts(indptr: np.ndarray, indices: np.ndarray, part: np.ndarray, n: int) -> list[int]:
-    """``|V_i^remote|`` by a full recount (used for checks and for the G-TRACK comparison)."""
+    """``|V_i^remote|`` by a full recount (used for checks and for the G-TRACK comparison): the distinct nodes outside
+    ``V_i`` in the rows of ``V_i``'s nodes. With :func:`in_csr`, the in-neighbours owned elsewhere (B6 #1); with
+    :func:`symmetric_csr`, neighbours in either direction (equal on a symmetric graph)."""
     rows = np.repeat(np.arange(part.size), np.diff(indptr))
     pv, pu = part[rows], part[indices]
     cross = pv != pu
@@ -220,23 +239,30 @@ def in_degree(dst: np.ndarray, num_nodes: int) -> np.ndarray:
 
 
 class _Tracker:
-    """Incremental |V_i^remote| (seed §4.3.2 "fast neighbour tracking"): O(d_v) per moved node."""
+    """Incremental |V_i^remote| (seed §4.3.2 "fast neighbour tracking"): O(d_v) per moved node.
 
-    def __init__(self, indptr, indices, part, n):
+    ``indptr``/``indices``: the symmetrised graph (line 10's ``N(v)``). ``directed``: (in-CSR, out-CSR) from
+    :func:`in_csr`, so that ``V_i^remote`` holds the in-neighbours of ``V_i`` owned elsewhere (B6 #1); None: both are
+    the symmetrised graph (neighbours in either direction; the same on a symmetric graph)."""
+
+    def __init__(self, indptr, indices, part, n, directed=None):
         self.indptr, self.indices, self.part, self.n = indptr, indices, part, n
+        (self.in_ptr, self.in_idx), (self.out_ptr, self.out_idx) = directed or ((indptr, indices),) * 2
         N = part.size
         self.cnt: list[dict[int, int]] = [dict() for _ in range(n)]
-        rows = np.repeat(np.arange(N), np.diff(indptr))
-        pv, pu = part[rows], part[indices]
+        rows = np.repeat(np.arange(N), np.diff(self.in_ptr))
+        pv, pu = part[rows], part[self.in_idx]
         cross = pv != pu
-        # cnt[i][u] = #neighbours of u inside V_i, for u outside V_i
-        key, c = np.unique(pv[cross] * N + indices[cross], return_counts=True)
+        # cnt[i][u] = #out-neighbours of u inside V_i (edges u -> V_i), for u outside V_i: u is in V_i^remote
+        key, c = np.unique(pv[cross] * N + self.in_idx[cross], return_counts=True)
         for k, cc in zip(key.tolist(), c.tolist(), strict=True):
             self.cnt[k // N][k % N] = cc
-        self.rem = np.bincount(rows[cross], minlength=N).astype(np.int64)  # |v^remote|
+        # rem[v] = |v^remote|, v's in-neighbours outside its partition (line 9's "most remote neighbours")
+        self.rem = np.bincount(rows[cross], minlength=N).astype(np.int64)
         # nbr_in[v, i] = #neighbours of v inside V_i (for line 10's |N(v) - V_max| = deg(v) - nbr_in[v, max])
+        rows = np.repeat(np.arange(N), np.diff(indptr))
         self.nbr_in = np.zeros((N, n), np.int32)
-        np.add.at(self.nbr_in, (rows, pu), 1)
+        np.add.at(self.nbr_in, (rows, part[indices]), 1)
         self.locked = np.zeros(N, bool)
         self.heaps: list[list] = [[] for _ in range(n)]
         for v in np.nonzero(self.rem)[0].tolist():
@@ -262,25 +288,29 @@ class _Tracker:
         nb = self.indices[self.indptr[v] : self.indptr[v + 1]]
         np.subtract.at(self.nbr_in[:, s], nb, 1)
         np.add.at(self.nbr_in[:, t], nb, 1)
-        for w in nb.tolist():
+        ins = self.in_idx[self.in_ptr[v] : self.in_ptr[v + 1]]
+        for u in ins.tolist():  # u -> v: u stops being needed by s through v, and is needed by t unless in t
+            pu = part[u]
+            if pu != s:
+                c = cnt[s][u] - 1
+                if c:
+                    cnt[s][u] = c
+                else:
+                    del cnt[s][u]
+            if pu != t:
+                cnt[t][u] = cnt[t].get(u, 0) + 1
+        for w in self.out_idx[self.out_ptr[v] : self.out_ptr[v + 1]].tolist():  # v -> w
             pw = part[w]
             if pw == s:  # v leaves w's partition: v becomes remote to s through w
                 cnt[s][v] = cnt[s].get(v, 0) + 1
                 rem[w] += 1
-            else:  # w loses its in-s neighbour v
-                c = cnt[s][w] - 1
-                if c:
-                    cnt[s][w] = c
-                else:
-                    del cnt[s][w]
-            if pw == t:
+            elif pw == t:
                 rem[w] -= 1
-            else:
-                cnt[t][w] = cnt[t].get(w, 0) + 1
+            # else cnt[pw][v] is unchanged (v stays outside pw); pushed all the same, as before, so top() sees the same
             heapq.heappush(self.heaps[pw], (-int(rem[w]), w))
         cnt[t].pop(v, None)
         part[v] = t
-        rem[v] = int(nb.size - self.nbr_in[v, t])
+        rem[v] = int(np.count_nonzero(part[ins] != t))
         heapq.heappush(self.heaps[t], (-int(rem[v]), v))
 
 
@@ -301,9 +331,12 @@ def refine(
     variant: str = "checked",
     deg_tol: float = 0.05,
     deg: np.ndarray | None = None,
+    edges: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int, str]:
     """Algorithm 2 on ``part`` (copied); ``deg``: the Eq. 4.2 weight the degree guard balances (in-degree; None: the
-    symmetrised degree). Returns (partition, iterations = accepted swaps, stop reason).
+    symmetrised degree); ``edges``: the directed edges (src, dst), so that ``|V_i^remote|`` counts in-neighbours
+    (B6 #1; None: neighbours on the symmetrised graph). Line 10's ``N(v)`` is the symmetrised graph's either way.
+    Returns (partition, iterations = accepted swaps, stop reason).
 
     ``variant="literal"``: the printed algorithm (swap ``v_max``/``v_min`` until γ or a repeated pair). Measured, it
     often *raises* the largest |V_i^remote| (Eq. 4.4) while narrowing the spread, by pulling ``V_min`` up.
@@ -314,7 +347,8 @@ def refine(
     if variant not in ("checked", "literal"):
         raise PartitionError(f"variant must be 'checked' or 'literal', got {variant!r}")
     part = part.copy()
-    tr = _Tracker(indptr, indices, part, n)
+    directed = None if edges is None else (in_csr(*edges, part.size), in_csr(edges[1], edges[0], part.size))
+    tr = _Tracker(indptr, indices, part, n, directed)
     nbrs = np.diff(indptr)  # |N(v)| on the symmetrised graph (line 10)
     deg = nbrs if deg is None else deg
     dsum = np.bincount(part, weights=deg, minlength=n)
@@ -386,7 +420,8 @@ def g3_partition(
     variant: str = "checked",
     deg_tol: float = 0.05,
 ) -> tuple[np.ndarray, PartitionStats]:
-    """G3 partition of the graph with edges ``src -> dst``. Returns (``part[v]``, stats)."""
+    """G3 partition of the graph with edges ``src -> dst``. Returns (``part[v]``, stats); ``stats.remote``:
+    ``|V_i^remote|``, the in-neighbours of ``V_i`` owned by other partitions."""
     if not isinstance(num_parts, int | np.integer) or num_parts < 1:
         raise PartitionError(f"num_parts must be an integer >= 1, got {num_parts!r}")
     if num_nodes < num_parts:
@@ -407,7 +442,8 @@ def g3_partition(
         else np.zeros(num_nodes, np.int64)
     )
     t1 = time.perf_counter()
-    r1 = remote_counts(indptr, indices, part, num_parts)
+    in_ptr, in_idx = in_csr(src, dst, num_nodes)  # |V_i^remote| over in-neighbours (B6 #1)
+    r1 = remote_counts(in_ptr, in_idx, part, num_parts)
     s1, d1 = np.bincount(part, minlength=num_parts), np.bincount(part, weights=deg, minlength=num_parts)
     first = {
         "stage1_size_imbalance": float(s1.max() / s1.mean()),
@@ -416,14 +452,23 @@ def g3_partition(
     it, reason = 0, "disabled"
     if refine_stage2 and num_parts > 1:
         part, it, reason = refine(
-            indptr, indices, part, num_parts, gamma, max_iters, variant=variant, deg_tol=deg_tol, deg=deg
+            indptr,
+            indices,
+            part,
+            num_parts,
+            gamma,
+            max_iters,
+            variant=variant,
+            deg_tol=deg_tol,
+            deg=deg,
+            edges=(src, dst),
         )
     t2 = time.perf_counter()
     stats = PartitionStats(
         num_parts,
         np.bincount(part, minlength=num_parts).tolist(),
         np.bincount(part, weights=deg, minlength=num_parts).astype(int).tolist(),
-        remote_counts(indptr, indices, part, num_parts),
+        remote_counts(in_ptr, in_idx, part, num_parts),
         r1,
         it,
         reason,

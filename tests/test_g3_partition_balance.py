@@ -1,5 +1,6 @@
 """G3 stage 1 balance (dgl_plugin.g3_partition; seed 000 §4.3.2 Eqs. 4.1-4.2, digest B6 #2): METIS gets both
-constraints, node count and in-edges |E(V_i)|, and the stats report in-edges, on a directed graph (gnn lane)."""
+constraints, node count and in-edges |E(V_i)|, and the stats report in-edges, on a directed graph; |V_i^remote| counts
+in-neighbours (B6 #1) (gnn lane)."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,18 @@ import pytest
 pytestmark = pytest.mark.gnn
 pytest.importorskip("dgl")
 
-from dgl_plugin.g3_partition import g3_partition, in_degree, metis_kway  # noqa: E402
+from dgl_plugin.g3_partition import (  # noqa: E402
+    _Tracker,
+    g3_partition,
+    in_csr,
+    in_degree,
+    metis_kway,
+    refine,
+    remote_counts,
+    stage1,
+    symmetric_csr,
+)
+from dgl_plugin.synthetic import SyntheticSpec, synthetic_arrays  # noqa: E402
 
 
 def _directed_communities(seed=0):
@@ -63,3 +75,73 @@ def test_metis_kway_applies_every_constraint():
     assert _imbalance(np.bincount(heavy_only)) > 1.4
     with pytest.raises(ValueError, match=r"vwgt must have shape \(num_nodes=100"):
         metis_kway(indptr, indices, heavy, 2)
+
+
+def _in_remote(src, dst, part, n):
+    """Brute force |V_i^remote|: sources of edges into V_i that lie outside V_i (B6 #1)."""
+    cross = part[src] != part[dst]
+    return [np.unique(src[cross & (part[dst] == i)]).size for i in range(n)]
+
+
+def _directed_graph(seed=0, n=400):
+    """Mostly one-way edges (some reciprocated, repeated, or self loops): in- and symmetrised neighbours differ."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, (2, 6 * n))
+    return np.concatenate([src, dst[:300], src[:50], [5, 5]]), np.concatenate(
+        [dst, src[:300], dst[:50], [5, 7]]
+    )
+
+
+def test_remote_counts_in_neighbours_and_tracker_follows_every_move():
+    """|V_i^remote| counts the in-neighbours of V_i owned elsewhere (digest B6 #1), by recount and incrementally;
+    on this graph counting symmetrised neighbours gives larger numbers."""
+    n_nodes, k = 400, 4
+    src, dst = _directed_graph()
+    indptr, indices = symmetric_csr(src, dst, n_nodes)
+    ins, outs = in_csr(src, dst, n_nodes), in_csr(dst, src, n_nodes)
+    rng = np.random.default_rng(1)
+    part = rng.integers(0, k, n_nodes)
+    assert remote_counts(*ins, part, k) == _in_remote(src, dst, part, k)
+    assert remote_counts(indptr, indices, part, k) != _in_remote(
+        src, dst, part, k
+    )  # the graph is directed enough
+    tr = _Tracker(indptr, indices, part, k, (ins, outs))
+    for v in rng.integers(0, n_nodes, 300).tolist():
+        tr.move(v, int(part[v]), int((part[v] + rng.integers(1, k)) % k))
+        assert _in_remote(src, dst, part, k) == tr.R
+        other = part[src] != part[dst]  # each node's in-neighbours outside its partition
+        assert np.array_equal(
+            tr.rem, np.bincount(np.unique(dst[other] * n_nodes + src[other]) // n_nodes, minlength=n_nodes)
+        )
+    # line 10 still reads the symmetrised graph: neighbours of v inside each partition
+    rows = np.repeat(np.arange(n_nodes), np.diff(indptr))
+    nbr_in = np.zeros((n_nodes, k), np.int32)
+    np.add.at(nbr_in, (rows, part[indices]), 1)
+    assert np.array_equal(tr.nbr_in, nbr_in)
+
+
+@pytest.mark.parametrize("variant", ["checked", "literal"])
+def test_algorithm2_on_a_directed_graph_reports_in_neighbour_remote_counts(variant):
+    src, dst = _directed_graph(seed=2, n=1000)
+    part, st = g3_partition(src, dst, 1000, 4, variant=variant)
+    assert st.remote == _in_remote(src, dst, part, 4)
+    ref, st1 = g3_partition(src, dst, 1000, 4, refine_stage2=False)
+    assert st.stage1_remote == st1.remote == _in_remote(src, dst, ref, 4)
+    if variant == "checked":  # accepted swaps lower Eq. 4.4 of the in-neighbour counts
+        assert max(st.remote) <= max(st.stage1_remote) and st.iterations > 0
+
+
+def test_symmetric_graph_partition_unchanged_by_the_directed_edges():
+    """On a symmetric graph in- and symmetrised neighbours coincide: refine with the edges gives the partition it
+    gives without them (the pre-B6-#1 behaviour), for both variants."""
+    a = synthetic_arrays(SyntheticSpec(num_nodes=3000, avg_degree=10, seed=5))
+    indptr, indices = symmetric_csr(a["src"], a["dst"], 3000)
+    ins = in_csr(a["src"], a["dst"], 3000)
+    assert np.array_equal(ins[0], indptr) and np.array_equal(ins[1], indices)
+    p0 = stage1(indptr, indices, 8, seed=0, edges=(a["src"], a["dst"]))
+    deg = in_degree(a["dst"], 3000)
+    for variant in ("checked", "literal"):
+        with_edges = refine(indptr, indices, p0, 8, variant=variant, deg=deg, edges=(a["src"], a["dst"]))
+        without = refine(indptr, indices, p0, 8, variant=variant, deg=deg)
+        assert np.array_equal(with_edges[0], without[0]) and with_edges[1:] == without[1:]
+        assert (with_edges[0] != p0).any() or variant == "literal"
