@@ -315,9 +315,9 @@ def plan_with_rate(
     ps = config.ps_gbps
     if ps is None:
         return plan, flow_rate(plan, bandwidth, config)
-    b0 = b = min(bandwidth) if config.b_gbps is None else config.b_gbps
+    b0 = min(bandwidth) if config.b_gbps is None else config.b_gbps
     made = [plan]
-    if not ps_feasibility(plan, b, ps).feasible:  # |D| * b > P: every b = P/k below b (P/|D| among them)
+    if not ps_feasibility(plan, b0, ps).feasible:  # |D| * b > P: every b = P/k below b (P/|D| among them)
         made += [make(ps / k) for k in range(1, len(bandwidth) + 1) if ps / k < b0]
     best = max(made, key=lambda p: (flow_rate(p, bandwidth, config), -p.num_flows))
     rate = flow_rate(best, bandwidth, config)
