@@ -561,16 +561,15 @@ def layer_widths(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> l
     return [widths[k] for k in range(len(model.layers))]
 
 
-def grad_ready_order(model: torch.nn.Module, in_feats: int, dtype: torch.dtype) -> dict[str, int]:
+def grad_ready_order(model: torch.nn.Module, in_feats: int) -> dict[str, int]:
     """Position of every parameter (by name; frozen ones included) in the order one backward of ``model(g, x)`` on
     a small probe graph accumulates their gradients: autograd accumulates a parameter's gradient as soon as its
     last contribution exists, so a head comes before the last layer and an input projection used in layer 0 after
     it. The same on every rank (the same model and probe, on CPU: one autograd thread); it orders the layer-wise
-    all-reduce (B6 #12). In float32 whatever ``dtype`` (DGL's CPU kernels refuse fp16, and the order does not
-    depend on the dtype). A model that cannot run on the CPU (a CUDA-only op, a CUDA tensor kept as a plain
+    all-reduce (B6 #12). In float32 whatever the model's dtype (DGL's CPU kernels refuse fp16, and the order does
+    not depend on the dtype). A model that cannot run on the CPU (a CUDA-only op, a CUDA tensor kept as a plain
     attribute) gets ``{}``, with a warning: the all-reduces then go in the fixed order used before this probe
     existed (the same on every rank: every rank holds the same model)."""
-    del dtype  # kept in the signature: the caller's feature dtype; the probe runs in float32
     order: dict[str, int] = {}
     try:
         _grad_ready_probe(model, in_feats, order)
@@ -1021,8 +1020,13 @@ def group_timeout(group: dist.ProcessGroup | None = None) -> datetime.timedelta 
     try:
         timeout = pg._get_backend(dev).options._timeout  # no public getter in torch 2.2 - 2.x
     except (AttributeError, RuntimeError):
+        timeout = None
+    if not isinstance(timeout, datetime.timedelta):  # said, not silent: the halo group then waits 30 minutes
+        log.warning(
+            "G3: this torch does not expose the process group's timeout; the halo group gets torch's default"
+        )
         return None
-    return timeout if isinstance(timeout, datetime.timedelta) else None
+    return timeout
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
@@ -1078,7 +1082,7 @@ class FullGraphRuntime:
             self._index_bin_rows()
             self._load_rows(lp, order, xgroup)
             # the layer-wise all-reduces' order (B6 #12): local, the same on every rank
-            self._ready_pos = grad_ready_order(model, x.shape[1], x.dtype) if self.world > 1 else {}
+            self._ready_pos = grad_ready_order(model, x.shape[1]) if self.world > 1 else {}
         except BaseException:
             # a failed constructor returns no runtime to close(): release what it made (the exchange's group keeps
             # threads and a socket per peer; the store may hold the feature table pinned), then re-raise

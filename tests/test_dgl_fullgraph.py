@@ -806,7 +806,7 @@ def test_the_gradient_ready_probe_runs_fp16_models_in_float32_and_falls_back_whe
     # DGL's CPU kernels refuse fp16: the probe runs a float32 copy, so an fp16 model gets its order (input projection
     # after the last layer), and the user's model keeps its dtype
     model = ResidualGCN(6, 8, 3).half()
-    order = grad_ready_order(model, 6, torch.float16)
+    order = grad_ready_order(model, 6)
     assert order["layers.1.weight"] < order["proj.weight"] < order["layers.0.weight"], order
     assert all(p.dtype == torch.float16 for p in model.parameters())
 
@@ -815,5 +815,5 @@ def test_the_gradient_ready_probe_runs_fp16_models_in_float32_and_falls_back_whe
             raise RuntimeError("Device API cuda is not enabled")
 
     with caplog.at_level("WARNING", logger="flowlane"):
-        assert grad_ready_order(CudaOnly(6, 8, 3), 6, torch.float32) == {}
+        assert grad_ready_order(CudaOnly(6, 8, 3), 6) == {}
     assert "the layer-wise all-reduces go in the fixed order" in caplog.text
