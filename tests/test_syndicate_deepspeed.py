@@ -83,7 +83,10 @@ def test_fifo_mode_writes_the_profile_of_iteration_1_and_keeps_the_signatures_bo
             full
         )
         # plan mode has no profile: refused, naming why
-        assert "no profile to write" in r["plan"]["profile"] and "mode is 'plan'" in r["plan"]["profile"]
+        assert (
+            "no profile to write" in r["plan"]["profile"]
+            and "only FIFO mode records a profile" in r["plan"]["profile"]
+        )
 
 
 def test_what_cannot_apply_is_refused_at_install(runs: list[dict]) -> None:

@@ -540,10 +540,8 @@ class Enforcer:
         """Why :meth:`profile` is None, for an error message ('' when there is a profile)."""
         if self._profile is not None:
             return ""
-        if self.config.mode != "fifo":
-            return "mode is 'plan'; the enforcer profiles in FIFO mode only"
-        if self._profile_at is None:
-            return f"profile_iteration={self.config.profile_iteration} turns profiling off"
+        if why := self.config.why_nothing_recorded():
+            return why
         return f"iteration {self._profile_at} (profile_iteration) has not ended; the run is at iteration {self.iteration}"
 
     @property
