@@ -6,7 +6,7 @@ exchanged once per layer; k-hop modules such as SGConv are refused); ``model.for
 runs layer ``k`` plus what follows it (activation, head reshaping); ``model(g, x)`` is ordinary single-process
 full-graph training. A model without ``forward_layer`` (DGL's own style: layers and activations in ``forward``) runs
 its own ``forward`` with each layer computed over the partition, if everything between layers acts row by row;
-:func:`dgl_plugin.fullgraph.check_model` verifies this at install and otherwise refuses the model, saying what to add.
+:func:`dgl_plugin.g3_model_check.check_model` verifies this at install and otherwise refuses the model, saying what to add.
 """
 
 from __future__ import annotations

@@ -13,13 +13,8 @@ import torch.nn.functional as F  # noqa: E402
 from dgl.nn import GraphConv, SAGEConv  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dgl_plugin.fullgraph import (  # noqa: E402
-    FullGraphConfig,
-    FullGraphRuntime,
-    ModelContractError,
-    layer_widths,
-    load_local_partition,
-)
+from dgl_plugin.fullgraph import FullGraphConfig, FullGraphRuntime, load_local_partition  # noqa: E402
+from dgl_plugin.g3_model_check import ModelContractError, layer_widths  # noqa: E402
 from dgl_plugin.models import build_model  # noqa: E402
 from dgl_plugin.synthetic import synthetic_graph  # noqa: E402
 from flowlane import comm  # noqa: E402
@@ -801,7 +796,7 @@ def test_bad_graphs_are_rejected():
 def test_the_gradient_ready_probe_runs_fp16_models_in_float32_and_falls_back_when_the_cpu_cannot_run_them(
     caplog,
 ):
-    from dgl_plugin.fullgraph import grad_ready_order
+    from dgl_plugin.g3_model_check import grad_ready_order
 
     # DGL's CPU kernels refuse fp16: the probe runs a float32 copy, so an fp16 model gets its order (input projection
     # after the last layer), and the user's model keeps its dtype

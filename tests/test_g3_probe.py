@@ -1,5 +1,5 @@
-"""The install-time probe of G3 full-graph training (``dgl_plugin.fullgraph.check_model``): its block check decides by
-the property, not by rounding, and it leaves the user's model and random streams as they were."""
+"""The install-time probe of G3 full-graph training (``dgl_plugin.g3_model_check.check_model``): its block check
+decides by the property, not by rounding, and it leaves the user's model and random streams as they were."""
 
 import pytest
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: E402
 from dgl.nn import GraphConv, SAGEConv  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dgl_plugin.fullgraph import ModelContractError, check_model  # noqa: E402
+from dgl_plugin.g3_model_check import ModelContractError, check_model  # noqa: E402
 
 
 class _Stack(nn.Module):
