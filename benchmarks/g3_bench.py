@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dgl_plugin.g3_partition import _Tracker, g3_partition, remote_counts, symmetric_csr  # noqa: E402
 from dgl_plugin.synthetic import SyntheticSpec, synthetic_arrays  # noqa: E402
-from flowlane.testing.provenance import provenance  # noqa: E402
+from flowlane.testing.provenance import write_result  # noqa: E402
 
 OUT = "results/g3"
 
@@ -111,7 +111,6 @@ def bench_partition(quick: bool) -> dict:
         "avg_degree": 20,
         "rows": rows,
         "tracking": track,
-        "provenance": provenance(),
     }
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
@@ -390,8 +389,8 @@ def main() -> None:
     for name, fn in (("partition", bench_partition), ("volume", bench_volume), ("runtime", bench_runtime)):
         if args.what in (name, "all"):
             res = fn(args.quick)
-            with open(os.path.join(OUT, f"{name}.json"), "w") as f:
-                json.dump(res, f, indent=1, default=str)
+            # default=str: numpy scalars in the rows; the envelope records this command and commit
+            write_result(os.path.join(OUT, f"{name}.json"), json.loads(json.dumps(res, default=str)))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from typing import Any
 
 from flowlane.launch import launch
 from flowlane.sim.output import write_json
+from flowlane.testing.provenance import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = ROOT / "nccl_net_plugin" / "build"
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             entry[f"{part}_wall_s"] = time.perf_counter() - t0
             if net != "gloo":
                 entry["nccl_log"] = read_logs(log_dir, net)
-            write_json(out_dir / "nccl_gpu_check.json", result)
+            write_result(out_dir / "nccl_gpu_check.json", result)  # with command and commit
     os.environ.clear()
     os.environ.update(saved_env)
     failed |= not summarize(result)
