@@ -851,9 +851,9 @@ def check_launch(world: int, env: Mapping[str, str] | None = None) -> DistDGLRol
     torch.distributed.run with DGL_ROLE=client; :mod:`dgl_plugin.distdgl` reads the variables): one trainer per
     partition (trainer p trains partition p, and its explainer explains partition p), one server per machine (the
     servers' DGS weights are per process), no sampler processes (the DGS block sampler calls the servers from the
-    trainer), and torchrun's world equal to ``world_size``. Returns the
-    role, or None when no launcher started this process. Errors are :class:`flowlane.launch.LauncherEnvError`."""
-    from flowlane.launch import LauncherEnvError, check_world, detect_launcher
+    trainer), and torchrun's world equal to ``world_size``. Returns the role, or None when no launcher started this
+    process. Errors are :class:`flowlane.launch_external.LauncherEnvError`."""
+    from flowlane.launch_external import LauncherEnvError, check_world, detect_launcher
 
     from .distdgl import distdgl_role
 

@@ -9,9 +9,9 @@ shut them down; ``dgl.distributed.initialize`` is what makes a process a server 
 before ``torch.distributed`` is initialised.
 
 :func:`distdgl_role` reads and checks that environment; :func:`serve` and :func:`connect` are the two roles. A
-trainer's rank, world size and rendezvous are torchrun's (``flowlane.launch.detect_launcher``). Full-graph training
-(``dgl_plugin.fullgraph``) reads each trainer's partition from ``DGL_CONF_PATH`` itself and samples nothing, so it
-needs one trainer per partition and no sampler processes.
+trainer's rank, world size and rendezvous are torchrun's (``flowlane.launch_external.detect_launcher``). Full-graph
+training (``dgl_plugin.fullgraph``) reads each trainer's partition from ``DGL_CONF_PATH`` itself and samples nothing,
+so it needs one trainer per partition and no sampler processes.
 
 A dead peer is an error, never a hang (:func:`connect_trainer`, :func:`peer_guard`, :func:`leave`). DGL's client
 registers an exit hook (``exit_client``) whose barrier waits on the servers for *every* trainer, with no timeout. So
@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from flowlane.launch import LauncherEnvError
+from flowlane.launch_external import LauncherEnvError
 
 DEFAULT_PEER_TIMEOUT_S = 300.0
 """How long a trainer waits for a peer trainer (one collective, DGL's exit barrier) before it gives up."""
@@ -65,7 +65,7 @@ class DistDGLRole:
 
 def distdgl_role(env: Mapping[str, str] | None = None) -> DistDGLRole | None:
     """The DistDGL role this process was started in (default environment ``os.environ``), or None when DistDGL's
-    launcher did not start it. A missing or malformed variable raises :class:`flowlane.launch.LauncherEnvError`
+    launcher did not start it. A missing or malformed variable raises :class:`flowlane.launch_external.LauncherEnvError`
     naming it, before DGL is asked to serve or connect (DGL itself would assert, or a server would wait for ever)."""
     env = os.environ if env is None else env
     role = env.get("DGL_ROLE")

@@ -19,7 +19,8 @@ import os
 import time
 from typing import Any
 
-from flowlane.launch import detect_launcher, heartbeat, launch, preload, run_this_rank
+from flowlane.launch import heartbeat, launch, preload
+from flowlane.launch_external import detect_launcher, run_this_rank
 
 
 def _plain(cfg: Any) -> dict:

@@ -569,9 +569,9 @@ def _progress(enabled: bool, total: int) -> Any:
 
 
 def resolve_device(recipe: GPTRecipe, ext: Any) -> str:
-    """ "cpu" or "cuda" for this run (``ext``: the :class:`flowlane.launch.ExternalLaunch` or None). Raises
+    """ "cpu" or "cuda" for this run (``ext``: the :class:`flowlane.launch_external.ExternalLaunch` or None). Raises
     ValueError naming the key and the fix when the ranks cannot be placed there; nothing has started yet."""
-    from flowlane.launch import cuda_device_for
+    from flowlane.launch_external import cuda_device_for
 
     cuda = torch.cuda.is_available()
     dev = recipe.device
@@ -600,8 +600,8 @@ def resolve_device(recipe: GPTRecipe, ext: Any) -> str:
 
 def launch_mode(recipe: GPTRecipe) -> tuple[Any, str]:
     """(the external launcher or None, the resolved device): every launcher and placement check, before any
-    rank starts (flowlane.launch.LauncherEnvError / ValueError name the variable or key)."""
-    from flowlane.launch import check_world, detect_launcher
+    rank starts (flowlane.launch_external.LauncherEnvError / ValueError name the variable or key)."""
+    from flowlane.launch_external import check_world, detect_launcher
 
     ext = detect_launcher()
     if ext is not None:
@@ -623,7 +623,8 @@ def run(recipe: GPTRecipe) -> dict[str, Any]:
     """Run every rank (local CPU ranks through flowlane.launch, or this process's rank under torchrun/srun), gather
     the results to rank 0, which writes metrics JSON + Chrome trace into ``output_dir`` and prints a summary.
     Returns the metrics (under an external launcher, on rank 0; the other ranks return ``{}``)."""
-    from flowlane.launch import launch, preload, run_this_rank
+    from flowlane.launch import launch, preload
+    from flowlane.launch_external import run_this_rank
     from flowlane.trace import write_chrome_trace
 
     recipe.validate()

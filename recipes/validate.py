@@ -394,7 +394,7 @@ def check_launch_gnn(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
         distdgl_role,
         host_slot,
     )
-    from flowlane.launch import check_world, detect_launcher
+    from flowlane.launch_external import check_world, detect_launcher
 
     cfg = dict(cfg)
     role = _as_config_error(distdgl_role)

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from flowlane import launch as L
+from flowlane import launch_external as LE
 from flowlane import trace  # imported with this module, so during a rank's start-up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -422,7 +423,7 @@ def test_a_destroy_that_never_returns_is_abandoned_with_a_warning(caplog):
     # a group's destructor blocked on a gone peer must not keep the rank from exiting (DistDGL's exit barrier)
     blocked = threading.Event()
     with caplog.at_level(logging.WARNING, logger="flowlane"):
-        assert L.destroy_default_group(0.2, destroy=blocked.wait) is False
+        assert LE.destroy_default_group(0.2, destroy=blocked.wait) is False
     assert "did not return" in caplog.text
     blocked.set()
 
@@ -431,7 +432,7 @@ def gather_unequal(rank: int, world: int) -> tuple[Any, int, bool]:
     import torch
 
     held: list[Any] = []
-    got = L._gather_to_rank0({"rank": rank, "pad": "x" * (100 * rank)}, rank, world, None, held)
+    got = LE._gather_to_rank0({"rank": rank, "pad": "x" * (100 * rank)}, rank, world, None, held)
     return got, len(held), all(isinstance(t, torch.Tensor) for t in held)
 
 
@@ -448,7 +449,7 @@ def test_an_external_launchs_results_reach_rank_0_and_their_tensors_outlive_the_
 def test_a_destroy_that_returns_is_waited_for():
     calls = []
     handler = signal.getsignal(signal.SIGALRM)
-    assert L.destroy_default_group(60.0, destroy=lambda: calls.append(1)) is True
+    assert LE.destroy_default_group(60.0, destroy=lambda: calls.append(1)) is True
     assert calls == [1]
     assert signal.getsignal(signal.SIGALRM) is handler  # the backstop's alarm is gone with it
 
@@ -459,8 +460,8 @@ def test_a_destroy_blocked_while_holding_the_gil_ends_the_process_instead_of_han
     process after timeout + backstop_s."""
     code = (
         "import ctypes\n"
-        "from flowlane import launch as L\n"
-        "L.destroy_default_group(0.2, destroy=lambda: ctypes.PyDLL(None).sleep(60), backstop_s=1.0)\n"
+        "from flowlane import launch_external as LE\n"
+        "LE.destroy_default_group(0.2, destroy=lambda: ctypes.PyDLL(None).sleep(60), backstop_s=1.0)\n"
         "print('returned', flush=True)\n"
     )
     # a hang raises TimeoutExpired; the backstop ends the process in about 2 s

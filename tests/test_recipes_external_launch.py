@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from flowlane.launch import (
+from flowlane.launch import free_port
+from flowlane.launch_external import (
     ExternalLaunch,
     LauncherEnvError,
     check_world,
     cuda_device_for,
     detect_launcher,
-    free_port,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,7 +215,7 @@ def test_a_bad_launcher_environment_is_refused_before_any_work(tmp_path, monkeyp
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr("flowlane.launch.launch", _no_ranks)
-    monkeypatch.setattr("flowlane.launch.run_this_rank", _no_ranks)
+    monkeypatch.setattr("flowlane.launch_external.run_this_rank", _no_ranks)
     monkeypatch.setattr("torch.distributed.init_process_group", _no_ranks)
     with pytest.raises(ConfigError, match=match):
         run_job({"job": "gpt", "output_dir": str(tmp_path / "out"), **override})
@@ -327,7 +327,7 @@ def test_gnn_recipe_refuses_a_distdgl_environment_that_does_not_fit(tmp_path, mo
     ip.write_text("127.0.0.1 30050\n127.0.0.1 30051\n")
     monkeypatch.setattr("dgl_plugin.distdgl.serve", _no_ranks)
     monkeypatch.setattr("dgl_plugin.distdgl.connect", _no_ranks)
-    monkeypatch.setattr("flowlane.launch.run_this_rank", _no_ranks)
+    monkeypatch.setattr("flowlane.launch_external.run_this_rank", _no_ranks)
     client = {
         "DGL_ROLE": "client",
         "DGL_DIST_MODE": "distributed",
