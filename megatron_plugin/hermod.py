@@ -103,9 +103,10 @@ class HermodConfig:
     """MID of DP coflows (docs/decisions.md A2.4, A6.1 #1). Only ``last``: see :data:`NO_EFFECT`."""
     max_inflight_buckets: int = 2
     """``launch=pacer`` only: DP bucket groups (reduce-scatters / all-reduces, parameter gathers) on the wire at
-    once. Two keep the link busy while the next one is launched; with one, each launch gap left the link idle and the
-    dense Megatron GPT was 11-25 % slower at every rate measured (results/hermod/real/real_megatron_defaults.json).
-    There is no chunk size: Megatron-core's DDP sends a bucket group as one coflow, so its ``bucket_size``
+    once. Two keep the link busy while the next one is launched. On Megatron-core's DDP (dense GPT, 4 CPU ranks, 4
+    rounds) one and two were within run-to-run noise: 2.02 / 2.10 s at 100 Mbit/s, 0.91 / 0.93 s at 400
+    (results/hermod/real/real_megatron_core_inflight.json); the 11-25 % gain of two measured before was on the
+    plugin's former DP path, which sent 256 KiB chunks. There is no chunk size: Megatron-core's DDP sends a bucket group as one coflow, so its ``bucket_size``
     (``--ddp-bucket-size``) sets how long PP/EP traffic can wait behind DP."""
     gate_timeout_s: float = 0.05
     """``launch=pacer`` only: longest a DP bucket group is held back while a PP/EP op is outstanding."""
