@@ -6,10 +6,12 @@ Four studies, each running baseline and flowlane in the same invocation and repo
    (nccl_net_plugin/bench/plain_stream.c); goal >= 95 %.
 2. priority (Hermod, seed 000 ch.5): RTT of 1 KiB class-0 ping-pongs while a class-3 bulk stream saturates a
    100 Mbit/s tbf link, priorities on (4 lanes) vs off (FLOWLANE_NET_LANES=1); goal: loaded <= 2x unloaded.
-3. multi-path (LEO, seed 000 ch.6): LEO vs Greedy-E2E vs round-robin, each request on one path, on netns paths
-   200+200 Mbit/s (equal), 400+100 (4:1), and 400+100 with a competing TCP flow switching on and off on the fast
-   path (time-varying). Per selector: stream throughput (1 MiB messages, 8 in flight) with per-message completion
-   p50/p99, and 2 MiB ping-pong RTT p50/p99 (one in flight). Goals (issue 32): LEO >= greedy everywhere, strictly
+3. multi-path (LEO, seed 000 ch.6): LEO vs the seed's Fig. 6.14 baselines Greedy-E2E (`greedy`) and Greedy-Intra
+   (`greedy_intra`), LEO without its toll (`leo_notoll`, ablation) and round-robin (`rr`), each request on one path,
+   on netns paths 200+200 Mbit/s (equal), 400+100 (4:1), and 400+100 with a competing TCP flow switching on and off
+   on the fast path (time-varying); Fig. 6.14's offline LP optimum is not implemented (nccl_net_plugin/README.md).
+   Per selector: stream throughput (1 MiB messages, 8 in flight) with per-message completion p50/p99, and 2 MiB
+   ping-pong RTT p50/p99 (one in flight). Goals (issue 32): LEO >= greedy everywhere, strictly
    better on the loaded fast path (4:1 stream), p99 never above greedy's by more than 10 %; two equal paths >= 1.9x
    one.
 4. scaling: bench-comms on loopback with 1, 8 and 64 comms (4 KiB messages, one in flight per comm), the plugin
@@ -44,7 +46,7 @@ BUILD = PLUGIN_DIR / "build"
 NETNS = PLUGIN_DIR / "scripts" / "netns.sh"
 OUT = ROOT / "results" / "nccl_net_plugin"
 LABEL = "measured on CPU with emulated links (netns + tc)"
-SELECTORS = ("leo", "greedy", "rr")
+SELECTORS = ("leo", "greedy", "greedy_intra", "leo_notoll", "rr")  # FLOWLANE_NET_PATH_SELECTOR values
 # The last commit with one engine lock and a poll over every comm's sockets per call (scaling baseline).
 BASELINE_COMMIT = "ed3a2ca134f7412c291dc1e1530034e36e4e7537"
 
@@ -312,7 +314,8 @@ def bench_multipath(repeats: int, quick: bool) -> dict:
     one_path: list[float] = []
     competing = None
     for rep in range(repeats):
-        order = SELECTORS[rep % 3 :] + SELECTORS[: rep % 3]  # rotate so no selector always runs first
+        k = rep % len(SELECTORS)
+        order = SELECTORS[k:] + SELECTORS[:k]  # rotate so no selector always runs first
         for sc, (rates, comp) in MP_SCENARIOS.items():
             with Netns(rates) as ns:
                 if sc == "equal":
@@ -346,7 +349,10 @@ def bench_multipath(repeats: int, quick: bool) -> dict:
         leo, gr = m["leo"], m["greedy"]
         verdict[sc] = {
             "tput_leo_over_greedy": leo["mbytes_per_s"] / gr["mbytes_per_s"],
+            "tput_leo_over_greedy_intra": leo["mbytes_per_s"] / m["greedy_intra"]["mbytes_per_s"],
+            "tput_leo_over_leo_notoll": leo["mbytes_per_s"] / m["leo_notoll"]["mbytes_per_s"],
             "tput_leo_over_rr": leo["mbytes_per_s"] / m["rr"]["mbytes_per_s"],
+            "stream_p99_leo_over_greedy_intra": leo["lat_ms_p99"] / m["greedy_intra"]["lat_ms_p99"],
             "stream_p99_leo_over_greedy": leo["lat_ms_p99"] / gr["lat_ms_p99"],
             "pingpong_p99_leo_over_greedy": leo["rtt_ms_p99"] / gr["rtt_ms_p99"],
         }
@@ -500,9 +506,14 @@ def plot(results: dict, path: Path) -> None:
 
         scs = list(m["median"])
         x = np.arange(len(scs))
-        for i, sel in enumerate(SELECTORS):
+        sels = [sel for sel in SELECTORS if sel in m["median"][scs[0]]]  # an older JSON may have fewer
+        width = 0.8 / len(sels)
+        for i, sel in enumerate(sels):
             axes[2].bar(
-                x + (i - 1) * 0.27, [m["median"][sc][sel]["mbytes_per_s"] for sc in scs], 0.27, label=sel
+                x + (i - (len(sels) - 1) / 2) * width,
+                [m["median"][sc][sel]["mbytes_per_s"] for sc in scs],
+                width,
+                label=sel,
             )
         axes[2].set_xticks(x, ["200+200", "400+100", "400+100\n+on/off flow"])
         axes[2].set_ylabel("stream MB/s (median)")

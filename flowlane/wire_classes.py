@@ -6,6 +6,12 @@ strict order (seed 000 §5.3.1, digest A2.4). Each class selects a priority lane
 ``SO_PRIORITY`` (host qdisc band) and ``IP_TOS = DSCP << 2`` (switches), and the plugin's sender serves lanes in strict
 priority with a small in-flight cap for lanes below an active one (digest A6.2 option 3).
 
+With fewer lanes than classes (``FLOWLANE_NET_LANES`` 2 or 3) the lowest classes share the last lane
+(:func:`lane_of_class`). A socket carries one mark, so a lane is marked as the highest-priority class mapped onto it
+(:func:`marking_class`): no class is marked below its own priority, and the classes it shares with are promoted
+(with 2 lanes, classes 1-3 all go out as class 1: AF41, ``SO_PRIORITY`` 4). One lane switches priorities off and
+marks everything best effort (class 2's marking).
+
 The C header is the source of truth for the numbers; ``tests/test_nccl_net_plugin.py`` parses it and pins every
 constant here to it. Pure Python: imports nothing from torch or the plugins.
 """
@@ -29,18 +35,29 @@ CLASS_SO_PRIORITY: tuple[int, ...] = (6, 4, 0, 2)
 #: (:func:`flowlane.hermod.wire.nccl_traffic_class` reads it).
 HERMOD_TRAFFIC_CLASSES: tuple[int, ...] = (CLASS_CRITICAL, CLASS_HIGH, CLASS_BULK)
 
-#: path selectors for multi-path connections (LEO, seed 000 §6.2.2)
+#: path selectors for multi-path connections (LEO, seed 000 §6.2.2; nccl_net_plugin/src/fl_leo.h): LEO, the
+#: baselines of the seed's Fig. 6.14 (Greedy-E2E, Greedy-Intra), LEO without its toll, and round-robin (a reference)
 SELECTOR_LEO = 0
 SELECTOR_ROUND_ROBIN = 1
-SELECTOR_GREEDY = 2
-SELECTOR_NAMES: dict[str, int] = {"leo": SELECTOR_LEO, "rr": SELECTOR_ROUND_ROBIN, "greedy": SELECTOR_GREEDY}
+SELECTOR_GREEDY = 2  # Greedy-E2E
+SELECTOR_GREEDY_INTRA = 3
+SELECTOR_LEO_NOTOLL = 4  # LEO with k_hat forced to 0 (ablation)
+NUM_SELECTORS = 5
+SELECTOR_NAMES: dict[str, int] = {
+    "leo": SELECTOR_LEO,
+    "rr": SELECTOR_ROUND_ROBIN,
+    "greedy": SELECTOR_GREEDY,
+    "greedy_e2e": SELECTOR_GREEDY,
+    "greedy_intra": SELECTOR_GREEDY_INTRA,
+    "leo_notoll": SELECTOR_LEO_NOTOLL,
+}
 
 #: environment variables read by the plugin at init (all optional)
 ENV_SOCKET_IFNAME = "FLOWLANE_SOCKET_IFNAME"  # like NCCL_SOCKET_IFNAME: prefixes, "^" excludes, "=" exact
 ENV_LANES = "FLOWLANE_NET_LANES"  # 1..4 priority lanes; 1 = priorities off
 ENV_TRAFFIC_CLASS = "FLOWLANE_NET_TRAFFIC_CLASS"  # class when NCCL gives none (net API v8/v9)
 ENV_PATHS = "FLOWLANE_NET_PATHS"  # sockets per connection (default: one per selected interface)
-ENV_PATH_SELECTOR = "FLOWLANE_NET_PATH_SELECTOR"  # leo | rr | greedy
+ENV_PATH_SELECTOR = "FLOWLANE_NET_PATH_SELECTOR"  # a key of SELECTOR_NAMES
 ENV_CHUNK_BYTES = "FLOWLANE_NET_CHUNK_BYTES"  # sub-chunk size
 ENV_LANE_CAP_BYTES = "FLOWLANE_NET_LANE_CAP_BYTES"  # in-flight cap of a lane below an active lane
 ENV_TIMEOUT_MS = "FLOWLANE_NET_TIMEOUT_MS"  # stalled-peer timeout
@@ -68,3 +85,10 @@ def lane_of_class(traffic_class: int, lanes: int = DEFAULT_LANES) -> int:
     if not 0 <= traffic_class < NUM_CLASSES:
         raise ValueError(f"traffic_class must be in [0, {NUM_CLASSES}), got {traffic_class!r}")
     return 0 if lanes == 1 else min(traffic_class, lanes - 1)
+
+
+def marking_class(traffic_class: int, lanes: int = DEFAULT_LANES) -> int:
+    """Class whose DSCP and ``SO_PRIORITY`` the sockets of ``traffic_class``'s lane carry: the highest-priority
+    class sharing that lane (never a lower one than ``traffic_class``), or best effort with one lane."""
+    lane = lane_of_class(traffic_class, lanes)
+    return CLASS_DEFAULT if lanes == 1 else lane

@@ -96,7 +96,18 @@ def test_python_class_constants_match_the_c_header() -> None:
         _c_int(d, "FL_SELECTOR_LEO"),
         _c_int(d, "FL_SELECTOR_ROUND_ROBIN"),
         _c_int(d, "FL_SELECTOR_GREEDY"),
-    ) == (wc.SELECTOR_LEO, wc.SELECTOR_ROUND_ROBIN, wc.SELECTOR_GREEDY)
+        _c_int(d, "FL_SELECTOR_GREEDY_INTRA"),
+        _c_int(d, "FL_SELECTOR_LEO_NOTOLL"),
+        _c_int(d, "FL_NUM_SELECTORS"),
+    ) == (
+        wc.SELECTOR_LEO,
+        wc.SELECTOR_ROUND_ROBIN,
+        wc.SELECTOR_GREEDY,
+        wc.SELECTOR_GREEDY_INTRA,
+        wc.SELECTOR_LEO_NOTOLL,
+        wc.NUM_SELECTORS,
+    )
+    assert set(wc.SELECTOR_NAMES.values()) == set(range(wc.NUM_SELECTORS))
     for c_name, py in [
         ("FL_ENV_SOCKET_IFNAME", wc.ENV_SOCKET_IFNAME),
         ("FL_ENV_LANES", wc.ENV_LANES),
@@ -150,13 +161,43 @@ def test_properties_are_consistent_across_versions_and_cuda_memory_is_rejected(b
 
 def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: None) -> None:
     """Pure-model cases with synthetic timestamps (nccl_net_plugin/test/leo_test.c, ASan+UBSan): a queued fast path is
-    joined until the idle slow one is cheaper (seed 000 §6.2.2's trade-off), our own queue never counts into k_hat
-    while foreign contention does, a contended path is avoided and priced without its stale toll once drained, and an
-    ACK delayed by the network misleads Greedy-E2E but not LEO (the receiver's dwell time is the signal)."""
+    joined until the idle slow one is cheaper (seed 000 §6.2.2's trade-off); k_hat counts exactly our requests still
+    queued behind the one that completed (0 on a drained path, so a lone request pays no toll), and the toll sends a
+    request to an idle slow path that the queue alone would not; a foreign flow slowing a path acts through BW(p)
+    (its dwell), not through k_hat; an ACK delayed by the network misleads Greedy-E2E but neither LEO nor
+    Greedy-Intra (the receiver's dwell is the signal); Greedy-Intra ignores the queue it builds while LEO without its
+    toll models it but stays on a path the toll would leave; ties follow the seed's priority list (base time T(p,
+    S), then index); T_tr starts at the first completion that met no queue; every selector name parses back."""
     res = subprocess.run([str(BUILD / "leo_test")], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 7, res.stdout
+    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 11, res.stdout
     assert "all cases passed" in res.stdout
+
+
+def test_each_lane_is_marked_as_the_highest_priority_class_on_it(built: None) -> None:
+    """nccl_net_plugin/test/lanes_test.c checks the C rule for FLOWLANE_NET_LANES=1..4 and prints the class -> lane
+    -> DSCP / SO_PRIORITY table; flowlane.wire_classes must give the same. Before the rule changed the last lane was
+    always marked bulk, so with 3 lanes untagged class 2 went out as CS1 / SO_PRIORITY 2, and with 2 lanes class 1
+    (Hermod's pipeline traffic) was marked like DP."""
+    res = subprocess.run([str(BUILD / "lanes_test")], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = {
+        (int(m[0]), int(m[1])): (int(m[2]), int(m[3]), int(m[4]))
+        for m in re.findall(
+            r"^lanes=(\d) class=(\d) lane=(\d) dscp=(\d+) so_priority=(\d+)$", res.stdout, re.M
+        )
+    }
+    want = {}
+    for lanes in range(1, wc.NUM_CLASSES + 1):
+        for cls in range(wc.NUM_CLASSES):
+            mark = wc.marking_class(cls, lanes)
+            want[(lanes, cls)] = (
+                wc.lane_of_class(cls, lanes),
+                wc.CLASS_DSCP[mark],
+                wc.CLASS_SO_PRIORITY[mark],
+            )
+    assert got == want
+    assert got[(3, wc.CLASS_DEFAULT)][1:] == (0, 0) and got[(2, wc.CLASS_HIGH)][1:] == (34, 4)
 
 
 # -- the send path against a raw peer ------------------------------------------------------------------------------
@@ -269,6 +310,21 @@ def test_stalled_peer_makes_test_return_an_error_after_the_timeout(built: None, 
     res = _driver("stall", env={"FL_DRIVER_VICTIM": victim, "FLOWLANE_NET_TIMEOUT_MS": "1000"})
     _assert_pass(res, "stall")
     assert "made no progress" in res.stderr
+
+
+@pytest.mark.parametrize("selector", sorted(wc.SELECTOR_NAMES))
+def test_every_path_selector_is_taken_at_init_and_keeps_data_intact(built: None, selector: str) -> None:
+    """FLOWLANE_NET_PATH_SELECTOR takes effect in the plugin (its init line names the selector it runs) for each name,
+    over two loopback paths, with the data intact."""
+    canonical = "greedy" if selector == "greedy_e2e" else selector  # an alias; the plugin logs its own name
+    res = _driver(
+        "--max-bytes",
+        str(4 << 20),
+        "integrity",
+        env={"FLOWLANE_NET_PATH_SELECTOR": selector, "FLOWLANE_NET_PATHS": "2", "FLOWLANE_NET_DEBUG": "1"},
+    )
+    _assert_pass(res, f"integrity with {selector}")
+    assert f"2 path(s)/connection, selector {canonical}," in res.stderr, res.stderr[-2000:]
 
 
 def test_invalid_env_value_fails_init_with_a_message_naming_it(built: None) -> None:

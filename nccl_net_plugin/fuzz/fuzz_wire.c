@@ -45,7 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   /* Selector under arbitrary event sequences: must stay in range, never NaN. */
   struct fl_selector s;
-  fl_selector_init(&s, size ? data[0] % 3 : 0, size > 1 ? 1 + data[1] % FL_MAX_PATHS : 2);
+  fl_selector_init(&s, size ? data[0] % FL_NUM_SELECTORS : 0, size > 1 ? 1 + data[1] % FL_MAX_PATHS : 2);
   uint64_t t = 1000;
   struct fl_leo_ticket open_tk[64];
   int nopen = 0;

@@ -37,17 +37,21 @@
 #define FL_SOPRIO_CLASS2 0
 #define FL_SOPRIO_CLASS3 2
 
-/* Path selectors for multi-path connections (LEO, seed 000 §6.2.2). */
+/* Path selectors for multi-path connections (LEO, seed 000 §6.2.2; the
+ * baselines of its Fig. 6.14 and two references: src/fl_leo.h). */
 #define FL_SELECTOR_LEO 0
-#define FL_SELECTOR_ROUND_ROBIN 1
-#define FL_SELECTOR_GREEDY 2
+#define FL_SELECTOR_ROUND_ROBIN 1   /* reference, not in Fig. 6.14 */
+#define FL_SELECTOR_GREEDY 2        /* Greedy-E2E */
+#define FL_SELECTOR_GREEDY_INTRA 3  /* Greedy-Intra */
+#define FL_SELECTOR_LEO_NOTOLL 4    /* LEO with k_hat forced to 0 (ablation) */
+#define FL_NUM_SELECTORS 5
 
 /* Environment variables (all optional). */
 #define FL_ENV_SOCKET_IFNAME "FLOWLANE_SOCKET_IFNAME"  /* like NCCL_SOCKET_IFNAME: prefixes, ^exclude, =exact */
 #define FL_ENV_LANES "FLOWLANE_NET_LANES"              /* 1..4 priority lanes; 1 = priorities off */
 #define FL_ENV_TRAFFIC_CLASS "FLOWLANE_NET_TRAFFIC_CLASS" /* class when NCCL gives none */
 #define FL_ENV_PATHS "FLOWLANE_NET_PATHS"              /* sockets per connection (default: one per interface) */
-#define FL_ENV_PATH_SELECTOR "FLOWLANE_NET_PATH_SELECTOR" /* leo | rr | greedy */
+#define FL_ENV_PATH_SELECTOR "FLOWLANE_NET_PATH_SELECTOR" /* leo | greedy | greedy_intra | leo_notoll | rr */
 #define FL_ENV_CHUNK_BYTES "FLOWLANE_NET_CHUNK_BYTES"  /* sub-chunk size */
 #define FL_ENV_LANE_CAP_BYTES "FLOWLANE_NET_LANE_CAP_BYTES" /* in-flight cap of a lane below an active one */
 #define FL_ENV_TIMEOUT_MS "FLOWLANE_NET_TIMEOUT_MS"    /* stalled-peer timeout */

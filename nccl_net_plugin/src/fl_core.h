@@ -84,7 +84,7 @@ struct fl_request {
   int chunks_acked; /* done when every carved sub-chunk is acknowledged (as RDMA completes on the remote ACK) */
   struct fl_leo_ticket ticket; /* its path and what LEO predicted at t1 (fl_leo.h) */
   uint64_t t2_ns;              /* first byte handed to the socket */
-  uint64_t dwell_ns;           /* sum of the receiver's t4 - t3 over its sub-chunks (from the ACKs) */
+  uint64_t dwell_ns;           /* sum of the receiver's dwell (our t4 - t3) over its sub-chunks (ACKs) */
   struct fl_request* path_next; /* FIFO of requests placed on one path */
   /* recv */
   int n;

@@ -1,4 +1,5 @@
-/* fl_leo.c - LEO / round-robin / Greedy-E2E per-request path selection (see fl_leo.h). */
+/* fl_leo.c - LEO and its baselines (Greedy-E2E, Greedy-Intra, LEO without toll, round-robin): per-request path
+ * selection (see fl_leo.h). */
 #include "fl_leo.h"
 
 #include <math.h>
@@ -33,6 +34,15 @@ double fl_leo_cost(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns)
   return queue_ns(p, now_ns) + (double)p->khat * toll(p, bytes) + base_time(p, bytes);
 }
 
+/* What each selector minimises (fl_leo.h). leo_notoll shares LEO's cost: its k_hat stays 0 (on_complete). */
+static double selector_cost(int kind, const struct fl_leo_path* st, uint64_t bytes, uint64_t now_ns) {
+  switch (kind) {
+    case FL_SELECTOR_GREEDY: return st->last_e2e_ns;
+    case FL_SELECTOR_GREEDY_INTRA: return st->last_intra_ns;
+    default: return fl_leo_cost(st, bytes, now_ns);
+  }
+}
+
 int fl_selector_choose(const struct fl_selector* s, uint64_t bytes, uint64_t now_ns) {
   if (s->npaths == 1) return 0;
   if (s->kind == FL_SELECTOR_ROUND_ROBIN) return s->rr_next;
@@ -40,13 +50,15 @@ int fl_selector_choose(const struct fl_selector* s, uint64_t bytes, uint64_t now
   for (int p = 0; p < s->npaths; p++)
     if (!s->st[p].have_sample && s->st[p].inflight == 0) return p;
   int best = -1;
-  double best_cost = INFINITY;
+  double best_cost = INFINITY, best_base = INFINITY;
   for (int p = 0; p < s->npaths; p++) {
     const struct fl_leo_path* st = &s->st[p];
     if (!st->have_sample) continue; /* being probed */
-    double cost = s->kind == FL_SELECTOR_GREEDY ? st->last_e2e_ns : fl_leo_cost(st, bytes, now_ns);
-    if (cost < best_cost) { /* ties keep the lower index */
+    double cost = selector_cost(s->kind, st, bytes, now_ns), base = base_time(st, bytes);
+    /* ties: the seed's priority list, sorted by base traverse time T(p, S) (§6.2.2), then the lower index */
+    if (cost < best_cost || (cost == best_cost && base < best_base)) {
       best_cost = cost;
+      best_base = base;
       best = p;
     }
   }
@@ -78,23 +90,26 @@ void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* 
   if (st->inflight > 0) st->inflight--;
   st->last_e2e_ns = now_ns > tk->t1_ns ? (double)(now_ns - tk->t1_ns) : 0;
   double wait = t2_ns > tk->t1_ns ? (double)(t2_ns - tk->t1_ns) : 0; /* t2 - t1 */
-  double intra = wait + (double)dwell_ns;                            /* + (t4 - t3); t6 - t5 = 0 */
+  double intra = wait + (double)dwell_ns;                            /* + receiver dwell (our t4 - t3); t6 - t5 = 0 */
+  st->last_intra_ns = intra;
   if (tk->bytes > 0) {
     st->dwell_bytes = st->dwell_bytes * FL_DECAY + (double)tk->bytes;
     st->dwell_ns = st->dwell_ns * FL_DECAY + (dwell_ns > 0 ? (double)dwell_ns : 1.0);
   }
-  int first = !st->have_sample;
   st->have_sample = 1;
   if (wait <= FL_NO_WAIT_NS) { /* met no queue of ours: a T_tr sample */
     double t_tr = intra - toll(st, tk->bytes);
     if (t_tr < 0) t_tr = 0;
-    /* min filter that slowly forgets, so a path whose latency rises is re-learnt */
-    st->t_tr_ns = first ? t_tr : fmin(st->t_tr_ns * 1.001 + 1.0, t_tr);
+    /* min filter that slowly forgets, so a path whose latency rises is re-learnt; it starts at the first sample
+     * that qualifies, not at the 0 a path whose first completions waited would otherwise keep */
+    st->t_tr_ns = st->have_t_tr ? fmin(st->t_tr_ns * 1.001 + 1.0, t_tr) : t_tr;
+    st->have_t_tr = 1;
   }
   /* k_hat: the requests that saw this one's queue. A path is FIFO, so every
    * request still in flight on it was placed after this one and waited
    * behind it; the count of the last completion predicts the next. */
   st->khat = st->inflight < FL_KHAT_MAX ? (uint32_t)st->inflight : FL_KHAT_MAX;
+  if (s->kind == FL_SELECTOR_LEO_NOTOLL) st->khat = 0; /* the ablation: no toll term */
   /* re-anchor eq. 6.2 on what is really left: nothing once the path drained */
   if (st->inflight == 0) st->busy_until_ns = now_ns;
 }
@@ -102,7 +117,9 @@ void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* 
 int fl_selector_parse(const char* name) {
   if (!name || !*name || !strcmp(name, "leo")) return FL_SELECTOR_LEO;
   if (!strcmp(name, "rr") || !strcmp(name, "round-robin")) return FL_SELECTOR_ROUND_ROBIN;
-  if (!strcmp(name, "greedy")) return FL_SELECTOR_GREEDY;
+  if (!strcmp(name, "greedy") || !strcmp(name, "greedy_e2e")) return FL_SELECTOR_GREEDY;
+  if (!strcmp(name, "greedy_intra")) return FL_SELECTOR_GREEDY_INTRA;
+  if (!strcmp(name, "leo_notoll")) return FL_SELECTOR_LEO_NOTOLL;
   return -1;
 }
 
@@ -111,6 +128,8 @@ const char* fl_selector_name(int kind) {
     case FL_SELECTOR_LEO: return "leo";
     case FL_SELECTOR_ROUND_ROBIN: return "rr";
     case FL_SELECTOR_GREEDY: return "greedy";
+    case FL_SELECTOR_GREEDY_INTRA: return "greedy_intra";
+    case FL_SELECTOR_LEO_NOTOLL: return "leo_notoll";
     default: return "?";
   }
 }

@@ -1,8 +1,11 @@
 /*
  * fl_leo.h - LEO's per-request path selection (seed 000 ch. 6, §6.2.2;
- * digest 000-hermod-leo.md part B2.3), with round-robin and Greedy-E2E as the
- * baselines of the seed's Fig. 6.14. Pure model: timestamps come in as
- * arguments, no sockets, no clock, no I/O.
+ * digest 000-hermod-leo.md part B2.3) and what the seed's Fig. 6.14 compares
+ * it with: Greedy-E2E and Greedy-Intra, plus LEO without its toll (ablation)
+ * and round-robin (a reference; not one of Fig. 6.14's baselines). Fig. 6.14's
+ * offline LP optimum is not implemented (README: it needs the whole request
+ * sequence in advance). Pure model: timestamps come in as arguments, no
+ * sockets, no clock, no I/O.
  *
  * A request is one NCCL isend; all of it travels on the path chosen for it
  * (it may be framed into sub-chunks there, which the model never sees).
@@ -17,17 +20,24 @@
  *                  none of ours in flight
  *   T_total(p)   = Q(p) + k_hat(p) * toll(p, S) + T(p, S)   (eq. 6.5 + Q)
  *
- * and the request goes to argmin T_total (ties: lower index, the priority
- * list of the seed). The tradeoff is the seed's: joining a queued fast path
- * costs its queue plus the toll it imposes; an idle slow path costs its
+ * and the request goes to argmin T_total. Ties go to the lower T(p, S), then
+ * the lower index: the seed's priority list is sorted by base traverse time
+ * (§6.2.2, offline phase). The tradeoff is the seed's: joining a queued fast
+ * path costs its queue plus the toll it imposes; an idle slow path costs its
  * longer base time.
  *
- * Timestamps (Fig. 6.6): t1 the request is put on its path, t2 its first byte
- * is handed to the socket (leaves our queue), t3/t4 the receiver reads a
- * frame's header / last byte (it returns t4 - t3 in the ACK), t5/t6 the ACK's
- * arrival/processing (one call apart here: t6 - t5 = 0). Intra-host JCT =
- * (t2 - t1) + sum(t4 - t3): network time is excluded, so path RTT jitter
- * does not move it (the seed's point against Greedy-E2E).
+ * Timestamps (Fig. 6.6, with one departure): t1 the request is put on its
+ * path, t2 its first byte is handed to the socket (leaves our queue), t5/t6
+ * the ACK's arrival/processing (one call apart here: t6 - t5 = 0). In the
+ * seed t3/t4 are the server's CQE and its response being queued, so t4 - t3
+ * is server processing and excludes the network. A net plugin has no
+ * server-side processing phase; what the receiver can observe is its dwell,
+ * so here t3/t4 are when the receiver reads a frame's header / its last byte
+ * (returned in the ACK). That dwell includes serialising the frame through
+ * the path's bottleneck (which is why BW(p) can be fitted to it) but not
+ * propagation or the ACK's way back. Intra-host JCT here = (t2 - t1) +
+ * sum(t4 - t3): an ACK delayed by the network (RTT jitter) does not move it,
+ * the seed's point against Greedy-E2E; a slower or shared bottleneck does.
  *
  * k_hat(p), "the number of requests that will see the queue caused by this
  * one", from contention by other requests: when a request completes on p,
@@ -40,14 +50,30 @@
  * one request never count: the model sees whole requests.
  *
  * T_tr(p) is learnt from completions that met no queue (min filter that
- * slowly forgets) instead of the thesis' offline profile; a path with no
- * sample yet is probed with the first request that finds it idle.
+ * slowly forgets, started by the first such completion) instead of the
+ * thesis' offline profile; a path with no sample yet is probed with the first
+ * request that finds it idle (every selector but rr).
+ *
+ * The other selectors (FLOWLANE_NET_PATH_SELECTOR; same probing and ties):
+ *   greedy        Greedy-E2E (alias greedy_e2e): least end-to-end time (ACK
+ *                 arrival - t1) of the last request completed on each path.
+ *                 The seed does not say how the estimate is kept; this is the
+ *                 last sample, and a path greedy stops choosing is never
+ *                 measured again, so its stale time decides: with several
+ *                 requests in flight it can leave a path unused (README).
+ *   greedy_intra  Greedy-Intra: least intra-host JCT, (t2 - t1) + dwell, of
+ *                 the last request completed on each path (same last-sample
+ *                 rule): no toll and no model of the queue it is building.
+ *   leo_notoll    LEO with k_hat forced to 0: argmin Q(p) + T(p, S), the
+ *                 seed's k = 1 greedy on LEO's own estimates; what the toll
+ *                 adds is leo against this.
+ *   rr            round-robin, per request.
  *
  * Measured (issue 32, FLOWLANE_NET_LEO_TRACE, netns 400+100 Mbit/s,
  * results/nccl_net_plugin/leo_paths.json): T_tr(p) comes out 0 on every
- * path. The intra JCT excludes the network and BW(p) is fitted to the same
- * dwell, so intra - S/BW(p) is (t2 - t1) plus zero-mean noise, which the min
- * filter clamps at 0; the fixed per-request time (propagation, the ACK's
+ * path. The intra JCT is (t2 - t1) plus the dwell and BW(p) is fitted to the
+ * same dwell, so intra - S/BW(p) is (t2 - t1) plus zero-mean noise, which the
+ * min filter clamps at 0; the fixed per-request time (propagation, the ACK's
  * return) is therefore not in T(p, S): harmless between paths of one RTT,
  * blind to an RTT difference for small requests. BW(p) from dwell tracks a
  * shaped path (about 400 and 98 Mbit/s learnt for 400 and 100) but is an
@@ -68,6 +94,7 @@
 
 struct fl_leo_path {
   int have_sample;          /* a request completed on this path */
+  int have_t_tr;            /* ... and one met no queue of ours: t_tr_ns holds a sample */
   double dwell_bytes;       /* decayed sum of request bytes ... */
   double dwell_ns;          /* ... and of their receiver dwell: BW(p) = bytes / ns */
   double t_tr_ns;           /* T_tr(p): base traverse time, min-filtered */
@@ -75,6 +102,7 @@ struct fl_leo_path {
   uint64_t busy_until_ns;   /* Q(p) = busy_until - now (eq. 6.2) */
   int inflight;             /* our requests on p, not yet complete */
   double last_e2e_ns;       /* Greedy-E2E: ACK time - t1 of the last request */
+  double last_intra_ns;     /* Greedy-Intra: (t2 - t1) + dwell of the last request */
   uint64_t requests, bytes; /* totals, for logs and benchmarks */
 };
 

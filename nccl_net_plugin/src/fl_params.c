@@ -63,7 +63,8 @@ int fl_params_load(struct fl_params* p) {
   const char* sel = getenv(FL_ENV_PATH_SELECTOR);
   p->selector = fl_selector_parse(sel);
   if (p->selector < 0) {
-    FL_WARN("%s=\"%s\" is invalid: expected leo, rr or greedy", FL_ENV_PATH_SELECTOR, sel);
+    FL_WARN("%s=\"%s\" is invalid: expected leo, greedy (or greedy_e2e), greedy_intra, leo_notoll or rr",
+            FL_ENV_PATH_SELECTOR, sel);
     return -1;
   }
   return 0;
@@ -85,11 +86,13 @@ int fl_lane_of_class(int cls, int lanes) {
   return cls < lanes - 1 ? cls : lanes - 1;
 }
 
-/* Which class's marking a lane's sockets carry: one lane = priorities off =
- * best effort for everyone; otherwise lane 0 is the top class and the last
- * lane the bulk class. */
+/* Which class's marking a lane's sockets carry. A socket carries one mark, so
+ * the classes sharing a lane share it: the highest-priority (smallest) class
+ * mapped onto the lane, which is the lane's own index (fl_lane_of_class). No
+ * class is marked below its own priority; bulk sharing the last lane with
+ * higher classes is promoted to theirs (with 2 lanes, DP rides as class 1).
+ * One lane = priorities off = best effort for everyone. */
 int fl_lane_marking_class(int lane, int lanes) {
   if (lanes <= 1) return FL_CLASS_DEFAULT;
-  if (lane == lanes - 1) return FL_CLASS_BULK;
   return lane;
 }

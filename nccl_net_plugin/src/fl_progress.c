@@ -113,7 +113,7 @@ static int on_frame_header(struct fl_comm* c, struct fl_path* p, int pi) {
       c->unacked_bytes -= rec->bytes;
       struct fl_request* r = rec->req;
       r->chunks_acked++;
-      r->dwell_ns += f->aux; /* the receiver's t4 - t3 for this sub-chunk */
+      r->dwell_ns += f->aux; /* the receiver's dwell for this sub-chunk: our t4 - t3 (fl_leo.h) */
       if (r->carved == r->size && r->chunks_acked == r->chunks_carved) {
         r->done = 1;
         uint64_t t5 = fl_now_ns();
@@ -187,6 +187,8 @@ static int on_frame_body(struct fl_comm* c, struct fl_path* p, int pi) {
   }
   struct fl_request* r = p->in_req;
   r->received[f->index] += f->length;
+  /* LEO's t4 - t3 here: header read -> last byte read. Unlike the seed's (server processing, network excluded) it
+   * includes the frame's serialisation through the path's bottleneck; no server phase exists (fl_leo.h). */
   uint64_t dwell = fl_now_ns() - p->in_start_ns;
   struct fl_frame ack = {.type = FL_FRAME_ACK, .seq = f->aux, .aux = dwell > 0xffffffffu ? 0xffffffffu : (uint32_t)dwell};
   if (ctl_push(c, p, &ack, NULL) != 0) return -1;

@@ -157,9 +157,10 @@ void fl_leo_trace_choice(const struct fl_comm* c, uint64_t size, uint64_t t1, in
           (unsigned long long)c->id, fl_selector_name(c->sel.kind), (unsigned long long)t1, (unsigned long long)size, pi);
   for (int p = 0; p < c->sel.npaths; p++) {
     const struct fl_leo_path* st = &c->sel.st[p];
-    fprintf(g_leo_trace, " | p%d cost=%.0f bw=%.4f ttr=%.0f q=%.0f khat=%u infl=%d e2e=%.0f", p,
+    fprintf(g_leo_trace, " | p%d cost=%.0f bw=%.4f ttr=%.0f q=%.0f khat=%u infl=%d e2e=%.0f intra=%.0f", p,
             st->have_sample ? fl_leo_cost(st, size, t1) : -1.0, fl_leo_bw(st), st->t_tr_ns,
-            st->busy_until_ns > t1 ? (double)(st->busy_until_ns - t1) : 0.0, st->khat, st->inflight, st->last_e2e_ns);
+            st->busy_until_ns > t1 ? (double)(st->busy_until_ns - t1) : 0.0, st->khat, st->inflight, st->last_e2e_ns,
+            st->last_intra_ns);
   }
   fputc('\n', g_leo_trace);
   fflush(g_leo_trace);

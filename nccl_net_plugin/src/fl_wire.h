@@ -66,7 +66,7 @@ struct fl_frame {
   uint32_t seq;    /* DATA/CTS: receive-slot sequence; ACK: chunk id */
   uint64_t offset; /* DATA: byte offset in the message */
   uint32_t length; /* payload bytes that follow the header */
-  uint32_t aux;    /* DATA: chunk id; ACK: receiver dwell time in ns (LEO t4-t3) */
+  uint32_t aux;    /* DATA: chunk id; ACK: receiver dwell in ns (our t4-t3, fl_leo.h) */
   uint64_t total;  /* DATA: size of the whole message */
 };
 
