@@ -29,7 +29,13 @@ Every K-th boundary the DP group probes its bandwidth (``probe_bandwidth``; figu
 decides alike; a probe that moves a rank is confirmed by a second one, :func:`flowlane.aleph.replan.confirmed_probe`)
 and :class:`flowlane.aleph.hook.ReplanningAllReduce` swaps in a new hierarchy when the ``Replanner`` decides to.
 Needs ``bandwidth_gbps`` (the first plan's figures) and ``"top": "ps"`` with one PS (its groups serve any plan);
-``hysteresis`` / ``probe_bytes`` without ``replan_every`` are refused (they would have no effect).
+``hysteresis`` / ``probe_bytes`` without ``replan_every`` are refused (they would have no effect), and so is
+``replan_every`` on a group whose backend is not gloo (the probe's CPU tensors and host timing,
+:func:`flowlane.aleph.probe.check_probe_backend`).
+
+With ``"top": "ps"`` and ``bandwidth_gbps`` the PS (one of the heads: the seed's PS is a separate machine) is the head
+with the most bandwidth left for the PS's extra flows (:func:`flowlane.aleph.model.ps_head`), after re-planning too;
+with ``clusters`` it is the first head unless ``"ps"`` names it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from deepspeed_plugin.config import DEEPSPEED_VERSIONS, validate_flowlane_sectio
 from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
 from flowlane.aleph.config import PLANNER_FIELDS, PROBE_BYTES
 from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce
+from flowlane.aleph.model import ps_head
+from flowlane.aleph.probe import check_probe_backend
 from flowlane.patching import Patch, undo_all
 from flowlane.versions import check_version_range
 
@@ -84,6 +92,8 @@ class AlephDeepSpeed:
     ) -> None:
         from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: PLC0415
 
+        if replanner is not None and probe is None:  # the default probe runs on gloo only
+            check_probe_backend(engine.seq_data_parallel_group, "flowlane.aleph replan_every")
         cdb = unwrapped_backend("aleph")
         check_zero_all_reduce(engine, "flowlane.aleph")
         if isinstance(engine, PipelineEngine):
@@ -189,7 +199,7 @@ def parse_section(ds_config: dict[str, Any]) -> tuple[AlephConfig, dict[str, Any
                 cfg.top != "ps",
             ),
             (
-                "one PS (no 'ps' / 'split' / 'ps_bandwidths': a new plan's PS is its first aggregator)",
+                "one PS (no 'ps' / 'split' / 'ps_bandwidths': a new plan's PS is chosen from the figures in use)",
                 any(k in own for k in ("ps", "split", "ps_bandwidths")),
             ),
         )
@@ -227,4 +237,7 @@ def install(
     if plan.n != n:
         raise ValueError(f"flowlane.aleph plans {plan.n} ranks but DeepSpeed's data-parallel group has {n}")
     multi = {k: own[k] for k in ("ps", "split", "ps_bandwidths") if k in own}
+    # the PS on the head the figures favour
+    if cfg.top == "ps" and "ps" not in multi and "bandwidth_gbps" in own:
+        multi["ps"] = [ps_head(plan, [float(b) for b in own["bandwidth_gbps"]])]
     return AlephDeepSpeed(engine, plan, cfg.top, multi, replanner, probe, own.get("probe_bytes", PROBE_BYTES))

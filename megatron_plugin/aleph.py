@@ -15,7 +15,9 @@ Also refused here: a plan whose size is not the data-parallel group's, and ``top
 plan when there are several data-parallel groups (PP, TP or CP > 1): the aggregators' subgroup is made with
 ``new_group`` by every rank of the world, which only one data-parallel group can do consistently; ``top="ps"``
 makes its groups (one per direction) for every data-parallel group on every rank in one order (NCCL splits them from
-the world's communicator, which every rank must join), so it runs on any layout.
+the world's communicator, which every rank must join), so it runs on any layout. ``replan_every`` with the default
+probe is refused on a data-parallel group whose backend is not gloo (the probe times CPU tensors on the host:
+:func:`flowlane.aleph.probe.check_probe_backend`), and ``hysteresis`` / ``probe_bytes`` without ``replan_every``.
 
 megatron-core API::
 
@@ -42,6 +44,7 @@ import torch.distributed as dist
 from flowlane import configs
 from flowlane.aleph import AlephConfig, Plan, plan_clusters
 from flowlane.aleph.config import PLANNER_FIELDS, PROBE_BYTES
+from flowlane.aleph.model import ps_head
 from flowlane.configs import add_dataclass_args, config_from_namespace
 from megatron_plugin.undo import Patch, check_all, undo_all
 
@@ -76,12 +79,15 @@ class AlephMegatronConfig:
     """Top-tier (PS) Gbit/s P for the check |D|*b <= P (AlephConfig.ps_gbps; 0 = no check): where it fails, b is
     lowered to P/|D| and the plan re-made with bigger clusters, fewer flows into the top. Needs bandwidth figures."""
     top: Literal["allreduce", "ps"] = "allreduce"
-    """Top tier: ``allreduce`` among the aggregators, or ``ps`` (a tree rooted at the first aggregator)."""
+    """Top tier: ``allreduce`` among the aggregators, or ``ps`` (a tree rooted at one aggregator: with bandwidth
+    figures the one with the most spare bandwidth for the PS's flows, :func:`flowlane.aleph.model.ps_head`; with
+    explicit clusters the first)."""
     chunk_bytes: int = 256 << 10
     """``top="ps"``: the tree's pipelining chunk in bytes (>= 1024)."""
     ps: str = ""
     """``top="ps"``, dense groups: the PSs' positions in the data-parallel group, comma-separated (each an aggregator;
-    empty: the first aggregator alone). Several PSs each sum a part of every bucket (digest §2.9)."""
+    empty: one, :func:`flowlane.aleph.model.ps_head` with figures, else the first aggregator). Several PSs each sum a
+    part of every bucket (digest §2.9)."""
     split: str = ""
     """With several PSs: ``equal``, or one fraction per PS (comma-separated, summing to 1); empty: proportional to
     ``ps_bandwidths_gbps``."""
@@ -90,7 +96,8 @@ class AlephMegatronConfig:
     replan_every: int = 0
     """Every this many iterations, probe the data-parallel group's bandwidth (timed transfers) and re-plan with
     hysteresis (digest §5.1 #13, E10); 0 = the plan is fixed at install. Needs ``bandwidth_gbps`` (the figures the
-    first plan comes from) and ``top="ps"`` with one PS (a new plan's PS is its first aggregator); dense groups only."""
+    first plan comes from) and ``top="ps"`` with one PS (a new plan's PS is its ``ps_head`` under the figures in
+    use); dense groups only. The default probe runs on gloo only: refused at install on another backend."""
     hysteresis: float = 0.2
     """Re-planning: a rank's figure changes only when it moves by more than this fraction (AlephConfig.hysteresis)."""
     probe_bytes: int = PROBE_BYTES
@@ -130,7 +137,20 @@ class AlephMegatronConfig:
                 f"to top='ps' only, not top={self.top!r}"
             )
         self.multi_ps()  # validates the formats (the plan checks positions and fractions)
-        if self.replan_every:
+        if not (isinstance(self.probe_bytes, int) and self.probe_bytes >= 1024):
+            raise ValueError(f"aleph probe_bytes={self.probe_bytes!r} must be an integer >= 1024")
+        if not self.replan_every:  # re-planning's own knobs would do nothing (DeepSpeed's REPLAN_KEYS alike)
+            idle = [
+                f"{f.name}={getattr(self, f.name)!r} (--aleph-{f.name.replace('_', '-')})"
+                for f in dataclasses.fields(self)
+                if f.name in ("hysteresis", "probe_bytes") and getattr(self, f.name) != f.default
+            ]
+            if idle:
+                raise ValueError(
+                    f"aleph {', '.join(idle)} act only with replan_every > 0 (--aleph-replan-every), which is 0 "
+                    "here: they would have no effect; remove them or set replan_every"
+                )
+        else:
             why = [
                 w
                 for w, bad in (
@@ -140,7 +160,7 @@ class AlephMegatronConfig:
                         self.top != "ps",
                     ),
                     (
-                        "one PS (no ps / split: a new plan's PS is its first aggregator)",
+                        "one PS (no ps / split: a new plan's PS is chosen from the figures in use)",
                         bool(self.ps or self.split),
                     ),
                 )
@@ -148,8 +168,6 @@ class AlephMegatronConfig:
             ]
             if why:
                 raise ValueError(f"aleph replan_every={self.replan_every} needs " + " and ".join(why))
-            if not (isinstance(self.probe_bytes, int) and self.probe_bytes >= 1024):
-                raise ValueError(f"aleph probe_bytes={self.probe_bytes!r} must be an integer >= 1024")
 
     def multi_ps(self) -> dict[str, Any]:
         """``HierarchicalAllReduce``'s ``ps`` / ``split`` / ``ps_bandwidths`` keywords from the PS fields."""
@@ -214,6 +232,11 @@ class AlephMegatronConfig:
                 f"aleph {field}={getattr(self, field)!r} is not "
                 + ("comma-separated numbers" if bw else "';'-separated lists of ',' ranks")
             ) from None
+
+    def figures(self, expert: bool = False) -> list[float]:
+        """The bandwidth figures the plan is made from (empty with explicit clusters)."""
+        bw = getattr(self, f"{'expert_' if expert else ''}bandwidth_gbps")
+        return [float(x) for x in bw.split(",")] if bw else []
 
     def plan(self, n: int, expert: bool = False) -> Plan:
         """The plan over ``n`` data-parallel ranks (``expert``: the expert-data-parallel group's); raises naming the
@@ -321,6 +344,10 @@ class AlephMegatron:
     ) -> None:
         from megatron_plugin.dp_collective import DPCollective
 
+        if config.replan_every and probe is None:  # the default probe runs on gloo only
+            from flowlane.aleph.probe import check_probe_backend
+
+            check_probe_backend(dp_group, "aleph replan_every (--aleph-replan-every)")
         self.config = config
         self._probe = probe
         """Re-planning's figures: ``probe(group)`` -> one Gbit/s figure per group rank, the same on every rank, used
@@ -376,14 +403,21 @@ class AlephMegatron:
                 self.expert_plan = plan
             else:
                 self.plan = plan
+            bw = config.figures(expert)
+            replan: dict[str, Any] = {}
 
             # the groups serve any plan of the group (top="ps")
             def build(plan: Plan) -> HierarchicalAllReduce:
+                kw = dict(multi)
+                if config.top == "ps" and "ps" not in kw and bw:  # the PS on the head the figures favour
+                    figures = (
+                        replan["replanner"].bandwidth if replan else bw
+                    )  # re-planned: the figures in use
+                    kw["ps"] = [ps_head(plan, figures)]
                 return HierarchicalAllReduce(
-                    plan, group, config.top, config.chunk_bytes, p2p_groups=p2p, **multi
+                    plan, group, config.top, config.chunk_bytes, p2p_groups=p2p, **kw
                 )
 
-            replan = {}
             if config.replan_every and not expert:
                 replan = replan_parts(config, group, self._probe, lambda plan: self._replanned(build(plan)))
             return _AlephComponent(build(plan), dist.get_rank(group), **replan)

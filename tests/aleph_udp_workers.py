@@ -73,3 +73,54 @@ def udp_multips_cases(rank: int, world: int, clusters: list, cases: list) -> lis
             }
         )
     return out
+
+
+def udp_guard_cases(rank: int, world: int) -> dict:
+    """What tier 1 cannot carry, decided alike on every rank: a NaN on rank 1 only and an inf on rank 0 only (every
+    rank gets NaN, as DDP's all-reduce gives non-finite sums; DDP with the UDP hook against DDP's own), an int32
+    overflow in the nodes' sums (forced: the exponent without headroom), integers too big on one rank only; then an
+    ordinary sum (the group is still in step)."""
+    import flowlane.aleph.wire as W
+
+    plan = Plan.from_clusters(world, [list(range(world))])  # rank 0 aggregates the others, and is the PS
+    u = UdpAllReduce(plan)
+    out: dict = {}
+    for name, bad_rank, value in (("nan", 1, float("nan")), ("inf", 0, float("inf"))):
+        x = torch.ones(300)
+        if rank == bad_rank:
+            x[7] = value
+        out[name] = bool(torch.isfinite(u(x)).any())  # False: nothing finite came back
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    for hooked in (False, True):
+        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
+        if hooked:
+            install_aleph_hook(ddp, plan, dataplane="udp")
+        inp = torch.ones(3, 4)
+        if rank == 1:
+            inp[0, 0] = float("nan")
+        ddp(inp).sum().backward()
+        # what AMP's GradScaler checks: are all gradients finite (rank 1's NaN input: the weight's are not)
+        grads = [p.grad for p in ddp.parameters()]
+        out[f"ddp_finite_{'udp' if hooked else 'own'}"] = all(bool(torch.isfinite(g).all()) for g in grads)
+    orig = W.scale_exponent
+    W.scale_exponent = lambda m, n: orig(m, 1)  # no log2(n) headroom: 2^30 + 2^30 overflows int32
+    try:
+        x = torch.ones(300)
+        try:
+            u(x)
+            out["overflow"] = "returned"
+        except RuntimeError as e:
+            out["overflow"] = str(e)
+        out["overflow_untouched"] = bool(torch.equal(x, torch.ones(300)))
+    finally:
+        W.scale_exponent = orig
+    big = torch.full((50,), 2**30 if rank == 1 else 5, dtype=torch.int64)  # > (2^31 - 1) // 2 on rank 1 only
+    try:
+        u(big)
+        out["int_range"] = "returned"
+    except ValueError as e:
+        out["int_range"] = str(e)
+    f = torch.full((200,), float(rank + 1))
+    out["after"] = float(u(f)[0])
+    return out

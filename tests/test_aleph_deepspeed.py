@@ -76,3 +76,43 @@ def test_aleph_section_is_parsed_strictly():
         parse_section(
             {"flowlane": {"aleph": {"clusters": [[0, 1]], "seed": 3, "variant": "paper", "b_gbps": 1}}}
         )
+
+
+def test_replanning_with_the_default_probe_is_refused_off_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default probe needs gloo (flowlane.aleph.probe.check_probe_backend): on an NCCL data-parallel group (faked:
+    no GPU here) replan_every is refused when the wrap is made, before DeepSpeed's backend is touched."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from deepspeed_plugin.aleph import AlephDeepSpeed
+    from flowlane.aleph import AlephConfig, Replanner
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    rp = Replanner([30.0, 20.0, 10.0, 10.0], AlephConfig(replan_every=1, top="ps"))
+    engine = SimpleNamespace(seq_data_parallel_group="dp")
+    with pytest.raises(ValueError, match=r"flowlane.aleph replan_every: .* which is 'nccl'; it needs gloo"):
+        AlephDeepSpeed(engine, rp.plan, "ps", None, rp)
+
+
+def test_the_ps_of_a_plan_made_from_figures_is_the_head_they_favour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With top "ps" and bandwidth_gbps the PS is flowlane.aleph.model.ps_head (the head with the most bandwidth left
+    for the PS's flows), not the first head; with clusters the first (ReplanningAllReduce re-picks it after a re-plan:
+    tests/test_aleph_hook.py). Unit level: the wrap's constructor is recorded."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    import deepspeed_plugin.aleph as ds_aleph
+
+    monkeypatch.setattr(ds_aleph, "AlephDeepSpeed", lambda engine, plan, top, multi, *rest: (plan, multi))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 7)
+    engine = SimpleNamespace(seq_data_parallel_group="dp")
+    section = {"bandwidth_gbps": [20, 40, 10, 10, 10, 10, 10], "b_gbps": 10.0, "top": "ps"}
+    plan, multi = ds_aleph.install(engine, {"flowlane": {"aleph": section}})
+    # clusters (0, 5), (1, 2, 4, 6), (3): head 1: 40 / (3 + 2) = 8 beats the first head 0: 20 / (1 + 2)
+    assert plan.heads == (0, 1, 3) and multi == {"ps": [1]}
+    plan, multi = ds_aleph.install(
+        engine, {"flowlane": {"aleph": {"clusters": [[0, 5], [1, 2, 4, 6], [3]], "top": "ps"}}}
+    )
+    assert multi == {}

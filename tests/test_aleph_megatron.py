@@ -190,3 +190,86 @@ def test_replanning_confirms_a_probe_that_moves_a_rank_before_it_acts(
     assert len(seen) == 1 and not calm.decisions[0][1]
     with pytest.raises(ValueError, match="probe_bytes=10 must be an integer >= 1024"):
         AlephMegatronConfig(bandwidth_gbps="30,10", top="ps", replan_every=1, probe_bytes=10)
+
+
+def test_replanning_knobs_without_replan_every_are_refused() -> None:
+    """hysteresis / probe_bytes act only when re-planning (as DeepSpeed's REPLAN_KEYS): without replan_every they
+    would do nothing, so they are refused by flag name; probe_bytes is range-checked either way."""
+    from megatron_plugin.aleph import AlephMegatronConfig, config_from_args
+    from megatron_plugin.args import add_flowlane_args
+
+    with pytest.raises(
+        ValueError,
+        match=r"hysteresis=0.5 \(--aleph-hysteresis\), probe_bytes=2048 \(--aleph-probe-bytes\) act only with "
+        r"replan_every > 0",
+    ):
+        AlephMegatronConfig(bandwidth_gbps="30,10", hysteresis=0.5, probe_bytes=2048)
+    parser = add_flowlane_args(argparse.ArgumentParser())
+    with pytest.raises(ValueError, match=r"hysteresis=0.3 \(--aleph-hysteresis\) act only with replan_every"):
+        config_from_args(
+            parser.parse_args(["--aleph", "--aleph-clusters", "0;1", "--aleph-hysteresis", "0.3"])
+        )
+    with pytest.raises(ValueError, match="probe_bytes=10 must be an integer >= 1024"):
+        AlephMegatronConfig(bandwidth_gbps="30,10", probe_bytes=10)
+    cfg = AlephMegatronConfig(
+        bandwidth_gbps="30,10", top="ps", replan_every=3, hysteresis=0.5, probe_bytes=2048
+    )
+    assert (cfg.aleph_config().hysteresis, cfg.probe_bytes) == (0.5, 2048)
+
+
+def test_replanning_with_the_default_probe_is_refused_off_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default probe needs gloo (flowlane.aleph.probe.check_probe_backend): on an NCCL data-parallel group (faked:
+    no GPU here) --aleph-replan-every is refused when AlephMegatron is made, before any group is created."""
+    import torch.distributed as dist
+
+    from megatron_plugin.aleph import AlephMegatron, AlephMegatronConfig
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    cfg = AlephMegatronConfig(bandwidth_gbps="30,20,10,10", top="ps", replan_every=2)
+    with pytest.raises(
+        ValueError, match=r"replan_every \(--aleph-replan-every\): .* which is 'nccl'; it needs gloo"
+    ):
+        AlephMegatron(cfg, "dp-group")  # type: ignore[arg-type]
+
+
+def test_the_ps_of_a_plan_made_from_figures_is_the_head_they_favour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """top="ps" with bandwidth_gbps: each hierarchy's PS is flowlane.aleph.model.ps_head (the head with the most
+    bandwidth left for the PS's flows), at install and after a re-plan; with explicit clusters the first head. Unit
+    level: the hierarchy's constructor and the process groups are stubbed."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    import flowlane.aleph.hook as hook_mod
+    from flowlane.aleph.model import ps_head
+    from megatron_plugin.aleph import AlephMegatron, AlephMegatronConfig
+
+    made: list[tuple] = []
+    monkeypatch.setattr(
+        hook_mod,
+        "HierarchicalAllReduce",
+        lambda plan, group, top, chunk, **kw: made.append((plan, kw.get("ps"))) or SimpleNamespace(plan=plan),
+    )
+    monkeypatch.setattr(dist, "new_group", lambda ranks, **kw: "pg")
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 7)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+
+    def component(cfg: AlephMegatronConfig, probe: Any = None) -> Any:
+        aleph = AlephMegatron.__new__(AlephMegatron)
+        aleph.config, aleph._probe, aleph.plan, aleph.expert_plan = cfg, probe, None, None
+        return aleph._maker("dp", False)("dp", tuple(range(7)))
+
+    bw = [20.0, 40.0, 10.0, 10.0, 10.0, 10.0, 10.0]  # clusters (0, 5), (1, 2, 4, 6), (3)
+    component(AlephMegatronConfig(bandwidth_gbps=",".join(map(str, bw)), b_gbps=10.0, top="ps"))
+    plan = made[-1][0]
+    # head 1: 40 / (3 + 2) = 8 beats the first head 0: 20 / (1 + 2)
+    assert plan.heads == (0, 1, 3) and made[-1][1] == [1] == [ps_head(plan, bw)]
+    component(AlephMegatronConfig(clusters="0,5;1,2,4,6;3", top="ps"))
+    assert made[-1][1] is None  # no figures: HierarchicalAllReduce's default, the first head
+    slow = [20.0, 10.0, 40.0, 10.0, 10.0, 10.0, 10.0]  # rank 1 slows, rank 2 speeds up: re-planned
+    comp = component(
+        AlephMegatronConfig(bandwidth_gbps=",".join(map(str, bw)), b_gbps=10.0, top="ps", replan_every=1),
+        probe=lambda group: slow,
+    )
+    comp.step()
+    assert comp.decisions[0][1] and made[-1][1] == [ps_head(made[-1][0], slow)] == [2]

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from flowlane.aleph import AlephConfig, Replanner, plan_clusters
+from flowlane.aleph import AlephConfig, Plan, Replanner, plan_clusters
 from flowlane.aleph.cluster import flow_rate, plan_with_rate
 from flowlane.aleph.model import aleph_time, ps_feasibility
 
@@ -98,3 +98,32 @@ def test_replanning_under_a_ps_budget_keeps_a_faster_plan_and_checks_the_ps() ->
     d = r.observe([15, *TESTBED[1:]])
     assert d.changed and "aggregator 0 has 3 members > capacity 1" in d.reason
     assert r.rate == pytest.approx(20 / 3) and ps_feasibility(d.plan, r.rate, 20).feasible
+
+
+def test_top_ps_puts_the_ps_on_the_head_with_the_most_spare_bandwidth_and_counts_its_flows() -> None:
+    """flowlane's PS is one of the heads (the seed's is a separate machine): it also carries the other |D| - 1 heads'
+    flows, which Eq. 1's capacities do not count, so the PS goes on the head with max B_h / (k_h + |D| - 1) and the
+    flow model counts those flows with top="ps"."""
+    from flowlane.aleph.model import plan_rate, ps_head, ps_head_rate
+
+    bw = [30.0, 20.0, 20.0, 10.0, 10.0, 10.0, 10.0, 10.0]  # the testbed: [(0, 4, 6), (1, 7), (2, 5), (3,)]
+    plan = plan_clusters(bw)
+    assert plan.num_flows == 4 and len(plan.cluster_of(0).members) == 3
+    # head 0: 2 members + 3 other heads = 5 flows each way -> 30/5 = 6; heads 1, 2: 20/4 = 5; head 3: 10/3
+    assert [ps_head_rate(plan, bw, h) for h in plan.heads] == pytest.approx([6.0, 5.0, 5.0, 10 / 3])
+    assert ps_head(plan, bw) == 0
+    assert flow_rate(plan, bw, AlephConfig()) == 10.0  # the aggregators' all-reduce: the paper's b
+    assert flow_rate(plan, bw, AlephConfig(top="ps")) == pytest.approx(
+        6.0
+    )  # was 10: the PS's flows uncounted
+    assert plan_rate(plan, bw, 40.0, ps_head=0) == pytest.approx(6.0) and plan_rate(plan, bw, 40.0) == 10.0
+    # the lowest head is not always the best: a slow singleton at 0 would carry 3 flows at 15 Gbit/s
+    bw = [15.0, 40.0, 10.0, 10.0, 10.0, 10.0]
+    plan = Plan.from_clusters(6, [[0], [1, 2, 3, 4], [5]])
+    assert ps_head(plan, bw) == 1 and ps_head_rate(plan, bw, 1) == 8.0 and ps_head_rate(plan, bw, 0) == 7.5
+    assert flow_rate(plan, bw, AlephConfig(top="ps")) == 8.0
+    # ties: the lowest position; a plan of one cluster: the head serves its k members alone
+    assert ps_head(Plan.from_clusters(4, [[0, 1], [2, 3]]), [20.0, 10.0, 20.0, 10.0]) == 0
+    assert ps_head_rate(Plan.from_clusters(3, [[1, 0, 2]]), [10.0, 30.0, 10.0], 1) == 15.0
+    with pytest.raises(ValueError, match=r"PS position 2 is not a cluster head"):
+        ps_head_rate(plan, bw, 2)

@@ -25,3 +25,31 @@ def test_udp_dataplane_option_is_checked():
 
     with pytest.raises(ValueError, match="dataplane='nccl' is not one of"):
         install_aleph_hook(None, None, dataplane="nccl")  # type: ignore[arg-type]
+
+
+def test_udp_tier_returns_nan_everywhere_and_raises_everywhere_on_what_it_cannot_sum():
+    """A NaN/inf on one rank reaches every rank as NaN (DDP's own all-reduce propagates it, so AMP's GradScaler skips
+    the step; fixed point would have made it finite garbage), and an overflow or integers too big on one rank raise
+    on every rank (a check on one rank alone left the other waiting in a collective)."""
+    res = launch(aleph_udp_workers.udp_guard_cases, 2, timeout=90, op_timeout=60)
+    for rank, r in enumerate(res):
+        assert r["nan"] is False and r["inf"] is False, (rank, r)
+        # DDP's own run: rank 1's NaN input gives non-finite gradients on both ranks (a GradScaler skips the step);
+        # the UDP hook agrees
+        assert r["ddp_finite_own"] is False and r["ddp_finite_udp"] is False, (rank, r)
+        assert "int32 overflow" in r["overflow"] and r["overflow_untouched"], (rank, r)
+        assert "integer values up to 1073741824 (the group's max-abs) do not fit int32" in r["int_range"], (
+            rank,
+            r,
+        )
+        assert r["after"] == 3.0, (rank, r)
+
+
+def test_encode_refuses_non_finite_values():
+    import numpy as np
+
+    from flowlane.aleph import wire as W
+
+    with pytest.raises(ValueError, match=r"2 non-finite value\(s\) \(first nan\)"):
+        W.encode(np.array([np.nan, 1.0, np.inf]), 3)
+    assert W.encode(np.array([0.5, -1.0]), 3).tolist() == [4, -8]

@@ -1,8 +1,8 @@
 /* ALEPH data plane wire format (seed 002 §5; digest research/002-aleph.md §2.7 "[ours] Proposed header", §5.2).
  *
  * One UDP datagram = one header + `count` little-endian int32 fixed-point values. Every tier (the userspace
- * aggregator in src/aleph_udp.c, a future XDP program) uses this header; flowlane/aleph/wire.py mirrors it and
- * tests/test_aleph_udp.py parses this file to pin the two together.
+ * aggregator in src/aleph_udp.c, the XDP aggregator in src/aleph_xdp.bpf.c) uses this header;
+ * flowlane/aleph/wire.py mirrors it and tests/test_aleph_udp.py parses this file to pin the two together.
  *
  * Types:
  *   DATA    child -> parent: a segment of the child's contribution (a worker's gradient, an aggregator's cluster sum)

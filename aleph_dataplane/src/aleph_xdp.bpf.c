@@ -8,9 +8,12 @@
  * RETX that the parent's NACK caused) sends the stored sum up again. The wire format is the UDP tier's (include/aleph_wire.h), so the parent
  * can be the userspace node (src/aleph_udp.c) or another XDP aggregator.
  *
- * Scope (what stays in userspace, XDP_PASS): RESULT, NACK and RETX packets (the result fan-out is one packet in and
- * k out, which XDP cannot emit; per-hop reliability), non-IPv4, IP options and fragments, other UDP ports. The PS
- * (no parent) is not an XDP role. The slots map is readable from userspace (a RETX can be answered from it).
+ * Scope (what stays in userspace, XDP_PASS): RESULT packets (the result fan-out, one packet in and k out, is not
+ * implemented here: the seed's Gradient Forwarder does it in XDP, Sec. 5.4, XDP_Multiredirect with one veth per
+ * destination; bpf_redirect_map with BPF_F_BROADCAST over a devmap would be the way, digest §5.2 #6), NACK and RETX
+ * packets (per-hop reliability), non-IPv4, IP options and fragments, other UDP ports. The PS's aggregation and the
+ * workers' Gradient Receiver (both XDP in the seed, Sec. 5.3 and 5.5) are not XDP roles here either: they run in
+ * tier 1's userspace node and worker. The slots map is readable from userspace (a RETX can be answered from it).
  *
  * Bounds (the verifier insists, and the network is not trusted): every header is checked against data_end before it
  * is read; for a packet addressed to the ALEPH port every field is checked as check_packet() in aleph_udp.c does

@@ -6,7 +6,8 @@ every worker so that each aggregator's cluster has at most g_w other members, wh
     g_w = floor(min(B_w / b - 1, C_w / c)),   clamped at >= 0      (bandwidth: (1+g_w)*b <= B_w; CPU: g_w*c <= C_w)
 
 and a member must be adjacent to its aggregator. Minimise |D|: every cluster is one flow into the PS, and a worker
-that sends straight to the PS is a singleton cluster (digest §2.3's reading, which Table 1 and Sec. 3.5 confirm).
+that sends straight to the PS is a singleton cluster (digest §2.3's reading, which Table 1 and the seed's Sec. 6.4
+Fig. 13 confirm: 188 Gbit/s of worker and 12 of PS usage are (2n - |D|) * b and |D| * b with |D| = 12; digest §3.5).
 
 Choices where the paper is silent or off by one (digest §5.1): capacities are floored; N(w) is the *open*
 neighbourhood restricted to unclustered workers (#3); the 2-hop comparison is over unclustered workers and ties make
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flowlane.aleph.config import AlephConfig
-from flowlane.aleph.model import plan_rate, ps_feasibility
+from flowlane.aleph.model import plan_rate, ps_feasibility, ps_head, ps_head_rate
 
 log = logging.getLogger("flowlane.aleph")
 
@@ -283,10 +284,15 @@ def plan_clusters(
 def flow_rate(plan: Plan, bandwidth: Sequence[float], config: AlephConfig | None = None) -> float:
     """The rate b every flow of ``plan`` gets under ``bandwidth``. Without ``ps_gbps``: the paper's b (``b_gbps``, or
     min B), which the capacities guarantee at every aggregator. With it: min(b, the flow model's lockstep rate:
-    members B_m, aggregators B_h/(k+1), the PS P/|D|) (:func:`flowlane.aleph.model.plan_rate`; digest §5.1 #12)."""
+    members B_m, aggregators B_h/(k+1), the PS P/|D|) (:func:`flowlane.aleph.model.plan_rate`; digest §5.1 #12).
+    With ``top="ps"`` the PS is a head (:func:`flowlane.aleph.model.ps_head`), whose links also carry the PS's
+    |D| - 1 other flows, which the capacities do not count: the rate is at most B_h / (k_h + |D| - 1) there."""
     config = config or AlephConfig()
     b = min(bandwidth) if config.b_gbps is None else config.b_gbps
-    return b if config.ps_gbps is None else min(b, plan_rate(plan, bandwidth, config.ps_gbps))
+    rate = b if config.ps_gbps is None else min(b, plan_rate(plan, bandwidth, config.ps_gbps))
+    if config.top == "ps":
+        rate = min(rate, ps_head_rate(plan, bandwidth, ps_head(plan, bandwidth)))
+    return rate
 
 
 def plan_with_rate(

@@ -40,7 +40,9 @@ class AlephConfig:
     jitters around a capacity threshold does not flip the plan every K iterations."""
     top: Literal["allreduce", "ps"] = "allreduce"
     """Top tier of the comm hook: ``allreduce`` among aggregators (no dedicated PS, digest §5.1 #12), or ``ps``:
-    reduce to the first aggregator, which broadcasts back (the paper's single PS at the root)."""
+    reduce to one aggregator, which broadcasts back (the paper's single PS at the root, here one of the heads:
+    :func:`flowlane.aleph.model.ps_head` where figures are known). With ``ps`` the flow model counts the PS role's
+    extra |D| - 1 flows on that head (:func:`flowlane.aleph.cluster.flow_rate`)."""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:

@@ -6,9 +6,10 @@ Digest §5.4 tier 0 / §6: for a :class:`flowlane.aleph.Plan` over the ranks of 
 1. every member sends its tensor to its aggregator, which adds them (a star of point-to-point transfers, so each
    member sends S once, as in the paper's worker -> aggregator step);
 2. aggregators combine: ``all_reduce`` among them (``top="allreduce"``: no dedicated PS, digest §5.1 #12), or a
-   star into the first aggregator and back (``top="ps"``: the first aggregator plays the PS; give the PS its own
-   rank, contributing zeros, to model a separate server). With ``ps=`` naming q PS positions (seed Sec. 7, digest
-   §2.9), every aggregator sends PS j the part ``split[j]`` of its partial sums (default: proportional to
+   star into one aggregator and back (``top="ps"``: an aggregator plays the PS, by default the first; the plugins
+   and re-planning, which have bandwidth figures, pick :func:`flowlane.aleph.model.ps_head`; give the PS its own
+   rank, contributing zeros, to model the seed's separate server). With ``ps=`` naming q PS positions (seed Sec. 7,
+   digest §2.9), every aggregator sends PS j the part ``split[j]`` of its partial sums (default: proportional to
    ``ps_bandwidths``), the parts' chunks interleaved so the PSs' links work in parallel; ``dedicated_ps=True``
    leaves the PS ranks out of the sum;
 3. the aggregator sends the sum to each member (the PS -> aggregator -> worker multicast).
@@ -46,7 +47,7 @@ import torch.distributed as dist
 
 from flowlane.aleph.cluster import Plan
 from flowlane.aleph.config import TOP_MODES
-from flowlane.aleph.model import multi_ps_split
+from flowlane.aleph.model import multi_ps_split, ps_head
 
 log = logging.getLogger(__name__)
 # the connection greeting's tag (gloo matches by tag; NCCL by order): above any piece index
@@ -111,7 +112,8 @@ class HierarchicalAllReduce:
     group (0..size-1). Construct it on every rank of the world (with ``top="allreduce"`` it calls ``new_group``,
     which torch requires of every rank), the same plan everywhere.
 
-    ``top="ps"`` only: ``ps``, the PS positions (cluster heads; default: the first head); ``split``, the fraction of
+    ``top="ps"`` only: ``ps``, the PS positions (cluster heads; default: the first head, as a plan carries no
+    figures: with them, :func:`flowlane.aleph.model.ps_head` is the better choice); ``split``, the fraction of
     the tensor each PS sums (fractions >= 0 summing to 1, or ``"equal"``), or ``ps_bandwidths`` for the proportional
     split P_j / sum(P); ``dedicated_ps``: the PSs (singleton clusters) are separate servers, left out of the sum,
     each ending with its own part's sum and zeros elsewhere. ``p2p_groups``: the (up, down) groups over the group's
@@ -460,7 +462,8 @@ class ReplanningAllReduce:
     program point on every rank) counts iterations, and at the replanner's due ones probes the group (``probe()``:
     one Gbit/s figure per group rank, the same on every rank) and, when :meth:`flowlane.aleph.Replanner.observe`
     changes the plan, builds a new hierarchy over the same up/down groups (``top="ps"``, one PS: a new plan's PS is
-    its first aggregator). ``decisions``: (iteration, changed, reason, |D|) of every re-planning point."""
+    :func:`flowlane.aleph.model.ps_head` of it under the replanner's figures). ``decisions``: (iteration, changed,
+    reason, |D|) of every re-planning point."""
 
     def __init__(self, har: HierarchicalAllReduce, replanner: Any, probe: Any) -> None:
         if har.top != "ps" or len(har.ps) != 1 or har.dedicated_ps:
@@ -493,8 +496,9 @@ class ReplanningAllReduce:
         d = self.replanner.observe(self.probe())
         if d.changed:
             h = self.har
+            ps = (ps_head(d.plan, self.replanner.bandwidth),)  # the figures in use: the same on every rank
             self.har = HierarchicalAllReduce(
-                d.plan, h.group, "ps", h.chunk_bytes, p2p_groups=(h._up_pgs, h._down_pgs)
+                d.plan, h.group, "ps", h.chunk_bytes, ps=ps, p2p_groups=(h._up_pgs, h._down_pgs)
             )
         self.decisions.append((self.iteration, d.changed, d.reason, d.plan.num_flows))
         log.info("ALEPH re-planning at iteration %d: %s", self.iteration, d.reason)
@@ -539,7 +543,9 @@ def install_aleph_hook(
     ``replanner`` (a :class:`flowlane.aleph.Replanner` whose plan is ``plan``; torch tier, ``top="ps"``, one PS):
     re-plan after every ``replan_every``-th iteration's last bucket from ``probe()`` (default:
     :func:`flowlane.aleph.probe.probe_bandwidth` over the model's group, probed a second time where the first
-    moves a worker, :func:`flowlane.aleph.replan.confirmed_probe`), see :class:`ReplanningAllReduce`."""
+    moves a worker, :func:`flowlane.aleph.replan.confirmed_probe`; gloo only: refused on another backend), see
+    :class:`ReplanningAllReduce`. With a ``replanner`` and no ``ps``, the PS is
+    :func:`flowlane.aleph.model.ps_head` under its figures."""
     if dataplane not in ("torch", "udp"):
         raise ValueError(f"dataplane={dataplane!r} is not one of ('torch', 'udp')")
     if dedicated_ps:
@@ -554,16 +560,24 @@ def install_aleph_hook(
         raise ValueError("replanner applies to dataplane='torch' only")
     if dataplane == "torch" and udp_options:
         raise ValueError(f"{sorted(udp_options)} apply to dataplane='udp' only")
+    group = getattr(model, "process_group", None)
+    # the default probe runs on gloo only: refused before anything is made
+    if replanner is not None and probe is None:
+        from flowlane.aleph.probe import check_probe_backend
+
+        check_probe_backend(group, "install_aleph_hook(replanner=...)")
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(
             f"install_aleph_hook needs a torch DistributedDataParallel model, got {type(model).__name__}"
         )
-    group = getattr(model, "process_group", None)
     if dataplane == "udp":
         from flowlane.aleph.udp_allreduce import UdpAllReduce
 
         state: Any = UdpAllReduce(plan, group, ps=ps, split=split, ps_bandwidths=ps_bandwidths, **udp_options)
     else:
+        # figures known: the PS on the head they favour
+        if replanner is not None and top == "ps" and ps is None:
+            multi["ps"] = (ps_head(plan, replanner.bandwidth),)
         state = HierarchicalAllReduce(plan, group, top, chunk_bytes, **multi)
         if replanner is not None:
             from flowlane.aleph.replan import confirmed_probe

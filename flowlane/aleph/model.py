@@ -9,6 +9,12 @@ its tightest budget, and an iteration takes S / r. Budgets are per direction (se
   (k + 1) * r <= B_h (the paper's (1 + g_w) * b <= B_w);
 - the PS receives |D| flows: |D| * r <= P.
 
+The seed's PS is a machine of its own. flowlane's ``top="ps"`` runs the PS role on one of the cluster heads (there is
+no separate server in a DDP/Megatron/DeepSpeed job), whose links then also carry the other |D| - 1 heads' flows up and
+their results down: with k members, (k + |D| - 1) * r <= B_h (:func:`ps_head_rate`, counted by ``plan_rate``'s
+``ps_head`` and by :func:`flowlane.aleph.cluster.flow_rate` with ``top="ps"``). Eq. 1's capacities do not count them
+(M-WCHA is the paper's), so the PS goes on the head with the most bandwidth left for them (:func:`ps_head`).
+
 Ring all-reduce sends 2(n-1)/n * S per worker at the slowest worker's rate; a PS alone gives each worker P/n.
 Units are the caller's (Gbit and Gbit/s in the seed's Table 1).
 """
@@ -55,15 +61,35 @@ def ring_time(size: float, bandwidth: Sequence[float]) -> FlowTime:
     return FlowTime(traffic, rate, traffic / rate)
 
 
-def plan_rate(plan: Plan, bandwidth: Sequence[float], ps: float) -> float:
-    """The lockstep rate of ``plan``'s two-level tree: min over members, aggregators (k+1 flows) and the PS."""
+def plan_rate(plan: Plan, bandwidth: Sequence[float], ps: float, ps_head: int | None = None) -> float:
+    """The lockstep rate of ``plan``'s two-level tree: min over members, aggregators (k+1 flows) and the PS (P/|D|;
+    ``ps`` may be ``math.inf`` for no such budget). ``ps_head``: the head that also plays the PS, whose own links
+    carry its k members' and the other |D| - 1 heads' flows (:func:`ps_head_rate`)."""
     _check_bw(bandwidth, ps)
     if len(bandwidth) != plan.n:
         raise ValueError(f"{len(bandwidth)} bandwidths for a plan of {plan.n} workers")
     rate = ps / plan.num_flows
     for c in plan.clusters:
         rate = min(rate, bandwidth[c.head] / len(c.members), *(bandwidth[m] for m in c.members[1:]))
-    return rate
+    return rate if ps_head is None else min(rate, ps_head_rate(plan, bandwidth, ps_head))
+
+
+def ps_head_rate(plan: Plan, bandwidth: Sequence[float], head: int) -> float:
+    """The rate ``head``'s links allow when it is both its cluster's aggregator and the PS: each direction carries its
+    k members' flows and the other |D| - 1 heads' (received up, results sent down): B_h / (k + |D| - 1)."""
+    if head not in plan.heads:
+        raise ValueError(f"PS position {head} is not a cluster head of the plan (heads: {list(plan.heads)})")
+    flows = len(plan.cluster_of(head).members) - 1 + plan.num_flows - 1
+    return bandwidth[head] / max(1, flows)
+
+
+def ps_head(plan: Plan, bandwidth: Sequence[float]) -> int:
+    """The head to run the PS role on (``top="ps"``; the seed's PS is a separate machine): the one with the most
+    spare bandwidth once it carries the PS's flows, max B_h / (k_h + |D| - 1) (:func:`ps_head_rate`), the lowest
+    position on a tie. Every rank computes it from the same plan and figures, so every rank picks the same head."""
+    if len(bandwidth) != plan.n:
+        raise ValueError(f"{len(bandwidth)} bandwidths for a plan of {plan.n} workers")
+    return max(plan.heads, key=lambda h: (ps_head_rate(plan, bandwidth, h), -h))
 
 
 def aleph_time(size: float, plan: Plan, bandwidth: Sequence[float], ps: float) -> FlowTime:

@@ -8,6 +8,11 @@ at min(up_i, down_j), so worker w's figure is the best rate seen on any flow it 
 worker that met a partner at least as fast, an underestimate (the second-fastest figure) for the fastest worker
 when rounds < n - 1 or it has no equal. The n x n matrix of rates is all-gathered, so every rank returns the same
 figures and plans the same clusters.
+
+It runs on gloo only (:func:`check_probe_backend`): its buffers are CPU tensors, and it reads the host's clock after
+``Work.wait()``, which on NCCL neither takes CPU tensors nor blocks the host until the transfer is done. The plugins
+and the DDP hook refuse re-planning with this probe on any other backend at install (a probe on the GPU's own links
+is not written: there was no GPU to test it on).
 """
 
 from __future__ import annotations
@@ -20,6 +25,18 @@ import torch.distributed as dist
 from flowlane.aleph.config import PROBE_BYTES
 
 
+def check_probe_backend(group: dist.ProcessGroup | None, key: str) -> None:
+    """Refuse, naming ``key`` (the setting that asks for the probe), when ``group``'s backend cannot run the probe:
+    gloo, or a multi-device backend whose CPU part is gloo ("cpu:gloo,cuda:nccl")."""
+    backend = str(dist.get_backend(group))
+    if backend != "gloo" and "cpu:gloo" not in backend.split(","):
+        raise ValueError(
+            f"{key}: re-planning's bandwidth probe (probe_bandwidth) runs on the group's backend, which is "
+            f"{backend!r}; it needs gloo (it times CPU tensors by the host clock after Work.wait(): NCCL refuses CPU "
+            "tensors and its wait does not block the host). Set re-planning off, or give a probe of your own"
+        )
+
+
 def probe_bandwidth(
     nbytes: int = PROBE_BYTES, rounds: int | None = None, group: dist.ProcessGroup | None = None
 ) -> tuple[list[float], list[list[float]]]:
@@ -28,6 +45,7 @@ def probe_bandwidth(
         raise ValueError(
             f"nbytes={nbytes!r} must be an integer >= 1024 (smaller transfers time only latency)"
         )
+    check_probe_backend(group, "probe_bandwidth")
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     n = len(ranks)
     rounds = n - 1 if rounds is None else rounds

@@ -7,7 +7,10 @@ PS), and every rank runs a worker that sends its values to its parent (its aggre
 singleton) and receives the sum. Node ports are exchanged with ``all_gather_object`` on the group. Values travel as
 int32 fixed point (:mod:`flowlane.aleph.wire`): integer tensors with exponent 0 (exact; values must fit int32 with
 the sum), floats with one exponent per call from the group's max-abs (a MAX all-reduce) leaving log2(n) headroom
-bits, so the result is within n * 2^-(k+1) of the float sum. Loss is repaired by the binary's NACK/RETX.
+bits, so the result is within n * 2^-(k+1) of the float sum. Loss is repaired by the binary's NACK/RETX. The same
+MAX all-reduce carries a flag for NaN/inf values, which have no fixed-point code: when any rank has one, every rank
+gets NaN (DDP's all-reduce would carry it too, so AMP's GradScaler skips the step) and no process starts. Integers
+too big for the sum, and an int32 overflow the nodes count, raise on every rank (decided on all-reduced figures).
 
 Several PSs (seed Sec. 7, digest §2.9; ``ps=`` positions that are cluster heads, as tier 0's
 ``HierarchicalAllReduce``): the tensor is cut into q parts (``split`` fractions, or proportional to
@@ -23,6 +26,7 @@ machine, as the tests run).
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -37,6 +41,9 @@ from flowlane.aleph import wire as W
 from flowlane.aleph.cluster import Plan
 from flowlane.aleph.model import multi_ps_split
 from flowlane.aleph.udp import _start, build, check_split, split_bounds
+
+log = logging.getLogger("flowlane.aleph")
+_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 class UdpAllReduce:
@@ -90,20 +97,39 @@ class UdpAllReduce:
             raise ValueError("UdpAllReduce needs a contiguous tensor")
         n, plan, me = len(self.ranks), self.plan, self.me
         flat = tensor.view(-1)
-        if tensor.dtype.is_floating_point:
-            m = flat.abs().max().to(torch.float64) if flat.numel() else torch.zeros((), dtype=torch.float64)
-            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=self.group)
-            k = W.scale_exponent(float(m), n)
-            vals = W.encode(flat.detach().cpu().numpy(), k)
-        elif tensor.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
-            k, x = 0, flat.detach().cpu().numpy().astype(np.int64)
-            if x.size and np.abs(x).max() > (2**31 - 1) // n:
-                raise ValueError(
-                    f"integer values up to {int(np.abs(x).max())} do not fit int32 summed over {n} ranks"
-                )
-            vals = x.astype(np.int32)
-        else:
+        if not (tensor.dtype.is_floating_point or tensor.dtype in _INTS):
             raise TypeError(f"UdpAllReduce sums integer or floating tensors, not {tensor.dtype}")
+        x = flat.detach().cpu().to(torch.float64)
+        finite = torch.isfinite(x)
+        # one MAX all-reduce carries the group's max-abs (the exponent, digest §5.2 #1) and a non-finite flag, so every
+        # rank takes the same branch below before any starts a process or raises: a check on one rank alone would
+        # leave the others waiting in the next collective. Only finite values enter the max (gloo's MAX with a NaN
+        # gives NaN or a finite value depending on the rank that holds it).
+        stat = torch.tensor(
+            [float(x[finite].abs().max()) if bool(finite.any()) else 0.0, float(not bool(finite.all()))],
+            dtype=torch.float64,
+        )
+        dist.all_reduce(stat, op=dist.ReduceOp.MAX, group=self.group)
+        top = float(stat[0])
+        if stat[1] > 0:
+            # a NaN/inf has no fixed-point code; DDP's own all-reduce would carry it into the sum, so AMP's GradScaler
+            # sees it and skips the step: every rank gets NaN (not finite garbage), no processes start
+            log.warning(
+                "flowlane.aleph: a rank's tensor has NaN/inf values; UdpAllReduce returns NaN on every rank"
+            )
+            flat.fill_(float("nan"))
+            self.stats = []
+            return tensor
+        if tensor.dtype.is_floating_point:
+            k = W.scale_exponent(top, n)
+            vals = W.encode(x.numpy(), k)
+        else:
+            k = 0
+            if top > (2**31 - 1) // n:  # every rank sees the group's max: every rank raises
+                raise ValueError(
+                    f"integer values up to {int(top)} (the group's max-abs) do not fit int32 summed over {n} ranks"
+                )
+            vals = flat.detach().cpu().numpy().astype(np.int64).astype(np.int32)
         self.calls += 1
         seed = self.calls * 1009 + me
         n_el = max(1, flat.numel())
@@ -163,11 +189,20 @@ class UdpAllReduce:
                     q.kill()
                     q.wait()
         self.stats = stats
+        # the nodes count int32 overflows of their sums (wrapped, like int32); the exponent's headroom should make it
+        # impossible, so one means a wrong sum: all-reduced (also the barrier: every rank's nodes have left before the
+        # next call opens new ones), so every rank raises, and the tensor is left as it was
+        over = torch.tensor([sum(int(st.get("overflow", 0)) for st in stats)], dtype=torch.int64)
+        dist.all_reduce(over, group=self.group)
+        if int(over):
+            raise RuntimeError(
+                f"aleph_udp nodes counted {int(over)} int32 overflow(s) in the sums (fixed-point exponent {k} over "
+                f"{n} ranks): the sum would be wrong, so it is not returned"
+            )
         if tensor.dtype.is_floating_point:
             flat.copy_(torch.from_numpy(W.decode(s, k)).to(flat.dtype))
         else:
             flat.copy_(torch.from_numpy(s.astype(np.int64)).to(flat.dtype))
-        dist.barrier(group=self.group)  # every rank's nodes have left before the next call opens new ones
         return tensor
 
 

@@ -76,8 +76,16 @@ def scale_exponent(max_abs: float, n: int) -> int:
 
 
 def encode(x: np.ndarray, k: int) -> np.ndarray:
-    """round(x * 2^k) as int32; refuses values that would not fit (the exponent was chosen too large)."""
-    y = np.rint(np.asarray(x, dtype=np.float64) * 2.0**k)
+    """round(x * 2^k) as int32; refuses NaN/inf (int32 has no code for them: the cast would give INT32_MIN) and values
+    that would not fit (the exponent was chosen too large)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size and not np.isfinite(x).all():
+        bad = x[~np.isfinite(x)]
+        raise ValueError(
+            f"{bad.size} non-finite value(s) (first {float(bad[0])!r}) cannot be fixed-point: a NaN/inf gradient has "
+            "no int32 code; check for it before encoding (UdpAllReduce returns NaN on every rank then)"
+        )
+    y = np.rint(x * 2.0**k)
     if y.size and np.abs(y).max() > 2**31 - 1:
         raise ValueError(
             f"values up to {float(np.abs(x).max())} do not fit int32 at scale 2^{k}; choose k with "
