@@ -7,10 +7,13 @@ strict order (seed 000 §5.3.1, digest A2.4). Each class selects a priority lane
 priority with a small in-flight cap for lanes below an active one (digest A6.2 option 3).
 
 With fewer lanes than classes (``FLOWLANE_NET_LANES`` 2 or 3) the lowest classes share the last lane
-(:func:`lane_of_class`). A socket carries one mark, so a lane is marked as the highest-priority class mapped onto it
-(:func:`marking_class`): no class is marked below its own priority, and the classes it shares with are promoted
-(with 2 lanes, classes 1-3 all go out as class 1: AF41, ``SO_PRIORITY`` 4). One lane switches priorities off and
-marks everything best effort (class 2's marking).
+(:func:`lane_of_class`). A socket carries one DSCP, so a lane carries the DSCP of the highest-priority class mapped
+onto it (:func:`marking_class`): no class is marked below its own priority on the wire, and the classes it shares
+with are promoted (with 2 lanes, classes 1-3 all go out as class 1: AF41). The lane's ``SO_PRIORITY`` follows its own
+rule (:func:`lane_so_priority`): the default pfifo_fast priomap has three bands, and lanes keep their order on the
+host only in distinct bands that increase with the lane index (``SO_PRIORITY`` 6/4 for 2 lanes, 6/4/2 for 3,
+6/4/0/2 for 4: bands 0/1, 0/1/2, 0/1/1/2). One lane switches priorities off and marks everything best effort
+(class 2's DSCP and ``SO_PRIORITY``).
 
 The C header is the source of truth for the numbers; ``tests/test_nccl_net_plugin.py`` parses it and pins every
 constant here to it. Pure Python: imports nothing from torch or the plugins.
@@ -30,6 +33,8 @@ TRAFFIC_CLASS_UNDEF = -1
 CLASS_DSCP: tuple[int, ...] = (46, 34, 0, 8)
 #: class -> SO_PRIORITY (default pfifo_fast/prio priomap puts them in bands 0, 1, 1, 2)
 CLASS_SO_PRIORITY: tuple[int, ...] = (6, 4, 0, 2)
+#: the kernel's default pfifo_fast / prio priomap: SO_PRIORITY (TC_PRIO) 0-15 -> band (0 is served first; tc-prio(8))
+PFIFO_FAST_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
 
 #: Hermod class (flowlane.hermod.wire: 0 critical, 1 pipeline, 2 bulk) -> plugin ``trafficClass``
 #: (:func:`flowlane.hermod.wire.nccl_traffic_class` reads it).
@@ -46,6 +51,7 @@ NUM_SELECTORS = 5
 SELECTOR_NAMES: dict[str, int] = {
     "leo": SELECTOR_LEO,
     "rr": SELECTOR_ROUND_ROBIN,
+    "round-robin": SELECTOR_ROUND_ROBIN,
     "greedy": SELECTOR_GREEDY,
     "greedy_e2e": SELECTOR_GREEDY,
     "greedy_intra": SELECTOR_GREEDY_INTRA,
@@ -88,7 +94,21 @@ def lane_of_class(traffic_class: int, lanes: int = DEFAULT_LANES) -> int:
 
 
 def marking_class(traffic_class: int, lanes: int = DEFAULT_LANES) -> int:
-    """Class whose DSCP and ``SO_PRIORITY`` the sockets of ``traffic_class``'s lane carry: the highest-priority
-    class sharing that lane (never a lower one than ``traffic_class``), or best effort with one lane."""
+    """Class whose DSCP the sockets of ``traffic_class``'s lane carry: the highest-priority class sharing that lane
+    (never a lower one than ``traffic_class``), or best effort with one lane."""
     lane = lane_of_class(traffic_class, lanes)
     return CLASS_DEFAULT if lanes == 1 else lane
+
+
+def lane_so_priority(lane: int, lanes: int = DEFAULT_LANES) -> int:
+    """``SO_PRIORITY`` (this host's qdisc band) of ``lane`` with ``lanes`` lanes: its marking class's, except that the
+    last of 3 or more lanes takes bulk's (band 2), so that lanes sit in distinct pfifo_fast bands increasing with the
+    lane index as far as three bands allow (marked as class 2, the last of 3 lanes shared lane 1's band 1 and DP bulk
+    queued ahead of Hermod's pipeline class)."""
+    if not 1 <= lanes <= NUM_CLASSES:
+        raise ValueError(f"lanes must be in [1, {NUM_CLASSES}], got {lanes!r}")
+    if not 0 <= lane < lanes:
+        raise ValueError(f"lane must be in [0, {lanes}), got {lane!r}")
+    if lanes >= 3 and lane == lanes - 1:
+        return CLASS_SO_PRIORITY[CLASS_BULK]
+    return CLASS_SO_PRIORITY[CLASS_DEFAULT if lanes == 1 else lane]

@@ -25,7 +25,7 @@ preload(
 )
 
 # Tests of the C net plugin need no Python framework: run them once (llm lane), not in both lanes.
-_WIRE_FILES = ("test_nccl_net_plugin.py",)
+_WIRE_FILES = ("test_nccl_net_plugin.py", "test_nccl_net_plugin_bench.py")
 # Hermod's pure model and the simulator import no framework and nothing in the gnn lane (DGL's plugin) uses them:
 # run them once too (llm lane); `make test-fast` is these.
 _ONCE_FILES = (

@@ -108,6 +108,9 @@ def test_python_class_constants_match_the_c_header() -> None:
         wc.NUM_SELECTORS,
     )
     assert set(wc.SELECTOR_NAMES.values()) == set(range(wc.NUM_SELECTORS))
+    # every name the C parser accepts is a key, so the parametrised selector test runs each one
+    parsed = re.findall(r'strcmp\(name, "([^"]+)"\)', (PLUGIN_DIR / "src" / "fl_leo.c").read_text())
+    assert parsed and set(parsed) == set(wc.SELECTOR_NAMES)
     for c_name, py in [
         ("FL_ENV_SOCKET_IFNAME", wc.ENV_SOCKET_IFNAME),
         ("FL_ENV_LANES", wc.ENV_LANES),
@@ -167,18 +170,21 @@ def test_leo_model_chooses_per_request_from_dwell_time_queue_and_toll(built: Non
     (its dwell), not through k_hat; an ACK delayed by the network misleads Greedy-E2E but neither LEO nor
     Greedy-Intra (the receiver's dwell is the signal); Greedy-Intra ignores the queue it builds while LEO without its
     toll models it but stays on a path the toll would leave; ties follow the seed's priority list (base time T(p,
-    S), then index); T_tr starts at the first completion that met no queue; every selector name parses back."""
+    S), then index); T_tr starts at the first completion that met no queue; every selector name parses back; both greedy
+    baselines scale their last time to the request's size (a small completion does not make a slow path look cheap)."""
     res = subprocess.run([str(BUILD / "leo_test")], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 11, res.stdout
+    assert res.stdout.count("\nok ") + res.stdout.startswith("ok ") == 12, res.stdout
     assert "all cases passed" in res.stdout
 
 
 def test_each_lane_is_marked_as_the_highest_priority_class_on_it(built: None) -> None:
-    """nccl_net_plugin/test/lanes_test.c checks the C rule for FLOWLANE_NET_LANES=1..4 and prints the class -> lane
-    -> DSCP / SO_PRIORITY table; flowlane.wire_classes must give the same. Before the rule changed the last lane was
-    always marked bulk, so with 3 lanes untagged class 2 went out as CS1 / SO_PRIORITY 2, and with 2 lanes class 1
-    (Hermod's pipeline traffic) was marked like DP."""
+    """nccl_net_plugin/test/lanes_test.c checks the C rules for FLOWLANE_NET_LANES=1..4 and prints the class -> lane
+    -> DSCP / SO_PRIORITY table; flowlane.wire_classes must give the same. DSCP: before the rule changed the last lane
+    was always marked bulk, so with 3 lanes untagged class 2 went out as CS1, and with 2 lanes class 1 (Hermod's
+    pipeline traffic) was marked like DP. SO_PRIORITY: distinct lanes sit in distinct, increasing pfifo_fast bands
+    (0/1, 0/1/2, 0/1/1/2); taking the DSCP's class for it too put the last of 3 lanes (SO_PRIORITY 0) in lane 1's
+    band, behind which DP bulk delayed class 1 pings from ~0.1 ms to ~4 ms p50 on a loaded 100 Mbit/s link."""
     res = subprocess.run([str(BUILD / "lanes_test")], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
     got = {
@@ -194,10 +200,15 @@ def test_each_lane_is_marked_as_the_highest_priority_class_on_it(built: None) ->
             want[(lanes, cls)] = (
                 wc.lane_of_class(cls, lanes),
                 wc.CLASS_DSCP[mark],
-                wc.CLASS_SO_PRIORITY[mark],
+                wc.lane_so_priority(wc.lane_of_class(cls, lanes), lanes),
             )
     assert got == want
-    assert got[(3, wc.CLASS_DEFAULT)][1:] == (0, 0) and got[(2, wc.CLASS_HIGH)][1:] == (34, 4)
+    assert got[(3, wc.CLASS_DEFAULT)][1:] == (0, 2) and got[(2, wc.CLASS_HIGH)][1:] == (34, 4)
+    bands = {
+        lanes: [wc.PFIFO_FAST_PRIOMAP[wc.lane_so_priority(lane, lanes)] for lane in range(lanes)]
+        for lanes in range(2, wc.NUM_CLASSES + 1)
+    }
+    assert bands == {2: [0, 1], 3: [0, 1, 2], 4: [0, 1, 1, 2]}
 
 
 # -- the send path against a raw peer ------------------------------------------------------------------------------
@@ -316,7 +327,8 @@ def test_stalled_peer_makes_test_return_an_error_after_the_timeout(built: None, 
 def test_every_path_selector_is_taken_at_init_and_keeps_data_intact(built: None, selector: str) -> None:
     """FLOWLANE_NET_PATH_SELECTOR takes effect in the plugin (its init line names the selector it runs) for each name,
     over two loopback paths, with the data intact."""
-    canonical = "greedy" if selector == "greedy_e2e" else selector  # an alias; the plugin logs its own name
+    # an alias (greedy_e2e, round-robin) logs the plugin's own name: the first key with its value
+    canonical = next(n for n, k in wc.SELECTOR_NAMES.items() if k == wc.SELECTOR_NAMES[selector])
     res = _driver(
         "--max-bytes",
         str(4 << 20),

@@ -51,7 +51,7 @@
 #define FL_ENV_LANES "FLOWLANE_NET_LANES"              /* 1..4 priority lanes; 1 = priorities off */
 #define FL_ENV_TRAFFIC_CLASS "FLOWLANE_NET_TRAFFIC_CLASS" /* class when NCCL gives none */
 #define FL_ENV_PATHS "FLOWLANE_NET_PATHS"              /* sockets per connection (default: one per interface) */
-#define FL_ENV_PATH_SELECTOR "FLOWLANE_NET_PATH_SELECTOR" /* leo | greedy | greedy_intra | leo_notoll | rr */
+#define FL_ENV_PATH_SELECTOR "FLOWLANE_NET_PATH_SELECTOR" /* leo | greedy (greedy_e2e) | greedy_intra | leo_notoll | rr (round-robin) */
 #define FL_ENV_CHUNK_BYTES "FLOWLANE_NET_CHUNK_BYTES"  /* sub-chunk size */
 #define FL_ENV_LANE_CAP_BYTES "FLOWLANE_NET_LANE_CAP_BYTES" /* in-flight cap of a lane below an active one */
 #define FL_ENV_TIMEOUT_MS "FLOWLANE_NET_TIMEOUT_MS"    /* stalled-peer timeout */

@@ -233,6 +233,7 @@ const struct fl_params* fl_get_params(void);
 int fl_class_dscp(int cls);
 int fl_class_sopriority(int cls);
 int fl_lane_of_class(int cls, int lanes);
-int fl_lane_marking_class(int lane, int lanes);
+int fl_lane_marking_class(int lane, int lanes); /* DSCP's class */
+int fl_lane_sopriority(int lane, int lanes);
 
 #endif /* FL_CORE_H */

@@ -34,11 +34,18 @@ double fl_leo_cost(const struct fl_leo_path* p, uint64_t bytes, uint64_t now_ns)
   return queue_ns(p, now_ns) + (double)p->khat * toll(p, bytes) + base_time(p, bytes);
 }
 
+/* A greedy baseline's last time, rescaled to a request of `bytes` (per-byte time x S): the seed keeps T per
+ * request type, so a small completion must not make a slow path look cheap for a large request. A zero-byte last
+ * sample (first completion only: later ones keep the sized sample, on_complete) has no per-byte time: raw. */
+static double last_time_for(double last_ns, uint64_t last_bytes, uint64_t bytes) {
+  return last_bytes > 0 ? last_ns * ((double)bytes / (double)last_bytes) : last_ns;
+}
+
 /* What each selector minimises (fl_leo.h). leo_notoll shares LEO's cost: its k_hat stays 0 (on_complete). */
 static double selector_cost(int kind, const struct fl_leo_path* st, uint64_t bytes, uint64_t now_ns) {
   switch (kind) {
-    case FL_SELECTOR_GREEDY: return st->last_e2e_ns;
-    case FL_SELECTOR_GREEDY_INTRA: return st->last_intra_ns;
+    case FL_SELECTOR_GREEDY: return last_time_for(st->last_e2e_ns, st->last_bytes, bytes);
+    case FL_SELECTOR_GREEDY_INTRA: return last_time_for(st->last_intra_ns, st->last_bytes, bytes);
     default: return fl_leo_cost(st, bytes, now_ns);
   }
 }
@@ -88,10 +95,13 @@ void fl_selector_on_complete(struct fl_selector* s, const struct fl_leo_ticket* 
                              uint64_t now_ns) {
   struct fl_leo_path* st = &s->st[tk->path];
   if (st->inflight > 0) st->inflight--;
-  st->last_e2e_ns = now_ns > tk->t1_ns ? (double)(now_ns - tk->t1_ns) : 0;
   double wait = t2_ns > tk->t1_ns ? (double)(t2_ns - tk->t1_ns) : 0; /* t2 - t1 */
   double intra = wait + (double)dwell_ns;                            /* + receiver dwell (our t4 - t3); t6 - t5 = 0 */
-  st->last_intra_ns = intra;
+  if (tk->bytes > 0 || !st->have_sample) { /* the greedy baselines' last sample, with its size (selector_cost) */
+    st->last_e2e_ns = now_ns > tk->t1_ns ? (double)(now_ns - tk->t1_ns) : 0;
+    st->last_intra_ns = intra;
+    st->last_bytes = tk->bytes;
+  }
   if (tk->bytes > 0) {
     st->dwell_bytes = st->dwell_bytes * FL_DECAY + (double)tk->bytes;
     st->dwell_ns = st->dwell_ns * FL_DECAY + (dwell_ns > 0 ? (double)dwell_ns : 1.0);

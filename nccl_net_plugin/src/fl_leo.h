@@ -56,14 +56,19 @@
  *
  * The other selectors (FLOWLANE_NET_PATH_SELECTOR; same probing and ties):
  *   greedy        Greedy-E2E (alias greedy_e2e): least end-to-end time (ACK
- *                 arrival - t1) of the last request completed on each path.
- *                 The seed does not say how the estimate is kept; this is the
- *                 last sample, and a path greedy stops choosing is never
- *                 measured again, so its stale time decides: with several
- *                 requests in flight it can leave a path unused (README).
+ *                 arrival - t1) of the last request completed on each path,
+ *                 scaled to the new request's size (per-byte time x S: the
+ *                 seed keeps T per request type, so a small completion does
+ *                 not make a slow path look cheap for a large request; a
+ *                 zero-byte completion keeps the last sized sample). The seed
+ *                 does not say how the estimate is kept; this is the last
+ *                 sample, and a path greedy stops choosing is never measured
+ *                 again, so its stale time decides: with several requests in
+ *                 flight it can leave a path unused (README).
  *   greedy_intra  Greedy-Intra: least intra-host JCT, (t2 - t1) + dwell, of
  *                 the last request completed on each path (same last-sample
- *                 rule): no toll and no model of the queue it is building.
+ *                 and size rules): no toll and no model of the queue it is
+ *                 building.
  *   leo_notoll    LEO with k_hat forced to 0: argmin Q(p) + T(p, S), the
  *                 seed's k = 1 greedy on LEO's own estimates; what the toll
  *                 adds is leo against this.
@@ -103,6 +108,7 @@ struct fl_leo_path {
   int inflight;             /* our requests on p, not yet complete */
   double last_e2e_ns;       /* Greedy-E2E: ACK time - t1 of the last request */
   double last_intra_ns;     /* Greedy-Intra: (t2 - t1) + dwell of the last request */
+  uint64_t last_bytes;      /* its size: the greedy costs are scaled to the next request's (per-byte time x S) */
   uint64_t requests, bytes; /* totals, for logs and benchmarks */
 };
 

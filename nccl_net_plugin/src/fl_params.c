@@ -63,7 +63,7 @@ int fl_params_load(struct fl_params* p) {
   const char* sel = getenv(FL_ENV_PATH_SELECTOR);
   p->selector = fl_selector_parse(sel);
   if (p->selector < 0) {
-    FL_WARN("%s=\"%s\" is invalid: expected leo, greedy (or greedy_e2e), greedy_intra, leo_notoll or rr",
+    FL_WARN("%s=\"%s\" is invalid: expected leo, greedy (or greedy_e2e), greedy_intra, leo_notoll or rr (or round-robin)",
             FL_ENV_PATH_SELECTOR, sel);
     return -1;
   }
@@ -86,13 +86,28 @@ int fl_lane_of_class(int cls, int lanes) {
   return cls < lanes - 1 ? cls : lanes - 1;
 }
 
-/* Which class's marking a lane's sockets carry. A socket carries one mark, so
- * the classes sharing a lane share it: the highest-priority (smallest) class
- * mapped onto the lane, which is the lane's own index (fl_lane_of_class). No
- * class is marked below its own priority; bulk sharing the last lane with
- * higher classes is promoted to theirs (with 2 lanes, DP rides as class 1).
- * One lane = priorities off = best effort for everyone. */
+/* Which class's DSCP a lane's sockets carry (the switches' view). A socket
+ * carries one mark, so the classes sharing a lane share it: the
+ * highest-priority (smallest) class mapped onto the lane, which is the lane's
+ * own index (fl_lane_of_class). No class is marked below its own priority on
+ * the wire; bulk sharing the last lane with higher classes is promoted to
+ * theirs (with 2 lanes, DP rides as class 1). One lane = priorities off = best
+ * effort for everyone. */
 int fl_lane_marking_class(int lane, int lanes) {
   if (lanes <= 1) return FL_CLASS_DEFAULT;
   return lane;
+}
+
+/* A lane's SO_PRIORITY (this host's qdisc band), decoupled from its DSCP. The
+ * default pfifo_fast/prio priomap (1 2 2 2 1 2 0 0 ...) has three bands, and
+ * lanes keep their order on the host only in distinct, increasing bands:
+ * 2 lanes -> 6/4 (bands 0/1), 3 -> 6/4/2 (0/1/2), 4 -> 6/4/0/2 (0/1/1/2: four
+ * lanes in three bands, classes 1 and 2 share band 1 and the sender's strict
+ * lane order still ranks them). So a lane takes its marking class's value,
+ * except the last of 3 or more, which takes bulk's (band 2): the last of 3
+ * marked as class 2 (SO_PRIORITY 0, band 1) shared lane 1's band, so DP bulk
+ * queued ahead of Hermod's pipeline class on a loaded host. */
+int fl_lane_sopriority(int lane, int lanes) {
+  if (lanes >= 3 && lane == lanes - 1) return fl_class_sopriority(FL_CLASS_BULK);
+  return fl_class_sopriority(fl_lane_marking_class(lane, lanes));
 }

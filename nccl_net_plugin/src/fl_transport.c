@@ -268,11 +268,11 @@ static int set_nonblocking(int fd) {
 }
 
 /* Lane marking: SO_PRIORITY picks the qdisc band on this host, DSCP carries
- * the class to switches (digest A6.2: "IP_TOS (DSCP<<2) + SO_PRIORITY"). */
+ * the class to switches (digest A6.2: "IP_TOS (DSCP<<2) + SO_PRIORITY"); the
+ * two follow separate rules (fl_params.c). */
 static void set_lane_options(int fd, int family, int lane) {
-  int cls = fl_lane_marking_class(lane, fl_engine.params.lanes);
-  int tos = fl_class_dscp(cls) << 2;
-  int prio = fl_class_sopriority(cls);
+  int tos = fl_class_dscp(fl_lane_marking_class(lane, fl_engine.params.lanes)) << 2;
+  int prio = fl_lane_sopriority(lane, fl_engine.params.lanes);
   int one = 1;
   if (family == AF_INET) {
     if (setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos)) != 0) FL_WARN("IP_TOS=%d failed: %s", tos, strerror(errno));

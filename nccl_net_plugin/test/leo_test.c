@@ -211,7 +211,9 @@ static void t_tr_starts_at_the_first_completion_that_met_no_queue(void) {
 static void selector_names_round_trip(void) {
   for (int k = 0; k < FL_NUM_SELECTORS; k++)
     CHECK(fl_selector_parse(fl_selector_name(k)) == k, "selector %d (%s) does not parse back", k, fl_selector_name(k));
-  CHECK(fl_selector_parse("greedy_e2e") == FL_SELECTOR_GREEDY && fl_selector_parse("fastest") == -1, "aliases");
+  CHECK(fl_selector_parse("greedy_e2e") == FL_SELECTOR_GREEDY && fl_selector_parse("round-robin") == FL_SELECTOR_ROUND_ROBIN &&
+            fl_selector_parse("fastest") == -1,
+        "aliases");
   printf("ok selector_names_round_trip\n");
 }
 
@@ -249,6 +251,31 @@ static void zero_byte_requests_leave_the_estimates_finite(void) {
   printf("ok zero_byte_requests_leave_the_estimates_finite\n");
 }
 
+static void greedy_baselines_scale_the_last_time_to_the_request_size(void) {
+  /* The 4:1 paths, then a 4 KiB request completes on the slow path in 16 us: its raw time is far below the fast
+   * path's 1 ms for 1 MiB, but per byte the slow path is still 4x slower, so a 1 MiB request goes to the fast one
+   * (the seed keeps T per request type). */
+  int kinds[2] = {FL_SELECTOR_GREEDY, FL_SELECTOR_GREEDY_INTRA};
+  for (int i = 0; i < 2; i++) {
+    struct fl_selector s;
+    uint64_t t = learn_4_to_1(&s, kinds[i]);
+    struct fl_leo_ticket tk;
+    fl_selector_on_assign(&s, 1, 4096, t, &tk);
+    fl_selector_on_complete(&s, &tk, t, 16000, t + 16000);
+    t += MS;
+    int p = fl_selector_choose(&s, S, t);
+    CHECK(p == 0, "%s: a 1 MiB request after a 4 KiB completion on the slow path must take the fast path, got %d",
+          fl_selector_name(kinds[i]), p);
+    /* ... and a zero-byte completion there keeps the sized sample instead of a raw 1 us */
+    fl_selector_on_assign(&s, 1, 0, t, &tk);
+    fl_selector_on_complete(&s, &tk, t, 0, t + 1000);
+    p = fl_selector_choose(&s, S, t + MS);
+    CHECK(p == 0, "%s: a zero-byte completion on the slow path made it look cheap for 1 MiB, got %d",
+          fl_selector_name(kinds[i]), p);
+  }
+  printf("ok greedy_baselines_scale_the_last_time_to_the_request_size\n");
+}
+
 int main(void) {
   joins_a_queued_fast_path_until_the_idle_slow_one_is_cheaper();
   k_hat_counts_the_requests_queued_behind_the_completed_one();
@@ -261,6 +288,7 @@ int main(void) {
   selector_names_round_trip();
   unmeasured_paths_are_probed_and_round_robin_rotates_per_request();
   zero_byte_requests_leave_the_estimates_finite();
+  greedy_baselines_scale_the_last_time_to_the_request_size();
   if (g_fail) return 1;
   printf("leo_test: all cases passed\n");
   return 0;
