@@ -2,14 +2,15 @@
 
 A DDP job (a 3-layer MLP, ~2 MiB of gradients in ~0.5-1 MiB buckets, SGD) on --workers gloo ranks, each in its own
 network namespace (flowlane.testing.netem.EmulatedNetwork, prefix ``e10``: tbf on both directions of each access
-link, a bridge as the switch). No dedicated PS: with ``top="ps"`` the plan's first aggregator is the root (tier 0,
-digest §5.4). Between iterations, at the --change points, rank 0 changes the tbf rates with ``tc qdisc change``
+link, a bridge as the switch). No dedicated PS: with ``top="ps"`` the root is the plan's
+:func:`flowlane.aleph.model.ps_head` under the probed figures (the head with the most spare bandwidth; tier 0, digest
+§5.4), at start-up (the frozen run keeps that one) as after each re-plan (ReplanningAllReduce). Between iterations, at the --change points, rank 0 changes the tbf rates with ``tc qdisc change``
 (all ranks wait at a barrier around it, so the change falls between the same two iterations in every mode). Default
 schedule, Mbit/s, b fixed at 75 (capacity g = floor(B/b - 1), class = g rounded up to a power of two, Eq. 3;
 the probe read 400-500 Mbit/s links as 315-404 on this loaded host, which b = 75 keeps inside class 4, [300, 450)):
 
 - start ``400,400,100,100,100,100``: g = 4,4,0,0,0,0 (3 or 4 as probed), classes 4,4,0,0,0,0; M-WCHA fill makes
-  worker 1 an aggregator (with worker 0 as the other head, the root, with or without a member);
+  worker 1 an aggregator (with worker 0 as the other head, with or without a member; the root is ps_head's pick);
 - before iteration 10, workers 3 and 4 go to 135 (+35 %, beyond the 20 % hysteresis, but g stays 0: a change
   *within* a power-of-two class, where the digest expects no plan change);
 - before iteration 21, worker 1 goes to 100 and worker 2 to 400 (the busiest aggregator becomes slow, a slow worker
@@ -107,6 +108,7 @@ def worker(rank: int, world: int, master: str, cfg_path: str) -> None:
 
     from flowlane.aleph import Replanner
     from flowlane.aleph.hook import HierarchicalAllReduce, ReplanningAllReduce, aleph_comm_hook
+    from flowlane.aleph.model import ps_head
     from flowlane.aleph.probe import probe_bandwidth
     from flowlane.aleph.replan import confirm_figures
 
@@ -171,7 +173,14 @@ def worker(rank: int, world: int, master: str, cfg_path: str) -> None:
             fig, AlephConfig(b_gbps=cfg["b_mbit"] / 1e3, replan_every=cfg["replan_every"], top="ps")
         )
         startup["plan"] = [list(c.members) for c in replanner.plan.clusters]
-        har = HierarchicalAllReduce(replanner.plan, None, "ps", cfg["chunk_kb"] << 10)
+        # the PS where a re-plan puts it (ReplanningAllReduce: ps_head under the figures in use), frozen run too
+        har = HierarchicalAllReduce(
+            replanner.plan,
+            None,
+            "ps",
+            cfg["chunk_kb"] << 10,
+            ps=(ps_head(replanner.plan, replanner.bandwidth),),
+        )
         startup["root"] = har.ps[0]
         state = Timed(har, replanner, lambda: probe(replanner)) if mode == "replan" else har
 

@@ -78,8 +78,8 @@ def udp_multips_cases(rank: int, world: int, clusters: list, cases: list) -> lis
 def udp_guard_cases(rank: int, world: int) -> dict:
     """What tier 1 cannot carry, decided alike on every rank: a NaN on rank 1 only and an inf on rank 0 only (every
     rank gets NaN, as DDP's all-reduce gives non-finite sums; DDP with the UDP hook against DDP's own), an int32
-    overflow in the nodes' sums (forced: the exponent without headroom), integers too big on one rank only; then an
-    ordinary sum (the group is still in step)."""
+    overflow in the nodes' sums (forced: the exponent without headroom), integers too big on one rank only, a float64
+    too big for int32 at the smallest exponent on one rank only; then an ordinary sum (the group is still in step)."""
     import flowlane.aleph.wire as W
 
     plan = Plan.from_clusters(world, [list(range(world))])  # rank 0 aggregates the others, and is the PS
@@ -121,6 +121,13 @@ def udp_guard_cases(rank: int, world: int) -> dict:
         out["int_range"] = "returned"
     except ValueError as e:
         out["int_range"] = str(e)
+    # a finite float64 above 2^131 on rank 1 only: the exponent clamps at 2^-100 and still leaves 2^40
+    huge = torch.full((40,), 2.0**140 if rank == 1 else 1.0, dtype=torch.float64)
+    try:
+        u(huge)
+        out["float_range"] = "returned"
+    except ValueError as e:
+        out["float_range"] = str(e)
     f = torch.full((200,), float(rank + 1))
     out["after"] = float(u(f)[0])
     return out

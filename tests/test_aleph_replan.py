@@ -96,3 +96,36 @@ def test_a_single_slow_probe_does_not_replan_but_a_confirmed_change_does() -> No
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="samples="):
             confirm_figures(one, rp, samples=bad)
+
+
+@pytest.mark.parametrize("top", ["ps", "allreduce"])
+@pytest.mark.parametrize(
+    "run", ["e10_replan", "e10_replan_1probe", "e10_replan_root", "e10_replan_root_1probe"]
+)
+def test_the_recorded_e10_decisions_replay_identically(run: str, top: str) -> None:
+    """Every decision, plan and PS head of the measured E10 runs, replayed from their figures in use. With top="ps"
+    the fresh plan's rate is lowered by its PS head's flows; Eq. 1 must still be checked at the paper's b: at
+    root_1probe's iteration 16 aggregator 1 holds 3 members at capacity 1, which passed at the lowered rate (57.17
+    Mbit/s, capacity 3) and kept an overloaded plan whose rate was reported as b = 90."""
+    import json
+
+    from flowlane.aleph.model import ps_head
+
+    rec = json.loads((Path(__file__).resolve().parents[1] / "results" / "aleph" / f"{run}.json").read_text())
+    cfg, replan = rec["config"], rec["replan"]
+    rp = Replanner(
+        replan["startup"]["probed_mbit"],
+        AlephConfig(b_gbps=cfg["b_mbit"], replan_every=cfg["replan_every"], top=top),  # type: ignore[arg-type]
+    )
+    assert [list(c.members) for c in rp.plan.clusters] == replan["startup"]["plan"]
+    assert ps_head(rp.plan, rp.bandwidth) == replan["startup"]["root"]
+    for p in replan["points"]:
+        d = rp.observe(p["in_use_mbit"])
+        assert (p["iteration"], d.changed) == (p["iteration"], p["plan_changed"]), d.reason
+        assert [list(c.members) for c in d.plan.clusters] == p["plan"]
+        if d.changed:
+            assert ps_head(d.plan, rp.bandwidth) == p["root"]
+        if run == "e10_replan_root_1probe" and p["iteration"] == 16:
+            assert "aggregator 1 has 3 members > capacity 1" in d.reason
+            # the fresh plan's PS head 0 carries 1 member and 3 other heads' flows: 228.7 / 4
+            assert rp.rate == (pytest.approx(228.7 / 4, rel=1e-3) if top == "ps" else 90.0)

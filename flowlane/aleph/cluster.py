@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from flowlane.aleph.config import AlephConfig
-from flowlane.aleph.model import plan_rate, ps_feasibility, ps_head, ps_head_rate
+from flowlane.aleph.model import plan_rate, ps_feasibility, ps_head
 
 log = logging.getLogger("flowlane.aleph")
 
@@ -281,17 +281,27 @@ def plan_clusters(
     return plan_with_rate(bandwidth, adj, config, cpu)[0]
 
 
-def flow_rate(plan: Plan, bandwidth: Sequence[float], config: AlephConfig | None = None) -> float:
-    """The rate b every flow of ``plan`` gets under ``bandwidth``. Without ``ps_gbps``: the paper's b (``b_gbps``, or
-    min B), which the capacities guarantee at every aggregator. With it: min(b, the flow model's lockstep rate:
-    members B_m, aggregators B_h/(k+1), the PS P/|D|) (:func:`flowlane.aleph.model.plan_rate`; digest §5.1 #12).
-    With ``top="ps"`` the PS is a head (:func:`flowlane.aleph.model.ps_head`), whose links also carry the PS's
-    |D| - 1 other flows, which the capacities do not count: the rate is at most B_h / (k_h + |D| - 1) there."""
+def planned_rate(plan: Plan, bandwidth: Sequence[float], config: AlephConfig | None = None) -> float:
+    """The b that Eq. 1's capacities are checked at for ``plan``: the paper's b (``b_gbps``, or min B), or with
+    ``ps_gbps`` min(b, the flow model's lockstep rate: members B_m, aggregators B_h/(k+1), the PS P/|D|)
+    (:func:`flowlane.aleph.model.plan_rate`; digest §5.1 #12). Never lowered by ``top="ps"``'s PS head: the
+    capacities grow as b falls, so a plan overloaded at b would pass at that lower rate."""
     config = config or AlephConfig()
     b = min(bandwidth) if config.b_gbps is None else config.b_gbps
-    rate = b if config.ps_gbps is None else min(b, plan_rate(plan, bandwidth, config.ps_gbps))
+    return b if config.ps_gbps is None else min(b, plan_rate(plan, bandwidth, config.ps_gbps))
+
+
+def flow_rate(plan: Plan, bandwidth: Sequence[float], config: AlephConfig | None = None) -> float:
+    """The rate b every flow of ``plan`` gets under ``bandwidth``: :func:`planned_rate` (without ``top="ps"`` the
+    capacities guarantee it at every aggregator of a plan made at that b). With ``top="ps"`` it is at most the
+    plan's full lockstep rate with one PS on :func:`flowlane.aleph.model.ps_head` (members B_m, aggregators
+    B_h/(k+1), and B_h/(k_h + |D| - 1) on that head, whose links also carry the PS's |D| - 1 other flows, which the
+    capacities do not count), the same for the plan in force and a fresh one. It models that one head only: not
+    several PSes, an explicit ``ps=`` position, nor the UDP tier (whose PS is the first head)."""
+    config = config or AlephConfig()
+    rate = planned_rate(plan, bandwidth, config)
     if config.top == "ps":
-        rate = min(rate, ps_head_rate(plan, bandwidth, ps_head(plan, bandwidth)))
+        rate = min(rate, plan_rate(plan, bandwidth, math.inf, ps_head=ps_head(plan, bandwidth)))
     return rate
 
 

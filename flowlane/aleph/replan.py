@@ -10,9 +10,11 @@ Every ``replan_every`` iterations the caller hands in fresh per-worker bandwidth
    as fast with fewer flows).
 
 With ``ps_gbps`` (digest §5.1 #12) plans are made by :func:`flowlane.aleph.cluster.plan_with_rate` (b lowered to
-P/|D| while |D|*b > P) and the plan in force is checked at the fresh plan's rate b: it is infeasible when an
-aggregator exceeds its capacity at that b or its |D| flows at b exceed P, i.e. when it is slower than a fresh plan.
-Without ``ps_gbps`` that b is the paper's (``b_gbps`` or min B), the check above. ``rate`` is the plan in force's.
+P/|D| while |D|*b > P) and the plan in force is checked at the fresh plan's b
+(:func:`flowlane.aleph.cluster.planned_rate`): it is infeasible when an aggregator exceeds its capacity at that b or
+its |D| flows at b exceed P, i.e. when it is slower than a fresh plan. Without ``ps_gbps`` that b is the paper's
+(``b_gbps`` or min B), the check above. ``top="ps"`` lowers a plan's rate by its PS head's flows
+(:func:`flowlane.aleph.cluster.flow_rate`) but never that b. ``rate`` is the plan in force's.
 
 Every rank must feed the same figures (all-gathered) so every rank takes the same decision: the planner is seeded.
 """
@@ -22,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from flowlane.aleph.cluster import Neighbours, Plan, adjacency_complete, capacities, flow_rate, plan_with_rate
+from flowlane.aleph.cluster import (
+    Neighbours,
+    Plan,
+    adjacency_complete,
+    capacities,
+    flow_rate,
+    plan_with_rate,
+    planned_rate,
+)
 from flowlane.aleph.config import PROBE_BYTES, AlephConfig
 from flowlane.aleph.model import ps_feasibility
 
@@ -90,7 +100,9 @@ class Replanner:
         for w in moved:
             self.bandwidth[w] = float(bandwidth[w])
         fresh, rate = self._plan(self.bandwidth)
-        bad = self._infeasible(self.bandwidth, rate)
+        # Eq. 1 at the fresh plan's b, not at its rate: top="ps" lowers that by the PS head's flows, and capacities
+        # grow as b falls, so an aggregator overloaded at b would pass (E10 root_1probe, iteration 16)
+        bad = self._infeasible(self.bandwidth, planned_rate(fresh, self.bandwidth, self.config))
         if bad:
             self.plan, self.rate = fresh, rate
             return ReplanDecision(

@@ -10,7 +10,9 @@ the sum), floats with one exponent per call from the group's max-abs (a MAX all-
 bits, so the result is within n * 2^-(k+1) of the float sum. Loss is repaired by the binary's NACK/RETX. The same
 MAX all-reduce carries a flag for NaN/inf values, which have no fixed-point code: when any rank has one, every rank
 gets NaN (DDP's all-reduce would carry it too, so AMP's GradScaler skips the step) and no process starts. Integers
-too big for the sum, and an int32 overflow the nodes count, raise on every rank (decided on all-reduced figures).
+too big for the sum, floats too big for int32 even at the smallest exponent (2^SCALE_MIN), and an int32 overflow
+the nodes count, raise on every rank (decided on all-reduced figures). Those all-reduces run on the group's collective
+device (:func:`_collective_device`: the tensor's own, or CUDA on a pure-NCCL group, which refuses CPU tensors).
 
 Several PSs (seed Sec. 7, digest §2.9; ``ps=`` positions that are cluster heads, as tier 0's
 ``HierarchicalAllReduce``): the tensor is cut into q parts (``split`` fractions, or proportional to
@@ -44,6 +46,17 @@ from flowlane.aleph.udp import _start, build, check_split, split_bounds
 
 log = logging.getLogger("flowlane.aleph")
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _collective_device(group: dist.ProcessGroup | None, tensor: torch.Tensor) -> torch.device:
+    """Where the call's small all-reduced figures live: the tensor's device (DDP reduces its buckets there on this
+    group), or for a CPU tensor the current CUDA device on a pure-NCCL group (NCCL moves CUDA tensors only), else the
+    CPU (gloo)."""
+    if tensor.device.type != "cpu":
+        return tensor.device
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class UdpAllReduce:
@@ -105,9 +118,11 @@ class UdpAllReduce:
         # rank takes the same branch below before any starts a process or raises: a check on one rank alone would
         # leave the others waiting in the next collective. Only finite values enter the max (gloo's MAX with a NaN
         # gives NaN or a finite value depending on the rank that holds it).
+        device = _collective_device(self.group, tensor)
         stat = torch.tensor(
             [float(x[finite].abs().max()) if bool(finite.any()) else 0.0, float(not bool(finite.all()))],
             dtype=torch.float64,
+            device=device,
         )
         dist.all_reduce(stat, op=dist.ReduceOp.MAX, group=self.group)
         top = float(stat[0])
@@ -122,6 +137,14 @@ class UdpAllReduce:
             return tensor
         if tensor.dtype.is_floating_point:
             k = W.scale_exponent(top, n)
+            # k is clamped at SCALE_MIN: a finite max-abs above ~2^131 does not fit int32 even at 2^-100, and W.encode
+            # would refuse it on the rank holding it only (the others would wait in _gather): top is the group's, so
+            # this is W.encode's own test on every rank
+            if np.rint(top * 2.0**k) > 2**31 - 1:
+                raise ValueError(
+                    f"floating values up to {top!r} (the group's max-abs) do not fit int32 even at the smallest "
+                    f"fixed-point scale 2^{k}"
+                )
             vals = W.encode(x.numpy(), k)
         else:
             k = 0
@@ -192,7 +215,9 @@ class UdpAllReduce:
         # the nodes count int32 overflows of their sums (wrapped, like int32); the exponent's headroom should make it
         # impossible, so one means a wrong sum: all-reduced (also the barrier: every rank's nodes have left before the
         # next call opens new ones), so every rank raises, and the tensor is left as it was
-        over = torch.tensor([sum(int(st.get("overflow", 0)) for st in stats)], dtype=torch.int64)
+        over = torch.tensor(
+            [sum(int(st.get("overflow", 0)) for st in stats)], dtype=torch.int64, device=device
+        )
         dist.all_reduce(over, group=self.group)
         if int(over):
             raise RuntimeError(
