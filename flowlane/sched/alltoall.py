@@ -135,9 +135,11 @@ def matched_all_to_all(
         return out
 
     for k, sends, recvs in _with_idle_phases(plan, phase_sync == "barrier"):
-        # a matched phase gives each rank at most one send and one receive; a residual phase (capped plan) several
-        ops = moves(dist.isend, sends, input, input_split_sizes, send_off, sent) + moves(
-            dist.irecv, recvs, output, output_split_sizes, recv_off, got
+        # a matched phase gives each rank at most one send and one receive; a residual phase (capped plan) several.
+        # Receives are posted first, so a peer's data finds its buffer waiting: with sends first, Hermod's EP time
+        # rose 6-10 % on the 8-layer per-rank run (results/hermod/README.md, real_100mbit_l8_*)
+        ops = moves(dist.irecv, recvs, output, output_split_sizes, recv_off, got) + moves(
+            dist.isend, sends, input, input_split_sizes, send_off, sent
         )
         for w in comm.batch_isend_irecv(ops, kind=kind, key=key):
             w.wait()
