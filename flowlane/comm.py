@@ -253,6 +253,14 @@ def batch_isend_irecv(
     return [RecordedWork(list(works), recs)]
 
 
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a small metadata tensor for a collective on ``group`` must live: NCCL moves CUDA tensors only (a CPU
+    tensor is an error there), gloo takes CPU tensors."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 # -- collectives ---------------------------------------------------------------------------------------------------
 def all_reduce(
     tensor: torch.Tensor,

@@ -43,6 +43,7 @@ from flowlane.aleph import wire as W
 from flowlane.aleph.cluster import Plan
 from flowlane.aleph.model import multi_ps_split
 from flowlane.aleph.udp import _start, build, check_split, split_bounds
+from flowlane.comm import collective_device
 
 log = logging.getLogger("flowlane.aleph")
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -52,11 +53,7 @@ def _collective_device(group: dist.ProcessGroup | None, tensor: torch.Tensor) ->
     """Where the call's small all-reduced figures live: the tensor's device (DDP reduces its buckets there on this
     group), or for a CPU tensor the current CUDA device on a pure-NCCL group (NCCL moves CUDA tensors only), else the
     CPU (gloo)."""
-    if tensor.device.type != "cpu":
-        return tensor.device
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return tensor.device if tensor.device.type != "cpu" else collective_device(group)
 
 
 class UdpAllReduce:

@@ -54,20 +54,12 @@ def check_max_phases(
         )
 
 
-def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """Where a small metadata tensor for a collective on ``group`` must live: NCCL moves CUDA tensors only (a CPU
-    tensor is an error there), gloo takes CPU tensors."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def gather_split_matrix(
     input_split_sizes: Sequence[int], group: dist.ProcessGroup | None = None
 ) -> list[list[int]]:
     """Every rank's input splits -> the full matrix (what Megatron's dispatcher already all-gathers)."""
     n = dist.get_world_size(group)
-    device = collective_device(group)
+    device = comm.collective_device(group)
     mine = torch.tensor(list(input_split_sizes), dtype=torch.long, device=device)
     out = [torch.zeros(n, dtype=torch.long, device=device) for _ in range(n)]
     dist.all_gather(out, mine, group=group)
@@ -295,7 +287,7 @@ class AllToAllRunner:
         """Sum every rank's probe times, decide on the group's first rank, broadcast: one answer everywhere even if
         a transport's reduction were to round differently per rank."""
         g = self.decision_group
-        device = collective_device(g)
+        device = comm.collective_device(g)
         stats = torch.tensor(
             [self.probe_seconds[c] for c in self.candidates], dtype=torch.float64, device=device
         )
